@@ -1,0 +1,30 @@
+/* Description of one sparse convolution call, shared by every dataflow and
+ * backend.  Feature matrices are row-major: x (n_in, c_in), y (n_out, c_out),
+ * weight (k, c_in, c_out), all contiguous. */
+#ifndef TL_CONV_H
+#define TL_CONV_H
+
+#include <stdint.h>
+
+#include "tl_ctx.h"
+#include "tl_status.h"
+
+typedef enum tl_dtype {
+    TL_F32 = 0,
+    TL_F64 = 1,
+    TL_F16 = 2,
+    TL_BF16 = 3
+} tl_dtype;
+
+typedef struct tl_conv_desc {
+    tl_dtype dtype;
+    int64_t n_in, n_out; /* rows of x and y */
+    int64_t k;           /* kernel rows */
+    int64_t c_in, c_out; /* channels */
+} tl_conv_desc;
+
+/* Checks sizes are non-negative, k >= 1, rows fit int32 row indices and
+ * every matrix's element count fits int64. */
+tl_status tl_conv_desc_check(const tl_conv_desc *d);
+
+#endif

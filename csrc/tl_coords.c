@@ -1,0 +1,224 @@
+#include "tl_coords.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "tl_hash.h"
+
+tl_status tl_geom_check(const tl_geom *g, int64_t *volume) {
+    int64_t k = 1;
+    for (int a = 0; a < 3; a++) {
+        if (g->kernel_size[a] < 1 || g->stride[a] < 1 || g->dilation[a] < 1 ||
+            g->padding[a] < 0)
+            return TL_ERR_INVALID;
+        k *= g->kernel_size[a];
+        if (k > TL_ROW_MAX) return TL_ERR_OVERFLOW;
+    }
+    *volume = k;
+    return TL_OK;
+}
+
+void tl_geom_position(const tl_geom *g, int64_t n, int32_t r[3]) {
+    r[2] = (int32_t)(n % g->kernel_size[2]);
+    n /= g->kernel_size[2];
+    r[1] = (int32_t)(n % g->kernel_size[1]);
+    r[0] = (int32_t)(n / g->kernel_size[1]);
+}
+
+static int64_t tl_gcd(int64_t a, int64_t b) {
+    while (b) {
+        int64_t t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
+tl_status tl_coords_generate_bound(int64_t n_in, const tl_geom *g,
+                                   const int64_t out_range[3], int64_t n_batches,
+                                   int64_t *bound) {
+    int64_t k;
+    tl_status st = tl_geom_check(g, &k);
+    if (st != TL_OK) return st;
+    if (n_in < 0 || n_batches < 0) return TL_ERR_INVALID;
+    /* Along one axis, r*d hits a fixed residue mod s once every s/gcd(s,d)
+     * rows, so an input reaches at most ceil(K*gcd/s) outputs per axis. */
+    int64_t per_in = 1, grid = n_batches;
+    for (int a = 0; a < 3; a++) {
+        if (out_range[a] < 0) return TL_ERR_INVALID;
+        int64_t period = g->stride[a] / tl_gcd(g->stride[a], g->dilation[a]);
+        int64_t c = (g->kernel_size[a] + period - 1) / period;
+        if (c > out_range[a]) c = out_range[a];
+        per_in *= c;
+        grid = (grid > 0 && out_range[a] > INT64_MAX / grid) ? INT64_MAX
+                                                              : grid * out_range[a];
+    }
+    int64_t b = (per_in > 0 && n_in > INT64_MAX / per_in) ? INT64_MAX : n_in * per_in;
+    *bound = b < grid ? b : grid;
+    return TL_OK;
+}
+
+/* Output positions one input coordinate reaches along one axis. */
+static int tl_axis_targets(int64_t c, const tl_geom *g, int a, int64_t range,
+                           int32_t *q) {
+    int m = 0;
+    for (int32_t r = 0; r < g->kernel_size[a]; r++) {
+        int64_t t = c + g->padding[a] - (int64_t)r * g->dilation[a];
+        if (t < 0 || t % g->stride[a] != 0) continue;
+        t /= g->stride[a];
+        if (t < range) q[m++] = (int32_t)t;
+    }
+    return m;
+}
+
+static tl_status tl_generate_into(const tl_coord *in, int64_t n_in, const tl_geom *g,
+                                  const int64_t out_range[3], tl_hash *seen,
+                                  int32_t *qbuf) {
+    int32_t *qx = qbuf, *qy = qbuf + g->kernel_size[0],
+            *qz = qy + g->kernel_size[1];
+    for (int64_t i = 0; i < n_in; i++) {
+        int mx = tl_axis_targets(in[i].x, g, 0, out_range[0], qx);
+        int my = tl_axis_targets(in[i].y, g, 1, out_range[1], qy);
+        int mz = tl_axis_targets(in[i].z, g, 2, out_range[2], qz);
+        for (int a = 0; a < mx; a++)
+            for (int b = 0; b < my; b++)
+                for (int c = 0; c < mz; c++) {
+                    tl_coord q = {in[i].b, qx[a], qy[b], qz[c]};
+                    if ((uint64_t)(seen->size + 1) * 2 > seen->mask + 1) {
+                        tl_status st = tl_hash_reserve(seen, 2 * seen->size + 1);
+                        if (st != TL_OK) return st;
+                    }
+                    tl_status st = tl_hash_insert(seen, q, seen->size, NULL);
+                    if (st != TL_OK) return st;
+                }
+    }
+    return TL_OK;
+}
+
+tl_status tl_coords_generate(const tl_coord *in, int64_t n_in, const tl_geom *g,
+                             const int64_t out_range[3], tl_coord *out,
+                             int64_t capacity, int64_t *n_out) {
+    int64_t k;
+    *n_out = 0;
+    tl_status st = tl_geom_check(g, &k);
+    if (st != TL_OK) return st;
+    if (n_in < 0 || capacity < 0 || (n_in > 0 && !in) || (capacity > 0 && !out))
+        return TL_ERR_INVALID;
+    for (int a = 0; a < 3; a++)
+        if (out_range[a] < 0 || out_range[a] > (int64_t)TL_COORD_MAX + 1)
+            return TL_ERR_INVALID;
+    tl_hash seen;
+    int32_t *qbuf = malloc(sizeof(int32_t) * ((size_t)g->kernel_size[0] +
+                                              g->kernel_size[1] + g->kernel_size[2]));
+    if (!qbuf) return TL_ERR_NOMEM;
+    st = tl_hash_init(&seen, n_in);
+    if (st != TL_OK) goto done;
+    st = tl_generate_into(in, n_in, g, out_range, &seen, qbuf);
+    if (st != TL_OK) goto done;
+    if (seen.size > capacity) {
+        st = TL_ERR_CAPACITY;
+        goto done;
+    }
+    int64_t m = 0;
+    for (uint64_t i = 0; i <= seen.mask; i++)
+        if (seen.slots[i].value >= 0) out[m++] = seen.slots[i].key;
+    *n_out = m;
+    st = tl_coords_sort(out, m);
+done:
+    tl_hash_free(&seen);
+    free(qbuf);
+    return st;
+}
+
+static int tl_bits(uint32_t v) {
+    int n = 0;
+    while (v) {
+        n++;
+        v >>= 1;
+    }
+    return n;
+}
+
+static int tl_coord_cmp(const void *pa, const void *pb) {
+    const tl_coord *a = pa, *b = pb;
+    if (a->b != b->b) return a->b < b->b ? -1 : 1;
+    if (a->x != b->x) return a->x < b->x ? -1 : 1;
+    if (a->y != b->y) return a->y < b->y ? -1 : 1;
+    if (a->z != b->z) return a->z < b->z ? -1 : 1;
+    return 0;
+}
+
+/* LSD radix sort of 64-bit keys, only over the bytes that carry bits. */
+static tl_status tl_radix_sort_u64(uint64_t *keys, int64_t n, int bits) {
+    uint64_t *tmp = malloc(sizeof(uint64_t) * (size_t)n);
+    if (!tmp) return TL_ERR_NOMEM;
+    for (int shift = 0; shift < bits; shift += 8) {
+        int64_t count[257] = {0};
+        for (int64_t i = 0; i < n; i++) count[((keys[i] >> shift) & 0xFF) + 1]++;
+        for (int d = 0; d < 256; d++) count[d + 1] += count[d];
+        for (int64_t i = 0; i < n; i++) tmp[count[(keys[i] >> shift) & 0xFF]++] = keys[i];
+        memcpy(keys, tmp, sizeof(uint64_t) * (size_t)n);
+    }
+    free(tmp);
+    return TL_OK;
+}
+
+tl_status tl_coords_sort(tl_coord *rows, int64_t n) {
+    if (n < 2) return TL_OK;
+    uint32_t mb = 0, mx = 0, my = 0, mz = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if ((rows[i].b | rows[i].x | rows[i].y | rows[i].z) < 0) return TL_ERR_INVALID;
+        mb |= (uint32_t)rows[i].b;
+        mx |= (uint32_t)rows[i].x;
+        my |= (uint32_t)rows[i].y;
+        mz |= (uint32_t)rows[i].z;
+    }
+    int bz = tl_bits(mz), by = tl_bits(my), bx = tl_bits(mx), bb = tl_bits(mb);
+    int total = bb + bx + by + bz;
+    if (total > 64) {
+        /* Wide coordinates do not pack into one word: plain comparison sort. */
+        qsort(rows, (size_t)n, sizeof(tl_coord), tl_coord_cmp);
+        return TL_OK;
+    }
+    uint64_t *keys = malloc(sizeof(uint64_t) * (size_t)n);
+    if (!keys) return TL_ERR_NOMEM;
+    for (int64_t i = 0; i < n; i++) {
+        uint64_t k = (uint64_t)(uint32_t)rows[i].b;
+        k = (bx ? k << bx : k) | (uint32_t)rows[i].x;
+        k = (by ? k << by : k) | (uint32_t)rows[i].y;
+        k = (bz ? k << bz : k) | (uint32_t)rows[i].z;
+        keys[i] = k;
+    }
+    tl_status st = tl_radix_sort_u64(keys, n, total);
+    if (st == TL_OK) {
+        for (int64_t i = 0; i < n; i++) {
+            uint64_t k = keys[i];
+            rows[i].z = (int32_t)(k & ((1ULL << bz) - 1));
+            k = bz ? k >> bz : k;
+            rows[i].y = (int32_t)(k & ((1ULL << by) - 1));
+            k = by ? k >> by : k;
+            rows[i].x = (int32_t)(k & ((1ULL << bx) - 1));
+            k = bx ? k >> bx : k;
+            rows[i].b = (int32_t)k;
+        }
+    }
+    free(keys);
+    return st;
+}
+
+tl_status tl_coords_find_duplicate(const tl_coord *rows, int64_t n,
+                                   int64_t *first_dup) {
+    *first_dup = -1;
+    if (n < 0 || (n > 0 && !rows)) return TL_ERR_INVALID;
+    for (int64_t i = 0; i < n; i++)
+        if ((rows[i].b | rows[i].x | rows[i].y | rows[i].z) < 0) return TL_ERR_INVALID;
+    tl_hash h;
+    int64_t dup;
+    tl_status st = tl_hash_build(&h, rows, n, &dup);
+    if (st == TL_ERR_DUPLICATE) {
+        *first_dup = dup;
+        return TL_OK;
+    }
+    if (st == TL_OK) tl_hash_free(&h);
+    return st;
+}

@@ -1,0 +1,66 @@
+/* Coordinates and convolution geometry.
+ *
+ * A coordinate row is four int32 values (batch, x, y, z), all >= 0, stored
+ * row-major as an (N, 4) int32 array.  Coordinates are logical grid indices
+ * on the tensor's own lattice. */
+#ifndef TL_COORDS_H
+#define TL_COORDS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tl_status.h"
+
+#define TL_COORD_MIN 0
+#define TL_COORD_MAX INT32_MAX
+/* Row indices in kernel maps are int32; -1 marks "no neighbour". */
+#define TL_ROW_MAX INT32_MAX
+#define TL_NO_ROW (-1)
+
+typedef struct tl_coord {
+    int32_t b, x, y, z;
+} tl_coord;
+
+/* Per-axis geometry of one convolution relation:
+ *   input = output * stride - padding + r * dilation,   0 <= r < kernel_size.
+ * Kernel row n enumerates (rx, ry, rz) with z fastest. */
+typedef struct tl_geom {
+    int32_t kernel_size[3];
+    int32_t stride[3];
+    int32_t padding[3];
+    int32_t dilation[3];
+} tl_geom;
+
+/* Checks kernel_size, stride, dilation >= 1 and padding >= 0, and that the
+ * kernel volume fits TL_ROW_MAX.  On success *volume receives K. */
+tl_status tl_geom_check(const tl_geom *g, int64_t *volume);
+
+/* Kernel row n -> per-axis position r (z fastest). */
+void tl_geom_position(const tl_geom *g, int64_t n, int32_t r[3]);
+
+/* Output support of a strided (support-generating) convolution.
+ *
+ * Every q with 0 <= q < out_range per axis such that some kernel row maps it
+ * onto a row of `in` (same batch) is written to `out`, unique and sorted by
+ * (b, x, y, z).  `out` holds `capacity` rows; *n_out receives the count.
+ * Returns TL_ERR_CAPACITY (and *n_out = the needed count is NOT known) when
+ * capacity is too small; use tl_coords_generate_bound for a safe capacity. */
+tl_status tl_coords_generate(const tl_coord *in, int64_t n_in, const tl_geom *g,
+                             const int64_t out_range[3], tl_coord *out,
+                             int64_t capacity, int64_t *n_out);
+
+/* Upper bound on the rows tl_coords_generate can produce for n_in inputs. */
+tl_status tl_coords_generate_bound(int64_t n_in, const tl_geom *g,
+                                   const int64_t out_range[3], int64_t n_batches,
+                                   int64_t *bound);
+
+/* Sorts rows by (b, x, y, z) in place.  Rows must be non-negative. */
+tl_status tl_coords_sort(tl_coord *rows, int64_t n);
+
+/* Finds a repeated row: *first_dup = index of the second occurrence of the
+ * earliest repeated row, or -1 when all rows are unique.  Also rejects
+ * negative coordinates (TL_ERR_INVALID). */
+tl_status tl_coords_find_duplicate(const tl_coord *rows, int64_t n,
+                                   int64_t *first_dup);
+
+#endif

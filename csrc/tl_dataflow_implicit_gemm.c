@@ -1,0 +1,98 @@
+#include "tl_dataflow_implicit_gemm.h"
+
+#include <stdlib.h>
+
+/* Output rows per tile: enough neighbours per kernel row to fill the 4-row
+ * micro-kernel, few enough that the tile's output rows stay in L1/L2. */
+#define TL_TILE_ROWS 32
+/* Output columns per tile: wider layers are split so a tile's output rows
+ * and one weight row stay cache-resident. */
+#define TL_TILE_COLS 256
+/* Weight-gradient partial sums: aim for this many (kernel row, part) tasks,
+ * and keep the partial buffer under this many elements. */
+#define TL_WGRAD_TASKS 64
+#define TL_WGRAD_MAX_PARTIAL (1 << 22)
+
+/* Vectorized clones for AVX-512, AVX2 and baseline x86-64, chosen at load
+ * time by the dynamic linker (ifunc); other targets compile one version. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define TL_HOT __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define TL_HOT
+#endif
+
+/* Number of output-row parts each kernel row's weight gradient is split
+ * into.  Depends only on the problem size, never on the thread count. */
+static int64_t tl_wgrad_parts(const tl_conv_desc *d) {
+    int64_t parts = (TL_WGRAD_TASKS + d->k - 1) / d->k;
+    int64_t by_rows = (d->n_out + 255) / 256;
+    if (parts > by_rows) parts = by_rows;
+    int64_t mat = d->k * d->c_in * d->c_out;
+    if (mat > 0 && parts * mat > TL_WGRAD_MAX_PARTIAL) parts = TL_WGRAD_MAX_PARTIAL / mat;
+    return parts < 1 ? 1 : parts;
+}
+
+#define TL_T float
+#define TL_SFX f32
+#include "tl_dataflow_implicit_gemm_impl.h"
+#undef TL_T
+#undef TL_SFX
+
+#define TL_T double
+#define TL_SFX f64
+#include "tl_dataflow_implicit_gemm_impl.h"
+#undef TL_T
+#undef TL_SFX
+
+/* A pointer may be NULL only when its matrix is empty. */
+static int tl_ptr_ok(const void *p, int64_t rows, int64_t cols) {
+    return p != NULL || rows == 0 || cols == 0;
+}
+
+/* Rejects neighbour entries outside [-1, n_in) before any kernel reads them. */
+static tl_status tl_check_nbr(const tl_ctx *ctx, const int32_t *nbr, int64_t count,
+                              int64_t n_in) {
+    int bad = 0;
+#pragma omp parallel for num_threads(ctx->threads) schedule(static) reduction(| : bad)
+    for (int64_t j = 0; j < count; j++) bad |= nbr[j] < -1 || nbr[j] >= n_in;
+    return bad ? TL_ERR_INVALID : TL_OK;
+}
+
+static tl_status tl_check_args(const tl_ctx *ctx, const tl_conv_desc *d,
+                               const int32_t *nbr) {
+    if (!ctx || !d || ctx->threads < 1) return TL_ERR_INVALID;
+    tl_status st = tl_conv_desc_check(d);
+    if (st != TL_OK) return st;
+    if (d->dtype != TL_F32 && d->dtype != TL_F64) return TL_ERR_UNSUPPORTED;
+    if (!tl_ptr_ok(nbr, d->n_out, d->k)) return TL_ERR_INVALID;
+    return tl_check_nbr(ctx, nbr, d->n_out * d->k, d->n_in);
+}
+
+tl_status tl_implicit_gemm_forward(const tl_ctx *ctx, const tl_conv_desc *d,
+                                   const void *x, const void *w,
+                                   const int32_t *nbr, void *y) {
+    tl_status st = tl_check_args(ctx, d, nbr);
+    if (st != TL_OK) return st;
+    if (!tl_ptr_ok(x, d->n_in, d->c_in) || !tl_ptr_ok(w, d->k, d->c_in * d->c_out) ||
+        !tl_ptr_ok(y, d->n_out, d->c_out))
+        return TL_ERR_INVALID;
+    if (d->n_out * d->c_out == 0) return TL_OK;
+    if (d->dtype == TL_F32)
+        tl_forward_f32(ctx, d, x, w, nbr, y);
+    else
+        tl_forward_f64(ctx, d, x, w, nbr, y);
+    return TL_OK;
+}
+
+tl_status tl_implicit_gemm_weight_grad(const tl_ctx *ctx, const tl_conv_desc *d,
+                                       const void *x, const void *dy,
+                                       const int32_t *nbr, void *dw) {
+    tl_status st = tl_check_args(ctx, d, nbr);
+    if (st != TL_OK) return st;
+    if (!tl_ptr_ok(x, d->n_in, d->c_in) || !tl_ptr_ok(dy, d->n_out, d->c_out) ||
+        !tl_ptr_ok(dw, d->k, d->c_in * d->c_out))
+        return TL_ERR_INVALID;
+    if (d->k * d->c_in * d->c_out == 0) return TL_OK;
+    if (d->dtype == TL_F32) return tl_weight_grad_f32(ctx, d, x, dy, nbr, dw);
+    return tl_weight_grad_f64(ctx, d, x, dy, nbr, dw);
+}

@@ -1,0 +1,27 @@
+/* Implicit-GEMM dataflow on the CPU: output-stationary over the (n_out, K)
+ * neighbour table of tl_kmap.h.  Each thread owns a tile of output rows, so
+ * results are written without atomics and are independent of the thread
+ * count.
+ *
+ * The input gradient is the same forward call on the transposed relation:
+ *   dx = forward(dy, weight^T (k, c_out, c_in), rev)
+ * where rev is the input-stationary table, so no separate kernel exists. */
+#ifndef TL_DATAFLOW_IMPLICIT_GEMM_H
+#define TL_DATAFLOW_IMPLICIT_GEMM_H
+
+#include "tl_conv.h"
+
+/* y[o] = sum_n x[nbr[o, n]] @ w[n]; y (n_out, c_out) is overwritten.
+ * dtype TL_F32 or TL_F64 (TL_ERR_UNSUPPORTED otherwise). */
+tl_status tl_implicit_gemm_forward(const tl_ctx *ctx, const tl_conv_desc *d,
+                                   const void *x, const void *w,
+                                   const int32_t *nbr, void *y);
+
+/* dw[n] = sum_o x[nbr[o, n]]^T dy[o]; dw (k, c_in, c_out) is overwritten.
+ * Partial sums are taken over a fixed partition of the output rows and added
+ * in a fixed order, so the result is deterministic. */
+tl_status tl_implicit_gemm_weight_grad(const tl_ctx *ctx, const tl_conv_desc *d,
+                                       const void *x, const void *dy,
+                                       const int32_t *nbr, void *dw);
+
+#endif

@@ -1,0 +1,220 @@
+/* torch_lattice._C: the CPython extension over the C core.
+ *
+ * Limited API (abi3), no torch: the Python layer validates tensors and
+ * passes raw data pointers (as ints), sizes and a thread count.  Every
+ * function releases the GIL around C work and turns a tl_status into a
+ * Python exception in exactly one place, tl_raise(). */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stdint.h>
+
+#include "tl_coords.h"
+#include "tl_dataflow_implicit_gemm.h"
+#include "tl_kmap.h"
+#ifdef TL_WITH_CUDA
+#include "cuda/tl_cuda_device.h"
+#endif
+
+#define TL_GEOM_FMT "(iii)(iii)(iii)(iii)"
+
+/* Sets the Python exception for a failed status and returns NULL. */
+static PyObject *tl_raise(const char *fn, tl_status st) {
+    PyObject *type = PyExc_RuntimeError;
+    switch (st) {
+    case TL_ERR_INVALID:
+    case TL_ERR_DUPLICATE: type = PyExc_ValueError; break;
+    case TL_ERR_OVERFLOW: type = PyExc_OverflowError; break;
+    case TL_ERR_NOMEM: type = PyExc_MemoryError; break;
+    default: break;
+    }
+    PyErr_Format(type, "torch_lattice._C.%s: %s", fn, tl_status_str(st));
+    return NULL;
+}
+
+static void *tl_ptr(unsigned long long p) { return (void *)(uintptr_t)p; }
+
+static tl_ctx tl_cpu_ctx(int threads) {
+    tl_ctx ctx = {threads < 1 ? 1 : threads, -1, NULL};
+    return ctx;
+}
+
+static int tl_parse_geom(PyObject *tuple, tl_geom *g) {
+    return PyArg_ParseTuple(tuple, TL_GEOM_FMT, &g->kernel_size[0], &g->kernel_size[1],
+                            &g->kernel_size[2], &g->stride[0], &g->stride[1],
+                            &g->stride[2], &g->padding[0], &g->padding[1],
+                            &g->padding[2], &g->dilation[0], &g->dilation[1],
+                            &g->dilation[2]);
+}
+
+PyDoc_STRVAR(find_duplicate_doc,
+             "find_duplicate(coords_ptr, n) -> int\n\n"
+             "Index of the first repeated (N, 4) int32 row, or -1.");
+static PyObject *py_find_duplicate(PyObject *self, PyObject *args) {
+    (void)self;
+    unsigned long long p;
+    long long n, dup = -1;
+    if (!PyArg_ParseTuple(args, "KL", &p, &n)) return NULL;
+    tl_status st;
+    Py_BEGIN_ALLOW_THREADS st = tl_coords_find_duplicate(tl_ptr(p), n, (int64_t *)&dup);
+    Py_END_ALLOW_THREADS if (st != TL_OK) return tl_raise("find_duplicate", st);
+    return PyLong_FromLongLong(dup);
+}
+
+PyDoc_STRVAR(generate_bound_doc,
+             "generate_bound(n_in, geom, out_range, n_batches) -> int\n\n"
+             "Safe output capacity for generate().");
+static PyObject *py_generate_bound(PyObject *self, PyObject *args) {
+    (void)self;
+    long long n_in, nb, bound = 0;
+    int64_t r[3];
+    PyObject *geom;
+    tl_geom g;
+    if (!PyArg_ParseTuple(args, "LO(LLL)L", &n_in, &geom, &r[0], &r[1], &r[2], &nb))
+        return NULL;
+    if (!tl_parse_geom(geom, &g)) return NULL;
+    tl_status st = tl_coords_generate_bound(n_in, &g, r, nb, (int64_t *)&bound);
+    if (st != TL_OK) return tl_raise("generate_bound", st);
+    return PyLong_FromLongLong(bound);
+}
+
+PyDoc_STRVAR(generate_doc,
+             "generate(in_ptr, n_in, geom, out_range, out_ptr, capacity) -> int\n\n"
+             "Writes the sorted generated output support; returns its row count.");
+static PyObject *py_generate(PyObject *self, PyObject *args) {
+    (void)self;
+    unsigned long long pin, pout;
+    long long n_in, cap, n_out = 0;
+    int64_t r[3];
+    PyObject *geom;
+    tl_geom g;
+    if (!PyArg_ParseTuple(args, "KLO(LLL)KL", &pin, &n_in, &geom, &r[0], &r[1], &r[2],
+                          &pout, &cap))
+        return NULL;
+    if (!tl_parse_geom(geom, &g)) return NULL;
+    tl_status st;
+    Py_BEGIN_ALLOW_THREADS st =
+        tl_coords_generate(tl_ptr(pin), n_in, &g, r, tl_ptr(pout), cap, (int64_t *)&n_out);
+    Py_END_ALLOW_THREADS if (st != TL_OK) return tl_raise("generate", st);
+    return PyLong_FromLongLong(n_out);
+}
+
+PyDoc_STRVAR(kmap_build_doc,
+             "kmap_build(in_ptr, n_in, out_ptr, n_out, geom, nbr_ptr, threads)\n\n"
+             "Fills the (n_out, K) int32 output-stationary neighbour table.");
+static PyObject *py_kmap_build(PyObject *self, PyObject *args) {
+    (void)self;
+    unsigned long long pin, pout, pnbr;
+    long long n_in, n_out;
+    int threads;
+    PyObject *geom;
+    tl_geom g;
+    if (!PyArg_ParseTuple(args, "KLKLOKi", &pin, &n_in, &pout, &n_out, &geom, &pnbr,
+                          &threads))
+        return NULL;
+    if (!tl_parse_geom(geom, &g)) return NULL;
+    tl_ctx ctx = tl_cpu_ctx(threads);
+    tl_status st;
+    Py_BEGIN_ALLOW_THREADS st =
+        tl_kmap_build(&ctx, tl_ptr(pin), n_in, tl_ptr(pout), n_out, &g, tl_ptr(pnbr));
+    Py_END_ALLOW_THREADS if (st != TL_OK) return tl_raise("kmap_build", st);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(kmap_reverse_doc,
+             "kmap_reverse(nbr_ptr, n_out, k, n_in, rev_ptr, threads)\n\n"
+             "Fills the (n_in, K) int32 input-stationary table from nbr.");
+static PyObject *py_kmap_reverse(PyObject *self, PyObject *args) {
+    (void)self;
+    unsigned long long pnbr, prev;
+    long long n_out, k, n_in;
+    int threads;
+    if (!PyArg_ParseTuple(args, "KLLLKi", &pnbr, &n_out, &k, &n_in, &prev, &threads))
+        return NULL;
+    tl_ctx ctx = tl_cpu_ctx(threads);
+    tl_status st;
+    Py_BEGIN_ALLOW_THREADS st = tl_kmap_reverse(&ctx, tl_ptr(pnbr), n_out, k, n_in, tl_ptr(prev));
+    Py_END_ALLOW_THREADS if (st != TL_OK) return tl_raise("kmap_reverse", st);
+    Py_RETURN_NONE;
+}
+
+/* Shared argument layout of the two convolution entry points:
+ * (dtype, n_in, n_out, k, c_in, c_out, a_ptr, b_ptr, nbr_ptr, out_ptr, threads). */
+typedef tl_status (*tl_conv_fn)(const tl_ctx *, const tl_conv_desc *, const void *,
+                                const void *, const int32_t *, void *);
+
+static PyObject *tl_call_conv(const char *name, tl_conv_fn fn, PyObject *args) {
+    int dtype, threads;
+    long long n_in, n_out, k, cin, cout;
+    unsigned long long pa, pb, pnbr, pout;
+    if (!PyArg_ParseTuple(args, "iLLLLLKKKKi", &dtype, &n_in, &n_out, &k, &cin, &cout,
+                          &pa, &pb, &pnbr, &pout, &threads))
+        return NULL;
+    tl_conv_desc d = {(tl_dtype)dtype, n_in, n_out, k, cin, cout};
+    tl_ctx ctx = tl_cpu_ctx(threads);
+    tl_status st;
+    Py_BEGIN_ALLOW_THREADS st = fn(&ctx, &d, tl_ptr(pa), tl_ptr(pb), tl_ptr(pnbr), tl_ptr(pout));
+    Py_END_ALLOW_THREADS if (st != TL_OK) return tl_raise(name, st);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(conv_forward_doc,
+             "conv_forward(dtype, n_in, n_out, k, c_in, c_out, x, w, nbr, y, threads)\n\n"
+             "y = sum_n x[nbr[:, n]] @ w[n] (implicit-GEMM dataflow, CPU).");
+static PyObject *py_conv_forward(PyObject *self, PyObject *args) {
+    (void)self;
+    return tl_call_conv("conv_forward", tl_implicit_gemm_forward, args);
+}
+
+PyDoc_STRVAR(conv_weight_grad_doc,
+             "conv_weight_grad(dtype, n_in, n_out, k, c_in, c_out, x, dy, nbr, dw, threads)\n\n"
+             "dw[n] = x[nbr[:, n]]^T dy (implicit-GEMM dataflow, CPU).");
+static PyObject *py_conv_weight_grad(PyObject *self, PyObject *args) {
+    (void)self;
+    return tl_call_conv("conv_weight_grad", tl_implicit_gemm_weight_grad, args);
+}
+
+PyDoc_STRVAR(cuda_compiled_doc, "cuda_compiled() -> bool\n\nWhether CUDA kernels are built in.");
+static PyObject *py_cuda_compiled(PyObject *self, PyObject *args) {
+    (void)self;
+    (void)args;
+#ifdef TL_WITH_CUDA
+    Py_RETURN_TRUE;
+#else
+    Py_RETURN_FALSE;
+#endif
+}
+
+PyDoc_STRVAR(cuda_device_count_doc,
+             "cuda_device_count() -> int\n\n"
+             "Usable CUDA devices; 0 without a GPU, a driver or a CUDA build.");
+static PyObject *py_cuda_device_count(PyObject *self, PyObject *args) {
+    (void)self;
+    (void)args;
+    int count = 0;
+#ifdef TL_WITH_CUDA
+    tl_status st = tl_cuda_device_count(&count);
+    if (st != TL_OK) return tl_raise("cuda_device_count", st);
+#endif
+    return PyLong_FromLong(count);
+}
+
+static PyMethodDef tl_methods[] = {
+    {"find_duplicate", py_find_duplicate, METH_VARARGS, find_duplicate_doc},
+    {"generate_bound", py_generate_bound, METH_VARARGS, generate_bound_doc},
+    {"generate", py_generate, METH_VARARGS, generate_doc},
+    {"kmap_build", py_kmap_build, METH_VARARGS, kmap_build_doc},
+    {"kmap_reverse", py_kmap_reverse, METH_VARARGS, kmap_reverse_doc},
+    {"conv_forward", py_conv_forward, METH_VARARGS, conv_forward_doc},
+    {"conv_weight_grad", py_conv_weight_grad, METH_VARARGS, conv_weight_grad_doc},
+    {"cuda_compiled", py_cuda_compiled, METH_NOARGS, cuda_compiled_doc},
+    {"cuda_device_count", py_cuda_device_count, METH_NOARGS, cuda_device_count_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef tl_module = {
+    PyModuleDef_HEAD_INIT, "_C", "Torch Lattice C core (torch-free, abi3).", 0,
+    tl_methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__C(void) { return PyModule_Create(&tl_module); }

@@ -1,0 +1,108 @@
+"""Build of torch_lattice._C: a C11, CPython Limited-API (abi3) extension.
+
+No torch, pybind11 or C++ is involved, so one binary serves every Python >= 3.10
+and every torch >= 2.4.  CUDA sources in csrc/cuda/*.cu are compiled with nvcc
+and linked in (cudart statically) when TORCH_LATTICE_CUDA asks for it:
+
+    TORCH_LATTICE_CUDA=auto  (default) build CUDA when nvcc is found
+    TORCH_LATTICE_CUDA=1     require CUDA; fail if nvcc is missing
+    TORCH_LATTICE_CUDA=0     CPU only
+
+TORCH_LATTICE_CUDA_ARCHS (default "80;86;89;90") lists the SM architectures;
+PTX for the newest is always added so later GPUs can JIT it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = Path(__file__).parent.resolve()
+C_SOURCES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc").glob("*.c"))
+CUDA_SOURCES = sorted((ROOT / "csrc" / "cuda").glob("*.cu"))
+C_FLAGS = ["-std=c11", "-O3", "-Wall", "-Wextra", "-Werror", "-fopenmp", "-fvisibility=hidden"]
+
+
+def _cuda_mode() -> str:
+    mode = os.environ.get("TORCH_LATTICE_CUDA", "auto").strip().lower()
+    if mode not in ("auto", "0", "1"):
+        raise SystemExit(f"TORCH_LATTICE_CUDA must be auto, 0 or 1, got {mode!r}")
+    return mode
+
+
+def _find_nvcc() -> Path | None:
+    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if home and (Path(home) / "bin" / "nvcc").is_file():
+            return Path(home) / "bin" / "nvcc"
+    found = shutil.which("nvcc")
+    return Path(found).resolve() if found else None
+
+
+def _gencode_flags() -> list[str]:
+    archs = [a.strip() for a in os.environ.get("TORCH_LATTICE_CUDA_ARCHS", "80;86;89;90").split(";")]
+    archs = [a for a in archs if a]
+    if not archs or not all(a.isdigit() for a in archs):
+        raise SystemExit("TORCH_LATTICE_CUDA_ARCHS must be a ;-separated list like 80;90")
+    flags = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs]
+    newest = max(archs, key=int)
+    return [*flags, f"-gencode=arch=compute_{newest},code=compute_{newest}"]
+
+
+class LatticeBuildExt(build_ext):
+    """Compiles csrc/cuda/*.cu with nvcc (when wanted) before the C sources."""
+
+    def build_extension(self, ext: Extension) -> None:
+        mode = _cuda_mode()
+        nvcc = _find_nvcc() if mode != "0" and CUDA_SOURCES else None
+        if mode == "1" and nvcc is None:
+            raise SystemExit("TORCH_LATTICE_CUDA=1 but nvcc was not found (set CUDA_HOME)")
+        if nvcc is not None:
+            self._add_cuda(ext, nvcc)
+        super().build_extension(ext)
+
+    def _add_cuda(self, ext: Extension, nvcc: Path) -> None:
+        cuda_home = nvcc.parent.parent
+        out_dir = Path(self.build_temp) / "cuda"
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for src in CUDA_SOURCES:
+            obj = out_dir / (src.stem + ".o")
+            cmd = [
+                str(nvcc), "-c", str(src), "-o", str(obj), "-O3", "-std=c++17",
+                "-I", str(ROOT / "csrc"), "--expt-relaxed-constexpr",
+                "-Xcompiler", "-fPIC,-fvisibility=hidden,-fno-exceptions,-fno-threadsafe-statics",
+                *_gencode_flags(),
+            ]
+            print(" ".join(cmd), flush=True)
+            subprocess.run(cmd, check=True)
+            ext.extra_objects.append(str(obj))
+        ext.define_macros.append(("TL_WITH_CUDA", "1"))
+        ext.include_dirs.append(str(cuda_home / "include"))
+        lib_dirs = [cuda_home / "lib64", cuda_home / "lib", cuda_home / "targets" / "x86_64-linux" / "lib"]
+        ext.library_dirs.extend(str(d) for d in lib_dirs if d.is_dir())
+        # Static cudart: the binary needs only the driver at run time, and
+        # imports (CPU only) where there is none.
+        ext.libraries.extend(["cudart_static", "rt", "dl", "pthread"])
+
+
+setup(
+    ext_modules=[
+        Extension(
+            "torch_lattice._C",
+            sources=C_SOURCES,
+            include_dirs=["csrc"],
+            define_macros=[("Py_LIMITED_API", "0x030A0000")],
+            extra_compile_args=C_FLAGS,
+            # libgomp is linked dynamically so the process shares torch's runtime;
+            # --exclude-libs keeps static archives' symbols out of the export table.
+            extra_link_args=["-fopenmp", "-Wl,--exclude-libs,ALL"],
+            py_limited_api=True,
+        )
+    ],
+    cmdclass={"build_ext": LatticeBuildExt},
+    options={"bdist_wheel": {"py_limited_api": "cp310"}},
+)

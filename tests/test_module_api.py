@@ -1,0 +1,240 @@
+"""Module-level contract of ``tl.nn.SubmConv3d`` and ``tl.nn.Conv3d`` (API.md).
+
+Parameters: ``weight`` (K, C_in, C_out), ``bias`` (C_out,) or None, and a persistent
+int32 buffer ``kernel_positions`` (K, 3) whose row n is (rx, ry, rz) with
+n = (rx*Ky + ry)*Kz + rz (z fastest). Bad arguments raise ValueError naming them.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+import torch
+
+import torch_lattice as tl
+
+try:
+    import dense_oracle as oracle
+except ImportError:  # tests/ may become a package; then it is imported through it
+    from tests import dense_oracle as oracle
+
+F64 = torch.float64
+KERNELS = [1, 2, 3, (3, 1, 2), (2, 3, 1), (1, 5, 3)]
+ODD_KERNELS = [1, 3, 5, (3, 1, 5), (1, 3, 3)]
+
+
+def conv_of(kind: str, cin: int, cout: int, **kwargs: object) -> torch.nn.Module:
+    cls = tl.nn.SubmConv3d if kind == "subm" else tl.nn.Conv3d
+    return cls(cin, cout, **kwargs)
+
+
+# --------------------------------------------------------------------------------------
+# Parameters and buffers
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kernel", KERNELS, ids=str)
+def test_conv3d_weight_and_kernel_positions(kernel: int | tuple[int, int, int]) -> None:
+    conv = tl.nn.Conv3d(3, 5, kernel_size=kernel)
+    k = oracle.kernel_volume(kernel)
+    assert tuple(conv.weight.shape) == (k, 3, 5)
+    assert isinstance(conv.weight, torch.nn.Parameter)
+    pos = conv.kernel_positions
+    assert pos.dtype == torch.int32
+    assert tuple(pos.shape) == (k, 3)
+    # Row n must be (rx, ry, rz) with z fastest.
+    assert pos.tolist() == [list(r) for r in oracle.kernel_offsets(kernel)]
+
+
+@pytest.mark.parametrize("kernel", ODD_KERNELS, ids=str)
+def test_subm_weight_and_kernel_positions(kernel: int | tuple[int, int, int]) -> None:
+    conv = tl.nn.SubmConv3d(4, 2, kernel_size=kernel)
+    k = oracle.kernel_volume(kernel)
+    assert tuple(conv.weight.shape) == (k, 4, 2)
+    assert conv.kernel_positions.dtype == torch.int32
+    assert conv.kernel_positions.tolist() == [list(r) for r in oracle.kernel_offsets(kernel)]
+
+
+def test_kernel_positions_z_fastest_explicit() -> None:
+    """Spot-check the row formula on a non-cubic kernel without the oracle helper."""
+    pos = tl.nn.Conv3d(1, 1, kernel_size=(2, 3, 4)).kernel_positions
+    kx, ky, kz = 2, 3, 4
+    for rx, ry, rz in [(0, 0, 1), (0, 1, 0), (1, 0, 0), (1, 2, 3), (0, 2, 1)]:
+        assert pos[(rx * ky + ry) * kz + rz].tolist() == [rx, ry, rz]
+    assert pos.shape[0] == kx * ky * kz
+
+
+@pytest.mark.parametrize("kind", ["subm", "conv"])
+def test_defaults_and_state_dict(kind: str) -> None:
+    conv = conv_of(kind, 2, 3)
+    # Defaults per API.md: kernel_size=3, bias=False.
+    assert tuple(conv.weight.shape) == (27, 2, 3)
+    assert conv.bias is None
+    sd = conv.state_dict()
+    # kernel_positions is a persistent buffer, so checkpoints carry the row layout.
+    assert set(sd) == {"weight", "kernel_positions"}
+    assert "kernel_positions" in dict(conv.named_buffers())
+    assert torch.equal(sd["kernel_positions"], conv.kernel_positions)
+
+    with_bias = conv_of(kind, 2, 3, bias=True)
+    assert isinstance(with_bias.bias, torch.nn.Parameter)
+    assert tuple(with_bias.bias.shape) == (3,)
+    assert set(with_bias.state_dict()) == {"weight", "bias", "kernel_positions"}
+
+    # A strict round trip restores the parameters exactly.
+    fresh = conv_of(kind, 2, 3, bias=True)
+    fresh.load_state_dict(with_bias.state_dict(), strict=True)
+    assert torch.equal(fresh.weight, with_bias.weight)
+    assert torch.equal(fresh.bias, with_bias.bias)
+
+
+@pytest.mark.parametrize(
+    ("kind", "cin", "kernel"),
+    [("conv", 16, 3), ("subm", 16, 3), ("conv", 32, (3, 1, 2)), ("subm", 8, 5)],
+)
+def test_initialization_like_torch_conv3d(
+    kind: str, cin: int, kernel: int | tuple[int, int, int]
+) -> None:
+    """torch.nn.Conv3d draws U(-1/sqrt(fan_in), 1/sqrt(fan_in)), fan_in = C_in*K."""
+    torch.manual_seed(0)
+    cout = 8
+    conv = conv_of(kind, cin, cout, kernel_size=kernel, bias=True)
+    bound = 1.0 / math.sqrt(cin * oracle.kernel_volume(kernel))
+    w = conv.weight.detach()
+    assert w.abs().max() <= bound * (1 + 1e-6)
+    assert w.count_nonzero() > 0.99 * w.numel()
+    # A uniform on [-bound, bound] has std bound/sqrt(3); thousands of draws pin it.
+    assert abs(float(w.std()) - bound / math.sqrt(3)) < 0.1 * bound / math.sqrt(3)
+    assert abs(float(w.mean())) < 0.1 * bound
+    b = conv.bias.detach()
+    assert b.abs().max() <= bound * (1 + 1e-6)
+    assert b.count_nonzero() > 0
+
+
+@pytest.mark.parametrize("kind", ["subm", "conv"])
+def test_repr_names_class_channels_and_kernel(kind: str) -> None:
+    conv = conv_of(kind, 5, 7, kernel_size=(3, 1, 5))
+    text = repr(conv)
+    assert type(conv).__name__ in text
+    assert "5" in text and "7" in text
+    assert re.search(r"3,\s*1,\s*5", text), text
+
+
+# --------------------------------------------------------------------------------------
+# gradcheck
+# --------------------------------------------------------------------------------------
+
+
+def _gradcheck_module(conv: torch.nn.Module, spatial_range: tuple[int, ...]) -> None:
+    feats, coords = oracle.random_geometry(5, 2, spatial_range[1:], 0.2, 2)
+    conv = conv.to(F64)
+    weight = conv.weight.detach().clone().requires_grad_(True)
+    bias = conv.bias.detach().clone().requires_grad_(True)
+
+    def fn(f: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        x = tl.SparseTensor(f, coords, spatial_range=spatial_range)
+        y = torch.func.functional_call(conv, {"weight": w, "bias": b}, (x,))
+        return y.feats
+
+    assert fn(feats, weight, bias).shape[0] > 0
+    inputs = (feats.requires_grad_(True), weight, bias)
+    assert torch.autograd.gradcheck(fn, inputs, eps=1e-6, atol=1e-7)
+
+
+def test_gradcheck_subm() -> None:
+    torch.manual_seed(1)
+    _gradcheck_module(tl.nn.SubmConv3d(2, 2, kernel_size=3, bias=True), (2, 4, 4, 4))
+
+
+def test_gradcheck_conv_generated_stride2() -> None:
+    torch.manual_seed(2)
+    conv = tl.nn.Conv3d(2, 3, kernel_size=2, stride=2, bias=True)
+    _gradcheck_module(conv, (2, 4, 5, 4))
+
+
+def test_gradcheck_conv_padded_stride2() -> None:
+    torch.manual_seed(3)
+    conv = tl.nn.Conv3d(2, 2, kernel_size=3, stride=2, padding=1, bias=True)
+    _gradcheck_module(conv, (2, 5, 4, 4))
+
+
+# --------------------------------------------------------------------------------------
+# Argument validation
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kernel", [2, 4, (3, 2, 3), (1, 1, 2)], ids=str)
+def test_subm_even_kernel_rejected_at_construction(
+    kernel: int | tuple[int, int, int],
+) -> None:
+    with pytest.raises(ValueError, match=r"kernel_size|odd"):
+        tl.nn.SubmConv3d(2, 2, kernel_size=kernel)
+
+
+CONV_BAD_ARGS = [
+    ({"kernel_size": 0}, "kernel_size"),
+    ({"kernel_size": -3}, "kernel_size"),
+    ({"kernel_size": (3, 0, 3)}, "kernel_size"),
+    ({"stride": 0}, "stride"),
+    ({"stride": (1, 0, 1)}, "stride"),
+    ({"stride": -1}, "stride"),
+    ({"padding": -1}, "padding"),
+    ({"padding": (0, -2, 0)}, "padding"),
+    ({"dilation": 0}, "dilation"),
+    ({"dilation": (1, 1, 0)}, "dilation"),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "name"), CONV_BAD_ARGS, ids=str)
+def test_conv3d_invalid_args(kwargs: dict[str, object], name: str) -> None:
+    with pytest.raises(ValueError, match=name):
+        tl.nn.Conv3d(2, 3, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        ({"kernel_size": 0}, "kernel_size"),
+        ({"kernel_size": -3}, "kernel_size"),
+        ({"dilation": 0}, "dilation"),
+        ({"dilation": (1, -1, 1)}, "dilation"),
+    ],
+    ids=str,
+)
+def test_subm_invalid_args(kwargs: dict[str, object], name: str) -> None:
+    with pytest.raises(ValueError, match=name):
+        tl.nn.SubmConv3d(2, 3, **kwargs)
+
+
+@pytest.mark.parametrize("kind", ["subm", "conv"])
+@pytest.mark.parametrize(
+    ("cin", "cout", "name"),
+    [(0, 3, "in_channels"), (-2, 3, "in_channels"), (2, 0, "out_channels")],
+)
+def test_invalid_channels(kind: str, cin: int, cout: int, name: str) -> None:
+    with pytest.raises(ValueError, match=name):
+        conv_of(kind, cin, cout)
+
+
+@pytest.mark.parametrize("kind", ["subm", "conv"])
+def test_feats_channel_mismatch_raises(kind: str) -> None:
+    feats, coords = oracle.random_geometry(9, 1, (5, 5, 5), 0.2, 4)
+    conv = conv_of(kind, 3, 2).to(F64)
+    with pytest.raises(ValueError, match=r"channels|feats"):
+        conv(tl.SparseTensor(feats, coords))
+
+
+@pytest.mark.parametrize("target_stride", [1, 4, (2, 2, 1)], ids=str)
+def test_target_stride_mismatch_raises(target_stride: int | tuple[int, ...]) -> None:
+    feats, coords = oracle.random_geometry(10, 1, (6, 6, 6), 0.2, 2)
+    conv = tl.nn.Conv3d(2, 2, kernel_size=2, stride=2).to(F64)
+    x = tl.SparseTensor(feats, coords)
+    tgt_coords = torch.tensor([[0, 0, 0, 0], [0, 1, 2, 1]], dtype=torch.int32)
+    target = tl.SparseTensor(torch.zeros(2, 1, dtype=F64), tgt_coords, stride=target_stride)
+    with pytest.raises(ValueError, match="stride"):
+        conv(x, coordinates=target)
+    # The matching stride is accepted, so the error above is about the stride only.
+    good = tl.SparseTensor(torch.zeros(2, 1, dtype=F64), tgt_coords, stride=2)
+    assert conv(x, coordinates=good).feats.shape == (2, 2)

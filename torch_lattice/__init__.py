@@ -1,0 +1,12 @@
+"""Torch Lattice: exact, fast sparse 3D convolution for PyTorch.
+
+``import torch_lattice as tl``; build a :class:`SparseTensor` and apply the
+modules in :mod:`torch_lattice.nn`.
+"""
+
+from torch_lattice import nn, ops
+from torch_lattice.tensor import CoordinateManager, SparseTensor
+
+__version__ = "0.1.0"
+
+__all__ = ["CoordinateManager", "SparseTensor", "__version__", "nn", "ops"]

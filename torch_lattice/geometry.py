@@ -1,0 +1,115 @@
+"""Convolution geometry: argument normalization, output ranges, kernel rows.
+
+One place defines how ``kernel_size``, ``stride``, ``padding`` and ``dilation``
+are read (an int or a 3-tuple), how the output range of a strided convolution
+follows from the input range, and the z-fastest order of kernel rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+Triple = tuple[int, int, int]
+
+
+def triple(name: str, value: int | Sequence[int], minimum: int) -> Triple:
+    """Reads an int or a 3-sequence of ints, each ``>= minimum``.
+
+    Raises:
+        TypeError: ``value`` is not an int or a sequence of three ints.
+        ValueError: a component is below ``minimum``.
+    """
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an int or a 3-tuple of ints, got {value!r}")
+    if isinstance(value, int):
+        items: tuple[object, ...] = (value, value, value)
+    elif isinstance(value, Sequence) and not isinstance(value, str):
+        items = tuple(value)
+        if len(items) != 3:
+            raise ValueError(f"{name} must have 3 components (x, y, z), got {value!r}")
+    else:
+        raise TypeError(f"{name} must be an int or a 3-tuple of ints, got {value!r}")
+    out = []
+    for v in items:
+        if isinstance(v, torch.Tensor) and v.numel() == 1 and not v.is_floating_point():
+            v = int(v.item())
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError(f"{name} must contain ints, got {value!r}")
+        if v < minimum:
+            rule = "positive" if minimum == 1 else f">= {minimum}"
+            raise ValueError(f"{name} must be {rule} in every axis, got {value!r}")
+        out.append(v)
+    return (out[0], out[1], out[2])
+
+
+@dataclass(frozen=True)
+class ConvGeometry:
+    """Per-axis geometry of a convolution relation.
+
+    The relation is ``input = output * stride - padding + r * dilation`` for
+    kernel position ``0 <= r < kernel_size``.
+    """
+
+    kernel_size: Triple
+    stride: Triple = (1, 1, 1)
+    padding: Triple = (0, 0, 0)
+    dilation: Triple = (1, 1, 1)
+
+    @staticmethod
+    def create(
+        kernel_size: int | Sequence[int],
+        stride: int | Sequence[int] = 1,
+        padding: int | Sequence[int] = 0,
+        dilation: int | Sequence[int] = 1,
+    ) -> ConvGeometry:
+        """Validates and normalizes user arguments (errors name the argument)."""
+        return ConvGeometry(
+            triple("kernel_size", kernel_size, 1),
+            triple("stride", stride, 1),
+            triple("padding", padding, 0),
+            triple("dilation", dilation, 1),
+        )
+
+    @staticmethod
+    def submanifold(kernel_size: Triple, dilation: Triple) -> ConvGeometry:
+        """The centered stride-1 relation of SubmConv3d (odd kernels)."""
+        pad = tuple(d * (k - 1) // 2 for k, d in zip(kernel_size, dilation, strict=True))
+        return ConvGeometry(kernel_size, (1, 1, 1), (pad[0], pad[1], pad[2]), dilation)
+
+    @property
+    def volume(self) -> int:
+        """Number of kernel rows K."""
+        kx, ky, kz = self.kernel_size
+        return kx * ky * kz
+
+    @property
+    def is_identity(self) -> bool:
+        """1x1x1, stride 1, no padding: output support is the input support."""
+        return self.kernel_size == (1, 1, 1) and self.stride == (1, 1, 1) and (
+            self.padding == (0, 0, 0)
+        )
+
+    def as_c(self) -> tuple[Triple, Triple, Triple, Triple]:
+        """The tuple layout the C core parses."""
+        return (self.kernel_size, self.stride, self.padding, self.dilation)
+
+    def output_range(self, in_range: Sequence[int]) -> Triple:
+        """``R_out = (R + 2p - d*(K-1) - 1) // s + 1`` per axis (may be <= 0)."""
+        out = [
+            (r + 2 * p - d * (k - 1) - 1) // s + 1
+            for r, k, s, p, d in zip(
+                in_range, self.kernel_size, self.stride, self.padding, self.dilation,
+                strict=True,
+            )
+        ]
+        return (out[0], out[1], out[2])
+
+
+def kernel_positions(kernel_size: Triple) -> torch.Tensor:
+    """``(K, 3)`` int32 positions ``(rx, ry, rz)`` with z fastest."""
+    axes = [torch.arange(k, dtype=torch.int32) for k in kernel_size]
+    grid = torch.meshgrid(*axes, indexing="ij")
+    return torch.stack([g.reshape(-1) for g in grid], dim=1).contiguous()

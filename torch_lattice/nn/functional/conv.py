@@ -1,0 +1,143 @@
+"""Functional sparse convolutions over :class:`~torch_lattice.SparseTensor`.
+
+These hold the support rules of API.md ("Convolution families"); the modules
+in :mod:`torch_lattice.nn.modules.conv` own weights and call these.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from torch_lattice.geometry import ConvGeometry, triple
+from torch_lattice.ops.conv import sparse_conv
+from torch_lattice.tensor import SparseTensor, Support, validate_coords
+
+__all__ = ["conv3d", "subm_conv3d"]
+
+
+def _check_input(x: SparseTensor, weight: torch.Tensor, geometry: ConvGeometry) -> None:
+    if not isinstance(x, SparseTensor):
+        raise TypeError(f"input must be a torch_lattice.SparseTensor, got {type(x).__name__}")
+    if weight.dim() != 3 or weight.shape[0] != geometry.volume:
+        raise ValueError(
+            f"weight must have shape (K={geometry.volume}, C_in, C_out) for kernel_size "
+            f"{geometry.kernel_size}, got {tuple(weight.shape)}"
+        )
+    if x.feats.shape[1] != weight.shape[1]:
+        raise ValueError(
+            f"input feats have {x.feats.shape[1]} channels but the layer expects "
+            f"in_channels={weight.shape[1]}"
+        )
+    if x.feats.dtype != weight.dtype:
+        raise TypeError(
+            f"input feats dtype {x.feats.dtype} does not match weight dtype {weight.dtype}"
+        )
+    if x.feats.device != weight.device:
+        raise ValueError(f"input is on {x.feats.device} but weight is on {weight.device}")
+
+
+def _apply(
+    x: SparseTensor, weight: torch.Tensor, bias: torch.Tensor | None,
+    target: Support, geometry: ConvGeometry,
+) -> SparseTensor:
+    """Runs the relation from ``x``'s support onto ``target`` and adds bias."""
+    kmap = x.coordinate_manager.kernel_map(x.support, target, geometry)
+    y = sparse_conv(x.feats, weight, kmap.nbr, kmap.rev)
+    if bias is not None:
+        y = y + bias
+    return SparseTensor.from_support(y, target)
+
+
+def _pointwise(x: SparseTensor, weight: torch.Tensor, bias: torch.Tensor | None) -> SparseTensor:
+    y = x.feats @ weight[0]
+    if bias is not None:
+        y = y + bias
+    return SparseTensor.from_support(y, x.support)
+
+
+def _target_support(x: SparseTensor, coordinates: SparseTensor | torch.Tensor,
+                    stride: tuple[int, int, int]) -> Support:
+    expected = tuple(a * b for a, b in zip(x.stride, stride, strict=True))
+    if isinstance(coordinates, SparseTensor):
+        if coordinates.stride != expected:
+            raise ValueError(
+                f"coordinates stride {coordinates.stride} must equal input stride {x.stride} "
+                f"* conv stride {stride} = {expected}"
+            )
+        if coordinates.device != x.device:
+            raise ValueError(f"coordinates are on {coordinates.device}, input on {x.device}")
+        return coordinates.support
+    coords = validate_coords(coordinates, name="coordinates")
+    if coords.device != x.device:
+        raise ValueError(f"coordinates are on {coords.device}, input on {x.device}")
+    return x.coordinate_manager.new_support(coords, expected, None)  # type: ignore[arg-type]
+
+
+def conv3d(
+    input: SparseTensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    kernel_size: int | Sequence[int] = 3,
+    stride: int | Sequence[int] = 1,
+    padding: int | Sequence[int] = 0,
+    dilation: int | Sequence[int] = 1,
+    *,
+    coordinates: SparseTensor | torch.Tensor | None = None,
+) -> SparseTensor:
+    """Support-generating (or target-conditioned) sparse convolution.
+
+    ``y[q] = bias + sum_n weight[n]^T x[q*stride - padding + r_n*dilation]``.
+
+    Args:
+        input: SparseTensor with ``(N, C_in)`` features.
+        weight: ``(K, C_in, C_out)``, kernel rows z fastest.
+        bias: ``(C_out,)`` or None.
+        coordinates: None to generate the output support (every reachable
+            ``q`` in ``[0, R_out)``, sorted by (b, x, y, z)), or a target
+            SparseTensor / ``(M, 4)`` integer tensor whose rows are computed
+            in their order; its stride must be ``input.stride * stride``.
+
+    Returns:
+        SparseTensor with stride ``input.stride * stride``.
+    """
+    geometry = ConvGeometry.create(kernel_size, stride, padding, dilation)
+    _check_input(input, weight, geometry)
+    if coordinates is not None:
+        target = _target_support(input, coordinates, geometry.stride)
+        return _apply(input, weight, bias, target, geometry)
+    if geometry.is_identity:
+        return _pointwise(input, weight, bias)
+    src = input.support
+    out_range = geometry.output_range(src.grid_range())
+    if min(out_range) < 1 and (src.num_rows or src.spatial_range is not None):
+        raise ValueError(
+            f"kernel_size {geometry.kernel_size} with dilation {geometry.dilation} and padding "
+            f"{geometry.padding} does not fit the input range {src.grid_range()}: "
+            f"output range would be {out_range}"
+        )
+    target = input.coordinate_manager.generated_support(src, geometry)
+    return _apply(input, weight, bias, target, geometry)
+
+
+def subm_conv3d(
+    input: SparseTensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    kernel_size: int | Sequence[int] = 3,
+    dilation: int | Sequence[int] = 1,
+) -> SparseTensor:
+    """Submanifold (support-preserving) sparse convolution, odd kernels.
+
+    ``y[q] = bias + sum_n weight[n]^T x[q + (r_n - (K-1)/2) * dilation]`` on
+    exactly the input rows, in their order.
+    """
+    ks = triple("kernel_size", kernel_size, 1)
+    if any(k % 2 == 0 for k in ks):
+        raise ValueError(f"kernel_size must be odd in every axis for SubmConv3d, got {ks}")
+    geometry = ConvGeometry.submanifold(ks, triple("dilation", dilation, 1))
+    _check_input(input, weight, geometry)
+    if geometry.is_identity:
+        return _pointwise(input, weight, bias)
+    return _apply(input, weight, bias, input.support, geometry)

@@ -1,0 +1,120 @@
+"""Convolution modules with canonical ``(K, C_in, C_out)`` weights.
+
+Each module owns ``weight``, optional ``bias`` and a persistent int32
+``kernel_positions`` buffer ``(K, 3)`` recording the z-fastest row order, and
+calls the functional in :mod:`torch_lattice.nn.functional.conv`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from torch_lattice.geometry import ConvGeometry, Triple, kernel_positions, triple
+from torch_lattice.nn.functional import conv as F
+from torch_lattice.tensor import SparseTensor
+
+__all__ = ["Conv3d", "SubmConv3d"]
+
+
+def _positive(name: str, value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+class _ConvBase(nn.Module):
+    """Weight, bias and kernel_positions shared by every convolution module."""
+
+    kernel_positions: torch.Tensor
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: Triple,
+                 bias: bool) -> None:
+        super().__init__()
+        self.in_channels = _positive("in_channels", in_channels)
+        self.out_channels = _positive("out_channels", out_channels)
+        self.kernel_size = kernel_size
+        k = kernel_size[0] * kernel_size[1] * kernel_size[2]
+        self.weight = nn.Parameter(torch.empty(k, in_channels, out_channels))
+        self.bias = nn.Parameter(torch.empty(out_channels)) if bias else None
+        self.register_buffer("kernel_positions", kernel_positions(kernel_size), persistent=True)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """``torch.nn.Conv3d``'s default: U(-1/sqrt(fan_in), 1/sqrt(fan_in))."""
+        fan_in = self.weight.shape[0] * self.weight.shape[1]
+        bound = 1.0 / math.sqrt(fan_in)
+        nn.init.uniform_(self.weight, -bound, bound)
+        if self.bias is not None:
+            nn.init.uniform_(self.bias, -bound, bound)
+
+
+class SubmConv3d(_ConvBase):
+    """Submanifold convolution: output support = input support, same order.
+
+    Wraps :func:`torch_lattice.nn.functional.subm_conv3d`.
+
+    Args:
+        in_channels, out_channels: feature widths.
+        kernel_size: odd int or 3-tuple of odd ints.
+        dilation: int or 3-tuple.
+        bias: add a learnable ``(C_out,)`` bias.
+    """
+
+    def __init__(self, in_channels: int, out_channels: int,
+                 kernel_size: int | Sequence[int] = 3, dilation: int | Sequence[int] = 1,
+                 bias: bool = False) -> None:
+        ks = triple("kernel_size", kernel_size, 1)
+        if any(k % 2 == 0 for k in ks):
+            raise ValueError(f"kernel_size must be odd in every axis for SubmConv3d, got {ks}")
+        super().__init__(in_channels, out_channels, ks, bias)
+        self.dilation = triple("dilation", dilation, 1)
+
+    def forward(self, input: SparseTensor) -> SparseTensor:
+        return F.subm_conv3d(input, self.weight, self.bias, self.kernel_size, self.dilation)
+
+    def extra_repr(self) -> str:
+        s = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}"
+        if self.dilation != (1, 1, 1):
+            s += f", dilation={self.dilation}"
+        return s + f", bias={self.bias is not None}"
+
+
+class Conv3d(_ConvBase):
+    """Support-generating sparse convolution, or target-conditioned when
+    called as ``conv(x, coordinates=target)``.
+
+    Wraps :func:`torch_lattice.nn.functional.conv3d`.
+
+    Args:
+        in_channels, out_channels: feature widths.
+        kernel_size, stride, padding, dilation: int or 3-tuple each.
+        bias: add a learnable ``(C_out,)`` bias.
+    """
+
+    def __init__(self, in_channels: int, out_channels: int,
+                 kernel_size: int | Sequence[int] = 3, stride: int | Sequence[int] = 1,
+                 padding: int | Sequence[int] = 0, dilation: int | Sequence[int] = 1,
+                 bias: bool = False) -> None:
+        geometry = ConvGeometry.create(kernel_size, stride, padding, dilation)
+        super().__init__(in_channels, out_channels, geometry.kernel_size, bias)
+        self.stride = geometry.stride
+        self.padding = geometry.padding
+        self.dilation = geometry.dilation
+
+    def forward(self, input: SparseTensor,
+                coordinates: SparseTensor | torch.Tensor | None = None) -> SparseTensor:
+        return F.conv3d(input, self.weight, self.bias, self.kernel_size, self.stride,
+                        self.padding, self.dilation, coordinates=coordinates)
+
+    def extra_repr(self) -> str:
+        s = (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
+             f"stride={self.stride}")
+        if self.padding != (0, 0, 0):
+            s += f", padding={self.padding}"
+        if self.dilation != (1, 1, 1):
+            s += f", dilation={self.dilation}"
+        return s + f", bias={self.bias is not None}"

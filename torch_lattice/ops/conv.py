@@ -1,0 +1,120 @@
+"""Sparse convolution ops: ``lattice::sparse_conv`` and its weight gradient.
+
+``sparse_conv(feats, weight, nbr, rev)`` computes
+``y[o] = sum_n feats[nbr[o, n]] @ weight[n]`` over an ``(N_out, K)`` neighbour
+table.  Its input gradient is the same op on the transposed relation
+(``rev``, ``weight^T``), so backward is built from registered ops only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from torch_lattice.ops._native import _C, DTYPE_CODES, ptr, require_cpu, threads
+
+__all__ = ["sparse_conv", "sparse_conv_weight_grad"]
+
+_NATIVE = (torch.float32, torch.float64)
+
+
+def _check(op: str, feats: torch.Tensor, weight: torch.Tensor, nbr: torch.Tensor) -> None:
+    if feats.dtype != weight.dtype:
+        raise TypeError(f"lattice::{op}: feats ({feats.dtype}) and weight ({weight.dtype}) "
+                        "must have the same dtype")
+    if weight.dim() != 3 or feats.dim() != 2 or weight.shape[1] != feats.shape[1]:
+        raise ValueError(f"lattice::{op}: weight must be (K, C_in, C_out) with C_in == "
+                         f"feats.shape[1]; got weight {tuple(weight.shape)}, "
+                         f"feats {tuple(feats.shape)}")
+    if nbr.dtype != torch.int32 or nbr.dim() != 2 or nbr.shape[1] != weight.shape[0]:
+        raise ValueError(f"lattice::{op}: kernel map must be int32 (N_out, K) with K == "
+                         f"weight.shape[0]; got {nbr.dtype} {tuple(nbr.shape)}")
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    # Half types run in float32 on the CPU (fp32 accumulation) and are cast back.
+    if dtype in _NATIVE:
+        return dtype
+    if dtype in (torch.float16, torch.bfloat16):
+        return torch.float32
+    raise TypeError(f"sparse convolution supports floating features, got {dtype}")
+
+
+def _forward(feats: torch.Tensor, weight: torch.Tensor, nbr: torch.Tensor) -> torch.Tensor:
+    work = _compute_dtype(feats.dtype)
+    x = feats.to(work).contiguous()
+    w = weight.to(work).contiguous()
+    nbr = nbr.contiguous()
+    k, cin, cout = w.shape
+    y = torch.empty((nbr.shape[0], cout), dtype=work)
+    _C.conv_forward(DTYPE_CODES[work], x.shape[0], nbr.shape[0], k, cin, cout,
+                    ptr(x), ptr(w), ptr(nbr), ptr(y), threads())
+    return y.to(feats.dtype)
+
+
+@torch.library.custom_op("lattice::sparse_conv", mutates_args=())
+def sparse_conv(
+    feats: torch.Tensor, weight: torch.Tensor, nbr: torch.Tensor, rev: torch.Tensor
+) -> torch.Tensor:
+    """``(N_out, C_out)``: ``y[o] = sum_n feats[nbr[o, n]] @ weight[n]``.
+
+    Args:
+        feats: ``(N_in, C_in)`` floating.
+        weight: ``(K, C_in, C_out)``, same dtype.
+        nbr: ``(N_out, K)`` int32 neighbour table.
+        rev: ``(N_in, K)`` int32 transpose of ``nbr`` (used by backward).
+    """
+    require_cpu("sparse_conv", feats, weight, nbr, rev)
+    _check("sparse_conv", feats, weight, nbr)
+    return _forward(feats, weight, nbr)
+
+
+@sparse_conv.register_fake
+def _(feats, weight, nbr, rev):
+    torch._check(feats.dtype == weight.dtype)
+    torch._check(weight.shape[1] == feats.shape[1])
+    torch._check(nbr.shape[1] == weight.shape[0])
+    return feats.new_empty((nbr.shape[0], weight.shape[2]))
+
+
+@torch.library.custom_op("lattice::sparse_conv_weight_grad", mutates_args=())
+def sparse_conv_weight_grad(
+    feats: torch.Tensor, grad_out: torch.Tensor, nbr: torch.Tensor
+) -> torch.Tensor:
+    """``(K, C_in, C_out)``: ``dw[n] = sum_o feats[nbr[o, n]]^T grad_out[o]``."""
+    require_cpu("sparse_conv_weight_grad", feats, grad_out, nbr)
+    work = _compute_dtype(feats.dtype)
+    x = feats.to(work).contiguous()
+    dy = grad_out.to(work).contiguous()
+    nbr = nbr.contiguous()
+    k = nbr.shape[1]
+    dw = torch.empty((k, x.shape[1], dy.shape[1]), dtype=work)
+    _C.conv_weight_grad(DTYPE_CODES[work], x.shape[0], nbr.shape[0], k, x.shape[1],
+                        dy.shape[1], ptr(x), ptr(dy), ptr(nbr), ptr(dw), threads())
+    return dw.to(feats.dtype)
+
+
+@sparse_conv_weight_grad.register_fake
+def _(feats, grad_out, nbr):
+    return feats.new_empty((nbr.shape[1], feats.shape[1], grad_out.shape[1]))
+
+
+def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
+    feats, weight, nbr, rev = inputs
+    saved_feats = feats if ctx.needs_input_grad[1] else None
+    saved_weight = weight if ctx.needs_input_grad[0] else None
+    ctx.save_for_backward(saved_feats, saved_weight, nbr, rev)
+
+
+def _backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+    feats, weight, nbr, rev = ctx.saved_tensors
+    grad_feats = grad_weight = None
+    if ctx.needs_input_grad[0]:
+        grad_feats = sparse_conv(grad, weight.transpose(1, 2).contiguous(), rev, nbr)
+    if ctx.needs_input_grad[1]:
+        grad_weight = sparse_conv_weight_grad(feats, grad, nbr)
+    return grad_feats, grad_weight, None, None
+
+
+sparse_conv.register_autograd(_backward, setup_context=_setup_context)

@@ -1,0 +1,114 @@
+"""Kernel-map construction ops: ``lattice::generate_support`` and
+``lattice::kernel_map``.
+
+The neighbour-table format is described in csrc/tl_kmap.h: ``nbr`` is
+``(N_out, K)`` int32 with the input row feeding each output row through each
+kernel row (-1 where absent); ``rev`` is its ``(N_in, K)`` transpose.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from torch_lattice.geometry import ConvGeometry
+from torch_lattice.ops._native import _C, ptr, require_cpu, threads
+
+__all__ = ["KernelMap", "build_kernel_map", "generate_support", "kernel_map"]
+
+
+@dataclass(frozen=True)
+class KernelMap:
+    """Relation between an input support and an output support.
+
+    Attributes:
+        nbr: ``(N_out, K)`` int32, ``nbr[o, n] = i`` iff
+            ``in[i] == out[o] * stride - padding + r_n * dilation``, else -1.
+        rev: ``(N_in, K)`` int32 transpose of ``nbr``.
+        geometry: the relation's geometry.
+    """
+
+    nbr: torch.Tensor
+    rev: torch.Tensor
+    geometry: ConvGeometry
+
+
+def _geom(kernel_size: list[int], stride: list[int], padding: list[int], dilation: list[int]):
+    return (tuple(kernel_size), tuple(stride), tuple(padding), tuple(dilation))
+
+
+@torch.library.custom_op("lattice::generate_support", mutates_args=())
+def generate_support(
+    coords: torch.Tensor,
+    kernel_size: list[int],
+    stride: list[int],
+    padding: list[int],
+    dilation: list[int],
+    out_range: list[int],
+    num_batches: int,
+) -> torch.Tensor:
+    """Output support of a strided convolution: ``(M, 4)`` int32, sorted.
+
+    Every ``q`` in ``[0, out_range)`` per axis with some kernel row mapping it
+    onto an input row of the same batch (see API.md).
+    """
+    require_cpu("generate_support", coords)
+    coords = coords.contiguous()
+    geom = _geom(kernel_size, stride, padding, dilation)
+    rng = tuple(max(0, r) for r in out_range)
+    n = coords.shape[0]
+    bound = _C.generate_bound(n, geom, rng, num_batches)
+    # Pages of an untouched allocation are never committed, so a loose upper
+    # bound costs address space only; the result is copied out compactly.
+    out = torch.empty((bound, 4), dtype=torch.int32)
+    m = _C.generate(ptr(coords), n, geom, rng, ptr(out), bound)
+    return out[:m].clone()
+
+
+@generate_support.register_fake
+def _(coords, kernel_size, stride, padding, dilation, out_range, num_batches):
+    torch._check(coords.dim() == 2 and coords.shape[1] == 4)
+    m = torch.library.get_ctx().new_dynamic_size()
+    return coords.new_empty((m, 4))
+
+
+@torch.library.custom_op("lattice::kernel_map", mutates_args=())
+def kernel_map(
+    in_coords: torch.Tensor,
+    out_coords: torch.Tensor,
+    kernel_size: list[int],
+    stride: list[int],
+    padding: list[int],
+    dilation: list[int],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Neighbour tables ``(nbr (N_out, K), rev (N_in, K))``, int32."""
+    require_cpu("kernel_map", in_coords, out_coords)
+    in_coords, out_coords = in_coords.contiguous(), out_coords.contiguous()
+    geom = _geom(kernel_size, stride, padding, dilation)
+    k = kernel_size[0] * kernel_size[1] * kernel_size[2]
+    n_in, n_out = in_coords.shape[0], out_coords.shape[0]
+    nbr = torch.empty((n_out, k), dtype=torch.int32)
+    rev = torch.empty((n_in, k), dtype=torch.int32)
+    t = threads()
+    _C.kmap_build(ptr(in_coords), n_in, ptr(out_coords), n_out, geom, ptr(nbr), t)
+    _C.kmap_reverse(ptr(nbr), n_out, k, n_in, ptr(rev), t)
+    return nbr, rev
+
+
+@kernel_map.register_fake
+def _(in_coords, out_coords, kernel_size, stride, padding, dilation):
+    k = kernel_size[0] * kernel_size[1] * kernel_size[2]
+    return (
+        out_coords.new_empty((out_coords.shape[0], k)),
+        in_coords.new_empty((in_coords.shape[0], k)),
+    )
+
+
+def build_kernel_map(
+    in_coords: torch.Tensor, out_coords: torch.Tensor, geometry: ConvGeometry
+) -> KernelMap:
+    """Builds the :class:`KernelMap` relating two coordinate sets."""
+    ks, s, p, d = (list(v) for v in geometry.as_c())
+    nbr, rev = kernel_map(in_coords, out_coords, ks, s, p, d)
+    return KernelMap(nbr, rev, geometry)

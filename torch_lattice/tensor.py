@@ -1,0 +1,366 @@
+"""SparseTensor and its coordinate manager.
+
+A :class:`SparseTensor` is a feature matrix over a :class:`Support` (its
+coordinate rows, stride and spatial range).  Tensors derived from one another
+share a :class:`CoordinateManager`, which caches generated supports and
+kernel maps so that layers with the same geometry build them once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from torch_lattice.geometry import ConvGeometry, Triple, triple
+
+if TYPE_CHECKING:
+    from torch_lattice.ops.kernel_map import KernelMap
+
+__all__ = ["CoordinateManager", "SparseTensor", "Support", "validate_coords"]
+
+_INT32_MAX = 2**31 - 1
+RangeT = tuple[int, int, int, int]
+
+
+def validate_coords(coords: Any, name: str = "coords") -> torch.Tensor:
+    """Checks an ``(N, 4)`` integer coordinate tensor and returns it as int32.
+
+    Rows are ``[batch, x, y, z]``: non-negative, unique, within int32.
+
+    Raises:
+        TypeError: not a tensor, or not an integer dtype.
+        ValueError: wrong shape, negative, beyond int32, or repeated rows.
+    """
+    if not isinstance(coords, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(coords).__name__}")
+    if coords.dtype not in (torch.int32, torch.int64, torch.int16, torch.int8, torch.uint8):
+        raise TypeError(f"{name} must be an integer tensor (int32 or int64), got {coords.dtype}")
+    if coords.dim() != 2 or coords.shape[1] != 4:
+        raise ValueError(f"{name} must have shape (N, 4) [batch, x, y, z], got {tuple(coords.shape)}")
+    if coords.numel():
+        lo, hi = int(coords.min()), int(coords.max())
+        if lo < 0:
+            raise ValueError(f"{name} must be non-negative, found {lo}")
+        if hi > _INT32_MAX:
+            raise ValueError(f"{name} must fit in int32 (<= {_INT32_MAX}), found {hi}")
+    out = coords.to(torch.int32).contiguous()
+    dup = _find_duplicate(out)
+    if dup >= 0:
+        row = out[dup].tolist()
+        raise ValueError(f"{name} rows must be unique, row {dup} repeats {row}")
+    return out
+
+
+def _find_duplicate(coords: torch.Tensor) -> int:
+    """Index of the first repeated row, or -1."""
+    if coords.shape[0] < 2:
+        return -1
+    if coords.device.type == "cpu":
+        from torch_lattice import _C
+
+        return int(_C.find_duplicate(coords.data_ptr(), coords.shape[0]))
+    uniq, inverse = torch.unique(coords, dim=0, return_inverse=True)
+    if uniq.shape[0] == coords.shape[0]:
+        return -1
+    first = torch.full((uniq.shape[0],), coords.shape[0], dtype=torch.long, device=coords.device)
+    first.scatter_reduce_(0, inverse, torch.arange(coords.shape[0], device=coords.device), "amin")
+    later = torch.arange(coords.shape[0], device=coords.device) != first[inverse]
+    return int(torch.nonzero(later)[0, 0])
+
+
+def _spatial_range(value: Any) -> RangeT | None:
+    if value is None:
+        return None
+    if isinstance(value, torch.Tensor):
+        value = value.tolist()
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = (value,) * 4
+    if not isinstance(value, Sequence) or len(value) != 4:
+        raise ValueError(f"spatial_range must be None, an int or (B, X, Y, Z), got {value!r}")
+    out = []
+    for v in value:
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"spatial_range must hold positive ints (B, X, Y, Z), got {value!r}")
+        out.append(v)
+    return (out[0], out[1], out[2], out[3])
+
+
+@dataclass(eq=False)
+class Support:
+    """A coordinate set on one lattice: rows, stride and optional range.
+
+    Compared and hashed by identity: two supports are the same cache key only
+    if they are the same object, which holds exactly for tensors derived from
+    one another.
+    """
+
+    coords: torch.Tensor
+    stride: Triple
+    spatial_range: RangeT | None
+    manager: CoordinateManager
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.coords.shape[0])
+
+    def grid_range(self) -> Triple:
+        """``R``: ``spatial_range[1:]`` or ``max(coords) + 1`` per axis."""
+        if self.spatial_range is not None:
+            return (self.spatial_range[1], self.spatial_range[2], self.spatial_range[3])
+        if self.num_rows == 0:
+            return (0, 0, 0)
+        m = (self.coords[:, 1:].amax(dim=0) + 1).tolist()
+        return (m[0], m[1], m[2])
+
+    def num_batches(self) -> int:
+        if self.spatial_range is not None:
+            return self.spatial_range[0]
+        return int(self.coords[:, 0].max()) + 1 if self.num_rows else 0
+
+
+@dataclass(frozen=True)
+class _Derivation:
+    """How a generated support was made: from ``source`` through ``geometry``."""
+
+    source: Support
+    geometry: ConvGeometry
+
+
+@dataclass(eq=False)
+class CoordinateManager:
+    """Caches of supports and kernel maps shared by related tensors.
+
+    A cache belongs to the manager; each entry is keyed by the identity of
+    the supports it relates and the geometry, so it is built once and reused
+    by every layer with the same geometry.
+    """
+
+    _generated: dict[tuple[Support, ConvGeometry], Support] = field(default_factory=dict)
+    _kernel_maps: dict[tuple[Support, Support, ConvGeometry], KernelMap] = field(
+        default_factory=dict
+    )
+    _derivations: dict[Support, list[_Derivation]] = field(default_factory=dict)
+    builds: int = 0  # kernel maps built (not served from cache); for tests and profiling
+
+    def new_support(
+        self, coords: torch.Tensor, stride: Triple, spatial_range: RangeT | None
+    ) -> Support:
+        return Support(coords, stride, spatial_range, self)
+
+    def generated_support(self, source: Support, geometry: ConvGeometry) -> Support:
+        """Output support of a strided convolution of ``source`` (cached)."""
+        key = (source, geometry)
+        hit = self._generated.get(key)
+        if hit is not None:
+            return hit
+        from torch_lattice.ops.kernel_map import generate_support
+
+        out_range = geometry.output_range(source.grid_range())
+        if source.num_rows == 0:
+            coords = source.coords.new_empty((0, 4))
+        else:
+            coords = generate_support(
+                source.coords, *map(list, geometry.as_c()), list(out_range), source.num_batches()
+            )
+        stride = _mul(source.stride, geometry.stride)
+        srange = None
+        if source.spatial_range is not None:
+            srange = (source.spatial_range[0], *out_range)
+        out = self.new_support(coords, stride, srange)  # type: ignore[arg-type]
+        self._generated[key] = out
+        self._derivations.setdefault(out, []).append(_Derivation(source, geometry))
+        return out
+
+    def kernel_map(self, source: Support, target: Support, geometry: ConvGeometry) -> KernelMap:
+        """Kernel map relating ``source`` rows to ``target`` rows (cached)."""
+        key = (source, target, geometry)
+        hit = self._kernel_maps.get(key)
+        if hit is not None:
+            return hit
+        from torch_lattice.ops.kernel_map import build_kernel_map
+
+        kmap = build_kernel_map(source.coords, target.coords, geometry)
+        self.builds += 1
+        self._kernel_maps[key] = kmap
+        return kmap
+
+    def derivations(self, support: Support) -> list[_Derivation]:
+        """The (source, geometry) pairs that generated ``support``."""
+        return list(self._derivations.get(support, ()))
+
+
+def _mul(a: Triple, b: Triple) -> Triple:
+    return (a[0] * b[0], a[1] * b[1], a[2] * b[2])
+
+
+class SparseTensor:
+    """Features on a sparse set of lattice coordinates.
+
+    Args:
+        feats: ``(N, C)`` floating tensor.
+        coords: ``(N, 4)`` integer tensor ``[batch, x, y, z]`` of logical grid
+            indices; stored as int32.  Non-negative, unique rows.
+        stride: int or 3-tuple of positive ints: the lattice spacing.
+        spatial_range: ``None`` or ``(B, X, Y, Z)`` (an int is broadcast);
+            every coordinate must lie inside it.
+
+    Raises:
+        TypeError / ValueError: naming the argument and the broken rule.
+    """
+
+    __slots__ = ("_feats", "_support")
+
+    def __init__(
+        self,
+        feats: torch.Tensor,
+        coords: torch.Tensor,
+        stride: int | Sequence[int] = 1,
+        spatial_range: int | Sequence[int] | None = None,
+    ) -> None:
+        coords32 = validate_coords(coords)
+        _check_feats(feats, coords32.shape[0])
+        if feats.device != coords.device:
+            raise ValueError(
+                f"feats and coords must be on the same device, got {feats.device} and {coords.device}"
+            )
+        srange = _spatial_range(spatial_range)
+        if srange is not None and coords32.shape[0]:
+            hi = coords32.amax(dim=0).tolist()
+            for axis, (h, r) in enumerate(zip(hi, srange, strict=True)):
+                if h >= r:
+                    name = "bxyz"[axis]
+                    raise ValueError(
+                        f"coords must lie inside spatial_range {srange}: {name}={h} >= {r}"
+                    )
+        support = CoordinateManager().new_support(coords32, triple("stride", stride, 1), srange)
+        self._feats = feats
+        self._support = support
+
+    @classmethod
+    def from_support(cls, feats: torch.Tensor, support: Support) -> SparseTensor:
+        """Wraps features over an existing (already validated) support."""
+        out = cls.__new__(cls)
+        out._feats = feats
+        out._support = support
+        return out
+
+    # --- properties -------------------------------------------------------
+    @property
+    def feats(self) -> torch.Tensor:
+        """``(N, C)`` features."""
+        return self._feats
+
+    @property
+    def F(self) -> torch.Tensor:  # noqa: N802 - TorchSparse spelling
+        return self._feats
+
+    @property
+    def coords(self) -> torch.Tensor:
+        """``(N, 4)`` int32 ``[batch, x, y, z]``."""
+        return self._support.coords
+
+    @property
+    def C(self) -> torch.Tensor:  # noqa: N802 - TorchSparse spelling
+        return self._support.coords
+
+    @property
+    def stride(self) -> Triple:
+        return self._support.stride
+
+    @property
+    def spatial_range(self) -> RangeT | None:
+        return self._support.spatial_range
+
+    @property
+    def support(self) -> Support:
+        return self._support
+
+    @property
+    def coordinate_manager(self) -> CoordinateManager:
+        return self._support.manager
+
+    @property
+    def device(self) -> torch.device:
+        return self._feats.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._feats.dtype
+
+    @property
+    def shape(self) -> torch.Size:
+        return self._feats.shape
+
+    def __len__(self) -> int:
+        return int(self._feats.shape[0])
+
+    # --- derived tensors --------------------------------------------------
+    def replace(self, feats: torch.Tensor) -> SparseTensor:
+        """Same support, new ``(N, C')`` features."""
+        _check_feats(feats, self._support.num_rows)
+        if feats.device != self.device:
+            raise ValueError(f"feats must be on {self.device}, got {feats.device}")
+        return SparseTensor.from_support(feats, self._support)
+
+    def to(self, *args: Any, **kwargs: Any) -> SparseTensor:
+        """Like ``torch.Tensor.to``; a dtype applies to features only."""
+        feats = self._feats.to(*args, **kwargs)
+        if feats.device == self._feats.device:
+            return SparseTensor.from_support(feats, self._support)
+        s = self._support
+        moved = CoordinateManager().new_support(s.coords.to(feats.device), s.stride, s.spatial_range)
+        return SparseTensor.from_support(feats, moved)
+
+    def cpu(self) -> SparseTensor:
+        return self.to("cpu")
+
+    def cuda(self, device: int | str | torch.device | None = None) -> SparseTensor:
+        return self.to("cuda" if device is None else device)
+
+    def half(self) -> SparseTensor:
+        return self.replace(self._feats.half())
+
+    def float(self) -> SparseTensor:
+        return self.replace(self._feats.float())
+
+    def double(self) -> SparseTensor:
+        return self.replace(self._feats.double())
+
+    def detach(self) -> SparseTensor:
+        return self.replace(self._feats.detach())
+
+    def dense(self) -> torch.Tensor:
+        """``[B, C, X, Y, Z]`` dense tensor (zeros off the support).
+
+        Raises:
+            ValueError: the tensor has no ``spatial_range``.
+        """
+        srange = self.spatial_range
+        if srange is None:
+            raise ValueError("dense() needs spatial_range; construct the SparseTensor with one")
+        b, x, y, z = srange
+        out = self._feats.new_zeros((b, x, y, z, self._feats.shape[1]))
+        c = self.coords.long()
+        out = out.index_put((c[:, 0], c[:, 1], c[:, 2], c[:, 3]), self._feats)
+        return out.permute(0, 4, 1, 2, 3).contiguous()
+
+    def __repr__(self) -> str:
+        return (
+            f"SparseTensor(rows={len(self)}, channels={self._feats.shape[1]}, "
+            f"stride={self.stride}, spatial_range={self.spatial_range}, "
+            f"dtype={self.dtype}, device={self.device})"
+        )
+
+
+def _check_feats(feats: Any, rows: int) -> None:
+    if not isinstance(feats, torch.Tensor):
+        raise TypeError(f"feats must be a torch.Tensor, got {type(feats).__name__}")
+    if not feats.is_floating_point():
+        raise TypeError(f"feats must be a floating tensor, got {feats.dtype}")
+    if feats.dim() != 2:
+        raise ValueError(f"feats must have shape (N, C), got {tuple(feats.shape)}")
+    if feats.shape[0] != rows:
+        raise ValueError(f"feats must have one row per coordinate: {feats.shape[0]} rows for {rows} coords")
