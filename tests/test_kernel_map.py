@@ -1,0 +1,89 @@
+"""Kernel-map invariants, checked against a brute-force enumeration.
+
+Invariant: ``nbr[o, n] == i`` iff ``in[i] == out[o] * stride - padding +
+r_n * dilation`` (same batch), else -1; and ``rev[i, n] == o`` iff
+``nbr[o, n] == i``.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from torch_lattice.geometry import ConvGeometry, kernel_positions
+from torch_lattice.ops import build_kernel_map, generate_support
+
+
+def _coords(n: int, side: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    c = torch.randint(0, side, (n, 4), generator=g)
+    c[:, 0] %= 3
+    c = torch.unique(c, dim=0)
+    return c[torch.randperm(c.shape[0], generator=g)].to(torch.int32)
+
+
+def _brute_nbr(inp: torch.Tensor, out: torch.Tensor, g: ConvGeometry) -> torch.Tensor:
+    index = {tuple(r): i for i, r in enumerate(inp.tolist())}
+    pos = kernel_positions(g.kernel_size).tolist()
+    nbr = torch.full((out.shape[0], len(pos)), -1, dtype=torch.int32)
+    for o, (b, *q) in enumerate(out.tolist()):
+        for n, r in enumerate(pos):
+            c = tuple(q[a] * g.stride[a] - g.padding[a] + r[a] * g.dilation[a] for a in range(3))
+            nbr[o, n] = index.get((b, *c), -1)
+    return nbr
+
+
+CASES = [
+    ConvGeometry.submanifold((3, 3, 3), (1, 1, 1)),
+    ConvGeometry.submanifold((5, 1, 3), (1, 2, 2)),
+    ConvGeometry((2, 2, 2), (2, 2, 2)),
+    ConvGeometry((3, 3, 3), (2, 2, 2), (1, 1, 1)),
+    ConvGeometry((4, 2, 3), (3, 1, 2), (2, 0, 1), (1, 3, 2)),
+]
+
+
+@pytest.mark.parametrize("g", CASES)
+def test_neighbour_tables_match_brute_force(g: ConvGeometry) -> None:
+    inp = _coords(120, 9, 0)
+    out = _coords(80, 6, 1)
+    kmap = build_kernel_map(inp, out, g)
+    assert torch.equal(kmap.nbr, _brute_nbr(inp, out, g))
+    rev = torch.full_like(kmap.rev, -1)
+    for o, n in itertools.product(range(out.shape[0]), range(g.volume)):
+        i = int(kmap.nbr[o, n])
+        if i >= 0:
+            rev[i, n] = o
+    assert torch.equal(kmap.rev, rev)
+
+
+@pytest.mark.parametrize("g", CASES[2:])
+def test_generated_support_is_reachable_set_sorted(g: ConvGeometry) -> None:
+    inp = _coords(150, 10, 2)
+    rng = g.output_range((10, 10, 10))
+    got = generate_support(inp, *map(list, g.as_c()), list(rng), 3)
+    pos = kernel_positions(g.kernel_size).tolist()
+    have = {tuple(r) for r in inp.tolist()}
+    want = []
+    for b in range(3):
+        for q in itertools.product(*(range(r) for r in rng)):
+            for r in pos:
+                c = tuple(q[a] * g.stride[a] - g.padding[a] + r[a] * g.dilation[a] for a in range(3))
+                if (b, *c) in have:
+                    want.append((b, *q))
+                    break
+    assert got.tolist() == [list(w) for w in want]
+
+
+def test_wide_coordinates_have_no_span_limit() -> None:
+    """Coordinates anywhere in int32 hash and sort correctly (no packing)."""
+    big = 2**31 - 2
+    inp = torch.tensor([[0, big, 0, big], [0, big - 1, 0, big], [5, 0, big, 0]], dtype=torch.int32)
+    g = ConvGeometry.submanifold((3, 3, 3), (1, 1, 1))
+    kmap = build_kernel_map(inp, inp, g)
+    assert torch.equal(kmap.nbr, _brute_nbr(inp, inp, g))
+    g2 = ConvGeometry((2, 2, 2), (2, 2, 2))
+    got = generate_support(inp, *map(list, g2.as_c()), [2**30] * 3, 6)
+    h = big // 2
+    assert got.tolist() == [[0, h - 1, 0, h], [0, h, 0, h], [5, 0, h, 0]]

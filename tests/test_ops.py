@@ -1,0 +1,83 @@
+"""torch.library registration of the lattice ops: opcheck on each op.
+
+opcheck exercises the schema, the fake (meta) implementation, autograd
+registration and AOT dispatch with dynamic shapes.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import torch_lattice as tl
+from torch_lattice.geometry import ConvGeometry
+from torch_lattice.ops import build_kernel_map
+
+
+def _coords(n: int, side: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    c = torch.randint(0, side, (n, 4), generator=g)
+    c[:, 0] %= 2
+    c = torch.unique(c, dim=0)
+    return c[torch.randperm(c.shape[0], generator=g)].to(torch.int32)
+
+
+GEOMETRIES = [
+    ConvGeometry.submanifold((3, 3, 3), (1, 1, 1)),
+    ConvGeometry((2, 2, 2), (2, 2, 2)),
+    ConvGeometry((3, 1, 2), (2, 1, 3), (1, 0, 1), (1, 2, 1)),
+]
+
+
+@pytest.mark.parametrize("geometry", GEOMETRIES)
+def test_opcheck_generate_support(geometry: ConvGeometry) -> None:
+    coords = _coords(60, 7, 0)
+    ks, s, p, d = (list(v) for v in geometry.as_c())
+    rng = list(geometry.output_range((7, 7, 7)))
+    torch.library.opcheck(torch.ops.lattice.generate_support.default, (coords, ks, s, p, d, rng, 2))
+
+
+@pytest.mark.parametrize("geometry", GEOMETRIES)
+def test_opcheck_kernel_map(geometry: ConvGeometry) -> None:
+    coords = _coords(60, 7, 1)
+    ks, s, p, d = (list(v) for v in geometry.as_c())
+    torch.library.opcheck(torch.ops.lattice.kernel_map.default, (coords, coords, ks, s, p, d))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("geometry", GEOMETRIES)
+def test_opcheck_sparse_conv(geometry: ConvGeometry, dtype: torch.dtype) -> None:
+    coords = _coords(60, 7, 2)
+    x = tl.SparseTensor(torch.zeros(coords.shape[0], 1), coords)
+    if geometry.stride == (1, 1, 1):
+        target = x.support
+    else:
+        target = x.coordinate_manager.generated_support(
+            x.support, geometry
+        )
+    kmap = build_kernel_map(coords, target.coords, geometry)
+    feats = torch.randn(coords.shape[0], 3, dtype=dtype, requires_grad=True)
+    weight = torch.randn(geometry.volume, 3, 5, dtype=dtype, requires_grad=True)
+    torch.library.opcheck(torch.ops.lattice.sparse_conv.default, (feats, weight, kmap.nbr, kmap.rev))
+    grad = torch.randn(target.num_rows, 5, dtype=dtype)
+    torch.library.opcheck(
+        torch.ops.lattice.sparse_conv_weight_grad.default, (feats.detach(), grad, kmap.nbr)
+    )
+
+
+def test_sparse_conv_rejects_out_of_range_map() -> None:
+    """A corrupt neighbour table raises instead of reading out of bounds."""
+    feats = torch.randn(4, 2, dtype=torch.float64)
+    weight = torch.randn(1, 2, 3, dtype=torch.float64)
+    nbr = torch.tensor([[0], [7]], dtype=torch.int32)
+    rev = torch.full((4, 1), -1, dtype=torch.int32)
+    with pytest.raises(ValueError, match="invalid argument"):
+        torch.ops.lattice.sparse_conv(feats, weight, nbr, rev)
+
+
+def test_sparse_conv_dtype_mismatch() -> None:
+    nbr = torch.zeros((2, 1), dtype=torch.int32)
+    with pytest.raises(TypeError, match="same dtype"):
+        torch.ops.lattice.sparse_conv(
+            torch.randn(2, 2), torch.randn(1, 2, 3, dtype=torch.float64), nbr, nbr
+        )
