@@ -44,7 +44,9 @@ def _find_nvcc() -> Path | None:
 
 
 def _gencode_flags() -> list[str]:
-    archs = [a.strip() for a in os.environ.get("TORCH_LATTICE_CUDA_ARCHS", "80;86;89;90").split(";")]
+    archs = [
+        a.strip() for a in os.environ.get("TORCH_LATTICE_CUDA_ARCHS", "80;86;89;90").split(";")
+    ]
     archs = [a for a in archs if a]
     if not archs or not all(a.isdigit() for a in archs):
         raise SystemExit("TORCH_LATTICE_CUDA_ARCHS must be a ;-separated list like 80;90")
@@ -72,9 +74,18 @@ class LatticeBuildExt(build_ext):
         for src in CUDA_SOURCES:
             obj = out_dir / (src.stem + ".o")
             cmd = [
-                str(nvcc), "-c", str(src), "-o", str(obj), "-O3", "-std=c++17",
-                "-I", str(ROOT / "csrc"), "--expt-relaxed-constexpr",
-                "-Xcompiler", "-fPIC,-fvisibility=hidden,-fno-exceptions,-fno-threadsafe-statics",
+                str(nvcc),
+                "-c",
+                str(src),
+                "-o",
+                str(obj),
+                "-O3",
+                "-std=c++17",
+                "-I",
+                str(ROOT / "csrc"),
+                "--expt-relaxed-constexpr",
+                "-Xcompiler",
+                "-fPIC,-fvisibility=hidden,-fno-exceptions,-fno-threadsafe-statics",
                 *_gencode_flags(),
             ]
             print(" ".join(cmd), flush=True)
@@ -82,7 +93,11 @@ class LatticeBuildExt(build_ext):
             ext.extra_objects.append(str(obj))
         ext.define_macros.append(("TL_WITH_CUDA", "1"))
         ext.include_dirs.append(str(cuda_home / "include"))
-        lib_dirs = [cuda_home / "lib64", cuda_home / "lib", cuda_home / "targets" / "x86_64-linux" / "lib"]
+        lib_dirs = [
+            cuda_home / "lib64",
+            cuda_home / "lib",
+            cuda_home / "targets" / "x86_64-linux" / "lib",
+        ]
         ext.library_dirs.extend(str(d) for d in lib_dirs if d.is_dir())
         # Static cudart: the binary needs only the driver at run time, and
         # imports (CPU only) where there is none.

@@ -347,6 +347,7 @@ TARGET_CASES = [
         batches=2,
         in_stride=(1, 2, 2),
         bias=True,
+        density=0.03,  # the output grid is small (2x5x4); keep part of it unreached
     ),
 ]
 
@@ -377,7 +378,7 @@ def make_target(
     return rows.to(torch.int32)
 
 
-@pytest.mark.parametrize("target_kind", ["sparse_tensor", "coords"])
+@pytest.mark.parametrize("target_kind", ["sparse_tensor", "coords", "coords64"])
 @pytest.mark.parametrize("geo", TARGET_CASES, ids=geo_id)
 def test_conv_target_matches_dense_oracle(geo: Geo, target_kind: str) -> None:
     cin, cout = 2, 3
@@ -404,7 +405,9 @@ def test_conv_target_matches_dense_oracle(geo: Geo, target_kind: str) -> None:
             stride=out_stride,
         )
     else:
-        target = target_coords.clone()
+        # A bare (M, 4) int tensor is also accepted; its stride is x.stride * s.
+        dtype = torch.int64 if target_kind == "coords64" else torch.int32
+        target = target_coords.to(dtype)
 
     conv = make_conv(
         tl.nn.Conv3d,
@@ -445,6 +448,18 @@ def test_conv_target_matches_dense_oracle(geo: Geo, target_kind: str) -> None:
     got = y.feats.detach()[unreached]
     assert torch.equal(got, expect_empty.expand_as(got))
     assert torch.equal(ref[unreached], expect_empty.expand_as(got))
+
+
+def test_empty_target() -> None:
+    feats, coords = oracle.random_geometry(8, 1, (6, 6, 6), 0.2, 2)
+    conv = make_conv(tl.nn.Conv3d, 2, 3, 8, kernel_size=2, stride=2, bias=True)
+    leaf, x = sparse_input(feats, coords, 1, (1, 6, 6, 6))
+    empty = torch.zeros(0, 4, dtype=torch.int32)
+    target = tl.SparseTensor(torch.zeros(0, 1, dtype=F64), empty, stride=2)
+    y = conv(x, coordinates=target)
+    assert y.feats.shape == (0, 3) and y.coords.shape == (0, 4)
+    y.feats.sum().backward()
+    assert leaf.grad is None or not leaf.grad.any()
 
 
 def test_target_equals_generated_on_generated_support() -> None:
@@ -631,3 +646,18 @@ def test_input_stride_only_multiplies(kind: str, in_stride: IntOrTriple) -> None
     s = 1 if kind == "subm" else 2
     assert tuple(y2.stride) == mul3(in_stride, s)
     assert y2.spatial_range == y1.spatial_range
+
+
+@pytest.mark.parametrize("kind", sorted(MODULES))
+def test_noncontiguous_coords(kind: str) -> None:
+    """Coordinates given as a strided view must give the contiguous result."""
+    feats, coords = oracle.random_geometry(22, 2, (7, 8, 6), 0.2, 3)
+    view = coords.t().contiguous().t()  # same values, column-major strides
+    assert not view.is_contiguous()
+    torch.manual_seed(22)
+    conv = MODULES[kind](3, 2).to(F64)
+    sr = (2, 7, 8, 6)
+    y = conv(tl.SparseTensor(feats, view, spatial_range=sr))
+    yc = conv(tl.SparseTensor(feats, coords, spatial_range=sr))
+    assert torch.equal(y.coords, yc.coords)
+    torch.testing.assert_close(y.feats, yc.feats, rtol=1e-12, atol=1e-12)

@@ -69,7 +69,9 @@ def test_generated_support_is_reachable_set_sorted(g: ConvGeometry) -> None:
     for b in range(3):
         for q in itertools.product(*(range(r) for r in rng)):
             for r in pos:
-                c = tuple(q[a] * g.stride[a] - g.padding[a] + r[a] * g.dilation[a] for a in range(3))
+                c = tuple(
+                    q[a] * g.stride[a] - g.padding[a] + r[a] * g.dilation[a] for a in range(3)
+                )
                 if (b, *c) in have:
                     want.append((b, *q))
                     break

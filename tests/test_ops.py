@@ -52,13 +52,13 @@ def test_opcheck_sparse_conv(geometry: ConvGeometry, dtype: torch.dtype) -> None
     if geometry.stride == (1, 1, 1):
         target = x.support
     else:
-        target = x.coordinate_manager.generated_support(
-            x.support, geometry
-        )
+        target = x.coordinate_manager.generated_support(x.support, geometry)
     kmap = build_kernel_map(coords, target.coords, geometry)
     feats = torch.randn(coords.shape[0], 3, dtype=dtype, requires_grad=True)
     weight = torch.randn(geometry.volume, 3, 5, dtype=dtype, requires_grad=True)
-    torch.library.opcheck(torch.ops.lattice.sparse_conv.default, (feats, weight, kmap.nbr, kmap.rev))
+    torch.library.opcheck(
+        torch.ops.lattice.sparse_conv.default, (feats, weight, kmap.nbr, kmap.rev)
+    )
     grad = torch.randn(target.num_rows, 5, dtype=dtype)
     torch.library.opcheck(
         torch.ops.lattice.sparse_conv_weight_grad.default, (feats.detach(), grad, kmap.nbr)

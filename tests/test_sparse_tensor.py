@@ -253,3 +253,59 @@ def test_to_dtype_and_cpu() -> None:
     assert tuple(y.spatial_range) == (2, 5, 5, 6)
     z = x.cpu()
     assert z.feats.device.type == "cpu" and torch.equal(z.coords, x.coords)
+
+
+# --------------------------------------------------------------------------------------
+# Coordinate manager: kernel maps are built once per (support, geometry)
+# --------------------------------------------------------------------------------------
+# API.md: "kernel maps and coordinate sets derived from the same support are built once
+# and reused (by any layer with the same geometry)". Observed through the public
+# ``SparseTensor.coordinate_manager`` and its ``builds`` counter (maps built, not served
+# from the cache).
+
+
+def _support_tensor() -> tl.SparseTensor:
+    gen = torch.Generator().manual_seed(4)
+    flat = torch.randperm(6 * 6 * 6, generator=gen)[:40]
+    coords = torch.stack([flat % 2, flat // 36, (flat // 6) % 6, flat % 6], dim=1)
+    coords = torch.unique(coords, dim=0)
+    feats = torch.randn(coords.shape[0], 3, generator=gen, dtype=F64)
+    return tl.SparseTensor(feats, coords, spatial_range=(2, 6, 6, 6))
+
+
+def test_subm_kernel_map_reused_across_layers_and_outputs() -> None:
+    x = _support_tensor()
+    manager = x.coordinate_manager
+    first = tl.nn.SubmConv3d(3, 4, kernel_size=3).to(F64)
+    second = tl.nn.SubmConv3d(4, 4, kernel_size=3, bias=True).to(F64)
+    start = manager.builds
+    y = first(x)
+    after_first = manager.builds
+    assert after_first > start  # the first call had to build its map
+    # y shares x's support, so a second layer of the same geometry builds nothing.
+    assert y.coordinate_manager is manager
+    z = second(y)
+    assert manager.builds == after_first
+    # Re-applying either layer to x is served from the cache too.
+    first(x)
+    assert manager.builds == after_first
+    # A different geometry needs a new map; the cache must not confuse them.
+    tl.nn.SubmConv3d(3, 4, kernel_size=3, dilation=2).to(F64)(x)
+    assert manager.builds > after_first
+    # Caching must not change results: a fresh tensor (fresh manager) agrees.
+    fresh = tl.SparseTensor(x.feats, x.coords, spatial_range=(2, 6, 6, 6))
+    z_fresh = second(first(fresh))
+    assert fresh.coordinate_manager is not manager
+    torch.testing.assert_close(z.feats, z_fresh.feats, rtol=1e-12, atol=1e-12)
+
+
+def test_generated_support_reused_by_same_geometry() -> None:
+    x = _support_tensor()
+    manager = x.coordinate_manager
+    down_a = tl.nn.Conv3d(3, 2, kernel_size=2, stride=2).to(F64)
+    down_b = tl.nn.Conv3d(3, 5, kernel_size=2, stride=2, bias=True).to(F64)
+    ya = down_a(x)
+    builds = manager.builds
+    yb = down_b(x)
+    assert manager.builds == builds
+    assert torch.equal(ya.coords, yb.coords)

@@ -88,8 +88,10 @@ class ConvGeometry:
     @property
     def is_identity(self) -> bool:
         """1x1x1, stride 1, no padding: output support is the input support."""
-        return self.kernel_size == (1, 1, 1) and self.stride == (1, 1, 1) and (
-            self.padding == (0, 0, 0)
+        return (
+            self.kernel_size == (1, 1, 1)
+            and self.stride == (1, 1, 1)
+            and (self.padding == (0, 0, 0))
         )
 
     def as_c(self) -> tuple[Triple, Triple, Triple, Triple]:
@@ -101,7 +103,11 @@ class ConvGeometry:
         out = [
             (r + 2 * p - d * (k - 1) - 1) // s + 1
             for r, k, s, p, d in zip(
-                in_range, self.kernel_size, self.stride, self.padding, self.dilation,
+                in_range,
+                self.kernel_size,
+                self.stride,
+                self.padding,
+                self.dilation,
                 strict=True,
             )
         ]

@@ -39,7 +39,9 @@ def validate_coords(coords: Any, name: str = "coords") -> torch.Tensor:
     if coords.dtype not in (torch.int32, torch.int64, torch.int16, torch.int8, torch.uint8):
         raise TypeError(f"{name} must be an integer tensor (int32 or int64), got {coords.dtype}")
     if coords.dim() != 2 or coords.shape[1] != 4:
-        raise ValueError(f"{name} must have shape (N, 4) [batch, x, y, z], got {tuple(coords.shape)}")
+        raise ValueError(
+            f"{name} must have shape (N, 4) [batch, x, y, z], got {tuple(coords.shape)}"
+        )
     if coords.numel():
         lo, hi = int(coords.min()), int(coords.max())
         if lo < 0:
@@ -224,7 +226,8 @@ class SparseTensor:
         _check_feats(feats, coords32.shape[0])
         if feats.device != coords.device:
             raise ValueError(
-                f"feats and coords must be on the same device, got {feats.device} and {coords.device}"
+                "feats and coords must be on the same device, "
+                f"got {feats.device} and {coords.device}"
             )
         srange = _spatial_range(spatial_range)
         if srange is not None and coords32.shape[0]:
@@ -254,7 +257,7 @@ class SparseTensor:
         return self._feats
 
     @property
-    def F(self) -> torch.Tensor:  # noqa: N802 - TorchSparse spelling
+    def F(self) -> torch.Tensor:
         return self._feats
 
     @property
@@ -263,7 +266,7 @@ class SparseTensor:
         return self._support.coords
 
     @property
-    def C(self) -> torch.Tensor:  # noqa: N802 - TorchSparse spelling
+    def C(self) -> torch.Tensor:
         return self._support.coords
 
     @property
@@ -311,7 +314,9 @@ class SparseTensor:
         if feats.device == self._feats.device:
             return SparseTensor.from_support(feats, self._support)
         s = self._support
-        moved = CoordinateManager().new_support(s.coords.to(feats.device), s.stride, s.spatial_range)
+        moved = CoordinateManager().new_support(
+            s.coords.to(feats.device), s.stride, s.spatial_range
+        )
         return SparseTensor.from_support(feats, moved)
 
     def cpu(self) -> SparseTensor:
@@ -363,4 +368,6 @@ def _check_feats(feats: Any, rows: int) -> None:
     if feats.dim() != 2:
         raise ValueError(f"feats must have shape (N, C), got {tuple(feats.shape)}")
     if feats.shape[0] != rows:
-        raise ValueError(f"feats must have one row per coordinate: {feats.shape[0]} rows for {rows} coords")
+        raise ValueError(
+            f"feats must have one row per coordinate: {feats.shape[0]} rows for {rows} coords"
+        )

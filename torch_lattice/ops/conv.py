@@ -21,15 +21,21 @@ _NATIVE = (torch.float32, torch.float64)
 
 def _check(op: str, feats: torch.Tensor, weight: torch.Tensor, nbr: torch.Tensor) -> None:
     if feats.dtype != weight.dtype:
-        raise TypeError(f"lattice::{op}: feats ({feats.dtype}) and weight ({weight.dtype}) "
-                        "must have the same dtype")
+        raise TypeError(
+            f"lattice::{op}: feats ({feats.dtype}) and weight ({weight.dtype}) "
+            "must have the same dtype"
+        )
     if weight.dim() != 3 or feats.dim() != 2 or weight.shape[1] != feats.shape[1]:
-        raise ValueError(f"lattice::{op}: weight must be (K, C_in, C_out) with C_in == "
-                         f"feats.shape[1]; got weight {tuple(weight.shape)}, "
-                         f"feats {tuple(feats.shape)}")
+        raise ValueError(
+            f"lattice::{op}: weight must be (K, C_in, C_out) with C_in == "
+            f"feats.shape[1]; got weight {tuple(weight.shape)}, "
+            f"feats {tuple(feats.shape)}"
+        )
     if nbr.dtype != torch.int32 or nbr.dim() != 2 or nbr.shape[1] != weight.shape[0]:
-        raise ValueError(f"lattice::{op}: kernel map must be int32 (N_out, K) with K == "
-                         f"weight.shape[0]; got {nbr.dtype} {tuple(nbr.shape)}")
+        raise ValueError(
+            f"lattice::{op}: kernel map must be int32 (N_out, K) with K == "
+            f"weight.shape[0]; got {nbr.dtype} {tuple(nbr.shape)}"
+        )
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -48,8 +54,19 @@ def _forward(feats: torch.Tensor, weight: torch.Tensor, nbr: torch.Tensor) -> to
     nbr = nbr.contiguous()
     k, cin, cout = w.shape
     y = torch.empty((nbr.shape[0], cout), dtype=work)
-    _C.conv_forward(DTYPE_CODES[work], x.shape[0], nbr.shape[0], k, cin, cout,
-                    ptr(x), ptr(w), ptr(nbr), ptr(y), threads())
+    _C.conv_forward(
+        DTYPE_CODES[work],
+        x.shape[0],
+        nbr.shape[0],
+        k,
+        cin,
+        cout,
+        ptr(x),
+        ptr(w),
+        ptr(nbr),
+        ptr(y),
+        threads(),
+    )
     return y.to(feats.dtype)
 
 
@@ -90,8 +107,19 @@ def sparse_conv_weight_grad(
     nbr = nbr.contiguous()
     k = nbr.shape[1]
     dw = torch.empty((k, x.shape[1], dy.shape[1]), dtype=work)
-    _C.conv_weight_grad(DTYPE_CODES[work], x.shape[0], nbr.shape[0], k, x.shape[1],
-                        dy.shape[1], ptr(x), ptr(dy), ptr(nbr), ptr(dw), threads())
+    _C.conv_weight_grad(
+        DTYPE_CODES[work],
+        x.shape[0],
+        nbr.shape[0],
+        k,
+        x.shape[1],
+        dy.shape[1],
+        ptr(x),
+        ptr(dy),
+        ptr(nbr),
+        ptr(dw),
+        threads(),
+    )
     return dw.to(feats.dtype)
 
 

@@ -39,8 +39,11 @@ def _check_input(x: SparseTensor, weight: torch.Tensor, geometry: ConvGeometry) 
 
 
 def _apply(
-    x: SparseTensor, weight: torch.Tensor, bias: torch.Tensor | None,
-    target: Support, geometry: ConvGeometry,
+    x: SparseTensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    target: Support,
+    geometry: ConvGeometry,
 ) -> SparseTensor:
     """Runs the relation from ``x``'s support onto ``target`` and adds bias."""
     kmap = x.coordinate_manager.kernel_map(x.support, target, geometry)
@@ -57,8 +60,9 @@ def _pointwise(x: SparseTensor, weight: torch.Tensor, bias: torch.Tensor | None)
     return SparseTensor.from_support(y, x.support)
 
 
-def _target_support(x: SparseTensor, coordinates: SparseTensor | torch.Tensor,
-                    stride: tuple[int, int, int]) -> Support:
+def _target_support(
+    x: SparseTensor, coordinates: SparseTensor | torch.Tensor, stride: tuple[int, int, int]
+) -> Support:
     expected = tuple(a * b for a, b in zip(x.stride, stride, strict=True))
     if isinstance(coordinates, SparseTensor):
         if coordinates.stride != expected:

@@ -31,8 +31,9 @@ class _ConvBase(nn.Module):
 
     kernel_positions: torch.Tensor
 
-    def __init__(self, in_channels: int, out_channels: int, kernel_size: Triple,
-                 bias: bool) -> None:
+    def __init__(
+        self, in_channels: int, out_channels: int, kernel_size: Triple, bias: bool
+    ) -> None:
         super().__init__()
         self.in_channels = _positive("in_channels", in_channels)
         self.out_channels = _positive("out_channels", out_channels)
@@ -64,9 +65,14 @@ class SubmConv3d(_ConvBase):
         bias: add a learnable ``(C_out,)`` bias.
     """
 
-    def __init__(self, in_channels: int, out_channels: int,
-                 kernel_size: int | Sequence[int] = 3, dilation: int | Sequence[int] = 1,
-                 bias: bool = False) -> None:
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int | Sequence[int] = 3,
+        dilation: int | Sequence[int] = 1,
+        bias: bool = False,
+    ) -> None:
         ks = triple("kernel_size", kernel_size, 1)
         if any(k % 2 == 0 for k in ks):
             raise ValueError(f"kernel_size must be odd in every axis for SubmConv3d, got {ks}")
@@ -95,24 +101,41 @@ class Conv3d(_ConvBase):
         bias: add a learnable ``(C_out,)`` bias.
     """
 
-    def __init__(self, in_channels: int, out_channels: int,
-                 kernel_size: int | Sequence[int] = 3, stride: int | Sequence[int] = 1,
-                 padding: int | Sequence[int] = 0, dilation: int | Sequence[int] = 1,
-                 bias: bool = False) -> None:
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int | Sequence[int] = 3,
+        stride: int | Sequence[int] = 1,
+        padding: int | Sequence[int] = 0,
+        dilation: int | Sequence[int] = 1,
+        bias: bool = False,
+    ) -> None:
         geometry = ConvGeometry.create(kernel_size, stride, padding, dilation)
         super().__init__(in_channels, out_channels, geometry.kernel_size, bias)
         self.stride = geometry.stride
         self.padding = geometry.padding
         self.dilation = geometry.dilation
 
-    def forward(self, input: SparseTensor,
-                coordinates: SparseTensor | torch.Tensor | None = None) -> SparseTensor:
-        return F.conv3d(input, self.weight, self.bias, self.kernel_size, self.stride,
-                        self.padding, self.dilation, coordinates=coordinates)
+    def forward(
+        self, input: SparseTensor, coordinates: SparseTensor | torch.Tensor | None = None
+    ) -> SparseTensor:
+        return F.conv3d(
+            input,
+            self.weight,
+            self.bias,
+            self.kernel_size,
+            self.stride,
+            self.padding,
+            self.dilation,
+            coordinates=coordinates,
+        )
 
     def extra_repr(self) -> str:
-        s = (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
-             f"stride={self.stride}")
+        s = (
+            f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
+            f"stride={self.stride}"
+        )
         if self.padding != (0, 0, 0):
             s += f", padding={self.padding}"
         if self.dilation != (1, 1, 1):

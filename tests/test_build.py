@@ -1,0 +1,70 @@
+"""The binary contract of torch_lattice._C (ARCHITECTURE.md, "Build")."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import torch_lattice
+
+PACKAGE_DIR = Path(torch_lattice.__file__).parent
+
+
+def _extension() -> Path:
+    found = sorted(PACKAGE_DIR.glob("_C*.so"))
+    assert len(found) == 1, f"expected one built _C, found {found}"
+    return found[0]
+
+
+def test_extension_is_abi3() -> None:
+    assert _extension().name == "_C.abi3.so"
+
+
+@pytest.mark.skipif(shutil.which("ldd") is None, reason="ldd is not installed")
+def test_extension_does_not_link_torch_or_cxx_runtime() -> None:
+    deps = subprocess.run(["ldd", str(_extension())], capture_output=True, text=True).stdout
+    for lib in ("libtorch", "libc10", "libstdc++", "libcudart.so", "libpython"):
+        assert lib not in deps, f"_C links {lib}:\n{deps}"
+
+
+def test_extension_imports_without_torch() -> None:
+    """Loads _C straight from its file in a fresh interpreter: torch stays unloaded."""
+    code = (
+        "import importlib.util, sys\n"
+        f"path = {str(_extension())!r}\n"
+        "spec = importlib.util.spec_from_file_location('torch_lattice._C', path)\n"
+        "mod = importlib.util.module_from_spec(spec)\n"
+        "spec.loader.exec_module(mod)\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+        "print(mod.cuda_compiled(), mod.cuda_device_count())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    compiled, devices = out.stdout.split()
+    assert compiled in ("True", "False")
+    assert int(devices) >= 0
+
+
+def test_only_module_init_is_exported() -> None:
+    nm = shutil.which("nm")
+    if nm is None:
+        pytest.skip("nm is not installed")
+    out = subprocess.run(
+        [nm, "-D", "--defined-only", str(_extension())], capture_output=True, text=True
+    ).stdout
+    names = {line.split()[-1] for line in out.splitlines() if line.strip()}
+    assert names == {"PyInit__C"}, names
+
+
+@pytest.mark.skipif(
+    os.environ.get("CI") != "true" or shutil.which("nvcc") is None,
+    reason="CI with nvcc builds the CUDA sources",
+)
+def test_ci_builds_cuda_sources() -> None:
+    """In CI, TORCH_LATTICE_CUDA=auto with nvcc present must compile csrc/cuda."""
+    assert torch_lattice.ops._native._C.cuda_compiled()
