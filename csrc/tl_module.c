@@ -4,22 +4,15 @@
  * passes raw data pointers (as ints), sizes and a thread count.  Every
  * function releases the GIL around C work and turns a tl_status into a
  * Python exception in exactly one place, tl_raise(). */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-
-#include <stdint.h>
+#include "tl_py.h"
 
 #include "tl_coords.h"
 #include "tl_dataflow_implicit_gemm.h"
 #include "tl_kmap.h"
-#ifdef TL_WITH_CUDA
-#include "cuda/tl_cuda_device.h"
-#endif
 
 #define TL_GEOM_FMT "(iii)(iii)(iii)(iii)"
 
-/* Sets the Python exception for a failed status and returns NULL. */
-static PyObject *tl_raise(const char *fn, tl_status st) {
+PyObject *tl_raise(const char *fn, tl_status st) {
     PyObject *type = PyExc_RuntimeError;
     switch (st) {
     case TL_ERR_INVALID:
@@ -30,13 +23,6 @@ static PyObject *tl_raise(const char *fn, tl_status st) {
     }
     PyErr_Format(type, "torch_lattice._C.%s: %s", fn, tl_status_str(st));
     return NULL;
-}
-
-static void *tl_ptr(unsigned long long p) { return (void *)(uintptr_t)p; }
-
-static tl_ctx tl_cpu_ctx(int threads) {
-    tl_ctx ctx = {threads < 1 ? 1 : threads, -1, NULL};
-    return ctx;
 }
 
 static int tl_parse_geom(PyObject *tuple, tl_geom *g) {
@@ -174,32 +160,7 @@ static PyObject *py_conv_weight_grad(PyObject *self, PyObject *args) {
     return tl_call_conv("conv_weight_grad", tl_implicit_gemm_weight_grad, args);
 }
 
-PyDoc_STRVAR(cuda_compiled_doc, "cuda_compiled() -> bool\n\nWhether CUDA kernels are built in.");
-static PyObject *py_cuda_compiled(PyObject *self, PyObject *args) {
-    (void)self;
-    (void)args;
-#ifdef TL_WITH_CUDA
-    Py_RETURN_TRUE;
-#else
-    Py_RETURN_FALSE;
-#endif
-}
-
-PyDoc_STRVAR(cuda_device_count_doc,
-             "cuda_device_count() -> int\n\n"
-             "Usable CUDA devices; 0 without a GPU, a driver or a CUDA build.");
-static PyObject *py_cuda_device_count(PyObject *self, PyObject *args) {
-    (void)self;
-    (void)args;
-    int count = 0;
-#ifdef TL_WITH_CUDA
-    tl_status st = tl_cuda_device_count(&count);
-    if (st != TL_OK) return tl_raise("cuda_device_count", st);
-#endif
-    return PyLong_FromLong(count);
-}
-
-static PyMethodDef tl_methods[] = {
+PyMethodDef tl_py_core_methods[] = {
     {"find_duplicate", py_find_duplicate, METH_VARARGS, find_duplicate_doc},
     {"generate_bound", py_generate_bound, METH_VARARGS, generate_bound_doc},
     {"generate", py_generate, METH_VARARGS, generate_doc},
@@ -207,14 +168,24 @@ static PyMethodDef tl_methods[] = {
     {"kmap_reverse", py_kmap_reverse, METH_VARARGS, kmap_reverse_doc},
     {"conv_forward", py_conv_forward, METH_VARARGS, conv_forward_doc},
     {"conv_weight_grad", py_conv_weight_grad, METH_VARARGS, conv_weight_grad_doc},
-    {"cuda_compiled", py_cuda_compiled, METH_NOARGS, cuda_compiled_doc},
-    {"cuda_device_count", py_cuda_device_count, METH_NOARGS, cuda_device_count_doc},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef tl_module = {
     PyModuleDef_HEAD_INIT, "_C", "Torch Lattice C core (torch-free, abi3).", 0,
-    tl_methods, NULL, NULL, NULL, NULL,
+    NULL, NULL, NULL, NULL, NULL,
 };
 
-PyMODINIT_FUNC PyInit__C(void) { return PyModule_Create(&tl_module); }
+PyMODINIT_FUNC PyInit__C(void) {
+    PyObject *m = PyModule_Create(&tl_module);
+    if (!m) return NULL;
+    PyMethodDef *tables[] = {tl_py_core_methods, tl_py_dataflow_methods, tl_py_voxel_methods,
+                             tl_py_cuda_methods};
+    for (size_t i = 0; i < sizeof(tables) / sizeof(tables[0]); i++) {
+        if (PyModule_AddFunctions(m, tables[i]) < 0) {
+            Py_DECREF(m);
+            return NULL;
+        }
+    }
+    return m;
+}

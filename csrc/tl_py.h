@@ -1,0 +1,37 @@
+/* Shared helpers of the CPython binding (tl_module.c and tl_py_*.c).
+ *
+ * Each area of the C core binds its functions in its own tl_py_<area>.c and
+ * exports one method table here; PyInit__C adds every table to the module. */
+#ifndef TL_PY_H
+#define TL_PY_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stdint.h>
+
+#include "tl_ctx.h"
+#include "tl_status.h"
+
+/* Sets the Python exception for a failed status and returns NULL.  The only
+ * place a tl_status becomes an exception:
+ *   TL_ERR_INVALID, TL_ERR_DUPLICATE -> ValueError, TL_ERR_OVERFLOW ->
+ *   OverflowError, TL_ERR_NOMEM -> MemoryError, others -> RuntimeError. */
+PyObject *tl_raise(const char *fn, tl_status st);
+
+/* Pointer passed from Python as an int (tensor.data_ptr()). */
+static inline void *tl_ptr(unsigned long long p) { return (void *)(uintptr_t)p; }
+
+/* CPU context for `threads` OpenMP threads (at least one). */
+static inline tl_ctx tl_cpu_ctx(int threads) {
+    tl_ctx ctx = {threads < 1 ? 1 : threads, -1, NULL};
+    return ctx;
+}
+
+/* Method tables, one per area, NULL-terminated. */
+extern PyMethodDef tl_py_core_methods[];  /* tl_module.c: coords, kernel maps, implicit GEMM */
+extern PyMethodDef tl_py_dataflow_methods[]; /* tl_py_dataflow.c: pair maps, other dataflows */
+extern PyMethodDef tl_py_voxel_methods[];    /* tl_py_voxel.c: voxelize / devoxelize */
+extern PyMethodDef tl_py_cuda_methods[];     /* tl_py_cuda.c: CUDA entry points */
+
+#endif

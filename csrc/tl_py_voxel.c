@@ -1,0 +1,6 @@
+/* Binding of voxelize and devoxelize. */
+#include "tl_py.h"
+
+PyMethodDef tl_py_voxel_methods[] = {
+    {NULL, NULL, 0, NULL},
+};
