@@ -31,7 +31,7 @@ static inline tl_ctx tl_cpu_ctx(int threads) {
 /* Method tables, one per area, NULL-terminated. */
 extern PyMethodDef tl_py_core_methods[];  /* tl_module.c: coords, kernel maps, implicit GEMM */
 extern PyMethodDef tl_py_dataflow_methods[]; /* tl_py_dataflow.c: pair maps, other dataflows */
-extern PyMethodDef tl_py_voxel_methods[];    /* tl_py_voxel.c: voxelize / devoxelize */
+extern PyMethodDef tl_py_blocks_methods[];    /* tl_py_blocks.c: voxelize, devoxelize, pooling */
 extern PyMethodDef tl_py_cuda_methods[];     /* tl_py_cuda.c: CUDA entry points */
 
 #endif
