@@ -8,6 +8,7 @@
 
 #include "tl_coords.h"
 #include "tl_dataflow_implicit_gemm.h"
+#include "tl_generative.h"
 #include "tl_kmap.h"
 
 #define TL_GEOM_FMT "(iii)(iii)(iii)(iii)"
@@ -82,6 +83,24 @@ static PyObject *py_generate(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS st =
         tl_coords_generate(tl_ptr(pin), n_in, &g, r, tl_ptr(pout), cap, (int64_t *)&n_out);
     Py_END_ALLOW_THREADS if (st != TL_OK) return tl_raise("generate", st);
+    return PyLong_FromLongLong(n_out);
+}
+
+PyDoc_STRVAR(generative_doc,
+             "generative(in_ptr, n_in, geom, out_ptr, capacity) -> int\n\n"
+             "Writes the sorted generative-transpose support; returns its row count.");
+static PyObject *py_generative(PyObject *self, PyObject *args) {
+    (void)self;
+    unsigned long long pin, pout;
+    long long n_in, cap, n_out = 0;
+    PyObject *geom;
+    tl_geom g;
+    if (!PyArg_ParseTuple(args, "KLOKL", &pin, &n_in, &geom, &pout, &cap)) return NULL;
+    if (!tl_parse_geom(geom, &g)) return NULL;
+    tl_status st;
+    Py_BEGIN_ALLOW_THREADS st =
+        tl_generative_support(tl_ptr(pin), n_in, &g, tl_ptr(pout), cap, (int64_t *)&n_out);
+    Py_END_ALLOW_THREADS if (st != TL_OK) return tl_raise("generative", st);
     return PyLong_FromLongLong(n_out);
 }
 
@@ -164,6 +183,7 @@ PyMethodDef tl_py_core_methods[] = {
     {"find_duplicate", py_find_duplicate, METH_VARARGS, find_duplicate_doc},
     {"generate_bound", py_generate_bound, METH_VARARGS, generate_bound_doc},
     {"generate", py_generate, METH_VARARGS, generate_doc},
+    {"generative", py_generative, METH_VARARGS, generative_doc},
     {"kmap_build", py_kmap_build, METH_VARARGS, kmap_build_doc},
     {"kmap_reverse", py_kmap_reverse, METH_VARARGS, kmap_reverse_doc},
     {"conv_forward", py_conv_forward, METH_VARARGS, conv_forward_doc},

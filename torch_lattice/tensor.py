@@ -144,6 +144,7 @@ class CoordinateManager:
     _kernel_maps: dict[tuple[Support, Support, ConvGeometry], KernelMap] = field(
         default_factory=dict
     )
+    _generative: dict[tuple[Support, ConvGeometry], Support] = field(default_factory=dict)
     _derivations: dict[Support, list[_Derivation]] = field(default_factory=dict)
     builds: int = 0  # kernel maps built (not served from cache); for tests and profiling
 
@@ -167,14 +168,48 @@ class CoordinateManager:
             coords = generate_support(
                 source.coords, *map(list, geometry.as_c()), list(out_range), source.num_batches()
             )
-        stride = _mul(source.stride, geometry.stride)
+        stride = multiply_stride(source.stride, geometry.stride)
         srange = None
         if source.spatial_range is not None:
             srange = (source.spatial_range[0], *out_range)
         out = self.new_support(coords, stride, srange)  # type: ignore[arg-type]
         self._generated[key] = out
-        self._derivations.setdefault(out, []).append(_Derivation(source, geometry))
+        self.record_derivation(out, source, geometry)
         return out
+
+    def generative_support(self, source: Support, geometry: ConvGeometry) -> Support:
+        """Output support of a generative transpose of ``source`` (cached).
+
+        ``unique{source * stride + r}`` sorted by (b, x, y, z), stride
+        ``source.stride / stride``, range ``(R - 1) * stride + K`` when the
+        source has one.
+        """
+        key = (source, geometry)
+        hit = self._generative.get(key)
+        if hit is not None:
+            return hit
+        from torch_lattice.ops.kernel_map import generative_support
+
+        stride = divide_stride(source.stride, geometry.stride)
+        coords = generative_support(
+            source.coords, list(geometry.kernel_size), list(geometry.stride)
+        )
+        srange = None
+        if source.spatial_range is not None:
+            b, *r = source.spatial_range
+            ext = [(ri - 1) * s + k for ri, s, k in zip(r, geometry.stride, geometry.kernel_size,
+                                                          strict=True)]
+            srange = (b, ext[0], ext[1], ext[2])
+        out = self.new_support(coords, stride, srange)
+        self._generative[key] = out
+        return out
+
+    def record_derivation(self, output: Support, source: Support, geometry: ConvGeometry) -> None:
+        """Notes that a Conv3d with ``geometry`` mapped ``source`` onto ``output``."""
+        entries = self._derivations.setdefault(output, [])
+        d = _Derivation(source, geometry)
+        if d not in entries:
+            entries.append(d)
 
     def kernel_map(self, source: Support, target: Support, geometry: ConvGeometry) -> KernelMap:
         """Kernel map relating ``source`` rows to ``target`` rows (cached)."""
@@ -194,8 +229,22 @@ class CoordinateManager:
         return list(self._derivations.get(support, ()))
 
 
-def _mul(a: Triple, b: Triple) -> Triple:
+def multiply_stride(a: Triple, b: Triple) -> Triple:
     return (a[0] * b[0], a[1] * b[1], a[2] * b[2])
+
+
+def divide_stride(source: Triple, stride: Triple) -> Triple:
+    """``source / stride`` per axis; it must divide exactly (transposes).
+
+    Raises:
+        ValueError: some axis of ``source`` is not a multiple of ``stride``.
+    """
+    if any(a % b for a, b in zip(source, stride, strict=True)):
+        raise ValueError(
+            f"input stride {source} must be divisible by the transpose stride {stride}: "
+            "the output stride is input.stride / stride exactly"
+        )
+    return (source[0] // stride[0], source[1] // stride[1], source[2] // stride[2])
 
 
 class SparseTensor:

@@ -6,12 +6,18 @@ Importing this package registers them: kernel-map construction
 """
 
 from torch_lattice.ops.conv import sparse_conv, sparse_conv_weight_grad
-from torch_lattice.ops.kernel_map import KernelMap, build_kernel_map, generate_support
+from torch_lattice.ops.kernel_map import (
+    KernelMap,
+    build_kernel_map,
+    generate_support,
+    generative_support,
+)
 
 __all__ = [
     "KernelMap",
     "build_kernel_map",
     "generate_support",
+    "generative_support",
     "sparse_conv",
     "sparse_conv_weight_grad",
 ]

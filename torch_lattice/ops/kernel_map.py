@@ -15,7 +15,13 @@ import torch
 from torch_lattice.geometry import ConvGeometry
 from torch_lattice.ops._native import _C, ptr, require_cpu, threads
 
-__all__ = ["KernelMap", "build_kernel_map", "generate_support", "kernel_map"]
+__all__ = [
+    "KernelMap",
+    "build_kernel_map",
+    "generate_support",
+    "generative_support",
+    "kernel_map",
+]
 
 
 @dataclass(frozen=True)
@@ -68,6 +74,30 @@ def generate_support(
 
 @generate_support.register_fake
 def _(coords, kernel_size, stride, padding, dilation, out_range, num_batches):
+    torch._check(coords.dim() == 2 and coords.shape[1] == 4)
+    m = torch.library.get_ctx().new_dynamic_size()
+    return coords.new_empty((m, 4))
+
+
+@torch.library.custom_op("lattice::generative_support", mutates_args=())
+def generative_support(
+    coords: torch.Tensor, kernel_size: list[int], stride: list[int]
+) -> torch.Tensor:
+    """Support of a generative transpose: ``unique{coords * stride + r}``,
+    ``(M, 4)`` int32 sorted by (b, x, y, z), never clipped.
+    """
+    require_cpu("generative_support", coords)
+    coords = coords.contiguous()
+    geom = _geom(kernel_size, stride, [0, 0, 0], [1, 1, 1])
+    k = kernel_size[0] * kernel_size[1] * kernel_size[2]
+    n = coords.shape[0]
+    out = torch.empty((n * k, 4), dtype=torch.int32)
+    m = _C.generative(ptr(coords), n, geom, ptr(out), n * k)
+    return out[:m].clone()
+
+
+@generative_support.register_fake
+def _(coords, kernel_size, stride):
     torch._check(coords.dim() == 2 and coords.shape[1] == 4)
     m = torch.library.get_ctx().new_dynamic_size()
     return coords.new_empty((m, 4))

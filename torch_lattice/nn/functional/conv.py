@@ -11,13 +11,13 @@ from collections.abc import Sequence
 import torch
 
 from torch_lattice.geometry import ConvGeometry, triple
-from torch_lattice.ops.conv import sparse_conv
-from torch_lattice.tensor import SparseTensor, Support, validate_coords
+from torch_lattice.nn.functional.relation import apply_kernel_map
+from torch_lattice.tensor import SparseTensor, Support, multiply_stride, validate_coords
 
 __all__ = ["conv3d", "subm_conv3d"]
 
 
-def _check_input(x: SparseTensor, weight: torch.Tensor, geometry: ConvGeometry) -> None:
+def check_input(x: SparseTensor, weight: torch.Tensor, geometry: ConvGeometry) -> None:
     if not isinstance(x, SparseTensor):
         raise TypeError(f"input must be a torch_lattice.SparseTensor, got {type(x).__name__}")
     if weight.dim() != 3 or weight.shape[0] != geometry.volume:
@@ -47,28 +47,28 @@ def _apply(
 ) -> SparseTensor:
     """Runs the relation from ``x``'s support onto ``target`` and adds bias."""
     kmap = x.coordinate_manager.kernel_map(x.support, target, geometry)
-    y = sparse_conv(x.feats, weight, kmap.nbr, kmap.rev)
+    y = apply_kernel_map(x.feats, weight, kmap)
     if bias is not None:
         y = y + bias
     return SparseTensor.from_support(y, target)
 
 
-def _pointwise(x: SparseTensor, weight: torch.Tensor, bias: torch.Tensor | None) -> SparseTensor:
+def pointwise(x: SparseTensor, weight: torch.Tensor, bias: torch.Tensor | None) -> SparseTensor:
     y = x.feats @ weight[0]
     if bias is not None:
         y = y + bias
     return SparseTensor.from_support(y, x.support)
 
 
-def _target_support(
-    x: SparseTensor, coordinates: SparseTensor | torch.Tensor, stride: tuple[int, int, int]
+def target_support(
+    x: SparseTensor, coordinates: SparseTensor | torch.Tensor, expected: tuple[int, int, int]
 ) -> Support:
-    expected = tuple(a * b for a, b in zip(x.stride, stride, strict=True))
+    """The support of caller-given ``coordinates``, whose stride must be ``expected``."""
     if isinstance(coordinates, SparseTensor):
         if coordinates.stride != expected:
             raise ValueError(
-                f"coordinates stride {coordinates.stride} must equal input stride {x.stride} "
-                f"* conv stride {stride} = {expected}"
+                f"coordinates stride {coordinates.stride} must equal {expected} "
+                f"(input stride {x.stride} and the layer's stride)"
             )
         if coordinates.device != x.device:
             raise ValueError(f"coordinates are on {coordinates.device}, input on {x.device}")
@@ -76,7 +76,7 @@ def _target_support(
     coords = validate_coords(coordinates, name="coordinates")
     if coords.device != x.device:
         raise ValueError(f"coordinates are on {coords.device}, input on {x.device}")
-    return x.coordinate_manager.new_support(coords, expected, None)  # type: ignore[arg-type]
+    return x.coordinate_manager.new_support(coords, expected, None)
 
 
 def conv3d(
@@ -107,12 +107,14 @@ def conv3d(
         SparseTensor with stride ``input.stride * stride``.
     """
     geometry = ConvGeometry.create(kernel_size, stride, padding, dilation)
-    _check_input(input, weight, geometry)
+    check_input(input, weight, geometry)
     if coordinates is not None:
-        target = _target_support(input, coordinates, geometry.stride)
+        expected = multiply_stride(input.stride, geometry.stride)
+        target = target_support(input, coordinates, expected)
+        target.manager.record_derivation(target, input.support, geometry)
         return _apply(input, weight, bias, target, geometry)
     if geometry.is_identity:
-        return _pointwise(input, weight, bias)
+        return pointwise(input, weight, bias)
     src = input.support
     out_range = geometry.output_range(src.grid_range())
     if min(out_range) < 1 and (src.num_rows or src.spatial_range is not None):
@@ -141,7 +143,7 @@ def subm_conv3d(
     if any(k % 2 == 0 for k in ks):
         raise ValueError(f"kernel_size must be odd in every axis for SubmConv3d, got {ks}")
     geometry = ConvGeometry.submanifold(ks, triple("dilation", dilation, 1))
-    _check_input(input, weight, geometry)
+    check_input(input, weight, geometry)
     if geometry.is_identity:
-        return _pointwise(input, weight, bias)
+        return pointwise(input, weight, bias)
     return _apply(input, weight, bias, input.support, geometry)

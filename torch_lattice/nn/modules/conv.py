@@ -17,7 +17,7 @@ from torch_lattice.geometry import ConvGeometry, Triple, kernel_positions, tripl
 from torch_lattice.nn.functional import conv as F
 from torch_lattice.tensor import SparseTensor
 
-__all__ = ["Conv3d", "SubmConv3d"]
+__all__ = ["Conv3d", "ConvBase", "SubmConv3d", "pick_target"]
 
 
 def _positive(name: str, value: int) -> int:
@@ -26,7 +26,7 @@ def _positive(name: str, value: int) -> int:
     return value
 
 
-class _ConvBase(nn.Module):
+class ConvBase(nn.Module):
     """Weight, bias and kernel_positions shared by every convolution module."""
 
     kernel_positions: torch.Tensor
@@ -52,8 +52,26 @@ class _ConvBase(nn.Module):
         if self.bias is not None:
             nn.init.uniform_(self.bias, -bound, bound)
 
+    def geometry_repr(self) -> str:
+        """``extra_repr`` text: channels, kernel and the non-default geometry."""
+        s = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}"
+        for name, default in (("stride", None), ("padding", (0, 0, 0)), ("dilation", (1, 1, 1))):
+            value = getattr(self, name, default)
+            if value != default:
+                s += f", {name}={value}"
+        return s + f", bias={self.bias is not None}"
 
-class SubmConv3d(_ConvBase):
+
+def pick_target(
+    coordinates: SparseTensor | torch.Tensor | None, target: SparseTensor | torch.Tensor | None
+) -> SparseTensor | torch.Tensor | None:
+    """Accepts the target support as ``coordinates`` or ``target`` (not both)."""
+    if coordinates is not None and target is not None:
+        raise ValueError("pass the target support once: coordinates= or target=, not both")
+    return coordinates if coordinates is not None else target
+
+
+class SubmConv3d(ConvBase):
     """Submanifold convolution: output support = input support, same order.
 
     Wraps :func:`torch_lattice.nn.functional.subm_conv3d`.
@@ -83,13 +101,10 @@ class SubmConv3d(_ConvBase):
         return F.subm_conv3d(input, self.weight, self.bias, self.kernel_size, self.dilation)
 
     def extra_repr(self) -> str:
-        s = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}"
-        if self.dilation != (1, 1, 1):
-            s += f", dilation={self.dilation}"
-        return s + f", bias={self.bias is not None}"
+        return self.geometry_repr()
 
 
-class Conv3d(_ConvBase):
+class Conv3d(ConvBase):
     """Support-generating sparse convolution, or target-conditioned when
     called as ``conv(x, coordinates=target)``.
 
@@ -118,7 +133,11 @@ class Conv3d(_ConvBase):
         self.dilation = geometry.dilation
 
     def forward(
-        self, input: SparseTensor, coordinates: SparseTensor | torch.Tensor | None = None
+        self,
+        input: SparseTensor,
+        coordinates: SparseTensor | torch.Tensor | None = None,
+        *,
+        target: SparseTensor | torch.Tensor | None = None,
     ) -> SparseTensor:
         return F.conv3d(
             input,
@@ -128,16 +147,8 @@ class Conv3d(_ConvBase):
             self.stride,
             self.padding,
             self.dilation,
-            coordinates=coordinates,
+            coordinates=pick_target(coordinates, target),
         )
 
     def extra_repr(self) -> str:
-        s = (
-            f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
-            f"stride={self.stride}"
-        )
-        if self.padding != (0, 0, 0):
-            s += f", padding={self.padding}"
-        if self.dilation != (1, 1, 1):
-            s += f", dilation={self.dilation}"
-        return s + f", bias={self.bias is not None}"
+        return self.geometry_repr()

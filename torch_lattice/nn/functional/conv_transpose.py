@@ -1,0 +1,116 @@
+"""Functional transposed sparse convolutions (API.md, "Convolution families").
+
+A transpose with stride ``s`` maps a coarse ``src`` onto a fine support
+``t`` through ``t = src * s + r * d - p``: exactly the relation of the
+forward convolution from ``t`` to ``src``, read the other way round.  So the
+kernel map is the forward one, keyed identically in the coordinate manager:
+a decoder reuses its encoder's maps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from torch_lattice.geometry import ConvGeometry
+from torch_lattice.nn.functional.conv import check_input, pointwise, target_support
+from torch_lattice.nn.functional.relation import apply_kernel_map
+from torch_lattice.tensor import SparseTensor, Support, divide_stride
+
+__all__ = ["conv_transpose3d", "generative_conv_transpose3d", "inverse_support"]
+
+
+def inverse_support(src: SparseTensor, geometry: ConvGeometry) -> Support:
+    """Input support of the Conv3d with ``geometry`` that produced ``src``.
+
+    Raises:
+        ValueError: no Conv3d with this geometry is in ``src``'s history.
+    """
+    found = [d for d in src.coordinate_manager.derivations(src.support) if d.geometry == geometry]
+    if not found:
+        raise ValueError(
+            "ConvTranspose3d(src) without a target needs src to be the output of a Conv3d "
+            f"with the same geometry (kernel_size={geometry.kernel_size}, "
+            f"stride={geometry.stride}, padding={geometry.padding}, "
+            f"dilation={geometry.dilation}); none is in src's history. Pass the target "
+            "coordinates explicitly: up(src, target)"
+        )
+    return found[-1].source  # the most recent such Conv3d
+
+
+def transpose_onto(
+    src: SparseTensor, weight: torch.Tensor, target: Support, geometry: ConvGeometry
+) -> torch.Tensor:
+    """``(N_target, C_out)`` transposed-relation features (no bias)."""
+    kmap = target.manager.kernel_map(target, src.support, geometry)
+    return apply_kernel_map(src.feats, weight, kmap, transposed=True)
+
+
+def _finish(y: torch.Tensor, bias: torch.Tensor | None, target: Support) -> SparseTensor:
+    return SparseTensor.from_support(y if bias is None else y + bias, target)
+
+
+def _explicit_target(
+    src: SparseTensor, coordinates: SparseTensor | torch.Tensor, geometry: ConvGeometry
+) -> Support:
+    return target_support(src, coordinates, divide_stride(src.stride, geometry.stride))
+
+
+def conv_transpose3d(
+    input: SparseTensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    kernel_size: int | Sequence[int] = 3,
+    stride: int | Sequence[int] = 1,
+    padding: int | Sequence[int] = 0,
+    dilation: int | Sequence[int] = 1,
+    *,
+    coordinates: SparseTensor | torch.Tensor | None = None,
+) -> SparseTensor:
+    """Transposed sparse convolution, inverse or target-conditioned.
+
+    ``y[t] = bias + sum over (n, i) with src[i]*stride + r_n*dilation - padding == t
+    of weight[n]^T x[i]``.
+
+    Args:
+        input: coarse SparseTensor ``src``.
+        weight: ``(K, C_in, C_out)``, kernel rows z fastest.
+        coordinates: None for the inverse support (the input support of the
+            Conv3d with the same geometry that produced ``src``), or target
+            rows (SparseTensor or ``(M, 4)`` ints) with stride
+            ``src.stride / stride``, evaluated in their order.
+    """
+    geometry = ConvGeometry.create(kernel_size, stride, padding, dilation)
+    check_input(input, weight, geometry)
+    if coordinates is not None:
+        target = _explicit_target(input, coordinates, geometry)
+    elif geometry.is_identity:
+        return pointwise(input, weight, bias)  # a 1x1x1 stride-1 Conv3d kept its support
+    else:
+        target = inverse_support(input, geometry)
+    return _finish(transpose_onto(input, weight, target, geometry), bias, target)
+
+
+def generative_conv_transpose3d(
+    input: SparseTensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    kernel_size: int | Sequence[int] = 2,
+    stride: int | Sequence[int] = 2,
+    *,
+    coordinates: SparseTensor | torch.Tensor | None = None,
+) -> SparseTensor:
+    """Generative transposed convolution (padding 0, dilation 1).
+
+    Without ``coordinates`` the output support is ``unique{src[i]*stride + r}``
+    over every row and kernel position, sorted by (b, x, y, z), never clipped;
+    with them it is a target transpose.
+    """
+    geometry = ConvGeometry.create(kernel_size, stride)
+    check_input(input, weight, geometry)
+    if coordinates is not None:
+        target = _explicit_target(input, coordinates, geometry)
+    else:
+        target = input.coordinate_manager.generative_support(input.support, geometry)
+    return _finish(transpose_onto(input, weight, target, geometry), bias, target)

@@ -1,0 +1,50 @@
+"""Weight normalization over a sparse relation.
+
+``y = conv(x, W) / sqrt(conv(1, W*W) + eps) + b``: the denominator runs the
+same relation over all-ones features, so it measures, per output row, the
+squared weight mass that actually reaches it.  Both passes use one cached
+kernel map, and the denominator stays in the autograd graph.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from torch_lattice.tensor import SparseTensor
+
+__all__ = ["check_eps", "normalized"]
+
+ConvFn = Callable[[SparseTensor, torch.Tensor], SparseTensor]
+
+
+def check_eps(eps: float) -> float:
+    """Raises ValueError unless ``eps`` is a finite number > 0."""
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0:
+        raise ValueError(f"eps must be a positive number, got {eps!r}")
+    if eps == float("inf"):
+        raise ValueError("eps must be finite")
+    return float(eps)
+
+
+def normalized(
+    conv: ConvFn, input: SparseTensor, weight: torch.Tensor, bias: torch.Tensor | None,
+    eps: float,
+) -> SparseTensor:
+    """Applies ``conv`` (a bias-free convolution of ``input`` with a weight)
+    normalized by ``sqrt(conv(1, weight**2) + eps)``, then adds ``bias``.
+
+    Pointwise kernels (``K == 1``) skip the normalization.
+    """
+    eps = check_eps(eps)
+    num = conv(input, weight)
+    if weight.shape[0] == 1:
+        y = num.feats
+    else:
+        ones = input.replace(torch.ones_like(input.feats))
+        den = conv(ones, weight * weight)
+        y = num.feats / torch.sqrt(den.feats + eps)
+    if bias is not None:
+        y = y + bias
+    return num.replace(y)
