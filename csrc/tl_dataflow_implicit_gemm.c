@@ -1,6 +1,7 @@
 #include "tl_dataflow_implicit_gemm.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 /* Output rows per tile: enough neighbours per kernel row to fill the 4-row
  * micro-kernel, few enough that the tile's output rows stay in L1/L2. */
@@ -12,6 +13,12 @@
  * and keep the partial buffer under this many elements. */
 #define TL_WGRAD_TASKS 64
 #define TL_WGRAD_MAX_PARTIAL (1 << 22)
+/* Weight-gradient pairs reduced per register-blocked pass: their gathered x
+ * columns (c_in x 128) and dy rows stay in L1/L2 across the column blocks. */
+#define TL_WGRAD_PAIRS 128
+/* Bytes per vector of the register-blocked kernels: one AVX-512 register,
+ * two AVX2 registers (each target_clones variant splits it as it must). */
+#define TL_VBYTES 64
 
 /* Vectorized clones for AVX-512, AVX2 and baseline x86-64, chosen at load
  * time by the dynamic linker (ifunc); other targets compile one version. */
@@ -77,11 +84,8 @@ tl_status tl_implicit_gemm_forward(const tl_ctx *ctx, const tl_conv_desc *d,
         !tl_ptr_ok(y, d->n_out, d->c_out))
         return TL_ERR_INVALID;
     if (d->n_out * d->c_out == 0) return TL_OK;
-    if (d->dtype == TL_F32)
-        tl_forward_f32(ctx, d, x, w, nbr, y);
-    else
-        tl_forward_f64(ctx, d, x, w, nbr, y);
-    return TL_OK;
+    if (d->dtype == TL_F32) return tl_forward_f32(ctx, d, x, w, nbr, y);
+    return tl_forward_f64(ctx, d, x, w, nbr, y);
 }
 
 tl_status tl_implicit_gemm_weight_grad(const tl_ctx *ctx, const tl_conv_desc *d,

@@ -1,6 +1,13 @@
 /* Type-generic body of tl_dataflow_implicit_gemm.c.  Included once per
  * element type with TL_T (the C type) and TL_SFX (the name suffix) defined;
- * C has no templates, and this keeps one copy of each kernel. */
+ * C has no templates, and this keeps one copy of each kernel.
+ *
+ * Both kernels are register-blocked: a small block of accumulators (4 rows x
+ * TL_NV vectors of TL_VBYTES bytes) stays in registers over the whole
+ * reduction, so each loaded weight or gradient vector feeds 4 FMAs and
+ * outputs are read and written once per block instead of once per channel.
+ * The vector type is GCC's generic vector extension: each target_clones
+ * variant lowers it to its own widest registers. */
 #ifndef TL_T
 #error "define TL_T and TL_SFX before including this file"
 #endif
@@ -9,30 +16,69 @@
 #define TL_CAT(a, b) TL_CAT2(a, b)
 #define TL_FN(name) TL_CAT(name, TL_SFX)
 
-/* y0..y3 += a0..a3 * w over cw columns: four output rows share each load of
- * a weight row, which is what makes this loop compute-bound. */
-TL_HOT static void TL_FN(tl_axpy4)(int64_t cw, const TL_T *restrict w, TL_T a0,
-                                   TL_T a1, TL_T a2, TL_T a3, TL_T *restrict y0,
-                                   TL_T *restrict y1, TL_T *restrict y2,
-                                   TL_T *restrict y3) {
-    for (int64_t j = 0; j < cw; j++) {
-        TL_T wj = w[j];
-        y0[j] += a0 * wj;
-        y1[j] += a1 * wj;
-        y2[j] += a2 * wj;
-        y3[j] += a3 * wj;
+#define TL_VL ((int64_t)(TL_VBYTES / sizeof(TL_T))) /* lanes per vector */
+typedef TL_T TL_FN(tl_vec) __attribute__((vector_size(TL_VBYTES)));
+#define TL_VEC TL_FN(tl_vec)
+
+/* Register-blocked update, for r < R and columns [j, j + NV*VL):
+ *   out[r][j + :] += sum_q a[r][q] * b[q][j + :]
+ * Forward: q = input channel, a[r] = x row, b[q] = weight row.
+ * Weight grad: q = pair, a[r] = gathered x column, b[q] = dy row.
+ * Always inlined with constant R and NV, so acc[][] lives in registers. */
+static inline __attribute__((always_inline)) void TL_FN(tl_block)(
+    int R, int NV, int64_t j, int64_t nq, const TL_T *const *a, const TL_T *const *b,
+    TL_T *const *out) {
+    TL_VEC acc[4][2];
+    for (int r = 0; r < R; r++)
+        for (int v = 0; v < NV; v++) acc[r][v] = (TL_VEC){0};
+    for (int64_t q = 0; q < nq; q++) {
+        TL_VEC bv[2];
+        for (int v = 0; v < NV; v++) memcpy(&bv[v], b[q] + j + v * TL_VL, sizeof(TL_VEC));
+        for (int r = 0; r < R; r++) {
+            TL_T s = a[r][q];
+            for (int v = 0; v < NV; v++) acc[r][v] += s * bv[v];
+        }
     }
+    for (int r = 0; r < R; r++)
+        for (int v = 0; v < NV; v++) {
+            TL_VEC o;
+            memcpy(&o, out[r] + j + v * TL_VL, sizeof(TL_VEC));
+            o += acc[r][v];
+            memcpy(out[r] + j + v * TL_VL, &o, sizeof(TL_VEC));
+        }
 }
 
-TL_HOT static void TL_FN(tl_axpy1)(int64_t cw, const TL_T *restrict w, TL_T a,
-                                   TL_T *restrict y) {
-    for (int64_t j = 0; j < cw; j++) y[j] += a * w[j];
-}
+/* out[r][0:cw) += sum_q a[r][q] * b[q][0:cw) for R rows (4 or 1): column
+ * blocks of 2 vectors, then 1, then scalars for a tail narrower than one. */
+#define TL_DEFINE_ROWS(R)                                                           \
+    TL_HOT static void TL_FN(tl_rows_##R)(int64_t cw, int64_t nq,            \
+                                                 const TL_T *const *a,              \
+                                                 const TL_T *const *b,              \
+                                                 TL_T *const *out) {                \
+        int64_t j = 0;                                                              \
+        for (; j + 2 * TL_VL <= cw; j += 2 * TL_VL)                                 \
+            TL_FN(tl_block)(R, 2, j, nq, a, b, out);                                \
+        if (j + TL_VL <= cw) {                                                      \
+            TL_FN(tl_block)(R, 1, j, nq, a, b, out);                                \
+            j += TL_VL;                                                             \
+        }                                                                           \
+        for (int r = 0; r < R; r++)                                                 \
+            for (int64_t jj = j; jj < cw; jj++) {                                   \
+                TL_T s = 0;                                                         \
+                for (int64_t q = 0; q < nq; q++) s += a[r][q] * b[q][jj];           \
+                out[r][jj] += s;                                                    \
+            }                                                                       \
+    }
+TL_DEFINE_ROWS(4)
+TL_DEFINE_ROWS(1)
+#undef TL_DEFINE_ROWS
 
-/* One tile: output rows [o0, o0+m), columns [co0, co0+cw). */
+/* One tile: output rows [o0, o0+m), columns [co0, co0+cw).  For each kernel
+ * row the tile's neighbours are listed, then handled 4 output rows at a time
+ * against the kernel row's weight rows (wq: c_in pointers of scratch). */
 static void TL_FN(tl_forward_tile)(const tl_conv_desc *d, const TL_T *x, const TL_T *w,
                                    const int32_t *nbr, TL_T *y, int64_t o0, int64_t m,
-                                   int64_t co0, int64_t cw) {
+                                   int64_t co0, int64_t cw, const TL_T **wq) {
     const int64_t k = d->k, cin = d->c_in, cout = d->c_out;
     int64_t lo[TL_TILE_ROWS];
     int64_t li[TL_TILE_ROWS];
@@ -47,72 +93,100 @@ static void TL_FN(tl_forward_tile)(const tl_conv_desc *d, const TL_T *x, const T
                 li[c++] = i;
             }
         }
+        if (c == 0) continue;
         const TL_T *wn = w + n * cin * cout + co0;
+        for (int64_t ci = 0; ci < cin; ci++) wq[ci] = wn + ci * cout;
         int64_t p = 0;
         for (; p + 4 <= c; p += 4) {
-            const TL_T *x0 = x + li[p] * cin, *x1 = x + li[p + 1] * cin,
-                       *x2 = x + li[p + 2] * cin, *x3 = x + li[p + 3] * cin;
-            TL_T *y0 = y + lo[p] * cout + co0, *y1 = y + lo[p + 1] * cout + co0,
-                 *y2 = y + lo[p + 2] * cout + co0, *y3 = y + lo[p + 3] * cout + co0;
-            for (int64_t ci = 0; ci < cin; ci++)
-                TL_FN(tl_axpy4)(cw, wn + ci * cout, x0[ci], x1[ci], x2[ci], x3[ci], y0,
-                                y1, y2, y3);
+            const TL_T *xr[4];
+            TL_T *yr[4];
+            for (int r = 0; r < 4; r++) {
+                xr[r] = x + li[p + r] * cin;
+                yr[r] = y + lo[p + r] * cout + co0;
+            }
+            TL_FN(tl_rows_4)(cw, cin, xr, wq, yr);
         }
         for (; p < c; p++) {
-            const TL_T *x0 = x + li[p] * cin;
-            TL_T *y0 = y + lo[p] * cout + co0;
-            for (int64_t ci = 0; ci < cin; ci++)
-                TL_FN(tl_axpy1)(cw, wn + ci * cout, x0[ci], y0);
+            const TL_T *xr[1] = {x + li[p] * cin};
+            TL_T *yr[1] = {y + lo[p] * cout + co0};
+            TL_FN(tl_rows_1)(cw, cin, xr, wq, yr);
         }
     }
 }
 
-static void TL_FN(tl_forward)(const tl_ctx *ctx, const tl_conv_desc *d, const TL_T *x,
-                              const TL_T *w, const int32_t *nbr, TL_T *y) {
+static tl_status TL_FN(tl_forward)(const tl_ctx *ctx, const tl_conv_desc *d, const TL_T *x,
+                                   const TL_T *w, const int32_t *nbr, TL_T *y) {
     const int64_t row_tiles = (d->n_out + TL_TILE_ROWS - 1) / TL_TILE_ROWS;
     const int64_t col_tiles = (d->c_out + TL_TILE_COLS - 1) / TL_TILE_COLS;
-#pragma omp parallel for num_threads(ctx->threads) schedule(dynamic, 4)
-    for (int64_t t = 0; t < row_tiles * col_tiles; t++) {
-        int64_t o0 = (t / col_tiles) * TL_TILE_ROWS;
-        int64_t co0 = (t % col_tiles) * TL_TILE_COLS;
-        int64_t m = d->n_out - o0 < TL_TILE_ROWS ? d->n_out - o0 : TL_TILE_ROWS;
-        int64_t cw = d->c_out - co0 < TL_TILE_COLS ? d->c_out - co0 : TL_TILE_COLS;
-        TL_FN(tl_forward_tile)(d, x, w, nbr, y, o0, m, co0, cw);
+    const int64_t cin = d->c_in > 0 ? d->c_in : 1;
+    int failed = 0;
+#pragma omp parallel num_threads(ctx->threads) reduction(| : failed)
+    {
+        const TL_T **wq = malloc(sizeof(TL_T *) * (size_t)cin);
+        failed |= wq == NULL;
+#pragma omp for schedule(dynamic, 4)
+        for (int64_t t = 0; t < row_tiles * col_tiles; t++) {
+            if (!wq) continue;
+            int64_t o0 = (t / col_tiles) * TL_TILE_ROWS;
+            int64_t co0 = (t % col_tiles) * TL_TILE_COLS;
+            int64_t m = d->n_out - o0 < TL_TILE_ROWS ? d->n_out - o0 : TL_TILE_ROWS;
+            int64_t cw = d->c_out - co0 < TL_TILE_COLS ? d->c_out - co0 : TL_TILE_COLS;
+            TL_FN(tl_forward_tile)(d, x, w, nbr, y, o0, m, co0, cw, wq);
+        }
+        free(wq);
+    }
+    return failed ? TL_ERR_NOMEM : TL_OK;
+}
+
+/* Scratch of one weight-gradient worker: a chunk of up to TL_WGRAD_PAIRS
+ * pairs, their x rows gathered transposed (xt[ci][p]) and dy row pointers. */
+typedef struct TL_FN(tl_wgrad_scratch) {
+    int64_t li[TL_WGRAD_PAIRS], lo[TL_WGRAD_PAIRS];
+    const TL_T *dq[TL_WGRAD_PAIRS];
+    TL_T *xt; /* c_in * TL_WGRAD_PAIRS */
+} TL_FN(tl_wgrad_scratch);
+
+/* acc (c_in, c_out) += sum over the c pairs in s of x[li]^T dy[lo]. */
+static void TL_FN(tl_wgrad_flush)(const tl_conv_desc *d, const TL_T *x, const TL_T *dy,
+                                  TL_FN(tl_wgrad_scratch) *s, int64_t c, TL_T *acc) {
+    const int64_t cin = d->c_in, cout = d->c_out, P = TL_WGRAD_PAIRS;
+    for (int64_t p = 0; p < c; p++) {
+        const TL_T *xr = x + s->li[p] * cin;
+        for (int64_t ci = 0; ci < cin; ci++) s->xt[ci * P + p] = xr[ci];
+        s->dq[p] = dy + s->lo[p] * cout;
+    }
+    int64_t ci = 0;
+    for (; ci + 4 <= cin; ci += 4) {
+        const TL_T *a[4] = {s->xt + ci * P, s->xt + (ci + 1) * P, s->xt + (ci + 2) * P,
+                            s->xt + (ci + 3) * P};
+        TL_T *o[4] = {acc + ci * cout, acc + (ci + 1) * cout, acc + (ci + 2) * cout,
+                      acc + (ci + 3) * cout};
+        TL_FN(tl_rows_4)(cout, c, a, s->dq, o);
+    }
+    for (; ci < cin; ci++) {
+        const TL_T *a[1] = {s->xt + ci * P};
+        TL_T *o[1] = {acc + ci * cout};
+        TL_FN(tl_rows_1)(cout, c, a, s->dq, o);
     }
 }
 
 /* acc (c_in, c_out) += sum over rows [o0, o1) of x[nbr[o, n]]^T dy[o]. */
 static void TL_FN(tl_wgrad_part)(const tl_conv_desc *d, const TL_T *x, const TL_T *dy,
                                  const int32_t *nbr, int64_t n, int64_t o0, int64_t o1,
-                                 TL_T *acc) {
-    const int64_t k = d->k, cin = d->c_in, cout = d->c_out;
-    int64_t lo[4], li[4], c = 0;
-    for (int64_t o = o0; o <= o1; o++) {
-        if (o < o1) {
-            int32_t i = nbr[o * k + n];
-            if (i < 0) continue;
-            lo[c] = o;
-            li[c++] = i;
-            if (c < 4) continue;
+                                 TL_T *acc, TL_FN(tl_wgrad_scratch) *s) {
+    const int64_t k = d->k;
+    int64_t c = 0;
+    for (int64_t o = o0; o < o1; o++) {
+        int32_t i = nbr[o * k + n];
+        if (i < 0) continue;
+        s->li[c] = i;
+        s->lo[c++] = o;
+        if (c == TL_WGRAD_PAIRS) {
+            TL_FN(tl_wgrad_flush)(d, x, dy, s, c, acc);
+            c = 0;
         }
-        if (c == 4) {
-            const TL_T *d0 = dy + lo[0] * cout, *d1 = dy + lo[1] * cout,
-                       *d2 = dy + lo[2] * cout, *d3 = dy + lo[3] * cout;
-            for (int64_t ci = 0; ci < cin; ci++) {
-                TL_T a0 = x[li[0] * cin + ci], a1 = x[li[1] * cin + ci],
-                     a2 = x[li[2] * cin + ci], a3 = x[li[3] * cin + ci];
-                TL_T *restrict row = acc + ci * cout;
-                for (int64_t j = 0; j < cout; j++)
-                    row[j] += a0 * d0[j] + a1 * d1[j] + a2 * d2[j] + a3 * d3[j];
-            }
-        } else {
-            for (int64_t p = 0; p < c; p++)
-                for (int64_t ci = 0; ci < cin; ci++)
-                    TL_FN(tl_axpy1)(cout, dy + lo[p] * cout, x[li[p] * cin + ci],
-                                    acc + ci * cout);
-        }
-        c = 0;
     }
+    if (c) TL_FN(tl_wgrad_flush)(d, x, dy, s, c, acc);
 }
 
 static tl_status TL_FN(tl_weight_grad)(const tl_ctx *ctx, const tl_conv_desc *d,
@@ -126,28 +200,42 @@ static tl_status TL_FN(tl_weight_grad)(const tl_ctx *ctx, const tl_conv_desc *d,
         if (!partial) return TL_ERR_NOMEM;
     }
     const int64_t rows_per = (d->n_out + parts - 1) / parts;
-#pragma omp parallel for num_threads(ctx->threads) schedule(dynamic, 1)
-    for (int64_t t = 0; t < k * parts; t++) {
-        int64_t n = t / parts, p = t % parts;
-        int64_t o0 = p * rows_per, o1 = o0 + rows_per < d->n_out ? o0 + rows_per : d->n_out;
-        TL_T *acc = partial + t * mat;
-        for (int64_t e = 0; e < mat; e++) acc[e] = 0;
-        if (o0 < o1) TL_FN(tl_wgrad_part)(d, x, dy, nbr, n, o0, o1, acc);
+    int failed = 0;
+#pragma omp parallel num_threads(ctx->threads) reduction(| : failed)
+    {
+        TL_FN(tl_wgrad_scratch) s;
+        s.xt = malloc(sizeof(TL_T) * (size_t)(d->c_in * TL_WGRAD_PAIRS));
+        failed |= s.xt == NULL;
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t t = 0; t < k * parts; t++) {
+            if (!s.xt) continue;
+            int64_t n = t / parts, p = t % parts;
+            int64_t o0 = p * rows_per;
+            int64_t o1 = o0 + rows_per < d->n_out ? o0 + rows_per : d->n_out;
+            TL_T *acc = partial + t * mat;
+            for (int64_t e = 0; e < mat; e++) acc[e] = 0;
+            if (o0 < o1) TL_FN(tl_wgrad_part)(d, x, dy, nbr, n, o0, o1, acc, &s);
+        }
+        free(s.xt);
     }
     if (parts > 1) {
         /* Fixed summation order over parts: deterministic for any threads. */
+        if (!failed) {
 #pragma omp parallel for num_threads(ctx->threads) schedule(static)
-        for (int64_t e = 0; e < k * mat; e++) {
-            int64_t n = e / mat, j = e % mat;
-            TL_T s = 0;
-            for (int64_t p = 0; p < parts; p++) s += partial[(n * parts + p) * mat + j];
-            dw[e] = s;
+            for (int64_t e = 0; e < k * mat; e++) {
+                int64_t n = e / mat, j = e % mat;
+                TL_T sum = 0;
+                for (int64_t p = 0; p < parts; p++) sum += partial[(n * parts + p) * mat + j];
+                dw[e] = sum;
+            }
         }
         free(partial);
     }
-    return TL_OK;
+    return failed ? TL_ERR_NOMEM : TL_OK;
 }
 
+#undef TL_VEC
+#undef TL_VL
 #undef TL_FN
 #undef TL_CAT
 #undef TL_CAT2

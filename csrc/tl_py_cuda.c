@@ -1,8 +1,12 @@
-/* Binding of the CUDA entry points (csrc/cuda/).  Compiled in every build;
- * without TL_WITH_CUDA the queries report that CUDA is absent. */
+/* Binding of the CUDA entry points (csrc/cuda/tl_cuda.h).  Compiled in every
+ * build; without TL_WITH_CUDA only the two queries exist and report that
+ * CUDA is absent.  Python (torch_lattice/ops/_cuda.py) passes device
+ * pointers as ints, the device index and torch's current stream handle, and
+ * allocates every output and workspace with torch. */
 #include "tl_py.h"
 
 #ifdef TL_WITH_CUDA
+#include "cuda/tl_cuda.h"
 #include "cuda/tl_cuda_device.h"
 #endif
 
@@ -31,8 +35,256 @@ static PyObject *py_cuda_device_count(PyObject *self, PyObject *args) {
     return PyLong_FromLong(count);
 }
 
+#ifdef TL_WITH_CUDA
+
+/* ((kx,ky,kz), (sx,sy,sz), (px,py,pz), (dx,dy,dz)), as in tl_module.c. */
+static int tl_cuda_parse_geom(PyObject *tuple, tl_geom *g) {
+    return PyArg_ParseTuple(tuple, "(iii)(iii)(iii)(iii)", &g->kernel_size[0],
+                            &g->kernel_size[1], &g->kernel_size[2], &g->stride[0],
+                            &g->stride[1], &g->stride[2], &g->padding[0], &g->padding[1],
+                            &g->padding[2], &g->dilation[0], &g->dilation[1],
+                            &g->dilation[2]);
+}
+
+/* Context of one call: device index and stream handle from Python. */
+static tl_ctx tl_cuda_ctx(int device, unsigned long long stream) {
+    tl_ctx ctx = {1, device, tl_ptr(stream)};
+    return ctx;
+}
+
+static PyObject *tl_size_result(const char *fn, tl_status st, size_t bytes) {
+    if (st != TL_OK) return tl_raise(fn, st);
+    return PyLong_FromSize_t(bytes);
+}
+
+PyDoc_STRVAR(cuda_kmap_workspace_size_doc,
+             "cuda_kmap_workspace_size(n_in) -> int\n\nWorkspace bytes of cuda_kmap_build.");
+static PyObject *py_cuda_kmap_workspace_size(PyObject *self, PyObject *args) {
+    (void)self;
+    long long n_in;
+    size_t bytes = 0;
+    if (!PyArg_ParseTuple(args, "L", &n_in)) return NULL;
+    tl_status st = tl_cuda_kmap_workspace_size(n_in, &bytes);
+    return tl_size_result("cuda_kmap_workspace_size", st, bytes);
+}
+
+PyDoc_STRVAR(cuda_kmap_build_doc,
+             "cuda_kmap_build(device, stream, in_ptr, n_in, out_ptr, n_out, geom, ws_ptr, "
+             "nbr_ptr)\n\nFills the (n_out, K) int32 neighbour table on the GPU.");
+static PyObject *py_cuda_kmap_build(PyObject *self, PyObject *args) {
+    (void)self;
+    int device;
+    unsigned long long stream, pin, pout, pws, pnbr;
+    long long n_in, n_out;
+    PyObject *geom;
+    tl_geom g;
+    if (!PyArg_ParseTuple(args, "iKKLKLOKK", &device, &stream, &pin, &n_in, &pout, &n_out,
+                          &geom, &pws, &pnbr))
+        return NULL;
+    if (!tl_cuda_parse_geom(geom, &g)) return NULL;
+    tl_ctx ctx = tl_cuda_ctx(device, stream);
+    tl_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = tl_cuda_kmap_build(&ctx, tl_ptr(pin), n_in, tl_ptr(pout), n_out, &g, tl_ptr(pws),
+                            tl_ptr(pnbr));
+    Py_END_ALLOW_THREADS
+    if (st != TL_OK) return tl_raise("cuda_kmap_build", st);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(cuda_kmap_reverse_doc,
+             "cuda_kmap_reverse(device, stream, nbr_ptr, n_out, k, n_in, rev_ptr)\n\n"
+             "Fills the (n_in, K) transpose of nbr on the GPU.");
+static PyObject *py_cuda_kmap_reverse(PyObject *self, PyObject *args) {
+    (void)self;
+    int device;
+    unsigned long long stream, pnbr, prev;
+    long long n_out, k, n_in;
+    if (!PyArg_ParseTuple(args, "iKKLLLK", &device, &stream, &pnbr, &n_out, &k, &n_in, &prev))
+        return NULL;
+    tl_ctx ctx = tl_cuda_ctx(device, stream);
+    tl_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = tl_cuda_kmap_reverse(&ctx, tl_ptr(pnbr), n_out, k, n_in, tl_ptr(prev));
+    Py_END_ALLOW_THREADS
+    if (st != TL_OK) return tl_raise("cuda_kmap_reverse", st);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(cuda_generate_workspace_size_doc,
+             "cuda_generate_workspace_size(n_in, geom, out_range) -> int\n\n"
+             "Workspace bytes of cuda_generate.");
+static PyObject *py_cuda_generate_workspace_size(PyObject *self, PyObject *args) {
+    (void)self;
+    long long n_in;
+    int64_t r[3];
+    PyObject *geom;
+    tl_geom g;
+    size_t bytes = 0;
+    if (!PyArg_ParseTuple(args, "LO(LLL)", &n_in, &geom, &r[0], &r[1], &r[2])) return NULL;
+    if (!tl_cuda_parse_geom(geom, &g)) return NULL;
+    tl_status st = tl_cuda_generate_workspace_size(n_in, &g, r, &bytes);
+    return tl_size_result("cuda_generate_workspace_size", st, bytes);
+}
+
+PyDoc_STRVAR(cuda_generate_doc,
+             "cuda_generate(device, stream, in_ptr, n_in, geom, out_range, ws_ptr, out_ptr, "
+             "capacity) -> int\n\nWrites the sorted generated support; returns its row count.");
+static PyObject *py_cuda_generate(PyObject *self, PyObject *args) {
+    (void)self;
+    int device;
+    unsigned long long stream, pin, pws, pout;
+    long long n_in, cap;
+    int64_t r[3], n_out = 0;
+    PyObject *geom;
+    tl_geom g;
+    if (!PyArg_ParseTuple(args, "iKKLO(LLL)KKL", &device, &stream, &pin, &n_in, &geom, &r[0],
+                          &r[1], &r[2], &pws, &pout, &cap))
+        return NULL;
+    if (!tl_cuda_parse_geom(geom, &g)) return NULL;
+    tl_ctx ctx = tl_cuda_ctx(device, stream);
+    tl_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = tl_cuda_generate(&ctx, tl_ptr(pin), n_in, &g, r, tl_ptr(pws), tl_ptr(pout), cap,
+                          &n_out);
+    Py_END_ALLOW_THREADS
+    if (st != TL_OK) return tl_raise("cuda_generate", st);
+    return PyLong_FromLongLong((long long)n_out);
+}
+
+PyDoc_STRVAR(cuda_pairs_workspace_size_doc,
+             "cuda_pairs_workspace_size(n_out, k) -> int\n\n"
+             "Workspace bytes of cuda_pairs_count and cuda_pairs_build.");
+static PyObject *py_cuda_pairs_workspace_size(PyObject *self, PyObject *args) {
+    (void)self;
+    long long n_out, k;
+    size_t bytes = 0;
+    if (!PyArg_ParseTuple(args, "LL", &n_out, &k)) return NULL;
+    tl_status st = tl_cuda_pairs_workspace_size(n_out, k, &bytes);
+    return tl_size_result("cuda_pairs_workspace_size", st, bytes);
+}
+
+PyDoc_STRVAR(cuda_pairs_count_doc,
+             "cuda_pairs_count(device, stream, nbr_ptr, n_out, k, ws_ptr) -> int\n\n"
+             "Number of non-negative entries of nbr.");
+static PyObject *py_cuda_pairs_count(PyObject *self, PyObject *args) {
+    (void)self;
+    int device;
+    unsigned long long stream, pnbr, pws;
+    long long n_out, k;
+    int64_t count = 0;
+    if (!PyArg_ParseTuple(args, "iKKLLK", &device, &stream, &pnbr, &n_out, &k, &pws))
+        return NULL;
+    tl_ctx ctx = tl_cuda_ctx(device, stream);
+    tl_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = tl_cuda_pairs_count(&ctx, tl_ptr(pnbr), n_out, k, tl_ptr(pws), &count);
+    Py_END_ALLOW_THREADS
+    if (st != TL_OK) return tl_raise("cuda_pairs_count", st);
+    return PyLong_FromLongLong((long long)count);
+}
+
+PyDoc_STRVAR(cuda_pairs_build_doc,
+             "cuda_pairs_build(device, stream, nbr_ptr, n_out, k, ws_ptr, n_pairs, "
+             "offsets_ptr, in_ptr, out_ptr)\n\nFills the CSR pair lists from nbr.");
+static PyObject *py_cuda_pairs_build(PyObject *self, PyObject *args) {
+    (void)self;
+    int device;
+    unsigned long long stream, pnbr, pws, poff, pin, pout;
+    long long n_out, k, n_pairs;
+    if (!PyArg_ParseTuple(args, "iKKLLKLKKK", &device, &stream, &pnbr, &n_out, &k, &pws,
+                          &n_pairs, &poff, &pin, &pout))
+        return NULL;
+    tl_ctx ctx = tl_cuda_ctx(device, stream);
+    tl_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = tl_cuda_pairs_build(&ctx, tl_ptr(pnbr), n_out, k, tl_ptr(pws), n_pairs, tl_ptr(poff),
+                             tl_ptr(pin), tl_ptr(pout));
+    Py_END_ALLOW_THREADS
+    if (st != TL_OK) return tl_raise("cuda_pairs_build", st);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(cuda_conv_workspace_size_doc,
+             "cuda_conv_workspace_size(dataflow, weight_grad, dtype, n_in, n_out, k, c_in, "
+             "c_out, n_pairs) -> int\n\nWorkspace bytes of one cuda_conv call.");
+static PyObject *py_cuda_conv_workspace_size(PyObject *self, PyObject *args) {
+    (void)self;
+    int df, wgrad, dtype;
+    long long n_in, n_out, k, cin, cout, n_pairs;
+    size_t bytes = 0;
+    if (!PyArg_ParseTuple(args, "iiiLLLLLL", &df, &wgrad, &dtype, &n_in, &n_out, &k, &cin,
+                          &cout, &n_pairs))
+        return NULL;
+    tl_conv_desc d = {(tl_dtype)dtype, n_in, n_out, k, cin, cout};
+    tl_status st = tl_cuda_conv_workspace_size((tl_cuda_dataflow)df, wgrad, &d, n_pairs, &bytes);
+    return tl_size_result("cuda_conv_workspace_size", st, bytes);
+}
+
+/* One dataflow call; a and b are (x, w) for the forward, (x, dy) for the
+ * weight gradient. */
+static tl_status tl_cuda_conv_call(int df, int wgrad, const tl_ctx *ctx, const tl_conv_desc *d,
+                                   int tf32, const void *a, const void *b, const int32_t *nbr,
+                                   const tl_cuda_pairs *p, void *ws, void *out) {
+    switch (df) {
+    case TL_CUDA_IMPLICIT_GEMM:
+        return wgrad ? tl_cuda_implicit_gemm_weight_grad(ctx, d, tf32, a, b, nbr, ws, out)
+                     : tl_cuda_implicit_gemm_forward(ctx, d, tf32, a, b, nbr, ws, out);
+    case TL_CUDA_FETCH_ON_DEMAND:
+        return wgrad ? tl_cuda_fetch_on_demand_weight_grad(ctx, d, tf32, a, b, p, ws, out)
+                     : tl_cuda_fetch_on_demand_forward(ctx, d, tf32, a, b, p, ws, out);
+    case TL_CUDA_GATHER_SCATTER:
+        return wgrad ? tl_cuda_gather_scatter_weight_grad(ctx, d, tf32, a, b, p, ws, out)
+                     : tl_cuda_gather_scatter_forward(ctx, d, tf32, a, b, p, ws, out);
+    default: return TL_ERR_INVALID;
+    }
+}
+
+PyDoc_STRVAR(cuda_conv_doc,
+             "cuda_conv(device, stream, dataflow, weight_grad, dtype, n_in, n_out, k, c_in, "
+             "c_out, allow_tf32, a_ptr, b_ptr, nbr_ptr, offsets_ptr, pair_in_ptr, "
+             "pair_out_ptr, n_pairs, ws_ptr, out_ptr)\n\n"
+             "Forward (a = x, b = w) or weight gradient (a = x, b = dy) of one dataflow; "
+             "dataflow 0 implicit GEMM (nbr), 1 fetch-on-demand, 2 gather-scatter (pairs).");
+static PyObject *py_cuda_conv(PyObject *self, PyObject *args) {
+    (void)self;
+    int device, df, wgrad, dtype, tf32;
+    unsigned long long stream, pa, pb, pnbr, poff, ppin, ppout, pws, pout;
+    long long n_in, n_out, k, cin, cout, n_pairs;
+    if (!PyArg_ParseTuple(args, "iKiiiLLLLLpKKKKKKLKK", &device, &stream, &df, &wgrad, &dtype,
+                          &n_in, &n_out, &k, &cin, &cout, &tf32, &pa, &pb, &pnbr, &poff, &ppin,
+                          &ppout, &n_pairs, &pws, &pout))
+        return NULL;
+    tl_conv_desc d = {(tl_dtype)dtype, n_in, n_out, k, cin, cout};
+    tl_cuda_pairs p = {n_pairs, tl_ptr(poff), tl_ptr(ppin), tl_ptr(ppout)};
+    tl_ctx ctx = tl_cuda_ctx(device, stream);
+    tl_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = tl_cuda_conv_call(df, wgrad, &ctx, &d, tf32, tl_ptr(pa), tl_ptr(pb), tl_ptr(pnbr), &p,
+                           tl_ptr(pws), tl_ptr(pout));
+    Py_END_ALLOW_THREADS
+    if (st != TL_OK) return tl_raise("cuda_conv", st);
+    Py_RETURN_NONE;
+}
+
+#define TL_CUDA_METHOD(name) {#name, py_##name, METH_VARARGS, name##_doc}
+
+#endif /* TL_WITH_CUDA */
+
 PyMethodDef tl_py_cuda_methods[] = {
     {"cuda_compiled", py_cuda_compiled, METH_NOARGS, cuda_compiled_doc},
     {"cuda_device_count", py_cuda_device_count, METH_NOARGS, cuda_device_count_doc},
+#ifdef TL_WITH_CUDA
+    TL_CUDA_METHOD(cuda_kmap_workspace_size),
+    TL_CUDA_METHOD(cuda_kmap_build),
+    TL_CUDA_METHOD(cuda_kmap_reverse),
+    TL_CUDA_METHOD(cuda_generate_workspace_size),
+    TL_CUDA_METHOD(cuda_generate),
+    TL_CUDA_METHOD(cuda_pairs_workspace_size),
+    TL_CUDA_METHOD(cuda_pairs_count),
+    TL_CUDA_METHOD(cuda_pairs_build),
+    TL_CUDA_METHOD(cuda_conv_workspace_size),
+    TL_CUDA_METHOD(cuda_conv),
+#endif
     {NULL, NULL, 0, NULL},
 };

@@ -213,3 +213,78 @@ def is_sorted(coords: torch.Tensor) -> bool:
     """True when rows are in ascending lexicographic (b, x, y, z) order."""
     rows = [tuple(r) for r in coords.tolist()]
     return rows == sorted(rows)
+
+
+# --------------------------------------------------------------------------------------
+# Transposed convolution: y[t] = b + sum over (n, i) with src[i]*s + r_n*d - p == t
+# --------------------------------------------------------------------------------------
+
+
+def dense_weight_transposed(weight: torch.Tensor, kernel_size: IntOrTriple) -> torch.Tensor:
+    """(K, C_in, C_out) sparse weight -> (C_in, C_out, Kx, Ky, Kz) conv_transpose3d weight."""
+    return dense_weight(weight, kernel_size).transpose(0, 1)
+
+
+def dense_conv_transpose_at(
+    feats: torch.Tensor,
+    coords: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    out_coords: torch.Tensor,
+    kernel_size: IntOrTriple,
+    stride: IntOrTriple = 1,
+    padding: IntOrTriple = 0,
+    dilation: IntOrTriple = 1,
+) -> torch.Tensor:
+    """Dense conv_transpose3d of the scattered coarse input, read at ``out_coords``.
+
+    The coarse grid is grown (extra zero cells change nothing) until torch's dense
+    output, ``(N - 1)*s - 2p + d*(K - 1) + 1`` per axis, holds every requested row;
+    torch's own ``padding`` argument applies ``p``. Returns (M, C_out).
+    """
+    k, s, p, d = triple(kernel_size), triple(stride), triple(padding), triple(dilation)
+    out = out_coords.long()
+    inp = coords.long()
+    extent = []
+    for a in range(3):
+        n = int(inp[:, a + 1].max()) + 1 if inp.shape[0] else 1
+        top = int(out[:, a + 1].max()) if out.shape[0] else 0
+        while (n - 1) * s[a] - 2 * p[a] + d[a] * (k[a] - 1) + 1 <= max(top, 0):
+            n += 1
+        extent.append(n)
+    batches = 1
+    for t in (inp, out):
+        if t.shape[0]:
+            batches = max(batches, int(t[:, 0].max()) + 1)
+    grid = scatter_dense(feats, coords, batches, extent)
+    dense = F.conv_transpose3d(
+        grid, dense_weight_transposed(weight, k), bias, stride=s, padding=p, dilation=d
+    )
+    dense = dense.permute(0, 2, 3, 4, 1)  # [B, X, Y, Z, C_out]
+    return dense[out[:, 0], out[:, 1], out[:, 2], out[:, 3]]
+
+
+def transpose_reach(
+    coords: torch.Tensor,
+    kernel_size: IntOrTriple,
+    stride: IntOrTriple = 1,
+    padding: IntOrTriple = 0,
+    dilation: IntOrTriple = 1,
+) -> set[tuple[int, int, int, int]]:
+    """Every non-negative fine row ``src*s + r*d - p`` (same batch) by brute force."""
+    k, s, p, d = triple(kernel_size), triple(stride), triple(padding), triple(dilation)
+    found: set[tuple[int, int, int, int]] = set()
+    for b, *c in coords.long().tolist():
+        for r in kernel_offsets(k):
+            t = [c[a] * s[a] + r[a] * d[a] - p[a] for a in range(3)]
+            if min(t) >= 0:
+                found.add((b, t[0], t[1], t[2]))
+    return found
+
+
+def expected_generative_support(
+    coords: torch.Tensor, kernel_size: IntOrTriple, stride: IntOrTriple
+) -> torch.Tensor:
+    """Brute-force generative transpose support: unique{src*s + r}, sorted, (M, 4) int64."""
+    rows = sorted(transpose_reach(coords, kernel_size, stride))
+    return torch.tensor(rows, dtype=torch.int64).reshape(len(rows), 4)

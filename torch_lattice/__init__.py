@@ -4,9 +4,23 @@
 modules in :mod:`torch_lattice.nn`.
 """
 
-from torch_lattice import nn, ops
+from torch_lattice import backbones, nn, ops
+from torch_lattice.sparse_ops import cat, to_dense
 from torch_lattice.tensor import CoordinateManager, SparseTensor
+from torch_lattice.voxel import collate, devoxelize, voxelize
 
 __version__ = "0.1.0"
 
-__all__ = ["CoordinateManager", "SparseTensor", "__version__", "nn", "ops"]
+__all__ = [
+    "CoordinateManager",
+    "SparseTensor",
+    "__version__",
+    "backbones",
+    "cat",
+    "collate",
+    "devoxelize",
+    "nn",
+    "ops",
+    "to_dense",
+    "voxelize",
+]

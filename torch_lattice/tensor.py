@@ -197,8 +197,10 @@ class CoordinateManager:
         srange = None
         if source.spatial_range is not None:
             b, *r = source.spatial_range
-            ext = [(ri - 1) * s + k for ri, s, k in zip(r, geometry.stride, geometry.kernel_size,
-                                                          strict=True)]
+            ext = [
+                (ri - 1) * s + k
+                for ri, s, k in zip(r, geometry.stride, geometry.kernel_size, strict=True)
+            ]
             srange = (b, ext[0], ext[1], ext[2])
         out = self.new_support(coords, stride, srange)
         self._generative[key] = out
@@ -385,6 +387,14 @@ class SparseTensor:
 
     def detach(self) -> SparseTensor:
         return self.replace(self._feats.detach())
+
+    def __add__(self, other: object) -> SparseTensor:
+        """Feature-wise sum on equal supports (see :func:`torch_lattice.sparse_ops.add`)."""
+        if not isinstance(other, SparseTensor):
+            return NotImplemented
+        from torch_lattice.sparse_ops import add
+
+        return add(self, other)
 
     def dense(self) -> torch.Tensor:
         """``[B, C, X, Y, Z]`` dense tensor (zeros off the support).

@@ -19,7 +19,8 @@ __all__ = ["sparse_conv", "sparse_conv_weight_grad"]
 _NATIVE = (torch.float32, torch.float64)
 
 
-def _check(op: str, feats: torch.Tensor, weight: torch.Tensor, nbr: torch.Tensor) -> None:
+def check_conv_args(op: str, feats: torch.Tensor, weight: torch.Tensor, k: int) -> None:
+    """Dtype and shape rules shared by every convolution op."""
     if feats.dtype != weight.dtype:
         raise TypeError(
             f"lattice::{op}: feats ({feats.dtype}) and weight ({weight.dtype}) "
@@ -31,14 +32,21 @@ def _check(op: str, feats: torch.Tensor, weight: torch.Tensor, nbr: torch.Tensor
             f"feats.shape[1]; got weight {tuple(weight.shape)}, "
             f"feats {tuple(feats.shape)}"
         )
-    if nbr.dtype != torch.int32 or nbr.dim() != 2 or nbr.shape[1] != weight.shape[0]:
+    if weight.shape[0] != k:
         raise ValueError(
-            f"lattice::{op}: kernel map must be int32 (N_out, K) with K == "
-            f"weight.shape[0]; got {nbr.dtype} {tuple(nbr.shape)}"
+            f"lattice::{op}: the kernel map has {k} kernel rows but weight has {weight.shape[0]}"
         )
 
 
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+def check_nbr(op: str, nbr: torch.Tensor) -> None:
+    if nbr.dtype != torch.int32 or nbr.dim() != 2:
+        raise ValueError(
+            f"lattice::{op}: kernel map must be an int32 (N_out, K) table; "
+            f"got {nbr.dtype} {tuple(nbr.shape)}"
+        )
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     # Half types run in float32 on the CPU (fp32 accumulation) and are cast back.
     if dtype in _NATIVE:
         return dtype
@@ -48,7 +56,7 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def _forward(feats: torch.Tensor, weight: torch.Tensor, nbr: torch.Tensor) -> torch.Tensor:
-    work = _compute_dtype(feats.dtype)
+    work = compute_dtype(feats.dtype)
     x = feats.to(work).contiguous()
     w = weight.to(work).contiguous()
     nbr = nbr.contiguous()
@@ -83,7 +91,8 @@ def sparse_conv(
         rev: ``(N_in, K)`` int32 transpose of ``nbr`` (used by backward).
     """
     require_cpu("sparse_conv", feats, weight, nbr, rev)
-    _check("sparse_conv", feats, weight, nbr)
+    check_nbr("sparse_conv", nbr)
+    check_conv_args("sparse_conv", feats, weight, nbr.shape[1])
     return _forward(feats, weight, nbr)
 
 
@@ -101,7 +110,7 @@ def sparse_conv_weight_grad(
 ) -> torch.Tensor:
     """``(K, C_in, C_out)``: ``dw[n] = sum_o feats[nbr[o, n]]^T grad_out[o]``."""
     require_cpu("sparse_conv_weight_grad", feats, grad_out, nbr)
-    work = _compute_dtype(feats.dtype)
+    work = compute_dtype(feats.dtype)
     x = feats.to(work).contiguous()
     dy = grad_out.to(work).contiguous()
     nbr = nbr.contiguous()

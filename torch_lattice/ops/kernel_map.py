@@ -8,12 +8,13 @@ kernel row (-1 where absent); ``rev`` is its ``(N_in, K)`` transpose.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from torch_lattice.geometry import ConvGeometry
 from torch_lattice.ops._native import _C, ptr, require_cpu, threads
+from torch_lattice.ops.pairs import PairLists, kernel_pairs
 
 __all__ = [
     "KernelMap",
@@ -38,6 +39,19 @@ class KernelMap:
     nbr: torch.Tensor
     rev: torch.Tensor
     geometry: ConvGeometry
+    _pairs: dict[bool, PairLists] = field(default_factory=dict, compare=False, repr=False)
+
+    def pairs(self, transposed: bool = False) -> PairLists:
+        """CSR pair lists of the relation (built once, then cached).
+
+        ``transposed=False`` lists (input, output) pairs sorted by output row;
+        ``transposed=True`` the reversed relation's, sorted by input row.
+        """
+        hit = self._pairs.get(transposed)
+        if hit is None:
+            hit = PairLists(*kernel_pairs(self.rev if transposed else self.nbr))
+            self._pairs[transposed] = hit
+        return hit
 
 
 def _geom(kernel_size: list[int], stride: list[int], padding: list[int], dilation: list[int]):

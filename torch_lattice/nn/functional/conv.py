@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import torch
 
 from torch_lattice.geometry import ConvGeometry, triple
+from torch_lattice.nn.functional.config import ConvConfig, resolve_config
 from torch_lattice.nn.functional.relation import apply_kernel_map
 from torch_lattice.tensor import SparseTensor, Support, multiply_stride, validate_coords
 
@@ -44,10 +45,11 @@ def _apply(
     bias: torch.Tensor | None,
     target: Support,
     geometry: ConvGeometry,
+    config: ConvConfig | None,
 ) -> SparseTensor:
     """Runs the relation from ``x``'s support onto ``target`` and adds bias."""
     kmap = x.coordinate_manager.kernel_map(x.support, target, geometry)
-    y = apply_kernel_map(x.feats, weight, kmap)
+    y = apply_kernel_map(x.feats, weight, kmap, resolve_config(config))
     if bias is not None:
         y = y + bias
     return SparseTensor.from_support(y, target)
@@ -61,18 +63,26 @@ def pointwise(x: SparseTensor, weight: torch.Tensor, bias: torch.Tensor | None) 
 
 
 def target_support(
-    x: SparseTensor, coordinates: SparseTensor | torch.Tensor, expected: tuple[int, int, int]
+    x: SparseTensor,
+    coordinates: SparseTensor | Support | torch.Tensor,
+    expected: tuple[int, int, int],
 ) -> Support:
-    """The support of caller-given ``coordinates``, whose stride must be ``expected``."""
+    """The support of caller-given ``coordinates``, whose stride must be ``expected``.
+
+    A SparseTensor or Support is used as it is (so its cached maps are
+    shared); an ``(M, 4)`` integer tensor is validated like SparseTensor coords.
+    """
     if isinstance(coordinates, SparseTensor):
+        coordinates = coordinates.support
+    if isinstance(coordinates, Support):
         if coordinates.stride != expected:
             raise ValueError(
                 f"coordinates stride {coordinates.stride} must equal {expected} "
                 f"(input stride {x.stride} and the layer's stride)"
             )
-        if coordinates.device != x.device:
-            raise ValueError(f"coordinates are on {coordinates.device}, input on {x.device}")
-        return coordinates.support
+        if coordinates.coords.device != x.device:
+            raise ValueError(f"coordinates are on {coordinates.coords.device}, input on {x.device}")
+        return coordinates
     coords = validate_coords(coordinates, name="coordinates")
     if coords.device != x.device:
         raise ValueError(f"coordinates are on {coords.device}, input on {x.device}")
@@ -89,6 +99,7 @@ def conv3d(
     dilation: int | Sequence[int] = 1,
     *,
     coordinates: SparseTensor | torch.Tensor | None = None,
+    config: ConvConfig | None = None,
 ) -> SparseTensor:
     """Support-generating (or target-conditioned) sparse convolution.
 
@@ -102,6 +113,7 @@ def conv3d(
             ``q`` in ``[0, R_out)``, sorted by (b, x, y, z)), or a target
             SparseTensor / ``(M, 4)`` integer tensor whose rows are computed
             in their order; its stride must be ``input.stride * stride``.
+        config: dataflow configuration of this call (see ``config.py``).
 
     Returns:
         SparseTensor with stride ``input.stride * stride``.
@@ -112,7 +124,7 @@ def conv3d(
         expected = multiply_stride(input.stride, geometry.stride)
         target = target_support(input, coordinates, expected)
         target.manager.record_derivation(target, input.support, geometry)
-        return _apply(input, weight, bias, target, geometry)
+        return _apply(input, weight, bias, target, geometry, config)
     if geometry.is_identity:
         return pointwise(input, weight, bias)
     src = input.support
@@ -124,7 +136,7 @@ def conv3d(
             f"output range would be {out_range}"
         )
     target = input.coordinate_manager.generated_support(src, geometry)
-    return _apply(input, weight, bias, target, geometry)
+    return _apply(input, weight, bias, target, geometry, config)
 
 
 def subm_conv3d(
@@ -133,6 +145,8 @@ def subm_conv3d(
     bias: torch.Tensor | None = None,
     kernel_size: int | Sequence[int] = 3,
     dilation: int | Sequence[int] = 1,
+    *,
+    config: ConvConfig | None = None,
 ) -> SparseTensor:
     """Submanifold (support-preserving) sparse convolution, odd kernels.
 
@@ -146,4 +160,4 @@ def subm_conv3d(
     check_input(input, weight, geometry)
     if geometry.is_identity:
         return pointwise(input, weight, bias)
-    return _apply(input, weight, bias, input.support, geometry)
+    return _apply(input, weight, bias, input.support, geometry, config)

@@ -14,11 +14,17 @@ from collections.abc import Sequence
 import torch
 
 from torch_lattice.geometry import ConvGeometry
+from torch_lattice.nn.functional.config import ConvConfig, resolve_config
 from torch_lattice.nn.functional.conv import check_input, pointwise, target_support
 from torch_lattice.nn.functional.relation import apply_kernel_map
 from torch_lattice.tensor import SparseTensor, Support, divide_stride
 
-__all__ = ["conv_transpose3d", "generative_conv_transpose3d", "inverse_support"]
+__all__ = [
+    "conv_transpose3d",
+    "generative_conv_transpose3d",
+    "inverse_support",
+    "resolve_target",
+]
 
 
 def inverse_support(src: SparseTensor, geometry: ConvGeometry) -> Support:
@@ -40,11 +46,15 @@ def inverse_support(src: SparseTensor, geometry: ConvGeometry) -> Support:
 
 
 def transpose_onto(
-    src: SparseTensor, weight: torch.Tensor, target: Support, geometry: ConvGeometry
+    src: SparseTensor,
+    weight: torch.Tensor,
+    target: Support,
+    geometry: ConvGeometry,
+    config: ConvConfig,
 ) -> torch.Tensor:
     """``(N_target, C_out)`` transposed-relation features (no bias)."""
     kmap = target.manager.kernel_map(target, src.support, geometry)
-    return apply_kernel_map(src.feats, weight, kmap, transposed=True)
+    return apply_kernel_map(src.feats, weight, kmap, config, transposed=True)
 
 
 def _finish(y: torch.Tensor, bias: torch.Tensor | None, target: Support) -> SparseTensor:
@@ -52,9 +62,20 @@ def _finish(y: torch.Tensor, bias: torch.Tensor | None, target: Support) -> Spar
 
 
 def _explicit_target(
-    src: SparseTensor, coordinates: SparseTensor | torch.Tensor, geometry: ConvGeometry
+    src: SparseTensor, coordinates: SparseTensor | Support | torch.Tensor, geometry: ConvGeometry
 ) -> Support:
     return target_support(src, coordinates, divide_stride(src.stride, geometry.stride))
+
+
+def resolve_target(
+    src: SparseTensor,
+    coordinates: SparseTensor | Support | torch.Tensor | None,
+    stride: tuple[int, int, int],
+) -> Support | None:
+    """Validates a transpose target once, so repeated passes share its maps."""
+    if coordinates is None:
+        return None
+    return target_support(src, coordinates, divide_stride(src.stride, stride))
 
 
 def conv_transpose3d(
@@ -66,7 +87,8 @@ def conv_transpose3d(
     padding: int | Sequence[int] = 0,
     dilation: int | Sequence[int] = 1,
     *,
-    coordinates: SparseTensor | torch.Tensor | None = None,
+    coordinates: SparseTensor | Support | torch.Tensor | None = None,
+    config: ConvConfig | None = None,
 ) -> SparseTensor:
     """Transposed sparse convolution, inverse or target-conditioned.
 
@@ -80,16 +102,19 @@ def conv_transpose3d(
             Conv3d with the same geometry that produced ``src``), or target
             rows (SparseTensor or ``(M, 4)`` ints) with stride
             ``src.stride / stride``, evaluated in their order.
+        config: dataflow configuration; a target transpose runs gather-scatter
+            and rejects an explicit request for another dataflow.
     """
     geometry = ConvGeometry.create(kernel_size, stride, padding, dilation)
     check_input(input, weight, geometry)
+    cfg = resolve_config(config, target_transpose=coordinates is not None)
     if coordinates is not None:
         target = _explicit_target(input, coordinates, geometry)
     elif geometry.is_identity:
         return pointwise(input, weight, bias)  # a 1x1x1 stride-1 Conv3d kept its support
     else:
         target = inverse_support(input, geometry)
-    return _finish(transpose_onto(input, weight, target, geometry), bias, target)
+    return _finish(transpose_onto(input, weight, target, geometry, cfg), bias, target)
 
 
 def generative_conv_transpose3d(
@@ -99,7 +124,8 @@ def generative_conv_transpose3d(
     kernel_size: int | Sequence[int] = 2,
     stride: int | Sequence[int] = 2,
     *,
-    coordinates: SparseTensor | torch.Tensor | None = None,
+    coordinates: SparseTensor | Support | torch.Tensor | None = None,
+    config: ConvConfig | None = None,
 ) -> SparseTensor:
     """Generative transposed convolution (padding 0, dilation 1).
 
@@ -109,8 +135,9 @@ def generative_conv_transpose3d(
     """
     geometry = ConvGeometry.create(kernel_size, stride)
     check_input(input, weight, geometry)
+    cfg = resolve_config(config, target_transpose=coordinates is not None)
     if coordinates is not None:
         target = _explicit_target(input, coordinates, geometry)
     else:
         target = input.coordinate_manager.generative_support(input.support, geometry)
-    return _finish(transpose_onto(input, weight, target, geometry), bias, target)
+    return _finish(transpose_onto(input, weight, target, geometry, cfg), bias, target)

@@ -29,7 +29,10 @@ def check_eps(eps: float) -> float:
 
 
 def normalized(
-    conv: ConvFn, input: SparseTensor, weight: torch.Tensor, bias: torch.Tensor | None,
+    conv: ConvFn,
+    input: SparseTensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
     eps: float,
 ) -> SparseTensor:
     """Applies ``conv`` (a bias-free convolution of ``input`` with a weight)

@@ -1,4 +1,5 @@
-"""Running a cached kernel map forward or transposed.
+"""Running a cached kernel map forward or transposed, with the configured
+dataflow.
 
 Every convolution family ends here: a forward convolution reads the map from
 its input support to its output support; a transposed one reads the map of
@@ -10,14 +11,21 @@ from __future__ import annotations
 
 import torch
 
+from torch_lattice.nn.functional.config import ConvConfig, Dataflow
 from torch_lattice.ops.conv import sparse_conv
 from torch_lattice.ops.kernel_map import KernelMap
+from torch_lattice.ops.pairs import pair_conv
 
 __all__ = ["apply_kernel_map"]
 
 
 def apply_kernel_map(
-    feats: torch.Tensor, weight: torch.Tensor, kmap: KernelMap, *, transposed: bool = False
+    feats: torch.Tensor,
+    weight: torch.Tensor,
+    kmap: KernelMap,
+    config: ConvConfig,
+    *,
+    transposed: bool = False,
 ) -> torch.Tensor:
     """``(N_out, C_out)`` features of the relation ``kmap`` applied to ``feats``.
 
@@ -26,8 +34,12 @@ def apply_kernel_map(
             side when ``transposed``).
         weight: ``(K, C_in, C_out)``.
         kmap: map from the forward convolution's input to its output support.
+        config: resolved configuration; its dataflow picks the kernels.
         transposed: run it from the output support back onto the input support.
     """
-    if transposed:
-        return sparse_conv(feats, weight, kmap.rev, kmap.nbr)
-    return sparse_conv(feats, weight, kmap.nbr, kmap.rev)
+    nbr, rev = (kmap.rev, kmap.nbr) if transposed else (kmap.nbr, kmap.rev)
+    if config.dataflow is Dataflow.ImplicitGEMM:
+        return sparse_conv(feats, weight, nbr, rev)
+    fwd, bwd = kmap.pairs(transposed), kmap.pairs(not transposed)
+    gather = config.dataflow is Dataflow.GatherScatter
+    return pair_conv(feats, weight, *fwd, *bwd, nbr.shape[0], gather)

@@ -15,6 +15,7 @@ from torch import nn
 
 from torch_lattice.geometry import ConvGeometry, Triple, kernel_positions, triple
 from torch_lattice.nn.functional import conv as F
+from torch_lattice.nn.functional.config import ConvConfig
 from torch_lattice.tensor import SparseTensor
 
 __all__ = ["Conv3d", "ConvBase", "SubmConv3d", "pick_target"]
@@ -32,9 +33,17 @@ class ConvBase(nn.Module):
     kernel_positions: torch.Tensor
 
     def __init__(
-        self, in_channels: int, out_channels: int, kernel_size: Triple, bias: bool
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: Triple,
+        bias: bool,
+        config: ConvConfig | None = None,
     ) -> None:
         super().__init__()
+        if config is not None and not isinstance(config, ConvConfig):
+            raise TypeError(f"config must be a ConvConfig or None, got {type(config).__name__}")
+        self.config = config
         self.in_channels = _positive("in_channels", in_channels)
         self.out_channels = _positive("out_channels", out_channels)
         self.kernel_size = kernel_size
@@ -81,6 +90,7 @@ class SubmConv3d(ConvBase):
         kernel_size: odd int or 3-tuple of odd ints.
         dilation: int or 3-tuple.
         bias: add a learnable ``(C_out,)`` bias.
+        config: per-module dataflow configuration (``ConvConfig``).
     """
 
     def __init__(
@@ -90,15 +100,18 @@ class SubmConv3d(ConvBase):
         kernel_size: int | Sequence[int] = 3,
         dilation: int | Sequence[int] = 1,
         bias: bool = False,
+        config: ConvConfig | None = None,
     ) -> None:
         ks = triple("kernel_size", kernel_size, 1)
         if any(k % 2 == 0 for k in ks):
             raise ValueError(f"kernel_size must be odd in every axis for SubmConv3d, got {ks}")
-        super().__init__(in_channels, out_channels, ks, bias)
+        super().__init__(in_channels, out_channels, ks, bias, config)
         self.dilation = triple("dilation", dilation, 1)
 
     def forward(self, input: SparseTensor) -> SparseTensor:
-        return F.subm_conv3d(input, self.weight, self.bias, self.kernel_size, self.dilation)
+        return F.subm_conv3d(
+            input, self.weight, self.bias, self.kernel_size, self.dilation, config=self.config
+        )
 
     def extra_repr(self) -> str:
         return self.geometry_repr()
@@ -114,6 +127,7 @@ class Conv3d(ConvBase):
         in_channels, out_channels: feature widths.
         kernel_size, stride, padding, dilation: int or 3-tuple each.
         bias: add a learnable ``(C_out,)`` bias.
+        config: per-module dataflow configuration (``ConvConfig``).
     """
 
     def __init__(
@@ -125,9 +139,10 @@ class Conv3d(ConvBase):
         padding: int | Sequence[int] = 0,
         dilation: int | Sequence[int] = 1,
         bias: bool = False,
+        config: ConvConfig | None = None,
     ) -> None:
         geometry = ConvGeometry.create(kernel_size, stride, padding, dilation)
-        super().__init__(in_channels, out_channels, geometry.kernel_size, bias)
+        super().__init__(in_channels, out_channels, geometry.kernel_size, bias, config)
         self.stride = geometry.stride
         self.padding = geometry.padding
         self.dilation = geometry.dilation
@@ -148,6 +163,7 @@ class Conv3d(ConvBase):
             self.padding,
             self.dilation,
             coordinates=pick_target(coordinates, target),
+            config=self.config,
         )
 
     def extra_repr(self) -> str:

@@ -13,6 +13,7 @@ import torch
 
 from torch_lattice.geometry import ConvGeometry, triple
 from torch_lattice.nn.functional import conv_transpose as F
+from torch_lattice.nn.functional.config import ConvConfig
 from torch_lattice.nn.modules.conv import ConvBase, pick_target
 from torch_lattice.tensor import SparseTensor
 
@@ -29,22 +30,41 @@ class ConvTranspose3d(ConvBase):
     :func:`torch_lattice.nn.functional.conv_transpose3d`.
     """
 
-    def __init__(self, in_channels: int, out_channels: int,
-                 kernel_size: int | Sequence[int] = 3, stride: int | Sequence[int] = 1,
-                 padding: int | Sequence[int] = 0, dilation: int | Sequence[int] = 1,
-                 bias: bool = False) -> None:
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int | Sequence[int] = 3,
+        stride: int | Sequence[int] = 1,
+        padding: int | Sequence[int] = 0,
+        dilation: int | Sequence[int] = 1,
+        bias: bool = False,
+        config: ConvConfig | None = None,
+    ) -> None:
         geometry = ConvGeometry.create(kernel_size, stride, padding, dilation)
-        super().__init__(in_channels, out_channels, geometry.kernel_size, bias)
+        super().__init__(in_channels, out_channels, geometry.kernel_size, bias, config)
         self.stride = geometry.stride
         self.padding = geometry.padding
         self.dilation = geometry.dilation
 
-    def forward(self, input: SparseTensor,
-                coordinates: SparseTensor | torch.Tensor | None = None, *,
-                target: SparseTensor | torch.Tensor | None = None) -> SparseTensor:
-        return F.conv_transpose3d(input, self.weight, self.bias, self.kernel_size, self.stride,
-                                  self.padding, self.dilation,
-                                  coordinates=pick_target(coordinates, target))
+    def forward(
+        self,
+        input: SparseTensor,
+        coordinates: SparseTensor | torch.Tensor | None = None,
+        *,
+        target: SparseTensor | torch.Tensor | None = None,
+    ) -> SparseTensor:
+        return F.conv_transpose3d(
+            input,
+            self.weight,
+            self.bias,
+            self.kernel_size,
+            self.stride,
+            self.padding,
+            self.dilation,
+            coordinates=pick_target(coordinates, target),
+            config=self.config,
+        )
 
     def extra_repr(self) -> str:
         return self.geometry_repr()
@@ -58,10 +78,17 @@ class GenerativeConvTranspose3d(ConvBase):
     :func:`torch_lattice.nn.functional.generative_conv_transpose3d`.
     """
 
-    def __init__(self, in_channels: int, out_channels: int,
-                 kernel_size: int | Sequence[int] = 2, stride: int | Sequence[int] = 2,
-                 padding: int | Sequence[int] = 0, dilation: int | Sequence[int] = 1,
-                 bias: bool = False) -> None:
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int | Sequence[int] = 2,
+        stride: int | Sequence[int] = 2,
+        padding: int | Sequence[int] = 0,
+        dilation: int | Sequence[int] = 1,
+        bias: bool = False,
+        config: ConvConfig | None = None,
+    ) -> None:
         if triple("padding", padding, 0) != (0, 0, 0):
             raise ValueError(
                 f"padding must be 0 for GenerativeConvTranspose3d, got {padding!r}; use "
@@ -73,17 +100,27 @@ class GenerativeConvTranspose3d(ConvBase):
                 "ConvTranspose3d(...)(src, target) for dilated support"
             )
         geometry = ConvGeometry.create(kernel_size, stride)
-        super().__init__(in_channels, out_channels, geometry.kernel_size, bias)
+        super().__init__(in_channels, out_channels, geometry.kernel_size, bias, config)
         self.stride = geometry.stride
         self.padding = geometry.padding
         self.dilation = geometry.dilation
 
-    def forward(self, input: SparseTensor,
-                coordinates: SparseTensor | torch.Tensor | None = None, *,
-                target: SparseTensor | torch.Tensor | None = None) -> SparseTensor:
-        return F.generative_conv_transpose3d(input, self.weight, self.bias, self.kernel_size,
-                                             self.stride,
-                                             coordinates=pick_target(coordinates, target))
+    def forward(
+        self,
+        input: SparseTensor,
+        coordinates: SparseTensor | torch.Tensor | None = None,
+        *,
+        target: SparseTensor | torch.Tensor | None = None,
+    ) -> SparseTensor:
+        return F.generative_conv_transpose3d(
+            input,
+            self.weight,
+            self.bias,
+            self.kernel_size,
+            self.stride,
+            coordinates=pick_target(coordinates, target),
+            config=self.config,
+        )
 
     def extra_repr(self) -> str:
         return self.geometry_repr()

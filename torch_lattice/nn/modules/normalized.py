@@ -14,6 +14,7 @@ import torch
 
 from torch_lattice.nn.functional import conv as Fc
 from torch_lattice.nn.functional import conv_transpose as Ft
+from torch_lattice.nn.functional.config import ConvConfig
 from torch_lattice.nn.functional.normalized import check_eps, normalized
 from torch_lattice.nn.modules.conv import SubmConv3d, pick_target
 from torch_lattice.nn.modules.conv_transpose import ConvTranspose3d, GenerativeConvTranspose3d
@@ -31,15 +32,22 @@ Target = SparseTensor | torch.Tensor | None
 class NormalizedSubmConv3d(SubmConv3d):
     """SubmConv3d with weight normalization; same arguments plus ``eps``."""
 
-    def __init__(self, in_channels: int, out_channels: int,
-                 kernel_size: int | Sequence[int] = 3, dilation: int | Sequence[int] = 1,
-                 bias: bool = False, eps: float = 1e-8) -> None:
-        super().__init__(in_channels, out_channels, kernel_size, dilation, bias)
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int | Sequence[int] = 3,
+        dilation: int | Sequence[int] = 1,
+        bias: bool = False,
+        eps: float = 1e-8,
+        config: ConvConfig | None = None,
+    ) -> None:
+        super().__init__(in_channels, out_channels, kernel_size, dilation, bias, config)
         self.eps = check_eps(eps)
 
     def forward(self, input: SparseTensor) -> SparseTensor:
         def conv(x: SparseTensor, w: torch.Tensor) -> SparseTensor:
-            return Fc.subm_conv3d(x, w, None, self.kernel_size, self.dilation)
+            return Fc.subm_conv3d(x, w, None, self.kernel_size, self.dilation, config=self.config)
 
         return normalized(conv, input, self.weight, self.bias, self.eps)
 
@@ -50,20 +58,40 @@ class NormalizedSubmConv3d(SubmConv3d):
 class NormalizedConvTranspose3d(ConvTranspose3d):
     """ConvTranspose3d with weight normalization; same arguments plus ``eps``."""
 
-    def __init__(self, in_channels: int, out_channels: int,
-                 kernel_size: int | Sequence[int] = 3, stride: int | Sequence[int] = 1,
-                 padding: int | Sequence[int] = 0, dilation: int | Sequence[int] = 1,
-                 bias: bool = False, eps: float = 1e-8) -> None:
-        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, bias)
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int | Sequence[int] = 3,
+        stride: int | Sequence[int] = 1,
+        padding: int | Sequence[int] = 0,
+        dilation: int | Sequence[int] = 1,
+        bias: bool = False,
+        eps: float = 1e-8,
+        config: ConvConfig | None = None,
+    ) -> None:
+        super().__init__(
+            in_channels, out_channels, kernel_size, stride, padding, dilation, bias, config
+        )
         self.eps = check_eps(eps)
 
-    def forward(self, input: SparseTensor, coordinates: Target = None, *,
-                target: Target = None) -> SparseTensor:
-        coords = pick_target(coordinates, target)
+    def forward(
+        self, input: SparseTensor, coordinates: Target = None, *, target: Target = None
+    ) -> SparseTensor:
+        coords = Ft.resolve_target(input, pick_target(coordinates, target), self.stride)
 
         def conv(x: SparseTensor, w: torch.Tensor) -> SparseTensor:
-            return Ft.conv_transpose3d(x, w, None, self.kernel_size, self.stride, self.padding,
-                                       self.dilation, coordinates=coords)
+            return Ft.conv_transpose3d(
+                x,
+                w,
+                None,
+                self.kernel_size,
+                self.stride,
+                self.padding,
+                self.dilation,
+                coordinates=coords,
+                config=self.config,
+            )
 
         return normalized(conv, input, self.weight, self.bias, self.eps)
 
@@ -74,20 +102,32 @@ class NormalizedConvTranspose3d(ConvTranspose3d):
 class NormalizedGenerativeConvTranspose3d(GenerativeConvTranspose3d):
     """GenerativeConvTranspose3d with weight normalization; plus ``eps``."""
 
-    def __init__(self, in_channels: int, out_channels: int,
-                 kernel_size: int | Sequence[int] = 2, stride: int | Sequence[int] = 2,
-                 padding: int | Sequence[int] = 0, dilation: int | Sequence[int] = 1,
-                 bias: bool = False, eps: float = 1e-8) -> None:
-        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, bias)
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int | Sequence[int] = 2,
+        stride: int | Sequence[int] = 2,
+        padding: int | Sequence[int] = 0,
+        dilation: int | Sequence[int] = 1,
+        bias: bool = False,
+        eps: float = 1e-8,
+        config: ConvConfig | None = None,
+    ) -> None:
+        super().__init__(
+            in_channels, out_channels, kernel_size, stride, padding, dilation, bias, config
+        )
         self.eps = check_eps(eps)
 
-    def forward(self, input: SparseTensor, coordinates: Target = None, *,
-                target: Target = None) -> SparseTensor:
-        coords = pick_target(coordinates, target)
+    def forward(
+        self, input: SparseTensor, coordinates: Target = None, *, target: Target = None
+    ) -> SparseTensor:
+        coords = Ft.resolve_target(input, pick_target(coordinates, target), self.stride)
 
         def conv(x: SparseTensor, w: torch.Tensor) -> SparseTensor:
-            return Ft.generative_conv_transpose3d(x, w, None, self.kernel_size, self.stride,
-                                                  coordinates=coords)
+            return Ft.generative_conv_transpose3d(
+                x, w, None, self.kernel_size, self.stride, coordinates=coords, config=self.config
+            )
 
         return normalized(conv, input, self.weight, self.bias, self.eps)
 

@@ -1,0 +1,337 @@
+"""Writes a run's results: ``results.json``, ``results.md`` and PNG plots.
+
+Every file is written to a temporary name beside its destination and renamed into
+place, so an interrupted run never leaves a half-written file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from benchmarks import workloads as wl
+
+__all__ = ["PLOTS", "Targets", "markdown", "write_json", "write_markdown", "write_plots"]
+
+Row = dict[str, Any]
+PLOTS = ("speedup.png", "sweep.png", "throughput.png")
+TARGET_SCENES = ("surface", "lidar")
+
+
+def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=path.suffix, dir=path.parent)
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: Path, meta: dict[str, Any], rows: list[Row]) -> None:
+    """``{"meta": ..., "results": [...]}`` with sorted keys."""
+    text = json.dumps({"meta": meta, "results": rows}, indent=1, sort_keys=True)
+    _atomic_write(path, lambda p: p.write_text(text + "\n"))
+
+
+# --------------------------------------------------------------------------------------
+# Lookups over result rows
+# --------------------------------------------------------------------------------------
+
+
+def _ok(rows: Iterable[Row]) -> list[Row]:
+    return [r for r in rows if r.get("status") == "ok"]
+
+
+def _find(rows: list[Row], workload: str, scene: str, channels: int, impl: str) -> Row | None:
+    for r in rows:
+        if (r["workload"], r["scene"], r["channels"], r["impl"]) == (
+            workload,
+            scene,
+            channels,
+            impl,
+        ) and r.get("status") == "ok":
+            return r
+    return None
+
+
+def _ratio(rows: list[Row], workload: str, scene: str, c: int, base: str) -> float | None:
+    """``baseline median / library median`` (> 1: the library is faster)."""
+    lat = _find(rows, workload, scene, c, wl.LATTICE)
+    ref = _find(rows, workload, scene, c, base)
+    if lat is None or ref is None or lat["median_ms"] <= 0:
+        return None
+    return ref["median_ms"] / lat["median_ms"]
+
+
+def _cases(rows: list[Row]) -> list[tuple[str, str, int]]:
+    seen: dict[tuple[str, str, int], None] = {}
+    for r in rows:
+        if not r["scene"].startswith("sweep-"):
+            seen[(r["workload"], r["scene"], r["channels"])] = None
+    return list(seen)
+
+
+def _sweep(rows: list[Row], workload: str, impl: str) -> list[Row]:
+    out = [
+        r
+        for r in _ok(rows)
+        if r["scene"].startswith("sweep-") and r["workload"] == workload and r["impl"] == impl
+    ]
+    return sorted(out, key=lambda r: r["voxels"])
+
+
+# --------------------------------------------------------------------------------------
+# Targets of the CPU-speed issue
+# --------------------------------------------------------------------------------------
+
+
+class Targets:
+    """Checks of the issue's targets against a run's rows."""
+
+    def __init__(self, rows: list[Row], channels: int = 64) -> None:
+        self.rows = rows
+        self.c = channels
+
+    def lines(self) -> list[tuple[str, str, str]]:
+        """``(target, measured, verdict)`` rows; verdict is met / missed / not measured."""
+        out = []
+        for scene in TARGET_SCENES:
+            checks = (
+                (f"SubmConv3d fwd C={self.c}, {scene}: >= 3x torch", "subm3_fwd", self.c, wl.TORCH),
+                (
+                    f"SubmConv3d fwd+bwd C={self.c}, {scene}: >= 3x torch",
+                    "subm3_fwdbwd",
+                    self.c,
+                    wl.TORCH,
+                ),
+                (f"kernel map, {scene}: >= 3x torch builder", "kmap_subm3", 0, wl.TORCH_KMAP),
+            )
+            for text, workload, c, base in checks:
+                out.append(self._at_least(text, _ratio(self.rows, workload, scene, c, base), 3.0))
+            for base in (wl.MM, wl.MM_SQUARE):
+                r = _ratio(self.rows, "subm3_fwd", scene, self.c, base)
+                text = f"stretch: fwd C={self.c}, {scene}: >= 60% of {base} throughput"
+                out.append(self._at_least(text, r, 0.6, percent=True))
+        out.append(self._sweep_line())
+        return out
+
+    @staticmethod
+    def _at_least(text: str, value: float | None, goal: float, percent: bool = False):
+        if value is None:
+            return (text, "-", "not measured")
+        shown = f"{100 * value:.0f}%" if percent else f"{value:.2f}x"
+        return (text, shown, "met" if value >= goal else "missed")
+
+    def _sweep_line(self) -> tuple[str, str, str]:
+        text = f"time per voxel, SubmConv3d fwd C={self.c}, across the size sweep: <= 1.5x spread"
+        pts = [r for r in _sweep(self.rows, "subm3_fwd", wl.LATTICE) if r["channels"] == self.c]
+        if len(pts) < 2:
+            return (text, "-", "not measured")
+        per = [r["ns_per_voxel"] for r in pts]
+        spread = max(per) / min(per)
+        span = f"{pts[0]['voxels']:,}-{pts[-1]['voxels']:,} voxels"
+        return (text, f"{spread:.2f}x ({span})", "met" if spread <= 1.5 else "missed")
+
+
+# --------------------------------------------------------------------------------------
+# Markdown
+# --------------------------------------------------------------------------------------
+
+
+def _fmt(v: float | None, spec: str = ".1f", suffix: str = "") -> str:
+    return "-" if v is None else f"{v:{spec}}{suffix}"
+
+
+def _case_line(rows: list[Row], case: tuple[str, str, int]) -> str | None:
+    workload, scene, c = case
+    lat = _find(rows, workload, scene, c, wl.LATTICE)
+    if lat is None:
+        return None
+    base = wl.TORCH_KMAP if workload == "kmap_subm3" else wl.TORCH
+    cells = [workload, scene, f"{lat['voxels']:,}", str(c or "-"), _fmt(lat["median_ms"])]
+    for impl in (base, wl.DENSE, wl.SPCONV):
+        ref = _find(rows, workload, scene, c, impl)
+        ratio = _ratio(rows, workload, scene, c, impl)
+        cells.append("-" if ref is None else f"{ref['median_ms']:.1f} ({ratio:.2f}x)")
+    mm = _find(rows, workload, scene, c, wl.MM)
+    sq = _find(rows, workload, scene, c, wl.MM_SQUARE)
+    cells.append(_fmt(lat.get("gflops")))
+    for ref in (mm, sq):
+        pct = None
+        if ref is not None and lat.get("gflops") and ref.get("gflops"):
+            pct = 100 * lat["gflops"] / ref["gflops"]
+        cells.append(_fmt(pct, ".0f", "%"))
+    ref = _find(rows, workload, scene, c, base)
+    cells.append(f"{_fmt(lat.get('peak_mb'), '.0f')} / {_fmt(ref and ref.get('peak_mb'), '.0f')}")
+    return "| " + " | ".join(cells) + " |"
+
+
+def _main_table(rows: list[Row]) -> list[str]:
+    head = (
+        "| workload | scene | voxels | C | lattice ms | torch ms (speed-up) | dense ms "
+        "(speed-up) | spconv ms (speed-up) | lattice GFLOP/s | % of mm same shape | "
+        "% of mm square | peak MiB lattice / torch |"
+    )
+    lines = [head, "|" + "---|" * 12]
+    for case in _cases(rows):
+        line = _case_line(rows, case)
+        if line:
+            lines.append(line)
+    return lines
+
+
+def _sweep_table(rows: list[Row]) -> list[str]:
+    lat = _sweep(rows, "subm3_fwd", wl.LATTICE)
+    if not lat:
+        return []
+    lines = [
+        "| voxels | C | lattice fwd ns/voxel | torch fwd ns/voxel | lattice kmap ns/voxel | "
+        "torch kmap ns/voxel |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in lat:
+        cells = [f"{r['voxels']:,}", str(r["channels"]), _fmt(r["ns_per_voxel"])]
+        for workload, impl, c in (
+            ("subm3_fwd", wl.TORCH, r["channels"]),
+            ("kmap_subm3", wl.LATTICE, 0),
+            ("kmap_subm3", wl.TORCH_KMAP, 0),
+        ):
+            ref = _find(rows, workload, r["scene"], c, impl)
+            cells.append(_fmt(ref and ref["ns_per_voxel"]))
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def markdown(meta: dict[str, Any], rows: list[Row]) -> str:
+    """The results page: run facts, target verdicts, the full table, the sweep, gaps."""
+    out = ["# Benchmark results", ""]
+    for key in ("command", "date", "commit", "machine", "cpu_flags", "threads", "torch"):
+        out.append(f"- {key}: `{meta.get(key, '-')}`")
+    out.append(
+        f"- load average before / after: {meta.get('load_before')} / {meta.get('load_after')}"
+    )
+    out += ["", "Medians of the repetitions; speed-up = baseline time / lattice time.", ""]
+    out += ["## Targets", "", "| target | measured | verdict |", "|---|---|---|"]
+    out += [f"| {a} | {b} | {c} |" for a, b, c in Targets(rows).lines()]
+    out += ["", "## All workloads", "", *_main_table(rows)]
+    sweep = _sweep_table(rows)
+    if sweep:
+        out += ["", "## Size sweep (height fields)", "", *sweep]
+    missing = [r for r in rows if r.get("status") != "ok"]
+    if missing:
+        out += ["", "## Not run", ""]
+        for r in missing:
+            out.append(f"- {r['workload']} / {r['scene']} / {r['impl']}: {r['status']}")
+    return "\n".join(out) + "\n"
+
+
+def write_markdown(path: Path, meta: dict[str, Any], rows: list[Row]) -> None:
+    text = markdown(meta, rows)
+    _atomic_write(path, lambda p: p.write_text(text))
+
+
+# --------------------------------------------------------------------------------------
+# Plots
+# --------------------------------------------------------------------------------------
+
+
+def _plot_speedup(plt: Any, rows: list[Row], path: Path) -> None:
+    cases = [c for c in _cases(rows) if _find(rows, *c, wl.LATTICE)]
+    labels, series = [], {wl.TORCH: [], wl.DENSE: [], wl.SPCONV: []}
+    for workload, scene, c in cases:
+        labels.append(f"{workload}\n{scene}" + (f" C={c}" if c else ""))
+        for impl in series:
+            base = wl.TORCH_KMAP if workload == "kmap_subm3" and impl == wl.TORCH else impl
+            series[impl].append(_ratio(rows, workload, scene, c, base) or 0.0)
+    fig, ax = plt.subplots(figsize=(max(8, 0.7 * len(labels)), 5))
+    width = 0.27
+    for k, (impl, vals) in enumerate(series.items()):
+        xs = [i + (k - 1) * width for i in range(len(vals))]
+        ax.bar(xs, vals, width, label=f"vs {impl}")
+    ax.axhline(3.0, color="k", linestyle="--", linewidth=1, label="3x target")
+    ax.set_xticks(range(len(labels)), labels, rotation=70, fontsize=7)
+    ax.set_ylabel("speed-up of torch_lattice (baseline time / lattice time)")
+    ax.set_title("torch_lattice speed-up over each baseline")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _plot_sweep(plt: Any, rows: list[Row], path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for workload, impl, label in (
+        ("subm3_fwd", wl.LATTICE, "lattice SubmConv3d fwd"),
+        ("subm3_fwd", wl.TORCH, "torch gather-scatter fwd"),
+        ("kmap_subm3", wl.LATTICE, "lattice kernel map"),
+        ("kmap_subm3", wl.TORCH_KMAP, "torch kernel map"),
+    ):
+        pts = _sweep(rows, workload, impl)
+        if pts:
+            ax.plot([r["voxels"] for r in pts], [r["ns_per_voxel"] for r in pts], "o-", label=label)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("voxels")
+    ax.set_ylabel("ns per voxel (median)")
+    ax.set_title("Time per voxel across the size sweep")
+    ax.legend(fontsize=8)
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _plot_throughput(plt: Any, rows: list[Row], path: Path) -> None:
+    fwd = [
+        r for r in _ok(rows) if r["workload"] == "subm3_fwd" and not r["scene"].startswith("sweep-")
+    ]
+    scenes = sorted({r["scene"] for r in fwd})
+    fig, axes = plt.subplots(1, max(1, len(scenes)), figsize=(5 * max(1, len(scenes)), 4.2))
+    axes = list(axes) if len(scenes) > 1 else [axes]
+    for ax, scene in zip(axes, scenes, strict=False):
+        for impl in (wl.LATTICE, wl.TORCH, wl.DENSE, wl.SPCONV, wl.MM, wl.MM_SQUARE):
+            pts = sorted(
+                (r for r in fwd if r["scene"] == scene and r["impl"] == impl),
+                key=lambda r: r["channels"],
+            )
+            if pts:
+                ax.plot([r["channels"] for r in pts], [r["gflops"] for r in pts], "o-", label=impl)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("channels (C_in = C_out)")
+        ax.set_ylabel("useful GFLOP/s")
+        ax.set_title(f"SubmConv3d fwd, {scene}")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_plots(out_dir: Path, rows: list[Row]) -> list[Path]:
+    """Writes :data:`PLOTS` into ``out_dir``.
+
+    Raises:
+        RuntimeError: matplotlib is not installed (the ``benchmarks`` extra).
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise RuntimeError(
+            "plots need matplotlib: pip install -e '.[benchmarks]' (or pass --no-plots)"
+        ) from exc
+    paths = []
+    for name, draw in zip(PLOTS, (_plot_speedup, _plot_sweep, _plot_throughput), strict=True):
+        path = out_dir / name
+        _atomic_write(path, lambda tmp, draw=draw: draw(plt, rows, tmp))
+        paths.append(path)
+    return paths

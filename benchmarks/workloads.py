@@ -1,0 +1,372 @@
+"""Named workloads: what is timed, against which baselines, with how many FLOPs.
+
+Every workload function takes a :class:`~benchmarks.scenes.Scene`, a channel count and
+the :class:`Options`, and returns result rows (plain dicts, one per implementation).
+Convolution workloads time a layer in steady state: the library's kernel map is cached
+on the input tensor after the warm-up call, and the baselines get their index pairs
+precomputed (from :func:`~benchmarks.baselines.torch_kernel_map`). Map construction is
+timed on its own by ``kmap_subm3``. The network workloads build every map on each call,
+as a new scan would.
+
+Workloads whose library module does not exist yet (transposes, the backbone) report
+``not available`` instead of failing.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+import torch_lattice as tl
+from benchmarks import baselines as bl
+from benchmarks.scenes import Scene
+from benchmarks.timing import Timing, time_side_by_side
+from torch_lattice.geometry import ConvGeometry
+from torch_lattice.ops.kernel_map import kernel_map
+
+__all__ = ["WORKLOADS", "Options", "Workload", "lookup"]
+
+LATTICE = "torch_lattice"
+TORCH = "torch_gather_scatter"
+TORCH_KMAP = "torch_sort_searchsorted"
+DENSE = "dense_conv3d"
+SPCONV = "spconv"
+MM = "mm_same_shape"
+MM_SQUARE = "mm_square"
+
+SUBM3 = ConvGeometry.submanifold((3, 3, 3), (1, 1, 1))
+DOWN2 = ConvGeometry.create(2, 2)
+
+Row = dict[str, Any]
+
+
+@dataclass
+class Options:
+    """Run settings shared by every workload.
+
+    Attributes:
+        repeats: Timed repetitions per implementation.
+        warmup: Untimed runs per implementation first.
+        memory: Measure peak resident-set growth.
+        spconv: Time spconv where it imports.
+        dense: Time the dense conv3d baseline where the grid fits.
+    """
+
+    repeats: int = 5
+    warmup: int = 1
+    memory: bool = True
+    spconv: bool = True
+    dense: bool = True
+    _pairs: dict[tuple[str, ConvGeometry], list] = field(default_factory=dict)
+
+    def pairs(self, scene: Scene, out_coords: torch.Tensor, geometry: ConvGeometry) -> list:
+        """Baseline index pairs for ``scene -> out_coords`` (built once with torch ops)."""
+        key = (scene.name, geometry)
+        if key not in self._pairs:
+            nbr = bl.torch_kernel_map(scene.coords, out_coords, geometry)
+            self._pairs[key] = bl.pairs_from_nbr(nbr)
+        return self._pairs[key]
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A named benchmark: ``run(scene, channels, options) -> rows``."""
+
+    name: str
+    description: str
+    run: Callable[[Scene, int, Options], list[Row]]
+
+
+def lookup(path: str) -> Any | None:
+    """``torch_lattice`` attribute at a dotted ``path`` (e.g. ``nn.ConvTranspose3d``)."""
+    try:
+        return operator.attrgetter(path)(tl)
+    except AttributeError:
+        return None
+
+
+def _row(workload: str, scene: Scene, channels: int, impl: str, flops: int, t: Timing) -> Row:
+    med = t.median_ms
+    return {
+        "workload": workload,
+        "scene": scene.name,
+        "voxels": scene.voxels,
+        "batch": scene.batch,
+        "channels": channels,
+        "impl": impl,
+        "status": "ok",
+        "median_ms": round(med, 4),
+        "min_ms": round(t.min_ms, 4),
+        "times_ms": [round(v, 4) for v in t.times_ms],
+        "gflops": round(flops / med / 1e6, 3) if flops and med > 0 else None,
+        "peak_mb": None if t.peak_mb is None else round(t.peak_mb, 2),
+        "ns_per_voxel": round(med * 1e6 / max(1, scene.voxels), 3),
+    }
+
+
+def _missing(workload: str, scene: Scene, channels: int, impl: str, why: str) -> Row:
+    return {
+        "workload": workload,
+        "scene": scene.name,
+        "voxels": scene.voxels,
+        "batch": scene.batch,
+        "channels": channels,
+        "impl": impl,
+        "status": why,
+    }
+
+
+def _measure(
+    workload: str, scene: Scene, c: int, opts: Options, fns: dict, flops: dict[str, int]
+) -> list[Row]:
+    timings = time_side_by_side(fns, opts.repeats, opts.warmup, opts.memory)
+    return [_row(workload, scene, c, name, flops.get(name, 0), t) for name, t in timings.items()]
+
+
+def _count(pairs: list) -> int:
+    return sum(int(i.numel()) for i, _ in pairs)
+
+
+def _features(n: int, c: int, grad: bool = False) -> torch.Tensor:
+    g = torch.Generator().manual_seed(n * 131 + c)
+    return torch.randn(n, c, generator=g).requires_grad_(grad)
+
+
+def _layer(module: torch.nn.Module) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return module.eval()
+
+
+# --------------------------------------------------------------------------------------
+# Kernel map
+# --------------------------------------------------------------------------------------
+
+
+def kmap_subm3(scene: Scene, c: int, opts: Options) -> list[Row]:
+    """3x3x3 submanifold map: the library op (``nbr`` and ``rev``) vs the torch builder."""
+    coords = scene.coords
+    ks, s, p, d = (list(v) for v in SUBM3.as_c())
+    fns = {
+        LATTICE: lambda: kernel_map(coords, coords, ks, s, p, d),
+        TORCH_KMAP: lambda: bl.torch_kernel_map(coords, coords, SUBM3),
+    }
+    return _measure("kmap_subm3", scene, 0, opts, fns, {})
+
+
+# --------------------------------------------------------------------------------------
+# Submanifold convolution
+# --------------------------------------------------------------------------------------
+
+
+def _proxies(pairs: int, c: int, backward: bool) -> dict[str, Callable[[], object]]:
+    def run_all(mms: list[bl.MatmulProxy]) -> Callable[[], object]:
+        return lambda: [m.run() for m in mms]
+
+    reps = 3 if backward else 1  # forward, input grad, weight grad
+    return {
+        MM: run_all([bl.mm_proxy(pairs, c, c, square=False) for _ in range(reps)]),
+        MM_SQUARE: run_all([bl.mm_proxy(pairs, c, c, square=True) for _ in range(reps)]),
+    }
+
+
+def _spconv_fn(scene: Scene, conv: torch.nn.Module, feats: torch.Tensor, grad: bool):
+    sp = bl.SpconvSubm(scene.coords, conv.weight.detach())
+    if not grad:
+        return lambda: sp(feats)
+    g = torch.ones(feats.shape[0], conv.weight.shape[2])
+    return lambda: sp(feats).backward(g)
+
+
+def _subm_fns(scene: Scene, c: int, opts: Options, grad: bool) -> tuple[dict, list[Row], int]:
+    conv = _layer(tl.nn.SubmConv3d(c, c, 3, bias=False))
+    feats = _features(scene.voxels, c, grad)
+    x = tl.SparseTensor(feats, scene.coords)
+    pairs = opts.pairs(scene, scene.coords, SUBM3)
+    w = conv.weight
+    n = scene.voxels
+    g = torch.ones(n, c)
+    fns: dict[str, Callable[[], object]] = {}
+    notes: list[Row] = []
+    if grad:
+        fns[LATTICE] = lambda: conv(x).feats.backward(g)
+        fns[TORCH] = lambda: bl.gather_scatter_conv(feats, w, pairs, n).backward(g)
+    else:
+        fns[LATTICE] = torch.no_grad()(lambda: conv(x))
+        fns[TORCH] = torch.no_grad()(lambda: bl.gather_scatter_conv(feats, w, pairs, n))
+        grid = bl.dense_grid(scene.coords, c) if opts.dense else None
+        if grid is not None:
+            w5 = bl.dense_weight(w.detach(), (3, 3, 3)).contiguous()
+            cl = scene.coords.long()
+            fns[DENSE] = torch.no_grad()(lambda: bl.dense_subm_conv(feats, cl, w5, grid))
+        else:
+            why = "not run (dense grid over the memory cap)" if opts.dense else "disabled"
+            notes.append(_missing("", scene, c, DENSE, why))
+    why = bl.spconv_status() if opts.spconv else "disabled"
+    if why is None:
+        spfn = _spconv_fn(scene, conv, feats, grad)
+        spfn = spfn if grad else torch.no_grad()(spfn)
+        try:  # spconv's CPU build lacks some paths (its backward asks for a CUDA stream)
+            spfn()
+            fns[SPCONV] = spfn
+        except Exception as exc:
+            why = f"failed on CPU ({type(exc).__name__}: {exc})"[:160]
+    if why is not None:
+        notes.append(_missing("", scene, c, SPCONV, why))
+    fns.update(_proxies(_count(pairs), c, grad))
+    return fns, notes, _count(pairs)
+
+
+def _subm(name: str, grad: bool) -> Callable[[Scene, int, Options], list[Row]]:
+    def run(scene: Scene, c: int, opts: Options) -> list[Row]:
+        fns, notes, npairs = _subm_fns(scene, c, opts, grad)
+        flops = 2 * npairs * c * c * (3 if grad else 1)
+        rows = _measure(name, scene, c, opts, fns, dict.fromkeys(fns, flops))
+        for r in notes:
+            r["workload"] = name
+        return rows + notes
+
+    return run
+
+
+# --------------------------------------------------------------------------------------
+# Strided convolution and transposes
+# --------------------------------------------------------------------------------------
+
+
+def _down(scene: Scene, c: int) -> tuple[torch.nn.Module, tl.SparseTensor, tl.SparseTensor]:
+    """A k2 s2 Conv3d, its input and its (coarse) output."""
+    conv = _layer(tl.nn.Conv3d(c, c, 2, stride=2, bias=False))
+    x = tl.SparseTensor(_features(scene.voxels, c), scene.coords)
+    with torch.no_grad():
+        y = conv(x)
+    return conv, x, y
+
+
+def conv_down2(scene: Scene, c: int, opts: Options) -> list[Row]:
+    """k2 s2 Conv3d forward: the library layer vs gather-mm-scatter on the same relation."""
+    conv, x, y = _down(scene, c)
+    pairs = opts.pairs(scene, y.coords, DOWN2)
+    w, n_out, feats = conv.weight, y.coords.shape[0], x.feats
+    fns = {
+        LATTICE: torch.no_grad()(lambda: conv(x)),
+        TORCH: torch.no_grad()(lambda: bl.gather_scatter_conv(feats, w, pairs, n_out)),
+    }
+    flops = 2 * _count(pairs) * c * c
+    return _measure("conv_k2s2", scene, c, opts, fns, dict.fromkeys(fns, flops))
+
+
+def _transpose(name: str, target: bool) -> Callable[[Scene, int, Options], list[Row]]:
+    """Inverse (``up(src)``) or target (``up(src, target)``) k2 s2 transpose."""
+
+    def run(scene: Scene, c: int, opts: Options) -> list[Row]:
+        cls = lookup("nn.ConvTranspose3d")
+        if cls is None:
+            return [_missing(name, scene, c, LATTICE, "not available (tl.nn.ConvTranspose3d)")]
+        _, x, src = _down(scene, c)
+        up = _layer(cls(c, c, 2, stride=2, bias=False))
+        pairs = bl.swap_pairs(opts.pairs(scene, src.coords, DOWN2))
+        w, n_out, feats = up.weight, scene.voxels, src.feats
+
+        def lattice() -> object:
+            return up(src, x) if target else up(src)
+
+        fns = {
+            LATTICE: torch.no_grad()(lattice),
+            TORCH: torch.no_grad()(lambda: bl.gather_scatter_conv(feats, w, pairs, n_out)),
+        }
+        flops = 2 * _count(pairs) * c * c
+        return _measure(name, scene, c, opts, fns, dict.fromkeys(fns, flops))
+
+    return run
+
+
+def gen_transpose2(scene: Scene, c: int, opts: Options) -> list[Row]:
+    """Generative k2 s2 transpose of the k2 s2 output (support generated by the layer)."""
+    name = "gen_convtr_k2s2"
+    cls = lookup("nn.GenerativeConvTranspose3d")
+    if cls is None:
+        why = "not available (tl.nn.GenerativeConvTranspose3d)"
+        return [_missing(name, scene, c, LATTICE, why)]
+    _, _, src = _down(scene, c)
+    gen = _layer(cls(c, c, 2, stride=2, bias=False))
+    with torch.no_grad():
+        out = gen(src)
+    # input = output*1 - 0 + r with the roles swapped: fine = coarse*2 + r.
+    fine_nbr = bl.torch_kernel_map(out.coords, src.coords, DOWN2)
+    pairs = bl.swap_pairs(bl.pairs_from_nbr(fine_nbr))
+    w, n_out, feats = gen.weight, out.coords.shape[0], src.feats
+    fns = {
+        LATTICE: torch.no_grad()(lambda: gen(src)),
+        TORCH: torch.no_grad()(lambda: bl.gather_scatter_conv(feats, w, pairs, n_out)),
+    }
+    flops = 2 * _count(pairs) * c * c
+    return _measure(name, scene, c, opts, fns, dict.fromkeys(fns, flops))
+
+
+# --------------------------------------------------------------------------------------
+# Network
+# --------------------------------------------------------------------------------------
+
+
+def _resunet(name: str, grad: bool) -> Callable[[Scene, int, Options], list[Row]]:
+    def run(scene: Scene, c: int, opts: Options) -> list[Row]:
+        cls = lookup("backbones.SparseResUNet42")
+        if cls is None:
+            why = "not available (tl.backbones.SparseResUNet42)"
+            return [_missing(name, scene, c, LATTICE, why)]
+        torch.manual_seed(0)
+        net = cls(c, 20).train(grad)
+        feats = _features(scene.voxels, c)
+
+        def fresh() -> tl.SparseTensor:  # a new scan: every map is built in the call
+            return tl.SparseTensor(feats, scene.coords)
+
+        if grad:
+
+            def step() -> None:
+                net(fresh()).feats.square().mean().backward()
+
+            fns = {LATTICE: step}
+        else:
+            fns = {LATTICE: torch.no_grad()(lambda: net(fresh()))}
+        return _measure(name, scene, c, opts, fns, {})
+
+    return run
+
+
+WORKLOADS: dict[str, Workload] = {
+    w.name: w
+    for w in (
+        Workload("kmap_subm3", "3x3x3 submanifold kernel map (nbr + rev)", kmap_subm3),
+        Workload("subm3_fwd", "SubmConv3d 3x3x3 forward", _subm("subm3_fwd", False)),
+        Workload(
+            "subm3_fwdbwd", "SubmConv3d 3x3x3 forward + backward", _subm("subm3_fwdbwd", True)
+        ),
+        Workload("conv_k2s2", "Conv3d k2 s2 forward (generated support)", conv_down2),
+        Workload(
+            "convtr_k2s2_inverse",
+            "ConvTranspose3d k2 s2 inverse forward, up(src)",
+            _transpose("convtr_k2s2_inverse", target=False),
+        ),
+        Workload(
+            "convtr_k2s2_target",
+            "ConvTranspose3d k2 s2 target forward, up(src, target)",
+            _transpose("convtr_k2s2_target", target=True),
+        ),
+        Workload("gen_convtr_k2s2", "GenerativeConvTranspose3d k2 s2 forward", gen_transpose2),
+        Workload(
+            "resunet42_fwd",
+            "SparseResUNet42 forward (maps built)",
+            _resunet("resunet42_fwd", False),
+        ),
+        Workload(
+            "resunet42_fwdbwd",
+            "SparseResUNet42 forward + backward",
+            _resunet("resunet42_fwdbwd", True),
+        ),
+    )
+}

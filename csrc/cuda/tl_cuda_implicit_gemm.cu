@@ -1,0 +1,196 @@
+/* Implicit-GEMM dataflow on the GPU, over the (n_out, K) neighbour table.
+ *
+ * Forward: one block per (64 output rows, 64 output channels) tile; it loops
+ * over kernel rows n (skipping n when no row of the tile has a neighbour)
+ * and over C_in in steps of TL_BK, gathering x[nbr[o, n]] and w[n] into
+ * shared memory.  Each tile is written once, so y needs no atomics and no
+ * clearing.  Weight gradient: one block per (n, chunk of output rows, C_in
+ * tile, C_out tile); chunks of one tile meet in fp32 atomics. */
+#include "tl_cuda_gemm.cuh"
+
+template <typename T, bool TF32>
+__global__ void __launch_bounds__(TL_CUDA_THREADS)
+    tl_ig_forward_kernel(const T *x, const T *w, const int *nbr, T *y, long long n_in,
+                         long long n_out, long long k, long long cin, long long cout,
+                         long long col_tiles) {
+    __shared__ tl_tile_smem s;
+    __shared__ long long rows[TL_BM];
+    const long long o0 = (blockIdx.x / col_tiles) * TL_BM;
+    const long long c0 = (blockIdx.x % col_tiles) * TL_BN;
+    typename tl_acc_select<TF32>::type acc;
+    acc.zero();
+    for (long long n = 0; n < k; n++) {
+        int valid = 0;
+        if (threadIdx.x < TL_BM) {
+            const long long o = o0 + threadIdx.x;
+            long long i = o < n_out ? nbr[o * k + n] : -1;
+            if (i >= n_in) i = -1;
+            rows[threadIdx.x] = i;
+            valid = i >= 0;
+        }
+        /* Also the barrier that publishes rows[]; the previous n's readers
+         * passed the trailing barrier of its C_in loop. */
+        if (!__syncthreads_or(valid)) continue;
+        const T *wn = w + n * cin * cout;
+        for (long long k0 = 0; k0 < cin; k0 += TL_BK) {
+            tl_stage_rows(s, x, cin, rows, k0, cin);
+            tl_stage_weight(s, wn, cout, k0, cin, c0, cout);
+            __syncthreads();
+            acc.step(s);
+            __syncthreads();
+        }
+    }
+    acc.store(s);
+    __syncthreads();
+    for (int e = threadIdx.x; e < TL_BM * TL_BN; e += TL_CUDA_THREADS) {
+        const int m = e / TL_BN, j = e % TL_BN;
+        const long long o = o0 + m, col = c0 + j;
+        if (o < n_out && col < cout) y[o * cout + col] = tl_from_f32<T>(s.c[m][j]);
+    }
+}
+
+struct tl_ig_wgrad_args {
+    const int *nbr;
+    float *dw;
+    long long n_in, n_out, k, c_in, c_out;
+    long long ci_tiles, co_tiles, chunks, chunk_rows;
+};
+
+template <typename T, bool TF32>
+__global__ void __launch_bounds__(TL_CUDA_THREADS)
+    tl_ig_wgrad_kernel(const T *x, const T *dy, tl_ig_wgrad_args p) {
+    __shared__ tl_tile_smem s;
+    __shared__ long long ra[TL_BK], rb[TL_BK];
+    long long b = blockIdx.x;
+    const long long co0 = (b % p.co_tiles) * TL_BN;
+    b /= p.co_tiles;
+    const long long ci0 = (b % p.ci_tiles) * TL_BM;
+    b /= p.ci_tiles;
+    const long long begin = (b % p.chunks) * p.chunk_rows;
+    const long long n = b / p.chunks;
+    const long long end = begin + p.chunk_rows < p.n_out ? begin + p.chunk_rows : p.n_out;
+    typename tl_acc_select<TF32>::type acc;
+    acc.zero();
+    int any = 0;
+    for (long long r0 = begin; r0 < end; r0 += TL_BK) {
+        int valid = 0;
+        if (threadIdx.x < TL_BK) {
+            const long long o = r0 + threadIdx.x;
+            long long i = o < end ? p.nbr[o * p.k + n] : -1;
+            if (i >= p.n_in) i = -1;
+            ra[threadIdx.x] = i;
+            rb[threadIdx.x] = i >= 0 ? o : -1;
+            valid = i >= 0;
+        }
+        if (!__syncthreads_or(valid)) continue;
+        any = 1;
+        tl_stage_cols(s.a, x, p.c_in, ra, ci0, p.c_in);
+        tl_stage_cols(s.b, dy, p.c_out, rb, co0, p.c_out);
+        __syncthreads();
+        acc.step(s);
+        __syncthreads();
+    }
+    if (!any) return; /* same value in every thread: set after block-wide votes */
+    acc.store(s);
+    __syncthreads();
+    for (int e = threadIdx.x; e < TL_BM * TL_BN; e += TL_CUDA_THREADS) {
+        const int m = e / TL_BN, j = e % TL_BN;
+        const long long ci = ci0 + m, co = co0 + j;
+        if (ci < p.c_in && co < p.c_out)
+            atomicAdd(&p.dw[(n * p.c_in + ci) * p.c_out + co], s.c[m][j]);
+    }
+}
+
+namespace {
+
+struct tl_ig_forward_call {
+    const tl_conv_desc *d;
+    const void *x, *w;
+    const int32_t *nbr;
+    void *y;
+    cudaStream_t stream;
+
+    template <typename T, bool TF32> tl_status run() {
+        const int64_t col_tiles = tl_cuda_ceil_div(d->c_out, TL_BN);
+        unsigned grid;
+        TL_CUDA_RETURN_IF(tl_tile_grid(tl_cuda_ceil_div(d->n_out, TL_BM) * col_tiles, &grid));
+        tl_ig_forward_kernel<T, TF32><<<grid, TL_CUDA_THREADS, 0, stream>>>(
+            (const T *)x, (const T *)w, nbr, (T *)y, d->n_in, d->n_out, d->k, d->c_in, d->c_out,
+            col_tiles);
+        TL_CUDA_LAUNCHED();
+        return TL_OK;
+    }
+};
+
+struct tl_ig_wgrad_call {
+    const void *x, *dy;
+    tl_ig_wgrad_args args;
+    int64_t blocks;
+    cudaStream_t stream;
+
+    template <typename T, bool TF32> tl_status run() {
+        unsigned grid;
+        TL_CUDA_RETURN_IF(tl_tile_grid(blocks, &grid));
+        tl_ig_wgrad_kernel<T, TF32>
+            <<<grid, TL_CUDA_THREADS, 0, stream>>>((const T *)x, (const T *)dy, args);
+        TL_CUDA_LAUNCHED();
+        return TL_OK;
+    }
+};
+
+} // namespace
+
+extern "C" tl_status tl_cuda_implicit_gemm_forward(const tl_ctx *ctx, const tl_conv_desc *d,
+                                                   int allow_tf32, const void *x, const void *w,
+                                                   const int32_t *nbr, void *workspace,
+                                                   void *y) {
+    (void)workspace; /* the forward writes each output tile once: no scratch */
+    TL_CUDA_RETURN_IF(tl_conv_check(d, x, w, y, false));
+    if (!nbr && d->n_out > 0) return TL_ERR_INVALID;
+    cudaStream_t stream;
+    tl_cuda_scope scope;
+    TL_CUDA_RETURN_IF(scope.enter(ctx, &stream));
+    if (d->n_out == 0 || d->c_out == 0) return TL_OK;
+    tl_ig_forward_call call = {d, x, w, nbr, y, stream};
+    return tl_dispatch_dtype(d->dtype, allow_tf32, call);
+}
+
+extern "C" tl_status tl_cuda_implicit_gemm_weight_grad(const tl_ctx *ctx, const tl_conv_desc *d,
+                                                       int allow_tf32, const void *x,
+                                                       const void *dy, const int32_t *nbr,
+                                                       void *workspace, void *dw) {
+    TL_CUDA_RETURN_IF(tl_conv_check(d, x, dy, dw, true));
+    if (!nbr && d->n_out > 0) return TL_ERR_INVALID;
+    tl_conv_layout l;
+    tl_cuda_ws ws = tl_conv_layout_of(workspace, TL_CUDA_IMPLICIT_GEMM, true, d, 0, &l);
+    if (ws.overflow) return TL_ERR_OVERFLOW;
+    if (!tl_cuda_ws_ok(workspace, ws.used)) return TL_ERR_INVALID;
+    cudaStream_t stream;
+    tl_cuda_scope scope;
+    TL_CUDA_RETURN_IF(scope.enter(ctx, &stream));
+    const int64_t mat = d->k * d->c_in * d->c_out;
+    if (mat == 0) return TL_OK;
+    float *acc = l.acc ? l.acc : (float *)dw;
+    TL_CUDA_TRY(cudaMemsetAsync(acc, 0, sizeof(float) * (size_t)mat, stream));
+    if (d->n_out > 0 && d->n_in > 0) {
+        tl_ig_wgrad_call call;
+        call.x = x;
+        call.dy = dy;
+        call.stream = stream;
+        tl_ig_wgrad_args &a = call.args;
+        a = {nbr, acc, d->n_in, d->n_out, d->k, d->c_in, d->c_out, 0, 0, 0, 0};
+        a.ci_tiles = tl_cuda_ceil_div(d->c_in, TL_BM);
+        a.co_tiles = tl_cuda_ceil_div(d->c_out, TL_BN);
+        int64_t chunk_rows, chunks;
+        TL_CUDA_RETURN_IF(tl_split_chunks(ctx->device, d->n_out, d->k * a.ci_tiles * a.co_tiles,
+                                          &chunk_rows, &chunks));
+        a.chunks = chunks;
+        a.chunk_rows = chunk_rows;
+        if (d->k > INT32_MAX / chunks / a.ci_tiles / a.co_tiles) return TL_ERR_OVERFLOW;
+        call.blocks = d->k * chunks * a.ci_tiles * a.co_tiles;
+        TL_CUDA_RETURN_IF(tl_dispatch_dtype(d->dtype, allow_tf32, call));
+    }
+    if (!l.acc) return TL_OK;
+    tl_cast_call cast = {l.acc, dw, mat, stream};
+    return tl_dispatch_dtype(d->dtype, 0, cast);
+}

@@ -1,0 +1,77 @@
+#include "tl_dataflow_pairs.h"
+
+#include <stdlib.h>
+
+#include "tl_simd.h"
+
+/* Pairs per block: enough rows for the 4-row kernel and to amortize a
+ * parallel-for's scheduling; small enough that a gather buffer stays in L2. */
+#define TL_PAIR_BLOCK 64
+/* Weight-gradient partial sums: about this many (kernel row, part) tasks,
+ * with the partial buffer capped at this many elements. */
+#define TL_PAIRS_WGRAD_TASKS 64
+#define TL_PAIRS_WGRAD_MAX_PARTIAL (1 << 22)
+
+/* Parts each kernel row's pairs are split into; depends on the problem size
+ * only, never on the thread count, so the reduction order is fixed. */
+static int64_t tl_pairs_wgrad_parts(const tl_conv_desc *d) {
+    int64_t parts = (TL_PAIRS_WGRAD_TASKS + d->k - 1) / d->k;
+    int64_t mat = d->k * d->c_in * d->c_out;
+    if (mat > 0 && parts * mat > TL_PAIRS_WGRAD_MAX_PARTIAL)
+        parts = TL_PAIRS_WGRAD_MAX_PARTIAL / mat;
+    return parts < 1 ? 1 : parts;
+}
+
+#define TL_T float
+#define TL_SFX f32
+#include "tl_dataflow_pairs_impl.h"
+#undef TL_T
+#undef TL_SFX
+
+#define TL_T double
+#define TL_SFX f64
+#include "tl_dataflow_pairs_impl.h"
+#undef TL_T
+#undef TL_SFX
+
+static int tl_nonnull(const void *ptr, int64_t rows, int64_t cols) {
+    return ptr != NULL || rows == 0 || cols == 0;
+}
+
+static tl_status tl_pairs_args(const tl_ctx *ctx, tl_pairs_mode mode, const tl_conv_desc *d,
+                               const tl_pairs *p) {
+    if (!ctx || !d || !p || ctx->threads < 1) return TL_ERR_INVALID;
+    if (mode != TL_PAIRS_FETCH_ON_DEMAND && mode != TL_PAIRS_GATHER_SCATTER)
+        return TL_ERR_INVALID;
+    tl_status st = tl_conv_desc_check(d);
+    if (st != TL_OK) return st;
+    if (d->dtype != TL_F32 && d->dtype != TL_F64) return TL_ERR_UNSUPPORTED;
+    if (p->k != d->k) return TL_ERR_INVALID;
+    return tl_pairs_check(ctx, p, d->n_in, d->n_out);
+}
+
+tl_status tl_pairs_forward(const tl_ctx *ctx, tl_pairs_mode mode, const tl_conv_desc *d,
+                           const void *x, const void *w, const tl_pairs *p, void *y) {
+    tl_status st = tl_pairs_args(ctx, mode, d, p);
+    if (st != TL_OK) return st;
+    if (!tl_nonnull(x, d->n_in, d->c_in) || !tl_nonnull(w, d->k, d->c_in * d->c_out) ||
+        !tl_nonnull(y, d->n_out, d->c_out))
+        return TL_ERR_INVALID;
+    if (d->n_out * d->c_out == 0) return TL_OK;
+    int gather = mode == TL_PAIRS_GATHER_SCATTER;
+    if (d->dtype == TL_F32) return tl_pairs_fwd_f32(ctx, gather, d, x, w, p, y);
+    return tl_pairs_fwd_f64(ctx, gather, d, x, w, p, y);
+}
+
+tl_status tl_pairs_weight_grad(const tl_ctx *ctx, tl_pairs_mode mode, const tl_conv_desc *d,
+                               const void *x, const void *dy, const tl_pairs *p, void *dw) {
+    tl_status st = tl_pairs_args(ctx, mode, d, p);
+    if (st != TL_OK) return st;
+    if (!tl_nonnull(x, d->n_in, d->c_in) || !tl_nonnull(dy, d->n_out, d->c_out) ||
+        !tl_nonnull(dw, d->k, d->c_in * d->c_out))
+        return TL_ERR_INVALID;
+    if (d->k * d->c_in * d->c_out == 0) return TL_OK;
+    int gather = mode == TL_PAIRS_GATHER_SCATTER;
+    if (d->dtype == TL_F32) return tl_pairs_wgrad_f32(ctx, gather, d, x, dy, p, dw);
+    return tl_pairs_wgrad_f64(ctx, gather, d, x, dy, p, dw);
+}

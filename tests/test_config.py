@@ -1,0 +1,113 @@
+"""Dataflow configuration: precedence, scoping, target-transpose policy."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+import torch
+
+import torch_lattice as tl
+from torch_lattice.nn import functional as F
+
+
+@pytest.fixture(autouse=True)
+def _clean_global():
+    F.clear_global_conv_config()
+    yield
+    F.clear_global_conv_config()
+
+
+def test_default_is_implicit_gemm() -> None:
+    assert F.get_global_conv_config() is None
+    assert F.resolved_dataflow() is F.Dataflow.ImplicitGEMM
+
+
+def test_precedence_module_over_scope_over_global() -> None:
+    F.set_global_conv_config(F.ConvConfig(dataflow=F.Dataflow.FetchOnDemand))
+    assert F.get_global_conv_config() == F.ConvConfig(dataflow=F.Dataflow.FetchOnDemand)
+    assert F.resolved_dataflow() is F.Dataflow.FetchOnDemand
+    with F.conv_config(dataflow=F.Dataflow.GatherScatter):
+        assert F.resolved_dataflow() is F.Dataflow.GatherScatter
+        module_cfg = F.ConvConfig(dataflow=F.Dataflow.ImplicitGEMM)
+        assert F.resolved_dataflow(module_cfg) is F.Dataflow.ImplicitGEMM
+        with F.conv_config(allow_tf32=True):  # inherits the outer dataflow
+            assert F.resolved_dataflow() is F.Dataflow.GatherScatter
+    assert F.resolved_dataflow() is F.Dataflow.FetchOnDemand
+    F.clear_global_conv_config()
+    assert F.resolved_dataflow() is F.Dataflow.ImplicitGEMM
+
+
+def test_scope_is_thread_local() -> None:
+    seen: list[F.Dataflow] = []
+    with F.conv_config(dataflow=F.Dataflow.GatherScatter):
+        t = threading.Thread(target=lambda: seen.append(F.resolved_dataflow()))
+        t.start()
+        t.join()
+        assert F.resolved_dataflow() is F.Dataflow.GatherScatter
+    assert seen == [F.Dataflow.ImplicitGEMM]
+
+
+def test_scope_is_task_local() -> None:
+    async def inside(flow: F.Dataflow) -> F.Dataflow:
+        with F.conv_config(dataflow=flow):
+            await asyncio.sleep(0)
+            return F.resolved_dataflow()
+
+    async def both() -> list[F.Dataflow]:
+        return list(
+            await asyncio.gather(inside(F.Dataflow.FetchOnDemand), inside(F.Dataflow.GatherScatter))
+        )
+
+    assert asyncio.run(both()) == [F.Dataflow.FetchOnDemand, F.Dataflow.GatherScatter]
+
+
+def test_target_transpose_runs_gather_scatter() -> None:
+    assert F.resolved_dataflow(target_transpose=True) is F.Dataflow.GatherScatter
+    with F.conv_config(dataflow=F.Dataflow.GatherScatter):
+        assert F.resolved_dataflow(target_transpose=True) is F.Dataflow.GatherScatter
+
+
+def _src_and_target() -> tuple[tl.SparseTensor, torch.Tensor]:
+    src = tl.SparseTensor(torch.randn(2, 3), torch.tensor([[0, 0, 0, 0], [0, 1, 1, 1]]), stride=2)
+    return src, torch.tensor([[0, 0, 0, 0], [0, 2, 2, 2], [0, 3, 3, 3]])
+
+
+@pytest.mark.parametrize("flow", [F.Dataflow.ImplicitGEMM, F.Dataflow.FetchOnDemand])
+def test_target_transpose_rejects_other_explicit_dataflow(flow: F.Dataflow) -> None:
+    src, target = _src_and_target()
+    up = tl.nn.ConvTranspose3d(3, 2, 2, stride=2, config=F.ConvConfig(dataflow=flow))
+    with pytest.raises(ValueError, match="GatherScatter"):
+        up(src, target)
+    gen = tl.nn.GenerativeConvTranspose3d(3, 2, 2, stride=2)
+    with F.conv_config(dataflow=flow), pytest.raises(ValueError, match="GatherScatter"):
+        gen(src, target)
+    F.set_global_conv_config(F.ConvConfig(dataflow=flow))
+    with pytest.raises(ValueError, match="GatherScatter"):
+        tl.nn.NormalizedConvTranspose3d(3, 2, 2, stride=2)(src, target)
+
+
+def test_target_transpose_accepts_gather_scatter_and_unset() -> None:
+    src, target = _src_and_target()
+    up = tl.nn.ConvTranspose3d(3, 2, 2, stride=2)
+    a = up(src, target).feats
+    up.config = F.ConvConfig(dataflow=F.Dataflow.GatherScatter)
+    assert torch.equal(up(src, target).feats, a)
+
+
+def test_dataflow_used_is_observable(caplog: pytest.LogCaptureFixture) -> None:
+    x = tl.SparseTensor(torch.randn(2, 3), torch.tensor([[0, 0, 0, 0], [0, 1, 1, 1]]))
+    conv = tl.nn.SubmConv3d(3, 2, 3, config=F.ConvConfig(dataflow=F.Dataflow.FetchOnDemand))
+    with caplog.at_level("DEBUG", logger="torch_lattice.dataflow"):
+        conv(x)
+    assert any("FetchOnDemand" in r.getMessage() for r in caplog.records)
+
+
+def test_config_validation() -> None:
+    with pytest.raises(TypeError, match="dataflow"):
+        F.ConvConfig(dataflow="implicit_gemm")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="config"):
+        F.set_global_conv_config("fast")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="config"):
+        tl.nn.SubmConv3d(3, 2, config="fast")  # type: ignore[arg-type]

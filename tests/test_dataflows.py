@@ -1,0 +1,143 @@
+"""Dataflow equivalence: every op family x every dataflow x every device
+gives the same support, outputs and gradients.
+
+fp64 on the CPU must agree to 1e-12 relative (forward and every gradient);
+the forward results are in fact bitwise equal on the CPU, because all three
+dataflows add each output row's contributions in the same order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+
+import torch_lattice as tl
+from torch_lattice.nn import functional as F
+
+DATAFLOWS = list(F.Dataflow)
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+Family = Callable[[tl.SparseTensor, F.ConvConfig], tuple[tl.SparseTensor, list[torch.nn.Module]]]
+
+
+def _input(device: str, seed: int = 0, stride: int = 1) -> tl.SparseTensor:
+    g = torch.Generator().manual_seed(seed)
+    c = torch.randint(0, 10, (500, 4), generator=g)
+    c[:, 0] %= 2
+    c = torch.unique(c, dim=0)
+    c = c[torch.randperm(c.shape[0], generator=g)]
+    f = torch.randn(c.shape[0], 5, generator=g, dtype=torch.float64)
+    return tl.SparseTensor(f.to(device).requires_grad_(), c.to(device), stride=stride)
+
+
+def _mod(cls: type[torch.nn.Module], *args: object, **kw: object) -> torch.nn.Module:
+    torch.manual_seed(1)
+    return cls(*args, bias=True, **kw).double()
+
+
+def subm(x: tl.SparseTensor, cfg: F.ConvConfig):
+    m = _mod(tl.nn.SubmConv3d, 5, 4, (3, 1, 5), config=cfg).to(x.device)
+    return m(x), [m]
+
+
+def generated(x: tl.SparseTensor, cfg: F.ConvConfig):
+    m = _mod(tl.nn.Conv3d, 5, 4, 3, stride=2, padding=1, config=cfg).to(x.device)
+    return m(x), [m]
+
+
+def target(x: tl.SparseTensor, cfg: F.ConvConfig):
+    tgt = torch.tensor([[0, 1, 2, 3], [1, 0, 0, 0], [0, 4, 4, 4], [1, 2, 1, 3]], device=x.device)
+    m = _mod(tl.nn.Conv3d, 5, 4, 3, stride=2, padding=1, config=cfg).to(x.device)
+    return m(x, coordinates=tgt), [m]
+
+
+def inverse_transpose(x: tl.SparseTensor, cfg: F.ConvConfig):
+    down = _mod(tl.nn.Conv3d, 5, 6, 2, stride=2).to(x.device)
+    up = _mod(tl.nn.ConvTranspose3d, 6, 4, 2, stride=2, config=cfg).to(x.device)
+    return up(down(x)), [down, up]
+
+
+def target_transpose(x: tl.SparseTensor, cfg: F.ConvConfig):
+    up = _mod(tl.nn.ConvTranspose3d, 5, 4, 3, stride=2, padding=1, dilation=1).to(x.device)
+    return up(x, x.coords[:, :] * torch.tensor([1, 2, 2, 2], device=x.device)), [up]
+
+
+def generative(x: tl.SparseTensor, cfg: F.ConvConfig):
+    m = _mod(tl.nn.GenerativeConvTranspose3d, 5, 4, (2, 3, 2), stride=(2, 1, 2), config=cfg)
+    return m.to(x.device)(x), [m]
+
+
+def normalized(x: tl.SparseTensor, cfg: F.ConvConfig):
+    m = _mod(tl.nn.NormalizedSubmConv3d, 5, 4, 3, config=cfg).to(x.device)
+    g = _mod(tl.nn.NormalizedGenerativeConvTranspose3d, 4, 3, 2, stride=2, config=cfg)
+    return g.to(x.device)(m(x)), [m, g]
+
+
+FAMILIES = [subm, generated, target, inverse_transpose, target_transpose, generative, normalized]
+INPUT_STRIDE = {target_transpose: 2, generative: 2, normalized: 2}
+
+
+def _run(family: Family, dataflow: F.Dataflow, device: str):
+    x = _input(device, stride=INPUT_STRIDE.get(family, 1))
+    with F.conv_config(dataflow=dataflow if family is not target_transpose else None):
+        y, mods = family(x, F.ConvConfig())
+    g = torch.randn(y.feats.shape, generator=torch.Generator().manual_seed(2), dtype=y.dtype)
+    params = [p for m in mods for p in m.parameters()]
+    grads = torch.autograd.grad((y.feats * g.to(device)).sum(), [x.feats, *params])
+    return y, grads
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.__name__)
+def test_dataflows_agree(family: Family, device: str) -> None:
+    ref_y, ref_grads = _run(family, F.Dataflow.ImplicitGEMM, "cpu")
+    assert ref_y.feats.abs().sum() > 0
+    for dataflow in DATAFLOWS:
+        y, grads = _run(family, dataflow, device)
+        assert torch.equal(y.coords.cpu(), ref_y.coords)
+        torch.testing.assert_close(y.feats.cpu(), ref_y.feats, rtol=1e-12, atol=1e-12)
+        for a, b in zip(grads, ref_grads, strict=True):
+            torch.testing.assert_close(a.cpu(), b, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("family", [subm, generated, generative], ids=lambda f: f.__name__)
+def test_cpu_forward_bitwise_across_dataflows(family: Family) -> None:
+    outs = []
+    for dataflow in DATAFLOWS:
+        x = _input("cpu", stride=INPUT_STRIDE.get(family, 1))
+        y, _ = family(x, F.ConvConfig(dataflow=dataflow))
+        outs.append(y.feats)
+    assert all(torch.equal(o, outs[0]) for o in outs[1:])
+
+
+def test_dataflows_deterministic_across_thread_counts() -> None:
+    before = torch.get_num_threads()
+    results = []
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            for dataflow in DATAFLOWS:
+                y, grads = _run(generated, dataflow, "cpu")
+                results.append((dataflow, y.feats, grads))
+    finally:
+        torch.set_num_threads(before)
+    for dataflow in DATAFLOWS:
+        runs = [r for r in results if r[0] is dataflow]
+        for _, y, grads in runs[1:]:
+            assert torch.equal(y, runs[0][1])
+            assert all(torch.equal(a, b) for a, b in zip(grads, runs[0][2], strict=True))
+
+
+def test_half_types_accumulate_in_fp32() -> None:
+    x = _input("cpu")
+    m = _mod(tl.nn.SubmConv3d, 5, 4, 3)
+    ref = m(x).feats
+    for dtype in (torch.float16, torch.bfloat16):
+        mh = _mod(tl.nn.SubmConv3d, 5, 4, 3).to(dtype)
+        for dataflow in DATAFLOWS:
+            with F.conv_config(dataflow=dataflow):
+                y = mh(x.detach().to(dtype)).feats
+            assert y.dtype == dtype
+            tol = 2e-2 if dtype is torch.bfloat16 else 3e-3
+            torch.testing.assert_close(y.double(), ref.detach(), rtol=tol, atol=tol)

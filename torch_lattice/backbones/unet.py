@@ -1,0 +1,139 @@
+"""SparseResUNet42: a MinkUNet-style encoder-decoder of residual sparse blocks.
+
+Layout (``c`` = channel widths times ``width``)::
+
+    stem      2 x [SubmConv3d k3 -> BatchNorm -> ReLU]                 32
+    encoder   4 x [Conv3d k2 s2 -> BN -> ReLU, 2 x ResidualBlock]      32, 64, 128, 256
+    decoder   4 x [ConvTranspose3d k2 s2 -> BN -> ReLU,
+                   cat(skip), 2 x ResidualBlock]                        256, 128, 96, 96
+    head      pointwise Conv3d (with bias) -> num_classes
+
+The input's range is rounded up to a multiple of 16 per axis first (same rows),
+so each of the four halvings keeps every voxel.  Each ``ConvTranspose3d`` is
+called without a target, so it lands exactly on
+the support of the encoder level it mirrors (the input of the matching k2 s2
+``Conv3d``), where the skip tensor lives; ``tl.cat`` then joins them.  The 42
+counts the convolutions of the stem, the 8 stages and the 16 residual blocks
+(2 each), as in the published SparseResUNet42 / MinkUNet42.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from torch_lattice.nn.modules.activation import ReLU
+from torch_lattice.nn.modules.conv import Conv3d, SubmConv3d
+from torch_lattice.nn.modules.conv_transpose import ConvTranspose3d
+from torch_lattice.nn.modules.norm import BatchNorm
+from torch_lattice.sparse_ops import add, cat
+from torch_lattice.tensor import SparseTensor
+
+__all__ = ["ResidualBlock", "SparseResUNet42"]
+
+STEM = 32
+ENCODER = (32, 64, 128, 256)
+DECODER = (256, 128, 96, 96)
+
+
+class ConvBlock(nn.Sequential):
+    """Convolution -> BatchNorm -> ReLU."""
+
+    def __init__(self, conv: nn.Module, channels: int) -> None:
+        super().__init__(conv, BatchNorm(channels), ReLU(inplace=True))
+
+
+class ResidualBlock(nn.Module):
+    """``relu(bn(conv(relu(bn(conv(x))))) + shortcut(x))`` with 3x3x3 submanifold
+    convolutions; the shortcut is a pointwise convolution + BN when widths differ."""
+
+    def __init__(self, in_channels: int, out_channels: int) -> None:
+        super().__init__()
+        self.main = nn.Sequential(
+            ConvBlock(SubmConv3d(in_channels, out_channels, 3), out_channels),
+            SubmConv3d(out_channels, out_channels, 3),
+            BatchNorm(out_channels),
+        )
+        self.shortcut: nn.Module
+        if in_channels == out_channels:
+            self.shortcut = nn.Identity()
+        else:
+            self.shortcut = nn.Sequential(
+                Conv3d(in_channels, out_channels, 1), BatchNorm(out_channels)
+            )
+        self.relu = ReLU(inplace=True)
+
+    def forward(self, x: SparseTensor) -> SparseTensor:
+        return self.relu(add(self.main(x), self.shortcut(x)))
+
+
+def _scaled(width: float, channels: int) -> int:
+    return max(1, round(width * channels))
+
+
+class SparseResUNet42(nn.Module):
+    """MinkUNet-style sparse segmentation network (see the module docstring).
+
+    Args:
+        in_channels: input feature width.
+        num_classes: output channels (per-voxel logits).
+        width: multiplier of every hidden width (e.g. 0.5 for a half-width net).
+
+    Input: a stride-1 SparseTensor with ``(N, in_channels)`` features.
+    Output: ``(N, num_classes)`` logits on exactly the input support.
+    """
+
+    def __init__(self, in_channels: int, num_classes: int, width: float = 1.0) -> None:
+        super().__init__()
+        for name, value in (("in_channels", in_channels), ("num_classes", num_classes)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if isinstance(width, bool) or not isinstance(width, (int, float)) or not width > 0:
+            raise ValueError(f"width must be a positive number, got {width!r}")
+        stem = _scaled(width, STEM)
+        enc = [_scaled(width, c) for c in ENCODER]
+        dec = [_scaled(width, c) for c in DECODER]
+        self.stem = nn.Sequential(
+            ConvBlock(SubmConv3d(in_channels, stem, 3), stem),
+            ConvBlock(SubmConv3d(stem, stem, 3), stem),
+        )
+        self.down = nn.ModuleList()
+        self.encoder = nn.ModuleList()
+        prev = stem
+        for c in enc:
+            self.down.append(ConvBlock(Conv3d(prev, c, kernel_size=2, stride=2), c))
+            self.encoder.append(nn.Sequential(ResidualBlock(c, c), ResidualBlock(c, c)))
+            prev = c
+        skips = [stem, *enc[:-1]][::-1]
+        self.up = nn.ModuleList()
+        self.decoder = nn.ModuleList()
+        for c, skip in zip(dec, skips, strict=True):
+            self.up.append(ConvBlock(ConvTranspose3d(prev, c, kernel_size=2, stride=2), c))
+            self.decoder.append(nn.Sequential(ResidualBlock(c + skip, c), ResidualBlock(c, c)))
+            prev = c
+        self.head = Conv3d(prev, num_classes, 1, bias=True)
+
+    def forward(self, x: SparseTensor) -> SparseTensor:
+        if not isinstance(x, SparseTensor):
+            raise TypeError(f"input must be a SparseTensor, got {type(x).__name__}")
+        levels = [self.stem(_padded_range(x))]
+        for down, stage in zip(self.down, self.encoder, strict=True):
+            levels.append(stage(down(levels[-1])))
+        y = levels.pop()
+        for up, stage in zip(self.up, self.decoder, strict=True):
+            y = stage(cat([up(y), levels.pop()]))
+        return SparseTensor.from_support(self.head(y).feats, x.support)
+
+
+def _padded_range(x: SparseTensor) -> SparseTensor:
+    """``x`` on a support with the same rows whose range is a multiple of 16 per axis.
+
+    Every k2 s2 level then halves an even range: no row on the far edge of an
+    odd range is dropped (``R_out = R // 2``), and a flat scene (range 1 in z)
+    never reaches an empty range.  The network's output is put back on ``x``'s
+    own support.
+    """
+    step = 2 ** len(ENCODER)
+    r = [-(-v // step) * step for v in x.support.grid_range()]
+    srange = (max(1, x.support.num_batches()), max(step, r[0]), max(step, r[1]), max(step, r[2]))
+    support = x.coordinate_manager.new_support(x.coords, x.stride, srange)
+    return SparseTensor.from_support(x.feats, support)

@@ -1,0 +1,176 @@
+"""State-dict conversion from legacy TorchSparse layout to Torch Lattice layout.
+
+For every kernel named in the spec: rows are permuted to z fastest
+(``canonical[t] = legacy[perm[t]]``), a 2-D pointwise kernel ``(C_in, C_out)``
+becomes ``(1, C_in, C_out)``, ``<module>.kernel`` becomes ``<module>.weight`` and
+``<module>.kernel_positions`` (int32 ``(K, 3)``, z fastest) is added, as every Torch
+Lattice convolution module stores it. Every other tensor passes through unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from torch_lattice.geometry import kernel_positions
+from torch_lattice.migration.errors import ConversionError
+from torch_lattice.migration.kernel_spec import KernelSpec, load_kernel_spec, parse_kernel_spec
+
+__all__ = ["ConversionResult", "ConvertedKernel", "convert_kernel", "convert_state_dict"]
+
+
+@dataclass(frozen=True)
+class ConvertedKernel:
+    """One converted kernel, as recorded in the manifest's ``kernels`` list."""
+
+    source_key: str
+    target_key: str
+    kernel_size: tuple[int, int, int]
+    source_layout: str
+    row_permutation: tuple[int, ...]
+    source_shape: tuple[int, ...]
+    positions_key: str
+
+
+@dataclass(frozen=True)
+class ConversionResult(Mapping[str, torch.Tensor]):
+    """A converted state dict and what was done to each tensor.
+
+    It reads as the converted state dict itself (a ``Mapping``), so
+    ``model.load_state_dict(convert_state_dict(...), strict=True)`` works.
+
+    Attributes:
+        state_dict: target tensors (contiguous, CPU, no shared storage), in source
+            order with each module's ``kernel_positions`` right after its weight.
+        kernels: one record per converted kernel, in source order.
+        passthrough: keys copied unchanged.
+    """
+
+    state_dict: dict[str, torch.Tensor]
+    kernels: tuple[ConvertedKernel, ...]
+    passthrough: tuple[str, ...]
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        return self.state_dict[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.state_dict)
+
+    def __len__(self) -> int:
+        return len(self.state_dict)
+
+
+def convert_kernel(spec: KernelSpec, kernel: torch.Tensor) -> tuple[torch.Tensor, ConvertedKernel]:
+    """Converts one legacy kernel.
+
+    Args:
+        spec: the kernel's size and source row order.
+        kernel: ``(K, C_in, C_out)``, or ``(C_in, C_out)`` when ``K == 1``.
+
+    Returns:
+        The ``(K, C_in, C_out)`` z-fastest weight and its manifest record.
+
+    Raises:
+        ConversionError: the shape does not match the spec's ``K``.
+    """
+    shape = tuple(kernel.shape)
+    if not kernel.is_floating_point():
+        raise ConversionError(
+            f"legacy kernel {spec.key!r} must be floating point, got {kernel.dtype}"
+        )
+    value = kernel
+    if spec.volume == 1 and kernel.dim() == 2:
+        value = kernel.unsqueeze(0)
+    if value.dim() != 3 or value.shape[0] != spec.volume:
+        expected = "(K, C_in, C_out)" + (" or (C_in, C_out)" if spec.volume == 1 else "")
+        raise ConversionError(
+            f"legacy kernel {spec.key!r} has shape {shape} but its spec kernel_size "
+            f"{list(spec.kernel_size)} needs {spec.volume} rows: expected {expected} with "
+            f"K = {spec.volume}"
+        )
+    perm = spec.permutation()
+    rows = torch.tensor(perm, dtype=torch.long, device=value.device)
+    weight = value.index_select(0, rows).detach().cpu().contiguous()
+    record = ConvertedKernel(
+        spec.key,
+        spec.target_key,
+        spec.kernel_size,
+        spec.source_layout,
+        tuple(perm),
+        shape,
+        spec.positions_key,
+    )
+    return weight, record
+
+
+def _check_entries(state: Mapping[Any, Any], specs: Mapping[str, KernelSpec]) -> None:
+    """Refuses non-tensor entries, unlisted kernels and spec keys with no tensor."""
+    for key, value in state.items():
+        if not isinstance(key, str):
+            raise ConversionError(f"model state keys must be strings, got {key!r}")
+        if not isinstance(value, torch.Tensor):
+            raise ConversionError(
+                f"model state entry {key!r} is a {type(value).__name__}, not a tensor; "
+                f"a model state dict holds only tensors"
+            )
+    unlisted = [k for k in state if k.endswith(".kernel") and k not in specs]
+    if unlisted:
+        raise ConversionError(
+            f"legacy kernels missing from the kernel spec (every '.kernel' must be listed "
+            f"with its [Kx, Ky, Kz]): {', '.join(unlisted)}"
+        )
+    absent = [k for k in specs if k not in state]
+    if absent:
+        raise ConversionError(f"kernel spec keys not found in the checkpoint: {', '.join(absent)}")
+
+
+def _put(out: dict[str, torch.Tensor], key: str, value: torch.Tensor, origin: str) -> None:
+    if key in out:
+        raise ConversionError(f"conversion maps two tensors to {key!r} (second from {origin!r})")
+    out[key] = value
+
+
+def convert_state_dict(
+    state: Mapping[str, torch.Tensor], kernel_spec: Mapping[str, Any] | str | Path
+) -> ConversionResult:
+    """Converts a legacy TorchSparse model state dict.
+
+    Args:
+        state: legacy model state (``<module>.kernel`` and any other tensors).
+        kernel_spec: ``{"<module>.kernel": [Kx, Ky, Kz] | {"kernel_size": ...,
+            "row_order": ...} | KernelSpec}`` naming every legacy kernel, or the
+            path of a JSON file holding it.
+
+    Returns:
+        The converted state and per-tensor records; ``state`` is not modified.
+
+    Raises:
+        ConversionError: a non-tensor entry, an unlisted kernel, a spec key absent
+            from ``state``, a row-count mismatch, or two tensors mapped to one key.
+    """
+    if isinstance(kernel_spec, (str, Path)):
+        specs = load_kernel_spec(kernel_spec)
+    else:
+        specs = parse_kernel_spec(kernel_spec)
+    _check_entries(state, specs)
+    if not state:
+        raise ConversionError("model state is empty: nothing to convert")
+    out: dict[str, torch.Tensor] = {}
+    kernels: list[ConvertedKernel] = []
+    passthrough: list[str] = []
+    for key, value in state.items():
+        spec = specs.get(key)
+        if spec is None:
+            # clone: safetensors refuses tensors that share storage.
+            _put(out, key, value.detach().cpu().clone().contiguous(), key)
+            passthrough.append(key)
+            continue
+        weight, record = convert_kernel(spec, value)
+        _put(out, record.target_key, weight, key)
+        _put(out, record.positions_key, kernel_positions(spec.kernel_size), key)
+        kernels.append(record)
+    return ConversionResult(out, tuple(kernels), tuple(passthrough))

@@ -1,0 +1,196 @@
+"""Reading legacy checkpoints safely, and loading converted state strictly.
+
+Container detection (:func:`extract_model_state`), in this order:
+
+1. The top level must be a mapping.
+2. Optimizer state anywhere at the top level is refused (:class:`OptimizerStateError`):
+   the whole object is an optimizer state dict (``state`` and ``param_groups``), or an
+   entry holding a container is named like one (``optimizer``, ``optim``, ...) or looks
+   like one. ``None``, strings and numbers (``{"optimizer": "adam"}``) hold no state.
+3. ``{"model": sd}`` or ``{"state_dict": sd}`` (``sd`` a mapping) unwraps ``sd``; other
+   top-level entries (``epoch``, ``config``, ...) are reported as ignored. Both wrappers
+   at once are ambiguous and refused.
+4. Otherwise the top level is a bare state dict and must hold only tensors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import pickle
+import re
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from torch_lattice.migration.errors import (
+    ConversionError,
+    OptimizerStateError,
+    StateDictMismatchError,
+    UnsafeCheckpointError,
+)
+
+__all__ = [
+    "LegacyCheckpoint",
+    "extract_model_state",
+    "load_converted",
+    "load_state_dict_strict",
+    "read_legacy_checkpoint",
+]
+
+WRAPPER_KEYS = ("model", "state_dict")
+_CONTAINER_HINT = "expected a state dict, {'model': state_dict} or {'state_dict': state_dict}"
+
+
+@dataclass(frozen=True)
+class LegacyCheckpoint:
+    """A legacy checkpoint's model state and where it came from.
+
+    Attributes:
+        state_dict: the model state (tensors by key), unmodified.
+        container: ``"bare"``, ``"model"`` or ``"state_dict"`` (see module docstring).
+        ignored_keys: top-level entries beside the wrapper that were not converted.
+        sha256: hex digest of the source file's bytes (empty when not read from a file).
+    """
+
+    state_dict: dict[str, Any]
+    container: str
+    ignored_keys: tuple[str, ...]
+    sha256: str = ""
+
+
+def _is_optimizer_state(value: Any) -> bool:
+    return isinstance(value, Mapping) and "state" in value and "param_groups" in value
+
+
+def _refuse_optimizer_state(obj: Mapping[Any, Any]) -> None:
+    if _is_optimizer_state(obj):
+        raise OptimizerStateError(
+            "checkpoint is an optimizer state dict ('state', 'param_groups'); "
+            "only model state is converted"
+        )
+    for key, value in obj.items():
+        if value is None or isinstance(value, (torch.Tensor, str, int, float, bool)):
+            continue  # {"optimizer": None} or {"optimizer": "adam"} holds no state
+        if "optim" in str(key).lower() or _is_optimizer_state(value):
+            raise OptimizerStateError(
+                f"checkpoint holds optimizer state under {key!r}; only model state is "
+                f"converted (resuming training needs its own policy). Save the model state "
+                f"alone, e.g. torch.save({{'model': ckpt['model']}}, path), and convert that"
+            )
+
+
+def extract_model_state(obj: Any) -> tuple[dict[str, Any], str, tuple[str, ...]]:
+    """Finds the model state in a loaded legacy checkpoint.
+
+    Returns:
+        ``(state_dict, container, ignored_keys)``; see the module docstring.
+
+    Raises:
+        OptimizerStateError: optimizer state is present.
+        ConversionError: not a mapping, two wrappers, or a bare dict with non-tensors.
+    """
+    if not isinstance(obj, Mapping):
+        raise ConversionError(f"checkpoint top level is a {type(obj).__name__}; {_CONTAINER_HINT}")
+    _refuse_optimizer_state(obj)
+    wrappers = [k for k in WRAPPER_KEYS if isinstance(obj.get(k), Mapping)]
+    if len(wrappers) > 1:
+        raise ConversionError(
+            "checkpoint has both 'model' and 'state_dict'; which one is ambiguous"
+        )
+    if wrappers:
+        key = wrappers[0]
+        ignored = tuple(str(k) for k in obj if k != key)
+        return dict(obj[key]), key, ignored
+    others = [str(k) for k, v in obj.items() if not isinstance(v, torch.Tensor)]
+    if others:
+        raise ConversionError(
+            f"checkpoint top-level entries {others} are not tensors; {_CONTAINER_HINT}"
+        )
+    return dict(obj), "bare", ()
+
+
+def _unpickler_detail(exc: BaseException) -> str:
+    """The one informative line of torch's (long, multi-line) load error."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    for i, line in enumerate(lines):
+        _, marker, rest = line.partition("WeightsUnpickler error:")
+        if marker:
+            detail = rest.strip() or (lines[i + 1] if i + 1 < len(lines) else "")
+            return detail.split(" was not an allowed global")[0]
+    return lines[0] if lines else type(exc).__name__
+
+
+def read_legacy_checkpoint(path: str | Path) -> LegacyCheckpoint:
+    """Reads a legacy checkpoint without running pickle code.
+
+    The file is read once; its bytes are hashed and then unpickled with
+    ``torch.load(..., weights_only=True, map_location="cpu")``, which only rebuilds
+    tensors, containers and primitives, so a pickle that names any other callable is
+    refused before that callable runs.
+
+    Raises:
+        ConversionError: missing or unreadable file, or an unrecognized container.
+        UnsafeCheckpointError: the pickle needs objects beyond plain weights.
+        OptimizerStateError: optimizer state is present.
+    """
+    source = Path(path)
+    if not source.is_file():
+        raise ConversionError(f"source checkpoint {str(source)!r} does not exist or is not a file")
+    try:
+        data = source.read_bytes()
+    except OSError as exc:
+        raise ConversionError(f"cannot read source checkpoint {str(source)!r}: {exc}") from exc
+    try:
+        with warnings.catch_warnings():  # e.g. pickle-protocol notes: keep stderr to one line
+            warnings.simplefilter("ignore")
+            obj = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        detail = _unpickler_detail(exc)
+        if "Unsupported global" in detail:
+            raise UnsafeCheckpointError(
+                f"refusing {str(source)!r}: unpickling it would call code beyond plain "
+                f"weights ({detail}); only weights-only checkpoints are read"
+            ) from exc
+        raise ConversionError(
+            f"cannot load {str(source)!r} as a weights-only torch checkpoint: {detail}"
+        ) from exc
+    except Exception as exc:  # torch raises several types for corrupt archives
+        raise ConversionError(
+            f"cannot load {str(source)!r} as a torch checkpoint: {_unpickler_detail(exc)}"
+        ) from exc
+    state, container, ignored = extract_model_state(obj)
+    return LegacyCheckpoint(state, container, ignored, hashlib.sha256(data).hexdigest())
+
+
+def load_state_dict_strict(model: nn.Module, state: Mapping[str, torch.Tensor]) -> None:
+    """Loads ``state`` into ``model`` only if keys and shapes match exactly.
+
+    Raises:
+        StateDictMismatchError: naming every missing key, unexpected key and shape
+            mismatch (nothing is loaded then).
+    """
+    expected = model.state_dict()
+    missing = [k for k in expected if k not in state]
+    unexpected = [k for k in state if k not in expected]
+    mismatched = [
+        (k, tuple(state[k].shape), tuple(v.shape))
+        for k, v in expected.items()
+        if k in state and tuple(state[k].shape) != tuple(v.shape)
+    ]
+    if missing or unexpected or mismatched:
+        raise StateDictMismatchError(missing, unexpected, mismatched)
+    model.load_state_dict(dict(state), strict=True)
+
+
+def load_converted(model: nn.Module, path: str | Path) -> None:
+    """Loads a converted ``.safetensors`` file into ``model`` strictly (see above)."""
+    from safetensors.torch import load_file
+
+    load_state_dict_strict(model, load_file(str(path)))

@@ -1,0 +1,103 @@
+"""Atomic output: temporary files beside the targets, then ``os.replace``.
+
+A failure at any point removes the temporary files (and any folder this call
+created), so either both outputs appear complete or neither changes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from torch_lattice.migration.errors import ConversionError
+
+__all__ = ["check_output_paths", "write_outputs"]
+
+
+def check_output_paths(source: Path, outputs: list[Path], force: bool) -> None:
+    """Refuses outputs that collide with the source, each other, a folder, or an
+    existing file (unless ``force``)."""
+    seen = {source.resolve()}
+    for path in outputs:
+        resolved = path.resolve()
+        if resolved in seen:
+            raise ConversionError(
+                f"output {str(path)!r} would overwrite the source or another output"
+            )
+        seen.add(resolved)
+        if path.is_dir():
+            raise ConversionError(f"output {str(path)!r} is a directory")
+        if path.exists() and not force:
+            raise ConversionError(f"output {str(path)!r} already exists; pass --force to overwrite")
+
+
+def _make_parents(path: Path) -> list[Path]:
+    """Creates missing parent folders; returns those created, deepest first."""
+    created = []
+    parent = path.parent
+    while not parent.exists():
+        created.append(parent)
+        parent = parent.parent
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return created
+
+
+def _temp_beside(path: Path, write: Callable[[Path], None]) -> Path:
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    temp = Path(name)
+    try:
+        write(temp)
+        with open(temp, "rb") as f:  # flush to disk before the rename makes it visible
+            os.fsync(f.fileno())
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+    return temp
+
+
+def _write_text(text: str) -> Callable[[Path], None]:
+    return lambda p: p.write_text(text, encoding="utf-8")
+
+
+def _write_tensors(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> Callable:
+    return lambda p: save_file(tensors, str(p), metadata=metadata)
+
+
+def write_outputs(
+    tensors: dict[str, torch.Tensor],
+    weights_path: Path,
+    manifest: str,
+    manifest_path: Path,
+    metadata: dict[str, str],
+) -> None:
+    """Writes the safetensors file and the manifest atomically.
+
+    Existing files at the paths are replaced (callers check ``--force`` first).
+    """
+    created = _make_parents(weights_path) + _make_parents(manifest_path)
+    temps: list[Path] = []
+    placed: list[Path] = []
+    try:
+        temps.append(_temp_beside(weights_path, _write_tensors(tensors, metadata)))
+        temps.append(_temp_beside(manifest_path, _write_text(manifest)))
+        for temp, final in zip(temps, (weights_path, manifest_path), strict=True):
+            os.replace(temp, final)
+            placed.append(final)
+    except BaseException:
+        # The manifest's replace failed after the weights' succeeded: take the
+        # weights back out so a manifest never goes missing beside them.
+        for path in placed:
+            path.unlink(missing_ok=True)
+        for temp in temps:
+            temp.unlink(missing_ok=True)
+        for folder in created:
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        raise

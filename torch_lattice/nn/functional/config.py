@@ -1,0 +1,164 @@
+"""Dataflow configuration: which execution strategy runs a relation.
+
+Dataflows are execution strategies only; for one relation and one weight
+they give the same result up to floating-point ordering.  A configuration is
+resolved from, in order of precedence: the module's ``config=``, the
+innermost :func:`conv_config` scope (context-local: threads and asyncio tasks
+do not see each other's scopes), the global configuration, and the default
+(implicit GEMM).  Fields left ``None`` fall through to the next level.
+
+Target-conditioned transposes (``ConvTranspose3d(src, target)`` and the
+generative/normalized variants with a target) always run gather-scatter; an
+explicit request for another dataflow on them raises ``ValueError``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import logging
+from collections.abc import Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass, fields, replace
+
+__all__ = [
+    "ConvConfig",
+    "Dataflow",
+    "clear_global_conv_config",
+    "conv_config",
+    "get_global_conv_config",
+    "resolve_config",
+    "resolved_dataflow",
+    "set_global_conv_config",
+]
+
+log = logging.getLogger("torch_lattice.dataflow")
+
+
+class Dataflow(enum.Enum):
+    """Execution strategy of a sparse convolution (docs/kernel-maps.md)."""
+
+    ImplicitGEMM = "implicit_gemm"
+    FetchOnDemand = "fetch_on_demand"
+    GatherScatter = "gather_scatter"
+
+
+@dataclass(frozen=True)
+class ConvConfig:
+    """Tuning of a sparse convolution; ``None`` means "inherit".
+
+    Attributes:
+        dataflow: the execution strategy.
+        allow_tf32: let CUDA kernels use TF32 tensor cores for fp32 (off
+            unless enabled; no effect on CPU).
+    """
+
+    dataflow: Dataflow | None = None
+    allow_tf32: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.dataflow is not None and not isinstance(self.dataflow, Dataflow):
+            raise TypeError(f"dataflow must be a Dataflow, got {self.dataflow!r}")
+        if self.allow_tf32 is not None and not isinstance(self.allow_tf32, bool):
+            raise TypeError(f"allow_tf32 must be a bool, got {self.allow_tf32!r}")
+
+    def over(self, base: ConvConfig) -> ConvConfig:
+        """This config with its unset fields taken from ``base``."""
+        return replace(
+            base,
+            **{
+                f.name: getattr(self, f.name)
+                for f in fields(self)
+                if getattr(self, f.name) is not None
+            },
+        )
+
+
+DEFAULT = ConvConfig(dataflow=Dataflow.ImplicitGEMM, allow_tf32=False)
+
+
+class _GlobalConfig:
+    """Holder of the process-wide configuration (set by the user only)."""
+
+    value: ConvConfig | None = None
+
+
+_scoped: ContextVar[ConvConfig | None] = ContextVar("torch_lattice_conv_config", default=None)
+
+
+def set_global_conv_config(config: ConvConfig) -> None:
+    """Sets the process-wide configuration."""
+    if not isinstance(config, ConvConfig):
+        raise TypeError(f"config must be a ConvConfig, got {type(config).__name__}")
+    _GlobalConfig.value = config
+
+
+def get_global_conv_config() -> ConvConfig | None:
+    """The process-wide configuration, or None when unset."""
+    return _GlobalConfig.value
+
+
+def clear_global_conv_config() -> None:
+    """Removes the process-wide configuration."""
+    _GlobalConfig.value = None
+
+
+@contextlib.contextmanager
+def conv_config(config: ConvConfig | None = None, **fields_: object) -> Iterator[ConvConfig]:
+    """Scoped configuration: ``with conv_config(dataflow=Dataflow.FetchOnDemand): ...``.
+
+    Accepts a :class:`ConvConfig`, keyword fields, or both (fields win).
+    Nested scopes inherit unset fields from the enclosing one.
+    """
+    cfg = config if config is not None else ConvConfig()
+    if not isinstance(cfg, ConvConfig):
+        raise TypeError(f"config must be a ConvConfig, got {type(cfg).__name__}")
+    cfg = replace(cfg, **fields_)  # type: ignore[arg-type]
+    outer = _scoped.get()
+    token = _scoped.set(cfg.over(outer) if outer is not None else cfg)
+    try:
+        yield cfg
+    finally:
+        _scoped.reset(token)
+
+
+def _explicit(module_config: ConvConfig | None) -> ConvConfig:
+    """Every explicitly set field, module over scope over global (no default)."""
+    cfg = ConvConfig()
+    for level in (_GlobalConfig.value, _scoped.get(), module_config):
+        if level is not None:
+            cfg = level.over(cfg)
+    return cfg
+
+
+def resolve_config(
+    module_config: ConvConfig | None = None, *, target_transpose: bool = False
+) -> ConvConfig:
+    """The effective configuration of one call.
+
+    Raises:
+        ValueError: a target-conditioned transpose with an explicit dataflow
+            other than gather-scatter.
+    """
+    explicit = _explicit(module_config)
+    if target_transpose:
+        if explicit.dataflow not in (None, Dataflow.GatherScatter):
+            raise ValueError(
+                f"target-conditioned transposes run with Dataflow.GatherScatter; "
+                f"{explicit.dataflow} was requested explicitly. Use "
+                "config=ConvConfig(dataflow=Dataflow.GatherScatter) on this module or leave "
+                "the dataflow unset"
+            )
+        explicit = replace(explicit, dataflow=Dataflow.GatherScatter)
+    cfg = explicit.over(DEFAULT)
+    log.debug("dataflow %s (target transpose: %s)", cfg.dataflow, target_transpose)
+    return cfg
+
+
+def resolved_dataflow(
+    module_config: ConvConfig | None = None, *, target_transpose: bool = False
+) -> Dataflow:
+    """The dataflow a call with this module config would use, in this context."""
+    dataflow = resolve_config(module_config, target_transpose=target_transpose).dataflow
+    assert dataflow is not None  # DEFAULT sets it
+    return dataflow

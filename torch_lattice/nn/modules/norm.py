@@ -1,0 +1,24 @@
+"""Normalization on sparse features."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from torch_lattice.tensor import SparseTensor
+
+__all__ = ["BatchNorm"]
+
+
+class BatchNorm(nn.BatchNorm1d):
+    """``torch.nn.BatchNorm1d`` over the ``(N, C)`` rows of a SparseTensor.
+
+    Same arguments and state-dict keys as ``BatchNorm1d`` (``weight``,
+    ``bias``, ``running_mean``, ``running_var``, ``num_batches_tracked``), so
+    legacy checkpoints load unchanged.  Statistics are over all rows of the
+    batch; the support is kept.
+    """
+
+    def forward(self, input: SparseTensor) -> SparseTensor:  # type: ignore[override]
+        if not isinstance(input, SparseTensor):
+            raise TypeError(f"input must be a SparseTensor, got {type(input).__name__}")
+        return input.replace(super().forward(input.feats))

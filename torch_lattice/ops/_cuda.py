@@ -1,0 +1,300 @@
+"""Torch-side wrappers of the CUDA kernels in ``csrc/cuda`` (``torch_lattice._C.cuda_*``).
+
+Each function takes CUDA tensors, checks device, dtype and shape, allocates the outputs
+and any scratch workspace with torch on the tensors' device, and passes raw pointers, the
+device index and ``torch.cuda.current_stream(device).cuda_stream`` to C, so all work runs
+on torch's current stream. The formats are those of docs/kernel-maps.md, identical to the
+CPU ops. The op layer (``torch_lattice.ops``) dispatches here for CUDA tensors.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from torch_lattice.ops._native import _C, DTYPE_CODES, ptr
+
+__all__ = [
+    "DATAFLOWS",
+    "conv_forward",
+    "conv_weight_grad",
+    "generate_support",
+    "kernel_map",
+    "kernel_pairs",
+    "require_cuda",
+]
+
+Geom = tuple[tuple[int, int, int], tuple[int, int, int], tuple[int, int, int], tuple[int, int, int]]
+Pairs = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+# enum tl_cuda_dataflow in csrc/cuda/tl_cuda.h
+DATAFLOWS = {"implicit_gemm": 0, "fetch_on_demand": 1, "gather_scatter": 2}
+_FEATURE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def require_cuda(op: str, *tensors: torch.Tensor) -> torch.device:
+    """Device shared by ``tensors``; raises unless CUDA kernels can run on it."""
+    if not _C.cuda_compiled():
+        raise RuntimeError(
+            f"{op}: torch_lattice was built without CUDA kernels; rebuild with "
+            "TORCH_LATTICE_CUDA=1 (needs nvcc) or move the tensors to the CPU"
+        )
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"{op}: torch reports no usable CUDA device")
+    device = tensors[0].device
+    for t in tensors:
+        if t.device.type != "cuda" or t.device != device:
+            raise ValueError(
+                f"{op}: all tensors must be on the same CUDA device; got {t.device} "
+                f"and {device}"
+            )
+    return device
+
+
+def _call_args(device: torch.device) -> tuple[int, int]:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return index, torch.cuda.current_stream(device).cuda_stream
+
+
+def _workspace(nbytes: int, device: torch.device) -> torch.Tensor:
+    # torch's caching allocator returns blocks aligned to at least 512 bytes,
+    # which satisfies the 256-byte alignment the C side checks.
+    return torch.empty((nbytes,), dtype=torch.uint8, device=device)
+
+
+def _check_coords(op: str, name: str, coords: torch.Tensor) -> torch.Tensor:
+    if coords.dtype != torch.int32 or coords.dim() != 2 or coords.shape[1] != 4:
+        raise ValueError(
+            f"{op}: {name} must be an (N, 4) int32 tensor, got {coords.dtype} "
+            f"{tuple(coords.shape)}"
+        )
+    return coords.contiguous()
+
+
+def generate_support(
+    coords: torch.Tensor, geom: Geom, out_range: tuple[int, int, int], num_batches: int
+) -> torch.Tensor:
+    """Output support of a strided convolution, as ``lattice::generate_support`` on CPU.
+
+    Args:
+        coords: ``(N, 4)`` int32 input rows ``(b, x, y, z)`` on a CUDA device.
+        geom: ``(kernel_size, stride, padding, dilation)``, each a 3-tuple.
+        out_range: output grid size per axis (negative values count as 0).
+        num_batches: number of batches (bounds the output size).
+
+    Returns:
+        ``(M, 4)`` int32, unique rows sorted by ``(b, x, y, z)``, on the same device.
+    """
+    device = require_cuda("generate_support", coords)
+    coords = _check_coords("generate_support", "coords", coords)
+    rng = tuple(max(0, int(r)) for r in out_range)
+    n = coords.shape[0]
+    bound = _C.generate_bound(n, geom, rng, num_batches)
+    out = torch.empty((bound, 4), dtype=torch.int32, device=device)
+    ws = _workspace(_C.cuda_generate_workspace_size(n, geom, rng), device)
+    index, stream = _call_args(device)
+    m = _C.cuda_generate(index, stream, ptr(coords), n, geom, rng, ptr(ws), ptr(out), bound)
+    return out[:m].clone()
+
+
+def kernel_map(
+    in_coords: torch.Tensor, out_coords: torch.Tensor, geom: Geom
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Neighbour tables ``(nbr (N_out, K), rev (N_in, K))`` int32, as ``lattice::kernel_map``.
+
+    Raises:
+        ValueError: If an input row repeats or has a negative entry.
+    """
+    device = require_cuda("kernel_map", in_coords, out_coords)
+    in_coords = _check_coords("kernel_map", "in_coords", in_coords)
+    out_coords = _check_coords("kernel_map", "out_coords", out_coords)
+    k = geom[0][0] * geom[0][1] * geom[0][2]
+    n_in, n_out = in_coords.shape[0], out_coords.shape[0]
+    nbr = torch.empty((n_out, k), dtype=torch.int32, device=device)
+    rev = torch.empty((n_in, k), dtype=torch.int32, device=device)
+    ws = _workspace(_C.cuda_kmap_workspace_size(n_in), device)
+    index, stream = _call_args(device)
+    _C.cuda_kmap_build(
+        index, stream, ptr(in_coords), n_in, ptr(out_coords), n_out, geom, ptr(ws), ptr(nbr)
+    )
+    _C.cuda_kmap_reverse(index, stream, ptr(nbr), n_out, k, n_in, ptr(rev))
+    return nbr, rev
+
+
+def kernel_pairs(nbr: torch.Tensor) -> Pairs:
+    """Per-kernel-row pair lists of a neighbour table (docs/kernel-maps.md).
+
+    Args:
+        nbr: ``(N_out, K)`` int32 neighbour table on a CUDA device.
+
+    Returns:
+        ``offsets`` ``(K + 1,)`` int64, ``pair_in`` and ``pair_out`` ``(P,)`` int32, all on
+        the device; pairs of kernel row ``n`` are ``offsets[n]:offsets[n + 1]``, sorted by
+        ``pair_out``.
+    """
+    device = require_cuda("kernel_pairs", nbr)
+    if nbr.dtype != torch.int32 or nbr.dim() != 2:
+        raise ValueError(f"kernel_pairs: nbr must be (N_out, K) int32, got {nbr.dtype}")
+    nbr = nbr.contiguous()
+    n_out, k = nbr.shape
+    ws = _workspace(_C.cuda_pairs_workspace_size(n_out, k), device)
+    index, stream = _call_args(device)
+    count = _C.cuda_pairs_count(index, stream, ptr(nbr), n_out, k, ptr(ws))
+    offsets = torch.empty((k + 1,), dtype=torch.int64, device=device)
+    pair_in = torch.empty((count,), dtype=torch.int32, device=device)
+    pair_out = torch.empty((count,), dtype=torch.int32, device=device)
+    _C.cuda_pairs_build(
+        index, stream, ptr(nbr), n_out, k, ptr(ws), count, ptr(offsets), ptr(pair_in),
+        ptr(pair_out),
+    )
+    return offsets, pair_in, pair_out
+
+
+def _check_map(
+    op: str, dataflow: str, k: int, nbr: torch.Tensor | None, pairs: Pairs | None
+) -> tuple[torch.Tensor | None, Pairs | None]:
+    if dataflow not in DATAFLOWS:
+        raise ValueError(f"{op}: dataflow must be one of {sorted(DATAFLOWS)}, got {dataflow!r}")
+    if dataflow == "implicit_gemm":
+        if nbr is None or nbr.dtype != torch.int32 or nbr.dim() != 2 or nbr.shape[1] != k:
+            raise ValueError(f"{op}: implicit_gemm needs nbr, an (N_out, {k}) int32 tensor")
+        return nbr.contiguous(), None
+    if pairs is None or len(pairs) != 3:
+        raise ValueError(f"{op}: {dataflow} needs pairs = (offsets, pair_in, pair_out)")
+    offsets, pair_in, pair_out = pairs
+    if offsets.dtype != torch.int64 or offsets.shape != (k + 1,):
+        raise ValueError(f"{op}: offsets must be ({k + 1},) int64, got {offsets.dtype} "
+                         f"{tuple(offsets.shape)}")
+    if pair_in.dtype != torch.int32 or pair_out.dtype != torch.int32 or (
+        pair_in.shape != pair_out.shape or pair_in.dim() != 1
+    ):
+        raise ValueError(f"{op}: pair_in and pair_out must be (P,) int32 of equal length")
+    return None, (offsets.contiguous(), pair_in.contiguous(), pair_out.contiguous())
+
+
+def _check_features(op: str, a: torch.Tensor, b: torch.Tensor, names: tuple[str, str]) -> None:
+    if a.dtype not in _FEATURE_DTYPES:
+        raise TypeError(
+            f"{op}: CUDA kernels support float32, float16 and bfloat16 features, got {a.dtype}"
+        )
+    if b.dtype != a.dtype:
+        raise TypeError(
+            f"{op}: {names[0]} ({a.dtype}) and {names[1]} ({b.dtype}) must have the same dtype"
+        )
+
+
+def _run(
+    dataflow: str,
+    weight_grad: bool,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    sizes: tuple[int, int, int, int, int],
+    nbr: torch.Tensor | None,
+    pairs: Pairs | None,
+    out: torch.Tensor,
+) -> None:
+    n_in, n_out, k, cin, cout = sizes
+    code = DTYPE_CODES[a.dtype]
+    n_pairs = pairs[1].shape[0] if pairs is not None else 0
+    nbytes = _C.cuda_conv_workspace_size(
+        DATAFLOWS[dataflow], int(weight_grad), code, n_in, n_out, k, cin, cout, n_pairs
+    )
+    ws = _workspace(nbytes, a.device)
+    index, stream = _call_args(a.device)
+    pair_ptrs = [ptr(t) for t in pairs] if pairs is not None else [0, 0, 0]
+    tf32 = a.dtype == torch.float32 and bool(torch.backends.cuda.matmul.allow_tf32)
+    _C.cuda_conv(
+        index, stream, DATAFLOWS[dataflow], int(weight_grad), code, n_in, n_out, k, cin, cout,
+        tf32, ptr(a), ptr(b), ptr(nbr) if nbr is not None else 0, *pair_ptrs, n_pairs,
+        ptr(ws), ptr(out),
+    )
+
+
+def conv_forward(
+    dataflow: str,
+    feats: torch.Tensor,
+    weight: torch.Tensor,
+    nbr: torch.Tensor | None = None,
+    pairs: Pairs | None = None,
+    n_out: int | None = None,
+) -> torch.Tensor:
+    """``y[o] = sum_n feats[i] @ weight[n]`` over the relation, on the GPU.
+
+    Args:
+        dataflow: ``"implicit_gemm"`` (uses ``nbr``), ``"fetch_on_demand"`` or
+            ``"gather_scatter"`` (use ``pairs``).
+        feats: ``(N_in, C_in)`` float32, float16 or bfloat16.
+        weight: ``(K, C_in, C_out)``, same dtype.
+        nbr: ``(N_out, K)`` int32 neighbour table.
+        pairs: ``(offsets, pair_in, pair_out)`` of :func:`kernel_pairs`; for the input
+            gradient pass ``(offsets, pair_out, pair_in)`` and ``weight^T``.
+        n_out: output rows; required with pairs, defaults to ``nbr.shape[0]``.
+
+    Returns:
+        ``(N_out, C_out)`` in the dtype of ``feats``, accumulated in fp32. TF32 tensor
+        cores are used for float32 only when ``torch.backends.cuda.matmul.allow_tf32``.
+    """
+    op = "conv_forward"
+    tensors = [feats, weight] + ([nbr] if nbr is not None else []) + list(pairs or ())
+    require_cuda(op, *tensors)
+    _check_features(op, feats, weight, ("feats", "weight"))
+    if weight.dim() != 3 or feats.dim() != 2 or weight.shape[1] != feats.shape[1]:
+        raise ValueError(
+            f"{op}: weight must be (K, C_in, C_out) with C_in == feats.shape[1]; got "
+            f"weight {tuple(weight.shape)}, feats {tuple(feats.shape)}"
+        )
+    k, cin, cout = weight.shape
+    nbr, pairs = _check_map(op, dataflow, k, nbr, pairs)
+    if nbr is not None:
+        n_out = nbr.shape[0] if n_out is None else n_out
+        if n_out != nbr.shape[0]:
+            raise ValueError(f"{op}: n_out ({n_out}) must equal nbr.shape[0] ({nbr.shape[0]})")
+    elif n_out is None or n_out < 0:
+        raise ValueError(f"{op}: n_out (a non-negative int) is required with pairs")
+    feats, weight = feats.contiguous(), weight.contiguous()
+    y = torch.empty((n_out, cout), dtype=feats.dtype, device=feats.device)
+    _run(dataflow, False, feats, weight, (feats.shape[0], n_out, k, cin, cout), nbr, pairs, y)
+    return y
+
+
+def conv_weight_grad(
+    dataflow: str,
+    feats: torch.Tensor,
+    grad_out: torch.Tensor,
+    nbr: torch.Tensor | None = None,
+    pairs: Pairs | None = None,
+) -> torch.Tensor:
+    """``dw[n] = sum feats[i]^T grad_out[o]`` over the relation's pairs, on the GPU.
+
+    Args:
+        dataflow: as in :func:`conv_forward`.
+        feats: ``(N_in, C_in)`` float32, float16 or bfloat16.
+        grad_out: ``(N_out, C_out)``, same dtype.
+        nbr: ``(N_out, K)`` int32 neighbour table (implicit GEMM).
+        pairs: ``(offsets, pair_in, pair_out)`` (fetch-on-demand, gather-scatter).
+
+    Returns:
+        ``(K, C_in, C_out)`` in the dtype of ``feats``, accumulated in fp32.
+    """
+    op = "conv_weight_grad"
+    tensors = [feats, grad_out] + ([nbr] if nbr is not None else []) + list(pairs or ())
+    require_cuda(op, *tensors)
+    _check_features(op, feats, grad_out, ("feats", "grad_out"))
+    if feats.dim() != 2 or grad_out.dim() != 2:
+        raise ValueError(f"{op}: feats and grad_out must be 2-D (rows, channels)")
+    if nbr is not None:
+        k = nbr.shape[1] if nbr.dim() == 2 else -1
+    elif pairs is not None and len(pairs) == 3:
+        k = pairs[0].shape[0] - 1
+    else:
+        raise ValueError(f"{op}: pass nbr (implicit_gemm) or pairs (pair dataflows)")
+    nbr, pairs = _check_map(op, dataflow, k, nbr, pairs)
+    if nbr is not None and nbr.shape[0] != grad_out.shape[0]:
+        raise ValueError(
+            f"{op}: nbr has {nbr.shape[0]} output rows but grad_out has {grad_out.shape[0]}"
+        )
+    feats, grad_out = feats.contiguous(), grad_out.contiguous()
+    n_in, cin = feats.shape
+    n_out, cout = grad_out.shape
+    dw = torch.empty((k, cin, cout), dtype=feats.dtype, device=feats.device)
+    _run(dataflow, True, feats, grad_out, (n_in, n_out, k, cin, cout), nbr, pairs, dw)
+    return dw

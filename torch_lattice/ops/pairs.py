@@ -1,0 +1,194 @@
+"""Pair-list ops for the fetch-on-demand and gather-scatter dataflows.
+
+``lattice::kernel_pairs`` turns an ``(N_out, K)`` neighbour table into CSR
+pair lists (docs/kernel-maps.md); ``lattice::pair_conv`` runs a relation over
+them, with autograd: the input gradient is the same op over the reversed
+pairs with ``W^T``, the weight gradient ``lattice::pair_conv_weight_grad``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import torch
+
+from torch_lattice.ops._native import _C, DTYPE_CODES, ptr, require_cpu, threads
+from torch_lattice.ops.conv import check_conv_args, compute_dtype
+
+__all__ = ["PairLists", "kernel_pairs", "pair_conv", "pair_conv_weight_grad"]
+
+# enum tl_pairs_mode in csrc/tl_dataflow_pairs.h
+FETCH_ON_DEMAND, GATHER_SCATTER = 0, 1
+
+
+class PairLists(NamedTuple):
+    """CSR pair lists: ``offsets (K+1,)`` int64, ``pair_in``/``pair_out`` ``(P,)`` int32."""
+
+    offsets: torch.Tensor
+    pair_in: torch.Tensor
+    pair_out: torch.Tensor
+
+
+@torch.library.custom_op("lattice::kernel_pairs", mutates_args=())
+def kernel_pairs(nbr: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(offsets, pair_in, pair_out)`` of an ``(N_out, K)`` int32 table."""
+    require_cpu("kernel_pairs", nbr)
+    nbr = nbr.contiguous()
+    n_out, k = nbr.shape
+    offsets = torch.empty(k + 1, dtype=torch.int64)
+    _C.pairs_count(ptr(nbr), n_out, k, ptr(offsets), threads())
+    total = int(offsets[-1])
+    pair_in = torch.empty(total, dtype=torch.int32)
+    pair_out = torch.empty(total, dtype=torch.int32)
+    _C.pairs_fill(ptr(nbr), n_out, k, ptr(offsets), ptr(pair_in), ptr(pair_out), threads())
+    return offsets, pair_in, pair_out
+
+
+@kernel_pairs.register_fake
+def _(nbr):
+    p = torch.library.get_ctx().new_dynamic_size()
+    return (
+        nbr.new_empty((nbr.shape[1] + 1,), dtype=torch.int64),
+        nbr.new_empty((p,)),
+        nbr.new_empty((p,)),
+    )
+
+
+def _run(
+    fn: Any,
+    mode: int,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    n_in: int,
+    n_out: int,
+    k: int,
+    cin: int,
+    cout: int,
+    pairs: tuple[torch.Tensor, ...],
+    out: torch.Tensor,
+) -> None:
+    offsets, pin, pout = (t.contiguous() for t in pairs)
+    fn(
+        mode,
+        DTYPE_CODES[out.dtype],
+        n_in,
+        n_out,
+        k,
+        cin,
+        cout,
+        ptr(a),
+        ptr(b),
+        ptr(offsets),
+        ptr(pin),
+        ptr(pout),
+        ptr(out),
+        threads(),
+    )
+
+
+@torch.library.custom_op("lattice::pair_conv", mutates_args=())
+def pair_conv(
+    feats: torch.Tensor,
+    weight: torch.Tensor,
+    offsets: torch.Tensor,
+    pair_in: torch.Tensor,
+    pair_out: torch.Tensor,
+    rev_offsets: torch.Tensor,
+    rev_in: torch.Tensor,
+    rev_out: torch.Tensor,
+    n_out: int,
+    gather: bool,
+) -> torch.Tensor:
+    """``(n_out, C_out)``: ``y[pair_out] += feats[pair_in] @ weight[n]`` per pair.
+
+    ``rev_*`` are the pairs of the reversed relation (used by backward);
+    ``gather`` selects gather-scatter, else fetch-on-demand.
+    """
+    require_cpu("pair_conv", feats, weight, offsets, pair_in, pair_out)
+    check_conv_args("pair_conv", feats, weight, offsets.shape[0] - 1)
+    work = compute_dtype(feats.dtype)
+    x, w = feats.to(work).contiguous(), weight.to(work).contiguous()
+    k, cin, cout = w.shape
+    y = torch.empty((n_out, cout), dtype=work)
+    _run(
+        _C.pairs_forward,
+        GATHER_SCATTER if gather else FETCH_ON_DEMAND,
+        x,
+        w,
+        x.shape[0],
+        n_out,
+        k,
+        cin,
+        cout,
+        (offsets, pair_in, pair_out),
+        y,
+    )
+    return y.to(feats.dtype)
+
+
+@pair_conv.register_fake
+def _(feats, weight, offsets, pair_in, pair_out, rev_offsets, rev_in, rev_out, n_out, gather):
+    torch._check(feats.dtype == weight.dtype)
+    torch._check(weight.shape[1] == feats.shape[1])
+    return feats.new_empty((n_out, weight.shape[2]))
+
+
+@torch.library.custom_op("lattice::pair_conv_weight_grad", mutates_args=())
+def pair_conv_weight_grad(
+    feats: torch.Tensor,
+    grad_out: torch.Tensor,
+    offsets: torch.Tensor,
+    pair_in: torch.Tensor,
+    pair_out: torch.Tensor,
+    gather: bool,
+) -> torch.Tensor:
+    """``(K, C_in, C_out)``: ``dw[n] = sum over pairs feats[in]^T grad_out[out]``."""
+    require_cpu("pair_conv_weight_grad", feats, grad_out, offsets, pair_in, pair_out)
+    work = compute_dtype(feats.dtype)
+    x, dy = feats.to(work).contiguous(), grad_out.to(work).contiguous()
+    k = offsets.shape[0] - 1
+    dw = torch.empty((k, x.shape[1], dy.shape[1]), dtype=work)
+    _run(
+        _C.pairs_weight_grad,
+        GATHER_SCATTER if gather else FETCH_ON_DEMAND,
+        x,
+        dy,
+        x.shape[0],
+        dy.shape[0],
+        k,
+        x.shape[1],
+        dy.shape[1],
+        (offsets, pair_in, pair_out),
+        dw,
+    )
+    return dw.to(feats.dtype)
+
+
+@pair_conv_weight_grad.register_fake
+def _(feats, grad_out, offsets, pair_in, pair_out, gather):
+    return feats.new_empty((offsets.shape[0] - 1, feats.shape[1], grad_out.shape[1]))
+
+
+def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
+    feats, weight, *pairs, _n_out, gather = inputs
+    ctx.gather = gather
+    ctx.n_in = feats.shape[0]
+    ctx.save_for_backward(
+        feats if ctx.needs_input_grad[1] else None,
+        weight if ctx.needs_input_grad[0] else None,
+        *pairs,
+    )
+
+
+def _backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+    feats, weight, off, pin, pout, roff, rin, rout = ctx.saved_tensors
+    grad_feats = grad_weight = None
+    if ctx.needs_input_grad[0]:
+        wt = weight.transpose(1, 2).contiguous()
+        grad_feats = pair_conv(grad, wt, roff, rin, rout, off, pin, pout, ctx.n_in, ctx.gather)
+    if ctx.needs_input_grad[1]:
+        grad_weight = pair_conv_weight_grad(feats, grad, off, pin, pout, ctx.gather)
+    return grad_feats, grad_weight, None, None, None, None, None, None, None, None
+
+
+pair_conv.register_autograd(_backward, setup_context=_setup_context)

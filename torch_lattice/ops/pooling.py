@@ -1,0 +1,189 @@
+"""Sparse pooling ops: ``lattice::pool_sum``, ``lattice::pool_avg`` and
+``lattice::pool_max`` over a kernel map (see :mod:`.kernel_map`).
+
+Sum pooling is a convolution with an identity weight per channel, so its
+gradient is sum pooling over the transposed table (``rev``).  Average
+pooling divides by the number of present neighbours.  Max pooling records
+the input row of each maximum and routes the gradient back through it
+(``lattice::pool_max_backward``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from torch_lattice.ops._native import _C, DTYPE_CODES, ptr, require_cpu, threads
+
+__all__ = ["pool_avg", "pool_max", "pool_max_backward", "pool_sum"]
+
+_NATIVE = (torch.float32, torch.float64)
+
+
+def _work_dtype(op: str, dtype: torch.dtype) -> torch.dtype:
+    # Half types pool in float32 (exact for max, fp32 accumulation for sums).
+    if dtype in _NATIVE:
+        return dtype
+    if dtype in (torch.float16, torch.bfloat16):
+        return torch.float32
+    raise TypeError(f"lattice::{op}: feats must be floating, got {dtype}")
+
+
+def _check(op: str, feats: torch.Tensor, table: torch.Tensor) -> None:
+    if feats.dim() != 2:
+        raise ValueError(f"lattice::{op}: feats must be (N, C), got {tuple(feats.shape)}")
+    if table.dtype != torch.int32 or table.dim() != 2:
+        raise ValueError(
+            f"lattice::{op}: kernel map must be int32 (N_out, K), got {table.dtype} "
+            f"{tuple(table.shape)}"
+        )
+
+
+def _sum(feats: torch.Tensor, nbr: torch.Tensor, average: bool) -> torch.Tensor:
+    work = _work_dtype("pool_sum", feats.dtype)
+    x, nbr = feats.to(work).contiguous(), nbr.contiguous()
+    y = torch.empty((nbr.shape[0], x.shape[1]), dtype=work)
+    _C.pool_sum(
+        DTYPE_CODES[work],
+        x.shape[0],
+        nbr.shape[0],
+        nbr.shape[1],
+        x.shape[1],
+        ptr(x),
+        ptr(nbr),
+        int(average),
+        ptr(y),
+        0,
+        threads(),
+    )
+    return y.to(feats.dtype)
+
+
+@torch.library.custom_op("lattice::pool_sum", mutates_args=())
+def pool_sum(feats: torch.Tensor, nbr: torch.Tensor, rev: torch.Tensor) -> torch.Tensor:
+    """``(N_out, C)``: ``y[o] = sum_n feats[nbr[o, n]]`` over present rows.
+
+    Args:
+        feats: ``(N_in, C)`` floating.
+        nbr: ``(N_out, K)`` int32 neighbour table.
+        rev: ``(N_in, K)`` int32 transpose of ``nbr`` (used by backward).
+    """
+    require_cpu("pool_sum", feats, nbr, rev)
+    _check("pool_sum", feats, nbr)
+    return _sum(feats, nbr, average=False)
+
+
+@pool_sum.register_fake
+def _(feats, nbr, rev):
+    return feats.new_empty((nbr.shape[0], feats.shape[1]))
+
+
+def _sum_setup(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
+    _, nbr, rev = inputs
+    ctx.save_for_backward(nbr, rev)
+
+
+def _sum_backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+    nbr, rev = ctx.saved_tensors
+    return pool_sum(grad.contiguous(), rev, nbr), None, None
+
+
+pool_sum.register_autograd(_sum_backward, setup_context=_sum_setup)
+
+
+@torch.library.custom_op("lattice::pool_avg", mutates_args=())
+def pool_avg(feats: torch.Tensor, nbr: torch.Tensor, rev: torch.Tensor) -> torch.Tensor:
+    """``(N_out, C)``: mean of ``feats[nbr[o, n]]`` over present rows (0 if none)."""
+    require_cpu("pool_avg", feats, nbr, rev)
+    _check("pool_avg", feats, nbr)
+    return _sum(feats, nbr, average=True)
+
+
+@pool_avg.register_fake
+def _(feats, nbr, rev):
+    return feats.new_empty((nbr.shape[0], feats.shape[1]))
+
+
+def _avg_backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+    nbr, rev = ctx.saved_tensors
+    count = (nbr >= 0).sum(dim=1, keepdim=True).clamp_min(1).to(grad.dtype)
+    return pool_sum((grad / count).contiguous(), rev, nbr), None, None
+
+
+pool_avg.register_autograd(_avg_backward, setup_context=_sum_setup)
+
+
+@torch.library.custom_op("lattice::pool_max", mutates_args=())
+def pool_max(
+    feats: torch.Tensor, nbr: torch.Tensor, rev: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(N_out, C)`` maxima over present rows (0 if none) and the ``(N_out, C)``
+    int32 input row of each maximum (-1 if none; first in kernel-row order on ties)."""
+    require_cpu("pool_max", feats, nbr, rev)
+    _check("pool_max", feats, nbr)
+    work = _work_dtype("pool_max", feats.dtype)
+    x, nbr = feats.to(work).contiguous(), nbr.contiguous()
+    y = torch.empty((nbr.shape[0], x.shape[1]), dtype=work)
+    arg = torch.empty((nbr.shape[0], x.shape[1]), dtype=torch.int32)
+    _C.pool_max(
+        DTYPE_CODES[work],
+        x.shape[0],
+        nbr.shape[0],
+        nbr.shape[1],
+        x.shape[1],
+        ptr(x),
+        ptr(nbr),
+        0,
+        ptr(y),
+        ptr(arg),
+        threads(),
+    )
+    return y.to(feats.dtype), arg
+
+
+@pool_max.register_fake
+def _(feats, nbr, rev):
+    shape = (nbr.shape[0], feats.shape[1])
+    return feats.new_empty(shape), feats.new_empty(shape, dtype=torch.int32)
+
+
+@torch.library.custom_op("lattice::pool_max_backward", mutates_args=())
+def pool_max_backward(grad: torch.Tensor, rev: torch.Tensor, argmax: torch.Tensor) -> torch.Tensor:
+    """``(N_in, C)``: each output's gradient sent to the input row of its maximum."""
+    require_cpu("pool_max_backward", grad, rev, argmax)
+    work = _work_dtype("pool_max_backward", grad.dtype)
+    dy, rev, argmax = grad.to(work).contiguous(), rev.contiguous(), argmax.contiguous()
+    dx = torch.empty((rev.shape[0], dy.shape[1]), dtype=work)
+    _C.pool_max_backward(
+        DTYPE_CODES[work],
+        rev.shape[0],
+        dy.shape[0],
+        rev.shape[1],
+        dy.shape[1],
+        ptr(dy),
+        ptr(rev),
+        0,
+        ptr(dx),
+        ptr(argmax),
+        threads(),
+    )
+    return dx.to(grad.dtype)
+
+
+@pool_max_backward.register_fake
+def _(grad, rev, argmax):
+    return grad.new_empty((rev.shape[0], grad.shape[1]))
+
+
+def _max_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, ...]) -> None:
+    _, _, rev = inputs
+    ctx.save_for_backward(rev, output[1])
+
+
+def _max_backward(ctx: Any, grad: torch.Tensor, _grad_arg: Any) -> tuple[Any, ...]:
+    rev, argmax = ctx.saved_tensors
+    return pool_max_backward(grad, rev, argmax), None, None
+
+
+pool_max.register_autograd(_max_backward, setup_context=_max_setup)

@@ -1,0 +1,254 @@
+"""Voxelization ops: ``lattice::voxelize_coords``, ``lattice::voxel_reduce``,
+``lattice::devoxel_map`` and ``lattice::devoxel_gather``.
+
+The C core (csrc/tl_voxel.h) quantizes points, finds unique sorted voxel rows,
+reduces point features per voxel and builds point-to-voxel maps; torch
+allocates every tensor.  Gradients are built from torch index ops.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from torch_lattice.ops._native import _C, DTYPE_CODES, ptr, require_cpu, threads
+
+__all__ = ["REDUCTIONS", "devoxel_gather", "devoxel_map", "voxel_reduce", "voxelize_coords"]
+
+# enum tl_voxel_reduction in csrc/tl_voxel.h
+REDUCTIONS = {"mean": 0, "sum": 1, "max": 2}
+_TL_ERR_OVERFLOW = -3
+
+
+def _point_error(
+    points: torch.Tensor,
+    batch: torch.Tensor | None,
+    bad: int,
+    st: int,
+    voxel_size: list[float],
+    origin: list[float],
+) -> Exception:
+    """The user-facing error for the first point the C core rejected."""
+    p = points[bad].tolist()
+    if batch is not None and int(batch[bad]) < 0:
+        return ValueError(f"batch_indices must be non-negative, found {int(batch[bad])} at {bad}")
+    if st == _TL_ERR_OVERFLOW:
+        return ValueError(
+            f"points[{bad}] = {p} is too far from origin {origin} for voxel_size {voxel_size}: "
+            "its voxel index exceeds int32 (or batch_indices does)"
+        )
+    if not all(v == v and abs(v) != float("inf") for v in p):
+        return ValueError(f"points must be finite, points[{bad}] = {p}")
+    return ValueError(
+        f"points must lie at or above origin {origin} in every axis (voxel indices are "
+        f"non-negative): points[{bad}] = {p}; lower origin"
+    )
+
+
+def _batch_ptr(batch: torch.Tensor | None) -> int:
+    return 0 if batch is None else ptr(batch)
+
+
+@torch.library.custom_op("lattice::voxelize_coords", mutates_args=())
+def voxelize_coords(
+    points: torch.Tensor,
+    batch: torch.Tensor | None,
+    voxel_size: list[float],
+    origin: list[float],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unique voxel rows ``(M, 4)`` int32 sorted by (b, x, y, z) and the
+    ``(P,)`` int64 row of each point.
+
+    Args:
+        points: ``(P, 3)`` float32 or float64.
+        batch: ``(P,)`` int64 batch index per point, or None (all 0).
+        voxel_size, origin: three floats each.
+    """
+    require_cpu("voxelize_coords", points, *(() if batch is None else (batch,)))
+    points = points.contiguous()
+    batch = None if batch is None else batch.contiguous()
+    n = points.shape[0]
+    rows = torch.empty((n, 4), dtype=torch.int32)
+    st, bad = _C.voxel_quantize(
+        DTYPE_CODES[points.dtype],
+        ptr(points),
+        _batch_ptr(batch),
+        n,
+        tuple(voxel_size),
+        tuple(origin),
+        ptr(rows),
+        threads(),
+    )
+    if st != 0:
+        raise _point_error(points, batch, bad, st, voxel_size, origin)
+    uniq = torch.empty((n, 4), dtype=torch.int32)
+    inverse = torch.empty((n,), dtype=torch.int64)
+    m = _C.voxel_unique(ptr(rows), n, ptr(uniq), ptr(inverse), threads())
+    return uniq[:m].clone(), inverse
+
+
+@voxelize_coords.register_fake
+def _(points, batch, voxel_size, origin):
+    m = torch.library.get_ctx().new_dynamic_size()
+    return (
+        points.new_empty((m, 4), dtype=torch.int32),
+        points.new_empty((points.shape[0],), dtype=torch.int64),
+    )
+
+
+@torch.library.custom_op("lattice::voxel_reduce", mutates_args=())
+def voxel_reduce(
+    feats: torch.Tensor, inverse: torch.Tensor, num_voxels: int, reduction: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-voxel reduction of point features.
+
+    Args:
+        feats: ``(P, C)`` float32 or float64.
+        inverse: ``(P,)`` int64 voxel of each point, in ``[0, num_voxels)``.
+        num_voxels: ``M``.
+        reduction: ``"mean"``, ``"sum"`` or ``"max"``.
+
+    Returns:
+        ``(M, C)`` reduced features and, for ``"max"``, the ``(M, C)`` int64
+        index of the point attaining each maximum (``(0, C)`` otherwise).
+    """
+    require_cpu("voxel_reduce", feats, inverse)
+    feats, inverse = feats.contiguous(), inverse.contiguous()
+    n, c = feats.shape
+    out = torch.empty((num_voxels, c), dtype=feats.dtype)
+    is_max = reduction == "max"
+    arg = torch.empty((num_voxels if is_max else 0, c), dtype=torch.int64)
+    _C.voxel_reduce(
+        DTYPE_CODES[feats.dtype],
+        REDUCTIONS[reduction],
+        ptr(feats),
+        n,
+        c,
+        ptr(inverse),
+        num_voxels,
+        ptr(out),
+        ptr(arg),
+        threads(),
+    )
+    return out, arg
+
+
+@voxel_reduce.register_fake
+def _(feats, inverse, num_voxels, reduction):
+    c = feats.shape[1]
+    rows = num_voxels if reduction == "max" else 0
+    return feats.new_empty((num_voxels, c)), feats.new_empty((rows, c), dtype=torch.int64)
+
+
+def _reduce_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, ...]) -> None:
+    feats, inverse, _num_voxels, reduction = inputs
+    ctx.reduction = reduction
+    ctx.num_points = feats.shape[0]
+    ctx.save_for_backward(inverse, output[1])
+
+
+def _reduce_backward(ctx: Any, grad: torch.Tensor, _grad_arg: Any) -> tuple[Any, ...]:
+    inverse, arg = ctx.saved_tensors
+    if ctx.reduction == "max":
+        # Each (point, channel) is the argmax of at most one voxel; empty
+        # voxels (-1) send their gradient to a discarded extra row.
+        n = ctx.num_points
+        index = torch.where(arg < 0, n, arg)
+        out = grad.new_zeros((n + 1, grad.shape[1])).scatter_add_(0, index, grad)
+        return out[:n], None, None, None
+    per_point = grad.index_select(0, inverse)
+    if ctx.reduction == "mean":
+        count = torch.bincount(inverse, minlength=grad.shape[0]).clamp_min(1)
+        per_point = per_point / count.index_select(0, inverse).unsqueeze(1).to(grad.dtype)
+    return per_point, None, None, None
+
+
+voxel_reduce.register_autograd(_reduce_backward, setup_context=_reduce_setup)
+
+
+@torch.library.custom_op("lattice::devoxel_map", mutates_args=())
+def devoxel_map(
+    points: torch.Tensor,
+    batch: torch.Tensor | None,
+    voxel_size: list[float],
+    origin: list[float],
+    voxel_coords: torch.Tensor,
+    trilinear: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows ``(P, k)`` int64 (-1 absent) and float64 weights ``(P, k)`` of
+    each point's voxel (``k = 1``) or 8 surrounding voxel centres (``k = 8``).
+    See csrc/tl_voxel.h for the exact rule."""
+    require_cpu("devoxel_map", points, voxel_coords)
+    points, voxel_coords = points.contiguous(), voxel_coords.contiguous()
+    batch = None if batch is None else batch.contiguous()
+    n, k = points.shape[0], 8 if trilinear else 1
+    idx = torch.empty((n, k), dtype=torch.int64)
+    w = torch.empty((n, k), dtype=torch.float64)
+    st, bad = _C.voxel_devoxel_map(
+        DTYPE_CODES[points.dtype],
+        ptr(points),
+        _batch_ptr(batch),
+        n,
+        tuple(voxel_size),
+        tuple(origin),
+        ptr(voxel_coords),
+        voxel_coords.shape[0],
+        int(trilinear),
+        ptr(idx),
+        ptr(w),
+        threads(),
+    )
+    if st != 0:
+        raise _point_error(points, batch, bad, st, voxel_size, origin)
+    return idx, w
+
+
+@devoxel_map.register_fake
+def _(points, batch, voxel_size, origin, voxel_coords, trilinear):
+    k = 8 if trilinear else 1
+    n = points.shape[0]
+    return (
+        points.new_empty((n, k), dtype=torch.int64),
+        points.new_empty((n, k), dtype=torch.float64),
+    )
+
+
+@torch.library.custom_op("lattice::devoxel_gather", mutates_args=())
+def devoxel_gather(feats: torch.Tensor, idx: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``(P, C)``: ``out[p] = sum_j weight[p, j] * feats[idx[p, j]]`` over ``idx >= 0``."""
+    require_cpu("devoxel_gather", feats, idx, weight)
+    feats, idx, weight = feats.contiguous(), idx.contiguous(), weight.contiguous()
+    m, c = feats.shape
+    n, k = idx.shape
+    out = torch.empty((n, c), dtype=feats.dtype)
+    _C.voxel_gather(
+        DTYPE_CODES[feats.dtype], ptr(feats), m, c, ptr(idx), ptr(weight), n, k, ptr(out), threads()
+    )
+    return out
+
+
+@devoxel_gather.register_fake
+def _(feats, idx, weight):
+    return feats.new_empty((idx.shape[0], feats.shape[1]))
+
+
+def _gather_setup(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
+    feats, idx, weight = inputs
+    ctx.num_voxels = feats.shape[0]
+    ctx.save_for_backward(idx, weight)
+
+
+def _gather_backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+    idx, weight = ctx.saved_tensors
+    present = idx >= 0
+    rows = idx[present]
+    contrib = (
+        weight[present].to(grad.dtype).unsqueeze(1)
+        * grad.unsqueeze(1).expand(-1, idx.shape[1], -1)[present]
+    )
+    out = grad.new_zeros((ctx.num_voxels, grad.shape[1])).index_add_(0, rows, contrib)
+    return out, None, None
+
+
+devoxel_gather.register_autograd(_gather_backward, setup_context=_gather_setup)

@@ -1,0 +1,223 @@
+"""Point clouds to sparse voxels and back: :func:`voxelize`, :func:`devoxelize`,
+:func:`collate`.
+
+A point ``p`` of batch ``b`` falls in voxel ``(b, floor((p - origin) / voxel_size))``.
+Voxel rows are unique and sorted by ``(b, x, y, z)``.  The quantization, the
+unique/sort step, the reductions and the devoxelization maps run in the C core
+(csrc/tl_voxel.c); gradients flow to point features (voxelize) and voxel
+features (devoxelize).
+
+Devoxelization rules (see docs/building-blocks.md):
+
+- ``voxels`` of stride ``s`` are read on a grid of edge ``voxel_size * s``
+  (their logical coordinate ``q`` covers ``[origin + q*e, origin + (q+1)*e)``).
+- ``"nearest"``: each point takes the features of the voxel containing it, or
+  zeros when that voxel is absent.
+- ``"trilinear"``: each point blends the 8 voxels whose centres
+  ``origin + (q + 0.5) * e`` surround it, with the usual trilinear weights;
+  absent corners contribute 0 and the weights of present corners are *not*
+  renormalized (a point among only absent voxels gets zeros).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from torch_lattice.ops.voxel import devoxel_gather, devoxel_map, voxel_reduce, voxelize_coords
+from torch_lattice.tensor import CoordinateManager, SparseTensor, Support
+
+__all__ = ["collate", "devoxelize", "voxelize"]
+
+_REDUCTIONS = ("mean", "sum", "max")
+_INTERPOLATIONS = ("nearest", "trilinear")
+
+
+def _floats3(name: str, value: Any, positive: bool) -> list[float]:
+    if isinstance(value, torch.Tensor):
+        value = value.tolist()
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be a number or 3 numbers, got {value!r}")
+    if isinstance(value, (int, float)):
+        value = [value] * 3
+    if not isinstance(value, Sequence) or len(value) != 3:
+        raise ValueError(f"{name} must be a number or 3 numbers (x, y, z), got {value!r}")
+    out = []
+    for v in value:
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise TypeError(f"{name} must contain numbers, got {value!r}")
+        if not math.isfinite(v) or (positive and v <= 0):
+            rule = "finite and > 0" if positive else "finite"
+            raise ValueError(f"{name} must be {rule} in every axis, got {value!r}")
+        out.append(float(v))
+    return out
+
+
+def _check_points(points: Any) -> torch.Tensor:
+    if not isinstance(points, torch.Tensor):
+        raise TypeError(f"points must be a torch.Tensor, got {type(points).__name__}")
+    if not points.is_floating_point():
+        raise TypeError(f"points must be a floating tensor, got {points.dtype}")
+    if points.dim() != 2 or points.shape[1] != 3:
+        raise ValueError(f"points must have shape (P, 3), got {tuple(points.shape)}")
+    # Half-precision points are widened exactly; the C core reads float32/64.
+    return points if points.dtype == torch.float64 else points.float()
+
+
+def _check_batch(batch: Any, points: torch.Tensor) -> torch.Tensor | None:
+    if batch is None:
+        return None
+    if not isinstance(batch, torch.Tensor) or batch.is_floating_point() or batch.is_complex():
+        raise TypeError("batch_indices must be an integer tensor of shape (P,)")
+    if batch.dtype == torch.bool:
+        raise TypeError("batch_indices must be an integer tensor, got bool")
+    if batch.shape != (points.shape[0],):
+        raise ValueError(
+            f"batch_indices must have shape (P,) = ({points.shape[0]},), got {tuple(batch.shape)}"
+        )
+    if batch.device != points.device:
+        raise ValueError(f"batch_indices is on {batch.device}, points on {points.device}")
+    if batch.numel() and int(batch.min()) < 0:
+        raise ValueError(f"batch_indices must be non-negative, found {int(batch.min())}")
+    return batch.long()
+
+
+def _work_feats(feats: torch.Tensor) -> torch.Tensor:
+    return feats if feats.dtype in (torch.float32, torch.float64) else feats.float()
+
+
+def voxelize(
+    points: torch.Tensor,
+    features: torch.Tensor,
+    *,
+    batch_indices: torch.Tensor | None = None,
+    voxel_size: float | Sequence[float] = 1.0,
+    origin: float | Sequence[float] = 0.0,
+    reduction: str = "mean",
+) -> SparseTensor:
+    """Pools point features into unique voxels.
+
+    Args:
+        points: ``(P, 3)`` floating positions.
+        features: ``(P, C)`` floating features (differentiable).
+        batch_indices: ``(P,)`` non-negative integers, or None for one cloud.
+        voxel_size: voxel edge, a positive number or 3 of them.
+        origin: grid origin, a number or 3 of them; no point may lie below it.
+        reduction: ``"mean"``, ``"sum"`` or ``"max"`` over the points of a voxel.
+
+    Returns:
+        Stride-1 SparseTensor: coords ``(M, 4)`` int32 ``[b, x, y, z]`` unique and
+        sorted, feats ``(M, C)`` in ``features.dtype``.
+
+    Raises:
+        TypeError / ValueError: bad shapes or dtypes, a point below ``origin``
+        (named), non-finite points, voxel indices beyond int32.
+    """
+    pts = _check_points(points)
+    if not isinstance(features, torch.Tensor) or not features.is_floating_point():
+        raise TypeError("features must be a floating torch.Tensor of shape (P, C)")
+    if features.dim() != 2 or features.shape[0] != pts.shape[0]:
+        raise ValueError(
+            f"features must have shape (P, C) with P = {pts.shape[0]}, got {tuple(features.shape)}"
+        )
+    if features.device != pts.device:
+        raise ValueError(f"features are on {features.device}, points on {pts.device}")
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
+    batch = _check_batch(batch_indices, pts)
+    size = _floats3("voxel_size", voxel_size, positive=True)
+    org = _floats3("origin", origin, positive=False)
+    coords, inverse = voxelize_coords(pts, batch, size, org)
+    feats, _ = voxel_reduce(_work_feats(features), inverse, coords.shape[0], reduction)
+    return SparseTensor.from_support(feats.to(features.dtype), _new_support(coords))
+
+
+def _new_support(coords: torch.Tensor) -> Support:
+    # Rows from voxelize_coords are unique and non-negative by construction.
+    return CoordinateManager().new_support(coords, (1, 1, 1), None)
+
+
+def devoxelize(
+    points: torch.Tensor,
+    voxels: SparseTensor,
+    *,
+    batch_indices: torch.Tensor | None = None,
+    voxel_size: float | Sequence[float] = 1.0,
+    origin: float | Sequence[float] = 0.0,
+    interpolation: str = "nearest",
+) -> torch.Tensor:
+    """Reads voxel features back at points (see the module docstring for the rules).
+
+    Args:
+        points: ``(P, 3)`` floating positions, none below ``origin``.
+        voxels: SparseTensor with ``(M, C)`` features (differentiable); a
+            stride-``s`` tensor is read on a grid of edge ``voxel_size * s``.
+        batch_indices: ``(P,)`` batch of each point, or None (all 0).
+        voxel_size, origin: the grid used by :func:`voxelize`.
+        interpolation: ``"nearest"`` or ``"trilinear"``.
+
+    Returns:
+        ``(P, C)`` features in ``voxels.dtype``.
+    """
+    if not isinstance(voxels, SparseTensor):
+        raise TypeError(f"voxels must be a SparseTensor, got {type(voxels).__name__}")
+    pts = _check_points(points)
+    if pts.device != voxels.device:
+        raise ValueError(f"points are on {pts.device}, voxels on {voxels.device}")
+    if interpolation not in _INTERPOLATIONS:
+        raise ValueError(f"interpolation must be one of {_INTERPOLATIONS}, got {interpolation!r}")
+    batch = _check_batch(batch_indices, pts)
+    size = _floats3("voxel_size", voxel_size, positive=True)
+    size = [v * s for v, s in zip(size, voxels.stride, strict=True)]
+    org = _floats3("origin", origin, positive=False)
+    idx, w = devoxel_map(pts, batch, size, org, voxels.coords, interpolation == "trilinear")
+    out = devoxel_gather(_work_feats(voxels.feats), idx, w)
+    return out.to(voxels.dtype)
+
+
+def collate(
+    points: Sequence[torch.Tensor],
+    features: Sequence[torch.Tensor],
+    *,
+    voxel_size: float | Sequence[float] = 1.0,
+    origin: float | Sequence[float] = 0.0,
+    reduction: str = "mean",
+) -> SparseTensor:
+    """Voxelizes a list of point clouds into one batched SparseTensor.
+
+    Cloud ``i`` gets batch index ``i``.  The matching ``batch_indices`` for
+    :func:`devoxelize` are ``torch.repeat_interleave(torch.arange(len(points)),
+    torch.tensor([len(p) for p in points]))``.
+
+    Args:
+        points: ``B`` tensors ``(P_i, 3)``.
+        features: ``B`` tensors ``(P_i, C)``.
+        voxel_size, origin, reduction: as in :func:`voxelize`.
+
+    Returns:
+        SparseTensor with batch indices ``0 .. B-1`` and ``spatial_range``
+        None.
+    """
+    if isinstance(points, torch.Tensor) or isinstance(features, torch.Tensor):
+        raise TypeError("collate: points and features must be lists of tensors, one per cloud")
+    if len(points) == 0 or len(points) != len(features):
+        raise ValueError(
+            f"collate: need one features tensor per cloud and at least one cloud, got "
+            f"{len(points)} points and {len(features)} features"
+        )
+    for i, p in enumerate(points):
+        if not isinstance(p, torch.Tensor):
+            raise TypeError(f"collate: points[{i}] must be a tensor, got {type(p).__name__}")
+    counts = torch.tensor([p.shape[0] for p in points], device=points[0].device)
+    batch = torch.repeat_interleave(torch.arange(len(points), device=points[0].device), counts)
+    return voxelize(
+        torch.cat(list(points)),
+        torch.cat(list(features)),
+        batch_indices=batch,
+        voxel_size=voxel_size,
+        origin=origin,
+        reduction=reduction,
+    )
