@@ -10,4 +10,16 @@ typedef struct tl_ctx {
     void *stream; /* cudaStream_t of torch's current stream; unused on CPU */
 } tl_ctx;
 
+#include <stdint.h>
+
+/* Below this much work (roughly multiply-adds or row visits) a parallel
+ * region costs more than it saves: waking threads takes microseconds, and
+ * much more when the cores are busy with other processes. */
+#define TL_PARALLEL_MIN_WORK (1 << 16)
+
+/* Threads to use for a region of `work` units: 1 for small regions. */
+static inline int tl_threads_for(const tl_ctx *ctx, int64_t work) {
+    return work < TL_PARALLEL_MIN_WORK ? 1 : ctx->threads;
+}
+
 #endif

@@ -60,9 +60,8 @@ TL_SIMD_CLONES static void TL_FN(tl_outer_acc)(int64_t cin, int64_t cout, int m,
 /* Pairs [j0, j1) of one kernel row: y[out] += x[in] @ wn.  Gather-scatter
  * gathers the block's input rows into `gx` and its current output rows into
  * `gy`, runs the block product there, and scatters `gy` back.  Carrying the
- * running sums through `gy` (rather than adding a fresh block result) keeps
- * the floating-point operation order of the other dataflows, so all three give
- * bitwise-equal forward results on the CPU. */
+ * running sums through `gy` (rather than adding a fresh block result) gives
+ * the same operation order as fetch-on-demand, so the two agree bitwise. */
 static void TL_FN(tl_pairs_block)(const tl_conv_desc *d, int gather, const TL_T *x,
                                   const TL_T *wn, const tl_pairs *p, int64_t j0, int64_t j1,
                                   TL_T *gx, TL_T *gy, TL_T *y) {
@@ -97,7 +96,8 @@ static tl_status TL_FN(tl_pairs_fwd)(const tl_ctx *ctx, int gather, const tl_con
     const int64_t cin = d->c_in, cout = d->c_out;
     for (int64_t e = 0; e < d->n_out * cout; e++) y[e] = 0;
     int failed = 0; /* shared: every thread must reach the same worksharing loops */
-#pragma omp parallel num_threads(ctx->threads)
+    const int threads = tl_threads_for(ctx, p->offsets[p->k] * cin * cout);
+#pragma omp parallel num_threads(threads)
     {
         TL_T *gx = NULL, *gy = NULL;
         if (gather) {
@@ -156,7 +156,8 @@ static tl_status TL_FN(tl_pairs_wgrad)(const tl_ctx *ctx, int gather, const tl_c
     TL_T *partial = parts > 1 ? malloc(sizeof(TL_T) * (size_t)(k * parts * mat)) : dw;
     if (!partial) return TL_ERR_NOMEM;
     int failed = 0;
-#pragma omp parallel num_threads(ctx->threads) reduction(| : failed)
+    const int threads = tl_threads_for(ctx, p->offsets[k] * mat);
+#pragma omp parallel num_threads(threads) reduction(| : failed)
     {
         TL_T *g = gather ? malloc(sizeof(TL_T) * (size_t)(4 * (d->c_in + d->c_out) + 1)) : NULL;
         failed = gather && !g;
@@ -174,7 +175,7 @@ static tl_status TL_FN(tl_pairs_wgrad)(const tl_ctx *ctx, int gather, const tl_c
     }
     if (parts > 1) {
         /* Fixed summation order over parts: deterministic for any threads. */
-#pragma omp parallel for num_threads(ctx->threads) schedule(static)
+#pragma omp parallel for num_threads(tl_threads_for(ctx, k * mat * parts)) schedule(static)
         for (int64_t e = 0; e < k * mat; e++) {
             const int64_t n = e / mat, j = e % mat;
             TL_T s = 0;

@@ -6,7 +6,7 @@ tl_status tl_pairs_count(const tl_ctx *ctx, const int32_t *nbr, int64_t n_out, i
                          int64_t *offsets) {
     if (!ctx || n_out < 0 || k < 1 || (n_out && !nbr) || !offsets) return TL_ERR_INVALID;
     offsets[0] = 0;
-#pragma omp parallel for num_threads(ctx->threads) schedule(static)
+#pragma omp parallel for num_threads(tl_threads_for(ctx, n_out * k)) schedule(static)
     for (int64_t n = 0; n < k; n++) {
         int64_t c = 0;
         for (int64_t o = 0; o < n_out; o++) c += nbr[o * k + n] >= 0;
@@ -22,7 +22,8 @@ tl_status tl_pairs_fill(const tl_ctx *ctx, const int32_t *nbr, int64_t n_out, in
     if (n_out > TL_ROW_MAX) return TL_ERR_OVERFLOW;
     if (offsets[k] && (!in || !out)) return TL_ERR_INVALID;
     int bad = 0;
-#pragma omp parallel for num_threads(ctx->threads) schedule(static) reduction(| : bad)
+#pragma omp parallel for num_threads(tl_threads_for(ctx, n_out * k)) schedule(static) \
+    reduction(| : bad)
     for (int64_t n = 0; n < k; n++) {
         int64_t j = offsets[n];
         for (int64_t o = 0; o < n_out; o++) {
@@ -46,7 +47,8 @@ tl_status tl_pairs_check(const tl_ctx *ctx, const tl_pairs *p, int64_t n_in, int
         if (p->offsets[n + 1] < p->offsets[n]) return TL_ERR_INVALID;
     if (p->offsets[p->k] && (!p->in || !p->out)) return TL_ERR_INVALID;
     int bad = 0;
-#pragma omp parallel for num_threads(ctx->threads) schedule(static) reduction(| : bad)
+#pragma omp parallel for num_threads(tl_threads_for(ctx, p->offsets[p->k])) schedule(static) \
+    reduction(| : bad)
     for (int64_t n = 0; n < p->k; n++) {
         int64_t prev = -1;
         for (int64_t j = p->offsets[n]; j < p->offsets[n + 1]; j++) {

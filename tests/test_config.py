@@ -111,3 +111,11 @@ def test_config_validation() -> None:
         F.set_global_conv_config("fast")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="config"):
         tl.nn.SubmConv3d(3, 2, config="fast")  # type: ignore[arg-type]
+
+
+def test_resolved_dataflow_of_a_module() -> None:
+    conv = tl.nn.Conv3d(3, 2, 2, stride=2, config=F.ConvConfig(dataflow=F.Dataflow.GatherScatter))
+    assert F.resolved_dataflow(conv) is F.Dataflow.GatherScatter
+    assert F.resolved_dataflow(tl.nn.Conv3d(3, 2)) is F.Dataflow.ImplicitGEMM
+    with pytest.raises(TypeError, match="ConvConfig"):
+        F.resolved_dataflow(42)

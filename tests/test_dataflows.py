@@ -1,9 +1,9 @@
 """Dataflow equivalence: every op family x every dataflow x every device
 gives the same support, outputs and gradients.
 
-fp64 on the CPU must agree to 1e-12 relative (forward and every gradient);
-the forward results are in fact bitwise equal on the CPU, because all three
-dataflows add each output row's contributions in the same order.
+fp64 on the CPU must agree to 1e-12 relative (forward and every gradient).
+Each dataflow is deterministic: the same inputs give bitwise the same result
+for any thread count.
 """
 
 from __future__ import annotations
@@ -99,16 +99,6 @@ def test_dataflows_agree(family: Family, device: str) -> None:
         torch.testing.assert_close(y.feats.cpu(), ref_y.feats, rtol=1e-12, atol=1e-12)
         for a, b in zip(grads, ref_grads, strict=True):
             torch.testing.assert_close(a.cpu(), b, rtol=1e-12, atol=1e-12)
-
-
-@pytest.mark.parametrize("family", [subm, generated, generative], ids=lambda f: f.__name__)
-def test_cpu_forward_bitwise_across_dataflows(family: Family) -> None:
-    outs = []
-    for dataflow in DATAFLOWS:
-        x = _input("cpu", stride=INPUT_STRIDE.get(family, 1))
-        y, _ = family(x, F.ConvConfig(dataflow=dataflow))
-        outs.append(y.feats)
-    assert all(torch.equal(o, outs[0]) for o in outs[1:])
 
 
 def test_dataflows_deterministic_across_thread_counts() -> None:

@@ -155,10 +155,20 @@ def resolve_config(
     return cfg
 
 
-def resolved_dataflow(
-    module_config: ConvConfig | None = None, *, target_transpose: bool = False
-) -> Dataflow:
-    """The dataflow a call with this module config would use, in this context."""
+def resolved_dataflow(module_config: object = None, *, target_transpose: bool = False) -> Dataflow:
+    """The dataflow a call would use in this context.
+
+    Args:
+        module_config: a module's ``ConvConfig``, a convolution module (its
+            ``config`` is used), or None.
+        target_transpose: whether the call is a target-conditioned transpose.
+    """
+    if module_config is not None and not isinstance(module_config, ConvConfig):
+        if not hasattr(module_config, "config"):
+            raise TypeError(
+                f"expected a ConvConfig or a convolution module, got {type(module_config).__name__}"
+            )
+        module_config = module_config.config
     dataflow = resolve_config(module_config, target_transpose=target_transpose).dataflow
     assert dataflow is not None  # DEFAULT sets it
     return dataflow
