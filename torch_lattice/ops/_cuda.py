@@ -44,8 +44,7 @@ def require_cuda(op: str, *tensors: torch.Tensor) -> torch.device:
     for t in tensors:
         if t.device.type != "cuda" or t.device != device:
             raise ValueError(
-                f"{op}: all tensors must be on the same CUDA device; got {t.device} "
-                f"and {device}"
+                f"{op}: all tensors must be on the same CUDA device; got {t.device} and {device}"
             )
     return device
 
@@ -64,8 +63,7 @@ def _workspace(nbytes: int, device: torch.device) -> torch.Tensor:
 def _check_coords(op: str, name: str, coords: torch.Tensor) -> torch.Tensor:
     if coords.dtype != torch.int32 or coords.dim() != 2 or coords.shape[1] != 4:
         raise ValueError(
-            f"{op}: {name} must be an (N, 4) int32 tensor, got {coords.dtype} "
-            f"{tuple(coords.shape)}"
+            f"{op}: {name} must be an (N, 4) int32 tensor, got {coords.dtype} {tuple(coords.shape)}"
         )
     return coords.contiguous()
 
@@ -143,7 +141,15 @@ def kernel_pairs(nbr: torch.Tensor) -> Pairs:
     pair_in = torch.empty((count,), dtype=torch.int32, device=device)
     pair_out = torch.empty((count,), dtype=torch.int32, device=device)
     _C.cuda_pairs_build(
-        index, stream, ptr(nbr), n_out, k, ptr(ws), count, ptr(offsets), ptr(pair_in),
+        index,
+        stream,
+        ptr(nbr),
+        n_out,
+        k,
+        ptr(ws),
+        count,
+        ptr(offsets),
+        ptr(pair_in),
         ptr(pair_out),
     )
     return offsets, pair_in, pair_out
@@ -162,10 +168,13 @@ def _check_map(
         raise ValueError(f"{op}: {dataflow} needs pairs = (offsets, pair_in, pair_out)")
     offsets, pair_in, pair_out = pairs
     if offsets.dtype != torch.int64 or offsets.shape != (k + 1,):
-        raise ValueError(f"{op}: offsets must be ({k + 1},) int64, got {offsets.dtype} "
-                         f"{tuple(offsets.shape)}")
-    if pair_in.dtype != torch.int32 or pair_out.dtype != torch.int32 or (
-        pair_in.shape != pair_out.shape or pair_in.dim() != 1
+        raise ValueError(
+            f"{op}: offsets must be ({k + 1},) int64, got {offsets.dtype} {tuple(offsets.shape)}"
+        )
+    if (
+        pair_in.dtype != torch.int32
+        or pair_out.dtype != torch.int32
+        or (pair_in.shape != pair_out.shape or pair_in.dim() != 1)
     ):
         raise ValueError(f"{op}: pair_in and pair_out must be (P,) int32 of equal length")
     return None, (offsets.contiguous(), pair_in.contiguous(), pair_out.contiguous())
@@ -191,6 +200,7 @@ def _run(
     nbr: torch.Tensor | None,
     pairs: Pairs | None,
     out: torch.Tensor,
+    allow_tf32: bool,
 ) -> None:
     n_in, n_out, k, cin, cout = sizes
     code = DTYPE_CODES[a.dtype]
@@ -201,11 +211,26 @@ def _run(
     ws = _workspace(nbytes, a.device)
     index, stream = _call_args(a.device)
     pair_ptrs = [ptr(t) for t in pairs] if pairs is not None else [0, 0, 0]
-    tf32 = a.dtype == torch.float32 and bool(torch.backends.cuda.matmul.allow_tf32)
+    tf32 = a.dtype == torch.float32 and allow_tf32
     _C.cuda_conv(
-        index, stream, DATAFLOWS[dataflow], int(weight_grad), code, n_in, n_out, k, cin, cout,
-        tf32, ptr(a), ptr(b), ptr(nbr) if nbr is not None else 0, *pair_ptrs, n_pairs,
-        ptr(ws), ptr(out),
+        index,
+        stream,
+        DATAFLOWS[dataflow],
+        int(weight_grad),
+        code,
+        n_in,
+        n_out,
+        k,
+        cin,
+        cout,
+        tf32,
+        ptr(a),
+        ptr(b),
+        ptr(nbr) if nbr is not None else 0,
+        *pair_ptrs,
+        n_pairs,
+        ptr(ws),
+        ptr(out),
     )
 
 
@@ -216,6 +241,7 @@ def conv_forward(
     nbr: torch.Tensor | None = None,
     pairs: Pairs | None = None,
     n_out: int | None = None,
+    allow_tf32: bool = False,
 ) -> torch.Tensor:
     """``y[o] = sum_n feats[i] @ weight[n]`` over the relation, on the GPU.
 
@@ -231,7 +257,7 @@ def conv_forward(
 
     Returns:
         ``(N_out, C_out)`` in the dtype of ``feats``, accumulated in fp32. TF32 tensor
-        cores are used for float32 only when ``torch.backends.cuda.matmul.allow_tf32``.
+        cores are used for float32 only when ``allow_tf32`` (``ConvConfig.allow_tf32``).
     """
     op = "conv_forward"
     tensors = [feats, weight] + ([nbr] if nbr is not None else []) + list(pairs or ())
@@ -252,7 +278,8 @@ def conv_forward(
         raise ValueError(f"{op}: n_out (a non-negative int) is required with pairs")
     feats, weight = feats.contiguous(), weight.contiguous()
     y = torch.empty((n_out, cout), dtype=feats.dtype, device=feats.device)
-    _run(dataflow, False, feats, weight, (feats.shape[0], n_out, k, cin, cout), nbr, pairs, y)
+    sizes = (feats.shape[0], n_out, k, cin, cout)
+    _run(dataflow, False, feats, weight, sizes, nbr, pairs, y, allow_tf32)
     return y
 
 
@@ -262,6 +289,7 @@ def conv_weight_grad(
     grad_out: torch.Tensor,
     nbr: torch.Tensor | None = None,
     pairs: Pairs | None = None,
+    allow_tf32: bool = False,
 ) -> torch.Tensor:
     """``dw[n] = sum feats[i]^T grad_out[o]`` over the relation's pairs, on the GPU.
 
@@ -296,5 +324,5 @@ def conv_weight_grad(
     n_in, cin = feats.shape
     n_out, cout = grad_out.shape
     dw = torch.empty((k, cin, cout), dtype=feats.dtype, device=feats.device)
-    _run(dataflow, True, feats, grad_out, (n_in, n_out, k, cin, cout), nbr, pairs, dw)
+    _run(dataflow, True, feats, grad_out, (n_in, n_out, k, cin, cout), nbr, pairs, dw, allow_tf32)
     return dw

@@ -10,14 +10,27 @@ from torch_lattice import _C
 DTYPE_CODES = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3}
 
 
+def device_type(op: str, *tensors: torch.Tensor) -> str:
+    """``"cpu"`` or ``"cuda"``: the one device all ``tensors`` are on.
+
+    Raises:
+        ValueError: tensors on different devices.
+        RuntimeError: a device type with no kernels (CUDA kernels are checked
+            when called, in :mod:`torch_lattice.ops._cuda`).
+    """
+    devices = {t.device for t in tensors}
+    if len(devices) != 1:
+        raise ValueError(f"lattice::{op}: all tensors must be on one device, got {devices}")
+    kind = next(iter(devices)).type
+    if kind not in ("cpu", "cuda"):
+        raise RuntimeError(f"lattice::{op}: no kernels for {kind} tensors (use CPU or CUDA)")
+    return kind
+
+
 def require_cpu(op: str, *tensors: torch.Tensor) -> None:
-    """Raises for devices this build cannot run ``op`` on."""
-    for t in tensors:
-        if t.device.type != "cpu":
-            raise RuntimeError(
-                f"lattice::{op}: tensors on {t.device} are not supported yet; "
-                "the CUDA kernels arrive with the dataflows work (move the tensor to CPU)"
-            )
+    """Raises unless every tensor is on the CPU."""
+    if device_type(op, *tensors) != "cpu":
+        raise RuntimeError(f"lattice::{op}: runs on the CPU only; move the tensors to the CPU")
 
 
 def ptr(t: torch.Tensor) -> int:
@@ -32,4 +45,4 @@ def threads() -> int:
     return max(1, torch.get_num_threads())
 
 
-__all__ = ["DTYPE_CODES", "_C", "ptr", "require_cpu", "threads"]
+__all__ = ["DTYPE_CODES", "_C", "device_type", "ptr", "require_cpu", "threads"]

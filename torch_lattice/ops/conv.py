@@ -12,7 +12,8 @@ from typing import Any
 
 import torch
 
-from torch_lattice.ops._native import _C, DTYPE_CODES, ptr, require_cpu, threads
+from torch_lattice.ops import _cuda
+from torch_lattice.ops._native import _C, DTYPE_CODES, device_type, ptr, threads
 
 __all__ = ["sparse_conv", "sparse_conv_weight_grad"]
 
@@ -80,7 +81,11 @@ def _forward(feats: torch.Tensor, weight: torch.Tensor, nbr: torch.Tensor) -> to
 
 @torch.library.custom_op("lattice::sparse_conv", mutates_args=())
 def sparse_conv(
-    feats: torch.Tensor, weight: torch.Tensor, nbr: torch.Tensor, rev: torch.Tensor
+    feats: torch.Tensor,
+    weight: torch.Tensor,
+    nbr: torch.Tensor,
+    rev: torch.Tensor,
+    allow_tf32: bool = False,
 ) -> torch.Tensor:
     """``(N_out, C_out)``: ``y[o] = sum_n feats[nbr[o, n]] @ weight[n]``.
 
@@ -89,15 +94,18 @@ def sparse_conv(
         weight: ``(K, C_in, C_out)``, same dtype.
         nbr: ``(N_out, K)`` int32 neighbour table.
         rev: ``(N_in, K)`` int32 transpose of ``nbr`` (used by backward).
+        allow_tf32: let CUDA use TF32 tensor cores for float32 (ignored on CPU).
     """
-    require_cpu("sparse_conv", feats, weight, nbr, rev)
+    device = device_type("sparse_conv", feats, weight, nbr, rev)
     check_nbr("sparse_conv", nbr)
     check_conv_args("sparse_conv", feats, weight, nbr.shape[1])
+    if device == "cuda":
+        return _cuda.conv_forward("implicit_gemm", feats, weight, nbr=nbr, allow_tf32=allow_tf32)
     return _forward(feats, weight, nbr)
 
 
 @sparse_conv.register_fake
-def _(feats, weight, nbr, rev):
+def _(feats, weight, nbr, rev, allow_tf32=False):
     torch._check(feats.dtype == weight.dtype)
     torch._check(weight.shape[1] == feats.shape[1])
     torch._check(nbr.shape[1] == weight.shape[0])
@@ -106,10 +114,13 @@ def _(feats, weight, nbr, rev):
 
 @torch.library.custom_op("lattice::sparse_conv_weight_grad", mutates_args=())
 def sparse_conv_weight_grad(
-    feats: torch.Tensor, grad_out: torch.Tensor, nbr: torch.Tensor
+    feats: torch.Tensor, grad_out: torch.Tensor, nbr: torch.Tensor, allow_tf32: bool = False
 ) -> torch.Tensor:
     """``(K, C_in, C_out)``: ``dw[n] = sum_o feats[nbr[o, n]]^T grad_out[o]``."""
-    require_cpu("sparse_conv_weight_grad", feats, grad_out, nbr)
+    if device_type("sparse_conv_weight_grad", feats, grad_out, nbr) == "cuda":
+        return _cuda.conv_weight_grad(
+            "implicit_gemm", feats, grad_out, nbr=nbr, allow_tf32=allow_tf32
+        )
     work = compute_dtype(feats.dtype)
     x = feats.to(work).contiguous()
     dy = grad_out.to(work).contiguous()
@@ -133,12 +144,13 @@ def sparse_conv_weight_grad(
 
 
 @sparse_conv_weight_grad.register_fake
-def _(feats, grad_out, nbr):
+def _(feats, grad_out, nbr, allow_tf32=False):
     return feats.new_empty((nbr.shape[1], feats.shape[1], grad_out.shape[1]))
 
 
 def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
-    feats, weight, nbr, rev = inputs
+    feats, weight, nbr, rev, allow_tf32 = inputs
+    ctx.allow_tf32 = allow_tf32
     saved_feats = feats if ctx.needs_input_grad[1] else None
     saved_weight = weight if ctx.needs_input_grad[0] else None
     ctx.save_for_backward(saved_feats, saved_weight, nbr, rev)
@@ -148,10 +160,11 @@ def _backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
     feats, weight, nbr, rev = ctx.saved_tensors
     grad_feats = grad_weight = None
     if ctx.needs_input_grad[0]:
-        grad_feats = sparse_conv(grad, weight.transpose(1, 2).contiguous(), rev, nbr)
+        wt = weight.transpose(1, 2).contiguous()
+        grad_feats = sparse_conv(grad, wt, rev, nbr, ctx.allow_tf32)
     if ctx.needs_input_grad[1]:
-        grad_weight = sparse_conv_weight_grad(feats, grad, nbr)
-    return grad_feats, grad_weight, None, None
+        grad_weight = sparse_conv_weight_grad(feats, grad, nbr, ctx.allow_tf32)
+    return grad_feats, grad_weight, None, None, None
 
 
 sparse_conv.register_autograd(_backward, setup_context=_setup_context)

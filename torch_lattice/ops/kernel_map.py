@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 import torch
 
 from torch_lattice.geometry import ConvGeometry
-from torch_lattice.ops._native import _C, ptr, require_cpu, threads
+from torch_lattice.ops import _cuda
+from torch_lattice.ops._native import _C, device_type, ptr, threads
 from torch_lattice.ops.pairs import PairLists, kernel_pairs
 
 __all__ = [
@@ -73,10 +74,11 @@ def generate_support(
     Every ``q`` in ``[0, out_range)`` per axis with some kernel row mapping it
     onto an input row of the same batch (see API.md).
     """
-    require_cpu("generate_support", coords)
-    coords = coords.contiguous()
     geom = _geom(kernel_size, stride, padding, dilation)
     rng = tuple(max(0, r) for r in out_range)
+    if device_type("generate_support", coords) == "cuda":
+        return _cuda.generate_support(coords, geom, rng, num_batches)
+    coords = coords.contiguous()
     n = coords.shape[0]
     bound = _C.generate_bound(n, geom, rng, num_batches)
     # Pages of an untouched allocation are never committed, so a loose upper
@@ -100,7 +102,10 @@ def generative_support(
     """Support of a generative transpose: ``unique{coords * stride + r}``,
     ``(M, 4)`` int32 sorted by (b, x, y, z), never clipped.
     """
-    require_cpu("generative_support", coords)
+    if device_type("generative_support", coords) == "cuda":
+        # Built on the host: one copy each way, then the maps are built on the GPU.
+        cpu = generative_support(coords.cpu(), kernel_size, stride)
+        return cpu.to(coords.device)
     coords = coords.contiguous()
     geom = _geom(kernel_size, stride, [0, 0, 0], [1, 1, 1])
     k = kernel_size[0] * kernel_size[1] * kernel_size[2]
@@ -127,9 +132,10 @@ def kernel_map(
     dilation: list[int],
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Neighbour tables ``(nbr (N_out, K), rev (N_in, K))``, int32."""
-    require_cpu("kernel_map", in_coords, out_coords)
-    in_coords, out_coords = in_coords.contiguous(), out_coords.contiguous()
     geom = _geom(kernel_size, stride, padding, dilation)
+    if device_type("kernel_map", in_coords, out_coords) == "cuda":
+        return _cuda.kernel_map(in_coords, out_coords, geom)
+    in_coords, out_coords = in_coords.contiguous(), out_coords.contiguous()
     k = kernel_size[0] * kernel_size[1] * kernel_size[2]
     n_in, n_out = in_coords.shape[0], out_coords.shape[0]
     nbr = torch.empty((n_out, k), dtype=torch.int32)

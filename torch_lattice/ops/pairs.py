@@ -12,13 +12,18 @@ from typing import Any, NamedTuple
 
 import torch
 
-from torch_lattice.ops._native import _C, DTYPE_CODES, ptr, require_cpu, threads
+from torch_lattice.ops import _cuda
+from torch_lattice.ops._native import _C, DTYPE_CODES, device_type, ptr, threads
 from torch_lattice.ops.conv import check_conv_args, compute_dtype
 
 __all__ = ["PairLists", "kernel_pairs", "pair_conv", "pair_conv_weight_grad"]
 
 # enum tl_pairs_mode in csrc/tl_dataflow_pairs.h
 FETCH_ON_DEMAND, GATHER_SCATTER = 0, 1
+
+
+def _flow(gather: bool) -> str:
+    return "gather_scatter" if gather else "fetch_on_demand"
 
 
 class PairLists(NamedTuple):
@@ -32,7 +37,8 @@ class PairLists(NamedTuple):
 @torch.library.custom_op("lattice::kernel_pairs", mutates_args=())
 def kernel_pairs(nbr: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(offsets, pair_in, pair_out)`` of an ``(N_out, K)`` int32 table."""
-    require_cpu("kernel_pairs", nbr)
+    if device_type("kernel_pairs", nbr) == "cuda":
+        return _cuda.kernel_pairs(nbr)
     nbr = nbr.contiguous()
     n_out, k = nbr.shape
     offsets = torch.empty(k + 1, dtype=torch.int64)
@@ -98,14 +104,25 @@ def pair_conv(
     rev_out: torch.Tensor,
     n_out: int,
     gather: bool,
+    allow_tf32: bool = False,
 ) -> torch.Tensor:
     """``(n_out, C_out)``: ``y[pair_out] += feats[pair_in] @ weight[n]`` per pair.
 
     ``rev_*`` are the pairs of the reversed relation (used by backward);
-    ``gather`` selects gather-scatter, else fetch-on-demand.
+    ``gather`` selects gather-scatter, else fetch-on-demand; ``allow_tf32``
+    lets CUDA use TF32 for float32 (ignored on CPU).
     """
-    require_cpu("pair_conv", feats, weight, offsets, pair_in, pair_out)
+    device = device_type("pair_conv", feats, weight, offsets, pair_in, pair_out)
     check_conv_args("pair_conv", feats, weight, offsets.shape[0] - 1)
+    if device == "cuda":
+        return _cuda.conv_forward(
+            _flow(gather),
+            feats,
+            weight,
+            pairs=(offsets, pair_in, pair_out),
+            n_out=n_out,
+            allow_tf32=allow_tf32,
+        )
     work = compute_dtype(feats.dtype)
     x, w = feats.to(work).contiguous(), weight.to(work).contiguous()
     k, cin, cout = w.shape
@@ -127,7 +144,19 @@ def pair_conv(
 
 
 @pair_conv.register_fake
-def _(feats, weight, offsets, pair_in, pair_out, rev_offsets, rev_in, rev_out, n_out, gather):
+def _(
+    feats,
+    weight,
+    offsets,
+    pair_in,
+    pair_out,
+    rev_offsets,
+    rev_in,
+    rev_out,
+    n_out,
+    gather,
+    allow_tf32=False,
+):
     torch._check(feats.dtype == weight.dtype)
     torch._check(weight.shape[1] == feats.shape[1])
     return feats.new_empty((n_out, weight.shape[2]))
@@ -141,9 +170,17 @@ def pair_conv_weight_grad(
     pair_in: torch.Tensor,
     pair_out: torch.Tensor,
     gather: bool,
+    allow_tf32: bool = False,
 ) -> torch.Tensor:
     """``(K, C_in, C_out)``: ``dw[n] = sum over pairs feats[in]^T grad_out[out]``."""
-    require_cpu("pair_conv_weight_grad", feats, grad_out, offsets, pair_in, pair_out)
+    if device_type("pair_conv_weight_grad", feats, grad_out, offsets, pair_in) == "cuda":
+        return _cuda.conv_weight_grad(
+            _flow(gather),
+            feats,
+            grad_out,
+            pairs=(offsets, pair_in, pair_out),
+            allow_tf32=allow_tf32,
+        )
     work = compute_dtype(feats.dtype)
     x, dy = feats.to(work).contiguous(), grad_out.to(work).contiguous()
     k = offsets.shape[0] - 1
@@ -165,13 +202,14 @@ def pair_conv_weight_grad(
 
 
 @pair_conv_weight_grad.register_fake
-def _(feats, grad_out, offsets, pair_in, pair_out, gather):
+def _(feats, grad_out, offsets, pair_in, pair_out, gather, allow_tf32=False):
     return feats.new_empty((offsets.shape[0] - 1, feats.shape[1], grad_out.shape[1]))
 
 
 def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
-    feats, weight, *pairs, _n_out, gather = inputs
+    feats, weight, *pairs, _n_out, gather, allow_tf32 = inputs
     ctx.gather = gather
+    ctx.allow_tf32 = allow_tf32
     ctx.n_in = feats.shape[0]
     ctx.save_for_backward(
         feats if ctx.needs_input_grad[1] else None,
@@ -185,10 +223,12 @@ def _backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
     grad_feats = grad_weight = None
     if ctx.needs_input_grad[0]:
         wt = weight.transpose(1, 2).contiguous()
-        grad_feats = pair_conv(grad, wt, roff, rin, rout, off, pin, pout, ctx.n_in, ctx.gather)
+        grad_feats = pair_conv(
+            grad, wt, roff, rin, rout, off, pin, pout, ctx.n_in, ctx.gather, ctx.allow_tf32
+        )
     if ctx.needs_input_grad[1]:
-        grad_weight = pair_conv_weight_grad(feats, grad, off, pin, pout, ctx.gather)
-    return grad_feats, grad_weight, None, None, None, None, None, None, None, None
+        grad_weight = pair_conv_weight_grad(feats, grad, off, pin, pout, ctx.gather, ctx.allow_tf32)
+    return (grad_feats, grad_weight) + (None,) * 9
 
 
 pair_conv.register_autograd(_backward, setup_context=_setup_context)

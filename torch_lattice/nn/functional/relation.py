@@ -38,8 +38,9 @@ def apply_kernel_map(
         transposed: run it from the output support back onto the input support.
     """
     nbr, rev = (kmap.rev, kmap.nbr) if transposed else (kmap.nbr, kmap.rev)
+    tf32 = bool(config.allow_tf32)
     if config.dataflow is Dataflow.ImplicitGEMM:
-        return sparse_conv(feats, weight, nbr, rev)
+        return sparse_conv(feats, weight, nbr, rev, tf32)
     fwd, bwd = kmap.pairs(transposed), kmap.pairs(not transposed)
     gather = config.dataflow is Dataflow.GatherScatter
-    return pair_conv(feats, weight, *fwd, *bwd, nbr.shape[0], gather)
+    return pair_conv(feats, weight, *fwd, *bwd, nbr.shape[0], gather, tf32)
