@@ -230,7 +230,7 @@ def plot_segmentation(scan: Scan, pred: torch.Tensor, path: Path, miou: float) -
             cmap=cmap,
             vmin=-0.5,
             vmax=NUM_CLASSES - 0.5,
-            s=0.6,
+            s=1.2,
             linewidths=0,
         )
         ax.set_title(title)
@@ -287,9 +287,26 @@ def parse_args(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
     return cfg, a
 
 
+def cuda_supported() -> str | None:
+    """None when this build runs the demo's ops on the GPU, else the reason it cannot."""
+    try:
+        pts = torch.rand(64, 3, device="cuda") * 4
+        x = tl.voxelize(pts, torch.ones(64, 3, device="cuda"))
+        tl.nn.SubmConv3d(3, 2, 3).cuda()(x)
+    except RuntimeError as e:
+        return str(e).splitlines()[0]
+    return None
+
+
 def pick_device(name: str) -> torch.device:
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if not torch.cuda.is_available():
+            return torch.device("cpu")
+        reason = cuda_supported()
+        if reason is not None:
+            print(f"a GPU is present but this build cannot use it ({reason}); using the CPU")
+            return torch.device("cpu")
+        return torch.device("cuda")
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: torch sees no CUDA GPU")

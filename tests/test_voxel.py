@@ -180,7 +180,6 @@ def test_devoxelize_matches_reference(trilinear):
 
 
 def _voxel_of(points, batch, x, size, origin):
-    coords, _ = reference_voxelize(points, points, batch, size, origin, "sum")
     table = {tuple(r): i for i, r in enumerate(x.coords.tolist())}
     grid = torch.floor((points - torch.tensor(origin)) / torch.tensor(size)).long()
     rows = torch.cat([batch[:, None], grid], 1).tolist()
