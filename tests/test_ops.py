@@ -81,3 +81,24 @@ def test_sparse_conv_dtype_mismatch() -> None:
         torch.ops.lattice.sparse_conv(
             torch.randn(2, 2), torch.randn(1, 2, 3, dtype=torch.float64), nbr, nbr
         )
+
+
+@pytest.mark.parametrize("geometry", GEOMETRIES)
+def test_opcheck_pair_ops(geometry: ConvGeometry) -> None:
+    coords = _coords(60, 7, 3)
+    kmap = build_kernel_map(coords, coords, ConvGeometry.submanifold((3, 3, 3), (1, 1, 1)))
+    if geometry.stride != (1, 1, 1):
+        x = tl.SparseTensor(torch.zeros(coords.shape[0], 1), coords)
+        target = x.coordinate_manager.generated_support(x.support, geometry)
+        kmap = build_kernel_map(coords, target.coords, geometry)
+    torch.library.opcheck(torch.ops.lattice.kernel_pairs.default, (kmap.nbr,))
+    fwd, bwd = kmap.pairs(False), kmap.pairs(True)
+    feats = torch.randn(coords.shape[0], 3, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(kmap.nbr.shape[1], 3, 4, dtype=torch.float64, requires_grad=True)
+    for gather in (False, True):
+        args = (feats, weight, *fwd, *bwd, kmap.nbr.shape[0], gather)
+        torch.library.opcheck(torch.ops.lattice.pair_conv.default, args)
+        grad = torch.randn(kmap.nbr.shape[0], 4, dtype=torch.float64)
+        torch.library.opcheck(
+            torch.ops.lattice.pair_conv_weight_grad.default, (feats.detach(), grad, *fwd, gather)
+        )
