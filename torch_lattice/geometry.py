@@ -45,6 +45,20 @@ def triple(name: str, value: int | Sequence[int], minimum: int) -> Triple:
     return (out[0], out[1], out[2])
 
 
+# Kernel rows are int32 indices in the C core.
+MAX_KERNEL_VOLUME = 2**31 - 1
+
+
+def check_kernel_size(kernel_size: int | Sequence[int]) -> Triple:
+    """Reads ``kernel_size`` and checks its volume fits the kernel-row index."""
+    ks = triple("kernel_size", kernel_size, 1)
+    if ks[0] * ks[1] * ks[2] > MAX_KERNEL_VOLUME:
+        raise ValueError(
+            f"kernel_size {ks} has {ks[0] * ks[1] * ks[2]} rows; at most {MAX_KERNEL_VOLUME}"
+        )
+    return ks
+
+
 @dataclass(frozen=True)
 class ConvGeometry:
     """Per-axis geometry of a convolution relation.
@@ -67,7 +81,7 @@ class ConvGeometry:
     ) -> ConvGeometry:
         """Validates and normalizes user arguments (errors name the argument)."""
         return ConvGeometry(
-            triple("kernel_size", kernel_size, 1),
+            check_kernel_size(kernel_size),
             triple("stride", stride, 1),
             triple("padding", padding, 0),
             triple("dilation", dilation, 1),

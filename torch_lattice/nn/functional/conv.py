@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import torch
 
-from torch_lattice.geometry import ConvGeometry, triple
+from torch_lattice.geometry import ConvGeometry, check_kernel_size, triple
 from torch_lattice.nn.functional.config import ConvConfig, resolve_config
 from torch_lattice.nn.functional.relation import apply_kernel_map
 from torch_lattice.tensor import SparseTensor, Support, multiply_stride, validate_coords
@@ -153,7 +153,7 @@ def subm_conv3d(
     ``y[q] = bias + sum_n weight[n]^T x[q + (r_n - (K-1)/2) * dilation]`` on
     exactly the input rows, in their order.
     """
-    ks = triple("kernel_size", kernel_size, 1)
+    ks = check_kernel_size(kernel_size)
     if any(k % 2 == 0 for k in ks):
         raise ValueError(f"kernel_size must be odd in every axis for SubmConv3d, got {ks}")
     geometry = ConvGeometry.submanifold(ks, triple("dilation", dilation, 1))

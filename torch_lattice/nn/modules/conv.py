@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from torch_lattice.geometry import ConvGeometry, Triple, kernel_positions, triple
+from torch_lattice.geometry import ConvGeometry, Triple, check_kernel_size, kernel_positions, triple
 from torch_lattice.nn.functional import conv as F
 from torch_lattice.nn.functional.config import ConvConfig
 from torch_lattice.tensor import SparseTensor
@@ -102,7 +102,7 @@ class SubmConv3d(ConvBase):
         bias: bool = False,
         config: ConvConfig | None = None,
     ) -> None:
-        ks = triple("kernel_size", kernel_size, 1)
+        ks = check_kernel_size(kernel_size)
         if any(k % 2 == 0 for k in ks):
             raise ValueError(f"kernel_size must be odd in every axis for SubmConv3d, got {ks}")
         super().__init__(in_channels, out_channels, ks, bias, config)
