@@ -16,9 +16,12 @@ from torch import nn
 from torch_lattice.geometry import ConvGeometry, Triple, check_kernel_size, kernel_positions, triple
 from torch_lattice.nn.functional import conv as F
 from torch_lattice.nn.functional.config import ConvConfig
-from torch_lattice.tensor import SparseTensor
+from torch_lattice.tensor import SparseTensor, Support
 
-__all__ = ["Conv3d", "ConvBase", "SubmConv3d", "pick_target"]
+__all__ = ["Conv3d", "ConvBase", "StridedConv", "SubmConv3d", "Target", "pick_target"]
+
+# A target support: a SparseTensor, its Support, or (M, 4) integer rows.
+Target = SparseTensor | Support | torch.Tensor | None
 
 
 def _positive(name: str, value: int) -> int:
@@ -28,7 +31,11 @@ def _positive(name: str, value: int) -> int:
 
 
 class ConvBase(nn.Module):
-    """Weight, bias and kernel_positions shared by every convolution module."""
+    """Weight, bias and kernel_positions shared by every convolution module.
+
+    Subclasses define :meth:`conv`, the module's convolution for a given
+    weight and bias; the weight-normalized modules call it twice.
+    """
 
     kernel_positions: torch.Tensor
 
@@ -61,6 +68,19 @@ class ConvBase(nn.Module):
         if self.bias is not None:
             nn.init.uniform_(self.bias, -bound, bound)
 
+    def conv(
+        self,
+        input: SparseTensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        coordinates: Target = None,
+    ) -> SparseTensor:
+        """This module's convolution with the given weight and bias."""
+        raise NotImplementedError(f"{type(self).__name__} does not define conv()")
+
+    def extra_repr(self) -> str:
+        return self.geometry_repr()
+
     def geometry_repr(self) -> str:
         """``extra_repr`` text: channels, kernel and the non-default geometry."""
         s = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}"
@@ -71,9 +91,7 @@ class ConvBase(nn.Module):
         return s + f", bias={self.bias is not None}"
 
 
-def pick_target(
-    coordinates: SparseTensor | torch.Tensor | None, target: SparseTensor | torch.Tensor | None
-) -> SparseTensor | torch.Tensor | None:
+def pick_target(coordinates: Target, target: Target) -> Target:
     """Accepts the target support as ``coordinates`` or ``target`` (not both)."""
     if coordinates is not None and target is not None:
         raise ValueError("pass the target support once: coordinates= or target=, not both")
@@ -108,26 +126,24 @@ class SubmConv3d(ConvBase):
         super().__init__(in_channels, out_channels, ks, bias, config)
         self.dilation = triple("dilation", dilation, 1)
 
-    def forward(self, input: SparseTensor) -> SparseTensor:
+    def conv(
+        self,
+        input: SparseTensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        coordinates: Target = None,
+    ) -> SparseTensor:
         return F.subm_conv3d(
-            input, self.weight, self.bias, self.kernel_size, self.dilation, config=self.config
+            input, weight, bias, self.kernel_size, self.dilation, config=self.config
         )
 
-    def extra_repr(self) -> str:
-        return self.geometry_repr()
+    def forward(self, input: SparseTensor) -> SparseTensor:
+        return self.conv(input, self.weight, self.bias)
 
 
-class Conv3d(ConvBase):
-    """Support-generating sparse convolution, or target-conditioned when
-    called as ``conv(x, coordinates=target)``.
-
-    Wraps :func:`torch_lattice.nn.functional.conv3d`.
-
-    Args:
-        in_channels, out_channels: feature widths.
-        kernel_size, stride, padding, dilation: int or 3-tuple each.
-        bias: add a learnable ``(C_out,)`` bias.
-        config: per-module dataflow configuration (``ConvConfig``).
+class StridedConv(ConvBase):
+    """A convolution with stride, padding and dilation that may be given a
+    target support: ``m(x)``, ``m(x, target)`` or ``m(x, coordinates=target)``.
     """
 
     def __init__(
@@ -148,23 +164,39 @@ class Conv3d(ConvBase):
         self.dilation = geometry.dilation
 
     def forward(
+        self, input: SparseTensor, coordinates: Target = None, *, target: Target = None
+    ) -> SparseTensor:
+        return self.conv(input, self.weight, self.bias, pick_target(coordinates, target))
+
+
+class Conv3d(StridedConv):
+    """Support-generating sparse convolution, or target-conditioned when
+    called as ``conv(x, coordinates=target)``.
+
+    Wraps :func:`torch_lattice.nn.functional.conv3d`.
+
+    Args:
+        in_channels, out_channels: feature widths.
+        kernel_size, stride, padding, dilation: int or 3-tuple each.
+        bias: add a learnable ``(C_out,)`` bias.
+        config: per-module dataflow configuration (``ConvConfig``).
+    """
+
+    def conv(
         self,
         input: SparseTensor,
-        coordinates: SparseTensor | torch.Tensor | None = None,
-        *,
-        target: SparseTensor | torch.Tensor | None = None,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        coordinates: Target = None,
     ) -> SparseTensor:
         return F.conv3d(
             input,
-            self.weight,
-            self.bias,
+            weight,
+            bias,
             self.kernel_size,
             self.stride,
             self.padding,
             self.dilation,
-            coordinates=pick_target(coordinates, target),
+            coordinates=coordinates,
             config=self.config,
         )
-
-    def extra_repr(self) -> str:
-        return self.geometry_repr()
