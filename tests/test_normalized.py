@@ -15,21 +15,22 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import torch
-from torch.func import functional_call
 
 import torch_lattice as tl
 from torch_lattice.nn import functional as TF
 
 try:
+    import conformance_helpers as ch
     import dense_oracle as oracle
     import test_conformance_transpose as tt
 except ImportError:  # tests/ may become a package; then they are imported through it
+    from tests import conformance_helpers as ch
     from tests import dense_oracle as oracle
     from tests import test_conformance_transpose as tt
 
 F64 = torch.float64
 I32 = torch.int32
-Geo = tt.Geo
+Geo = ch.Geo
 Dense = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (feats, weight) -> rows
 
 NORMALIZED = (
@@ -39,7 +40,7 @@ NORMALIZED = (
 )
 
 
-def normalized_ref(dense: Dense, eps: float) -> tt.RefFn:
+def normalized_ref(dense: Dense, eps: float) -> ch.RefFn:
     """The documented formula, numerator and denominator both from the dense oracle."""
 
     def ref(f: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
@@ -54,18 +55,18 @@ def normalized_ref(dense: Dense, eps: float) -> tt.RefFn:
 # --------------------------------------------------------------------------------------
 
 SUBM_CASES = [
-    Geo(kernel=3, batches=2, bias=True, extent=(6, 6, 6)),
-    Geo(kernel=(3, 1, 5), dilation=(1, 2, 1), batches=1, extent=(6, 7, 8)),
-    Geo(kernel=5, batches=1, bias=True, in_stride=2, extent=(7, 7, 7), density=0.1),
+    ch.coarse_geo(kernel=3, batches=2, bias=True, extent=(6, 6, 6)),
+    ch.coarse_geo(kernel=(3, 1, 5), dilation=(1, 2, 1), batches=1, extent=(6, 7, 8)),
+    ch.coarse_geo(kernel=5, batches=1, bias=True, in_stride=2, extent=(7, 7, 7), density=0.1),
 ]
 
 
 @pytest.mark.parametrize("eps", [1e-8, 0.5])
-@pytest.mark.parametrize("geo", SUBM_CASES, ids=tt.geo_id)
+@pytest.mark.parametrize("geo", SUBM_CASES, ids=ch.geo_id)
 def test_normalized_subm_matches_formula(geo: Geo, eps: float) -> None:
-    seed = tt.seed_of(geo, f"nsubm{eps}")
+    seed = ch.seed_of(geo, f"nsubm{eps}")
     feats, coords = oracle.random_geometry(seed, geo.batches, geo.extent, geo.density, 3)
-    conv = tt.make_conv(
+    conv = ch.make_conv(
         tl.nn.NormalizedSubmConv3d,
         3,
         2,
@@ -75,21 +76,21 @@ def test_normalized_subm_matches_formula(geo: Geo, eps: float) -> None:
         bias=geo.bias,
         eps=eps,
     )
-    leaf, x = tt.leaf_tensor(feats, coords, geo.in_stride, (geo.batches, *geo.extent))
+    leaf, x = ch.sparse_input(feats, coords, geo.in_stride, (geo.batches, *geo.extent))
     y = conv(x)
-    tt.assert_coords_equal(y.coords, coords)
+    ch.assert_coords_equal(y.coords, coords)
     assert y.stride == x.stride and y.spatial_range == x.spatial_range
 
     def dense(f: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return oracle.dense_subm(f, coords, w, None, geo.kernel, geo.dilation)
 
-    tt.compare_with_oracle(conv, leaf, y.feats, normalized_ref(dense, eps), seed)
+    ch.compare_with_oracle(conv, leaf, y.feats, normalized_ref(dense, eps), grad_seed=seed + 1)
 
 
 TRANSPOSE_CASES = [
-    Geo(kernel=3, stride=2, padding=1, batches=2, bias=True, in_stride=2),
-    Geo(kernel=2, stride=2, batches=1, in_stride=4),
-    Geo(
+    ch.coarse_geo(kernel=3, stride=2, padding=1, batches=2, bias=True, in_stride=2),
+    ch.coarse_geo(kernel=2, stride=2, batches=1, in_stride=4),
+    ch.coarse_geo(
         kernel=(2, 3, 1),
         stride=(2, 1, 3),
         padding=(0, 1, 0),
@@ -102,34 +103,31 @@ TRANSPOSE_CASES = [
 
 
 @pytest.mark.parametrize("eps", [1e-8, 0.5])
-@pytest.mark.parametrize("geo", TRANSPOSE_CASES, ids=tt.geo_id)
+@pytest.mark.parametrize("geo", TRANSPOSE_CASES, ids=ch.geo_id)
 def test_normalized_transpose_target_matches_formula(geo: Geo, eps: float) -> None:
-    seed = tt.seed_of(geo, f"ntarget{eps}")
+    seed = ch.seed_of(geo, f"ntarget{eps}")
     feats, coords = oracle.random_geometry(seed, geo.batches, geo.extent, geo.density, 3)
-    target, reach = tt.make_target(seed, coords, geo)
-    conv = tt.make_conv(
+    target, reach = ch.transpose_target(seed, coords, geo)
+    conv = ch.make_conv(
         tl.nn.NormalizedConvTranspose3d,
         3,
         2,
         seed,
-        kernel_size=geo.kernel,
-        stride=geo.stride,
-        padding=geo.padding,
-        dilation=geo.dilation,
         bias=geo.bias,
         eps=eps,
+        **ch.strided_kwargs(geo),
     )
-    leaf, src = tt.leaf_tensor(feats, coords, geo.in_stride)
+    leaf, src = ch.sparse_input(feats, coords, geo.in_stride)
     y = conv(src, target)
-    tt.assert_coords_equal(y.coords, target)
-    assert y.stride == tt.div3(geo.in_stride, geo.stride)
+    ch.assert_coords_equal(y.coords, target)
+    assert y.stride == ch.div3(geo.in_stride, geo.stride)
 
     def dense(f: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return oracle.dense_conv_transpose_at(
             f, coords, w, None, target, geo.kernel, geo.stride, geo.padding, geo.dilation
         )
 
-    tt.compare_with_oracle(conv, leaf, y.feats, normalized_ref(dense, eps), seed)
+    ch.compare_with_oracle(conv, leaf, y.feats, normalized_ref(dense, eps), grad_seed=seed + 1)
     # Unreached rows: 0 / sqrt(0 + eps) + b, i.e. exactly the bias.
     unreached = torch.tensor([tuple(r) not in reach for r in target.tolist()])
     assert unreached.any()
@@ -138,19 +136,19 @@ def test_normalized_transpose_target_matches_formula(geo: Geo, eps: float) -> No
     assert torch.equal(got, empty.expand_as(got))
 
 
-@pytest.mark.parametrize("geo", tt.INVERSE_CASES[:2] + tt.INVERSE_CASES[7:8], ids=tt.geo_id)
+@pytest.mark.parametrize("geo", tt.INVERSE_CASES[:2] + tt.INVERSE_CASES[7:8], ids=ch.geo_id)
 def test_normalized_inverse_matches_formula_without_new_maps(geo: Geo) -> None:
-    seed = tt.seed_of(geo, "ninverse")
+    seed = ch.seed_of(geo, "ninverse")
     feats, coords = oracle.random_geometry(seed, geo.batches, geo.extent, geo.density, 2)
     x = tl.SparseTensor(feats, coords, spatial_range=(geo.batches, *geo.extent))
-    kw = dict(kernel_size=geo.kernel, stride=geo.stride, padding=geo.padding, dilation=geo.dilation)
-    y = tt.make_conv(tl.nn.Conv3d, 2, 3, seed, **kw)(x)
+    kw = ch.strided_kwargs(geo)
+    y = ch.make_conv(tl.nn.Conv3d, 2, 3, seed, **kw)(x)
     builds = x.coordinate_manager.builds
-    conv = tt.make_conv(tl.nn.NormalizedConvTranspose3d, 3, 2, seed + 1, bias=geo.bias, **kw)
+    conv = ch.make_conv(tl.nn.NormalizedConvTranspose3d, 3, 2, seed + 1, bias=geo.bias, **kw)
     leaf = y.feats.detach().clone().requires_grad_(True)
     z = conv(y.replace(leaf))
     assert x.coordinate_manager.builds == builds  # both passes reuse the encoder's map
-    tt.assert_coords_equal(z.coords, coords)
+    ch.assert_coords_equal(z.coords, coords)
     assert z.stride == x.stride and z.spatial_range == x.spatial_range
 
     def dense(f: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -158,16 +156,16 @@ def test_normalized_inverse_matches_formula_without_new_maps(geo: Geo) -> None:
             f, y.coords, w, None, coords, geo.kernel, geo.stride, geo.padding, geo.dilation
         )
 
-    tt.compare_with_oracle(conv, leaf, z.feats, normalized_ref(dense, 1e-8), seed)
+    ch.compare_with_oracle(conv, leaf, z.feats, normalized_ref(dense, 1e-8), grad_seed=seed + 1)
 
 
 @pytest.mark.parametrize("with_range", [True, False], ids=["range", "norange"])
-@pytest.mark.parametrize("geo", [tt.GEN_CASES[0], tt.GEN_CASES[2], tt.GEN_CASES[6]], ids=tt.geo_id)
+@pytest.mark.parametrize("geo", [tt.GEN_CASES[0], tt.GEN_CASES[2], tt.GEN_CASES[6]], ids=ch.geo_id)
 def test_normalized_generative_matches_formula(geo: Geo, with_range: bool) -> None:
-    seed = tt.seed_of(geo, f"ngen{with_range}")
+    seed = ch.seed_of(geo, f"ngen{with_range}")
     feats, coords = oracle.random_geometry(seed, geo.batches, geo.extent, geo.density, 3)
     srange = (geo.batches, *geo.extent) if with_range else None
-    conv = tt.make_conv(
+    conv = ch.make_conv(
         tl.nn.NormalizedGenerativeConvTranspose3d,
         3,
         2,
@@ -180,19 +178,19 @@ def test_normalized_generative_matches_formula(geo: Geo, with_range: bool) -> No
         3, 2, kernel_size=geo.kernel, stride=geo.stride, bias=geo.bias
     ).to(F64)
     base.load_state_dict(conv.state_dict())
-    leaf, src = tt.leaf_tensor(feats, coords, geo.in_stride, srange)
+    leaf, src = ch.sparse_input(feats, coords, geo.in_stride, srange)
     y = conv(src)
     # Same support, stride and range as the base module.
     expected = base(src.detach())
     assert torch.equal(y.coords, expected.coords)
     assert y.stride == expected.stride and y.spatial_range == expected.spatial_range
     out = oracle.expected_generative_support(coords, geo.kernel, geo.stride)
-    tt.assert_coords_equal(y.coords, out)
+    ch.assert_coords_equal(y.coords, out)
 
     def dense(f: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return oracle.dense_conv_transpose_at(f, coords, w, None, out, geo.kernel, geo.stride)
 
-    tt.compare_with_oracle(conv, leaf, y.feats, normalized_ref(dense, 1e-8), seed)
+    ch.compare_with_oracle(conv, leaf, y.feats, normalized_ref(dense, 1e-8), grad_seed=seed + 1)
     # Generated and explicit-target results are bitwise equal for the same dataflow
     # (target transposes run gather-scatter).
     again = conv(src, y.coords.clone())
@@ -205,8 +203,8 @@ def test_normalized_generative_matches_formula(geo: Geo, with_range: bool) -> No
 def test_normalization_changes_the_result() -> None:
     """Guards the formula tests: a normalized layer differs from its plain base."""
     feats, coords = oracle.random_geometry(5, 1, (5, 5, 5), 0.3, 2)
-    conv = tt.make_conv(tl.nn.NormalizedSubmConv3d, 2, 2, 5, kernel_size=3)
-    base = tt.make_conv(tl.nn.SubmConv3d, 2, 2, 5, kernel_size=3)
+    conv = ch.make_conv(tl.nn.NormalizedSubmConv3d, 2, 2, 5, kernel_size=3)
+    base = ch.make_conv(tl.nn.SubmConv3d, 2, 2, 5, kernel_size=3)
     x = tl.SparseTensor(feats, coords)
     assert not torch.allclose(conv(x).feats, base(x).feats)
 
@@ -218,12 +216,12 @@ def test_normalization_changes_the_result() -> None:
 
 def test_pointwise_bypass_subm() -> None:
     feats, coords = oracle.random_geometry(7, 2, (5, 5, 5), 0.3, 3)
-    conv = tt.make_conv(tl.nn.NormalizedSubmConv3d, 3, 4, 7, kernel_size=1, bias=True)
+    conv = ch.make_conv(tl.nn.NormalizedSubmConv3d, 3, 4, 7, kernel_size=1, bias=True)
     base = tl.nn.SubmConv3d(3, 4, kernel_size=1, bias=True).to(F64)
     base.load_state_dict(conv.state_dict())
     x = tl.SparseTensor(feats, coords)
     y = conv(x)
-    tt.assert_coords_equal(y.coords, coords)
+    ch.assert_coords_equal(y.coords, coords)
     assert torch.equal(y.feats, base(x).feats)
     expected = feats @ conv.weight.detach()[0] + conv.bias.detach()
     torch.testing.assert_close(y.feats.detach(), expected, rtol=1e-12, atol=1e-12)
@@ -239,7 +237,7 @@ def test_pointwise_bypass_transposes() -> None:
         (tl.nn.NormalizedGenerativeConvTranspose3d, tl.nn.GenerativeConvTranspose3d, (src,)),
     ]
     for norm_cls, base_cls, args in pairs:
-        conv = tt.make_conv(norm_cls, 3, 4, 8, kernel_size=1, stride=2, bias=True)
+        conv = ch.make_conv(norm_cls, 3, 4, 8, kernel_size=1, stride=2, bias=True)
         base = base_cls(3, 4, kernel_size=1, stride=2, bias=True).to(F64)
         base.load_state_dict(conv.state_dict())
         y = conv(*args)
@@ -281,10 +279,10 @@ def test_subm_builds_one_map() -> None:
     feats, coords = oracle.random_geometry(9, 2, (6, 6, 6), 0.2, 2)
     x = tl.SparseTensor(feats, coords)
     assert x.coordinate_manager.builds == 0
-    tt.make_conv(tl.nn.NormalizedSubmConv3d, 2, 3, 9, kernel_size=3)(x)
+    ch.make_conv(tl.nn.NormalizedSubmConv3d, 2, 3, 9, kernel_size=3)(x)
     assert x.coordinate_manager.builds == 1
     # Another layer with the same geometry reuses it.
-    tt.make_conv(tl.nn.NormalizedSubmConv3d, 2, 2, 10, kernel_size=3, bias=True)(x)
+    ch.make_conv(tl.nn.NormalizedSubmConv3d, 2, 2, 10, kernel_size=3, bias=True)(x)
     assert x.coordinate_manager.builds == 1
 
 
@@ -292,15 +290,15 @@ def test_subm_builds_one_map() -> None:
 def test_transpose_target_builds_one_map(target_kind: str) -> None:
     geo = TRANSPOSE_CASES[0]
     feats, coords = oracle.random_geometry(12, geo.batches, geo.extent, geo.density, 2)
-    rows, _ = tt.make_target(12, coords, geo)
+    rows, _ = ch.transpose_target(12, coords, geo)
     src = tl.SparseTensor(feats, coords, stride=geo.in_stride)
     target: tl.SparseTensor | torch.Tensor = rows
     tensors = [src]
     if target_kind == "sparse_tensor":
         target = tl.SparseTensor(torch.zeros(rows.shape[0], 1, dtype=F64), rows, stride=1)
         tensors.append(target)
-    assert tt.total_builds(*tensors) == 0
-    conv = tt.make_conv(
+    assert ch.total_builds(*tensors) == 0
+    conv = ch.make_conv(
         tl.nn.NormalizedConvTranspose3d,
         2,
         3,
@@ -310,15 +308,15 @@ def test_transpose_target_builds_one_map(target_kind: str) -> None:
         padding=geo.padding,
     )
     y = conv(src, target)
-    assert tt.total_builds(*tensors, y) == 1
+    assert ch.total_builds(*tensors, y) == 1
 
 
 def test_generative_builds_one_map() -> None:
     feats, coords = oracle.random_geometry(13, 2, (5, 5, 5), 0.3, 2)
     src = tl.SparseTensor(feats, coords, stride=2)
-    conv = tt.make_conv(tl.nn.NormalizedGenerativeConvTranspose3d, 2, 3, 13, kernel_size=3)
+    conv = ch.make_conv(tl.nn.NormalizedGenerativeConvTranspose3d, 2, 3, 13, kernel_size=3)
     y = conv(src)
-    assert tt.total_builds(src, y) == 1
+    assert ch.total_builds(src, y) == 1
 
 
 # --------------------------------------------------------------------------------------
@@ -337,21 +335,6 @@ def one_thread() -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def gradcheck_module(conv: torch.nn.Module, x: tl.SparseTensor, *args: object) -> None:
-    """gradcheck of the module output wrt input feats, weight and bias."""
-
-    def f(feats: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        params = {"weight": weight, "bias": bias}
-        return functional_call(conv, params, (x.replace(feats), *args)).feats
-
-    inputs = (
-        x.feats.detach().clone().requires_grad_(True),
-        conv.weight.detach().clone().requires_grad_(True),
-        conv.bias.detach().clone().requires_grad_(True),
-    )
-    assert torch.autograd.gradcheck(f, inputs, eps=1e-6, atol=1e-7, rtol=1e-5)
-
-
 def tiny(seed: int, stride: int = 1) -> tl.SparseTensor:
     feats, coords = oracle.random_geometry(seed, 1, (3, 3, 3), 0.25, 2)
     return tl.SparseTensor(feats, coords, stride=stride)
@@ -359,31 +342,31 @@ def tiny(seed: int, stride: int = 1) -> tl.SparseTensor:
 
 @pytest.mark.usefixtures("one_thread")
 def test_gradcheck_normalized_subm() -> None:
-    conv = tt.make_conv(
+    conv = ch.make_conv(
         tl.nn.NormalizedSubmConv3d, 2, 2, 21, kernel_size=(3, 3, 1), bias=True, eps=1e-3
     )
-    gradcheck_module(conv, tiny(21))
+    ch.gradcheck_module(conv, tiny(21))
 
 
 @pytest.mark.usefixtures("one_thread")
 def test_gradcheck_normalized_transpose_target_and_inverse() -> None:
     x = tiny(22, stride=2)
     kw = dict(kernel_size=(3, 1, 2), stride=(2, 1, 2), padding=(1, 0, 0), bias=True, eps=1e-3)
-    conv = tt.make_conv(tl.nn.NormalizedConvTranspose3d, 2, 2, 22, **kw)
+    conv = ch.make_conv(tl.nn.NormalizedConvTranspose3d, 2, 2, 22, **kw)
     rows = torch.tensor([[0, 0, 0, 0], [0, 1, 2, 3], [0, 4, 1, 0], [0, 2, 2, 2]], dtype=I32)
     target = tl.SparseTensor(torch.zeros(4, 1, dtype=F64), rows, stride=(1, 2, 1))
-    gradcheck_module(conv, x, target)
+    ch.gradcheck_module(conv, x, target)
 
     fine = tiny(23)
-    down = tt.make_conv(
+    down = ch.make_conv(
         tl.nn.Conv3d, 2, 2, 23, kernel_size=(3, 1, 2), stride=(2, 1, 2), padding=(1, 0, 0)
     )
-    gradcheck_module(conv, down(fine).detach())
+    ch.gradcheck_module(conv, down(fine).detach())
 
 
 @pytest.mark.usefixtures("one_thread")
 def test_gradcheck_normalized_generative() -> None:
-    conv = tt.make_conv(
+    conv = ch.make_conv(
         tl.nn.NormalizedGenerativeConvTranspose3d,
         2,
         2,
@@ -393,5 +376,5 @@ def test_gradcheck_normalized_generative() -> None:
         bias=True,
     )
     x = tiny(24, stride=2)
-    gradcheck_module(conv, x)
-    gradcheck_module(conv, x, conv(x).coords.flip(0))
+    ch.gradcheck_module(conv, x)
+    ch.gradcheck_module(conv, x, conv(x).coords.flip(0))
