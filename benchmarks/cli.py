@@ -212,6 +212,21 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _report(args: argparse.Namespace) -> int:
+    """Rewrites results.md and the plots from an existing results.json."""
+    out = Path(args.out)
+    src = out / "results.json"
+    if not src.is_file():
+        raise SystemExit(f"--out: {src} does not exist (run the benchmarks first)")
+    meta, rows = report.read_json(src)
+    report.write_markdown(out / "results.md", meta, rows)
+    written = ["results.md"]
+    if not args.no_plots:
+        written += [p.name for p in report.write_plots(out, rows)]
+    print(f"wrote {', '.join(written)} to {out}")
+    return 0
+
+
 def _list() -> int:
     for name, suite in SUITES.items():
         kinds = ", ".join(f"{k}-b{b}" if b > 1 else k for k, b in suite.main + suite.extra)
@@ -234,6 +249,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     run.add_argument("--no-spconv", action="store_true", help="skip spconv even if installed")
     run.add_argument("--no-memory", action="store_true", help="skip peak-memory runs")
+    rep = sub.add_parser("report", help="redraw results.md and plots from results.json")
+    rep.add_argument("--out", default=str(ROOT / "docs" / "benchmarks"))
+    rep.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     sub.add_parser("list", help="list suites and workloads")
     return p
 
@@ -244,6 +262,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.argv = None if argv is None else list(argv)
     if args.cmd == "list":
         return _list()
+    if args.cmd == "report":
+        return _report(args)
     if args.repeats is not None and args.repeats < 1:
         raise SystemExit("--repeats: must be >= 1")
     if args.threads is not None and args.threads < 1:

@@ -15,7 +15,15 @@ from typing import Any
 
 from benchmarks import workloads as wl
 
-__all__ = ["PLOTS", "Targets", "markdown", "write_json", "write_markdown", "write_plots"]
+__all__ = [
+    "PLOTS",
+    "Targets",
+    "markdown",
+    "read_json",
+    "write_json",
+    "write_markdown",
+    "write_plots",
+]
 
 Row = dict[str, Any]
 PLOTS = ("speedup.png", "sweep.png", "throughput.png")
@@ -28,6 +36,7 @@ def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
     os.close(fd)
     try:
         write(Path(tmp))
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; results are meant to be shared
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -38,6 +47,18 @@ def write_json(path: Path, meta: dict[str, Any], rows: list[Row]) -> None:
     """``{"meta": ..., "results": [...]}`` with sorted keys."""
     text = json.dumps({"meta": meta, "results": rows}, indent=1, sort_keys=True)
     _atomic_write(path, lambda p: p.write_text(text + "\n"))
+
+
+def read_json(path: Path) -> tuple[dict[str, Any], list[Row]]:
+    """``(meta, rows)`` of a ``results.json`` written by :func:`write_json`.
+
+    Raises:
+        ValueError: the file is not such a results file.
+    """
+    data = json.loads(Path(path).read_text())
+    if not isinstance(data, dict) or "meta" not in data or "results" not in data:
+        raise ValueError(f"{path}: not a benchmarks results.json (needs meta and results)")
+    return data["meta"], data["results"]
 
 
 # --------------------------------------------------------------------------------------
@@ -243,13 +264,22 @@ def write_markdown(path: Path, meta: dict[str, Any], rows: list[Row]) -> None:
 
 
 def _plot_speedup(plt: Any, rows: list[Row], path: Path) -> None:
-    cases = [c for c in _cases(rows) if _find(rows, *c, wl.LATTICE)]
+    cases = [
+        c
+        for c in _cases(rows)
+        if _find(rows, *c, wl.LATTICE)
+        and any(
+            r["impl"] not in (wl.LATTICE, wl.MM, wl.MM_SQUARE)
+            for r in _ok(rows)
+            if (r["workload"], r["scene"], r["channels"]) == c
+        )
+    ]
     labels, series = [], {wl.TORCH: [], wl.DENSE: [], wl.SPCONV: []}
     for workload, scene, c in cases:
         labels.append(f"{workload}\n{scene}" + (f" C={c}" if c else ""))
         for impl in series:
             base = wl.TORCH_KMAP if workload == "kmap_subm3" and impl == wl.TORCH else impl
-            series[impl].append(_ratio(rows, workload, scene, c, base) or 0.0)
+            series[impl].append(_ratio(rows, workload, scene, c, base) or float("nan"))
     fig, ax = plt.subplots(figsize=(max(8, 0.7 * len(labels)), 5))
     width = 0.27
     for k, (impl, vals) in enumerate(series.items()):
@@ -257,7 +287,8 @@ def _plot_speedup(plt: Any, rows: list[Row], path: Path) -> None:
         ax.bar(xs, vals, width, label=f"vs {impl}")
     ax.axhline(3.0, color="k", linestyle="--", linewidth=1, label="3x target")
     ax.set_xticks(range(len(labels)), labels, rotation=70, fontsize=7)
-    ax.set_ylabel("speed-up of torch_lattice (baseline time / lattice time)")
+    ax.set_yscale("log")
+    ax.set_ylabel("speed-up of torch_lattice (baseline / lattice time, log)")
     ax.set_title("torch_lattice speed-up over each baseline")
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -292,7 +323,14 @@ def _plot_throughput(plt: Any, rows: list[Row], path: Path) -> None:
     fwd = [
         r for r in _ok(rows) if r["workload"] == "subm3_fwd" and not r["scene"].startswith("sweep-")
     ]
-    scenes = sorted({r["scene"] for r in fwd})
+    # Scenes timed at several channel counts (the others have a single point).
+    scenes = sorted(
+        {
+            r["scene"]
+            for r in fwd
+            if len({q["channels"] for q in fwd if q["scene"] == r["scene"]}) > 1
+        }
+    ) or sorted({r["scene"] for r in fwd})
     fig, axes = plt.subplots(1, max(1, len(scenes)), figsize=(5 * max(1, len(scenes)), 4.2))
     axes = list(axes) if len(scenes) > 1 else [axes]
     for ax, scene in zip(axes, scenes, strict=False):

@@ -9,9 +9,13 @@
 /* Output columns per tile: wider layers are split so a tile's output rows
  * and one weight row stay cache-resident. */
 #define TL_TILE_COLS 256
-/* Weight-gradient partial sums: aim for this many (kernel row, part) tasks,
- * and keep the partial buffer under this many elements. */
-#define TL_WGRAD_TASKS 64
+/* Weight gradient: the output rows are split into this many parts (each
+ * with its own (k, c_in, c_out) partial sum), fewer when the partial sums
+ * would exceed TL_WGRAD_MAX_PARTIAL elements or a part would get under
+ * TL_WGRAD_MIN_ROWS rows.  The split depends only on the problem size, never
+ * on the thread count, so the result is the same for any thread count. */
+#define TL_WGRAD_TASKS 32
+#define TL_WGRAD_MIN_ROWS 1024
 #define TL_WGRAD_MAX_PARTIAL (1 << 22)
 /* Weight-gradient pairs reduced per register-blocked pass: their gathered x
  * columns (c_in x 128) and dy rows stay in L1/L2 across the column blocks. */
@@ -27,15 +31,19 @@
 #else
 #define TL_HOT
 #endif
+#if defined(__GNUC__) && !defined(__clang__)
+#define TL_CONTRACT __attribute__((optimize("fp-contract=fast")))
+#else
+#define TL_CONTRACT
+#endif
 
-/* Number of output-row parts each kernel row's weight gradient is split
- * into.  Depends only on the problem size, never on the thread count. */
+/* Number of output-row parts of the weight gradient (see TL_WGRAD_TASKS). */
 static int64_t tl_wgrad_parts(const tl_conv_desc *d) {
-    int64_t parts = (TL_WGRAD_TASKS + d->k - 1) / d->k;
-    int64_t by_rows = (d->n_out + 255) / 256;
+    int64_t parts = TL_WGRAD_TASKS;
+    int64_t by_rows = (d->n_out + TL_WGRAD_MIN_ROWS - 1) / TL_WGRAD_MIN_ROWS;
     if (parts > by_rows) parts = by_rows;
-    int64_t mat = d->k * d->c_in * d->c_out;
-    if (mat > 0 && parts * mat > TL_WGRAD_MAX_PARTIAL) parts = TL_WGRAD_MAX_PARTIAL / mat;
+    int64_t all = d->k * d->c_in * d->c_out;
+    if (all > 0 && parts * all > TL_WGRAD_MAX_PARTIAL) parts = TL_WGRAD_MAX_PARTIAL / all;
     return parts < 1 ? 1 : parts;
 }
 

@@ -1,5 +1,6 @@
 #include "tl_kmap.h"
 
+#include <omp.h>
 #include <stdlib.h>
 
 #include "tl_hash.h"
@@ -18,26 +19,208 @@ static int32_t tl_kmap_lookup(const tl_hash *h, tl_coord out, const tl_geom *g,
     return (int32_t)tl_hash_find(h, key);
 }
 
-tl_status tl_kmap_build(const tl_ctx *ctx, const tl_coord *in, int64_t n_in,
-                        const tl_coord *out, int64_t n_out, const tl_geom *g,
-                        int32_t *nbr) {
-    int64_t k;
-    tl_status st = tl_geom_check(g, &k);
-    if (st != TL_OK) return st;
-    if (n_in < 0 || n_out < 0 || (n_in && !in) || (n_out && (!out || !nbr)))
-        return TL_ERR_INVALID;
-    if (n_in > TL_ROW_MAX || n_out > TL_ROW_MAX) return TL_ERR_OVERFLOW;
-    for (int64_t i = 0; i < n_in; i++)
-        if ((in[i].b | in[i].x | in[i].y | in[i].z) < 0) return TL_ERR_INVALID;
-    int32_t *pos = malloc(sizeof(int32_t) * 3 * (size_t)k);
-    if (!pos) return TL_ERR_NOMEM;
-    for (int64_t n = 0; n < k; n++) tl_geom_position(g, n, pos + 3 * n);
-    tl_hash h;
-    st = tl_hash_build(&h, in, n_in, NULL);
-    if (st != TL_OK) {
-        free(pos);
-        return st;
+/* ---- Packed table: the fast path when (b, x, y, z) fit in 63 bits ---------
+ *
+ * Each axis gets as many bits as its largest input value needs.  When they
+ * add up to at most 32 the key packs into the high half of a 64-bit slot and
+ * the row index into the low half: a slot is 8 bytes instead of tl_hash's
+ * 24, so the table of a 100k-row scene (256k slots, 2 MiB) stays in cache.
+ * Up to 63 bits the slot holds the key alone and the row index sits in a
+ * parallel int32 array.  A query beyond an axis's bits cannot be an input row
+ * and is rejected without a probe.  Wider coordinates use tl_hash. */
+
+#define TL_PK_EMPTY UINT64_MAX
+#define TL_PK_MUL 0x9E3779B97F4A7C15ULL /* Fibonacci hashing multiplier */
+#define TL_PK_NARROW_BITS 32
+#define TL_PK_MAX_BITS 63
+
+typedef struct tl_pk {
+    uint64_t *slots;  /* narrow: key << 32 | row; wide: key */
+    int32_t *rows;    /* wide only: row of each slot */
+    uint64_t mask;
+    int shift;        /* 64 - log2(capacity) */
+    int bits[4];      /* b, x, y, z */
+    uint32_t lim[4];  /* per-axis exclusive upper bound, 2^bits */
+} tl_pk;
+
+static int tl_bit_len(uint32_t v) {
+    int n = 0;
+    for (; v; v >>= 1) n++;
+    return n;
+}
+
+static uint64_t tl_pk_key(const tl_pk *t, uint32_t b, uint32_t x, uint32_t y, uint32_t z) {
+    uint64_t k = b;
+    k = (k << t->bits[1]) | x;
+    k = (k << t->bits[2]) | y;
+    return (k << t->bits[3]) | z;
+}
+
+static uint64_t tl_pk_slot(const tl_pk *t, uint64_t key) {
+    return (key * TL_PK_MUL) >> t->shift;
+}
+
+/* Chooses the layout from the OR of all input rows; TL_ERR_UNSUPPORTED when
+ * the key does not fit 63 bits (the caller then uses tl_hash). */
+static tl_status tl_pk_init(tl_pk *t, const tl_coord *in, int64_t n_in) {
+    uint32_t m[4] = {0, 0, 0, 0};
+    int32_t neg = 0;
+    for (int64_t i = 0; i < n_in; i++) {
+        neg |= in[i].b | in[i].x | in[i].y | in[i].z;
+        m[0] |= (uint32_t)in[i].b;
+        m[1] |= (uint32_t)in[i].x;
+        m[2] |= (uint32_t)in[i].y;
+        m[3] |= (uint32_t)in[i].z;
     }
+    if (neg < 0) return TL_ERR_INVALID;
+    int total = 0;
+    for (int a = 0; a < 4; a++) {
+        t->bits[a] = tl_bit_len(m[a]);
+        t->lim[a] = t->bits[a] >= 32 ? UINT32_MAX : (1u << t->bits[a]);
+        total += t->bits[a];
+    }
+    if (total > TL_PK_MAX_BITS) return TL_ERR_UNSUPPORTED;
+    uint64_t cap = 16;
+    int log2cap = 4;
+    while (cap < 2 * (uint64_t)n_in) {
+        cap *= 2;
+        log2cap++;
+    }
+    t->slots = malloc(cap * sizeof(uint64_t));
+    if (total > TL_PK_NARROW_BITS) t->rows = malloc(cap * sizeof(int32_t));
+    if (!t->slots || (total > TL_PK_NARROW_BITS && !t->rows)) return TL_ERR_NOMEM;
+    t->mask = cap - 1;
+    t->shift = 64 - log2cap;
+    return TL_OK;
+}
+
+/* Claims a slot for key with compare-and-swap; returns 1 on a repeated key. */
+static int tl_pk_insert(tl_pk *t, uint64_t key, int32_t row) {
+    uint64_t entry = t->rows ? key : (key << 32) | (uint64_t)(uint32_t)row;
+    for (uint64_t s = tl_pk_slot(t, key);; s = (s + 1) & t->mask) {
+        uint64_t cur = __atomic_load_n(&t->slots[s], __ATOMIC_RELAXED);
+        if (cur == TL_PK_EMPTY &&
+            __atomic_compare_exchange_n(&t->slots[s], &cur, entry, 0, __ATOMIC_RELAXED,
+                                        __ATOMIC_RELAXED)) {
+            if (t->rows) t->rows[s] = row;
+            return 0;
+        }
+        /* cur now holds the slot's key, also after a lost race. */
+        if ((t->rows ? cur : cur >> 32) == key) return 1;
+    }
+}
+
+/* Inserts every input row in parallel.  Slot positions depend on thread
+ * timing but the key -> row contents do not, so lookups are deterministic.
+ * Returns TL_ERR_DUPLICATE when a row repeats. */
+static tl_status tl_pk_fill(const tl_ctx *ctx, tl_pk *t, const tl_coord *in, int64_t n_in) {
+    int dup = 0;
+#pragma omp parallel num_threads(ctx->threads) reduction(| : dup)
+    {
+#pragma omp for schedule(static)
+        for (uint64_t s = 0; s <= t->mask; s++) t->slots[s] = TL_PK_EMPTY;
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < n_in; i++) {
+            uint64_t key = tl_pk_key(t, (uint32_t)in[i].b, (uint32_t)in[i].x,
+                                     (uint32_t)in[i].y, (uint32_t)in[i].z);
+            dup |= tl_pk_insert(t, key, (int32_t)i);
+        }
+    }
+    return dup ? TL_ERR_DUPLICATE : TL_OK;
+}
+
+static int32_t tl_pk_find(const tl_pk *t, uint64_t key, uint64_t s) {
+    if (t->rows) {
+        for (;; s = (s + 1) & t->mask) {
+            uint64_t e = t->slots[s];
+            if (e == TL_PK_EMPTY) return TL_NO_ROW;
+            if (e == key) return t->rows[s];
+        }
+    }
+    for (;; s = (s + 1) & t->mask) {
+        uint64_t e = t->slots[s];
+        if (e == TL_PK_EMPTY) return TL_NO_ROW;
+        if (e >> 32 == key) return (int32_t)(uint32_t)e;
+    }
+}
+
+/* Query key of out through kernel offset off, or TL_PK_EMPTY when the point is
+ * outside every input row's bit range (so it cannot be an input row). */
+static uint64_t tl_pk_query(const tl_pk *t, const int64_t base[3], const int64_t off[3],
+                            uint32_t b) {
+    uint32_t c[3];
+    for (int a = 0; a < 3; a++) {
+        int64_t v = base[a] + off[a];
+        if (v < 0 || v >= (int64_t)t->lim[a + 1]) return TL_PK_EMPTY;
+        c[a] = (uint32_t)v;
+    }
+    if (b >= t->lim[0]) return TL_PK_EMPTY;
+    return tl_pk_key(t, b, c[0], c[1], c[2]);
+}
+
+/* Looks up kernel rows [n0, n1) of output row o into row[]: all slots are
+ * computed and prefetched first, so the cache misses overlap. */
+static void tl_pk_row(const tl_pk *t, const tl_coord *o, const tl_geom *g,
+                      const int64_t *off, int64_t n0, int64_t n1, int32_t *row,
+                      uint64_t *keys) {
+    int64_t base[3] = {(int64_t)o->x * g->stride[0] - g->padding[0],
+                       (int64_t)o->y * g->stride[1] - g->padding[1],
+                       (int64_t)o->z * g->stride[2] - g->padding[2]};
+    for (int64_t n = n0; n < n1; n++) {
+        keys[n] = tl_pk_query(t, base, off + 3 * n, (uint32_t)o->b);
+        if (keys[n] != TL_PK_EMPTY) __builtin_prefetch(&t->slots[tl_pk_slot(t, keys[n])]);
+    }
+    for (int64_t n = n0; n < n1; n++)
+        row[n] = keys[n] == TL_PK_EMPTY ? TL_NO_ROW
+                                        : tl_pk_find(t, keys[n], tl_pk_slot(t, keys[n]));
+}
+
+/* Submanifold relation of a support with itself: stride 1 and every kernel
+ * offset's mirror is its negation ((K-1)*d == 2p per axis).  Then
+ * nbr[o, n] = i  iff  nbr[i, K-1-n] = o, and nbr[o, (K-1)/2] = o. */
+static int tl_is_self_subm(const tl_coord *in, int64_t n_in, const tl_coord *out,
+                           int64_t n_out, const tl_geom *g) {
+    if (in != out || n_in != n_out) return 0;
+    for (int a = 0; a < 3; a++)
+        if (g->stride[a] != 1 || (g->kernel_size[a] - 1) * g->dilation[a] != 2 * g->padding[a])
+            return 0;
+    return 1;
+}
+
+/* Fills nbr through the packed table.  In the self-submanifold case only the
+ * first half of the kernel rows is looked up; each hit also fills its mirror
+ * entry in the neighbour's row (a cell no other (o, n) writes). */
+static void tl_pk_fill_nbr(const tl_ctx *ctx, const tl_pk *t, const tl_coord *out,
+                           int64_t n_out, const tl_geom *g, const int64_t *off, int64_t k,
+                           int self, int32_t *nbr, uint64_t *keys_all) {
+    const int64_t half = self ? (k - 1) / 2 : k;
+#pragma omp parallel num_threads(ctx->threads)
+    {
+        uint64_t *keys = keys_all + (int64_t)omp_get_thread_num() * k;
+        if (self) {
+#pragma omp for schedule(static)
+            for (int64_t j = 0; j < n_out * k; j++) nbr[j] = TL_NO_ROW;
+        }
+#pragma omp for schedule(static)
+        for (int64_t o = 0; o < n_out; o++) {
+            int32_t *row = nbr + o * k;
+            tl_pk_row(t, &out[o], g, off, 0, half, row, keys);
+            if (!self) continue;
+            row[half] = (int32_t)o;
+            for (int64_t n = 0; n < half; n++)
+                if (row[n] >= 0) nbr[(int64_t)row[n] * k + (k - 1 - n)] = (int32_t)o;
+        }
+    }
+}
+
+/* ---- Generic path: tl_hash, for coordinates wider than 32 key bits -------- */
+
+static tl_status tl_kmap_build_wide(const tl_ctx *ctx, const tl_coord *in, int64_t n_in,
+                                    const tl_coord *out, int64_t n_out, const tl_geom *g,
+                                    int64_t k, const int32_t *pos, int32_t *nbr) {
+    tl_hash h;
+    tl_status st = tl_hash_build(&h, in, n_in, NULL);
+    if (st != TL_OK) return st;
 #pragma omp parallel for num_threads(ctx->threads) schedule(static)
     for (int64_t o = 0; o < n_out; o++) {
         int32_t *row = nbr + o * k;
@@ -48,8 +231,66 @@ tl_status tl_kmap_build(const tl_ctx *ctx, const tl_coord *in, int64_t n_in,
         for (int64_t n = 0; n < k; n++) row[n] = tl_kmap_lookup(&h, out[o], g, pos + 3 * n);
     }
     tl_hash_free(&h);
-    free(pos);
     return TL_OK;
+}
+
+/* Kernel offsets r_n * dilation (int64, 3 per row) and positions (int32). */
+static tl_status tl_kmap_offsets(const tl_geom *g, int64_t k, int32_t **pos, int64_t **off) {
+    *pos = malloc(sizeof(int32_t) * 3 * (size_t)k);
+    *off = malloc(sizeof(int64_t) * 3 * (size_t)k);
+    if (!*pos || !*off) {
+        free(*pos);
+        free(*off);
+        return TL_ERR_NOMEM;
+    }
+    for (int64_t n = 0; n < k; n++) {
+        tl_geom_position(g, n, *pos + 3 * n);
+        for (int a = 0; a < 3; a++) (*off)[3 * n + a] = (int64_t)(*pos)[3 * n + a] * g->dilation[a];
+    }
+    return TL_OK;
+}
+
+/* Output rows with a negative field match no input: the packed path needs
+ * them gone, so such a call goes the generic way. */
+static int tl_rows_nonneg(const tl_coord *rows, int64_t n) {
+    int32_t acc = 0;
+    for (int64_t i = 0; i < n; i++) acc |= rows[i].b | rows[i].x | rows[i].y | rows[i].z;
+    return acc >= 0;
+}
+
+tl_status tl_kmap_build(const tl_ctx *ctx, const tl_coord *in, int64_t n_in,
+                        const tl_coord *out, int64_t n_out, const tl_geom *g,
+                        int32_t *nbr) {
+    int64_t k;
+    tl_status st = tl_geom_check(g, &k);
+    if (st != TL_OK) return st;
+    if (!ctx || ctx->threads < 1) return TL_ERR_INVALID;
+    if (n_in < 0 || n_out < 0 || (n_in && !in) || (n_out && (!out || !nbr)))
+        return TL_ERR_INVALID;
+    if (n_in > TL_ROW_MAX || n_out > TL_ROW_MAX) return TL_ERR_OVERFLOW;
+    int32_t *pos;
+    int64_t *off;
+    st = tl_kmap_offsets(g, k, &pos, &off);
+    if (st != TL_OK) return st;
+    tl_pk t = {0};
+    st = tl_pk_init(&t, in, n_in);
+    if (st == TL_OK && tl_rows_nonneg(out, n_out)) {
+        st = tl_pk_fill(ctx, &t, in, n_in);
+        uint64_t *keys = st == TL_OK ? malloc(sizeof(uint64_t) * (size_t)(k * ctx->threads))
+                                     : NULL;
+        if (st == TL_OK && !keys) st = TL_ERR_NOMEM;
+        if (st == TL_OK)
+            tl_pk_fill_nbr(ctx, &t, out, n_out, g, off, k,
+                           tl_is_self_subm(in, n_in, out, n_out, g), nbr, keys);
+        free(keys);
+    } else if (st == TL_OK || st == TL_ERR_UNSUPPORTED) {
+        st = tl_kmap_build_wide(ctx, in, n_in, out, n_out, g, k, pos, nbr);
+    }
+    free(t.slots);
+    free(t.rows);
+    free(pos);
+    free(off);
+    return st;
 }
 
 tl_status tl_kmap_reverse(const tl_ctx *ctx, const int32_t *nbr, int64_t n_out,
@@ -58,20 +299,27 @@ tl_status tl_kmap_reverse(const tl_ctx *ctx, const int32_t *nbr, int64_t n_out,
         return TL_ERR_INVALID;
     if (n_in > TL_ROW_MAX || n_out > TL_ROW_MAX) return TL_ERR_OVERFLOW;
     int bad = 0;
-#pragma omp parallel for num_threads(ctx->threads) schedule(static)
-    for (int64_t j = 0; j < n_in * k; j++) rev[j] = TL_NO_ROW;
-    /* Each (i, n) slot has at most one writer, so columns can be filled in
-     * parallel; a second writer means the map is corrupt. */
-#pragma omp parallel for num_threads(ctx->threads) schedule(static) reduction(| : bad)
-    for (int64_t n = 0; n < k; n++) {
-        for (int64_t o = 0; o < n_out; o++) {
-            int32_t i = nbr[o * k + n];
-            if (i == TL_NO_ROW) continue;
-            if (i < 0 || i >= n_in || rev[i * k + n] != TL_NO_ROW) {
-                bad = 1;
-                continue;
+    /* Each (i, n) slot has at most one writer, so the kernel rows are split
+     * into one contiguous group per thread; every thread walks nbr row by row
+     * (one pass over memory) and writes only its own columns.  A second
+     * writer of a slot means the map is corrupt. */
+#pragma omp parallel num_threads(ctx->threads) reduction(| : bad)
+    {
+#pragma omp for schedule(static)
+        for (int64_t j = 0; j < n_in * k; j++) rev[j] = TL_NO_ROW;
+        int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
+        int64_t n0 = k * t / nt, n1 = k * (t + 1) / nt;
+        for (int64_t o = 0; o < n_out && n0 < n1; o++) {
+            const int32_t *row = nbr + o * k;
+            for (int64_t n = n0; n < n1; n++) {
+                int32_t i = row[n];
+                if (i == TL_NO_ROW) continue;
+                if (i < 0 || i >= n_in || rev[i * k + n] != TL_NO_ROW) {
+                    bad = 1;
+                    continue;
+                }
+                rev[i * k + n] = (int32_t)o;
             }
-            rev[i * k + n] = (int32_t)o;
         }
     }
     return bad ? TL_ERR_INVALID : TL_OK;

@@ -164,3 +164,7 @@ def test_cli_smoke_run_writes_json_markdown_and_plots(tmp_path: Path) -> None:
         for name in report.PLOTS:
             assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not [p.name for p in out.iterdir() if p.name.startswith(".")]
+    (out / "results.md").unlink()
+    redraw = ["report", "--out", str(out)] + ([] if _have_matplotlib() else ["--no-plots"])
+    assert main(redraw) == 0
+    assert (out / "results.md").read_text() == text
