@@ -3,6 +3,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tl_simd.h"
+
 /* Output rows per tile: enough neighbours per kernel row to fill the 4-row
  * micro-kernel, few enough that the tile's output rows stay in L1/L2. */
 #define TL_TILE_ROWS 32
@@ -20,22 +22,6 @@
 /* Weight-gradient pairs reduced per register-blocked pass: their gathered x
  * columns (c_in x 128) and dy rows stay in L1/L2 across the column blocks. */
 #define TL_WGRAD_PAIRS 128
-/* Bytes per vector of the register-blocked kernels: one AVX-512 register,
- * two AVX2 registers (each target_clones variant splits it as it must). */
-#define TL_VBYTES 64
-
-/* Vectorized clones for AVX-512, AVX2 and baseline x86-64, chosen at load
- * time by the dynamic linker (ifunc); other targets compile one version. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define TL_HOT __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define TL_HOT
-#endif
-#if defined(__GNUC__) && !defined(__clang__)
-#define TL_CONTRACT __attribute__((optimize("fp-contract=fast")))
-#else
-#define TL_CONTRACT
-#endif
 
 /* Number of output-row parts of the weight gradient (see TL_WGRAD_TASKS). */
 static int64_t tl_wgrad_parts(const tl_conv_desc *d) {

@@ -2,12 +2,8 @@
  * element type with TL_T (the C type) and TL_SFX (the name suffix) defined;
  * C has no templates, and this keeps one copy of each kernel.
  *
- * Both kernels are register-blocked: a small block of accumulators (4 rows x
- * TL_NV vectors of TL_VBYTES bytes) stays in registers over the whole
- * reduction, so each loaded weight or gradient vector feeds 4 FMAs and
- * outputs are read and written once per block instead of once per channel.
- * The vector type is GCC's generic vector extension: each target_clones
- * variant lowers it to its own widest registers. */
+ * Both kernels run the register-blocked micro-kernels of
+ * tl_microkernel_impl.h. */
 #ifndef TL_T
 #error "define TL_T and TL_SFX before including this file"
 #endif
@@ -16,65 +12,7 @@
 #define TL_CAT(a, b) TL_CAT2(a, b)
 #define TL_FN(name) TL_CAT(name, TL_SFX)
 
-#define TL_VL ((int64_t)(TL_VBYTES / sizeof(TL_T))) /* lanes per vector */
-typedef TL_T TL_FN(tl_vec) __attribute__((vector_size(TL_VBYTES)));
-#define TL_VEC TL_FN(tl_vec)
-
-/* Register-blocked update, for r < R and columns [j, j + NV*VL):
- *   out[r][j + :] += sum_q a[r][q] * b[q][j + :]
- * Forward: q = input channel, a[r] = x row, b[q] = weight row.
- * Weight grad: q = pair, a[r] = gathered x column, b[q] = dy row.
- * Always inlined with constant R and NV, so acc[][] lives in registers. */
-static inline __attribute__((always_inline)) void TL_FN(tl_block)(
-    int R, int NV, int64_t j, int64_t nq, const TL_T *const *a, const TL_T *const *b,
-    TL_T *const *out) {
-    TL_VEC acc[4][2];
-    for (int r = 0; r < R; r++)
-        for (int v = 0; v < NV; v++) acc[r][v] = (TL_VEC){0};
-    for (int64_t q = 0; q < nq; q++) {
-        TL_VEC bv[2];
-        for (int v = 0; v < NV; v++) memcpy(&bv[v], b[q] + j + v * TL_VL, sizeof(TL_VEC));
-        for (int r = 0; r < R; r++) {
-            TL_T s = a[r][q];
-            for (int v = 0; v < NV; v++) acc[r][v] += s * bv[v];
-        }
-    }
-    for (int r = 0; r < R; r++)
-        for (int v = 0; v < NV; v++) {
-            TL_VEC o;
-            memcpy(&o, out[r] + j + v * TL_VL, sizeof(TL_VEC));
-            o += acc[r][v];
-            memcpy(out[r] + j + v * TL_VL, &o, sizeof(TL_VEC));
-        }
-}
-
-/* out[r][0:cw) += sum_q a[r][q] * b[q][0:cw) for R rows (4, 2 or 1): column
- * blocks of 2 vectors, then 1, then scalars for a tail narrower than one.
- * TL_CONTRACT lets the multiply-adds become FMA instructions: -std=c11 turns
- * contraction off, which would halve the peak of every variant with FMA. */
-#define TL_DEFINE_ROWS(R)                                                           \
-    TL_HOT TL_CONTRACT static void TL_FN(tl_rows_##R)(int64_t cw, int64_t nq,            \
-                                                 const TL_T *const *a,              \
-                                                 const TL_T *const *b,              \
-                                                 TL_T *const *out) {                \
-        int64_t j = 0;                                                              \
-        for (; j + 2 * TL_VL <= cw; j += 2 * TL_VL)                                 \
-            TL_FN(tl_block)(R, 2, j, nq, a, b, out);                                \
-        if (j + TL_VL <= cw) {                                                      \
-            TL_FN(tl_block)(R, 1, j, nq, a, b, out);                                \
-            j += TL_VL;                                                             \
-        }                                                                           \
-        for (int r = 0; r < R; r++)                                                 \
-            for (int64_t jj = j; jj < cw; jj++) {                                   \
-                TL_T s = 0;                                                         \
-                for (int64_t q = 0; q < nq; q++) s += a[r][q] * b[q][jj];           \
-                out[r][jj] += s;                                                    \
-            }                                                                       \
-    }
-TL_DEFINE_ROWS(4)
-TL_DEFINE_ROWS(2)
-TL_DEFINE_ROWS(1)
-#undef TL_DEFINE_ROWS
+#include "tl_microkernel_impl.h"
 
 /* Scratch of one forward worker: the kernel row's c_in weight-row pointers,
  * a zero x row and a sink y row that pad the last group of a kernel row to 4
@@ -116,9 +54,9 @@ static void TL_FN(tl_forward_tile)(const tl_conv_desc *d, const TL_T *x, const T
         }
         const TL_T *wn = w + n * cin * cout + co0;
         for (int64_t ci = 0; ci < cin; ci++) s->wq[ci] = wn + ci * cout;
-        for (int64_t p = 0; p < full; p += 4) TL_FN(tl_rows_4)(cw, cin, xr + p, s->wq, yr + p);
-        if (pad == 4) TL_FN(tl_rows_4)(cw, cin, xr + full, s->wq, yr + full);
-        if (pad == 2) TL_FN(tl_rows_2)(cw, cin, xr + full, s->wq, yr + full);
+        for (int64_t p = 0; p < full; p += 4) TL_FN(tl_mk_rows_4)(cw, cin, xr + p, s->wq, yr + p);
+        if (pad == 4) TL_FN(tl_mk_rows_4)(cw, cin, xr + full, s->wq, yr + full);
+        if (pad == 2) TL_FN(tl_mk_rows_2)(cw, cin, xr + full, s->wq, yr + full);
     }
 }
 
@@ -152,36 +90,11 @@ static tl_status TL_FN(tl_forward)(const tl_ctx *ctx, const tl_conv_desc *d, con
 }
 
 /* Scratch of one weight-gradient worker: a chunk of up to TL_WGRAD_PAIRS
- * pairs, their x rows gathered transposed (xt[ci][p]) and dy row pointers. */
+ * pairs (x and dy row pointers) and the transposed x gather buffer. */
 typedef struct TL_FN(tl_wgrad_scratch) {
-    int64_t li[TL_WGRAD_PAIRS], lo[TL_WGRAD_PAIRS];
-    const TL_T *dq[TL_WGRAD_PAIRS];
+    const TL_T *xq[TL_WGRAD_PAIRS], *dq[TL_WGRAD_PAIRS];
     TL_T *xt; /* c_in * TL_WGRAD_PAIRS */
 } TL_FN(tl_wgrad_scratch);
-
-/* acc (c_in, c_out) += sum over the c pairs in s of x[li]^T dy[lo]. */
-static void TL_FN(tl_wgrad_flush)(const tl_conv_desc *d, const TL_T *x, const TL_T *dy,
-                                  TL_FN(tl_wgrad_scratch) *s, int64_t c, TL_T *acc) {
-    const int64_t cin = d->c_in, cout = d->c_out, P = TL_WGRAD_PAIRS;
-    for (int64_t p = 0; p < c; p++) {
-        const TL_T *xr = x + s->li[p] * cin;
-        for (int64_t ci = 0; ci < cin; ci++) s->xt[ci * P + p] = xr[ci];
-        s->dq[p] = dy + s->lo[p] * cout;
-    }
-    int64_t ci = 0;
-    for (; ci + 4 <= cin; ci += 4) {
-        const TL_T *a[4] = {s->xt + ci * P, s->xt + (ci + 1) * P, s->xt + (ci + 2) * P,
-                            s->xt + (ci + 3) * P};
-        TL_T *o[4] = {acc + ci * cout, acc + (ci + 1) * cout, acc + (ci + 2) * cout,
-                      acc + (ci + 3) * cout};
-        TL_FN(tl_rows_4)(cout, c, a, s->dq, o);
-    }
-    for (; ci < cin; ci++) {
-        const TL_T *a[1] = {s->xt + ci * P};
-        TL_T *o[1] = {acc + ci * cout};
-        TL_FN(tl_rows_1)(cout, c, a, s->dq, o);
-    }
-}
 
 /* acc (k, c_in, c_out) += the contributions of output rows [o0, o1) through
  * kernel rows [n0, n1): blocks of TL_WGRAD_PAIRS rows, every kernel row per
@@ -198,10 +111,12 @@ static void TL_FN(tl_wgrad_rows)(const tl_conv_desc *d, const TL_T *x, const TL_
             for (int64_t o = b0; o < b1; o++) {
                 int32_t i = nbr[o * k + n];
                 if (i < 0) continue;
-                s->li[c] = i;
-                s->lo[c++] = o;
+                s->xq[c] = x + (int64_t)i * d->c_in;
+                s->dq[c++] = dy + o * d->c_out;
             }
-            if (c) TL_FN(tl_wgrad_flush)(d, x, dy, s, c, acc + n * mat);
+            if (c)
+                TL_FN(tl_mk_outer_acc)(d->c_in, d->c_out, c, TL_WGRAD_PAIRS, s->xq, s->dq,
+                                       s->xt, acc + n * mat);
         }
     }
 }
@@ -255,8 +170,6 @@ static tl_status TL_FN(tl_weight_grad)(const tl_ctx *ctx, const tl_conv_desc *d,
     return failed ? TL_ERR_NOMEM : TL_OK;
 }
 
-#undef TL_VEC
-#undef TL_VL
 #undef TL_FN
 #undef TL_CAT
 #undef TL_CAT2

@@ -1,12 +1,14 @@
 #include "tl_dataflow_pairs.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #include "tl_simd.h"
 
-/* Pairs per block: enough rows for the 4-row kernel and to amortize a
- * parallel-for's scheduling; small enough that a gather buffer stays in L2. */
-#define TL_PAIR_BLOCK 64
+/* Pairs per block (forward) and per chunk (weight gradient): enough rows
+ * for the 4-row micro-kernel and to amortize a parallel-for's scheduling;
+ * small enough that the gather buffers stay in L2. */
+#define TL_PAIR_BLOCK 128
 /* Weight-gradient partial sums: about this many (kernel row, part) tasks,
  * with the partial buffer capped at this many elements. */
 #define TL_PAIRS_WGRAD_TASKS 64
