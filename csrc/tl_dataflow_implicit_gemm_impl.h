@@ -89,11 +89,10 @@ static tl_status TL_FN(tl_forward)(const tl_ctx *ctx, const tl_conv_desc *d, con
     return failed ? TL_ERR_NOMEM : TL_OK;
 }
 
-/* Scratch of one weight-gradient worker: a chunk of up to TL_WGRAD_PAIRS
- * pairs (x and dy row pointers) and the transposed x gather buffer. */
+/* Scratch of one weight-gradient worker: the x and dy row pointers of a
+ * chunk of up to TL_WGRAD_PAIRS pairs. */
 typedef struct TL_FN(tl_wgrad_scratch) {
     const TL_T *xq[TL_WGRAD_PAIRS], *dq[TL_WGRAD_PAIRS];
-    TL_T *xt; /* c_in * TL_WGRAD_PAIRS */
 } TL_FN(tl_wgrad_scratch);
 
 /* acc (k, c_in, c_out) += the contributions of output rows [o0, o1) through
@@ -115,8 +114,7 @@ static void TL_FN(tl_wgrad_rows)(const tl_conv_desc *d, const TL_T *x, const TL_
                 s->dq[c++] = dy + o * d->c_out;
             }
             if (c)
-                TL_FN(tl_mk_outer_acc)(d->c_in, d->c_out, c, TL_WGRAD_PAIRS, s->xq, s->dq,
-                                       s->xt, acc + n * mat);
+                TL_FN(tl_mk_outer_acc)(d->c_in, d->c_out, c, s->xq, s->dq, acc + n * mat);
         }
     }
 }
@@ -136,15 +134,11 @@ static tl_status TL_FN(tl_weight_grad)(const tl_ctx *ctx, const tl_conv_desc *d,
         if (!partial) return TL_ERR_NOMEM;
     }
     const int64_t rows_per = (d->n_out + parts - 1) / parts;
-    int failed = 0;
-#pragma omp parallel num_threads(ctx->threads) reduction(| : failed)
+#pragma omp parallel num_threads(ctx->threads)
     {
         TL_FN(tl_wgrad_scratch) s;
-        s.xt = malloc(sizeof(TL_T) * (size_t)(d->c_in * TL_WGRAD_PAIRS));
-        failed |= s.xt == NULL;
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < parts * groups; t++) {
-            if (!s.xt) continue;
             int64_t p = t / groups, g = t % groups;
             int64_t o0 = p * rows_per;
             int64_t o1 = o0 + rows_per < d->n_out ? o0 + rows_per : d->n_out;
@@ -153,21 +147,18 @@ static tl_status TL_FN(tl_weight_grad)(const tl_ctx *ctx, const tl_conv_desc *d,
             memset(acc + n0 * mat, 0, sizeof(TL_T) * (size_t)((n1 - n0) * mat));
             if (o0 < o1) TL_FN(tl_wgrad_rows)(d, x, dy, nbr, o0, o1, n0, n1, acc, &s);
         }
-        free(s.xt);
     }
     if (parts > 1) {
         /* Fixed summation order over parts: deterministic for any threads. */
-        if (!failed) {
 #pragma omp parallel for num_threads(ctx->threads) schedule(static)
-            for (int64_t e = 0; e < all; e++) {
-                TL_T sum = 0;
-                for (int64_t p = 0; p < parts; p++) sum += partial[p * all + e];
-                dw[e] = sum;
-            }
+        for (int64_t e = 0; e < all; e++) {
+            TL_T sum = 0;
+            for (int64_t p = 0; p < parts; p++) sum += partial[p * all + e];
+            dw[e] = sum;
         }
         free(partial);
     }
-    return failed ? TL_ERR_NOMEM : TL_OK;
+    return TL_OK;
 }
 
 #undef TL_FN

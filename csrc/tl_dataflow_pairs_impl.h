@@ -13,23 +13,22 @@
 
 /* Per-thread scratch.  Forward: weight-row pointers of the current kernel
  * row, row pointers of a block, and (gather-scatter) the gathered block.
- * Weight gradient: row pointers of a chunk, the transposed x gather buffer
- * and (gather-scatter) the gathered dy rows. */
+ * Weight gradient: row pointers of a chunk and (gather-scatter) its gathered
+ * dy rows. */
 typedef struct TL_FN(tl_pairs_scratch) {
     const TL_T **wq; /* c_in */
     const TL_T *xr[TL_PAIR_BLOCK], *dr[TL_PAIR_BLOCK];
     TL_T *yr[TL_PAIR_BLOCK];
     TL_T *gx, *gy; /* TL_PAIR_BLOCK x c_in, TL_PAIR_BLOCK x c_out */
-    TL_T *xt, *gd; /* c_in x TL_PAIR_BLOCK, TL_PAIR_BLOCK x c_out */
+    TL_T *gd;      /* TL_PAIR_BLOCK x c_out */
 } TL_FN(tl_pairs_scratch);
 
 static int TL_FN(tl_scratch_init)(TL_FN(tl_pairs_scratch) *s, const tl_conv_desc *d) {
     const size_t cin = (size_t)d->c_in, cout = (size_t)d->c_out, B = TL_PAIR_BLOCK;
     s->wq = malloc(sizeof(TL_T *) * (cin + 1));
-    s->gx = malloc(sizeof(TL_T) * (B * (2 * cin + 2 * cout) + 1));
+    s->gx = malloc(sizeof(TL_T) * (B * (cin + 2 * cout) + 1));
     s->gy = s->gx ? s->gx + B * cin : NULL;
-    s->xt = s->gx ? s->gy + B * cout : NULL;
-    s->gd = s->gx ? s->xt + B * cin : NULL;
+    s->gd = s->gx ? s->gy + B * cout : NULL;
     return s->wq && s->gx;
 }
 
@@ -112,7 +111,7 @@ static void TL_FN(tl_pairs_wgrad_range)(const tl_conv_desc *d, int gather, const
                 s->dr[q] = s->gd + q * cout;
             }
         }
-        TL_FN(tl_mk_outer_acc)(cin, cout, m, TL_PAIR_BLOCK, s->xr, s->dr, s->xt, acc);
+        TL_FN(tl_mk_outer_acc)(cin, cout, m, s->xr, s->dr, acc);
     }
 }
 

@@ -90,27 +90,71 @@ __attribute__((unused)) static void TL_MK(rows)(int64_t cw, int64_t nq, int64_t 
     if (p < m) TL_MK(rows_1)(cw, nq, a + p, b, out + p);
 }
 
-/* acc (cin x cout) += sum over c <= P row pairs of xr[p]^T dq[p].  The x rows
- * are gathered transposed into xt (cin x P) so that the reduction over pairs
- * runs in the register-blocked kernel, four input channels at a time. */
+/* Register-blocked update with the rows of `a` read across pairs:
+ *   out[r][j + :] += sum_q xr[q][c0 + r] * b[q][j + :]
+ * i.e. the block above with a[r][q] = xr[q][c0 + r], so the weight gradient
+ * needs no transposed copy of its x rows. */
+static inline __attribute__((always_inline)) void TL_MK(block_t)(
+    int R, int NV, int64_t j, int64_t nq, int64_t c0, const TL_T *const *xr,
+    const TL_T *const *b, TL_T *const *out) {
+    TL_VEC acc[4][2];
+    for (int r = 0; r < R; r++)
+        for (int v = 0; v < NV; v++) acc[r][v] = (TL_VEC){0};
+    for (int64_t q = 0; q < nq; q++) {
+        TL_VEC bv[2];
+        for (int v = 0; v < NV; v++) memcpy(&bv[v], b[q] + j + v * TL_VL, sizeof(TL_VEC));
+        const TL_T *xq = xr[q] + c0;
+        for (int r = 0; r < R; r++) {
+            TL_T s = xq[r];
+            for (int v = 0; v < NV; v++) acc[r][v] += s * bv[v];
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int v = 0; v < NV; v++) {
+            TL_VEC o;
+            memcpy(&o, out[r] + j + v * TL_VL, sizeof(TL_VEC));
+            o += acc[r][v];
+            memcpy(out[r] + j + v * TL_VL, &o, sizeof(TL_VEC));
+        }
+}
+
+/* out[r][0:cw) += sum_q xr[q][c0 + r] * b[q][0:cw) for R rows (4 or 1). */
+#define TL_DEFINE_ROWS_T(R)                                                           \
+    TL_HOT __attribute__((unused)) static void TL_MK(rows_t_##R)(                     \
+        int64_t cw, int64_t nq, int64_t c0, const TL_T *const *xr, const TL_T *const *b, \
+        TL_T *const *out) {                                                           \
+        int64_t j = 0;                                                                \
+        for (; j + 2 * TL_VL <= cw; j += 2 * TL_VL)                                   \
+            TL_MK(block_t)(R, 2, j, nq, c0, xr, b, out);                              \
+        if (j + TL_VL <= cw) {                                                        \
+            TL_MK(block_t)(R, 1, j, nq, c0, xr, b, out);                              \
+            j += TL_VL;                                                               \
+        }                                                                             \
+        for (int r = 0; r < R; r++)                                                   \
+            for (int64_t jj = j; jj < cw; jj++) {                                     \
+                TL_T s = 0;                                                           \
+                for (int64_t q = 0; q < nq; q++) s += xr[q][c0 + r] * b[q][jj];       \
+                out[r][jj] += s;                                                      \
+            }                                                                         \
+    }
+TL_DEFINE_ROWS_T(4)
+TL_DEFINE_ROWS_T(1)
+#undef TL_DEFINE_ROWS_T
+
+/* acc (cin x cout) += sum over c row pairs of xr[p]^T dq[p], four input
+ * channels (rows of acc) per register-blocked pass. */
 __attribute__((unused)) static void TL_MK(outer_acc)(int64_t cin, int64_t cout, int64_t c,
-                                                    int64_t P, const TL_T *const *xr,
-                                                    const TL_T *const *dq, TL_T *xt,
-                                                    TL_T *acc) {
-    for (int64_t p = 0; p < c; p++)
-        for (int64_t ci = 0; ci < cin; ci++) xt[ci * P + p] = xr[p][ci];
+                                                    const TL_T *const *xr,
+                                                    const TL_T *const *dq, TL_T *acc) {
     int64_t ci = 0;
     for (; ci + 4 <= cin; ci += 4) {
-        const TL_T *a[4] = {xt + ci * P, xt + (ci + 1) * P, xt + (ci + 2) * P,
-                            xt + (ci + 3) * P};
         TL_T *o[4] = {acc + ci * cout, acc + (ci + 1) * cout, acc + (ci + 2) * cout,
                       acc + (ci + 3) * cout};
-        TL_MK(rows_4)(cout, c, a, dq, o);
+        TL_MK(rows_t_4)(cout, c, ci, xr, dq, o);
     }
     for (; ci < cin; ci++) {
-        const TL_T *a[1] = {xt + ci * P};
         TL_T *o[1] = {acc + ci * cout};
-        TL_MK(rows_1)(cout, c, a, dq, o);
+        TL_MK(rows_t_1)(cout, c, ci, xr, dq, o);
     }
 }
 
