@@ -1,8 +1,9 @@
 """Build of torch_lattice._C: a C11, CPython Limited-API (abi3) extension.
 
-No torch, pybind11 or C++ is involved, so one binary serves every Python >= 3.10
-and every torch >= 2.4.  CUDA sources in csrc/cuda/*.cu are compiled with nvcc
-and linked in (cudart statically) when TORCH_LATTICE_CUDA asks for it:
+Nothing of torch, no C++ binding library and no C++ runtime is involved, so one
+binary serves every Python >= 3.10 and every torch >= 2.4.  CUDA sources in
+csrc/cuda/*.cu are compiled with nvcc and linked in (cudart statically) when
+TORCH_LATTICE_CUDA asks for it:
 
     TORCH_LATTICE_CUDA=auto  (default) build CUDA when nvcc is found
     TORCH_LATTICE_CUDA=1     require CUDA; fail if nvcc is missing

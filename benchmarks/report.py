@@ -333,7 +333,7 @@ def _plot_throughput(plt: Any, rows: list[Row], path: Path) -> None:
     ) or sorted({r["scene"] for r in fwd})
     fig, axes = plt.subplots(1, max(1, len(scenes)), figsize=(5 * max(1, len(scenes)), 4.2))
     axes = list(axes) if len(scenes) > 1 else [axes]
-    for ax, scene in zip(axes, scenes, strict=False):
+    for ax, scene in zip(axes[: len(scenes)], scenes, strict=True):
         for impl in (wl.LATTICE, wl.TORCH, wl.DENSE, wl.SPCONV, wl.MM, wl.MM_SQUARE):
             pts = sorted(
                 (r for r in fwd if r["scene"] == scene and r["impl"] == impl),

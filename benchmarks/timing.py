@@ -31,7 +31,7 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 _STRICT_BYTES, _RELAXED_BYTES = 64 * 1024, 32 * 1024 * 1024
 
 
-def _mallopt(strict: bool) -> bool:
+def _mallopt(isolate: bool) -> bool:
     """Switches glibc's allocator to (or from) mmap-every-large-block; False if absent."""
     name = ctypes.util.find_library("c")
     try:
@@ -41,9 +41,9 @@ def _mallopt(strict: bool) -> bool:
         return False
     if fn is None:
         return False
-    size = _STRICT_BYTES if strict else _RELAXED_BYTES
+    size = _STRICT_BYTES if isolate else _RELAXED_BYTES
     ok = bool(fn(_M_MMAP_THRESHOLD, size)) and bool(fn(_M_TRIM_THRESHOLD, size))
-    if strict:
+    if isolate:
         # Free blocks inside the heap would be reused without growing the resident
         # set; hand their pages back so that reuse shows up as growth.
         libc.malloc_trim(0)
@@ -87,11 +87,11 @@ def peak_rss_growth_mb(fn: Callable[[], object], interval_s: float = 0.0005) -> 
     Elsewhere the figure is a lower bound: reused free blocks are not seen.
     """
     gc.collect()
-    _mallopt(strict=True)
+    _mallopt(isolate=True)
     try:
         return _peak(fn, interval_s)
     finally:
-        _mallopt(strict=False)
+        _mallopt(isolate=False)
 
 
 def _peak(fn: Callable[[], object], interval_s: float) -> float | None:
