@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from torch_lattice.ops._native import compute_dtype
 from torch_lattice.ops.voxel import devoxel_gather, devoxel_map, voxel_reduce, voxelize_coords
 from torch_lattice.tensor import CoordinateManager, SparseTensor, Support
 
@@ -85,8 +86,8 @@ def _check_batch(batch: Any, points: torch.Tensor) -> torch.Tensor | None:
     return batch.long()
 
 
-def _work_feats(feats: torch.Tensor) -> torch.Tensor:
-    return feats if feats.dtype in (torch.float32, torch.float64) else feats.float()
+def _work_feats(op: str, feats: torch.Tensor) -> torch.Tensor:
+    return feats.to(compute_dtype(op, feats.dtype))
 
 
 def voxelize(
@@ -131,7 +132,7 @@ def voxelize(
     size = _floats3("voxel_size", voxel_size, positive=True)
     org = _floats3("origin", origin, positive=False)
     coords, inverse = voxelize_coords(pts, batch, size, org)
-    feats, _ = voxel_reduce(_work_feats(features), inverse, coords.shape[0], reduction)
+    feats, _ = voxel_reduce(_work_feats("voxelize", features), inverse, coords.shape[0], reduction)
     return SparseTensor.from_support(feats.to(features.dtype), _new_support(coords))
 
 
@@ -174,7 +175,7 @@ def devoxelize(
     size = [v * s for v, s in zip(size, voxels.stride, strict=True)]
     org = _floats3("origin", origin, positive=False)
     idx, w = devoxel_map(pts, batch, size, org, voxels.coords, interpolation == "trilinear")
-    out = devoxel_gather(_work_feats(voxels.feats), idx, w)
+    out = devoxel_gather(_work_feats("devoxelize", voxels.feats), idx, w)
     return out.to(voxels.dtype)
 
 

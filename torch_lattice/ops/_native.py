@@ -33,6 +33,29 @@ def require_cpu(op: str, *tensors: torch.Tensor) -> None:
         raise RuntimeError(f"lattice::{op}: runs on the CPU only; move the tensors to the CPU")
 
 
+def compute_dtype(op: str, dtype: torch.dtype) -> torch.dtype:
+    """dtype the C core computes ``op`` in: float32/float64 as they are; half
+    types in float32 (fp32 accumulation), cast back by the caller.
+
+    Raises:
+        TypeError: ``dtype`` is not floating.
+    """
+    if dtype in (torch.float32, torch.float64):
+        return dtype
+    if dtype in (torch.float16, torch.bfloat16):
+        return torch.float32
+    raise TypeError(f"lattice::{op}: features must be floating, got {dtype}")
+
+
+def check_nbr(op: str, nbr: torch.Tensor) -> None:
+    """Raises unless ``nbr`` is an int32 ``(N_out, K)`` neighbour table."""
+    if nbr.dtype != torch.int32 or nbr.dim() != 2:
+        raise ValueError(
+            f"lattice::{op}: kernel map must be an int32 (N_out, K) table; "
+            f"got {nbr.dtype} {tuple(nbr.shape)}"
+        )
+
+
 def ptr(t: torch.Tensor) -> int:
     """Data pointer of a contiguous tensor (0 when empty)."""
     if not t.is_contiguous():
@@ -45,4 +68,13 @@ def threads() -> int:
     return max(1, torch.get_num_threads())
 
 
-__all__ = ["DTYPE_CODES", "_C", "device_type", "ptr", "require_cpu", "threads"]
+__all__ = [
+    "DTYPE_CODES",
+    "_C",
+    "check_nbr",
+    "compute_dtype",
+    "device_type",
+    "ptr",
+    "require_cpu",
+    "threads",
+]

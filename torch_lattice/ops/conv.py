@@ -13,11 +13,17 @@ from typing import Any
 import torch
 
 from torch_lattice.ops import _cuda
-from torch_lattice.ops._native import _C, DTYPE_CODES, device_type, ptr, threads
+from torch_lattice.ops._native import (
+    _C,
+    DTYPE_CODES,
+    check_nbr,
+    compute_dtype,
+    device_type,
+    ptr,
+    threads,
+)
 
-__all__ = ["sparse_conv", "sparse_conv_weight_grad"]
-
-_NATIVE = (torch.float32, torch.float64)
+__all__ = ["check_conv_args", "sparse_conv", "sparse_conv_weight_grad"]
 
 
 def check_conv_args(op: str, feats: torch.Tensor, weight: torch.Tensor, k: int) -> None:
@@ -39,25 +45,8 @@ def check_conv_args(op: str, feats: torch.Tensor, weight: torch.Tensor, k: int) 
         )
 
 
-def check_nbr(op: str, nbr: torch.Tensor) -> None:
-    if nbr.dtype != torch.int32 or nbr.dim() != 2:
-        raise ValueError(
-            f"lattice::{op}: kernel map must be an int32 (N_out, K) table; "
-            f"got {nbr.dtype} {tuple(nbr.shape)}"
-        )
-
-
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    # Half types run in float32 on the CPU (fp32 accumulation) and are cast back.
-    if dtype in _NATIVE:
-        return dtype
-    if dtype in (torch.float16, torch.bfloat16):
-        return torch.float32
-    raise TypeError(f"sparse convolution supports floating features, got {dtype}")
-
-
 def _forward(feats: torch.Tensor, weight: torch.Tensor, nbr: torch.Tensor) -> torch.Tensor:
-    work = compute_dtype(feats.dtype)
+    work = compute_dtype("sparse_conv", feats.dtype)
     x = feats.to(work).contiguous()
     w = weight.to(work).contiguous()
     nbr = nbr.contiguous()
@@ -121,7 +110,7 @@ def sparse_conv_weight_grad(
         return _cuda.conv_weight_grad(
             "implicit_gemm", feats, grad_out, nbr=nbr, allow_tf32=allow_tf32
         )
-    work = compute_dtype(feats.dtype)
+    work = compute_dtype("sparse_conv_weight_grad", feats.dtype)
     x = feats.to(work).contiguous()
     dy = grad_out.to(work).contiguous()
     nbr = nbr.contiguous()

@@ -13,8 +13,8 @@ from typing import Any, NamedTuple
 import torch
 
 from torch_lattice.ops import _cuda
-from torch_lattice.ops._native import _C, DTYPE_CODES, device_type, ptr, threads
-from torch_lattice.ops.conv import check_conv_args, compute_dtype
+from torch_lattice.ops._native import _C, DTYPE_CODES, compute_dtype, device_type, ptr, threads
+from torch_lattice.ops.conv import check_conv_args
 
 __all__ = ["PairLists", "kernel_pairs", "pair_conv", "pair_conv_weight_grad"]
 
@@ -123,7 +123,7 @@ def pair_conv(
             n_out=n_out,
             allow_tf32=allow_tf32,
         )
-    work = compute_dtype(feats.dtype)
+    work = compute_dtype("pair_conv", feats.dtype)
     x, w = feats.to(work).contiguous(), weight.to(work).contiguous()
     k, cin, cout = w.shape
     y = torch.empty((n_out, cout), dtype=work)
@@ -181,7 +181,7 @@ def pair_conv_weight_grad(
             pairs=(offsets, pair_in, pair_out),
             allow_tf32=allow_tf32,
         )
-    work = compute_dtype(feats.dtype)
+    work = compute_dtype("pair_conv_weight_grad", feats.dtype)
     x, dy = feats.to(work).contiguous(), grad_out.to(work).contiguous()
     k = offsets.shape[0] - 1
     dw = torch.empty((k, x.shape[1], dy.shape[1]), dtype=work)

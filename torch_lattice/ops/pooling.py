@@ -14,34 +14,27 @@ from typing import Any
 
 import torch
 
-from torch_lattice.ops._native import _C, DTYPE_CODES, ptr, require_cpu, threads
+from torch_lattice.ops._native import (
+    _C,
+    DTYPE_CODES,
+    check_nbr,
+    compute_dtype,
+    ptr,
+    require_cpu,
+    threads,
+)
 
 __all__ = ["pool_avg", "pool_max", "pool_max_backward", "pool_sum"]
-
-_NATIVE = (torch.float32, torch.float64)
-
-
-def _work_dtype(op: str, dtype: torch.dtype) -> torch.dtype:
-    # Half types pool in float32 (exact for max, fp32 accumulation for sums).
-    if dtype in _NATIVE:
-        return dtype
-    if dtype in (torch.float16, torch.bfloat16):
-        return torch.float32
-    raise TypeError(f"lattice::{op}: feats must be floating, got {dtype}")
 
 
 def _check(op: str, feats: torch.Tensor, table: torch.Tensor) -> None:
     if feats.dim() != 2:
         raise ValueError(f"lattice::{op}: feats must be (N, C), got {tuple(feats.shape)}")
-    if table.dtype != torch.int32 or table.dim() != 2:
-        raise ValueError(
-            f"lattice::{op}: kernel map must be int32 (N_out, K), got {table.dtype} "
-            f"{tuple(table.shape)}"
-        )
+    check_nbr(op, table)
 
 
 def _sum(feats: torch.Tensor, nbr: torch.Tensor, average: bool) -> torch.Tensor:
-    work = _work_dtype("pool_sum", feats.dtype)
+    work = compute_dtype("pool_sum", feats.dtype)
     x, nbr = feats.to(work).contiguous(), nbr.contiguous()
     y = torch.empty((nbr.shape[0], x.shape[1]), dtype=work)
     _C.pool_sum(
@@ -122,7 +115,7 @@ def pool_max(
     int32 input row of each maximum (-1 if none; first in kernel-row order on ties)."""
     require_cpu("pool_max", feats, nbr, rev)
     _check("pool_max", feats, nbr)
-    work = _work_dtype("pool_max", feats.dtype)
+    work = compute_dtype("pool_max", feats.dtype)
     x, nbr = feats.to(work).contiguous(), nbr.contiguous()
     y = torch.empty((nbr.shape[0], x.shape[1]), dtype=work)
     arg = torch.empty((nbr.shape[0], x.shape[1]), dtype=torch.int32)
@@ -152,7 +145,7 @@ def _(feats, nbr, rev):
 def pool_max_backward(grad: torch.Tensor, rev: torch.Tensor, argmax: torch.Tensor) -> torch.Tensor:
     """``(N_in, C)``: each output's gradient sent to the input row of its maximum."""
     require_cpu("pool_max_backward", grad, rev, argmax)
-    work = _work_dtype("pool_max_backward", grad.dtype)
+    work = compute_dtype("pool_max_backward", grad.dtype)
     dy, rev, argmax = grad.to(work).contiguous(), rev.contiguous(), argmax.contiguous()
     dx = torch.empty((rev.shape[0], dy.shape[1]), dtype=work)
     _C.pool_max_backward(

@@ -89,6 +89,25 @@ def target_support(
     return x.coordinate_manager.new_support(coords, expected, None)
 
 
+def generated_support(x: SparseTensor, geometry: ConvGeometry) -> Support:
+    """The support a strided convolution (or pooling) with ``geometry`` generates
+    from ``x`` (cached in its coordinate manager).
+
+    Raises:
+        ValueError: the window does not fit the input range (``R_out < 1``), as
+            for ``torch.nn.Conv3d``; an empty tensor without a range is allowed.
+    """
+    src = x.support
+    out_range = geometry.output_range(src.grid_range())
+    if min(out_range) < 1 and (src.num_rows or src.spatial_range is not None):
+        raise ValueError(
+            f"kernel_size {geometry.kernel_size} with dilation {geometry.dilation} and padding "
+            f"{geometry.padding} does not fit the input range {src.grid_range()}: "
+            f"output range would be {out_range}"
+        )
+    return x.coordinate_manager.generated_support(src, geometry)
+
+
 def conv3d(
     input: SparseTensor,
     weight: torch.Tensor,
@@ -127,15 +146,7 @@ def conv3d(
         return _apply(input, weight, bias, target, geometry, config)
     if geometry.is_identity:
         return pointwise(input, weight, bias)
-    src = input.support
-    out_range = geometry.output_range(src.grid_range())
-    if min(out_range) < 1 and (src.num_rows or src.spatial_range is not None):
-        raise ValueError(
-            f"kernel_size {geometry.kernel_size} with dilation {geometry.dilation} and padding "
-            f"{geometry.padding} does not fit the input range {src.grid_range()}: "
-            f"output range would be {out_range}"
-        )
-    target = input.coordinate_manager.generated_support(src, geometry)
+    target = generated_support(input, geometry)
     return _apply(input, weight, bias, target, geometry, config)
 
 

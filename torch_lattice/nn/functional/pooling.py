@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import torch
 
 from torch_lattice.geometry import ConvGeometry
+from torch_lattice.nn.functional.conv import generated_support
 from torch_lattice.ops.pooling import pool_avg, pool_max, pool_sum
 from torch_lattice.tensor import SparseTensor
 
@@ -45,17 +46,8 @@ def _pool(x: SparseTensor, geometry: ConvGeometry, mode: str) -> SparseTensor:
         raise TypeError(f"input must be a torch_lattice.SparseTensor, got {type(x).__name__}")
     if geometry.is_identity:
         return SparseTensor.from_support(x.feats, x.support)
-    src = x.support
-    out_range = geometry.output_range(src.grid_range())
-    if min(out_range) < 1 and (src.num_rows or src.spatial_range is not None):
-        raise ValueError(
-            f"kernel_size {geometry.kernel_size} with dilation {geometry.dilation} and padding "
-            f"{geometry.padding} does not fit the input range {src.grid_range()}: "
-            f"output range would be {out_range}"
-        )
-    manager = x.coordinate_manager
-    target = manager.generated_support(src, geometry)
-    kmap = manager.kernel_map(src, target, geometry)
+    target = generated_support(x, geometry)
+    kmap = x.coordinate_manager.kernel_map(x.support, target, geometry)
     if mode == "max":
         y, _ = pool_max(x.feats, kmap.nbr, kmap.rev)
     elif mode == "avg":
