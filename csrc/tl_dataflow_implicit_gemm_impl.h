@@ -149,13 +149,7 @@ static tl_status TL_FN(tl_weight_grad)(const tl_ctx *ctx, const tl_conv_desc *d,
         }
     }
     if (parts > 1) {
-        /* Fixed summation order over parts: deterministic for any threads. */
-#pragma omp parallel for num_threads(ctx->threads) schedule(static)
-        for (int64_t e = 0; e < all; e++) {
-            TL_T sum = 0;
-            for (int64_t p = 0; p < parts; p++) sum += partial[p * all + e];
-            dw[e] = sum;
-        }
+        TL_FN(tl_mk_sum_parts)(ctx->threads, partial, parts, all, dw);
         free(partial);
     }
     return TL_OK;

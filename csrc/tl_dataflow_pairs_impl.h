@@ -134,21 +134,14 @@ static tl_status TL_FN(tl_pairs_wgrad)(const tl_ctx *ctx, int gather, const tl_c
             const int64_t len = p->offsets[n + 1] - p->offsets[n];
             const int64_t j0 = p->offsets[n] + len * part / parts;
             const int64_t j1 = p->offsets[n] + len * (part + 1) / parts;
-            TL_T *acc = partial + t * mat;
+            TL_T *acc = partial + (part * k + n) * mat; /* layout [part][n] */
             memset(acc, 0, sizeof(TL_T) * (size_t)mat);
             if (ok) TL_FN(tl_pairs_wgrad_range)(d, gather, x, dy, p, j0, j1, &s, acc);
         }
         TL_FN(tl_scratch_free)(&s);
     }
     if (parts > 1) {
-        /* Fixed summation order over parts: deterministic for any threads. */
-#pragma omp parallel for num_threads(tl_threads_for(ctx, k * mat * parts)) schedule(static)
-        for (int64_t e = 0; e < k * mat; e++) {
-            const int64_t n = e / mat, j = e % mat;
-            TL_T sum = 0;
-            for (int64_t q = 0; q < parts; q++) sum += partial[(n * parts + q) * mat + j];
-            dw[e] = sum;
-        }
+        TL_FN(tl_mk_sum_parts)(tl_threads_for(ctx, k * mat * parts), partial, parts, k * mat, dw);
         free(partial);
     }
     return failed ? TL_ERR_NOMEM : TL_OK;

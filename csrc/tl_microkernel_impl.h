@@ -158,6 +158,19 @@ __attribute__((unused)) static void TL_MK(outer_acc)(int64_t cin, int64_t cout, 
     }
 }
 
+/* dw[e] = sum over p of partial[p * all + e], p in order 0..parts-1: the
+ * weight gradients' partial sums are added in a fixed order, so the result
+ * does not depend on the thread count. */
+__attribute__((unused)) static void TL_MK(sum_parts)(int threads, const TL_T *partial,
+                                                    int64_t parts, int64_t all, TL_T *dw) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t e = 0; e < all; e++) {
+        TL_T sum = 0;
+        for (int64_t p = 0; p < parts; p++) sum += partial[p * all + e];
+        dw[e] = sum;
+    }
+}
+
 #undef TL_VEC
 #undef TL_VL
 #undef TL_MK
