@@ -14,3 +14,26 @@ tl_status tl_conv_desc_check(const tl_conv_desc *d) {
         return TL_ERR_OVERFLOW;
     return TL_OK;
 }
+
+tl_status tl_conv_check_cpu(const tl_ctx *ctx, const tl_conv_desc *d) {
+    if (!ctx || !d || ctx->threads < 1) return TL_ERR_INVALID;
+    tl_status st = tl_conv_desc_check(d);
+    if (st != TL_OK) return st;
+    return d->dtype == TL_F32 || d->dtype == TL_F64 ? TL_OK : TL_ERR_UNSUPPORTED;
+}
+
+/* A pointer may be NULL only when its matrix is empty. */
+static int tl_present(const void *p, int64_t rows, int64_t cols) {
+    return p != NULL || rows == 0 || cols == 0;
+}
+
+tl_status tl_conv_check_buffers(const tl_conv_desc *d, int weight_grad, const void *x,
+                                const void *b, const void *out) {
+    const int64_t mat = d->c_in * d->c_out;
+    int ok = tl_present(x, d->n_in, d->c_in);
+    if (weight_grad)
+        ok = ok && tl_present(b, d->n_out, d->c_out) && tl_present(out, d->k, mat);
+    else
+        ok = ok && tl_present(b, d->k, mat) && tl_present(out, d->n_out, d->c_out);
+    return ok ? TL_OK : TL_ERR_INVALID;
+}

@@ -27,4 +27,14 @@ typedef struct tl_conv_desc {
  * every matrix's element count fits int64. */
 tl_status tl_conv_desc_check(const tl_conv_desc *d);
 
+/* Checks a CPU call: ctx with >= 1 thread, a valid descriptor
+ * (tl_conv_desc_check) and dtype TL_F32 or TL_F64 (TL_ERR_UNSUPPORTED). */
+tl_status tl_conv_check_cpu(const tl_ctx *ctx, const tl_conv_desc *d);
+
+/* Checks the three matrices of a call are present unless empty:
+ * forward (weight_grad = 0): x (n_in, c_in), w (k, c_in*c_out), y (n_out, c_out);
+ * weight gradient (weight_grad = 1): x, dy (n_out, c_out), dw (k, c_in*c_out). */
+tl_status tl_conv_check_buffers(const tl_conv_desc *d, int weight_grad, const void *x,
+                                const void *b, const void *out);
+
 #endif

@@ -45,11 +45,6 @@ static int64_t tl_wgrad_parts(const tl_conv_desc *d) {
 #undef TL_T
 #undef TL_SFX
 
-/* A pointer may be NULL only when its matrix is empty. */
-static int tl_ptr_ok(const void *p, int64_t rows, int64_t cols) {
-    return p != NULL || rows == 0 || cols == 0;
-}
-
 /* Rejects neighbour entries outside [-1, n_in) before any kernel reads them. */
 static tl_status tl_check_nbr(const tl_ctx *ctx, const int32_t *nbr, int64_t count,
                               int64_t n_in) {
@@ -59,24 +54,21 @@ static tl_status tl_check_nbr(const tl_ctx *ctx, const int32_t *nbr, int64_t cou
     return bad ? TL_ERR_INVALID : TL_OK;
 }
 
-static tl_status tl_check_args(const tl_ctx *ctx, const tl_conv_desc *d,
-                               const int32_t *nbr) {
-    if (!ctx || !d || ctx->threads < 1) return TL_ERR_INVALID;
-    tl_status st = tl_conv_desc_check(d);
+static tl_status tl_check_args(const tl_ctx *ctx, const tl_conv_desc *d, int weight_grad,
+                               const void *x, const void *b, const int32_t *nbr,
+                               const void *out) {
+    tl_status st = tl_conv_check_cpu(ctx, d);
+    if (st == TL_OK) st = tl_conv_check_buffers(d, weight_grad, x, b, out);
     if (st != TL_OK) return st;
-    if (d->dtype != TL_F32 && d->dtype != TL_F64) return TL_ERR_UNSUPPORTED;
-    if (!tl_ptr_ok(nbr, d->n_out, d->k)) return TL_ERR_INVALID;
+    if (!nbr && d->n_out * d->k > 0) return TL_ERR_INVALID;
     return tl_check_nbr(ctx, nbr, d->n_out * d->k, d->n_in);
 }
 
 tl_status tl_implicit_gemm_forward(const tl_ctx *ctx, const tl_conv_desc *d,
                                    const void *x, const void *w,
                                    const int32_t *nbr, void *y) {
-    tl_status st = tl_check_args(ctx, d, nbr);
+    tl_status st = tl_check_args(ctx, d, 0, x, w, nbr, y);
     if (st != TL_OK) return st;
-    if (!tl_ptr_ok(x, d->n_in, d->c_in) || !tl_ptr_ok(w, d->k, d->c_in * d->c_out) ||
-        !tl_ptr_ok(y, d->n_out, d->c_out))
-        return TL_ERR_INVALID;
     if (d->n_out * d->c_out == 0) return TL_OK;
     if (d->dtype == TL_F32) return tl_forward_f32(ctx, d, x, w, nbr, y);
     return tl_forward_f64(ctx, d, x, w, nbr, y);
@@ -85,11 +77,8 @@ tl_status tl_implicit_gemm_forward(const tl_ctx *ctx, const tl_conv_desc *d,
 tl_status tl_implicit_gemm_weight_grad(const tl_ctx *ctx, const tl_conv_desc *d,
                                        const void *x, const void *dy,
                                        const int32_t *nbr, void *dw) {
-    tl_status st = tl_check_args(ctx, d, nbr);
+    tl_status st = tl_check_args(ctx, d, 1, x, dy, nbr, dw);
     if (st != TL_OK) return st;
-    if (!tl_ptr_ok(x, d->n_in, d->c_in) || !tl_ptr_ok(dy, d->n_out, d->c_out) ||
-        !tl_ptr_ok(dw, d->k, d->c_in * d->c_out))
-        return TL_ERR_INVALID;
     if (d->k * d->c_in * d->c_out == 0) return TL_OK;
     if (d->dtype == TL_F32) return tl_weight_grad_f32(ctx, d, x, dy, nbr, dw);
     return tl_weight_grad_f64(ctx, d, x, dy, nbr, dw);

@@ -36,29 +36,22 @@ static int64_t tl_pairs_wgrad_parts(const tl_conv_desc *d) {
 #undef TL_T
 #undef TL_SFX
 
-static int tl_nonnull(const void *ptr, int64_t rows, int64_t cols) {
-    return ptr != NULL || rows == 0 || cols == 0;
-}
-
 static tl_status tl_pairs_args(const tl_ctx *ctx, tl_pairs_mode mode, const tl_conv_desc *d,
-                               const tl_pairs *p) {
-    if (!ctx || !d || !p || ctx->threads < 1) return TL_ERR_INVALID;
-    if (mode != TL_PAIRS_FETCH_ON_DEMAND && mode != TL_PAIRS_GATHER_SCATTER)
+                               int weight_grad, const void *x, const void *b,
+                               const tl_pairs *p, const void *out) {
+    if (!p || (mode != TL_PAIRS_FETCH_ON_DEMAND && mode != TL_PAIRS_GATHER_SCATTER))
         return TL_ERR_INVALID;
-    tl_status st = tl_conv_desc_check(d);
+    tl_status st = tl_conv_check_cpu(ctx, d);
+    if (st == TL_OK) st = tl_conv_check_buffers(d, weight_grad, x, b, out);
     if (st != TL_OK) return st;
-    if (d->dtype != TL_F32 && d->dtype != TL_F64) return TL_ERR_UNSUPPORTED;
     if (p->k != d->k) return TL_ERR_INVALID;
     return tl_pairs_check(ctx, p, d->n_in, d->n_out);
 }
 
 tl_status tl_pairs_forward(const tl_ctx *ctx, tl_pairs_mode mode, const tl_conv_desc *d,
                            const void *x, const void *w, const tl_pairs *p, void *y) {
-    tl_status st = tl_pairs_args(ctx, mode, d, p);
+    tl_status st = tl_pairs_args(ctx, mode, d, 0, x, w, p, y);
     if (st != TL_OK) return st;
-    if (!tl_nonnull(x, d->n_in, d->c_in) || !tl_nonnull(w, d->k, d->c_in * d->c_out) ||
-        !tl_nonnull(y, d->n_out, d->c_out))
-        return TL_ERR_INVALID;
     if (d->n_out * d->c_out == 0) return TL_OK;
     int gather = mode == TL_PAIRS_GATHER_SCATTER;
     if (d->dtype == TL_F32) return tl_pairs_fwd_f32(ctx, gather, d, x, w, p, y);
@@ -67,11 +60,8 @@ tl_status tl_pairs_forward(const tl_ctx *ctx, tl_pairs_mode mode, const tl_conv_
 
 tl_status tl_pairs_weight_grad(const tl_ctx *ctx, tl_pairs_mode mode, const tl_conv_desc *d,
                                const void *x, const void *dy, const tl_pairs *p, void *dw) {
-    tl_status st = tl_pairs_args(ctx, mode, d, p);
+    tl_status st = tl_pairs_args(ctx, mode, d, 1, x, dy, p, dw);
     if (st != TL_OK) return st;
-    if (!tl_nonnull(x, d->n_in, d->c_in) || !tl_nonnull(dy, d->n_out, d->c_out) ||
-        !tl_nonnull(dw, d->k, d->c_in * d->c_out))
-        return TL_ERR_INVALID;
     if (d->k * d->c_in * d->c_out == 0) return TL_OK;
     int gather = mode == TL_PAIRS_GATHER_SCATTER;
     if (d->dtype == TL_F32) return tl_pairs_wgrad_f32(ctx, gather, d, x, dy, p, dw);
