@@ -103,6 +103,8 @@ class Support:
     stride: Triple
     spatial_range: RangeT | None
     manager: CoordinateManager
+    # grid_range() when inferred from coords: one reduction per support, not per layer call.
+    _inferred_range: Triple | None = field(default=None, init=False, repr=False)
 
     @property
     def num_rows(self) -> int:
@@ -112,10 +114,13 @@ class Support:
         """``R``: ``spatial_range[1:]`` or ``max(coords) + 1`` per axis."""
         if self.spatial_range is not None:
             return (self.spatial_range[1], self.spatial_range[2], self.spatial_range[3])
-        if self.num_rows == 0:
-            return (0, 0, 0)
-        m = (self.coords[:, 1:].amax(dim=0) + 1).tolist()
-        return (m[0], m[1], m[2])
+        if self._inferred_range is None:
+            if self.num_rows == 0:
+                self._inferred_range = (0, 0, 0)
+            else:
+                m = (self.coords[:, 1:].amax(dim=0) + 1).tolist()
+                self._inferred_range = (m[0], m[1], m[2])
+        return self._inferred_range
 
     def num_batches(self) -> int:
         if self.spatial_range is not None:
