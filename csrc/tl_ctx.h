@@ -1,6 +1,7 @@
 /* Execution context passed to every entry point that does parallel or
  * device work.  It replaces global state: thread count (from
- * torch.get_num_threads()), and for CUDA the device and stream. */
+ * torch.get_num_threads()) and the micro-kernels' instruction set on the CPU,
+ * and for CUDA the device and stream. */
 #ifndef TL_CTX_H
 #define TL_CTX_H
 
@@ -8,6 +9,8 @@ typedef struct tl_ctx {
     int threads;  /* OpenMP threads for this call, >= 1 */
     int device;   /* CUDA device index; unused on CPU */
     void *stream; /* cudaStream_t of torch's current stream; unused on CPU */
+    int simd_cap; /* CPU: widest micro-kernel instruction set allowed (a tl_simd
+                     value; TL_SIMD_V4 = whatever the CPU has) */
 } tl_ctx;
 
 #include <stdint.h>

@@ -5,9 +5,13 @@
 
 #include "tl_simd.h"
 
-/* Output rows per tile: enough neighbours per kernel row to fill the 4-row
- * micro-kernel, few enough that the tile's output rows stay in L1/L2. */
-#define TL_TILE_ROWS 32
+/* Forward tiles (see tl_fwd_tile_rows): output block bytes to aim for, so
+ * the tile's output rows stay in L2; bounds on its rows; and the fewest
+ * tiles each thread should get, for load balance. */
+#define TL_TILE_BYTES (64 * 1024)
+#define TL_TILE_ROWS_MIN 32
+#define TL_TILE_ROWS_MAX 256
+#define TL_TILES_PER_THREAD 8
 /* Output columns per tile: wider layers are split so a tile's output rows
  * and one weight row stay cache-resident. */
 #define TL_TILE_COLS 256

@@ -14,36 +14,62 @@
 
 #include "tl_microkernel_impl.h"
 
-/* Scratch of one forward worker: the kernel row's c_in weight-row pointers,
- * a zero x row and a sink y row that pad the last group of a kernel row to 4
- * (a 1-row pass costs as much as a 4-row one: both are bound by the weight
- * loads, so padding makes the remainder up to 3x cheaper on sparse scenes;
- * a remainder of 1 or 2 rows runs the 2-row pass, which costs half). */
+/* Scratch of one forward worker: the micro-kernels, the tile's listed x and
+ * y row pointers, the kernel row's c_in weight-row pointers, a zero x row and
+ * a sink y row that pad the last group of a kernel row to 4 (a 1-row pass
+ * costs as much as a 4-row one: both are bound by the weight loads, so
+ * padding makes the remainder up to 3x cheaper on sparse scenes; a remainder
+ * of 1 or 2 rows runs the 2-row pass, which costs half). */
 typedef struct TL_FN(tl_fwd_scratch) {
-    const TL_T **wq;
-    TL_T *zero; /* c_in zeros */
-    TL_T *sink; /* TL_TILE_COLS values, never read */
+    const TL_FN(tl_mk_ops) *mk;
+    const TL_T **xr; /* tile rows + 3 */
+    TL_T **yr;       /* tile rows + 3 */
+    const TL_T **wq; /* c_in */
+    TL_T *zero;      /* c_in zeros */
+    TL_T *sink;      /* TL_TILE_COLS values, never read */
 } TL_FN(tl_fwd_scratch);
+
+static int TL_FN(tl_fwd_scratch_init)(TL_FN(tl_fwd_scratch) *s, const tl_ctx *ctx,
+                                      int64_t rows, int64_t cin) {
+    s->mk = TL_FN(tl_mk_pick)(ctx);
+    s->xr = malloc(sizeof(TL_T *) * (size_t)(rows + 3));
+    s->yr = malloc(sizeof(TL_T *) * (size_t)(rows + 3));
+    s->wq = malloc(sizeof(TL_T *) * (size_t)cin);
+    s->zero = calloc((size_t)(cin + TL_TILE_COLS), sizeof(TL_T));
+    s->sink = s->zero ? s->zero + cin : NULL;
+    return s->xr && s->yr && s->wq && s->zero;
+}
+
+static void TL_FN(tl_fwd_scratch_free)(TL_FN(tl_fwd_scratch) *s) {
+    free(s->xr);
+    free(s->yr);
+    free(s->wq);
+    free(s->zero);
+}
 
 /* One tile: output rows [o0, o0+m), columns [co0, co0+cw).  For each kernel
  * row the tile's neighbours are listed, then handled 4 output rows at a time
- * against the kernel row's weight rows. */
+ * against the kernel row's weight rows.  Each output row adds its kernel
+ * rows' products in kernel-row order whatever the tiling, so the result does
+ * not depend on the tile size or the thread count. */
 static void TL_FN(tl_forward_tile)(const tl_conv_desc *d, const TL_T *x, const TL_T *w,
                                    const int32_t *nbr, TL_T *y, int64_t o0, int64_t m,
                                    int64_t co0, int64_t cw, TL_FN(tl_fwd_scratch) *s) {
     const int64_t k = d->k, cin = d->c_in, cout = d->c_out;
-    const TL_T *xr[TL_TILE_ROWS + 3];
-    TL_T *yr[TL_TILE_ROWS + 3];
+    const TL_T **xr = s->xr;
+    TL_T **yr = s->yr;
     for (int64_t r = 0; r < m; r++)
         for (int64_t j = 0; j < cw; j++) y[(o0 + r) * cout + co0 + j] = 0;
     for (int64_t n = 0; n < k; n++) {
+        /* Branch-free listing: whether a neighbour exists is close to random
+         * on sparse scenes, so a branch here would be mispredicted often.
+         * A missing one (-1) is written and then overwritten. */
         int64_t c = 0;
         for (int64_t r = 0; r < m; r++) {
             int32_t i = nbr[(o0 + r) * k + n];
-            if (i >= 0) {
-                xr[c] = x + (int64_t)i * cin;
-                yr[c++] = y + (o0 + r) * cout + co0;
-            }
+            xr[c] = x + (int64_t)i * cin;
+            yr[c] = y + (o0 + r) * cout + co0;
+            c += i >= 0;
         }
         if (c == 0) continue;
         /* Pad the last group to 4 rows, or to 2 when it has 1 or 2. */
@@ -54,37 +80,47 @@ static void TL_FN(tl_forward_tile)(const tl_conv_desc *d, const TL_T *x, const T
         }
         const TL_T *wn = w + n * cin * cout + co0;
         for (int64_t ci = 0; ci < cin; ci++) s->wq[ci] = wn + ci * cout;
-        for (int64_t p = 0; p < full; p += 4) TL_FN(tl_mk_rows_4)(cw, cin, xr + p, s->wq, yr + p);
-        if (pad == 4) TL_FN(tl_mk_rows_4)(cw, cin, xr + full, s->wq, yr + full);
-        if (pad == 2) TL_FN(tl_mk_rows_2)(cw, cin, xr + full, s->wq, yr + full);
+        for (int64_t p = 0; p < full; p += 4) s->mk->rows_4(cw, cin, xr + p, s->wq, yr + p);
+        if (pad == 4) s->mk->rows_4(cw, cin, xr + full, s->wq, yr + full);
+        if (pad == 2) s->mk->rows_2(cw, cin, xr + full, s->wq, yr + full);
     }
+}
+
+/* Output rows per forward tile: as many as keep the tile's output block near
+ * TL_TILE_BYTES (more rows give each kernel row more neighbours per tile, so
+ * fewer padded groups), within [TL_TILE_ROWS_MIN, TL_TILE_ROWS_MAX], and few
+ * enough that every thread gets several tiles. */
+static int64_t TL_FN(tl_fwd_tile_rows)(const tl_ctx *ctx, const tl_conv_desc *d) {
+    int64_t cw = d->c_out < TL_TILE_COLS ? d->c_out : TL_TILE_COLS;
+    int64_t rows = TL_TILE_BYTES / ((cw > 0 ? cw : 1) * (int64_t)sizeof(TL_T));
+    int64_t spread = d->n_out / (TL_TILES_PER_THREAD * (int64_t)ctx->threads);
+    if (rows > spread) rows = spread;
+    if (rows > TL_TILE_ROWS_MAX) rows = TL_TILE_ROWS_MAX;
+    return rows < TL_TILE_ROWS_MIN ? TL_TILE_ROWS_MIN : rows;
 }
 
 static tl_status TL_FN(tl_forward)(const tl_ctx *ctx, const tl_conv_desc *d, const TL_T *x,
                                    const TL_T *w, const int32_t *nbr, TL_T *y) {
-    const int64_t row_tiles = (d->n_out + TL_TILE_ROWS - 1) / TL_TILE_ROWS;
+    const int64_t rows = TL_FN(tl_fwd_tile_rows)(ctx, d);
+    const int64_t row_tiles = (d->n_out + rows - 1) / rows;
     const int64_t col_tiles = (d->c_out + TL_TILE_COLS - 1) / TL_TILE_COLS;
     const int64_t cin = d->c_in > 0 ? d->c_in : 1;
     int failed = 0;
 #pragma omp parallel num_threads(ctx->threads) reduction(| : failed)
     {
         TL_FN(tl_fwd_scratch) s;
-        s.wq = malloc(sizeof(TL_T *) * (size_t)cin);
-        s.zero = calloc((size_t)(cin + TL_TILE_COLS), sizeof(TL_T));
-        s.sink = s.zero ? s.zero + cin : NULL;
-        int ok = s.wq && s.zero;
+        int ok = TL_FN(tl_fwd_scratch_init)(&s, ctx, rows, cin);
         failed |= !ok;
-#pragma omp for schedule(dynamic, 4)
+#pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < row_tiles * col_tiles; t++) {
             if (!ok) continue;
-            int64_t o0 = (t / col_tiles) * TL_TILE_ROWS;
+            int64_t o0 = (t / col_tiles) * rows;
             int64_t co0 = (t % col_tiles) * TL_TILE_COLS;
-            int64_t m = d->n_out - o0 < TL_TILE_ROWS ? d->n_out - o0 : TL_TILE_ROWS;
+            int64_t m = d->n_out - o0 < rows ? d->n_out - o0 : rows;
             int64_t cw = d->c_out - co0 < TL_TILE_COLS ? d->c_out - co0 : TL_TILE_COLS;
             TL_FN(tl_forward_tile)(d, x, w, nbr, y, o0, m, co0, cw, &s);
         }
-        free(s.wq);
-        free(s.zero);
+        TL_FN(tl_fwd_scratch_free)(&s);
     }
     return failed ? TL_ERR_NOMEM : TL_OK;
 }
@@ -92,6 +128,7 @@ static tl_status TL_FN(tl_forward)(const tl_ctx *ctx, const tl_conv_desc *d, con
 /* Scratch of one weight-gradient worker: the x and dy row pointers of a
  * chunk of up to TL_WGRAD_PAIRS pairs. */
 typedef struct TL_FN(tl_wgrad_scratch) {
+    const TL_FN(tl_mk_ops) *mk;
     const TL_T *xq[TL_WGRAD_PAIRS], *dq[TL_WGRAD_PAIRS];
 } TL_FN(tl_wgrad_scratch);
 
@@ -114,7 +151,8 @@ static void TL_FN(tl_wgrad_rows)(const tl_conv_desc *d, const TL_T *x, const TL_
                 s->dq[c++] = dy + o * d->c_out;
             }
             if (c)
-                TL_FN(tl_mk_outer_acc)(d->c_in, d->c_out, c, s->xq, s->dq, acc + n * mat);
+                TL_FN(tl_mk_outer_acc)(s->mk, d->c_in, d->c_out, c, s->xq, s->dq,
+                                       acc + n * mat);
         }
     }
 }
@@ -137,6 +175,7 @@ static tl_status TL_FN(tl_weight_grad)(const tl_ctx *ctx, const tl_conv_desc *d,
 #pragma omp parallel num_threads(ctx->threads)
     {
         TL_FN(tl_wgrad_scratch) s;
+        s.mk = TL_FN(tl_mk_pick)(ctx);
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < parts * groups; t++) {
             int64_t p = t / groups, g = t % groups;

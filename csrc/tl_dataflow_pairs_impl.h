@@ -16,6 +16,7 @@
  * Weight gradient: row pointers of a chunk and (gather-scatter) its gathered
  * dy rows. */
 typedef struct TL_FN(tl_pairs_scratch) {
+    const TL_FN(tl_mk_ops) *mk; /* the micro-kernels for this CPU */
     const TL_T **wq; /* c_in */
     const TL_T *xr[TL_PAIR_BLOCK], *dr[TL_PAIR_BLOCK];
     TL_T *yr[TL_PAIR_BLOCK];
@@ -23,7 +24,9 @@ typedef struct TL_FN(tl_pairs_scratch) {
     TL_T *gd;      /* TL_PAIR_BLOCK x c_out */
 } TL_FN(tl_pairs_scratch);
 
-static int TL_FN(tl_scratch_init)(TL_FN(tl_pairs_scratch) *s, const tl_conv_desc *d) {
+static int TL_FN(tl_scratch_init)(TL_FN(tl_pairs_scratch) *s, const tl_ctx *ctx,
+                                  const tl_conv_desc *d) {
+    s->mk = TL_FN(tl_mk_pick)(ctx);
     const size_t cin = (size_t)d->c_in, cout = (size_t)d->c_out, B = TL_PAIR_BLOCK;
     s->wq = malloc(sizeof(TL_T *) * (cin + 1));
     s->gx = malloc(sizeof(TL_T) * (B * (cin + 2 * cout) + 1));
@@ -56,7 +59,7 @@ static void TL_FN(tl_pairs_block)(const tl_conv_desc *d, int gather, const TL_T 
         s->xr[q] = src;
         s->yr[q] = dst;
     }
-    TL_FN(tl_mk_rows)(cout, cin, m, s->xr, s->wq, s->yr);
+    TL_FN(tl_mk_rows)(s->mk, cout, cin, m, s->xr, s->wq, s->yr);
     if (gather)
         for (int64_t q = 0; q < m; q++) {
             TL_T *dst = y + (int64_t)p->out[j0 + q] * cout;
@@ -74,7 +77,7 @@ static tl_status TL_FN(tl_pairs_fwd)(const tl_ctx *ctx, int gather, const tl_con
 #pragma omp parallel num_threads(threads)
     {
         TL_FN(tl_pairs_scratch) s;
-        if (!TL_FN(tl_scratch_init)(&s, d)) {
+        if (!TL_FN(tl_scratch_init)(&s, ctx, d)) {
 #pragma omp atomic write
             failed = 1;
         }
@@ -111,7 +114,7 @@ static void TL_FN(tl_pairs_wgrad_range)(const tl_conv_desc *d, int gather, const
                 s->dr[q] = s->gd + q * cout;
             }
         }
-        TL_FN(tl_mk_outer_acc)(cin, cout, m, s->xr, s->dr, acc);
+        TL_FN(tl_mk_outer_acc)(s->mk, cin, cout, m, s->xr, s->dr, acc);
     }
 }
 
@@ -126,7 +129,7 @@ static tl_status TL_FN(tl_pairs_wgrad)(const tl_ctx *ctx, int gather, const tl_c
 #pragma omp parallel num_threads(threads) reduction(| : failed)
     {
         TL_FN(tl_pairs_scratch) s;
-        int ok = TL_FN(tl_scratch_init)(&s, d);
+        int ok = TL_FN(tl_scratch_init)(&s, ctx, d);
         failed |= !ok;
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < k * parts; t++) {

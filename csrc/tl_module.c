@@ -6,10 +6,14 @@
  * Python exception in exactly one place, tl_raise(). */
 #include "tl_py.h"
 
+#include <stdlib.h>
+#include <string.h>
+
 #include "tl_coords.h"
 #include "tl_dataflow_implicit_gemm.h"
 #include "tl_generative.h"
 #include "tl_kmap.h"
+#include "tl_simd.h"
 
 #define TL_GEOM_FMT "(iii)(iii)(iii)(iii)"
 
@@ -24,6 +28,30 @@ PyObject *tl_raise(const char *fn, tl_status st) {
     }
     PyErr_Format(type, "torch_lattice._C.%s: %s", fn, tl_status_str(st));
     return NULL;
+}
+
+int tl_cpu_ctx(int threads, tl_ctx *ctx) {
+    static const struct {
+        const char *name;
+        tl_simd level;
+    } isas[] = {{"", TL_SIMD_V4}, {"auto", TL_SIMD_V4}, {"avx512", TL_SIMD_V4},
+                {"avx2", TL_SIMD_V3}, {"baseline", TL_SIMD_BASE}};
+    const char *want = getenv("TORCH_LATTICE_CPU_ISA");
+    ctx->threads = threads < 1 ? 1 : threads;
+    ctx->device = -1;
+    ctx->stream = NULL;
+    ctx->simd_cap = TL_SIMD_V4;
+    if (!want) return 0;
+    for (size_t i = 0; i < sizeof isas / sizeof isas[0]; i++)
+        if (strcmp(want, isas[i].name) == 0) {
+            ctx->simd_cap = isas[i].level;
+            return 0;
+        }
+    PyErr_Format(PyExc_ValueError,
+                 "TORCH_LATTICE_CPU_ISA must be auto, avx512, avx2 or baseline (or unset); "
+                 "got '%s'",
+                 want);
+    return -1;
 }
 
 static int tl_parse_geom(PyObject *tuple, tl_geom *g) {
@@ -118,7 +146,8 @@ static PyObject *py_kmap_build(PyObject *self, PyObject *args) {
                           &threads))
         return NULL;
     if (!tl_parse_geom(geom, &g)) return NULL;
-    tl_ctx ctx = tl_cpu_ctx(threads);
+    tl_ctx ctx;
+    if (tl_cpu_ctx(threads, &ctx)) return NULL;
     tl_status st;
     Py_BEGIN_ALLOW_THREADS st =
         tl_kmap_build(&ctx, tl_ptr(pin), n_in, tl_ptr(pout), n_out, &g, tl_ptr(pnbr));
@@ -136,7 +165,8 @@ static PyObject *py_kmap_reverse(PyObject *self, PyObject *args) {
     int threads;
     if (!PyArg_ParseTuple(args, "KLLLKi", &pnbr, &n_out, &k, &n_in, &prev, &threads))
         return NULL;
-    tl_ctx ctx = tl_cpu_ctx(threads);
+    tl_ctx ctx;
+    if (tl_cpu_ctx(threads, &ctx)) return NULL;
     tl_status st;
     Py_BEGIN_ALLOW_THREADS st = tl_kmap_reverse(&ctx, tl_ptr(pnbr), n_out, k, n_in, tl_ptr(prev));
     Py_END_ALLOW_THREADS if (st != TL_OK) return tl_raise("kmap_reverse", st);
@@ -156,7 +186,8 @@ static PyObject *tl_call_conv(const char *name, tl_conv_fn fn, PyObject *args) {
                           &pa, &pb, &pnbr, &pout, &threads))
         return NULL;
     tl_conv_desc d = {(tl_dtype)dtype, n_in, n_out, k, cin, cout};
-    tl_ctx ctx = tl_cpu_ctx(threads);
+    tl_ctx ctx;
+    if (tl_cpu_ctx(threads, &ctx)) return NULL;
     tl_status st;
     Py_BEGIN_ALLOW_THREADS st = fn(&ctx, &d, tl_ptr(pa), tl_ptr(pb), tl_ptr(pnbr), tl_ptr(pout));
     Py_END_ALLOW_THREADS if (st != TL_OK) return tl_raise(name, st);

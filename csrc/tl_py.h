@@ -22,11 +22,11 @@ PyObject *tl_raise(const char *fn, tl_status st);
 /* Pointer passed from Python as an int (tensor.data_ptr()). */
 static inline void *tl_ptr(unsigned long long p) { return (void *)(uintptr_t)p; }
 
-/* CPU context for `threads` OpenMP threads (at least one). */
-static inline tl_ctx tl_cpu_ctx(int threads) {
-    tl_ctx ctx = {threads < 1 ? 1 : threads, -1, NULL};
-    return ctx;
-}
+/* Fills the CPU context for `threads` OpenMP threads (at least one), with the
+ * micro-kernels limited by the environment variable TORCH_LATTICE_CPU_ISA
+ * (auto, avx512, avx2 or baseline; unset or empty is auto).  Returns 0, or
+ * -1 with a ValueError set for any other value. */
+int tl_cpu_ctx(int threads, tl_ctx *ctx);
 
 /* Method tables, one per area, NULL-terminated. */
 extern PyMethodDef tl_py_core_methods[];  /* tl_module.c: coords, kernel maps, implicit GEMM */

@@ -33,7 +33,8 @@ static PyObject *py_voxel_quantize(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "iKKLOOKi", &dtype, &pp, &pb, &n, &size, &origin, &pr, &threads))
         return NULL;
     if (!tl_parse_grid(size, origin, &g)) return NULL;
-    tl_ctx ctx = tl_cpu_ctx(threads);
+    tl_ctx ctx;
+    if (tl_cpu_ctx(threads, &ctx)) return NULL;
     tl_status st;
     Py_BEGIN_ALLOW_THREADS st = tl_voxel_quantize(&ctx, (tl_dtype)dtype, tl_ptr(pp), tl_ptr(pb),
                                                   n, &g, tl_ptr(pr), (int64_t *)&bad);
@@ -49,7 +50,8 @@ static PyObject *py_voxel_unique(PyObject *self, PyObject *args) {
     long long n, m = 0;
     int threads;
     if (!PyArg_ParseTuple(args, "KLKKi", &pr, &n, &pu, &pi, &threads)) return NULL;
-    tl_ctx ctx = tl_cpu_ctx(threads);
+    tl_ctx ctx;
+    if (tl_cpu_ctx(threads, &ctx)) return NULL;
     tl_status st;
     Py_BEGIN_ALLOW_THREADS st =
         tl_voxel_unique(&ctx, tl_ptr(pr), n, tl_ptr(pu), (int64_t *)&m, tl_ptr(pi));
@@ -68,7 +70,8 @@ static PyObject *py_voxel_reduce(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "iiKLLKLKKi", &dtype, &red, &pf, &n, &c, &pinv, &m, &pout,
                           &parg, &threads))
         return NULL;
-    tl_ctx ctx = tl_cpu_ctx(threads);
+    tl_ctx ctx;
+    if (tl_cpu_ctx(threads, &ctx)) return NULL;
     tl_status st;
     Py_BEGIN_ALLOW_THREADS st = tl_voxel_reduce(&ctx, (tl_dtype)dtype, (tl_voxel_reduction)red,
                                                 tl_ptr(pf), n, c, tl_ptr(pinv), m, tl_ptr(pout),
@@ -92,7 +95,8 @@ static PyObject *py_voxel_devoxel_map(PyObject *self, PyObject *args) {
                           &tri, &pi, &pw, &threads))
         return NULL;
     if (!tl_parse_grid(size, origin, &g)) return NULL;
-    tl_ctx ctx = tl_cpu_ctx(threads);
+    tl_ctx ctx;
+    if (tl_cpu_ctx(threads, &ctx)) return NULL;
     tl_status st;
     Py_BEGIN_ALLOW_THREADS st = tl_voxel_devoxel_map(&ctx, (tl_dtype)dtype, tl_ptr(pp), tl_ptr(pb),
                                                      n, &g, tl_ptr(pv), m, tri, tl_ptr(pi),
@@ -111,7 +115,8 @@ static PyObject *py_voxel_gather(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "iKLLKKLLKi", &dtype, &pf, &m, &c, &pi, &pw, &n, &k, &pout,
                           &threads))
         return NULL;
-    tl_ctx ctx = tl_cpu_ctx(threads);
+    tl_ctx ctx;
+    if (tl_cpu_ctx(threads, &ctx)) return NULL;
     tl_status st;
     Py_BEGIN_ALLOW_THREADS st = tl_voxel_gather(&ctx, (tl_dtype)dtype, tl_ptr(pf), m, c,
                                                 tl_ptr(pi), tl_ptr(pw), n, k, tl_ptr(pout));
@@ -142,7 +147,8 @@ static PyObject *py_pool_sum(PyObject *self, PyObject *args) {
     unsigned long long p[4];
     int avg, threads;
     if (!tl_parse_pool(args, &d, p, &avg, &threads)) return NULL;
-    tl_ctx ctx = tl_cpu_ctx(threads);
+    tl_ctx ctx;
+    if (tl_cpu_ctx(threads, &ctx)) return NULL;
     tl_status st;
     Py_BEGIN_ALLOW_THREADS st = tl_pool_sum(&ctx, &d, tl_ptr(p[0]), tl_ptr(p[1]), avg, tl_ptr(p[2]));
     Py_END_ALLOW_THREADS if (st != TL_OK) return tl_raise("pool_sum", st);
@@ -158,7 +164,8 @@ static PyObject *py_pool_max(PyObject *self, PyObject *args) {
     unsigned long long p[4];
     int unused, threads;
     if (!tl_parse_pool(args, &d, p, &unused, &threads)) return NULL;
-    tl_ctx ctx = tl_cpu_ctx(threads);
+    tl_ctx ctx;
+    if (tl_cpu_ctx(threads, &ctx)) return NULL;
     tl_status st;
     Py_BEGIN_ALLOW_THREADS st =
         tl_pool_max(&ctx, &d, tl_ptr(p[0]), tl_ptr(p[1]), tl_ptr(p[2]), tl_ptr(p[3]));
@@ -175,7 +182,8 @@ static PyObject *py_pool_max_backward(PyObject *self, PyObject *args) {
     unsigned long long p[4];
     int unused, threads;
     if (!tl_parse_pool(args, &d, p, &unused, &threads)) return NULL;
-    tl_ctx ctx = tl_cpu_ctx(threads);
+    tl_ctx ctx;
+    if (tl_cpu_ctx(threads, &ctx)) return NULL;
     tl_status st;
     Py_BEGIN_ALLOW_THREADS st =
         tl_pool_max_backward(&ctx, &d, tl_ptr(p[0]), tl_ptr(p[1]), tl_ptr(p[3]), tl_ptr(p[2]));

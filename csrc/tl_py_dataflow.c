@@ -13,7 +13,8 @@ static PyObject *py_pairs_count(PyObject *self, PyObject *args) {
     long long n_out, k;
     int threads;
     if (!PyArg_ParseTuple(args, "KLLKi", &pnbr, &n_out, &k, &poff, &threads)) return NULL;
-    tl_ctx ctx = tl_cpu_ctx(threads);
+    tl_ctx ctx;
+    if (tl_cpu_ctx(threads, &ctx)) return NULL;
     tl_status st;
     Py_BEGIN_ALLOW_THREADS st = tl_pairs_count(&ctx, tl_ptr(pnbr), n_out, k, tl_ptr(poff));
     Py_END_ALLOW_THREADS if (st != TL_OK) return tl_raise("pairs_count", st);
@@ -30,7 +31,8 @@ static PyObject *py_pairs_fill(PyObject *self, PyObject *args) {
     int threads;
     if (!PyArg_ParseTuple(args, "KLLKKKi", &pnbr, &n_out, &k, &poff, &pin, &pout, &threads))
         return NULL;
-    tl_ctx ctx = tl_cpu_ctx(threads);
+    tl_ctx ctx;
+    if (tl_cpu_ctx(threads, &ctx)) return NULL;
     tl_status st;
     Py_BEGIN_ALLOW_THREADS st =
         tl_pairs_fill(&ctx, tl_ptr(pnbr), n_out, k, tl_ptr(poff), tl_ptr(pin), tl_ptr(pout));
@@ -51,7 +53,8 @@ static PyObject *tl_call_pairs(const char *name, tl_pairs_fn fn, PyObject *args)
         return NULL;
     tl_conv_desc d = {(tl_dtype)dtype, n_in, n_out, k, cin, cout};
     tl_pairs p = {k, tl_ptr(poff), tl_ptr(pin), tl_ptr(pout)};
-    tl_ctx ctx = tl_cpu_ctx(threads);
+    tl_ctx ctx;
+    if (tl_cpu_ctx(threads, &ctx)) return NULL;
     tl_status st;
     Py_BEGIN_ALLOW_THREADS st =
         fn(&ctx, (tl_pairs_mode)mode, &d, tl_ptr(pa), tl_ptr(pb), &p, tl_ptr(pres));

@@ -1,17 +1,29 @@
-/* Vectorized clones of hot loops for AVX-512, AVX2 and baseline x86-64,
- * chosen once at load time by the dynamic linker (ifunc).  Other targets and
- * compilers get one generic version. */
+/* Instruction sets the CPU micro-kernels are compiled for, and which one this
+ * CPU runs.  On x86-64 with GCC the kernels exist three times: AVX-512
+ * (x86-64-v4), AVX2 + FMA (x86-64-v3) and the baseline; each is compiled
+ * with its own target attribute, so the rest of the library stays baseline
+ * x86-64.  Other targets and compilers get the baseline kernels only. */
 #ifndef TL_SIMD_H
 #define TL_SIMD_H
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define TL_HOT __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#define TL_SIMD_X86 1
+#define TL_TARGET_V4 __attribute__((target("arch=x86-64-v4")))
+#define TL_TARGET_V3 __attribute__((target("arch=x86-64-v3")))
 #else
-#define TL_HOT
+#define TL_SIMD_X86 0
 #endif
 
-/* Bytes per vector of the register-blocked micro-kernels: one AVX-512
- * register, two AVX2 registers (each clone splits it as it must). */
-#define TL_VBYTES 64
+typedef enum tl_simd { TL_SIMD_BASE = 0, TL_SIMD_V3 = 3, TL_SIMD_V4 = 4 } tl_simd;
+
+/* The widest instruction set of this CPU (libgcc reads CPUID once). */
+static inline tl_simd tl_simd_level(void) {
+#if TL_SIMD_X86
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("x86-64-v4")) return TL_SIMD_V4;
+    if (__builtin_cpu_supports("x86-64-v3")) return TL_SIMD_V3;
+#endif
+    return TL_SIMD_BASE;
+}
 
 #endif

@@ -1,0 +1,115 @@
+/* The register-blocked micro-kernels for one element type and one instruction
+ * set.  tl_microkernel_impl.h includes this once per instruction set with
+ * TL_T, TL_SFX (type suffix), TL_ISA (instruction-set suffix), TL_ISA_ATTR
+ * (the functions' target attribute), TL_ISA_VBYTES (bytes per vector) and
+ * TL_ISA_NV (most vectors per block row) defined.  Functions are named
+ * tl_mk_<name>_<sfx>_<isa>; the table tl_mk_ops_<sfx>_<isa> lists them.
+ *
+ * A block of 4 rows x TL_ISA_NV vectors of accumulators stays in registers
+ * over the whole reduction, so each loaded weight or gradient vector feeds 4
+ * FMAs and outputs are read and written once per block instead of once per
+ * channel.  The shape is per instruction set because the register files
+ * differ: AVX-512 has 32 vector registers (16 accumulators of 64 bytes fit),
+ * AVX2 and SSE2 have 16 (8 accumulators of 32 or 16 bytes).  The vector type
+ * is GCC's generic vector extension at exactly the target's register width:
+ * a wider one would be split through memory. */
+#if !defined(TL_T) || !defined(TL_ISA)
+#error "define TL_T, TL_SFX, TL_ISA, TL_ISA_ATTR, TL_ISA_VBYTES and TL_ISA_NV first"
+#endif
+
+#define TL_MKI_CAT3(a, b, c) a##_##b##_##c
+#define TL_MKI_CAT(a, b, c) TL_MKI_CAT3(a, b, c)
+#define TL_MKI(name) TL_MKI_CAT(tl_mk_##name, TL_SFX, TL_ISA)
+
+#define TL_VL ((int64_t)(TL_ISA_VBYTES / sizeof(TL_T))) /* lanes per vector */
+typedef TL_T TL_MKI(vec) __attribute__((vector_size(TL_ISA_VBYTES)));
+#define TL_VEC TL_MKI(vec)
+
+/* Register-blocked update, for r < R and columns [j, j + NV*VL):
+ *   out[r][j + :] += sum_q a(r, q) * b[q][j + :]
+ * where a(r, q) is a[r][q] (transposed == 0: forward, q = input channel,
+ * a[r] = x row, b[q] = weight row) or a[q][c0 + r] (transposed == 1: weight
+ * gradient, q = pair, a[q] = x row, b[q] = dy row, so no transposed copy of
+ * the x rows is needed).  Always inlined with constant arguments, so acc[][]
+ * lives in registers. */
+static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_MKI(block)(
+    int R, int NV, int transposed, int64_t j, int64_t nq, int64_t c0,
+    const TL_T *const *a, const TL_T *const *b, TL_T *const *out) {
+    TL_VEC acc[4][TL_ISA_NV];
+    for (int r = 0; r < R; r++)
+        for (int v = 0; v < NV; v++) acc[r][v] = (TL_VEC){0};
+    for (int64_t q = 0; q < nq; q++) {
+        TL_VEC bv[TL_ISA_NV];
+        for (int v = 0; v < NV; v++) memcpy(&bv[v], b[q] + j + v * TL_VL, sizeof(TL_VEC));
+        for (int r = 0; r < R; r++) {
+            TL_T s = transposed ? a[q][c0 + r] : a[r][q];
+            for (int v = 0; v < NV; v++) acc[r][v] += s * bv[v];
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int v = 0; v < NV; v++) {
+            TL_VEC o;
+            memcpy(&o, out[r] + j + v * TL_VL, sizeof(TL_VEC));
+            o += acc[r][v];
+            memcpy(out[r] + j + v * TL_VL, &o, sizeof(TL_VEC));
+        }
+}
+
+/* All cw columns for R rows: blocks of TL_ISA_NV vectors, then 2, then 1,
+ * then scalars for a tail narrower than one vector.  (setup.py compiles with
+ * -ffp-contract=fast, so the multiply-adds become FMA instructions where the
+ * target has them; -std=c11 alone would turn contraction off.) */
+static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_MKI(columns)(
+    int R, int transposed, int64_t cw, int64_t nq, int64_t c0, const TL_T *const *a,
+    const TL_T *const *b, TL_T *const *out) {
+    int64_t j = 0;
+    for (; j + TL_ISA_NV * TL_VL <= cw; j += TL_ISA_NV * TL_VL)
+        TL_MKI(block)(R, TL_ISA_NV, transposed, j, nq, c0, a, b, out);
+    if (TL_ISA_NV > 2 && j + 2 * TL_VL <= cw) {
+        TL_MKI(block)(R, 2, transposed, j, nq, c0, a, b, out);
+        j += 2 * TL_VL;
+    }
+    if (j + TL_VL <= cw) {
+        TL_MKI(block)(R, 1, transposed, j, nq, c0, a, b, out);
+        j += TL_VL;
+    }
+    for (int r = 0; r < R; r++)
+        for (int64_t jj = j; jj < cw; jj++) {
+            TL_T s = 0;
+            for (int64_t q = 0; q < nq; q++)
+                s += (transposed ? a[q][c0 + r] : a[r][q]) * b[q][jj];
+            out[r][jj] += s;
+        }
+}
+
+/* out[r][0:cw) += sum_q a[r][q] * b[q][0:cw), for 4, 2 or 1 rows. */
+#define TL_DEFINE_ROWS(R)                                                                \
+    static TL_ISA_ATTR void TL_MKI(rows_##R)(int64_t cw, int64_t nq, const TL_T *const *a, \
+                                             const TL_T *const *b, TL_T *const *out) {      \
+        TL_MKI(columns)(R, 0, cw, nq, 0, a, b, out);                                      \
+    }
+TL_DEFINE_ROWS(4)
+TL_DEFINE_ROWS(2)
+TL_DEFINE_ROWS(1)
+#undef TL_DEFINE_ROWS
+
+/* out[r][0:cw) += sum_q xr[q][c0 + r] * b[q][0:cw), for 4 or 1 rows. */
+#define TL_DEFINE_ROWS_T(R)                                                               \
+    static TL_ISA_ATTR void TL_MKI(rows_t_##R)(int64_t cw, int64_t nq, int64_t c0,        \
+                                               const TL_T *const *xr, const TL_T *const *b, \
+                                               TL_T *const *out) {                        \
+        TL_MKI(columns)(R, 1, cw, nq, c0, xr, b, out);                                    \
+    }
+TL_DEFINE_ROWS_T(4)
+TL_DEFINE_ROWS_T(1)
+#undef TL_DEFINE_ROWS_T
+
+static const TL_MK(ops) TL_MKI(ops) = {
+    TL_MKI(rows_4), TL_MKI(rows_2), TL_MKI(rows_1), TL_MKI(rows_t_4), TL_MKI(rows_t_1),
+};
+
+#undef TL_VEC
+#undef TL_VL
+#undef TL_MKI
+#undef TL_MKI_CAT
+#undef TL_MKI_CAT3
