@@ -16,6 +16,11 @@ typedef enum tl_dtype {
     TL_BF16 = 3
 } tl_dtype;
 
+/* Bytes per element of a dtype. */
+static inline int64_t tl_dtype_bytes(tl_dtype t) {
+    return t == TL_F64 ? 8 : t == TL_F32 ? 4 : 2;
+}
+
 typedef struct tl_conv_desc {
     tl_dtype dtype;
     int64_t n_in, n_out; /* rows of x and y */

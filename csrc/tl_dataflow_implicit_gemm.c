@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tl_mem.h"
 #include "tl_simd.h"
 
 /* Forward tiles (see tl_fwd_tile_rows): output block bytes to aim for, so
@@ -58,22 +59,25 @@ static tl_status tl_check_nbr(const tl_ctx *ctx, const int32_t *nbr, int64_t cou
     return bad ? TL_ERR_INVALID : TL_OK;
 }
 
+/* Checks a call's arguments; the neighbour entries only when scan_nbr (the
+ * forward checks them while it lists them). */
 static tl_status tl_check_args(const tl_ctx *ctx, const tl_conv_desc *d, int weight_grad,
                                const void *x, const void *b, const int32_t *nbr,
-                               const void *out) {
+                               const void *out, int scan_nbr) {
     tl_status st = tl_conv_check_cpu(ctx, d);
     if (st == TL_OK) st = tl_conv_check_buffers(d, weight_grad, x, b, out);
     if (st != TL_OK) return st;
     if (!nbr && d->n_out * d->k > 0) return TL_ERR_INVALID;
-    return tl_check_nbr(ctx, nbr, d->n_out * d->k, d->n_in);
+    return scan_nbr ? tl_check_nbr(ctx, nbr, d->n_out * d->k, d->n_in) : TL_OK;
 }
 
 tl_status tl_implicit_gemm_forward(const tl_ctx *ctx, const tl_conv_desc *d,
                                    const void *x, const void *w,
                                    const int32_t *nbr, void *y) {
-    tl_status st = tl_check_args(ctx, d, 0, x, w, nbr, y);
+    tl_status st = tl_check_args(ctx, d, 0, x, w, nbr, y, 0);
     if (st != TL_OK) return st;
-    if (d->n_out * d->c_out == 0) return TL_OK;
+    if (d->n_out * d->c_out == 0) return tl_check_nbr(ctx, nbr, d->n_out * d->k, d->n_in);
+    tl_mem_prefer_huge(y, d->n_out * d->c_out * tl_dtype_bytes(d->dtype));
     if (d->dtype == TL_F32) return tl_forward_f32(ctx, d, x, w, nbr, y);
     return tl_forward_f64(ctx, d, x, w, nbr, y);
 }
@@ -81,7 +85,7 @@ tl_status tl_implicit_gemm_forward(const tl_ctx *ctx, const tl_conv_desc *d,
 tl_status tl_implicit_gemm_weight_grad(const tl_ctx *ctx, const tl_conv_desc *d,
                                        const void *x, const void *dy,
                                        const int32_t *nbr, void *dw) {
-    tl_status st = tl_check_args(ctx, d, 1, x, dy, nbr, dw);
+    tl_status st = tl_check_args(ctx, d, 1, x, dy, nbr, dw, 1);
     if (st != TL_OK) return st;
     if (d->k * d->c_in * d->c_out == 0) return TL_OK;
     if (d->dtype == TL_F32) return tl_weight_grad_f32(ctx, d, x, dy, nbr, dw);

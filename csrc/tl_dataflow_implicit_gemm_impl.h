@@ -51,10 +51,12 @@ static void TL_FN(tl_fwd_scratch_free)(TL_FN(tl_fwd_scratch) *s) {
  * row the tile's neighbours are listed, then handled 4 output rows at a time
  * against the kernel row's weight rows.  Each output row adds its kernel
  * rows' products in kernel-row order whatever the tiling, so the result does
- * not depend on the tile size or the thread count. */
-static void TL_FN(tl_forward_tile)(const tl_conv_desc *d, const TL_T *x, const TL_T *w,
-                                   const int32_t *nbr, TL_T *y, int64_t o0, int64_t m,
-                                   int64_t co0, int64_t cw, TL_FN(tl_fwd_scratch) *s) {
+ * not depend on the tile size or the thread count.  The listing also checks
+ * every entry is in [-1, n_in) before any row it names is read (one pass
+ * over nbr instead of two); returns 0, or 1 at the first entry that is not. */
+static int TL_FN(tl_forward_tile)(const tl_conv_desc *d, const TL_T *x, const TL_T *w,
+                                  const int32_t *nbr, TL_T *y, int64_t o0, int64_t m,
+                                  int64_t co0, int64_t cw, TL_FN(tl_fwd_scratch) *s) {
     const int64_t k = d->k, cin = d->c_in, cout = d->c_out;
     const TL_T **xr = s->xr;
     TL_T **yr = s->yr;
@@ -65,12 +67,16 @@ static void TL_FN(tl_forward_tile)(const tl_conv_desc *d, const TL_T *x, const T
          * on sparse scenes, so a branch here would be mispredicted often.
          * A missing one (-1) is written and then overwritten. */
         int64_t c = 0;
+        uint32_t worst = 0; /* largest i + 1 seen, as unsigned: -1 -> 0 */
         for (int64_t r = 0; r < m; r++) {
             int32_t i = nbr[(o0 + r) * k + n];
+            uint32_t u = (uint32_t)i + 1u;
+            worst = u > worst ? u : worst;
             xr[c] = x + (int64_t)i * cin;
             yr[c] = y + (o0 + r) * cout + co0;
             c += i >= 0;
         }
+        if ((int64_t)worst > d->n_in) return 1; /* below -1 wraps to above n_in */
         if (c == 0) continue;
         /* Pad the last group to 4 rows, or to 2 when it has 1 or 2. */
         int64_t full = c / 4 * 4, pad = c - full == 3 ? 4 : (c - full + 1) / 2 * 2;
@@ -84,6 +90,7 @@ static void TL_FN(tl_forward_tile)(const tl_conv_desc *d, const TL_T *x, const T
         if (pad == 4) s->mk->rows_4(cw, cin, xr + full, s->wq, yr + full);
         if (pad == 2) s->mk->rows_2(cw, cin, xr + full, s->wq, yr + full);
     }
+    return 0;
 }
 
 /* Output rows per forward tile: as many as keep the tile's output block near
@@ -105,24 +112,24 @@ static tl_status TL_FN(tl_forward)(const tl_ctx *ctx, const tl_conv_desc *d, con
     const int64_t row_tiles = (d->n_out + rows - 1) / rows;
     const int64_t col_tiles = (d->c_out + TL_TILE_COLS - 1) / TL_TILE_COLS;
     const int64_t cin = d->c_in > 0 ? d->c_in : 1;
-    int failed = 0;
-#pragma omp parallel num_threads(ctx->threads) reduction(| : failed)
+    int failed = 0, invalid = 0;
+#pragma omp parallel num_threads(ctx->threads) reduction(| : failed, invalid)
     {
         TL_FN(tl_fwd_scratch) s;
         int ok = TL_FN(tl_fwd_scratch_init)(&s, ctx, rows, cin);
         failed |= !ok;
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < row_tiles * col_tiles; t++) {
-            if (!ok) continue;
+            if (!ok || invalid) continue;
             int64_t o0 = (t / col_tiles) * rows;
             int64_t co0 = (t % col_tiles) * TL_TILE_COLS;
             int64_t m = d->n_out - o0 < rows ? d->n_out - o0 : rows;
             int64_t cw = d->c_out - co0 < TL_TILE_COLS ? d->c_out - co0 : TL_TILE_COLS;
-            TL_FN(tl_forward_tile)(d, x, w, nbr, y, o0, m, co0, cw, &s);
+            invalid |= TL_FN(tl_forward_tile)(d, x, w, nbr, y, o0, m, co0, cw, &s);
         }
         TL_FN(tl_fwd_scratch_free)(&s);
     }
-    return failed ? TL_ERR_NOMEM : TL_OK;
+    return invalid ? TL_ERR_INVALID : failed ? TL_ERR_NOMEM : TL_OK;
 }
 
 /* Scratch of one weight-gradient worker: the x and dy row pointers of a

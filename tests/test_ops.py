@@ -75,6 +75,21 @@ def test_sparse_conv_rejects_out_of_range_map() -> None:
         torch.ops.lattice.sparse_conv(feats, weight, nbr, rev)
 
 
+@pytest.mark.parametrize("bad", [-2, -(2**31), 300, 2**31 - 1])
+@pytest.mark.parametrize("cout", [0, 70])
+def test_sparse_conv_rejects_bad_entry_anywhere(bad: int, cout: int) -> None:
+    """The forward checks entries while it lists them: one bad entry deep in a
+    large table, in any tile, still raises (and with no output columns too)."""
+    g = torch.Generator().manual_seed(0)
+    feats = torch.randn(300, 16, generator=g)
+    weight = torch.randn(27, 16, cout, generator=g)
+    nbr = torch.randint(-1, 300, (5000, 27), generator=g, dtype=torch.int32)
+    nbr[4321, 17] = bad
+    rev = torch.full((300, 27), -1, dtype=torch.int32)
+    with pytest.raises(ValueError, match="invalid argument"):
+        torch.ops.lattice.sparse_conv(feats, weight, nbr, rev)
+
+
 def test_sparse_conv_dtype_mismatch() -> None:
     nbr = torch.zeros((2, 1), dtype=torch.int32)
     with pytest.raises(TypeError, match="same dtype"):

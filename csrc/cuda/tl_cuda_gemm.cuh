@@ -177,7 +177,7 @@ static inline tl_cuda_ws tl_conv_layout_of(void *base, tl_cuda_dataflow df, bool
     l->acc = acc ? (float *)tl_cuda_ws_take(&w, acc, sizeof(float)) : NULL;
     l->gather_x = l->gather_y = NULL;
     if (df == TL_CUDA_GATHER_SCATTER) {
-        const size_t es = tl_dtype_size(d->dtype);
+        const size_t es = (size_t)tl_dtype_bytes(d->dtype);
         l->gather_x = tl_cuda_ws_take(&w, l->rows_cap * d->c_in, es);
         if (weight_grad) l->gather_y = tl_cuda_ws_take(&w, l->rows_cap * d->c_out, es);
     }
@@ -270,8 +270,6 @@ static inline tl_status tl_conv_check(const tl_conv_desc *d, const void *a, cons
     return TL_OK;
 }
 
-static inline size_t tl_dtype_size(tl_dtype t) { return t == TL_F32 ? 4 : 2; }
-
 /* Workspace of one dataflow call.  fp32 calls accumulate straight into their
  * output (acc == NULL here); half calls accumulate in fp32 and cast once. */
 struct tl_conv_layout {
@@ -295,7 +293,7 @@ static inline tl_cuda_ws tl_conv_layout_of(void *base, tl_cuda_dataflow df, bool
     l->acc = acc ? (float *)tl_cuda_ws_take(&w, acc, sizeof(float)) : NULL;
     l->gather_x = l->gather_y = NULL;
     if (df == TL_CUDA_GATHER_SCATTER) {
-        const size_t es = tl_dtype_size(d->dtype);
+        const size_t es = (size_t)tl_dtype_bytes(d->dtype);
         l->gather_x = tl_cuda_ws_take(&w, l->rows_cap * d->c_in, es);
         if (weight_grad) l->gather_y = tl_cuda_ws_take(&w, l->rows_cap * d->c_out, es);
     }
