@@ -24,6 +24,7 @@ import torch
 
 from benchmarks import report, scenes
 from benchmarks.workloads import WORKLOADS, Options
+from torch_lattice.ops._native import _C
 
 __all__ = ["SUITES", "Suite", "main"]
 
@@ -112,7 +113,11 @@ def _machine() -> dict[str, Any]:
                     break
     except OSError:
         pass
-    return {"machine": f"{model}, {os.cpu_count()} logical CPUs", "cpu_flags": flags or "-"}
+    return {
+        "machine": f"{model}, {os.cpu_count()} logical CPUs",
+        "cpu_flags": flags or "-",
+        "kernels": _C.cpu_isa(),
+    }
 
 
 def _commit() -> str:

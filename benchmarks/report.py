@@ -233,7 +233,8 @@ def _sweep_table(rows: list[Row]) -> list[str]:
 def markdown(meta: dict[str, Any], rows: list[Row]) -> str:
     """The results page: run facts, target verdicts, the full table, the sweep, gaps."""
     out = ["# Benchmark results", ""]
-    for key in ("command", "date", "commit", "machine", "cpu_flags", "threads", "torch"):
+    keys = ("command", "date", "commit", "machine", "cpu_flags", "kernels", "threads", "torch")
+    for key in keys:
         out.append(f"- {key}: `{meta.get(key, '-')}`")
     out.append(
         f"- load average before / after: {meta.get('load_before')} / {meta.get('load_after')}"

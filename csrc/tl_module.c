@@ -210,7 +210,23 @@ static PyObject *py_conv_weight_grad(PyObject *self, PyObject *args) {
     return tl_call_conv("conv_weight_grad", tl_implicit_gemm_weight_grad, args);
 }
 
+PyDoc_STRVAR(cpu_isa_doc,
+             "cpu_isa() -> str\n\n"
+             "Instruction set the CPU micro-kernels run with now: 'avx512', 'avx2' or\n"
+             "'baseline' (this CPU's widest, capped by TORCH_LATTICE_CPU_ISA).");
+static PyObject *py_cpu_isa(PyObject *self, PyObject *args) {
+    (void)self;
+    (void)args;
+    tl_ctx ctx;
+    if (tl_cpu_ctx(1, &ctx)) return NULL;
+    int level = (int)tl_simd_level() < ctx.simd_cap ? (int)tl_simd_level() : ctx.simd_cap;
+    return PyUnicode_FromString(level == TL_SIMD_V4   ? "avx512"
+                                : level == TL_SIMD_V3 ? "avx2"
+                                                      : "baseline");
+}
+
 PyMethodDef tl_py_core_methods[] = {
+    {"cpu_isa", py_cpu_isa, METH_NOARGS, cpu_isa_doc},
     {"find_duplicate", py_find_duplicate, METH_VARARGS, find_duplicate_doc},
     {"generate_bound", py_generate_bound, METH_VARARGS, generate_bound_doc},
     {"generate", py_generate, METH_VARARGS, generate_doc},

@@ -15,6 +15,7 @@ from dense_oracle import dense_subm
 
 import torch_lattice as tl
 from torch_lattice.nn import functional as F
+from torch_lattice.ops._native import _C
 
 ISAS = ["avx512", "avx2", "baseline"]
 # (c_in, c_out): a 1-column output, tails only, one full AVX-512 block of
@@ -61,9 +62,16 @@ def test_every_isa_matches_dense(
         torch.testing.assert_close(dw.double(), ref_dw, rtol=0, atol=tol * 10)
 
 
+def test_cpu_isa_reports_the_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    widest = _C.cpu_isa()
+    assert widest in ISAS
+    for cap in ISAS:
+        monkeypatch.setenv("TORCH_LATTICE_CPU_ISA", cap)
+        assert _C.cpu_isa() == ISAS[max(ISAS.index(cap), ISAS.index(widest))]
+
+
 @pytest.mark.skipif(
-    torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"),
-    reason="the CPU has only the baseline instruction set",
+    _C.cpu_isa() == "baseline", reason="the CPU has only the baseline instruction set"
 )
 def test_cap_selects_other_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
     # The baseline kernels round each multiply and add apart, the AVX2 and
