@@ -250,7 +250,8 @@ def markdown(meta: dict[str, Any], rows: list[Row]) -> str:
     if missing:
         out += ["", "## Not run", ""]
         for r in missing:
-            out.append(f"- {r['workload']} / {r['scene']} / {r['impl']}: {r['status']}")
+            where = f"{r['workload']} / {r['scene']} / C={r['channels']} / {r['impl']}"
+            out.append(f"- {where}: {r['status']}")
     return "\n".join(out) + "\n"
 
 
