@@ -48,7 +48,7 @@ static int tl_cuda_parse_geom(PyObject *tuple, tl_geom *g) {
 
 /* Context of one call: device index and stream handle from Python. */
 static tl_ctx tl_cuda_ctx(int device, unsigned long long stream) {
-    tl_ctx ctx = {1, device, tl_ptr(stream)};
+    tl_ctx ctx = {.threads = 1, .device = device, .stream = tl_ptr(stream), .simd_cap = 0};
     return ctx;
 }
 
