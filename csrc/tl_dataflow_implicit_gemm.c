@@ -16,21 +16,25 @@
 /* Output columns per tile: wider layers are split so a tile's output rows
  * and one weight row stay cache-resident. */
 #define TL_TILE_COLS 256
-/* Weight gradient: the output rows are split into this many parts (each
- * with its own (k, c_in, c_out) partial sum), fewer when the partial sums
- * would exceed TL_WGRAD_MAX_PARTIAL elements or a part would get under
- * TL_WGRAD_MIN_ROWS rows.  The split depends only on the problem size, never
- * on the thread count, so the result is the same for any thread count. */
+/* Weight gradient: the output rows are split into up to TL_WGRAD_PARTS parts
+ * (each with its own (k, c_in, c_out) partial sum), fewer when the partial
+ * sums would exceed TL_WGRAD_MAX_PARTIAL elements or a part would get under
+ * TL_WGRAD_MIN_ROWS rows; kernel rows are split into groups until there are
+ * about TL_WGRAD_TASKS tasks.  Few parts keep the final reduction of the
+ * partial sums small.  The split depends only on the problem size, never on
+ * the thread count, so the result is the same for any thread count. */
+#define TL_WGRAD_PARTS 8
 #define TL_WGRAD_TASKS 32
 #define TL_WGRAD_MIN_ROWS 1024
 #define TL_WGRAD_MAX_PARTIAL (1 << 22)
-/* Weight-gradient pairs reduced per register-blocked pass: their gathered x
- * columns (c_in x 128) and dy rows stay in L1/L2 across the column blocks. */
-#define TL_WGRAD_PAIRS 128
+/* Weight-gradient output rows per block: for each kernel row, a block's pairs
+ * are reduced in register-blocked passes while their x and dy rows stay in
+ * L1/L2 across the passes. */
+#define TL_WGRAD_PAIRS 256
 
-/* Number of output-row parts of the weight gradient (see TL_WGRAD_TASKS). */
+/* Number of output-row parts of the weight gradient (see TL_WGRAD_PARTS). */
 static int64_t tl_wgrad_parts(const tl_conv_desc *d) {
-    int64_t parts = TL_WGRAD_TASKS;
+    int64_t parts = TL_WGRAD_PARTS;
     int64_t by_rows = (d->n_out + TL_WGRAD_MIN_ROWS - 1) / TL_WGRAD_MIN_ROWS;
     if (parts > by_rows) parts = by_rows;
     int64_t all = d->k * d->c_in * d->c_out;
