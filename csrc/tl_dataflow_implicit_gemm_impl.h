@@ -72,7 +72,11 @@ static int TL_FN(tl_forward_tile)(const tl_conv_desc *d, const TL_T *x, const TL
             int32_t i = nbr[(o0 + r) * k + n];
             uint32_t u = (uint32_t)i + 1u;
             worst = u > worst ? u : worst;
-            xr[c] = x + (int64_t)i * cin;
+            /* The address is computed in integers: for a missing (-1) or bad
+             * entry it lies outside x, where C allows no pointer arithmetic.
+             * Such an address is overwritten or rejected, never read. */
+            int64_t bytes = (int64_t)i * cin * (int64_t)sizeof(TL_T);
+            xr[c] = (const TL_T *)((uintptr_t)x + (uintptr_t)bytes);
             yr[c] = y + (o0 + r) * cout + co0;
             c += i >= 0;
         }
