@@ -68,8 +68,7 @@ typedef struct TL_MK(ops) {
  * of an entry point (libgcc caches the CPU's answer), so there is no state of
  * ours to initialize. */
 __attribute__((unused)) static const TL_MK(ops) *TL_MK(pick)(const tl_ctx *ctx) {
-    tl_simd level = tl_simd_level();
-    switch ((int)level < ctx->simd_cap ? (int)level : ctx->simd_cap) {
+    switch (tl_simd_capped(ctx->simd_cap)) {
 #if TL_SIMD_X86
     case TL_SIMD_V4:
         return &TL_MK_CAT(TL_MK(ops), v4);

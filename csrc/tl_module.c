@@ -219,7 +219,7 @@ static PyObject *py_cpu_isa(PyObject *self, PyObject *args) {
     (void)args;
     tl_ctx ctx;
     if (tl_cpu_ctx(1, &ctx)) return NULL;
-    int level = (int)tl_simd_level() < ctx.simd_cap ? (int)tl_simd_level() : ctx.simd_cap;
+    tl_simd level = tl_simd_capped(ctx.simd_cap);
     return PyUnicode_FromString(level == TL_SIMD_V4   ? "avx512"
                                 : level == TL_SIMD_V3 ? "avx2"
                                                       : "baseline");

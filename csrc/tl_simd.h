@@ -26,4 +26,11 @@ static inline tl_simd tl_simd_level(void) {
     return TL_SIMD_BASE;
 }
 
+/* The set the kernels run with: the CPU's widest, at most `cap` (tl_ctx's
+ * simd_cap). */
+static inline tl_simd tl_simd_capped(int cap) {
+    tl_simd level = tl_simd_level();
+    return (int)level < cap ? level : (tl_simd)cap;
+}
+
 #endif
