@@ -11,8 +11,8 @@
  * channel.  The shape is per instruction set because the register files
  * differ: AVX-512 has 32 vector registers (16 accumulators of 64 bytes fit),
  * AVX2 and SSE2 have 16 (8 accumulators of 32 or 16 bytes).  The vector type
- * is GCC's generic vector extension at exactly the target's register width:
- * a wider one would be split through memory. */
+ * is GCC's generic vector extension at the target's register width (a wider
+ * one would be split through memory) or narrower, for leftover columns. */
 #if !defined(TL_T) || !defined(TL_ISA)
 #error "define TL_T, TL_SFX, TL_ISA, TL_ISA_ATTR, TL_ISA_VBYTES and TL_ISA_NV first"
 #endif
@@ -21,42 +21,47 @@
 #define TL_MKI_CAT(a, b, c) TL_MKI_CAT3(a, b, c)
 #define TL_MKI(name) TL_MKI_CAT(tl_mk_##name, TL_SFX, TL_ISA)
 
-#define TL_VL ((int64_t)(TL_ISA_VBYTES / sizeof(TL_T))) /* lanes per vector */
-typedef TL_T TL_MKI(vec) __attribute__((vector_size(TL_ISA_VBYTES)));
-#define TL_VEC TL_MKI(vec)
+/* The register-blocked updates (tl_microkernel_block_impl.h): block at the
+ * full register width, block_32 and block_16 at 32 and 16 bytes where those
+ * are narrower, so that columns left over by the full-width blocks still run
+ * as vectors (C = 24 is one 64-byte and one 32-byte vector of floats). */
+#define TL_BLOCK_FN TL_MKI(block)
+#define TL_BLOCK_VEC TL_MKI(vec)
+#define TL_BLOCK_BYTES TL_ISA_VBYTES
+#define TL_BLOCK_NV TL_ISA_NV
+#include "tl_microkernel_block_impl.h"
+#undef TL_BLOCK_FN
+#undef TL_BLOCK_VEC
+#undef TL_BLOCK_BYTES
+#undef TL_BLOCK_NV
+#if TL_ISA_VBYTES > 32
+#define TL_BLOCK_FN TL_MKI(block_32)
+#define TL_BLOCK_VEC TL_MKI(vec_32)
+#define TL_BLOCK_BYTES 32
+#define TL_BLOCK_NV 1
+#include "tl_microkernel_block_impl.h"
+#undef TL_BLOCK_FN
+#undef TL_BLOCK_VEC
+#undef TL_BLOCK_BYTES
+#undef TL_BLOCK_NV
+#endif
+#if TL_ISA_VBYTES > 16
+#define TL_BLOCK_FN TL_MKI(block_16)
+#define TL_BLOCK_VEC TL_MKI(vec_16)
+#define TL_BLOCK_BYTES 16
+#define TL_BLOCK_NV 1
+#include "tl_microkernel_block_impl.h"
+#undef TL_BLOCK_FN
+#undef TL_BLOCK_VEC
+#undef TL_BLOCK_BYTES
+#undef TL_BLOCK_NV
+#endif
 
-/* Register-blocked update, for r < R and columns [j, j + NV*VL):
- *   out[r][j + :] += sum_q a(r, q) * b[q][j + :]
- * where a(r, q) is a[r][q] (transposed == 0: forward, q = input channel,
- * a[r] = x row, b[q] = weight row) or a[q][c0 + r] (transposed == 1: weight
- * gradient, q = pair, a[q] = x row, b[q] = dy row, so no transposed copy of
- * the x rows is needed).  Always inlined with constant arguments, so acc[][]
- * lives in registers. */
-static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_MKI(block)(
-    int R, int NV, int transposed, int64_t j, int64_t nq, int64_t c0,
-    const TL_T *const *a, const TL_T *const *b, TL_T *const *out) {
-    TL_VEC acc[4][TL_ISA_NV];
-    for (int r = 0; r < R; r++)
-        for (int v = 0; v < NV; v++) acc[r][v] = (TL_VEC){0};
-    for (int64_t q = 0; q < nq; q++) {
-        TL_VEC bv[TL_ISA_NV];
-        for (int v = 0; v < NV; v++) memcpy(&bv[v], b[q] + j + v * TL_VL, sizeof(TL_VEC));
-        for (int r = 0; r < R; r++) {
-            TL_T s = transposed ? a[q][c0 + r] : a[r][q];
-            for (int v = 0; v < NV; v++) acc[r][v] += s * bv[v];
-        }
-    }
-    for (int r = 0; r < R; r++)
-        for (int v = 0; v < NV; v++) {
-            TL_VEC o;
-            memcpy(&o, out[r] + j + v * TL_VL, sizeof(TL_VEC));
-            o += acc[r][v];
-            memcpy(out[r] + j + v * TL_VL, &o, sizeof(TL_VEC));
-        }
-}
+#define TL_VL ((int64_t)(TL_ISA_VBYTES / sizeof(TL_T))) /* lanes per full vector */
 
-/* All cw columns for R rows: blocks of TL_ISA_NV vectors, then 2, then 1,
- * then scalars for a tail narrower than one vector.  (setup.py compiles with
+/* All cw columns for R rows: full-width blocks of TL_ISA_NV vectors, then 2,
+ * then 1; then one 32-byte and one 16-byte vector where they fit; scalars
+ * for the last columns narrower than 16 bytes.  (setup.py compiles with
  * -ffp-contract=fast, so the multiply-adds become FMA instructions where the
  * target has them; -std=c11 alone would turn contraction off.) */
 static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_MKI(columns)(
@@ -73,6 +78,18 @@ static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_MKI(columns)(
         TL_MKI(block)(R, 1, transposed, j, nq, c0, a, b, out);
         j += TL_VL;
     }
+#if TL_ISA_VBYTES > 32
+    if (j + (int64_t)(32 / sizeof(TL_T)) <= cw) {
+        TL_MKI(block_32)(R, 1, transposed, j, nq, c0, a, b, out);
+        j += (int64_t)(32 / sizeof(TL_T));
+    }
+#endif
+#if TL_ISA_VBYTES > 16
+    if (j + (int64_t)(16 / sizeof(TL_T)) <= cw) {
+        TL_MKI(block_16)(R, 1, transposed, j, nq, c0, a, b, out);
+        j += (int64_t)(16 / sizeof(TL_T));
+    }
+#endif
     for (int r = 0; r < R; r++)
         for (int64_t jj = j; jj < cw; jj++) {
             TL_T s = 0;
@@ -108,7 +125,6 @@ static const TL_MK(ops) TL_MKI(ops) = {
     TL_MKI(rows_4), TL_MKI(rows_2), TL_MKI(rows_1), TL_MKI(rows_t_4), TL_MKI(rows_t_1),
 };
 
-#undef TL_VEC
 #undef TL_VL
 #undef TL_MKI
 #undef TL_MKI_CAT

@@ -19,9 +19,10 @@ from torch_lattice.ops._native import _C
 
 ISAS = ["avx512", "avx2", "baseline"]
 # (c_in, c_out): a 1-column output, tails only, one full AVX-512 block of
-# float32 (64), blocks plus every narrower remainder (130 = 64 + 64 + 2;
-# 37 = 32 + 4 + 1 floats; 23 = 16 + 4 + 3 doubles).
-CHANNELS = [(3, 1), (7, 37), (64, 64), (19, 130), (33, 23)]
+# float32 (64), and every narrower remainder: 130 = 64 + 64 + 2 floats;
+# 37 = 32 + 4 + 1 floats; 24 = 16 + 8 floats (a 32-byte leftover block);
+# 20 = 16 + 4 floats (a 16-byte one); 23 = 16 + 4 + 2 + 1 doubles.
+CHANNELS = [(3, 1), (7, 37), (64, 64), (19, 130), (33, 23), (5, 24), (6, 20)]
 TOL = {torch.float32: 2e-5, torch.float64: 1e-12}
 
 

@@ -1,0 +1,42 @@
+/* One register-blocked update of tl_microkernel_isa_impl.h, at one vector
+ * width.  Included with TL_BLOCK_FN (function name), TL_BLOCK_VEC (vector
+ * type name), TL_BLOCK_BYTES (bytes per vector) and TL_BLOCK_NV (most vectors
+ * per row) defined, inside the instruction set's TL_T and TL_ISA_ATTR: once at
+ * the full register width, and at narrower widths for the columns left over.
+ *
+ *   out[r][j + :] += sum_q a(r, q) * b[q][j + :],  r < R, NV vectors wide,
+ *
+ * where a(r, q) is a[r][q] (transposed == 0: forward, q = input channel,
+ * a[r] = x row, b[q] = weight row) or a[q][c0 + r] (transposed == 1: weight
+ * gradient, q = pair, a[q] = x row, b[q] = dy row, so no transposed copy of
+ * the x rows is needed).  Always inlined with constant R, NV and transposed,
+ * so acc[][] lives in registers. */
+#if !defined(TL_BLOCK_FN) || !defined(TL_BLOCK_BYTES)
+#error "define TL_BLOCK_FN, TL_BLOCK_VEC, TL_BLOCK_BYTES and TL_BLOCK_NV first"
+#endif
+
+typedef TL_T TL_BLOCK_VEC __attribute__((vector_size(TL_BLOCK_BYTES)));
+
+static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_BLOCK_FN(
+    int R, int NV, int transposed, int64_t j, int64_t nq, int64_t c0,
+    const TL_T *const *a, const TL_T *const *b, TL_T *const *out) {
+    const int64_t vl = (int64_t)(TL_BLOCK_BYTES / sizeof(TL_T));
+    TL_BLOCK_VEC acc[4][TL_BLOCK_NV];
+    for (int r = 0; r < R; r++)
+        for (int v = 0; v < NV; v++) acc[r][v] = (TL_BLOCK_VEC){0};
+    for (int64_t q = 0; q < nq; q++) {
+        TL_BLOCK_VEC bv[TL_BLOCK_NV];
+        for (int v = 0; v < NV; v++) memcpy(&bv[v], b[q] + j + v * vl, sizeof(TL_BLOCK_VEC));
+        for (int r = 0; r < R; r++) {
+            TL_T s = transposed ? a[q][c0 + r] : a[r][q];
+            for (int v = 0; v < NV; v++) acc[r][v] += s * bv[v];
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int v = 0; v < NV; v++) {
+            TL_BLOCK_VEC o;
+            memcpy(&o, out[r] + j + v * vl, sizeof(TL_BLOCK_VEC));
+            o += acc[r][v];
+            memcpy(out[r] + j + v * vl, &o, sizeof(TL_BLOCK_VEC));
+        }
+}
