@@ -30,21 +30,25 @@ PyObject *tl_raise(const char *fn, tl_status st) {
     return NULL;
 }
 
+/* Values of TORCH_LATTICE_CPU_ISA; the first name of each level is the one
+ * cpu_isa() reports. */
+static const struct {
+    const char *name;
+    tl_simd level;
+} tl_isa_names[] = {{"avx512", TL_SIMD_V4}, {"avx2", TL_SIMD_V3}, {"baseline", TL_SIMD_BASE},
+                    {"auto", TL_SIMD_V4},   {"", TL_SIMD_V4}};
+#define TL_ISA_NAMES (sizeof tl_isa_names / sizeof tl_isa_names[0])
+
 int tl_cpu_ctx(int threads, tl_ctx *ctx) {
-    static const struct {
-        const char *name;
-        tl_simd level;
-    } isas[] = {{"", TL_SIMD_V4}, {"auto", TL_SIMD_V4}, {"avx512", TL_SIMD_V4},
-                {"avx2", TL_SIMD_V3}, {"baseline", TL_SIMD_BASE}};
     const char *want = getenv("TORCH_LATTICE_CPU_ISA");
     ctx->threads = threads < 1 ? 1 : threads;
     ctx->device = -1;
     ctx->stream = NULL;
     ctx->simd_cap = TL_SIMD_V4;
     if (!want) return 0;
-    for (size_t i = 0; i < sizeof isas / sizeof isas[0]; i++)
-        if (strcmp(want, isas[i].name) == 0) {
-            ctx->simd_cap = isas[i].level;
+    for (size_t i = 0; i < TL_ISA_NAMES; i++)
+        if (strcmp(want, tl_isa_names[i].name) == 0) {
+            ctx->simd_cap = tl_isa_names[i].level;
             return 0;
         }
     PyErr_Format(PyExc_ValueError,
@@ -220,9 +224,9 @@ static PyObject *py_cpu_isa(PyObject *self, PyObject *args) {
     tl_ctx ctx;
     if (tl_cpu_ctx(1, &ctx)) return NULL;
     tl_simd level = tl_simd_capped(ctx.simd_cap);
-    return PyUnicode_FromString(level == TL_SIMD_V4   ? "avx512"
-                                : level == TL_SIMD_V3 ? "avx2"
-                                                      : "baseline");
+    size_t i = 0;
+    while (tl_isa_names[i].level != level) i++; /* every level has a name */
+    return PyUnicode_FromString(tl_isa_names[i].name);
 }
 
 PyMethodDef tl_py_core_methods[] = {
