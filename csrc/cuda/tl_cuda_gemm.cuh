@@ -154,43 +154,6 @@ struct tl_acc_tf32 {
 #else
 /* Before sm_80 there are no TF32 tensor cores: fall back to fp32 FMA. */
 typedef tl_acc_fma tl_acc_tf32;
-/* Workspace of one dataflow call.  fp32 calls accumulate straight into their
- * output (acc == NULL here); half calls accumulate in fp32 and cast once. */
-struct tl_conv_layout {
-    float *acc;       /* (n_out, c_out) or (k, c_in, c_out) fp32, half dtypes only */
-    void *gather_x;   /* gather-scatter: (rows_cap, c_in) */
-    void *gather_y;   /* gather-scatter weight gradient: (rows_cap, c_out) */
-    int64_t rows_cap; /* most pairs one kernel row can hold: min(n_in, n_out, P) */
-};
-
-static inline tl_cuda_ws tl_conv_layout_of(void *base, tl_cuda_dataflow df, bool weight_grad,
-                                           const tl_conv_desc *d, int64_t n_pairs,
-                                           tl_conv_layout *l) {
-    tl_cuda_ws w = tl_cuda_ws_begin(base);
-    int64_t cap = d->n_in < d->n_out ? d->n_in : d->n_out;
-    if (df != TL_CUDA_IMPLICIT_GEMM && n_pairs < cap) cap = n_pairs;
-    l->rows_cap = cap < 0 ? 0 : cap;
-    int64_t acc = 0;
-    if (d->dtype != TL_F32)
-        acc = weight_grad ? d->k * d->c_in * d->c_out
-                          : (df == TL_CUDA_IMPLICIT_GEMM ? 0 : d->n_out * d->c_out);
-    l->acc = acc ? (float *)tl_cuda_ws_take(&w, acc, sizeof(float)) : NULL;
-    l->gather_x = l->gather_y = NULL;
-    if (df == TL_CUDA_GATHER_SCATTER) {
-        const size_t es = (size_t)tl_dtype_bytes(d->dtype);
-        l->gather_x = tl_cuda_ws_take(&w, l->rows_cap * d->c_in, es);
-        if (weight_grad) l->gather_y = tl_cuda_ws_take(&w, l->rows_cap * d->c_out, es);
-    }
-    return w;
-}
-
-/* Launch of a 1-D grid of `blocks` tile blocks (at most INT32_MAX). */
-static inline tl_status tl_tile_grid(int64_t blocks, unsigned *grid) {
-    if (blocks < 1 || blocks > INT32_MAX) return TL_ERR_OVERFLOW;
-    *grid = (unsigned)blocks;
-    return TL_OK;
-}
-
 #endif
 
 template <bool TF32> struct tl_acc_select {
