@@ -99,34 +99,25 @@ extern "C" tl_status tl_cuda_gather_scatter_forward(const tl_ctx *ctx, const tl_
                                                     void *y) {
     TL_CUDA_RETURN_IF(tl_conv_check(d, x, w, y, false));
     TL_CUDA_RETURN_IF(tl_pairs_args_check(d, p));
-    tl_conv_layout l;
-    tl_cuda_ws ws = tl_conv_layout_of(workspace, TL_CUDA_GATHER_SCATTER, false, d, p->n_pairs, &l);
-    if (ws.overflow) return TL_ERR_OVERFLOW;
-    if (!tl_cuda_ws_ok(workspace, ws.used)) return TL_ERR_INVALID;
-    cudaStream_t stream;
-    tl_cuda_scope scope;
-    TL_CUDA_RETURN_IF(scope.enter(ctx, &stream));
-    const int64_t size = d->n_out * d->c_out;
-    if (size == 0) return TL_OK;
-    float *acc = l.acc ? l.acc : (float *)y;
-    TL_CUDA_TRY(cudaMemsetAsync(acc, 0, sizeof(float) * (size_t)size, stream));
-    if (l.rows_cap > 0 && d->c_in > 0) {
+    tl_conv_frame f;
+    TL_CUDA_RETURN_IF(f.begin(ctx, TL_CUDA_GATHER_SCATTER, false, d, p->n_pairs, workspace, y));
+    if (f.size == 0) return TL_OK;
+    if (f.l.rows_cap > 0 && d->c_in > 0) {
         const long long *offsets = (const long long *)p->offsets;
-        const int64_t row_tiles = tl_cuda_ceil_div(l.rows_cap, TL_BM);
+        const int64_t row_tiles = tl_cuda_ceil_div(f.l.rows_cap, TL_BM);
         const int64_t col_tiles = tl_cuda_ceil_div(d->c_out, TL_BN);
         tl_gs_forward_call call;
-        call.gather = {x, d->n_in, d->c_in, offsets, p->in, 0, l.rows_cap, l.gather_x, stream};
+        call.gather = {x, d->n_in, d->c_in, offsets, p->in,
+                       0, f.l.rows_cap, f.l.gather_x, f.stream};
         call.w = w;
-        call.args = {offsets, p->in, p->out, acc, l.rows_cap, d->n_out, d->c_in, d->c_out,
+        call.args = {offsets, p->in, p->out, f.acc, f.l.rows_cap, d->n_out, d->c_in, d->c_out,
                      row_tiles, col_tiles, 0};
         if (row_tiles > INT32_MAX / col_tiles) return TL_ERR_OVERFLOW;
         call.blocks = row_tiles * col_tiles;
         call.k = d->k;
         TL_CUDA_RETURN_IF(tl_dispatch_dtype(d->dtype, allow_tf32, call));
     }
-    if (!l.acc) return TL_OK;
-    tl_cast_call cast = {l.acc, y, size, stream};
-    return tl_dispatch_dtype(d->dtype, 0, cast);
+    return f.finish();
 }
 
 extern "C" tl_status tl_cuda_gather_scatter_weight_grad(const tl_ctx *ctx, const tl_conv_desc *d,
@@ -135,29 +126,22 @@ extern "C" tl_status tl_cuda_gather_scatter_weight_grad(const tl_ctx *ctx, const
                                                         void *workspace, void *dw) {
     TL_CUDA_RETURN_IF(tl_conv_check(d, x, dy, dw, true));
     TL_CUDA_RETURN_IF(tl_pairs_args_check(d, p));
-    tl_conv_layout l;
-    tl_cuda_ws ws = tl_conv_layout_of(workspace, TL_CUDA_GATHER_SCATTER, true, d, p->n_pairs, &l);
-    if (ws.overflow) return TL_ERR_OVERFLOW;
-    if (!tl_cuda_ws_ok(workspace, ws.used)) return TL_ERR_INVALID;
-    cudaStream_t stream;
-    tl_cuda_scope scope;
-    TL_CUDA_RETURN_IF(scope.enter(ctx, &stream));
-    const int64_t mat = d->k * d->c_in * d->c_out;
-    if (mat == 0) return TL_OK;
-    float *acc = l.acc ? l.acc : (float *)dw;
-    TL_CUDA_TRY(cudaMemsetAsync(acc, 0, sizeof(float) * (size_t)mat, stream));
-    if (l.rows_cap > 0) {
+    tl_conv_frame f;
+    TL_CUDA_RETURN_IF(f.begin(ctx, TL_CUDA_GATHER_SCATTER, true, d, p->n_pairs, workspace, dw));
+    if (f.size == 0) return TL_OK;
+    if (f.l.rows_cap > 0) {
         const long long *offsets = (const long long *)p->offsets;
         tl_gs_wgrad_call call;
-        call.gx = {x, d->n_in, d->c_in, offsets, p->in, 0, l.rows_cap, l.gather_x, stream};
-        call.gy = {dy, d->n_out, d->c_out, offsets, p->out, 0, l.rows_cap, l.gather_y, stream};
+        call.gx = {x, d->n_in, d->c_in, offsets, p->in, 0, f.l.rows_cap, f.l.gather_x, f.stream};
+        call.gy = {dy, d->n_out, d->c_out, offsets, p->out,
+                   0, f.l.rows_cap, f.l.gather_y, f.stream};
         tl_pairs_wgrad_args &a = call.args;
-        a = {offsets, p->in, p->out, acc, l.rows_cap, l.rows_cap, d->c_in, d->c_out,
+        a = {offsets, p->in, p->out, f.acc, f.l.rows_cap, f.l.rows_cap, d->c_in, d->c_out,
              0, 0, 0, 0, 0};
         a.ci_tiles = tl_cuda_ceil_div(d->c_in, TL_BM);
         a.co_tiles = tl_cuda_ceil_div(d->c_out, TL_BN);
         int64_t chunk_rows, chunks;
-        TL_CUDA_RETURN_IF(tl_split_chunks(ctx->device, l.rows_cap, a.ci_tiles * a.co_tiles,
+        TL_CUDA_RETURN_IF(tl_split_chunks(ctx->device, f.l.rows_cap, a.ci_tiles * a.co_tiles,
                                           &chunk_rows, &chunks));
         a.chunks = chunks;
         a.chunk_rows = chunk_rows;
@@ -166,7 +150,5 @@ extern "C" tl_status tl_cuda_gather_scatter_weight_grad(const tl_ctx *ctx, const
         call.k = d->k;
         TL_CUDA_RETURN_IF(tl_dispatch_dtype(d->dtype, allow_tf32, call));
     }
-    if (!l.acc) return TL_OK;
-    tl_cast_call cast = {l.acc, dw, mat, stream};
-    return tl_dispatch_dtype(d->dtype, 0, cast);
+    return f.finish();
 }

@@ -270,4 +270,40 @@ static inline tl_status tl_tile_grid(int64_t blocks, unsigned *grid) {
     return TL_OK;
 }
 
+/* The frame shared by every dataflow call that accumulates in fp32: begin()
+ * lays out the workspace and checks it is big enough, makes the device
+ * current, and zeroes the accumulator (the fp32 output itself, or fp32
+ * scratch for half types); finish() casts that scratch into the half output.
+ * size == 0 after begin(): the output is empty, nothing more to do.  Lives
+ * on the entry point's stack: its scope restores the caller's device. */
+struct tl_conv_frame {
+    tl_cuda_scope scope;
+    tl_conv_layout l;
+    cudaStream_t stream;
+    float *acc;
+    int64_t size;
+    void *out;
+    tl_dtype dtype;
+
+    tl_status begin(const tl_ctx *ctx, tl_cuda_dataflow df, bool weight_grad,
+                    const tl_conv_desc *d, int64_t n_pairs, void *workspace, void *out_) {
+        tl_cuda_ws ws = tl_conv_layout_of(workspace, df, weight_grad, d, n_pairs, &l);
+        if (ws.overflow) return TL_ERR_OVERFLOW;
+        if (!tl_cuda_ws_ok(workspace, ws.used)) return TL_ERR_INVALID;
+        TL_CUDA_RETURN_IF(scope.enter(ctx, &stream));
+        out = out_;
+        dtype = d->dtype;
+        size = weight_grad ? d->k * d->c_in * d->c_out : d->n_out * d->c_out;
+        acc = l.acc ? l.acc : (float *)out;
+        if (size > 0) TL_CUDA_TRY(cudaMemsetAsync(acc, 0, sizeof(float) * (size_t)size, stream));
+        return TL_OK;
+    }
+
+    tl_status finish() {
+        if (!l.acc) return TL_OK;
+        tl_cast_call cast = {l.acc, out, size, stream};
+        return tl_dispatch_dtype(dtype, 0, cast);
+    }
+};
+
 #endif

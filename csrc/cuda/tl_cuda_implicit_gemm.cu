@@ -161,24 +161,16 @@ extern "C" tl_status tl_cuda_implicit_gemm_weight_grad(const tl_ctx *ctx, const 
                                                        void *workspace, void *dw) {
     TL_CUDA_RETURN_IF(tl_conv_check(d, x, dy, dw, true));
     if (!nbr && d->n_out > 0) return TL_ERR_INVALID;
-    tl_conv_layout l;
-    tl_cuda_ws ws = tl_conv_layout_of(workspace, TL_CUDA_IMPLICIT_GEMM, true, d, 0, &l);
-    if (ws.overflow) return TL_ERR_OVERFLOW;
-    if (!tl_cuda_ws_ok(workspace, ws.used)) return TL_ERR_INVALID;
-    cudaStream_t stream;
-    tl_cuda_scope scope;
-    TL_CUDA_RETURN_IF(scope.enter(ctx, &stream));
-    const int64_t mat = d->k * d->c_in * d->c_out;
-    if (mat == 0) return TL_OK;
-    float *acc = l.acc ? l.acc : (float *)dw;
-    TL_CUDA_TRY(cudaMemsetAsync(acc, 0, sizeof(float) * (size_t)mat, stream));
+    tl_conv_frame f;
+    TL_CUDA_RETURN_IF(f.begin(ctx, TL_CUDA_IMPLICIT_GEMM, true, d, 0, workspace, dw));
+    if (f.size == 0) return TL_OK;
     if (d->n_out > 0 && d->n_in > 0) {
         tl_ig_wgrad_call call;
         call.x = x;
         call.dy = dy;
-        call.stream = stream;
+        call.stream = f.stream;
         tl_ig_wgrad_args &a = call.args;
-        a = {nbr, acc, d->n_in, d->n_out, d->k, d->c_in, d->c_out, 0, 0, 0, 0};
+        a = {nbr, f.acc, d->n_in, d->n_out, d->k, d->c_in, d->c_out, 0, 0, 0, 0};
         a.ci_tiles = tl_cuda_ceil_div(d->c_in, TL_BM);
         a.co_tiles = tl_cuda_ceil_div(d->c_out, TL_BN);
         int64_t chunk_rows, chunks;
@@ -190,7 +182,5 @@ extern "C" tl_status tl_cuda_implicit_gemm_weight_grad(const tl_ctx *ctx, const 
         call.blocks = d->k * chunks * a.ci_tiles * a.co_tiles;
         TL_CUDA_RETURN_IF(tl_dispatch_dtype(d->dtype, allow_tf32, call));
     }
-    if (!l.acc) return TL_OK;
-    tl_cast_call cast = {l.acc, dw, mat, stream};
-    return tl_dispatch_dtype(d->dtype, 0, cast);
+    return f.finish();
 }
