@@ -18,8 +18,10 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import setuptools
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
@@ -67,6 +69,11 @@ def _gencode_flags() -> list[str]:
     return [*flags, f"-gencode=arch=compute_{newest},code=compute_{newest}"]
 
 
+def _run_nvcc(cmd: list[str]) -> list[str]:
+    subprocess.run(cmd, check=True)
+    return cmd
+
+
 class LatticeBuildExt(build_ext):
     """Compiles csrc/cuda/*.cu with nvcc (when wanted) before the C sources."""
 
@@ -83,26 +90,31 @@ class LatticeBuildExt(build_ext):
         cuda_home = nvcc.parent.parent
         out_dir = Path(self.build_temp) / "cuda"
         out_dir.mkdir(parents=True, exist_ok=True)
+        cmds = []
         for src in CUDA_SOURCES:
             obj = out_dir / (src.stem + ".o")
-            cmd = [
-                str(nvcc),
-                "-c",
-                str(src),
-                "-o",
-                str(obj),
-                "-O3",
-                "-std=c++17",
-                "-I",
-                str(ROOT / "csrc"),
-                "--expt-relaxed-constexpr",
-                "-Xcompiler",
-                "-fPIC,-fvisibility=hidden,-fno-exceptions,-fno-threadsafe-statics",
-                *_gencode_flags(),
-            ]
-            print(" ".join(cmd), flush=True)
-            subprocess.run(cmd, check=True)
+            cmds.append(
+                [
+                    str(nvcc),
+                    "-c",
+                    str(src),
+                    "-o",
+                    str(obj),
+                    "-O3",
+                    "-std=c++17",
+                    "-I",
+                    str(ROOT / "csrc"),
+                    "--expt-relaxed-constexpr",
+                    "-Xcompiler",
+                    "-fPIC,-fvisibility=hidden,-fno-exceptions,-fno-threadsafe-statics",
+                    *_gencode_flags(),
+                ]
+            )
             ext.extra_objects.append(str(obj))
+        # One nvcc per core: the .cu files are independent and each takes seconds.
+        with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
+            for cmd in pool.map(_run_nvcc, cmds):
+                print(" ".join(cmd), flush=True)
         ext.define_macros.append(("TL_WITH_CUDA", "1"))
         ext.include_dirs.append(str(cuda_home / "include"))
         lib_dirs = [
@@ -116,7 +128,18 @@ class LatticeBuildExt(build_ext):
         ext.libraries.extend(["cudart_static", "rt", "dl", "pthread"])
 
 
+def _license() -> dict[str, str]:
+    """Apache-2.0 in the form this setuptools takes: PEP 639's license_expression from
+    setuptools 77 on, the older free-text field before (the GPU image's setuptools may be
+    either, and --no-build-isolation builds with whatever is installed)."""
+    major, minor = (int(v) for v in setuptools.__version__.split(".")[:2])
+    if (major, minor) >= (77, 0):
+        return {"license_expression": "Apache-2.0"}
+    return {"license": "Apache-2.0"}
+
+
 setup(
+    **_license(),
     ext_modules=[
         Extension(
             "torch_lattice._C",

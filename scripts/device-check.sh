@@ -1,128 +1,137 @@
 #!/usr/bin/env bash
-# One prepared command for the lent GPU machine (one H200, Python 3.12, torch+CUDA and
-# nvcc preinstalled, no network).  Run from anywhere; works in the repository root:
-#   1. builds the extension with CUDA (sm_90 only, to save time) into .venv-gpu, a venv
-#      that sees the preinstalled torch (--system-site-packages);
-#   2. runs the CUDA parity tests (tests/test_cuda.py), then the whole CPU suite;
-#   3. times each dataflow on a ~200k-voxel surface (SubmConv3d 3x3x3, C = 64).
-# Every step logs to $OUT (default /tmp/device-check); summary.txt has the verdicts.
-# A failing step does not stop later ones; the whole run stays under 8 minutes.
+# One prepared run for a lent GPU machine, as that machine is: no venv of ours, the image's
+# `python3` (itself a venv's interpreter holding torch+CUDA, setuptools, pytest and
+# pytest-xdist), nvcc, no network.  From the repository root:
+#
+#   bash scripts/device-check.sh              # on the GPU machine
+#   DEVICE_CHECK_DRY=1 bash scripts/device-check.sh   # rehearsal where there is no GPU
+#
+# Steps (each under its own time limit; the limits add up to 340 s, under 6 minutes):
+#   env     versions: GPU, python3, torch, setuptools, nvcc
+#   build   the extension in place (setup.py build_ext --inplace), sm_90 only
+#   import  torch_lattice._C: CUDA compiled in, devices seen
+#   test    CUDA tests (tests/test_cuda*.py) with pytest -n 8
+#   bench   python3 -m benchmarks.gpu (single layers and SparseResUNet42)
+# The dry mode skips only what needs a GPU: nvidia-smi, and the bench; the tests still run
+# (they skip themselves without a GPU, and the non-GPU checks among them run).
+# Logs go to $OUT (default /tmp/device-check).  $OUT/summary.txt starts with a one-line
+# verdict and ends with the benchmark table.  A failing step does not stop later ones
+# unless they need it.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 OUT="${OUT:-/tmp/device-check}"
+DRY="${DEVICE_CHECK_DRY:-0}"
 mkdir -p "$OUT"
-SUMMARY="$OUT/summary.txt"
-: > "$SUMMARY"
+BODY="$OUT/summary.body"
+: > "$BODY"
+FAILED=()
 
-log() { echo "[$(date -u +%H:%M:%S)] $*" | tee -a "$SUMMARY"; }
+log() { echo "[$(date -u +%H:%M:%S)] $*" | tee -a "$BODY"; }
 
-# Runs "$@" under a time limit, output to $OUT/<name>.log; records the exit status.
+# step NAME LIMIT CMD...: runs CMD under LIMIT seconds, output to $OUT/NAME.log.
 step() {
     local name=$1 limit=$2
     shift 2
     local start=$SECONDS
-    timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+    timeout -k 5 "$limit" "$@" > "$OUT/$name.log" 2>&1
     local rc=$?
-    log "$name: rc=$rc in $((SECONDS - start)) s"
-    tail -n 3 "$OUT/$name.log" | sed 's/^/    /' | tee -a "$SUMMARY"
+    log "$name: rc=$rc in $((SECONDS - start)) s (limit $limit s)"
+    tail -n 4 "$OUT/$name.log" | sed 's/^/    /' | tee -a "$BODY"
+    [ $rc -eq 0 ] || FAILED+=("$name")
     return $rc
 }
 
-log "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown), $(date -u +%F)"
-{
-    nvidia-smi
+skip() { log "$1: skipped ($2)"; }
+
+log "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo '+changes'), $(date -u +%F), dry=$DRY"
+
+env_report() {
+    if [ "$DRY" = 1 ]; then echo "nvidia-smi: skipped (dry)"; else nvidia-smi; fi
+    echo "python3: $(command -v python3)"
     python3 --version
-    python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
-    python3 -c "import setuptools, pytest; print('setuptools', setuptools.__version__, \
-'pytest', pytest.__version__)"
-    command -v nvcc || ls /usr/local/cuda/bin/nvcc
-} > "$OUT/env.log" 2>&1
-log "environment: see env.log"
+    python3 - <<'PYEOF'
+import sysconfig
+from pathlib import Path
 
-PY=.venv-gpu/bin/python
-step venv 60 python3 -m venv --system-site-packages .venv-gpu
-export CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
-if step build 240 env TORCH_LATTICE_CUDA=1 TORCH_LATTICE_CUDA_ARCHS=90 \
-    "$PY" -m pip install --no-build-isolation --no-deps -v -e .; then
-    step import 60 "$PY" -c "import torch_lattice._C as C; \
-print('cuda_compiled', C.cuda_compiled(), 'devices', C.cuda_device_count())"
-    step test-cuda 180 "$PY" -m pytest -q -m cuda -rs tests/test_cuda.py
-    step test-cpu 150 "$PY" -m pytest -q -m "not cuda" -p no:cacheprovider
-    step bench 120 "$PY" - <<'PYEOF'
-# Dataflow micro-benchmark: medians of CUDA-event timings on torch's current stream.
-import statistics
-
+import pytest
+import setuptools
 import torch
 
-from torch_lattice.data import height_field
-from torch_lattice.geometry import ConvGeometry
-from torch_lattice.ops import _cuda
-
-
-def timed(fn, reps=7, warm=2):
-    for _ in range(warm):
-        fn()
-    times = []
-    for _ in range(reps):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop))
-    return statistics.median(times)
-
-
-coords = height_field(450).cuda()
-n = coords.shape[0]
-geom = ConvGeometry.submanifold((3, 3, 3), (1, 1, 1)).as_c()
-print(f"scene: height_field(450), {n} voxels; SubmConv3d 3x3x3, C_in = C_out = 64")
-print(f"kernel_map      {timed(lambda: _cuda.kernel_map(coords, coords, geom)):8.3f} ms")
-nbr, rev = _cuda.kernel_map(coords, coords, geom)
-print(f"kernel_pairs    {timed(lambda: _cuda.kernel_pairs(nbr)):8.3f} ms")
-pairs = _cuda.kernel_pairs(nbr)
-print(f"pairs: {pairs[1].numel()} ({pairs[1].numel() / n:.2f} per voxel)")
-down = ConvGeometry((2, 2, 2), (2, 2, 2)).as_c()
-rng = tuple(int(v) for v in (coords[:, 1:].max(0).values + 2) // 2)
-t = timed(lambda: _cuda.generate_support(coords, down, rng, 1))
-print(f"generate s2     {t:8.3f} ms")
-for dtype in (torch.float32, torch.float16, torch.bfloat16):
-    g = torch.Generator(device="cuda").manual_seed(0)
-    x = torch.randn(n, 64, device="cuda", generator=g).to(dtype)
-    w = (0.05 * torch.randn(27, 64, 64, device="cuda", generator=g)).to(dtype)
-    dy = torch.randn(n, 64, device="cuda", generator=g).to(dtype)
-    ref = None
-    for df in _cuda.DATAFLOWS:
-        maps = {"nbr": nbr} if df == "implicit_gemm" else {"pairs": pairs}
-        y = _cuda.conv_forward(df, x, w, n_out=n, **maps)
-        ref = y if ref is None else ref
-        diff = (y.float() - ref.float()).abs().max().item()
-        f = timed(lambda: _cuda.conv_forward(df, x, w, n_out=n, **maps))
-        b = timed(lambda: _cuda.conv_weight_grad(df, x, dy, **maps))
-        print(f"{str(dtype):15} {df:16} forward {f:8.3f} ms  weight grad {b:8.3f} ms  "
-              f"max|y - y_implicit_gemm| {diff:.2e}")
-x32, w32 = x.float(), w.float()
-pin, pout = pairs[1].long(), pairs[2].long()
-offs = pairs[0].tolist()
-
-
-def torch_reference():
-    y = torch.zeros(n, 64, device="cuda")
-    for k in range(27):
-        a, b = offs[k], offs[k + 1]
-        y.index_add_(0, pout[a:b], x32.index_select(0, pin[a:b]) @ w32[k])
-    return y
-
-
-print(f"plain torch fp32 (index_select, mm, index_add_) forward {timed(torch_reference):8.3f} ms")
-torch.backends.cuda.matmul.allow_tf32 = True
-for df in _cuda.DATAFLOWS:
-    maps = {"nbr": nbr} if df == "implicit_gemm" else {"pairs": pairs}
-    f = timed(lambda: _cuda.conv_forward(df, x32, w32, n_out=n, **maps))
-    print(f"tf32            {df:16} forward {f:8.3f} ms")
+print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())
+print("setuptools", setuptools.__version__, "pytest", pytest.__version__)
+include = sysconfig.get_paths()["include"]
+print("Python.h:", include, (Path(include) / "Python.h").is_file())
+if torch.cuda.is_available():
+    print("gpu", torch.cuda.get_device_name(), "capability", torch.cuda.get_device_capability())
 PYEOF
-else
-    log "build failed: see build.log (tests and benchmark skipped)"
+    python3 -c "import xdist; print('pytest-xdist', xdist.__version__)"
+    nvcc --version 2>/dev/null || /usr/local/cuda/bin/nvcc --version
+}
+export -f env_report
+export DRY
+step env 20 bash -c env_report
+
+# The image's python3 may lack its C headers; the extension uses the Limited API
+# (Py_LIMITED_API 3.10), so any CPython >= 3.10 header set builds the same abi3 module.
+# A carried set (.device-include/python3.x) is used only when Python.h is missing.
+pyinc=$(python3 -c "import sysconfig; print(sysconfig.get_paths()['include'])")
+if [ ! -f "$pyinc/Python.h" ]; then
+    carried=$(ls -d "$PWD"/.device-include/python3.* 2>/dev/null | head -n 1)
+    if [ -n "$carried" ]; then
+        log "python3's headers missing at $pyinc: using carried $carried"
+        export CPATH="$carried${CPATH:+:$CPATH}"
+    else
+        log "python3's headers missing at $pyinc and none carried (.device-include/)"
+    fi
 fi
+
+export CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
+export PATH="$PATH:$CUDA_HOME/bin"
+rm -f torch_lattice/_C*.so
+if step build 120 env TORCH_LATTICE_CUDA=1 TORCH_LATTICE_CUDA_ARCHS=90 \
+    python3 setup.py -q build_ext --inplace; then
+    step import 20 python3 -c "import torch, torch_lattice._C as C; \
+print('cuda_compiled', C.cuda_compiled(), 'devices', C.cuda_device_count(), \
+'torch sees', torch.cuda.device_count()); \
+assert C.cuda_compiled(), 'built without CUDA'"
+    step test 110 python3 -m pytest -q -n 8 -p no:cacheprovider -rfEs tests/test_cuda*.py \
+        --junitxml="$OUT/test-junit.xml"
+    if [ "$DRY" = 1 ]; then
+        skip bench "dry: needs a GPU"
+        step bench-import 10 python3 -c "import benchmarks.gpu"
+    else
+        step bench 70 env PYTHONUNBUFFERED=1 python3 -m benchmarks.gpu --out "$OUT/bench.md"
+    fi
+else
+    FAILED+=(import test bench)
+    log "build failed: see build.log (import, tests and benchmark not run)"
+fi
+
+# Test counts from the junit file (pytest -n 8 prints no single summary line per worker).
+counts=$(python3 - "$OUT/test-junit.xml" <<'PYEOF' 2>/dev/null
+import sys
+import xml.etree.ElementTree as ET
+
+s = ET.parse(sys.argv[1]).getroot()
+s = s if s.tag == "testsuite" else s[0]
+t, f, e, k = (int(s.get(a, 0)) for a in ("tests", "failures", "errors", "skipped"))
+print(f"{t - f - e - k} passed, {f} failed, {e} errors, {k} skipped")
+PYEOF
+)
+log "tests: ${counts:-no result}"
 log "done in $SECONDS s"
+
+SUMMARY="$OUT/summary.txt"
+{
+    if [ ${#FAILED[@]} -eq 0 ]; then
+        echo "PASS: device check$([ "$DRY" = 1 ] && echo ' (dry rehearsal, no GPU)'); tests: ${counts:-none}; $SECONDS s"
+    else
+        echo "FAIL: ${FAILED[*]}; tests: ${counts:-none}; $SECONDS s"
+    fi
+    cat "$BODY"
+    echo
+    if [ -f "$OUT/bench.md" ]; then cat "$OUT/bench.md"; else echo "(no benchmark table)"; fi
+} > "$SUMMARY"
+rm -f "$BODY"
+head -n 1 "$SUMMARY"
 exit 0
