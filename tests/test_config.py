@@ -119,3 +119,20 @@ def test_resolved_dataflow_of_a_module() -> None:
     assert F.resolved_dataflow(tl.nn.Conv3d(3, 2)) is F.Dataflow.ImplicitGEMM
     with pytest.raises(TypeError, match="ConvConfig"):
         F.resolved_dataflow(42)
+
+
+def test_cuda_default_is_the_verified_dataflow():
+    from torch_lattice.nn.functional.config import CUDA_DEFAULT, DEFAULT, resolve_config
+
+    assert F.resolved_dataflow(device="cuda") is CUDA_DEFAULT.dataflow
+    assert F.resolved_dataflow(device=torch.device("cuda", 0)) is CUDA_DEFAULT.dataflow
+    assert F.resolved_dataflow(device=torch.device("cpu")) is DEFAULT.dataflow
+    assert F.resolved_dataflow() is F.Dataflow.ImplicitGEMM
+    # Anything set explicitly wins over the device's default.
+    with F.conv_config(dataflow=F.Dataflow.ImplicitGEMM):
+        assert F.resolved_dataflow(device="cuda") is F.Dataflow.ImplicitGEMM
+    module_cfg = F.ConvConfig(dataflow=F.Dataflow.GatherScatter)
+    assert F.resolved_dataflow(module_cfg, device="cuda") is F.Dataflow.GatherScatter
+    assert resolve_config(device="cuda").allow_tf32 is False
+    with pytest.raises(TypeError, match="device must be"):
+        F.resolved_dataflow(device=3)

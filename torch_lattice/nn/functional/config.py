@@ -4,8 +4,11 @@ Dataflows are execution strategies only; for one relation and one weight
 they give the same result up to floating-point ordering.  A configuration is
 resolved from, in order of precedence: the module's ``config=``, the
 innermost :func:`conv_config` scope (context-local: threads and asyncio tasks
-do not see each other's scopes), the global configuration, and the default
-(implicit GEMM).  Fields left ``None`` fall through to the next level.
+do not see each other's scopes), the global configuration, and the default of
+the device the features are on: implicit GEMM on the CPU, and on CUDA the
+fastest dataflow a recorded GPU run has verified (``CUDA_DEFAULT``, with the
+evidence in docs/gpu-validation.md).  Fields left ``None`` fall through to the
+next level.
 
 Target-conditioned transposes (``ConvTranspose3d(src, target)`` and the
 generative/normalized variants with a target) always run gather-scatter; an
@@ -22,6 +25,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, fields, replace
 
 __all__ = [
+    "CUDA_DEFAULT",
     "ConvConfig",
     "Dataflow",
     "clear_global_conv_config",
@@ -75,6 +79,23 @@ class ConvConfig:
 
 
 DEFAULT = ConvConfig(dataflow=Dataflow.ImplicitGEMM, allow_tf32=False)
+
+# The CUDA default is a dataflow that a recorded run on a real GPU has verified (every
+# dataflow x dtype x forward / input gradient / weight gradient against the CPU), and the
+# fastest of those in that run's benchmark; docs/gpu-validation.md holds the run.  Before
+# any run had verified the CUDA kernels this was gather-scatter (GEMMs through cuBLAS).
+CUDA_DEFAULT = ConvConfig(dataflow=Dataflow.FetchOnDemand, allow_tf32=False)
+
+
+def _device_default(device: object) -> ConvConfig:
+    kind = getattr(device, "type", device)
+    if kind is None or kind == "cpu":
+        return DEFAULT
+    if kind == "cuda":
+        return CUDA_DEFAULT
+    if isinstance(kind, str):
+        return DEFAULT  # other devices fail later, in the op, with their own message
+    raise TypeError(f"device must be a torch.device, a str or None, got {type(device).__name__}")
 
 
 class _GlobalConfig:
@@ -132,9 +153,13 @@ def _explicit(module_config: ConvConfig | None) -> ConvConfig:
 
 
 def resolve_config(
-    module_config: ConvConfig | None = None, *, target_transpose: bool = False
+    module_config: ConvConfig | None = None,
+    *,
+    target_transpose: bool = False,
+    device: object = None,
 ) -> ConvConfig:
-    """The effective configuration of one call.
+    """The effective configuration of one call on features on ``device``
+    (a ``torch.device``, ``"cpu"``, ``"cuda"``; None means the CPU).
 
     Raises:
         ValueError: a target-conditioned transpose with an explicit dataflow
@@ -150,18 +175,23 @@ def resolve_config(
                 "the dataflow unset"
             )
         explicit = replace(explicit, dataflow=Dataflow.GatherScatter)
-    cfg = explicit.over(DEFAULT)
+    cfg = explicit.over(_device_default(device))
     log.debug("dataflow %s (target transpose: %s)", cfg.dataflow, target_transpose)
     return cfg
 
 
-def resolved_dataflow(module_config: object = None, *, target_transpose: bool = False) -> Dataflow:
+def resolved_dataflow(
+    module_config: object = None, *, target_transpose: bool = False, device: object = None
+) -> Dataflow:
     """The dataflow a call would use in this context.
 
     Args:
         module_config: a module's ``ConvConfig``, a convolution module (its
             ``config`` is used), or None.
         target_transpose: whether the call is a target-conditioned transpose.
+        device: where the features are (``torch.device`` or ``"cpu"`` /
+            ``"cuda"``); None means the CPU.  With nothing set explicitly,
+            CUDA features get ``CUDA_DEFAULT``'s dataflow.
     """
     if module_config is not None and not isinstance(module_config, ConvConfig):
         if not hasattr(module_config, "config"):
@@ -169,6 +199,8 @@ def resolved_dataflow(module_config: object = None, *, target_transpose: bool = 
                 f"expected a ConvConfig or a convolution module, got {type(module_config).__name__}"
             )
         module_config = module_config.config
-    dataflow = resolve_config(module_config, target_transpose=target_transpose).dataflow
+    dataflow = resolve_config(
+        module_config, target_transpose=target_transpose, device=device
+    ).dataflow
     assert dataflow is not None  # DEFAULT sets it
     return dataflow

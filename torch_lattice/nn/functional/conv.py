@@ -49,7 +49,7 @@ def _apply(
 ) -> SparseTensor:
     """Runs the relation from ``x``'s support onto ``target`` and adds bias."""
     kmap = x.coordinate_manager.kernel_map(x.support, target, geometry)
-    y = apply_kernel_map(x.feats, weight, kmap, resolve_config(config))
+    y = apply_kernel_map(x.feats, weight, kmap, resolve_config(config, device=x.feats.device))
     if bias is not None:
         y = y + bias
     return SparseTensor.from_support(y, target)

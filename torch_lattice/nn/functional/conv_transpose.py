@@ -107,7 +107,9 @@ def conv_transpose3d(
     """
     geometry = ConvGeometry.create(kernel_size, stride, padding, dilation)
     check_input(input, weight, geometry)
-    cfg = resolve_config(config, target_transpose=coordinates is not None)
+    cfg = resolve_config(
+        config, target_transpose=coordinates is not None, device=input.feats.device
+    )
     if coordinates is not None:
         target = _explicit_target(input, coordinates, geometry)
     elif geometry.is_identity:
@@ -135,7 +137,9 @@ def generative_conv_transpose3d(
     """
     geometry = ConvGeometry.create(kernel_size, stride)
     check_input(input, weight, geometry)
-    cfg = resolve_config(config, target_transpose=coordinates is not None)
+    cfg = resolve_config(
+        config, target_transpose=coordinates is not None, device=input.feats.device
+    )
     if coordinates is not None:
         target = _explicit_target(input, coordinates, geometry)
     else:
