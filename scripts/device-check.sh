@@ -43,7 +43,9 @@ step() {
 
 skip() { log "$1: skipped ($2)"; }
 
-log "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo '+changes'), $(date -u +%F), dry=$DRY"
+# The machine's copy of .git may lag its working tree, so the run also names its sources by
+# content: scripts/source-hash.sh prints the same hash for a commit's checkout anywhere.
+log "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo '+changes'), sources $(bash scripts/source-hash.sh), $(date -u +%F), dry=$DRY"
 
 env_report() {
     if [ "$DRY" = 1 ]; then echo "nvidia-smi: skipped (dry)"; else nvidia-smi; fi
