@@ -17,6 +17,10 @@ cannot run.
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+
 import pytest
 import torch
 
@@ -296,3 +300,20 @@ def test_clear_error_without_cuda() -> None:
     coords = torch.zeros((1, 4), dtype=torch.int32)
     with pytest.raises(RuntimeError, match="CUDA"):
         _cuda.kernel_map(coords, coords, GEOMETRIES[0].as_c())
+
+
+def _cuobjdump() -> str | None:
+    found = shutil.which("cuobjdump")
+    candidate = os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "cuobjdump")
+    return found or (candidate if os.path.isfile(candidate) else None)
+
+
+@pytest.mark.skipif(
+    not _C.cuda_compiled() or _cuobjdump() is None, reason="needs a CUDA build and cuobjdump"
+)
+def test_cuda_build_holds_sm90_machine_code() -> None:
+    """Hopper GPUs run machine code built for them, not PTX compiled at load time."""
+    out = subprocess.run(
+        [str(_cuobjdump()), "--list-elf", _C.__file__], capture_output=True, text=True, check=True
+    ).stdout
+    assert "sm_90" in out, out
