@@ -5,12 +5,18 @@
  * time.  The dataflows differ only in how they fill the staged tiles (which
  * rows of x / w / dy they read, through nbr or pair lists) and where the
  * finished tile goes (overwrite, add, atomicAdd), so this header holds:
- *   - dtype conversion (fp32, fp16, bf16 storage; fp32 in shared memory),
- *   - the staged-tile loaders,
- *   - two accumulators over the staged tiles: fp32 FMA, and TF32 tensor cores
- *     (WMMA m16n16k8, only when the caller allows TF32 and the device is
- *     sm_80 or newer); both leave the tile in shared memory for the epilogue.
- */
+ *   - dtype conversion (fp32, fp16, bf16 storage),
+ *   - the staged-tile loaders, with 16-byte global loads where a row's
+ *     channel count and base pointer allow it (checked on the host, passed
+ *     as TL_VEC_* flags) and masked scalar loads otherwise,
+ *   - three accumulators over the staged tiles, picked by tl_core<T, TF32>:
+ *     fp32 FMA (fp32 storage), TF32 tensor cores (WMMA m16n16k8, fp32 only
+ *     when the caller allows TF32) and fp16 / bf16 tensor cores (WMMA
+ *     m16n16k16, fp32 accumulation).  Tensor cores need sm_80; older
+ *     devices compile the FMA accumulator in their place.  Each leaves the
+ *     finished tile in shared memory (fp32) for the epilogue.
+ * Staged operands keep the storage type on the fp16 / bf16 path (the tensor
+ * cores read them as they are) and are fp32 otherwise. */
 #ifndef TL_CUDA_GEMM_CUH
 #define TL_CUDA_GEMM_CUH
 
@@ -22,12 +28,17 @@
 
 #define TL_BM 64
 #define TL_BN 64
-#define TL_BK 16
+#define TL_BK 32
 
 /* Target resident blocks per SM when a reduction is split over blocks. */
 #define TL_SPLIT_BLOCKS_PER_SM 8
 /* A split reduction gives each block at least this many rows. */
 #define TL_SPLIT_MIN_ROWS 256
+
+/* Bits of a kernel's `vec` argument: which sources may be read 16 bytes at
+ * a time (base 16-byte aligned and row length a multiple of 16 bytes). */
+#define TL_VEC_A 1 /* x, or the gather buffer / x of a weight gradient */
+#define TL_VEC_B 2 /* w, or dy of a weight gradient */
 
 template <typename T> __device__ __forceinline__ float tl_to_f32(T v);
 template <> __device__ __forceinline__ float tl_to_f32<float>(float v) { return v; }
@@ -45,73 +56,126 @@ template <> __device__ __forceinline__ __nv_bfloat16 tl_from_f32<__nv_bfloat16>(
     return __float2bfloat16_rn(v);
 }
 
-/* Staged operands and the finished tile; 32-byte aligned for WMMA. */
-struct __align__(128) tl_tile_smem {
-    float a[TL_BK][TL_BM]; /* a[kk][m] = A(m, k0 + kk) */
-    float b[TL_BK][TL_BN]; /* b[kk][j] = B(k0 + kk, j) */
+/* Storage value -> staged value: unchanged when S == T, else via fp32. */
+template <typename S, typename T> struct tl_stage_cvt {
+    static __device__ __forceinline__ S of(T v) { return tl_from_f32<S>(tl_to_f32<T>(v)); }
+};
+template <typename T> struct tl_stage_cvt<T, T> {
+    static __device__ __forceinline__ T of(T v) { return v; }
+};
+
+/* Host side: may rows of `ld` elements of `elem` bytes starting at `base`
+ * be read 16 bytes at a time? */
+static inline bool tl_vec_ok(const void *base, int64_t ld, int64_t elem) {
+    return base != NULL && (uintptr_t)base % 16 == 0 && (ld * elem) % 16 == 0;
+}
+
+/* Staged operands and the finished tile; 128-byte aligned for WMMA (which
+ * needs 32-byte aligned fragment pointers). */
+template <typename S> struct __align__(128) tl_tile_smem {
+    S a[TL_BK][TL_BM]; /* a[kk][m] = A(m, k0 + kk) */
+    S b[TL_BK][TL_BN]; /* b[kk][j] = B(k0 + kk, j) */
     float c[TL_BM][TL_BN];
 };
 
-/* a[kk][m] = src[rows[m] * ld + k0 + kk] (0 where rows[m] < 0 or k0 + kk >= kdim):
- * TL_BM gathered rows, TL_BK consecutive columns of each. */
-template <typename T>
-__device__ __forceinline__ void tl_stage_rows(tl_tile_smem &s, const T *src, long long ld,
-                                              const long long *rows, long long k0,
-                                              long long kdim) {
-    const int m = threadIdx.x / 4, kq = (threadIdx.x % 4) * 4;
-    const long long r = rows[m];
-    for (int q = 0; q < 4; q++) {
-        const long long col = k0 + kq + q;
-        s.a[kq + q][m] = (r >= 0 && col < kdim) ? tl_to_f32(src[r * ld + col]) : 0.0f;
+/* Elements per 16-byte load of T. */
+template <typename T> struct tl_vec_width {
+    static constexpr int value = 16 / (int)sizeof(T);
+};
+
+/* v[q] = p[q] for q < avail (at most V), 0 beyond; one 16-byte load when
+ * `vec` and the whole run is in range (then p is 16-byte aligned). p is not
+ * dereferenced when avail <= 0. */
+template <typename T, typename S>
+__device__ __forceinline__ void tl_load_run(S (&v)[tl_vec_width<T>::value], const T *p,
+                                            long long avail, bool vec) {
+    constexpr int V = tl_vec_width<T>::value;
+    if (vec && avail >= V) {
+        const uint4 u = __ldg(reinterpret_cast<const uint4 *>(p));
+        const T *t = reinterpret_cast<const T *>(&u);
+#pragma unroll
+        for (int q = 0; q < V; q++) v[q] = tl_stage_cvt<S, T>::of(t[q]);
+    } else {
+#pragma unroll
+        for (int q = 0; q < V; q++)
+            v[q] = q < avail ? tl_stage_cvt<S, T>::of(p[q]) : tl_from_f32<S>(0.0f);
     }
 }
 
-/* dst[kk][j] = src[rows[kk] * ld + c0 + j] (0 where rows[kk] < 0 or c0 + j >= ncols):
- * TL_BK gathered rows, TL_BN (= TL_BM) consecutive columns of each. */
-template <typename T>
-__device__ __forceinline__ void tl_stage_cols(float (*dst)[TL_BN], const T *src, long long ld,
-                                              const long long *rows, long long c0,
-                                              long long ncols) {
-    const int kk = threadIdx.x / 16, jq = (threadIdx.x % 16) * 4;
-    const long long r = rows[kk];
-    for (int q = 0; q < 4; q++) {
-        const long long col = c0 + jq + q;
-        dst[kk][jq + q] = (r >= 0 && col < ncols) ? tl_to_f32(src[r * ld + col]) : 0.0f;
+/* a[kk][m] = src[rows[m] * ld + k0 + kk] (0 where rows[m] < 0 or k0 + kk >= kdim):
+ * TL_BM gathered rows, TL_BK consecutive columns of each.  k0 is a multiple
+ * of TL_BK; `vec` requires tl_vec_ok(src, ld). */
+template <typename T, typename S>
+__device__ __forceinline__ void tl_stage_rows(tl_tile_smem<S> &s, const T *src, long long ld,
+                                              const long long *rows, long long k0,
+                                              long long kdim, bool vec) {
+    constexpr int V = tl_vec_width<T>::value, RUNS = TL_BK / V;
+    static_assert((TL_BM * RUNS) % TL_CUDA_THREADS == 0, "whole passes of the block");
+#pragma unroll
+    for (int it = 0; it < TL_BM * RUNS / TL_CUDA_THREADS; it++) {
+        const int e = threadIdx.x + it * TL_CUDA_THREADS;
+        const int m = e / RUNS, kq = (e % RUNS) * V;
+        const long long r = rows[m], col = k0 + kq;
+        S v[V];
+        const long long avail = r >= 0 ? kdim - col : 0;
+        tl_load_run<T, S>(v, avail > 0 ? src + r * ld + col : src, avail, vec);
+#pragma unroll
+        for (int q = 0; q < V; q++) s.a[kq + q][m] = v[q];
+    }
+}
+
+/* dst[kk][j] = src[row(kk) * ld + c0 + j] (0 where row(kk) < 0 or c0 + j >= ncols):
+ * TL_BK rows, TL_BN (= TL_BM) consecutive columns of each, where row(kk) is
+ * rows[kk] (rows != NULL) or else k0 + kk below kdim (a dense weight block).
+ * c0 is a multiple of TL_BN; `vec` requires tl_vec_ok(src, ld). */
+template <typename T, typename S>
+__device__ __forceinline__ void tl_stage_cols(S (*dst)[TL_BN], const T *src, long long ld,
+                                              const long long *rows, long long k0,
+                                              long long kdim, long long c0, long long ncols,
+                                              bool vec) {
+    constexpr int V = tl_vec_width<T>::value, RUNS = TL_BN / V;
+    static_assert((TL_BK * RUNS) % TL_CUDA_THREADS == 0, "whole passes of the block");
+#pragma unroll
+    for (int it = 0; it < TL_BK * RUNS / TL_CUDA_THREADS; it++) {
+        const int e = threadIdx.x + it * TL_CUDA_THREADS;
+        const int kk = e / RUNS, jq = (e % RUNS) * V;
+        const long long r = rows ? rows[kk] : (k0 + kk < kdim ? k0 + kk : -1);
+        const long long col = c0 + jq;
+        S v[V];
+        const long long avail = r >= 0 ? ncols - col : 0;
+        tl_load_run<T, S>(v, avail > 0 ? src + r * ld + col : src, avail, vec);
+#pragma unroll
+        for (int q = 0; q < V; q++) dst[kk][jq + q] = v[q];
     }
 }
 
 /* b[kk][j] = w[(k0 + kk) * ld + c0 + j]: a dense row-major weight block. */
-template <typename T>
-__device__ __forceinline__ void tl_stage_weight(tl_tile_smem &s, const T *w, long long ld,
+template <typename T, typename S>
+__device__ __forceinline__ void tl_stage_weight(tl_tile_smem<S> &s, const T *w, long long ld,
                                                 long long k0, long long kdim, long long c0,
-                                                long long ncols) {
-    const int kk = threadIdx.x / 16, jq = (threadIdx.x % 16) * 4;
-    const long long row = k0 + kk;
-    for (int q = 0; q < 4; q++) {
-        const long long col = c0 + jq + q;
-        s.b[kk][jq + q] = (row < kdim && col < ncols) ? tl_to_f32(w[row * ld + col]) : 0.0f;
-    }
+                                                long long ncols, bool vec) {
+    tl_stage_cols<T, S>(s.b, w, ld, NULL, k0, kdim, c0, ncols, vec);
 }
 
 /* fp32 FMA accumulator: thread (ty, tx) owns rows ty*4.. and columns tx*4.. */
-struct tl_acc_fma {
+template <typename S> struct tl_acc_fma {
     float v[4][4];
     __device__ __forceinline__ void zero() {
         for (int i = 0; i < 4; i++)
             for (int j = 0; j < 4; j++) v[i][j] = 0.0f;
     }
-    __device__ __forceinline__ void step(const tl_tile_smem &s) {
+    __device__ __forceinline__ void step(const tl_tile_smem<S> &s) {
         const int ty = threadIdx.x / 16, tx = threadIdx.x % 16;
 #pragma unroll
         for (int kk = 0; kk < TL_BK; kk++) {
             float a[4], b[4];
-            for (int i = 0; i < 4; i++) a[i] = s.a[kk][ty * 4 + i];
-            for (int j = 0; j < 4; j++) b[j] = s.b[kk][tx * 4 + j];
+            for (int i = 0; i < 4; i++) a[i] = tl_to_f32<S>(s.a[kk][ty * 4 + i]);
+            for (int j = 0; j < 4; j++) b[j] = tl_to_f32<S>(s.b[kk][tx * 4 + j]);
             for (int i = 0; i < 4; i++)
                 for (int j = 0; j < 4; j++) v[i][j] = fmaf(a[i], b[j], v[i][j]);
         }
     }
-    __device__ __forceinline__ void store(tl_tile_smem &s) const {
+    __device__ __forceinline__ void store(tl_tile_smem<S> &s) const {
         const int ty = threadIdx.x / 16, tx = threadIdx.x % 16;
         for (int i = 0; i < 4; i++)
             for (int j = 0; j < 4; j++) s.c[ty * 4 + i][tx * 4 + j] = v[i][j];
@@ -128,9 +192,10 @@ struct tl_acc_tf32 {
         nvcuda::wmma::fill_fragment(c[0], 0.0f);
         nvcuda::wmma::fill_fragment(c[1], 0.0f);
     }
-    __device__ __forceinline__ void step(const tl_tile_smem &s) {
+    __device__ __forceinline__ void step(const tl_tile_smem<float> &s) {
         using namespace nvcuda;
         const int warp = threadIdx.x / 32, m0 = (warp / 2) * 16, n0 = (warp % 2) * 32;
+#pragma unroll
         for (int kk = 0; kk < TL_BK; kk += 8) {
             wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::col_major> a;
             wmma::load_matrix_sync(a, &s.a[kk][m0], TL_BM);
@@ -144,7 +209,38 @@ struct tl_acc_tf32 {
             }
         }
     }
-    __device__ __forceinline__ void store(tl_tile_smem &s) const {
+    __device__ __forceinline__ void store(tl_tile_smem<float> &s) const {
+        const int warp = threadIdx.x / 32, m0 = (warp / 2) * 16, n0 = (warp % 2) * 32;
+        for (int f = 0; f < 2; f++)
+            nvcuda::wmma::store_matrix_sync(&s.c[m0][n0 + 16 * f], c[f], TL_BN,
+                                            nvcuda::wmma::mem_row_major);
+    }
+};
+
+/* fp16 / bf16 tensor-core accumulator (WMMA m16n16k16, fp32 accumulation):
+ * the same warp layout as tl_acc_tf32, over operands staged as T. */
+template <typename T> struct tl_acc_hmma {
+    nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> c[2];
+    __device__ __forceinline__ void zero() {
+        nvcuda::wmma::fill_fragment(c[0], 0.0f);
+        nvcuda::wmma::fill_fragment(c[1], 0.0f);
+    }
+    __device__ __forceinline__ void step(const tl_tile_smem<T> &s) {
+        using namespace nvcuda;
+        const int warp = threadIdx.x / 32, m0 = (warp / 2) * 16, n0 = (warp % 2) * 32;
+#pragma unroll
+        for (int kk = 0; kk < TL_BK; kk += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::col_major> a;
+            wmma::load_matrix_sync(a, &s.a[kk][m0], TL_BM);
+#pragma unroll
+            for (int f = 0; f < 2; f++) {
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> b;
+                wmma::load_matrix_sync(b, &s.b[kk][n0 + 16 * f], TL_BN);
+                wmma::mma_sync(c[f], a, b, c[f]);
+            }
+        }
+    }
+    __device__ __forceinline__ void store(tl_tile_smem<T> &s) const {
         const int warp = threadIdx.x / 32, m0 = (warp / 2) * 16, n0 = (warp % 2) * 32;
         for (int f = 0; f < 2; f++)
             nvcuda::wmma::store_matrix_sync(&s.c[m0][n0 + 16 * f], c[f], TL_BN,
@@ -152,15 +248,27 @@ struct tl_acc_tf32 {
     }
 };
 #else
-/* Before sm_80 there are no TF32 tensor cores: fall back to fp32 FMA. */
-typedef tl_acc_fma tl_acc_tf32;
+/* Before sm_80 (no TF32 or bf16 tensor cores): fp32 FMA in their place. */
+typedef tl_acc_fma<float> tl_acc_tf32;
+template <typename T> using tl_acc_hmma = tl_acc_fma<T>;
 #endif
 
-template <bool TF32> struct tl_acc_select {
-    typedef tl_acc_fma type;
+/* The tile core of one call: staged type S and accumulator acc. */
+template <typename T, bool TF32> struct tl_core {
+    typedef float S;
+    typedef tl_acc_fma<float> acc;
 };
-template <> struct tl_acc_select<true> {
-    typedef tl_acc_tf32 type;
+template <> struct tl_core<float, true> {
+    typedef float S;
+    typedef tl_acc_tf32 acc;
+};
+template <> struct tl_core<__half, false> {
+    typedef __half S;
+    typedef tl_acc_hmma<__half> acc;
+};
+template <> struct tl_core<__nv_bfloat16, false> {
+    typedef __nv_bfloat16 S;
+    typedef tl_acc_hmma<__nv_bfloat16> acc;
 };
 
 /* fp32 accumulator -> output dtype (y or dw of a half-precision call). */
@@ -240,6 +348,8 @@ struct tl_conv_layout {
     void *gather_x;   /* gather-scatter: (rows_cap, c_in) */
     void *gather_y;   /* gather-scatter weight gradient: (rows_cap, c_out) */
     int64_t rows_cap; /* most pairs one kernel row can hold: min(n_in, n_out, P) */
+    long long *tiles; /* fetch-on-demand: (k + 1) tile starts per kernel row */
+    long long *scan;  /* fetch-on-demand: tl_cuda_scan scratch for k values */
 };
 
 static inline tl_cuda_ws tl_conv_layout_of(void *base, tl_cuda_dataflow df, bool weight_grad,
@@ -255,6 +365,11 @@ static inline tl_cuda_ws tl_conv_layout_of(void *base, tl_cuda_dataflow df, bool
                           : (df == TL_CUDA_IMPLICIT_GEMM ? 0 : d->n_out * d->c_out);
     l->acc = acc ? (float *)tl_cuda_ws_take(&w, acc, sizeof(float)) : NULL;
     l->gather_x = l->gather_y = NULL;
+    l->tiles = l->scan = NULL;
+    if (df == TL_CUDA_FETCH_ON_DEMAND) {
+        l->tiles = (long long *)tl_cuda_ws_take(&w, d->k + 1, sizeof(long long));
+        l->scan = (long long *)tl_cuda_ws_take(&w, tl_cuda_scan_scratch(d->k), sizeof(long long));
+    }
     if (df == TL_CUDA_GATHER_SCATTER) {
         const size_t es = (size_t)tl_dtype_bytes(d->dtype);
         l->gather_x = tl_cuda_ws_take(&w, l->rows_cap * d->c_in, es);

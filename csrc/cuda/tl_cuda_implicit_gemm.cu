@@ -12,12 +12,13 @@ template <typename T, bool TF32>
 __global__ void __launch_bounds__(TL_CUDA_THREADS)
     tl_ig_forward_kernel(const T *x, const T *w, const int *nbr, T *y, long long n_in,
                          long long n_out, long long k, long long cin, long long cout,
-                         long long col_tiles) {
-    __shared__ tl_tile_smem s;
+                         long long col_tiles, int vec) {
+    typedef typename tl_core<T, TF32>::S S;
+    __shared__ tl_tile_smem<S> s;
     __shared__ long long rows[TL_BM];
     const long long o0 = (blockIdx.x / col_tiles) * TL_BM;
     const long long c0 = (blockIdx.x % col_tiles) * TL_BN;
-    typename tl_acc_select<TF32>::type acc;
+    typename tl_core<T, TF32>::acc acc;
     acc.zero();
     for (long long n = 0; n < k; n++) {
         int valid = 0;
@@ -33,8 +34,8 @@ __global__ void __launch_bounds__(TL_CUDA_THREADS)
         if (!__syncthreads_or(valid)) continue;
         const T *wn = w + n * cin * cout;
         for (long long k0 = 0; k0 < cin; k0 += TL_BK) {
-            tl_stage_rows(s, x, cin, rows, k0, cin);
-            tl_stage_weight(s, wn, cout, k0, cin, c0, cout);
+            tl_stage_rows<T, S>(s, x, cin, rows, k0, cin, vec & TL_VEC_A);
+            tl_stage_weight<T, S>(s, wn, cout, k0, cin, c0, cout, vec & TL_VEC_B);
             __syncthreads();
             acc.step(s);
             __syncthreads();
@@ -54,12 +55,14 @@ struct tl_ig_wgrad_args {
     float *dw;
     long long n_in, n_out, k, c_in, c_out;
     long long ci_tiles, co_tiles, chunks, chunk_rows;
+    int vec; /* TL_VEC_A: x rows, TL_VEC_B: dy rows */
 };
 
 template <typename T, bool TF32>
 __global__ void __launch_bounds__(TL_CUDA_THREADS)
     tl_ig_wgrad_kernel(const T *x, const T *dy, tl_ig_wgrad_args p) {
-    __shared__ tl_tile_smem s;
+    typedef typename tl_core<T, TF32>::S S;
+    __shared__ tl_tile_smem<S> s;
     __shared__ long long ra[TL_BK], rb[TL_BK];
     long long b = blockIdx.x;
     const long long co0 = (b % p.co_tiles) * TL_BN;
@@ -69,7 +72,7 @@ __global__ void __launch_bounds__(TL_CUDA_THREADS)
     const long long begin = (b % p.chunks) * p.chunk_rows;
     const long long n = b / p.chunks;
     const long long end = begin + p.chunk_rows < p.n_out ? begin + p.chunk_rows : p.n_out;
-    typename tl_acc_select<TF32>::type acc;
+    typename tl_core<T, TF32>::acc acc;
     acc.zero();
     int any = 0;
     for (long long r0 = begin; r0 < end; r0 += TL_BK) {
@@ -84,8 +87,8 @@ __global__ void __launch_bounds__(TL_CUDA_THREADS)
         }
         if (!__syncthreads_or(valid)) continue;
         any = 1;
-        tl_stage_cols(s.a, x, p.c_in, ra, ci0, p.c_in);
-        tl_stage_cols(s.b, dy, p.c_out, rb, co0, p.c_out);
+        tl_stage_cols<T, S>(s.a, x, p.c_in, ra, 0, 0, ci0, p.c_in, p.vec & TL_VEC_A);
+        tl_stage_cols<T, S>(s.b, dy, p.c_out, rb, 0, 0, co0, p.c_out, p.vec & TL_VEC_B);
         __syncthreads();
         acc.step(s);
         __syncthreads();
@@ -109,6 +112,7 @@ struct tl_ig_forward_call {
     const int32_t *nbr;
     void *y;
     cudaStream_t stream;
+    int vec;
 
     template <typename T, bool TF32> tl_status run() {
         const int64_t col_tiles = tl_cuda_ceil_div(d->c_out, TL_BN);
@@ -116,7 +120,7 @@ struct tl_ig_forward_call {
         TL_CUDA_RETURN_IF(tl_tile_grid(tl_cuda_ceil_div(d->n_out, TL_BM) * col_tiles, &grid));
         tl_ig_forward_kernel<T, TF32><<<grid, TL_CUDA_THREADS, 0, stream>>>(
             (const T *)x, (const T *)w, nbr, (T *)y, d->n_in, d->n_out, d->k, d->c_in, d->c_out,
-            col_tiles);
+            col_tiles, vec);
         TL_CUDA_LAUNCHED();
         return TL_OK;
     }
@@ -151,7 +155,10 @@ extern "C" tl_status tl_cuda_implicit_gemm_forward(const tl_ctx *ctx, const tl_c
     tl_cuda_scope scope;
     TL_CUDA_RETURN_IF(scope.enter(ctx, &stream));
     if (d->n_out == 0 || d->c_out == 0) return TL_OK;
-    tl_ig_forward_call call = {d, x, w, nbr, y, stream};
+    const int64_t es = tl_dtype_bytes(d->dtype);
+    const int vec = (tl_vec_ok(x, d->c_in, es) ? TL_VEC_A : 0) |
+                    (tl_vec_ok(w, d->c_out, es) ? TL_VEC_B : 0);
+    tl_ig_forward_call call = {d, x, w, nbr, y, stream, vec};
     return tl_dispatch_dtype(d->dtype, allow_tf32, call);
 }
 
@@ -170,7 +177,10 @@ extern "C" tl_status tl_cuda_implicit_gemm_weight_grad(const tl_ctx *ctx, const 
         call.dy = dy;
         call.stream = f.stream;
         tl_ig_wgrad_args &a = call.args;
-        a = {nbr, f.acc, d->n_in, d->n_out, d->k, d->c_in, d->c_out, 0, 0, 0, 0};
+        const int64_t es = tl_dtype_bytes(d->dtype);
+        a = {nbr, f.acc, d->n_in, d->n_out, d->k, d->c_in, d->c_out, 0, 0, 0, 0, 0};
+        a.vec = (tl_vec_ok(x, d->c_in, es) ? TL_VEC_A : 0) |
+                (tl_vec_ok(dy, d->c_out, es) ? TL_VEC_B : 0);
         a.ci_tiles = tl_cuda_ceil_div(d->c_in, TL_BM);
         a.co_tiles = tl_cuda_ceil_div(d->c_out, TL_BN);
         int64_t chunk_rows, chunks;

@@ -3,11 +3,32 @@
  * results are added with atomics) and gather-scatter (GATHER = false: rows
  * are read from dense gather buffers, one kernel row per launch, and results
  * are added without atomics because no output row repeats within a kernel
- * row).  Each file instantiates only its own GATHER value. */
+ * row).  Each file instantiates only its own GATHER value.
+ *
+ * Block -> work: with `tiles` set (fetch-on-demand), one flat grid covers
+ * the real work of every kernel row: tiles[n] is the exclusive prefix of the
+ * tile counts of kernel rows < n (tiles[k] the total), and a block finds its
+ * kernel row by binary search.  Without it (gather-scatter), the grid is
+ * (kernel rows from n_first) x (row_tiles or chunks) x column tiles. */
 #ifndef TL_CUDA_PAIR_GEMM_CUH
 #define TL_CUDA_PAIR_GEMM_CUH
 
 #include "tl_cuda_gemm.cuh"
+
+/* Kernel row of flat tile t: the last n < k with tiles[n] <= t.  Requires
+ * tiles[0] == 0 <= t < tiles[k]; then kernel row n has a tile t - tiles[n]. */
+__device__ __forceinline__ long long tl_pair_tile_row(const long long *tiles, long long k,
+                                                      long long t) {
+    long long lo = 0, hi = k;
+    while (hi - lo > 1) {
+        const long long mid = lo + (hi - lo) / 2;
+        if (tiles[mid] <= t)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return lo;
+}
 
 /* Arguments of tl_pairs_forward_kernel, by value. */
 struct tl_pairs_fwd_args {
@@ -17,7 +38,10 @@ struct tl_pairs_fwd_args {
     long long n_src;    /* rows of the A source (x, or the gather buffer) */
     long long n_out, c_in, c_out;
     long long row_tiles, col_tiles;
-    long long n_first;  /* kernel row of block 0 */
+    long long n_first;  /* kernel row of block 0 (without tiles) */
+    const long long *tiles; /* (k + 1) tile prefix of TL_BM pairs, or NULL */
+    long long k;
+    int vec;            /* TL_VEC_A: src rows, TL_VEC_B: w rows */
 };
 
 /* acc[pair_out[j]] += A(j) @ w[n] for the pairs j of kernel row n, where
@@ -25,13 +49,21 @@ struct tl_pairs_fwd_args {
 template <typename T, bool TF32, bool GATHER>
 __global__ void __launch_bounds__(TL_CUDA_THREADS)
     tl_pairs_forward_kernel(const T *src, const T *w, tl_pairs_fwd_args p) {
-    __shared__ tl_tile_smem s;
+    typedef typename tl_core<T, TF32>::S S;
+    __shared__ tl_tile_smem<S> s;
     __shared__ long long rows[TL_BM], outs[TL_BM];
     long long b = blockIdx.x;
     const long long c0 = (b % p.col_tiles) * TL_BN;
     b /= p.col_tiles;
-    const long long j0 = (b % p.row_tiles) * TL_BM;
-    const long long n = p.n_first + b / p.row_tiles;
+    long long n, j0;
+    if (p.tiles) {
+        if (b >= p.tiles[p.k]) return; /* past the real work: whole block */
+        n = tl_pair_tile_row(p.tiles, p.k, b);
+        j0 = (b - p.tiles[n]) * TL_BM;
+    } else {
+        j0 = (b % p.row_tiles) * TL_BM;
+        n = p.n_first + b / p.row_tiles;
+    }
     const long long off = p.offsets[n], count = p.offsets[n + 1] - off;
     if (j0 >= count) return; /* the whole block: no barrier passed yet */
     if (threadIdx.x < TL_BM) {
@@ -46,12 +78,12 @@ __global__ void __launch_bounds__(TL_CUDA_THREADS)
         outs[threadIdx.x] = o;
     }
     __syncthreads();
-    typename tl_acc_select<TF32>::type acc;
+    typename tl_core<T, TF32>::acc acc;
     acc.zero();
     const T *wn = w + n * p.c_in * p.c_out;
     for (long long k0 = 0; k0 < p.c_in; k0 += TL_BK) {
-        tl_stage_rows(s, src, p.c_in, rows, k0, p.c_in);
-        tl_stage_weight(s, wn, p.c_out, k0, p.c_in, c0, p.c_out);
+        tl_stage_rows<T, S>(s, src, p.c_in, rows, k0, p.c_in, p.vec & TL_VEC_A);
+        tl_stage_weight<T, S>(s, wn, p.c_out, k0, p.c_in, c0, p.c_out, p.vec & TL_VEC_B);
         __syncthreads();
         acc.step(s);
         __syncthreads();
@@ -77,7 +109,10 @@ struct tl_pairs_wgrad_args {
     long long n_x, n_y; /* rows of the x and dy sources */
     long long c_in, c_out;
     long long ci_tiles, co_tiles, chunks, chunk_rows;
-    long long n_first;
+    long long n_first;      /* kernel row of block 0 (without tiles) */
+    const long long *tiles; /* (k + 1) prefix of chunks of chunk_rows pairs, or NULL */
+    long long k;
+    int vec;                /* TL_VEC_A: x rows, TL_VEC_B: dy rows */
 };
 
 /* dw[n] += X(j)^T DY(j) over one chunk of kernel row n's pairs, where
@@ -86,19 +121,27 @@ struct tl_pairs_wgrad_args {
 template <typename T, bool TF32, bool GATHER>
 __global__ void __launch_bounds__(TL_CUDA_THREADS)
     tl_pairs_wgrad_kernel(const T *xs, const T *dys, tl_pairs_wgrad_args p) {
-    __shared__ tl_tile_smem s;
+    typedef typename tl_core<T, TF32>::S S;
+    __shared__ tl_tile_smem<S> s;
     __shared__ long long ra[TL_BK], rb[TL_BK];
     long long b = blockIdx.x;
     const long long co0 = (b % p.co_tiles) * TL_BN;
     b /= p.co_tiles;
     const long long ci0 = (b % p.ci_tiles) * TL_BM;
     b /= p.ci_tiles;
-    const long long begin = (b % p.chunks) * p.chunk_rows;
-    const long long n = p.n_first + b / p.chunks;
+    long long n, begin;
+    if (p.tiles) {
+        if (b >= p.tiles[p.k]) return; /* past the real work: whole block */
+        n = tl_pair_tile_row(p.tiles, p.k, b);
+        begin = (b - p.tiles[n]) * p.chunk_rows;
+    } else {
+        begin = (b % p.chunks) * p.chunk_rows;
+        n = p.n_first + b / p.chunks;
+    }
     const long long off = p.offsets[n], count = p.offsets[n + 1] - off;
     if (begin >= count) return; /* the whole block: no barrier passed yet */
     const long long end = begin + p.chunk_rows < count ? begin + p.chunk_rows : count;
-    typename tl_acc_select<TF32>::type acc;
+    typename tl_core<T, TF32>::acc acc;
     acc.zero();
     for (long long r0 = begin; r0 < end; r0 += TL_BK) {
         if (threadIdx.x < TL_BK) {
@@ -114,8 +157,8 @@ __global__ void __launch_bounds__(TL_CUDA_THREADS)
             rb[threadIdx.x] = c;
         }
         __syncthreads();
-        tl_stage_cols(s.a, xs, p.c_in, ra, ci0, p.c_in);
-        tl_stage_cols(s.b, dys, p.c_out, rb, co0, p.c_out);
+        tl_stage_cols<T, S>(s.a, xs, p.c_in, ra, 0, 0, ci0, p.c_in, p.vec & TL_VEC_A);
+        tl_stage_cols<T, S>(s.b, dys, p.c_out, rb, 0, 0, co0, p.c_out, p.vec & TL_VEC_B);
         __syncthreads();
         acc.step(s);
         __syncthreads();
