@@ -96,7 +96,8 @@ extern "C" tl_status tl_cuda_fetch_on_demand_forward(const tl_ctx *ctx, const tl
         call.args = {(const long long *)p->offsets, p->in, p->out, f.acc, d->n_in, d->n_out,
                      d->c_in, d->c_out, 0, col_tiles, 0, f.l.tiles, d->k, 0};
         call.args.vec = (tl_vec_ok(x, d->c_in, es) ? TL_VEC_A : 0) |
-                        (tl_vec_ok(w, d->c_out, es) ? TL_VEC_B : 0);
+                        (tl_vec_ok(w, d->c_out, es) ? TL_VEC_B : 0) |
+                        (tl_vec_ok(f.acc, d->c_out, sizeof(float)) ? TL_VEC_C : 0);
         if (tiles > INT32_MAX / col_tiles) return TL_ERR_OVERFLOW;
         call.blocks = tiles * col_tiles;
         TL_CUDA_RETURN_IF(tl_dispatch_dtype(d->dtype, allow_tf32, call));

@@ -39,6 +39,7 @@
  * a time (base 16-byte aligned and row length a multiple of 16 bytes). */
 #define TL_VEC_A 1 /* x, or the gather buffer / x of a weight gradient */
 #define TL_VEC_B 2 /* w, or dy of a weight gradient */
+#define TL_VEC_C 4 /* the fp32 accumulator (vector atomics, sm_90) */
 
 template <typename T> __device__ __forceinline__ float tl_to_f32(T v);
 template <> __device__ __forceinline__ float tl_to_f32<float>(float v) { return v; }
@@ -56,126 +57,116 @@ template <> __device__ __forceinline__ __nv_bfloat16 tl_from_f32<__nv_bfloat16>(
     return __float2bfloat16_rn(v);
 }
 
-/* Storage value -> staged value: unchanged when S == T, else via fp32. */
-template <typename S, typename T> struct tl_stage_cvt {
-    static __device__ __forceinline__ S of(T v) { return tl_from_f32<S>(tl_to_f32<T>(v)); }
-};
-template <typename T> struct tl_stage_cvt<T, T> {
-    static __device__ __forceinline__ T of(T v) { return v; }
-};
-
 /* Host side: may rows of `ld` elements of `elem` bytes starting at `base`
  * be read 16 bytes at a time? */
 static inline bool tl_vec_ok(const void *base, int64_t ld, int64_t elem) {
     return base != NULL && (uintptr_t)base % 16 == 0 && (ld * elem) % 16 == 0;
 }
 
-/* Staged operands and the finished tile; 128-byte aligned for WMMA (which
- * needs 32-byte aligned fragment pointers). */
-template <typename S> struct __align__(128) tl_tile_smem {
-    S a[TL_BK][TL_BM]; /* a[kk][m] = A(m, k0 + kk) */
-    S b[TL_BK][TL_BN]; /* b[kk][j] = B(k0 + kk, j) */
-    float c[TL_BM][TL_BN];
+/* Elements per 16 bytes of S, and the skew added to every staged row so that
+ * the 8 rows one ldmatrix phase reads fall in different banks. */
+template <typename S> struct tl_vec_width {
+    static constexpr int value = 16 / (int)sizeof(S);
 };
 
-/* Elements per 16-byte load of T. */
-template <typename T> struct tl_vec_width {
-    static constexpr int value = 16 / (int)sizeof(T);
+/* Staged operands and the finished tile, all rows skewed by 16 bytes; 128-byte
+ * aligned, so every WMMA fragment pointer is 32-byte aligned.  A is either
+ * row-major, a[m][kk] (AK = false: the forward, whose gathered rows run
+ * along the reduction), or k-major, a[kk][m] (AK = true: the weight
+ * gradient, X^T).  b[kk][j] = B(k0 + kk, j).  The staged type is the
+ * storage type (fp16 / bf16 for tensor cores, fp32 otherwise). */
+template <typename S, bool AK> struct __align__(128) tl_tile_smem {
+    static constexpr int PAD = tl_vec_width<S>::value;
+    static constexpr int LDA = (AK ? TL_BM : TL_BK) + PAD;
+    static constexpr int LDB = TL_BN + PAD;
+    static constexpr int LDC = TL_BN + 4;
+    S a[AK ? TL_BK : TL_BM][LDA];
+    S b[TL_BK][LDB];
+    float c[TL_BM][LDC];
+    __device__ __forceinline__ const S &at(int m, int kk) const {
+        return AK ? a[kk][m] : a[m][kk];
+    }
 };
 
-/* v[q] = p[q] for q < avail (at most V), 0 beyond; one 16-byte load when
- * `vec` and the whole run is in range (then p is 16-byte aligned). p is not
- * dereferenced when avail <= 0. */
-template <typename T, typename S>
-__device__ __forceinline__ void tl_load_run(S (&v)[tl_vec_width<T>::value], const T *p,
-                                            long long avail, bool vec) {
-    constexpr int V = tl_vec_width<T>::value;
-    if (vec && avail >= V) {
-        const uint4 u = __ldg(reinterpret_cast<const uint4 *>(p));
-        const T *t = reinterpret_cast<const T *>(&u);
+/* Raw bits of one element of S (the loaders copy bits, never convert). */
+template <int BYTES> struct tl_bits;
+template <> struct tl_bits<2> {
+    typedef unsigned short type;
+};
+template <> struct tl_bits<4> {
+    typedef unsigned int type;
+};
+
+/* The 16 bytes at p, elements at index >= avail read as 0 (+0.0 in every
+ * dtype); one 16-byte load when `vec` and the whole run is in range (then p
+ * is 16-byte aligned).  p is not dereferenced when avail <= 0. */
+template <typename S>
+__device__ __forceinline__ uint4 tl_load16(const S *p, long long avail, bool vec) {
+    constexpr int V = tl_vec_width<S>::value;
+    typedef typename tl_bits<sizeof(S)>::type U;
+    if (vec && avail >= V) return __ldg(reinterpret_cast<const uint4 *>(p));
+    union {
+        uint4 u;
+        U e[V];
+    } r;
+    const U *q = reinterpret_cast<const U *>(p);
 #pragma unroll
-        for (int q = 0; q < V; q++) v[q] = tl_stage_cvt<S, T>::of(t[q]);
-    } else {
-#pragma unroll
-        for (int q = 0; q < V; q++)
-            v[q] = q < avail ? tl_stage_cvt<S, T>::of(p[q]) : tl_from_f32<S>(0.0f);
-    }
+    for (int i = 0; i < V; i++) r.e[i] = i < avail ? q[i] : (U)0;
+    return r.u;
 }
 
-/* a[kk][m] = src[rows[m] * ld + k0 + kk] (0 where rows[m] < 0 or k0 + kk >= kdim):
- * TL_BM gathered rows, TL_BK consecutive columns of each.  k0 is a multiple
- * of TL_BK; `vec` requires tl_vec_ok(src, ld). */
-template <typename T, typename S>
-__device__ __forceinline__ void tl_stage_rows(tl_tile_smem<S> &s, const T *src, long long ld,
-                                              const long long *rows, long long k0,
-                                              long long kdim, bool vec) {
-    constexpr int V = tl_vec_width<T>::value, RUNS = TL_BK / V;
-    static_assert((TL_BM * RUNS) % TL_CUDA_THREADS == 0, "whole passes of the block");
-#pragma unroll
-    for (int it = 0; it < TL_BM * RUNS / TL_CUDA_THREADS; it++) {
-        const int e = threadIdx.x + it * TL_CUDA_THREADS;
-        const int m = e / RUNS, kq = (e % RUNS) * V;
-        const long long r = rows[m], col = k0 + kq;
-        S v[V];
-        const long long avail = r >= 0 ? kdim - col : 0;
-        tl_load_run<T, S>(v, avail > 0 ? src + r * ld + col : src, avail, vec);
-#pragma unroll
-        for (int q = 0; q < V; q++) s.a[kq + q][m] = v[q];
-    }
-}
+/* One staged NR x NC block of S, fetched from global memory into registers
+ * (so the next block's loads are in flight while the current one is
+ * multiplied) and then committed to shared memory.  Row i of the block is
+ * source row rows[i] (rows != NULL; < 0: a zero row) or else rbase + i while
+ * below rlim (a dense block); its columns are col0 .. col0 + NC - 1, those
+ * at or past ncols read as 0.  col0 is a multiple of 16 bytes; `vec`
+ * requires tl_vec_ok(src, ld). */
+template <typename S, int NR, int NC> struct tl_tile_load {
+    static constexpr int V = tl_vec_width<S>::value, RUNS = NC / V;
+    static constexpr int ITERS = NR * RUNS / TL_CUDA_THREADS;
+    static_assert(NC % V == 0 && (NR * RUNS) % TL_CUDA_THREADS == 0, "whole passes");
+    uint4 r[ITERS];
 
-/* dst[kk][j] = src[row(kk) * ld + c0 + j] (0 where row(kk) < 0 or c0 + j >= ncols):
- * TL_BK rows, TL_BN (= TL_BM) consecutive columns of each, where row(kk) is
- * rows[kk] (rows != NULL) or else k0 + kk below kdim (a dense weight block).
- * c0 is a multiple of TL_BN; `vec` requires tl_vec_ok(src, ld). */
-template <typename T, typename S>
-__device__ __forceinline__ void tl_stage_cols(S (*dst)[TL_BN], const T *src, long long ld,
-                                              const long long *rows, long long k0,
-                                              long long kdim, long long c0, long long ncols,
-                                              bool vec) {
-    constexpr int V = tl_vec_width<T>::value, RUNS = TL_BN / V;
-    static_assert((TL_BK * RUNS) % TL_CUDA_THREADS == 0, "whole passes of the block");
+    __device__ __forceinline__ void fetch(const S *src, long long ld, const long long *rows,
+                                          long long rbase, long long rlim, long long col0,
+                                          long long ncols, bool vec) {
 #pragma unroll
-    for (int it = 0; it < TL_BK * RUNS / TL_CUDA_THREADS; it++) {
-        const int e = threadIdx.x + it * TL_CUDA_THREADS;
-        const int kk = e / RUNS, jq = (e % RUNS) * V;
-        const long long r = rows ? rows[kk] : (k0 + kk < kdim ? k0 + kk : -1);
-        const long long col = c0 + jq;
-        S v[V];
-        const long long avail = r >= 0 ? ncols - col : 0;
-        tl_load_run<T, S>(v, avail > 0 ? src + r * ld + col : src, avail, vec);
-#pragma unroll
-        for (int q = 0; q < V; q++) dst[kk][jq + q] = v[q];
+        for (int it = 0; it < ITERS; it++) {
+            const int e = threadIdx.x + it * TL_CUDA_THREADS, i = e / RUNS, j = (e % RUNS) * V;
+            const long long row = rows ? rows[i] : (rbase + i < rlim ? rbase + i : -1);
+            const long long col = col0 + j, avail = row >= 0 ? ncols - col : 0;
+            r[it] = tl_load16(avail > 0 ? src + row * ld + col : src, avail, vec);
+        }
     }
-}
-
-/* b[kk][j] = w[(k0 + kk) * ld + c0 + j]: a dense row-major weight block. */
-template <typename T, typename S>
-__device__ __forceinline__ void tl_stage_weight(tl_tile_smem<S> &s, const T *w, long long ld,
-                                                long long k0, long long kdim, long long c0,
-                                                long long ncols, bool vec) {
-    tl_stage_cols<T, S>(s.b, w, ld, NULL, k0, kdim, c0, ncols, vec);
-}
+    template <int LD> __device__ __forceinline__ void commit(S (*dst)[LD]) const {
+#pragma unroll
+        for (int it = 0; it < ITERS; it++) {
+            const int e = threadIdx.x + it * TL_CUDA_THREADS, i = e / RUNS, j = (e % RUNS) * V;
+            *reinterpret_cast<uint4 *>(&dst[i][j]) = r[it];
+        }
+    }
+};
 
 /* fp32 FMA accumulator: thread (ty, tx) owns rows ty*4.. and columns tx*4.. */
-template <typename S> struct tl_acc_fma {
+template <typename S, bool AK> struct tl_acc_fma {
     float v[4][4];
     __device__ __forceinline__ void zero() {
         for (int i = 0; i < 4; i++)
             for (int j = 0; j < 4; j++) v[i][j] = 0.0f;
     }
-    __device__ __forceinline__ void step(const tl_tile_smem<S> &s) {
+    __device__ __forceinline__ void step(const tl_tile_smem<S, AK> &s) {
         const int ty = threadIdx.x / 16, tx = threadIdx.x % 16;
 #pragma unroll
         for (int kk = 0; kk < TL_BK; kk++) {
             float a[4], b[4];
-            for (int i = 0; i < 4; i++) a[i] = tl_to_f32<S>(s.a[kk][ty * 4 + i]);
+            for (int i = 0; i < 4; i++) a[i] = tl_to_f32<S>(s.at(ty * 4 + i, kk));
             for (int j = 0; j < 4; j++) b[j] = tl_to_f32<S>(s.b[kk][tx * 4 + j]);
             for (int i = 0; i < 4; i++)
                 for (int j = 0; j < 4; j++) v[i][j] = fmaf(a[i], b[j], v[i][j]);
         }
     }
-    __device__ __forceinline__ void store(tl_tile_smem<S> &s) const {
+    __device__ __forceinline__ void store(tl_tile_smem<S, AK> &s) const {
         const int ty = threadIdx.x / 16, tx = threadIdx.x % 16;
         for (int i = 0; i < 4; i++)
             for (int j = 0; j < 4; j++) s.c[ty * 4 + i][tx * 4 + j] = v[i][j];
@@ -183,92 +174,79 @@ template <typename S> struct tl_acc_fma {
 };
 
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-/* TF32 tensor-core accumulator: warp w owns rows (w/2)*16.. and columns
- * (w%2)*32.., two 16x16 fp32 accumulator fragments; inputs are rounded to
- * TF32 as they are loaded from shared memory. */
-struct tl_acc_tf32 {
-    nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 8, float> c[2];
+template <bool AK> struct tl_a_layout {
+    typedef nvcuda::wmma::row_major type;
+};
+template <> struct tl_a_layout<true> {
+    typedef nvcuda::wmma::col_major type;
+};
+
+/* TF32 fragments are rounded from the fp32 values they were loaded with. */
+template <typename FS> struct tl_round {
+    template <typename F> static __device__ __forceinline__ void run(F &) {}
+};
+template <> struct tl_round<nvcuda::wmma::precision::tf32> {
+    template <typename F> static __device__ __forceinline__ void run(F &f) {
+        for (int e = 0; e < f.num_elements; e++) f.x[e] = nvcuda::wmma::__float_to_tf32(f.x[e]);
+    }
+};
+
+/* Tensor-core accumulator over operands staged as S: warp w owns rows
+ * (w/2)*16.. and columns (w%2)*32.., two 16x16 fp32 accumulator fragments.
+ * FS is the fragment element type (precision::tf32 for fp32 storage, whose
+ * inputs are rounded to TF32 as they are loaded; else S itself) and KF the
+ * fragment depth (8 for TF32, 16 for fp16 / bf16). */
+template <typename S, typename FS, int KF, bool AK> struct tl_acc_wmma {
+    nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, KF, float> c[2];
     __device__ __forceinline__ void zero() {
         nvcuda::wmma::fill_fragment(c[0], 0.0f);
         nvcuda::wmma::fill_fragment(c[1], 0.0f);
     }
-    __device__ __forceinline__ void step(const tl_tile_smem<float> &s) {
+    __device__ __forceinline__ void step(const tl_tile_smem<S, AK> &s) {
         using namespace nvcuda;
+        typedef tl_tile_smem<S, AK> sm;
         const int warp = threadIdx.x / 32, m0 = (warp / 2) * 16, n0 = (warp % 2) * 32;
 #pragma unroll
-        for (int kk = 0; kk < TL_BK; kk += 8) {
-            wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::col_major> a;
-            wmma::load_matrix_sync(a, &s.a[kk][m0], TL_BM);
-            for (int e = 0; e < a.num_elements; e++) a.x[e] = wmma::__float_to_tf32(a.x[e]);
+        for (int kk = 0; kk < TL_BK; kk += KF) {
+            wmma::fragment<wmma::matrix_a, 16, 16, KF, FS, typename tl_a_layout<AK>::type> a;
+            wmma::load_matrix_sync(a, AK ? &s.a[kk][m0] : &s.a[m0][kk], sm::LDA);
+            tl_round<FS>::run(a);
+#pragma unroll
             for (int f = 0; f < 2; f++) {
-                wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::row_major>
-                    b;
-                wmma::load_matrix_sync(b, &s.b[kk][n0 + 16 * f], TL_BN);
-                for (int e = 0; e < b.num_elements; e++) b.x[e] = wmma::__float_to_tf32(b.x[e]);
+                wmma::fragment<wmma::matrix_b, 16, 16, KF, FS, wmma::row_major> b;
+                wmma::load_matrix_sync(b, &s.b[kk][n0 + 16 * f], sm::LDB);
+                tl_round<FS>::run(b);
                 wmma::mma_sync(c[f], a, b, c[f]);
             }
         }
     }
-    __device__ __forceinline__ void store(tl_tile_smem<float> &s) const {
+    __device__ __forceinline__ void store(tl_tile_smem<S, AK> &s) const {
         const int warp = threadIdx.x / 32, m0 = (warp / 2) * 16, n0 = (warp % 2) * 32;
         for (int f = 0; f < 2; f++)
-            nvcuda::wmma::store_matrix_sync(&s.c[m0][n0 + 16 * f], c[f], TL_BN,
+            nvcuda::wmma::store_matrix_sync(&s.c[m0][n0 + 16 * f], c[f],
+                                            tl_tile_smem<S, AK>::LDC,
                                             nvcuda::wmma::mem_row_major);
     }
 };
 
-/* fp16 / bf16 tensor-core accumulator (WMMA m16n16k16, fp32 accumulation):
- * the same warp layout as tl_acc_tf32, over operands staged as T. */
-template <typename T> struct tl_acc_hmma {
-    nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> c[2];
-    __device__ __forceinline__ void zero() {
-        nvcuda::wmma::fill_fragment(c[0], 0.0f);
-        nvcuda::wmma::fill_fragment(c[1], 0.0f);
-    }
-    __device__ __forceinline__ void step(const tl_tile_smem<T> &s) {
-        using namespace nvcuda;
-        const int warp = threadIdx.x / 32, m0 = (warp / 2) * 16, n0 = (warp % 2) * 32;
-#pragma unroll
-        for (int kk = 0; kk < TL_BK; kk += 16) {
-            wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::col_major> a;
-            wmma::load_matrix_sync(a, &s.a[kk][m0], TL_BM);
-#pragma unroll
-            for (int f = 0; f < 2; f++) {
-                wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> b;
-                wmma::load_matrix_sync(b, &s.b[kk][n0 + 16 * f], TL_BN);
-                wmma::mma_sync(c[f], a, b, c[f]);
-            }
-        }
-    }
-    __device__ __forceinline__ void store(tl_tile_smem<T> &s) const {
-        const int warp = threadIdx.x / 32, m0 = (warp / 2) * 16, n0 = (warp % 2) * 32;
-        for (int f = 0; f < 2; f++)
-            nvcuda::wmma::store_matrix_sync(&s.c[m0][n0 + 16 * f], c[f], TL_BN,
-                                            nvcuda::wmma::mem_row_major);
-    }
-};
+template <bool AK>
+using tl_acc_tf32 = tl_acc_wmma<float, nvcuda::wmma::precision::tf32, 8, AK>;
+template <typename T, bool AK> using tl_acc_hmma = tl_acc_wmma<T, T, 16, AK>;
 #else
 /* Before sm_80 (no TF32 or bf16 tensor cores): fp32 FMA in their place. */
-typedef tl_acc_fma<float> tl_acc_tf32;
-template <typename T> using tl_acc_hmma = tl_acc_fma<T>;
+template <bool AK> using tl_acc_tf32 = tl_acc_fma<float, AK>;
+template <typename T, bool AK> using tl_acc_hmma = tl_acc_fma<T, AK>;
 #endif
 
-/* The tile core of one call: staged type S and accumulator acc. */
-template <typename T, bool TF32> struct tl_core {
-    typedef float S;
-    typedef tl_acc_fma<float> acc;
+/* The tile core of one call: accumulator over tl_tile_smem<T, AK>. */
+template <typename T, bool TF32, bool AK> struct tl_core {
+    typedef tl_acc_hmma<T, AK> acc; /* fp16, bf16 */
 };
-template <> struct tl_core<float, true> {
-    typedef float S;
-    typedef tl_acc_tf32 acc;
+template <bool AK> struct tl_core<float, false, AK> {
+    typedef tl_acc_fma<float, AK> acc;
 };
-template <> struct tl_core<__half, false> {
-    typedef __half S;
-    typedef tl_acc_hmma<__half> acc;
-};
-template <> struct tl_core<__nv_bfloat16, false> {
-    typedef __nv_bfloat16 S;
-    typedef tl_acc_hmma<__nv_bfloat16> acc;
+template <bool AK> struct tl_core<float, true, AK> {
+    typedef tl_acc_tf32<AK> acc;
 };
 
 /* fp32 accumulator -> output dtype (y or dw of a half-precision call). */

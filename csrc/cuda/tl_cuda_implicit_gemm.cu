@@ -13,13 +13,15 @@ __global__ void __launch_bounds__(TL_CUDA_THREADS)
     tl_ig_forward_kernel(const T *x, const T *w, const int *nbr, T *y, long long n_in,
                          long long n_out, long long k, long long cin, long long cout,
                          long long col_tiles, int vec) {
-    typedef typename tl_core<T, TF32>::S S;
-    __shared__ tl_tile_smem<S> s;
+    __shared__ tl_tile_smem<T, false> s;
     __shared__ long long rows[TL_BM];
     const long long o0 = (blockIdx.x / col_tiles) * TL_BM;
     const long long c0 = (blockIdx.x % col_tiles) * TL_BN;
-    typename tl_core<T, TF32>::acc acc;
+    const bool va = vec & TL_VEC_A, vb = vec & TL_VEC_B;
+    typename tl_core<T, TF32, false>::acc acc;
     acc.zero();
+    tl_tile_load<T, TL_BM, TL_BK> la;
+    tl_tile_load<T, TL_BK, TL_BN> lb;
     for (long long n = 0; n < k; n++) {
         int valid = 0;
         if (threadIdx.x < TL_BM) {
@@ -33,10 +35,16 @@ __global__ void __launch_bounds__(TL_CUDA_THREADS)
          * passed the trailing barrier of its C_in loop. */
         if (!__syncthreads_or(valid)) continue;
         const T *wn = w + n * cin * cout;
+        la.fetch(x, cin, rows, 0, 0, 0, cin, va);
+        lb.fetch(wn, cout, NULL, 0, cin, c0, cout, vb);
         for (long long k0 = 0; k0 < cin; k0 += TL_BK) {
-            tl_stage_rows<T, S>(s, x, cin, rows, k0, cin, vec & TL_VEC_A);
-            tl_stage_weight<T, S>(s, wn, cout, k0, cin, c0, cout, vec & TL_VEC_B);
+            la.commit(s.a);
+            lb.commit(s.b);
             __syncthreads();
+            if (k0 + TL_BK < cin) { /* next slice in flight during this one */
+                la.fetch(x, cin, rows, 0, 0, k0 + TL_BK, cin, va);
+                lb.fetch(wn, cout, NULL, k0 + TL_BK, cin, c0, cout, vb);
+            }
             acc.step(s);
             __syncthreads();
         }
@@ -58,12 +66,27 @@ struct tl_ig_wgrad_args {
     int vec; /* TL_VEC_A: x rows, TL_VEC_B: dy rows */
 };
 
+/* ra[t], rb[t] = x row nbr[o, n] and dy row o for o = r0 + t below end (-1
+ * where there is no neighbour); threads < TL_BK write; *any |= a row found. */
+__device__ __forceinline__ void tl_ig_wgrad_rows(const tl_ig_wgrad_args &p, long long n,
+                                                 long long r0, long long end, long long *ra,
+                                                 long long *rb, int *any) {
+    if (threadIdx.x < TL_BK) {
+        const long long o = r0 + threadIdx.x;
+        long long i = o < end ? p.nbr[o * p.k + n] : -1;
+        if (i >= p.n_in) i = -1;
+        ra[threadIdx.x] = i;
+        rb[threadIdx.x] = i >= 0 ? o : -1;
+        if (i >= 0) *any = 1; /* benign race: every writer stores 1 */
+    }
+}
+
 template <typename T, bool TF32>
 __global__ void __launch_bounds__(TL_CUDA_THREADS)
     tl_ig_wgrad_kernel(const T *x, const T *dy, tl_ig_wgrad_args p) {
-    typedef typename tl_core<T, TF32>::S S;
-    __shared__ tl_tile_smem<S> s;
-    __shared__ long long ra[TL_BK], rb[TL_BK];
+    __shared__ tl_tile_smem<T, true> s;
+    __shared__ long long ra[2][TL_BK], rb[2][TL_BK];
+    __shared__ int any;
     long long b = blockIdx.x;
     const long long co0 = (b % p.co_tiles) * TL_BN;
     b /= p.co_tiles;
@@ -72,28 +95,34 @@ __global__ void __launch_bounds__(TL_CUDA_THREADS)
     const long long begin = (b % p.chunks) * p.chunk_rows;
     const long long n = b / p.chunks;
     const long long end = begin + p.chunk_rows < p.n_out ? begin + p.chunk_rows : p.n_out;
-    typename tl_core<T, TF32>::acc acc;
+    if (begin >= end) return; /* the whole block: no barrier passed yet */
+    const bool va = p.vec & TL_VEC_A, vb = p.vec & TL_VEC_B;
+    typename tl_core<T, TF32, true>::acc acc;
     acc.zero();
-    int any = 0;
-    for (long long r0 = begin; r0 < end; r0 += TL_BK) {
-        int valid = 0;
-        if (threadIdx.x < TL_BK) {
-            const long long o = r0 + threadIdx.x;
-            long long i = o < end ? p.nbr[o * p.k + n] : -1;
-            if (i >= p.n_in) i = -1;
-            ra[threadIdx.x] = i;
-            rb[threadIdx.x] = i >= 0 ? o : -1;
-            valid = i >= 0;
-        }
-        if (!__syncthreads_or(valid)) continue;
-        any = 1;
-        tl_stage_cols<T, S>(s.a, x, p.c_in, ra, 0, 0, ci0, p.c_in, p.vec & TL_VEC_A);
-        tl_stage_cols<T, S>(s.b, dy, p.c_out, rb, 0, 0, co0, p.c_out, p.vec & TL_VEC_B);
+    tl_tile_load<T, TL_BK, TL_BM> la;
+    tl_tile_load<T, TL_BK, TL_BN> lb;
+    if (threadIdx.x == 0) any = 0;
+    __syncthreads();
+    tl_ig_wgrad_rows(p, n, begin, end, ra[0], rb[0], &any);
+    __syncthreads();
+    la.fetch(x, p.c_in, ra[0], 0, 0, ci0, p.c_in, va);
+    lb.fetch(dy, p.c_out, rb[0], 0, 0, co0, p.c_out, vb);
+    int buf = 0;
+    for (long long r0 = begin; r0 < end; r0 += TL_BK, buf ^= 1) {
+        la.commit(s.a);
+        lb.commit(s.b);
+        const bool more = r0 + TL_BK < end;
+        /* ra[buf ^ 1] was last read two slices ago, before two barriers. */
+        if (more) tl_ig_wgrad_rows(p, n, r0 + TL_BK, end, ra[buf ^ 1], rb[buf ^ 1], &any);
         __syncthreads();
+        if (more) {
+            la.fetch(x, p.c_in, ra[buf ^ 1], 0, 0, ci0, p.c_in, va);
+            lb.fetch(dy, p.c_out, rb[buf ^ 1], 0, 0, co0, p.c_out, vb);
+        }
         acc.step(s);
         __syncthreads();
     }
-    if (!any) return; /* same value in every thread: set after block-wide votes */
+    if (!any) return; /* read after the last barrier: the same in every thread */
     acc.store(s);
     __syncthreads();
     for (int e = threadIdx.x; e < TL_BM * TL_BN; e += TL_CUDA_THREADS) {
