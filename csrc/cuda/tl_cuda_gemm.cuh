@@ -6,17 +6,19 @@
  * rows of x / w / dy they read, through nbr or pair lists) and where the
  * finished tile goes (overwrite, add, atomicAdd), so this header holds:
  *   - dtype conversion (fp32, fp16, bf16 storage),
- *   - the staged-tile loaders, with 16-byte global loads where a row's
- *     channel count and base pointer allow it (checked on the host, passed
- *     as TL_VEC_* flags) and masked scalar loads otherwise,
- *   - three accumulators over the staged tiles, picked by tl_core<T, TF32>:
+ *   - the staged-tile loaders (tl_tile_load), with 16-byte global loads where
+ *     a row's channel count and base pointer allow it (checked on the host,
+ *     passed as TL_VEC_* flags) and masked scalar loads otherwise; a slice is
+ *     fetched into registers first, so the next one is in flight while the
+ *     current one is multiplied,
+ *   - three accumulators over the staged tiles, picked by tl_core<T, TF32, AK>:
  *     fp32 FMA (fp32 storage), TF32 tensor cores (WMMA m16n16k8, fp32 only
  *     when the caller allows TF32) and fp16 / bf16 tensor cores (WMMA
  *     m16n16k16, fp32 accumulation).  Tensor cores need sm_80; older
  *     devices compile the FMA accumulator in their place.  Each leaves the
  *     finished tile in shared memory (fp32) for the epilogue.
- * Staged operands keep the storage type on the fp16 / bf16 path (the tensor
- * cores read them as they are) and are fp32 otherwise. */
+ * Staged operands keep the storage type (the tensor cores read fp16 / bf16
+ * as they are; TF32 rounds fp32 as it loads a fragment). */
 #ifndef TL_CUDA_GEMM_CUH
 #define TL_CUDA_GEMM_CUH
 
@@ -63,8 +65,9 @@ static inline bool tl_vec_ok(const void *base, int64_t ld, int64_t elem) {
     return base != NULL && (uintptr_t)base % 16 == 0 && (ld * elem) % 16 == 0;
 }
 
-/* Elements per 16 bytes of S, and the skew added to every staged row so that
- * the 8 rows one ldmatrix phase reads fall in different banks. */
+/* Elements of S per 16 bytes: one vector load, and the skew added to every
+ * staged row so that the 8 rows one ldmatrix phase reads fall in different
+ * banks. */
 template <typename S> struct tl_vec_width {
     static constexpr int value = 16 / (int)sizeof(S);
 };
