@@ -1,14 +1,45 @@
 /* Fetch-on-demand dataflow on the GPU, over per-kernel-row pair lists.
  *
- * One launch covers every kernel row: block (n, 64 pairs, 64 channels) reads
- * its input rows straight from x through pair_in, multiplies by w[n] and adds
- * the tile into the fp32 accumulator rows pair_out with atomics (different
- * kernel rows hit the same output rows concurrently).  The grid is sized by
- * the largest possible kernel row, min(n_in, n_out, P) pairs, because the
- * offsets stay on the device; blocks past their row's end exit at once. */
+ * Block (kernel row n, 64 pairs, 64 channels) reads its input rows straight
+ * from x through pair_in, multiplies by w[n] and adds the tile into the fp32
+ * accumulator rows pair_out with atomics (different kernel rows hit the same
+ * output rows concurrently).  The pair counts stay on the device, so each
+ * call first turns offsets into a prefix of per-row tile counts (a tiny
+ * kernel and tl_cuda_scan) and launches one flat grid over those tiles.  Its
+ * size is the tight bound sum_n ceil(P_n / B) <= P / B + K, known on the
+ * host without a synchronization; blocks past the real total exit at once.
+ * The weight gradient does the same over chunks of a kernel row's pairs. */
 #include "tl_cuda_pair_gemm.cuh"
 
+/* tiles[n] = ceil(P_n / per) for kernel row n < k (P_n from offsets). */
+__global__ void __launch_bounds__(TL_CUDA_THREADS)
+    tl_fod_tile_counts_kernel(const long long *offsets, long long k, long long per,
+                              long long *tiles) {
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long n = (long long)blockIdx.x * blockDim.x + threadIdx.x; n < k; n += stride) {
+        const long long count = offsets[n + 1] - offsets[n];
+        tiles[n] = count > 0 ? (count + per - 1) / per : 0;
+    }
+}
+
 namespace {
+
+/* Fills tiles[0..k] with the exclusive prefix of per-row tile counts (units
+ * of `per` pairs), tiles[k] the total; returns in *bound a host-side upper
+ * bound of that total: min(P / per + k, k * ceil(rows_cap / per)). */
+static tl_status tl_fod_tiles(const tl_conv_layout &l, const tl_conv_desc *d,
+                              const tl_cuda_pairs *p, int64_t per, cudaStream_t stream,
+                              int64_t *bound) {
+    tl_fod_tile_counts_kernel<<<tl_cuda_blocks(d->k), TL_CUDA_THREADS, 0, stream>>>(
+        (const long long *)p->offsets, d->k, per, l.tiles);
+    TL_CUDA_LAUNCHED();
+    TL_CUDA_RETURN_IF(tl_cuda_scan(l.tiles, l.tiles, d->k, l.scan, l.tiles + d->k, stream));
+    int64_t b = p->n_pairs / per + d->k;
+    const int64_t per_row = tl_cuda_ceil_div(l.rows_cap, per);
+    if (per_row <= INT64_MAX / d->k && per_row * d->k < b) b = per_row * d->k;
+    *bound = b;
+    return TL_OK;
+}
 
 struct tl_fod_forward_call {
     const void *x, *w;
@@ -58,12 +89,17 @@ extern "C" tl_status tl_cuda_fetch_on_demand_forward(const tl_ctx *ctx, const tl
         call.x = x;
         call.w = w;
         call.stream = f.stream;
-        const int64_t row_tiles = tl_cuda_ceil_div(f.l.rows_cap, TL_BM);
+        int64_t tiles;
+        TL_CUDA_RETURN_IF(tl_fod_tiles(f.l, d, p, TL_BM, f.stream, &tiles));
         const int64_t col_tiles = tl_cuda_ceil_div(d->c_out, TL_BN);
+        const int64_t es = tl_dtype_bytes(d->dtype);
         call.args = {(const long long *)p->offsets, p->in, p->out, f.acc, d->n_in, d->n_out,
-                     d->c_in, d->c_out, row_tiles, col_tiles, 0};
-        if (row_tiles > INT32_MAX / col_tiles / d->k) return TL_ERR_OVERFLOW;
-        call.blocks = d->k * row_tiles * col_tiles;
+                     d->c_in, d->c_out, 0, col_tiles, 0, f.l.tiles, d->k, 0};
+        call.args.vec = (tl_vec_ok(x, d->c_in, es) ? TL_VEC_A : 0) |
+                        (tl_vec_ok(w, d->c_out, es) ? TL_VEC_B : 0) |
+                        (tl_vec_ok(f.acc, d->c_out, sizeof(float)) ? TL_VEC_C : 0);
+        if (tiles > INT32_MAX / col_tiles) return TL_ERR_OVERFLOW;
+        call.blocks = tiles * col_tiles;
         TL_CUDA_RETURN_IF(tl_dispatch_dtype(d->dtype, allow_tf32, call));
     }
     return f.finish();
@@ -85,17 +121,24 @@ extern "C" tl_status tl_cuda_fetch_on_demand_weight_grad(const tl_ctx *ctx,
         call.dy = dy;
         call.stream = f.stream;
         tl_pairs_wgrad_args &a = call.args;
+        const int64_t es = tl_dtype_bytes(d->dtype);
         a = {(const long long *)p->offsets, p->in, p->out, f.acc, d->n_in, d->n_out,
-             d->c_in, d->c_out, 0, 0, 0, 0, 0};
+             d->c_in, d->c_out, 0, 0, 0, 0, 0, f.l.tiles, d->k, 0};
+        a.vec = (tl_vec_ok(x, d->c_in, es) ? TL_VEC_A : 0) |
+                (tl_vec_ok(dy, d->c_out, es) ? TL_VEC_B : 0);
         a.ci_tiles = tl_cuda_ceil_div(d->c_in, TL_BM);
         a.co_tiles = tl_cuda_ceil_div(d->c_out, TL_BN);
+        /* Chunks sized over all P pairs for about TL_SPLIT_BLOCKS_PER_SM
+         * blocks per SM; each kernel row is cut into chunks of that size. */
         int64_t chunk_rows, chunks;
-        TL_CUDA_RETURN_IF(tl_split_chunks(ctx->device, f.l.rows_cap,
-                                          d->k * a.ci_tiles * a.co_tiles, &chunk_rows, &chunks));
-        a.chunks = chunks;
+        TL_CUDA_RETURN_IF(tl_split_chunks(ctx->device, p->n_pairs, a.ci_tiles * a.co_tiles,
+                                          &chunk_rows, &chunks));
         a.chunk_rows = chunk_rows;
-        if (d->k > INT32_MAX / chunks / a.ci_tiles / a.co_tiles) return TL_ERR_OVERFLOW;
-        call.blocks = d->k * chunks * a.ci_tiles * a.co_tiles;
+        int64_t tiles;
+        TL_CUDA_RETURN_IF(tl_fod_tiles(f.l, d, p, chunk_rows, f.stream, &tiles));
+        a.chunks = tiles;
+        if (tiles > INT32_MAX / a.ci_tiles / a.co_tiles) return TL_ERR_OVERFLOW;
+        call.blocks = tiles * a.ci_tiles * a.co_tiles;
         TL_CUDA_RETURN_IF(tl_dispatch_dtype(d->dtype, allow_tf32, call));
     }
     return f.finish();

@@ -5,12 +5,20 @@
  * time.  The dataflows differ only in how they fill the staged tiles (which
  * rows of x / w / dy they read, through nbr or pair lists) and where the
  * finished tile goes (overwrite, add, atomicAdd), so this header holds:
- *   - dtype conversion (fp32, fp16, bf16 storage; fp32 in shared memory),
- *   - the staged-tile loaders,
- *   - two accumulators over the staged tiles: fp32 FMA, and TF32 tensor cores
- *     (WMMA m16n16k8, only when the caller allows TF32 and the device is
- *     sm_80 or newer); both leave the tile in shared memory for the epilogue.
- */
+ *   - dtype conversion (fp32, fp16, bf16 storage),
+ *   - the staged-tile loaders (tl_tile_load), with 16-byte global loads where
+ *     a row's channel count and base pointer allow it (checked on the host,
+ *     passed as TL_VEC_* flags) and masked scalar loads otherwise; a slice is
+ *     fetched into registers first, so the next one is in flight while the
+ *     current one is multiplied,
+ *   - three accumulators over the staged tiles, picked by tl_core<T, TF32, AK>:
+ *     fp32 FMA (fp32 storage), TF32 tensor cores (WMMA m16n16k8, fp32 only
+ *     when the caller allows TF32) and fp16 / bf16 tensor cores (WMMA
+ *     m16n16k16, fp32 accumulation).  Tensor cores need sm_80; older
+ *     devices compile the FMA accumulator in their place.  Each leaves the
+ *     finished tile in shared memory (fp32) for the epilogue.
+ * Staged operands keep the storage type (the tensor cores read fp16 / bf16
+ * as they are; TF32 rounds fp32 as it loads a fragment). */
 #ifndef TL_CUDA_GEMM_CUH
 #define TL_CUDA_GEMM_CUH
 
@@ -22,12 +30,18 @@
 
 #define TL_BM 64
 #define TL_BN 64
-#define TL_BK 16
+#define TL_BK 32
 
 /* Target resident blocks per SM when a reduction is split over blocks. */
 #define TL_SPLIT_BLOCKS_PER_SM 8
 /* A split reduction gives each block at least this many rows. */
 #define TL_SPLIT_MIN_ROWS 256
+
+/* Bits of a kernel's `vec` argument: which sources may be read 16 bytes at
+ * a time (base 16-byte aligned and row length a multiple of 16 bytes). */
+#define TL_VEC_A 1 /* x, or the gather buffer / x of a weight gradient */
+#define TL_VEC_B 2 /* w, or dy of a weight gradient */
+#define TL_VEC_C 4 /* the fp32 accumulator (vector atomics, sm_90) */
 
 template <typename T> __device__ __forceinline__ float tl_to_f32(T v);
 template <> __device__ __forceinline__ float tl_to_f32<float>(float v) { return v; }
@@ -45,73 +59,117 @@ template <> __device__ __forceinline__ __nv_bfloat16 tl_from_f32<__nv_bfloat16>(
     return __float2bfloat16_rn(v);
 }
 
-/* Staged operands and the finished tile; 32-byte aligned for WMMA. */
-struct __align__(128) tl_tile_smem {
-    float a[TL_BK][TL_BM]; /* a[kk][m] = A(m, k0 + kk) */
-    float b[TL_BK][TL_BN]; /* b[kk][j] = B(k0 + kk, j) */
-    float c[TL_BM][TL_BN];
+/* Host side: may rows of `ld` elements of `elem` bytes starting at `base`
+ * be read 16 bytes at a time? */
+static inline bool tl_vec_ok(const void *base, int64_t ld, int64_t elem) {
+    return base != NULL && (uintptr_t)base % 16 == 0 && (ld * elem) % 16 == 0;
+}
+
+/* Elements of S per 16 bytes: one vector load, and the skew added to every
+ * staged row so that the 8 rows one ldmatrix phase reads fall in different
+ * banks. */
+template <typename S> struct tl_vec_width {
+    static constexpr int value = 16 / (int)sizeof(S);
 };
 
-/* a[kk][m] = src[rows[m] * ld + k0 + kk] (0 where rows[m] < 0 or k0 + kk >= kdim):
- * TL_BM gathered rows, TL_BK consecutive columns of each. */
-template <typename T>
-__device__ __forceinline__ void tl_stage_rows(tl_tile_smem &s, const T *src, long long ld,
-                                              const long long *rows, long long k0,
-                                              long long kdim) {
-    const int m = threadIdx.x / 4, kq = (threadIdx.x % 4) * 4;
-    const long long r = rows[m];
-    for (int q = 0; q < 4; q++) {
-        const long long col = k0 + kq + q;
-        s.a[kq + q][m] = (r >= 0 && col < kdim) ? tl_to_f32(src[r * ld + col]) : 0.0f;
+/* Staged operands and the finished tile, all rows skewed by 16 bytes; 128-byte
+ * aligned, so every WMMA fragment pointer is 32-byte aligned.  A is either
+ * row-major, a[m][kk] (AK = false: the forward, whose gathered rows run
+ * along the reduction), or k-major, a[kk][m] (AK = true: the weight
+ * gradient, X^T).  b[kk][j] = B(k0 + kk, j).  The staged type is the
+ * storage type (fp16 / bf16 for tensor cores, fp32 otherwise). */
+template <typename S, bool AK> struct __align__(128) tl_tile_smem {
+    static constexpr int PAD = tl_vec_width<S>::value;
+    static constexpr int LDA = (AK ? TL_BM : TL_BK) + PAD;
+    static constexpr int LDB = TL_BN + PAD;
+    static constexpr int LDC = TL_BN + 4;
+    S a[AK ? TL_BK : TL_BM][LDA];
+    S b[TL_BK][LDB];
+    float c[TL_BM][LDC];
+    __device__ __forceinline__ const S &at(int m, int kk) const {
+        return AK ? a[kk][m] : a[m][kk];
     }
+};
+
+/* Raw bits of one element of S (the loaders copy bits, never convert). */
+template <int BYTES> struct tl_bits;
+template <> struct tl_bits<2> {
+    typedef unsigned short type;
+};
+template <> struct tl_bits<4> {
+    typedef unsigned int type;
+};
+
+/* The 16 bytes at p, elements at index >= avail read as 0 (+0.0 in every
+ * dtype); one 16-byte load when `vec` and the whole run is in range (then p
+ * is 16-byte aligned).  p is not dereferenced when avail <= 0. */
+template <typename S>
+__device__ __forceinline__ uint4 tl_load16(const S *p, long long avail, bool vec) {
+    constexpr int V = tl_vec_width<S>::value;
+    typedef typename tl_bits<sizeof(S)>::type U;
+    if (vec && avail >= V) return __ldg(reinterpret_cast<const uint4 *>(p));
+    union {
+        uint4 u;
+        U e[V];
+    } r;
+    const U *q = reinterpret_cast<const U *>(p);
+#pragma unroll
+    for (int i = 0; i < V; i++) r.e[i] = i < avail ? q[i] : (U)0;
+    return r.u;
 }
 
-/* dst[kk][j] = src[rows[kk] * ld + c0 + j] (0 where rows[kk] < 0 or c0 + j >= ncols):
- * TL_BK gathered rows, TL_BN (= TL_BM) consecutive columns of each. */
-template <typename T>
-__device__ __forceinline__ void tl_stage_cols(float (*dst)[TL_BN], const T *src, long long ld,
-                                              const long long *rows, long long c0,
-                                              long long ncols) {
-    const int kk = threadIdx.x / 16, jq = (threadIdx.x % 16) * 4;
-    const long long r = rows[kk];
-    for (int q = 0; q < 4; q++) {
-        const long long col = c0 + jq + q;
-        dst[kk][jq + q] = (r >= 0 && col < ncols) ? tl_to_f32(src[r * ld + col]) : 0.0f;
-    }
-}
+/* One staged NR x NC block of S, fetched from global memory into registers
+ * (so the next block's loads are in flight while the current one is
+ * multiplied) and then committed to shared memory.  Row i of the block is
+ * source row rows[i] (rows != NULL; < 0: a zero row) or else rbase + i while
+ * below rlim (a dense block); its columns are col0 .. col0 + NC - 1, those
+ * at or past ncols read as 0.  col0 is a multiple of 16 bytes; `vec`
+ * requires tl_vec_ok(src, ld). */
+template <typename S, int NR, int NC> struct tl_tile_load {
+    static constexpr int V = tl_vec_width<S>::value, RUNS = NC / V;
+    static constexpr int ITERS = NR * RUNS / TL_CUDA_THREADS;
+    static_assert(NC % V == 0 && (NR * RUNS) % TL_CUDA_THREADS == 0, "whole passes");
+    uint4 r[ITERS];
 
-/* b[kk][j] = w[(k0 + kk) * ld + c0 + j]: a dense row-major weight block. */
-template <typename T>
-__device__ __forceinline__ void tl_stage_weight(tl_tile_smem &s, const T *w, long long ld,
-                                                long long k0, long long kdim, long long c0,
-                                                long long ncols) {
-    const int kk = threadIdx.x / 16, jq = (threadIdx.x % 16) * 4;
-    const long long row = k0 + kk;
-    for (int q = 0; q < 4; q++) {
-        const long long col = c0 + jq + q;
-        s.b[kk][jq + q] = (row < kdim && col < ncols) ? tl_to_f32(w[row * ld + col]) : 0.0f;
+    __device__ __forceinline__ void fetch(const S *src, long long ld, const long long *rows,
+                                          long long rbase, long long rlim, long long col0,
+                                          long long ncols, bool vec) {
+#pragma unroll
+        for (int it = 0; it < ITERS; it++) {
+            const int e = threadIdx.x + it * TL_CUDA_THREADS, i = e / RUNS, j = (e % RUNS) * V;
+            const long long row = rows ? rows[i] : (rbase + i < rlim ? rbase + i : -1);
+            const long long col = col0 + j, avail = row >= 0 ? ncols - col : 0;
+            r[it] = tl_load16(avail > 0 ? src + row * ld + col : src, avail, vec);
+        }
     }
-}
+    template <int LD> __device__ __forceinline__ void commit(S (*dst)[LD]) const {
+#pragma unroll
+        for (int it = 0; it < ITERS; it++) {
+            const int e = threadIdx.x + it * TL_CUDA_THREADS, i = e / RUNS, j = (e % RUNS) * V;
+            *reinterpret_cast<uint4 *>(&dst[i][j]) = r[it];
+        }
+    }
+};
 
 /* fp32 FMA accumulator: thread (ty, tx) owns rows ty*4.. and columns tx*4.. */
-struct tl_acc_fma {
+template <typename S, bool AK> struct tl_acc_fma {
     float v[4][4];
     __device__ __forceinline__ void zero() {
         for (int i = 0; i < 4; i++)
             for (int j = 0; j < 4; j++) v[i][j] = 0.0f;
     }
-    __device__ __forceinline__ void step(const tl_tile_smem &s) {
+    __device__ __forceinline__ void step(const tl_tile_smem<S, AK> &s) {
         const int ty = threadIdx.x / 16, tx = threadIdx.x % 16;
 #pragma unroll
         for (int kk = 0; kk < TL_BK; kk++) {
             float a[4], b[4];
-            for (int i = 0; i < 4; i++) a[i] = s.a[kk][ty * 4 + i];
-            for (int j = 0; j < 4; j++) b[j] = s.b[kk][tx * 4 + j];
+            for (int i = 0; i < 4; i++) a[i] = tl_to_f32<S>(s.at(ty * 4 + i, kk));
+            for (int j = 0; j < 4; j++) b[j] = tl_to_f32<S>(s.b[kk][tx * 4 + j]);
             for (int i = 0; i < 4; i++)
                 for (int j = 0; j < 4; j++) v[i][j] = fmaf(a[i], b[j], v[i][j]);
         }
     }
-    __device__ __forceinline__ void store(tl_tile_smem &s) const {
+    __device__ __forceinline__ void store(tl_tile_smem<S, AK> &s) const {
         const int ty = threadIdx.x / 16, tx = threadIdx.x % 16;
         for (int i = 0; i < 4; i++)
             for (int j = 0; j < 4; j++) s.c[ty * 4 + i][tx * 4 + j] = v[i][j];
@@ -119,48 +177,79 @@ struct tl_acc_fma {
 };
 
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-/* TF32 tensor-core accumulator: warp w owns rows (w/2)*16.. and columns
- * (w%2)*32.., two 16x16 fp32 accumulator fragments; inputs are rounded to
- * TF32 as they are loaded from shared memory. */
-struct tl_acc_tf32 {
-    nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 8, float> c[2];
+template <bool AK> struct tl_a_layout {
+    typedef nvcuda::wmma::row_major type;
+};
+template <> struct tl_a_layout<true> {
+    typedef nvcuda::wmma::col_major type;
+};
+
+/* TF32 fragments are rounded from the fp32 values they were loaded with. */
+template <typename FS> struct tl_round {
+    template <typename F> static __device__ __forceinline__ void run(F &) {}
+};
+template <> struct tl_round<nvcuda::wmma::precision::tf32> {
+    template <typename F> static __device__ __forceinline__ void run(F &f) {
+        for (int e = 0; e < f.num_elements; e++) f.x[e] = nvcuda::wmma::__float_to_tf32(f.x[e]);
+    }
+};
+
+/* Tensor-core accumulator over operands staged as S: warp w owns rows
+ * (w/2)*16.. and columns (w%2)*32.., two 16x16 fp32 accumulator fragments.
+ * FS is the fragment element type (precision::tf32 for fp32 storage, whose
+ * inputs are rounded to TF32 as they are loaded; else S itself) and KF the
+ * fragment depth (8 for TF32, 16 for fp16 / bf16). */
+template <typename S, typename FS, int KF, bool AK> struct tl_acc_wmma {
+    nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, KF, float> c[2];
     __device__ __forceinline__ void zero() {
         nvcuda::wmma::fill_fragment(c[0], 0.0f);
         nvcuda::wmma::fill_fragment(c[1], 0.0f);
     }
-    __device__ __forceinline__ void step(const tl_tile_smem &s) {
+    __device__ __forceinline__ void step(const tl_tile_smem<S, AK> &s) {
         using namespace nvcuda;
+        typedef tl_tile_smem<S, AK> sm;
         const int warp = threadIdx.x / 32, m0 = (warp / 2) * 16, n0 = (warp % 2) * 32;
-        for (int kk = 0; kk < TL_BK; kk += 8) {
-            wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::col_major> a;
-            wmma::load_matrix_sync(a, &s.a[kk][m0], TL_BM);
-            for (int e = 0; e < a.num_elements; e++) a.x[e] = wmma::__float_to_tf32(a.x[e]);
+#pragma unroll
+        for (int kk = 0; kk < TL_BK; kk += KF) {
+            wmma::fragment<wmma::matrix_a, 16, 16, KF, FS, typename tl_a_layout<AK>::type> a;
+            wmma::load_matrix_sync(a, AK ? &s.a[kk][m0] : &s.a[m0][kk], sm::LDA);
+            tl_round<FS>::run(a);
+#pragma unroll
             for (int f = 0; f < 2; f++) {
-                wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::row_major>
-                    b;
-                wmma::load_matrix_sync(b, &s.b[kk][n0 + 16 * f], TL_BN);
-                for (int e = 0; e < b.num_elements; e++) b.x[e] = wmma::__float_to_tf32(b.x[e]);
+                wmma::fragment<wmma::matrix_b, 16, 16, KF, FS, wmma::row_major> b;
+                wmma::load_matrix_sync(b, &s.b[kk][n0 + 16 * f], sm::LDB);
+                tl_round<FS>::run(b);
                 wmma::mma_sync(c[f], a, b, c[f]);
             }
         }
     }
-    __device__ __forceinline__ void store(tl_tile_smem &s) const {
+    __device__ __forceinline__ void store(tl_tile_smem<S, AK> &s) const {
         const int warp = threadIdx.x / 32, m0 = (warp / 2) * 16, n0 = (warp % 2) * 32;
         for (int f = 0; f < 2; f++)
-            nvcuda::wmma::store_matrix_sync(&s.c[m0][n0 + 16 * f], c[f], TL_BN,
+            nvcuda::wmma::store_matrix_sync(&s.c[m0][n0 + 16 * f], c[f],
+                                            tl_tile_smem<S, AK>::LDC,
                                             nvcuda::wmma::mem_row_major);
     }
 };
+
+template <bool AK>
+using tl_acc_tf32 = tl_acc_wmma<float, nvcuda::wmma::precision::tf32, 8, AK>;
+template <typename T, bool AK> using tl_acc_hmma = tl_acc_wmma<T, T, 16, AK>;
 #else
-/* Before sm_80 there are no TF32 tensor cores: fall back to fp32 FMA. */
-typedef tl_acc_fma tl_acc_tf32;
+/* Before sm_80 (no TF32 or bf16 tensor cores): fp32 FMA in their place. */
+template <bool AK> using tl_acc_tf32 = tl_acc_fma<float, AK>;
+template <typename T, bool AK> using tl_acc_hmma = tl_acc_fma<T, AK>;
 #endif
 
-template <bool TF32> struct tl_acc_select {
-    typedef tl_acc_fma type;
+/* The tile core of one call: accumulator over tl_tile_smem<T, AK>. */
+template <typename T, bool TF32, bool AK> struct tl_core {
+    typedef tl_acc_hmma<T, AK> acc; /* fp16, bf16 */
 };
-template <> struct tl_acc_select<true> {
-    typedef tl_acc_tf32 type;
+template <bool AK> struct tl_core<float, false, AK> {
+    typedef tl_acc_fma<float, AK> acc;
+};
+template <bool AK> struct tl_core<float, true, AK> {
+    typedef tl_acc_tf32<AK> acc;
 };
 
 /* fp32 accumulator -> output dtype (y or dw of a half-precision call). */
@@ -240,6 +329,8 @@ struct tl_conv_layout {
     void *gather_x;   /* gather-scatter: (rows_cap, c_in) */
     void *gather_y;   /* gather-scatter weight gradient: (rows_cap, c_out) */
     int64_t rows_cap; /* most pairs one kernel row can hold: min(n_in, n_out, P) */
+    long long *tiles; /* fetch-on-demand: (k + 1) tile starts per kernel row */
+    long long *scan;  /* fetch-on-demand: tl_cuda_scan scratch for k values */
 };
 
 static inline tl_cuda_ws tl_conv_layout_of(void *base, tl_cuda_dataflow df, bool weight_grad,
@@ -255,6 +346,11 @@ static inline tl_cuda_ws tl_conv_layout_of(void *base, tl_cuda_dataflow df, bool
                           : (df == TL_CUDA_IMPLICIT_GEMM ? 0 : d->n_out * d->c_out);
     l->acc = acc ? (float *)tl_cuda_ws_take(&w, acc, sizeof(float)) : NULL;
     l->gather_x = l->gather_y = NULL;
+    l->tiles = l->scan = NULL;
+    if (df == TL_CUDA_FETCH_ON_DEMAND) {
+        l->tiles = (long long *)tl_cuda_ws_take(&w, d->k + 1, sizeof(long long));
+        l->scan = (long long *)tl_cuda_ws_take(&w, tl_cuda_scan_scratch(d->k), sizeof(long long));
+    }
     if (df == TL_CUDA_GATHER_SCATTER) {
         const size_t es = (size_t)tl_dtype_bytes(d->dtype);
         l->gather_x = tl_cuda_ws_take(&w, l->rows_cap * d->c_in, es);

@@ -12,13 +12,16 @@ template <typename T, bool TF32>
 __global__ void __launch_bounds__(TL_CUDA_THREADS)
     tl_ig_forward_kernel(const T *x, const T *w, const int *nbr, T *y, long long n_in,
                          long long n_out, long long k, long long cin, long long cout,
-                         long long col_tiles) {
-    __shared__ tl_tile_smem s;
+                         long long col_tiles, int vec) {
+    __shared__ tl_tile_smem<T, false> s;
     __shared__ long long rows[TL_BM];
     const long long o0 = (blockIdx.x / col_tiles) * TL_BM;
     const long long c0 = (blockIdx.x % col_tiles) * TL_BN;
-    typename tl_acc_select<TF32>::type acc;
+    const bool va = vec & TL_VEC_A, vb = vec & TL_VEC_B;
+    typename tl_core<T, TF32, false>::acc acc;
     acc.zero();
+    tl_tile_load<T, TL_BM, TL_BK> la;
+    tl_tile_load<T, TL_BK, TL_BN> lb;
     for (long long n = 0; n < k; n++) {
         int valid = 0;
         if (threadIdx.x < TL_BM) {
@@ -32,10 +35,16 @@ __global__ void __launch_bounds__(TL_CUDA_THREADS)
          * passed the trailing barrier of its C_in loop. */
         if (!__syncthreads_or(valid)) continue;
         const T *wn = w + n * cin * cout;
+        la.fetch(x, cin, rows, 0, 0, 0, cin, va);
+        lb.fetch(wn, cout, NULL, 0, cin, c0, cout, vb);
         for (long long k0 = 0; k0 < cin; k0 += TL_BK) {
-            tl_stage_rows(s, x, cin, rows, k0, cin);
-            tl_stage_weight(s, wn, cout, k0, cin, c0, cout);
+            la.commit(s.a);
+            lb.commit(s.b);
             __syncthreads();
+            if (k0 + TL_BK < cin) { /* next slice in flight during this one */
+                la.fetch(x, cin, rows, 0, 0, k0 + TL_BK, cin, va);
+                lb.fetch(wn, cout, NULL, k0 + TL_BK, cin, c0, cout, vb);
+            }
             acc.step(s);
             __syncthreads();
         }
@@ -54,13 +63,30 @@ struct tl_ig_wgrad_args {
     float *dw;
     long long n_in, n_out, k, c_in, c_out;
     long long ci_tiles, co_tiles, chunks, chunk_rows;
+    int vec; /* TL_VEC_A: x rows, TL_VEC_B: dy rows */
 };
+
+/* ra[t], rb[t] = x row nbr[o, n] and dy row o for o = r0 + t below end (-1
+ * where there is no neighbour); threads < TL_BK write; *any |= a row found. */
+__device__ __forceinline__ void tl_ig_wgrad_rows(const tl_ig_wgrad_args &p, long long n,
+                                                 long long r0, long long end, long long *ra,
+                                                 long long *rb, int *any) {
+    if (threadIdx.x < TL_BK) {
+        const long long o = r0 + threadIdx.x;
+        long long i = o < end ? p.nbr[o * p.k + n] : -1;
+        if (i >= p.n_in) i = -1;
+        ra[threadIdx.x] = i;
+        rb[threadIdx.x] = i >= 0 ? o : -1;
+        if (i >= 0) *any = 1; /* benign race: every writer stores 1 */
+    }
+}
 
 template <typename T, bool TF32>
 __global__ void __launch_bounds__(TL_CUDA_THREADS)
     tl_ig_wgrad_kernel(const T *x, const T *dy, tl_ig_wgrad_args p) {
-    __shared__ tl_tile_smem s;
-    __shared__ long long ra[TL_BK], rb[TL_BK];
+    __shared__ tl_tile_smem<T, true> s;
+    __shared__ long long ra[2][TL_BK], rb[2][TL_BK];
+    __shared__ int any;
     long long b = blockIdx.x;
     const long long co0 = (b % p.co_tiles) * TL_BN;
     b /= p.co_tiles;
@@ -69,28 +95,34 @@ __global__ void __launch_bounds__(TL_CUDA_THREADS)
     const long long begin = (b % p.chunks) * p.chunk_rows;
     const long long n = b / p.chunks;
     const long long end = begin + p.chunk_rows < p.n_out ? begin + p.chunk_rows : p.n_out;
-    typename tl_acc_select<TF32>::type acc;
+    if (begin >= end) return; /* the whole block: no barrier passed yet */
+    const bool va = p.vec & TL_VEC_A, vb = p.vec & TL_VEC_B;
+    typename tl_core<T, TF32, true>::acc acc;
     acc.zero();
-    int any = 0;
-    for (long long r0 = begin; r0 < end; r0 += TL_BK) {
-        int valid = 0;
-        if (threadIdx.x < TL_BK) {
-            const long long o = r0 + threadIdx.x;
-            long long i = o < end ? p.nbr[o * p.k + n] : -1;
-            if (i >= p.n_in) i = -1;
-            ra[threadIdx.x] = i;
-            rb[threadIdx.x] = i >= 0 ? o : -1;
-            valid = i >= 0;
-        }
-        if (!__syncthreads_or(valid)) continue;
-        any = 1;
-        tl_stage_cols(s.a, x, p.c_in, ra, ci0, p.c_in);
-        tl_stage_cols(s.b, dy, p.c_out, rb, co0, p.c_out);
+    tl_tile_load<T, TL_BK, TL_BM> la;
+    tl_tile_load<T, TL_BK, TL_BN> lb;
+    if (threadIdx.x == 0) any = 0;
+    __syncthreads();
+    tl_ig_wgrad_rows(p, n, begin, end, ra[0], rb[0], &any);
+    __syncthreads();
+    la.fetch(x, p.c_in, ra[0], 0, 0, ci0, p.c_in, va);
+    lb.fetch(dy, p.c_out, rb[0], 0, 0, co0, p.c_out, vb);
+    int buf = 0;
+    for (long long r0 = begin; r0 < end; r0 += TL_BK, buf ^= 1) {
+        la.commit(s.a);
+        lb.commit(s.b);
+        const bool more = r0 + TL_BK < end;
+        /* ra[buf ^ 1] was last read two slices ago, before two barriers. */
+        if (more) tl_ig_wgrad_rows(p, n, r0 + TL_BK, end, ra[buf ^ 1], rb[buf ^ 1], &any);
         __syncthreads();
+        if (more) {
+            la.fetch(x, p.c_in, ra[buf ^ 1], 0, 0, ci0, p.c_in, va);
+            lb.fetch(dy, p.c_out, rb[buf ^ 1], 0, 0, co0, p.c_out, vb);
+        }
         acc.step(s);
         __syncthreads();
     }
-    if (!any) return; /* same value in every thread: set after block-wide votes */
+    if (!any) return; /* read after the last barrier: the same in every thread */
     acc.store(s);
     __syncthreads();
     for (int e = threadIdx.x; e < TL_BM * TL_BN; e += TL_CUDA_THREADS) {
@@ -109,6 +141,7 @@ struct tl_ig_forward_call {
     const int32_t *nbr;
     void *y;
     cudaStream_t stream;
+    int vec;
 
     template <typename T, bool TF32> tl_status run() {
         const int64_t col_tiles = tl_cuda_ceil_div(d->c_out, TL_BN);
@@ -116,7 +149,7 @@ struct tl_ig_forward_call {
         TL_CUDA_RETURN_IF(tl_tile_grid(tl_cuda_ceil_div(d->n_out, TL_BM) * col_tiles, &grid));
         tl_ig_forward_kernel<T, TF32><<<grid, TL_CUDA_THREADS, 0, stream>>>(
             (const T *)x, (const T *)w, nbr, (T *)y, d->n_in, d->n_out, d->k, d->c_in, d->c_out,
-            col_tiles);
+            col_tiles, vec);
         TL_CUDA_LAUNCHED();
         return TL_OK;
     }
@@ -151,7 +184,10 @@ extern "C" tl_status tl_cuda_implicit_gemm_forward(const tl_ctx *ctx, const tl_c
     tl_cuda_scope scope;
     TL_CUDA_RETURN_IF(scope.enter(ctx, &stream));
     if (d->n_out == 0 || d->c_out == 0) return TL_OK;
-    tl_ig_forward_call call = {d, x, w, nbr, y, stream};
+    const int64_t es = tl_dtype_bytes(d->dtype);
+    const int vec = (tl_vec_ok(x, d->c_in, es) ? TL_VEC_A : 0) |
+                    (tl_vec_ok(w, d->c_out, es) ? TL_VEC_B : 0);
+    tl_ig_forward_call call = {d, x, w, nbr, y, stream, vec};
     return tl_dispatch_dtype(d->dtype, allow_tf32, call);
 }
 
@@ -170,7 +206,10 @@ extern "C" tl_status tl_cuda_implicit_gemm_weight_grad(const tl_ctx *ctx, const 
         call.dy = dy;
         call.stream = f.stream;
         tl_ig_wgrad_args &a = call.args;
-        a = {nbr, f.acc, d->n_in, d->n_out, d->k, d->c_in, d->c_out, 0, 0, 0, 0};
+        const int64_t es = tl_dtype_bytes(d->dtype);
+        a = {nbr, f.acc, d->n_in, d->n_out, d->k, d->c_in, d->c_out, 0, 0, 0, 0, 0};
+        a.vec = (tl_vec_ok(x, d->c_in, es) ? TL_VEC_A : 0) |
+                (tl_vec_ok(dy, d->c_out, es) ? TL_VEC_B : 0);
         a.ci_tiles = tl_cuda_ceil_div(d->c_in, TL_BM);
         a.co_tiles = tl_cuda_ceil_div(d->c_out, TL_BN);
         int64_t chunk_rows, chunks;

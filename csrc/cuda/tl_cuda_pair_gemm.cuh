@@ -3,11 +3,32 @@
  * results are added with atomics) and gather-scatter (GATHER = false: rows
  * are read from dense gather buffers, one kernel row per launch, and results
  * are added without atomics because no output row repeats within a kernel
- * row).  Each file instantiates only its own GATHER value. */
+ * row).  Each file instantiates only its own GATHER value.
+ *
+ * Block -> work: with `tiles` set (fetch-on-demand), one flat grid covers
+ * the real work of every kernel row: tiles[n] is the exclusive prefix of the
+ * tile counts of kernel rows < n (tiles[k] the total), and a block finds its
+ * kernel row by binary search.  Without it (gather-scatter), the grid is
+ * (kernel rows from n_first) x (row_tiles or chunks) x column tiles. */
 #ifndef TL_CUDA_PAIR_GEMM_CUH
 #define TL_CUDA_PAIR_GEMM_CUH
 
 #include "tl_cuda_gemm.cuh"
+
+/* Kernel row of flat tile t: the last n < k with tiles[n] <= t.  Requires
+ * tiles[0] == 0 <= t < tiles[k]; then kernel row n has a tile t - tiles[n]. */
+__device__ __forceinline__ long long tl_pair_tile_row(const long long *tiles, long long k,
+                                                      long long t) {
+    long long lo = 0, hi = k;
+    while (hi - lo > 1) {
+        const long long mid = lo + (hi - lo) / 2;
+        if (tiles[mid] <= t)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return lo;
+}
 
 /* Arguments of tl_pairs_forward_kernel, by value. */
 struct tl_pairs_fwd_args {
@@ -17,21 +38,62 @@ struct tl_pairs_fwd_args {
     long long n_src;    /* rows of the A source (x, or the gather buffer) */
     long long n_out, c_in, c_out;
     long long row_tiles, col_tiles;
-    long long n_first;  /* kernel row of block 0 */
+    long long n_first;  /* kernel row of block 0 (without tiles) */
+    const long long *tiles; /* (k + 1) tile prefix of TL_BM pairs, or NULL */
+    long long k;
+    int vec;            /* TL_VEC_A: src rows, TL_VEC_B: w rows, TL_VEC_C: acc rows */
 };
 
+/* acc[o * c_out + c0 + jj] += c[m][jj] for the tile's output rows outs[m]
+ * (skipped where < 0): fp32 atomics (ATOMIC; 16-byte vector atomics on
+ * sm_90 where `vec4`) or plain adds. */
+template <bool ATOMIC, typename SM>
+__device__ __forceinline__ void tl_pairs_add_tile(const SM &s, const long long *outs, float *acc,
+                                                  long long c0, long long c_out, bool vec4) {
+    for (int e = threadIdx.x; e < TL_BM * TL_BN / 4; e += TL_CUDA_THREADS) {
+        const int m = e / (TL_BN / 4), jj = (e % (TL_BN / 4)) * 4;
+        const long long o = outs[m], col = c0 + jj;
+        if (o < 0 || col >= c_out) continue;
+        float *dst = acc + o * c_out + col;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        if (ATOMIC && vec4 && col + 4 <= c_out) {
+            atomicAdd(reinterpret_cast<float4 *>(dst),
+                      make_float4(s.c[m][jj], s.c[m][jj + 1], s.c[m][jj + 2], s.c[m][jj + 3]));
+            continue;
+        }
+#else
+        (void)vec4;
+#endif
+        for (int q = 0; q < 4 && col + q < c_out; q++) {
+            if (ATOMIC)
+                atomicAdd(dst + q, s.c[m][jj + q]);
+            else
+                dst[q] += s.c[m][jj + q];
+        }
+    }
+}
+
 /* acc[pair_out[j]] += A(j) @ w[n] for the pairs j of kernel row n, where
- * A(j) = src[pair_in[j]] (GATHER) or src[j - offsets[n]] (gather buffer). */
+ * A(j) = src[pair_in[j]] (GATHER) or src[j - offsets[n]] (gather buffer).
+ * The next TL_BK slice of A and w is fetched into registers while the
+ * current one is multiplied. */
 template <typename T, bool TF32, bool GATHER>
 __global__ void __launch_bounds__(TL_CUDA_THREADS)
     tl_pairs_forward_kernel(const T *src, const T *w, tl_pairs_fwd_args p) {
-    __shared__ tl_tile_smem s;
+    __shared__ tl_tile_smem<T, false> s;
     __shared__ long long rows[TL_BM], outs[TL_BM];
     long long b = blockIdx.x;
     const long long c0 = (b % p.col_tiles) * TL_BN;
     b /= p.col_tiles;
-    const long long j0 = (b % p.row_tiles) * TL_BM;
-    const long long n = p.n_first + b / p.row_tiles;
+    long long n, j0;
+    if (p.tiles) {
+        if (b >= p.tiles[p.k]) return; /* past the real work: whole block */
+        n = tl_pair_tile_row(p.tiles, p.k, b);
+        j0 = (b - p.tiles[n]) * TL_BM;
+    } else {
+        j0 = (b % p.row_tiles) * TL_BM;
+        n = p.n_first + b / p.row_tiles;
+    }
     const long long off = p.offsets[n], count = p.offsets[n + 1] - off;
     if (j0 >= count) return; /* the whole block: no barrier passed yet */
     if (threadIdx.x < TL_BM) {
@@ -46,27 +108,28 @@ __global__ void __launch_bounds__(TL_CUDA_THREADS)
         outs[threadIdx.x] = o;
     }
     __syncthreads();
-    typename tl_acc_select<TF32>::type acc;
+    typename tl_core<T, TF32, false>::acc acc;
     acc.zero();
     const T *wn = w + n * p.c_in * p.c_out;
+    const bool va = p.vec & TL_VEC_A, vb = p.vec & TL_VEC_B;
+    tl_tile_load<T, TL_BM, TL_BK> la;
+    tl_tile_load<T, TL_BK, TL_BN> lb;
+    la.fetch(src, p.c_in, rows, 0, 0, 0, p.c_in, va);
+    lb.fetch(wn, p.c_out, NULL, 0, p.c_in, c0, p.c_out, vb);
     for (long long k0 = 0; k0 < p.c_in; k0 += TL_BK) {
-        tl_stage_rows(s, src, p.c_in, rows, k0, p.c_in);
-        tl_stage_weight(s, wn, p.c_out, k0, p.c_in, c0, p.c_out);
+        la.commit(s.a);
+        lb.commit(s.b);
         __syncthreads();
+        if (k0 + TL_BK < p.c_in) {
+            la.fetch(src, p.c_in, rows, 0, 0, k0 + TL_BK, p.c_in, va);
+            lb.fetch(wn, p.c_out, NULL, k0 + TL_BK, p.c_in, c0, p.c_out, vb);
+        }
         acc.step(s);
         __syncthreads();
     }
     acc.store(s);
     __syncthreads();
-    for (int e = threadIdx.x; e < TL_BM * TL_BN; e += TL_CUDA_THREADS) {
-        const int m = e / TL_BN, jj = e % TL_BN;
-        const long long o = outs[m], col = c0 + jj;
-        if (o < 0 || col >= p.c_out) continue;
-        if (GATHER)
-            atomicAdd(&p.acc[o * p.c_out + col], s.c[m][jj]);
-        else
-            p.acc[o * p.c_out + col] += s.c[m][jj];
-    }
+    tl_pairs_add_tile<GATHER>(s, outs, p.acc, c0, p.c_out, p.vec & TL_VEC_C);
 }
 
 /* Arguments of tl_pairs_wgrad_kernel, by value. */
@@ -77,46 +140,80 @@ struct tl_pairs_wgrad_args {
     long long n_x, n_y; /* rows of the x and dy sources */
     long long c_in, c_out;
     long long ci_tiles, co_tiles, chunks, chunk_rows;
-    long long n_first;
+    long long n_first;      /* kernel row of block 0 (without tiles) */
+    const long long *tiles; /* (k + 1) prefix of chunks of chunk_rows pairs, or NULL */
+    long long k;
+    int vec;                /* TL_VEC_A: x rows, TL_VEC_B: dy rows */
 };
+
+/* ra[t], rb[t] = the x and dy rows of pair r0 + t of kernel row n's chunk
+ * ending at `end` (-1 past it or out of range); threads < TL_BK write. */
+template <bool GATHER>
+__device__ __forceinline__ void tl_pairs_wgrad_rows(const tl_pairs_wgrad_args &p, long long off,
+                                                    long long r0, long long end, long long *ra,
+                                                    long long *rb) {
+    if (threadIdx.x < TL_BK) {
+        const long long r = r0 + threadIdx.x;
+        long long a = -1, c = -1;
+        if (r < end) {
+            /* Gather buffers hold kernel row n's pairs from row 0. */
+            a = GATHER ? p.pair_in[off + r] : r;
+            c = GATHER ? p.pair_out[off + r] : r;
+            if (a < 0 || a >= p.n_x || c < 0 || c >= p.n_y) a = c = -1;
+        }
+        ra[threadIdx.x] = a;
+        rb[threadIdx.x] = c;
+    }
+}
 
 /* dw[n] += X(j)^T DY(j) over one chunk of kernel row n's pairs, where
  * X(j) = x[pair_in[j]], DY(j) = dy[pair_out[j]] (GATHER) or the j-th rows of
- * the gather buffers.  Chunks of the same tile meet in fp32 atomics. */
+ * the gather buffers.  Chunks of the same tile meet in fp32 atomics.  Row
+ * indices and operands of the next TL_BK pairs are fetched while the
+ * current ones are multiplied (row indices double-buffered). */
 template <typename T, bool TF32, bool GATHER>
 __global__ void __launch_bounds__(TL_CUDA_THREADS)
     tl_pairs_wgrad_kernel(const T *xs, const T *dys, tl_pairs_wgrad_args p) {
-    __shared__ tl_tile_smem s;
-    __shared__ long long ra[TL_BK], rb[TL_BK];
+    __shared__ tl_tile_smem<T, true> s;
+    __shared__ long long ra[2][TL_BK], rb[2][TL_BK];
     long long b = blockIdx.x;
     const long long co0 = (b % p.co_tiles) * TL_BN;
     b /= p.co_tiles;
     const long long ci0 = (b % p.ci_tiles) * TL_BM;
     b /= p.ci_tiles;
-    const long long begin = (b % p.chunks) * p.chunk_rows;
-    const long long n = p.n_first + b / p.chunks;
+    long long n, begin;
+    if (p.tiles) {
+        if (b >= p.tiles[p.k]) return; /* past the real work: whole block */
+        n = tl_pair_tile_row(p.tiles, p.k, b);
+        begin = (b - p.tiles[n]) * p.chunk_rows;
+    } else {
+        begin = (b % p.chunks) * p.chunk_rows;
+        n = p.n_first + b / p.chunks;
+    }
     const long long off = p.offsets[n], count = p.offsets[n + 1] - off;
     if (begin >= count) return; /* the whole block: no barrier passed yet */
     const long long end = begin + p.chunk_rows < count ? begin + p.chunk_rows : count;
-    typename tl_acc_select<TF32>::type acc;
+    const bool va = p.vec & TL_VEC_A, vb = p.vec & TL_VEC_B;
+    typename tl_core<T, TF32, true>::acc acc;
     acc.zero();
-    for (long long r0 = begin; r0 < end; r0 += TL_BK) {
-        if (threadIdx.x < TL_BK) {
-            const long long r = r0 + threadIdx.x;
-            long long a = -1, c = -1;
-            if (r < end) {
-                /* Gather buffers hold kernel row n's pairs from row 0. */
-                a = GATHER ? p.pair_in[off + r] : r;
-                c = GATHER ? p.pair_out[off + r] : r;
-                if (a < 0 || a >= p.n_x || c < 0 || c >= p.n_y) a = c = -1;
-            }
-            ra[threadIdx.x] = a;
-            rb[threadIdx.x] = c;
+    tl_tile_load<T, TL_BK, TL_BM> la;
+    tl_tile_load<T, TL_BK, TL_BN> lb;
+    tl_pairs_wgrad_rows<GATHER>(p, off, begin, end, ra[0], rb[0]);
+    __syncthreads();
+    la.fetch(xs, p.c_in, ra[0], 0, 0, ci0, p.c_in, va);
+    lb.fetch(dys, p.c_out, rb[0], 0, 0, co0, p.c_out, vb);
+    int buf = 0;
+    for (long long r0 = begin; r0 < end; r0 += TL_BK, buf ^= 1) {
+        la.commit(s.a);
+        lb.commit(s.b);
+        const bool more = r0 + TL_BK < end;
+        /* ra[buf ^ 1] was last read two slices ago, before two barriers. */
+        if (more) tl_pairs_wgrad_rows<GATHER>(p, off, r0 + TL_BK, end, ra[buf ^ 1], rb[buf ^ 1]);
+        __syncthreads();
+        if (more) {
+            la.fetch(xs, p.c_in, ra[buf ^ 1], 0, 0, ci0, p.c_in, va);
+            lb.fetch(dys, p.c_out, rb[buf ^ 1], 0, 0, co0, p.c_out, vb);
         }
-        __syncthreads();
-        tl_stage_cols(s.a, xs, p.c_in, ra, ci0, p.c_in);
-        tl_stage_cols(s.b, dys, p.c_out, rb, co0, p.c_out);
-        __syncthreads();
         acc.step(s);
         __syncthreads();
     }
