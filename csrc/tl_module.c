@@ -251,7 +251,7 @@ PyMODINIT_FUNC PyInit__C(void) {
     PyObject *m = PyModule_Create(&tl_module);
     if (!m) return NULL;
     PyMethodDef *tables[] = {tl_py_core_methods, tl_py_dataflow_methods, tl_py_blocks_methods,
-                             tl_py_cuda_methods};
+                             tl_py_cuda_methods, tl_py_cuda_blocks_methods};
     for (size_t i = 0; i < sizeof(tables) / sizeof(tables[0]); i++) {
         if (PyModule_AddFunctions(m, tables[i]) < 0) {
             Py_DECREF(m);

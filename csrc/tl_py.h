@@ -33,5 +33,6 @@ extern PyMethodDef tl_py_core_methods[];  /* tl_module.c: coords, kernel maps, i
 extern PyMethodDef tl_py_dataflow_methods[]; /* tl_py_dataflow.c: pair maps, other dataflows */
 extern PyMethodDef tl_py_blocks_methods[];    /* tl_py_blocks.c: voxelize, devoxelize, pooling */
 extern PyMethodDef tl_py_cuda_methods[];     /* tl_py_cuda.c: CUDA entry points */
+extern PyMethodDef tl_py_cuda_blocks_methods[]; /* tl_py_cuda_blocks.c: CUDA building blocks */
 
 #endif

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 import torch
 
 from torch_lattice.geometry import ConvGeometry
-from torch_lattice.ops import _cuda
-from torch_lattice.ops._native import _C, device_type, ptr, threads
+from torch_lattice.ops import _cuda, _cuda_blocks
+from torch_lattice.ops._native import _C, device_type, ptr, require_cpu, threads
 from torch_lattice.ops.pairs import PairLists, kernel_pairs
 
 __all__ = [
@@ -102,10 +102,7 @@ def generative_support(
     """Support of a generative transpose: ``unique{coords * stride + r}``,
     ``(M, 4)`` int32 sorted by (b, x, y, z), never clipped.
     """
-    if device_type("generative_support", coords) == "cuda":
-        # Built on the host: one copy each way, then the maps are built on the GPU.
-        cpu = generative_support(coords.cpu(), kernel_size, stride)
-        return cpu.to(coords.device)
+    require_cpu("generative_support", coords)
     coords = coords.contiguous()
     geom = _geom(kernel_size, stride, [0, 0, 0], [1, 1, 1])
     k = kernel_size[0] * kernel_size[1] * kernel_size[2]
@@ -113,6 +110,11 @@ def generative_support(
     out = torch.empty((n * k, 4), dtype=torch.int32)
     m = _C.generative(ptr(coords), n, geom, ptr(out), n * k)
     return out[:m].clone()
+
+
+@generative_support.register_kernel("cuda")
+def _generative_support_cuda(coords, kernel_size, stride):
+    return _cuda_blocks.generative_support(coords, kernel_size, stride)
 
 
 @generative_support.register_fake

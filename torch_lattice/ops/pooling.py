@@ -6,6 +6,10 @@ gradient is sum pooling over the transposed table (``rev``).  Average
 pooling divides by the number of present neighbours.  Max pooling records
 the input row of each maximum and routes the gradient back through it
 (``lattice::pool_max_backward``).
+
+Each op's body is its CPU kernel; the CUDA kernels (csrc/cuda/tl_cuda_pool.cu, via
+:mod:`._cuda_blocks`) are registered beside it with ``register_kernel("cuda")``.
+Both walk kernel rows in order per output row, so sums, maxima and argmax ties agree.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from typing import Any
 
 import torch
 
+from torch_lattice.ops import _cuda_blocks
 from torch_lattice.ops._native import (
     _C,
     DTYPE_CODES,
@@ -67,6 +72,12 @@ def pool_sum(feats: torch.Tensor, nbr: torch.Tensor, rev: torch.Tensor) -> torch
     return _sum(feats, nbr, average=False)
 
 
+@pool_sum.register_kernel("cuda")
+def _pool_sum_cuda(feats, nbr, rev):
+    _check("pool_sum", feats, nbr)
+    return _cuda_blocks.pool_sum(feats, nbr, rev, average=False)
+
+
 @pool_sum.register_fake
 def _(feats, nbr, rev):
     return feats.new_empty((nbr.shape[0], feats.shape[1]))
@@ -91,6 +102,12 @@ def pool_avg(feats: torch.Tensor, nbr: torch.Tensor, rev: torch.Tensor) -> torch
     require_cpu("pool_avg", feats, nbr, rev)
     _check("pool_avg", feats, nbr)
     return _sum(feats, nbr, average=True)
+
+
+@pool_avg.register_kernel("cuda")
+def _pool_avg_cuda(feats, nbr, rev):
+    _check("pool_avg", feats, nbr)
+    return _cuda_blocks.pool_sum(feats, nbr, rev, average=True)
 
 
 @pool_avg.register_fake
@@ -135,6 +152,12 @@ def pool_max(
     return y.to(feats.dtype), arg
 
 
+@pool_max.register_kernel("cuda")
+def _pool_max_cuda(feats, nbr, rev):
+    _check("pool_max", feats, nbr)
+    return _cuda_blocks.pool_max(feats, nbr, rev)
+
+
 @pool_max.register_fake
 def _(feats, nbr, rev):
     shape = (nbr.shape[0], feats.shape[1])
@@ -162,6 +185,11 @@ def pool_max_backward(grad: torch.Tensor, rev: torch.Tensor, argmax: torch.Tenso
         threads(),
     )
     return dx.to(grad.dtype)
+
+
+@pool_max_backward.register_kernel("cuda")
+def _pool_max_backward_cuda(grad, rev, argmax):
+    return _cuda_blocks.pool_max_backward(grad, rev, argmax)
 
 
 @pool_max_backward.register_fake

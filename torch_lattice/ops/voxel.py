@@ -4,6 +4,10 @@
 The C core (csrc/tl_voxel.h) quantizes points, finds unique sorted voxel rows,
 reduces point features per voxel and builds point-to-voxel maps; torch
 allocates every tensor.  Gradients are built from torch index ops.
+
+Each op's body is its CPU kernel; the CUDA kernels (csrc/cuda/tl_cuda_voxel.cu,
+via :mod:`._cuda_blocks`) are registered beside it with ``register_kernel("cuda")``
+and give the same rows, order and errors.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from typing import Any
 
 import torch
 
+from torch_lattice.ops import _cuda_blocks
 from torch_lattice.ops._native import _C, DTYPE_CODES, ptr, require_cpu, threads
 
 __all__ = ["REDUCTIONS", "devoxel_gather", "devoxel_map", "voxel_reduce", "voxelize_coords"]
@@ -88,6 +93,14 @@ def voxelize_coords(
     return uniq[:m].clone(), inverse
 
 
+@voxelize_coords.register_kernel("cuda")
+def _voxelize_coords_cuda(points, batch, voxel_size, origin):
+    uniq, inverse, st, bad = _cuda_blocks.voxelize(points, batch, voxel_size, origin)
+    if st != 0:
+        raise _point_error(points, batch, bad, st, voxel_size, origin)
+    return uniq, inverse
+
+
 @voxelize_coords.register_fake
 def _(points, batch, voxel_size, origin):
     m = torch.library.get_ctx().new_dynamic_size()
@@ -132,6 +145,11 @@ def voxel_reduce(
         threads(),
     )
     return out, arg
+
+
+@voxel_reduce.register_kernel("cuda")
+def _voxel_reduce_cuda(feats, inverse, num_voxels, reduction):
+    return _cuda_blocks.voxel_reduce(feats, inverse, num_voxels, reduction)
 
 
 @voxel_reduce.register_fake
@@ -204,6 +222,16 @@ def devoxel_map(
     return idx, w
 
 
+@devoxel_map.register_kernel("cuda")
+def _devoxel_map_cuda(points, batch, voxel_size, origin, voxel_coords, trilinear):
+    idx, w, st, bad = _cuda_blocks.devoxel_map(
+        points, batch, voxel_size, origin, voxel_coords, trilinear
+    )
+    if st != 0:
+        raise _point_error(points, batch, bad, st, voxel_size, origin)
+    return idx, w
+
+
 @devoxel_map.register_fake
 def _(points, batch, voxel_size, origin, voxel_coords, trilinear):
     k = 8 if trilinear else 1
@@ -226,6 +254,11 @@ def devoxel_gather(feats: torch.Tensor, idx: torch.Tensor, weight: torch.Tensor)
         DTYPE_CODES[feats.dtype], ptr(feats), m, c, ptr(idx), ptr(weight), n, k, ptr(out), threads()
     )
     return out
+
+
+@devoxel_gather.register_kernel("cuda")
+def _devoxel_gather_cuda(feats, idx, weight):
+    return _cuda_blocks.devoxel_gather(feats, idx, weight)
 
 
 @devoxel_gather.register_fake
