@@ -90,11 +90,12 @@ static tl_status tl_gs_check_sizes(int64_t n_rows, int64_t n_other, int64_t c) {
 extern "C" tl_status tl_cuda_gather_rows(const tl_ctx *ctx, tl_dtype dtype, const void *src,
                                          int64_t n_src, int64_t c, const int32_t *idx,
                                          int64_t n_rows, void *dst) {
+    if (!ctx) return TL_ERR_INVALID;
     TL_CUDA_RETURN_IF(tl_gs_check_sizes(n_rows, n_src, c));
     if (dtype != TL_F32 && dtype != TL_F64 && dtype != TL_F16 && dtype != TL_BF16)
         return TL_ERR_UNSUPPORTED;
     const int64_t row_bytes = c * tl_dtype_bytes(dtype);
-    if (n_rows * row_bytes == 0) return ctx ? TL_OK : TL_ERR_INVALID;
+    if (n_rows * row_bytes == 0) return TL_OK;
     if (!idx || !dst || (n_src > 0 && !src)) return TL_ERR_INVALID;
     cudaStream_t stream;
     tl_cuda_scope scope;
@@ -127,9 +128,10 @@ static tl_status tl_scatter_launch(const tl_ctx *ctx, const void *src, int64_t n
 extern "C" tl_status tl_cuda_scatter_add_rows(const tl_ctx *ctx, tl_dtype dtype, const void *src,
                                               int64_t n_rows, int64_t c, const int32_t *idx,
                                               int64_t n_dst, float *acc) {
+    if (!ctx) return TL_ERR_INVALID;
     TL_CUDA_RETURN_IF(tl_gs_check_sizes(n_rows, n_dst, c));
     if (dtype != TL_F32 && dtype != TL_F16 && dtype != TL_BF16) return TL_ERR_UNSUPPORTED;
-    if (n_rows * c == 0) return ctx ? TL_OK : TL_ERR_INVALID;
+    if (n_rows * c == 0) return TL_OK;
     if (!src || !idx || (n_dst > 0 && !acc)) return TL_ERR_INVALID;
     cudaStream_t stream;
     tl_cuda_scope scope;

@@ -359,9 +359,11 @@ def _gather_scatter_forward(
     exact = x.dtype == torch.float32
     # fp32 accumulates straight into y; half types into an fp32 buffer cast once.
     acc = torch.zeros((n_out, cout), dtype=torch.float32, device=x.device)
+    if pair_in.shape[0] == 0 or x.shape[1] == 0 or cout == 0:
+        return acc if exact else acc.to(x.dtype)
+    gathered = _gather(x, pair_in)  # enqueued before the offsets readback waits
     ranges = _row_ranges(offsets)
-    if ranges and x.shape[1] > 0 and cout > 0:
-        gathered = _gather(x, pair_in)
+    if ranges:
         products = torch.empty((pair_in.shape[0], cout), dtype=x.dtype, device=x.device)
         with _gemm_precision(allow_tf32):
             for n, a, b in ranges:
@@ -388,9 +390,11 @@ def _gather_scatter_weight_grad(
     offsets, pair_in, pair_out = pairs
     k = offsets.shape[0] - 1
     dw = torch.zeros((k, x.shape[1], dy.shape[1]), dtype=x.dtype, device=x.device)
+    if pair_in.shape[0] == 0 or dw.numel() == 0:
+        return dw
+    xg, dyg = _gather(x, pair_in), _gather(dy, pair_out)  # enqueued before the readback
     ranges = _row_ranges(offsets)
-    if ranges and dw.numel() > 0:
-        xg, dyg = _gather(x, pair_in), _gather(dy, pair_out)
+    if ranges:
         with _gemm_precision(allow_tf32):
             for n, a, b in ranges:
                 torch.mm(xg[a:b].t(), dyg[a:b], out=dw[n])
