@@ -4,7 +4,13 @@ Each function takes CUDA tensors, checks device, dtype and shape, allocates the 
 and any scratch workspace with torch on the tensors' device, and passes raw pointers, the
 device index and ``torch.cuda.current_stream(device).cuda_stream`` to C, so all work runs
 on torch's current stream. The formats are those of docs/kernel-maps.md, identical to the
-CPU ops. The op layer (``torch_lattice.ops``) dispatches here for CUDA tensors.
+CPU ops. The op layer (``torch_lattice.ops``) registers these as the ops' CUDA kernels
+(``register_kernel("cuda")``).
+
+Gather-scatter is orchestrated here: one gather launch, one cuBLAS GEMM per non-empty
+kernel row through ``torch.mm``, one scatter-add launch (docs/cuda.md, Gather-scatter).
+Before the first kernel on a device, :func:`check_device_arch` checks that the binary
+was built for it (once per device index).
 """
 
 from __future__ import annotations
