@@ -146,6 +146,31 @@ def test_gather_scatter_matches_cpu_float64(
 
 
 @needs_gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_products_reach_the_scatter_in_fp32(dtype: torch.dtype) -> None:
+    """Where torch has ``mm(..., out_dtype=float32)``, half outputs are rounded once:
+    within one unit in the last place of the float64 reference (2**-10 fp16, 2**-7 bf16,
+    relative to each value, plus a little for fp32 summation order)."""
+    if not _cuda._fp32_products(torch.cuda.current_device(), dtype):
+        pytest.skip("this torch has no fp32-output mm for half inputs")
+    _, out, nbr, rev = _nbr(GEOMETRIES[0])
+    g = torch.Generator().manual_seed(11)
+    feats = torch.randn(rev.shape[0], 24, generator=g).to(dtype)
+    weight = torch.randn(27, 24, 40, generator=g).to(dtype)
+    y_ref = torch.ops.lattice.sparse_conv(feats.double(), weight.double(), nbr, rev)
+    y = _cuda.conv_forward(
+        "gather_scatter",
+        feats.cuda(),
+        weight.cuda(),
+        pairs=_cuda.kernel_pairs(nbr.cuda()),
+        n_out=out.shape[0],
+    )
+    ulp = 2.0**-10 if dtype == torch.float16 else 2.0**-7
+    scale = y_ref.abs().max().item()
+    torch.testing.assert_close(y.cpu().double(), y_ref, rtol=ulp, atol=1e-5 * scale)
+
+
+@needs_gpu
 def test_gather_scatter_leaves_tf32_setting_alone() -> None:
     _, out, nbr, rev = _nbr(GEOMETRIES[0], 500)
     before = torch.backends.cuda.matmul.fp32_precision

@@ -350,6 +350,18 @@ def _gather(src: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     return dst
 
 
+@functools.cache
+def _fp32_products(index: int, dtype: torch.dtype) -> bool:
+    """Whether ``torch.mm(a, b, out_dtype=torch.float32)`` works for ``dtype`` on device
+    ``index`` (``aten::mm.dtype``, newer torch): then half-precision products reach the
+    scatter-add in fp32, unrounded.  Probed once per device and dtype."""
+    a = torch.zeros((2, 2), dtype=dtype, device=torch.device("cuda", index))
+    try:
+        return torch.mm(a, a, out_dtype=torch.float32).dtype == torch.float32
+    except (RuntimeError, TypeError, NotImplementedError):
+        return False
+
+
 def _row_ranges(offsets: torch.Tensor) -> list[tuple[int, int, int]]:
     """``(n, start, end)`` of every non-empty kernel row (one readback of the offsets)."""
     host = offsets.tolist()
@@ -370,15 +382,22 @@ def _gather_scatter_forward(
     gathered = _gather(x, pair_in)  # enqueued before the offsets readback waits
     ranges = _row_ranges(offsets)
     if ranges:
-        products = torch.empty((pair_in.shape[0], cout), dtype=x.dtype, device=x.device)
+        index, stream = _call_args(x.device)
+        # Half types: fp32 products where torch can write them (one rounding in all),
+        # else products in the storage dtype (one more rounding per kernel row).
+        wide = not exact and _fp32_products(index, x.dtype)
+        pdtype = torch.float32 if wide else x.dtype
+        products = torch.empty((pair_in.shape[0], cout), dtype=pdtype, device=x.device)
         with _gemm_precision(allow_tf32):
             for n, a, b in ranges:
-                torch.mm(gathered[a:b], w[n], out=products[a:b])
-        index, stream = _call_args(x.device)
+                if wide:
+                    torch.mm(gathered[a:b], w[n], out_dtype=pdtype, out=products[a:b])
+                else:
+                    torch.mm(gathered[a:b], w[n], out=products[a:b])
         _C.cuda_scatter_add_rows(
             index,
             stream,
-            DTYPE_CODES[x.dtype],
+            DTYPE_CODES[pdtype],
             ptr(products),
             products.shape[0],
             cout,
