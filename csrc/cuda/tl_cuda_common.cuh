@@ -74,6 +74,10 @@ class tl_cuda_scope {
     tl_status enter(const tl_ctx *ctx, cudaStream_t *stream) {
         if (!ctx || ctx->device < 0) return TL_ERR_INVALID;
         TL_CUDA_ERRORS_TO(ctx);
+        /* Launch checks peek at the runtime's last error, so a non-sticky
+         * error left by earlier work (not ours) is cleared here rather than
+         * reported as this call's. */
+        (void)cudaGetLastError();
         TL_CUDA_TRY(cudaGetDevice(&prev_));
         if (prev_ != ctx->device) {
             TL_CUDA_TRY(cudaSetDevice(ctx->device));
