@@ -29,9 +29,15 @@ from torch_lattice.ops import _cuda
 from torch_lattice.ops._native import _C
 from torch_lattice.ops.kernel_map import build_kernel_map
 
-needs_gpu = pytest.mark.skipif(
+_skip_without_gpu = pytest.mark.skipif(
     not (torch.cuda.is_available() and _C.cuda_compiled()), reason="needs a CUDA GPU"
 )
+
+
+def needs_gpu(test):
+    """Marks a test ``cuda`` (selected by ``-m cuda``) and skips it without a GPU."""
+    return pytest.mark.cuda(_skip_without_gpu(test))
+
 
 GEOMETRIES = [
     ConvGeometry.submanifold((3, 3, 3), (1, 1, 1)),
