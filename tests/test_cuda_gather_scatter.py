@@ -394,3 +394,16 @@ def test_cuda_error_names_the_runtime_error_and_call_site() -> None:
         _C.cuda_pairs_count(bad, stream, nbr.data_ptr(), 64, 27, ws.data_ptr())
     # the error was cleared: the next call works
     assert torch.ops.lattice.kernel_pairs(nbr)[1].numel() == 64 * 27
+
+
+@pytest.mark.parametrize("gather", [False, True])
+def test_opcheck_pair_conv_without_reversed_pairs(gather: bool) -> None:
+    """``rev_* = None``: backward derives the reversed pairs (float64 gradcheck on CPU)."""
+    geometry = GEOMETRIES[3]
+    coords, out, nbr, _ = _nbr(geometry, 120, 6, 8)
+    fwd = torch.ops.lattice.kernel_pairs(nbr)
+    g = torch.Generator().manual_seed(2)
+    feats = torch.randn(coords.shape[0], 3, generator=g, dtype=torch.float64)
+    weight = torch.randn(nbr.shape[1], 3, 2, generator=g, dtype=torch.float64)
+    args = (feats.requires_grad_(), weight.requires_grad_(), *fwd, None, None, None)
+    torch.library.opcheck(torch.ops.lattice.pair_conv.default, (*args, out.shape[0], gather))
