@@ -57,13 +57,18 @@ def _find_nvcc() -> Path | None:
     return Path(found).resolve() if found else None
 
 
-def _gencode_flags() -> list[str]:
+def _cuda_archs() -> list[str]:
     archs = [
         a.strip() for a in os.environ.get("TORCH_LATTICE_CUDA_ARCHS", "80;86;89;90").split(";")
     ]
     archs = [a for a in archs if a]
     if not archs or not all(a.isdigit() for a in archs):
         raise SystemExit("TORCH_LATTICE_CUDA_ARCHS must be a ;-separated list like 80;90")
+    return archs
+
+
+def _gencode_flags() -> list[str]:
+    archs = _cuda_archs()
     flags = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs]
     newest = max(archs, key=int)
     return [*flags, f"-gencode=arch=compute_{newest},code=compute_{newest}"]
@@ -116,6 +121,9 @@ class LatticeBuildExt(build_ext):
             for cmd in pool.map(_run_nvcc, cmds):
                 print(" ".join(cmd), flush=True)
         ext.define_macros.append(("TL_WITH_CUDA", "1"))
+        # The architectures built, for the message a GPU the binary cannot run
+        # on gets (torch_lattice/ops/_cuda.py, via _C.cuda_archs()).
+        ext.define_macros.append(("TL_CUDA_ARCHS", '"' + ";".join(_cuda_archs()) + '"'))
         ext.include_dirs.append(str(cuda_home / "include"))
         lib_dirs = [
             cuda_home / "lib64",

@@ -5,12 +5,20 @@
 #ifndef TL_CTX_H
 #define TL_CTX_H
 
+#include <stddef.h>
+
 typedef struct tl_ctx {
     int threads;  /* OpenMP threads for this call, >= 1 */
     int device;   /* CUDA device index; unused on CPU */
     void *stream; /* cudaStream_t of torch's current stream; unused on CPU */
     int simd_cap; /* CPU: widest micro-kernel instruction set allowed (a tl_simd
                      value; TL_SIMD_V4 = whatever the CPU has) */
+    /* CUDA: the caller's buffer (err_size bytes, starting as "") where the
+     * first failing CUDA call of an entry point describes itself: its file
+     * and line, the call and the runtime's error name and string.  NULL/0
+     * records nothing.  Only the CUDA code reads it. */
+    char *err;
+    size_t err_size;
 } tl_ctx;
 
 #include <stdint.h>

@@ -35,6 +35,26 @@ static PyObject *py_cuda_device_count(PyObject *self, PyObject *args) {
     return PyLong_FromLong(count);
 }
 
+/* The SM architectures the kernels were compiled for, as setup.py's
+ * TORCH_LATTICE_CUDA_ARCHS ("80;86;89;90"); "" in a CPU-only build. */
+#ifndef TL_CUDA_ARCHS
+#define TL_CUDA_ARCHS ""
+#endif
+
+PyDoc_STRVAR(cuda_archs_doc,
+             "cuda_archs() -> str\n\n"
+             "';'-separated SM architectures the CUDA kernels were built for ('' without "
+             "CUDA); the newest is also embedded as PTX.");
+static PyObject *py_cuda_archs(PyObject *self, PyObject *args) {
+    (void)self;
+    (void)args;
+#ifdef TL_WITH_CUDA
+    return PyUnicode_FromString(TL_CUDA_ARCHS);
+#else
+    return PyUnicode_FromString("");
+#endif
+}
+
 #ifdef TL_WITH_CUDA
 
 /* ((kx,ky,kz), (sx,sy,sz), (px,py,pz), (dx,dy,dz)), as in tl_module.c. */
@@ -46,10 +66,32 @@ static int tl_cuda_parse_geom(PyObject *tuple, tl_geom *g) {
                             &g->dilation[2]);
 }
 
-/* Context of one call: device index and stream handle from Python. */
-static tl_ctx tl_cuda_ctx(int device, unsigned long long stream) {
-    tl_ctx ctx = {.threads = 1, .device = device, .stream = tl_ptr(stream), .simd_cap = 0};
+/* Bytes of the description a failing CUDA call leaves in tl_ctx.err. */
+#define TL_CUDA_ERR_BYTES 512
+
+/* Context of one call: device index and stream handle from Python, and the
+ * caller's buffer (err, TL_CUDA_ERR_BYTES) for a failure's description. */
+static tl_ctx tl_cuda_ctx(int device, unsigned long long stream, char *err) {
+    err[0] = '\0';
+    tl_ctx ctx = {.threads = 1,
+                  .device = device,
+                  .stream = tl_ptr(stream),
+                  .simd_cap = 0,
+                  .err = err,
+                  .err_size = TL_CUDA_ERR_BYTES};
     return ctx;
+}
+
+/* tl_raise for a CUDA entry point: TL_ERR_CUDA becomes a RuntimeError that
+ * names the entry point, the failing CUDA call with its file and line when
+ * recorded, and the runtime's error name and string. */
+static PyObject *tl_cuda_raise(const char *fn, const char *entry, tl_status st,
+                               const tl_ctx *ctx) {
+    if (st != TL_ERR_CUDA) return tl_raise(fn, st);
+    tl_cuda_error_describe(ctx->err, ctx->err_size);
+    PyErr_Format(PyExc_RuntimeError, "torch_lattice._C.%s: CUDA error in %s: %s", fn, entry,
+                 ctx->err);
+    return NULL;
 }
 
 static PyObject *tl_size_result(const char *fn, tl_status st, size_t bytes) {
@@ -82,13 +124,14 @@ static PyObject *py_cuda_kmap_build(PyObject *self, PyObject *args) {
                           &geom, &pws, &pnbr))
         return NULL;
     if (!tl_cuda_parse_geom(geom, &g)) return NULL;
-    tl_ctx ctx = tl_cuda_ctx(device, stream);
+    char err[TL_CUDA_ERR_BYTES];
+    tl_ctx ctx = tl_cuda_ctx(device, stream, err);
     tl_status st;
     Py_BEGIN_ALLOW_THREADS
     st = tl_cuda_kmap_build(&ctx, tl_ptr(pin), n_in, tl_ptr(pout), n_out, &g, tl_ptr(pws),
                             tl_ptr(pnbr));
     Py_END_ALLOW_THREADS
-    if (st != TL_OK) return tl_raise("cuda_kmap_build", st);
+    if (st != TL_OK) return tl_cuda_raise("cuda_kmap_build", "tl_cuda_kmap_build", st, &ctx);
     Py_RETURN_NONE;
 }
 
@@ -102,12 +145,13 @@ static PyObject *py_cuda_kmap_reverse(PyObject *self, PyObject *args) {
     long long n_out, k, n_in;
     if (!PyArg_ParseTuple(args, "iKKLLLK", &device, &stream, &pnbr, &n_out, &k, &n_in, &prev))
         return NULL;
-    tl_ctx ctx = tl_cuda_ctx(device, stream);
+    char err[TL_CUDA_ERR_BYTES];
+    tl_ctx ctx = tl_cuda_ctx(device, stream, err);
     tl_status st;
     Py_BEGIN_ALLOW_THREADS
     st = tl_cuda_kmap_reverse(&ctx, tl_ptr(pnbr), n_out, k, n_in, tl_ptr(prev));
     Py_END_ALLOW_THREADS
-    if (st != TL_OK) return tl_raise("cuda_kmap_reverse", st);
+    if (st != TL_OK) return tl_cuda_raise("cuda_kmap_reverse", "tl_cuda_kmap_reverse", st, &ctx);
     Py_RETURN_NONE;
 }
 
@@ -142,13 +186,14 @@ static PyObject *py_cuda_generate(PyObject *self, PyObject *args) {
                           &r[1], &r[2], &pws, &pout, &cap))
         return NULL;
     if (!tl_cuda_parse_geom(geom, &g)) return NULL;
-    tl_ctx ctx = tl_cuda_ctx(device, stream);
+    char err[TL_CUDA_ERR_BYTES];
+    tl_ctx ctx = tl_cuda_ctx(device, stream, err);
     tl_status st;
     Py_BEGIN_ALLOW_THREADS
     st = tl_cuda_generate(&ctx, tl_ptr(pin), n_in, &g, r, tl_ptr(pws), tl_ptr(pout), cap,
                           &n_out);
     Py_END_ALLOW_THREADS
-    if (st != TL_OK) return tl_raise("cuda_generate", st);
+    if (st != TL_OK) return tl_cuda_raise("cuda_generate", "tl_cuda_generate", st, &ctx);
     return PyLong_FromLongLong((long long)n_out);
 }
 
@@ -175,12 +220,13 @@ static PyObject *py_cuda_pairs_count(PyObject *self, PyObject *args) {
     int64_t count = 0;
     if (!PyArg_ParseTuple(args, "iKKLLK", &device, &stream, &pnbr, &n_out, &k, &pws))
         return NULL;
-    tl_ctx ctx = tl_cuda_ctx(device, stream);
+    char err[TL_CUDA_ERR_BYTES];
+    tl_ctx ctx = tl_cuda_ctx(device, stream, err);
     tl_status st;
     Py_BEGIN_ALLOW_THREADS
     st = tl_cuda_pairs_count(&ctx, tl_ptr(pnbr), n_out, k, tl_ptr(pws), &count);
     Py_END_ALLOW_THREADS
-    if (st != TL_OK) return tl_raise("cuda_pairs_count", st);
+    if (st != TL_OK) return tl_cuda_raise("cuda_pairs_count", "tl_cuda_pairs_count", st, &ctx);
     return PyLong_FromLongLong((long long)count);
 }
 
@@ -195,13 +241,14 @@ static PyObject *py_cuda_pairs_build(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "iKKLLKLKKK", &device, &stream, &pnbr, &n_out, &k, &pws,
                           &n_pairs, &poff, &pin, &pout))
         return NULL;
-    tl_ctx ctx = tl_cuda_ctx(device, stream);
+    char err[TL_CUDA_ERR_BYTES];
+    tl_ctx ctx = tl_cuda_ctx(device, stream, err);
     tl_status st;
     Py_BEGIN_ALLOW_THREADS
     st = tl_cuda_pairs_build(&ctx, tl_ptr(pnbr), n_out, k, tl_ptr(pws), n_pairs, tl_ptr(poff),
                              tl_ptr(pin), tl_ptr(pout));
     Py_END_ALLOW_THREADS
-    if (st != TL_OK) return tl_raise("cuda_pairs_build", st);
+    if (st != TL_OK) return tl_cuda_raise("cuda_pairs_build", "tl_cuda_pairs_build", st, &ctx);
     Py_RETURN_NONE;
 }
 
@@ -221,8 +268,19 @@ static PyObject *py_cuda_conv_workspace_size(PyObject *self, PyObject *args) {
     return tl_size_result("cuda_conv_workspace_size", st, bytes);
 }
 
-/* One dataflow call; a and b are (x, w) for the forward, (x, dy) for the
- * weight gradient. */
+/* Name of the entry point tl_cuda_conv_call runs, for error messages. */
+static const char *tl_cuda_conv_entry(int df, int wgrad) {
+    switch (df) {
+    case TL_CUDA_IMPLICIT_GEMM:
+        return wgrad ? "tl_cuda_implicit_gemm_weight_grad" : "tl_cuda_implicit_gemm_forward";
+    case TL_CUDA_FETCH_ON_DEMAND:
+        return wgrad ? "tl_cuda_fetch_on_demand_weight_grad" : "tl_cuda_fetch_on_demand_forward";
+    default: return "cuda_conv";
+    }
+}
+
+/* One tile-GEMM dataflow call; a and b are (x, w) for the forward, (x, dy)
+ * for the weight gradient.  Gather-scatter is not one (see cuda_gather_rows). */
 static tl_status tl_cuda_conv_call(int df, int wgrad, const tl_ctx *ctx, const tl_conv_desc *d,
                                    int tf32, const void *a, const void *b, const int32_t *nbr,
                                    const tl_cuda_pairs *p, void *ws, void *out) {
@@ -233,9 +291,6 @@ static tl_status tl_cuda_conv_call(int df, int wgrad, const tl_ctx *ctx, const t
     case TL_CUDA_FETCH_ON_DEMAND:
         return wgrad ? tl_cuda_fetch_on_demand_weight_grad(ctx, d, tf32, a, b, p, ws, out)
                      : tl_cuda_fetch_on_demand_forward(ctx, d, tf32, a, b, p, ws, out);
-    case TL_CUDA_GATHER_SCATTER:
-        return wgrad ? tl_cuda_gather_scatter_weight_grad(ctx, d, tf32, a, b, p, ws, out)
-                     : tl_cuda_gather_scatter_forward(ctx, d, tf32, a, b, p, ws, out);
     default: return TL_ERR_INVALID;
     }
 }
@@ -245,7 +300,7 @@ PyDoc_STRVAR(cuda_conv_doc,
              "c_out, allow_tf32, a_ptr, b_ptr, nbr_ptr, offsets_ptr, pair_in_ptr, "
              "pair_out_ptr, n_pairs, ws_ptr, out_ptr)\n\n"
              "Forward (a = x, b = w) or weight gradient (a = x, b = dy) of one dataflow; "
-             "dataflow 0 implicit GEMM (nbr), 1 fetch-on-demand, 2 gather-scatter (pairs).");
+             "dataflow 0 implicit GEMM (nbr), 1 fetch-on-demand (pairs).");
 static PyObject *py_cuda_conv(PyObject *self, PyObject *args) {
     (void)self;
     int device, df, wgrad, dtype, tf32;
@@ -257,14 +312,78 @@ static PyObject *py_cuda_conv(PyObject *self, PyObject *args) {
         return NULL;
     tl_conv_desc d = {(tl_dtype)dtype, n_in, n_out, k, cin, cout};
     tl_cuda_pairs p = {n_pairs, tl_ptr(poff), tl_ptr(ppin), tl_ptr(ppout)};
-    tl_ctx ctx = tl_cuda_ctx(device, stream);
+    char err[TL_CUDA_ERR_BYTES];
+    tl_ctx ctx = tl_cuda_ctx(device, stream, err);
     tl_status st;
     Py_BEGIN_ALLOW_THREADS
     st = tl_cuda_conv_call(df, wgrad, &ctx, &d, tf32, tl_ptr(pa), tl_ptr(pb), tl_ptr(pnbr), &p,
                            tl_ptr(pws), tl_ptr(pout));
     Py_END_ALLOW_THREADS
-    if (st != TL_OK) return tl_raise("cuda_conv", st);
+    if (st != TL_OK) return tl_cuda_raise("cuda_conv", tl_cuda_conv_entry(df, wgrad), st, &ctx);
     Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(cuda_gather_rows_doc,
+             "cuda_gather_rows(device, stream, dtype, src_ptr, n_src, c, idx_ptr, n_rows, "
+             "dst_ptr)\n\ndst[r] = src[idx[r]] for the (n_rows, c) rows of dst.");
+static PyObject *py_cuda_gather_rows(PyObject *self, PyObject *args) {
+    (void)self;
+    int device, dtype;
+    unsigned long long stream, psrc, pidx, pdst;
+    long long n_src, c, n_rows;
+    if (!PyArg_ParseTuple(args, "iKiKLLKLK", &device, &stream, &dtype, &psrc, &n_src, &c, &pidx,
+                          &n_rows, &pdst))
+        return NULL;
+    char err[TL_CUDA_ERR_BYTES];
+    tl_ctx ctx = tl_cuda_ctx(device, stream, err);
+    tl_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = tl_cuda_gather_rows(&ctx, (tl_dtype)dtype, tl_ptr(psrc), n_src, c, tl_ptr(pidx), n_rows,
+                             tl_ptr(pdst));
+    Py_END_ALLOW_THREADS
+    if (st != TL_OK) return tl_cuda_raise("cuda_gather_rows", "tl_cuda_gather_rows", st, &ctx);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(cuda_scatter_add_rows_doc,
+             "cuda_scatter_add_rows(device, stream, dtype, src_ptr, n_rows, c, idx_ptr, n_dst, "
+             "acc_ptr)\n\nacc[idx[r]] += src[r] in fp32 (atomics).");
+static PyObject *py_cuda_scatter_add_rows(PyObject *self, PyObject *args) {
+    (void)self;
+    int device, dtype;
+    unsigned long long stream, psrc, pidx, pacc;
+    long long n_rows, c, n_dst;
+    if (!PyArg_ParseTuple(args, "iKiKLLKLK", &device, &stream, &dtype, &psrc, &n_rows, &c, &pidx,
+                          &n_dst, &pacc))
+        return NULL;
+    char err[TL_CUDA_ERR_BYTES];
+    tl_ctx ctx = tl_cuda_ctx(device, stream, err);
+    tl_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = tl_cuda_scatter_add_rows(&ctx, (tl_dtype)dtype, tl_ptr(psrc), n_rows, c, tl_ptr(pidx),
+                                  n_dst, tl_ptr(pacc));
+    Py_END_ALLOW_THREADS
+    if (st != TL_OK)
+        return tl_cuda_raise("cuda_scatter_add_rows", "tl_cuda_scatter_add_rows", st, &ctx);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(cuda_device_capability_doc,
+             "cuda_device_capability(index) -> (major, minor)\n\n"
+             "Compute capability of CUDA device `index`.");
+static PyObject *py_cuda_device_capability(PyObject *self, PyObject *args) {
+    (void)self;
+    int index, major = 0, minor = 0;
+    if (!PyArg_ParseTuple(args, "i", &index)) return NULL;
+    tl_status st = tl_cuda_device_capability(index, &major, &minor);
+    if (st == TL_ERR_INVALID) {
+        PyErr_Format(PyExc_ValueError,
+                     "torch_lattice._C.cuda_device_capability: no CUDA device with index %d",
+                     index);
+        return NULL;
+    }
+    if (st != TL_OK) return tl_raise("cuda_device_capability", st);
+    return Py_BuildValue("(ii)", major, minor);
 }
 
 #define TL_CUDA_METHOD(name) {#name, py_##name, METH_VARARGS, name##_doc}
@@ -274,6 +393,7 @@ static PyObject *py_cuda_conv(PyObject *self, PyObject *args) {
 PyMethodDef tl_py_cuda_methods[] = {
     {"cuda_compiled", py_cuda_compiled, METH_NOARGS, cuda_compiled_doc},
     {"cuda_device_count", py_cuda_device_count, METH_NOARGS, cuda_device_count_doc},
+    {"cuda_archs", py_cuda_archs, METH_NOARGS, cuda_archs_doc},
 #ifdef TL_WITH_CUDA
     TL_CUDA_METHOD(cuda_kmap_workspace_size),
     TL_CUDA_METHOD(cuda_kmap_build),
@@ -285,6 +405,9 @@ PyMethodDef tl_py_cuda_methods[] = {
     TL_CUDA_METHOD(cuda_pairs_build),
     TL_CUDA_METHOD(cuda_conv_workspace_size),
     TL_CUDA_METHOD(cuda_conv),
+    TL_CUDA_METHOD(cuda_gather_rows),
+    TL_CUDA_METHOD(cuda_scatter_add_rows),
+    TL_CUDA_METHOD(cuda_device_capability),
 #endif
     {NULL, NULL, 0, NULL},
 };

@@ -12,6 +12,10 @@
  * host: tl_cuda_kmap_build (duplicate / negative input rows),
  * tl_cuda_generate (row count) and tl_cuda_pairs_count (pair count).
  *
+ * A call that returns TL_ERR_CUDA describes the failing CUDA call in
+ * ctx->err when it can (file:line, the call, cudaGetErrorName and
+ * cudaGetErrorString); see tl_ctx.h and tl_cuda_error_describe.
+ *
  * Formats are those of docs/kernel-maps.md, identical to the CPU core:
  * coordinates (N, 4) int32 rows (b, x, y, z); nbr (n_out, K) int32 with -1
  * for "no input row"; pair lists in CSR by kernel row. */
@@ -94,7 +98,7 @@ typedef enum tl_cuda_dataflow {
     TL_CUDA_GATHER_SCATTER = 2
 } tl_cuda_dataflow;
 
-/* Device pair lists of the fetch-on-demand and gather-scatter dataflows.
+/* Device pair lists of the fetch-on-demand dataflow.
  * Rows within a kernel row must be unique (as built by
  * tl_cuda_pairs_build); swap in and out for the input gradient. */
 typedef struct tl_cuda_pairs {
@@ -104,7 +108,9 @@ typedef struct tl_cuda_pairs {
     const int32_t *out;     /* (n_pairs) rows of y */
 } tl_cuda_pairs;
 
-/* Workspace bytes of one dataflow call (forward when weight_grad is 0). */
+/* Workspace bytes of one tile-GEMM dataflow call (forward when weight_grad
+ * is 0): TL_CUDA_IMPLICIT_GEMM or TL_CUDA_FETCH_ON_DEMAND (TL_ERR_INVALID
+ * for TL_CUDA_GATHER_SCATTER, which runs through torch; see below). */
 tl_status tl_cuda_conv_workspace_size(tl_cuda_dataflow df, int weight_grad,
                                       const tl_conv_desc *d, int64_t n_pairs, size_t *bytes);
 
@@ -127,13 +133,30 @@ tl_status tl_cuda_fetch_on_demand_weight_grad(const tl_ctx *ctx, const tl_conv_d
                                               int allow_tf32, const void *x, const void *dy,
                                               const tl_cuda_pairs *p, void *workspace,
                                               void *dw);
-tl_status tl_cuda_gather_scatter_forward(const tl_ctx *ctx, const tl_conv_desc *d,
-                                         int allow_tf32, const void *x, const void *w,
-                                         const tl_cuda_pairs *p, void *workspace, void *y);
-tl_status tl_cuda_gather_scatter_weight_grad(const tl_ctx *ctx, const tl_conv_desc *d,
-                                             int allow_tf32, const void *x, const void *dy,
-                                             const tl_cuda_pairs *p, void *workspace,
-                                             void *dw);
+
+/* ---- gather-scatter (tl_cuda_gather_scatter.cu) ----
+ *
+ * The gather-scatter dataflow is orchestrated by torch_lattice/ops/_cuda.py:
+ * tl_cuda_gather_rows collects x[pair_in] for every kernel row at once, torch
+ * (cuBLAS) multiplies each kernel row's slice by w[n], and
+ * tl_cuda_scatter_add_rows adds all products into y[pair_out].  So
+ * TL_CUDA_GATHER_SCATTER has no tile-GEMM entry point (and no workspace). */
+
+/* dst (n_rows, c) = src[idx[r]] row by row, in dtype (any tl_dtype: rows are
+ * copied as bytes, in 16-byte units when the row size and both pointers
+ * allow).  Indices outside [0, n_src) give zero rows.  Enqueued on
+ * ctx->stream, no synchronization. */
+tl_status tl_cuda_gather_rows(const tl_ctx *ctx, tl_dtype dtype, const void *src, int64_t n_src,
+                              int64_t c, const int32_t *idx, int64_t n_rows, void *dst);
+
+/* acc (n_dst, c) fp32 += src (n_rows, c) row r into row idx[r], with fp32
+ * atomics (rows may repeat).  src is TL_F32, TL_F16 or TL_BF16
+ * (TL_ERR_UNSUPPORTED otherwise); indices outside [0, n_dst) drop their row.
+ * The caller zeroes acc and casts it once for half types.  Summation order
+ * between rows meeting at one output is not fixed. */
+tl_status tl_cuda_scatter_add_rows(const tl_ctx *ctx, tl_dtype dtype, const void *src,
+                                   int64_t n_rows, int64_t c, const int32_t *idx, int64_t n_dst,
+                                   float *acc);
 
 #ifdef __cplusplus
 }

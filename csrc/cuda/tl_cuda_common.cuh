@@ -9,6 +9,8 @@
 #include <cuda_runtime.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <string.h>
 
 #include "tl_cuda.h"
 
@@ -20,14 +22,39 @@
 /* Grid-stride kernels use at most this many blocks. */
 #define TL_CUDA_MAX_BLOCKS (1 << 20)
 
+/* Records a failed CUDA call in ctx->err (the first failure of an entry
+ * point wins; later ones keep it) and returns TL_ERR_CUDA.  The text is
+ * "csrc/cuda/FILE.cu:LINE: CALL: cudaErrorName (description)". */
+static inline tl_status tl_cuda_fail(const tl_ctx *ctx, cudaError_t e, const char *call,
+                                     const char *file, int line) {
+    if (ctx && ctx->err && ctx->err_size > 0 && ctx->err[0] == '\0') {
+        const char *rel = strstr(file, "csrc/");
+        (void)snprintf(ctx->err, ctx->err_size, "%s:%d: %s: %s (%s)", rel ? rel : file, line,
+                       call, cudaGetErrorName(e), cudaGetErrorString(e));
+    }
+    return TL_ERR_CUDA;
+}
+
+/* The context the check macros below record into.  A function that has one
+ * declares TL_CUDA_ERRORS_TO(ctx), which shadows this null constant; in
+ * helpers without a context only the status travels, and the binding
+ * describes the failure from cudaGetLastError() and the entry point's name
+ * (tl_cuda_error_describe in tl_cuda_device.h). */
+static const tl_ctx *const tl_cuda_err_ctx = NULL;
+#define TL_CUDA_ERRORS_TO(ctx) const tl_ctx *const tl_cuda_err_ctx = (ctx)
+
 /* Returns TL_ERR_CUDA from the enclosing function when a runtime call fails. */
 #define TL_CUDA_TRY(call)                                                                     \
     do {                                                                                      \
-        if ((call) != cudaSuccess) return TL_ERR_CUDA;                                        \
+        cudaError_t tl_e_ = (call);                                                           \
+        if (tl_e_ != cudaSuccess)                                                             \
+            return tl_cuda_fail(tl_cuda_err_ctx, tl_e_, #call, __FILE__, __LINE__);          \
     } while (0)
 
-/* Checks the launch just made (bad configuration, missing kernel image). */
-#define TL_CUDA_LAUNCHED() TL_CUDA_TRY(cudaGetLastError())
+/* Checks the launch just made (bad configuration, missing kernel image).  It
+ * peeks rather than clears, so that where no context is in scope the
+ * binding can still read the error; the binding clears it. */
+#define TL_CUDA_LAUNCHED() TL_CUDA_TRY(cudaPeekAtLastError())
 
 #define TL_CUDA_RETURN_IF(...)                                                                \
     do {                                                                                      \
@@ -46,6 +73,11 @@ class tl_cuda_scope {
     }
     tl_status enter(const tl_ctx *ctx, cudaStream_t *stream) {
         if (!ctx || ctx->device < 0) return TL_ERR_INVALID;
+        TL_CUDA_ERRORS_TO(ctx);
+        /* Launch checks peek at the runtime's last error, so a non-sticky
+         * error left by earlier work (not ours) is cleared here rather than
+         * reported as this call's. */
+        (void)cudaGetLastError();
         TL_CUDA_TRY(cudaGetDevice(&prev_));
         if (prev_ != ctx->device) {
             TL_CUDA_TRY(cudaSetDevice(ctx->device));

@@ -5,9 +5,9 @@ extern "C" tl_status tl_cuda_conv_workspace_size(tl_cuda_dataflow df, int weight
                                                  const tl_conv_desc *d, int64_t n_pairs,
                                                  size_t *bytes) {
     if (!d || !bytes || n_pairs < 0) return TL_ERR_INVALID;
-    if (df != TL_CUDA_IMPLICIT_GEMM && df != TL_CUDA_FETCH_ON_DEMAND &&
-        df != TL_CUDA_GATHER_SCATTER)
-        return TL_ERR_INVALID;
+    /* Gather-scatter runs through torch (tl_cuda_gather_rows and
+     * tl_cuda_scatter_add_rows), with no tile-GEMM workspace. */
+    if (df != TL_CUDA_IMPLICIT_GEMM && df != TL_CUDA_FETCH_ON_DEMAND) return TL_ERR_INVALID;
     TL_CUDA_RETURN_IF(tl_conv_desc_check(d));
     if (d->dtype != TL_F32 && d->dtype != TL_F16 && d->dtype != TL_BF16)
         return TL_ERR_UNSUPPORTED;

@@ -1,25 +1,48 @@
 /* Pair lists (CSR by kernel row) from the (n_out, K) neighbour table.
  *
- * Column n of nbr is cut into tiles of TL_CUDA_SCAN_TILE output rows.  A
- * first pass counts each tile's non-negative entries; the counts, laid out
- * column-major (n, tile), are scanned once, which gives every tile its first
- * pair index and every kernel row its offset; a second pass compacts each
- * tile with a block scan.  Tiles and the rows inside them stay in order, so
- * pairs within a kernel row are sorted by output row. */
+ * nbr is read row-major, as it lies in memory: one block per tile of
+ * consecutive output rows stages the tile's rows * K entries in shared
+ * memory with coalesced loads.  Each warp then owns a set of kernel rows n
+ * and walks the tile's rows 32 at a time: a ballot over "nbr[o, n] >= 0"
+ * gives every valid entry its rank among the tile's valid entries of column
+ * n, in output-row order.
+ *
+ *   1. count: per (kernel row n, tile) the number of valid entries, stored
+ *      column-major (n, tile);
+ *   2. one exclusive scan of those counts gives every (n, tile) its first
+ *      pair index and every kernel row its offset;
+ *   3. fill: the same walk writes pair (nbr[o, n], o) at first + rank.
+ *
+ * Tiles and the rows inside them stay in order, so pairs within a kernel row
+ * are sorted by output row, exactly as the CPU's tl_pairs_fill. */
 #include "tl_cuda_common.cuh"
 
-#define TL_PAIRS_ITEMS (TL_CUDA_SCAN_TILE / TL_CUDA_THREADS)
+/* Shared memory of one staged tile: at most 48 KiB, the limit without an
+ * opt-in.  Tables wider than that (K > 384) are walked in global memory. */
+#define TL_PAIRS_SMEM_INTS (48 * 1024 / 4)
+/* Largest tile, in output rows. */
+#define TL_PAIRS_MAX_TILE 256
+
+/* Rows per tile for K kernel rows: a multiple of 32 in [32, 256] whose
+ * entries fill about 32 KiB. */
+static int64_t tl_pairs_tile_rows(int64_t k) {
+    int64_t rows = (8192 / k) / 32 * 32;
+    if (rows > TL_PAIRS_MAX_TILE) rows = TL_PAIRS_MAX_TILE;
+    return rows < 32 ? 32 : rows;
+}
 
 struct tl_pairs_layout {
     long long *total;
     long long *tile_base; /* (k * tiles): counts, then their exclusive scan */
     long long *scratch;
-    int64_t tiles;        /* per column */
+    int64_t tile_rows;
+    int64_t tiles;
 };
 
 static tl_cuda_ws tl_pairs_layout_of(void *base, int64_t n_out, int64_t k, tl_pairs_layout *l) {
     tl_cuda_ws w = tl_cuda_ws_begin(base);
-    l->tiles = tl_cuda_ceil_div(n_out, TL_CUDA_SCAN_TILE);
+    l->tile_rows = tl_pairs_tile_rows(k);
+    l->tiles = tl_cuda_ceil_div(n_out, l->tile_rows);
     const int64_t n_tiles = k * l->tiles;
     l->total = (long long *)tl_cuda_ws_take(&w, 1, sizeof(long long));
     l->tile_base = (long long *)tl_cuda_ws_take(&w, n_tiles, sizeof(long long));
@@ -27,11 +50,12 @@ static tl_cuda_ws tl_pairs_layout_of(void *base, int64_t n_out, int64_t k, tl_pa
     return w;
 }
 
-/* Sizes only; one block per (kernel row, tile) must fit a 1-D grid. */
+/* Sizes only; one block per tile must fit a 1-D grid, and the (n, tile)
+ * counts must be indexable. */
 static tl_status tl_pairs_check_sizes(int64_t n_out, int64_t k) {
     if (n_out < 0 || k < 1) return TL_ERR_INVALID;
     if (n_out > TL_ROW_MAX || k > TL_ROW_MAX) return TL_ERR_OVERFLOW;
-    if (tl_cuda_ceil_div(n_out, TL_CUDA_SCAN_TILE) * k > INT32_MAX) return TL_ERR_OVERFLOW;
+    if (tl_cuda_ceil_div(n_out, 32) > INT32_MAX / k) return TL_ERR_OVERFLOW;
     return TL_OK;
 }
 
@@ -50,46 +74,97 @@ extern "C" tl_status tl_cuda_pairs_workspace_size(int64_t n_out, int64_t k, size
     return TL_OK;
 }
 
-/* Rows of this thread: TL_PAIRS_ITEMS consecutive rows of one tile. */
-__device__ __forceinline__ long long tl_pairs_first_row(long long tile) {
-    return tile * TL_CUDA_SCAN_TILE + (long long)threadIdx.x * TL_PAIRS_ITEMS;
-}
+/* One tile of nbr: rows [first, first + rows) and where its entries are read
+ * from (shared memory when staged, else global memory). */
+struct tl_pairs_tile {
+    const int *at; /* entry (r, n) of the tile is at[r * k + n] */
+    long long first, rows, k;
+};
 
-/* Block (n, tile) -> counts[n * tiles + tile]. */
-__global__ void __launch_bounds__(TL_CUDA_THREADS)
-    tl_pairs_count_kernel(const int *nbr, long long n_out, long long k, long long tiles,
-                          long long *counts) {
-    const long long n = blockIdx.x / tiles, tile = blockIdx.x % tiles;
-    const long long first = tl_pairs_first_row(tile);
-    long long c = 0;
-    for (int q = 0; q < TL_PAIRS_ITEMS; q++)
-        if (first + q < n_out && nbr[(first + q) * k + n] >= 0) c++;
-    long long total;
-    (void)tl_block_exclusive_scan(c, &total);
-    if (threadIdx.x == 0) counts[blockIdx.x] = total;
-}
-
-__global__ void __launch_bounds__(TL_CUDA_THREADS)
-    tl_pairs_fill_kernel(const int *nbr, long long n_out, long long k, long long tiles,
-                         const long long *tile_base, long long n_pairs, int *pair_in,
-                         int *pair_out) {
-    const long long n = blockIdx.x / tiles, tile = blockIdx.x % tiles;
-    const long long first = tl_pairs_first_row(tile);
-    int rows[TL_PAIRS_ITEMS];
-    long long c = 0;
-    for (int q = 0; q < TL_PAIRS_ITEMS; q++) {
-        rows[q] = first + q < n_out ? nbr[(first + q) * k + n] : -1;
-        c += rows[q] >= 0;
+/* Stages the block's tile in shared memory (coalesced: the tile's entries
+ * are contiguous in nbr) or points into nbr when it does not fit. */
+template <bool STAGED>
+__device__ __forceinline__ tl_pairs_tile tl_pairs_load(const int *nbr, long long n_out,
+                                                       long long k, long long tile_rows,
+                                                       int *smem) {
+    tl_pairs_tile t;
+    t.first = (long long)blockIdx.x * tile_rows;
+    t.rows = n_out - t.first < tile_rows ? n_out - t.first : tile_rows;
+    t.k = k;
+    const int *src = nbr + t.first * k;
+    if (STAGED) {
+        const long long n = t.rows * k;
+        for (long long e = threadIdx.x; e < n; e += TL_CUDA_THREADS) smem[e] = src[e];
+        __syncthreads();
+        t.at = smem;
+    } else {
+        t.at = src;
     }
-    long long total;
-    long long at = tile_base[blockIdx.x] + tl_block_exclusive_scan(c, &total);
-    for (int q = 0; q < TL_PAIRS_ITEMS; q++) {
-        if (rows[q] < 0) continue;
+    return t;
+}
+
+/* Walks column n of a tile 32 rows at a time; calls visit(row, value, rank)
+ * for each valid entry (rank among the tile's valid entries of column n, in
+ * row order) and returns the column's count.  Called by a whole warp. */
+template <typename Visit>
+__device__ __forceinline__ long long tl_pairs_walk(const tl_pairs_tile &t, long long n,
+                                                   Visit visit) {
+    const unsigned lane = threadIdx.x & 31u;
+    const unsigned below = (1u << lane) - 1u;
+    long long seen = 0;
+    for (long long r0 = 0; r0 < t.rows; r0 += 32) {
+        const long long r = r0 + lane;
+        const int v = r < t.rows ? t.at[r * t.k + n] : -1;
+        const unsigned valid = __ballot_sync(0xffffffffu, v >= 0);
+        if (v >= 0) visit(t.first + r, v, seen + __popc(valid & below));
+        seen += __popc(valid);
+    }
+    return seen;
+}
+
+struct tl_pairs_no_visit {
+    __device__ void operator()(long long, int, long long) const {}
+};
+
+/* Block `tile` -> counts[n * tiles + tile] for every kernel row n. */
+template <bool STAGED>
+__global__ void __launch_bounds__(TL_CUDA_THREADS)
+    tl_pairs_count_kernel(const int *nbr, long long n_out, long long k, long long tile_rows,
+                          long long tiles, long long *counts) {
+    extern __shared__ int tl_pairs_smem[];
+    const tl_pairs_tile t = tl_pairs_load<STAGED>(nbr, n_out, k, tile_rows, tl_pairs_smem);
+    const long long warp = threadIdx.x >> 5;
+    for (long long n = warp; n < k; n += TL_CUDA_WARPS) {
+        const long long c = tl_pairs_walk(t, n, tl_pairs_no_visit());
+        if ((threadIdx.x & 31) == 0) counts[n * tiles + blockIdx.x] = c;
+    }
+}
+
+/* Writes the tile's pairs at their scanned positions (never at or past
+ * n_pairs). */
+struct tl_pairs_writer {
+    long long base, n_pairs;
+    int *pair_in, *pair_out;
+    __device__ void operator()(long long row, int value, long long rank) const {
+        const long long at = base + rank;
         if (at < n_pairs) {
-            pair_in[at] = rows[q];
-            pair_out[at] = (int)(first + q);
+            pair_in[at] = value;
+            pair_out[at] = (int)row;
         }
-        at++;
+    }
+};
+
+template <bool STAGED>
+__global__ void __launch_bounds__(TL_CUDA_THREADS)
+    tl_pairs_fill_kernel(const int *nbr, long long n_out, long long k, long long tile_rows,
+                         long long tiles, const long long *tile_base, long long n_pairs,
+                         int *pair_in, int *pair_out) {
+    extern __shared__ int tl_pairs_smem[];
+    const tl_pairs_tile t = tl_pairs_load<STAGED>(nbr, n_out, k, tile_rows, tl_pairs_smem);
+    const long long warp = threadIdx.x >> 5;
+    for (long long n = warp; n < k; n += TL_CUDA_WARPS) {
+        const tl_pairs_writer w = {tile_base[n * tiles + blockIdx.x], n_pairs, pair_in, pair_out};
+        (void)tl_pairs_walk(t, n, w);
     }
 }
 
@@ -102,18 +177,40 @@ __global__ void __launch_bounds__(TL_CUDA_THREADS)
         offsets[n] = n < k ? tile_base[n * tiles] : *total;
 }
 
+/* Grid of the count and fill kernels: one block per tile, with the tile in
+ * dynamic shared memory when it fits. */
+struct tl_pairs_launch {
+    unsigned blocks;
+    size_t smem;
+    bool staged;
+};
+
+static tl_pairs_launch tl_pairs_launch_of(int64_t k, const tl_pairs_layout &l) {
+    tl_pairs_launch g;
+    g.blocks = (unsigned)l.tiles;
+    g.staged = l.tile_rows * k <= TL_PAIRS_SMEM_INTS;
+    g.smem = g.staged ? sizeof(int) * (size_t)(l.tile_rows * k) : 0;
+    return g;
+}
+
 /* Counts and scans the tiles; the total lands in l->total on the device. */
-static tl_status tl_pairs_scan(const int32_t *nbr, int64_t n_out, int64_t k,
+static tl_status tl_pairs_scan(const tl_ctx *ctx, const int32_t *nbr, int64_t n_out, int64_t k,
                                const tl_pairs_layout &l, cudaStream_t stream) {
-    const int64_t n_tiles = k * l.tiles;
-    tl_pairs_count_kernel<<<(unsigned)n_tiles, TL_CUDA_THREADS, 0, stream>>>(nbr, n_out, k,
-                                                                              l.tiles, l.tile_base);
+    TL_CUDA_ERRORS_TO(ctx);
+    const tl_pairs_launch g = tl_pairs_launch_of(k, l);
+    if (g.staged)
+        tl_pairs_count_kernel<true><<<g.blocks, TL_CUDA_THREADS, g.smem, stream>>>(
+            nbr, n_out, k, l.tile_rows, l.tiles, l.tile_base);
+    else
+        tl_pairs_count_kernel<false><<<g.blocks, TL_CUDA_THREADS, 0, stream>>>(
+            nbr, n_out, k, l.tile_rows, l.tiles, l.tile_base);
     TL_CUDA_LAUNCHED();
-    return tl_cuda_scan(l.tile_base, l.tile_base, n_tiles, l.scratch, l.total, stream);
+    return tl_cuda_scan(l.tile_base, l.tile_base, k * l.tiles, l.scratch, l.total, stream);
 }
 
 extern "C" tl_status tl_cuda_pairs_count(const tl_ctx *ctx, const int32_t *nbr, int64_t n_out,
                                          int64_t k, void *workspace, int64_t *n_pairs) {
+    TL_CUDA_ERRORS_TO(ctx);
     if (!n_pairs) return TL_ERR_INVALID;
     *n_pairs = 0;
     TL_CUDA_RETURN_IF(tl_pairs_check_args(nbr, n_out, k));
@@ -125,9 +222,10 @@ extern "C" tl_status tl_cuda_pairs_count(const tl_ctx *ctx, const int32_t *nbr, 
     tl_cuda_scope scope;
     TL_CUDA_RETURN_IF(scope.enter(ctx, &stream));
     if (n_out == 0) return TL_OK;
-    TL_CUDA_RETURN_IF(tl_pairs_scan(nbr, n_out, k, l, stream));
+    TL_CUDA_RETURN_IF(tl_pairs_scan(ctx, nbr, n_out, k, l, stream));
     long long total = 0;
-    TL_CUDA_RETURN_IF(tl_cuda_read_back(&total, l.total, sizeof(total), stream));
+    TL_CUDA_TRY(cudaMemcpyAsync(&total, l.total, sizeof(total), cudaMemcpyDeviceToHost, stream));
+    TL_CUDA_TRY(cudaStreamSynchronize(stream));
     *n_pairs = total;
     return TL_OK;
 }
@@ -135,6 +233,7 @@ extern "C" tl_status tl_cuda_pairs_count(const tl_ctx *ctx, const int32_t *nbr, 
 extern "C" tl_status tl_cuda_pairs_build(const tl_ctx *ctx, const int32_t *nbr, int64_t n_out,
                                          int64_t k, void *workspace, int64_t n_pairs,
                                          int64_t *offsets, int32_t *pair_in, int32_t *pair_out) {
+    TL_CUDA_ERRORS_TO(ctx);
     TL_CUDA_RETURN_IF(tl_pairs_check_args(nbr, n_out, k));
     if (n_pairs < 0 || !offsets || (n_pairs && (!pair_in || !pair_out))) return TL_ERR_INVALID;
     tl_pairs_layout l;
@@ -148,9 +247,14 @@ extern "C" tl_status tl_cuda_pairs_build(const tl_ctx *ctx, const int32_t *nbr, 
         TL_CUDA_TRY(cudaMemsetAsync(offsets, 0, sizeof(int64_t) * (size_t)(k + 1), stream));
         return TL_OK;
     }
-    TL_CUDA_RETURN_IF(tl_pairs_scan(nbr, n_out, k, l, stream));
-    tl_pairs_fill_kernel<<<(unsigned)(k * l.tiles), TL_CUDA_THREADS, 0, stream>>>(
-        nbr, n_out, k, l.tiles, l.tile_base, n_pairs, pair_in, pair_out);
+    TL_CUDA_RETURN_IF(tl_pairs_scan(ctx, nbr, n_out, k, l, stream));
+    const tl_pairs_launch g = tl_pairs_launch_of(k, l);
+    if (g.staged)
+        tl_pairs_fill_kernel<true><<<g.blocks, TL_CUDA_THREADS, g.smem, stream>>>(
+            nbr, n_out, k, l.tile_rows, l.tiles, l.tile_base, n_pairs, pair_in, pair_out);
+    else
+        tl_pairs_fill_kernel<false><<<g.blocks, TL_CUDA_THREADS, 0, stream>>>(
+            nbr, n_out, k, l.tile_rows, l.tiles, l.tile_base, n_pairs, pair_in, pair_out);
     TL_CUDA_LAUNCHED();
     tl_pairs_offsets_kernel<<<tl_cuda_blocks(k + 1), TL_CUDA_THREADS, 0, stream>>>(
         l.tile_base, l.total, k, l.tiles, (long long *)offsets);

@@ -4,10 +4,21 @@ Each function takes CUDA tensors, checks device, dtype and shape, allocates the 
 and any scratch workspace with torch on the tensors' device, and passes raw pointers, the
 device index and ``torch.cuda.current_stream(device).cuda_stream`` to C, so all work runs
 on torch's current stream. The formats are those of docs/kernel-maps.md, identical to the
-CPU ops. The op layer (``torch_lattice.ops``) dispatches here for CUDA tensors.
+CPU ops. The op layer (``torch_lattice.ops``) registers these as the ops' CUDA kernels
+(``register_kernel("cuda")``).
+
+Gather-scatter is orchestrated here: one gather launch, one cuBLAS GEMM per non-empty
+kernel row through ``torch.mm``, one scatter-add launch (docs/cuda.md, Gather-scatter).
+Before the first kernel on a device, :func:`check_device_arch` checks that the binary
+was built for it (once per device index).
 """
 
 from __future__ import annotations
+
+import contextlib
+import functools
+import itertools
+from collections.abc import Iterator
 
 import torch
 
@@ -15,6 +26,8 @@ from torch_lattice.ops._native import _C, DTYPE_CODES, ptr
 
 __all__ = [
     "DATAFLOWS",
+    "arch_error",
+    "check_device_arch",
     "conv_forward",
     "conv_weight_grad",
     "generate_support",
@@ -26,8 +39,10 @@ __all__ = [
 Geom = tuple[tuple[int, int, int], tuple[int, int, int], tuple[int, int, int], tuple[int, int, int]]
 Pairs = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
-# enum tl_cuda_dataflow in csrc/cuda/tl_cuda.h
+# enum tl_cuda_dataflow in csrc/cuda/tl_cuda.h; gather_scatter runs through torch here
 DATAFLOWS = {"implicit_gemm": 0, "fetch_on_demand": 1, "gather_scatter": 2}
+# Oldest architecture the kernels support (cp.async, bf16 and TF32 tensor cores).
+MIN_ARCH = 80
 _FEATURE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -46,12 +61,71 @@ def require_cuda(op: str, *tensors: torch.Tensor) -> torch.device:
             raise ValueError(
                 f"{op}: all tensors must be on the same CUDA device; got {t.device} and {device}"
             )
+    check_device_arch(op, _device_index(device))
     return device
 
 
+def arch_error(op: str, index: int, capability: tuple[int, int], archs: str) -> str | None:
+    """Why the kernels cannot run on a device of ``capability``, or None when they can.
+
+    Args:
+        op: name of the calling op, for the message.
+        index: CUDA device index, for the message.
+        capability: ``(major, minor)`` compute capability of the device.
+        archs: ``;``-separated SM architectures built (``_C.cuda_archs()``, e.g.
+            ``"80;86;89;90"``); the newest one is also embedded as PTX.
+
+    A device runs SASS built for the same major version and an equal or older minor
+    version, and the PTX of the newest architecture when it is at least that new.
+    """
+    major, minor = capability
+    cc = major * 10 + minor
+    built = sorted(int(a) for a in archs.split(";") if a.strip())
+    listed = ", ".join(f"sm_{a}" for a in built) or "none"
+    if cc < MIN_ARCH:
+        return (
+            f"{op}: CUDA device {index} has compute capability {major}.{minor} (sm_{cc}), "
+            f"but torch_lattice's CUDA kernels need sm_{MIN_ARCH} or newer (Ampere or later); "
+            f"this binary was built for {listed}. Move the tensors to the CPU."
+        )
+    runs = any(a // 10 == major and a <= cc for a in built) or (bool(built) and cc >= built[-1])
+    if runs:
+        return None
+    return (
+        f"{op}: CUDA device {index} has compute capability {major}.{minor} (sm_{cc}), "
+        f"but this torch_lattice binary was built only for {listed}; rebuild with "
+        f"TORCH_LATTICE_CUDA_ARCHS including {cc} (e.g. TORCH_LATTICE_CUDA_ARCHS="
+        f'"{";".join(str(a) for a in sorted({*built, cc}))}").'
+    )
+
+
+@functools.cache
+def _capability(index: int) -> tuple[int, int]:
+    # Cached per device index: a device's capability never changes within a process.
+    major, minor = _C.cuda_device_capability(index)
+    return major, minor
+
+
+@functools.cache
+def _runs_on(index: int) -> bool:
+    return arch_error("", index, _capability(index), _C.cuda_archs()) is None
+
+
+def check_device_arch(op: str, index: int) -> None:
+    """Raises RuntimeError when the kernels cannot run on CUDA device ``index``.
+
+    The device is queried once per index; the answer is cached.
+    """
+    if not _runs_on(index):
+        raise RuntimeError(arch_error(op, index, _capability(index), _C.cuda_archs()))
+
+
+def _device_index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 def _call_args(device: torch.device) -> tuple[int, int]:
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return index, torch.cuda.current_stream(device).cuda_stream
+    return _device_index(device), torch.cuda.current_stream(device).cuda_stream
 
 
 def _workspace(nbytes: int, device: torch.device) -> torch.Tensor:
@@ -234,6 +308,124 @@ def _run(
     )
 
 
+@contextlib.contextmanager
+def _gemm_precision(allow_tf32: bool) -> Iterator[None]:
+    """cuBLAS settings for the GEMMs of one gather-scatter call, restored on exit.
+
+    float32 uses TF32 tensor cores only when ``allow_tf32``; float16 and bfloat16 products
+    reduce in fp32 (no reduced-precision split-K reductions).
+    """
+    m = torch.backends.cuda.matmul
+    new_api = hasattr(m, "fp32_precision")
+    saved = (
+        m.fp32_precision if new_api else m.allow_tf32,
+        m.allow_fp16_reduced_precision_reduction,
+        m.allow_bf16_reduced_precision_reduction,
+    )
+    try:
+        if new_api:
+            m.fp32_precision = "tf32" if allow_tf32 else "ieee"
+        else:
+            m.allow_tf32 = allow_tf32
+        m.allow_fp16_reduced_precision_reduction = False
+        m.allow_bf16_reduced_precision_reduction = False
+        yield
+    finally:
+        if new_api:
+            m.fp32_precision = saved[0]
+        else:
+            m.allow_tf32 = saved[0]
+        m.allow_fp16_reduced_precision_reduction = saved[1]
+        m.allow_bf16_reduced_precision_reduction = saved[2]
+
+
+def _gather(src: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """``src[idx]`` (rows) in one launch of ``tl_cuda_gather_rows``."""
+    n_src, c = src.shape
+    dst = torch.empty((idx.shape[0], c), dtype=src.dtype, device=src.device)
+    index, stream = _call_args(src.device)
+    _C.cuda_gather_rows(
+        index, stream, DTYPE_CODES[src.dtype], ptr(src), n_src, c, ptr(idx), idx.shape[0], ptr(dst)
+    )
+    return dst
+
+
+@functools.cache
+def _fp32_products(index: int, dtype: torch.dtype) -> bool:
+    """Whether ``torch.mm(a, b, out_dtype=torch.float32)`` works for ``dtype`` on device
+    ``index`` (``aten::mm.dtype``, newer torch): then half-precision products reach the
+    scatter-add in fp32, unrounded.  Probed once per device and dtype."""
+    a = torch.zeros((2, 2), dtype=dtype, device=torch.device("cuda", index))
+    try:
+        return torch.mm(a, a, out_dtype=torch.float32).dtype == torch.float32
+    except (RuntimeError, TypeError, NotImplementedError):
+        return False
+
+
+def _row_ranges(offsets: torch.Tensor) -> list[tuple[int, int, int]]:
+    """``(n, start, end)`` of every non-empty kernel row (one readback of the offsets)."""
+    host = offsets.tolist()
+    return [(n, a, b) for n, (a, b) in enumerate(itertools.pairwise(host)) if b > a]
+
+
+def _gather_scatter_forward(
+    x: torch.Tensor, w: torch.Tensor, pairs: Pairs, n_out: int, allow_tf32: bool
+) -> torch.Tensor:
+    """``y[pair_out] += x[pair_in] @ w[n]``: gather, per-kernel-row cuBLAS GEMMs, scatter-add."""
+    offsets, pair_in, pair_out = pairs
+    cout = w.shape[2]
+    exact = x.dtype == torch.float32
+    # fp32 accumulates straight into y; half types into an fp32 buffer cast once.
+    acc = torch.zeros((n_out, cout), dtype=torch.float32, device=x.device)
+    if pair_in.shape[0] == 0 or x.shape[1] == 0 or cout == 0:
+        return acc if exact else acc.to(x.dtype)
+    gathered = _gather(x, pair_in)  # enqueued before the offsets readback waits
+    ranges = _row_ranges(offsets)
+    if ranges:
+        index, stream = _call_args(x.device)
+        # Half types: fp32 products where torch can write them (one rounding in all),
+        # else products in the storage dtype (one more rounding per kernel row).
+        wide = not exact and _fp32_products(index, x.dtype)
+        pdtype = torch.float32 if wide else x.dtype
+        products = torch.empty((pair_in.shape[0], cout), dtype=pdtype, device=x.device)
+        with _gemm_precision(allow_tf32):
+            for n, a, b in ranges:
+                if wide:
+                    torch.mm(gathered[a:b], w[n], out_dtype=pdtype, out=products[a:b])
+                else:
+                    torch.mm(gathered[a:b], w[n], out=products[a:b])
+        _C.cuda_scatter_add_rows(
+            index,
+            stream,
+            DTYPE_CODES[pdtype],
+            ptr(products),
+            products.shape[0],
+            cout,
+            ptr(pair_out),
+            n_out,
+            ptr(acc),
+        )
+    return acc if exact else acc.to(x.dtype)
+
+
+def _gather_scatter_weight_grad(
+    x: torch.Tensor, dy: torch.Tensor, pairs: Pairs, allow_tf32: bool
+) -> torch.Tensor:
+    """``dw[n] = x[pair_in]^T dy[pair_out]`` per kernel row, through cuBLAS."""
+    offsets, pair_in, pair_out = pairs
+    k = offsets.shape[0] - 1
+    dw = torch.zeros((k, x.shape[1], dy.shape[1]), dtype=x.dtype, device=x.device)
+    if pair_in.shape[0] == 0 or dw.numel() == 0:
+        return dw
+    xg, dyg = _gather(x, pair_in), _gather(dy, pair_out)  # enqueued before the readback
+    ranges = _row_ranges(offsets)
+    if ranges:
+        with _gemm_precision(allow_tf32):
+            for n, a, b in ranges:
+                torch.mm(xg[a:b].t(), dyg[a:b], out=dw[n])
+    return dw
+
+
 def conv_forward(
     dataflow: str,
     feats: torch.Tensor,
@@ -277,6 +469,8 @@ def conv_forward(
     elif n_out is None or n_out < 0:
         raise ValueError(f"{op}: n_out (a non-negative int) is required with pairs")
     feats, weight = feats.contiguous(), weight.contiguous()
+    if dataflow == "gather_scatter":
+        return _gather_scatter_forward(feats, weight, pairs, n_out, allow_tf32)
     y = torch.empty((n_out, cout), dtype=feats.dtype, device=feats.device)
     sizes = (feats.shape[0], n_out, k, cin, cout)
     _run(dataflow, False, feats, weight, sizes, nbr, pairs, y, allow_tf32)
@@ -321,6 +515,8 @@ def conv_weight_grad(
             f"{op}: nbr has {nbr.shape[0]} output rows but grad_out has {grad_out.shape[0]}"
         )
     feats, grad_out = feats.contiguous(), grad_out.contiguous()
+    if dataflow == "gather_scatter":
+        return _gather_scatter_weight_grad(feats, grad_out, pairs, allow_tf32)
     n_in, cin = feats.shape
     n_out, cout = grad_out.shape
     dw = torch.empty((k, cin, cout), dtype=feats.dtype, device=feats.device)

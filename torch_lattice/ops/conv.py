@@ -4,6 +4,8 @@
 ``y[o] = sum_n feats[nbr[o, n]] @ weight[n]`` over an ``(N_out, K)`` neighbour
 table.  Its input gradient is the same op on the transposed relation
 (``rev``, ``weight^T``), so backward is built from registered ops only.
+Each op's body runs on the CPU; its CUDA kernel is registered beside it with
+``register_kernel("cuda")``.
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ from torch_lattice.ops._native import (
     DTYPE_CODES,
     check_nbr,
     compute_dtype,
-    device_type,
     ptr,
+    require_cpu,
     threads,
 )
 
@@ -85,12 +87,17 @@ def sparse_conv(
         rev: ``(N_in, K)`` int32 transpose of ``nbr`` (used by backward).
         allow_tf32: let CUDA use TF32 tensor cores for float32 (ignored on CPU).
     """
-    device = device_type("sparse_conv", feats, weight, nbr, rev)
+    require_cpu("sparse_conv", feats, weight, nbr, rev)
     check_nbr("sparse_conv", nbr)
     check_conv_args("sparse_conv", feats, weight, nbr.shape[1])
-    if device == "cuda":
-        return _cuda.conv_forward("implicit_gemm", feats, weight, nbr=nbr, allow_tf32=allow_tf32)
     return _forward(feats, weight, nbr)
+
+
+@sparse_conv.register_kernel("cuda")
+def _(feats, weight, nbr, rev, allow_tf32=False):
+    check_nbr("sparse_conv", nbr)
+    check_conv_args("sparse_conv", feats, weight, nbr.shape[1])
+    return _cuda.conv_forward("implicit_gemm", feats, weight, nbr=nbr, allow_tf32=allow_tf32)
 
 
 @sparse_conv.register_fake
@@ -106,10 +113,7 @@ def sparse_conv_weight_grad(
     feats: torch.Tensor, grad_out: torch.Tensor, nbr: torch.Tensor, allow_tf32: bool = False
 ) -> torch.Tensor:
     """``(K, C_in, C_out)``: ``dw[n] = sum_o feats[nbr[o, n]]^T grad_out[o]``."""
-    if device_type("sparse_conv_weight_grad", feats, grad_out, nbr) == "cuda":
-        return _cuda.conv_weight_grad(
-            "implicit_gemm", feats, grad_out, nbr=nbr, allow_tf32=allow_tf32
-        )
+    require_cpu("sparse_conv_weight_grad", feats, grad_out, nbr)
     work = compute_dtype("sparse_conv_weight_grad", feats.dtype)
     x = feats.to(work).contiguous()
     dy = grad_out.to(work).contiguous()
@@ -130,6 +134,11 @@ def sparse_conv_weight_grad(
         threads(),
     )
     return dw.to(feats.dtype)
+
+
+@sparse_conv_weight_grad.register_kernel("cuda")
+def _(feats, grad_out, nbr, allow_tf32=False):
+    return _cuda.conv_weight_grad("implicit_gemm", feats, grad_out, nbr=nbr, allow_tf32=allow_tf32)
 
 
 @sparse_conv_weight_grad.register_fake

@@ -15,7 +15,7 @@ import torch
 from torch_lattice.geometry import ConvGeometry
 from torch_lattice.ops import _cuda, _cuda_blocks
 from torch_lattice.ops._native import _C, device_type, ptr, require_cpu, threads
-from torch_lattice.ops.pairs import PairLists, kernel_pairs
+from torch_lattice.ops.pairs import PairLists, kernel_pairs, reverse_pairs
 
 __all__ = [
     "KernelMap",
@@ -43,16 +43,40 @@ class KernelMap:
     _pairs: dict[bool, PairLists] = field(default_factory=dict, compare=False, repr=False)
 
     def pairs(self, transposed: bool = False) -> PairLists:
-        """CSR pair lists of the relation (built once, then cached).
+        """CSR pair lists of the relation (built on first use, then cached).
 
         ``transposed=False`` lists (input, output) pairs sorted by output row;
         ``transposed=True`` the reversed relation's, sorted by input row.
+        Each direction is built only when asked for: one ``kernel_pairs``
+        call (on CUDA, one readback of the pair count).
         """
         hit = self._pairs.get(transposed)
         if hit is None:
             hit = PairLists(*kernel_pairs(self.rev if transposed else self.nbr))
             self._pairs[transposed] = hit
         return hit
+
+    def relation_pairs(self, transposed: bool = False) -> PairLists:
+        """Pair lists for running the relation in one direction, building as little as possible.
+
+        Returns :meth:`pairs` of that direction when cached; otherwise derives them from
+        the other direction's cached lists with
+        :func:`~torch_lattice.ops.pairs.reverse_pairs` (on CUDA a swap, unsorted within a
+        kernel row, which the CUDA dataflows accept; on the CPU an argsort, whose result
+        equals ``pairs(transposed)`` and is cached as such); otherwise builds
+        :meth:`pairs` of that direction.  So a map run forward, backward and transposed
+        builds one pair list from a neighbour table.
+        """
+        hit = self._pairs.get(transposed)
+        if hit is not None:
+            return hit
+        other = self._pairs.get(not transposed)
+        if other is None:
+            return self.pairs(transposed)
+        derived = reverse_pairs(*other)
+        if derived.offsets.device.type == "cpu":
+            self._pairs[transposed] = derived
+        return derived
 
 
 def _geom(kernel_size: list[int], stride: list[int], padding: list[int], dilation: list[int]):
@@ -74,10 +98,9 @@ def generate_support(
     Every ``q`` in ``[0, out_range)`` per axis with some kernel row mapping it
     onto an input row of the same batch (see API.md).
     """
+    require_cpu("generate_support", coords)
     geom = _geom(kernel_size, stride, padding, dilation)
     rng = tuple(max(0, r) for r in out_range)
-    if device_type("generate_support", coords) == "cuda":
-        return _cuda.generate_support(coords, geom, rng, num_batches)
     coords = coords.contiguous()
     n = coords.shape[0]
     bound = _C.generate_bound(n, geom, rng, num_batches)
@@ -86,6 +109,13 @@ def generate_support(
     out = torch.empty((bound, 4), dtype=torch.int32)
     m = _C.generate(ptr(coords), n, geom, rng, ptr(out), bound)
     return out[:m].clone()
+
+
+@generate_support.register_kernel("cuda")
+def _(coords, kernel_size, stride, padding, dilation, out_range, num_batches):
+    geom = _geom(kernel_size, stride, padding, dilation)
+    rng = tuple(max(0, r) for r in out_range)
+    return _cuda.generate_support(coords, geom, rng, num_batches)
 
 
 @generate_support.register_fake
@@ -134,9 +164,8 @@ def kernel_map(
     dilation: list[int],
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Neighbour tables ``(nbr (N_out, K), rev (N_in, K))``, int32."""
+    require_cpu("kernel_map", in_coords, out_coords)
     geom = _geom(kernel_size, stride, padding, dilation)
-    if device_type("kernel_map", in_coords, out_coords) == "cuda":
-        return _cuda.kernel_map(in_coords, out_coords, geom)
     in_coords, out_coords = in_coords.contiguous(), out_coords.contiguous()
     k = kernel_size[0] * kernel_size[1] * kernel_size[2]
     n_in, n_out = in_coords.shape[0], out_coords.shape[0]
@@ -146,6 +175,11 @@ def kernel_map(
     _C.kmap_build(ptr(in_coords), n_in, ptr(out_coords), n_out, geom, ptr(nbr), t)
     _C.kmap_reverse(ptr(nbr), n_out, k, n_in, ptr(rev), t)
     return nbr, rev
+
+
+@kernel_map.register_kernel("cuda")
+def _(in_coords, out_coords, kernel_size, stride, padding, dilation):
+    return _cuda.kernel_map(in_coords, out_coords, _geom(kernel_size, stride, padding, dilation))
 
 
 @kernel_map.register_fake

@@ -4,6 +4,11 @@
 pair lists (docs/kernel-maps.md); ``lattice::pair_conv`` runs a relation over
 them, with autograd: the input gradient is the same op over the reversed
 pairs with ``W^T``, the weight gradient ``lattice::pair_conv_weight_grad``.
+The reversed pairs default to :func:`reverse_pairs` of the forward pairs, so
+no second pair list is built from a neighbour table.
+
+Each op's body runs on the CPU; its CUDA kernel is registered beside it with
+``register_kernel("cuda")`` (torch_lattice/ops/_cuda.py).
 """
 
 from __future__ import annotations
@@ -13,10 +18,10 @@ from typing import Any, NamedTuple
 import torch
 
 from torch_lattice.ops import _cuda
-from torch_lattice.ops._native import _C, DTYPE_CODES, compute_dtype, device_type, ptr, threads
+from torch_lattice.ops._native import _C, DTYPE_CODES, compute_dtype, ptr, require_cpu, threads
 from torch_lattice.ops.conv import check_conv_args
 
-__all__ = ["PairLists", "kernel_pairs", "pair_conv", "pair_conv_weight_grad"]
+__all__ = ["PairLists", "kernel_pairs", "pair_conv", "pair_conv_weight_grad", "reverse_pairs"]
 
 # enum tl_pairs_mode in csrc/tl_dataflow_pairs.h
 FETCH_ON_DEMAND, GATHER_SCATTER = 0, 1
@@ -34,11 +39,35 @@ class PairLists(NamedTuple):
     pair_out: torch.Tensor
 
 
+def reverse_pairs(
+    offsets: torch.Tensor, pair_in: torch.Tensor, pair_out: torch.Tensor
+) -> PairLists:
+    """Pair lists of the reversed relation, from the forward ones, without a host sync.
+
+    A kernel row has the same pairs either way, so ``offsets`` stay and ``pair_in`` and
+    ``pair_out`` swap.  On the CPU the pairs of each kernel row are then sorted by their new
+    output row (one argsort), because the CPU dataflows check that outputs strictly increase
+    within a kernel row; the result equals ``kernel_pairs(rev)``.  The CUDA dataflows take
+    any order (they add with atomics), so on CUDA the swap is all.
+    """
+    if offsets.device.type != "cpu":
+        return PairLists(offsets, pair_out, pair_in)
+    k = offsets.shape[0] - 1
+    rows = torch.repeat_interleave(
+        torch.arange(k, dtype=torch.int64), offsets.diff(), output_size=pair_in.shape[0]
+    )
+    # pair_in < 2**31 and k < 2**31: (row, new output row) packs into one int64 key
+    order = torch.argsort((rows << 32) | pair_in.to(torch.int64))
+    return PairLists(offsets, pair_out[order], pair_in[order])
+
+
 @torch.library.custom_op("lattice::kernel_pairs", mutates_args=())
 def kernel_pairs(nbr: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(offsets, pair_in, pair_out)`` of an ``(N_out, K)`` int32 table."""
-    if device_type("kernel_pairs", nbr) == "cuda":
-        return _cuda.kernel_pairs(nbr)
+    """``(offsets, pair_in, pair_out)`` of an ``(N_out, K)`` int32 table.
+
+    Pairs of kernel row ``n`` are ``offsets[n]:offsets[n + 1]``, sorted by ``pair_out``.
+    """
+    require_cpu("kernel_pairs", nbr)
     nbr = nbr.contiguous()
     n_out, k = nbr.shape
     offsets = torch.empty(k + 1, dtype=torch.int64)
@@ -48,6 +77,11 @@ def kernel_pairs(nbr: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.T
     pair_out = torch.empty(total, dtype=torch.int32)
     _C.pairs_fill(ptr(nbr), n_out, k, ptr(offsets), ptr(pair_in), ptr(pair_out), threads())
     return offsets, pair_in, pair_out
+
+
+@kernel_pairs.register_kernel("cuda")
+def _(nbr):
+    return _cuda.kernel_pairs(nbr)
 
 
 @kernel_pairs.register_fake
@@ -99,30 +133,23 @@ def pair_conv(
     offsets: torch.Tensor,
     pair_in: torch.Tensor,
     pair_out: torch.Tensor,
-    rev_offsets: torch.Tensor,
-    rev_in: torch.Tensor,
-    rev_out: torch.Tensor,
+    rev_offsets: torch.Tensor | None,
+    rev_in: torch.Tensor | None,
+    rev_out: torch.Tensor | None,
     n_out: int,
     gather: bool,
     allow_tf32: bool = False,
 ) -> torch.Tensor:
     """``(n_out, C_out)``: ``y[pair_out] += feats[pair_in] @ weight[n]`` per pair.
 
-    ``rev_*`` are the pairs of the reversed relation (used by backward);
-    ``gather`` selects gather-scatter, else fetch-on-demand; ``allow_tf32``
-    lets CUDA use TF32 for float32 (ignored on CPU).
+    ``rev_*`` are the pairs of the reversed relation, used by backward; pass
+    ``None`` for all three to derive them in backward with
+    :func:`reverse_pairs` (only when an input gradient is needed).  ``gather`` selects
+    gather-scatter, else fetch-on-demand; ``allow_tf32`` lets CUDA use TF32
+    for float32 (ignored on CPU).
     """
-    device = device_type("pair_conv", feats, weight, offsets, pair_in, pair_out)
+    require_cpu("pair_conv", feats, weight, offsets, pair_in, pair_out)
     check_conv_args("pair_conv", feats, weight, offsets.shape[0] - 1)
-    if device == "cuda":
-        return _cuda.conv_forward(
-            _flow(gather),
-            feats,
-            weight,
-            pairs=(offsets, pair_in, pair_out),
-            n_out=n_out,
-            allow_tf32=allow_tf32,
-        )
     work = compute_dtype("pair_conv", feats.dtype)
     x, w = feats.to(work).contiguous(), weight.to(work).contiguous()
     k, cin, cout = w.shape
@@ -141,6 +168,31 @@ def pair_conv(
         y,
     )
     return y.to(feats.dtype)
+
+
+@pair_conv.register_kernel("cuda")
+def _(
+    feats,
+    weight,
+    offsets,
+    pair_in,
+    pair_out,
+    rev_offsets,
+    rev_in,
+    rev_out,
+    n_out,
+    gather,
+    allow_tf32=False,
+):
+    check_conv_args("pair_conv", feats, weight, offsets.shape[0] - 1)
+    return _cuda.conv_forward(
+        _flow(gather),
+        feats,
+        weight,
+        pairs=(offsets, pair_in, pair_out),
+        n_out=n_out,
+        allow_tf32=allow_tf32,
+    )
 
 
 @pair_conv.register_fake
@@ -173,14 +225,7 @@ def pair_conv_weight_grad(
     allow_tf32: bool = False,
 ) -> torch.Tensor:
     """``(K, C_in, C_out)``: ``dw[n] = sum over pairs feats[in]^T grad_out[out]``."""
-    if device_type("pair_conv_weight_grad", feats, grad_out, offsets, pair_in) == "cuda":
-        return _cuda.conv_weight_grad(
-            _flow(gather),
-            feats,
-            grad_out,
-            pairs=(offsets, pair_in, pair_out),
-            allow_tf32=allow_tf32,
-        )
+    require_cpu("pair_conv_weight_grad", feats, grad_out, offsets, pair_in, pair_out)
     work = compute_dtype("pair_conv_weight_grad", feats.dtype)
     x, dy = feats.to(work).contiguous(), grad_out.to(work).contiguous()
     k = offsets.shape[0] - 1
@@ -199,6 +244,13 @@ def pair_conv_weight_grad(
         dw,
     )
     return dw.to(feats.dtype)
+
+
+@pair_conv_weight_grad.register_kernel("cuda")
+def _(feats, grad_out, offsets, pair_in, pair_out, gather, allow_tf32=False):
+    return _cuda.conv_weight_grad(
+        _flow(gather), feats, grad_out, pairs=(offsets, pair_in, pair_out), allow_tf32=allow_tf32
+    )
 
 
 @pair_conv_weight_grad.register_fake
@@ -222,6 +274,8 @@ def _backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
     feats, weight, off, pin, pout, roff, rin, rout = ctx.saved_tensors
     grad_feats = grad_weight = None
     if ctx.needs_input_grad[0]:
+        if roff is None:
+            roff, rin, rout = reverse_pairs(off, pin, pout)
         wt = weight.transpose(1, 2).contiguous()
         grad_feats = pair_conv(
             grad, wt, roff, rin, rout, off, pin, pout, ctx.n_in, ctx.gather, ctx.allow_tf32

@@ -41,6 +41,9 @@ def apply_kernel_map(
     tf32 = bool(config.allow_tf32)
     if config.dataflow is Dataflow.ImplicitGEMM:
         return sparse_conv(feats, weight, nbr, rev, tf32)
-    fwd, bwd = kmap.pairs(transposed), kmap.pairs(not transposed)
+    # One pair list serves forward, backward and the transposed relation:
+    # backward swaps pair_in and pair_out (rev pairs None), so nothing else
+    # is built, and no host sync happens beyond the one pair-count readback.
+    fwd = kmap.relation_pairs(transposed)
     gather = config.dataflow is Dataflow.GatherScatter
-    return pair_conv(feats, weight, *fwd, *bwd, nbr.shape[0], gather, tf32)
+    return pair_conv(feats, weight, *fwd, None, None, None, nbr.shape[0], gather, tf32)
