@@ -284,12 +284,12 @@ def test_sorted_forward_empty_and_dense_rows(precision: str, n_out: int) -> None
     and rows with all 27 neighbours (mask 2^27 - 1, sorted last), in blocks and mixed."""
     n_in = 2000
     g = torch.Generator().manual_seed(n_out)
-    nbr = torch.randint(0, n_in, (n_out, K), generator=g, dtype=torch.int32)
+    nbr = torch.randint(0, n_in, (n_out, K), generator=g, dtype=torch.int32)  # all dense
     third = n_out // 3
     nbr[:third] = -1  # a run of empty rows, whole tiles of them after the sort
-    nbr[third : 2 * third] = nbr[third : 2 * third].clamp(min=0)  # all 27 kernel rows
     mixed = torch.arange(2 * third, n_out)
     nbr[mixed[::2]] = -1  # alternate empty and dense rows in the last third
+    assert ((nbr >= 0).all(dim=1) | (nbr < 0).all(dim=1)).all()
     y = _forward_only(precision, nbr, n_in, 64, 72, 5)
     assert y[:third].abs().sum().item() == 0
 
