@@ -313,3 +313,42 @@ def test_sorted_forward_is_deterministic(precision: str) -> None:
     y1 = _forward_only(precision, nbr, n_in, 64, 64, 3)
     y2 = _forward_only(precision, nbr, n_in, 64, 64, 3)
     assert torch.equal(y1, y2)
+
+
+def _sphere_surface(radius: int) -> torch.Tensor:
+    """(N, 4) int32 voxels of a one-voxel shell, batch 0, in (x, y, z) order: LiDAR-like
+    surface density (most rows have far fewer than 27 neighbours)."""
+    r = torch.arange(-radius - 1, radius + 2)
+    x, y, z = torch.meshgrid(r, r, r, indexing="ij")
+    dist = (x * x + y * y + z * z).double().sqrt()
+    keep = (dist - radius).abs() < 0.5
+    pts = torch.stack([torch.zeros_like(x[keep]), x[keep], y[keep], z[keep]], dim=1)
+    pts[:, 1:] += radius + 1
+    return pts.to(torch.int32)
+
+
+@needs_gpu
+@pytest.mark.parametrize("precision", list(PRECISIONS))
+def test_sorted_forward_on_a_surface(precision: str) -> None:
+    """A real SubmConv3d 3x3x3 map (about 5500 surface voxels): the forward on nbr and the
+    input gradient on rev (W^T) both take the sorted path; the weight gradient too."""
+    from torch_lattice.geometry import ConvGeometry
+
+    coords = _sphere_surface(21)
+    assert coords.shape[0] >= SORT_MIN_ROWS
+    geometry = ConvGeometry.submanifold((3, 3, 3), (1, 1, 1))
+    nbr, rev = torch.ops.lattice.kernel_map(coords, coords, *(list(v) for v in geometry.as_c()))
+    assert nbr.shape == (coords.shape[0], K)
+    n = coords.shape[0]
+    _run_case("implicit_gemm", precision, nbr, n, 64, 96, 21)
+    # input gradient: dx (n, 64) = forward(dy (n, 96), W^T) on rev
+    dtype, tf32, tol = PRECISIONS[precision]
+    g = torch.Generator().manual_seed(22)
+    wt = (torch.randn(K, 64, 96, generator=g) / 8).to(dtype).transpose(1, 2).contiguous()
+    dy = torch.randn(n, 96, generator=g).to(dtype)
+    dx_ref, _ = _reference(dy, wt, torch.zeros(n, 64, dtype=dtype), rev)
+    dx = _cuda.conv_forward(
+        "implicit_gemm", dy.cuda(), wt.cuda(), nbr=rev.cuda(), n_out=n, allow_tf32=tf32
+    )
+    assert dx.shape == (n, 64)
+    _assert_close(dx, dx_ref, tol, f"implicit_gemm {precision} input gradient on rev")
