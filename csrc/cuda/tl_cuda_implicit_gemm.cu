@@ -277,8 +277,8 @@ struct tl_ig_forward_call {
         unsigned grid;
         TL_CUDA_RETURN_IF(tl_tile_grid(tl_cuda_ceil_div(d->n_out, TL_BM) * col_tiles, &grid));
         tl_ig_forward_kernel<T, TF32><<<grid, TL_CUDA_THREADS, 0, stream>>>(
-            (const T *)x, (const T *)w, nbr, perm, masks, (T *)y, d->n_in, d->n_out, d->k, d->c_in, d->c_out,
-            col_tiles, vec);
+            (const T *)x, (const T *)w, nbr, perm, masks, (T *)y, d->n_in, d->n_out, d->k,
+            d->c_in, d->c_out, col_tiles, vec);
         TL_CUDA_LAUNCHED();
         return TL_OK;
     }
