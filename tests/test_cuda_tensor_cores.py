@@ -25,6 +25,7 @@ import torch
 
 import torch_lattice.ops  # noqa: F401  (registers the lattice ops)
 from torch_lattice.ops import _cuda
+from torch_lattice.ops._native import _C, DTYPE_CODES
 
 pytestmark = pytest.mark.cuda
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -166,3 +167,188 @@ def test_no_output_rows(dataflow: str, precision: str) -> None:
     """n_out = 0: an empty y, a zero dw."""
     nbr = torch.empty((0, K), dtype=torch.int32)
     _run_case(dataflow, precision, nbr, 30, 16, 8, 2)
+
+
+# ---- implicit-GEMM forward with output rows reordered by neighbour mask ----
+# From n_out >= 4096 with 1 < K <= 32, tl_cuda_implicit_gemm_forward sorts the output rows
+# by their neighbour bitmask on the device and each 64-row tile covers rows perm[64 t ..];
+# smaller tables, K = 1 and K > 32 keep the output-row order. Each output row must still
+# be written exactly once, with rows that have no neighbour at all written as zeros.
+
+SORT_MIN_ROWS = 4096
+needs_cuda_build = pytest.mark.skipif(
+    not _C.cuda_compiled(), reason="needs torch_lattice built with CUDA"
+)
+
+
+def _patterned_nbr(n_in: int, n_out: int, k: int, seed: int) -> torch.Tensor:
+    """(n_out, k) table whose rows draw their neighbour masks from a few dozen patterns,
+    shuffled, plus random rows, rows with no neighbour and rows with all k neighbours."""
+    g = torch.Generator().manual_seed(seed)
+    patterns = torch.rand(40, k, generator=g) < 0.3
+    patterns[:, k // 2] = True  # the centre, as in a submanifold convolution
+    keep = patterns[torch.randint(0, 40, (n_out,), generator=g)]
+    kind = torch.randint(0, 8, (n_out,), generator=g)
+    keep[kind == 0] = False  # mask 0: y row must be zero
+    keep[kind == 1] = True  # every kernel row
+    noisy = kind == 2
+    keep[noisy] = torch.rand(int(noisy.sum()), k, generator=g) < 0.5
+    nbr = torch.randint(0, n_in, (n_out, k), generator=g, dtype=torch.int32)
+    return torch.where(keep, nbr, torch.full_like(nbr, -1))
+
+
+def _forward_only(precision: str, nbr: torch.Tensor, n_in: int, cin: int, cout: int, seed: int):
+    dtype, tf32, tol = PRECISIONS[precision]
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n_in, cin, generator=g).to(dtype)
+    w = (torch.randn(nbr.shape[1], cin, cout, generator=g) / max(cin, 1) ** 0.5).to(dtype)
+    y_ref, _ = _reference(x, w, torch.zeros(nbr.shape[0], cout, dtype=dtype), nbr)
+    y = _cuda.conv_forward(
+        "implicit_gemm",
+        x.cuda(),
+        w.cuda(),
+        nbr=nbr.cuda(),
+        n_out=nbr.shape[0],
+        allow_tf32=tf32,
+    )
+    assert y.dtype == dtype and y.shape == (nbr.shape[0], cout)
+    _assert_close(y, y_ref, tol, f"implicit_gemm {precision} sorted forward")
+    empty = (nbr < 0).all(dim=1).cuda()
+    assert (y[empty] == 0).all(), "rows without neighbours must be written as zeros"
+    return y
+
+
+def _ws_bytes(count: int, elem: int) -> int:
+    """One workspace sub-buffer: rounded up to the 256-byte alignment."""
+    return (count * elem + 255) // 256 * 256
+
+
+def _scan_scratch(n: int) -> int:
+    """tl_cuda_scan_scratch: one partial sum per 1024-value tile, recursively."""
+    total = 0
+    while n > 0:
+        tiles = (n + 1023) // 1024
+        total += tiles
+        if tiles == 1:
+            break
+        n = tiles
+    return total
+
+
+@needs_cuda_build
+@pytest.mark.parametrize(
+    ("n_out", "k", "sorted_"),
+    [
+        (SORT_MIN_ROWS - 1, 27, False),
+        (SORT_MIN_ROWS, 27, True),
+        (SORT_MIN_ROWS, 1, False),
+        (SORT_MIN_ROWS, 2, True),
+        (100_000, 32, True),
+        (SORT_MIN_ROWS, 33, False),
+    ],
+)
+def test_sorted_forward_workspace(n_out: int, k: int, sorted_: bool) -> None:
+    """The sorted forward reserves exactly its sort buffers (host-only: no GPU needed):
+    two (mask, row) buffers of n_out, 256 digit counts per 256 rows and their scan
+    scratch. The unsorted forward needs nothing; the weight gradient is unchanged."""
+    ig = _cuda.DATAFLOWS["implicit_gemm"]
+    for dtype in (torch.float32, torch.float16):
+        code = DTYPE_CODES[dtype]
+        fwd = _C.cuda_conv_workspace_size(ig, 0, code, 1000, n_out, k, 64, 64, 0)
+        expected = 0
+        if sorted_:
+            hist = 256 * ((n_out + 255) // 256)
+            expected = 4 * _ws_bytes(n_out, 4) + _ws_bytes(hist, 8)
+            expected += _ws_bytes(_scan_scratch(hist), 8)
+        assert fwd == expected, (dtype, fwd, expected)
+        wgrad = _C.cuda_conv_workspace_size(ig, 1, code, 1000, n_out, k, 64, 64, 0)
+        assert wgrad == (0 if dtype == torch.float32 else _ws_bytes(k * 64 * 64, 4))
+
+
+@needs_gpu
+@pytest.mark.parametrize("precision", list(PRECISIONS))
+@pytest.mark.parametrize(("cin", "cout"), [(3, 3), (64, 64), (130, 130), (3, 130), (130, 64)])
+def test_sorted_forward_channels(precision: str, cin: int, cout: int) -> None:
+    """Sorted rows (n_out >= 4096, K = 27, last tile partial) in every precision, with
+    vector and masked scalar loads; the weight gradient of the same table too."""
+    n_in, n_out = 3000, 5000
+    nbr = _patterned_nbr(n_in, n_out, K, cin * 7 + cout)
+    _run_case("implicit_gemm", precision, nbr, n_in, cin, cout, cin + 3 * cout)
+
+
+@needs_gpu
+@pytest.mark.parametrize("precision", list(PRECISIONS))
+@pytest.mark.parametrize("n_out", [SORT_MIN_ROWS, SORT_MIN_ROWS + 37])
+def test_sorted_forward_empty_and_dense_rows(precision: str, n_out: int) -> None:
+    """Rows with no neighbour (mask 0, sorted first: whole tiles skip every kernel row)
+    and rows with all 27 neighbours (mask 2^27 - 1, sorted last), in blocks and mixed."""
+    n_in = 2000
+    g = torch.Generator().manual_seed(n_out)
+    nbr = torch.randint(0, n_in, (n_out, K), generator=g, dtype=torch.int32)  # all dense
+    third = n_out // 3
+    nbr[:third] = -1  # a run of empty rows, whole tiles of them after the sort
+    mixed = torch.arange(2 * third, n_out)
+    nbr[mixed[::2]] = -1  # alternate empty and dense rows in the last third
+    assert ((nbr >= 0).all(dim=1) | (nbr < 0).all(dim=1)).all()
+    y = _forward_only(precision, nbr, n_in, 64, 72, 5)
+    assert y[:third].abs().sum().item() == 0
+
+
+@needs_gpu
+@pytest.mark.parametrize("precision", ["fp16", "fp32"])
+@pytest.mark.parametrize("k", [2, 8, 9, 17, 32, 33])
+def test_sorted_forward_kernel_sizes(precision: str, k: int) -> None:
+    """One radix pass (K <= 8) to four (K = 32, bit 31 in use), and K = 33 unsorted."""
+    n_in, n_out = 2500, 4500
+    nbr = _patterned_nbr(n_in, n_out, k, 100 + k)
+    _forward_only(precision, nbr, n_in, 40, 24, k)
+
+
+@needs_gpu
+@pytest.mark.parametrize("precision", ["fp16", "fp32"])
+def test_sorted_forward_is_deterministic(precision: str) -> None:
+    """Each output row is written once (no atomics): two runs agree bit for bit."""
+    n_in, n_out = 3000, 6000
+    nbr = _patterned_nbr(n_in, n_out, K, 77)
+    y1 = _forward_only(precision, nbr, n_in, 64, 64, 3)
+    y2 = _forward_only(precision, nbr, n_in, 64, 64, 3)
+    assert torch.equal(y1, y2)
+
+
+def _sphere_surface(radius: int) -> torch.Tensor:
+    """(N, 4) int32 voxels of a one-voxel shell, batch 0, in (x, y, z) order: LiDAR-like
+    surface density (most rows have far fewer than 27 neighbours)."""
+    r = torch.arange(-radius - 1, radius + 2)
+    x, y, z = torch.meshgrid(r, r, r, indexing="ij")
+    dist = (x * x + y * y + z * z).double().sqrt()
+    keep = (dist - radius).abs() < 0.5
+    pts = torch.stack([torch.zeros_like(x[keep]), x[keep], y[keep], z[keep]], dim=1)
+    pts[:, 1:] += radius + 1
+    return pts.to(torch.int32)
+
+
+@needs_gpu
+@pytest.mark.parametrize("precision", list(PRECISIONS))
+def test_sorted_forward_on_a_surface(precision: str) -> None:
+    """A real SubmConv3d 3x3x3 map (about 5500 surface voxels): the forward on nbr and the
+    input gradient on rev (W^T) both take the sorted path; the weight gradient too."""
+    from torch_lattice.geometry import ConvGeometry
+
+    coords = _sphere_surface(21)
+    assert coords.shape[0] >= SORT_MIN_ROWS
+    geometry = ConvGeometry.submanifold((3, 3, 3), (1, 1, 1))
+    nbr, rev = torch.ops.lattice.kernel_map(coords, coords, *(list(v) for v in geometry.as_c()))
+    assert nbr.shape == (coords.shape[0], K)
+    n = coords.shape[0]
+    _run_case("implicit_gemm", precision, nbr, n, 64, 96, 21)
+    # input gradient: dx (n, 64) = forward(dy (n, 96), W^T) on rev
+    dtype, tf32, tol = PRECISIONS[precision]
+    g = torch.Generator().manual_seed(22)
+    wt = (torch.randn(K, 64, 96, generator=g) / 8).to(dtype).transpose(1, 2).contiguous()
+    dy = torch.randn(n, 96, generator=g).to(dtype)
+    dx_ref, _ = _reference(dy, wt, torch.zeros(n, 64, dtype=dtype), rev)
+    dx = _cuda.conv_forward(
+        "implicit_gemm", dy.cuda(), wt.cuda(), nbr=rev.cuda(), n_out=n, allow_tf32=tf32
+    )
+    assert dx.shape == (n, 64)
+    _assert_close(dx, dx_ref, tol, f"implicit_gemm {precision} input gradient on rev")

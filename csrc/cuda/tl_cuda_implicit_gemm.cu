@@ -5,28 +5,156 @@
  * and over C_in in steps of TL_BK, gathering x[nbr[o, n]] and w[n] into
  * shared memory.  Each tile is written once, so y needs no atomics and no
  * clearing.  Weight gradient: one block per (n, chunk of output rows, C_in
- * tile, C_out tile); chunks of one tile meet in fp32 atomics. */
+ * tile, C_out tile); chunks of one tile meet in fp32 atomics.
+ *
+ * Row reordering (tl_ig_sorted): a tile in output-row order computes every
+ * kernel row that any of its 64 rows uses, several times the useful work on
+ * sparse surfaces.  So the forward first computes each output row's
+ * neighbour bitmask (bit n: nbr[o, n] names an input row), sorts the rows
+ * by it (stable LSD radix sort, 8 bits per pass, on the device, no host
+ * synchronization) and lets tile t cover rows perm[64 t .. 64 t + 63]: rows
+ * with equal masks share tiles, and a tile runs only the kernel rows in the
+ * union of its rows' masks.  Each output row is still written exactly once. */
 #include "tl_cuda_gemm.cuh"
 
+static_assert(TL_BM % 32 == 0, "tile rows are whole warps");
+static_assert(TL_IG_SORT_DIGITS == TL_CUDA_THREADS, "one digit per thread");
+
+__device__ __forceinline__ unsigned tl_ig_warp_or(unsigned v) {
+    for (int d = 16; d > 0; d >>= 1) v |= __shfl_xor_sync(0xffffffffu, v, d);
+    return v;
+}
+
+/* keys[o] = neighbour bitmask of output row o (bit n iff 0 <= nbr[o, n] <
+ * n_in, the same test the forward uses to skip an entry), rows[o] = o. */
+__global__ void __launch_bounds__(TL_CUDA_THREADS)
+    tl_ig_mask_kernel(const int *nbr, long long n_out, long long k, long long n_in,
+                      unsigned *keys, int *rows) {
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < n_out;
+         o += stride) {
+        const int *r = nbr + o * k;
+        unsigned m = 0;
+        for (int n = 0; n < (int)k; n++) {
+            const int i = r[n];
+            if (i >= 0 && i < n_in) m |= 1u << n;
+        }
+        keys[o] = m;
+        rows[o] = (int)o;
+    }
+}
+
+/* hist[d * gridDim.x + block] = keys of digit d in the block's 256 keys. */
+__global__ void __launch_bounds__(TL_CUDA_THREADS)
+    tl_ig_hist_kernel(const unsigned *keys, long long n, int shift, long long *hist) {
+    __shared__ int count[TL_IG_SORT_DIGITS];
+    count[threadIdx.x] = 0;
+    __syncthreads();
+    const long long j = (long long)blockIdx.x * TL_CUDA_THREADS + threadIdx.x;
+    if (j < n) atomicAdd(&count[(keys[j] >> shift) & (TL_IG_SORT_DIGITS - 1)], 1);
+    __syncthreads();
+    hist[(long long)threadIdx.x * gridDim.x + blockIdx.x] = count[threadIdx.x];
+}
+
+/* Stable scatter of (key, row): destination = scanned offset of the digit
+ * for this block + keys of that digit in earlier warps of the block +
+ * earlier lanes of the same warp with that digit. */
+__global__ void __launch_bounds__(TL_CUDA_THREADS)
+    tl_ig_scatter_kernel(const unsigned *keys, const int *rows, unsigned *keys_out,
+                         int *rows_out, long long n, int shift, const long long *offsets) {
+    __shared__ int warp_count[TL_CUDA_WARPS][TL_IG_SORT_DIGITS];
+    for (int w = 0; w < TL_CUDA_WARPS; w++) warp_count[w][threadIdx.x] = 0;
+    __syncthreads();
+    const long long j = (long long)blockIdx.x * TL_CUDA_THREADS + threadIdx.x;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    unsigned key = 0;
+    int row = 0;
+    int d = TL_IG_SORT_DIGITS; /* past the end: matches only other such lanes */
+    if (j < n) {
+        key = keys[j];
+        row = rows[j];
+        d = (int)((key >> shift) & (TL_IG_SORT_DIGITS - 1));
+    }
+    const unsigned peers = __match_any_sync(0xffffffffu, d);
+    const int rank = __popc(peers & ((1u << lane) - 1u));
+    if (j < n && lane == __ffs(peers) - 1) warp_count[warp][d] = __popc(peers);
+    __syncthreads();
+    if (j < n) {
+        long long at = offsets[(long long)d * gridDim.x + blockIdx.x] + rank;
+        for (int w = 0; w < warp; w++) at += warp_count[w][d];
+        keys_out[at] = key;
+        rows_out[at] = row;
+    }
+}
+
+/* Sorts the output rows by neighbour mask into l's buffers; *perm and
+ * *masks receive the buffers holding the result (masks[j] is the mask of
+ * row perm[j]).  Enqueued on `stream`, no synchronization. */
+static tl_status tl_ig_sort(const tl_conv_layout &l, const tl_conv_desc *d, const int32_t *nbr,
+                            cudaStream_t stream, const int **perm, const unsigned **masks) {
+    const long long n = d->n_out;
+    const int64_t blocks = l.sort_blocks;
+    if (blocks < 1 || blocks > INT32_MAX) return TL_ERR_OVERFLOW;
+    tl_ig_mask_kernel<<<tl_cuda_blocks(n), TL_CUDA_THREADS, 0, stream>>>(
+        nbr, n, d->k, d->n_in, l.sort_keys[0], l.sort_rows[0]);
+    TL_CUDA_LAUNCHED();
+    int src = 0;
+    for (int shift = 0; shift < (int)d->k; shift += 8, src ^= 1) { /* bits k.. are 0 */
+        tl_ig_hist_kernel<<<(unsigned)blocks, TL_CUDA_THREADS, 0, stream>>>(
+            l.sort_keys[src], n, shift, l.sort_hist);
+        TL_CUDA_LAUNCHED();
+        TL_CUDA_RETURN_IF(tl_cuda_scan(l.sort_hist, l.sort_hist, TL_IG_SORT_DIGITS * blocks,
+                                       l.sort_scan, NULL, stream));
+        tl_ig_scatter_kernel<<<(unsigned)blocks, TL_CUDA_THREADS, 0, stream>>>(
+            l.sort_keys[src], l.sort_rows[src], l.sort_keys[src ^ 1], l.sort_rows[src ^ 1], n,
+            shift, l.sort_hist);
+        TL_CUDA_LAUNCHED();
+    }
+    *perm = l.sort_rows[src];
+    *masks = l.sort_keys[src];
+    return TL_OK;
+}
+
+/* perm == NULL: tile t covers output rows 64 t .. 64 t + 63.  Otherwise it
+ * covers rows perm[64 t + i], whose masks are masks[64 t + i] (k <= 32), and
+ * runs only the kernel rows in their union. */
 template <typename T, bool TF32>
 __global__ void __launch_bounds__(TL_CUDA_THREADS)
-    tl_ig_forward_kernel(const T *x, const T *w, const int *nbr, T *y, long long n_in,
-                         long long n_out, long long k, long long cin, long long cout,
-                         long long col_tiles, int vec) {
+    tl_ig_forward_kernel(const T *x, const T *w, const int *nbr, const int *perm,
+                         const unsigned *masks, T *y, long long n_in, long long n_out,
+                         long long k, long long cin, long long cout, long long col_tiles,
+                         int vec) {
     __shared__ tl_tile_smem<T, false> s;
-    __shared__ long long rows[TL_BM];
+    __shared__ long long rows[TL_BM], outs[TL_BM];
+    __shared__ unsigned used_part[TL_BM / 32];
     const long long o0 = (blockIdx.x / col_tiles) * TL_BM;
     const long long c0 = (blockIdx.x % col_tiles) * TL_BN;
     const bool va = vec & TL_VEC_A, vb = vec & TL_VEC_B;
+    if (threadIdx.x < TL_BM) { /* whole warps: the warp reduction has every lane */
+        const long long j = o0 + threadIdx.x;
+        long long o = -1;
+        unsigned m = 0;
+        if (j < n_out) {
+            o = perm ? (long long)perm[j] : j;
+            if (perm) m = masks[j];
+        }
+        outs[threadIdx.x] = o;
+        m = tl_ig_warp_or(m);
+        if ((threadIdx.x & 31) == 0) used_part[threadIdx.x / 32] = m;
+    }
+    __syncthreads();
+    unsigned used = 0;
+    for (int i = 0; i < TL_BM / 32; i++) used |= used_part[i];
     typename tl_core<T, TF32, false>::acc acc;
     acc.zero();
     tl_tile_load<T, TL_BM, TL_BK> la;
     tl_tile_load<T, TL_BK, TL_BN> lb;
     for (long long n = 0; n < k; n++) {
+        if (perm && !((used >> (int)n) & 1u)) continue; /* uniform across the block */
         int valid = 0;
         if (threadIdx.x < TL_BM) {
-            const long long o = o0 + threadIdx.x;
-            long long i = o < n_out ? nbr[o * k + n] : -1;
+            const long long o = outs[threadIdx.x];
+            long long i = o >= 0 ? nbr[o * k + n] : -1;
             if (i >= n_in) i = -1;
             rows[threadIdx.x] = i;
             valid = i >= 0;
@@ -53,8 +181,8 @@ __global__ void __launch_bounds__(TL_CUDA_THREADS)
     __syncthreads();
     for (int e = threadIdx.x; e < TL_BM * TL_BN; e += TL_CUDA_THREADS) {
         const int m = e / TL_BN, j = e % TL_BN;
-        const long long o = o0 + m, col = c0 + j;
-        if (o < n_out && col < cout) y[o * cout + col] = tl_from_f32<T>(s.c[m][j]);
+        const long long o = outs[m], col = c0 + j;
+        if (o >= 0 && col < cout) y[o * cout + col] = tl_from_f32<T>(s.c[m][j]);
     }
 }
 
@@ -138,7 +266,8 @@ namespace {
 struct tl_ig_forward_call {
     const tl_conv_desc *d;
     const void *x, *w;
-    const int32_t *nbr;
+    const int32_t *nbr, *perm; /* perm, masks: NULL when unsorted */
+    const unsigned *masks;
     void *y;
     cudaStream_t stream;
     int vec;
@@ -148,8 +277,8 @@ struct tl_ig_forward_call {
         unsigned grid;
         TL_CUDA_RETURN_IF(tl_tile_grid(tl_cuda_ceil_div(d->n_out, TL_BM) * col_tiles, &grid));
         tl_ig_forward_kernel<T, TF32><<<grid, TL_CUDA_THREADS, 0, stream>>>(
-            (const T *)x, (const T *)w, nbr, (T *)y, d->n_in, d->n_out, d->k, d->c_in, d->c_out,
-            col_tiles, vec);
+            (const T *)x, (const T *)w, nbr, perm, masks, (T *)y, d->n_in, d->n_out, d->k,
+            d->c_in, d->c_out, col_tiles, vec);
         TL_CUDA_LAUNCHED();
         return TL_OK;
     }
@@ -177,17 +306,25 @@ extern "C" tl_status tl_cuda_implicit_gemm_forward(const tl_ctx *ctx, const tl_c
                                                    int allow_tf32, const void *x, const void *w,
                                                    const int32_t *nbr, void *workspace,
                                                    void *y) {
-    (void)workspace; /* the forward writes each output tile once: no scratch */
     TL_CUDA_RETURN_IF(tl_conv_check(d, x, w, y, false));
     if (!nbr && d->n_out > 0) return TL_ERR_INVALID;
+    /* Scratch only for the row sort: the forward writes each tile once. */
+    tl_conv_layout l;
+    tl_cuda_ws ws = tl_conv_layout_of(workspace, TL_CUDA_IMPLICIT_GEMM, false, d, 0, &l);
+    if (ws.overflow) return TL_ERR_OVERFLOW;
+    if (!tl_cuda_ws_ok(workspace, ws.used)) return TL_ERR_INVALID;
     cudaStream_t stream;
     tl_cuda_scope scope;
     TL_CUDA_RETURN_IF(scope.enter(ctx, &stream));
     if (d->n_out == 0 || d->c_out == 0) return TL_OK;
+    const int32_t *perm = NULL;
+    const unsigned *masks = NULL;
+    if (tl_ig_sorted(TL_CUDA_IMPLICIT_GEMM, false, d))
+        TL_CUDA_RETURN_IF(tl_ig_sort(l, d, nbr, stream, &perm, &masks));
     const int64_t es = tl_dtype_bytes(d->dtype);
     const int vec = (tl_vec_ok(x, d->c_in, es) ? TL_VEC_A : 0) |
                     (tl_vec_ok(w, d->c_out, es) ? TL_VEC_B : 0);
-    tl_ig_forward_call call = {d, x, w, nbr, y, stream, vec};
+    tl_ig_forward_call call = {d, x, w, nbr, perm, masks, y, stream, vec};
     return tl_dispatch_dtype(d->dtype, allow_tf32, call);
 }
 
