@@ -14,7 +14,7 @@ import torch
 
 from torch_lattice.geometry import ConvGeometry
 from torch_lattice.ops import _cuda, _cuda_blocks
-from torch_lattice.ops._native import _C, device_type, ptr, require_cpu, threads
+from torch_lattice.ops._native import _C, ptr, require_cpu, threads
 from torch_lattice.ops.pairs import PairLists, kernel_pairs, reverse_pairs
 
 __all__ = [
