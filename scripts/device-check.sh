@@ -6,7 +6,7 @@
 #   bash scripts/device-check.sh              # on the GPU machine
 #   DEVICE_CHECK_DRY=1 bash scripts/device-check.sh   # rehearsal where there is no GPU
 #
-# Steps (each under its own time limit; the limits add up to 350 s, under 6 minutes):
+# Steps (each under its own time limit; the limits add up to 340 s, under 6 minutes):
 #   env     versions: GPU, python3, torch, setuptools, nvcc
 #   build   the extension in place (setup.py build_ext --inplace), sm_90 only
 #   import  torch_lattice._C: CUDA compiled in, devices seen
@@ -28,12 +28,14 @@ FAILED=()
 
 log() { echo "[$(date -u +%H:%M:%S)] $*" | tee -a "$BODY"; }
 
-# step NAME LIMIT CMD...: runs CMD under LIMIT seconds, output to $OUT/NAME.log.
+# step NAME LIMIT CMD...: runs CMD under LIMIT seconds, output to $OUT/NAME.log.  At the
+# limit CMD gets SIGINT first, so pytest still prints its summary and writes its junit file
+# for the tests that ran (15 s later, SIGKILL).
 step() {
     local name=$1 limit=$2
     shift 2
     local start=$SECONDS
-    timeout -k 5 "$limit" "$@" > "$OUT/$name.log" 2>&1
+    timeout -s INT -k 15 "$limit" "$@" > "$OUT/$name.log" 2>&1
     local rc=$?
     log "$name: rc=$rc in $((SECONDS - start)) s (limit $limit s)"
     tail -n 4 "$OUT/$name.log" | sed 's/^/    /' | tee -a "$BODY"
@@ -90,19 +92,23 @@ fi
 export CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
 export PATH="$PATH:$CUDA_HOME/bin"
 rm -f torch_lattice/_C*.so
-if step build 90 env TORCH_LATTICE_CUDA=1 TORCH_LATTICE_CUDA_ARCHS=90 \
-    python3 setup.py -q build_ext --inplace; then
+if step build 60 env TORCH_LATTICE_CUDA=1 TORCH_LATTICE_CUDA_ARCHS=90 \
+    python3 setup.py -q build_ext --inplace --force; then
     step import 20 python3 -c "import torch, torch_lattice._C as C; \
 print('cuda_compiled', C.cuda_compiled(), 'devices', C.cuda_device_count(), \
 'torch sees', torch.cuda.device_count()); \
 assert C.cuda_compiled(), 'built without CUDA'"
-    step test 150 python3 -m pytest -q -n 8 -p no:cacheprovider -rfEs tests/test_cuda*.py \
-        --junitxml="$OUT/test-junit.xml"
+    # -v: each test's name and verdict is logged as it finishes, so a run cut short by its
+    # limit still says which tests failed.
+    step test 180 python3 -m pytest -v -n 8 -p no:cacheprovider -rfEs --tb=short \
+        tests/test_cuda*.py --junitxml="$OUT/test-junit.xml"
+    grep -E "^\[gw[0-9]+\].* (FAILED|ERROR) " "$OUT/test.log" | sed 's/^.*\(FAILED\|ERROR\) /    \1 /' \
+        | sort | uniq | tee -a "$BODY" > /dev/null
     if [ "$DRY" = 1 ]; then
         skip bench "dry: needs a GPU"
         step bench-import 10 python3 -c "import benchmarks.gpu"
     else
-        step bench 70 env PYTHONUNBUFFERED=1 python3 -m benchmarks.gpu --out "$OUT/bench.md"
+        step bench 60 env PYTHONUNBUFFERED=1 python3 -m benchmarks.gpu --out "$OUT/bench.md"
     fi
 else
     FAILED+=(import test bench)
