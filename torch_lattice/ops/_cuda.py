@@ -308,35 +308,55 @@ def _run(
     )
 
 
+def _legacy_tf32() -> bool | None:
+    """``torch.backends.cuda.matmul.allow_tf32``, or None where reading it raises.
+
+    torch >= 2.9 raises on that read (and on every float32 cuBLAS GEMM, which asks the
+    same question) when the legacy flag and ``matmul.fp32_precision`` disagree."""
+    try:
+        return bool(torch.backends.cuda.matmul.allow_tf32)
+    except RuntimeError:
+        return None
+
+
 @contextlib.contextmanager
 def _gemm_precision(allow_tf32: bool) -> Iterator[None]:
     """cuBLAS settings for the GEMMs of one gather-scatter call, restored on exit.
 
     float32 uses TF32 tensor cores only when ``allow_tf32``; float16 and bfloat16 products
     reduce in fp32 (no reduced-precision split-K reductions).
+
+    TF32 is switched through the legacy ``allow_tf32`` setter only, which on torch >= 2.9
+    sets the legacy precision and ``matmul.fp32_precision`` together: setting
+    ``fp32_precision`` alone leaves the two APIs disagreeing, and torch then raises in
+    every float32 cuBLAS GEMM and every read of ``allow_tf32`` (tests, inductor, user
+    code).  When the flag already has the wanted value nothing is touched; otherwise the
+    caller's values of both APIs are put back on exit, legacy first.
     """
     m = torch.backends.cuda.matmul
     new_api = hasattr(m, "fp32_precision")
-    saved = (
-        m.fp32_precision if new_api else m.allow_tf32,
+    saved_new = m.fp32_precision if new_api else None
+    saved_legacy = _legacy_tf32()
+    switch = saved_legacy is not allow_tf32
+    saved_red = (
         m.allow_fp16_reduced_precision_reduction,
         m.allow_bf16_reduced_precision_reduction,
     )
     try:
-        if new_api:
-            m.fp32_precision = "tf32" if allow_tf32 else "ieee"
-        else:
+        if switch:
             m.allow_tf32 = allow_tf32
         m.allow_fp16_reduced_precision_reduction = False
         m.allow_bf16_reduced_precision_reduction = False
         yield
     finally:
-        if new_api:
-            m.fp32_precision = saved[0]
-        else:
-            m.allow_tf32 = saved[0]
-        m.allow_fp16_reduced_precision_reduction = saved[1]
-        m.allow_bf16_reduced_precision_reduction = saved[2]
+        if switch:
+            # Legacy setter first (it also writes fp32_precision), then the new-API value
+            # the caller had, so both read back as before ("none" stays "none").
+            m.allow_tf32 = bool(saved_legacy) if saved_legacy is not None else allow_tf32
+            if new_api and m.fp32_precision != saved_new:
+                m.fp32_precision = saved_new
+        m.allow_fp16_reduced_precision_reduction = saved_red[0]
+        m.allow_bf16_reduced_precision_reduction = saved_red[1]
 
 
 def _gather(src: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
