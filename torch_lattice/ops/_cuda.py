@@ -372,14 +372,26 @@ def _gather(src: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
 
 @functools.cache
 def _fp32_products(index: int, dtype: torch.dtype) -> bool:
-    """Whether ``torch.mm(a, b, out_dtype=torch.float32)`` works for ``dtype`` on device
-    ``index`` (``aten::mm.dtype``, newer torch): then half-precision products reach the
-    scatter-add in fp32, unrounded.  Probed once per device and dtype."""
-    a = torch.zeros((2, 2), dtype=dtype, device=torch.device("cuda", index))
+    """Whether ``torch.mm(a, b, out_dtype=torch.float32, out=rows)`` works for ``dtype`` on
+    device ``index`` (``aten::mm.dtype_out``, newer torch), written into a row slice of a
+    larger float32 buffer as the forward does: then half-precision products reach the
+    scatter-add in fp32, unrounded.  Probed once per device and dtype, in that exact form
+    and checked by value (small integers, exact in every dtype), so a torch whose overload
+    exists but rejects or mishandles ``out=`` falls back to products in the storage dtype.
+    """
+    device = torch.device("cuda", index)
+    a = torch.arange(6, dtype=torch.float32).reshape(3, 2).to(device=device, dtype=dtype)
+    b = torch.arange(8, dtype=torch.float32).reshape(2, 4).to(device=device, dtype=dtype)
+    expected = torch.arange(6.0).reshape(3, 2) @ torch.arange(8.0).reshape(2, 4)
+    buf = torch.full((5, 4), -1.0, dtype=torch.float32, device=device)
     try:
-        return torch.mm(a, a, out_dtype=torch.float32).dtype == torch.float32
+        with _gemm_precision(False):
+            torch.mm(a, b, out_dtype=torch.float32, out=buf[1:4])
+        host = buf.cpu()
     except (RuntimeError, TypeError, NotImplementedError):
         return False
+    untouched = bool((host[0] == -1).all() and (host[4] == -1).all())
+    return untouched and torch.equal(host[1:4], expected)
 
 
 def _row_ranges(offsets: torch.Tensor) -> list[tuple[int, int, int]]:
