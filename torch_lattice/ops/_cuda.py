@@ -319,6 +319,17 @@ def _legacy_tf32() -> bool | None:
         return None
 
 
+def _reduction_setting(m: object, name: str) -> bool | tuple[bool, bool]:
+    """A reduced-precision-reduction flag as its setter takes it back: ``(allowed,
+    split_k)`` where this torch has the split-K part (setting a bool alone turns split-K
+    on), else the bool."""
+    allowed = bool(getattr(m, name))
+    try:
+        return allowed, bool(getattr(m, name + "_split_k"))
+    except AttributeError:
+        return allowed
+
+
 @contextlib.contextmanager
 def _gemm_precision(allow_tf32: bool) -> Iterator[None]:
     """cuBLAS settings for the GEMMs of one gather-scatter call, restored on exit.
@@ -331,22 +342,28 @@ def _gemm_precision(allow_tf32: bool) -> Iterator[None]:
     ``fp32_precision`` alone leaves the two APIs disagreeing, and torch then raises in
     every float32 cuBLAS GEMM and every read of ``allow_tf32`` (tests, inductor, user
     code).  When the flag already has the wanted value nothing is touched; otherwise the
-    caller's values of both APIs are put back on exit, legacy first.
+    caller's values of both APIs are put back on exit, legacy first.  Likewise only
+    reduction flags that are on are turned off, and put back with their split-K part.
     """
     m = torch.backends.cuda.matmul
     new_api = hasattr(m, "fp32_precision")
     saved_new = m.fp32_precision if new_api else None
     saved_legacy = _legacy_tf32()
     switch = saved_legacy is not allow_tf32
-    saved_red = (
-        m.allow_fp16_reduced_precision_reduction,
-        m.allow_bf16_reduced_precision_reduction,
-    )
+    # reduced-precision reductions to turn off, with what to put back
+    reductions = [
+        (name, _reduction_setting(m, name))
+        for name in (
+            "allow_fp16_reduced_precision_reduction",
+            "allow_bf16_reduced_precision_reduction",
+        )
+        if getattr(m, name)
+    ]
     try:
         if switch:
             m.allow_tf32 = allow_tf32
-        m.allow_fp16_reduced_precision_reduction = False
-        m.allow_bf16_reduced_precision_reduction = False
+        for name, _ in reductions:
+            setattr(m, name, False)
         yield
     finally:
         if switch:
@@ -355,8 +372,8 @@ def _gemm_precision(allow_tf32: bool) -> Iterator[None]:
             m.allow_tf32 = bool(saved_legacy) if saved_legacy is not None else allow_tf32
             if new_api and m.fp32_precision != saved_new:
                 m.fp32_precision = saved_new
-        m.allow_fp16_reduced_precision_reduction = saved_red[0]
-        m.allow_bf16_reduced_precision_reduction = saved_red[1]
+        for name, setting in reductions:
+            setattr(m, name, setting)
 
 
 def _gather(src: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
