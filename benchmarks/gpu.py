@@ -64,13 +64,12 @@ def timed(fn: Callable[[], object], reps: int, warm: int = 3) -> float:
 
 
 def _tf32(enabled: bool) -> None:
-    """TF32 for the plain-PyTorch baseline's fp32 matmuls, through the API this torch has
-    (torch >= 2.9 refuses to mix its fp32_precision settings with the legacy flag)."""
-    m = torch.backends.cuda.matmul
-    if hasattr(m, "fp32_precision"):
-        m.fp32_precision = "tf32" if enabled else "ieee"
-    else:
-        m.allow_tf32 = enabled
+    """TF32 for the plain-PyTorch baseline's fp32 matmuls.
+
+    Through the legacy ``allow_tf32`` setter: on torch >= 2.9 it sets the legacy precision
+    and ``matmul.fp32_precision`` together, while setting ``fp32_precision`` alone leaves
+    the two disagreeing, and torch then raises on every read of ``allow_tf32``."""
+    torch.backends.cuda.matmul.allow_tf32 = enabled
 
 
 def layer_rows(coords: torch.Tensor, reps: int) -> list[Row]:

@@ -178,19 +178,34 @@ def test_half_products_reach_the_scatter_in_fp32(dtype: torch.dtype) -> None:
 
 @needs_gpu
 def test_gather_scatter_leaves_tf32_setting_alone() -> None:
+    """Both TF32 APIs read back as before, and reading the legacy flag (as tests, inductor
+    and user code do) does not raise: torch >= 2.9 raises when the two disagree."""
     _, out, nbr, rev = _nbr(GEOMETRIES[0], 500)
-    before = torch.backends.cuda.matmul.fp32_precision
+    m = torch.backends.cuda.matmul
     feats = torch.randn(rev.shape[0], 8, device="cuda")
     weight = torch.randn(27, 8, 8, device="cuda")
-    _cuda.conv_forward(
-        "gather_scatter",
-        feats,
-        weight,
-        pairs=_cuda.kernel_pairs(nbr.cuda()),
-        n_out=out.shape[0],
-        allow_tf32=True,
-    )
-    assert torch.backends.cuda.matmul.fp32_precision == before
+    x = torch.randn(16, 8, device="cuda")
+    saved = (m.allow_tf32, getattr(m, "fp32_precision", None))
+    try:
+        for legacy in (False, True):
+            m.allow_tf32 = legacy
+            before = (m.allow_tf32, m.fp32_precision if hasattr(m, "fp32_precision") else None)
+            for allow in (False, True):
+                _cuda.conv_forward(
+                    "gather_scatter",
+                    feats,
+                    weight,
+                    pairs=_cuda.kernel_pairs(nbr.cuda()),
+                    n_out=out.shape[0],
+                    allow_tf32=allow,
+                )
+                after = (m.allow_tf32, m.fp32_precision if hasattr(m, "fp32_precision") else None)
+                assert after == before
+                torch.mm(x, x.t())  # a float32 cuBLAS GEMM still runs
+    finally:
+        m.allow_tf32 = saved[0]
+        if saved[1] is not None:
+            m.fp32_precision = saved[1]
 
 
 @needs_gpu

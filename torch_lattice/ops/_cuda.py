@@ -308,35 +308,72 @@ def _run(
     )
 
 
+def _legacy_tf32() -> bool | None:
+    """``torch.backends.cuda.matmul.allow_tf32``, or None where reading it raises.
+
+    torch >= 2.9 raises on that read (and on every float32 cuBLAS GEMM, which asks the
+    same question) when the legacy flag and ``matmul.fp32_precision`` disagree."""
+    try:
+        return bool(torch.backends.cuda.matmul.allow_tf32)
+    except RuntimeError:
+        return None
+
+
+def _reduction_setting(m: object, name: str) -> bool | tuple[bool, bool]:
+    """A reduced-precision-reduction flag as its setter takes it back: ``(allowed,
+    split_k)`` where this torch has the split-K part (setting a bool alone turns split-K
+    on), else the bool."""
+    allowed = bool(getattr(m, name))
+    try:
+        return allowed, bool(getattr(m, name + "_split_k"))
+    except AttributeError:
+        return allowed
+
+
 @contextlib.contextmanager
 def _gemm_precision(allow_tf32: bool) -> Iterator[None]:
     """cuBLAS settings for the GEMMs of one gather-scatter call, restored on exit.
 
     float32 uses TF32 tensor cores only when ``allow_tf32``; float16 and bfloat16 products
     reduce in fp32 (no reduced-precision split-K reductions).
+
+    TF32 is switched through the legacy ``allow_tf32`` setter only, which on torch >= 2.9
+    sets the legacy precision and ``matmul.fp32_precision`` together: setting
+    ``fp32_precision`` alone leaves the two APIs disagreeing, and torch then raises in
+    every float32 cuBLAS GEMM and every read of ``allow_tf32`` (tests, inductor, user
+    code).  When the flag already has the wanted value nothing is touched; otherwise the
+    caller's values of both APIs are put back on exit, legacy first.  Likewise only
+    reduction flags that are on are turned off, and put back with their split-K part.
     """
     m = torch.backends.cuda.matmul
     new_api = hasattr(m, "fp32_precision")
-    saved = (
-        m.fp32_precision if new_api else m.allow_tf32,
-        m.allow_fp16_reduced_precision_reduction,
-        m.allow_bf16_reduced_precision_reduction,
-    )
+    saved_new = m.fp32_precision if new_api else None
+    saved_legacy = _legacy_tf32()
+    switch = saved_legacy is not allow_tf32
+    # reduced-precision reductions to turn off, with what to put back
+    reductions = [
+        (name, _reduction_setting(m, name))
+        for name in (
+            "allow_fp16_reduced_precision_reduction",
+            "allow_bf16_reduced_precision_reduction",
+        )
+        if getattr(m, name)
+    ]
     try:
-        if new_api:
-            m.fp32_precision = "tf32" if allow_tf32 else "ieee"
-        else:
+        if switch:
             m.allow_tf32 = allow_tf32
-        m.allow_fp16_reduced_precision_reduction = False
-        m.allow_bf16_reduced_precision_reduction = False
+        for name, _ in reductions:
+            setattr(m, name, False)
         yield
     finally:
-        if new_api:
-            m.fp32_precision = saved[0]
-        else:
-            m.allow_tf32 = saved[0]
-        m.allow_fp16_reduced_precision_reduction = saved[1]
-        m.allow_bf16_reduced_precision_reduction = saved[2]
+        if switch:
+            # Legacy setter first (it also writes fp32_precision), then the new-API value
+            # the caller had, so both read back as before ("none" stays "none").
+            m.allow_tf32 = bool(saved_legacy) if saved_legacy is not None else allow_tf32
+            if new_api and m.fp32_precision != saved_new:
+                m.fp32_precision = saved_new
+        for name, setting in reductions:
+            setattr(m, name, setting)
 
 
 def _gather(src: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
@@ -352,14 +389,26 @@ def _gather(src: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
 
 @functools.cache
 def _fp32_products(index: int, dtype: torch.dtype) -> bool:
-    """Whether ``torch.mm(a, b, out_dtype=torch.float32)`` works for ``dtype`` on device
-    ``index`` (``aten::mm.dtype``, newer torch): then half-precision products reach the
-    scatter-add in fp32, unrounded.  Probed once per device and dtype."""
-    a = torch.zeros((2, 2), dtype=dtype, device=torch.device("cuda", index))
+    """Whether ``torch.mm(a, b, out_dtype=torch.float32, out=rows)`` works for ``dtype`` on
+    device ``index`` (``aten::mm.dtype_out``, newer torch), written into a row slice of a
+    larger float32 buffer as the forward does: then half-precision products reach the
+    scatter-add in fp32, unrounded.  Probed once per device and dtype, in that exact form
+    and checked by value (small integers, exact in every dtype), so a torch whose overload
+    exists but rejects or mishandles ``out=`` falls back to products in the storage dtype.
+    """
+    device = torch.device("cuda", index)
+    a = torch.arange(6, dtype=torch.float32).reshape(3, 2).to(device=device, dtype=dtype)
+    b = torch.arange(8, dtype=torch.float32).reshape(2, 4).to(device=device, dtype=dtype)
+    expected = torch.arange(6.0).reshape(3, 2) @ torch.arange(8.0).reshape(2, 4)
+    buf = torch.full((5, 4), -1.0, dtype=torch.float32, device=device)
     try:
-        return torch.mm(a, a, out_dtype=torch.float32).dtype == torch.float32
+        with _gemm_precision(False):
+            torch.mm(a, b, out_dtype=torch.float32, out=buf[1:4])
+        host = buf.cpu()
     except (RuntimeError, TypeError, NotImplementedError):
         return False
+    untouched = bool((host[0] == -1).all() and (host[4] == -1).all())
+    return untouched and torch.equal(host[1:4], expected)
 
 
 def _row_ranges(offsets: torch.Tensor) -> list[tuple[int, int, int]]:
