@@ -80,11 +80,13 @@ class ConvConfig:
 
 DEFAULT = ConvConfig(dataflow=Dataflow.ImplicitGEMM, allow_tf32=False)
 
-# The CUDA default is a dataflow that a recorded run on a real GPU has verified (every
-# dataflow x dtype x forward / input gradient / weight gradient against the CPU), and the
-# fastest of those in that run's benchmark; docs/gpu-validation.md holds the run.  Before
-# any run had verified the CUDA kernels this was gather-scatter (GEMMs through cuBLAS).
-CUDA_DEFAULT = ConvConfig(dataflow=Dataflow.FetchOnDemand, allow_tf32=False)
+# The CUDA default: gather-scatter (its GEMMs are cuBLAS's) until a recorded run of
+# scripts/device-check.sh on a real GPU has verified the current kernels of the other
+# dataflows (every dataflow x dtype x forward / input gradient / weight gradient against
+# the CPU); then the fastest verified one.  docs/gpu-validation.md holds the runs: the
+# first (2026-11-30) verified all three at the kernels of that day, fetch-on-demand
+# fastest; the kernels changed after it, and the second run's tests did not complete.
+CUDA_DEFAULT = ConvConfig(dataflow=Dataflow.GatherScatter, allow_tf32=False)
 
 
 def _device_default(device: object) -> ConvConfig:
