@@ -32,6 +32,9 @@ static PyObject *tl_blk_raise(const char *cpu_fn, const char *cuda_fn, tl_status
     return NULL;
 }
 
+/* The size function must have run before this call: passing its call and
+ * `bytes` as two arguments of one call leaves their order unspecified (gcc
+ * read bytes, still 0, first). */
 static PyObject *tl_blk_size(const char *fn, tl_status st, size_t bytes) {
     if (st != TL_OK) return tl_raise(fn, st);
     return PyLong_FromSize_t(bytes);
@@ -75,8 +78,8 @@ static PyObject *py_cuda_voxelize_workspace_size(PyObject *self, PyObject *args)
     long long n;
     size_t bytes = 0;
     if (!PyArg_ParseTuple(args, "L", &n)) return NULL;
-    return tl_blk_size("cuda_voxelize_workspace_size", tl_cuda_voxelize_workspace_size(n, &bytes),
-                       bytes);
+    const tl_status st = tl_cuda_voxelize_workspace_size(n, &bytes);
+    return tl_blk_size("cuda_voxelize_workspace_size", st, bytes);
 }
 
 PyDoc_STRVAR(cuda_voxelize_doc,
@@ -116,8 +119,8 @@ static PyObject *py_cuda_voxel_reduce_workspace_size(PyObject *self, PyObject *a
     long long n, m;
     size_t bytes = 0;
     if (!PyArg_ParseTuple(args, "LL", &n, &m)) return NULL;
-    return tl_blk_size("cuda_voxel_reduce_workspace_size",
-                       tl_cuda_voxel_reduce_workspace_size(n, m, &bytes), bytes);
+    const tl_status st = tl_cuda_voxel_reduce_workspace_size(n, m, &bytes);
+    return tl_blk_size("cuda_voxel_reduce_workspace_size", st, bytes);
 }
 
 PyDoc_STRVAR(cuda_voxel_reduce_doc,
@@ -149,8 +152,8 @@ static PyObject *py_cuda_devoxel_map_workspace_size(PyObject *self, PyObject *ar
     long long m;
     size_t bytes = 0;
     if (!PyArg_ParseTuple(args, "L", &m)) return NULL;
-    return tl_blk_size("cuda_devoxel_map_workspace_size",
-                       tl_cuda_devoxel_map_workspace_size(m, &bytes), bytes);
+    const tl_status st = tl_cuda_devoxel_map_workspace_size(m, &bytes);
+    return tl_blk_size("cuda_devoxel_map_workspace_size", st, bytes);
 }
 
 PyDoc_STRVAR(cuda_devoxel_map_doc,
