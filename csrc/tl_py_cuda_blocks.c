@@ -14,18 +14,42 @@
 #ifdef TL_WITH_CUDA
 
 #include "cuda/tl_cuda_blocks.h"
+#include "cuda/tl_cuda_device.h"
 
-static PyObject *tl_blk_raise(const char *cpu_fn, const char *cuda_fn, tl_status st) {
-    return tl_raise(st == TL_ERR_CUDA ? cuda_fn : cpu_fn, st);
+/* Bytes of the description a failing CUDA call leaves in tl_ctx.err. */
+#define TL_BLK_ERR_BYTES 512
+
+/* A failed call raises under the CPU function's name; TL_ERR_CUDA becomes a
+ * RuntimeError naming the cuda_* function and the failing CUDA call.
+ * tl_cuda_error_describe also clears the runtime's last error: the entry
+ * points' launch checks only peek at it, and a non-sticky error left set
+ * would fail torch's next kernel launch in this process. */
+static PyObject *tl_blk_raise(const char *cpu_fn, const char *cuda_fn, tl_status st,
+                              const tl_ctx *ctx) {
+    if (st != TL_ERR_CUDA) return tl_raise(cpu_fn, st);
+    tl_cuda_error_describe(ctx->err, ctx->err_size);
+    PyErr_Format(PyExc_RuntimeError, "torch_lattice._C.%s: CUDA error: %s", cuda_fn, ctx->err);
+    return NULL;
 }
 
+/* The size function must have run before this call: passing its call and
+ * `bytes` as two arguments of one call leaves their order unspecified (gcc
+ * read bytes, still 0, first). */
 static PyObject *tl_blk_size(const char *fn, tl_status st, size_t bytes) {
     if (st != TL_OK) return tl_raise(fn, st);
     return PyLong_FromSize_t(bytes);
 }
 
-static tl_ctx tl_blk_ctx(int device, unsigned long long stream) {
-    tl_ctx ctx = {.threads = 1, .device = device, .stream = tl_ptr(stream), .simd_cap = 0};
+/* Context of one call; err (TL_BLK_ERR_BYTES) receives a CUDA failure's
+ * description. */
+static tl_ctx tl_blk_ctx(int device, unsigned long long stream, char *err) {
+    err[0] = '\0';
+    tl_ctx ctx = {.threads = 1,
+                  .device = device,
+                  .stream = tl_ptr(stream),
+                  .simd_cap = 0,
+                  .err = err,
+                  .err_size = TL_BLK_ERR_BYTES};
     return ctx;
 }
 
@@ -54,8 +78,8 @@ static PyObject *py_cuda_voxelize_workspace_size(PyObject *self, PyObject *args)
     long long n;
     size_t bytes = 0;
     if (!PyArg_ParseTuple(args, "L", &n)) return NULL;
-    return tl_blk_size("cuda_voxelize_workspace_size", tl_cuda_voxelize_workspace_size(n, &bytes),
-                       bytes);
+    const tl_status st = tl_cuda_voxelize_workspace_size(n, &bytes);
+    return tl_blk_size("cuda_voxelize_workspace_size", st, bytes);
 }
 
 PyDoc_STRVAR(cuda_voxelize_doc,
@@ -75,14 +99,15 @@ static PyObject *py_cuda_voxelize(PyObject *self, PyObject *args) {
                           &origin, &pws, &pu, &pi))
         return NULL;
     if (!tl_blk_grid(size, origin, &g)) return NULL;
-    tl_ctx ctx = tl_blk_ctx(device, stream);
+    char err[TL_BLK_ERR_BYTES];
+    tl_ctx ctx = tl_blk_ctx(device, stream, err);
     tl_status st;
     Py_BEGIN_ALLOW_THREADS
     st = tl_cuda_voxelize(&ctx, (tl_dtype)dtype, tl_ptr(pp), tl_ptr(pb), n, &g, tl_ptr(pws),
                           tl_ptr(pu), tl_ptr(pi), &m, (int64_t *)&bad);
     Py_END_ALLOW_THREADS
     if (st != TL_OK && !tl_blk_point_rejected(st, bad))
-        return tl_blk_raise("voxel_quantize", "cuda_voxelize", st);
+        return tl_blk_raise("voxel_quantize", "cuda_voxelize", st, &ctx);
     return Py_BuildValue("(iLL)", (int)st, bad, (long long)m);
 }
 
@@ -94,8 +119,8 @@ static PyObject *py_cuda_voxel_reduce_workspace_size(PyObject *self, PyObject *a
     long long n, m;
     size_t bytes = 0;
     if (!PyArg_ParseTuple(args, "LL", &n, &m)) return NULL;
-    return tl_blk_size("cuda_voxel_reduce_workspace_size",
-                       tl_cuda_voxel_reduce_workspace_size(n, m, &bytes), bytes);
+    const tl_status st = tl_cuda_voxel_reduce_workspace_size(n, m, &bytes);
+    return tl_blk_size("cuda_voxel_reduce_workspace_size", st, bytes);
 }
 
 PyDoc_STRVAR(cuda_voxel_reduce_doc,
@@ -109,13 +134,14 @@ static PyObject *py_cuda_voxel_reduce(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "iKiiKLLKLKKK", &device, &stream, &dtype, &red, &pf, &n, &c,
                           &pinv, &m, &pws, &pout, &parg))
         return NULL;
-    tl_ctx ctx = tl_blk_ctx(device, stream);
+    char err[TL_BLK_ERR_BYTES];
+    tl_ctx ctx = tl_blk_ctx(device, stream, err);
     tl_status st;
     Py_BEGIN_ALLOW_THREADS
     st = tl_cuda_voxel_reduce(&ctx, (tl_dtype)dtype, (tl_voxel_reduction)red, tl_ptr(pf), n, c,
                               tl_ptr(pinv), m, tl_ptr(pws), tl_ptr(pout), tl_ptr(parg));
     Py_END_ALLOW_THREADS
-    if (st != TL_OK) return tl_blk_raise("voxel_reduce", "cuda_voxel_reduce", st);
+    if (st != TL_OK) return tl_blk_raise("voxel_reduce", "cuda_voxel_reduce", st, &ctx);
     Py_RETURN_NONE;
 }
 
@@ -126,8 +152,8 @@ static PyObject *py_cuda_devoxel_map_workspace_size(PyObject *self, PyObject *ar
     long long m;
     size_t bytes = 0;
     if (!PyArg_ParseTuple(args, "L", &m)) return NULL;
-    return tl_blk_size("cuda_devoxel_map_workspace_size",
-                       tl_cuda_devoxel_map_workspace_size(m, &bytes), bytes);
+    const tl_status st = tl_cuda_devoxel_map_workspace_size(m, &bytes);
+    return tl_blk_size("cuda_devoxel_map_workspace_size", st, bytes);
 }
 
 PyDoc_STRVAR(cuda_devoxel_map_doc,
@@ -145,14 +171,15 @@ static PyObject *py_cuda_devoxel_map(PyObject *self, PyObject *args) {
                           &origin, &pv, &m, &tri, &pws, &pi, &pw))
         return NULL;
     if (!tl_blk_grid(size, origin, &g)) return NULL;
-    tl_ctx ctx = tl_blk_ctx(device, stream);
+    char err[TL_BLK_ERR_BYTES];
+    tl_ctx ctx = tl_blk_ctx(device, stream, err);
     tl_status st;
     Py_BEGIN_ALLOW_THREADS
     st = tl_cuda_devoxel_map(&ctx, (tl_dtype)dtype, tl_ptr(pp), tl_ptr(pb), n, &g, tl_ptr(pv), m,
                              tri, tl_ptr(pws), tl_ptr(pi), tl_ptr(pw), (int64_t *)&bad);
     Py_END_ALLOW_THREADS
     if (st != TL_OK && !tl_blk_point_rejected(st, bad))
-        return tl_blk_raise("voxel_devoxel_map", "cuda_devoxel_map", st);
+        return tl_blk_raise("voxel_devoxel_map", "cuda_devoxel_map", st, &ctx);
     return Py_BuildValue("(iL)", (int)st, bad);
 }
 
@@ -167,19 +194,20 @@ static PyObject *py_cuda_devoxel_gather(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "iKiKLLKKLLK", &device, &stream, &dtype, &pf, &m, &c, &pi, &pw,
                           &n, &k, &pout))
         return NULL;
-    tl_ctx ctx = tl_blk_ctx(device, stream);
+    char err[TL_BLK_ERR_BYTES];
+    tl_ctx ctx = tl_blk_ctx(device, stream, err);
     tl_status st;
     Py_BEGIN_ALLOW_THREADS
     st = tl_cuda_devoxel_gather(&ctx, (tl_dtype)dtype, tl_ptr(pf), m, c, tl_ptr(pi), tl_ptr(pw),
                                 n, k, tl_ptr(pout));
     Py_END_ALLOW_THREADS
-    if (st != TL_OK) return tl_blk_raise("voxel_gather", "cuda_devoxel_gather", st);
+    if (st != TL_OK) return tl_blk_raise("voxel_gather", "cuda_devoxel_gather", st, &ctx);
     Py_RETURN_NONE;
 }
 
 /* Shared layout of the pooling entry points: (device, stream, dtype, n_in,
  * n_out, k, c, a_ptr, table_ptr, flag, out_ptr, aux_ptr). */
-static int tl_blk_parse_pool(PyObject *args, tl_ctx *ctx, tl_pool_desc *d,
+static int tl_blk_parse_pool(PyObject *args, tl_ctx *ctx, char *err, tl_pool_desc *d,
                              unsigned long long p[4], int *flag) {
     int device, dtype;
     unsigned long long stream;
@@ -189,7 +217,7 @@ static int tl_blk_parse_pool(PyObject *args, tl_ctx *ctx, tl_pool_desc *d,
         return 0;
     tl_pool_desc desc = {(tl_dtype)dtype, n_in, n_out, k, c};
     *d = desc;
-    *ctx = tl_blk_ctx(device, stream);
+    *ctx = tl_blk_ctx(device, stream, err);
     return 1;
 }
 
@@ -199,15 +227,16 @@ PyDoc_STRVAR(cuda_pool_sum_doc,
 static PyObject *py_cuda_pool_sum(PyObject *self, PyObject *args) {
     (void)self;
     tl_ctx ctx;
+    char err[TL_BLK_ERR_BYTES];
     tl_pool_desc d;
     unsigned long long p[4];
     int avg;
-    if (!tl_blk_parse_pool(args, &ctx, &d, p, &avg)) return NULL;
+    if (!tl_blk_parse_pool(args, &ctx, err, &d, p, &avg)) return NULL;
     tl_status st;
     Py_BEGIN_ALLOW_THREADS
     st = tl_cuda_pool_sum(&ctx, &d, tl_ptr(p[0]), tl_ptr(p[1]), avg, tl_ptr(p[2]));
     Py_END_ALLOW_THREADS
-    if (st != TL_OK) return tl_blk_raise("pool_sum", "cuda_pool_sum", st);
+    if (st != TL_OK) return tl_blk_raise("pool_sum", "cuda_pool_sum", st, &ctx);
     Py_RETURN_NONE;
 }
 
@@ -217,15 +246,16 @@ PyDoc_STRVAR(cuda_pool_max_doc,
 static PyObject *py_cuda_pool_max(PyObject *self, PyObject *args) {
     (void)self;
     tl_ctx ctx;
+    char err[TL_BLK_ERR_BYTES];
     tl_pool_desc d;
     unsigned long long p[4];
     int unused;
-    if (!tl_blk_parse_pool(args, &ctx, &d, p, &unused)) return NULL;
+    if (!tl_blk_parse_pool(args, &ctx, err, &d, p, &unused)) return NULL;
     tl_status st;
     Py_BEGIN_ALLOW_THREADS
     st = tl_cuda_pool_max(&ctx, &d, tl_ptr(p[0]), tl_ptr(p[1]), tl_ptr(p[2]), tl_ptr(p[3]));
     Py_END_ALLOW_THREADS
-    if (st != TL_OK) return tl_blk_raise("pool_max", "cuda_pool_max", st);
+    if (st != TL_OK) return tl_blk_raise("pool_max", "cuda_pool_max", st, &ctx);
     Py_RETURN_NONE;
 }
 
@@ -235,16 +265,18 @@ PyDoc_STRVAR(cuda_pool_max_backward_doc,
 static PyObject *py_cuda_pool_max_backward(PyObject *self, PyObject *args) {
     (void)self;
     tl_ctx ctx;
+    char err[TL_BLK_ERR_BYTES];
     tl_pool_desc d;
     unsigned long long p[4];
     int unused;
-    if (!tl_blk_parse_pool(args, &ctx, &d, p, &unused)) return NULL;
+    if (!tl_blk_parse_pool(args, &ctx, err, &d, p, &unused)) return NULL;
     tl_status st;
     Py_BEGIN_ALLOW_THREADS
     st = tl_cuda_pool_max_backward(&ctx, &d, tl_ptr(p[0]), tl_ptr(p[1]), tl_ptr(p[3]),
                                    tl_ptr(p[2]));
     Py_END_ALLOW_THREADS
-    if (st != TL_OK) return tl_blk_raise("pool_max_backward", "cuda_pool_max_backward", st);
+    if (st != TL_OK)
+        return tl_blk_raise("pool_max_backward", "cuda_pool_max_backward", st, &ctx);
     Py_RETURN_NONE;
 }
 
@@ -279,13 +311,14 @@ static PyObject *py_cuda_generative(PyObject *self, PyObject *args) {
                           &cap))
         return NULL;
     if (!tl_blk_geom(geom, &g)) return NULL;
-    tl_ctx ctx = tl_blk_ctx(device, stream);
+    char err[TL_BLK_ERR_BYTES];
+    tl_ctx ctx = tl_blk_ctx(device, stream, err);
     tl_status st;
     Py_BEGIN_ALLOW_THREADS
     st = tl_cuda_generative_support(&ctx, tl_ptr(pin), n_in, &g, tl_ptr(pws), tl_ptr(pout), cap,
                                     &n_out);
     Py_END_ALLOW_THREADS
-    if (st != TL_OK) return tl_blk_raise("generative", "cuda_generative", st);
+    if (st != TL_OK) return tl_blk_raise("generative", "cuda_generative", st, &ctx);
     return PyLong_FromLongLong((long long)n_out);
 }
 

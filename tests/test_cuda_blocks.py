@@ -461,6 +461,55 @@ def test_cuda_kernels_raise_clearly_without_cuda(monkeypatch):
             call()
 
 
+@pytest.mark.skipif(not _C.cuda_compiled(), reason="needs a CUDA build")
+def test_workspace_sizes_are_measured():
+    # Each layout holds at least its coordinate rows / (voxel, point) pairs.
+    assert _C.cuda_voxelize_workspace_size(1000) >= 3 * 1000 * 16
+    assert _C.cuda_voxel_reduce_workspace_size(1000, 10) >= 2 * 1000 * 8
+    assert _C.cuda_devoxel_map_workspace_size(100) >= 200 * 4
+    geom = ((2, 2, 2), (2, 2, 2), (0, 0, 0), (1, 1, 1))
+    assert _C.cuda_generative_workspace_size(100, geom) >= 3 * 800 * 16
+
+
+@pytest.mark.skipif(
+    not _C.cuda_compiled() or torch.cuda.is_available(),
+    reason="needs a CUDA build on a machine where CUDA cannot run",
+)
+def test_wrappers_pass_the_host_checks(monkeypatch):
+    """Every wrapper's arguments pass the C entry point's host-side checks, which run
+    before any CUDA call: with host tensors, a 256-byte aligned workspace and no
+    usable GPU, each call must get as far as the CUDA runtime and fail there."""
+    from torch_lattice.ops import _cuda_blocks as cb
+
+    def workspace(nbytes, device):
+        buf = torch.empty(nbytes + 256, dtype=torch.uint8)
+        off = (-buf.data_ptr()) % 256
+        return buf[off : off + nbytes]
+
+    monkeypatch.setattr(cb, "require_cuda", lambda op, *t: torch.device("cpu"))
+    monkeypatch.setattr(cb, "_call_args", lambda device: (0, 0))
+    monkeypatch.setattr(cb, "_workspace", workspace)
+    pts, batch = _cloud(10, seed=40, dtype=torch.float64)
+    coords = torch.tensor([[0, 1, 1, 1], [0, 2, 2, 2]], dtype=torch.int32)
+    nbr = torch.zeros((2, 8), dtype=torch.int32)
+    f = _feats(2, 3, seed=41)
+    inv = torch.zeros(10, dtype=torch.long)
+    calls = [
+        lambda: voxel._voxelize_coords_cuda(pts, batch, [1.0] * 3, [0.0] * 3),
+        lambda: voxel._voxel_reduce_cuda(pts.float(), inv, 1, "max"),
+        lambda: voxel._devoxel_map_cuda(pts, batch, [1.0] * 3, [0.0] * 3, coords, True),
+        lambda: voxel._devoxel_gather_cuda(f, inv.view(10, 1), torch.ones(10, 1).double()),
+        lambda: pooling._pool_sum_cuda(f, nbr, nbr),
+        lambda: pooling._pool_avg_cuda(f, nbr, nbr),
+        lambda: pooling._pool_max_cuda(f, nbr, nbr),
+        lambda: pooling._pool_max_backward_cuda(f, nbr, nbr),
+        lambda: km._generative_support_cuda(coords, [2, 2, 2], [2, 2, 2]),
+    ]
+    for call in calls:
+        with pytest.raises(RuntimeError, match="CUDA error"):
+            call()
+
+
 def test_cpu_kernels_reject_other_devices():
     # The op bodies are the CPU kernels; any device other than CPU and CUDA is named.
     meta = torch.zeros((2, 3), device="meta")

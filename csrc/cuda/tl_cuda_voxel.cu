@@ -113,6 +113,7 @@ extern "C" tl_status tl_cuda_voxelize(const tl_ctx *ctx, tl_dtype dtype, const v
                                       const tl_voxel_grid *grid, void *workspace,
                                       tl_coord *uniq, int64_t *inverse, int64_t *n_uniq,
                                       int64_t *bad) {
+    TL_CUDA_ERRORS_TO(ctx);
     if (bad) *bad = -1;
     if (!n_uniq) return TL_ERR_INVALID;
     *n_uniq = 0;
@@ -258,6 +259,7 @@ extern "C" tl_status tl_cuda_voxel_reduce(const tl_ctx *ctx, tl_dtype dtype,
                                           tl_voxel_reduction red, const void *feats, int64_t n,
                                           int64_t c, const int64_t *inverse, int64_t m,
                                           void *workspace, void *out, int64_t *argmax) {
+    TL_CUDA_ERRORS_TO(ctx);
     if (n < 0 || c < 0 || m < 0) return TL_ERR_INVALID;
     if (red != TL_VOXEL_MEAN && red != TL_VOXEL_SUM && red != TL_VOXEL_MAX)
         return TL_ERR_INVALID;
@@ -360,6 +362,7 @@ extern "C" tl_status tl_cuda_devoxel_map(const tl_ctx *ctx, tl_dtype dtype, cons
                                          const tl_voxel_grid *grid, const tl_coord *vox,
                                          int64_t m, int trilinear, void *workspace, int64_t *idx,
                                          double *w, int64_t *bad) {
+    TL_CUDA_ERRORS_TO(ctx);
     if (bad) *bad = -1;
     TL_CUDA_RETURN_IF(tl_vx_check_args(dtype, pts, n, grid));
     if (m < 0 || (m > 0 && !vox) || (n > 0 && (!idx || !w))) return TL_ERR_INVALID;
