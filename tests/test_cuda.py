@@ -29,6 +29,15 @@ from torch_lattice.geometry import ConvGeometry
 from torch_lattice.ops import _cuda
 from torch_lattice.ops._native import _C
 
+try:
+    from cuda_helpers import cpu_support as _support
+    from cuda_helpers import geometry_lists as _lists
+    from cuda_helpers import random_coords as _coords
+except ImportError:  # tests/ may become a package; then it is imported through it
+    from tests.cuda_helpers import cpu_support as _support
+    from tests.cuda_helpers import geometry_lists as _lists
+    from tests.cuda_helpers import random_coords as _coords
+
 pytestmark = pytest.mark.cuda
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -42,26 +51,6 @@ GEOMETRIES = [
 DATAFLOWS = ["implicit_gemm", "fetch_on_demand", "gather_scatter"]
 # (rtol, atol relative to max|ref|) per dtype, see the module docstring.
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
-
-
-def _coords(n: int, side: int, seed: int, batches: int = 2) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    c = torch.randint(0, side, (n, 4), generator=g)
-    c[:, 0] %= batches
-    c = torch.unique(c, dim=0)
-    return c[torch.randperm(c.shape[0], generator=g)].to(torch.int32)
-
-
-def _lists(geometry: ConvGeometry) -> tuple[list[int], ...]:
-    return tuple(list(v) for v in geometry.as_c())
-
-
-def _support(coords: torch.Tensor, geometry: ConvGeometry, side: int) -> torch.Tensor:
-    """Output support on the CPU: the input for stride 1, else the generated one."""
-    if geometry.stride == (1, 1, 1):
-        return coords
-    rng = list(geometry.output_range((side, side, side)))
-    return torch.ops.lattice.generate_support(coords, *_lists(geometry), rng, 2)
 
 
 def _pairs_reference(nbr: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -29,6 +29,15 @@ from torch_lattice.ops import _cuda
 from torch_lattice.ops._native import _C
 from torch_lattice.ops.kernel_map import build_kernel_map
 
+try:
+    from cuda_helpers import cpu_support as _support
+    from cuda_helpers import geometry_lists as _lists
+    from cuda_helpers import random_coords as _coords
+except ImportError:  # tests/ may become a package; then it is imported through it
+    from tests.cuda_helpers import cpu_support as _support
+    from tests.cuda_helpers import geometry_lists as _lists
+    from tests.cuda_helpers import random_coords as _coords
+
 _skip_without_gpu = pytest.mark.skipif(
     not (torch.cuda.is_available() and _C.cuda_compiled()), reason="needs a CUDA GPU"
 )
@@ -47,25 +56,6 @@ GEOMETRIES = [
     ConvGeometry.submanifold((5, 5, 5), (1, 1, 1)),
 ]
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 4e-2}
-
-
-def _coords(n: int, side: int, seed: int, batches: int = 2) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    c = torch.randint(0, side, (n, 4), generator=g)
-    c[:, 0] %= batches
-    c = torch.unique(c, dim=0)
-    return c[torch.randperm(c.shape[0], generator=g)].to(torch.int32)
-
-
-def _lists(geometry: ConvGeometry) -> tuple[list[int], ...]:
-    return tuple(list(v) for v in geometry.as_c())
-
-
-def _support(coords: torch.Tensor, geometry: ConvGeometry, side: int) -> torch.Tensor:
-    if geometry.stride == (1, 1, 1):
-        return coords
-    rng = list(geometry.output_range((side, side, side)))
-    return torch.ops.lattice.generate_support(coords, *_lists(geometry), rng, 2)
 
 
 def _nbr(geometry: ConvGeometry, n: int = 2500, side: int = 16, seed: int = 3):

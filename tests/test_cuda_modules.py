@@ -25,6 +25,11 @@ from torch import nn
 import torch_lattice as tl
 from torch_lattice.nn.functional import ConvConfig, Dataflow
 
+try:
+    from cuda_helpers import random_coords as _coords
+except ImportError:  # tests/ may become a package; then it is imported through it
+    from tests.cuda_helpers import random_coords as _coords
+
 pytestmark = pytest.mark.cuda
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -36,14 +41,6 @@ PRECISIONS = {
     "bf16": (torch.bfloat16, False, 3e-2),
 }
 DATAFLOWS = [Dataflow.ImplicitGEMM, Dataflow.FetchOnDemand, Dataflow.GatherScatter]
-
-
-def _coords(n: int, side: int, seed: int, batches: int = 2) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    c = torch.randint(0, side, (n, 4), generator=g)
-    c[:, 0] %= batches
-    c = torch.unique(c, dim=0)
-    return c[torch.randperm(c.shape[0], generator=g)].to(torch.int32)
 
 
 class DownUp(nn.Module):

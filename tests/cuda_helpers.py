@@ -1,0 +1,30 @@
+"""Inputs shared by the CUDA-versus-CPU tests (tests/test_cuda*.py)."""
+
+from __future__ import annotations
+
+import torch
+
+import torch_lattice.ops  # noqa: F401  (registers the lattice ops the helpers call)
+from torch_lattice.geometry import ConvGeometry
+
+
+def random_coords(n: int, side: int, seed: int, batches: int = 2) -> torch.Tensor:
+    """About ``n`` unique int32 rows ``(b, x, y, z)`` in ``[0, side)``, shuffled."""
+    g = torch.Generator().manual_seed(seed)
+    c = torch.randint(0, side, (n, 4), generator=g)
+    c[:, 0] %= batches
+    c = torch.unique(c, dim=0)
+    return c[torch.randperm(c.shape[0], generator=g)].to(torch.int32)
+
+
+def geometry_lists(geometry: ConvGeometry) -> tuple[list[int], ...]:
+    """``(kernel_size, stride, padding, dilation)`` as the ops take them."""
+    return tuple(list(v) for v in geometry.as_c())
+
+
+def cpu_support(coords: torch.Tensor, geometry: ConvGeometry, side: int) -> torch.Tensor:
+    """Output support on the CPU: the input for stride 1, else the generated one."""
+    if geometry.stride == (1, 1, 1):
+        return coords
+    rng = list(geometry.output_range((side, side, side)))
+    return torch.ops.lattice.generate_support(coords, *geometry_lists(geometry), rng, 2)
