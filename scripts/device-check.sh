@@ -100,7 +100,7 @@ print('cuda_compiled', C.cuda_compiled(), 'devices', C.cuda_device_count(), \
 assert C.cuda_compiled(), 'built without CUDA'"
     # -v: each test's name and verdict is logged as it finishes, so a run cut short by its
     # limit still says which tests failed.
-    step test 180 python3 -m pytest -v -n 8 -p no:cacheprovider -rfEs --tb=short \
+    step test 180 python3 -m pytest -v -n 8 -p no:cacheprovider -rfEs --tb=short --durations=15 \
         tests/test_cuda*.py --junitxml="$OUT/test-junit.xml"
     grep -E "^\[gw[0-9]+\].* (FAILED|ERROR) " "$OUT/test.log" | sed 's/^.*\(FAILED\|ERROR\) /    \1 /' \
         | sort | uniq | tee -a "$BODY" > /dev/null
