@@ -2,13 +2,15 @@
 
 ``run`` times a suite's workloads on its scenes and writes ``results.json``,
 ``results.md`` and the plots into ``--out`` (default ``docs/benchmarks``); ``list``
-shows the suites and workloads.
+shows the suites and workloads. ``large`` runs the large-input check
+(:mod:`benchmarks.large`, 5M voxels by default) and writes ``large.json`` and ``large.md``.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import platform
 import shlex
@@ -232,6 +234,38 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _large(args: argparse.Namespace) -> int:
+    """Runs the large-input check and writes ``large.json`` and ``large.md``."""
+    from benchmarks import large
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    meta = {
+        "command": "python -m benchmarks "
+        + shlex.join(sys.argv[1:] if args.argv is None else args.argv),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "commit": _commit(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "load_before": _load(),
+        **_machine(),
+    }
+    result = large.run_large(
+        voxels=args.voxels,
+        channels=args.channels,
+        repeats=args.repeats,
+        backward=not args.no_backward,
+        memory=not args.no_memory,
+    )
+    meta["load_after"] = _load()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "large.json").write_text(json.dumps({"meta": meta, **result}, indent=1) + "\n")
+    (out / "large.md").write_text(large.markdown(meta, result))
+    print(f"wrote large.json, large.md to {out}")
+    return 0
+
+
 def _list() -> int:
     for name, suite in SUITES.items():
         kinds = ", ".join(f"{k}-b{b}" if b > 1 else k for k, b in suite.main + suite.extra)
@@ -258,6 +292,14 @@ def _parser() -> argparse.ArgumentParser:
     rep.add_argument("--out", default=str(ROOT / "docs" / "benchmarks"))
     rep.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     sub.add_parser("list", help="list suites and workloads")
+    big = sub.add_parser("large", help="large-input check (5M voxels): time and peak memory")
+    big.add_argument("--voxels", type=int, default=5_000_000)
+    big.add_argument("--channels", type=int, default=16)
+    big.add_argument("--repeats", type=int, default=3, help="timed runs per step")
+    big.add_argument("--threads", type=int, help="torch.set_num_threads before running")
+    big.add_argument("--no-backward", action="store_true", help="skip forward + backward")
+    big.add_argument("--no-memory", action="store_true", help="skip peak-memory runs")
+    big.add_argument("--out", default=str(ROOT / "docs" / "benchmarks"))
     return p
 
 
@@ -269,6 +311,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _list()
     if args.cmd == "report":
         return _report(args)
+    if args.cmd == "large":
+        for name in ("voxels", "channels", "repeats"):
+            if getattr(args, name) < 1:
+                raise SystemExit(f"--{name}: must be >= 1")
+        if args.threads is not None and args.threads < 1:
+            raise SystemExit("--threads: must be >= 1")
+        return _large(args)
     if args.repeats is not None and args.repeats < 1:
         raise SystemExit("--repeats: must be >= 1")
     if args.threads is not None and args.threads < 1:
