@@ -32,7 +32,8 @@ def validate_coords(coords: Any, name: str = "coords") -> torch.Tensor:
 
     Raises:
         TypeError: not a tensor, or not an integer dtype.
-        ValueError: wrong shape, negative, beyond int32, or repeated rows.
+        ValueError: wrong shape, a device other than CPU or CUDA, negative, beyond
+            int32, or repeated rows.
     """
     if not isinstance(coords, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(coords).__name__}")
@@ -42,6 +43,8 @@ def validate_coords(coords: Any, name: str = "coords") -> torch.Tensor:
         raise ValueError(
             f"{name} must have shape (N, 4) [batch, x, y, z], got {tuple(coords.shape)}"
         )
+    if coords.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"{name} must be on the CPU or a CUDA device, got {coords.device}")
     if coords.numel():
         lo, hi = int(coords.min()), int(coords.max())
         if lo < 0:

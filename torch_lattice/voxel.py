@@ -209,9 +209,18 @@ def collate(
             f"collate: need one features tensor per cloud and at least one cloud, got "
             f"{len(points)} points and {len(features)} features"
         )
-    for i, p in enumerate(points):
+    for i, (p, f) in enumerate(zip(points, features, strict=True)):
         if not isinstance(p, torch.Tensor):
             raise TypeError(f"collate: points[{i}] must be a tensor, got {type(p).__name__}")
+        if not isinstance(f, torch.Tensor):
+            raise TypeError(f"collate: features[{i}] must be a tensor, got {type(f).__name__}")
+        if p.dim() != 2 or p.shape[1] != 3:
+            raise ValueError(f"collate: points[{i}] must have shape (P, 3), got {tuple(p.shape)}")
+        if f.dim() != 2 or f.shape[0] != p.shape[0]:
+            raise ValueError(
+                f"collate: features[{i}] has {f.shape[0] if f.dim() else 0} rows but points[{i}] "
+                f"has {p.shape[0]}: each cloud needs (P_i, C) features"
+            )
     counts = torch.tensor([p.shape[0] for p in points], device=points[0].device)
     batch = torch.repeat_interleave(torch.arange(len(points), device=points[0].device), counts)
     return voxelize(

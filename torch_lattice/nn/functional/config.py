@@ -167,6 +167,12 @@ def resolve_config(
         ValueError: a target-conditioned transpose with an explicit dataflow
             other than gather-scatter.
     """
+    if not isinstance(target_transpose, bool):
+        raise TypeError(f"target_transpose must be a bool, got {target_transpose!r}")
+    if module_config is not None and not isinstance(module_config, ConvConfig):
+        raise TypeError(
+            f"module_config must be a ConvConfig or None, got {type(module_config).__name__}"
+        )
     explicit = _explicit(module_config)
     if target_transpose:
         if explicit.dataflow not in (None, Dataflow.GatherScatter):
@@ -198,7 +204,8 @@ def resolved_dataflow(
     if module_config is not None and not isinstance(module_config, ConvConfig):
         if not hasattr(module_config, "config"):
             raise TypeError(
-                f"expected a ConvConfig or a convolution module, got {type(module_config).__name__}"
+                "module_config must be a ConvConfig, a convolution module or None, got "
+                f"{type(module_config).__name__}"
             )
         module_config = module_config.config
     dataflow = resolve_config(

@@ -21,6 +21,10 @@ __all__ = ["conv3d", "subm_conv3d"]
 def check_input(x: SparseTensor, weight: torch.Tensor, geometry: ConvGeometry) -> None:
     if not isinstance(x, SparseTensor):
         raise TypeError(f"input must be a torch_lattice.SparseTensor, got {type(x).__name__}")
+    if not isinstance(weight, torch.Tensor):
+        raise TypeError(f"weight must be a torch.Tensor, got {type(weight).__name__}")
+    if not weight.is_floating_point():
+        raise TypeError(f"weight must be a floating tensor, got {weight.dtype}")
     if weight.dim() != 3 or weight.shape[0] != geometry.volume:
         raise ValueError(
             f"weight must have shape (K={geometry.volume}, C_in, C_out) for kernel_size "
@@ -37,6 +41,22 @@ def check_input(x: SparseTensor, weight: torch.Tensor, geometry: ConvGeometry) -
         )
     if x.feats.device != weight.device:
         raise ValueError(f"input is on {x.feats.device} but weight is on {weight.device}")
+
+
+def check_bias(bias: torch.Tensor | None, weight: torch.Tensor) -> None:
+    """``bias`` is None or a ``(C_out,)`` tensor like ``weight`` (no silent broadcast)."""
+    if bias is None:
+        return
+    if not isinstance(bias, torch.Tensor):
+        raise TypeError(f"bias must be a torch.Tensor or None, got {type(bias).__name__}")
+    c_out = weight.shape[-1]
+    if bias.shape != (c_out,):
+        raise ValueError(f"bias must have shape (C_out,) = ({c_out},), got {tuple(bias.shape)}")
+    if bias.dtype != weight.dtype or bias.device != weight.device:
+        raise TypeError(
+            f"bias must match weight's dtype and device ({weight.dtype}, {weight.device}), "
+            f"got {bias.dtype} on {bias.device}"
+        )
 
 
 def _apply(
@@ -139,6 +159,7 @@ def conv3d(
     """
     geometry = ConvGeometry.create(kernel_size, stride, padding, dilation)
     check_input(input, weight, geometry)
+    check_bias(bias, weight)
     if coordinates is not None:
         expected = multiply_stride(input.stride, geometry.stride)
         target = target_support(input, coordinates, expected)
@@ -169,6 +190,7 @@ def subm_conv3d(
         raise ValueError(f"kernel_size must be odd in every axis for SubmConv3d, got {ks}")
     geometry = ConvGeometry.submanifold(ks, triple("dilation", dilation, 1))
     check_input(input, weight, geometry)
+    check_bias(bias, weight)
     if geometry.is_identity:
         return pointwise(input, weight, bias)
     return _apply(input, weight, bias, input.support, geometry, config)

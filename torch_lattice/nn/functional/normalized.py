@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import torch
 
+from torch_lattice.nn.functional.conv import check_bias
 from torch_lattice.tensor import SparseTensor
 
 __all__ = ["check_eps", "normalized"]
@@ -41,6 +42,9 @@ def normalized(
     Pointwise kernels (``K == 1``) skip the normalization.
     """
     eps = check_eps(eps)
+    if not isinstance(weight, torch.Tensor):
+        raise TypeError(f"weight must be a torch.Tensor, got {type(weight).__name__}")
+    check_bias(bias, weight)
     num = conv(input, weight)
     if weight.shape[0] == 1:
         y = num.feats

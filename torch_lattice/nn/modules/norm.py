@@ -21,4 +21,9 @@ class BatchNorm(nn.BatchNorm1d):
     def forward(self, input: SparseTensor) -> SparseTensor:  # type: ignore[override]
         if not isinstance(input, SparseTensor):
             raise TypeError(f"input must be a SparseTensor, got {type(input).__name__}")
+        if input.feats.shape[1] != self.num_features:
+            raise ValueError(
+                f"input feats have {input.feats.shape[1]} channels but BatchNorm expects "
+                f"num_features={self.num_features}"
+            )
         return input.replace(super().forward(input.feats))

@@ -1,0 +1,1273 @@
+"""Catalogue of bad inputs across the public API: each raises a clear Python exception.
+
+Every case names the exception type it must raise and a regular expression its message
+must match: the argument's name (and, where the library states one, the broken rule).
+A case that crashed, raised an unclear error (a bare RuntimeError from deep inside
+torch, an IndexError, an AttributeError, an assertion) or was silently accepted would be
+a library bug, fixed at the API boundary rather than here.
+
+Covered: ``SparseTensor`` construction and its methods, ``cat`` / ``add`` / ``to_dense``;
+the convolution modules (``SubmConv3d``, ``Conv3d``, ``ConvTranspose3d``,
+``GenerativeConvTranspose3d``, the ``Normalized*`` ones), pooling, ``BatchNorm`` and
+the activations, constructed and called badly; the functional API
+(``torch_lattice.nn.functional``); the dataflow configuration (``ConvConfig``,
+``conv_config``, ``set_global_conv_config``, ``resolved_dataflow``); ``voxelize``,
+``devoxelize`` and ``collate``; checkpoint conversion (``torch_lattice.migration``: the
+Python API and the ``convert-checkpoint`` command line). Legacy checkpoints carry no
+format version, so there is no "unknown version" case: an unrecognised container or
+layout is what the converter refuses (covered). The MLX artifact export does not exist
+yet, so it has no cases here.
+
+Not bad inputs, and so not here: NaN or infinite *features* (they propagate through the
+arithmetic as in ``torch.nn.functional.conv3d``; NaN or infinite *points* are refused by
+``voxelize``, below).
+
+The last tests call ``torch_lattice._C`` entry points directly with null pointers and
+non-zero sizes, negative sizes and too-small output capacities: each must raise
+``ValueError`` (invalid argument) or ``RuntimeError`` ("output buffer too small"),
+never crash or write past the capacity it was given.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+import torch_lattice as tl
+from torch_lattice import _C, migration
+from torch_lattice.migration import cli as migration_cli
+from torch_lattice.nn import functional as F
+
+# --------------------------------------------------------------------------------------
+# Fixtures of valid inputs
+# --------------------------------------------------------------------------------------
+
+C = 4
+
+
+def _coords() -> torch.Tensor:
+    g = torch.Generator().manual_seed(0)
+    raw = torch.randint(0, 6, (40, 3), generator=g)
+    b = torch.randint(0, 2, (40, 1), generator=g)
+    return torch.unique(torch.cat([b, raw], dim=1), dim=0).to(torch.int32)
+
+
+def _x(channels: int = C, dtype: torch.dtype = torch.float32, **kw) -> tl.SparseTensor:
+    coords = _coords()
+    return tl.SparseTensor(torch.randn(coords.shape[0], channels, dtype=dtype), coords, **kw)
+
+
+def _feats(n: int | None = None) -> torch.Tensor:
+    return torch.randn(_coords().shape[0] if n is None else n, C)
+
+
+def _strided() -> tuple[tl.SparseTensor, tl.SparseTensor]:
+    """A stride-1 tensor and its k2 s2 Conv3d output (for transposes)."""
+    x = _x()
+    y = tl.nn.Conv3d(C, C, 2, stride=2)(x)
+    return x, y
+
+
+def _w(k: int = 27, cin: int = C, cout: int = C) -> torch.Tensor:
+    return torch.randn(k, cin, cout)
+
+
+def _points(p: int = 20) -> torch.Tensor:
+    return torch.rand(p, 3, generator=torch.Generator().manual_seed(1)) * 4
+
+
+def _save(tmp: Path, obj: object, name: str = "legacy.pt") -> Path:
+    path = tmp / name
+    torch.save(obj, path)
+    return path
+
+
+def _spec(tmp: Path, spec: object) -> Path:
+    path = tmp / "spec.json"
+    path.write_text(json.dumps(spec))
+    return path
+
+
+def _legacy_state() -> dict[str, torch.Tensor]:
+    return {"stem.kernel": torch.randn(27, 2, 3), "stem.bias": torch.randn(3)}
+
+
+def _convert(tmp: Path, obj: object, spec: object, raw: bytes | None = None) -> None:
+    if raw is not None:
+        src = tmp / "legacy.pt"
+        src.write_bytes(raw)
+    else:
+        src = _save(tmp, obj)
+    migration.convert_checkpoint(src, tmp / "out.safetensors", spec)
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    fn: Callable[[Path], object]
+    exc: type[BaseException]
+    match: str
+
+
+def case(id: str, exc: type[BaseException], match: str) -> Callable:
+    def wrap(fn: Callable[[Path], object]) -> Case:
+        return Case(id, fn, exc, match)
+
+    return wrap
+
+
+CASES: list[Case] = []
+
+
+def add(id: str, exc: type[BaseException], match: str, fn: Callable[[], object]) -> None:
+    CASES.append(Case(id, lambda tmp: fn(), exc, match))
+
+
+def add_tmp(id: str, exc: type[BaseException], match: str, fn: Callable[[Path], object]) -> None:
+    CASES.append(Case(id, fn, exc, match))
+
+
+# --------------------------------------------------------------------------------------
+# SparseTensor
+# --------------------------------------------------------------------------------------
+
+ST = tl.SparseTensor
+add(
+    "tensor-coords-list",
+    TypeError,
+    r"coords must be a torch\.Tensor",
+    lambda: ST(torch.randn(1, C), [[0, 0, 0, 0]]),
+)
+add(
+    "tensor-coords-float",
+    TypeError,
+    r"coords must be an integer tensor",
+    lambda: ST(torch.randn(1, C), torch.zeros(1, 4)),
+)
+add(
+    "tensor-coords-bool",
+    TypeError,
+    r"coords must be an integer tensor",
+    lambda: ST(torch.randn(1, C), torch.zeros(1, 4, dtype=torch.bool)),
+)
+add(
+    "tensor-coords-3-columns",
+    ValueError,
+    r"coords must have shape \(N, 4\)",
+    lambda: ST(torch.randn(1, C), torch.zeros(1, 3, dtype=torch.int32)),
+)
+add(
+    "tensor-coords-1d",
+    ValueError,
+    r"coords must have shape \(N, 4\)",
+    lambda: ST(torch.randn(1, C), torch.zeros(4, dtype=torch.int32)),
+)
+add(
+    "tensor-coords-negative",
+    ValueError,
+    r"coords must be non-negative",
+    lambda: ST(torch.randn(1, C), torch.tensor([[0, -1, 0, 0]])),
+)
+add(
+    "tensor-coords-beyond-int32",
+    ValueError,
+    r"coords must fit in int32",
+    lambda: ST(torch.randn(1, C), torch.tensor([[0, 2**31, 0, 0]])),
+)
+add(
+    "tensor-coords-duplicate-rows",
+    ValueError,
+    r"coords rows must be unique",
+    lambda: ST(torch.randn(2, C), torch.tensor([[0, 1, 2, 3], [0, 1, 2, 3]])),
+)
+add(
+    "tensor-coords-on-meta",
+    ValueError,
+    r"coords must be on the CPU or a CUDA device",
+    lambda: ST(
+        torch.randn(1, C, device="meta"), torch.zeros(1, 4, dtype=torch.int32, device="meta")
+    ),
+)
+add(
+    "tensor-feats-list",
+    TypeError,
+    r"feats must be a torch\.Tensor",
+    lambda: ST([[0.0] * C], torch.zeros(1, 4, dtype=torch.int32)),
+)
+add(
+    "tensor-feats-int",
+    TypeError,
+    r"feats must be a floating tensor",
+    lambda: ST(torch.ones(1, C, dtype=torch.int64), torch.zeros(1, 4, dtype=torch.int32)),
+)
+add(
+    "tensor-feats-bool",
+    TypeError,
+    r"feats must be a floating tensor",
+    lambda: ST(torch.ones(1, C, dtype=torch.bool), torch.zeros(1, 4, dtype=torch.int32)),
+)
+add(
+    "tensor-feats-1d",
+    ValueError,
+    r"feats must have shape \(N, C\)",
+    lambda: ST(torch.ones(1), torch.zeros(1, 4, dtype=torch.int32)),
+)
+add(
+    "tensor-feats-rows-mismatch",
+    ValueError,
+    r"feats must have one row per coordinate",
+    lambda: ST(torch.ones(3, C), torch.zeros(1, 4, dtype=torch.int32)),
+)
+add(
+    "tensor-feats-meta-coords-cpu",
+    ValueError,
+    r"feats and coords must be on the same device",
+    lambda: ST(torch.ones(1, C, device="meta"), torch.zeros(1, 4, dtype=torch.int32)),
+)
+add("tensor-stride-zero", ValueError, r"stride must be positive", lambda: _x(stride=0))
+add("tensor-stride-float", TypeError, r"stride must contain ints", lambda: _x(stride=(1.5, 1, 1)))
+add(
+    "tensor-stride-two-axes",
+    ValueError,
+    r"stride must have 3 components",
+    lambda: _x(stride=(2, 2)),
+)
+add("tensor-stride-bool", TypeError, r"stride must be an int", lambda: _x(stride=True))
+add(
+    "tensor-range-three-items",
+    ValueError,
+    r"spatial_range must be None, an int or",
+    lambda: _x(spatial_range=(2, 8, 8)),
+)
+add(
+    "tensor-range-zero",
+    ValueError,
+    r"spatial_range must hold positive ints",
+    lambda: _x(spatial_range=(2, 8, 0, 8)),
+)
+add(
+    "tensor-range-too-small",
+    ValueError,
+    r"coords must lie inside spatial_range",
+    lambda: _x(spatial_range=(2, 3, 8, 8)),
+)
+add(
+    "tensor-range-string",
+    ValueError,
+    r"spatial_range must hold positive ints",
+    lambda: _x(spatial_range="abcd"),
+)
+add(
+    "tensor-replace-rows",
+    ValueError,
+    r"feats must have one row per coordinate",
+    lambda: _x().replace(torch.randn(2, C)),
+)
+add(
+    "tensor-replace-int",
+    TypeError,
+    r"feats must be a floating tensor",
+    lambda: _x().replace(torch.ones(len(_coords()), C, dtype=torch.int32)),
+)
+add("tensor-dense-no-range", ValueError, r"dense\(\) needs spatial_range", lambda: _x().dense())
+add(
+    "add-other-support",
+    ValueError,
+    r"add: .*support",
+    lambda: _x() + tl.SparseTensor(torch.randn(1, C), torch.zeros(1, 4, dtype=torch.int32)),
+)
+add(
+    "add-channels-differ",
+    ValueError,
+    r"add: channel counts differ",
+    lambda: (lambda x: x + x.replace(torch.randn(len(x), C + 1)))(_x()),
+)
+add(
+    "add-not-sparse",
+    TypeError,
+    r"add: argument 1 must be a SparseTensor",
+    lambda: tl.sparse_ops.add(_x(), torch.ones(1)),
+)
+add("cat-empty", ValueError, r"cat: tensors must not be empty", lambda: tl.cat([]))
+add("cat-not-a-list", TypeError, r"cat: tensors must be a list", lambda: tl.cat(_x()))
+add(
+    "cat-mixed",
+    TypeError,
+    r"cat: argument 1 must be a SparseTensor",
+    lambda: tl.cat([_x(), torch.ones(1)]),
+)
+add(
+    "to-dense-tensor",
+    TypeError,
+    r"to_dense: x must be a SparseTensor",
+    lambda: tl.to_dense(torch.ones(2, 2)),
+)
+
+# --------------------------------------------------------------------------------------
+# Module constructors
+# --------------------------------------------------------------------------------------
+
+nn = tl.nn
+add("subm-kernel-zero", ValueError, r"kernel_size must be positive", lambda: nn.SubmConv3d(C, C, 0))
+add(
+    "subm-kernel-negative",
+    ValueError,
+    r"kernel_size must be positive",
+    lambda: nn.SubmConv3d(C, C, -3),
+)
+add(
+    "subm-kernel-even",
+    ValueError,
+    r"kernel_size must be odd",
+    lambda: nn.SubmConv3d(C, C, (3, 2, 3)),
+)
+add(
+    "subm-kernel-four-axes",
+    ValueError,
+    r"kernel_size must have 3 components",
+    lambda: nn.SubmConv3d(C, C, (3, 3, 3, 3)),
+)
+add("subm-kernel-float", TypeError, r"kernel_size must be an int", lambda: nn.SubmConv3d(C, C, 3.0))
+add(
+    "subm-kernel-string",
+    TypeError,
+    r"kernel_size must be an int",
+    lambda: nn.SubmConv3d(C, C, "333"),
+)
+add(
+    "subm-in-channels-zero",
+    ValueError,
+    r"in_channels must be a positive int",
+    lambda: nn.SubmConv3d(0, C),
+)
+add(
+    "subm-out-channels-bool",
+    ValueError,
+    r"out_channels must be a positive int",
+    lambda: nn.SubmConv3d(C, True),
+)
+add(
+    "subm-in-channels-float",
+    ValueError,
+    r"in_channels must be a positive int",
+    lambda: nn.SubmConv3d(4.0, C),
+)
+add(
+    "subm-dilation-zero",
+    ValueError,
+    r"dilation must be positive",
+    lambda: nn.SubmConv3d(C, C, 3, dilation=0),
+)
+add(
+    "subm-config-dict",
+    TypeError,
+    r"config must be a ConvConfig",
+    lambda: nn.SubmConv3d(C, C, config={"dataflow": "implicit_gemm"}),
+)
+add(
+    "conv-stride-zero", ValueError, r"stride must be positive", lambda: nn.Conv3d(C, C, 2, stride=0)
+)
+add(
+    "conv-padding-negative",
+    ValueError,
+    r"padding must be >= 0",
+    lambda: nn.Conv3d(C, C, 3, padding=-1),
+)
+add(
+    "conv-dilation-zero",
+    ValueError,
+    r"dilation must be positive",
+    lambda: nn.Conv3d(C, C, 3, dilation=(1, 0, 1)),
+)
+add(
+    "conv-kernel-volume-beyond-int32",
+    ValueError,
+    r"kernel_size .* at most",
+    lambda: nn.Conv3d(1, 1, (2048, 2048, 1024)),
+)
+add(
+    "conv-out-channels-negative",
+    ValueError,
+    r"out_channels must be a positive int",
+    lambda: nn.Conv3d(C, -1, 2),
+)
+add(
+    "convtr-stride-zero",
+    ValueError,
+    r"stride must be positive",
+    lambda: nn.ConvTranspose3d(C, C, 2, stride=0),
+)
+add(
+    "convtr-config-string",
+    TypeError,
+    r"config must be a ConvConfig",
+    lambda: nn.ConvTranspose3d(C, C, 2, stride=2, config="gather_scatter"),
+)
+add(
+    "gen-padding-one",
+    ValueError,
+    r"padding must be 0 for GenerativeConvTranspose3d",
+    lambda: nn.GenerativeConvTranspose3d(C, C, 2, stride=2, padding=1),
+)
+add(
+    "gen-dilation-two",
+    ValueError,
+    r"dilation must be 1 for GenerativeConvTranspose3d",
+    lambda: nn.GenerativeConvTranspose3d(C, C, 2, stride=2, dilation=2),
+)
+add(
+    "norm-subm-eps-zero",
+    ValueError,
+    r"eps must be a positive number",
+    lambda: nn.NormalizedSubmConv3d(C, C, 3, eps=0.0),
+)
+add(
+    "norm-convtr-eps-nan",
+    ValueError,
+    r"eps must be a positive number",
+    lambda: nn.NormalizedConvTranspose3d(C, C, 2, stride=2, eps=float("nan")),
+)
+add(
+    "norm-gen-eps-inf",
+    ValueError,
+    r"eps must be finite",
+    lambda: nn.NormalizedGenerativeConvTranspose3d(C, C, 2, stride=2, eps=float("inf")),
+)
+add(
+    "norm-subm-kernel-even",
+    ValueError,
+    r"kernel_size must be odd",
+    lambda: nn.NormalizedSubmConv3d(C, C, 2),
+)
+add("maxpool-kernel-zero", ValueError, r"kernel_size must be positive", lambda: nn.MaxPool3d(0))
+add(
+    "avgpool-stride-zero", ValueError, r"stride must be positive", lambda: nn.AvgPool3d(2, stride=0)
+)
+add(
+    "sumpool-padding-negative",
+    ValueError,
+    r"padding must be >= 0",
+    lambda: nn.SumPool3d(2, padding=-1),
+)
+add("maxpool-kernel-float", TypeError, r"kernel_size must be an int", lambda: nn.MaxPool3d(2.5))
+
+# --------------------------------------------------------------------------------------
+# Module calls
+# --------------------------------------------------------------------------------------
+
+add("subm-wrong-channels", ValueError, r"in_channels=8", lambda: nn.SubmConv3d(8, C)(_x()))
+add(
+    "subm-dense-tensor-input",
+    TypeError,
+    r"input must be a torch_lattice\.SparseTensor",
+    lambda: nn.SubmConv3d(C, C)(torch.randn(10, C)),
+)
+add(
+    "subm-dtype-mismatch",
+    TypeError,
+    r"dtype .* does not match weight dtype",
+    lambda: nn.SubmConv3d(C, C)(_x(dtype=torch.float64)),
+)
+add(
+    "conv-target-wrong-stride",
+    ValueError,
+    r"coordinates stride .* must equal",
+    lambda: nn.Conv3d(C, C, 2, stride=2)(_x(), coordinates=_x()),
+)
+add(
+    "conv-target-duplicates",
+    ValueError,
+    r"coordinates rows must be unique",
+    lambda: nn.Conv3d(C, C, 2, stride=2)(_x(), torch.tensor([[0, 0, 0, 0], [0, 0, 0, 0]])),
+)
+add(
+    "conv-target-float",
+    TypeError,
+    r"coordinates must be an integer tensor",
+    lambda: nn.Conv3d(C, C, 2, stride=2)(_x(), torch.zeros(1, 4)),
+)
+add(
+    "conv-target-list",
+    TypeError,
+    r"coordinates must be a torch\.Tensor",
+    lambda: nn.Conv3d(C, C, 2, stride=2)(_x(), [[0, 0, 0, 0]]),
+)
+add(
+    "conv-target-twice",
+    ValueError,
+    r"coordinates= or target=, not both",
+    lambda: (lambda x: nn.Conv3d(C, C, 1)(x, x, target=x))(_x()),
+)
+add(
+    "conv-window-beyond-range",
+    ValueError,
+    r"kernel_size .* does not fit the input range",
+    lambda: nn.Conv3d(C, C, 9, stride=2)(_x(spatial_range=(2, 6, 6, 6))),
+)
+add(
+    "convtr-no-history",
+    ValueError,
+    r"ConvTranspose3d\(src\) without a target needs src",
+    lambda: nn.ConvTranspose3d(C, C, 2, stride=2)(_x(stride=2)),
+)
+add(
+    "convtr-stride-not-divisible",
+    ValueError,
+    r"input stride .* must be divisible",
+    lambda: nn.ConvTranspose3d(C, C, 2, stride=2)(_x(), _x()),
+)
+add(
+    "convtr-target-wrong-stride",
+    ValueError,
+    r"coordinates stride .* must equal",
+    lambda: (lambda xy: nn.ConvTranspose3d(C, C, 2, stride=2)(xy[1], xy[1]))(_strided()),
+)
+add(
+    "convtr-target-explicit-dataflow",
+    ValueError,
+    r"target-conditioned transposes run with",
+    lambda: (
+        lambda xy: nn.ConvTranspose3d(
+            C, C, 2, stride=2, config=F.ConvConfig(dataflow=F.Dataflow.ImplicitGEMM)
+        )(xy[1], xy[0])
+    )(_strided()),
+)
+add(
+    "convtr-wrong-channels",
+    ValueError,
+    r"in_channels=8",
+    lambda: (lambda xy: nn.ConvTranspose3d(8, C, 2, stride=2)(xy[1]))(_strided()),
+)
+add(
+    "gen-stride-not-divisible",
+    ValueError,
+    r"input stride .* must be divisible",
+    lambda: nn.GenerativeConvTranspose3d(C, C, 2, stride=2)(_x()),
+)
+add(
+    "norm-subm-wrong-channels",
+    ValueError,
+    r"in_channels=8",
+    lambda: nn.NormalizedSubmConv3d(8, C)(_x()),
+)
+add(
+    "maxpool-dense-input",
+    TypeError,
+    r"input must be a torch_lattice\.SparseTensor",
+    lambda: nn.MaxPool3d(2)(torch.randn(3, C)),
+)
+add(
+    "avgpool-window-beyond-range",
+    ValueError,
+    r"kernel_size .* does not fit the input range",
+    lambda: nn.AvgPool3d(9, stride=2)(_x(spatial_range=(2, 6, 6, 6))),
+)
+add(
+    "global-avg-dense-input",
+    TypeError,
+    r"input must be a torch_lattice\.SparseTensor",
+    lambda: nn.GlobalAvgPool()(torch.randn(3, C)),
+)
+add(
+    "global-max-none",
+    TypeError,
+    r"input must be a torch_lattice\.SparseTensor",
+    lambda: nn.GlobalMaxPool()(None),
+)
+add(
+    "batchnorm-dense-input",
+    TypeError,
+    r"input must be a SparseTensor",
+    lambda: nn.BatchNorm(C)(torch.randn(3, C)),
+)
+add("batchnorm-wrong-channels", ValueError, r"num_features=8", lambda: nn.BatchNorm(8)(_x()))
+add(
+    "relu-dense-input",
+    TypeError,
+    r"ReLU input must be a SparseTensor",
+    lambda: nn.ReLU()(torch.randn(3, C)),
+)
+add(
+    "gelu-dense-input",
+    TypeError,
+    r"GELU input must be a SparseTensor",
+    lambda: nn.GELU()(torch.randn(3, C)),
+)
+add(
+    "leaky-relu-dense-input",
+    TypeError,
+    r"LeakyReLU input must be a SparseTensor",
+    lambda: nn.LeakyReLU(0.1)(torch.randn(3, C)),
+)
+add(
+    "silu-dense-input",
+    TypeError,
+    r"SiLU input must be a SparseTensor",
+    lambda: nn.SiLU()(torch.randn(3, C)),
+)
+
+# --------------------------------------------------------------------------------------
+# Functional API
+# --------------------------------------------------------------------------------------
+
+add(
+    "f-subm-weight-shape",
+    ValueError,
+    r"weight must have shape \(K=27, C_in, C_out\)",
+    lambda: F.subm_conv3d(_x(), _w(8), None, 3),
+)
+add(
+    "f-subm-weight-none",
+    TypeError,
+    r"weight must be a torch\.Tensor",
+    lambda: F.subm_conv3d(_x(), None, None, 3),
+)
+add(
+    "f-subm-weight-int",
+    TypeError,
+    r"weight must be a floating tensor",
+    lambda: F.subm_conv3d(_x(), torch.ones(27, C, C, dtype=torch.int32), None, 3),
+)
+add(
+    "f-subm-bias-shape",
+    ValueError,
+    r"bias must have shape \(C_out,\) = \(4,\)",
+    lambda: F.subm_conv3d(_x(), _w(), torch.randn(1), 3),
+)
+add(
+    "f-subm-bias-list",
+    TypeError,
+    r"bias must be a torch\.Tensor or None",
+    lambda: F.subm_conv3d(_x(), _w(), [0.0] * C, 3),
+)
+add(
+    "f-subm-kernel-even",
+    ValueError,
+    r"kernel_size must be odd",
+    lambda: F.subm_conv3d(_x(), _w(8), None, 2),
+)
+add(
+    "f-conv-stride-zero",
+    ValueError,
+    r"stride must be positive",
+    lambda: F.conv3d(_x(), _w(8), None, 2, 0),
+)
+add(
+    "f-conv-bias-2d",
+    ValueError,
+    r"bias must have shape \(C_out,\)",
+    lambda: F.conv3d(_x(), _w(8), torch.randn(1, C), 2, 2),
+)
+add(
+    "f-convtr-weight-shape",
+    ValueError,
+    r"weight must have shape \(K=8, C_in, C_out\)",
+    lambda: (lambda xy: F.conv_transpose3d(xy[1], _w(27), None, 2, 2))(_strided()),
+)
+add(
+    "f-gen-weight-none",
+    TypeError,
+    r"weight must be a torch\.Tensor",
+    lambda: F.generative_conv_transpose3d(_x(stride=2), None, None, 2, 2),
+)
+add(
+    "f-maxpool-padding-negative",
+    ValueError,
+    r"padding must be >= 0",
+    lambda: F.max_pool3d(_x(), 2, 2, -1),
+)
+add(
+    "f-sumpool-dense-input",
+    TypeError,
+    r"input must be a torch_lattice\.SparseTensor",
+    lambda: F.sum_pool3d(torch.randn(3, C), 2),
+)
+add(
+    "f-global-max-dense-input",
+    TypeError,
+    r"input must be a torch_lattice\.SparseTensor",
+    lambda: F.global_max_pool(torch.randn(3, C)),
+)
+add(
+    "f-normalized-eps-negative",
+    ValueError,
+    r"eps must be a positive number",
+    lambda: F.normalized(lambda x, w: x, _x(), _w(), None, -1.0),
+)
+
+# --------------------------------------------------------------------------------------
+# Configuration
+# --------------------------------------------------------------------------------------
+
+add(
+    "config-dataflow-string",
+    TypeError,
+    r"dataflow must be a Dataflow",
+    lambda: F.ConvConfig(dataflow="gather_scatter"),
+)
+add(
+    "config-allow-tf32-int",
+    TypeError,
+    r"allow_tf32 must be a bool",
+    lambda: F.ConvConfig(allow_tf32=1),
+)
+add(
+    "config-dataflow-unknown-name",
+    ValueError,
+    r"'bogus' is not a valid Dataflow",
+    lambda: F.Dataflow("bogus"),
+)
+add("conv-config-unknown-field", TypeError, r"bogus", lambda: F.conv_config(bogus=1).__enter__())
+add(
+    "conv-config-field-type",
+    TypeError,
+    r"dataflow must be a Dataflow",
+    lambda: F.conv_config(dataflow="implicit_gemm").__enter__(),
+)
+add(
+    "conv-config-positional-string",
+    TypeError,
+    r"config must be a ConvConfig",
+    lambda: F.conv_config("implicit_gemm").__enter__(),
+)
+add(
+    "set-global-config-none",
+    TypeError,
+    r"config must be a ConvConfig",
+    lambda: F.set_global_conv_config(None),
+)
+add(
+    "resolved-dataflow-int",
+    TypeError,
+    r"module_config must be a ConvConfig",
+    lambda: F.resolved_dataflow(42),
+)
+add(
+    "resolved-dataflow-device-int",
+    TypeError,
+    r"device must be a torch\.device",
+    lambda: F.resolved_dataflow(device=3),
+)
+add(
+    "resolved-dataflow-target-transpose-str",
+    TypeError,
+    r"target_transpose must be a bool",
+    lambda: F.resolved_dataflow(target_transpose="yes"),
+)
+
+# --------------------------------------------------------------------------------------
+# voxelize, devoxelize, collate
+# --------------------------------------------------------------------------------------
+
+
+def _nan_points() -> torch.Tensor:
+    p = _points()
+    p[3, 1] = float("nan")
+    return p
+
+
+def _inf_points() -> torch.Tensor:
+    p = _points()
+    p[5, 2] = float("inf")
+    return p
+
+
+add(
+    "voxelize-points-nan",
+    ValueError,
+    r"points must be finite, points\[3\] = \[.*nan",
+    lambda: tl.voxelize(_nan_points(), torch.randn(20, C)),
+)
+add(
+    "voxelize-points-inf",
+    ValueError,
+    r"points must be finite, points\[5\] = \[.*inf",
+    lambda: tl.voxelize(_inf_points(), torch.randn(20, C)),
+)
+add(
+    "voxelize-points-below-origin",
+    ValueError,
+    r"points must lie at or above origin",
+    lambda: tl.voxelize(_points() - 10, torch.randn(20, C)),
+)
+add(
+    "voxelize-voxel-size-negative",
+    ValueError,
+    r"voxel_size must be finite and > 0",
+    lambda: tl.voxelize(_points(), torch.randn(20, C), voxel_size=-0.1),
+)
+add(
+    "voxelize-voxel-size-zero-axis",
+    ValueError,
+    r"voxel_size must be finite and > 0",
+    lambda: tl.voxelize(_points(), torch.randn(20, C), voxel_size=(0.1, 0.0, 0.1)),
+)
+add(
+    "voxelize-voxel-size-nan",
+    ValueError,
+    r"voxel_size must be",
+    lambda: tl.voxelize(_points(), torch.randn(20, C), voxel_size=float("nan")),
+)
+add(
+    "voxelize-voxel-size-string",
+    TypeError,
+    r"voxel_size must contain numbers",
+    lambda: tl.voxelize(_points(), torch.randn(20, C), voxel_size="0.1"),
+)
+add(
+    "voxelize-origin-inf",
+    ValueError,
+    r"origin must be finite",
+    lambda: tl.voxelize(_points(), torch.randn(20, C), origin=float("-inf")),
+)
+add(
+    "voxelize-features-rows",
+    ValueError,
+    r"features must have shape \(P, C\) with P = 20",
+    lambda: tl.voxelize(_points(), torch.randn(19, C)),
+)
+add(
+    "voxelize-features-int",
+    TypeError,
+    r"features must be a floating",
+    lambda: tl.voxelize(_points(), torch.ones(20, C, dtype=torch.int64)),
+)
+add(
+    "voxelize-points-int",
+    TypeError,
+    r"points must be a floating tensor",
+    lambda: tl.voxelize(torch.ones(20, 3, dtype=torch.int64), torch.randn(20, C)),
+)
+add(
+    "voxelize-points-2-columns",
+    ValueError,
+    r"points must have shape \(P, 3\)",
+    lambda: tl.voxelize(torch.rand(20, 2), torch.randn(20, C)),
+)
+add(
+    "voxelize-points-numpy",
+    TypeError,
+    r"points must be a torch\.Tensor",
+    lambda: tl.voxelize(_points().numpy(), torch.randn(20, C)),
+)
+add(
+    "voxelize-batch-float",
+    TypeError,
+    r"batch_indices must be an integer tensor",
+    lambda: tl.voxelize(_points(), torch.randn(20, C), batch_indices=torch.zeros(20)),
+)
+add(
+    "voxelize-batch-bool",
+    TypeError,
+    r"batch_indices must be an integer tensor",
+    lambda: tl.voxelize(
+        _points(), torch.randn(20, C), batch_indices=torch.zeros(20, dtype=torch.bool)
+    ),
+)
+add(
+    "voxelize-batch-negative",
+    ValueError,
+    r"batch_indices must be non-negative",
+    lambda: tl.voxelize(_points(), torch.randn(20, C), batch_indices=torch.full((20,), -1)),
+)
+add(
+    "voxelize-batch-length",
+    ValueError,
+    r"batch_indices must have shape \(P,\)",
+    lambda: tl.voxelize(
+        _points(), torch.randn(20, C), batch_indices=torch.zeros(19, dtype=torch.long)
+    ),
+)
+add(
+    "voxelize-reduction-unknown",
+    ValueError,
+    r"reduction must be one of",
+    lambda: tl.voxelize(_points(), torch.randn(20, C), reduction="median"),
+)
+add(
+    "devoxelize-voxels-tensor",
+    TypeError,
+    r"voxels must be a SparseTensor",
+    lambda: tl.devoxelize(_points(), torch.randn(5, C)),
+)
+add(
+    "devoxelize-interpolation-unknown",
+    ValueError,
+    r"interpolation must be one of",
+    lambda: tl.devoxelize(
+        _points(), tl.voxelize(_points(), torch.randn(20, C)), interpolation="cubic"
+    ),
+)
+add(
+    "devoxelize-points-nan",
+    ValueError,
+    r"points must be finite, points\[3\] = \[.*nan",
+    lambda: tl.devoxelize(_nan_points(), tl.voxelize(_points(), torch.randn(20, C))),
+)
+add(
+    "devoxelize-points-shape",
+    ValueError,
+    r"points must have shape \(P, 3\)",
+    lambda: tl.devoxelize(torch.rand(20, 4), tl.voxelize(_points(), torch.randn(20, C))),
+)
+add(
+    "devoxelize-voxel-size-zero",
+    ValueError,
+    r"voxel_size must be finite and > 0",
+    lambda: tl.devoxelize(_points(), tl.voxelize(_points(), torch.randn(20, C)), voxel_size=0),
+)
+add(
+    "collate-lengths-differ",
+    ValueError,
+    r"collate: need one features tensor per cloud",
+    lambda: tl.collate([_points(), _points()], [torch.randn(20, C)]),
+)
+add(
+    "collate-empty",
+    ValueError,
+    r"collate: need one features tensor per cloud",
+    lambda: tl.collate([], []),
+)
+add(
+    "collate-tensor-not-list",
+    TypeError,
+    r"collate: points and features must be lists",
+    lambda: tl.collate(_points(), torch.randn(20, C)),
+)
+add(
+    "collate-points-item-list",
+    TypeError,
+    r"collate: points\[1\] must be a tensor",
+    lambda: tl.collate([_points(), [[0.0, 0.0, 0.0]]], [torch.randn(20, C)] * 2),
+)
+add(
+    "collate-features-item-list",
+    TypeError,
+    r"collate: features\[0\] must be a tensor",
+    lambda: tl.collate([_points()], [[0.0] * C]),
+)
+add(
+    "collate-cloud-rows-differ",
+    ValueError,
+    r"collate: features\[1\] has 19 rows but "
+    r"points\[1\] has 20",
+    lambda: tl.collate([_points(), _points()], [torch.randn(20, C), torch.randn(19, C)]),
+)
+add(
+    "collate-points-nan",
+    ValueError,
+    r"points must be finite",
+    lambda: tl.collate([_nan_points()], [torch.randn(20, C)]),
+)
+
+# --------------------------------------------------------------------------------------
+# Checkpoint conversion (Python API)
+# --------------------------------------------------------------------------------------
+
+SPEC = {"stem.kernel": [3, 3, 3]}
+CE = migration.ConversionError
+add_tmp(
+    "migrate-missing-file",
+    CE,
+    r"source checkpoint .* does not exist",
+    lambda tmp: migration.convert_checkpoint(tmp / "nope.pt", tmp / "o.safetensors", SPEC),
+)
+add_tmp(
+    "migrate-not-a-checkpoint",
+    CE,
+    r"cannot load .* as a (weights-only )?torch checkpoint",
+    lambda tmp: _convert(tmp, None, SPEC, raw=b"this is not a checkpoint"),
+)
+add_tmp(
+    "migrate-top-level-list",
+    CE,
+    r"checkpoint top level is a list",
+    lambda tmp: _convert(tmp, [torch.ones(1)], SPEC),
+)
+add_tmp(
+    "migrate-optimizer-state",
+    migration.OptimizerStateError,
+    r"optimizer state",
+    lambda tmp: _convert(
+        tmp, {"model": _legacy_state(), "optimizer": {"state": {}, "param_groups": []}}, SPEC
+    ),
+)
+add_tmp(
+    "migrate-unsafe-pickle",
+    migration.UnsafeCheckpointError,
+    r"refusing",
+    lambda tmp: _convert(tmp, {"stem.kernel": Path("/x")}, SPEC),
+)
+add_tmp(
+    "migrate-kernel-wrong-rows",
+    CE,
+    r"legacy kernel 'stem.kernel' has shape \(8, 2, 3\)",
+    lambda tmp: _convert(tmp, {"stem.kernel": torch.randn(8, 2, 3)}, SPEC),
+)
+add_tmp(
+    "migrate-kernel-int",
+    CE,
+    r"legacy kernel 'stem.kernel' must be floating point",
+    lambda tmp: _convert(tmp, {"stem.kernel": torch.ones(27, 2, 3, dtype=torch.int32)}, SPEC),
+)
+add_tmp(
+    "migrate-spec-key-absent",
+    CE,
+    r"kernel spec keys not found in the checkpoint",
+    lambda tmp: _convert(tmp, _legacy_state(), {**SPEC, "head.kernel": [1, 1, 1]}),
+)
+add_tmp(
+    "migrate-spec-kernel-size-zero",
+    CE,
+    r"kernel_size",
+    lambda tmp: _convert(tmp, _legacy_state(), {"stem.kernel": [3, 0, 3]}),
+)
+add_tmp(
+    "migrate-spec-row-order-unknown",
+    CE,
+    r"row_order",
+    lambda tmp: _convert(
+        tmp, _legacy_state(), {"stem.kernel": {"kernel_size": [3, 3, 3], "row_order": "y"}}
+    ),
+)
+add_tmp(
+    "migrate-spec-not-json",
+    CE,
+    r"kernel spec .* is not valid JSON",
+    lambda tmp: migration.convert_checkpoint(
+        _save(tmp, _legacy_state()),
+        tmp / "o.safetensors",
+        (lambda p: (p.write_text("{not json"), p)[1])(tmp / "s.json"),
+    ),
+)
+add_tmp(
+    "migrate-spec-missing",
+    CE,
+    r"kernel spec .* does not exist",
+    lambda tmp: migration.convert_checkpoint(
+        _save(tmp, _legacy_state()), tmp / "o.safetensors", tmp / "none.json"
+    ),
+)
+add_tmp(
+    "migrate-output-exists",
+    CE,
+    r"(exists|force)",
+    lambda tmp: migration.convert_checkpoint(
+        _save(tmp, _legacy_state()),
+        (lambda p: (p.write_bytes(b"x"), p)[1])(tmp / "o.safetensors"),
+        SPEC,
+    ),
+)
+add(
+    "migrate-load-strict-wrong-shape",
+    migration.StateDictMismatchError,
+    r"weight",
+    lambda: migration.load_state_dict_strict(
+        nn.SubmConv3d(2, 3, 3),
+        {
+            "weight": torch.randn(8, 2, 3),
+            "kernel_positions": nn.SubmConv3d(2, 3, 3).kernel_positions,
+        },
+    ),
+)
+
+
+# --------------------------------------------------------------------------------------
+# The catalogue
+# --------------------------------------------------------------------------------------
+
+
+def test_catalogue_is_large_and_ids_are_unique() -> None:
+    ids = [c.id for c in CASES]
+    assert len(ids) == len(set(ids)), [i for i in ids if ids.count(i) > 1]
+    assert len(ids) >= 60
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_bad_input_raises_clear_error(case: Case, tmp_path: Path) -> None:
+    with pytest.raises(case.exc, match=case.match) as info:
+        case.fn(tmp_path)
+    # Exactly the documented kind: no bare RuntimeError/IndexError/AssertionError that
+    # happens to subclass nothing useful, and the message is a sentence, not a repr.
+    assert type(info.value) is case.exc or issubclass(type(info.value), case.exc)
+    assert len(str(info.value)) > 10
+
+
+# --------------------------------------------------------------------------------------
+# convert-checkpoint command line: refusals are exit status 2 with a one-line reason
+# --------------------------------------------------------------------------------------
+
+CLI_CASES = {
+    "cli-missing-file": (lambda tmp: (tmp / "nope.pt", SPEC), r"does not exist"),
+    "cli-not-a-checkpoint": (
+        lambda tmp: ((lambda p: (p.write_bytes(b"garbage"), p)[1])(tmp / "x.pt"), SPEC),
+        r"cannot load",
+    ),
+    "cli-wrong-kernel-shape": (
+        lambda tmp: (_save(tmp, {"stem.kernel": torch.randn(4, 2, 3)}), SPEC),
+        r"legacy kernel 'stem.kernel' has shape",
+    ),
+    "cli-optimizer-state": (
+        lambda tmp: (_save(tmp, {"state": {}, "param_groups": []}), SPEC),
+        r"optimizer state",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CLI_CASES))
+def test_convert_checkpoint_cli_refuses(
+    name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    make, match = CLI_CASES[name]
+    src, spec = make(tmp_path)
+    out = tmp_path / "out.safetensors"
+    code = migration_cli.main([str(src), str(out), "--kernel-spec", str(_spec(tmp_path, spec))])
+    err = capsys.readouterr().err
+    assert code == migration_cli.EXIT_REFUSED
+    assert err.startswith("error: ")
+    assert pytest.importorskip("re").search(match, err), err
+    assert not out.exists()
+
+
+def test_convert_checkpoint_cli_missing_spec_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        migration_cli.main(["a.pt", "b.safetensors"])
+    assert info.value.code == 2
+    assert "--kernel-spec" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------------------
+# torch_lattice._C: null and undersized buffers
+# --------------------------------------------------------------------------------------
+
+SUBM = ((3, 3, 3), (1, 1, 1), (1, 1, 1), (1, 1, 1))
+DOWN = ((3, 3, 3), (2, 2, 2), (1, 1, 1), (1, 1, 1))
+GEN = ((2, 2, 2), (2, 2, 2), (0, 0, 0), (1, 1, 1))
+C3 = torch.tensor([[0, 0, 0, 0], [0, 1, 1, 1], [0, 2, 2, 2], [0, 5, 5, 5]], dtype=torch.int32)
+N3 = C3.shape[0]
+
+
+def _c_cases() -> dict[str, Callable[[dict[str, torch.Tensor]], object]]:
+    """Each takes a dict of live buffers (kept alive by the caller)."""
+    p = C3.data_ptr
+    return {
+        "find-duplicate-null": lambda b: _C.find_duplicate(0, N3),
+        "find-duplicate-negative-n": lambda b: _C.find_duplicate(p(), -1),
+        "generate-bound-negative-n": lambda b: _C.generate_bound(-1, DOWN, (6, 6, 6), 1),
+        "generate-null-input": lambda b: _C.generate(
+            0, N3, DOWN, (4, 4, 4), b["out"].data_ptr(), 100
+        ),
+        "generate-null-output": lambda b: _C.generate(p(), N3, DOWN, (4, 4, 4), 0, 100),
+        "generate-negative-capacity": lambda b: _C.generate(
+            p(), N3, DOWN, (4, 4, 4), b["out"].data_ptr(), -1
+        ),
+        "generative-null-input": lambda b: _C.generative(0, N3, GEN, b["out"].data_ptr(), 100),
+        "generative-null-output": lambda b: _C.generative(p(), N3, GEN, 0, 100),
+        "kmap-build-null-input": lambda b: _C.kmap_build(
+            0, N3, p(), N3, SUBM, b["nbr"].data_ptr(), 1
+        ),
+        "kmap-build-null-output-coords": lambda b: _C.kmap_build(
+            p(), N3, 0, N3, SUBM, b["nbr"].data_ptr(), 1
+        ),
+        "kmap-build-null-table": lambda b: _C.kmap_build(p(), N3, p(), N3, SUBM, 0, 1),
+        "kmap-build-negative-n": lambda b: _C.kmap_build(
+            p(), -1, p(), N3, SUBM, b["nbr"].data_ptr(), 1
+        ),
+        "kmap-build-kernel-zero": lambda b: _C.kmap_build(
+            p(), N3, p(), N3, ((0, 3, 3), (1, 1, 1), (1, 1, 1), (1, 1, 1)), b["nbr"].data_ptr(), 1
+        ),
+        "kmap-reverse-null-nbr": lambda b: _C.kmap_reverse(0, N3, 27, N3, b["rev"].data_ptr(), 1),
+        "kmap-reverse-null-rev": lambda b: _C.kmap_reverse(b["nbr"].data_ptr(), N3, 27, N3, 0, 1),
+        "kmap-reverse-k-zero": lambda b: _C.kmap_reverse(
+            b["nbr"].data_ptr(), N3, 0, N3, b["rev"].data_ptr(), 1
+        ),
+        "conv-forward-null-x": lambda b: _C.conv_forward(
+            0, N3, N3, 27, C, C, 0, b["w"].data_ptr(), b["nbr"].data_ptr(), b["y"].data_ptr(), 1
+        ),
+        "conv-forward-null-out": lambda b: _C.conv_forward(
+            0, N3, N3, 27, C, C, b["x"].data_ptr(), b["w"].data_ptr(), b["nbr"].data_ptr(), 0, 1
+        ),
+        "conv-forward-negative-channels": lambda b: _C.conv_forward(
+            0,
+            N3,
+            N3,
+            27,
+            -C,
+            C,
+            b["x"].data_ptr(),
+            b["w"].data_ptr(),
+            b["nbr"].data_ptr(),
+            b["y"].data_ptr(),
+            1,
+        ),
+        "conv-weight-grad-null-dy": lambda b: _C.conv_weight_grad(
+            0, N3, N3, 27, C, C, b["x"].data_ptr(), 0, b["nbr"].data_ptr(), b["w"].data_ptr(), 1
+        ),
+        "voxel-unique-null-rows": lambda b: _C.voxel_unique(
+            0, N3, b["out"].data_ptr(), b["counts"].data_ptr(), 1
+        ),
+        "voxel-reduce-null-feats": lambda b: _C.voxel_reduce(
+            0, 0, 0, N3, C, b["counts"].data_ptr(), N3, b["y"].data_ptr(), 0, 1
+        ),
+        "pool-sum-null-x": lambda b: _C.pool_sum(
+            0, N3, N3, 27, C, 0, b["nbr"].data_ptr(), 0, b["y"].data_ptr(), 0, 1
+        ),
+        "pool-max-null-argmax": lambda b: _C.pool_max(
+            0, N3, N3, 27, C, b["x"].data_ptr(), b["nbr"].data_ptr(), 0, b["y"].data_ptr(), 0, 1
+        ),
+        "pairs-count-null-nbr": lambda b: _C.pairs_count(0, N3, 27, b["counts"].data_ptr(), 1),
+    }
+
+
+C_CASES = _c_cases()
+
+
+def _buffers() -> dict[str, torch.Tensor]:
+    return {
+        "out": torch.full((100, 4), -7, dtype=torch.int32),
+        "nbr": torch.full((N3, 27), -1, dtype=torch.int32),
+        "rev": torch.full((N3, 27), -1, dtype=torch.int32),
+        "x": torch.randn(N3, C),
+        "w": torch.randn(27, C, C),
+        "y": torch.zeros(N3, C),
+        "counts": torch.zeros(27, dtype=torch.int64),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(C_CASES))
+def test_c_entry_points_refuse_null_and_negative(name: str) -> None:
+    bufs = _buffers()
+    with pytest.raises((ValueError, TypeError), match=r"torch_lattice\._C\.\w+: |argument"):
+        C_CASES[name](bufs)
+
+
+@pytest.mark.parametrize("capacity", [0, 1, 3])
+def test_c_generate_refuses_undersized_output(capacity: int) -> None:
+    """``generate`` with a capacity below the row count fails and writes only inside it."""
+    need = _C.generate_bound(N3, DOWN, (4, 4, 4), 1)
+    assert need > capacity
+    out = torch.full((need, 4), -7, dtype=torch.int32)
+    with pytest.raises(RuntimeError, match=r"_C\.generate: output buffer too small"):
+        _C.generate(C3.data_ptr(), N3, DOWN, (4, 4, 4), out.data_ptr(), capacity)
+    assert bool((out[capacity:] == -7).all())
+
+
+@pytest.mark.parametrize("capacity", [0, 1, 7])
+def test_c_generative_refuses_undersized_output(capacity: int) -> None:
+    out = torch.full((8 * N3, 4), -7, dtype=torch.int32)
+    with pytest.raises(RuntimeError, match=r"_C\.generative: output buffer too small"):
+        _C.generative(C3.data_ptr(), N3, GEN, out.data_ptr(), capacity)
+    assert bool((out[capacity:] == -7).all())
+
+
+def test_c_generate_exact_capacity_works() -> None:
+    """The refusal is about size only: the same call with enough room succeeds."""
+    need = _C.generate_bound(N3, DOWN, (4, 4, 4), 1)
+    out = torch.full((need, 4), -7, dtype=torch.int32)
+    n = _C.generate(C3.data_ptr(), N3, DOWN, (4, 4, 4), out.data_ptr(), need)
+    assert 0 < n <= need
