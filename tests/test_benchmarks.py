@@ -168,3 +168,33 @@ def test_cli_smoke_run_writes_json_markdown_and_plots(tmp_path: Path) -> None:
     redraw = ["report", "--out", str(out)] + ([] if _have_matplotlib() else ["--no-plots"])
     assert main(redraw) == 0
     assert (out / "results.md").read_text() == text
+
+
+def test_large_check_runs_at_a_tiny_size(tmp_path: Path) -> None:
+    """``python -m benchmarks large`` (5M voxels by default) runs end to end on 400 voxels."""
+    from benchmarks import large
+
+    out = tmp_path / "large"
+    args = ["large", "--voxels", "400", "--repeats", "1", "--out", str(out)]
+    assert main(args) == 0
+    data = json.loads((out / "large.json").read_text())
+    assert data["meta"]["command"] == "python -m benchmarks " + " ".join(args)
+    assert data["scene"]["voxels"] == 400  # a 20 x 20 height field
+    assert data["scene"]["pairs_subm3"] >= 400  # every voxel is its own centre neighbour
+    steps = {r["step"]: r for r in data["steps"]}
+    assert list(steps) == ["scene", "kmap_subm3", "subm3_fwd_cold", "subm3_fwd", "subm3_fwdbwd"]
+    for r in data["steps"]:
+        assert r["median_ms"] > 0 and r["maxrss_mb"] > 0
+    assert steps["subm3_fwd"]["peak_rss_growth_mb"] is not None
+    text = (out / "large.md").read_text()
+    assert "| subm3_fwd |" in text and "400 voxels" in text
+    # Without backward or memory runs, those columns are absent / empty.
+    small = large.run_large(
+        voxels=64, channels=2, repeats=1, backward=False, memory=False, log=lambda line: None
+    )
+    assert [r["step"] for r in small["steps"]][-1] == "subm3_fwd"
+    assert all(r["peak_rss_growth_mb"] is None for r in small["steps"])
+    with pytest.raises(ValueError, match="voxels: must be an int >= 1"):
+        large.run_large(voxels=0)
+    with pytest.raises(SystemExit, match="--channels: must be >= 1"):
+        main(["large", "--channels", "0"])
