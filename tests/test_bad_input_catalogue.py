@@ -1078,6 +1078,154 @@ add(
 
 
 # --------------------------------------------------------------------------------------
+# Found by probing beyond the list above (each was unclear or accepted before its fix)
+# --------------------------------------------------------------------------------------
+
+add("tensor-to-int-dtype", TypeError, r"to: feats must stay floating", lambda: _x().to(torch.int32))
+add(
+    "tensor-to-meta",
+    ValueError,
+    r"to: a SparseTensor lives on the CPU or a CUDA device",
+    lambda: _x().to("meta"),
+)
+add(
+    "tensor-dense-range-too-large",
+    ValueError,
+    r"dense\(\) of spatial_range .* too large",
+    lambda: _x(spatial_range=(2, 2**20, 2**20, 2**20)).dense(),
+)
+add(
+    "conv-stride-beyond-int32",
+    ValueError,
+    r"stride must fit in int32",
+    lambda: nn.Conv3d(C, C, 2, stride=2**31),
+)
+add(
+    "conv-padding-beyond-int32",
+    ValueError,
+    r"padding must fit in int32",
+    lambda: nn.Conv3d(C, C, 3, stride=2, padding=2**31),
+)
+add(
+    "maxpool-stride-beyond-int32",
+    ValueError,
+    r"stride must fit in int32",
+    lambda: nn.MaxPool3d(2, stride=2**40),
+)
+add(
+    "batchnorm-dtype-mismatch",
+    TypeError,
+    r"input feats dtype torch.float64 .* BatchNorm",
+    lambda: nn.BatchNorm(C)(_x(dtype=torch.float64)),
+)
+add(
+    "f-conv-config-string",
+    TypeError,
+    r"config must be a ConvConfig or None",
+    lambda: F.conv3d(_x(), _w(8), None, 2, 2, config="gather_scatter"),
+)
+add(
+    "f-subm-config-int",
+    TypeError,
+    r"config must be a ConvConfig or None",
+    lambda: F.subm_conv3d(_x(), _w(), None, 3, config=3),
+)
+add(
+    "f-subm-bias-dtype",
+    TypeError,
+    r"bias must match weight's dtype",
+    lambda: F.subm_conv3d(_x(), _w(), torch.zeros(C, dtype=torch.float64), 3),
+)
+add(
+    "f-normalized-conv-none",
+    TypeError,
+    r"conv must be callable",
+    lambda: F.normalized(None, _x(), _w(), None, 1e-8),
+)
+add(
+    "resolved-dataflow-module-config-int",
+    TypeError,
+    r"module_config\.config must be",
+    lambda: F.resolved_dataflow(type("M", (), {"config": 5})()),
+)
+add(
+    "voxelize-points-meta",
+    ValueError,
+    r"points must be on the CPU or a CUDA device",
+    lambda: tl.voxelize(_points().to("meta"), torch.randn(20, C, device="meta")),
+)
+add(
+    "collate-channels-differ",
+    ValueError,
+    r"collate: features\[1\] has 5 channels",
+    lambda: tl.collate([_points(), _points()], [torch.randn(20, C), torch.randn(20, C + 1)]),
+)
+add(
+    "collate-devices-differ",
+    ValueError,
+    r"collate: points\[1\] and features\[1\] must be on",
+    lambda: tl.collate([_points(), _points().to("meta")], [torch.randn(20, C)] * 2),
+)
+add(
+    "collate-features-1d",
+    ValueError,
+    r"collate: features\[0\] must have shape \(P, C\)",
+    lambda: tl.collate([_points()], [torch.randn(20)]),
+)
+add(
+    "collate-generator",
+    TypeError,
+    r"collate: points and features must be lists",
+    lambda: tl.collate((p for p in [_points()]), [torch.randn(20, C)]),
+)
+add(
+    "migrate-state-none",
+    CE,
+    r"model state must be a mapping",
+    lambda: migration.convert_state_dict(None, SPEC),
+)
+add(
+    "migrate-convert-kernel-list",
+    CE,
+    r"legacy kernel 'stem.kernel' must be a tensor",
+    lambda: migration.convert_kernel(migration.parse_kernel_spec(SPEC)["stem.kernel"], [1.0]),
+)
+add(
+    "migrate-load-strict-non-tensor",
+    TypeError,
+    r"state must hold only tensors",
+    lambda: migration.load_state_dict_strict(nn.SubmConv3d(2, 3), {"weight": 1}),
+)
+add(
+    "migrate-load-strict-none",
+    TypeError,
+    r"state must be a mapping",
+    lambda: migration.load_state_dict_strict(nn.SubmConv3d(2, 3), None),
+)
+add_tmp(
+    "migrate-load-converted-missing",
+    CE,
+    r"converted weights .* do not exist",
+    lambda tmp: migration.load_converted(nn.SubmConv3d(2, 3), tmp / "nope.safetensors"),
+)
+add_tmp(
+    "migrate-load-converted-garbage",
+    CE,
+    r"cannot read .* as safetensors",
+    lambda tmp: migration.load_converted(
+        nn.SubmConv3d(2, 3),
+        (lambda p: (p.write_bytes(b"garbage!garbage!"), p)[1])(tmp / "g.safetensors"),
+    ),
+)
+add_tmp(
+    "migrate-source-none",
+    TypeError,
+    r"source must be a path",
+    lambda tmp: migration.convert_checkpoint(None, tmp / "o.safetensors", SPEC),
+)
+
+
+# --------------------------------------------------------------------------------------
 # The catalogue
 # --------------------------------------------------------------------------------------
 

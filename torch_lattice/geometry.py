@@ -14,6 +14,9 @@ import torch
 
 Triple = tuple[int, int, int]
 
+# Geometry reaches the C core as int32 per axis.
+_INT32_MAX = 2**31 - 1
+
 
 def triple(name: str, value: int | Sequence[int], minimum: int) -> Triple:
     """Reads an int or a 3-sequence of ints, each ``>= minimum``.
@@ -41,6 +44,10 @@ def triple(name: str, value: int | Sequence[int], minimum: int) -> Triple:
         if v < minimum:
             rule = "positive" if minimum == 1 else f">= {minimum}"
             raise ValueError(f"{name} must be {rule} in every axis, got {value!r}")
+        if v > _INT32_MAX:
+            raise ValueError(
+                f"{name} must fit in int32 (<= {_INT32_MAX}) in every axis, got {value!r}"
+            )
         out.append(v)
     return (out[0], out[1], out[2])
 

@@ -369,7 +369,16 @@ class SparseTensor:
 
     def to(self, *args: Any, **kwargs: Any) -> SparseTensor:
         """Like ``torch.Tensor.to``; a dtype applies to features only."""
-        feats = self._feats.to(*args, **kwargs)
+        try:
+            feats = self._feats.to(*args, **kwargs)
+        except AssertionError as exc:  # torch's "not compiled with CUDA" is an assertion
+            raise RuntimeError(f"to: cannot move the features: {exc}") from exc
+        if not feats.is_floating_point():
+            raise TypeError(f"to: feats must stay floating, got {feats.dtype}")
+        if feats.device.type not in ("cpu", "cuda"):
+            raise ValueError(
+                f"to: a SparseTensor lives on the CPU or a CUDA device, got {feats.device}"
+            )
         if feats.device == self._feats.device:
             return SparseTensor.from_support(feats, self._support)
         s = self._support
@@ -414,6 +423,11 @@ class SparseTensor:
         if srange is None:
             raise ValueError("dense() needs spatial_range; construct the SparseTensor with one")
         b, x, y, z = srange
+        if b * x * y * z * max(1, self._feats.shape[1]) >= 2**62:
+            raise ValueError(
+                f"dense() of spatial_range {srange} with {self._feats.shape[1]} channels is "
+                "too large for a dense tensor"
+            )
         out = self._feats.new_zeros((b, x, y, z, self._feats.shape[1]))
         c = self.coords.long()
         out = out.index_put((c[:, 0], c[:, 1], c[:, 2], c[:, 3]), self._feats)

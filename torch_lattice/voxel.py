@@ -64,6 +64,8 @@ def _check_points(points: Any) -> torch.Tensor:
         raise TypeError(f"points must be a floating tensor, got {points.dtype}")
     if points.dim() != 2 or points.shape[1] != 3:
         raise ValueError(f"points must have shape (P, 3), got {tuple(points.shape)}")
+    if points.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"points must be on the CPU or a CUDA device, got {points.device}")
     # Half-precision points are widened exactly; the C core reads float32/64.
     return points if points.dtype == torch.float64 else points.float()
 
@@ -202,7 +204,9 @@ def collate(
         SparseTensor with batch indices ``0 .. B-1`` and ``spatial_range``
         None.
     """
-    if isinstance(points, torch.Tensor) or isinstance(features, torch.Tensor):
+    if not all(
+        isinstance(v, Sequence) and not isinstance(v, torch.Tensor) for v in (points, features)
+    ):
         raise TypeError("collate: points and features must be lists of tensors, one per cloud")
     if len(points) == 0 or len(points) != len(features):
         raise ValueError(
@@ -216,10 +220,22 @@ def collate(
             raise TypeError(f"collate: features[{i}] must be a tensor, got {type(f).__name__}")
         if p.dim() != 2 or p.shape[1] != 3:
             raise ValueError(f"collate: points[{i}] must have shape (P, 3), got {tuple(p.shape)}")
-        if f.dim() != 2 or f.shape[0] != p.shape[0]:
+        if f.dim() != 2:
+            raise ValueError(f"collate: features[{i}] must have shape (P, C), got {tuple(f.shape)}")
+        if f.shape[0] != p.shape[0]:
             raise ValueError(
-                f"collate: features[{i}] has {f.shape[0] if f.dim() else 0} rows but points[{i}] "
+                f"collate: features[{i}] has {f.shape[0]} rows but points[{i}] "
                 f"has {p.shape[0]}: each cloud needs (P_i, C) features"
+            )
+        c0 = features[0].shape[1]
+        if f.shape[1] != c0:
+            raise ValueError(
+                f"collate: features[{i}] has {f.shape[1]} channels but features[0] has {c0}"
+            )
+        if p.device != points[0].device or f.device != points[0].device:
+            raise ValueError(
+                f"collate: points[{i}] and features[{i}] must be on {points[0].device} "
+                f"(points[0]'s device), got {p.device} and {f.device}"
             )
     counts = torch.tensor([p.shape[0] for p in points], device=points[0].device)
     batch = torch.repeat_interleave(torch.arange(len(points), device=points[0].device), counts)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,6 +64,9 @@ def convert_checkpoint(
         ConversionError: any refused input (spec, optimizer state, unsafe pickle,
             existing output without ``force``, ...). Nothing is written then.
     """
+    for name, value in (("source", source), ("output", output), ("manifest", manifest)):
+        if not isinstance(value, (str, os.PathLike)) and (name != "manifest" or value is not None):
+            raise TypeError(f"{name} must be a path (str or os.PathLike), got {value!r}")
     source_path, output_path = Path(source), Path(output)
     manifest_path = Path(manifest) if manifest is not None else default_manifest_path(output)
     if isinstance(kernel_spec, (str, Path)):

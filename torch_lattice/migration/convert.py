@@ -77,6 +77,10 @@ def convert_kernel(spec: KernelSpec, kernel: torch.Tensor) -> tuple[torch.Tensor
     Raises:
         ConversionError: the shape does not match the spec's ``K``.
     """
+    if not isinstance(kernel, torch.Tensor):
+        raise ConversionError(
+            f"legacy kernel {spec.key!r} must be a tensor, got {type(kernel).__name__}"
+        )
     shape = tuple(kernel.shape)
     if not kernel.is_floating_point():
         raise ConversionError(
@@ -152,6 +156,10 @@ def convert_state_dict(
         ConversionError: a non-tensor entry, an unlisted kernel, a spec key absent
             from ``state``, a row-count mismatch, or two tensors mapped to one key.
     """
+    if not isinstance(state, Mapping):
+        raise ConversionError(
+            f"model state must be a mapping of names to tensors, got {type(state).__name__}"
+        )
     if isinstance(kernel_spec, (str, Path)):
         specs = load_kernel_spec(kernel_spec)
     else:

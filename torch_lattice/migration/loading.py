@@ -176,6 +176,13 @@ def load_state_dict_strict(model: nn.Module, state: Mapping[str, torch.Tensor]) 
         StateDictMismatchError: naming every missing key, unexpected key and shape
             mismatch (nothing is loaded then).
     """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(state, Mapping):
+        raise TypeError(f"state must be a mapping of names to tensors, got {type(state).__name__}")
+    bad = [k for k, v in state.items() if not isinstance(v, torch.Tensor)]
+    if bad:
+        raise TypeError(f"state must hold only tensors; not tensors: {bad}")
     expected = model.state_dict()
     missing = [k for k in expected if k not in state]
     unexpected = [k for k in state if k not in expected]
@@ -193,4 +200,13 @@ def load_converted(model: nn.Module, path: str | Path) -> None:
     """Loads a converted ``.safetensors`` file into ``model`` strictly (see above)."""
     from safetensors.torch import load_file
 
-    load_state_dict_strict(model, load_file(str(path)))
+    source = Path(path)
+    if not source.is_file():
+        raise ConversionError(f"converted weights {str(source)!r} do not exist or are not a file")
+    try:
+        state = load_file(str(source))
+    except Exception as exc:  # safetensors raises its own error type for a bad header
+        raise ConversionError(
+            f"cannot read {str(source)!r} as safetensors: {type(exc).__name__}: {exc}"
+        ) from exc
+    load_state_dict_strict(model, state)

@@ -167,12 +167,6 @@ def resolve_config(
         ValueError: a target-conditioned transpose with an explicit dataflow
             other than gather-scatter.
     """
-    if not isinstance(target_transpose, bool):
-        raise TypeError(f"target_transpose must be a bool, got {target_transpose!r}")
-    if module_config is not None and not isinstance(module_config, ConvConfig):
-        raise TypeError(
-            f"module_config must be a ConvConfig or None, got {type(module_config).__name__}"
-        )
     explicit = _explicit(module_config)
     if target_transpose:
         if explicit.dataflow not in (None, Dataflow.GatherScatter):
@@ -208,6 +202,13 @@ def resolved_dataflow(
                 f"{type(module_config).__name__}"
             )
         module_config = module_config.config
+        if module_config is not None and not isinstance(module_config, ConvConfig):
+            raise TypeError(
+                f"module_config.config must be a ConvConfig or None, got "
+                f"{type(module_config).__name__}"
+            )
+    if not isinstance(target_transpose, bool):
+        raise TypeError(f"target_transpose must be a bool, got {target_transpose!r}")
     dataflow = resolve_config(
         module_config, target_transpose=target_transpose, device=device
     ).dataflow

@@ -43,6 +43,12 @@ def check_input(x: SparseTensor, weight: torch.Tensor, geometry: ConvGeometry) -
         raise ValueError(f"input is on {x.feats.device} but weight is on {weight.device}")
 
 
+def check_config(config: ConvConfig | None) -> None:
+    """``config`` is None or a :class:`ConvConfig`."""
+    if config is not None and not isinstance(config, ConvConfig):
+        raise TypeError(f"config must be a ConvConfig or None, got {type(config).__name__}")
+
+
 def check_bias(bias: torch.Tensor | None, weight: torch.Tensor) -> None:
     """``bias`` is None or a ``(C_out,)`` tensor like ``weight`` (no silent broadcast)."""
     if bias is None:
@@ -160,6 +166,7 @@ def conv3d(
     geometry = ConvGeometry.create(kernel_size, stride, padding, dilation)
     check_input(input, weight, geometry)
     check_bias(bias, weight)
+    check_config(config)
     if coordinates is not None:
         expected = multiply_stride(input.stride, geometry.stride)
         target = target_support(input, coordinates, expected)
@@ -191,6 +198,7 @@ def subm_conv3d(
     geometry = ConvGeometry.submanifold(ks, triple("dilation", dilation, 1))
     check_input(input, weight, geometry)
     check_bias(bias, weight)
+    check_config(config)
     if geometry.is_identity:
         return pointwise(input, weight, bias)
     return _apply(input, weight, bias, input.support, geometry, config)

@@ -15,7 +15,13 @@ import torch
 
 from torch_lattice.geometry import ConvGeometry
 from torch_lattice.nn.functional.config import ConvConfig, resolve_config
-from torch_lattice.nn.functional.conv import check_bias, check_input, pointwise, target_support
+from torch_lattice.nn.functional.conv import (
+    check_bias,
+    check_config,
+    check_input,
+    pointwise,
+    target_support,
+)
 from torch_lattice.nn.functional.relation import apply_kernel_map
 from torch_lattice.tensor import SparseTensor, Support, divide_stride
 
@@ -108,6 +114,7 @@ def conv_transpose3d(
     geometry = ConvGeometry.create(kernel_size, stride, padding, dilation)
     check_input(input, weight, geometry)
     check_bias(bias, weight)
+    check_config(config)
     cfg = resolve_config(
         config, target_transpose=coordinates is not None, device=input.feats.device
     )
@@ -139,6 +146,7 @@ def generative_conv_transpose3d(
     geometry = ConvGeometry.create(kernel_size, stride)
     check_input(input, weight, geometry)
     check_bias(bias, weight)
+    check_config(config)
     cfg = resolve_config(
         config, target_transpose=coordinates is not None, device=input.feats.device
     )

@@ -42,6 +42,8 @@ def normalized(
     Pointwise kernels (``K == 1``) skip the normalization.
     """
     eps = check_eps(eps)
+    if not callable(conv):
+        raise TypeError(f"conv must be callable (input, weight) -> SparseTensor, got {conv!r}")
     if not isinstance(weight, torch.Tensor):
         raise TypeError(f"weight must be a torch.Tensor, got {type(weight).__name__}")
     check_bias(bias, weight)

@@ -26,4 +26,14 @@ class BatchNorm(nn.BatchNorm1d):
                 f"input feats have {input.feats.shape[1]} channels but BatchNorm expects "
                 f"num_features={self.num_features}"
             )
-        return input.replace(super().forward(input.feats))
+        try:
+            out = super().forward(input.feats)
+        except RuntimeError as exc:
+            if "dtype" not in str(exc) and "scalar type" not in str(exc):
+                raise
+            raise TypeError(
+                f"input feats dtype {input.feats.dtype} does not work with BatchNorm's "
+                f"parameters ({self.weight.dtype if self.weight is not None else 'none'}): "
+                f"{exc}; convert the layer or the features"
+            ) from exc
+        return input.replace(out)
