@@ -118,7 +118,9 @@ class Support:
             if self.num_rows == 0:
                 self._inferred_range = (0, 0, 0)
             else:
-                m = (self.coords[:, 1:].amax(dim=0) + 1).tolist()
+                # max + 1 in Python ints: max(coords) may be 2^31 - 1, so the
+                # extent 2^31 does not fit the coordinates' int32.
+                m = [int(v) + 1 for v in self.coords[:, 1:].amax(dim=0).tolist()]
                 self._inferred_range = (m[0], m[1], m[2])
         return self._inferred_range
 
@@ -196,6 +198,17 @@ class CoordinateManager:
         from torch_lattice.ops.kernel_map import generative_support
 
         stride = divide_stride(source.stride, geometry.stride)
+        if source.num_rows:
+            for axis, (r, s, k) in enumerate(
+                zip(source.grid_range(), geometry.stride, geometry.kernel_size, strict=True)
+            ):
+                top = (r - 1) * s + k - 1
+                if top > _INT32_MAX:
+                    raise ValueError(
+                        f"GenerativeConvTranspose3d with stride {geometry.stride} and "
+                        f"kernel_size {geometry.kernel_size} maps coordinate {r - 1} on axis "
+                        f"{'xyz'[axis]} to {top}, beyond the int32 limit {_INT32_MAX}"
+                    )
         coords = generative_support(
             source.coords, list(geometry.kernel_size), list(geometry.stride)
         )
