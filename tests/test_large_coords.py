@@ -237,3 +237,47 @@ def test_c_errors_name_argument_and_rule(fn, args, pattern):
     """Defect 2 at the C boundary: no bare "invalid argument"."""
     with pytest.raises((ValueError, OverflowError), match=pattern):
         getattr(_C, fn)(*args)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dataflow", DATAFLOWS, ids=lambda d: d.name)
+def test_cuda_near_int32_max_matches_cpu(dataflow):
+    """The CUDA supports, maps and kernels accept coordinates up to 2^31 - 1."""
+    _, x_hi = _pair()
+    cfg = {"config": F.ConvConfig(dataflow=dataflow)}
+    layers = [
+        _module(tnn.SubmConv3d, 3, 4, 3, **cfg),
+        _module(tnn.Conv3d, 3, 4, 3, stride=2, padding=1, **cfg),
+        _module(tnn.Conv3d, 3, 4, 2, stride=2, **cfg),
+        tnn.MaxPool3d(3, 2, 1),
+    ]
+    x_cuda = tl.SparseTensor(x_hi.feats.detach().float().cuda(), x_hi.coords.cuda())
+    for layer in layers:
+        ref = layer(x_hi)
+        got = layer.float().cuda()(x_cuda)
+        layer.double().cpu()
+        assert torch.equal(got.coords.cpu(), ref.coords)
+        torch.testing.assert_close(got.feats.double().cpu(), ref.feats, rtol=1e-4, atol=1e-4)
+    down = _module(tnn.Conv3d, 3, 4, 2, stride=2)
+    gen = _module(tnn.GenerativeConvTranspose3d, 4, 2, 2, stride=2)
+    ref = gen(down(x_hi))
+    got = gen.float().cuda()(down.float().cuda()(x_cuda))
+    assert torch.equal(got.coords.cpu(), ref.coords)
+    torch.testing.assert_close(got.feats.double().cpu(), ref.feats, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dataflow", DATAFLOWS, ids=lambda d: d.name)
+def test_target_conditioned_near_int32_max(dataflow):
+    """Conv3d(..., coordinates=) and ConvTranspose3d(src, target) on rows near 2^31 - 1."""
+    x_lo, x_hi = _pair()
+    cfg = F.ConvConfig(dataflow=dataflow)
+    down = _module(tnn.Conv3d, 3, 4, 3, stride=2, padding=1, config=cfg)
+    up = _module(tnn.ConvTranspose3d, 4, 2, 3, stride=2, padding=1)
+
+    def net(x):
+        coarse = torch.unique(x.coords.long() // torch.tensor([1, 2, 2, 2]), dim=0)
+        y = down(x, coordinates=coarse)
+        return up(y, x.coords)
+
+    _y_lo, y_hi = _run_pair(net, x_lo, x_hi, 1)
+    assert torch.equal(y_hi.coords, x_hi.coords)
