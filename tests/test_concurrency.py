@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import collections
+import os
 import threading
 import time
 
@@ -145,3 +146,49 @@ def test_kernel_map_pairs_built_once_under_threads(monkeypatch):
     assert all(p is rel[0] for p in rel)
     assert counter.by_name() == {"build_kernel_map": 1, "kernel_pairs": 2}
     assert all(n == 1 for n in counter.calls.values())
+
+
+def _to_cuda(x: tl.SparseTensor) -> tl.SparseTensor:
+    return tl.SparseTensor(
+        x.feats.detach().float().cuda().requires_grad_(), x.coords.cuda(), stride=x.stride
+    )
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dataflow", nh.DATAFLOWS, ids=lambda d: d.name)
+def test_cuda_cold_shared_tensor_builds_once(dataflow, monkeypatch):
+    """CUDA: threads on one cold tensor build each map once; results match one thread
+    (to fp32 rounding: the atomic dataflows order their sums by scheduling)."""
+    net = nh.Net(dataflow).float().cuda()
+    ref = nh.run(net, _to_cuda(nh.make_input(rows=2000)))
+    counter = _Counter(monkeypatch)
+    shared = _to_cuda(nh.make_input(rows=2000))
+    results = _in_threads(lambda i: nh.run(net, shared))
+    torch.cuda.synchronize()
+    repeated = {k: n for k, n in counter.calls.items() if n != 1}
+    assert not repeated, f"built more than once: {repeated}"
+    for r in results:
+        for a, b in zip(r[0], ref[0], strict=True):
+            assert torch.equal(a, b)
+        for a, b in zip(r[1] + r[2], ref[1] + ref[2], strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_threads_bitwise_in_deterministic_mode():
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    before = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+    )
+    torch.use_deterministic_algorithms(True)
+    try:
+        net = nh.Net(nh.DATAFLOWS[0]).float().cuda()
+        ref = nh.run(net, _to_cuda(nh.make_input(rows=2000)))
+        shared = _to_cuda(nh.make_input(rows=2000))
+        results = _in_threads(lambda i: nh.run(net, shared))
+        torch.cuda.synchronize()
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+    for i, r in enumerate(results):
+        nh.assert_bitwise_equal(r, ref, f"thread {i}")
