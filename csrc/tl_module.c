@@ -6,6 +6,7 @@
  * Python exception in exactly one place, tl_raise(). */
 #include "tl_py.h"
 
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -27,6 +28,17 @@ PyObject *tl_raise(const char *fn, tl_status st) {
     default: break;
     }
     PyErr_Format(type, "torch_lattice._C.%s: %s", fn, tl_status_str(st));
+    return NULL;
+}
+
+/* tl_raise with the rule the arguments broke (for statuses whose cause the
+ * entry point knows). */
+static PyObject *tl_raise_rule(const char *fn, tl_status st, const char *rule) {
+    PyObject *type = st == TL_ERR_OVERFLOW ? PyExc_OverflowError
+                     : st == TL_ERR_NOMEM  ? PyExc_MemoryError
+                     : st == TL_ERR_INVALID || st == TL_ERR_DUPLICATE ? PyExc_ValueError
+                                                                     : PyExc_RuntimeError;
+    PyErr_Format(type, "torch_lattice._C.%s: %s: %s", fn, tl_status_str(st), rule);
     return NULL;
 }
 
@@ -58,12 +70,57 @@ int tl_cpu_ctx(int threads, tl_ctx *ctx) {
     return -1;
 }
 
-static int tl_parse_geom(PyObject *tuple, tl_geom *g) {
-    return PyArg_ParseTuple(tuple, TL_GEOM_FMT, &g->kernel_size[0], &g->kernel_size[1],
-                            &g->kernel_size[2], &g->stride[0], &g->stride[1],
-                            &g->stride[2], &g->padding[0], &g->padding[1],
-                            &g->padding[2], &g->dilation[0], &g->dilation[1],
-                            &g->dilation[2]);
+/* Parses a geometry tuple and checks it with errors that name the field and
+ * the rule (the core's tl_geom_check returns only a status). */
+static int tl_parse_geom(const char *fn, PyObject *tuple, tl_geom *g) {
+    if (!PyArg_ParseTuple(tuple, TL_GEOM_FMT, &g->kernel_size[0], &g->kernel_size[1],
+                          &g->kernel_size[2], &g->stride[0], &g->stride[1], &g->stride[2],
+                          &g->padding[0], &g->padding[1], &g->padding[2], &g->dilation[0],
+                          &g->dilation[1], &g->dilation[2]))
+        return 0;
+    static const struct {
+        const char *name;
+        size_t offset;
+        int minimum;
+    } fields[] = {{"kernel_size", offsetof(tl_geom, kernel_size), 1},
+                  {"stride", offsetof(tl_geom, stride), 1},
+                  {"padding", offsetof(tl_geom, padding), 0},
+                  {"dilation", offsetof(tl_geom, dilation), 1}};
+    for (size_t f = 0; f < sizeof fields / sizeof fields[0]; f++) {
+        const int32_t *v = (const int32_t *)((const char *)g + fields[f].offset);
+        for (int a = 0; a < 3; a++)
+            if (v[a] < fields[f].minimum) {
+                PyErr_Format(PyExc_ValueError,
+                             "torch_lattice._C.%s: %s must be >= %d on every axis, got %d on "
+                             "axis %d",
+                             fn, fields[f].name, fields[f].minimum, (int)v[a], a);
+                return 0;
+            }
+    }
+    int64_t volume = (int64_t)g->kernel_size[0] * g->kernel_size[1] * g->kernel_size[2];
+    if (volume > TL_ROW_MAX) {
+        PyErr_Format(PyExc_OverflowError,
+                     "torch_lattice._C.%s: kernel_size volume %lld exceeds the int32 kernel-row "
+                     "limit %d",
+                     fn, (long long)volume, (int)TL_ROW_MAX);
+        return 0;
+    }
+    return 1;
+}
+
+/* out_range of generate / generate_bound: each axis in [0, 2^31], since the
+ * generated coordinates q < out_range are int32. */
+static int tl_check_out_range(const char *fn, const int64_t r[3]) {
+    for (int a = 0; a < 3; a++)
+        if (r[a] < 0 || r[a] > (int64_t)TL_COORD_MAX + 1) {
+            PyErr_Format(PyExc_ValueError,
+                         "torch_lattice._C.%s: out_range[%d] = %lld must lie in [0, 2^31]: "
+                         "output coordinates are int32 (a padding or spatial_range this large "
+                         "gives outputs beyond 2^31 - 1)",
+                         fn, a, (long long)r[a]);
+            return 0;
+        }
+    return 1;
 }
 
 PyDoc_STRVAR(find_duplicate_doc,
@@ -91,7 +148,15 @@ static PyObject *py_generate_bound(PyObject *self, PyObject *args) {
     tl_geom g;
     if (!PyArg_ParseTuple(args, "LO(LLL)L", &n_in, &geom, &r[0], &r[1], &r[2], &nb))
         return NULL;
-    if (!tl_parse_geom(geom, &g)) return NULL;
+    if (!tl_parse_geom("generate_bound", geom, &g)) return NULL;
+    if (!tl_check_out_range("generate_bound", r)) return NULL;
+    if (n_in < 0 || nb < 0) {
+        PyErr_Format(PyExc_ValueError,
+                     "torch_lattice._C.generate_bound: n_in (%lld) and n_batches (%lld) must be "
+                     ">= 0",
+                     n_in, nb);
+        return NULL;
+    }
     tl_status st = tl_coords_generate_bound(n_in, &g, r, nb, (int64_t *)&bound);
     if (st != TL_OK) return tl_raise("generate_bound", st);
     return PyLong_FromLongLong(bound);
@@ -110,7 +175,15 @@ static PyObject *py_generate(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "KLO(LLL)KL", &pin, &n_in, &geom, &r[0], &r[1], &r[2],
                           &pout, &cap))
         return NULL;
-    if (!tl_parse_geom(geom, &g)) return NULL;
+    if (!tl_parse_geom("generate", geom, &g)) return NULL;
+    if (!tl_check_out_range("generate", r)) return NULL;
+    if (n_in < 0 || cap < 0 || (n_in > 0 && !pin) || (cap > 0 && !pout)) {
+        PyErr_Format(PyExc_ValueError,
+                     "torch_lattice._C.generate: n_in (%lld) and capacity (%lld) must be >= 0, "
+                     "with non-null in_ptr / out_ptr when positive",
+                     n_in, cap);
+        return NULL;
+    }
     tl_status st;
     Py_BEGIN_ALLOW_THREADS st =
         tl_coords_generate(tl_ptr(pin), n_in, &g, r, tl_ptr(pout), cap, (int64_t *)&n_out);
@@ -128,11 +201,16 @@ static PyObject *py_generative(PyObject *self, PyObject *args) {
     PyObject *geom;
     tl_geom g;
     if (!PyArg_ParseTuple(args, "KLOKL", &pin, &n_in, &geom, &pout, &cap)) return NULL;
-    if (!tl_parse_geom(geom, &g)) return NULL;
+    if (!tl_parse_geom("generative", geom, &g)) return NULL;
     tl_status st;
     Py_BEGIN_ALLOW_THREADS st =
         tl_generative_support(tl_ptr(pin), n_in, &g, tl_ptr(pout), cap, (int64_t *)&n_out);
-    Py_END_ALLOW_THREADS if (st != TL_OK) return tl_raise("generative", st);
+    Py_END_ALLOW_THREADS if (st == TL_ERR_OVERFLOW) return tl_raise_rule(
+        "generative", st, "coords * stride + kernel_size - 1 must fit int32 on every axis");
+    if (st == TL_ERR_INVALID)
+        return tl_raise_rule("generative", st,
+                             "coords must be non-negative, padding 0 and dilation 1");
+    if (st != TL_OK) return tl_raise("generative", st);
     return PyLong_FromLongLong(n_out);
 }
 
@@ -149,13 +227,15 @@ static PyObject *py_kmap_build(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "KLKLOKi", &pin, &n_in, &pout, &n_out, &geom, &pnbr,
                           &threads))
         return NULL;
-    if (!tl_parse_geom(geom, &g)) return NULL;
+    if (!tl_parse_geom("kmap_build", geom, &g)) return NULL;
     tl_ctx ctx;
     if (tl_cpu_ctx(threads, &ctx)) return NULL;
     tl_status st;
     Py_BEGIN_ALLOW_THREADS st =
         tl_kmap_build(&ctx, tl_ptr(pin), n_in, tl_ptr(pout), n_out, &g, tl_ptr(pnbr));
-    Py_END_ALLOW_THREADS if (st != TL_OK) return tl_raise("kmap_build", st);
+    Py_END_ALLOW_THREADS if (st == TL_ERR_INVALID) return tl_raise_rule(
+        "kmap_build", st, "n_in and n_out must be >= 0 and coordinate rows non-negative");
+    if (st != TL_OK) return tl_raise("kmap_build", st);
     Py_RETURN_NONE;
 }
 
@@ -173,7 +253,9 @@ static PyObject *py_kmap_reverse(PyObject *self, PyObject *args) {
     if (tl_cpu_ctx(threads, &ctx)) return NULL;
     tl_status st;
     Py_BEGIN_ALLOW_THREADS st = tl_kmap_reverse(&ctx, tl_ptr(pnbr), n_out, k, n_in, tl_ptr(prev));
-    Py_END_ALLOW_THREADS if (st != TL_OK) return tl_raise("kmap_reverse", st);
+    Py_END_ALLOW_THREADS if (st == TL_ERR_INVALID) return tl_raise_rule(
+        "kmap_reverse", st, "every nbr entry must be -1 or lie in [0, n_in), sizes >= 0");
+    if (st != TL_OK) return tl_raise("kmap_reverse", st);
     Py_RETURN_NONE;
 }
 
@@ -194,7 +276,11 @@ static PyObject *tl_call_conv(const char *name, tl_conv_fn fn, PyObject *args) {
     if (tl_cpu_ctx(threads, &ctx)) return NULL;
     tl_status st;
     Py_BEGIN_ALLOW_THREADS st = fn(&ctx, &d, tl_ptr(pa), tl_ptr(pb), tl_ptr(pnbr), tl_ptr(pout));
-    Py_END_ALLOW_THREADS if (st != TL_OK) return tl_raise(name, st);
+    Py_END_ALLOW_THREADS if (st == TL_ERR_INVALID) return tl_raise_rule(
+        name, st,
+        "every nbr entry must be -1 or lie in [0, rows of the gathered side); dtype, sizes "
+        "(>= 0) and pointers must be valid");
+    if (st != TL_OK) return tl_raise(name, st);
     Py_RETURN_NONE;
 }
 

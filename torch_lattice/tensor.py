@@ -8,6 +8,7 @@ kernel maps so that layers with the same geometry build them once.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -121,7 +122,9 @@ class Support:
             if self.num_rows == 0:
                 self._inferred_range = (0, 0, 0)
             else:
-                m = (self.coords[:, 1:].amax(dim=0) + 1).tolist()
+                # max + 1 in Python ints: max(coords) may be 2^31 - 1, so the
+                # extent 2^31 does not fit the coordinates' int32.
+                m = [int(v) + 1 for v in self.coords[:, 1:].amax(dim=0).tolist()]
                 self._inferred_range = (m[0], m[1], m[2])
         return self._inferred_range
 
@@ -146,6 +149,12 @@ class CoordinateManager:
     A cache belongs to the manager; each entry is keyed by the identity of
     the supports it relates and the geometry, so it is built once and reused
     by every layer with the same geometry.
+
+    Thread safety: lookups and fills run under the manager's re-entrant lock,
+    held during a build too, so threads sharing a cold tensor build each
+    support and map once (the others wait, then take the cached entry).  The
+    C builders release the GIL, so without the lock every thread that missed
+    would build the entry again.
     """
 
     _generated: dict[tuple[Support, ConvGeometry], Support] = field(default_factory=dict)
@@ -155,6 +164,7 @@ class CoordinateManager:
     _generative: dict[tuple[Support, ConvGeometry], Support] = field(default_factory=dict)
     _derivations: dict[Support, list[_Derivation]] = field(default_factory=dict)
     builds: int = 0  # kernel maps built (not served from cache); for tests and profiling
+    _lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
 
     def new_support(
         self, coords: torch.Tensor, stride: Triple, spatial_range: RangeT | None
@@ -164,9 +174,18 @@ class CoordinateManager:
     def generated_support(self, source: Support, geometry: ConvGeometry) -> Support:
         """Output support of a strided convolution of ``source`` (cached)."""
         key = (source, geometry)
-        hit = self._generated.get(key)
+        hit = self._generated.get(key)  # a dict read is atomic: no lock on a hit
         if hit is not None:
             return hit
+        with self._lock:
+            hit = self._generated.get(key)
+            if hit is not None:
+                return hit
+            return self._build_generated(key, source, geometry)
+
+    def _build_generated(
+        self, key: tuple[Support, ConvGeometry], source: Support, geometry: ConvGeometry
+    ) -> Support:
         from torch_lattice.ops.kernel_map import generate_support
 
         out_range = geometry.output_range(source.grid_range())
@@ -196,9 +215,29 @@ class CoordinateManager:
         hit = self._generative.get(key)
         if hit is not None:
             return hit
+        with self._lock:
+            hit = self._generative.get(key)
+            if hit is not None:
+                return hit
+            return self._build_generative(key, source, geometry)
+
+    def _build_generative(
+        self, key: tuple[Support, ConvGeometry], source: Support, geometry: ConvGeometry
+    ) -> Support:
         from torch_lattice.ops.kernel_map import generative_support
 
         stride = divide_stride(source.stride, geometry.stride)
+        if source.num_rows:
+            for axis, (r, s, k) in enumerate(
+                zip(source.grid_range(), geometry.stride, geometry.kernel_size, strict=True)
+            ):
+                top = (r - 1) * s + k - 1
+                if top > _INT32_MAX:
+                    raise ValueError(
+                        f"GenerativeConvTranspose3d with stride {geometry.stride} and "
+                        f"kernel_size {geometry.kernel_size} maps coordinate {r - 1} on axis "
+                        f"{'xyz'[axis]} to {top}, beyond the int32 limit {_INT32_MAX}"
+                    )
         coords = generative_support(
             source.coords, list(geometry.kernel_size), list(geometry.stride)
         )
@@ -216,10 +255,11 @@ class CoordinateManager:
 
     def record_derivation(self, output: Support, source: Support, geometry: ConvGeometry) -> None:
         """Notes that a Conv3d with ``geometry`` mapped ``source`` onto ``output``."""
-        entries = self._derivations.setdefault(output, [])
-        d = _Derivation(source, geometry)
-        if d not in entries:
-            entries.append(d)
+        with self._lock:
+            entries = self._derivations.setdefault(output, [])
+            d = _Derivation(source, geometry)
+            if d not in entries:
+                entries.append(d)
 
     def kernel_map(self, source: Support, target: Support, geometry: ConvGeometry) -> KernelMap:
         """Kernel map relating ``source`` rows to ``target`` rows (cached)."""
@@ -227,16 +267,21 @@ class CoordinateManager:
         hit = self._kernel_maps.get(key)
         if hit is not None:
             return hit
-        from torch_lattice.ops.kernel_map import build_kernel_map
+        with self._lock:
+            hit = self._kernel_maps.get(key)
+            if hit is not None:
+                return hit
+            from torch_lattice.ops.kernel_map import build_kernel_map
 
-        kmap = build_kernel_map(source.coords, target.coords, geometry)
-        self.builds += 1
-        self._kernel_maps[key] = kmap
-        return kmap
+            kmap = build_kernel_map(source.coords, target.coords, geometry)
+            self.builds += 1
+            self._kernel_maps[key] = kmap
+            return kmap
 
     def derivations(self, support: Support) -> list[_Derivation]:
         """The (source, geometry) pairs that generated ``support``."""
-        return list(self._derivations.get(support, ()))
+        with self._lock:
+            return list(self._derivations.get(support, ()))
 
 
 def multiply_stride(a: Triple, b: Triple) -> Triple:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
+import warnings
 from collections.abc import Iterator
 
 import torch
@@ -25,8 +26,10 @@ import torch
 from torch_lattice.ops._native import _C, DTYPE_CODES, ptr
 
 __all__ = [
+    "ATOMIC_KERNELS",
     "DATAFLOWS",
     "arch_error",
+    "check_deterministic",
     "check_device_arch",
     "conv_forward",
     "conv_weight_grad",
@@ -34,6 +37,7 @@ __all__ = [
     "kernel_map",
     "kernel_pairs",
     "require_cuda",
+    "weight_grad_dataflow",
 ]
 
 Geom = tuple[tuple[int, int, int], tuple[int, int, int], tuple[int, int, int], tuple[int, int, int]]
@@ -44,6 +48,56 @@ DATAFLOWS = {"implicit_gemm": 0, "fetch_on_demand": 1, "gather_scatter": 2}
 # Oldest architecture the kernels support (cp.async, bf16 and TF32 tensor cores).
 MIN_ARCH = 80
 _FEATURE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+# (op, dataflow) of the CUDA convolution kernels that add floats with atomics, so their
+# sums are ordered by thread scheduling and can differ in the last bits run to run
+# (docs/determinism.md): fetch-on-demand forward and weight gradient (tl_cuda_pair_gemm.cuh),
+# the gather-scatter forward's scatter-add (tl_cuda_gather_scatter.cu), and the implicit-GEMM
+# weight gradient, whose chunks of output rows meet in atomics (tl_cuda_implicit_gemm.cu).
+# The input gradient is a forward over the transposed relation, so it is the forward's
+# kernel.  Deterministic: the implicit-GEMM forward (every output tile written once, kernel
+# rows in order) and the gather-scatter weight gradient (one torch.mm per kernel row into
+# dw[n], no atomics).
+ATOMIC_KERNELS = frozenset(
+    {
+        ("conv_forward", "fetch_on_demand"),
+        ("conv_forward", "gather_scatter"),
+        ("conv_weight_grad", "fetch_on_demand"),
+        ("conv_weight_grad", "implicit_gemm"),
+    }
+)
+
+
+def check_deterministic(op: str, dataflow: str) -> None:
+    """Refuses a kernel with float atomics while torch asks for deterministic algorithms.
+
+    With ``torch.use_deterministic_algorithms(True)``, running ``(op, dataflow)`` of
+    :data:`ATOMIC_KERNELS` raises ``RuntimeError`` naming both; with ``warn_only=True``
+    it warns instead, as torch's own operators do.  The modules and
+    ``torch_lattice.nn.functional`` never get here in that mode: they select the
+    implicit-GEMM forward and the gather-scatter weight gradient (see
+    :func:`torch_lattice.nn.functional.config.resolve_config`).
+    """
+    if (op, dataflow) not in ATOMIC_KERNELS or not torch.are_deterministic_algorithms_enabled():
+        return
+    msg = (
+        f"torch_lattice {op} with dataflow {dataflow!r} on CUDA adds floats with atomics, so "
+        "it is not deterministic, but torch.use_deterministic_algorithms(True) is set. Run "
+        "the convolution through torch_lattice.nn or torch_lattice.nn.functional (they select "
+        "the implicit-GEMM forward and the gather-scatter weight gradient in this mode) or "
+        "call the op with dataflow='implicit_gemm' (forward) / 'gather_scatter' (weight "
+        "gradient); see docs/determinism.md"
+    )
+    if torch.is_deterministic_algorithms_warn_only_enabled():
+        warnings.warn(msg, UserWarning, stacklevel=3)
+        return
+    raise RuntimeError(msg)
+
+
+def weight_grad_dataflow() -> str:
+    """The dataflow of the implicit-GEMM op's CUDA weight gradient: ``"implicit_gemm"``,
+    or ``"gather_scatter"`` (no atomics) while deterministic algorithms are on."""
+    return "gather_scatter" if torch.are_deterministic_algorithms_enabled() else "implicit_gemm"
 
 
 def require_cuda(op: str, *tensors: torch.Tensor) -> torch.device:
@@ -503,6 +557,7 @@ def conv_forward(
     op = "conv_forward"
     tensors = [feats, weight] + ([nbr] if nbr is not None else []) + list(pairs or ())
     require_cuda(op, *tensors)
+    check_deterministic(op, dataflow)
     _check_features(op, feats, weight, ("feats", "weight"))
     if weight.dim() != 3 or feats.dim() != 2 or weight.shape[1] != feats.shape[1]:
         raise ValueError(
@@ -549,6 +604,7 @@ def conv_weight_grad(
     op = "conv_weight_grad"
     tensors = [feats, grad_out] + ([nbr] if nbr is not None else []) + list(pairs or ())
     require_cuda(op, *tensors)
+    check_deterministic(op, dataflow)
     _check_features(op, feats, grad_out, ("feats", "grad_out"))
     if feats.dim() != 2 or grad_out.dim() != 2:
         raise ValueError(f"{op}: feats and grad_out must be 2-D (rows, channels)")

@@ -138,7 +138,11 @@ def sparse_conv_weight_grad(
 
 @sparse_conv_weight_grad.register_kernel("cuda")
 def _(feats, grad_out, nbr, allow_tf32=False):
-    return _cuda.conv_weight_grad("implicit_gemm", feats, grad_out, nbr=nbr, allow_tf32=allow_tf32)
+    dataflow = _cuda.weight_grad_dataflow()
+    if dataflow == "gather_scatter":  # deterministic algorithms: no atomics (determinism.md)
+        pairs = _cuda.kernel_pairs(nbr)
+        return _cuda.conv_weight_grad(dataflow, feats, grad_out, pairs=pairs, allow_tf32=allow_tf32)
+    return _cuda.conv_weight_grad(dataflow, feats, grad_out, nbr=nbr, allow_tf32=allow_tf32)
 
 
 @sparse_conv_weight_grad.register_fake

@@ -8,6 +8,7 @@ kernel row (-1 where absent); ``rev`` is its ``(N_in, K)`` transpose.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 
 import torch
@@ -41,6 +42,8 @@ class KernelMap:
     rev: torch.Tensor
     geometry: ConvGeometry
     _pairs: dict[bool, PairLists] = field(default_factory=dict, compare=False, repr=False)
+    # Guards _pairs: threads sharing a map build each direction's pair lists once.
+    _lock: threading.RLock = field(default_factory=threading.RLock, compare=False, repr=False)
 
     def pairs(self, transposed: bool = False) -> PairLists:
         """CSR pair lists of the relation (built on first use, then cached).
@@ -51,10 +54,14 @@ class KernelMap:
         call (on CUDA, one readback of the pair count).
         """
         hit = self._pairs.get(transposed)
-        if hit is None:
-            hit = PairLists(*kernel_pairs(self.rev if transposed else self.nbr))
-            self._pairs[transposed] = hit
-        return hit
+        if hit is not None:
+            return hit
+        with self._lock:
+            hit = self._pairs.get(transposed)
+            if hit is None:
+                hit = PairLists(*kernel_pairs(self.rev if transposed else self.nbr))
+                self._pairs[transposed] = hit
+            return hit
 
     def relation_pairs(self, transposed: bool = False) -> PairLists:
         """Pair lists for running the relation in one direction, building as little as possible.
@@ -70,13 +77,17 @@ class KernelMap:
         hit = self._pairs.get(transposed)
         if hit is not None:
             return hit
-        other = self._pairs.get(not transposed)
-        if other is None:
-            return self.pairs(transposed)
-        derived = reverse_pairs(*other)
-        if derived.offsets.device.type == "cpu":
-            self._pairs[transposed] = derived
-        return derived
+        with self._lock:
+            hit = self._pairs.get(transposed)
+            if hit is not None:
+                return hit
+            other = self._pairs.get(not transposed)
+            if other is None:
+                return self.pairs(transposed)
+            derived = reverse_pairs(*other)
+            if derived.offsets.device.type == "cpu":
+                self._pairs[transposed] = derived
+            return derived
 
 
 def _geom(kernel_size: list[int], stride: list[int], padding: list[int], dilation: list[int]):

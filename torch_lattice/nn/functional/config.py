@@ -24,6 +24,8 @@ from collections.abc import Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, fields, replace
 
+import torch
+
 __all__ = [
     "CUDA_DEFAULT",
     "ConvConfig",
@@ -163,6 +165,12 @@ def resolve_config(
     """The effective configuration of one call on features on ``device``
     (a ``torch.device``, ``"cpu"``, ``"cuda"``; None means the CPU).
 
+    On CUDA with ``torch.use_deterministic_algorithms(True)`` the dataflow is
+    implicit GEMM whatever was asked for (target transposes too): its forward
+    and input gradient have no atomics, and its weight gradient then runs the
+    gather-scatter kernel (docs/determinism.md).  Dataflows compute the same
+    relation, so this changes floating-point ordering only.
+
     Raises:
         ValueError: a target-conditioned transpose with an explicit dataflow
             other than gather-scatter.
@@ -178,8 +186,18 @@ def resolve_config(
             )
         explicit = replace(explicit, dataflow=Dataflow.GatherScatter)
     cfg = explicit.over(_device_default(device))
+    if _deterministic_cuda(device) and cfg.dataflow is not Dataflow.ImplicitGEMM:
+        # Only implicit GEMM has an atomic-free CUDA forward (docs/determinism.md).
+        log.debug("dataflow %s -> ImplicitGEMM: deterministic algorithms on CUDA", cfg.dataflow)
+        cfg = replace(cfg, dataflow=Dataflow.ImplicitGEMM)
     log.debug("dataflow %s (target transpose: %s)", cfg.dataflow, target_transpose)
     return cfg
+
+
+def _deterministic_cuda(device: object) -> bool:
+    """Whether a call on ``device`` must run deterministic CUDA kernels."""
+    kind = getattr(device, "type", device)
+    return kind == "cuda" and torch.are_deterministic_algorithms_enabled()
 
 
 def resolved_dataflow(

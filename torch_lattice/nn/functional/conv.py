@@ -115,6 +115,10 @@ def target_support(
     return x.coordinate_manager.new_support(coords, expected, None)
 
 
+# Output coordinates are int32: an output range may be at most 2^31 per axis.
+_COORD_LIMIT = 2**31
+
+
 def generated_support(x: SparseTensor, geometry: ConvGeometry) -> Support:
     """The support a strided convolution (or pooling) with ``geometry`` generates
     from ``x`` (cached in its coordinate manager).
@@ -122,6 +126,7 @@ def generated_support(x: SparseTensor, geometry: ConvGeometry) -> Support:
     Raises:
         ValueError: the window does not fit the input range (``R_out < 1``), as
             for ``torch.nn.Conv3d``; an empty tensor without a range is allowed.
+            Or the output range exceeds 2^31 on some axis (padding past int32).
     """
     src = x.support
     out_range = geometry.output_range(src.grid_range())
@@ -131,6 +136,14 @@ def generated_support(x: SparseTensor, geometry: ConvGeometry) -> Support:
             f"{geometry.padding} does not fit the input range {src.grid_range()}: "
             f"output range would be {out_range}"
         )
+    for axis, r in enumerate(out_range):
+        if r > _COORD_LIMIT:
+            raise ValueError(
+                f"padding {geometry.padding} on the input range {src.grid_range()} "
+                f"(spatial_range {src.spatial_range}) gives an output range {out_range} whose "
+                f"axis {'xyz'[axis]} exceeds 2^31: output coordinates must fit int32; use less "
+                "padding or a smaller spatial_range"
+            )
     return x.coordinate_manager.generated_support(src, geometry)
 
 
