@@ -10,7 +10,8 @@
 #   env     versions: GPU, python3, torch, setuptools, nvcc
 #   build   the extension in place (setup.py build_ext --inplace), sm_90 only
 #   import  torch_lattice._C: CUDA compiled in, devices seen
-#   test    CUDA tests (tests/test_cuda*.py) with pytest -n 8
+#   test    the CUDA tests (every test marked cuda: tests/test_cuda*.py and the GPU cases
+#           of the other files) with pytest -n 8
 #   bench   python3 -m benchmarks.gpu (single layers and SparseResUNet42)
 # The dry mode skips only what needs a GPU: nvidia-smi, and the bench; the tests still run
 # (they skip themselves without a GPU, and the non-GPU checks among them run).
@@ -101,7 +102,7 @@ assert C.cuda_compiled(), 'built without CUDA'"
     # -v: each test's name and verdict is logged as it finishes, so a run cut short by its
     # limit still says which tests failed.
     step test 180 python3 -m pytest -v -n 8 -p no:cacheprovider -rfEs --tb=short --durations=15 \
-        tests/test_cuda*.py --junitxml="$OUT/test-junit.xml"
+        -m cuda tests/ --junitxml="$OUT/test-junit.xml"
     grep -E "^\[gw[0-9]+\].* (FAILED|ERROR) " "$OUT/test.log" | sed 's/^.*\(FAILED\|ERROR\) /    \1 /' \
         | sort | uniq | tee -a "$BODY" > /dev/null
     if [ "$DRY" = 1 ]; then

@@ -154,6 +154,7 @@ def _to_cuda(x: tl.SparseTensor) -> tl.SparseTensor:
     )
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dataflow", nh.DATAFLOWS, ids=lambda d: d.name)
 def test_cuda_cold_shared_tensor_builds_once(dataflow, monkeypatch):
@@ -174,6 +175,7 @@ def test_cuda_cold_shared_tensor_builds_once(dataflow, monkeypatch):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_threads_bitwise_in_deterministic_mode():
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")

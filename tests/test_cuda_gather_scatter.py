@@ -38,14 +38,16 @@ except ImportError:  # tests/ may become a package; then it is imported through 
     from tests.cuda_helpers import geometry_lists as _lists
     from tests.cuda_helpers import random_coords as _coords
 
+# Every test here is marked cuda, the host-only ones too: the device check runs -m cuda.
+pytestmark = pytest.mark.cuda
 _skip_without_gpu = pytest.mark.skipif(
     not (torch.cuda.is_available() and _C.cuda_compiled()), reason="needs a CUDA GPU"
 )
 
 
 def needs_gpu(test):
-    """Marks a test ``cuda`` (selected by ``-m cuda``) and skips it without a GPU."""
-    return pytest.mark.cuda(_skip_without_gpu(test))
+    """Skips ``test`` without a GPU."""
+    return _skip_without_gpu(test)
 
 
 GEOMETRIES = [

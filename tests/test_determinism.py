@@ -202,6 +202,7 @@ def _cuda_run(dataflow):
     return [c.cpu() for c in coords], [f.cpu() for f in feats], [g.cpu() for g in grads]
 
 
+@pytest.mark.cuda
 @CUDA
 @pytest.mark.parametrize("dataflow", nh.DATAFLOWS, ids=lambda d: d.name)
 def test_cuda_deterministic_mode_bitwise_run_to_run(deterministic, dataflow):
@@ -218,6 +219,7 @@ def test_cuda_deterministic_mode_bitwise_run_to_run(deterministic, dataflow):
         torch.testing.assert_close(a.double(), b, rtol=1e-3, atol=1e-3)
 
 
+@pytest.mark.cuda
 @CUDA
 @pytest.mark.parametrize("op,dataflow", ATOMIC)
 def test_cuda_atomic_kernels_refused_when_called(deterministic, op, dataflow):

@@ -239,6 +239,7 @@ def test_c_errors_name_argument_and_rule(fn, args, pattern):
         getattr(_C, fn)(*args)
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dataflow", DATAFLOWS, ids=lambda d: d.name)
 def test_cuda_near_int32_max_matches_cpu(dataflow):
