@@ -14,15 +14,16 @@ PTX for the newest is always added so later GPUs can JIT it.
 
 TORCH_LATTICE_SANITIZE=1 builds the C core for AddressSanitizer and
 UndefinedBehaviorSanitizer (-fsanitize=address,undefined
--fno-sanitize-recover=undefined -fno-omit-frame-pointer -g -O1, and
--fsanitize=address,undefined at link time).  Such a build is CPU only: with
-TORCH_LATTICE_CUDA=auto CUDA is skipped, and TORCH_LATTICE_CUDA=1 is refused.
+-fsanitize=float-cast-overflow -fno-sanitize-recover=undefined,float-cast-overflow
+-fno-omit-frame-pointer -g -O1, and -fsanitize=address,undefined at link time).
+Such a build is CPU only: with TORCH_LATTICE_CUDA=auto CUDA is skipped, and
+TORCH_LATTICE_CUDA=1 is refused.
 Python itself is not instrumented, so the extension only loads with gcc's
 runtime preloaded; docs/sanitizers.md and scripts/sanitize.sh show how.
 
 The user's CFLAGS and LDFLAGS come last on the compiler and linker command
 lines, after this file's own flags, so they take precedence: CFLAGS=-O0 gives
-an unoptimised build, CFLAGS=-fsanitize=thread a ThreadSanitizer one.
+an unoptimised build, and CFLAGS/LDFLAGS=-fsanitize=thread a ThreadSanitizer one.
 """
 
 from __future__ import annotations
@@ -54,9 +55,12 @@ C_FLAGS = [
     "-fvisibility=hidden",
 ]
 LINK_FLAGS = ["-fopenmp", "-Wl,--exclude-libs,ALL"]
+# float-cast-overflow is not part of GCC's "undefined" group; the voxel code
+# casts doubles to int32 and must range-check first.
 SANITIZE_FLAGS = [
     "-fsanitize=address,undefined",
-    "-fno-sanitize-recover=undefined",
+    "-fsanitize=float-cast-overflow",
+    "-fno-sanitize-recover=undefined,float-cast-overflow",
     "-fno-omit-frame-pointer",
     "-g",
     "-O1",

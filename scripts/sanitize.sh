@@ -32,8 +32,9 @@ fi
 log() { echo "[sanitize $(date -u +%H:%M:%S)] $*"; }
 
 cc=${CC:-gcc}
-san_flags=(-fsanitize=address,undefined -fno-sanitize-recover=undefined
-    -fno-omit-frame-pointer -g -O1)
+# The flags of setup.py's TORCH_LATTICE_SANITIZE=1 build.
+san_flags=(-fsanitize=address,undefined -fsanitize=float-cast-overflow
+    -fno-sanitize-recover=undefined,float-cast-overflow -fno-omit-frame-pointer -g -O1)
 warn_flags=(-std=c11 -Wall -Wextra -Werror -fopenmp -Icsrc)
 core_sources=()
 for f in csrc/*.c; do

@@ -95,7 +95,8 @@ def test_sanitize_build_flags(tmp_path: Path) -> None:
         assert cmd[0] != "nvcc" and not any(a.endswith(".cu") for a in cmd), cmd
         for flag in (
             "-fsanitize=address,undefined",
-            "-fno-sanitize-recover=undefined",
+            "-fsanitize=float-cast-overflow",
+            "-fno-sanitize-recover=undefined,float-cast-overflow",
             "-fno-omit-frame-pointer",
             "-g",
         ):
