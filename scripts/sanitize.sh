@@ -83,9 +83,14 @@ py=$(cd "$(dirname "$py")" && pwd)/$(basename "$py")
 log "copying the tracked and untracked sources to $work/src"
 rm -rf "$work/src"
 mkdir -p "$work/src"
-git ls-files -co --exclude-standard -z | while IFS= read -r -d '' f; do
-    [ -f "$f" ] && printf '%s\0' "$f"
-done | tar --null -T - -cf - | tar -xf - -C "$work/src"
+if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+    git ls-files -co --exclude-standard -z | while IFS= read -r -d '' f; do
+        [ -f "$f" ] && printf '%s\0' "$f"
+    done | tar --null -T - -cf - | tar -xf - -C "$work/src"
+else
+    tar --exclude='./.venv*' --exclude=./.git --exclude=./build --exclude='*.so' \
+        --exclude='*.o' --exclude=__pycache__ -cf - . | tar -xf - -C "$work/src"
+fi
 
 log "building torch_lattice._C with TORCH_LATTICE_SANITIZE=1"
 (cd "$work/src" && TORCH_LATTICE_SANITIZE=1 TORCH_LATTICE_CUDA=0 \
