@@ -11,11 +11,25 @@ TORCH_LATTICE_CUDA asks for it:
 
 TORCH_LATTICE_CUDA_ARCHS (default "80;86;89;90") lists the SM architectures;
 PTX for the newest is always added so later GPUs can JIT it.
+
+TORCH_LATTICE_SANITIZE=1 builds the C core for AddressSanitizer and
+UndefinedBehaviorSanitizer (-fsanitize=address,undefined
+-fsanitize=float-cast-overflow -fno-sanitize-recover=undefined,float-cast-overflow
+-fno-omit-frame-pointer -g -O1, and -fsanitize=address,undefined at link time).
+Such a build is CPU only: with TORCH_LATTICE_CUDA=auto CUDA is skipped, and
+TORCH_LATTICE_CUDA=1 is refused.
+Python itself is not instrumented, so the extension only loads with gcc's
+runtime preloaded; docs/sanitizers.md and scripts/sanitize.sh show how.
+
+The user's CFLAGS and LDFLAGS come last on the compiler and linker command
+lines, after this file's own flags, so they take precedence: CFLAGS=-O0 gives
+an unoptimised build, and CFLAGS/LDFLAGS=-fsanitize=thread a ThreadSanitizer one.
 """
 
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
@@ -40,6 +54,45 @@ C_FLAGS = [
     "-fopenmp",
     "-fvisibility=hidden",
 ]
+LINK_FLAGS = ["-fopenmp", "-Wl,--exclude-libs,ALL"]
+# float-cast-overflow is not part of GCC's "undefined" group; the voxel code
+# casts doubles to int32 and must range-check first.
+SANITIZE_FLAGS = [
+    "-fsanitize=address,undefined",
+    "-fsanitize=float-cast-overflow",
+    "-fno-sanitize-recover=undefined,float-cast-overflow",
+    "-fno-omit-frame-pointer",
+    "-g",
+    "-O1",
+]
+SANITIZE_LINK_FLAGS = ["-fsanitize=address,undefined"]
+
+
+def _sanitize() -> bool:
+    mode = os.environ.get("TORCH_LATTICE_SANITIZE", "0").strip().lower()
+    if mode not in ("0", "1", ""):
+        raise SystemExit(f"TORCH_LATTICE_SANITIZE must be 0 or 1, got {mode!r}")
+    return mode == "1"
+
+
+def _compile_flags() -> list[str]:
+    """This file's C flags, then the sanitizer's, then the user's CFLAGS.
+
+    setuptools puts CFLAGS before extra_compile_args, where this file's -O3
+    would override a user's -O0; repeating CFLAGS at the end makes the user's
+    choice win (for gcc and clang the last -O and -f flag of a kind counts)."""
+    flags = [f for f in C_FLAGS if not (_sanitize() and f == "-O3")]
+    if _sanitize():
+        flags += SANITIZE_FLAGS
+    return flags + shlex.split(os.environ.get("CFLAGS", ""))
+
+
+def _link_flags() -> list[str]:
+    """This file's link flags, then the sanitizer's, then the user's LDFLAGS."""
+    flags = list(LINK_FLAGS)
+    if _sanitize():
+        flags += SANITIZE_LINK_FLAGS
+    return flags + shlex.split(os.environ.get("LDFLAGS", ""))
 
 
 def _cuda_mode() -> str:
@@ -84,6 +137,13 @@ class LatticeBuildExt(build_ext):
 
     def build_extension(self, ext: Extension) -> None:
         mode = _cuda_mode()
+        if _sanitize():
+            if mode == "1":
+                raise SystemExit(
+                    "TORCH_LATTICE_SANITIZE=1 builds the C core only; "
+                    "set TORCH_LATTICE_CUDA=0 or auto"
+                )
+            mode = "0"
         nvcc = _find_nvcc() if mode != "0" and CUDA_SOURCES else None
         if mode == "1" and nvcc is None:
             raise SystemExit("TORCH_LATTICE_CUDA=1 but nvcc was not found (set CUDA_HOME)")
@@ -154,10 +214,10 @@ setup(
             sources=C_SOURCES,
             include_dirs=["csrc"],
             define_macros=[("Py_LIMITED_API", "0x030A0000")],
-            extra_compile_args=C_FLAGS,
+            extra_compile_args=_compile_flags(),
             # libgomp is linked dynamically so the process shares torch's runtime;
             # --exclude-libs keeps static archives' symbols out of the export table.
-            extra_link_args=["-fopenmp", "-Wl,--exclude-libs,ALL"],
+            extra_link_args=_link_flags(),
             py_limited_api=True,
         )
     ],

@@ -1,0 +1,589 @@
+/* Standalone test of the C core (no Python): hash table, kernel maps of every
+ * family, generated supports, pair lists, convolution forward and weight
+ * gradient (fp32), pooling over kernel maps and voxelization, each checked
+ * against a brute-force reference, plus the failure paths that must free
+ * what they allocated.  scripts/sanitize.sh builds it with ASan + UBSan (and
+ * LeakSanitizer) and without sanitizers under valgrind.
+ *
+ * Build: gcc -std=c11 -fopenmp -Icsrc tests/c/test_core.c csrc/tl_{conv,coords,
+ *   dataflow_implicit_gemm,dataflow_pairs,generative,hash,kmap,mem,pairs,pool,
+ *   status,voxel}.c -lm
+ * Exit status 0 when every check passes; each failure prints its line. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tl_conv.h"
+#include "tl_coords.h"
+#include "tl_dataflow_implicit_gemm.h"
+#include "tl_dataflow_pairs.h"
+#include "tl_generative.h"
+#include "tl_hash.h"
+#include "tl_kmap.h"
+#include "tl_pairs.h"
+#include "tl_pool.h"
+#include "tl_simd.h"
+#include "tl_voxel.h"
+
+static int failures = 0;
+static const char *current = "-"; /* the case under test, for failure messages */
+
+#define CHECK(cond)                                                                  \
+    do {                                                                             \
+        if (!(cond)) {                                                               \
+            fprintf(stderr, "%s:%d [%s]: check failed: %s\n", __FILE__, __LINE__,    \
+                    current, #cond);                                                 \
+            failures++;                                                              \
+        }                                                                            \
+    } while (0)
+
+/* ---- small helpers ------------------------------------------------------- */
+
+static uint64_t rng_state = 0x2545F4914F6CDD1DULL;
+
+static uint32_t rnd(uint32_t bound) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state % bound);
+}
+
+static float rndf(void) { return (float)rnd(2001) / 1000.0f - 1.0f; }
+
+static void *xmalloc(size_t bytes) {
+    void *p = malloc(bytes ? bytes : 1);
+    if (!p) {
+        fprintf(stderr, "out of memory\n");
+        exit(2);
+    }
+    return p;
+}
+
+static int coord_eq(tl_coord a, tl_coord b) {
+    return a.b == b.b && a.x == b.x && a.y == b.y && a.z == b.z;
+}
+
+static int coord_cmp(const void *pa, const void *pb) {
+    const tl_coord *a = pa, *b = pb;
+    const int32_t ka[4] = {a->b, a->x, a->y, a->z}, kb[4] = {b->b, b->x, b->y, b->z};
+    for (int i = 0; i < 4; i++)
+        if (ka[i] != kb[i]) return ka[i] < kb[i] ? -1 : 1;
+    return 0;
+}
+
+static int64_t linear_find(const tl_coord *rows, int64_t n, tl_coord key) {
+    for (int64_t i = 0; i < n; i++)
+        if (coord_eq(rows[i], key)) return i;
+    return -1;
+}
+
+/* n unique random rows with batch < nb and coordinates base + [0, span). */
+static tl_coord *random_rows(int64_t n, int nb, int32_t base, uint32_t span) {
+    tl_coord *rows = xmalloc(sizeof(tl_coord) * (size_t)n);
+    for (int64_t i = 0; i < n;) {
+        tl_coord c = {(int32_t)rnd((uint32_t)nb), base + (int32_t)rnd(span),
+                      base + (int32_t)rnd(span), base + (int32_t)rnd(span)};
+        if (linear_find(rows, i, c) < 0) rows[i++] = c;
+    }
+    return rows;
+}
+
+static tl_geom geom(int k0, int k1, int k2, int s, int p, int d) {
+    tl_geom g = {{k0, k1, k2}, {s, s, s}, {p, p, p}, {d, d, d}};
+    return g;
+}
+
+static tl_ctx make_ctx(int threads, int simd) {
+    tl_ctx c = {threads, 0, NULL, simd, NULL, 0};
+    return c;
+}
+
+/* ---- hash table ---------------------------------------------------------- */
+
+static void test_hash(void) {
+    current = "hash";
+    tl_coord keys[200];
+    for (int i = 0; i < 200; i++) {
+        tl_coord c = {(int32_t)rnd(3), (int32_t)rnd(50), (int32_t)rnd(50), (int32_t)rnd(50)};
+        if (i % 17 == 0) c.x = TL_COORD_MAX - (int32_t)rnd(3); /* full int32 range */
+        if (i % 23 == 0) c.b = TL_COORD_MAX;
+        keys[i] = c;
+    }
+    tl_hash h;
+    CHECK(tl_hash_init(&h, 4) == TL_OK);
+    int64_t inserted = 0;
+    for (int i = 0; i < 200; i++) {
+        CHECK(tl_hash_reserve(&h, h.size + 1) == TL_OK);
+        int64_t existing;
+        CHECK(tl_hash_insert(&h, keys[i], i, &existing) == TL_OK);
+        int64_t first = linear_find(keys, i, keys[i]);
+        CHECK(existing == first);
+        if (first < 0) inserted++;
+    }
+    CHECK(h.size == inserted);
+    for (int i = 0; i < 200; i++) CHECK(tl_hash_find(&h, keys[i]) == linear_find(keys, 200, keys[i]));
+    tl_coord absent = {1, 1000, 1000, 1000};
+    CHECK(tl_hash_find(&h, absent) == -1);
+    tl_hash_free(&h);
+
+    /* tl_hash_build: unique rows map to their index; a repeat is reported. */
+    tl_coord *rows = random_rows(64, 2, 0, 8);
+    CHECK(tl_hash_build(&h, rows, 64, NULL) == TL_OK);
+    for (int64_t i = 0; i < 64; i++) CHECK(tl_hash_find(&h, rows[i]) == i);
+    tl_hash_free(&h);
+    rows[40] = rows[7];
+    int64_t dup = -1;
+    CHECK(tl_hash_build(&h, rows, 64, &dup) == TL_ERR_DUPLICATE);
+    CHECK(dup == 40);
+    tl_hash_free(&h); /* must be safe after a failed build */
+    free(rows);
+}
+
+/* ---- kernel maps ----------------------------------------------------------- */
+
+/* nbr[o*K + n] by definition: in[i] == out[o]*s - p + r_n*d, same batch. */
+static int check_kmap_brute(const tl_coord *in, int64_t n_in, const tl_coord *out,
+                            int64_t n_out, const tl_geom *g, const int32_t *nbr) {
+    int64_t k;
+    if (tl_geom_check(g, &k) != TL_OK) return 0;
+    for (int64_t o = 0; o < n_out; o++)
+        for (int64_t n = 0; n < k; n++) {
+            int32_t r[3];
+            tl_geom_position(g, n, r);
+            int64_t c[3] = {out[o].x, out[o].y, out[o].z}, v[3];
+            int ok = 1;
+            for (int a = 0; a < 3; a++) {
+                v[a] = c[a] * g->stride[a] - g->padding[a] + (int64_t)r[a] * g->dilation[a];
+                ok = ok && v[a] >= 0 && v[a] <= TL_COORD_MAX;
+            }
+            int64_t want = -1;
+            if (ok) {
+                tl_coord key = {out[o].b, (int32_t)v[0], (int32_t)v[1], (int32_t)v[2]};
+                want = linear_find(in, n_in, key);
+            }
+            if (nbr[o * k + n] != want) return 0;
+        }
+    return 1;
+}
+
+/* Builds nbr and rev for in -> out under g with 1 and 2 threads, checks both
+ * against the definition; returns nbr (caller frees) with *k set. */
+static int32_t *kmap_checked(const tl_coord *in, int64_t n_in, const tl_coord *out,
+                             int64_t n_out, const tl_geom *g, int64_t *k_out) {
+    int64_t k;
+    CHECK(tl_geom_check(g, &k) == TL_OK);
+    *k_out = k;
+    int32_t *nbr = xmalloc(sizeof(int32_t) * (size_t)(n_out * k));
+    int32_t *nbr2 = xmalloc(sizeof(int32_t) * (size_t)(n_out * k));
+    int32_t *rev = xmalloc(sizeof(int32_t) * (size_t)(n_in * k));
+    tl_ctx c1 = make_ctx(1, TL_SIMD_V4), c2 = make_ctx(2, TL_SIMD_V4);
+    CHECK(tl_kmap_build(&c1, in, n_in, out, n_out, g, nbr) == TL_OK);
+    CHECK(tl_kmap_build(&c2, in, n_in, out, n_out, g, nbr2) == TL_OK);
+    CHECK(memcmp(nbr, nbr2, sizeof(int32_t) * (size_t)(n_out * k)) == 0);
+    CHECK(check_kmap_brute(in, n_in, out, n_out, g, nbr));
+    CHECK(tl_kmap_reverse(&c2, nbr, n_out, k, n_in, rev) == TL_OK);
+    for (int64_t i = 0; i < n_in; i++)
+        for (int64_t n = 0; n < k; n++) {
+            int32_t o = rev[i * k + n];
+            int64_t want = -1;
+            for (int64_t q = 0; q < n_out; q++)
+                if (nbr[q * k + n] == i) want = q;
+            CHECK(o == want);
+        }
+    free(nbr2);
+    free(rev);
+    return nbr;
+}
+
+/* Support of a strided conv by definition: every q in [0, range) per axis
+ * (per batch present in `in`) that some kernel row maps onto an input row. */
+static int64_t generate_brute(const tl_coord *in, int64_t n_in, const tl_geom *g,
+                              const int64_t range[3], int nb, tl_coord *out) {
+    int64_t m = 0, k;
+    if (tl_geom_check(g, &k) != TL_OK) return -1;
+    for (int32_t b = 0; b < nb; b++)
+        for (int32_t x = 0; x < range[0]; x++)
+            for (int32_t y = 0; y < range[1]; y++)
+                for (int32_t z = 0; z < range[2]; z++) {
+                    tl_coord q = {b, x, y, z};
+                    int hit = 0;
+                    for (int64_t n = 0; n < k && !hit; n++) {
+                        int32_t r[3];
+                        tl_geom_position(g, n, r);
+                        tl_coord key = {b, x * g->stride[0] - g->padding[0] + r[0] * g->dilation[0],
+                                        y * g->stride[1] - g->padding[1] + r[1] * g->dilation[1],
+                                        z * g->stride[2] - g->padding[2] + r[2] * g->dilation[2]};
+                        hit = key.x >= 0 && key.y >= 0 && key.z >= 0 &&
+                              linear_find(in, n_in, key) >= 0;
+                    }
+                    if (hit) out[m++] = q;
+                }
+    return m;
+}
+
+static void test_kmap_family(const char *name, const tl_coord *in, int64_t n_in,
+                             const tl_geom *g, int nb, int64_t span) {
+    int64_t range[3] = {span, span, span}, bound, n_out;
+    current = name;
+    CHECK(tl_coords_generate_bound(n_in, g, range, nb, &bound) == TL_OK);
+    tl_coord *out = xmalloc(sizeof(tl_coord) * (size_t)bound);
+    tl_coord *want = xmalloc(sizeof(tl_coord) * (size_t)(nb * span * span * span));
+    CHECK(tl_coords_generate(in, n_in, g, range, out, bound, &n_out) == TL_OK);
+    int64_t n_want = generate_brute(in, n_in, g, range, nb, want);
+    CHECK(n_out == n_want);
+    if (n_out == n_want) CHECK(memcmp(out, want, sizeof(tl_coord) * (size_t)n_out) == 0);
+    if (n_out > 0) {
+        /* Too small a buffer: TL_ERR_CAPACITY, nothing leaked. */
+        int64_t n_small;
+        CHECK(tl_coords_generate(in, n_in, g, range, out, n_out - 1, &n_small) ==
+              TL_ERR_CAPACITY);
+    }
+    int64_t k;
+    free(kmap_checked(in, n_in, out, n_out, g, &k));
+    free(out);
+    free(want);
+}
+
+static void test_kmaps(void) {
+    current = "kmaps";
+    tl_coord *in = random_rows(120, 2, 0, 10);
+    int64_t k;
+    /* Submanifold (self map, odd kernel), dilated submanifold, asymmetric. */
+    tl_geom subm = geom(3, 3, 3, 1, 1, 1), subm_d = geom(3, 3, 3, 1, 2, 2);
+    free(kmap_checked(in, 120, in, 120, &subm, &k));
+    free(kmap_checked(in, 120, in, 120, &subm_d, &k));
+    tl_geom odd = {{3, 1, 2}, {1, 1, 1}, {1, 0, 0}, {1, 1, 1}};
+    free(kmap_checked(in, 120, in, 120, &odd, &k));
+    /* Downsampling convolutions and pooling maps with generated supports. */
+    tl_geom s2k2 = geom(2, 2, 2, 2, 0, 1), s2k3 = geom(3, 3, 3, 2, 1, 1);
+    tl_geom s3k3d2 = geom(3, 3, 3, 3, 2, 2);
+    tl_geom aniso = {{2, 3, 1}, {2, 1, 3}, {0, 1, 0}, {1, 1, 1}};
+    test_kmap_family("s2k2", in, 120, &s2k2, 2, 5);
+    test_kmap_family("s2k3", in, 120, &s2k3, 2, 6);
+    test_kmap_family("s3k3d2", in, 120, &s3k3d2, 2, 5);
+    test_kmap_family("aniso", in, 120, &aniso, 2, 10);
+
+    current = "generative";
+    /* Generative transposed: fine = coarse*s + r; map fine (input side of the
+     * conv relation) against coarse, reversed for the transposed direction. */
+    tl_coord *coarse = random_rows(40, 2, 0, 6);
+    tl_geom gen = geom(2, 2, 2, 2, 0, 1);
+    int64_t cap = 40 * 8, n_fine;
+    tl_coord *fine = xmalloc(sizeof(tl_coord) * (size_t)cap);
+    CHECK(tl_generative_support(coarse, 40, &gen, fine, cap, &n_fine) == TL_OK);
+    tl_coord *want = xmalloc(sizeof(tl_coord) * (size_t)cap);
+    for (int64_t i = 0; i < 40; i++)
+        for (int64_t n = 0; n < 8; n++) {
+            int32_t r[3];
+            tl_geom_position(&gen, n, r);
+            tl_coord q = {coarse[i].b, coarse[i].x * 2 + r[0], coarse[i].y * 2 + r[1],
+                          coarse[i].z * 2 + r[2]};
+            want[i * 8 + n] = q;
+        }
+    qsort(want, (size_t)cap, sizeof(tl_coord), coord_cmp);
+    int64_t m = 0;
+    for (int64_t i = 0; i < cap; i++)
+        if (m == 0 || !coord_eq(want[m - 1], want[i])) want[m++] = want[i];
+    CHECK(n_fine == m);
+    if (n_fine == m) CHECK(memcmp(fine, want, sizeof(tl_coord) * (size_t)m) == 0);
+    int64_t n_small;
+    tl_coord *scratch = xmalloc(sizeof(tl_coord) * (size_t)cap);
+    CHECK(tl_generative_support(coarse, 40, &gen, scratch, n_fine - 1, &n_small) ==
+          TL_ERR_CAPACITY);
+    tl_geom bad_gen = geom(2, 2, 2, 2, 1, 1);
+    CHECK(tl_generative_support(coarse, 40, &bad_gen, scratch, cap, &n_small) ==
+          TL_ERR_INVALID);
+    free(scratch);
+    free(kmap_checked(fine, n_fine, coarse, 40, &gen, &k));
+    free(fine);
+    free(want);
+    free(coarse);
+
+    current = "near 2^31";
+    /* Coordinates near 2^31 - 1 (the wide path: no packing). */
+    tl_coord *wide = random_rows(60, 2, TL_COORD_MAX - 6, 7);
+    wide[0].b = TL_COORD_MAX - 1;
+    free(kmap_checked(wide, 60, wide, 60, &subm, &k));
+    tl_coord *mixed = random_rows(60, 3, 0, 6);
+    mixed[5].x = TL_COORD_MAX;
+    mixed[9].z = TL_COORD_MAX - 1;
+    free(kmap_checked(mixed, 60, mixed, 60, &subm, &k));
+    free(kmap_checked(mixed, 60, mixed, 60, &s2k3, &k));
+    free(wide);
+    free(mixed);
+
+    current = "kmap failures";
+    /* Failure paths: duplicate input rows, negative rows, a corrupt map. */
+    tl_ctx c1 = make_ctx(1, TL_SIMD_V4);
+    int32_t *nbr = xmalloc(sizeof(int32_t) * 120 * 27);
+    tl_coord saved = in[3];
+    in[3] = in[50];
+    CHECK(tl_kmap_build(&c1, in, 120, in, 120, &subm, nbr) == TL_ERR_DUPLICATE);
+    in[3] = saved;
+    in[4].y = -1;
+    CHECK(tl_kmap_build(&c1, in, 120, in, 120, &subm, nbr) == TL_ERR_INVALID);
+    in[4].y = 0;
+    int32_t corrupt[4] = {0, 0, 0, 5};
+    int32_t rev[8];
+    CHECK(tl_kmap_reverse(&c1, corrupt, 2, 2, 4, rev) == TL_ERR_INVALID);
+    free(nbr);
+    free(in);
+}
+
+/* ---- pair lists and convolution ----------------------------------------- */
+
+static void test_conv(void) {
+    current = "conv";
+    tl_coord *in = random_rows(90, 2, 0, 8);
+    tl_geom s2k3 = geom(3, 3, 3, 2, 1, 1);
+    int64_t range[3] = {4, 4, 4}, bound, n_out, k;
+    CHECK(tl_coords_generate_bound(90, &s2k3, range, 2, &bound) == TL_OK);
+    tl_coord *out = xmalloc(sizeof(tl_coord) * (size_t)bound);
+    CHECK(tl_coords_generate(in, 90, &s2k3, range, out, bound, &n_out) == TL_OK);
+    int32_t *nbr = kmap_checked(in, 90, out, n_out, &s2k3, &k);
+
+    /* Pair lists by definition: kernel row n, outputs ascending. */
+    tl_ctx c2 = make_ctx(2, TL_SIMD_V4);
+    int64_t *offsets = xmalloc(sizeof(int64_t) * (size_t)(k + 1));
+    CHECK(tl_pairs_count(&c2, nbr, n_out, k, offsets) == TL_OK);
+    int64_t np = offsets[k];
+    int32_t *pin = xmalloc(sizeof(int32_t) * (size_t)np), *pout = xmalloc(sizeof(int32_t) * (size_t)np);
+    CHECK(tl_pairs_fill(&c2, nbr, n_out, k, offsets, pin, pout) == TL_OK);
+    int64_t j = 0;
+    for (int64_t n = 0; n < k; n++) {
+        CHECK(offsets[n] == j);
+        for (int64_t o = 0; o < n_out; o++)
+            if (nbr[o * k + n] >= 0) {
+                CHECK(j < np && pin[j] == nbr[o * k + n] && pout[j] == o);
+                j++;
+            }
+    }
+    CHECK(j == np);
+    tl_pairs pairs = {k, offsets, pin, pout};
+    CHECK(tl_pairs_check(&c2, &pairs, 90, n_out) == TL_OK);
+
+    /* Forward and weight gradient, fp32, against a double reference. */
+    const int64_t ci = 5, co = 7;
+    float *x = xmalloc(sizeof(float) * (size_t)(90 * ci));
+    float *w = xmalloc(sizeof(float) * (size_t)(k * ci * co));
+    float *dy = xmalloc(sizeof(float) * (size_t)(n_out * co));
+    float *y = xmalloc(sizeof(float) * (size_t)(n_out * co));
+    float *dw = xmalloc(sizeof(float) * (size_t)(k * ci * co));
+    double *y_ref = xmalloc(sizeof(double) * (size_t)(n_out * co));
+    double *dw_ref = xmalloc(sizeof(double) * (size_t)(k * ci * co));
+    for (int64_t i = 0; i < 90 * ci; i++) x[i] = rndf();
+    for (int64_t i = 0; i < k * ci * co; i++) w[i] = rndf();
+    for (int64_t i = 0; i < n_out * co; i++) dy[i] = rndf();
+    memset(y_ref, 0, sizeof(double) * (size_t)(n_out * co));
+    memset(dw_ref, 0, sizeof(double) * (size_t)(k * ci * co));
+    for (int64_t o = 0; o < n_out; o++)
+        for (int64_t n = 0; n < k; n++) {
+            int32_t i = nbr[o * k + n];
+            if (i < 0) continue;
+            for (int64_t a = 0; a < ci; a++)
+                for (int64_t b = 0; b < co; b++) {
+                    y_ref[o * co + b] += (double)x[i * ci + a] * w[(n * ci + a) * co + b];
+                    dw_ref[(n * ci + a) * co + b] += (double)x[i * ci + a] * dy[o * co + b];
+                }
+        }
+    tl_conv_desc d = {TL_F32, 90, n_out, k, ci, co};
+    for (int variant = 0; variant < 6; variant++) {
+        tl_ctx ctx = make_ctx(1 + variant % 2, variant < 2 ? TL_SIMD_BASE : TL_SIMD_V4);
+        int flow = variant / 2; /* 0 implicit GEMM, 1 fetch-on-demand, 2 gather-scatter */
+        memset(y, 0xff, sizeof(float) * (size_t)(n_out * co));
+        memset(dw, 0xff, sizeof(float) * (size_t)(k * ci * co));
+        if (variant < 2 || flow == 0) {
+            CHECK(tl_implicit_gemm_forward(&ctx, &d, x, w, nbr, y) == TL_OK);
+            CHECK(tl_implicit_gemm_weight_grad(&ctx, &d, x, dy, nbr, dw) == TL_OK);
+        } else {
+            tl_pairs_mode mode = flow == 1 ? TL_PAIRS_FETCH_ON_DEMAND : TL_PAIRS_GATHER_SCATTER;
+            CHECK(tl_pairs_forward(&ctx, mode, &d, x, w, &pairs, y) == TL_OK);
+            CHECK(tl_pairs_weight_grad(&ctx, mode, &d, x, dy, &pairs, dw) == TL_OK);
+        }
+        for (int64_t i = 0; i < n_out * co; i++) CHECK(fabs(y[i] - y_ref[i]) < 1e-4);
+        for (int64_t i = 0; i < k * ci * co; i++) CHECK(fabs(dw[i] - dw_ref[i]) < 1e-4);
+    }
+    /* Missing buffers are refused. */
+    tl_ctx c1 = make_ctx(1, TL_SIMD_V4);
+    CHECK(tl_conv_check_buffers(&d, 0, x, NULL, y) == TL_ERR_INVALID);
+    tl_conv_desc bad = d;
+    bad.dtype = TL_F16;
+    CHECK(tl_conv_check_cpu(&c1, &bad) == TL_ERR_UNSUPPORTED);
+
+    free(x), free(w), free(dy), free(y), free(dw), free(y_ref), free(dw_ref);
+    free(offsets), free(pin), free(pout), free(nbr), free(out), free(in);
+}
+
+/* ---- pooling --------------------------------------------------------------- */
+
+static void test_pool(void) {
+    current = "pool";
+    tl_coord *in = random_rows(70, 2, 0, 8);
+    tl_geom g = geom(2, 2, 2, 2, 0, 1);
+    int64_t range[3] = {4, 4, 4}, bound, n_out, k;
+    CHECK(tl_coords_generate_bound(70, &g, range, 2, &bound) == TL_OK);
+    tl_coord *out = xmalloc(sizeof(tl_coord) * (size_t)bound);
+    CHECK(tl_coords_generate(in, 70, &g, range, out, bound, &n_out) == TL_OK);
+    int32_t *nbr = kmap_checked(in, 70, out, n_out, &g, &k);
+    int32_t *rev = xmalloc(sizeof(int32_t) * (size_t)(70 * k));
+    tl_ctx ctx = make_ctx(2, TL_SIMD_V4);
+    CHECK(tl_kmap_reverse(&ctx, nbr, n_out, k, 70, rev) == TL_OK);
+    const int64_t c = 3;
+    float *x = xmalloc(sizeof(float) * (size_t)(70 * c)), *y = xmalloc(sizeof(float) * (size_t)(n_out * c));
+    float *dy = xmalloc(sizeof(float) * (size_t)(n_out * c)), *dx = xmalloc(sizeof(float) * (size_t)(70 * c));
+    int32_t *arg = xmalloc(sizeof(int32_t) * (size_t)(n_out * c));
+    for (int64_t i = 0; i < 70 * c; i++) x[i] = rndf();
+    for (int64_t i = 0; i < n_out * c; i++) dy[i] = rndf();
+    tl_pool_desc d = {TL_F32, 70, n_out, k, c};
+    for (int avg = 0; avg < 2; avg++) {
+        CHECK(tl_pool_sum(&ctx, &d, x, nbr, avg, y) == TL_OK);
+        for (int64_t o = 0; o < n_out; o++)
+            for (int64_t ch = 0; ch < c; ch++) {
+                double s = 0;
+                int cnt = 0;
+                for (int64_t n = 0; n < k; n++)
+                    if (nbr[o * k + n] >= 0) s += x[nbr[o * k + n] * c + ch], cnt++;
+                if (avg) s = cnt ? s / cnt : 0;
+                CHECK(fabs(y[o * c + ch] - s) < 1e-5);
+            }
+    }
+    CHECK(tl_pool_max(&ctx, &d, x, nbr, y, arg) == TL_OK);
+    for (int64_t o = 0; o < n_out; o++)
+        for (int64_t ch = 0; ch < c; ch++) {
+            int32_t best = -1;
+            for (int64_t n = 0; n < k; n++) {
+                int32_t i = nbr[o * k + n];
+                if (i >= 0 && (best < 0 || x[i * c + ch] > x[best * c + ch])) best = i;
+            }
+            CHECK(arg[o * c + ch] == best);
+            CHECK(y[o * c + ch] == (best >= 0 ? x[best * c + ch] : 0.0f));
+        }
+    tl_pool_desc db = {TL_F32, 70, n_out, k, c};
+    CHECK(tl_pool_max_backward(&ctx, &db, dy, rev, arg, dx) == TL_OK);
+    for (int64_t i = 0; i < 70; i++)
+        for (int64_t ch = 0; ch < c; ch++) {
+            double s = 0;
+            for (int64_t o = 0; o < n_out; o++)
+                if (arg[o * c + ch] == i) s += dy[o * c + ch];
+            CHECK(fabs(dx[i * c + ch] - s) < 1e-5);
+        }
+    /* A table entry out of range is refused. */
+    int32_t saved = nbr[0];
+    nbr[0] = 70;
+    CHECK(tl_pool_sum(&ctx, &d, x, nbr, 0, y) == TL_ERR_INVALID);
+    nbr[0] = saved;
+    free(x), free(y), free(dy), free(dx), free(arg), free(rev), free(nbr), free(out), free(in);
+}
+
+/* ---- voxelization ----------------------------------------------------------- */
+
+static void test_voxel(void) {
+    current = "voxel";
+    enum { N = 300, C = 2 };
+    tl_ctx ctx = make_ctx(2, TL_SIMD_V4);
+    tl_voxel_grid grid = {{0.5, 0.25, 1.0}, {-1.0, 0.0, 2.0}};
+    float pts[N * 3], feats[N * C];
+    int64_t batch[N];
+    for (int p = 0; p < N; p++) {
+        pts[p * 3 + 0] = -1.0f + (float)rnd(400) / 100.0f;
+        pts[p * 3 + 1] = (float)rnd(100) / 100.0f;
+        pts[p * 3 + 2] = 2.0f + (float)rnd(300) / 100.0f;
+        batch[p] = rnd(2);
+        for (int ch = 0; ch < C; ch++) feats[p * C + ch] = rndf();
+    }
+    tl_coord rows[N], uniq[N];
+    int64_t bad, inverse[N], m;
+    CHECK(tl_voxel_quantize(&ctx, TL_F32, pts, batch, N, &grid, rows, &bad) == TL_OK);
+    for (int p = 0; p < N; p++) {
+        tl_coord want = {(int32_t)batch[p],
+                         (int32_t)floor(((double)pts[p * 3] - grid.origin[0]) / grid.size[0]),
+                         (int32_t)floor(((double)pts[p * 3 + 1] - grid.origin[1]) / grid.size[1]),
+                         (int32_t)floor(((double)pts[p * 3 + 2] - grid.origin[2]) / grid.size[2])};
+        CHECK(coord_eq(rows[p], want));
+    }
+    CHECK(tl_voxel_unique(&ctx, rows, N, uniq, &m, inverse) == TL_OK);
+    for (int64_t i = 1; i < m; i++) CHECK(coord_cmp(&uniq[i - 1], &uniq[i]) < 0);
+    for (int p = 0; p < N; p++) CHECK(inverse[p] >= 0 && inverse[p] < m && coord_eq(uniq[inverse[p]], rows[p]));
+    for (int64_t i = 0; i < m; i++) CHECK(linear_find(rows, N, uniq[i]) >= 0);
+
+    float *out = xmalloc(sizeof(float) * (size_t)(m * C));
+    int64_t *arg = xmalloc(sizeof(int64_t) * (size_t)(m * C));
+    for (int red = 0; red < 3; red++) {
+        CHECK(tl_voxel_reduce(&ctx, TL_F32, (tl_voxel_reduction)red, feats, N, C, inverse, m, out,
+                              arg) == TL_OK);
+        for (int64_t v = 0; v < m; v++)
+            for (int ch = 0; ch < C; ch++) {
+                double s = 0, best = -INFINITY;
+                int cnt = 0;
+                int64_t first = -1;
+                for (int p = 0; p < N; p++)
+                    if (inverse[p] == v) {
+                        s += feats[p * C + ch], cnt++;
+                        if (feats[p * C + ch] > best) best = feats[p * C + ch], first = p;
+                    }
+                double want = red == TL_VOXEL_MEAN ? s / cnt : red == TL_VOXEL_SUM ? s : best;
+                CHECK(fabs(out[v * C + ch] - want) < 1e-5);
+                if (red == TL_VOXEL_MAX) CHECK(arg[v * C + ch] == first);
+            }
+    }
+    /* Devoxelization maps: nearest is the point's own voxel; trilinear weights
+     * of present corners match the formula. */
+    int64_t idx[N * 8];
+    double w[N * 8];
+    CHECK(tl_voxel_devoxel_map(&ctx, TL_F32, pts, batch, N, &grid, uniq, m, 0, idx, w, &bad) ==
+          TL_OK);
+    for (int p = 0; p < N; p++) CHECK(idx[p] == inverse[p] && w[p] == 1.0);
+    CHECK(tl_voxel_devoxel_map(&ctx, TL_F32, pts, batch, N, &grid, uniq, m, 1, idx, w, &bad) ==
+          TL_OK);
+    for (int p = 0; p < N; p++)
+        for (int j = 0; j < 8; j++) {
+            double weight = 1;
+            tl_coord corner = {(int32_t)batch[p], 0, 0, 0};
+            int32_t *cc[3] = {&corner.x, &corner.y, &corner.z};
+            int neg = 0;
+            for (int a = 0; a < 3; a++) {
+                double u = ((double)pts[p * 3 + a] - grid.origin[a]) / grid.size[a] - 0.5;
+                double f = floor(u);
+                int dd = (j >> (2 - a)) & 1;
+                weight *= dd ? u - f : 1 - (u - f);
+                *cc[a] = (int32_t)f + dd;
+                neg |= *cc[a] < 0;
+            }
+            int64_t want = neg ? -1 : linear_find(uniq, m, corner);
+            CHECK(idx[p * 8 + j] == want);
+            CHECK(fabs(w[p * 8 + j] - (want >= 0 ? weight : 0.0)) < 1e-9);
+        }
+    float *back = xmalloc(sizeof(float) * N * C);
+    CHECK(tl_voxel_gather(&ctx, TL_F32, out, m, C, idx, w, N, 8, back) == TL_OK);
+    for (int p = 0; p < N; p++)
+        for (int ch = 0; ch < C; ch++) {
+            double s = 0;
+            for (int j = 0; j < 8; j++)
+                if (idx[p * 8 + j] >= 0) s += w[p * 8 + j] * out[idx[p * 8 + j] * C + ch];
+            CHECK(fabs(back[p * C + ch] - s) < 1e-5);
+        }
+    /* Failure paths: a point below the origin, a negative batch. */
+    pts[3 * 17] = -5.0f;
+    CHECK(tl_voxel_quantize(&ctx, TL_F32, pts, batch, N, &grid, rows, &bad) == TL_ERR_INVALID);
+    CHECK(bad == 17);
+    pts[3 * 17] = 0.0f;
+    batch[5] = -1;
+    CHECK(tl_voxel_quantize(&ctx, TL_F32, pts, batch, N, &grid, rows, &bad) == TL_ERR_INVALID);
+    CHECK(bad == 5);
+    free(out), free(arg), free(back);
+}
+
+int main(void) {
+    test_hash();
+    test_kmaps();
+    test_conv();
+    test_pool();
+    test_voxel();
+    if (failures) {
+        fprintf(stderr, "test_core: %d check(s) failed\n", failures);
+        return 1;
+    }
+    printf("test_core: all checks passed\n");
+    return 0;
+}
