@@ -162,7 +162,7 @@ def generated_support(inp: np.ndarray, geom) -> np.ndarray | None:
 def check(data: bytes) -> None:
     d = Decoder(data)
     family = d.int_in(0, 4)
-    threads = d.int_in(1, 3)
+    threads = d.int_in(1, 2)
     nulls = d.int_in(0, 3) if d.chance(10) else 0
     if family == 0:  # submanifold: the same buffer on both sides
         inp = d.coords(200)
