@@ -19,11 +19,11 @@ if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from fuzz._common import (
+    _C,
     INT32_MAX,
     Decoder,
     Finding,
     Guarded,
-    _C,
     call,
     expect,
     geometry_error,
@@ -82,8 +82,9 @@ def out_range(d: Decoder, rows: np.ndarray, geom) -> tuple[int, int, int]:
     if mode == 2:
         return tuple(INT32_MAX + 1 - d.int_in(0, 3) for _ in range(3))
     if mode == 3:  # a range the core must refuse
-        return tuple(INT32_MAX + 1 + d.int_in(0, 2) if d.chance(2) else -d.int_in(1, 3)
-                     for _ in range(3))
+        return tuple(
+            INT32_MAX + 1 + d.int_in(0, 2) if d.chance(2) else -d.int_in(1, 3) for _ in range(3)
+        )
     return tuple(d.int_in(0, 12) for _ in range(3))
 
 

@@ -19,11 +19,11 @@ if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from fuzz._common import (
+    _C,
     INT32_MAX,
     Decoder,
     Finding,
     Guarded,
-    _C,
     call,
     expect,
     geometry_error,

@@ -17,7 +17,7 @@ if __package__ in (None, ""):
 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from fuzz._common import Decoder, Finding, Guarded, _C, call, expect, main
+from fuzz._common import _C, Decoder, Finding, Guarded, call, expect, main
 
 
 def reference(rows: np.ndarray) -> tuple[type | None, int]:

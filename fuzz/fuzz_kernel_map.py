@@ -20,11 +20,11 @@ if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from fuzz._common import (
+    _C,
     INT32_MAX,
     Decoder,
     Finding,
     Guarded,
-    _C,
     call,
     expect,
     geometry_error,
@@ -195,10 +195,8 @@ def check(data: bytes) -> None:
         nbr = run_kmap(inp, out, geom, threads, nulls)
     else:  # malformed tables for kmap_reverse
         n_out, k, n_in = d.int_in(0, 40), d.int_in(1, 9), d.int_in(0, 40)
-        nbr = np.array(
-            [[d.int_in(-3, n_in + 2) if d.chance(3) else -1 for _ in range(k)] for _ in range(n_out)],
-            dtype=np.int32,
-        ).reshape(n_out, k)
+        entries = [d.int_in(-3, n_in + 2) if d.chance(3) else -1 for _ in range(n_out * k)]
+        nbr = np.array(entries, dtype=np.int32).reshape(n_out, k)
         run_reverse(nbr, n_in, threads)
         return
     if nbr is not None:

@@ -18,7 +18,7 @@ if __package__ in (None, ""):
 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from fuzz._common import Decoder, Finding, Guarded, _C, call, expect, main
+from fuzz._common import _C, Decoder, Finding, Guarded, call, expect, main
 
 
 def check(data: bytes) -> None:
@@ -59,23 +59,34 @@ def check(data: bytes) -> None:
             offsets[n + 1 :] -= 1
             want = ValueError
     elif d.chance(4):  # arbitrary offsets: only the count's own are accepted
-        offsets = np.array([d.int_in(-2, int(ref_off[k]) + 2) for _ in range(k + 1)],
-                           dtype=np.int64)
+        offsets = np.array(
+            [d.int_in(-2, int(ref_off[k]) + 2) for _ in range(k + 1)], dtype=np.int64
+        )
         want = None if np.array_equal(offsets, ref_off) else ValueError
     total = max(int(offsets[k]), 0)
     pin = Guarded((total,), np.int32)
     pout = Guarded((total,), np.int32)
     expect(
         "pairs_fill",
-        call(_C.pairs_fill, nbr.ctypes.data, n_out, k, offsets.ctypes.data, pin.ptr, pout.ptr,
-             threads),
+        call(
+            _C.pairs_fill,
+            nbr.ctypes.data,
+            n_out,
+            k,
+            offsets.ctypes.data,
+            pin.ptr,
+            pout.ptr,
+            threads,
+        ),
         want,
     )
     pin.check("pairs_fill in")
     pout.check("pairs_fill out")
     if want is not None:
         return
-    if pin.view.tolist() != sum(ref_in, []) or pout.view.tolist() != sum(ref_out, []):
+    flat_in = [i for row in ref_in for i in row]
+    flat_out = [o for row in ref_out for o in row]
+    if pin.view.tolist() != flat_in or pout.view.tolist() != flat_out:
         raise Finding("pairs_fill lists differ from the reference")
 
 

@@ -21,7 +21,7 @@ if __package__ in (None, ""):
 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from fuzz._common import Decoder, Finding, Guarded, _C, call, expect, main
+from fuzz._common import _C, Decoder, Finding, Guarded, call, expect, main
 
 
 def window_ref(inp: np.ndarray, geom) -> tuple[np.ndarray, np.ndarray]:
@@ -38,8 +38,10 @@ def window_ref(inp: np.ndarray, geom) -> tuple[np.ndarray, np.ndarray]:
                 outs.add((b, *(t[a] // st[a] for a in range(3))))
     outs = sorted(outs)
     rows = [
-        [table.get((q[0], *(q[a + 1] * st[a] - pd[a] + r[a] * dl[a] for a in range(3))), -1)
-         for r in pos]
+        [
+            table.get((q[0], *(q[a + 1] * st[a] - pd[a] + r[a] * dl[a] for a in range(3))), -1)
+            for r in pos
+        ]
         for q in outs
     ]
     return (
@@ -85,8 +87,10 @@ def pool_call(fn, code, n_in, n_out, k, c, a, table, flag, out, aux, threads, wa
 def maps_mode(d: Decoder, threads: int) -> None:
     inp = d.coords(150, allow_negative=False)
     if not len(inp) or inp.max() > 12:
-        inp = np.array([[d.int_in(0, 1), *(d.int_in(0, 9) for _ in range(3))]
-                        for _ in range(d.int_in(1, 80))], dtype=np.int32)
+        inp = np.array(
+            [[d.int_in(0, 1), *(d.int_in(0, 9) for _ in range(3))] for _ in range(d.int_in(1, 80))],
+            dtype=np.int32,
+        )
     _, first = np.unique(inp, axis=0, return_index=True)
     inp = np.ascontiguousarray(inp[np.sort(first)])
     ks = tuple(d.int_in(1, 3) for _ in range(3))
@@ -153,8 +157,9 @@ def run_pool(d, nbr, rev, n_in, threads, want) -> None:
 
 def tables_mode(d: Decoder, threads: int) -> None:
     n_in, n_out, k, c = d.int_in(0, 30), d.int_in(0, 30), d.int_in(1, 8), d.int_in(0, 3)
-    nbr = np.array([d.int_in(-3, n_in + 2) if d.chance(2) else -1 for _ in range(n_out * k)],
-                   dtype=np.int32).reshape(n_out, k)
+    nbr = np.array(
+        [d.int_in(-3, n_in + 2) if d.chance(2) else -1 for _ in range(n_out * k)], dtype=np.int32
+    ).reshape(n_out, k)
     bad = bool(((nbr < -1) | (nbr >= n_in)).any())
     if not bad and not d.chance(3):
         run_pool(d, nbr, np.full((n_in, k), -1, dtype=np.int32), n_in, threads, None)
@@ -173,13 +178,27 @@ def tables_mode(d: Decoder, threads: int) -> None:
     arg.check("pool argmax")
     # Malformed argmax for the backward pass, with a well-formed rev.
     rev = np.full((n_in, k), -1, dtype=np.int32)
-    am = np.array([d.int_in(-3, n_in + 2) for _ in range(n_out * max(c, 1))],
-                  dtype=np.int32).reshape(n_out, max(c, 1))
+    am = np.array(
+        [d.int_in(-3, n_in + 2) for _ in range(n_out * max(c, 1))], dtype=np.int32
+    ).reshape(n_out, max(c, 1))
     dy = np.zeros((n_out, max(c, 1)))
     am_bad = c > 0 and bool(((am[:, :c] < -1) | (am[:, :c] >= n_in)).any())
     dx = Guarded((n_in, max(c, 1)), dtype)
-    pool_call(_C.pool_max_backward, 1, n_in, n_out, k, c, dy.ctypes.data, rev.ctypes.data, 0,
-              dx.ptr, am.ctypes.data, threads, ValueError if am_bad else None)
+    pool_call(
+        _C.pool_max_backward,
+        1,
+        n_in,
+        n_out,
+        k,
+        c,
+        dy.ctypes.data,
+        rev.ctypes.data,
+        0,
+        dx.ptr,
+        am.ctypes.data,
+        threads,
+        ValueError if am_bad else None,
+    )
     dx.check("pool_max_backward dx")
     # Bad sizes and dtype codes.
     code = [0, 1, 2, 7, -1][d.int_in(0, 4)]

@@ -21,7 +21,7 @@ if __package__ in (None, ""):
 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from fuzz._common import INT32_MAX, Decoder, Finding, Guarded, _C, call, expect, main
+from fuzz._common import _C, INT32_MAX, Decoder, Finding, Guarded, call, expect, main
 
 TL_ERR_INVALID, TL_ERR_OVERFLOW = -1, -3
 SPECIAL = [math.nan, math.inf, -math.inf, 1e300, -1e300, 2.0**31, 2.0**31 - 1, -0.0, 5e-324]
@@ -119,8 +119,15 @@ def check(data: bytes) -> None:
     code = 0 if dtype == np.float32 else 1
     rows = Guarded((n, 4), np.int32)
     outcome = call(
-        _C.voxel_quantize, code, pts.ctypes.data, 0 if batch is None else batch.ctypes.data, n,
-        size, origin, rows.ptr, threads,
+        _C.voxel_quantize,
+        code,
+        pts.ctypes.data,
+        0 if batch is None else batch.ctypes.data,
+        n,
+        size,
+        origin,
+        rows.ptr,
+        threads,
     )
     rows.check("voxel_quantize rows")
     if bad_grid:
@@ -168,8 +175,17 @@ def check(data: bytes) -> None:
     out = Guarded((m, c), dtype)
     arg = Guarded((m if red == 2 else 0, c), np.int64)
     outcome = call(
-        _C.voxel_reduce, code, red, feats.ctypes.data, n, c, inv.ctypes.data, m, out.ptr,
-        arg.ptr, threads,
+        _C.voxel_reduce,
+        code,
+        red,
+        feats.ctypes.data,
+        n,
+        c,
+        inv.ctypes.data,
+        m,
+        out.ptr,
+        arg.ptr,
+        threads,
     )
     out.check("voxel_reduce out")
     arg.check("voxel_reduce argmax")
