@@ -189,13 +189,132 @@ def check(data: bytes) -> None:
     )
     out.check("voxel_reduce out")
     arg.check("voxel_reduce argmax")
-    if expect("voxel_reduce", outcome, want) is not None or want is not None:
+    if expect("voxel_reduce", outcome, want) is None and want is None:
+        ref_out, ref_arg = reduce_ref(feats, inv, m, red)
+        if not np.array_equal(out.view, ref_out.astype(dtype)):
+            raise Finding(f"voxel_reduce ({red}): values differ from the reference")
+        if red == 2 and not np.array_equal(arg.view, ref_arg):
+            raise Finding("voxel_reduce (max): argmax differs from the reference")
+    devoxel(
+        d,
+        code,
+        dtype,
+        pts,
+        batch,
+        size,
+        origin,
+        np.ascontiguousarray(ref_u, dtype=np.int32),
+        threads,
+    )
+
+
+def devoxel_ref(pts, batch, size, origin, vox: np.ndarray, trilinear: bool):
+    """Rows and weights of each point's voxel or 8 corners (csrc/tl_voxel.h)."""
+    table = {tuple(r): i for i, r in enumerate(vox.tolist())}
+    k = 8 if trilinear else 1
+    idx = np.full((len(pts), k), -1, dtype=np.int64)
+    w = np.zeros((len(pts), k))
+    for p in range(len(pts)):
+        b = 0 if batch is None else int(batch[p])
+        u, base = [], []
+        for a in range(3):
+            v = (float(pts[p, a]) - origin[a]) / size[a] - (0.5 if trilinear else 0.0)
+            f = math.floor(v)
+            base.append(min(f, INT32_MAX + 1))
+            u.append(v - f)
+        for j in range(k):
+            dj = ((j >> 2) & 1, (j >> 1) & 1, j & 1) if trilinear else (0, 0, 0)
+            weight = 1.0
+            corner = []
+            for a in range(3):
+                corner.append(base[a] + dj[a])
+                weight *= u[a] if dj[a] else 1.0 - u[a]
+            row = -1
+            if all(0 <= c <= INT32_MAX for c in corner):
+                row = table.get((b, *corner), -1)
+            idx[p, j] = row
+            if row >= 0:
+                w[p, j] = weight if trilinear else 1.0
+    return idx, w
+
+
+def devoxel(d, code, dtype, pts, batch, size, origin, vox, threads) -> None:
+    """devoxel_map on the voxels of the same points (some dropped, maybe a
+    duplicate), then voxel_gather of random features through the map."""
+    n = len(pts)
+    if len(vox) and d.chance(3):
+        vox = np.ascontiguousarray(vox[:: d.int_in(1, 3)])
+    want = None
+    if len(vox) and d.chance(10):
+        vox = np.ascontiguousarray(np.concatenate([vox, vox[-1:]]))
+        want = ValueError  # a repeated voxel row
+    tri = d.chance(2)
+    k = 8 if tri else 1
+    idx = Guarded((n, k), np.int64)
+    w = Guarded((n, k), np.float64)
+    outcome = call(
+        _C.voxel_devoxel_map,
+        code,
+        pts.ctypes.data,
+        0 if batch is None else batch.ctypes.data,
+        n,
+        size,
+        origin,
+        vox.ctypes.data,
+        len(vox),
+        int(tri),
+        idx.ptr,
+        w.ptr,
+        threads,
+    )
+    idx.check("voxel_devoxel_map idx")
+    w.check("voxel_devoxel_map w")
+    res = expect("voxel_devoxel_map", outcome, want)
+    if want is not None:
         return
-    ref_out, ref_arg = reduce_ref(feats, inv, m, red)
-    if not np.array_equal(out.view, ref_out.astype(dtype)):
-        raise Finding(f"voxel_reduce ({red}): values differ from the reference")
-    if red == 2 and not np.array_equal(arg.view, ref_arg):
-        raise Finding("voxel_reduce (max): argmax differs from the reference")
+    if res != (0, -1):
+        raise Finding(f"voxel_devoxel_map returned {res} for points quantize accepted")
+    ref_idx, ref_w = devoxel_ref(pts, batch, size, origin, vox, tri)
+    if not np.array_equal(idx.view, ref_idx):
+        raise Finding(f"voxel_devoxel_map (trilinear={tri}): rows differ from the reference")
+    if not np.array_equal(w.view, ref_w):
+        raise Finding(f"voxel_devoxel_map (trilinear={tri}): weights differ from the reference")
+    # Gather, sometimes through a malformed map.
+    m, c = len(vox), d.int_in(0, 3)
+    feats = np.array([d.int_in(-8, 8) for _ in range(m * c)], dtype=dtype).reshape(m, c)
+    gidx = ref_idx.copy()
+    want = None
+    if n and d.chance(8):
+        gidx[d.int_in(0, n - 1), d.int_in(0, k - 1)] = [-2, m, m + 3][d.int_in(0, 2)]
+        want = ValueError
+    out = Guarded((n, c), dtype)
+    outcome = call(
+        _C.voxel_gather,
+        code,
+        feats.ctypes.data,
+        m,
+        c,
+        gidx.ctypes.data,
+        ref_w.ctypes.data,
+        n,
+        k,
+        out.ptr,
+        threads,
+    )
+    out.check("voxel_gather out")
+    if expect("voxel_gather", outcome, want) is not None or want is not None:
+        return
+    ref = np.zeros((n, c))
+    for p in range(n):
+        for j in range(c):
+            acc = 0.0
+            for q in range(k):
+                if gidx[p, q] >= 0:
+                    acc += ref_w[p, q] * float(feats[gidx[p, q], j])
+            ref[p, j] = acc
+    tol = 1e-6 if dtype == np.float32 else 1e-12
+    if not np.allclose(out.view, ref.astype(dtype), rtol=tol, atol=tol):
+        raise Finding("voxel_gather differs from the reference")
 
 
 if __name__ == "__main__":
