@@ -30,6 +30,14 @@ def _load_core():
     import importlib.util
 
     name = "torch_lattice._C"
+    override = os.environ.get("TORCH_LATTICE_FUZZ_C")  # e.g. a sanitizer build's _C
+    if override:
+        loader = importlib.machinery.ExtensionFileLoader(name, override)
+        module = importlib.util.module_from_spec(
+            importlib.util.spec_from_file_location(name, override, loader=loader)
+        )
+        loader.exec_module(module)
+        return module
     if name in sys.modules:
         return sys.modules[name]
     spec = importlib.util.find_spec("torch_lattice")

@@ -54,6 +54,8 @@ def box_scan(rows: np.ndarray, geom, rng) -> set[tuple[int, int, int, int]]:
     ks, st, pd, dl = geom
     present = {tuple(r) for r in rows.tolist()}
     out = set()
+    if min(rng) == 0:
+        return out
     for b in sorted({r[0] for r in present}):
         for x in range(rng[0]):
             for y in range(rng[1]):
@@ -65,6 +67,11 @@ def box_scan(rows: np.ndarray, geom, rng) -> set[tuple[int, int, int, int]]:
                     ):
                         out.add((b, x, y, z))
     return out
+
+
+def _volume(geom) -> int:
+    ks = geom[0]
+    return ks[0] * ks[1] * ks[2]
 
 
 def _positions(ks):
@@ -105,7 +112,7 @@ def check(data: bytes) -> None:
         ref = candidates(rows, geom, rng)
         if any(q[0] < 0 for q in ref):
             gen_err = ValueError  # a negative batch reaches the (sorted) output
-        elif rng[0] * rng[1] * rng[2] * max(nb, 1) <= 4000:
+        elif rng[0] * rng[1] * rng[2] * len(set(rows[:, 0].tolist())) * _volume(geom) <= 50000:
             scan = box_scan(rows, geom, rng)
             if scan != ref:
                 raise Finding(f"reference disagreement {sorted(scan ^ ref)[:4]}")
