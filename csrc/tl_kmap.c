@@ -175,14 +175,17 @@ static void tl_pk_row(const tl_pk *t, const tl_coord *o, const tl_geom *g,
                                         : tl_pk_find(t, keys[n], tl_pk_slot(t, keys[n]));
 }
 
-/* Submanifold relation of a support with itself: stride 1 and every kernel
- * offset's mirror is its negation ((K-1)*d == 2p per axis).  Then
- * nbr[o, n] = i  iff  nbr[i, K-1-n] = o, and nbr[o, (K-1)/2] = o. */
+/* Submanifold relation of a support with itself: stride 1, an odd kernel
+ * size and every kernel offset's mirror is its negation ((K-1)*d == 2p per
+ * axis).  Then nbr[o, n] = i  iff  nbr[i, K-1-n] = o, and nbr[o, (K-1)/2] = o.
+ * An even kernel size has no centre row (offset 0), so it takes the general
+ * path. */
 static int tl_is_self_subm(const tl_coord *in, int64_t n_in, const tl_coord *out,
                            int64_t n_out, const tl_geom *g) {
     if (in != out || n_in != n_out) return 0;
     for (int a = 0; a < 3; a++)
-        if (g->stride[a] != 1 || (g->kernel_size[a] - 1) * g->dilation[a] != 2 * g->padding[a])
+        if (g->stride[a] != 1 || g->kernel_size[a] % 2 == 0 ||
+            (int64_t)(g->kernel_size[a] - 1) * g->dilation[a] != 2 * (int64_t)g->padding[a])
             return 0;
     return 1;
 }

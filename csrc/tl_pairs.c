@@ -21,6 +21,11 @@ tl_status tl_pairs_fill(const tl_ctx *ctx, const int32_t *nbr, int64_t n_out, in
     if (!ctx || n_out < 0 || k < 1 || (n_out && !nbr) || !offsets) return TL_ERR_INVALID;
     if (n_out > TL_ROW_MAX) return TL_ERR_OVERFLOW;
     if (offsets[k] && (!in || !out)) return TL_ERR_INVALID;
+    /* Offsets not forming a CSR (offsets[0] = 0, non-decreasing) would send
+     * the writes below outside [0, offsets[k]). */
+    if (offsets[0] != 0) return TL_ERR_INVALID;
+    for (int64_t n = 0; n < k; n++)
+        if (offsets[n + 1] < offsets[n]) return TL_ERR_INVALID;
     int bad = 0;
 #pragma omp parallel for num_threads(tl_threads_for(ctx, n_out * k)) schedule(static) \
     reduction(| : bad)

@@ -26,7 +26,10 @@ typedef struct tl_pairs {
 tl_status tl_pairs_count(const tl_ctx *ctx, const int32_t *nbr, int64_t n_out, int64_t k,
                          int64_t *offsets);
 
-/* Fills in/out (offsets[k] each) from nbr and the offsets of tl_pairs_count. */
+/* Fills in/out (offsets[k] each) from nbr and the offsets of tl_pairs_count.
+ * TL_ERR_INVALID, with nothing written outside [0, offsets[k]), when the
+ * offsets are not a CSR (offsets[0] = 0, non-decreasing) or a kernel row's
+ * slots do not match its pair count. */
 tl_status tl_pairs_fill(const tl_ctx *ctx, const int32_t *nbr, int64_t n_out, int64_t k,
                         const int64_t *offsets, int32_t *in, int32_t *out);
 
