@@ -4,5 +4,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup-env.sh
-.venv/bin/ruff check torch_lattice tests examples benchmarks setup.py
+.venv/bin/ruff check torch_lattice tests examples benchmarks fuzz setup.py
 exec .venv/bin/python -m pytest "$@"
