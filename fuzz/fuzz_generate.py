@@ -104,9 +104,11 @@ def check(data: bytes) -> None:
     nb = max(nb, 0) + (d.int_in(0, 2) if d.chance(4) else 0)
     # Expected verdicts.
     gerr = geometry_error(geom)
-    bound_err = gerr or (ValueError if min(rng) < 0 else None)
+    # Both entry points refuse an out_range outside [0, 2^31]: outputs are int32.
+    range_err = ValueError if min(rng) < 0 or max(rng) > INT32_MAX + 1 else None
+    bound_err = gerr or range_err
     bound = expect("generate_bound", call(_C.generate_bound, len(rows), geom, rng, nb), bound_err)
-    gen_err = gerr or (ValueError if min(rng) < 0 or max(rng) > INT32_MAX + 1 else None)
+    gen_err = gerr or range_err
     ref = None
     if gen_err is None:
         ref = candidates(rows, geom, rng)
