@@ -1,19 +1,19 @@
 """Writes a run's results: ``results.json``, ``results.md`` and PNG plots.
 
 Every file is written to a temporary name beside its destination and renamed into
-place, so an interrupted run never leaves a half-written file.
+place (torch_lattice.atomic_file), so an interrupted run never leaves a half-written
+file, and each file gets the mode the user's umask gives a new file.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from benchmarks import workloads as wl
+from torch_lattice.atomic_file import atomic_write
 
 __all__ = [
     "PLOTS",
@@ -32,15 +32,7 @@ TARGET_SCENES = ("surface", "lidar")
 
 def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=path.suffix, dir=path.parent)
-    os.close(fd)
-    try:
-        write(Path(tmp))
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; results are meant to be shared
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(path, write)
 
 
 def write_json(path: Path, meta: dict[str, Any], rows: list[Row]) -> None:

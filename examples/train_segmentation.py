@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -38,6 +37,7 @@ from typing import Any
 import torch
 
 import torch_lattice as tl
+from torch_lattice.atomic_file import atomic_write
 from torch_lattice.data import LIDAR_CLASSES, SyntheticScene, lidar_scan
 
 NUM_CLASSES = len(LIDAR_CLASSES)
@@ -192,23 +192,15 @@ def fmt_ious(ious: list[float]) -> str:
     return "  ".join(f"{name} {100 * v:4.1f}" for name, v in zip(LIDAR_CLASSES, ious, strict=True))
 
 
-def atomic_path(path: Path) -> Path:
-    return path.with_name(f".{path.stem}.tmp{path.suffix}")
-
-
 def save_weights(model: torch.nn.Module, path: Path) -> None:
     from safetensors.torch import save_file
 
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    tmp = atomic_path(path)
-    save_file(state, str(tmp), metadata={"format": "pt"})
-    os.replace(tmp, path)
+    atomic_write(path, lambda tmp: save_file(state, str(tmp), metadata={"format": "pt"}))
 
 
 def save_figure(fig: Any, path: Path) -> None:
-    tmp = atomic_path(path)
-    fig.savefig(tmp, dpi=110, bbox_inches="tight")
-    os.replace(tmp, path)
+    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=110, bbox_inches="tight"))
 
 
 def plot_segmentation(scan: Scan, pred: torch.Tensor, path: Path, miou: float) -> None:
@@ -388,9 +380,8 @@ def write_outputs(
         "val_miou": mious,
         "val_iou_per_class": [[None if math.isnan(v) else v for v in row] for row in per_class],
     }
-    tmp = atomic_path(out / "metrics.json")
-    tmp.write_text(json.dumps(metrics, indent=2))
-    os.replace(tmp, out / "metrics.json")
+    text = json.dumps(metrics, indent=2)
+    atomic_write(out / "metrics.json", lambda tmp: tmp.write_text(text))
     return metrics
 
 

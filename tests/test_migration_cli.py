@@ -180,7 +180,7 @@ def _write_spec(folder: Path, spec: object) -> Path:
     ("case", "match"),
     [
         ("missing_spec", "kernel spec"),
-        ("unlisted", "missing from the kernel spec (every '.kernel' must be listed"),
+        ("unlisted", "missing from the kernel spec (every '<module>.kernel' or 'kernel' must"),
         ("absent_key", "spec keys not found in the checkpoint: ghost.kernel"),
         ("row_mismatch", "'down.kernel' has shape (8, 4, 4)"),
         ("non_tensor", "'bn.weight' is a list, not a tensor"),

@@ -39,7 +39,8 @@ def _parser() -> argparse.ArgumentParser:
         required=True,
         metavar="SPEC.json",
         help='JSON {"<module>.kernel": [Kx, Ky, Kz] | {"kernel_size": [...], '
-        '"row_order": "x_fastest" | "z_fastest"}} listing every legacy kernel',
+        '"row_order": "x_fastest" | "z_fastest"}} listing every legacy kernel; a single '
+        'module\'s own state dict lists its kernel as "kernel"',
     )
     parser.add_argument(
         "--manifest", metavar="M.json", help="manifest path (default: OUTPUT with .json suffix)"

@@ -5,6 +5,8 @@ For every kernel named in the spec: rows are permuted to z fastest
 becomes ``(1, C_in, C_out)``, ``<module>.kernel`` becomes ``<module>.weight`` and
 ``<module>.kernel_positions`` (int32 ``(K, 3)``, z fastest) is added, as every Torch
 Lattice convolution module stores it. Every other tensor passes through unchanged.
+A single module's own state dict converts the same way with an empty module name:
+``kernel`` becomes ``weight`` plus ``kernel_positions`` (spec key ``"kernel"``).
 """
 
 from __future__ import annotations
@@ -18,7 +20,12 @@ import torch
 
 from torch_lattice.geometry import kernel_positions
 from torch_lattice.migration.errors import ConversionError
-from torch_lattice.migration.kernel_spec import KernelSpec, load_kernel_spec, parse_kernel_spec
+from torch_lattice.migration.kernel_spec import (
+    KernelSpec,
+    is_legacy_kernel_key,
+    load_kernel_spec,
+    parse_kernel_spec,
+)
 
 __all__ = ["ConversionResult", "ConvertedKernel", "convert_kernel", "convert_state_dict"]
 
@@ -121,15 +128,38 @@ def _check_entries(state: Mapping[Any, Any], specs: Mapping[str, KernelSpec]) ->
                 f"model state entry {key!r} is a {type(value).__name__}, not a tensor; "
                 f"a model state dict holds only tensors"
             )
-    unlisted = [k for k in state if k.endswith(".kernel") and k not in specs]
+    unlisted = [k for k in state if is_legacy_kernel_key(k) and k not in specs]
     if unlisted:
+        hint = ""
+        if "kernel" in unlisted:
+            hint = "; a single module's own state dict lists its kernel as 'kernel'"
         raise ConversionError(
-            f"legacy kernels missing from the kernel spec (every '.kernel' must be listed "
-            f"with its [Kx, Ky, Kz]): {', '.join(unlisted)}"
+            f"legacy kernels missing from the kernel spec (every '<module>.kernel' or "
+            f"'kernel' must be listed with its [Kx, Ky, Kz]{hint}): {', '.join(unlisted)}"
         )
     absent = [k for k in specs if k not in state]
     if absent:
-        raise ConversionError(f"kernel spec keys not found in the checkpoint: {', '.join(absent)}")
+        raise ConversionError(
+            f"kernel spec keys not found in the checkpoint: {', '.join(absent)}"
+            + _absent_hint(state, absent)
+        )
+
+
+def _absent_hint(state: Mapping[str, Any], absent: list[str]) -> str:
+    """Points at the likely mix-up between a model's and a single module's keys."""
+    if "kernel" in state and any(k != "kernel" for k in absent):
+        return (
+            "; the checkpoint is a single module's own state dict (its kernel key is "
+            "'kernel'), so list it as 'kernel'"
+        )
+    if "kernel" in absent:
+        kernels = [k for k in state if is_legacy_kernel_key(k)]
+        named = f" ({', '.join(kernels)})" if kernels else ""
+        return (
+            f"; 'kernel' names a single module's own kernel, but the checkpoint's kernels "
+            f"carry module names{named}"
+        )
+    return ""
 
 
 def _put(out: dict[str, torch.Tensor], key: str, value: torch.Tensor, origin: str) -> None:
@@ -144,10 +174,12 @@ def convert_state_dict(
     """Converts a legacy TorchSparse model state dict.
 
     Args:
-        state: legacy model state (``<module>.kernel`` and any other tensors).
+        state: legacy model state (``<module>.kernel`` and any other tensors), or
+            one module's own state (``kernel``, optional ``bias``).
         kernel_spec: ``{"<module>.kernel": [Kx, Ky, Kz] | {"kernel_size": ...,
-            "row_order": ...} | KernelSpec}`` naming every legacy kernel, or the
-            path of a JSON file holding it.
+            "row_order": ...} | KernelSpec}`` naming every legacy kernel (the key is
+            ``"kernel"`` for a single module's own state), or the path of a JSON
+            file holding it.
 
     Returns:
         The converted state and per-tensor records; ``state`` is not modified.

@@ -8,6 +8,11 @@ accepted per key::
      "head.kernel": {"kernel_size": [1, 1, 1]},                    # same, object form
      "me.conv.kernel": {"kernel_size": [2, 2, 2], "row_order": "x_fastest"}}
 
+A single module's own state dict (``conv.state_dict()`` of one legacy ``Conv3d``:
+``kernel`` plus an optional ``bias``) has no module prefix, so its entry is keyed by
+the bare ``"kernel"`` (``{"kernel": [3, 3, 3]}``); it converts to ``weight`` and
+``kernel_positions``, the keys of one Torch Lattice convolution module.
+
 Without ``row_order`` the TorchSparse rule applies (FACTS.md): odd volume rows are
 x fastest (``n = ix + Kx*(iy + Ky*iz)``), even volume rows are already z fastest
 (``n = (ix*Ky + iy)*Kz + iz``). ``row_order`` overrides it: ``"x_fastest"`` for
@@ -30,6 +35,7 @@ __all__ = [
     "LAYOUT_Z_FASTEST",
     "ROW_ORDERS",
     "KernelSpec",
+    "is_legacy_kernel_key",
     "load_kernel_spec",
     "parse_kernel_spec",
     "row_permutation",
@@ -42,6 +48,13 @@ LAYOUT_X_FASTEST = "torchsparse_k_i_o_x_fastest"
 LAYOUT_Z_FASTEST = "torchsparse_k_i_o_z_fastest"
 ROW_ORDERS = {"x_fastest": LAYOUT_X_FASTEST, "z_fastest": LAYOUT_Z_FASTEST}
 _ENTRY_FIELDS = {"kernel_size", "row_order"}
+_KERNEL = "kernel"
+
+
+def is_legacy_kernel_key(key: str) -> bool:
+    """Whether a state-dict key names a legacy kernel: ``<module>.kernel``, or the
+    bare ``kernel`` of a single module's own state dict."""
+    return key == _KERNEL or key.endswith("." + _KERNEL)
 
 
 @dataclass(frozen=True)
@@ -49,7 +62,8 @@ class KernelSpec:
     """Size and source row order of one legacy kernel.
 
     Attributes:
-        key: the legacy state-dict key, ending in ``.kernel``.
+        key: the legacy state-dict key: ``<module>.kernel``, or ``kernel`` for a
+            single module's own state dict.
         kernel_size: ``(Kx, Ky, Kz)``, each positive.
         row_order: ``"x_fastest"`` or ``"z_fastest"``; ``None`` applies the
             TorchSparse volume-parity rule.
@@ -79,13 +93,14 @@ class KernelSpec:
 
     @property
     def target_key(self) -> str:
-        """``<module>.weight`` for ``<module>.kernel``."""
-        return self.key[: -len(".kernel")] + ".weight"
+        """``<module>.weight`` for ``<module>.kernel``; ``weight`` for ``kernel``."""
+        return self.key[: -len(_KERNEL)] + "weight"
 
     @property
     def positions_key(self) -> str:
-        """``<module>.kernel_positions`` for ``<module>.kernel``."""
-        return self.key[: -len(".kernel")] + ".kernel_positions"
+        """``<module>.kernel_positions`` for ``<module>.kernel``; ``kernel_positions``
+        for ``kernel``."""
+        return self.key[: -len(_KERNEL)] + "kernel_positions"
 
     def permutation(self) -> list[int]:
         """Row permutation with ``canonical[t] = legacy[perm[t]]`` (t z fastest)."""
@@ -130,8 +145,16 @@ def _kernel_size(key: str, value: Any) -> Triple:
 
 
 def _entry(key: Any, value: Any) -> KernelSpec:
-    if not isinstance(key, str) or not key.endswith(".kernel"):
-        raise ConversionError(f"kernel spec key {key!r} must name a legacy '<module>.kernel'")
+    if not isinstance(key, str) or not is_legacy_kernel_key(key):
+        raise ConversionError(
+            f"kernel spec key {key!r} must name a legacy '<module>.kernel', or be 'kernel' "
+            f"for a single module's own state dict"
+        )
+    if key.startswith(".") or ".." in key:
+        raise ConversionError(
+            f"kernel spec key {key!r} has an empty module name part; a single module's own "
+            f"kernel is listed as 'kernel'"
+        )
     if not isinstance(value, Mapping):
         return KernelSpec(key, _kernel_size(key, value))
     unknown = sorted(set(value) - _ENTRY_FIELDS)
@@ -154,18 +177,19 @@ def parse_kernel_spec(raw: Any) -> dict[str, KernelSpec]:
     """Validates a decoded kernel spec (either entry form, see the module docstring).
 
     Args:
-        raw: a mapping from legacy ``.kernel`` keys to ``[Kx, Ky, Kz]`` or to
+        raw: a mapping from legacy kernel keys (``<module>.kernel``, or ``kernel``
+            for a single module's state dict) to ``[Kx, Ky, Kz]`` or to
             ``{"kernel_size": [...], "row_order": ...}``; :class:`KernelSpec`
             values are passed through after checking their key.
 
     Raises:
-        ConversionError: not a mapping, a key not ending in ``.kernel``, a bad size,
+        ConversionError: not a mapping, a key that names no legacy kernel, a bad size,
             an unknown field or row order.
     """
     if not isinstance(raw, Mapping):
         raise ConversionError(
-            f"kernel spec must be a JSON object mapping '<module>.kernel' keys to sizes, "
-            f"got {type(raw).__name__}"
+            f"kernel spec must be a JSON object mapping '<module>.kernel' (or 'kernel') "
+            f"keys to sizes, got {type(raw).__name__}"
         )
     specs: dict[str, KernelSpec] = {}
     for key, value in raw.items():

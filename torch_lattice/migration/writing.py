@@ -1,20 +1,22 @@
 """Atomic output: temporary files beside the targets, then ``os.replace``.
 
 A failure at any point removes the temporary files (and any folder this call
-created), so either both outputs appear complete or neither changes.
+created), so either both outputs appear complete or neither changes. The temporary
+files come from :mod:`torch_lattice.atomic_file`, so the outputs get the user's
+umask (``0o666 & ~umask``), as any other new file would.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 
+from torch_lattice.atomic_file import write_beside
 from torch_lattice.migration.errors import ConversionError
 
 __all__ = ["check_output_paths", "write_outputs"]
@@ -48,20 +50,6 @@ def _make_parents(path: Path) -> list[Path]:
     return created
 
 
-def _temp_beside(path: Path, write: Callable[[Path], None]) -> Path:
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    temp = Path(name)
-    try:
-        write(temp)
-        with open(temp, "rb") as f:  # flush to disk before the rename makes it visible
-            os.fsync(f.fileno())
-    except BaseException:
-        temp.unlink(missing_ok=True)
-        raise
-    return temp
-
-
 def _write_text(text: str) -> Callable[[Path], None]:
     return lambda p: p.write_text(text, encoding="utf-8")
 
@@ -85,8 +73,8 @@ def write_outputs(
     temps: list[Path] = []
     placed: list[Path] = []
     try:
-        temps.append(_temp_beside(weights_path, _write_tensors(tensors, metadata)))
-        temps.append(_temp_beside(manifest_path, _write_text(manifest)))
+        temps.append(write_beside(weights_path, _write_tensors(tensors, metadata)))
+        temps.append(write_beside(manifest_path, _write_text(manifest)))
         for temp, final in zip(temps, (weights_path, manifest_path), strict=True):
             os.replace(temp, final)
             placed.append(final)

@@ -1,0 +1,110 @@
+"""Atomic file output: write a temporary file beside the target, then rename it.
+
+Every file the project writes atomically (converted checkpoints and their manifests,
+the example's ``model.safetensors``, benchmark reports) goes through this module, so
+each gets the same guarantees:
+
+- a reader sees either the old file or the complete new one, never a partial file
+  (the temporary file is flushed to disk before ``os.replace``);
+- a failure at any point leaves no temporary file behind;
+- the file gets the mode a plain ``open(path, "w")`` would give it, ``0o666 & ~umask``.
+  ``tempfile.mkstemp`` creates ``0o600`` whatever the umask, so the temporary file is
+  chmod-ed before it is renamed into place.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+__all__ = ["atomic_write", "current_umask", "new_file_mode", "write_beside"]
+
+_PROC_STATUS = "/proc/self/status"
+
+
+def _umask_from_proc() -> int | None:
+    """The ``Umask:`` line of ``/proc/self/status`` (Linux 4.7+), else ``None``."""
+    try:
+        with open(_PROC_STATUS, encoding="ascii", errors="replace") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def current_umask() -> int:
+    """The process umask, read without changing it where the platform allows.
+
+    ``os.umask`` can only be read by setting it, which is process-global: a thread
+    creating a file between the two calls would use umask 0. So Linux's
+    ``/proc/self/status`` is read first, and the set-and-restore only runs where
+    that is unavailable.
+    """
+    mask = _umask_from_proc()
+    if mask is not None:
+        return mask
+    mask = os.umask(0o077)  # the most restrictive value while it is briefly changed
+    os.umask(mask)
+    return mask
+
+
+def new_file_mode() -> int:
+    """``0o666 & ~umask``: the mode ``open(path, "w")`` gives a new file."""
+    return 0o666 & ~current_umask()
+
+
+def write_beside(path: str | os.PathLike[str], write: Callable[[Path], None]) -> Path:
+    """Writes a complete temporary file in ``path``'s folder, ready to rename over it.
+
+    The temporary name keeps ``path``'s suffix (writers such as matplotlib choose the
+    format from it) and starts with a dot. The file is flushed to disk and given
+    :func:`new_file_mode` before it is returned. Use this directly only when several
+    files must be renamed together; otherwise call :func:`atomic_write`.
+
+    Args:
+        path: the final file; its folder must exist.
+        write: called with the temporary path; writes the whole content there.
+
+    Returns:
+        The temporary file. The caller renames it with ``os.replace`` or removes it.
+
+    Raises:
+        Whatever ``write`` or the file system raises; the temporary file is removed.
+    """
+    final = Path(path)
+    fd, name = tempfile.mkstemp(
+        prefix=f".{final.stem}.", suffix=f".tmp{final.suffix}", dir=final.parent
+    )
+    os.close(fd)
+    temp = Path(name)
+    try:
+        write(temp)
+        with open(temp, "rb") as written:  # on disk before a rename makes it visible
+            os.fsync(written.fileno())
+        os.chmod(temp, new_file_mode())
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+    return temp
+
+
+def atomic_write(path: str | os.PathLike[str], write: Callable[[Path], None]) -> None:
+    """Writes ``path`` atomically with :func:`write_beside` and ``os.replace``.
+
+    An existing file at ``path`` is replaced. On any failure ``path`` is unchanged
+    and no temporary file remains.
+
+    Args:
+        path: the file to write; its folder must exist.
+        write: called with a temporary path; writes the whole content there.
+    """
+    temp = write_beside(path, write)
+    try:
+        os.replace(temp, path)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
