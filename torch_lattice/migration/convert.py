@@ -129,29 +129,28 @@ def _check_entries(state: Mapping[Any, Any], specs: Mapping[str, KernelSpec]) ->
                 f"a model state dict holds only tensors"
             )
     unlisted = [k for k in state if is_legacy_kernel_key(k) and k not in specs]
-    if unlisted:
-        hint = ""
-        if "kernel" in unlisted:
-            hint = "; a single module's own state dict lists its kernel as 'kernel'"
-        raise ConversionError(
-            f"legacy kernels missing from the kernel spec (every '<module>.kernel' or "
-            f"'kernel' must be listed with its [Kx, Ky, Kz]{hint}): {', '.join(unlisted)}"
-        )
     absent = [k for k in specs if k not in state]
-    if absent:
-        raise ConversionError(
-            f"kernel spec keys not found in the checkpoint: {', '.join(absent)}"
-            + _absent_hint(state, absent)
+    problems = []
+    if unlisted:
+        problems.append(
+            f"legacy kernels missing from the kernel spec (every '<module>.kernel' or "
+            f"'kernel' must be listed with its [Kx, Ky, Kz]): {', '.join(unlisted)}"
         )
+    if absent:
+        problems.append(f"kernel spec keys not found in the checkpoint: {', '.join(absent)}")
+    if problems:
+        raise ConversionError("; ".join(problems) + _single_module_hint(state, unlisted, absent))
 
 
-def _absent_hint(state: Mapping[str, Any], absent: list[str]) -> str:
-    """Points at the likely mix-up between a model's and a single module's keys."""
-    if "kernel" in state and any(k != "kernel" for k in absent):
+def _single_module_hint(state: Mapping[str, Any], unlisted: list[str], absent: list[str]) -> str:
+    """Points at a mix-up between a model's keys and a single module's own keys."""
+    if "kernel" in unlisted and absent:
         return (
             "; the checkpoint is a single module's own state dict (its kernel key is "
             "'kernel'), so list it as 'kernel'"
         )
+    if "kernel" in unlisted:
+        return "; a single module's own state dict lists its kernel as 'kernel'"
     if "kernel" in absent:
         kernels = [k for k in state if is_legacy_kernel_key(k)]
         named = f" ({', '.join(kernels)})" if kernels else ""

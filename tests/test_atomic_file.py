@@ -1,0 +1,138 @@
+"""torch_lattice.atomic_file: the one atomic-write helper of the project.
+
+Contract: a written file has mode ``0o666 & ~umask`` (what ``open(path, "w")`` gives),
+an existing file is replaced only by a complete one, and a failure leaves the target
+unchanged with no temporary file beside it.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from torch_lattice import atomic_file
+
+UMASKS = (0o022, 0o077, 0o002)
+
+
+@pytest.fixture(params=UMASKS, ids=lambda m: f"umask{m:03o}")
+def umask(request: pytest.FixtureRequest) -> Iterator[int]:
+    """Sets the process umask for one test and restores it after."""
+    old = os.umask(request.param)
+    try:
+        yield request.param
+    finally:
+        os.umask(old)
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_current_umask_reads_the_process_umask(umask: int) -> None:
+    assert atomic_file.current_umask() == umask
+    assert atomic_file.new_file_mode() == 0o666 & ~umask
+
+
+def test_current_umask_fallback_restores_the_umask(
+    umask: int, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Without /proc the set-and-restore path gives the same answer and leaves the
+    umask as it was."""
+    monkeypatch.setattr(atomic_file, "_PROC_STATUS", str(tmp_path / "no-such-status"))
+    assert atomic_file._umask_from_proc() is None
+    assert atomic_file.current_umask() == umask
+    assert atomic_file.current_umask() == umask  # the first read restored it
+
+
+def test_atomic_write_mode_matches_a_plain_open(umask: int, tmp_path: Path) -> None:
+    plain = tmp_path / "plain.txt"
+    plain.write_text("x")
+    target = tmp_path / "out.json"
+    atomic_file.atomic_write(target, lambda p: p.write_text("{}"))
+    assert target.read_text() == "{}"
+    assert mode(target) == 0o666 & ~umask == mode(plain)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.json", "plain.txt"]
+
+
+def test_atomic_write_replaces_and_resets_the_mode(umask: int, tmp_path: Path) -> None:
+    target = tmp_path / "w.bin"
+    target.write_bytes(b"old")
+    os.chmod(target, 0o600)
+    atomic_file.atomic_write(target, lambda p: p.write_bytes(b"new"))
+    assert target.read_bytes() == b"new"
+    assert mode(target) == 0o666 & ~umask
+
+
+def test_temporary_name_keeps_the_suffix(tmp_path: Path) -> None:
+    """Writers such as matplotlib choose the format from the suffix."""
+    seen: list[Path] = []
+    atomic_file.atomic_write(tmp_path / "plot.png", lambda p: (seen.append(p), p.write_bytes(b"")))
+    assert seen[0].suffix == ".png" and seen[0].name.startswith(".plot.")
+    assert seen[0].parent == tmp_path
+
+
+def test_failed_write_leaves_the_old_file_and_no_temp(tmp_path: Path) -> None:
+    target = tmp_path / "w.bin"
+    target.write_bytes(b"old")
+
+    def half_written(p: Path) -> None:
+        p.write_bytes(b"partial")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        atomic_file.atomic_write(target, half_written)
+    assert target.read_bytes() == b"old"
+    assert [p.name for p in tmp_path.iterdir()] == ["w.bin"]
+
+
+def test_failed_rename_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(src: str, dst: str) -> None:
+        raise OSError("rename failed")
+
+    monkeypatch.setattr(atomic_file.os, "replace", refuse)
+    with pytest.raises(OSError, match="rename failed"):
+        atomic_file.atomic_write(tmp_path / "new.json", lambda p: p.write_text("{}"))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_interrupt_while_writing_leaves_nothing(tmp_path: Path) -> None:
+    def interrupted(p: Path) -> None:
+        p.write_text("half")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        atomic_file.atomic_write(tmp_path / "new.json", interrupted)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_concurrent_writers_never_see_umask_zero(tmp_path: Path) -> None:
+    """Reading the umask must not open a window in which another thread's new file
+    gets umask 0 (the set-and-restore is only a fallback)."""
+    old = os.umask(0o077)
+    try:
+        stop = threading.Event()
+
+        def reader() -> None:
+            while not stop.is_set():
+                atomic_file.current_umask()
+
+        threads = [threading.Thread(target=reader) for _ in range(2)]
+        for t in threads:
+            t.start()
+        try:
+            for i in range(200):
+                path = tmp_path / f"f{i}"
+                path.write_text("x")
+                assert mode(path) == 0o600, oct(mode(path))
+        finally:
+            stop.set()
+            for t in threads:
+                t.join()
+    finally:
+        os.umask(old)
