@@ -7,6 +7,8 @@ No timing is asserted here; speed is measured by ``python -m benchmarks``.
 from __future__ import annotations
 
 import json
+import os
+import stat
 import sys
 from pathlib import Path
 
@@ -198,3 +200,15 @@ def test_large_check_runs_at_a_tiny_size(tmp_path: Path) -> None:
         large.run_large(voxels=0)
     with pytest.raises(SystemExit, match="--channels: must be >= 1"):
         main(["large", "--channels", "0"])
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o077])
+def test_report_files_follow_the_umask(tmp_path: Path, mask: int) -> None:
+    """Reports go through torch_lattice.atomic_file: mode ``0o666 & ~umask``, no temp."""
+    old = os.umask(mask)
+    try:
+        report.write_json(tmp_path / "r" / "results.json", {"command": "x"}, [])
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "r" / "results.json").stat().st_mode) == 0o666 & ~mask
+    assert [p.name for p in (tmp_path / "r").iterdir()] == ["results.json"]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import stat
 import sys
 from pathlib import Path
 
@@ -55,3 +57,18 @@ def test_bad_arguments_exit_before_work(tmp_path):
     with pytest.raises(SystemExit):
         demo.main(["--epochs", "0", "--out", str(tmp_path / "x")])
     assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o077])
+def test_saved_files_follow_the_umask(tmp_path, mask):
+    """model.safetensors goes through torch_lattice.atomic_file: ``0o666 & ~umask``."""
+    import torch
+
+    demo = load_demo()
+    old = os.umask(mask)
+    try:
+        demo.save_weights(torch.nn.Linear(2, 3), tmp_path / "model.safetensors")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "model.safetensors").stat().st_mode) == 0o666 & ~mask
+    assert [p.name for p in tmp_path.iterdir()] == ["model.safetensors"]

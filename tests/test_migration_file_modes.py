@@ -1,0 +1,136 @@
+"""``convert-checkpoint`` writes its outputs with the user's umask.
+
+Contract: the safetensors file and the manifest each get mode ``0o666 & ~umask``
+(what ``open(path, "w")`` gives a new file), through the Python API and the console
+script, for new and replaced (``--force``) files; a failure at any step of the atomic
+write (writing, flushing, the chmod, either rename) leaves neither outputs, nor
+temporary files, nor new folders.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from torch_lattice import atomic_file, migration
+from torch_lattice.migration import writing
+
+SPEC = {"enc.kernel": [3, 3, 3], "head.kernel": [1, 1, 1]}
+
+
+@pytest.fixture(params=(0o022, 0o077), ids=lambda m: f"umask{m:03o}")
+def umask(request: pytest.FixtureRequest) -> Iterator[int]:
+    """Sets the process umask (inherited by subprocesses) and restores it after."""
+    old = os.umask(request.param)
+    try:
+        yield request.param
+    finally:
+        os.umask(old)
+
+
+@pytest.fixture
+def work(tmp_path: Path) -> Path:
+    gen = torch.Generator().manual_seed(0)
+    state = {
+        "enc.kernel": torch.randn(27, 2, 4, generator=gen),
+        "head.kernel": torch.randn(4, 5, generator=gen),
+        "head.bias": torch.randn(5, generator=gen),
+    }
+    torch.save({"model": state}, tmp_path / "legacy.pt")
+    (tmp_path / "spec.json").write_text(json.dumps(SPEC))
+    return tmp_path
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_api_outputs_follow_the_umask(work: Path, umask: int) -> None:
+    out, manifest = work / "w.safetensors", work / "sub" / "m.json"
+    done = migration.convert_checkpoint(work / "legacy.pt", out, SPEC, manifest=manifest)
+    assert (done.output, done.manifest_path) == (out, manifest)
+    assert mode(out) == 0o666 & ~umask
+    assert mode(manifest) == 0o666 & ~umask
+    assert {p.name for p in work.iterdir()} == {"legacy.pt", "spec.json", "w.safetensors", "sub"}
+    assert [p.name for p in (work / "sub").iterdir()] == ["m.json"]
+
+
+def test_cli_outputs_follow_the_umask(work: Path, umask: int) -> None:
+    out = work / "w.safetensors"
+    console = Path(sys.executable).parent / "convert-checkpoint"
+    args = [
+        str(console),
+        str(work / "legacy.pt"),
+        str(out),
+        "--kernel-spec",
+        str(work / "spec.json"),
+    ]
+    run = subprocess.run(args, capture_output=True, text=True, check=False)
+    assert run.returncode == 0, run.stderr
+    assert mode(out) == 0o666 & ~umask
+    assert mode(work / "w.json") == 0o666 & ~umask
+
+
+def test_forced_replacement_gets_the_umask_mode(work: Path, umask: int) -> None:
+    out = work / "w.safetensors"
+    for path in (out, work / "w.json"):
+        path.write_bytes(b"old")
+        os.chmod(path, 0o600 if umask == 0o022 else 0o644)
+    migration.convert_checkpoint(work / "legacy.pt", out, SPEC, force=True)
+    assert mode(out) == 0o666 & ~umask
+    assert mode(work / "w.json") == 0o666 & ~umask
+    assert out.read_bytes() != b"old"
+
+
+def _fail_chmod(path: object, mode: int) -> None:
+    raise PermissionError("chmod refused")
+
+
+def _fail_fsync(fd: int) -> None:
+    raise OSError("fsync failed")
+
+
+@pytest.mark.parametrize(
+    ("target", "name", "replacement"),
+    [(atomic_file.os, "chmod", _fail_chmod), (atomic_file.os, "fsync", _fail_fsync)],
+    ids=["chmod", "fsync"],
+)
+def test_failure_while_preparing_leaves_nothing(
+    work: Path,
+    umask: int,
+    monkeypatch: pytest.MonkeyPatch,
+    target: object,
+    name: str,
+    replacement: object,
+) -> None:
+    monkeypatch.setattr(target, name, replacement)
+    out = work / "new" / "w.safetensors"
+    with pytest.raises(OSError):
+        migration.convert_checkpoint(work / "legacy.pt", out, SPEC)
+    assert {p.name for p in work.iterdir()} == {"legacy.pt", "spec.json"}
+
+
+def test_failed_manifest_write_leaves_nothing(
+    work: Path, umask: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The weights' temporary file is complete when the manifest fails: both go."""
+
+    def fail(text: str):
+        def write(path: Path) -> None:
+            path.write_text("partial")
+            raise OSError("disk full")
+
+        return write
+
+    monkeypatch.setattr(writing, "_write_text", fail)
+    with pytest.raises(OSError, match="disk full"):
+        migration.convert_checkpoint(work / "legacy.pt", work / "w.safetensors", SPEC)
+    assert {p.name for p in work.iterdir()} == {"legacy.pt", "spec.json"}
