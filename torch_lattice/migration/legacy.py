@@ -276,15 +276,14 @@ def legacy_strided_support(
         out = torch.cat([cb, cand // s], dim=1)
     else:
         q = torch.div(cand, s, rounding_mode="floor")
-        if srange is not None:
+        k_t = torch.tensor(ks, dtype=torch.int64, device=rows.device)
+        p_t = torch.tensor(pad, dtype=torch.int64, device=rows.device)
+        if srange is not None:  # coords_max = new spatial_range - 1
             r = torch.tensor(srange[1:], dtype=torch.int64, device=rows.device)
-            hi = torch.div(r + 2 * torch.tensor(pad, device=rows.device)
-                           - (torch.tensor(ks, device=rows.device) - 1) - 1, s,
-                           rounding_mode="floor")
-        else:
-            hi = torch.div(xyz.max(dim=0).values + 2 * torch.tensor(pad, device=rows.device)
-                           - (torch.tensor(ks, device=rows.device) - 1), s,
-                           rounding_mode="floor")
+            hi = torch.div(r + 2 * p_t - (k_t - 1) - 1, s, rounding_mode="floor")
+        else:  # coords_max from the global per-axis maximum
+            top = xyz.max(dim=0).values
+            hi = torch.div(top + 2 * p_t - (k_t - 1), s, rounding_mode="floor")
         keep &= ((q >= 0) & (q <= hi)).all(dim=1)
         out = torch.cat([cb[keep], q[keep]], dim=1)
     return _check_int32("output rows", torch.unique(out, dim=0))
