@@ -5,6 +5,10 @@ Command line: ``convert-checkpoint SOURCE OUTPUT --kernel-spec SPEC.json``. Pyth
     from torch_lattice import migration
     result = migration.convert_state_dict(legacy_state, {"stem.0.kernel": [3, 3, 3]})
     migration.load_state_dict_strict(model, result.state_dict)
+
+Porting helpers: ``legacy_coords`` (legacy coordinate rows to ``[b, x, y, z]``
+logical rows) and ``legacy_strided_support`` (the rows a legacy strided conv
+generates), per TorchSparse version.
 """
 
 from torch_lattice.migration.checkpoint import (
@@ -30,6 +34,11 @@ from torch_lattice.migration.kernel_spec import (
     parse_kernel_spec,
     row_permutation,
 )
+from torch_lattice.migration.legacy import (
+    SUPPORTED_VERSIONS,
+    legacy_coords,
+    legacy_strided_support,
+)
 from torch_lattice.migration.loading import (
     LegacyCheckpoint,
     extract_model_state,
@@ -40,6 +49,7 @@ from torch_lattice.migration.loading import (
 from torch_lattice.migration.manifest import build_manifest
 
 __all__ = [
+    "SUPPORTED_VERSIONS",
     "CheckpointConversion",
     "ConversionError",
     "ConversionResult",
@@ -55,6 +65,8 @@ __all__ = [
     "convert_state_dict",
     "default_manifest_path",
     "extract_model_state",
+    "legacy_coords",
+    "legacy_strided_support",
     "load_converted",
     "load_kernel_spec",
     "load_state_dict_strict",
