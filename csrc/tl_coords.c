@@ -164,10 +164,13 @@ static tl_status tl_radix_sort_u64(uint64_t *keys, int64_t n, int bits) {
 }
 
 tl_status tl_coords_sort(tl_coord *rows, int64_t n) {
+    /* Negative rows are refused for any n: a single generated row with a
+     * negative batch must fail like many (found by fuzz/fuzz_generate.py). */
+    for (int64_t i = 0; i < n; i++)
+        if ((rows[i].b | rows[i].x | rows[i].y | rows[i].z) < 0) return TL_ERR_INVALID;
     if (n < 2) return TL_OK;
     uint32_t mb = 0, mx = 0, my = 0, mz = 0;
     for (int64_t i = 0; i < n; i++) {
-        if ((rows[i].b | rows[i].x | rows[i].y | rows[i].z) < 0) return TL_ERR_INVALID;
         mb |= (uint32_t)rows[i].b;
         mx |= (uint32_t)rows[i].x;
         my |= (uint32_t)rows[i].y;
