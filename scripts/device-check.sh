@@ -101,7 +101,9 @@ print('cuda_compiled', C.cuda_compiled(), 'devices', C.cuda_device_count(), \
 assert C.cuda_compiled(), 'built without CUDA'"
     # -v: each test's name and verdict is logged as it finishes, so a run cut short by its
     # limit still says which tests failed.
-    step test 180 python3 -m pytest -v -n 8 -p no:cacheprovider -rfEs --tb=short --durations=15 \
+    # 8 workers x 2 CPU threads fill the machine's 16 cores; torch's default (16 threads in
+    # each worker) oversubscribes them while the tests compute their CPU references.
+    step test 180 env OMP_NUM_THREADS=2 python3 -m pytest -v -n 8 -p no:cacheprovider -rfEs --tb=short --durations=15 \
         -m cuda tests/ --junitxml="$OUT/test-junit.xml"
     grep -E "^\[gw[0-9]+\].* (FAILED|ERROR) " "$OUT/test.log" | sed 's/^.*\(FAILED\|ERROR\) /    \1 /' \
         | sort | uniq | tee -a "$BODY" > /dev/null
