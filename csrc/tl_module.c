@@ -70,9 +70,8 @@ int tl_cpu_ctx(int threads, tl_ctx *ctx) {
     return -1;
 }
 
-/* Parses a geometry tuple and checks it with errors that name the field and
- * the rule (the core's tl_geom_check returns only a status). */
-static int tl_parse_geom(const char *fn, PyObject *tuple, tl_geom *g) {
+/* See tl_py.h. */
+int tl_parse_geom(const char *fn, PyObject *tuple, tl_geom *g) {
     if (!PyArg_ParseTuple(tuple, TL_GEOM_FMT, &g->kernel_size[0], &g->kernel_size[1],
                           &g->kernel_size[2], &g->stride[0], &g->stride[1], &g->stride[2],
                           &g->padding[0], &g->padding[1], &g->padding[2], &g->dilation[0],

@@ -10,6 +10,7 @@
 
 #include <stdint.h>
 
+#include "tl_coords.h"
 #include "tl_ctx.h"
 #include "tl_status.h"
 
@@ -27,6 +28,11 @@ static inline void *tl_ptr(unsigned long long p) { return (void *)(uintptr_t)p; 
  * (auto, avx512, avx2 or baseline; unset or empty is auto).  Returns 0, or
  * -1 with a ValueError set for any other value. */
 int tl_cpu_ctx(int threads, tl_ctx *ctx);
+
+/* Parses a geometry tuple ((kx,ky,kz), (sx,sy,sz), (px,py,pz), (dx,dy,dz)) and
+ * checks it with errors that name `fn`, the field and the rule (the core's
+ * tl_geom_check returns only a status).  Returns 1, or 0 with an exception set. */
+int tl_parse_geom(const char *fn, PyObject *tuple, tl_geom *g);
 
 /* Method tables, one per area, NULL-terminated. */
 extern PyMethodDef tl_py_core_methods[];  /* tl_module.c: coords, kernel maps, implicit GEMM */

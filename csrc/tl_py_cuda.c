@@ -7,7 +7,7 @@
 
 #ifdef TL_WITH_CUDA
 #include "cuda/tl_cuda.h"
-#include "cuda/tl_cuda_device.h"
+#include "tl_py_cuda.h"
 #endif
 
 PyDoc_STRVAR(cuda_compiled_doc, "cuda_compiled() -> bool\n\nWhether CUDA kernels are built in.");
@@ -57,48 +57,6 @@ static PyObject *py_cuda_archs(PyObject *self, PyObject *args) {
 
 #ifdef TL_WITH_CUDA
 
-/* ((kx,ky,kz), (sx,sy,sz), (px,py,pz), (dx,dy,dz)), as in tl_module.c. */
-static int tl_cuda_parse_geom(PyObject *tuple, tl_geom *g) {
-    return PyArg_ParseTuple(tuple, "(iii)(iii)(iii)(iii)", &g->kernel_size[0],
-                            &g->kernel_size[1], &g->kernel_size[2], &g->stride[0],
-                            &g->stride[1], &g->stride[2], &g->padding[0], &g->padding[1],
-                            &g->padding[2], &g->dilation[0], &g->dilation[1],
-                            &g->dilation[2]);
-}
-
-/* Bytes of the description a failing CUDA call leaves in tl_ctx.err. */
-#define TL_CUDA_ERR_BYTES 512
-
-/* Context of one call: device index and stream handle from Python, and the
- * caller's buffer (err, TL_CUDA_ERR_BYTES) for a failure's description. */
-static tl_ctx tl_cuda_ctx(int device, unsigned long long stream, char *err) {
-    err[0] = '\0';
-    tl_ctx ctx = {.threads = 1,
-                  .device = device,
-                  .stream = tl_ptr(stream),
-                  .simd_cap = 0,
-                  .err = err,
-                  .err_size = TL_CUDA_ERR_BYTES};
-    return ctx;
-}
-
-/* tl_raise for a CUDA entry point: TL_ERR_CUDA becomes a RuntimeError that
- * names the entry point, the failing CUDA call with its file and line when
- * recorded, and the runtime's error name and string. */
-static PyObject *tl_cuda_raise(const char *fn, const char *entry, tl_status st,
-                               const tl_ctx *ctx) {
-    if (st != TL_ERR_CUDA) return tl_raise(fn, st);
-    tl_cuda_error_describe(ctx->err, ctx->err_size);
-    PyErr_Format(PyExc_RuntimeError, "torch_lattice._C.%s: CUDA error in %s: %s", fn, entry,
-                 ctx->err);
-    return NULL;
-}
-
-static PyObject *tl_size_result(const char *fn, tl_status st, size_t bytes) {
-    if (st != TL_OK) return tl_raise(fn, st);
-    return PyLong_FromSize_t(bytes);
-}
-
 PyDoc_STRVAR(cuda_kmap_workspace_size_doc,
              "cuda_kmap_workspace_size(n_in) -> int\n\nWorkspace bytes of cuda_kmap_build.");
 static PyObject *py_cuda_kmap_workspace_size(PyObject *self, PyObject *args) {
@@ -123,7 +81,7 @@ static PyObject *py_cuda_kmap_build(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "iKKLKLOKK", &device, &stream, &pin, &n_in, &pout, &n_out,
                           &geom, &pws, &pnbr))
         return NULL;
-    if (!tl_cuda_parse_geom(geom, &g)) return NULL;
+    if (!tl_parse_geom("cuda_kmap_build", geom, &g)) return NULL;
     char err[TL_CUDA_ERR_BYTES];
     tl_ctx ctx = tl_cuda_ctx(device, stream, err);
     tl_status st;
@@ -166,7 +124,7 @@ static PyObject *py_cuda_generate_workspace_size(PyObject *self, PyObject *args)
     tl_geom g;
     size_t bytes = 0;
     if (!PyArg_ParseTuple(args, "LO(LLL)", &n_in, &geom, &r[0], &r[1], &r[2])) return NULL;
-    if (!tl_cuda_parse_geom(geom, &g)) return NULL;
+    if (!tl_parse_geom("cuda_generate_workspace_size", geom, &g)) return NULL;
     tl_status st = tl_cuda_generate_workspace_size(n_in, &g, r, &bytes);
     return tl_size_result("cuda_generate_workspace_size", st, bytes);
 }
@@ -185,7 +143,7 @@ static PyObject *py_cuda_generate(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "iKKLO(LLL)KKL", &device, &stream, &pin, &n_in, &geom, &r[0],
                           &r[1], &r[2], &pws, &pout, &cap))
         return NULL;
-    if (!tl_cuda_parse_geom(geom, &g)) return NULL;
+    if (!tl_parse_geom("cuda_generate", geom, &g)) return NULL;
     char err[TL_CUDA_ERR_BYTES];
     tl_ctx ctx = tl_cuda_ctx(device, stream, err);
     tl_status st;

@@ -7,63 +7,18 @@
  * current stream handle, and allocates every output and workspace.  Failures
  * raise under the name of the matching CPU function (voxel_quantize,
  * voxel_reduce, ...), so a bad argument reads the same on either device;
- * CUDA runtime failures name the cuda_* function.  As on the CPU, rejected
+ * CUDA runtime failures also name the C entry point.  As on the CPU, rejected
  * points come back as (status, bad_point) so the op layer can name them. */
 #include "tl_py.h"
 
 #ifdef TL_WITH_CUDA
 
 #include "cuda/tl_cuda_blocks.h"
-#include "cuda/tl_cuda_device.h"
-
-/* Bytes of the description a failing CUDA call leaves in tl_ctx.err. */
-#define TL_BLK_ERR_BYTES 512
-
-/* A failed call raises under the CPU function's name; TL_ERR_CUDA becomes a
- * RuntimeError naming the cuda_* function and the failing CUDA call.
- * tl_cuda_error_describe also clears the runtime's last error: the entry
- * points' launch checks only peek at it, and a non-sticky error left set
- * would fail torch's next kernel launch in this process. */
-static PyObject *tl_blk_raise(const char *cpu_fn, const char *cuda_fn, tl_status st,
-                              const tl_ctx *ctx) {
-    if (st != TL_ERR_CUDA) return tl_raise(cpu_fn, st);
-    tl_cuda_error_describe(ctx->err, ctx->err_size);
-    PyErr_Format(PyExc_RuntimeError, "torch_lattice._C.%s: CUDA error: %s", cuda_fn, ctx->err);
-    return NULL;
-}
-
-/* The size function must have run before this call: passing its call and
- * `bytes` as two arguments of one call leaves their order unspecified (gcc
- * read bytes, still 0, first). */
-static PyObject *tl_blk_size(const char *fn, tl_status st, size_t bytes) {
-    if (st != TL_OK) return tl_raise(fn, st);
-    return PyLong_FromSize_t(bytes);
-}
-
-/* Context of one call; err (TL_BLK_ERR_BYTES) receives a CUDA failure's
- * description. */
-static tl_ctx tl_blk_ctx(int device, unsigned long long stream, char *err) {
-    err[0] = '\0';
-    tl_ctx ctx = {.threads = 1,
-                  .device = device,
-                  .stream = tl_ptr(stream),
-                  .simd_cap = 0,
-                  .err = err,
-                  .err_size = TL_BLK_ERR_BYTES};
-    return ctx;
-}
+#include "tl_py_cuda.h"
 
 static int tl_blk_grid(PyObject *size, PyObject *origin, tl_voxel_grid *g) {
     return PyArg_ParseTuple(size, "ddd", &g->size[0], &g->size[1], &g->size[2]) &&
            PyArg_ParseTuple(origin, "ddd", &g->origin[0], &g->origin[1], &g->origin[2]);
-}
-
-static int tl_blk_geom(PyObject *tuple, tl_geom *g) {
-    return PyArg_ParseTuple(tuple, "(iii)(iii)(iii)(iii)", &g->kernel_size[0],
-                            &g->kernel_size[1], &g->kernel_size[2], &g->stride[0],
-                            &g->stride[1], &g->stride[2], &g->padding[0], &g->padding[1],
-                            &g->padding[2], &g->dilation[0], &g->dilation[1],
-                            &g->dilation[2]);
 }
 
 /* A rejected point is a result, not an exception (see tl_py_blocks.c). */
@@ -79,7 +34,7 @@ static PyObject *py_cuda_voxelize_workspace_size(PyObject *self, PyObject *args)
     size_t bytes = 0;
     if (!PyArg_ParseTuple(args, "L", &n)) return NULL;
     const tl_status st = tl_cuda_voxelize_workspace_size(n, &bytes);
-    return tl_blk_size("cuda_voxelize_workspace_size", st, bytes);
+    return tl_size_result("cuda_voxelize_workspace_size", st, bytes);
 }
 
 PyDoc_STRVAR(cuda_voxelize_doc,
@@ -99,15 +54,15 @@ static PyObject *py_cuda_voxelize(PyObject *self, PyObject *args) {
                           &origin, &pws, &pu, &pi))
         return NULL;
     if (!tl_blk_grid(size, origin, &g)) return NULL;
-    char err[TL_BLK_ERR_BYTES];
-    tl_ctx ctx = tl_blk_ctx(device, stream, err);
+    char err[TL_CUDA_ERR_BYTES];
+    tl_ctx ctx = tl_cuda_ctx(device, stream, err);
     tl_status st;
     Py_BEGIN_ALLOW_THREADS
     st = tl_cuda_voxelize(&ctx, (tl_dtype)dtype, tl_ptr(pp), tl_ptr(pb), n, &g, tl_ptr(pws),
                           tl_ptr(pu), tl_ptr(pi), &m, (int64_t *)&bad);
     Py_END_ALLOW_THREADS
     if (st != TL_OK && !tl_blk_point_rejected(st, bad))
-        return tl_blk_raise("voxel_quantize", "cuda_voxelize", st, &ctx);
+        return tl_cuda_raise("voxel_quantize", "tl_cuda_voxelize", st, &ctx);
     return Py_BuildValue("(iLL)", (int)st, bad, (long long)m);
 }
 
@@ -120,7 +75,7 @@ static PyObject *py_cuda_voxel_reduce_workspace_size(PyObject *self, PyObject *a
     size_t bytes = 0;
     if (!PyArg_ParseTuple(args, "LL", &n, &m)) return NULL;
     const tl_status st = tl_cuda_voxel_reduce_workspace_size(n, m, &bytes);
-    return tl_blk_size("cuda_voxel_reduce_workspace_size", st, bytes);
+    return tl_size_result("cuda_voxel_reduce_workspace_size", st, bytes);
 }
 
 PyDoc_STRVAR(cuda_voxel_reduce_doc,
@@ -134,14 +89,14 @@ static PyObject *py_cuda_voxel_reduce(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "iKiiKLLKLKKK", &device, &stream, &dtype, &red, &pf, &n, &c,
                           &pinv, &m, &pws, &pout, &parg))
         return NULL;
-    char err[TL_BLK_ERR_BYTES];
-    tl_ctx ctx = tl_blk_ctx(device, stream, err);
+    char err[TL_CUDA_ERR_BYTES];
+    tl_ctx ctx = tl_cuda_ctx(device, stream, err);
     tl_status st;
     Py_BEGIN_ALLOW_THREADS
     st = tl_cuda_voxel_reduce(&ctx, (tl_dtype)dtype, (tl_voxel_reduction)red, tl_ptr(pf), n, c,
                               tl_ptr(pinv), m, tl_ptr(pws), tl_ptr(pout), tl_ptr(parg));
     Py_END_ALLOW_THREADS
-    if (st != TL_OK) return tl_blk_raise("voxel_reduce", "cuda_voxel_reduce", st, &ctx);
+    if (st != TL_OK) return tl_cuda_raise("voxel_reduce", "tl_cuda_voxel_reduce", st, &ctx);
     Py_RETURN_NONE;
 }
 
@@ -153,7 +108,7 @@ static PyObject *py_cuda_devoxel_map_workspace_size(PyObject *self, PyObject *ar
     size_t bytes = 0;
     if (!PyArg_ParseTuple(args, "L", &m)) return NULL;
     const tl_status st = tl_cuda_devoxel_map_workspace_size(m, &bytes);
-    return tl_blk_size("cuda_devoxel_map_workspace_size", st, bytes);
+    return tl_size_result("cuda_devoxel_map_workspace_size", st, bytes);
 }
 
 PyDoc_STRVAR(cuda_devoxel_map_doc,
@@ -171,15 +126,15 @@ static PyObject *py_cuda_devoxel_map(PyObject *self, PyObject *args) {
                           &origin, &pv, &m, &tri, &pws, &pi, &pw))
         return NULL;
     if (!tl_blk_grid(size, origin, &g)) return NULL;
-    char err[TL_BLK_ERR_BYTES];
-    tl_ctx ctx = tl_blk_ctx(device, stream, err);
+    char err[TL_CUDA_ERR_BYTES];
+    tl_ctx ctx = tl_cuda_ctx(device, stream, err);
     tl_status st;
     Py_BEGIN_ALLOW_THREADS
     st = tl_cuda_devoxel_map(&ctx, (tl_dtype)dtype, tl_ptr(pp), tl_ptr(pb), n, &g, tl_ptr(pv), m,
                              tri, tl_ptr(pws), tl_ptr(pi), tl_ptr(pw), (int64_t *)&bad);
     Py_END_ALLOW_THREADS
     if (st != TL_OK && !tl_blk_point_rejected(st, bad))
-        return tl_blk_raise("voxel_devoxel_map", "cuda_devoxel_map", st, &ctx);
+        return tl_cuda_raise("voxel_devoxel_map", "tl_cuda_devoxel_map", st, &ctx);
     return Py_BuildValue("(iL)", (int)st, bad);
 }
 
@@ -194,14 +149,14 @@ static PyObject *py_cuda_devoxel_gather(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "iKiKLLKKLLK", &device, &stream, &dtype, &pf, &m, &c, &pi, &pw,
                           &n, &k, &pout))
         return NULL;
-    char err[TL_BLK_ERR_BYTES];
-    tl_ctx ctx = tl_blk_ctx(device, stream, err);
+    char err[TL_CUDA_ERR_BYTES];
+    tl_ctx ctx = tl_cuda_ctx(device, stream, err);
     tl_status st;
     Py_BEGIN_ALLOW_THREADS
     st = tl_cuda_devoxel_gather(&ctx, (tl_dtype)dtype, tl_ptr(pf), m, c, tl_ptr(pi), tl_ptr(pw),
                                 n, k, tl_ptr(pout));
     Py_END_ALLOW_THREADS
-    if (st != TL_OK) return tl_blk_raise("voxel_gather", "cuda_devoxel_gather", st, &ctx);
+    if (st != TL_OK) return tl_cuda_raise("voxel_gather", "tl_cuda_devoxel_gather", st, &ctx);
     Py_RETURN_NONE;
 }
 
@@ -217,7 +172,7 @@ static int tl_blk_parse_pool(PyObject *args, tl_ctx *ctx, char *err, tl_pool_des
         return 0;
     tl_pool_desc desc = {(tl_dtype)dtype, n_in, n_out, k, c};
     *d = desc;
-    *ctx = tl_blk_ctx(device, stream, err);
+    *ctx = tl_cuda_ctx(device, stream, err);
     return 1;
 }
 
@@ -227,7 +182,7 @@ PyDoc_STRVAR(cuda_pool_sum_doc,
 static PyObject *py_cuda_pool_sum(PyObject *self, PyObject *args) {
     (void)self;
     tl_ctx ctx;
-    char err[TL_BLK_ERR_BYTES];
+    char err[TL_CUDA_ERR_BYTES];
     tl_pool_desc d;
     unsigned long long p[4];
     int avg;
@@ -236,7 +191,7 @@ static PyObject *py_cuda_pool_sum(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
     st = tl_cuda_pool_sum(&ctx, &d, tl_ptr(p[0]), tl_ptr(p[1]), avg, tl_ptr(p[2]));
     Py_END_ALLOW_THREADS
-    if (st != TL_OK) return tl_blk_raise("pool_sum", "cuda_pool_sum", st, &ctx);
+    if (st != TL_OK) return tl_cuda_raise("pool_sum", "tl_cuda_pool_sum", st, &ctx);
     Py_RETURN_NONE;
 }
 
@@ -246,7 +201,7 @@ PyDoc_STRVAR(cuda_pool_max_doc,
 static PyObject *py_cuda_pool_max(PyObject *self, PyObject *args) {
     (void)self;
     tl_ctx ctx;
-    char err[TL_BLK_ERR_BYTES];
+    char err[TL_CUDA_ERR_BYTES];
     tl_pool_desc d;
     unsigned long long p[4];
     int unused;
@@ -255,7 +210,7 @@ static PyObject *py_cuda_pool_max(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
     st = tl_cuda_pool_max(&ctx, &d, tl_ptr(p[0]), tl_ptr(p[1]), tl_ptr(p[2]), tl_ptr(p[3]));
     Py_END_ALLOW_THREADS
-    if (st != TL_OK) return tl_blk_raise("pool_max", "cuda_pool_max", st, &ctx);
+    if (st != TL_OK) return tl_cuda_raise("pool_max", "tl_cuda_pool_max", st, &ctx);
     Py_RETURN_NONE;
 }
 
@@ -265,7 +220,7 @@ PyDoc_STRVAR(cuda_pool_max_backward_doc,
 static PyObject *py_cuda_pool_max_backward(PyObject *self, PyObject *args) {
     (void)self;
     tl_ctx ctx;
-    char err[TL_BLK_ERR_BYTES];
+    char err[TL_CUDA_ERR_BYTES];
     tl_pool_desc d;
     unsigned long long p[4];
     int unused;
@@ -276,7 +231,7 @@ static PyObject *py_cuda_pool_max_backward(PyObject *self, PyObject *args) {
                                    tl_ptr(p[2]));
     Py_END_ALLOW_THREADS
     if (st != TL_OK)
-        return tl_blk_raise("pool_max_backward", "cuda_pool_max_backward", st, &ctx);
+        return tl_cuda_raise("pool_max_backward", "tl_cuda_pool_max_backward", st, &ctx);
     Py_RETURN_NONE;
 }
 
@@ -290,7 +245,7 @@ static PyObject *py_cuda_generative_workspace_size(PyObject *self, PyObject *arg
     tl_geom g;
     size_t bytes = 0;
     if (!PyArg_ParseTuple(args, "LO", &n_in, &geom)) return NULL;
-    if (!tl_blk_geom(geom, &g)) return NULL;
+    if (!tl_parse_geom("generative", geom, &g)) return NULL;
     tl_status st = tl_cuda_generative_workspace_size(n_in, &g, &bytes);
     if (st != TL_OK) return tl_raise("generative", st);
     return PyLong_FromSize_t(bytes);
@@ -310,15 +265,15 @@ static PyObject *py_cuda_generative(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "iKKLOKKL", &device, &stream, &pin, &n_in, &geom, &pws, &pout,
                           &cap))
         return NULL;
-    if (!tl_blk_geom(geom, &g)) return NULL;
-    char err[TL_BLK_ERR_BYTES];
-    tl_ctx ctx = tl_blk_ctx(device, stream, err);
+    if (!tl_parse_geom("generative", geom, &g)) return NULL;
+    char err[TL_CUDA_ERR_BYTES];
+    tl_ctx ctx = tl_cuda_ctx(device, stream, err);
     tl_status st;
     Py_BEGIN_ALLOW_THREADS
     st = tl_cuda_generative_support(&ctx, tl_ptr(pin), n_in, &g, tl_ptr(pws), tl_ptr(pout), cap,
                                     &n_out);
     Py_END_ALLOW_THREADS
-    if (st != TL_OK) return tl_blk_raise("generative", "cuda_generative", st, &ctx);
+    if (st != TL_OK) return tl_cuda_raise("generative", "tl_cuda_generative_support", st, &ctx);
     return PyLong_FromLongLong((long long)n_out);
 }
 
