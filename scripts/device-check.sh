@@ -76,20 +76,6 @@ export -f env_report
 export DRY
 step env 20 bash -c env_report
 
-# The image's python3 may lack its C headers; the extension uses the Limited API
-# (Py_LIMITED_API 3.10), so any CPython >= 3.10 header set builds the same abi3 module.
-# A carried set (.device-include/python3.x) is used only when Python.h is missing.
-pyinc=$(python3 -c "import sysconfig; print(sysconfig.get_paths()['include'])")
-if [ ! -f "$pyinc/Python.h" ]; then
-    carried=$(ls -d "$PWD"/.device-include/python3.* 2>/dev/null | head -n 1)
-    if [ -n "$carried" ]; then
-        log "python3's headers missing at $pyinc: using carried $carried"
-        export CPATH="$carried${CPATH:+:$CPATH}"
-    else
-        log "python3's headers missing at $pyinc and none carried (.device-include/)"
-    fi
-fi
-
 export CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
 export PATH="$PATH:$CUDA_HOME/bin"
 rm -f torch_lattice/_C*.so
