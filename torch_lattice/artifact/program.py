@@ -165,6 +165,13 @@ def _check_header(module: Module) -> None:
         )
     if module.function != "forward":
         raise ValueError(f"graph.mlir must define func.func @forward, got @{module.function}")
+    for op in module.operations:
+        acc = op.attributes.get("accumulation", "canonical_f32")
+        if acc != "canonical_f32":  # the only accumulation the contract defines
+            raise ValueError(
+                f"graph.mlir line {op.line}: {op.spec.qualified_name} accumulation must be "
+                f"'canonical_f32', got {acc!r}"
+            )
 
 
 def _check_signature(module: Module) -> None:

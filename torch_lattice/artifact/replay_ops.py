@@ -22,6 +22,7 @@ import torch_lattice as tl
 from torch_lattice.artifact.mlir_parse import Operation
 from torch_lattice.artifact.replay_weights import WeightValue
 from torch_lattice.nn import functional as F
+from torch_lattice.sparse_join import _lookup as lookup_rows
 from torch_lattice.tensor import SparseTensor
 
 __all__ = ["EXECUTORS", "ReplayContext", "boundary_coords"]
@@ -128,11 +129,6 @@ def _conv_parts(op: Operation, args: list[Value], with_target: bool
     ks = op.attributes["kernel_size"]
     w = weight.conv_kernel(f"{_where(op)} weight", int(x.feats.shape[1]), ks)
     b = None if bias is None else bias.dense(f"{_where(op)} bias", (int(w.shape[2]),))
-    if op.attributes["accumulation"] != "canonical_f32":
-        raise ValueError(
-            f"{_where(op)}: accumulation must be 'canonical_f32', got "
-            f"{op.attributes['accumulation']!r}"
-        )
     return x, target, w, b
 
 
@@ -264,24 +260,7 @@ def _voxelize(ctx: ReplayContext, op: Operation, args: list[Value]) -> tuple[Val
 
 def _find_rows(table: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
     """Row of each ``(Q, 4)`` query in the unique ``(M, 4)`` ``table``; -1 where absent."""
-    out = torch.full((queries.shape[0],), -1, dtype=torch.int64, device=queries.device)
-    if table.shape[0] == 0 or queries.shape[0] == 0:
-        return out
-    t, q = table.to(torch.int64), queries.to(torch.int64)
-    span = (t.amax(dim=0) + 1).tolist()
-    inside = ((q >= 0) & (q < torch.tensor(span, device=q.device))).all(dim=1)
-
-    def key(c: torch.Tensor) -> torch.Tensor:
-        return ((c[:, 0] * span[1] + c[:, 1]) * span[2] + c[:, 2]) * span[3] + c[:, 3]
-
-    tkeys = key(t)
-    order = torch.argsort(tkeys)
-    sorted_keys = tkeys[order]
-    qk = key(q.clamp(min=0))
-    pos = torch.searchsorted(sorted_keys, qk).clamp(max=len(sorted_keys) - 1)
-    hit = inside & (sorted_keys[pos] == qk)
-    out[hit] = order[pos[hit]]
-    return out
+    return lookup_rows(table.to(torch.int64), queries.to(torch.int64))
 
 
 def _devoxelize(ctx: ReplayContext, op: Operation, args: list[Value]) -> tuple[Value, ...]:
