@@ -186,3 +186,21 @@ def test_cli_replays_a_manifest(conv_artifact: Path, tmp_path: Path,
     save_file(expected, str(conv_artifact / "expected.safetensors"))
     assert cli_main(["replay", str(conv_artifact)]) == 1
     assert "output FAIL" in capsys.readouterr().out
+
+
+def test_version_is_refused_before_the_body_is_read(conv_artifact: Path) -> None:
+    """An IR v1 graph may use ops and layouts v2 lacks: the version error comes first."""
+    _rewrite(conv_artifact, "lattice.ir_version = 2", "lattice.ir_version = 1")
+    _rewrite(conv_artifact, "lattice.conv3d", "lattice.legacy_conv3d")
+    with pytest.raises(ValueError, match="ir_version = 1; this runtime reads IR version 2"):
+        load_lattice_program(conv_artifact)
+
+
+def test_elementwise_kind_is_checked_at_load(tmp_path: Path) -> None:
+    g = h.Graph()
+    g.tensor_input("v", "tensor<?x3xf32>")
+    g.op("y", "elementwise", ["v"], ["tensor<?x3xf32>"], 'kind = "log"', "tensor<?x3xf32>")
+    g.output("y", "tensor<?x3xf32>")
+    art = h.write_artifact(tmp_path / "e", g, {})
+    with pytest.raises(ValueError, match="elementwise kind must be one of exp, round, got 'log'"):
+        load_lattice_program(art)

@@ -25,7 +25,10 @@ from torch_lattice.nn import functional as F
 from torch_lattice.sparse_join import _lookup as lookup_rows
 from torch_lattice.tensor import SparseTensor
 
-__all__ = ["EXECUTORS", "ReplayContext", "boundary_coords"]
+__all__ = ["ELEMENTWISE_KINDS", "EXECUTORS", "ReplayContext", "boundary_coords"]
+
+# The scalar transforms lattice.elementwise names (kind is a free string in the schema).
+ELEMENTWISE_KINDS = ("exp", "round")
 
 Value = Any
 Executor = Callable[["ReplayContext", Operation, list[Value]], tuple[Value, ...]]
