@@ -124,6 +124,22 @@ def test_without_target_returns_to_the_pooled_support():
     torch.testing.assert_close(back.feats, y.feats)
 
 
+def test_expand_coordinates_ignores_the_cache():
+    x = random_sparse(60, 8, seed=3)
+    pooled = F.avg_pool3d(x, 2)
+    y = F.pool_transpose3d(pooled, 2, expand_coordinates=True)
+    cand = {
+        (b, *(c[a] * 2 + r[a] for a in range(3)))
+        for b, *c in pooled.coords.tolist()
+        for r in itertools.product(range(2), repeat=3)
+    }
+    assert y.coords.tolist() == sorted(list(t) for t in cand)
+    assert len(y) > len(x)  # every child of every window, not only the rows pooled
+    torch.testing.assert_close(y.feats, dict_oracle(pooled, y.coords, 2, 2, 0, 1))
+    with pytest.raises(TypeError, match="expand_coordinates must be a bool"):
+        F.pool_transpose3d(pooled, 2, expand_coordinates=1)
+
+
 def test_without_history_generates_sorted_unique_support():
     src = random_sparse(30, 5, seed=4, stride=(2, 2, 2))
     src = tl.SparseTensor(src.feats, src.coords, (2, 2, 2), spatial_range=(2, 5, 5, 5))
