@@ -200,3 +200,24 @@ def test_bad_inputs():
         F.pool_transpose3d(src, 0)
     with pytest.raises(ValueError, match="padding"):
         F.pool_transpose3d(src, 2, padding=-1)
+
+
+def test_conv3d_history_and_identity_geometry():
+    x = random_sparse(50, 8, seed=9)
+    w = torch.randn(8, 3, 2, dtype=torch.float64)
+    down = F.conv3d(x, w, None, 2, 2)
+    assert F.pool_transpose3d(down, 2).support is x.support  # as ConvTranspose3d(down)
+    # a 1x1x1 stride-1 pool keeps the support and records nothing: the generated route
+    y = F.pool_transpose3d(F.avg_pool3d(x, 1), 1)
+    order = sorted(range(len(x)), key=lambda i: x.coords[i].tolist())
+    assert y.coords.tolist() == [x.coords[i].tolist() for i in order]
+    assert torch.equal(y.feats, x.feats[order])
+
+
+def test_half_precision_features():
+    x = random_sparse(40, 6, seed=10, dtype=torch.float16)
+    pooled = F.avg_pool3d(x, 2)
+    y = F.pool_transpose3d(pooled, 2)
+    assert y.dtype == torch.float16
+    want = dict_oracle(pooled.double(), x.coords, 2, 2, 0, 1)
+    torch.testing.assert_close(y.feats.double(), want, rtol=1e-3, atol=1e-3)
