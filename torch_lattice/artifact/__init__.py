@@ -5,5 +5,6 @@ exporter.
 """
 
 from torch_lattice.artifact import schema
+from torch_lattice.artifact.export import save_lattice_model_artifact
 
-__all__ = ["schema"]
+__all__ = ["save_lattice_model_artifact", "schema"]
