@@ -1,0 +1,644 @@
+"""Parser for the textual MLIR of a lattice artifact (``graph.mlir``, IR version 2).
+
+It reads exactly the form the lattice-contract builder writes::
+
+    module attributes {lattice.ir_version = 2, ...} {
+      func.func @forward(%x_coords: tensor<?x4xi32>, ...) -> <type or (types)> {
+        %w = lattice.weight @w {storage_key = "...", layout = ..., packing = ...} : <weight type>
+        %a, %b, %c = lattice.sparse.decompose %x : <type> -> (<types>)
+        %y = lattice.<op> %x, %w {attr = value, ...} : (<types>) -> <type>
+        return %y : <type>
+      }
+    }
+
+and checks every op against :mod:`torch_lattice.artifact.schema`: unknown ops,
+unknown or missing attributes, values outside an enum, wrong operand counts or
+kinds, undefined or redefined values all raise ``ValueError`` with the line.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch_lattice.artifact import schema
+
+__all__ = [
+    "Argument",
+    "EnumValue",
+    "MlirSyntaxError",
+    "Module",
+    "Operation",
+    "Packing",
+    "TypeRef",
+    "parse_module",
+]
+
+
+class MlirSyntaxError(ValueError):
+    """A ``graph.mlir`` that does not follow the contract's text form or schema."""
+
+    def __init__(self, line: int, message: str) -> None:
+        super().__init__(f"graph.mlir line {line}: {message}")
+        self.line = line
+
+
+@dataclass(frozen=True)
+class TypeRef:
+    """A value type: ``tensor<...>``, ``!lattice.sparse_tensor<...>`` or ``!lattice.weight<...>``.
+
+    ``shape`` holds ``None`` for ``?`` dims (tensors only); ``family`` is set for weights.
+    """
+
+    kind: str  # "tensor", "sparse_tensor" or "weight"
+    dtype: str
+    shape: tuple[int | None, ...] = ()
+    family: str = ""
+
+
+@dataclass(frozen=True)
+class EnumValue:
+    """``#lattice.<mnemonic><value>``."""
+
+    mnemonic: str
+    value: str
+
+
+@dataclass(frozen=True)
+class Packing:
+    """``#lattice.packing<dense>`` or ``<int4|int8, group_size = G, scale_dtype = T, mode = M>``."""
+
+    kind: str
+    group_size: int = 0
+    scale_dtype: str = ""
+    mode: str = ""
+
+
+@dataclass(frozen=True)
+class Argument:
+    name: str
+    type: TypeRef
+
+
+@dataclass(frozen=True)
+class Operation:
+    """One op of the function body, with attributes already checked against the schema.
+
+    ``attributes`` maps names to Python values: ints, floats, strings, 3-tuples,
+    :class:`EnumValue` values reduced to their string, or :class:`Packing`.
+    """
+
+    line: int
+    spec: schema.OpSpec
+    results: tuple[str, ...]
+    operands: tuple[str, ...]
+    attributes: dict[str, Any]
+    result_types: tuple[TypeRef, ...]
+    symbol: str = ""
+
+
+@dataclass
+class Module:
+    attributes: dict[str, Any]
+    function: str
+    arguments: tuple[Argument, ...]
+    result_types: tuple[TypeRef, ...]
+    operations: list[Operation] = field(default_factory=list)
+    returns: tuple[str, ...] = ()
+
+
+# --- tokens -------------------------------------------------------------------
+
+_TOKEN = re.compile(
+    r"""
+    (?P<ws>[ \t\r]+|//[^\n]*)
+  | (?P<nl>\n)
+  | (?P<arrow>->)
+  | (?P<string>"(?:[^"\\\n]|\\.)*")
+  | (?P<value>%[A-Za-z0-9_$.]+)
+  | (?P<symbol>@[A-Za-z0-9_$.]+)
+  | (?P<attr>\#[A-Za-z_][\w.]*)
+  | (?P<type>![A-Za-z_][\w.]*)
+  | (?P<dims>(?:\?|\d+)(?:x(?:\?|\d+))*x[A-Za-z]\w*)
+  | (?P<number>[-+]?(?:\d+\.\d*(?:[eE][-+]?\d+)?|\d+[eE][-+]?\d+|\d+))
+  | (?P<ident>[A-Za-z_][\w.$]*)
+  | (?P<punct>[{}()\[\]<>,=:?])
+    """,
+    re.VERBOSE,
+)
+
+
+@dataclass(frozen=True)
+class _Tok:
+    kind: str
+    text: str
+    line: int
+
+
+def _tokenize(text: str) -> list[_Tok]:
+    tokens: list[_Tok] = []
+    line, pos = 1, 0
+    while pos < len(text):
+        m = _TOKEN.match(text, pos)
+        if m is None:
+            raise MlirSyntaxError(line, f"unexpected character {text[pos]!r}")
+        kind = m.lastgroup or ""
+        if kind == "nl":
+            line += 1
+        elif kind != "ws":
+            tokens.append(_Tok(kind, m.group(), line))
+        pos = m.end()
+    tokens.append(_Tok("eof", "", line))
+    return tokens
+
+
+# --- parser -------------------------------------------------------------------
+
+
+class _Parser:
+    def __init__(self, text: str) -> None:
+        self.toks = _tokenize(text)
+        self.i = 0
+
+    # token helpers
+    def peek(self, offset: int = 0) -> _Tok:
+        return self.toks[min(self.i + offset, len(self.toks) - 1)]
+
+    def next(self) -> _Tok:
+        tok = self.peek()
+        self.i += 1
+        return tok
+
+    def fail(self, message: str, tok: _Tok | None = None) -> MlirSyntaxError:
+        tok = tok or self.peek()
+        return MlirSyntaxError(tok.line, message)
+
+    def expect(self, text: str) -> _Tok:
+        tok = self.next()
+        if tok.text != text:
+            got = tok.text or "end of file"
+            raise MlirSyntaxError(tok.line, f"expected {text!r}, got {got!r}")
+        return tok
+
+    def expect_kind(self, kind: str, what: str) -> _Tok:
+        tok = self.next()
+        if tok.kind != kind:
+            got = tok.text or "end of file"
+            raise MlirSyntaxError(tok.line, f"expected {what}, got {got!r}")
+        return tok
+
+    def accept(self, text: str) -> bool:
+        if self.peek().text == text:
+            self.i += 1
+            return True
+        return False
+
+    # values
+    def number(self) -> int | float:
+        tok = self.expect_kind("number", "a number")
+        text = tok.text
+        return float(text) if any(c in text for c in ".eE") else int(text)
+
+    def string(self) -> str:
+        tok = self.expect_kind("string", "a string")
+        return re.sub(r"\\(.)", r"\1", tok.text[1:-1])
+
+    def attr_value(self) -> Any:
+        tok = self.peek()
+        if tok.kind == "number":
+            value = self.number()
+            if self.accept(":"):
+                ty = self.expect_kind("ident", "a scalar type").text
+                if ty in ("f16", "f32", "f64"):
+                    return _Typed(float(value), ty)
+                return _Typed(value, ty)
+            return value
+        if tok.kind == "string":
+            return self.string()
+        if tok.text == "[":
+            self.next()
+            items: list[Any] = []
+            if not self.accept("]"):
+                items.append(self.attr_value())
+                while self.accept(","):
+                    items.append(self.attr_value())
+                self.expect("]")
+            return items
+        if tok.text == "array":
+            return self.dense_array()
+        if tok.kind == "attr":
+            return self.dialect_attr()
+        if tok.kind == "ident" and tok.text in ("true", "false"):
+            self.next()
+            return tok.text == "true"
+        raise self.fail(f"expected an attribute value, got {tok.text or 'end of file'!r}")
+
+    def dense_array(self) -> _Array:
+        self.expect("array")
+        self.expect("<")
+        elem = self.expect_kind("ident", "an element type").text
+        items: list[int | float] = []
+        if self.accept(":"):
+            items.append(self.number())
+            while self.accept(","):
+                items.append(self.number())
+        self.expect(">")
+        return _Array(elem, tuple(items))
+
+    def dialect_attr(self) -> EnumValue | Packing:
+        tok = self.next()
+        prefix = "#" + schema.NAMESPACE + "."
+        if not tok.text.startswith(prefix):
+            raise MlirSyntaxError(tok.line, f"unknown attribute {tok.text!r}")
+        mnemonic = tok.text[len(prefix):]
+        if mnemonic not in schema.ENUM_ATTRIBUTES:
+            raise MlirSyntaxError(tok.line, f"unknown attribute {tok.text!r}")
+        self.expect("<")
+        value = self.expect_kind("ident", f"a {mnemonic} value").text
+        if mnemonic != "packing":
+            self.expect(">")
+            return EnumValue(mnemonic, value)
+        params: dict[str, Any] = {}
+        while self.accept(","):
+            key = self.expect_kind("ident", "a packing parameter").text
+            self.expect("=")
+            params[key] = self.number() if self.peek().kind == "number" else self.next().text
+        self.expect(">")
+        return _packing(tok.line, value, params)
+
+    def attr_dict(self) -> tuple[dict[str, Any], dict[str, int]]:
+        """``{k = v, ...}`` -> (values, line of each key)."""
+        self.expect("{")
+        values: dict[str, Any] = {}
+        lines: dict[str, int] = {}
+        if self.accept("}"):
+            return values, lines
+        while True:
+            key = self.expect_kind("ident", "an attribute name")
+            if key.text in values:
+                raise MlirSyntaxError(key.line, f"attribute {key.text!r} given twice")
+            self.expect("=")
+            values[key.text] = self.attr_value()
+            lines[key.text] = key.line
+            if self.accept("}"):
+                return values, lines
+            self.expect(",")
+
+    # types
+    def type_ref(self) -> TypeRef:
+        tok = self.next()
+        if tok.text == "tensor":
+            self.expect("<")
+            dims = self.next()
+            if dims.kind == "dims":
+                *shape_text, dtype = dims.text.split("x")
+            elif dims.kind == "ident":
+                shape_text, dtype = [], dims.text
+            else:
+                raise MlirSyntaxError(dims.line, f"bad tensor type near {dims.text!r}")
+            self.expect(">")
+            shape = tuple(None if d == "?" else int(d) for d in shape_text)
+            return TypeRef("tensor", dtype, shape)
+        if tok.text == "!lattice.sparse_tensor":
+            params = self.type_params(tok)
+            return TypeRef("sparse_tensor", params.get("dtype", ""))
+        if tok.text == "!lattice.weight":
+            self.expect("<")
+            family = self.expect_kind("ident", "a weight family").text
+            self.expect(",")
+            dtype = self.expect_kind("ident", "a weight dtype").text
+            self.expect(">")
+            return TypeRef("weight", dtype, family=family)
+        raise MlirSyntaxError(tok.line, f"unknown type {tok.text or 'end of file'!r}")
+
+    def type_params(self, start: _Tok) -> dict[str, str]:
+        self.expect("<")
+        params: dict[str, str] = {}
+        while True:
+            key = self.expect_kind("ident", "a type parameter").text
+            self.expect("=")
+            params[key] = self.next().text
+            if self.accept(">"):
+                break
+            self.expect(",")
+        expected = {"rank": "3", "coord": "batch_x_y_z", "feature": "row_channel"}
+        for key, want in expected.items():
+            if params.get(key) != want:
+                raise MlirSyntaxError(
+                    start.line, f"sparse_tensor {key} must be {want}, got {params.get(key)!r}"
+                )
+        if params.get("dtype") not in ("f32", "f16"):
+            raise MlirSyntaxError(
+                start.line, f"sparse_tensor dtype must be f32 or f16, got {params.get('dtype')!r}"
+            )
+        return params
+
+    def type_list(self) -> tuple[TypeRef, ...]:
+        """``(t, ...)`` or one bare type."""
+        if not self.accept("("):
+            return (self.type_ref(),)
+        types: list[TypeRef] = []
+        if not self.accept(")"):
+            types.append(self.type_ref())
+            while self.accept(","):
+                types.append(self.type_ref())
+            self.expect(")")
+        return tuple(types)
+
+    def value_list(self) -> list[_Tok]:
+        values = [self.expect_kind("value", "an SSA value (%name)")]
+        while self.accept(","):
+            values.append(self.expect_kind("value", "an SSA value (%name)"))
+        return values
+
+
+@dataclass(frozen=True)
+class _Typed:
+    """A scalar written with a type suffix: ``0.5 : f32``."""
+
+    value: int | float
+    type: str
+
+
+@dataclass(frozen=True)
+class _Array:
+    """``array<i64: 1, 2, 3>``."""
+
+    elem: str
+    items: tuple[int | float, ...]
+
+
+def _packing(line: int, kind: str, params: dict[str, Any]) -> Packing:
+    allowed = schema.ENUM_ATTRIBUTES["packing"].values
+    if kind not in allowed:
+        raise MlirSyntaxError(line, f"packing kind {kind!r} is not one of {allowed}")
+    if kind == "dense":
+        if params:
+            raise MlirSyntaxError(line, f"dense packing takes no parameters, got {sorted(params)}")
+        return Packing("dense")
+    names = ("group_size", "scale_dtype", "mode")
+    if sorted(params) != sorted(names):
+        raise MlirSyntaxError(
+            line, f"{kind} packing needs exactly {', '.join(names)}, got {sorted(params)}"
+        )
+    group = params["group_size"]
+    if not isinstance(group, int) or group <= 0:
+        raise MlirSyntaxError(line, f"packing group_size must be a positive integer, got {group!r}")
+    return Packing(kind, group, str(params["scale_dtype"]), str(params["mode"]))
+
+
+# --- attribute values by schema kind ------------------------------------------
+
+
+def _convert(kind: str, raw: Any, where: str, line: int) -> Any:
+    """Checks one attribute value against its schema kind; returns the Python value."""
+
+    def bad(rule: str) -> MlirSyntaxError:
+        return MlirSyntaxError(line, f"{where} must be {rule}, got {_show(raw)}")
+
+    if kind in ("i64_triple", "f64_triple"):
+        elem = "i64" if kind == "i64_triple" else "f64"
+        if not isinstance(raw, _Array) or raw.elem != elem or len(raw.items) != 3:
+            raise bad(f"array<{elem}: a, b, c>")
+        if elem == "i64":
+            if not all(isinstance(v, int) for v in raw.items):
+                raise bad("three integers")
+            return tuple(int(v) for v in raw.items)
+        return tuple(float(v) for v in raw.items)
+    if kind == "i64":
+        value = raw.value if isinstance(raw, _Typed) and raw.type == "i64" else raw
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise bad("an integer")
+        return value
+    if kind == "f32":
+        if not isinstance(raw, _Typed) or raw.type != "f32":
+            raise bad("a float written '<value> : f32'")
+        return float(raw.value)
+    if kind == "str":
+        if not isinstance(raw, str):
+            raise bad("a string")
+        return raw
+    if kind == "packing":
+        if not isinstance(raw, Packing):
+            raise bad("#lattice.packing<...>")
+        return raw
+    spec = schema.ENUM_ATTRIBUTES.get(kind)
+    if spec is None:  # pragma: no cover - the schema names only known kinds
+        raise MlirSyntaxError(line, f"{where} has unknown kind {kind!r}")
+    if not isinstance(raw, EnumValue) or raw.mnemonic != kind:
+        raise bad(f"#lattice.{kind}<...>")
+    if raw.value not in spec.values:
+        raise MlirSyntaxError(
+            line, f"{where} value {raw.value!r} is not one of {', '.join(spec.values)}"
+        )
+    return raw.value
+
+
+def _show(raw: Any) -> str:
+    if isinstance(raw, _Array):
+        return f"array<{raw.elem}: {', '.join(str(v) for v in raw.items)}>"
+    if isinstance(raw, _Typed):
+        return f"{raw.value} : {raw.type}"
+    if isinstance(raw, EnumValue):
+        return f"#lattice.{raw.mnemonic}<{raw.value}>"
+    return repr(raw)
+
+
+def _op_attributes(
+    spec: schema.OpSpec, raw: dict[str, Any], lines: dict[str, int], line: int
+) -> dict[str, Any]:
+    for name in raw:
+        if spec.attribute(name) is None:
+            allowed = ", ".join(a.name for a in spec.attributes) or "none"
+            raise MlirSyntaxError(
+                lines.get(name, line),
+                f"unknown attribute {name!r} on {spec.qualified_name} (allowed: {allowed})",
+            )
+    out: dict[str, Any] = {}
+    for attr in spec.attributes:
+        if attr.name not in raw:
+            if attr.required:
+                raise MlirSyntaxError(
+                    line, f"{spec.qualified_name} is missing required attribute {attr.name!r}"
+                )
+            continue
+        where = f"{spec.qualified_name} attribute {attr.name!r}"
+        out[attr.name] = _convert(attr.kind, raw[attr.name], where, line)
+    return out
+
+
+# --- module structure -----------------------------------------------------------
+
+
+def _parse_op(p: _Parser, types: dict[str, TypeRef]) -> Operation:
+    results = p.value_list()
+    p.expect("=")
+    name = p.expect_kind("ident", "an op name")
+    try:
+        spec = schema.op_spec(name.text)
+    except ValueError as exc:
+        raise MlirSyntaxError(name.line, str(exc)) from None
+    symbol = ""
+    operands: list[_Tok] = []
+    raw: dict[str, Any] = {}
+    lines: dict[str, int] = {}
+    if spec.assembly == "weight":
+        symbol = p.expect_kind("symbol", "a weight symbol (@name)").text[1:]
+        raw, lines = p.attr_dict()
+        p.expect(":")
+        result_types: tuple[TypeRef, ...] = (p.type_ref(),)
+    elif spec.assembly == "decompose":
+        operands = p.value_list()
+        p.expect(":")
+        p.type_ref()
+        p.expect("->")
+        result_types = p.type_list()
+    else:
+        if p.peek().kind == "value":
+            operands = p.value_list()
+        if p.peek().text == "{":
+            raw, lines = p.attr_dict()
+        p.expect(":")
+        operand_types = p.type_list()
+        if len(operand_types) != len(operands):
+            raise MlirSyntaxError(
+                name.line,
+                f"{spec.qualified_name} lists {len(operand_types)} operand types "
+                f"for {len(operands)} operands",
+            )
+        p.expect("->")
+        result_types = p.type_list()
+    op = Operation(
+        name.line,
+        spec,
+        tuple(t.text[1:] for t in results),
+        tuple(t.text[1:] for t in operands),
+        _op_attributes(spec, raw, lines, name.line),
+        result_types,
+        symbol,
+    )
+    _check_signature(op, types)
+    return op
+
+
+def _check_signature(op: Operation, types: dict[str, TypeRef]) -> None:
+    spec, line = op.spec, op.line
+    ssa = [o for o in spec.operands if o.kind == "ssa"]
+    required = sum(1 for o in ssa if not o.optional)
+    if not required <= len(op.operands) <= len(ssa):
+        names = ", ".join(o.name + ("?" if o.optional else "") for o in ssa)
+        raise MlirSyntaxError(
+            line,
+            f"{spec.qualified_name} takes operands ({names}), got {len(op.operands)}",
+        )
+    for value, operand in zip(op.operands, ssa, strict=False):
+        if value not in types:
+            raise MlirSyntaxError(line, f"%{value} is used before it is defined")
+        if types[value].kind != operand.type:
+            raise MlirSyntaxError(
+                line,
+                f"{spec.qualified_name} operand {operand.name!r} must be a {operand.type}, "
+                f"%{value} is a {types[value].kind}",
+            )
+    if len(op.results) != len(spec.results) or len(op.result_types) != len(spec.results):
+        raise MlirSyntaxError(
+            line, f"{spec.qualified_name} has {len(spec.results)} result(s), got {len(op.results)}"
+        )
+    for value, ty, (res_name, res_kind) in zip(op.results, op.result_types, spec.results,
+                                               strict=True):
+        if value in types:
+            raise MlirSyntaxError(line, f"%{value} is defined twice")
+        if ty.kind != res_kind:
+            raise MlirSyntaxError(
+                line, f"{spec.qualified_name} result {res_name!r} must be a {res_kind}, "
+                f"declared {ty.kind}"
+            )
+        types[value] = ty
+
+
+def _parse_arguments(p: _Parser, types: dict[str, TypeRef]) -> tuple[Argument, ...]:
+    p.expect("(")
+    args: list[Argument] = []
+    if p.accept(")"):
+        return ()
+    while True:
+        tok = p.expect_kind("value", "an argument (%name)")
+        p.expect(":")
+        ty = p.type_ref()
+        if ty.kind == "weight":
+            raise MlirSyntaxError(tok.line, f"argument {tok.text} cannot be a weight")
+        if tok.text[1:] in types:
+            raise MlirSyntaxError(tok.line, f"argument {tok.text} is declared twice")
+        types[tok.text[1:]] = ty
+        args.append(Argument(tok.text[1:], ty))
+        if p.accept(")"):
+            return tuple(args)
+        p.expect(",")
+
+
+def _module_attributes(raw: dict[str, Any], lines: dict[str, int]) -> dict[str, Any]:
+    kinds = {
+        "lattice.ir_version": int,
+        "lattice.schema_digest": str,
+        "lattice.input_names": list,
+        "lattice.input_roles": list,
+        "lattice.output_names": list,
+        "lattice.output_roles": list,
+        "lattice.weight_file": str,
+    }
+    for key, value in raw.items():
+        if key not in kinds:
+            raise MlirSyntaxError(lines[key], f"unknown module attribute {key!r}")
+        if isinstance(value, bool) or not isinstance(value, kinds[key]):
+            raise MlirSyntaxError(lines[key], f"module attribute {key!r} has the wrong type")
+        if isinstance(value, list) and not all(isinstance(v, str) for v in value):
+            raise MlirSyntaxError(lines[key], f"module attribute {key!r} must list strings")
+    for key in kinds:
+        if key not in raw:
+            raise MlirSyntaxError(1, f"module is missing attribute {key!r}")
+    return dict(raw)
+
+
+def parse_module(text: str) -> Module:
+    """Parses ``graph.mlir`` text into a :class:`Module`.
+
+    Raises:
+        MlirSyntaxError (a ValueError): with the line number and the broken rule.
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"graph text must be a str, got {type(text).__name__}")
+    p = _Parser(text)
+    p.expect("module")
+    p.expect("attributes")
+    raw, lines = p.attr_dict()
+    attributes = _module_attributes(raw, lines)
+    p.expect("{")
+    p.expect("func.func")
+    function = p.expect_kind("symbol", "a function name (@forward)").text[1:]
+    types: dict[str, TypeRef] = {}
+    arguments = _parse_arguments(p, types)
+    p.expect("->")
+    module = Module(attributes, function, arguments, p.type_list())
+    p.expect("{")
+    while p.peek().text != "return":
+        if p.peek().kind == "eof":
+            raise p.fail("function body ends without 'return'")
+        module.operations.append(_parse_op(p, types))
+    ret = p.expect("return")
+    returns = [t.text[1:] for t in p.value_list()]
+    p.expect(":")
+    return_types = [p.type_ref()]
+    while p.accept(","):
+        return_types.append(p.type_ref())
+    for name in returns:
+        if name not in types:
+            raise MlirSyntaxError(ret.line, f"return of undefined value %{name}")
+    if len(return_types) != len(returns) or len(returns) != len(module.result_types):
+        raise MlirSyntaxError(ret.line, "return values do not match the function's result types")
+    module.returns = tuple(returns)
+    p.expect("}")
+    p.expect("}")
+    if p.peek().kind != "eof":
+        raise p.fail(f"unexpected {p.peek().text!r} after the module")
+    return module

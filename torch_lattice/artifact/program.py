@@ -1,0 +1,265 @@
+"""Loading an MLX Lattice artifact and replaying it with Torch Lattice.
+
+``load_lattice_program(dir)`` checks the artifact strictly before anything runs:
+exactly ``graph.mlir`` and ``weights.safetensors``, IR version 2, the contract's
+schema digest, the declared weight file, input/output names and roles that match
+the function, and every ``lattice.weight`` bound to stored tensors of the right
+layout, rank and dtype (and no stored tensor left unreferenced).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from torch_lattice.artifact import schema
+from torch_lattice.artifact.mlir_parse import Argument, Module, TypeRef, parse_module
+from torch_lattice.artifact.replay_ops import EXECUTORS, ReplayContext, boundary_coords
+from torch_lattice.artifact.replay_weights import WeightValue, check_weight, storage_keys
+from torch_lattice.tensor import SparseTensor
+
+__all__ = ["LatticeProgram", "SparseOutput", "load_lattice_program"]
+
+_COORDINATES = ("physical", "logical")
+# Files a conformance fixture case keeps beside the artifact; nothing else may be there.
+FIXTURE_FILES = ("inputs.safetensors", "expected.safetensors")
+_DTYPES = {"f32": torch.float32, "f16": torch.float16, "i32": torch.int32, "i64": torch.int64}
+
+
+@dataclass(frozen=True)
+class SparseOutput:
+    """A sparse program output: exactly ``active`` rows, no padding.
+
+    Attributes:
+        coords: ``(N, 4)`` int32 ``[b, x, y, z]`` (physical unless the program was
+            loaded with ``coordinates="logical"``).
+        features: ``(N, C)`` in the dtype the graph declares.
+        active: int32 ``(1,)`` holding ``N``.
+    """
+
+    coords: torch.Tensor
+    features: torch.Tensor
+    active: torch.Tensor
+
+
+class LatticeProgram:
+    """A checked artifact, callable with its named ABI tensors.
+
+    ``program(**inputs)`` takes every name in :attr:`input_names` (as
+    ``inputs.safetensors`` holds them) and returns ``{output_name: value}``: a
+    :class:`SparseOutput` for a ``sparse_tensor`` output, a tensor otherwise.
+    """
+
+    def __init__(self, module: Module, weights: dict[str, WeightValue], device: torch.device,
+                 coordinates: str) -> None:
+        self._module = module
+        self._ctx = ReplayContext(weights, device, coordinates == "logical")
+        attrs = module.attributes
+        self.input_names: tuple[str, ...] = tuple(attrs["lattice.input_names"])
+        self.input_roles: tuple[str, ...] = tuple(attrs["lattice.input_roles"])
+        self.output_names: tuple[str, ...] = tuple(attrs["lattice.output_names"])
+        self.output_roles: tuple[str, ...] = tuple(attrs["lattice.output_roles"])
+        self.device = device
+        self.coordinates = coordinates
+
+    def __repr__(self) -> str:
+        return (f"LatticeProgram(inputs={list(self.input_names)}, "
+                f"outputs={list(self.output_names)}, coordinates={self.coordinates!r}, "
+                f"device={self.device})")
+
+    def __call__(self, **inputs: torch.Tensor) -> dict[str, torch.Tensor | SparseOutput]:
+        env: dict[str, object] = {}
+        missing = [n for n in self.input_names if n not in inputs]
+        extra = sorted(set(inputs) - set(self.input_names))
+        if missing or extra:
+            raise ValueError(
+                f"program inputs must be exactly {list(self.input_names)}; "
+                f"missing {missing}, unexpected {extra}"
+            )
+        for arg in self._module.arguments:
+            env[arg.name] = _check_input(arg, inputs[arg.name], self.device)
+        for op in self._module.operations:
+            args = [env[name] for name in op.operands]
+            results = EXECUTORS[op.spec.name](self._ctx, op, args)
+            for name, value in zip(op.results, results, strict=True):
+                env[name] = value
+        out: dict[str, torch.Tensor | SparseOutput] = {}
+        for name, value_name, ty in zip(self.output_names, self._module.returns,
+                                        self._module.result_types, strict=True):
+            out[name] = self._output(env[value_name], ty)
+        return out
+
+    def _output(self, value: object, ty: TypeRef) -> torch.Tensor | SparseOutput:
+        dtype = _DTYPES.get(ty.dtype, torch.float32)
+        if isinstance(value, SparseTensor):
+            active = torch.tensor([value.coords.shape[0]], dtype=torch.int32,
+                                  device=value.feats.device)
+            return SparseOutput(boundary_coords(self._ctx, value),
+                                value.feats.detach().to(dtype), active)
+        assert isinstance(value, torch.Tensor)
+        return value.detach().to(dtype) if value.is_floating_point() else value
+
+
+def _check_input(arg: Argument, value: object, device: torch.device) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"input {arg.name!r} must be a torch.Tensor, got {type(value).__name__}")
+    ty = arg.type
+    if ty.kind != "tensor":
+        raise ValueError(f"input {arg.name!r}: arguments must be tensors, the graph declares "
+                         f"{ty.kind}")
+    if len(ty.shape) != value.ndim or any(
+        d is not None and d != s for d, s in zip(ty.shape, value.shape, strict=True)
+    ):
+        dims = "x".join("?" if d is None else str(d) for d in ty.shape)
+        raise ValueError(f"input {arg.name!r} must have shape {dims}, got {tuple(value.shape)}")
+    want_float = ty.dtype.startswith("f")
+    if value.is_floating_point() != want_float or value.dtype == torch.bool:
+        raise TypeError(f"input {arg.name!r} must be {ty.dtype}, got {value.dtype}")
+    return value.to(device)
+
+
+# --- loading ---------------------------------------------------------------------------
+
+
+def _check_files(root: Path) -> None:
+    if not root.is_dir():
+        raise ValueError(f"artifact_dir {str(root)!r} is not a directory")
+    names = set(os.listdir(root))
+    expected = {schema.GRAPH_FILE, schema.WEIGHT_FILE}
+    # A conformance fixture case is an artifact plus its inputs and expected outputs.
+    missing, extra = sorted(expected - names), sorted(names - expected - set(FIXTURE_FILES))
+    if missing or extra:
+        raise ValueError(
+            f"artifact_dir must hold exactly {schema.GRAPH_FILE} and {schema.WEIGHT_FILE} "
+            f"(plus, in a conformance fixture, {' and '.join(FIXTURE_FILES)}); "
+            f"missing {missing}, unexpected {extra}"
+        )
+    for name in expected:
+        if not (root / name).is_file():
+            raise ValueError(f"artifact_dir: {name} is not a regular file")
+
+
+def _check_header(module: Module) -> None:
+    attrs = module.attributes
+    version = attrs["lattice.ir_version"]
+    if version != schema.IR_VERSION:
+        raise ValueError(
+            f"graph.mlir has lattice.ir_version = {version}; this runtime reads IR version "
+            f"{schema.IR_VERSION} only (lattice-contract {schema.CONTRACT_VERSION}); migrate "
+            "the artifact explicitly"
+        )
+    digest = attrs["lattice.schema_digest"]
+    if digest != schema.SCHEMA_DIGEST:
+        raise ValueError(
+            f"graph.mlir lattice.schema_digest {digest!r} is not the lattice-contract "
+            f"{schema.CONTRACT_VERSION} digest {schema.SCHEMA_DIGEST!r}"
+        )
+    if attrs["lattice.weight_file"] != schema.WEIGHT_FILE:
+        raise ValueError(
+            f"graph.mlir lattice.weight_file must be {schema.WEIGHT_FILE!r}, got "
+            f"{attrs['lattice.weight_file']!r}"
+        )
+    if module.function != "forward":
+        raise ValueError(f"graph.mlir must define func.func @forward, got @{module.function}")
+
+
+def _check_signature(module: Module) -> None:
+    attrs = module.attributes
+    names, roles = attrs["lattice.input_names"], attrs["lattice.input_roles"]
+    args = [a.name for a in module.arguments]
+    if list(names) != args or len(roles) != len(args):
+        raise ValueError(
+            f"lattice.input_names {names} / input_roles {roles} must match the @forward "
+            f"arguments {args} one for one"
+        )
+    for arg, role in zip(module.arguments, roles, strict=True):
+        if role not in schema.INPUT_ROLES:
+            raise ValueError(f"input {arg.name!r} has unknown role {role!r} "
+                             f"(allowed: {', '.join(schema.INPUT_ROLES)})")
+        _check_role_type(arg, role)
+    outs, out_roles = attrs["lattice.output_names"], attrs["lattice.output_roles"]
+    if len(outs) != len(module.returns) or len(out_roles) != len(module.returns):
+        raise ValueError(
+            f"lattice.output_names {outs} / output_roles {out_roles} must match the "
+            f"{len(module.returns)} returned value(s)"
+        )
+    if len(set(outs)) != len(outs) or len(set(names)) != len(names):
+        raise ValueError("input and output names must be unique")
+    for name, role, ty in zip(outs, out_roles, module.result_types, strict=True):
+        if role not in schema.OUTPUT_ROLES or role != ty.kind:
+            raise ValueError(f"output {name!r} has role {role!r} but returns a {ty.kind}")
+
+
+def _check_role_type(arg: Argument, role: str) -> None:
+    ty = arg.type
+    rules = {
+        "sparse_coords": (ty.shape[1:] == (4,) and len(ty.shape) == 2 and ty.dtype == "i32",
+                          "tensor<?x4xi32>"),
+        "sparse_features": (len(ty.shape) == 2 and ty.dtype in ("f32", "f16"),
+                            "tensor<?xCxf32> or f16"),
+        "sparse_active": (ty.shape == (1,) and ty.dtype == "i32", "tensor<1xi32>"),
+    }
+    if role in rules and not rules[role][0]:
+        raise ValueError(f"input {arg.name!r} with role {role} must be {rules[role][1]}")
+
+
+def _load_weights(module: Module, path: Path, device: torch.device) -> dict[str, WeightValue]:
+    with safe_open(str(path), framework="pt", device="cpu") as handle:
+        stored = {key: handle.get_tensor(key) for key in handle.keys()}
+    used: set[str] = set()
+    weights: dict[str, WeightValue] = {}
+    for op in module.operations:
+        if op.spec.name != "weight":
+            continue
+        value = check_weight(op, stored)
+        weights[op.symbol] = WeightValue(
+            value.key, value.family, value.layout, value.packing,
+            tuple(t.to(device) for t in value.tensors),
+        )
+        used.update(storage_keys(op))
+    unused = sorted(set(stored) - used)
+    if unused:
+        raise ValueError(f"weights.safetensors holds tensors no lattice.weight names: {unused}")
+    return weights
+
+
+def load_lattice_program(
+    artifact_dir: str | os.PathLike[str],
+    *,
+    coordinates: str = "physical",
+    device: str | torch.device | None = None,
+) -> LatticeProgram:
+    """Loads and checks an IR-v2 artifact directory for replay with Torch Lattice kernels.
+
+    Args:
+        artifact_dir: directory holding exactly ``graph.mlir`` and ``weights.safetensors``.
+        coordinates: ``"physical"`` (IR v2: boundary coordinates are logical x stride;
+            inputs must be divisible by the declared stride) or ``"logical"`` (taken as
+            they are; what torch-lattice 0.5's own artifacts carry).
+        device: where to run (``None``: CPU).
+
+    Returns:
+        A :class:`LatticeProgram`.
+
+    Raises:
+        ValueError: a bad argument, file set, header, op, attribute or weight, naming it.
+    """
+    if coordinates not in _COORDINATES:
+        raise ValueError(f"coordinates must be 'physical' or 'logical', got {coordinates!r}")
+    dev = torch.device("cpu" if device is None else device)
+    root = Path(artifact_dir)
+    _check_files(root)
+    try:
+        text = (root / schema.GRAPH_FILE).read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"graph.mlir is not UTF-8 text: {exc}") from None
+    module = parse_module(text)
+    _check_header(module)
+    _check_signature(module)
+    weights = _load_weights(module, root / schema.WEIGHT_FILE, dev)
+    return LatticeProgram(module, weights, dev, coordinates)
+

@@ -1,0 +1,445 @@
+"""One executor per ``lattice.*`` op, each running the op through Torch Lattice.
+
+An executor takes the replay context, the parsed :class:`Operation` and its operand
+values (SparseTensor, torch.Tensor or :class:`WeightValue`, ``None`` for an absent
+optional operand) and returns a tuple of result values. Inside the replay every
+sparse value is a :class:`~torch_lattice.SparseTensor` with *logical* coordinates;
+the physical/logical choice is made only at the boundary (``sparse.make``,
+``sparse.decompose`` and the program's outputs). Features run in float32 (the
+contract's ``accumulation = "canonical_f32"``); the program casts results to the
+dtypes the graph declares.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+import torch_lattice as tl
+from torch_lattice.artifact.mlir_parse import Operation
+from torch_lattice.artifact.replay_weights import WeightValue
+from torch_lattice.nn import functional as F
+from torch_lattice.tensor import SparseTensor
+
+__all__ = ["EXECUTORS", "ReplayContext", "boundary_coords"]
+
+Value = Any
+Executor = Callable[["ReplayContext", Operation, list[Value]], tuple[Value, ...]]
+
+
+@dataclass(frozen=True)
+class ReplayContext:
+    """What executors share: the bound weights, the device and the coordinate convention."""
+
+    weights: dict[str, WeightValue]  # by weight symbol
+    device: torch.device
+    logical: bool  # True: boundary coordinates are logical; False: physical (IR v2)
+
+
+def boundary_coords(ctx: ReplayContext, x: SparseTensor) -> torch.Tensor:
+    """``x``'s coordinates as the artifact boundary carries them (int32 ``(N, 4)``)."""
+    coords = x.coords.to(torch.int32)
+    if ctx.logical or x.stride == (1, 1, 1):
+        return coords
+    scale = torch.tensor((1, *x.stride), dtype=torch.int32, device=coords.device)
+    return coords * scale
+
+
+def _where(op: Operation) -> str:
+    return f"graph.mlir line {op.line}: {op.spec.qualified_name}"
+
+
+def _active(op: Operation, name: str, active: torch.Tensor, rows: int) -> int:
+    """The row count an ``active`` operand (int32 ``(1,)``) gives; checked against ``rows``."""
+    if active.numel() != 1 or active.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"{_where(op)}: {name} must be an int32 tensor of shape (1,)")
+    n = int(active.reshape(()).item())
+    if not 0 <= n <= rows:
+        raise ValueError(f"{_where(op)}: {name} = {n} is outside [0, {rows}] (the rows given)")
+    return n
+
+
+def _sparse_make(ctx: ReplayContext, op: Operation, args: list[Value]) -> tuple[Value, ...]:
+    coords, feats, active = args
+    name = f"%{op.operands[0]}"
+    if coords.ndim != 2 or coords.shape[1] != 4 or coords.is_floating_point():
+        raise ValueError(f"{_where(op)}: {name} must be an integer (N, 4) tensor [b, x, y, z]")
+    if feats.ndim != 2 or feats.shape[0] != coords.shape[0]:
+        raise ValueError(
+            f"{_where(op)}: %{op.operands[1]} must be (N, C) with N = {coords.shape[0]} rows, "
+            f"got {tuple(feats.shape)}"
+        )
+    n = _active(op, f"%{op.operands[2]}", active, coords.shape[0])
+    coords, feats = coords[:n].to(torch.int32), feats[:n].to(torch.float32)
+    stride = op.attributes["stride"]
+    if any(s <= 0 for s in stride):
+        raise ValueError(f"{_where(op)}: stride must be positive, got {stride}")
+    if not ctx.logical and stride != (1, 1, 1):
+        scale = torch.tensor(stride, dtype=torch.int32, device=coords.device)
+        bad = (coords[:, 1:] % scale != 0).any(dim=1).nonzero()
+        if bad.numel():
+            row = int(bad[0, 0])
+            raise ValueError(
+                f"{_where(op)}: {name} row {row} = {coords[row].tolist()} is not divisible by "
+                f"the declared stride {stride}; IR v2 boundary coordinates are physical "
+                "(logical x stride). Artifacts written by torch-lattice 0.5 carry logical "
+                "coordinates: load them with coordinates='logical'"
+            )
+        coords = torch.cat([coords[:, :1], coords[:, 1:] // scale], dim=1)
+    try:
+        x = SparseTensor(feats, coords, stride=stride)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{_where(op)}: {name}: {exc}") from None
+    return (x,)
+
+
+def _sparse_decompose(ctx: ReplayContext, op: Operation, args: list[Value]) -> tuple[Value, ...]:
+    (x,) = args
+    active = torch.tensor([x.coords.shape[0]], dtype=torch.int32, device=x.feats.device)
+    return (boundary_coords(ctx, x), x.feats, active)
+
+
+def _with_features(ctx: ReplayContext, op: Operation, args: list[Value]) -> tuple[Value, ...]:
+    x, feats = args
+    if feats.ndim != 2 or feats.shape[0] != x.coords.shape[0]:
+        raise ValueError(
+            f"{_where(op)}: features must be (N, C) with N = {x.coords.shape[0]} rows of the "
+            f"sparse input, got {tuple(feats.shape)}"
+        )
+    return (SparseTensor.from_support(feats.to(torch.float32), x.support),)
+
+
+def _weight(ctx: ReplayContext, op: Operation, args: list[Value]) -> tuple[Value, ...]:
+    return (ctx.weights[op.symbol],)
+
+
+# --- convolutions ---------------------------------------------------------------
+
+
+def _conv_parts(op: Operation, args: list[Value], with_target: bool
+                ) -> tuple[SparseTensor, SparseTensor | None, torch.Tensor, torch.Tensor | None]:
+    x, rest = args[0], args[1:]
+    target = rest.pop(0) if with_target else None
+    weight: WeightValue = rest[0]
+    bias: WeightValue | None = rest[1] if len(rest) > 1 else None
+    ks = op.attributes["kernel_size"]
+    w = weight.conv_kernel(f"{_where(op)} weight", int(x.feats.shape[1]), ks)
+    b = None if bias is None else bias.dense(f"{_where(op)} bias", (int(w.shape[2]),))
+    if op.attributes["accumulation"] != "canonical_f32":
+        raise ValueError(
+            f"{_where(op)}: accumulation must be 'canonical_f32', got "
+            f"{op.attributes['accumulation']!r}"
+        )
+    return x, target, w, b
+
+
+def _conv_executor(name: str) -> Executor:
+    """Executor of conv op ``name``; the name says target, normalized and family."""
+    target = name.startswith("target_")
+    normalized = "normalized_" in name
+    family = name.removeprefix("target_").removeprefix("normalized_")
+
+    def run(ctx: ReplayContext, op: Operation, args: list[Value]) -> tuple[Value, ...]:
+        x, tgt, w, b = _conv_parts(op, args, target)
+        a = op.attributes
+
+        def conv(inp: SparseTensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+                 ) -> SparseTensor:
+            if family == "subm_conv3d":
+                return F.subm_conv3d(inp, weight, bias, a["kernel_size"], a["dilation"])
+            if family == "conv3d":
+                return F.conv3d(inp, weight, bias, a["kernel_size"], a["stride"], a["padding"],
+                                a["dilation"], coordinates=tgt)
+            if family == "conv_transpose3d":
+                return F.conv_transpose3d(inp, weight, bias, a["kernel_size"], a["stride"],
+                                          a["padding"], a["dilation"], coordinates=tgt)
+            return F.generative_conv_transpose3d(inp, weight, bias, a["kernel_size"],
+                                                 a["stride"])
+
+        try:
+            if normalized:
+                return (F.normalized(conv, x, w, b, a["eps"]),)
+            return (conv(x, w, b),)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{_where(op)}: {exc}") from None
+
+    return run
+
+
+# --- pooling and resampling -----------------------------------------------------
+
+
+def _call(op: Operation, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Runs one library call, prefixing its errors with the op and line."""
+    try:
+        return fn(*args, **kwargs)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{_where(op)}: {exc}") from None
+
+
+def _library(op: Operation, module: Any, name: str) -> Callable[..., Any]:
+    fn = getattr(module, name, None)
+    if fn is None:
+        raise RuntimeError(
+            f"{_where(op)}: this Torch Lattice build has no {module.__name__}.{name}"
+        )
+    return fn
+
+
+def _pool3d(ctx: ReplayContext, op: Operation, args: list[Value]) -> tuple[Value, ...]:
+    a = op.attributes
+    fn = {"max": F.max_pool3d, "avg": F.avg_pool3d, "sum": F.sum_pool3d}[a["mode"]]
+    return (_call(op, fn, args[0], a["kernel_size"], a["stride"], a["padding"], a["dilation"]),)
+
+
+def _pool_transpose3d(ctx: ReplayContext, op: Operation, args: list[Value]
+                      ) -> tuple[Value, ...]:
+    a = op.attributes
+    fn = _library(op, F, "pool_transpose3d")
+    target = args[1] if len(args) > 1 else None
+    return (_call(op, fn, args[0], a["kernel_size"], a["stride"], a["padding"], a["dilation"],
+                  target=target),)
+
+
+def _trilinear(ctx: ReplayContext, op: Operation, args: list[Value]) -> tuple[Value, ...]:
+    fn = _library(op, F, "trilinear_upsample3d")
+    target = args[1] if len(args) > 1 else None
+    return (_call(op, fn, args[0], op.attributes["stride"], target=target),)
+
+
+def _global_pool(ctx: ReplayContext, op: Operation, args: list[Value]) -> tuple[Value, ...]:
+    fn = _library(op, F, "global_pool")
+    batch = op.attributes["batch_size"]
+    # A negative batch_size asks for the count to be read from the batch column.
+    return (_call(op, fn, args[0], mode=op.attributes["mode"],
+                  batch_size=None if batch < 0 else batch),)
+
+
+# --- coordinate-aligned algebra ---------------------------------------------------
+
+
+def _reindex(ctx: ReplayContext, op: Operation, args: list[Value]) -> tuple[Value, ...]:
+    fn = _library(op, tl, "reindex_sparse")
+    return (_call(op, fn, args[0], args[1], fill=op.attributes["fill"]),)
+
+
+def _sparse_cat(ctx: ReplayContext, op: Operation, args: list[Value]) -> tuple[Value, ...]:
+    fn = _library(op, tl, "sparse_cat")
+    return (_call(op, fn, [args[0], args[1]], join=op.attributes["join"]),)
+
+
+def _sparse_binary(ctx: ReplayContext, op: Operation, args: list[Value]) -> tuple[Value, ...]:
+    a = op.attributes
+    fn = _library(op, tl, "sparse_binary")
+    return (_call(op, fn, args[0], args[1], a["op"], join=a["join"], lhs_fill=a["lhs_fill"],
+                  rhs_fill=a["rhs_fill"]),)
+
+
+# --- points --------------------------------------------------------------------------
+
+
+def _point_rows(op: Operation, points: torch.Tensor, batch: torch.Tensor, active: torch.Tensor,
+                active_name: str) -> int:
+    if points.ndim != 2 or points.shape[1] != 3 or not points.is_floating_point():
+        raise ValueError(f"{_where(op)}: points must be a float (P, 3) tensor")
+    if batch.shape != (points.shape[0],) or batch.is_floating_point():
+        raise ValueError(f"{_where(op)}: batch_indices must be an integer (P,) tensor")
+    return _active(op, active_name, active, points.shape[0])
+
+
+def _voxelize(ctx: ReplayContext, op: Operation, args: list[Value]) -> tuple[Value, ...]:
+    points, feats, batch, active = args
+    a = op.attributes
+    n = _point_rows(op, points, batch, active, "active_rows")
+    x = _call(op, tl.voxelize, points[:n].to(torch.float32), feats[:n].to(torch.float32),
+              batch_indices=batch[:n], voxel_size=a["voxel_size"], origin=a["origin"],
+              reduction=a["reduction"])
+    if a["stride"] != (1, 1, 1):
+        x = _call(op, SparseTensor, x.feats, x.coords, stride=a["stride"])
+    return (x,)
+
+
+def _find_rows(table: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
+    """Row of each ``(Q, 4)`` query in the unique ``(M, 4)`` ``table``; -1 where absent."""
+    out = torch.full((queries.shape[0],), -1, dtype=torch.int64, device=queries.device)
+    if table.shape[0] == 0 or queries.shape[0] == 0:
+        return out
+    t, q = table.to(torch.int64), queries.to(torch.int64)
+    span = (t.amax(dim=0) + 1).tolist()
+    inside = ((q >= 0) & (q < torch.tensor(span, device=q.device))).all(dim=1)
+
+    def key(c: torch.Tensor) -> torch.Tensor:
+        return ((c[:, 0] * span[1] + c[:, 1]) * span[2] + c[:, 2]) * span[3] + c[:, 3]
+
+    tkeys = key(t)
+    order = torch.argsort(tkeys)
+    sorted_keys = tkeys[order]
+    qk = key(q.clamp(min=0))
+    pos = torch.searchsorted(sorted_keys, qk).clamp(max=len(sorted_keys) - 1)
+    hit = inside & (sorted_keys[pos] == qk)
+    out[hit] = order[pos[hit]]
+    return out
+
+
+def _devoxelize(ctx: ReplayContext, op: Operation, args: list[Value]) -> tuple[Value, ...]:
+    """Contract devoxelize: ``nearest`` takes the voxel at ``floor(u + 0.5)``; ``linear`` sums
+    the 8 voxels at ``floor(u) + {0, 1}`` with trilinear weights (absent voxels add 0, no
+    renormalization); ``u = (p - origin) / voxel_size``. Rows past the active count are 0."""
+    points, voxels, batch, active = args
+    a = op.attributes
+    n = _point_rows(op, points, batch, active, "point_active_rows")
+    dev = voxels.feats.device
+    size = torch.tensor(a["voxel_size"], dtype=torch.float32, device=dev)
+    origin = torch.tensor(a["origin"], dtype=torch.float32, device=dev)
+    u = (points[:n].to(torch.float32) - origin) / size
+    b = batch[:n].to(torch.int64).unsqueeze(1)
+    out = torch.zeros(points.shape[0], voxels.feats.shape[1], dtype=torch.float32, device=dev)
+    if a["interpolation"] == "nearest":
+        rows = _find_rows(voxels.coords, torch.cat([b, torch.floor(u + 0.5).long()], dim=1))
+        hit = rows >= 0
+        out[:n][hit] = voxels.feats[rows[hit]]
+        return (out,)
+    lower = torch.floor(u)
+    frac = u - lower
+    for corner in range(8):
+        d = torch.tensor([corner & 1, (corner >> 1) & 1, (corner >> 2) & 1], device=dev)
+        rows = _find_rows(voxels.coords, torch.cat([b, lower.long() + d], dim=1))
+        w = torch.where(d.bool(), frac, 1.0 - frac).prod(dim=1)
+        hit = rows >= 0
+        out[:n][hit] += voxels.feats[rows[hit]] * w[hit].unsqueeze(1)
+    return (out,)
+
+
+# --- dense feature ops ----------------------------------------------------------------
+
+
+def _linear(ctx: ReplayContext, op: Operation, args: list[Value]) -> tuple[Value, ...]:
+    x, weight = args[0], args[1]
+    bias = args[2] if len(args) > 2 else None
+    if x.ndim != 2:
+        raise ValueError(f"{_where(op)}: input must be (N, C), got {tuple(x.shape)}")
+    w = weight.linear(f"{_where(op)} weight", int(x.shape[1])).to(x.device)
+    b = None if bias is None else bias.dense(f"{_where(op)} bias", (int(w.shape[0]),))
+    return (torch.nn.functional.linear(x.to(torch.float32), w, b),)
+
+
+def _channels(op: Operation, x: torch.Tensor, values: list[WeightValue], names: tuple[str, ...]
+              ) -> list[torch.Tensor]:
+    if x.ndim != 2:
+        raise ValueError(f"{_where(op)}: input must be (N, C), got {tuple(x.shape)}")
+    c = int(x.shape[1])
+    return [v.dense(f"{_where(op)} {n}", (c,)) for v, n in zip(values, names, strict=True)]
+
+
+def _batch_norm(ctx: ReplayContext, op: Operation, args: list[Value]) -> tuple[Value, ...]:
+    x = args[0].to(torch.float32)
+    scale, bias, mean, var = _channels(op, x, args[1:], ("scale", "bias", "mean", "var"))
+    return ((x - mean) * torch.rsqrt(var + op.attributes["eps"]) * scale + bias,)
+
+
+def _layer_norm(ctx: ReplayContext, op: Operation, args: list[Value]) -> tuple[Value, ...]:
+    x = args[0].to(torch.float32)
+    scale, bias = _channels(op, x, args[1:], ("scale", "bias"))
+    return (torch.nn.functional.layer_norm(x, (x.shape[1],), scale, bias, op.attributes["eps"]),)
+
+
+def _rms_norm(ctx: ReplayContext, op: Operation, args: list[Value]) -> tuple[Value, ...]:
+    x = args[0].to(torch.float32)
+    (scale,) = _channels(op, x, args[1:], ("scale",))
+    rms = torch.rsqrt(x.pow(2).mean(dim=1, keepdim=True) + op.attributes["eps"])
+    return (x * rms * scale,)
+
+
+def _activation(ctx: ReplayContext, op: Operation, args: list[Value]) -> tuple[Value, ...]:
+    x = args[0].to(torch.float32)
+    a = op.attributes
+    kind = a["kind"]
+    nn = torch.nn.functional
+    if kind == "relu":
+        y = torch.relu(x)
+    elif kind == "sigmoid":
+        y = torch.sigmoid(x)
+    elif kind == "silu":
+        y = nn.silu(x)
+    elif kind == "tanh":
+        y = torch.tanh(x)
+    elif kind == "leaky_relu":
+        y = torch.where(x >= 0, x, x * a["alpha"])
+    elif kind == "softplus":
+        if a["beta"] <= 0:
+            raise ValueError(f"{_where(op)}: softplus beta must be positive, got {a['beta']}")
+        y = nn.softplus(x, beta=a["beta"], threshold=a["threshold"])
+    elif a["approximate"] == "fast":  # gelu
+        y = x * torch.sigmoid(1.702 * x)
+    else:
+        y = nn.gelu(x, approximate="tanh" if a["approximate"] == "tanh" else "none")
+    return (y,)
+
+
+def _elementwise(ctx: ReplayContext, op: Operation, args: list[Value]) -> tuple[Value, ...]:
+    x = args[0].to(torch.float32)
+    kind = op.attributes["kind"]
+    if kind == "exp":
+        return (torch.exp(x),)
+    if kind == "round":  # half to even, as torch.round
+        return (torch.round(x),)
+    raise ValueError(f"{_where(op)}: elementwise kind must be 'exp' or 'round', got {kind!r}")
+
+
+def _softmax(ctx: ReplayContext, op: Operation, args: list[Value]) -> tuple[Value, ...]:
+    x = args[0].to(torch.float32)
+    axis = op.attributes["axis"]
+    if axis not in (-1, x.ndim - 1):
+        raise ValueError(f"{_where(op)}: softmax supports only the last axis, got axis={axis}")
+    return (torch.softmax(x, dim=-1),)
+
+
+def _embedding(ctx: ReplayContext, op: Operation, args: list[Value]) -> tuple[Value, ...]:
+    idx, weight = args
+    if idx.is_floating_point():
+        raise ValueError(f"{_where(op)}: embedding indices must be integers, got {idx.dtype}")
+    table = weight.dense(f"{_where(op)} weight")
+    if table.ndim != 2:
+        raise ValueError(f"{_where(op)}: embedding weight must be (N, C)")
+    if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= table.shape[0]):
+        raise ValueError(
+            f"{_where(op)}: embedding indices must lie in [0, {table.shape[0]}), got "
+            f"[{int(idx.min())}, {int(idx.max())}]"
+        )
+    return (table[idx.long()],)
+
+
+_CONVS = (
+    "conv3d", "subm_conv3d", "normalized_subm_conv3d", "target_conv3d", "conv_transpose3d",
+    "target_conv_transpose3d", "normalized_conv_transpose3d",
+    "target_normalized_conv_transpose3d", "generative_conv_transpose3d",
+    "normalized_generative_conv_transpose3d",
+)
+
+EXECUTORS: dict[str, Executor] = {
+    "weight": _weight,
+    "sparse.make": _sparse_make,
+    "sparse.decompose": _sparse_decompose,
+    "sparse.with_features": _with_features,
+    "sparse.reindex": _reindex,
+    **{name: _conv_executor(name) for name in _CONVS},
+    "pool3d": _pool3d,
+    "pool_transpose3d": _pool_transpose3d,
+    "trilinear_upsample3d": _trilinear,
+    "global_pool": _global_pool,
+    "voxelize": _voxelize,
+    "devoxelize": _devoxelize,
+    "linear": _linear,
+    "embedding_lookup": _embedding,
+    "elementwise": _elementwise,
+    "softmax": _softmax,
+    "activation": _activation,
+    "batch_norm": _batch_norm,
+    "layer_norm": _layer_norm,
+    "rms_norm": _rms_norm,
+    "sparse.binary": _sparse_binary,
+    "sparse.cat": _sparse_cat,
+}
