@@ -168,11 +168,16 @@ def _input(low: Lowering, name: str, value: Any) -> Sparse | Dense:
     )
 
 
+# fx inserts this check for parameters left at a None default (concrete_args).
+_ASSERT_IS_NONE = getattr(fx._symbolic_trace, "_assert_is_none", None)
+
+
 class _Interpreter(fx.Interpreter):
     """Runs the traced graph on real values and lowers each node as it goes."""
 
     def __init__(self, gm: fx.GraphModule, low: Lowering, inputs: dict[str, Any]) -> None:
         super().__init__(gm)
+        self.extra_traceback = False  # our errors already name the node
         self.low = low
         self.inputs = inputs
         self.sym: dict[fx.Node, Any] = {}
@@ -222,6 +227,8 @@ class _Interpreter(fx.Interpreter):
             return lower_method(self.low, call)
         if n.target is getattr:
             return lower_getattr(self.low, call)
+        if n.target is _ASSERT_IS_NONE:
+            return None  # fx's check that a None default stayed None; it ran above
         if n.target is operator.getitem and isinstance(call.args[0], (tuple, list)):
             return call.args[0][call.args[1]]
         fn = FUNCTION_LOWERINGS.get(n.target)  # type: ignore[arg-type]
