@@ -24,11 +24,11 @@ from torch import fx, nn
 from torch.utils import _pytree
 
 from torch_lattice.artifact import schema
+from torch_lattice.artifact.errors import ExportError
 from torch_lattice.artifact.lowering import (
     FUNCTION_LOWERINGS,
     Call,
     Dense,
-    ExportError,
     Lowering,
     Sparse,
     describe,

@@ -22,6 +22,7 @@ from torch import fx, nn
 import torch_lattice
 from torch_lattice import sparse_ops, voxel
 from torch_lattice.artifact import schema
+from torch_lattice.artifact.errors import ExportError
 from torch_lattice.artifact.mlir_text import ModuleText, Value, sparse_type, tensor_type
 from torch_lattice.artifact.weights import WeightTable, conv_weight_to_artifact, dtype_name
 from torch_lattice.geometry import triple
@@ -35,14 +36,9 @@ __all__ = [
     "FUNCTION_LOWERINGS",
     "MODULE_LOWERINGS",
     "Dense",
-    "ExportError",
     "Lowering",
     "Sparse",
 ]
-
-
-class ExportError(ValueError):
-    """A model, node or argument that cannot become an artifact."""
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,8 @@ from typing import Any
 
 from torch import fx, nn
 
-from torch_lattice.artifact.lowering import FUNCTION_LOWERINGS, ExportError, module_lowering
+from torch_lattice.artifact.errors import ExportError
+from torch_lattice.artifact.lowering import FUNCTION_LOWERINGS, module_lowering
 
 __all__ = ["LatticeTracer", "trace_model"]
 

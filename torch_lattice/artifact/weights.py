@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from torch_lattice.artifact import schema
+from torch_lattice.artifact.errors import ExportError
 from torch_lattice.artifact.mlir_text import DENSE_PACKING, ModuleText, Packing, Value
 from torch_lattice.artifact.packing import check_packing, pack_weight
 
@@ -31,11 +32,11 @@ def dtype_name(dtype: torch.dtype, what: str, *, index: bool = False) -> str:
     index tensors).
 
     Raises:
-        ValueError: naming ``what``, for float64 and every other dtype.
+        ExportError: naming ``what``, for float64 and every other dtype.
     """
     table = {**_DTYPES, **_INDEX_DTYPES} if index else _DTYPES
     if dtype not in table:
-        raise ValueError(
+        raise ExportError(
             f"{what} has dtype {dtype}, which an artifact cannot hold (allowed: "
             f"{', '.join(str(d) for d in table)}); convert the model and inputs, e.g. "
             "model.float()"
@@ -91,7 +92,7 @@ class WeightTable:
             stored = {key: data}
         clash = sorted(set(stored) & set(self.tensors))
         if clash:
-            raise ValueError(f"weight storage keys {clash} are declared twice")
+            raise ExportError(f"weight storage keys {clash} are declared twice")
         self.tensors.update(stored)
         value = self._text.weight(key, layout, packing, family, dtype)
         self._values[key] = value
