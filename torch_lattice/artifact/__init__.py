@@ -7,6 +7,13 @@
 """
 
 from torch_lattice.artifact import schema
+from torch_lattice.artifact.export import save_lattice_model_artifact
 from torch_lattice.artifact.program import LatticeProgram, SparseOutput, load_lattice_program
 
-__all__ = ["LatticeProgram", "SparseOutput", "load_lattice_program", "schema"]
+__all__ = [
+    "LatticeProgram",
+    "SparseOutput",
+    "load_lattice_program",
+    "save_lattice_model_artifact",
+    "schema",
+]

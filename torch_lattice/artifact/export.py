@@ -1,0 +1,331 @@
+"""``save_lattice_model_artifact``: a trained model to an MLX Lattice artifact.
+
+The model is traced with torch.fx (:mod:`torch_lattice.artifact.trace`), then
+run node by node on the example inputs; each node's real result gives the
+shapes, dtypes, strides and batch sizes its lowering
+(:mod:`torch_lattice.artifact.lowering`) writes into the graph.  The artifact
+directory is written atomically (see :func:`write_artifact`).
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+from torch import fx, nn
+from torch.utils import _pytree
+
+from torch_lattice.artifact import schema
+from torch_lattice.artifact.errors import ExportError
+from torch_lattice.artifact.lowering import (
+    FUNCTION_LOWERINGS,
+    Call,
+    Dense,
+    Lowering,
+    Sparse,
+    describe,
+    lower_getattr,
+    lower_method,
+    module_lowering,
+)
+from torch_lattice.artifact.mlir_text import ModuleText, safe_name, sparse_type, tensor_type
+from torch_lattice.artifact.packing import check_packing
+from torch_lattice.artifact.trace import trace_model
+from torch_lattice.artifact.weights import WeightTable, dtype_name
+from torch_lattice.atomic_file import current_umask, new_file_mode
+from torch_lattice.tensor import SparseTensor
+
+__all__ = ["ArtifactFiles", "ExportError", "save_lattice_model_artifact", "write_artifact"]
+
+
+@dataclass(frozen=True)
+class ArtifactFiles:
+    """What :func:`save_lattice_model_artifact` wrote."""
+
+    artifact_dir: Path
+    graph_path: Path
+    weights_path: Path
+    weight_keys: tuple[str, ...]
+
+
+def save_lattice_model_artifact(
+    model: nn.Module,
+    artifact_dir: str | os.PathLike[str],
+    *,
+    example_inputs: Sequence[Any],
+    quantize_bits: int | None = None,
+    quantize_group_size: int = 32,
+    output_names: Sequence[str] | None = None,
+) -> ArtifactFiles:
+    """Exports an eval-mode model as ``graph.mlir`` + ``weights.safetensors``.
+
+    Args:
+        model: a module in eval mode built from torch_lattice modules and
+            functions (see docs/artifacts.md for the supported set).
+        artifact_dir: the directory to write.  If it exists it must be an
+            artifact (exactly ``graph.mlir`` and ``weights.safetensors``, the
+            graph an IR module) or empty; it is then replaced atomically.
+        example_inputs: the positional inputs of ``model.forward`` (a tuple or
+            list); a SparseTensor argument ``x`` becomes the artifact inputs
+            ``x_coords``, ``x_features``, ``x_active``, a tensor argument keeps
+            its name.
+        quantize_bits: None (dense weights), 4 or 8: pack conv3d and linear
+            weights as affine int4 / int8 per group of input channels.
+        quantize_group_size: input channels per quantization group.
+        output_names: names of the flattened outputs; default ``output`` for one
+            output, else ``output_0``, ``output_1``, ...
+
+    Returns:
+        :class:`ArtifactFiles` with the paths and the stored weight keys.
+
+    Raises:
+        ExportError (a ValueError): a module in training mode, an untraceable
+            forward, an unsupported module or function (named by node), bad
+            arguments.  TypeError for arguments of the wrong type.
+            FileExistsError when ``artifact_dir`` is something else than an
+            artifact or an empty directory.  Nothing is written on failure.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if isinstance(example_inputs, (SparseTensor, torch.Tensor)) or not isinstance(
+        example_inputs, (tuple, list)
+    ):
+        raise TypeError("example_inputs must be a tuple or list of the forward's inputs")
+    if not example_inputs:
+        raise ExportError("example_inputs must not be empty")
+    if quantize_bits is not None:
+        check_packing(quantize_bits, quantize_group_size)
+    training = [name or type(model).__name__ for name, m in model.named_modules() if m.training]
+    if training:
+        raise ExportError(
+            f"model must be in eval mode (call model.eval()); in training mode: "
+            f"{', '.join(training[:5])}{' ...' if len(training) > 5 else ''}"
+        )
+    target = Path(artifact_dir)
+    _check_destination(target)
+    text, tensors = lower_model(
+        model, tuple(example_inputs), quantize_bits, quantize_group_size, output_names
+    )
+    write_artifact(target, text, tensors)
+    return ArtifactFiles(
+        target, target / schema.GRAPH_FILE, target / schema.WEIGHT_FILE, tuple(sorted(tensors))
+    )
+
+
+def lower_model(
+    model: nn.Module,
+    example_inputs: tuple[Any, ...],
+    quantize_bits: int | None,
+    quantize_group_size: int,
+    output_names: Sequence[str] | None,
+) -> tuple[str, dict[str, torch.Tensor]]:
+    """The graph text and the storage tensors of ``model`` (nothing written)."""
+    gm, names = trace_model(model, len(example_inputs))
+    text = ModuleText()
+    low = Lowering(text, WeightTable(text, quantize_bits, quantize_group_size))
+    inputs = {n: _input(low, n, v) for n, v in zip(names, example_inputs, strict=True)}
+    interp = _Interpreter(gm, low, inputs)
+    with torch.no_grad():
+        interp.run(*example_inputs)
+    _returns(text, interp.outputs, output_names)
+    return text.render(), low.weights.tensors
+
+
+def _input(low: Lowering, name: str, value: Any) -> Sparse | Dense:
+    stem = safe_name(name)
+    if isinstance(value, SparseTensor):
+        dtype = dtype_name(value.feats.dtype, f"input {name!r} features")
+        coords = low.text.argument(f"{stem}_coords", tensor_type([None, 4], "i32"), "sparse_coords")
+        feats = low.text.argument(
+            f"{stem}_features", tensor_type([None, value.feats.shape[1]], dtype), "sparse_features"
+        )
+        active = low.text.argument(f"{stem}_active", tensor_type([1], "i32"), "sparse_active")
+        out = low.text.op(
+            "sparse.make",
+            {"coords": coords, "features": feats, "active": active},
+            {"stride": value.stride, "coord_order": "batch_x_y_z"},
+            sparse_type(dtype),
+            stem,
+        )
+        return Sparse(out)
+    if isinstance(value, torch.Tensor):
+        if value.ndim < 1:
+            raise ExportError(f"input {name!r} must have a row dimension, got a scalar")
+        dtype = dtype_name(value.dtype, f"input {name!r}", index=not value.is_floating_point())
+        arg = low.text.argument(stem, tensor_type([None, *value.shape[1:]], dtype), "tensor")
+        low.arguments.add(arg.name)
+        return Dense(arg)
+    raise ExportError(
+        f"input {name!r} must be a SparseTensor or a torch.Tensor, got {type(value).__name__}"
+    )
+
+
+# fx inserts this check for parameters left at a None default (concrete_args).
+_ASSERT_IS_NONE = getattr(fx._symbolic_trace, "_assert_is_none", None)
+
+
+class _Interpreter(fx.Interpreter):
+    """Runs the traced graph on real values and lowers each node as it goes."""
+
+    def __init__(self, gm: fx.GraphModule, low: Lowering, inputs: dict[str, Any]) -> None:
+        super().__init__(gm)
+        self.extra_traceback = False  # our errors already name the node
+        self.low = low
+        self.inputs = inputs
+        self.sym: dict[fx.Node, Any] = {}
+        self.outputs: Any = None
+
+    def run_node(self, n: fx.Node) -> Any:
+        try:
+            real = super().run_node(n)
+        except ExportError:
+            raise
+        except Exception as exc:
+            raise ExportError(
+                f"{describe(n)} failed on example_inputs: {type(exc).__name__}: {exc}"
+            ) from exc
+        self.sym[n] = self._lower(n, real)
+        return real
+
+    def _lower(self, n: fx.Node, real: Any) -> Any:
+        if n.op == "placeholder":
+            return self.inputs.get(str(n.target), real)  # defaulted parameters stay constants
+        if n.op == "output":
+            self.outputs = fx.node.map_arg(n.args[0], lambda a: self.sym[a])
+            return None
+        if n.op == "get_attr":
+            raise ExportError(
+                f"{describe(n)}: forward reads a parameter or buffer directly; only modules "
+                "with a lowering may own weights"
+            )
+        call = Call(
+            n,
+            fx.node.map_arg(n.args, lambda a: self.sym[a]),
+            fx.node.map_arg(n.kwargs, lambda a: self.sym[a]),
+            fx.node.map_arg(n.args, lambda a: self.env[a]),
+            fx.node.map_arg(n.kwargs, lambda a: self.env[a]),
+            real,
+        )
+        if n.op == "call_module":
+            module = self.fetch_attr(str(n.target))
+            lowering = module_lowering(module)
+            if lowering is None:
+                raise ExportError(
+                    f"{describe(n)}: module {type(module).__module__}.{type(module).__name__} "
+                    "is not exportable (docs/artifacts.md lists the supported modules)"
+                )
+            return lowering(self.low, call, module, str(n.target))
+        if n.op == "call_method":
+            return lower_method(self.low, call)
+        if n.target is getattr:
+            return lower_getattr(self.low, call)
+        if n.target is _ASSERT_IS_NONE:
+            return None  # fx's check that a None default stayed None; it ran above
+        if n.target is operator.getitem and isinstance(call.args[0], (tuple, list)):
+            return call.args[0][call.args[1]]
+        fn = FUNCTION_LOWERINGS.get(n.target)  # type: ignore[arg-type]
+        if fn is None:
+            raise ExportError(
+                f"{describe(n)}: function {getattr(n.target, '__module__', '')}."
+                f"{getattr(n.target, '__qualname__', n.target)} is not exportable "
+                "(docs/artifacts.md lists the supported functions)"
+            )
+        return fn(self.low, call, n.target)  # type: ignore[arg-type]
+
+
+def _returns(text: ModuleText, outputs: Any, names: Sequence[str] | None) -> None:
+    leaves, _ = _pytree.tree_flatten(outputs)
+    if not leaves:
+        raise ExportError("the model returns nothing the artifact could hold")
+    bad = [type(v).__name__ for v in leaves if not isinstance(v, (Sparse, Dense))]
+    if bad:
+        raise ExportError(
+            f"every output must be a SparseTensor or tensor computed by the graph; got {bad}"
+        )
+    if names is None:
+        names = ["output"] if len(leaves) == 1 else [f"output_{i}" for i in range(len(leaves))]
+    elif isinstance(names, str) or not all(isinstance(n, str) and n for n in names):
+        raise TypeError("output_names must be a sequence of non-empty strings")
+    if len(names) != len(leaves) or len(set(names)) != len(names):
+        raise ExportError(
+            f"output_names must be {len(leaves)} distinct names (one per output), got {names!r}"
+        )
+    for value, name in zip(leaves, names, strict=True):
+        role = "sparse_tensor" if isinstance(value, Sparse) else "tensor"
+        text.add_return(value.value, name, role)
+
+
+# --- writing ---------------------------------------------------------------------
+
+
+def _is_artifact(path: Path) -> bool:
+    names = {p.name for p in path.iterdir()}
+    if names != {schema.GRAPH_FILE, schema.WEIGHT_FILE}:
+        return False
+    graph = path / schema.GRAPH_FILE
+    if not graph.is_file() or graph.is_symlink():
+        return False
+    with open(graph, encoding="utf-8", errors="replace") as f:
+        return f.read(64).startswith("module attributes {")
+
+
+def _check_destination(target: Path) -> None:
+    if not target.parent.is_dir():
+        raise ExportError(f"artifact_dir's parent folder {str(target.parent)!r} does not exist")
+    if target.is_symlink() or (target.exists() and not target.is_dir()):
+        raise FileExistsError(f"artifact_dir {str(target)!r} exists and is not a directory")
+    if target.is_dir() and any(target.iterdir()) and not _is_artifact(target):
+        raise FileExistsError(
+            f"artifact_dir {str(target)!r} exists and is not an artifact (exactly "
+            f"{schema.GRAPH_FILE} and {schema.WEIGHT_FILE}); refusing to replace it"
+        )
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_artifact(target: Path, graph: str, tensors: dict[str, torch.Tensor]) -> None:
+    """Writes the artifact directory atomically.
+
+    Both files are written into a temporary sibling directory, flushed, and the
+    directory is renamed into place.  An existing artifact (checked again here)
+    is first renamed aside and removed only once the new one is in place, and
+    put back if that rename fails.  On any failure nothing new is left behind.
+    """
+    _check_destination(target)
+    temp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    old = temp.with_name(temp.name[: -len(".tmp")] + ".old")
+    try:
+        graph_path = temp / schema.GRAPH_FILE
+        graph_path.write_text(graph, encoding="utf-8")
+        weights_path = temp / schema.WEIGHT_FILE
+        save_file(tensors, str(weights_path), metadata={"format": "torch"})
+        for path in (graph_path, weights_path):
+            _fsync(path)
+            os.chmod(path, new_file_mode())
+        os.chmod(temp, 0o777 & ~current_umask())  # mkdtemp makes 0o700
+        if target.exists():
+            os.rename(target, old)
+        try:
+            os.rename(temp, target)
+        except BaseException:
+            if old.exists():
+                os.rename(old, target)
+            raise
+    except BaseException:
+        shutil.rmtree(temp, ignore_errors=True)
+        raise
+    shutil.rmtree(old, ignore_errors=True)

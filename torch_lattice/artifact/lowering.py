@@ -1,0 +1,697 @@
+"""Lowering of traced nodes to lattice ops.
+
+Each supported module type and function has one lowering here.  A lowering
+receives the node's symbolic arguments (:class:`Sparse`, :class:`Dense` or
+plain Python values), the real result the node computed on the example inputs
+(which gives channel counts, dtypes, strides and batch sizes) and emits the
+ops through :class:`Lowering`.  Anything without a lowering raises
+:class:`ExportError` naming the node.
+"""
+
+from __future__ import annotations
+
+import inspect
+import operator
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import fx, nn
+
+import torch_lattice
+from torch_lattice import sparse_ops, voxel
+from torch_lattice.artifact import schema
+from torch_lattice.artifact.errors import ExportError
+from torch_lattice.artifact.mlir_text import ModuleText, Value, sparse_type, tensor_type
+from torch_lattice.artifact.weights import WeightTable, conv_weight_to_artifact, dtype_name
+from torch_lattice.geometry import triple
+from torch_lattice.nn import modules as M
+from torch_lattice.nn.functional import pooling as P
+from torch_lattice.nn.modules.conv import ConvBase
+from torch_lattice.nn.modules.normalized import _Normalized
+from torch_lattice.tensor import SparseTensor
+
+__all__ = [
+    "FUNCTION_LOWERINGS",
+    "MODULE_LOWERINGS",
+    "Dense",
+    "Lowering",
+    "Sparse",
+]
+
+
+@dataclass(frozen=True)
+class Sparse:
+    """A sparse value of the graph."""
+
+    value: Value
+
+
+@dataclass(frozen=True)
+class Dense:
+    """A dense tensor value of the graph (features, pooled rows, points)."""
+
+    value: Value
+
+
+Sym = Any  # Sparse | Dense | Python constants and containers of them
+
+
+def describe(node: fx.Node) -> str:
+    """``node 'name' (call_module layer1.conv)``: how errors name a node."""
+    target = (
+        node.target
+        if isinstance(node.target, str)
+        else getattr(node.target, "__qualname__", repr(node.target))
+    )
+    return f"node {node.name!r} ({node.op} {target})"
+
+
+class Lowering:
+    """State of one export: the module text, the weights and the input values."""
+
+    def __init__(self, text: ModuleText, weights: WeightTable) -> None:
+        self.text = text
+        self.weights = weights
+        self._point_active: dict[str, Value] = {}
+        self.arguments: set[str] = set()  # names of function arguments
+
+    # --- value helpers -----------------------------------------------------
+    def sparse_result(self, real: Any, node: fx.Node) -> str:
+        if not isinstance(real, SparseTensor):
+            raise ExportError(f"{describe(node)} must return a SparseTensor")
+        return sparse_type(dtype_name(real.feats.dtype, f"{describe(node)} features"))
+
+    def dense_type(self, real: Any, node: fx.Node) -> str:
+        if not isinstance(real, torch.Tensor) or real.ndim < 1:
+            raise ExportError(f"{describe(node)} must return a tensor with a row dimension")
+        index = not real.is_floating_point()
+        dtype = dtype_name(real.dtype, f"{describe(node)} result", index=index)
+        return tensor_type([None, *real.shape[1:]], dtype)
+
+    def features(self, x: Sparse, real: SparseTensor, stem: str) -> Value:
+        """``lattice.sparse.decompose`` of ``x``; returns its features value."""
+        dtype = dtype_name(real.feats.dtype, f"{stem} features")
+        types = (
+            tensor_type([None, 4], "i32"),
+            tensor_type([None, real.feats.shape[1]], dtype),
+            tensor_type([1], "i32"),
+        )
+        return self.text.decompose(x.value, types, (f"{stem}_features_in", f"{stem}_active"))[1]
+
+    def with_features(self, x: Sparse, feats: Value, real: SparseTensor, stem: str) -> Sparse:
+        out = self.text.op(
+            "sparse.with_features",
+            {"input": x.value, "features": feats},
+            {},
+            sparse_type(dtype_name(real.feats.dtype, f"{stem} features")),
+            stem,
+        )
+        return Sparse(out)
+
+    def point_active(self, points: Dense, node: fx.Node) -> Value:
+        """The ``<points>_active`` argument (rows in use) of a points input, made once."""
+        name = points.value.name
+        if name not in self.arguments:
+            raise ExportError(
+                f"{describe(node)}: points must be a forward argument (a dense input of the "
+                "model), not a computed tensor"
+            )
+        if name not in self._point_active:
+            self._point_active[name] = self.text.argument(
+                f"{name}_active", tensor_type([1], "i32"), "tensor"
+            )
+        return self._point_active[name]
+
+
+@dataclass(frozen=True)
+class Call:
+    """One node being lowered: its symbolic and real arguments and its real result."""
+
+    node: fx.Node
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    real_args: tuple[Any, ...]
+    real_kwargs: dict[str, Any]
+    real: Any
+
+    @property
+    def name(self) -> str:
+        return self.node.name
+
+    def bind(self, fn: Callable[..., Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Symbolic and real arguments by parameter name, defaults applied."""
+        sig = inspect.signature(fn)
+        sym = sig.bind(*self.args, **self.kwargs)
+        real = sig.bind(*self.real_args, **self.real_kwargs)
+        sym.apply_defaults()
+        real.apply_defaults()
+        return dict(sym.arguments), dict(real.arguments)
+
+    def sparse(self, value: Any, what: str) -> Sparse:
+        if not isinstance(value, Sparse):
+            raise ExportError(
+                f"{describe(self.node)}: {what} must be a SparseTensor computed in the graph, "
+                f"got {type(value).__name__}"
+            )
+        return value
+
+    def dense(self, value: Any, what: str) -> Dense:
+        if not isinstance(value, Dense):
+            raise ExportError(
+                f"{describe(self.node)}: {what} must be a dense tensor of the graph (for example "
+                f"features read with .feats), got {type(value).__name__}"
+            )
+        return value
+
+
+ModuleLowering = Callable[[Lowering, Call, nn.Module, str], Sym]
+FunctionLowering = Callable[[Lowering, Call, Callable[..., Any]], Sym]
+
+MODULE_LOWERINGS: dict[type[nn.Module], ModuleLowering] = {}
+FUNCTION_LOWERINGS: dict[Callable[..., Any], FunctionLowering] = {}
+
+
+def _module(*types: type[nn.Module]) -> Callable[[ModuleLowering], ModuleLowering]:
+    def register(fn: ModuleLowering) -> ModuleLowering:
+        for t in types:
+            MODULE_LOWERINGS[t] = fn
+        return fn
+
+    return register
+
+
+def _function(*fns: Callable[..., Any] | None) -> Callable[[FunctionLowering], FunctionLowering]:
+    def register(fn: FunctionLowering) -> FunctionLowering:
+        for f in fns:
+            if f is not None:
+                FUNCTION_LOWERINGS[f] = fn
+        return fn
+
+    return register
+
+
+def module_lowering(module: nn.Module) -> ModuleLowering | None:
+    for t in type(module).__mro__:
+        if t in MODULE_LOWERINGS:
+            return MODULE_LOWERINGS[t]
+    return None
+
+
+# --- convolutions ------------------------------------------------------------
+
+
+def _conv_op(module: ConvBase, target: bool, normalized: bool) -> str:
+    if isinstance(module, M.GenerativeConvTranspose3d):
+        if target:
+            return "target_normalized_conv_transpose3d" if normalized else "target_conv_transpose3d"
+        return (
+            "normalized_generative_conv_transpose3d"
+            if normalized
+            else "generative_conv_transpose3d"
+        )
+    if isinstance(module, M.ConvTranspose3d):
+        base = "normalized_conv_transpose3d" if normalized else "conv_transpose3d"
+        return f"target_{base}" if target else base
+    if isinstance(module, M.Conv3d):
+        return "target_conv3d" if target else "conv3d"
+    if isinstance(module, M.SubmConv3d):
+        return "normalized_subm_conv3d" if normalized else "subm_conv3d"
+    raise ExportError(f"{type(module).__name__} is not a convolution the contract names")
+
+
+@_module(ConvBase)
+def _lower_conv(low: Lowering, call: Call, module: nn.Module, qualname: str) -> Sym:
+    assert isinstance(module, ConvBase)
+    x = call.sparse(call.args[0] if call.args else call.kwargs.get("input"), "the input")
+    target = None
+    for value in (*call.args[1:], call.kwargs.get("coordinates"), call.kwargs.get("target")):
+        if value is not None:
+            target = call.sparse(value, "the target support (coordinates=)")
+    pointwise = module.weight.shape[0] == 1
+    # Pointwise normalized modules skip normalization (docs/semantics.md); the
+    # contract's normalized ops always normalize, so they lower to the plain op.
+    normalized = isinstance(module, _Normalized) and not pointwise
+    if isinstance(module, _Normalized) and low.weights.packing:
+        raise ExportError(
+            f"{describe(call.node)}: {type(module).__name__} cannot be exported with packed "
+            "weights (quantize_bits): its normalization divides by the weights' squares; "
+            "export with quantize_bits=None"
+        )
+    op = _conv_op(module, target is not None, normalized)
+    weight = low.weights.declare(
+        f"{qualname}.weight", conv_weight_to_artifact(module.weight, module.kernel_size), "conv3d"
+    )
+    bias = None
+    if module.bias is not None:
+        bias = low.weights.declare(f"{qualname}.bias", module.bias, "bias")
+    geometry = {
+        "kernel_size": module.kernel_size,
+        "stride": getattr(module, "stride", (1, 1, 1)),
+        "padding": getattr(module, "padding", (0, 0, 0)),
+        "dilation": getattr(module, "dilation", (1, 1, 1)),
+        "eps": getattr(module, "eps", None),
+    }
+    attrs = {a.name: geometry[a.name] for a in schema.OPS[op].attributes if a.name in geometry}
+    operands = {"input": x.value, "weight": weight, "bias": bias}
+    if target is not None:
+        operands["target"] = target.value
+    out = low.text.op(op, operands, attrs, low.sparse_result(call.real, call.node), qualname)
+    return Sparse(out)
+
+
+# --- pooling -----------------------------------------------------------------
+
+_POOL_MODES = {M.MaxPool3d: "max", M.AvgPool3d: "avg", M.SumPool3d: "sum"}
+
+
+def _pool(low: Lowering, call: Call, x: Sparse, mode: str, geometry: Any, stem: str) -> Sparse:
+    attrs = {
+        "mode": mode,
+        "kernel_size": geometry.kernel_size,
+        "stride": geometry.stride,
+        "padding": geometry.padding,
+        "dilation": geometry.dilation,
+    }
+    out = low.text.op(
+        "pool3d", {"input": x.value}, attrs, low.sparse_result(call.real, call.node), stem
+    )
+    return Sparse(out)
+
+
+@_module(M.MaxPool3d, M.AvgPool3d, M.SumPool3d)
+def _lower_pool_module(low: Lowering, call: Call, module: nn.Module, qualname: str) -> Sym:
+    x = call.sparse(call.args[0], "the input")
+    mode = next(m for t, m in _POOL_MODES.items() if isinstance(module, t))
+    return _pool(low, call, x, mode, module, qualname)
+
+
+_POOL_FUNCTIONS = {P.max_pool3d: "max", P.avg_pool3d: "avg", P.sum_pool3d: "sum"}
+
+
+@_function(*_POOL_FUNCTIONS)
+def _lower_pool_function(low: Lowering, call: Call, fn: Callable[..., Any]) -> Sym:
+    sym, _ = call.bind(fn)
+    x = call.sparse(sym["input"], "input")
+    for name in ("kernel_size", "stride", "padding", "dilation"):
+        if isinstance(sym[name], (Sparse, Dense)):
+            raise ExportError(f"{describe(call.node)}: {name} must be a constant")
+    geometry = P.pool_geometry(sym["kernel_size"], sym["stride"], sym["padding"], sym["dilation"])
+    return _pool(low, call, x, _POOL_FUNCTIONS[fn], geometry, call.name)
+
+
+def _global_pool(low: Lowering, call: Call, x: Sparse, mode: str, stem: str) -> Dense:
+    real = call.real
+    out = low.text.op(
+        "global_pool",
+        {"input": x.value},
+        {"mode": mode, "batch_size": int(real.shape[0])},
+        low.dense_type(real, call.node),
+        stem,
+    )
+    return Dense(out)
+
+
+@_module(M.GlobalAvgPool, M.GlobalMaxPool)
+def _lower_global_module(low: Lowering, call: Call, module: nn.Module, qualname: str) -> Sym:
+    mode = "avg" if isinstance(module, M.GlobalAvgPool) else "max"
+    return _global_pool(low, call, call.sparse(call.args[0], "the input"), mode, qualname)
+
+
+@_function(P.global_avg_pool, P.global_max_pool)
+def _lower_global_function(low: Lowering, call: Call, fn: Callable[..., Any]) -> Sym:
+    mode = "avg" if fn is P.global_avg_pool else "max"
+    return _global_pool(low, call, call.sparse(call.args[0], "input"), mode, call.name)
+
+
+# --- feature-wise modules ----------------------------------------------------
+
+
+def _feature_op(
+    low: Lowering,
+    call: Call,
+    stem: str,
+    emit: Callable[[Value, str], Value],
+) -> Sym:
+    """Runs ``emit(features, result_type)`` on a dense value, or on a sparse value's
+    features (decompose, emit, with_features)."""
+    x = call.args[0] if call.args else call.kwargs.get("input")
+    if isinstance(x, Dense):
+        return Dense(emit(x.value, low.dense_type(call.real, call.node)))
+    x = call.sparse(x, "the input")
+    real_in = call.real_args[0] if call.real_args else call.real_kwargs["input"]
+    feats = low.features(x, real_in, stem)
+    out = emit(feats, low.dense_type(call.real.feats, call.node))
+    return low.with_features(x, out, call.real, stem)
+
+
+def _activation(low: Lowering, call: Call, stem: str, kind: str, **params: Any) -> Sym:
+    attrs = {"kind": kind, "approximate": "none", "alpha": 0.01, "beta": 1.0, "threshold": 20.0}
+    attrs.update(params)
+
+    def emit(feats: Value, type_: str) -> Value:
+        return low.text.op("activation", {"input": feats}, attrs, type_, f"{stem}_features")
+
+    return _feature_op(low, call, stem, emit)
+
+
+def _activation_params(module_or_kwargs: Any, kind: str) -> dict[str, Any]:
+    get = (
+        module_or_kwargs.get
+        if isinstance(module_or_kwargs, dict)
+        else lambda k, d: getattr(module_or_kwargs, k, d)
+    )
+    if kind == "leaky_relu":
+        return {"alpha": float(get("negative_slope", 0.01))}
+    if kind == "gelu":
+        approx = get("approximate", "none")
+        if approx not in ("none", "tanh"):
+            raise ExportError(f"GELU approximate={approx!r} has no artifact form")
+        return {"approximate": approx}
+    if kind == "softplus":
+        return {"beta": float(get("beta", 1.0)), "threshold": float(get("threshold", 20.0))}
+    return {}
+
+
+_ACTIVATION_MODULES: dict[type[nn.Module], str] = {
+    nn.ReLU: "relu",
+    nn.LeakyReLU: "leaky_relu",
+    nn.SiLU: "silu",
+    nn.GELU: "gelu",
+    nn.Sigmoid: "sigmoid",
+    nn.Tanh: "tanh",
+    nn.Softplus: "softplus",
+}
+
+
+@_module(*_ACTIVATION_MODULES)
+def _lower_activation_module(low: Lowering, call: Call, module: nn.Module, qualname: str) -> Sym:
+    kind = next(k for t, k in _ACTIVATION_MODULES.items() if isinstance(module, t))
+    return _activation(low, call, qualname, kind, **_activation_params(module, kind))
+
+
+_ACTIVATION_FUNCTIONS: dict[Callable[..., Any], str] = {
+    torch.relu: "relu",
+    torch.nn.functional.relu: "relu",
+    torch.nn.functional.leaky_relu: "leaky_relu",
+    torch.nn.functional.silu: "silu",
+    torch.nn.functional.gelu: "gelu",
+    torch.sigmoid: "sigmoid",
+    torch.tanh: "tanh",
+    torch.nn.functional.softplus: "softplus",
+}
+
+
+@_function(*_ACTIVATION_FUNCTIONS)
+def _lower_activation_function(low: Lowering, call: Call, fn: Callable[..., Any]) -> Sym:
+    kind = _ACTIVATION_FUNCTIONS[fn]
+    kwargs = dict(call.kwargs)
+    if kind == "leaky_relu" and len(call.args) > 1:
+        kwargs["negative_slope"] = call.args[1]
+    if kind == "softplus":
+        kwargs.update(dict(zip(("beta", "threshold"), call.args[1:3], strict=False)))
+    return _activation(low, call, call.name, kind, **_activation_params(kwargs, kind))
+
+
+@_module(nn.BatchNorm1d)
+def _lower_batch_norm(low: Lowering, call: Call, module: nn.Module, qualname: str) -> Sym:
+    assert isinstance(module, nn.BatchNorm1d)
+    if module.running_mean is None or module.running_var is None:
+        raise ExportError(
+            f"{describe(call.node)}: BatchNorm without running statistics "
+            "(track_running_stats=False) normalizes with batch statistics, which an artifact "
+            "cannot express"
+        )
+    c = module.num_features
+
+    def emit(feats: Value, type_: str) -> Value:
+        w = module.weight if module.weight is not None else torch.ones(c)
+        b = module.bias if module.bias is not None else torch.zeros(c)
+        operands = {
+            "input": feats,
+            "scale": low.weights.declare(f"{qualname}.weight", w, "channel"),
+            "bias": low.weights.declare(f"{qualname}.bias", b, "bias"),
+            "mean": low.weights.declare(f"{qualname}.running_mean", module.running_mean, "channel"),
+            "var": low.weights.declare(f"{qualname}.running_var", module.running_var, "channel"),
+        }
+        attrs = {"eps": float(module.eps)}
+        return low.text.op("batch_norm", operands, attrs, type_, f"{qualname}_features")
+
+    return _feature_op(low, call, qualname, emit)
+
+
+@_module(nn.Linear)
+def _lower_linear(low: Lowering, call: Call, module: nn.Module, qualname: str) -> Sym:
+    assert isinstance(module, nn.Linear)
+    x = call.dense(call.args[0], "the input of Linear")
+    if call.real.ndim != 2:
+        raise ExportError(f"{describe(call.node)}: Linear is exportable on (rows, features) only")
+    weight = low.weights.declare(f"{qualname}.weight", module.weight, "linear")
+    bias = None
+    if module.bias is not None:
+        bias = low.weights.declare(f"{qualname}.bias", module.bias, "bias")
+    out = low.text.op(
+        "linear",
+        {"input": x.value, "weight": weight, "bias": bias},
+        {},
+        low.dense_type(call.real, call.node),
+        qualname,
+    )
+    return Dense(out)
+
+
+@_module(nn.Identity, nn.Dropout)
+def _lower_identity(low: Lowering, call: Call, module: nn.Module, qualname: str) -> Sym:
+    return call.args[0]  # eval-mode dropout is the identity
+
+
+# --- feature algebra and supports ---------------------------------------------
+
+
+def _cat_chain(low: Lowering, call: Call, values: Sequence[Any], join: str) -> Sym:
+    if not isinstance(values, (list, tuple)) or len(values) < 1:
+        raise ExportError(f"{describe(call.node)}: cat needs a list of SparseTensors")
+    parts = [call.sparse(v, f"cat input {i}") for i, v in enumerate(values)]
+    out = parts[0]
+    type_ = low.sparse_result(call.real, call.node)
+    for i, part in enumerate(parts[1:], start=1):
+        value = low.text.op(
+            "sparse.cat",
+            {"lhs": out.value, "rhs": part.value},
+            {"join": join},
+            type_,
+            f"{call.name}_{i}",
+        )
+        out = Sparse(value)
+    return out
+
+
+@_function(torch_lattice.cat, sparse_ops.cat)
+def _lower_cat(low: Lowering, call: Call, fn: Callable[..., Any]) -> Sym:
+    # Equal supports (the only ones tl.cat accepts): every join gives the same rows.
+    return _cat_chain(low, call, call.args[0] if call.args else call.kwargs["tensors"], "inner")
+
+
+def _binary(
+    low: Lowering, call: Call, lhs: Any, rhs: Any, op: str, join: str, fills: tuple[float, float]
+) -> Sym:
+    a = call.sparse(lhs, f"the left operand of {op}")
+    b = call.sparse(rhs, f"the right operand of {op}")
+    attrs = {"op": op, "join": join, "lhs_fill": fills[0], "rhs_fill": fills[1]}
+    out = low.text.op(
+        "sparse.binary",
+        {"lhs": a.value, "rhs": b.value},
+        attrs,
+        low.sparse_result(call.real, call.node),
+        call.name,
+    )
+    return Sparse(out)
+
+
+@_function(operator.add, sparse_ops.add)
+def _lower_add(low: Lowering, call: Call, fn: Callable[..., Any]) -> Sym:
+    # tl's ``a + b`` needs equal supports, where the outer join is exact.
+    return _binary(low, call, call.args[0], call.args[1], "add", "outer", (0.0, 0.0))
+
+
+# --- points --------------------------------------------------------------------
+
+
+def _floats(call: Call, name: str, value: Any) -> tuple[float, float, float]:
+    if isinstance(value, (Sparse, Dense, torch.Tensor)):
+        raise ExportError(f"{describe(call.node)}: {name} must be a number or 3 numbers")
+    items = tuple(value) if isinstance(value, (tuple, list)) else (value,) * 3
+    return (float(items[0]), float(items[1]), float(items[2]))
+
+
+@_function(torch_lattice.voxelize, voxel.voxelize)
+def _lower_voxelize(low: Lowering, call: Call, fn: Callable[..., Any]) -> Sym:
+    sym, _ = call.bind(fn)
+    if sym["reduction"] not in ("mean", "sum"):
+        raise ExportError(
+            f"{describe(call.node)}: voxelize reduction={sym['reduction']!r} has no artifact "
+            "form (the contract has 'mean' and 'sum')"
+        )
+    points = call.dense(sym["points"], "points")
+    if sym["batch_indices"] is None:
+        raise ExportError(
+            f"{describe(call.node)}: voxelize needs batch_indices passed from a forward "
+            "argument to be exported (the contract has no default batch)"
+        )
+    operands = {
+        "points": points.value,
+        "features": call.dense(sym["features"], "features").value,
+        "batch_indices": call.dense(sym["batch_indices"], "batch_indices").value,
+        "active_rows": low.point_active(points, call.node),
+    }
+    attrs = {
+        "voxel_size": _floats(call, "voxel_size", sym["voxel_size"]),
+        "origin": _floats(call, "origin", sym["origin"]),
+        "reduction": sym["reduction"],
+        "stride": (1, 1, 1),
+    }
+    out = low.text.op(
+        "voxelize", operands, attrs, low.sparse_result(call.real, call.node), call.name
+    )
+    return Sparse(out)
+
+
+@_function(torch_lattice.devoxelize, voxel.devoxelize)
+def _lower_devoxelize(low: Lowering, call: Call, fn: Callable[..., Any]) -> Sym:
+    sym, real = call.bind(fn)
+    points = call.dense(sym["points"], "points")
+    if sym["batch_indices"] is None:
+        raise ExportError(
+            f"{describe(call.node)}: devoxelize needs batch_indices passed from a forward "
+            "argument to be exported"
+        )
+    stride = real["voxels"].stride
+    size = _floats(call, "voxel_size", sym["voxel_size"])
+    edge = tuple(v * s for v, s in zip(size, stride, strict=True))
+    # The contract samples voxel q at its corner q * edge (nearest: round, linear:
+    # floor and floor + 1); ours at its centre (q + 0.5) * edge.  Shifting the
+    # origin by half an edge makes the two the same.
+    origin = tuple(
+        o + 0.5 * e for o, e in zip(_floats(call, "origin", sym["origin"]), edge, strict=True)
+    )
+    interpolation = {"nearest": "nearest", "trilinear": "linear"}[sym["interpolation"]]
+    operands = {
+        "points": points.value,
+        "voxels": call.sparse(sym["voxels"], "voxels").value,
+        "batch_indices": call.dense(sym["batch_indices"], "batch_indices").value,
+        "point_active_rows": low.point_active(points, call.node),
+    }
+    attrs = {"voxel_size": edge, "origin": origin, "interpolation": interpolation}
+    out = low.text.op(
+        "devoxelize", operands, attrs, low.dense_type(call.real, call.node), call.name
+    )
+    return Dense(out)
+
+
+# --- structural: features in and out of sparse values -------------------------
+
+
+def lower_getattr(low: Lowering, call: Call) -> Sym:
+    """``x.feats`` / ``x.F`` of a sparse value: its features (``sparse.decompose``)."""
+    obj, attr = call.args[0], call.args[1]
+    if isinstance(obj, Sparse) and attr in ("feats", "F"):
+        return Dense(low.features(obj, call.real_args[0], call.name))
+    raise ExportError(
+        f"{describe(call.node)}: reading .{attr} of a {type(obj).__name__} is not exportable "
+        "(only a SparseTensor's .feats is)"
+    )
+
+
+def lower_method(low: Lowering, call: Call) -> Sym:
+    """``x.replace(feats)``: the same support with new features."""
+    method = call.node.target
+    if method == "replace" and isinstance(call.args[0], Sparse):
+        feats = call.args[1] if len(call.args) > 1 else call.kwargs.get("feats")
+        dense = call.dense(feats, "the new features of replace()")
+        return low.with_features(call.args[0], dense.value, call.real, call.name)
+    raise ExportError(f"{describe(call.node)}: method .{method}() is not exportable")
+
+
+# --- building blocks (present once torch_lattice has them) ----------------------
+
+_F = torch_lattice.nn.functional
+
+
+def _const(call: Call, name: str, value: Any) -> Any:
+    if isinstance(value, (Sparse, Dense, torch.Tensor)):
+        raise ExportError(f"{describe(call.node)}: {name} must be a constant")
+    return value
+
+
+def _optional_target(call: Call, value: Any) -> Value | None:
+    return None if value is None else call.sparse(value, "target").value
+
+
+@_function(getattr(_F, "pool_transpose3d", None))
+def _lower_pool_transpose(low: Lowering, call: Call, fn: Callable[..., Any]) -> Sym:
+    sym, _ = call.bind(fn)
+    geometry = P.pool_geometry(
+        *(_const(call, n, sym[n]) for n in ("kernel_size", "stride", "padding", "dilation"))
+    )
+    attrs = {
+        "kernel_size": geometry.kernel_size,
+        "stride": geometry.stride,
+        "padding": geometry.padding,
+        "dilation": geometry.dilation,
+    }
+    operands = {
+        "input": call.sparse(sym["input"], "input").value,
+        "target": _optional_target(call, sym["target"]),
+    }
+    type_ = low.sparse_result(call.real, call.node)
+    return Sparse(low.text.op("pool_transpose3d", operands, attrs, type_, call.name))
+
+
+@_function(getattr(_F, "trilinear_upsample3d", None))
+def _lower_trilinear(low: Lowering, call: Call, fn: Callable[..., Any]) -> Sym:
+    sym, _ = call.bind(fn)
+    attrs = {"stride": triple("stride", _const(call, "stride", sym["stride"]), 1)}
+    operands = {
+        "input": call.sparse(sym["input"], "input").value,
+        "target": _optional_target(call, sym["target"]),
+    }
+    type_ = low.sparse_result(call.real, call.node)
+    return Sparse(low.text.op("trilinear_upsample3d", operands, attrs, type_, call.name))
+
+
+@_function(getattr(_F, "global_pool", None))
+def _lower_global_pool(low: Lowering, call: Call, fn: Callable[..., Any]) -> Sym:
+    sym, _ = call.bind(fn)
+    mode = _const(call, "mode", sym["mode"])
+    return _global_pool(low, call, call.sparse(sym["input"], "input"), mode, call.name)
+
+
+@_function(getattr(torch_lattice, "reindex_sparse", None))
+def _lower_reindex(low: Lowering, call: Call, fn: Callable[..., Any]) -> Sym:
+    sym, _ = call.bind(fn)
+    operands = {
+        "input": call.sparse(sym["input"], "input").value,
+        "target": call.sparse(sym["target"], "target").value,
+    }
+    attrs = {"fill": float(_const(call, "fill", sym["fill"]))}
+    type_ = low.sparse_result(call.real, call.node)
+    return Sparse(low.text.op("sparse.reindex", operands, attrs, type_, call.name))
+
+
+@_function(getattr(torch_lattice, "sparse_cat", None))
+def _lower_sparse_cat(low: Lowering, call: Call, fn: Callable[..., Any]) -> Sym:
+    sym, _ = call.bind(fn)
+    return _cat_chain(low, call, sym["inputs"], _const(call, "join", sym["join"]))
+
+
+@_function(getattr(torch_lattice, "sparse_binary", None))
+def _lower_sparse_binary(low: Lowering, call: Call, fn: Callable[..., Any]) -> Sym:
+    sym, _ = call.bind(fn)
+    fills = (
+        float(_const(call, "lhs_fill", sym["lhs_fill"])),
+        float(_const(call, "rhs_fill", sym["rhs_fill"])),
+    )
+    op = _const(call, "op", sym["op"])
+    join = _const(call, "join", sym["join"])
+    return _binary(low, call, sym["lhs"], sym["rhs"], op, join, fills)
