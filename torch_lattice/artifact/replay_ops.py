@@ -179,15 +179,6 @@ def _call(op: Operation, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> A
         raise ValueError(f"{_where(op)}: {exc}") from None
 
 
-def _library(op: Operation, module: Any, name: str) -> Callable[..., Any]:
-    fn = getattr(module, name, None)
-    if fn is None:
-        raise RuntimeError(
-            f"{_where(op)}: this Torch Lattice build has no {module.__name__}.{name}"
-        )
-    return fn
-
-
 def _pool3d(ctx: ReplayContext, op: Operation, args: list[Value]) -> tuple[Value, ...]:
     a = op.attributes
     fn = {"max": F.max_pool3d, "avg": F.avg_pool3d, "sum": F.sum_pool3d}[a["mode"]]
@@ -197,23 +188,20 @@ def _pool3d(ctx: ReplayContext, op: Operation, args: list[Value]) -> tuple[Value
 def _pool_transpose3d(ctx: ReplayContext, op: Operation, args: list[Value]
                       ) -> tuple[Value, ...]:
     a = op.attributes
-    fn = _library(op, F, "pool_transpose3d")
     target = args[1] if len(args) > 1 else None
-    return (_call(op, fn, args[0], a["kernel_size"], a["stride"], a["padding"], a["dilation"],
-                  target=target),)
+    return (_call(op, F.pool_transpose3d, args[0], a["kernel_size"], a["stride"], a["padding"],
+                  a["dilation"], target=target),)
 
 
 def _trilinear(ctx: ReplayContext, op: Operation, args: list[Value]) -> tuple[Value, ...]:
-    fn = _library(op, F, "trilinear_upsample3d")
     target = args[1] if len(args) > 1 else None
-    return (_call(op, fn, args[0], op.attributes["stride"], target=target),)
+    return (_call(op, F.trilinear_upsample3d, args[0], op.attributes["stride"], target=target),)
 
 
 def _global_pool(ctx: ReplayContext, op: Operation, args: list[Value]) -> tuple[Value, ...]:
-    fn = _library(op, F, "global_pool")
     batch = op.attributes["batch_size"]
     # A negative batch_size asks for the count to be read from the batch column.
-    return (_call(op, fn, args[0], mode=op.attributes["mode"],
+    return (_call(op, F.global_pool, args[0], mode=op.attributes["mode"],
                   batch_size=None if batch < 0 else batch),)
 
 
@@ -221,20 +209,17 @@ def _global_pool(ctx: ReplayContext, op: Operation, args: list[Value]) -> tuple[
 
 
 def _reindex(ctx: ReplayContext, op: Operation, args: list[Value]) -> tuple[Value, ...]:
-    fn = _library(op, tl, "reindex_sparse")
-    return (_call(op, fn, args[0], args[1], fill=op.attributes["fill"]),)
+    return (_call(op, tl.reindex_sparse, args[0], args[1], fill=op.attributes["fill"]),)
 
 
 def _sparse_cat(ctx: ReplayContext, op: Operation, args: list[Value]) -> tuple[Value, ...]:
-    fn = _library(op, tl, "sparse_cat")
-    return (_call(op, fn, [args[0], args[1]], join=op.attributes["join"]),)
+    return (_call(op, tl.sparse_cat, [args[0], args[1]], join=op.attributes["join"]),)
 
 
 def _sparse_binary(ctx: ReplayContext, op: Operation, args: list[Value]) -> tuple[Value, ...]:
     a = op.attributes
-    fn = _library(op, tl, "sparse_binary")
-    return (_call(op, fn, args[0], args[1], a["op"], join=a["join"], lhs_fill=a["lhs_fill"],
-                  rhs_fill=a["rhs_fill"]),)
+    return (_call(op, tl.sparse_binary, args[0], args[1], a["op"], join=a["join"],
+                  lhs_fill=a["lhs_fill"], rhs_fill=a["rhs_fill"]),)
 
 
 # --- points --------------------------------------------------------------------------
