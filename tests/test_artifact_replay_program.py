@@ -204,3 +204,13 @@ def test_elementwise_kind_is_checked_at_load(tmp_path: Path) -> None:
     art = h.write_artifact(tmp_path / "e", g, {})
     with pytest.raises(ValueError, match="elementwise kind must be one of exp, round, got 'log'"):
         load_lattice_program(art)
+
+
+def test_bad_input_coordinates_name_the_input(conv_artifact: Path) -> None:
+    program = load_lattice_program(conv_artifact)
+    dup = torch.tensor([[0, 1, 1, 1], [0, 2, 2, 2], [0, 1, 1, 1]], dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"lattice\.sparse\.make: %x_coords: .*unique"):
+        program(**h.sparse_inputs("x", dup, torch.randn(3, 2)))
+    neg = torch.tensor([[0, -1, 0, 0]], dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"%x_coords: .*non-negative"):
+        program(**h.sparse_inputs("x", neg, torch.randn(1, 2)))

@@ -96,7 +96,7 @@ def _sparse_make(ctx: ReplayContext, op: Operation, args: list[Value]) -> tuple[
     try:
         x = SparseTensor(feats, coords, stride=stride)
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"{_where(op)}: {name}: {exc}") from None
+        raise type(exc)(f"{_where(op)}: {name}: {exc}") from None
     return (x,)
 
 
@@ -163,7 +163,7 @@ def _conv_executor(name: str) -> Executor:
                 return (F.normalized(conv, x, w, b, a["eps"]),)
             return (conv(x, w, b),)
         except (TypeError, ValueError) as exc:
-            raise ValueError(f"{_where(op)}: {exc}") from None
+            raise type(exc)(f"{_where(op)}: {exc}") from None
 
     return run
 
@@ -176,7 +176,7 @@ def _call(op: Operation, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> A
     try:
         return fn(*args, **kwargs)
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"{_where(op)}: {exc}") from None
+        raise type(exc)(f"{_where(op)}: {exc}") from None
 
 
 def _pool3d(ctx: ReplayContext, op: Operation, args: list[Value]) -> tuple[Value, ...]:
