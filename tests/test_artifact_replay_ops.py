@@ -504,3 +504,24 @@ def test_cuda_replay_matches_cpu(tmp_path: Path) -> None:
     assert gpu.features.is_cuda
     assert torch.equal(gpu.coords.cpu(), cpu.coords)
     torch.testing.assert_close(gpu.features.cpu(), cpu.features, rtol=1e-4, atol=1e-4)
+
+
+def test_packed_scales_may_be_f32_when_declared(tmp_path: Path) -> None:
+    w, x = torch.randn(3, 8), torch.randn(4, 8)
+    packed = pack_weight(w, bits=8, group_size=32)
+    stored = {"l.weight.weight": packed.weight, "l.weight.scales": packed.scales.float(),
+              "l.weight.biases": packed.biases.float()}
+    g = h.Graph()
+    g.tensor_input("v", "tensor<?x8xf32>")
+    g.weight("w", "l.weight", "linear",
+             "#lattice.packing<int8, group_size = 32, scale_dtype = f32, mode = affine>")
+    g.op("y", "linear", ["v", "w"], ["tensor<?x8xf32>", WL], "", "tensor<?x3xf32>")
+    g.output("y", "tensor<?x3xf32>")
+    out = _run(tmp_path, g, stored, {"v": x})["output"]
+    ref = x @ unpack_weight(*packed.astuple(), bits=8, in_channels=8).T
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    text = (tmp_path / "a" / "graph.mlir").read_text()
+    (tmp_path / "a" / "graph.mlir").write_text(text.replace("scale_dtype = f32",
+                                                            "scale_dtype = f16"))
+    with pytest.raises(ValueError, match="packed scales must be a 3-D f16 tensor"):
+        load_lattice_program(tmp_path / "a")
