@@ -545,3 +545,20 @@ def test_voxelize_quantizes_in_float32(tmp_path: Path) -> None:
                                  "batch_indices": torch.zeros(1, dtype=torch.int32),
                                  "active_rows": torch.tensor([1], dtype=torch.int32)})["output"]
     assert isinstance(out, SparseOutput) and out.coords.tolist() == [[0, 7, 9, 14]]
+
+
+def test_pool_transpose_without_target_generates_the_fine_support(tmp_path: Path) -> None:
+    """The contract's no-target route expands every coarse row; it does not return to the
+    support the pooling started from."""
+    x, inputs = _sparse_x()
+    g = h.Graph()
+    g.sparse_input("x", 3)
+    g.op("p", "pool3d", ["x"], [h.SP], f"mode = #lattice.pool_mode<avg>, "
+         f"{_geom((2, 2, 2), (2, 2, 2))}", h.SP)
+    g.op("u", "pool_transpose3d", ["p"], [h.SP], _geom((2, 2, 2), (2, 2, 2)), h.SP)
+    g.output("u", h.SP)
+    out = _run(tmp_path, g, {}, inputs)["output"]
+    pooled = F.avg_pool3d(x, 2, 2)
+    ref = F.pool_transpose3d(pooled, 2, 2, expand_coordinates=True)
+    assert ref.coords.shape[0] == 8 * pooled.coords.shape[0] != x.coords.shape[0]
+    _assert_sparse(out, ref)

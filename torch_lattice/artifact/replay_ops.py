@@ -189,8 +189,10 @@ def _pool_transpose3d(ctx: ReplayContext, op: Operation, args: list[Value]
                       ) -> tuple[Value, ...]:
     a = op.attributes
     target = args[1] if len(args) > 1 else None
+    # Without a target the contract generates the fine support; it never reuses the input
+    # support of an earlier pooling (the library's own default when one is cached).
     return (_call(op, F.pool_transpose3d, args[0], a["kernel_size"], a["stride"], a["padding"],
-                  a["dilation"], target=target),)
+                  a["dilation"], target=target, expand_coordinates=target is None),)
 
 
 def _trilinear(ctx: ReplayContext, op: Operation, args: list[Value]) -> tuple[Value, ...]:
