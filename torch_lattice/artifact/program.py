@@ -69,7 +69,7 @@ class LatticeProgram:
     def __init__(self, module: Module, weights: dict[str, WeightValue], device: torch.device,
                  coordinates: str) -> None:
         self._module = module
-        self._ctx = ReplayContext(weights, device, coordinates == "logical")
+        self._ctx = ReplayContext(weights, coordinates == "logical")
         attrs = module.attributes
         self.input_names: tuple[str, ...] = tuple(attrs["lattice.input_names"])
         self.input_roles: tuple[str, ...] = tuple(attrs["lattice.input_roles"])

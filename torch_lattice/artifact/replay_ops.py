@@ -1,8 +1,8 @@
 """One executor per ``lattice.*`` op, each running the op through Torch Lattice.
 
 An executor takes the replay context, the parsed :class:`Operation` and its operand
-values (SparseTensor, torch.Tensor or :class:`WeightValue`, ``None`` for an absent
-optional operand) and returns a tuple of result values. Inside the replay every
+values (SparseTensor, torch.Tensor or :class:`WeightValue`; an absent optional operand
+is simply not in the list) and returns a tuple of result values. Inside the replay every
 sparse value is a :class:`~torch_lattice.SparseTensor` with *logical* coordinates;
 the physical/logical choice is made only at the boundary (``sparse.make``,
 ``sparse.decompose`` and the program's outputs). Features run in float32 (the
@@ -36,10 +36,9 @@ Executor = Callable[["ReplayContext", Operation, list[Value]], tuple[Value, ...]
 
 @dataclass(frozen=True)
 class ReplayContext:
-    """What executors share: the bound weights, the device and the coordinate convention."""
+    """What executors share: the bound weights and the coordinate convention."""
 
-    weights: dict[str, WeightValue]  # by weight symbol
-    device: torch.device
+    weights: dict[str, WeightValue]  # by weight symbol, already on the program's device
     logical: bool  # True: boundary coordinates are logical; False: physical (IR v2)
 
 
