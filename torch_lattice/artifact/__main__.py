@@ -4,6 +4,10 @@ PATH is one artifact directory, or a fixture root whose ``manifest.json`` lists
 cases (``{"cases": [{"name", "rtol", "atol"}, ...]}``), each a directory holding
 the artifact with its ``inputs.safetensors`` and ``expected.safetensors``.
 Exit status 0 when every replayed case matches, 1 otherwise, 2 on bad arguments.
+
+``--coordinates auto`` (the default) reads boundary coordinates as logical for a
+manifest whose ``schema`` is torch-lattice 0.5's fixture schema (those artifacts
+carry logical coordinates) and as physical (IR v2) otherwise; the choice is printed.
 """
 
 from __future__ import annotations
@@ -18,6 +22,9 @@ from safetensors.torch import load_file
 from torch_lattice.artifact.conformance import compare_outputs
 from torch_lattice.artifact.program import SparseOutput, load_lattice_program
 
+# The manifest schema of torch-lattice 0.5's end-to-end fixtures (logical coordinates).
+TORCH_LATTICE_05_FIXTURES = "torch_lattice_e2e_fixtures/v1"
+
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m torch_lattice.artifact")
@@ -29,12 +36,22 @@ def _parser() -> argparse.ArgumentParser:
                    help="inputs .safetensors (default: PATH/inputs.safetensors)")
     r.add_argument("--expected", type=Path,
                    help="expected .safetensors (default: PATH/expected.safetensors if present)")
-    r.add_argument("--coordinates", choices=("physical", "logical"), default="physical",
-                   help="boundary coordinate convention (torch-lattice 0.5 fixtures: logical)")
+    r.add_argument("--coordinates", choices=("auto", "physical", "logical"), default="auto",
+                   help="boundary coordinate convention; auto: logical for a manifest of "
+                   f"schema {TORCH_LATTICE_05_FIXTURES!r} (written by torch-lattice 0.5), "
+                   "else physical (IR v2)")
     r.add_argument("--device", default=None, help="torch device (default: cpu)")
     r.add_argument("--rtol", type=float, default=None, help="default: the manifest's, else 1e-5")
     r.add_argument("--atol", type=float, default=None, help="default: the manifest's, else 1e-5")
     return p
+
+
+def _resolve_coordinates(choice: str, manifest: dict[str, object] | None) -> str:
+    if choice != "auto":
+        return choice
+    if manifest is not None and manifest.get("schema") == TORCH_LATTICE_05_FIXTURES:
+        return "logical"
+    return "physical"
 
 
 def _tolerance(given: float | None, case: dict[str, object], key: str) -> float:
@@ -70,11 +87,17 @@ def _replay_one(case_dir: Path, case: dict[str, object], args: argparse.Namespac
     return all(c.ok for c in checks)
 
 
-def _cases(root: Path) -> list[dict[str, object]]:
+def _manifest(root: Path) -> dict[str, object]:
     manifest = json.loads((root / "manifest.json").read_text(encoding="utf-8"))
     cases = manifest.get("cases") if isinstance(manifest, dict) else None
     if not isinstance(cases, list) or not all(isinstance(c, dict) and "name" in c for c in cases):
         raise ValueError(f"{root / 'manifest.json'}: needs 'cases': [{{'name': ...}}, ...]")
+    return manifest
+
+
+def _cases(manifest: dict[str, object]) -> list[dict[str, object]]:
+    cases = manifest["cases"]
+    assert isinstance(cases, list)
     return cases
 
 
@@ -85,16 +108,20 @@ def main(argv: list[str] | None = None) -> int:
         if args.inputs or args.expected:
             print("--inputs/--expected apply to one artifact, not a manifest", file=sys.stderr)
             return 2
-        cases = _cases(path)
+        manifest = _manifest(path)
+        args.coordinates = _resolve_coordinates(args.coordinates, manifest)
+        cases = _cases(manifest)
         passed = sum(_replay_one(path / str(c["name"]), c, args, None, None) for c in cases)
         print(f"{passed}/{len(cases)} cases match ({args.coordinates} coordinates)")
         return 0 if passed == len(cases) else 1
     case: dict[str, object] = {}
-    manifest = path.parent / "manifest.json"
-    if manifest.is_file():
-        case = next((c for c in _cases(path.parent) if c["name"] == path.name), {})
-    return 0 if _replay_one(path, case, args, args.inputs, args.expected) else 1
-
+    parent = _manifest(path.parent) if (path.parent / "manifest.json").is_file() else None
+    if parent is not None:
+        case = next((c for c in _cases(parent) if c["name"] == path.name), {})
+    args.coordinates = _resolve_coordinates(args.coordinates, parent)
+    ok = _replay_one(path, case, args, args.inputs, args.expected)
+    print(f"{'match' if ok else 'MISMATCH'} ({args.coordinates} coordinates)")
+    return 0 if ok else 1
 
 if __name__ == "__main__":
     sys.exit(main())
