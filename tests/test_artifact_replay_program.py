@@ -185,9 +185,15 @@ def test_cli_replays_a_manifest(conv_artifact: Path, tmp_path: Path,
     (root / "manifest.json").write_text(json.dumps({
         "schema": "torch_lattice_e2e_fixtures/v1",  # torch-lattice 0.5: logical coordinates
         "cases": [{"name": "conv", "rtol": 1e-6, "atol": 1e-6}]}))
+    assert cli_main(["replay", str(root)]) == 1  # the expected file holds physical coordinates
+    assert "coordinate sets differ" in capsys.readouterr().out
+    logical = load_lattice_program(conv_artifact, coordinates="logical")(**inputs)["output"]
+    save_file({"output.coords": logical.coords, "output.features": logical.features,
+               "output.active": logical.active}, str(conv_artifact / "expected.safetensors"))
     assert cli_main(["replay", str(root)]) == 0
     assert "1/1 cases match (logical coordinates)" in capsys.readouterr().out
-    expected["output.features"] = expected["output.features"] + 1e-3
+    expected = {"output.coords": logical.coords, "output.active": logical.active,
+                "output.features": logical.features + 1e-3}
     save_file(expected, str(conv_artifact / "expected.safetensors"))
     assert cli_main(["replay", str(conv_artifact)]) == 1
     assert "output FAIL" in capsys.readouterr().out
