@@ -71,7 +71,7 @@ def weight_line(key: str, layout: str, family: str, packing: str = "dense") -> s
 def cloud(channels: int, batches: int = 1, stride: int = 1) -> tl.SparseTensor:
     g = torch.Generator().manual_seed(0)
     coords = torch.tensor(
-        [[b, x, y, z] for b in range(batches) for x in range(3) for y in range(2) for z in (0, 2)]
+        [[b, x, y, z] for b in range(batches) for x in range(4) for y in range(4) for z in (0, 3)]
     )
     return tl.SparseTensor(torch.randn(len(coords), channels, generator=g), coords, stride=stride)
 
@@ -388,6 +388,32 @@ def test_refuses_points_without_batch_indices_and_max_voxels(tmp_path: Path) -> 
     pts, feats = torch.rand(10, 3), torch.rand(10, 2)
     refuse(tmp_path, Vox().eval(), (pts, feats), ExportError, "node 'voxelize'.*batch_indices")
     refuse(tmp_path, Vox(reduction="max").eval(), (pts, feats), ExportError, "'max'")
+
+
+@pytest.mark.parametrize(
+    "layer",
+    [
+        tl.nn.Conv3d(2, 2, 3, stride=2, padding=1),
+        tl.nn.Conv3d(2, 2, 3),
+        tl.nn.Conv3d(2, 2, 2, stride=2, dilation=2),
+        tl.nn.AvgPool3d(3, 2, 1),
+    ],
+)
+def test_refuses_generated_supports_the_contract_would_not_produce(
+    tmp_path: Path, layer: nn.Module
+) -> None:
+    refuse(tmp_path, One(layer).eval(), (cloud(2),), ExportError, "node 'conv'.*unique\\(floor")
+
+
+def test_refuses_a_strided_layer_that_drops_edge_rows_on_the_example(tmp_path: Path) -> None:
+    # Rows at x = 0, 1, 2: a (2, 1, 1) stride-2 window never covers x = 2 in a range of 3,
+    # while the contract keeps floor(2 / 2) = 1.
+    model = One(tl.nn.Conv3d(2, 2, (2, 1, 1), stride=(2, 1, 1))).eval()
+    coords = torch.tensor([[0, 0, 0, 0], [0, 1, 0, 0], [0, 2, 0, 0]])
+    line = tl.SparseTensor(torch.ones(3, 2), coords)
+    refuse(tmp_path, model, (line,), ExportError, "drops 1 rows at the upper edge")
+    ranged = tl.SparseTensor(torch.ones(3, 2), coords, spatial_range=(1, 4, 1, 1))
+    save_lattice_model_artifact(model, tmp_path / "a", example_inputs=(ranged,))
 
 
 def test_refuses_batch_norm_without_running_stats(tmp_path: Path) -> None:

@@ -199,6 +199,43 @@ def module_lowering(module: nn.Module) -> ModuleLowering | None:
     return None
 
 
+# --- generated supports ---------------------------------------------------------
+
+
+def check_generated_support(call: Call, what: str, geometry: Any, x: Any, out: Any) -> None:
+    """Refuses a support-generating conv or pool whose rows the contract would not produce.
+
+    The contract's ``conv3d`` and ``pool3d`` generate ``unique(floor(c / stride))``
+    over the input rows (the input rows themselves at stride 1); ours generate every
+    reachable cell in ``[0, R_out)``.  The two agree when ``kernel_size == stride``
+    with no padding (dilation only where the kernel is 1), except that ours drops
+    rows past the last whole window of an extent the stride does not divide, which
+    is checked on the example.
+    """
+    k, s, p, d = geometry.kernel_size, geometry.stride, geometry.padding, geometry.dilation
+    exact = all(k[a] == s[a] and p[a] == 0 and (d[a] == 1 or k[a] == 1) for a in range(3))
+    if not exact:
+        raise ExportError(
+            f"{describe(call.node)}: a support-generating {what} with kernel_size {k}, stride "
+            f"{s}, padding {p}, dilation {d} has no exact artifact form: the contract "
+            "generates unique(floor(c / stride)) over the input rows, Torch Lattice every "
+            "reachable cell in [0, R_out). Use kernel_size == stride with padding 0, or give "
+            "the output support explicitly (Conv3d(...)(x, coordinates=target))"
+        )
+    if not isinstance(x, SparseTensor) or not isinstance(out, SparseTensor):
+        return
+    rows = x.coords.to(torch.int64)
+    rows[:, 1:] = torch.div(rows[:, 1:], torch.tensor(s), rounding_mode="floor")
+    theirs = torch.unique(rows, dim=0)
+    if theirs.shape[0] != out.coords.shape[0]:
+        raise ExportError(
+            f"{describe(call.node)}: on example_inputs this {what} drops "
+            f"{theirs.shape[0] - out.coords.shape[0]} rows at the upper edge of the input "
+            f"range {x.support.grid_range()} (not a multiple of the stride {s}), which the "
+            "contract keeps; give the input a spatial_range that is a multiple of the stride"
+        )
+
+
 # --- convolutions ------------------------------------------------------------
 
 
@@ -240,6 +277,8 @@ def _lower_conv(low: Lowering, call: Call, module: nn.Module, qualname: str) -> 
             "export with quantize_bits=None"
         )
     op = _conv_op(module, target is not None, normalized)
+    if op == "conv3d":
+        check_generated_support(call, "Conv3d", module, call.real_args[0], call.real)
     weight = low.weights.declare(
         f"{qualname}.weight", conv_weight_to_artifact(module.weight, module.kernel_size), "conv3d"
     )
@@ -267,6 +306,8 @@ _POOL_MODES = {M.MaxPool3d: "max", M.AvgPool3d: "avg", M.SumPool3d: "sum"}
 
 
 def _pool(low: Lowering, call: Call, x: Sparse, mode: str, geometry: Any, stem: str) -> Sparse:
+    real_x = call.real_args[0] if call.real_args else call.real_kwargs.get("input")
+    check_generated_support(call, "pooling", geometry, real_x, call.real)
     attrs = {
         "mode": mode,
         "kernel_size": geometry.kernel_size,
