@@ -124,6 +124,22 @@ def test_without_target_returns_to_the_pooled_support():
     torch.testing.assert_close(back.feats, y.feats)
 
 
+def test_expand_coordinates_ignores_the_cache():
+    x = random_sparse(60, 8, seed=3)
+    pooled = F.avg_pool3d(x, 2)
+    y = F.pool_transpose3d(pooled, 2, expand_coordinates=True)
+    cand = {
+        (b, *(c[a] * 2 + r[a] for a in range(3)))
+        for b, *c in pooled.coords.tolist()
+        for r in itertools.product(range(2), repeat=3)
+    }
+    assert y.coords.tolist() == sorted(list(t) for t in cand)
+    assert len(y) > len(x)  # every child of every window, not only the rows pooled
+    torch.testing.assert_close(y.feats, dict_oracle(pooled, y.coords, 2, 2, 0, 1))
+    with pytest.raises(TypeError, match="expand_coordinates must be a bool"):
+        F.pool_transpose3d(pooled, 2, expand_coordinates=1)
+
+
 def test_without_history_generates_sorted_unique_support():
     src = random_sparse(30, 5, seed=4, stride=(2, 2, 2))
     src = tl.SparseTensor(src.feats, src.coords, (2, 2, 2), spatial_range=(2, 5, 5, 5))
@@ -184,3 +200,24 @@ def test_bad_inputs():
         F.pool_transpose3d(src, 0)
     with pytest.raises(ValueError, match="padding"):
         F.pool_transpose3d(src, 2, padding=-1)
+
+
+def test_conv3d_history_and_identity_geometry():
+    x = random_sparse(50, 8, seed=9)
+    w = torch.randn(8, 3, 2, dtype=torch.float64)
+    down = F.conv3d(x, w, None, 2, 2)
+    assert F.pool_transpose3d(down, 2).support is x.support  # as ConvTranspose3d(down)
+    # a 1x1x1 stride-1 pool keeps the support and records nothing: the generated route
+    y = F.pool_transpose3d(F.avg_pool3d(x, 1), 1)
+    order = sorted(range(len(x)), key=lambda i: x.coords[i].tolist())
+    assert y.coords.tolist() == [x.coords[i].tolist() for i in order]
+    assert torch.equal(y.feats, x.feats[order])
+
+
+def test_half_precision_features():
+    x = random_sparse(40, 6, seed=10, dtype=torch.float16)
+    pooled = F.avg_pool3d(x, 2)
+    y = F.pool_transpose3d(pooled, 2)
+    assert y.dtype == torch.float16
+    want = dict_oracle(pooled.double(), x.coords, 2, 2, 0, 1)
+    torch.testing.assert_close(y.feats.double(), want, rtol=1e-3, atol=1e-3)

@@ -256,3 +256,14 @@ def test_bad_inputs():
         tl.sparse_cat(a)
     with pytest.raises(ValueError, match="must not be empty"):
         tl.sparse_cat([])
+
+
+def test_result_keeps_the_common_spatial_range_and_reuses_rhs_support():
+    a = random_sparse(30, 17, channels=2, spatial_range=(2, 5, 5, 5))
+    b = random_sparse(30, 18, channels=2, spatial_range=(2, 5, 5, 5))
+    y = tl.sparse_binary(a, b, "add", join="outer")
+    assert y.spatial_range == (2, 5, 5, 5) and y.stride == (1, 1, 1)
+    order = sorted(range(len(b)), key=lambda i: b.coords[i].tolist())
+    sorted_b = tl.SparseTensor(b.feats[order], b.coords[order], 1, (2, 5, 5, 5))
+    z = tl.sparse_cat([a, sorted_b], join="right")
+    assert z.support is sorted_b.support

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from torch_lattice.coord_rows import unique_rows
 from torch_lattice.sparse_ops import same_support
 from torch_lattice.tensor import SparseTensor, Support
 
@@ -87,7 +88,7 @@ def _lookup(source: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
     """``(M,)`` long: the row of ``source`` equal to each ``query`` row, -1 if none."""
     if source.shape[0] == 0 or query.shape[0] == 0:
         return torch.full((query.shape[0],), -1, dtype=torch.long, device=query.device)
-    _, inverse = torch.unique(torch.cat((source, query)), dim=0, return_inverse=True)
+    _, inverse = unique_rows(torch.cat((source, query)))
     table = torch.full((int(inverse.max()) + 1,), -1, dtype=torch.long, device=query.device)
     table[inverse[: source.shape[0]]] = torch.arange(source.shape[0], device=query.device)
     return table[inverse[source.shape[0] :]]
@@ -105,7 +106,7 @@ def _align(lhs: SparseTensor, rhs: SparseTensor, join: str) -> _Alignment:
     """Rows of the ``join`` of both row sets, sorted by (b, x, y, z)."""
     n = lhs.coords.shape[0]
     device = lhs.coords.device
-    unique, inverse = torch.unique(torch.cat((lhs.coords, rhs.coords)), dim=0, return_inverse=True)
+    unique, inverse = unique_rows(torch.cat((lhs.coords, rhs.coords)))
     lhs_rows = torch.full((unique.shape[0],), -1, dtype=torch.long, device=device)
     rhs_rows = torch.full_like(lhs_rows, -1)
     lhs_rows[inverse[:n]] = torch.arange(n, device=device)

@@ -33,6 +33,7 @@ __all__ = [
     "Packing",
     "TypeRef",
     "parse_module",
+    "read_header",
 ]
 
 
@@ -598,6 +599,17 @@ def _module_attributes(raw: dict[str, Any], lines: dict[str, int]) -> dict[str, 
         if key not in raw:
             raise MlirSyntaxError(1, f"module is missing attribute {key!r}")
     return dict(raw)
+
+
+def read_header(text: str) -> dict[str, Any]:
+    """The ``module attributes {...}`` dict alone, unchecked, so a caller can refuse an
+    artifact of another IR version or schema before its body is parsed."""
+    if not isinstance(text, str):
+        raise TypeError(f"graph text must be a str, got {type(text).__name__}")
+    p = _Parser(text)
+    p.expect("module")
+    p.expect("attributes")
+    return p.attr_dict()[0]
 
 
 def parse_module(text: str) -> Module:

@@ -12,13 +12,25 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
 
 from torch_lattice.artifact import schema
-from torch_lattice.artifact.mlir_parse import Argument, Module, TypeRef, parse_module
-from torch_lattice.artifact.replay_ops import EXECUTORS, ReplayContext, boundary_coords
+from torch_lattice.artifact.mlir_parse import (
+    Argument,
+    Module,
+    TypeRef,
+    parse_module,
+    read_header,
+)
+from torch_lattice.artifact.replay_ops import (
+    ELEMENTWISE_KINDS,
+    EXECUTORS,
+    ReplayContext,
+    boundary_coords,
+)
 from torch_lattice.artifact.replay_weights import WeightValue, check_weight, storage_keys
 from torch_lattice.tensor import SparseTensor
 
@@ -143,21 +155,25 @@ def _check_files(root: Path) -> None:
             raise ValueError(f"artifact_dir: {name} is not a regular file")
 
 
-def _check_header(module: Module) -> None:
-    attrs = module.attributes
-    version = attrs["lattice.ir_version"]
+def _check_version(attrs: dict[str, Any]) -> None:
+    """IR version and schema digest, checked before the body is parsed."""
+    version = attrs.get("lattice.ir_version")
     if version != schema.IR_VERSION:
         raise ValueError(
             f"graph.mlir has lattice.ir_version = {version}; this runtime reads IR version "
             f"{schema.IR_VERSION} only (lattice-contract {schema.CONTRACT_VERSION}); migrate "
             "the artifact explicitly"
         )
-    digest = attrs["lattice.schema_digest"]
+    digest = attrs.get("lattice.schema_digest")
     if digest != schema.SCHEMA_DIGEST:
         raise ValueError(
             f"graph.mlir lattice.schema_digest {digest!r} is not the lattice-contract "
             f"{schema.CONTRACT_VERSION} digest {schema.SCHEMA_DIGEST!r}"
         )
+
+
+def _check_header(module: Module) -> None:
+    attrs = module.attributes
     if attrs["lattice.weight_file"] != schema.WEIGHT_FILE:
         raise ValueError(
             f"graph.mlir lattice.weight_file must be {schema.WEIGHT_FILE!r}, got "
@@ -165,6 +181,19 @@ def _check_header(module: Module) -> None:
         )
     if module.function != "forward":
         raise ValueError(f"graph.mlir must define func.func @forward, got @{module.function}")
+    for op in module.operations:
+        kind = op.attributes.get("kind")
+        if op.spec.name == "elementwise" and kind not in ELEMENTWISE_KINDS:
+            raise ValueError(
+                f"graph.mlir line {op.line}: lattice.elementwise kind must be one of "
+                f"{', '.join(ELEMENTWISE_KINDS)}, got {kind!r}"
+            )
+        acc = op.attributes.get("accumulation", "canonical_f32")
+        if acc != "canonical_f32":  # the only accumulation the contract defines
+            raise ValueError(
+                f"graph.mlir line {op.line}: {op.spec.qualified_name} accumulation must be "
+                f"'canonical_f32', got {acc!r}"
+            )
 
 
 def _check_signature(module: Module) -> None:
@@ -257,6 +286,7 @@ def load_lattice_program(
         text = (root / schema.GRAPH_FILE).read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
         raise ValueError(f"graph.mlir is not UTF-8 text: {exc}") from None
+    _check_version(read_header(text))
     module = parse_module(text)
     _check_header(module)
     _check_signature(module)

@@ -22,9 +22,13 @@ import torch_lattice as tl
 from torch_lattice.artifact.mlir_parse import Operation
 from torch_lattice.artifact.replay_weights import WeightValue
 from torch_lattice.nn import functional as F
+from torch_lattice.sparse_join import _lookup as lookup_rows
 from torch_lattice.tensor import SparseTensor
 
-__all__ = ["EXECUTORS", "ReplayContext", "boundary_coords"]
+__all__ = ["ELEMENTWISE_KINDS", "EXECUTORS", "ReplayContext", "boundary_coords"]
+
+# The scalar transforms lattice.elementwise names (kind is a free string in the schema).
+ELEMENTWISE_KINDS = ("exp", "round")
 
 Value = Any
 Executor = Callable[["ReplayContext", Operation, list[Value]], tuple[Value, ...]]
@@ -92,7 +96,7 @@ def _sparse_make(ctx: ReplayContext, op: Operation, args: list[Value]) -> tuple[
     try:
         x = SparseTensor(feats, coords, stride=stride)
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"{_where(op)}: {name}: {exc}") from None
+        raise type(exc)(f"{_where(op)}: {name}: {exc}") from None
     return (x,)
 
 
@@ -128,11 +132,6 @@ def _conv_parts(op: Operation, args: list[Value], with_target: bool
     ks = op.attributes["kernel_size"]
     w = weight.conv_kernel(f"{_where(op)} weight", int(x.feats.shape[1]), ks)
     b = None if bias is None else bias.dense(f"{_where(op)} bias", (int(w.shape[2]),))
-    if op.attributes["accumulation"] != "canonical_f32":
-        raise ValueError(
-            f"{_where(op)}: accumulation must be 'canonical_f32', got "
-            f"{op.attributes['accumulation']!r}"
-        )
     return x, target, w, b
 
 
@@ -164,7 +163,7 @@ def _conv_executor(name: str) -> Executor:
                 return (F.normalized(conv, x, w, b, a["eps"]),)
             return (conv(x, w, b),)
         except (TypeError, ValueError) as exc:
-            raise ValueError(f"{_where(op)}: {exc}") from None
+            raise type(exc)(f"{_where(op)}: {exc}") from None
 
     return run
 
@@ -177,16 +176,7 @@ def _call(op: Operation, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> A
     try:
         return fn(*args, **kwargs)
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"{_where(op)}: {exc}") from None
-
-
-def _library(op: Operation, module: Any, name: str) -> Callable[..., Any]:
-    fn = getattr(module, name, None)
-    if fn is None:
-        raise RuntimeError(
-            f"{_where(op)}: this Torch Lattice build has no {module.__name__}.{name}"
-        )
-    return fn
+        raise type(exc)(f"{_where(op)}: {exc}") from None
 
 
 def _pool3d(ctx: ReplayContext, op: Operation, args: list[Value]) -> tuple[Value, ...]:
@@ -198,23 +188,20 @@ def _pool3d(ctx: ReplayContext, op: Operation, args: list[Value]) -> tuple[Value
 def _pool_transpose3d(ctx: ReplayContext, op: Operation, args: list[Value]
                       ) -> tuple[Value, ...]:
     a = op.attributes
-    fn = _library(op, F, "pool_transpose3d")
     target = args[1] if len(args) > 1 else None
-    return (_call(op, fn, args[0], a["kernel_size"], a["stride"], a["padding"], a["dilation"],
-                  target=target),)
+    return (_call(op, F.pool_transpose3d, args[0], a["kernel_size"], a["stride"], a["padding"],
+                  a["dilation"], target=target),)
 
 
 def _trilinear(ctx: ReplayContext, op: Operation, args: list[Value]) -> tuple[Value, ...]:
-    fn = _library(op, F, "trilinear_upsample3d")
     target = args[1] if len(args) > 1 else None
-    return (_call(op, fn, args[0], op.attributes["stride"], target=target),)
+    return (_call(op, F.trilinear_upsample3d, args[0], op.attributes["stride"], target=target),)
 
 
 def _global_pool(ctx: ReplayContext, op: Operation, args: list[Value]) -> tuple[Value, ...]:
-    fn = _library(op, F, "global_pool")
     batch = op.attributes["batch_size"]
     # A negative batch_size asks for the count to be read from the batch column.
-    return (_call(op, fn, args[0], mode=op.attributes["mode"],
+    return (_call(op, F.global_pool, args[0], mode=op.attributes["mode"],
                   batch_size=None if batch < 0 else batch),)
 
 
@@ -222,20 +209,17 @@ def _global_pool(ctx: ReplayContext, op: Operation, args: list[Value]) -> tuple[
 
 
 def _reindex(ctx: ReplayContext, op: Operation, args: list[Value]) -> tuple[Value, ...]:
-    fn = _library(op, tl, "reindex_sparse")
-    return (_call(op, fn, args[0], args[1], fill=op.attributes["fill"]),)
+    return (_call(op, tl.reindex_sparse, args[0], args[1], fill=op.attributes["fill"]),)
 
 
 def _sparse_cat(ctx: ReplayContext, op: Operation, args: list[Value]) -> tuple[Value, ...]:
-    fn = _library(op, tl, "sparse_cat")
-    return (_call(op, fn, [args[0], args[1]], join=op.attributes["join"]),)
+    return (_call(op, tl.sparse_cat, [args[0], args[1]], join=op.attributes["join"]),)
 
 
 def _sparse_binary(ctx: ReplayContext, op: Operation, args: list[Value]) -> tuple[Value, ...]:
     a = op.attributes
-    fn = _library(op, tl, "sparse_binary")
-    return (_call(op, fn, args[0], args[1], a["op"], join=a["join"], lhs_fill=a["lhs_fill"],
-                  rhs_fill=a["rhs_fill"]),)
+    return (_call(op, tl.sparse_binary, args[0], args[1], a["op"], join=a["join"],
+                  lhs_fill=a["lhs_fill"], rhs_fill=a["rhs_fill"]),)
 
 
 # --- points --------------------------------------------------------------------------
@@ -264,24 +248,7 @@ def _voxelize(ctx: ReplayContext, op: Operation, args: list[Value]) -> tuple[Val
 
 def _find_rows(table: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
     """Row of each ``(Q, 4)`` query in the unique ``(M, 4)`` ``table``; -1 where absent."""
-    out = torch.full((queries.shape[0],), -1, dtype=torch.int64, device=queries.device)
-    if table.shape[0] == 0 or queries.shape[0] == 0:
-        return out
-    t, q = table.to(torch.int64), queries.to(torch.int64)
-    span = (t.amax(dim=0) + 1).tolist()
-    inside = ((q >= 0) & (q < torch.tensor(span, device=q.device))).all(dim=1)
-
-    def key(c: torch.Tensor) -> torch.Tensor:
-        return ((c[:, 0] * span[1] + c[:, 1]) * span[2] + c[:, 2]) * span[3] + c[:, 3]
-
-    tkeys = key(t)
-    order = torch.argsort(tkeys)
-    sorted_keys = tkeys[order]
-    qk = key(q.clamp(min=0))
-    pos = torch.searchsorted(sorted_keys, qk).clamp(max=len(sorted_keys) - 1)
-    hit = inside & (sorted_keys[pos] == qk)
-    out[hit] = order[pos[hit]]
-    return out
+    return lookup_rows(table.to(torch.int64), queries.to(torch.int64))
 
 
 def _devoxelize(ctx: ReplayContext, op: Operation, args: list[Value]) -> tuple[Value, ...]:

@@ -130,6 +130,8 @@ def pool_transpose3d(
     padding: IntOr3 = 0,
     dilation: IntOr3 = 1,
     target: SparseTensor | None = None,
+    *,
+    expand_coordinates: bool = False,
 ) -> SparseTensor:
     """Sparse average-pooling transpose (``lattice.pool_transpose3d``).
 
@@ -144,16 +146,21 @@ def pool_transpose3d(
             stride``). None: the input support of the pooling / Conv3d with this
             geometry that produced ``input`` when one is cached, else the generated
             support ``unique{input*stride + r*dilation - padding}`` sorted by (b, x, y, z).
+        expand_coordinates: without a target, always the generated support (the
+            artifact contract's no-target route, which never consults a cache).
 
     Raises:
-        TypeError: ``input`` or ``target`` is not a SparseTensor.
+        TypeError: ``input`` or ``target`` is not a SparseTensor, ``expand_coordinates``
+            not a bool.
         ValueError: bad geometry, a stride that does not divide ``input.stride``, a
             target of another stride or device, or a generated coordinate below 0.
     """
     x = _check_sparse(input, "input")
+    if not isinstance(expand_coordinates, bool):
+        raise TypeError(f"expand_coordinates must be a bool, got {expand_coordinates!r}")
     geometry = pool_geometry(kernel_size, stride, padding, dilation)
     support = _transpose_target(x, target, geometry)
-    if support is None:
+    if support is None and not expand_coordinates:
         divide_stride(x.stride, geometry.stride)
         support = cached_source_support(x, geometry)
     if support is None:

@@ -3,7 +3,7 @@ transposes and trilinear upsampling use when no target is given.
 
 The artifact contract's generated route: every ``src[i] * stride + r * dilation
 - padding`` over every row and kernel position, deduplicated and sorted by
-``(b, x, y, z)`` (the order ``torch.unique`` gives, as torch-lattice 0.5 does).
+``(b, x, y, z)`` (the order ``torch.unique(dim=0)`` gives, as torch-lattice 0.5 does).
 Our coordinates are non-negative, so a candidate below 0 (or beyond int32) is
 an error, never dropped: the caller passes a ``target`` instead.
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from torch_lattice.coord_rows import unique_rows
 from torch_lattice.geometry import ConvGeometry, kernel_positions
 from torch_lattice.tensor import SparseTensor, Support, divide_stride
 
@@ -60,7 +61,7 @@ def generated_transposed_support(src: SparseTensor, geometry: ConvGeometry, op: 
                 f"{op} without a target generates coordinate {hi}, beyond the int32 limit "
                 f"{_INT32_MAX}"
             )
-    out = torch.unique(candidates, dim=0).to(torch.int32)
+    out = unique_rows(candidates)[0].to(torch.int32)
     srange = None
     if src.spatial_range is not None:
         b, *r = src.spatial_range
