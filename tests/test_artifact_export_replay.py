@@ -349,3 +349,9 @@ def test_packed_weights_replay_the_dequantized_model(tmp_path: Path, bits: int) 
     with torch.no_grad():
         spread = (model(x) - dequantized(x)).abs().max().item()
     assert 0 < spread < (0.2 if bits == 4 else 0.02)
+
+
+def test_half_precision_model(tmp_path: Path) -> None:
+    model = Seq(tl.nn.SubmConv3d(3, 4, 3, bias=True), tl.nn.BatchNorm(4), tl.nn.ReLU()).half()
+    text = roundtrip(tmp_path, model, (scene(3, seed=13).half(),), atol=2e-3)
+    assert "!lattice.weight<conv3d, f16>" in text and "tensor<?x3xf16>" in text
