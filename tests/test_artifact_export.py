@@ -479,3 +479,63 @@ def test_written_files_get_the_umask_modes(tmp_path: Path) -> None:
     assert os.stat(tmp_path / "a").st_mode & 0o777 == 0o777 & ~umask
     for name in ("graph.mlir", "weights.safetensors"):
         assert os.stat(tmp_path / "a" / name).st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_golden_feature_algebra_lines(tmp_path: Path) -> None:
+    class Algebra(nn.Module):
+        def forward(self, x: tl.SparseTensor, y: tl.SparseTensor) -> tl.SparseTensor:
+            s = x + x
+            moved = tl.reindex_sparse(s, y, fill=-0.75)
+            both = tl.sparse_binary(moved, y, "maximum", join="left", lhs_fill=1.5)
+            return tl.sparse_cat([tl.cat([s, x]), both], join="outer")
+
+    y = tl.SparseTensor(torch.ones(2, 2), torch.tensor([[0, 0, 0, 0], [0, 9, 9, 9]]))
+    text = export_text(tmp_path, Algebra(), (cloud(2), y))
+    binary_types = f" : ({SP}, {SP}) -> {SP}\n"
+    for line in (
+        "    %add = lattice.sparse.binary %x, %x {op = #lattice.binary_op<add>, "
+        "join = #lattice.join<outer>, lhs_fill = 0.0 : f32, rhs_fill = 0.0 : f32}",
+        "    %reindex_sparse = lattice.sparse.reindex %add, %y {fill = -0.75 : f32}",
+        "    %sparse_binary = lattice.sparse.binary %reindex_sparse, %y "
+        "{op = #lattice.binary_op<maximum>, join = #lattice.join<left>, "
+        "lhs_fill = 1.5 : f32, rhs_fill = 0.0 : f32}",
+        "    %cat_1 = lattice.sparse.cat %add, %x {join = #lattice.join<inner>}",
+        "    %sparse_cat_1 = lattice.sparse.cat %cat_1, %sparse_binary "
+        "{join = #lattice.join<outer>}",
+    ):
+        assert line + binary_types in text
+
+
+def test_golden_points_lines(tmp_path: Path) -> None:
+    class Points(nn.Module):
+        def forward(
+            self, points: torch.Tensor, feats: torch.Tensor, batch: torch.Tensor
+        ) -> torch.Tensor:
+            v = tl.voxelize(points, feats, batch_indices=batch, voxel_size=0.5, reduction="sum")
+            return tl.devoxelize(
+                points,
+                v,
+                batch_indices=batch,
+                voxel_size=0.5,
+                origin=(0.0, 1.0, 0.0),
+                interpolation="trilinear",
+            )
+
+    pts = torch.rand(20, 3) + torch.tensor([0.0, 1.0, 0.0])
+    batch = torch.zeros(20, dtype=torch.int32)
+    text = export_text(tmp_path, Points(), (pts, torch.rand(20, 2), batch))
+    assert 'lattice.input_names = ["points", "feats", "batch", "points_active"]' in text
+    assert 'lattice.input_roles = ["tensor", "tensor", "tensor", "tensor"]' in text
+    assert (
+        "    %voxelize = lattice.voxelize %points, %feats, %batch, %points_active "
+        "{voxel_size = array<f64: 0.5, 0.5, 0.5>, origin = array<f64: 0.0, 0.0, 0.0>, "
+        "reduction = #lattice.voxel_reduction<sum>, stride = array<i64: 1, 1, 1>} : "
+        f"(tensor<?x3xf32>, tensor<?x2xf32>, tensor<?xi32>, tensor<1xi32>) -> {SP}\n"
+    ) in text
+    # Voxel centres: the contract's corner-based sampling is shifted by half a voxel.
+    assert (
+        "    %devoxelize = lattice.devoxelize %points, %voxelize, %batch, %points_active "
+        "{voxel_size = array<f64: 0.5, 0.5, 0.5>, origin = array<f64: 0.25, 1.25, 0.25>, "
+        "interpolation = #lattice.point_interpolation<linear>} : "
+        f"(tensor<?x3xf32>, {SP}, tensor<?xi32>, tensor<1xi32>) -> tensor<?x2xf32>\n"
+    ) in text
