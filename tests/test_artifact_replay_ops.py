@@ -451,17 +451,17 @@ def test_voxelize_devoxelize(tmp_path: Path, reduction: str, interp: str) -> Non
     v0 = [2.0, 3.0] if reduction == "mean" else [4.0, 6.0]
     assert vox.features.tolist() == [v0, [5.0, 6.0], [7.0, 8.0]]
     d = outs["points_out"]
-    assert isinstance(d, torch.Tensor) and d.shape == (5, 2)
+    assert isinstance(d, torch.Tensor) and d.shape == (4, 2)  # one row per active point
     if interp == "nearest":  # voxel at floor(u + 0.5), u = p / 0.5
-        want = [v0, [0.0, 0.0], [0.0, 0.0], [0.0, 0.0], [0.0, 0.0]]  # 0.3/0.5 rounds to 1
-        want[2] = [0.0, 0.0]  # u = (1.6, .2, .2) -> (2, 0, 0): absent
+        # u = (.2,.2,.2) -> (0,0,0); (.4,.6,.2) -> (0,1,0) absent; (1.6,.2,.2) -> (2,0,0)
+        # absent; batch 1 (.6,.6,.6) -> (1,1,1) absent
+        want = [v0, [0.0, 0.0], [0.0, 0.0], [0.0, 0.0]]
         torch.testing.assert_close(d, torch.tensor(want))
     else:  # corners floor(u) + {0, 1}; absent voxels add nothing, no renormalization
         u0 = pts[0] / 0.5
         w00 = float((1 - u0).prod())
         w10 = float(u0[0] * (1 - u0[1]) * (1 - u0[2]))
         torch.testing.assert_close(d[0], torch.tensor(v0) * w00 + torch.tensor([5.0, 6.0]) * w10)
-        assert d[4].tolist() == [0.0, 0.0]
 
 
 def test_half_features_come_back_half(tmp_path: Path) -> None:
@@ -504,3 +504,61 @@ def test_cuda_replay_matches_cpu(tmp_path: Path) -> None:
     assert gpu.features.is_cuda
     assert torch.equal(gpu.coords.cpu(), cpu.coords)
     torch.testing.assert_close(gpu.features.cpu(), cpu.features, rtol=1e-4, atol=1e-4)
+
+
+def test_packed_scales_may_be_f32_when_declared(tmp_path: Path) -> None:
+    w, x = torch.randn(3, 8), torch.randn(4, 8)
+    packed = pack_weight(w, bits=8, group_size=32)
+    stored = {"l.weight.weight": packed.weight, "l.weight.scales": packed.scales.float(),
+              "l.weight.biases": packed.biases.float()}
+    g = h.Graph()
+    g.tensor_input("v", "tensor<?x8xf32>")
+    g.weight("w", "l.weight", "linear",
+             "#lattice.packing<int8, group_size = 32, scale_dtype = f32, mode = affine>")
+    g.op("y", "linear", ["v", "w"], ["tensor<?x8xf32>", WL], "", "tensor<?x3xf32>")
+    g.output("y", "tensor<?x3xf32>")
+    out = _run(tmp_path, g, stored, {"v": x})["output"]
+    ref = x @ unpack_weight(*packed.astuple(), bits=8, in_channels=8).T
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    text = (tmp_path / "a" / "graph.mlir").read_text()
+    (tmp_path / "a" / "graph.mlir").write_text(text.replace("scale_dtype = f32",
+                                                            "scale_dtype = f16"))
+    with pytest.raises(ValueError, match="packed scales must be a 3-D f16 tensor"):
+        load_lattice_program(tmp_path / "a")
+
+
+def test_voxelize_quantizes_in_float32(tmp_path: Path) -> None:
+    """float32 0.7 / 0.1 is 7.0 in float32 but 6.99.. in float64: the contract's runtimes
+    (MLX Lattice, torch-lattice 0.5) divide in float32, so the point lands in cell 7."""
+    g = h.Graph()
+    for name, ty in (("points", "tensor<?x3xf32>"), ("features", "tensor<?x1xf32>"),
+                     ("batch_indices", "tensor<?xi32>"), ("active_rows", "tensor<1xi32>")):
+        g.tensor_input(name, ty)
+    g.op("v", "voxelize", ["points", "features", "batch_indices", "active_rows"],
+         ["tensor<?x3xf32>", "tensor<?x1xf32>", "tensor<?xi32>", "tensor<1xi32>"],
+         "voxel_size = array<f64: 0.1, 0.1, 0.1>, origin = array<f64: 0.0, 0.0, 0.0>, "
+         f"reduction = #lattice.voxel_reduction<sum>, {h.triple('stride', (1, 1, 1))}", h.SP)
+    g.output("v", h.SP)
+    pts = torch.tensor([[0.7, 0.9, 1.4]], dtype=torch.float32)
+    assert torch.floor(pts.double() / 0.1).tolist() == [[6.0, 8.0, 13.0]]
+    out = _run(tmp_path, g, {}, {"points": pts, "features": torch.ones(1, 1),
+                                 "batch_indices": torch.zeros(1, dtype=torch.int32),
+                                 "active_rows": torch.tensor([1], dtype=torch.int32)})["output"]
+    assert isinstance(out, SparseOutput) and out.coords.tolist() == [[0, 7, 9, 14]]
+
+
+def test_pool_transpose_without_target_generates_the_fine_support(tmp_path: Path) -> None:
+    """The contract's no-target route expands every coarse row; it does not return to the
+    support the pooling started from."""
+    x, inputs = _sparse_x()
+    g = h.Graph()
+    g.sparse_input("x", 3)
+    g.op("p", "pool3d", ["x"], [h.SP], f"mode = #lattice.pool_mode<avg>, "
+         f"{_geom((2, 2, 2), (2, 2, 2))}", h.SP)
+    g.op("u", "pool_transpose3d", ["p"], [h.SP], _geom((2, 2, 2), (2, 2, 2)), h.SP)
+    g.output("u", h.SP)
+    out = _run(tmp_path, g, {}, inputs)["output"]
+    pooled = F.avg_pool3d(x, 2, 2)
+    ref = F.pool_transpose3d(pooled, 2, 2, expand_coordinates=True)
+    assert ref.coords.shape[0] == 8 * pooled.coords.shape[0] != x.coords.shape[0]
+    _assert_sparse(out, ref)

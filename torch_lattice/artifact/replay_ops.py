@@ -189,8 +189,10 @@ def _pool_transpose3d(ctx: ReplayContext, op: Operation, args: list[Value]
                       ) -> tuple[Value, ...]:
     a = op.attributes
     target = args[1] if len(args) > 1 else None
+    # Without a target the contract generates the fine support; it never reuses the input
+    # support of an earlier pooling (the library's own default when one is cached).
     return (_call(op, F.pool_transpose3d, args[0], a["kernel_size"], a["stride"], a["padding"],
-                  a["dilation"], target=target),)
+                  a["dilation"], target=target, expand_coordinates=target is None),)
 
 
 def _trilinear(ctx: ReplayContext, op: Operation, args: list[Value]) -> tuple[Value, ...]:
@@ -234,13 +236,23 @@ def _point_rows(op: Operation, points: torch.Tensor, batch: torch.Tensor, active
     return _active(op, active_name, active, points.shape[0])
 
 
+def _grid_positions(op: Operation, points: torch.Tensor) -> torch.Tensor:
+    """``(p - origin) / voxel_size`` in float32, as the contract's runtimes compute it."""
+    a = op.attributes
+    size = torch.tensor(a["voxel_size"], dtype=torch.float32, device=points.device)
+    origin = torch.tensor(a["origin"], dtype=torch.float32, device=points.device)
+    return (points.to(torch.float32) - origin) / size
+
+
 def _voxelize(ctx: ReplayContext, op: Operation, args: list[Value]) -> tuple[Value, ...]:
     points, feats, batch, active = args
     a = op.attributes
     n = _point_rows(op, points, batch, active, "active_rows")
-    x = _call(op, tl.voxelize, points[:n].to(torch.float32), feats[:n].to(torch.float32),
-              batch_indices=batch[:n], voxel_size=a["voxel_size"], origin=a["origin"],
-              reduction=a["reduction"])
+    # Quantize in float32 here (a float64 division can floor a boundary point the other
+    # way), then hand tl.voxelize cell centres on a unit grid: its floor is then exact.
+    cells = torch.floor(_grid_positions(op, points[:n])) + 0.5
+    x = _call(op, tl.voxelize, cells, feats[:n].to(torch.float32), batch_indices=batch[:n],
+              voxel_size=1.0, origin=0.0, reduction=a["reduction"])
     if a["stride"] != (1, 1, 1):
         x = _call(op, SparseTensor, x.feats, x.coords, stride=a["stride"])
     return (x,)
@@ -252,31 +264,28 @@ def _find_rows(table: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
 
 
 def _devoxelize(ctx: ReplayContext, op: Operation, args: list[Value]) -> tuple[Value, ...]:
-    """Contract devoxelize: ``nearest`` takes the voxel at ``floor(u + 0.5)``; ``linear`` sums
-    the 8 voxels at ``floor(u) + {0, 1}`` with trilinear weights (absent voxels add 0, no
-    renormalization); ``u = (p - origin) / voxel_size``. Rows past the active count are 0."""
+    """Contract devoxelize over the active points (one output row each):
+    ``nearest`` takes the voxel at ``floor(u + 0.5)``; ``linear`` sums the 8 voxels at
+    ``floor(u) + {0, 1}`` with trilinear weights (absent voxels add 0, no
+    renormalization); ``u = (p - origin) / voxel_size``; a point with no voxel gets 0."""
     points, voxels, batch, active = args
-    a = op.attributes
     n = _point_rows(op, points, batch, active, "point_active_rows")
-    dev = voxels.feats.device
-    size = torch.tensor(a["voxel_size"], dtype=torch.float32, device=dev)
-    origin = torch.tensor(a["origin"], dtype=torch.float32, device=dev)
-    u = (points[:n].to(torch.float32) - origin) / size
-    b = batch[:n].to(torch.int64).unsqueeze(1)
-    out = torch.zeros(points.shape[0], voxels.feats.shape[1], dtype=torch.float32, device=dev)
-    if a["interpolation"] == "nearest":
+    u = _grid_positions(op, points[:n]).to(voxels.feats.device)
+    b = batch[:n].to(torch.int64).to(u.device).unsqueeze(1)
+    out = torch.zeros(n, voxels.feats.shape[1], dtype=torch.float32, device=u.device)
+    if op.attributes["interpolation"] == "nearest":
         rows = _find_rows(voxels.coords, torch.cat([b, torch.floor(u + 0.5).long()], dim=1))
         hit = rows >= 0
-        out[:n][hit] = voxels.feats[rows[hit]]
+        out[hit] = voxels.feats[rows[hit]]
         return (out,)
     lower = torch.floor(u)
     frac = u - lower
     for corner in range(8):
-        d = torch.tensor([corner & 1, (corner >> 1) & 1, (corner >> 2) & 1], device=dev)
+        d = torch.tensor([corner & 1, (corner >> 1) & 1, (corner >> 2) & 1], device=u.device)
         rows = _find_rows(voxels.coords, torch.cat([b, lower.long() + d], dim=1))
         w = torch.where(d.bool(), frac, 1.0 - frac).prod(dim=1)
         hit = rows >= 0
-        out[:n][hit] += voxels.feats[rows[hit]] * w[hit].unsqueeze(1)
+        out[hit] += voxels.feats[rows[hit]] * w[hit].unsqueeze(1)
     return (out,)
 
 

@@ -144,8 +144,10 @@ def _check_packed(where: str, family: str, packing: Packing, op: Operation,
         raise ValueError(f"{where}: only conv3d and linear weights may be packed, not {family}")
     if packing.mode != "affine":
         raise ValueError(f"{where}: packing mode must be affine, got {packing.mode!r}")
-    if packing.scale_dtype != "f16":
-        raise ValueError(f"{where}: packing scale_dtype must be f16, got {packing.scale_dtype!r}")
+    if packing.scale_dtype not in _FLOAT:  # f16 is usual; torch-lattice 0.5 can write f32
+        raise ValueError(
+            f"{where}: packing scale_dtype must be f16 or f32, got {packing.scale_dtype!r}"
+        )
     per_word = 32 // (4 if packing.kind == "int4" else 8)
     if packing.group_size % per_word:
         raise ValueError(
@@ -156,7 +158,7 @@ def _check_packed(where: str, family: str, packing: Packing, op: Operation,
         raise ValueError(f"{where}: packed codes must be a 3-D uint32 tensor, got {w.dtype} "
                          f"{tuple(w.shape)}")
     for label, t in (("scales", scales), ("biases", biases)):
-        if t.dtype != torch.float16 or t.ndim != 3:
-            raise ValueError(f"{where}: packed {label} must be a 3-D float16 tensor, got "
-                             f"{t.dtype} {tuple(t.shape)}")
+        if t.dtype != _FLOAT[packing.scale_dtype] or t.ndim != 3:
+            raise ValueError(f"{where}: packed {label} must be a 3-D {packing.scale_dtype} "
+                             f"tensor, got {t.dtype} {tuple(t.shape)}")
     return (w, scales, biases)
