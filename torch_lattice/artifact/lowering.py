@@ -30,7 +30,7 @@ from torch_lattice.nn import modules as M
 from torch_lattice.nn.functional import pooling as P
 from torch_lattice.nn.modules.conv import ConvBase
 from torch_lattice.nn.modules.normalized import _Normalized
-from torch_lattice.tensor import SparseTensor
+from torch_lattice.tensor import SparseTensor, Support
 
 __all__ = [
     "FUNCTION_LOWERINGS",
@@ -76,6 +76,30 @@ class Lowering:
         self.weights = weights
         self._point_active: dict[str, Value] = {}
         self.arguments: set[str] = set()  # names of function arguments
+        # The first graph value on each Support (held, so its id stays unique).
+        self._supports: dict[int, tuple[Support, Sparse]] = {}
+
+    def remember(self, sym: Any, real: Any) -> None:
+        """Records ``sym`` as a graph value carrying ``real``'s support."""
+        if isinstance(sym, Sparse) and isinstance(real, SparseTensor):
+            self._supports.setdefault(id(real.support), (real.support, sym))
+
+    def value_with_support(self, support: Support) -> Sparse | None:
+        """The graph value whose support is ``support`` (the same object), if any."""
+        entry = self._supports.get(id(support))
+        return entry[1] if entry is not None and entry[0] is support else None
+
+    def cached_target(self, call: Call, what: str) -> Sparse:
+        """The graph value whose support a no-target transpose landed on (our cached
+        inverse support); the contract would generate one instead, so the artifact
+        names it as the target."""
+        found = self.value_with_support(call.real.support)
+        if found is None:
+            raise ExportError(
+                f"{describe(call.node)}: the {what} landed on a cached support that no value "
+                "of the graph carries; pass the target support explicitly"
+            )
+        return found
 
     # --- value helpers -----------------------------------------------------
     def sparse_result(self, real: Any, node: fx.Node) -> str:
@@ -276,6 +300,12 @@ def _lower_conv(low: Lowering, call: Call, module: nn.Module, qualname: str) -> 
             "weights (quantize_bits): its normalization divides by the weights' squares; "
             "export with quantize_bits=None"
         )
+    if target is None and isinstance(module, M.ConvTranspose3d):
+        # Ours lands on the input support of the matching Conv3d; the contract's
+        # conv_transpose3d generates every src*stride + r - padding. Name the support.
+        real_x = call.real_args[0] if call.real_args else call.real_kwargs["input"]
+        if call.real.support is not real_x.support:  # not the 1x1x1 identity
+            target = low.cached_target(call, "inverse ConvTranspose3d")
     op = _conv_op(module, target is not None, normalized)
     if op == "conv3d":
         check_generated_support(call, "Conv3d", module, call.real_args[0], call.real)
@@ -681,10 +711,12 @@ def _lower_pool_transpose(low: Lowering, call: Call, fn: Callable[..., Any]) -> 
         "padding": geometry.padding,
         "dilation": geometry.dilation,
     }
-    operands = {
-        "input": call.sparse(sym["input"], "input").value,
-        "target": _optional_target(call, sym["target"]),
-    }
+    target = _optional_target(call, sym["target"])
+    if target is None and not sym.get("expand_coordinates", False):
+        # Ours reuses a cached pooling input when there is one; the contract generates.
+        cached = low.value_with_support(call.real.support)
+        target = None if cached is None else cached.value
+    operands = {"input": call.sparse(sym["input"], "input").value, "target": target}
     type_ = low.sparse_result(call.real, call.node)
     return Sparse(low.text.op("pool_transpose3d", operands, attrs, type_, call.name))
 
