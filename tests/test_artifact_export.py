@@ -405,6 +405,11 @@ def test_refuses_generated_supports_the_contract_would_not_produce(
     refuse(tmp_path, One(layer).eval(), (cloud(2),), ExportError, "node 'conv'.*unique\\(floor")
 
 
+def test_refuses_generative_kernels_larger_than_their_stride(tmp_path: Path) -> None:
+    model = One(tl.nn.GenerativeConvTranspose3d(2, 2, 3, stride=2)).eval()
+    refuse(tmp_path, model, (cloud(2, stride=2),), ExportError, "node 'conv'.*larger than")
+
+
 def test_refuses_a_strided_layer_that_drops_edge_rows_on_the_example(tmp_path: Path) -> None:
     # Rows at x = 0, 1, 2: a (2, 1, 1) stride-2 window never covers x = 2 in a range of 3,
     # while the contract keeps floor(2 / 2) = 1.

@@ -153,7 +153,7 @@ def _bias(m: nn.Module) -> nn.Module:
         lambda: tl.nn.NormalizedSubmConv3d(3, 4, 3, bias=True),
         lambda: tl.nn.NormalizedSubmConv3d(3, 4, 1, bias=True),
         lambda: tl.nn.GenerativeConvTranspose3d(3, 2, 2, 2, bias=True),
-        lambda: tl.nn.GenerativeConvTranspose3d(3, 2, (3, 2, 1), (1, 2, 1)),
+        lambda: tl.nn.GenerativeConvTranspose3d(3, 2, (2, 1, 1), (2, 2, 1)),
         lambda: tl.nn.NormalizedGenerativeConvTranspose3d(3, 2, 2, 2, bias=True),
         lambda: tl.nn.MaxPool3d(2),
         lambda: tl.nn.AvgPool3d((1, 2, 2)),

@@ -260,6 +260,18 @@ def check_generated_support(call: Call, what: str, geometry: Any, x: Any, out: A
         )
 
 
+def _check_generative(call: Call, kernel_size: tuple[int, ...], stride: tuple[int, ...]) -> None:
+    """The contract lists every ``src*stride + r`` as its own row, without merging;
+    rows from different sources collide (and would repeat) when a kernel exceeds
+    its stride, where ours merges them."""
+    if any(k > s for k, s in zip(kernel_size, stride, strict=True)):
+        raise ExportError(
+            f"{describe(call.node)}: a generative transpose with kernel_size {kernel_size} "
+            f"larger than its stride {stride} has no exact artifact form (the contract does "
+            "not merge the rows two sources generate); pass the target support explicitly"
+        )
+
+
 # --- convolutions ------------------------------------------------------------
 
 
@@ -306,6 +318,8 @@ def _lower_conv(low: Lowering, call: Call, module: nn.Module, qualname: str) -> 
         real_x = call.real_args[0] if call.real_args else call.real_kwargs["input"]
         if call.real.support is not real_x.support:  # not the 1x1x1 identity
             target = low.cached_target(call, "inverse ConvTranspose3d")
+    if target is None and isinstance(module, M.GenerativeConvTranspose3d):
+        _check_generative(call, module.kernel_size, module.stride)
     op = _conv_op(module, target is not None, normalized)
     if op == "conv3d":
         check_generated_support(call, "Conv3d", module, call.real_args[0], call.real)
