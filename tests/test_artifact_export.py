@@ -71,7 +71,7 @@ def weight_line(key: str, layout: str, family: str, packing: str = "dense") -> s
 def cloud(channels: int, batches: int = 1, stride: int = 1) -> tl.SparseTensor:
     g = torch.Generator().manual_seed(0)
     coords = torch.tensor(
-        [[b, x, y, z] for b in range(batches) for x in range(3) for y in range(2) for z in (0, 2)]
+        [[b, x, y, z] for b in range(batches) for x in range(4) for y in range(4) for z in (0, 3)]
     )
     return tl.SparseTensor(torch.randn(len(coords), channels, generator=g), coords, stride=stride)
 
@@ -390,6 +390,37 @@ def test_refuses_points_without_batch_indices_and_max_voxels(tmp_path: Path) -> 
     refuse(tmp_path, Vox(reduction="max").eval(), (pts, feats), ExportError, "'max'")
 
 
+@pytest.mark.parametrize(
+    "layer",
+    [
+        tl.nn.Conv3d(2, 2, 3, stride=2, padding=1),
+        tl.nn.Conv3d(2, 2, 3),
+        tl.nn.Conv3d(2, 2, 2, stride=2, dilation=2),
+        tl.nn.AvgPool3d(3, 2, 1),
+    ],
+)
+def test_refuses_generated_supports_the_contract_would_not_produce(
+    tmp_path: Path, layer: nn.Module
+) -> None:
+    refuse(tmp_path, One(layer).eval(), (cloud(2),), ExportError, "node 'conv'.*unique\\(floor")
+
+
+def test_refuses_generative_kernels_larger_than_their_stride(tmp_path: Path) -> None:
+    model = One(tl.nn.GenerativeConvTranspose3d(2, 2, 3, stride=2)).eval()
+    refuse(tmp_path, model, (cloud(2, stride=2),), ExportError, "node 'conv'.*larger than")
+
+
+def test_refuses_a_strided_layer_that_drops_edge_rows_on_the_example(tmp_path: Path) -> None:
+    # Rows at x = 0, 1, 2: a (2, 1, 1) stride-2 window never covers x = 2 in a range of 3,
+    # while the contract keeps floor(2 / 2) = 1.
+    model = One(tl.nn.Conv3d(2, 2, (2, 1, 1), stride=(2, 1, 1))).eval()
+    coords = torch.tensor([[0, 0, 0, 0], [0, 1, 0, 0], [0, 2, 0, 0]])
+    line = tl.SparseTensor(torch.ones(3, 2), coords)
+    refuse(tmp_path, model, (line,), ExportError, "drops 1 rows at the upper edge")
+    ranged = tl.SparseTensor(torch.ones(3, 2), coords, spatial_range=(1, 4, 1, 1))
+    save_lattice_model_artifact(model, tmp_path / "a", example_inputs=(ranged,))
+
+
 def test_refuses_batch_norm_without_running_stats(tmp_path: Path) -> None:
     model = One(tl.nn.BatchNorm(2, track_running_stats=False)).eval()
     refuse(tmp_path, model, (cloud(2),), ExportError, "node 'conv'.*running statistics")
@@ -453,3 +484,63 @@ def test_written_files_get_the_umask_modes(tmp_path: Path) -> None:
     assert os.stat(tmp_path / "a").st_mode & 0o777 == 0o777 & ~umask
     for name in ("graph.mlir", "weights.safetensors"):
         assert os.stat(tmp_path / "a" / name).st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_golden_feature_algebra_lines(tmp_path: Path) -> None:
+    class Algebra(nn.Module):
+        def forward(self, x: tl.SparseTensor, y: tl.SparseTensor) -> tl.SparseTensor:
+            s = x + x
+            moved = tl.reindex_sparse(s, y, fill=-0.75)
+            both = tl.sparse_binary(moved, y, "maximum", join="left", lhs_fill=1.5)
+            return tl.sparse_cat([tl.cat([s, x]), both], join="outer")
+
+    y = tl.SparseTensor(torch.ones(2, 2), torch.tensor([[0, 0, 0, 0], [0, 9, 9, 9]]))
+    text = export_text(tmp_path, Algebra(), (cloud(2), y))
+    binary_types = f" : ({SP}, {SP}) -> {SP}\n"
+    for line in (
+        "    %add = lattice.sparse.binary %x, %x {op = #lattice.binary_op<add>, "
+        "join = #lattice.join<outer>, lhs_fill = 0.0 : f32, rhs_fill = 0.0 : f32}",
+        "    %reindex_sparse = lattice.sparse.reindex %add, %y {fill = -0.75 : f32}",
+        "    %sparse_binary = lattice.sparse.binary %reindex_sparse, %y "
+        "{op = #lattice.binary_op<maximum>, join = #lattice.join<left>, "
+        "lhs_fill = 1.5 : f32, rhs_fill = 0.0 : f32}",
+        "    %cat_1 = lattice.sparse.cat %add, %x {join = #lattice.join<inner>}",
+        "    %sparse_cat_1 = lattice.sparse.cat %cat_1, %sparse_binary "
+        "{join = #lattice.join<outer>}",
+    ):
+        assert line + binary_types in text
+
+
+def test_golden_points_lines(tmp_path: Path) -> None:
+    class Points(nn.Module):
+        def forward(
+            self, points: torch.Tensor, feats: torch.Tensor, batch: torch.Tensor
+        ) -> torch.Tensor:
+            v = tl.voxelize(points, feats, batch_indices=batch, voxel_size=0.5, reduction="sum")
+            return tl.devoxelize(
+                points,
+                v,
+                batch_indices=batch,
+                voxel_size=0.5,
+                origin=(0.0, 1.0, 0.0),
+                interpolation="trilinear",
+            )
+
+    pts = torch.rand(20, 3) + torch.tensor([0.0, 1.0, 0.0])
+    batch = torch.zeros(20, dtype=torch.int32)
+    text = export_text(tmp_path, Points(), (pts, torch.rand(20, 2), batch))
+    assert 'lattice.input_names = ["points", "feats", "batch", "points_active"]' in text
+    assert 'lattice.input_roles = ["tensor", "tensor", "tensor", "tensor"]' in text
+    assert (
+        "    %voxelize = lattice.voxelize %points, %feats, %batch, %points_active "
+        "{voxel_size = array<f64: 0.5, 0.5, 0.5>, origin = array<f64: 0.0, 0.0, 0.0>, "
+        "reduction = #lattice.voxel_reduction<sum>, stride = array<i64: 1, 1, 1>} : "
+        f"(tensor<?x3xf32>, tensor<?x2xf32>, tensor<?xi32>, tensor<1xi32>) -> {SP}\n"
+    ) in text
+    # Voxel centres: the contract's corner-based sampling is shifted by half a voxel.
+    assert (
+        "    %devoxelize = lattice.devoxelize %points, %voxelize, %batch, %points_active "
+        "{voxel_size = array<f64: 0.5, 0.5, 0.5>, origin = array<f64: 0.25, 1.25, 0.25>, "
+        "interpolation = #lattice.point_interpolation<linear>} : "
+        f"(tensor<?x3xf32>, {SP}, tensor<?xi32>, tensor<1xi32>) -> tensor<?x2xf32>\n"
+    ) in text

@@ -193,6 +193,7 @@ class _Interpreter(fx.Interpreter):
                 f"{describe(n)} failed on example_inputs: {type(exc).__name__}: {exc}"
             ) from exc
         self.sym[n] = self._lower(n, real)
+        self.low.remember(self.sym[n], real)
         return real
 
     def _lower(self, n: fx.Node, real: Any) -> Any:

@@ -30,7 +30,7 @@ from torch_lattice.nn import modules as M
 from torch_lattice.nn.functional import pooling as P
 from torch_lattice.nn.modules.conv import ConvBase
 from torch_lattice.nn.modules.normalized import _Normalized
-from torch_lattice.tensor import SparseTensor
+from torch_lattice.tensor import SparseTensor, Support
 
 __all__ = [
     "FUNCTION_LOWERINGS",
@@ -76,6 +76,30 @@ class Lowering:
         self.weights = weights
         self._point_active: dict[str, Value] = {}
         self.arguments: set[str] = set()  # names of function arguments
+        # The first graph value on each Support (held, so its id stays unique).
+        self._supports: dict[int, tuple[Support, Sparse]] = {}
+
+    def remember(self, sym: Any, real: Any) -> None:
+        """Records ``sym`` as a graph value carrying ``real``'s support."""
+        if isinstance(sym, Sparse) and isinstance(real, SparseTensor):
+            self._supports.setdefault(id(real.support), (real.support, sym))
+
+    def value_with_support(self, support: Support) -> Sparse | None:
+        """The graph value whose support is ``support`` (the same object), if any."""
+        entry = self._supports.get(id(support))
+        return entry[1] if entry is not None and entry[0] is support else None
+
+    def cached_target(self, call: Call, what: str) -> Sparse:
+        """The graph value whose support a no-target transpose landed on (our cached
+        inverse support); the contract would generate one instead, so the artifact
+        names it as the target."""
+        found = self.value_with_support(call.real.support)
+        if found is None:
+            raise ExportError(
+                f"{describe(call.node)}: the {what} landed on a cached support that no value "
+                "of the graph carries; pass the target support explicitly"
+            )
+        return found
 
     # --- value helpers -----------------------------------------------------
     def sparse_result(self, real: Any, node: fx.Node) -> str:
@@ -199,6 +223,55 @@ def module_lowering(module: nn.Module) -> ModuleLowering | None:
     return None
 
 
+# --- generated supports ---------------------------------------------------------
+
+
+def check_generated_support(call: Call, what: str, geometry: Any, x: Any, out: Any) -> None:
+    """Refuses a support-generating conv or pool whose rows the contract would not produce.
+
+    The contract's ``conv3d`` and ``pool3d`` generate ``unique(floor(c / stride))``
+    over the input rows (the input rows themselves at stride 1); ours generate every
+    reachable cell in ``[0, R_out)``.  The two agree when ``kernel_size == stride``
+    with no padding (dilation only where the kernel is 1), except that ours drops
+    rows past the last whole window of an extent the stride does not divide, which
+    is checked on the example.
+    """
+    k, s, p, d = geometry.kernel_size, geometry.stride, geometry.padding, geometry.dilation
+    exact = all(k[a] == s[a] and p[a] == 0 and (d[a] == 1 or k[a] == 1) for a in range(3))
+    if not exact:
+        raise ExportError(
+            f"{describe(call.node)}: a support-generating {what} with kernel_size {k}, stride "
+            f"{s}, padding {p}, dilation {d} has no exact artifact form: the contract "
+            "generates unique(floor(c / stride)) over the input rows, Torch Lattice every "
+            "reachable cell in [0, R_out). Use kernel_size == stride with padding 0, or give "
+            "the output support explicitly (Conv3d(...)(x, coordinates=target))"
+        )
+    if not isinstance(x, SparseTensor) or not isinstance(out, SparseTensor):
+        return
+    rows = x.coords.to(torch.int64)
+    rows[:, 1:] = torch.div(rows[:, 1:], torch.tensor(s), rounding_mode="floor")
+    theirs = torch.unique(rows, dim=0)
+    if theirs.shape[0] != out.coords.shape[0]:
+        raise ExportError(
+            f"{describe(call.node)}: on example_inputs this {what} drops "
+            f"{theirs.shape[0] - out.coords.shape[0]} rows at the upper edge of the input "
+            f"range {x.support.grid_range()} (not a multiple of the stride {s}), which the "
+            "contract keeps; give the input a spatial_range that is a multiple of the stride"
+        )
+
+
+def _check_generative(call: Call, kernel_size: tuple[int, ...], stride: tuple[int, ...]) -> None:
+    """The contract lists every ``src*stride + r`` as its own row, without merging;
+    rows from different sources collide (and would repeat) when a kernel exceeds
+    its stride, where ours merges them."""
+    if any(k > s for k, s in zip(kernel_size, stride, strict=True)):
+        raise ExportError(
+            f"{describe(call.node)}: a generative transpose with kernel_size {kernel_size} "
+            f"larger than its stride {stride} has no exact artifact form (the contract does "
+            "not merge the rows two sources generate); pass the target support explicitly"
+        )
+
+
 # --- convolutions ------------------------------------------------------------
 
 
@@ -239,7 +312,17 @@ def _lower_conv(low: Lowering, call: Call, module: nn.Module, qualname: str) -> 
             "weights (quantize_bits): its normalization divides by the weights' squares; "
             "export with quantize_bits=None"
         )
+    if target is None and isinstance(module, M.ConvTranspose3d):
+        # Ours lands on the input support of the matching Conv3d; the contract's
+        # conv_transpose3d generates every src*stride + r - padding. Name the support.
+        real_x = call.real_args[0] if call.real_args else call.real_kwargs["input"]
+        if call.real.support is not real_x.support:  # not the 1x1x1 identity
+            target = low.cached_target(call, "inverse ConvTranspose3d")
+    if target is None and isinstance(module, M.GenerativeConvTranspose3d):
+        _check_generative(call, module.kernel_size, module.stride)
     op = _conv_op(module, target is not None, normalized)
+    if op == "conv3d":
+        check_generated_support(call, "Conv3d", module, call.real_args[0], call.real)
     weight = low.weights.declare(
         f"{qualname}.weight", conv_weight_to_artifact(module.weight, module.kernel_size), "conv3d"
     )
@@ -267,6 +350,8 @@ _POOL_MODES = {M.MaxPool3d: "max", M.AvgPool3d: "avg", M.SumPool3d: "sum"}
 
 
 def _pool(low: Lowering, call: Call, x: Sparse, mode: str, geometry: Any, stem: str) -> Sparse:
+    real_x = call.real_args[0] if call.real_args else call.real_kwargs.get("input")
+    check_generated_support(call, "pooling", geometry, real_x, call.real)
     attrs = {
         "mode": mode,
         "kernel_size": geometry.kernel_size,
@@ -640,10 +725,12 @@ def _lower_pool_transpose(low: Lowering, call: Call, fn: Callable[..., Any]) -> 
         "padding": geometry.padding,
         "dilation": geometry.dilation,
     }
-    operands = {
-        "input": call.sparse(sym["input"], "input").value,
-        "target": _optional_target(call, sym["target"]),
-    }
+    target = _optional_target(call, sym["target"])
+    if target is None and not sym.get("expand_coordinates", False):
+        # Ours reuses a cached pooling input when there is one; the contract generates.
+        cached = low.value_with_support(call.real.support)
+        target = None if cached is None else cached.value
+    operands = {"input": call.sparse(sym["input"], "input").value, "target": target}
     type_ = low.sparse_result(call.real, call.node)
     return Sparse(low.text.op("pool_transpose3d", operands, attrs, type_, call.name))
 
