@@ -7,6 +7,7 @@ from a dense ``torch.nn.functional.conv3d`` weight (``w[o, i, x, y, z]`` ->
 
 from __future__ import annotations
 
+from itertools import product
 from pathlib import Path
 
 import pytest
@@ -112,8 +113,19 @@ def test_conv3d_and_target_conv3d_match_dense_torch(tmp_path: Path, target: bool
     torch.testing.assert_close(out.features, ref, rtol=1e-5, atol=1e-5)
 
 
+def _generated(coords: torch.Tensor, ks: tuple[int, int, int], st: tuple[int, int, int],
+               pad: tuple[int, int, int] = (0, 0, 0)) -> torch.Tensor:
+    """``unique{c*s + r - p}`` sorted by (b, x, y, z), by enumeration."""
+    rows = set()
+    for b, *c in coords.tolist():
+        for r in product(*(range(k) for k in ks)):
+            rows.add((b, *(c[a] * st[a] + r[a] - pad[a] for a in range(3))))
+    return torch.tensor(sorted(rows), dtype=torch.int32)
+
+
 def test_transpose_family_matches_dense_and_library(tmp_path: Path) -> None:
-    """conv3d down, then conv_transpose3d (inverse support) and target_conv_transpose3d."""
+    """conv3d down, then conv_transpose3d without a target (the contract generates the
+    fine support from the coarse rows) and target_conv_transpose3d onto the input."""
     ks, st = (2, 3, 2), (2, 1, 2)
     x, inputs = _sparse_x()
     wdown, wup = torch.randn(4, 3, *ks), torch.randn(5, 4, *ks)  # wup: (C_out, C_in, k)
@@ -130,10 +142,12 @@ def test_transpose_family_matches_dense_and_library(tmp_path: Path) -> None:
     outs = _run(tmp_path, g, {"down.weight": wdown.permute(0, 2, 3, 4, 1),
                               "up.weight": wup.permute(0, 2, 3, 4, 1)}, inputs)
     down = F.conv3d(x, oracle_canonical(wdown), None, ks, st)
-    for name in ("up", "onto_x"):
+    generated = _generated(down.coords, ks, st)
+    assert generated.shape[0] > x.coords.shape[0]  # not the support x had
+    for name, support in (("up", generated), ("onto_x", x.coords)):
         out = outs[name]
-        assert isinstance(out, SparseOutput) and torch.equal(out.coords, x.coords)
-        ref = _dense_at(down, wup.transpose(0, 1), x.coords, st, (0, 0, 0), (1, 1, 1),
+        assert isinstance(out, SparseOutput) and torch.equal(out.coords, support)
+        ref = _dense_at(down, wup.transpose(0, 1), support, st, (0, 0, 0), (1, 1, 1),
                         transposed=True)
         torch.testing.assert_close(out.features, ref, rtol=1e-4, atol=1e-4)
 
@@ -173,10 +187,13 @@ def test_generative_and_normalized_match_library(tmp_path: Path, op: str) -> Non
              f"{_geom(ks, st, (1, 0, 1))}, eps = 1.0e-06 : f32, {ACC}", h.SP)
         ref = F.normalized(lambda s, k: F.conv_transpose3d(s, k, None, ks, st, (1, 0, 1),
                                                            coordinates=fine), src, w, b, eps)
-    elif op == "normalized_conv_transpose3d":
+    elif op == "normalized_conv_transpose3d":  # no target: the generated fine support
         g.op("y", op, ["x", "w", "b"], [h.SP, WC, WB],
              f"{_geom(ks, st)}, {ACC}, eps = 1.0e-06 : f32", h.SP)
-        ref = None  # no conv3d made the input: the library refuses, so must the replay
+        gen = _generated(coarse, ks, st)
+        ref = F.normalized(lambda s, k: F.conv_transpose3d(s, k, None, ks, st, coordinates=gen),
+                           src, w, b, eps)
+        assert torch.equal(ref.coords, gen)
     elif "generative" in op:
         eps_attr = ", eps = 1.0e-06 : f32" if "normalized" in op else ""
         g.op("y", op, ["x", "w", "b"], [h.SP, WC, WB],
@@ -193,10 +210,6 @@ def test_generative_and_normalized_match_library(tmp_path: Path, op: str) -> Non
         ref = F.normalized(lambda s, k: F.subm_conv3d(s, k, None, ks), src, w, b, eps)
     g.output("y", h.SP)
     weights = {"w.weight": h.artifact_weight(w, ks), "w.bias": b}
-    if ref is None:
-        with pytest.raises(ValueError, match="normalized_conv_transpose3d"):
-            _run(tmp_path, g, weights, inputs, coordinates="logical")
-        return
     out = _run(tmp_path, g, weights, inputs, coordinates="logical")["output"]
     assert isinstance(out, SparseOutput) and torch.equal(out.coords, ref.coords)
     torch.testing.assert_close(out.features, ref.feats, rtol=1e-5, atol=1e-5)
@@ -562,3 +575,18 @@ def test_pool_transpose_without_target_generates_the_fine_support(tmp_path: Path
     ref = F.pool_transpose3d(pooled, 2, 2, expand_coordinates=True)
     assert ref.coords.shape[0] == 8 * pooled.coords.shape[0] != x.coords.shape[0]
     _assert_sparse(out, ref)
+
+
+def test_generated_transpose_below_zero_is_refused(tmp_path: Path) -> None:
+    """k3 s2 p1 from a coarse row at 0 generates fine coordinate -1, which a SparseTensor
+    cannot hold: the replay says so (a target form is how to express such a layer)."""
+    g = h.Graph()
+    g.sparse_input("x", 2, (2, 2, 2))
+    g.weight("w", "w.weight", "conv3d")
+    g.op("y", "conv_transpose3d", ["x", "w"], [h.SP, WC],
+         f"{_geom((3, 3, 3), (2, 2, 2), (1, 1, 1))}, {ACC}", h.SP)
+    g.output("y", h.SP)
+    w = h.artifact_weight(torch.randn(27, 2, 2), (3, 3, 3))
+    coords = torch.tensor([[0, 0, 2, 2], [0, 2, 2, 2]], dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"lattice\.conv_transpose3d: .*generates coordinate -1"):
+        _run(tmp_path, g, {"w.weight": w}, h.sparse_inputs("x", coords, torch.randn(2, 2)))

@@ -21,9 +21,11 @@ import torch
 import torch_lattice as tl
 from torch_lattice.artifact.mlir_parse import Operation
 from torch_lattice.artifact.replay_weights import WeightValue
+from torch_lattice.geometry import ConvGeometry
 from torch_lattice.nn import functional as F
+from torch_lattice.nn.functional.transposed_support import generated_transposed_support
 from torch_lattice.sparse_join import _lookup as lookup_rows
-from torch_lattice.tensor import SparseTensor
+from torch_lattice.tensor import SparseTensor, Support
 
 __all__ = ["ELEMENTWISE_KINDS", "EXECUTORS", "ReplayContext", "boundary_coords"]
 
@@ -143,6 +145,13 @@ def _conv_executor(name: str) -> Executor:
     def run(ctx: ReplayContext, op: Operation, args: list[Value]) -> tuple[Value, ...]:
         x, tgt, w, b = _conv_parts(op, args, target)
         a = op.attributes
+        support: SparseTensor | Support | None = tgt
+        if family == "conv_transpose3d" and tgt is None:
+            # The contract's no-target transpose generates unique{x*s + r*d - p}; it does
+            # not look up the conv that made x (the library's inverse route).
+            geometry = ConvGeometry.create(a["kernel_size"], a["stride"], a["padding"],
+                                           a["dilation"])
+            support = _call(op, generated_transposed_support, x, geometry, op.spec.name)
 
         def conv(inp: SparseTensor, weight: torch.Tensor, bias: torch.Tensor | None = None
                  ) -> SparseTensor:
@@ -153,7 +162,7 @@ def _conv_executor(name: str) -> Executor:
                                 a["dilation"], coordinates=tgt)
             if family == "conv_transpose3d":
                 return F.conv_transpose3d(inp, weight, bias, a["kernel_size"], a["stride"],
-                                          a["padding"], a["dilation"], coordinates=tgt)
+                                          a["padding"], a["dilation"], coordinates=support)
             return F.generative_conv_transpose3d(inp, weight, bias, a["kernel_size"],
                                                  a["stride"])
 
