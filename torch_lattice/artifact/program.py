@@ -94,11 +94,12 @@ class LatticeProgram:
             )
         for arg in self._module.arguments:
             env[arg.name] = _check_input(arg, inputs[arg.name], self.device)
-        for op in self._module.operations:
-            args = [env[name] for name in op.operands]
-            results = EXECUTORS[op.spec.name](self._ctx, op, args)
-            for name, value in zip(op.results, results, strict=True):
-                env[name] = value
+        with torch.no_grad():  # an artifact is a forward graph: nothing to differentiate
+            for op in self._module.operations:
+                args = [env[name] for name in op.operands]
+                results = EXECUTORS[op.spec.name](self._ctx, op, args)
+                for name, value in zip(op.results, results, strict=True):
+                    env[name] = value
         out: dict[str, torch.Tensor | SparseOutput] = {}
         for name, value_name, ty in zip(self.output_names, self._module.returns,
                                         self._module.result_types, strict=True):
@@ -120,9 +121,6 @@ def _check_input(arg: Argument, value: object, device: torch.device) -> torch.Te
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"input {arg.name!r} must be a torch.Tensor, got {type(value).__name__}")
     ty = arg.type
-    if ty.kind != "tensor":
-        raise ValueError(f"input {arg.name!r}: arguments must be tensors, the graph declares "
-                         f"{ty.kind}")
     if len(ty.shape) != value.ndim or any(
         d is not None and d != s for d, s in zip(ty.shape, value.shape, strict=True)
     ):
@@ -206,6 +204,9 @@ def _check_signature(module: Module) -> None:
             f"arguments {args} one for one"
         )
     for arg, role in zip(module.arguments, roles, strict=True):
+        if arg.type.kind != "tensor":
+            raise ValueError(f"argument %{arg.name} must be a tensor (sparse inputs enter as "
+                             f"coords, features and active), not a {arg.type.kind}")
         if role not in schema.INPUT_ROLES:
             raise ValueError(f"input {arg.name!r} has unknown role {role!r} "
                              f"(allowed: {', '.join(schema.INPUT_ROLES)})")
