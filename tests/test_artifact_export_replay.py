@@ -173,6 +173,18 @@ def test_single_module(tmp_path: Path, make: Callable[[], nn.Module]) -> None:
     roundtrip(tmp_path, Seq(module), (scene(3, seed=1, stride=stride),))
 
 
+def test_a_bare_module_is_a_model(tmp_path: Path) -> None:
+    text = roundtrip(
+        tmp_path, _bias(tl.nn.Conv3d(3, 4, 2, stride=2, bias=True)), (scene(3, seed=14),)
+    )
+    assert 'storage_key = "conv3d.weight"' in text
+    target = scene(1, seed=15, extent=4, stride=2)
+    text = roundtrip(
+        tmp_path, tl.nn.Conv3d(3, 4, 3, stride=2, padding=1), (scene(3, seed=14), target)
+    )
+    assert "= lattice.target_conv3d %input, %coordinates, " in text
+
+
 def test_batch_norm_with_running_statistics(tmp_path: Path) -> None:
     bn = tl.nn.BatchNorm(3)
     with torch.no_grad():

@@ -53,6 +53,21 @@ class LatticeTracer(fx.Tracer):
         return super().is_leaf_module(m, module_qualified_name)
 
 
+def _single_module_graph(model: nn.Module, names: list[str]) -> fx.GraphModule:
+    """A one-node graph for a model that is itself an exportable module.
+
+    The module becomes the child ``<class name in lower case>`` of the graph's
+    root, so its weights are stored as ``submconv3d.weight`` and so on.
+    """
+    key = type(model).__name__.lower()
+    root = nn.Module()
+    root.add_module(key, model)
+    graph = fx.Graph()
+    inputs = tuple(graph.placeholder(name) for name in names)
+    graph.output(graph.call_module(key, inputs))
+    return fx.GraphModule(root, graph)
+
+
 def trace_model(model: nn.Module, n_inputs: int) -> tuple[fx.GraphModule, list[str]]:
     """Traces ``model.forward`` with its first ``n_inputs`` positional parameters.
 
@@ -80,6 +95,8 @@ def trace_model(model: nn.Module, n_inputs: int) -> tuple[fx.GraphModule, list[s
     if missing_kw:
         raise ExportError(f"model.forward has required keyword-only inputs {missing_kw}")
     names = [p.name for p in positional[:n_inputs]]
+    if module_lowering(model) is not None:
+        return _single_module_graph(model, names), names
     concrete: dict[str, Any] = {p.name: p.default for p in positional[n_inputs:]}
     concrete.update({p.name: p.default for p in params if p.kind == p.KEYWORD_ONLY})
     try:
