@@ -20,7 +20,7 @@ from torch_lattice.geometry import ConvGeometry, Triple, triple
 if TYPE_CHECKING:
     from torch_lattice.ops.kernel_map import KernelMap
 
-__all__ = ["CoordinateManager", "SparseTensor", "Support", "validate_coords"]
+__all__ = ["CoordinateManager", "Derivation", "SparseTensor", "Support", "validate_coords"]
 
 _INT32_MAX = 2**31 - 1
 RangeT = tuple[int, int, int, int]
@@ -135,7 +135,7 @@ class Support:
 
 
 @dataclass(frozen=True)
-class _Derivation:
+class Derivation:
     """How a generated support was made: from ``source`` through ``geometry``."""
 
     source: Support
@@ -162,7 +162,7 @@ class CoordinateManager:
         default_factory=dict
     )
     _generative: dict[tuple[Support, ConvGeometry], Support] = field(default_factory=dict)
-    _derivations: dict[Support, list[_Derivation]] = field(default_factory=dict)
+    _derivations: dict[Support, list[Derivation]] = field(default_factory=dict)
     builds: int = 0  # kernel maps built (not served from cache); for tests and profiling
     _lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
 
@@ -257,7 +257,7 @@ class CoordinateManager:
         """Notes that a Conv3d with ``geometry`` mapped ``source`` onto ``output``."""
         with self._lock:
             entries = self._derivations.setdefault(output, [])
-            d = _Derivation(source, geometry)
+            d = Derivation(source, geometry)
             if d not in entries:
                 entries.append(d)
 
@@ -278,7 +278,7 @@ class CoordinateManager:
             self._kernel_maps[key] = kmap
             return kmap
 
-    def derivations(self, support: Support) -> list[_Derivation]:
+    def derivations(self, support: Support) -> list[Derivation]:
         """The (source, geometry) pairs that generated ``support``."""
         with self._lock:
             return list(self._derivations.get(support, ()))
@@ -314,7 +314,10 @@ class SparseTensor:
             every coordinate must lie inside it.
 
     Raises:
-        TypeError / ValueError: naming the argument and the broken rule.
+        TypeError: a wrong type (not a tensor, integer features, float coordinates).
+        ValueError: a broken rule (shape, negative or repeated rows, a row
+            outside ``spatial_range``, different devices); the message names
+            the argument and the rule.
     """
 
     __slots__ = ("_feats", "_support")
