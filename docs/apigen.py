@@ -14,6 +14,8 @@ import importlib
 import pkgutil
 from pathlib import Path
 
+from torch_lattice.atomic_file import atomic_write
+
 ROOT_PACKAGE = "torch_lattice"
 
 # Packages whose public names are all re-exported by their parent, which is
@@ -50,5 +52,5 @@ def write_pages(folder: Path) -> list[Path]:
         stale.unlink()
     for path, text in wanted.items():
         if not path.exists() or path.read_text() != text:
-            path.write_text(text)
+            atomic_write(path, lambda temp, text=text: temp.write_text(text))
     return sorted(wanted)
