@@ -30,6 +30,7 @@ extensions = [
     "myst_parser",
     "sphinx.ext.autodoc",
     "sphinx.ext.napoleon",
+    "api_hooks",
 ]
 source_suffix = {".md": "markdown"}
 root_doc = "index"
@@ -69,35 +70,6 @@ nitpick_ignore_regex = [
 ]
 
 
-def _hide_private_fields(
-    app: object,
-    what: str,
-    name: str,
-    obj: object,
-    options: object,
-    signature: str | None,
-    return_annotation: str | None,
-) -> tuple[str | None, str | None] | None:
-    """Drops a dataclass's private fields (``_lock=<factory>``) from its signature.
-
-    They are caches with default factories that no caller passes; listing them
-    would only advertise internals.
-    """
-    if what != "class" or not signature or "_" not in signature:
-        return None
-    import inspect
-
-    try:
-        sig = inspect.signature(obj)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return None
-    public = [p for p in sig.parameters.values() if not p.name.startswith("_")]
-    if len(public) == len(sig.parameters):
-        return None
-    text = str(sig.replace(parameters=public, return_annotation=inspect.Signature.empty))
-    return text, return_annotation
-
-
 def _generate(app: object) -> None:
     apigen.write_pages(DOCS / "api")
     support_rules.draw_all(DOCS / "figures" / "_generated")
@@ -105,4 +77,3 @@ def _generate(app: object) -> None:
 
 def setup(app: object) -> None:
     app.connect("builder-inited", _generate)  # type: ignore[attr-defined]
-    app.connect("autodoc-process-signature", _hide_private_fields)  # type: ignore[attr-defined]
