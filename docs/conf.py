@@ -38,7 +38,6 @@ exclude_patterns = ["_build"]
 
 # Headings get anchors so that in-page links such as (cuda.md#errors) resolve.
 myst_heading_anchors = 4
-myst_enable_extensions = ["dollarmath"]
 
 html_theme = "alabaster"
 html_title = "Torch Lattice"
