@@ -1,7 +1,8 @@
 """Writes the API reference pages: one page per public package.
 
 A package is public when no part of its dotted name starts with ``_`` and it
-is not listed in ``INTERNAL``.  Each page is an ``automodule`` with
+is not listed in ``INTERNAL``; a module a public package lists in its
+``__all__`` gets a page too.  Each page is an ``automodule`` with
 ``:members:``, which documents exactly the package's ``__all__``; a package
 added to torch_lattice, or a name added to an ``__all__``, therefore reaches
 the reference with no page edit.  ``tests/test_docs_api.py`` checks that every
@@ -29,13 +30,24 @@ INTERNAL = frozenset({"torch_lattice.nn.modules"})
 
 
 def public_packages() -> list[str]:
-    """Dotted names of the documented packages, ``torch_lattice`` first."""
+    """Dotted names of the documented modules, ``torch_lattice`` first.
+
+    Every package whose dotted name has no part starting with ``_`` (except
+    ``INTERNAL``), and every module that such a package lists in its
+    ``__all__`` (``torch_lattice.artifact.schema``, say).
+    """
     root = importlib.import_module(ROOT_PACKAGE)
     names = [ROOT_PACKAGE]
     for info in pkgutil.walk_packages(root.__path__, prefix=ROOT_PACKAGE + "."):
         parts = info.name.split(".")
         if info.ispkg and not any(p.startswith("_") for p in parts) and info.name not in INTERNAL:
             names.append(info.name)
+    for package in list(names):
+        module = importlib.import_module(package)
+        for name in getattr(module, "__all__", ()):
+            member = getattr(module, name, None)
+            if inspect.ismodule(member) and member.__name__ not in names:
+                names.append(member.__name__)
     return names
 
 
