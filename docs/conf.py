@@ -2,9 +2,11 @@
 
 Build with ``scripts/docs.sh`` (warnings are errors).  The pages are the
 Markdown files of this folder (myst-parser); the API reference is autodoc,
-driven by each public package's ``__all__`` (see ``apigen.py``); the figures
-of the concepts page are drawn at build time by ``figures/support_rules.py``
-with the library itself computing every support.
+driven by each public package's ``__all__`` (``apigen.py`` writes the pages,
+``api_hooks.py`` shows custom ops and constants and fails the build for any
+public name left undocumented); the figures of the concepts page are drawn at
+build time by ``figures/support_rules.py``, with the library itself computing
+every support.
 """
 
 from __future__ import annotations
