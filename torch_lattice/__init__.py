@@ -5,6 +5,7 @@ modules in :mod:`torch_lattice.nn`.
 """
 
 from torch_lattice import backbones, nn, ops
+from torch_lattice.sparse_join import reindex_sparse, sparse_binary, sparse_cat
 from torch_lattice.sparse_ops import cat, to_dense
 from torch_lattice.tensor import CoordinateManager, SparseTensor
 from torch_lattice.voxel import collate, devoxelize, voxelize
@@ -22,6 +23,9 @@ __all__ = [
     "devoxelize",
     "nn",
     "ops",
+    "reindex_sparse",
+    "sparse_binary",
+    "sparse_cat",
     "to_dense",
     "voxelize",
 ]

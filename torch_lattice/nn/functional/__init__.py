@@ -19,8 +19,11 @@ from torch_lattice.nn.functional.pooling import (
     avg_pool3d,
     global_avg_pool,
     global_max_pool,
+    global_pool,
     max_pool3d,
+    pool_transpose3d,
     sum_pool3d,
+    trilinear_upsample3d,
 )
 
 __all__ = [
@@ -35,10 +38,13 @@ __all__ = [
     "get_global_conv_config",
     "global_avg_pool",
     "global_max_pool",
+    "global_pool",
     "max_pool3d",
     "normalized",
+    "pool_transpose3d",
     "resolved_dataflow",
     "set_global_conv_config",
     "subm_conv3d",
     "sum_pool3d",
+    "trilinear_upsample3d",
 ]

@@ -1,4 +1,5 @@
-"""Functional sparse pooling: windowed (max / average / sum) and global.
+"""Functional sparse pooling: windowed (max / average / sum), its transposes
+(average-pooling transpose, normalized trilinear upsampling) and global.
 
 Windowed pooling follows :func:`~torch_lattice.nn.functional.conv3d`'s geometry
 exactly: the output support is the coordinate manager's generated support for
@@ -7,6 +8,10 @@ kernel map, so a pooling layer and a convolution with the same geometry share
 one cached support and one cached map.  Each output row pools over the kernel
 rows whose input exists (never over absent rows, so an average divides by the
 number of present inputs).
+
+The transposes follow the MLX Lattice artifact contract (``lattice.pool_transpose3d``,
+``lattice.trilinear_upsample3d``, ``lattice.global_pool``) so that artifacts replay
+exactly: see docs/building-blocks.md.
 """
 
 from __future__ import annotations
@@ -15,18 +20,25 @@ from collections.abc import Sequence
 
 import torch
 
-from torch_lattice.geometry import ConvGeometry
-from torch_lattice.nn.functional.conv import generated_support
+from torch_lattice.geometry import ConvGeometry, kernel_positions, triple
+from torch_lattice.nn.functional.conv import generated_support, target_support
+from torch_lattice.nn.functional.transposed_support import (
+    cached_source_support,
+    generated_transposed_support,
+)
 from torch_lattice.ops.pooling import pool_avg, pool_max, pool_sum
-from torch_lattice.tensor import SparseTensor
+from torch_lattice.tensor import SparseTensor, Support, divide_stride
 
 __all__ = [
     "avg_pool3d",
     "global_avg_pool",
     "global_max_pool",
+    "global_pool",
     "max_pool3d",
     "pool_geometry",
+    "pool_transpose3d",
     "sum_pool3d",
+    "trilinear_upsample3d",
 ]
 
 IntOr3 = int | Sequence[int]
@@ -95,27 +107,193 @@ def sum_pool3d(
     return _pool(input, pool_geometry(kernel_size, stride, padding, dilation), "sum")
 
 
-def _batches(x: SparseTensor) -> tuple[torch.Tensor, int]:
+def _check_sparse(x: object, name: str) -> SparseTensor:
     if not isinstance(x, SparseTensor):
-        raise TypeError(f"input must be a torch_lattice.SparseTensor, got {type(x).__name__}")
-    return x.coords[:, 0].long(), x.support.num_batches()
+        raise TypeError(f"{name} must be a torch_lattice.SparseTensor, got {type(x).__name__}")
+    return x
 
 
-def global_avg_pool(input: SparseTensor) -> torch.Tensor:
-    """``(B, C)`` mean of each batch's rows; B is ``spatial_range[0]`` when set,
-    else ``max(batch) + 1``.  Batches without rows give zeros."""
-    batch, b = _batches(input)
-    feats = input.feats
-    sums = feats.new_zeros((b, feats.shape[1])).index_add(0, batch, feats)
-    count = torch.bincount(batch, minlength=b).clamp_min(1).to(feats.dtype)
-    return sums / count.unsqueeze(1)
+def _transpose_target(
+    x: SparseTensor, target: SparseTensor | None, geometry: ConvGeometry
+) -> Support | None:
+    """``target``'s support, checked: stride ``x.stride / stride``, same device."""
+    if target is None:
+        return None
+    _check_sparse(target, "target")
+    return target_support(x, target, divide_stride(x.stride, geometry.stride))
 
 
-def global_max_pool(input: SparseTensor) -> torch.Tensor:
-    """``(B, C)`` maximum of each batch's rows (B as in :func:`global_avg_pool`).
-    Batches without rows give zeros."""
-    batch, b = _batches(input)
-    feats = input.feats
+def pool_transpose3d(
+    input: SparseTensor,
+    kernel_size: IntOr3,
+    stride: IntOr3 | None = None,
+    padding: IntOr3 = 0,
+    dilation: IntOr3 = 1,
+    target: SparseTensor | None = None,
+    *,
+    expand_coordinates: bool = False,
+) -> SparseTensor:
+    """Sparse average-pooling transpose (``lattice.pool_transpose3d``).
+
+    ``y[t] = mean of x[i] over the rows i with input[i]*stride + r*dilation - padding == t``
+    for some kernel position ``r`` (present rows only; 0 where none reaches ``t``).
+
+    Args:
+        input: coarse SparseTensor.
+        kernel_size, stride, padding, dilation: the pooling geometry (``stride=None``
+            means ``kernel_size``); the output stride is ``input.stride / stride``.
+        target: the fine support to compute, in its order (stride ``input.stride /
+            stride``). None: the input support of the pooling / Conv3d with this
+            geometry that produced ``input`` when one is cached, else the generated
+            support ``unique{input*stride + r*dilation - padding}`` sorted by (b, x, y, z).
+        expand_coordinates: without a target, always the generated support (the
+            artifact contract's no-target route, which never consults a cache).
+
+    Raises:
+        TypeError: ``input`` or ``target`` is not a SparseTensor, ``expand_coordinates``
+            not a bool.
+        ValueError: bad geometry, a stride that does not divide ``input.stride``, a
+            target of another stride or device, or a generated coordinate below 0.
+    """
+    x = _check_sparse(input, "input")
+    if not isinstance(expand_coordinates, bool):
+        raise TypeError(f"expand_coordinates must be a bool, got {expand_coordinates!r}")
+    geometry = pool_geometry(kernel_size, stride, padding, dilation)
+    support = _transpose_target(x, target, geometry)
+    if support is None and not expand_coordinates:
+        divide_stride(x.stride, geometry.stride)
+        support = cached_source_support(x, geometry)
+    if support is None:
+        support = generated_transposed_support(x, geometry, "pool_transpose3d")
+    kmap = support.manager.kernel_map(support, x.support, geometry)
+    # The fine -> coarse forward map read backwards: rev lists, per fine row, the
+    # coarse rows reaching it, so the average over them is pool_avg on rev.
+    y = pool_avg(x.feats, kmap.rev, kmap.nbr)
+    return SparseTensor.from_support(y, support)
+
+
+def upsample_geometry(stride: IntOr3) -> ConvGeometry:
+    """The relation of trilinear upsampling by ``stride``: kernel ``2s - 1``,
+    padding ``s - 1``, so fine ``t`` meets coarse ``c`` iff ``|t - c*s| < s`` per axis."""
+    s = triple("stride", stride, 1)
+    return ConvGeometry.create(tuple(2 * v - 1 for v in s), s, tuple(v - 1 for v in s), 1)
+
+
+def trilinear_weights(geometry: ConvGeometry, like: torch.Tensor) -> torch.Tensor:
+    """``(K,)`` weights ``prod_axis(1 - |r - (s - 1)| / s)`` in kernel-row order."""
+    r = kernel_positions(geometry.kernel_size).to(torch.float64)
+    s = torch.tensor(geometry.stride, dtype=torch.float64)
+    w = (1.0 - (r - (s - 1)).abs() / s).prod(dim=1)
+    return w.to(dtype=like.dtype, device=like.device)
+
+
+def trilinear_upsample3d(
+    input: SparseTensor, stride: IntOr3, target: SparseTensor | None = None
+) -> SparseTensor:
+    """Normalized trilinear upsampling (``lattice.trilinear_upsample3d``).
+
+    ``y[t] = sum_n w_n x[c_n] / sum_n w_n`` over the present coarse rows ``c_n`` with
+    ``t = c_n*stride + r_n - (stride - 1)``, ``0 <= r_n < 2*stride - 1``, and
+    ``w_n = prod_axis(1 - |r_n - (stride - 1)| / stride)``: the weights are renormalized
+    over the neighbours present, so missing ones do not fade the result; 0 where none.
+
+    Args:
+        input: coarse SparseTensor.
+        stride: int or 3-tuple; the output stride is ``input.stride / stride``.
+        target: the fine support to compute, in its order; None: the generated support
+            ``unique{input*stride + r - (stride - 1)}`` sorted by (b, x, y, z), which
+            raises when an input row sits at coordinate 0 on an axis with stride > 1
+            (a negative coordinate), so pass the target there.
+
+    Raises:
+        TypeError / ValueError: as :func:`pool_transpose3d`.
+    """
+    x = _check_sparse(input, "input")
+    geometry = upsample_geometry(stride)
+    support = _transpose_target(x, target, geometry)
+    if support is None:
+        support = generated_transposed_support(x, geometry, "trilinear_upsample3d")
+    kmap = support.manager.kernel_map(support, x.support, geometry)
+    pairs = torch.nonzero(kmap.rev >= 0)  # (fine row, kernel row), fine rows ascending
+    fine, kernel = pairs[:, 0], pairs[:, 1]
+    coarse = kmap.rev[fine, kernel].long()
+    w = trilinear_weights(geometry, x.feats)[kernel]
+    n = support.num_rows
+    num = x.feats.new_zeros((n, x.feats.shape[1])).index_add(
+        0, fine, x.feats.index_select(0, coarse) * w[:, None]
+    )
+    den = w.new_zeros(n).index_add(0, fine, w)
+    y = torch.where(den[:, None] > 0, num / den.clamp_min(torch.finfo(w.dtype).tiny)[:, None], num)
+    return SparseTensor.from_support(y, support)
+
+
+_GLOBAL_MODES = ("sum", "avg", "max")
+
+
+def _batch_count(x: SparseTensor, batch_size: int | None) -> int:
+    inferred = x.support.num_batches()
+    if batch_size is None:
+        return inferred
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int):
+        raise TypeError(f"batch_size must be an int or None, got {batch_size!r}")
+    if batch_size < inferred:
+        raise ValueError(
+            f"batch_size {batch_size} is smaller than the input's batch count {inferred} "
+            "(spatial_range[0], else the largest batch index + 1)"
+        )
+    return batch_size
+
+
+def _global(x: SparseTensor, mode: str, batch_size: int | None, empty_max: str) -> torch.Tensor:
+    if mode not in _GLOBAL_MODES:
+        raise ValueError(f"mode must be one of {_GLOBAL_MODES}, got {mode!r}")
+    b = _batch_count(_check_sparse(x, "input"), batch_size)
+    feats = x.feats
+    batch = x.coords[:, 0].long()
+    count = torch.bincount(batch, minlength=b)
+    if mode != "max":
+        sums = feats.new_zeros((b, feats.shape[1])).index_add(0, batch, feats)
+        if mode == "sum":
+            return sums
+        return sums / count.clamp_min(1).to(feats.dtype).unsqueeze(1)
+    if empty_max == "raise" and b and bool((count == 0).any()):
+        empty = int(torch.nonzero(count == 0)[0, 0])
+        raise ValueError(
+            f"global_pool(mode='max') needs a row in every batch; batch {empty} of {b} has none"
+        )
     index = batch.unsqueeze(1).expand_as(feats)
     out = feats.new_zeros((b, feats.shape[1]))
     return out.scatter_reduce(0, index, feats, reduce="amax", include_self=False)
+
+
+def global_pool(
+    input: SparseTensor, mode: str = "sum", batch_size: int | None = None
+) -> torch.Tensor:
+    """``(B, C)`` per-batch reduction of the rows (``lattice.global_pool``).
+
+    Args:
+        input: SparseTensor.
+        mode: ``"sum"``, ``"avg"`` (sum / row count; 0 for a batch without rows) or
+            ``"max"`` (every batch must have a row).
+        batch_size: B; None: ``spatial_range[0]`` when set, else ``max(batch) + 1``
+            (0 for an empty tensor). Larger values add trailing batches.
+
+    Raises:
+        TypeError: ``input`` is not a SparseTensor, ``batch_size`` not an int.
+        ValueError: unknown mode, ``batch_size`` below the input's batch count, or
+            ``"max"`` over a batch without rows.
+    """
+    return _global(input, mode, batch_size, empty_max="raise")
+
+
+def global_avg_pool(input: SparseTensor) -> torch.Tensor:
+    """``(B, C)`` mean of each batch's rows: ``global_pool(input, "avg")``.  B is
+    ``spatial_range[0]`` when set, else ``max(batch) + 1``; batches without rows give zeros."""
+    return _global(input, "avg", None, empty_max="raise")
+
+
+def global_max_pool(input: SparseTensor) -> torch.Tensor:
+    """``(B, C)`` maximum of each batch's rows (B as in :func:`global_avg_pool`):
+    ``global_pool(input, "max")`` where that is defined; unlike it, a batch without rows
+    gives zeros here (the module's behaviour since 0.1)."""
+    return _global(input, "max", None, empty_max="zeros")
