@@ -11,6 +11,7 @@ from torch_lattice.tensor import CoordinateManager, SparseTensor
 from torch_lattice.voxel import collate, devoxelize, voxelize
 
 __version__ = "0.1.0"
+"""The package version (PEP 440)."""
 
 __all__ = [
     "CoordinateManager",

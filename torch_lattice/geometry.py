@@ -108,7 +108,7 @@ class ConvGeometry:
 
     @property
     def is_identity(self) -> bool:
-        """1x1x1, stride 1, no padding: output support is the input support."""
+        """Whether the kernel is 1x1x1 with stride 1 and no padding (output support = input)."""
         return (
             self.kernel_size == (1, 1, 1)
             and self.stride == (1, 1, 1)

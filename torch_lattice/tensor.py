@@ -20,7 +20,7 @@ from torch_lattice.geometry import ConvGeometry, Triple, triple
 if TYPE_CHECKING:
     from torch_lattice.ops.kernel_map import KernelMap
 
-__all__ = ["CoordinateManager", "SparseTensor", "Support", "validate_coords"]
+__all__ = ["CoordinateManager", "Derivation", "SparseTensor", "Support", "validate_coords"]
 
 _INT32_MAX = 2**31 - 1
 RangeT = tuple[int, int, int, int]
@@ -112,6 +112,7 @@ class Support:
 
     @property
     def num_rows(self) -> int:
+        """``N``, the number of coordinate rows."""
         return int(self.coords.shape[0])
 
     def grid_range(self) -> Triple:
@@ -129,13 +130,14 @@ class Support:
         return self._inferred_range
 
     def num_batches(self) -> int:
+        """``B``: ``spatial_range[0]``, else the largest batch index + 1 (0 if empty)."""
         if self.spatial_range is not None:
             return self.spatial_range[0]
         return int(self.coords[:, 0].max()) + 1 if self.num_rows else 0
 
 
 @dataclass(frozen=True)
-class _Derivation:
+class Derivation:
     """How a generated support was made: from ``source`` through ``geometry``."""
 
     source: Support
@@ -162,13 +164,14 @@ class CoordinateManager:
         default_factory=dict
     )
     _generative: dict[tuple[Support, ConvGeometry], Support] = field(default_factory=dict)
-    _derivations: dict[Support, list[_Derivation]] = field(default_factory=dict)
+    _derivations: dict[Support, list[Derivation]] = field(default_factory=dict)
     builds: int = 0  # kernel maps built (not served from cache); for tests and profiling
     _lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
 
     def new_support(
         self, coords: torch.Tensor, stride: Triple, spatial_range: RangeT | None
     ) -> Support:
+        """A new support owned by this manager (rows are not validated here)."""
         return Support(coords, stride, spatial_range, self)
 
     def generated_support(self, source: Support, geometry: ConvGeometry) -> Support:
@@ -257,7 +260,7 @@ class CoordinateManager:
         """Notes that a Conv3d with ``geometry`` mapped ``source`` onto ``output``."""
         with self._lock:
             entries = self._derivations.setdefault(output, [])
-            d = _Derivation(source, geometry)
+            d = Derivation(source, geometry)
             if d not in entries:
                 entries.append(d)
 
@@ -278,13 +281,14 @@ class CoordinateManager:
             self._kernel_maps[key] = kmap
             return kmap
 
-    def derivations(self, support: Support) -> list[_Derivation]:
+    def derivations(self, support: Support) -> list[Derivation]:
         """The (source, geometry) pairs that generated ``support``."""
         with self._lock:
             return list(self._derivations.get(support, ()))
 
 
 def multiply_stride(a: Triple, b: Triple) -> Triple:
+    """``a * b`` per axis: the output stride of a strided convolution."""
     return (a[0] * b[0], a[1] * b[1], a[2] * b[2])
 
 
@@ -314,7 +318,10 @@ class SparseTensor:
             every coordinate must lie inside it.
 
     Raises:
-        TypeError / ValueError: naming the argument and the broken rule.
+        TypeError: a wrong type (not a tensor, integer features, float coordinates).
+        ValueError: a broken rule (shape, negative or repeated rows, a row
+            outside ``spatial_range``, different devices); the message names
+            the argument and the rule.
     """
 
     __slots__ = ("_feats", "_support")
@@ -362,6 +369,7 @@ class SparseTensor:
 
     @property
     def F(self) -> torch.Tensor:
+        """Alias of :attr:`feats` (TorchSparse spelling)."""
         return self._feats
 
     @property
@@ -371,34 +379,42 @@ class SparseTensor:
 
     @property
     def C(self) -> torch.Tensor:
+        """Alias of :attr:`coords` (TorchSparse spelling)."""
         return self._support.coords
 
     @property
     def stride(self) -> Triple:
+        """Lattice spacing per axis (the product of the strides that led here)."""
         return self._support.stride
 
     @property
     def spatial_range(self) -> RangeT | None:
+        """``(B, X, Y, Z)`` bounding every row, or ``None``."""
         return self._support.spatial_range
 
     @property
     def support(self) -> Support:
+        """The coordinate set (rows, stride, range), shared by derived tensors."""
         return self._support
 
     @property
     def coordinate_manager(self) -> CoordinateManager:
+        """The cache of supports and kernel maps this tensor shares."""
         return self._support.manager
 
     @property
     def device(self) -> torch.device:
+        """Device of the features and coordinates."""
         return self._feats.device
 
     @property
     def dtype(self) -> torch.dtype:
+        """Dtype of the features."""
         return self._feats.dtype
 
     @property
     def shape(self) -> torch.Size:
+        """``(N, C)``, the shape of the features."""
         return self._feats.shape
 
     def __len__(self) -> int:
@@ -433,21 +449,27 @@ class SparseTensor:
         return SparseTensor.from_support(feats, moved)
 
     def cpu(self) -> SparseTensor:
+        """``to("cpu")``."""
         return self.to("cpu")
 
     def cuda(self, device: int | str | torch.device | None = None) -> SparseTensor:
+        """``to("cuda")``, or to the given CUDA device."""
         return self.to("cuda" if device is None else device)
 
     def half(self) -> SparseTensor:
+        """float16 features on the same support."""
         return self.replace(self._feats.half())
 
     def float(self) -> SparseTensor:
+        """float32 features on the same support."""
         return self.replace(self._feats.float())
 
     def double(self) -> SparseTensor:
+        """float64 features on the same support."""
         return self.replace(self._feats.double())
 
     def detach(self) -> SparseTensor:
+        """Features detached from the autograd graph, on the same support."""
         return self.replace(self._feats.detach())
 
     def __add__(self, other: object) -> SparseTensor:

@@ -112,12 +112,13 @@ def voxelize(
         reduction: ``"mean"``, ``"sum"`` or ``"max"`` over the points of a voxel.
 
     Returns:
-        Stride-1 SparseTensor: coords ``(M, 4)`` int32 ``[b, x, y, z]`` unique and
-        sorted, feats ``(M, C)`` in ``features.dtype``.
+        SparseTensor: stride 1, coords ``(M, 4)`` int32 ``[b, x, y, z]`` unique
+        and sorted, feats ``(M, C)`` in ``features.dtype``.
 
     Raises:
-        TypeError / ValueError: bad shapes or dtypes, a point below ``origin``
-        (named), non-finite points, voxel indices beyond int32.
+        TypeError: bad types or dtypes.
+        ValueError: bad shapes, a point below ``origin`` (named), non-finite
+            points, voxel indices beyond int32.
     """
     pts = _check_points(points)
     if not isinstance(features, torch.Tensor) or not features.is_floating_point():

@@ -63,6 +63,11 @@ class ResidualBlock(nn.Module):
         self.relu = ReLU(inplace=True)
 
     def forward(self, x: SparseTensor) -> SparseTensor:
+        """``relu(main(x) + shortcut(x))``; both branches keep ``x``'s support.
+
+        Returns:
+            SparseTensor: ``(N, out_channels)`` features on ``x``'s support.
+        """
         return self.relu(add(self.main(x), self.shortcut(x)))
 
 
@@ -113,6 +118,18 @@ class SparseResUNet42(nn.Module):
         self.head = Conv3d(prev, num_classes, 1, bias=True)
 
     def forward(self, x: SparseTensor) -> SparseTensor:
+        """Per-voxel class scores for ``x``.
+
+        Support rule: the output rows are exactly ``x``'s rows in order (the
+        encoder's strided supports are generated, the decoder's transposes
+        return onto them).
+
+        Args:
+            x: ``(N, in_channels)`` features, stride 1.
+
+        Returns:
+            SparseTensor: ``(N, num_classes)`` scores on ``x``'s support.
+        """
         if not isinstance(x, SparseTensor):
             raise TypeError(f"input must be a SparseTensor, got {type(x).__name__}")
         levels = [self.stem(_padded_range(x))]

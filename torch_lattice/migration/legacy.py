@@ -41,6 +41,7 @@ import torch
 __all__ = ["SUPPORTED_VERSIONS", "legacy_coords", "legacy_strided_support"]
 
 SUPPORTED_VERSIONS = ("1.4", "2.0", "2.1")
+"""TorchSparse versions whose coordinates and strided supports can be reproduced."""
 
 _INT32_MAX = 2**31 - 1
 _AXES = "xyz"

@@ -1,8 +1,8 @@
 """Custom ops in the ``lattice`` namespace (torch.library).
 
 Importing this package registers them: kernel-map construction
-(:mod:`.kernel_map`) and the sparse convolution with its autograd
-(:mod:`.conv`).
+(``ops.kernel_map``) and the sparse convolution with its autograd
+(``ops.conv``).
 """
 
 from torch_lattice.ops.conv import sparse_conv, sparse_conv_weight_grad

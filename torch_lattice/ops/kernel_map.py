@@ -68,7 +68,7 @@ class KernelMap:
 
         Returns :meth:`pairs` of that direction when cached; otherwise derives them from
         the other direction's cached lists with
-        :func:`~torch_lattice.ops.pairs.reverse_pairs` (on CUDA a swap, unsorted within a
+        ``reverse_pairs`` (on CUDA a swap, unsorted within a
         kernel row, which the CUDA dataflows accept; on the CPU an argsort, whose result
         equals ``pairs(transposed)`` and is cached as such); otherwise builds
         :meth:`pairs` of that direction.  So a map run forward, backward and transposed

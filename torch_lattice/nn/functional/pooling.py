@@ -206,7 +206,8 @@ def trilinear_upsample3d(
             (a negative coordinate), so pass the target there.
 
     Raises:
-        TypeError / ValueError: as :func:`pool_transpose3d`.
+        TypeError: as :func:`pool_transpose3d`.
+        ValueError: as :func:`pool_transpose3d`.
     """
     x = _check_sparse(input, "input")
     geometry = upsample_geometry(stride)

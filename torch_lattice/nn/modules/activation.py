@@ -25,6 +25,14 @@ class ReLU(nn.ReLU):
     """``max(x, 0)`` on features."""
 
     def forward(self, input: SparseTensor) -> SparseTensor:  # type: ignore[override]
+        """``max(x, 0)`` applied to each feature of ``input``.
+
+        Support rule: the output keeps ``input``'s support (rows, order,
+        stride, range).
+
+        Returns:
+            SparseTensor: ``(N, C)`` features on ``input``'s support.
+        """
         return _apply(self, nn.ReLU, input)
 
 
@@ -32,6 +40,14 @@ class LeakyReLU(nn.LeakyReLU):
     """``x if x > 0 else negative_slope * x`` on features."""
 
     def forward(self, input: SparseTensor) -> SparseTensor:  # type: ignore[override]
+        """``x if x > 0 else negative_slope * x`` applied to each feature of ``input``.
+
+        Support rule: the output keeps ``input``'s support (rows, order,
+        stride, range).
+
+        Returns:
+            SparseTensor: ``(N, C)`` features on ``input``'s support.
+        """
         return _apply(self, nn.LeakyReLU, input)
 
 
@@ -39,6 +55,14 @@ class SiLU(nn.SiLU):
     """``x * sigmoid(x)`` on features."""
 
     def forward(self, input: SparseTensor) -> SparseTensor:  # type: ignore[override]
+        """``x * sigmoid(x)`` applied to each feature of ``input``.
+
+        Support rule: the output keeps ``input``'s support (rows, order,
+        stride, range).
+
+        Returns:
+            SparseTensor: ``(N, C)`` features on ``input``'s support.
+        """
         return _apply(self, nn.SiLU, input)
 
 
@@ -46,4 +70,12 @@ class GELU(nn.GELU):
     """Gaussian error linear unit on features (``approximate`` as in torch)."""
 
     def forward(self, input: SparseTensor) -> SparseTensor:  # type: ignore[override]
+        """GELU (``approximate`` as set) applied to each feature of ``input``.
+
+        Support rule: the output keeps ``input``'s support (rows, order,
+        stride, range).
+
+        Returns:
+            SparseTensor: ``(N, C)`` features on ``input``'s support.
+        """
         return _apply(self, nn.GELU, input)

@@ -138,6 +138,19 @@ class SubmConv3d(ConvBase):
         )
 
     def forward(self, input: SparseTensor) -> SparseTensor:
+        """Submanifold convolution of ``input``.
+
+        Support rule: the output rows are exactly ``input``'s rows, in the same
+        order, with the same stride and ``spatial_range``;
+        ``y[q] = bias + sum_n weight[n]^T x[q + (r_n - (K - 1) / 2) * dilation]``
+        over the kernel rows whose input row is present (same batch index).
+
+        Args:
+            input: ``(N, C_in)`` features on any support.
+
+        Returns:
+            SparseTensor: ``(N, C_out)`` features on ``input``'s support.
+        """
         return self.conv(input, self.weight, self.bias)
 
 
@@ -166,6 +179,7 @@ class StridedConv(ConvBase):
     def forward(
         self, input: SparseTensor, coordinates: Target = None, *, target: Target = None
     ) -> SparseTensor:
+        """Runs :meth:`conv` with this module's weight and bias (see subclasses)."""
         return self.conv(input, self.weight, self.bias, pick_target(coordinates, target))
 
 
@@ -200,3 +214,32 @@ class Conv3d(StridedConv):
             coordinates=coordinates,
             config=self.config,
         )
+
+    def forward(
+        self, input: SparseTensor, coordinates: Target = None, *, target: Target = None
+    ) -> SparseTensor:
+        """Strided (support-generating) or target convolution of ``input``.
+
+        Support rule: without a target, the output rows are every ``q`` in
+        ``[0, R_out)`` per axis that some present input row reaches
+        (``x[q*stride - padding + r*dilation]`` exists for a kernel row ``r``),
+        sorted by ``(b, x, y, z)``, with stride ``input.stride * stride`` and
+        range ``(B, R_out)`` when ``input`` has one, where
+        ``R_out = (R + 2*padding - dilation*(K - 1) - 1) // stride + 1``.  A
+        1x1x1, stride-1, padding-0 kernel keeps ``input``'s rows and order.
+        With a target, the output rows are exactly the target's rows in its
+        order (rows no input reaches get only the bias); the target's stride
+        must be ``input.stride * stride``.  Values:
+        ``y[q] = bias + sum_n weight[n]^T x[q*stride - padding + r_n*dilation]``.
+
+        Args:
+            input: ``(N, C_in)`` features.
+            coordinates: optional target support: a SparseTensor, its
+                ``support``, or ``(M, 4)`` integer rows.
+            target: the same, as a keyword (give one of the two).
+
+        Returns:
+            SparseTensor: ``(M, C_out)`` features on the generated support, or
+            on the target's rows.
+        """
+        return self.conv(input, self.weight, self.bias, pick_target(coordinates, target))

@@ -14,7 +14,7 @@ import torch
 from torch_lattice.geometry import triple
 from torch_lattice.nn.functional import conv_transpose as F
 from torch_lattice.nn.functional.config import ConvConfig
-from torch_lattice.nn.modules.conv import StridedConv, Target
+from torch_lattice.nn.modules.conv import StridedConv, Target, pick_target
 from torch_lattice.tensor import SparseTensor
 
 __all__ = ["ConvTranspose3d", "GenerativeConvTranspose3d"]
@@ -48,6 +48,31 @@ class ConvTranspose3d(StridedConv):
             coordinates=coordinates,
             config=self.config,
         )
+
+    def forward(
+        self, input: SparseTensor, coordinates: Target = None, *, target: Target = None
+    ) -> SparseTensor:
+        """Transposed convolution of ``input``, onto a finer support.
+
+        Support rule: ``up(src)`` returns exactly the input support of the
+        ``Conv3d`` with this geometry that produced ``src`` (its rows, order,
+        stride and ``spatial_range``; no such convolution in ``src``'s history
+        raises ``ValueError``).  ``up(src, target)`` returns exactly the
+        target's rows in order, whose stride must be ``src.stride / stride``.
+        Values:
+        ``y[t] = bias + sum over (n, i) with src[i]*stride + r_n*dilation - padding == t``
+        of ``weight[n]^T x[i]``.
+
+        Args:
+            input: ``(N, C_in)`` features on the coarse support.
+            coordinates: optional target support: a SparseTensor, its
+                ``support``, or ``(M, 4)`` integer rows.
+            target: the same, as a keyword (give one of the two).
+
+        Returns:
+            SparseTensor: ``(M, C_out)`` features on the recovered or target support.
+        """
+        return self.conv(input, self.weight, self.bias, pick_target(coordinates, target))
 
 
 class GenerativeConvTranspose3d(StridedConv):
@@ -93,3 +118,28 @@ class GenerativeConvTranspose3d(StridedConv):
             coordinates=coordinates,
             config=self.config,
         )
+
+    def forward(
+        self, input: SparseTensor, coordinates: Target = None, *, target: Target = None
+    ) -> SparseTensor:
+        """Generative transposed convolution of ``input``.
+
+        Support rule: without a target, the output rows are
+        ``unique{src[i]*stride + r}`` over every input row and every kernel
+        position, sorted by ``(b, x, y, z)`` and never clipped, with stride
+        ``input.stride / stride`` (must divide exactly) and range
+        ``(B, (R - 1)*stride + K)`` when ``input`` has one.  With a target, the
+        output rows are exactly the target's rows in order.  Values follow the
+        transpose relation ``y[src[i]*stride + r_n] += weight[n]^T x[i]``, plus
+        bias.
+
+        Args:
+            input: ``(N, C_in)`` features on the coarse support.
+            coordinates: optional target support: a SparseTensor, its
+                ``support``, or ``(M, 4)`` integer rows.
+            target: the same, as a keyword (give one of the two).
+
+        Returns:
+            SparseTensor: ``(M, C_out)`` features on the generated or target support.
+        """
+        return self.conv(input, self.weight, self.bias, pick_target(coordinates, target))

@@ -19,6 +19,20 @@ class BatchNorm(nn.BatchNorm1d):
     """
 
     def forward(self, input: SparseTensor) -> SparseTensor:  # type: ignore[override]
+        """Batch normalization of ``input``'s ``(N, C)`` features.
+
+        Support rule: the output keeps ``input``'s support (rows, order,
+        stride, range).  In training mode the statistics are over all ``N``
+        rows of the batch and update the running estimates.
+
+        Returns:
+            SparseTensor: ``(N, C)`` features on ``input``'s support.
+
+        Raises:
+            TypeError: ``input`` is not a SparseTensor, or its dtype does not
+                mix with the layer's parameters.
+            ValueError: the channel count is not ``num_features``.
+        """
         if not isinstance(input, SparseTensor):
             raise TypeError(f"input must be a SparseTensor, got {type(input).__name__}")
         if input.feats.shape[1] != self.num_features:

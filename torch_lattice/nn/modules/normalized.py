@@ -47,6 +47,20 @@ class NormalizedSubmConv3d(_Normalized, SubmConv3d):
     """SubmConv3d with weight normalization; same arguments plus ``eps``."""
 
     def forward(self, input: SparseTensor) -> SparseTensor:
+        """Weight-normalized submanifold convolution of ``input``.
+
+        Support rule: as :class:`SubmConv3d`, the output rows are exactly
+        ``input``'s rows in the same order.  Values (kernels with more than one
+        row): ``y = conv(x, W) / sqrt(conv(1, W*W) + eps) + bias``, where
+        ``conv(1, W*W)`` runs the same relation over all-ones features;
+        pointwise kernels compute ``conv(x, W) + bias``.
+
+        Args:
+            input: ``(N, C_in)`` features.
+
+        Returns:
+            SparseTensor: ``(N, C_out)`` features on ``input``'s support.
+        """
         return self.normalized_forward(input, None)
 
 
@@ -55,8 +69,8 @@ class _NormalizedTransposed(_Normalized):
 
     stride: tuple[int, int, int]
 
-    def forward(
-        self, input: SparseTensor, coordinates: Target = None, *, target: Target = None
+    def transposed_forward(
+        self, input: SparseTensor, coordinates: Target, target: Target
     ) -> SparseTensor:
         # Validate a target once, so that both passes share its kernel map.
         support = Ft.resolve_target(input, pick_target(coordinates, target), self.stride)
@@ -66,6 +80,51 @@ class _NormalizedTransposed(_Normalized):
 class NormalizedConvTranspose3d(_NormalizedTransposed, ConvTranspose3d):
     """ConvTranspose3d with weight normalization; same arguments plus ``eps``."""
 
+    def forward(
+        self, input: SparseTensor, coordinates: Target = None, *, target: Target = None
+    ) -> SparseTensor:
+        """Weight-normalized transposed convolution of ``input``.
+
+        Support rule: as :class:`ConvTranspose3d`: ``up(src)`` returns exactly
+        the input support of the ``Conv3d`` with this geometry that produced
+        ``src``; ``up(src, target)`` returns exactly the target's rows in
+        order.  Values (kernels with more than one row):
+        ``y = conv(x, W) / sqrt(conv(1, W*W) + eps) + bias`` over the transpose
+        relation, both passes on one support; pointwise kernels skip the
+        normalization.
+
+        Args:
+            input: ``(N, C_in)`` features on the coarse support.
+            coordinates: optional target support (SparseTensor, support or rows).
+            target: the same, as a keyword (give one of the two).
+
+        Returns:
+            SparseTensor: ``(M, C_out)`` features on the recovered or target support.
+        """
+        return self.transposed_forward(input, coordinates, target)
+
 
 class NormalizedGenerativeConvTranspose3d(_NormalizedTransposed, GenerativeConvTranspose3d):
     """GenerativeConvTranspose3d with weight normalization; plus ``eps``."""
+
+    def forward(
+        self, input: SparseTensor, coordinates: Target = None, *, target: Target = None
+    ) -> SparseTensor:
+        """Weight-normalized generative transposed convolution of ``input``.
+
+        Support rule: as :class:`GenerativeConvTranspose3d`: without a target,
+        ``unique{src[i]*stride + r}`` sorted by ``(b, x, y, z)``, never clipped;
+        with a target, exactly the target's rows in order.  Values (kernels
+        with more than one row): ``y = conv(x, W) / sqrt(conv(1, W*W) + eps) +
+        bias``, both passes on one support; pointwise kernels skip the
+        normalization.
+
+        Args:
+            input: ``(N, C_in)`` features on the coarse support.
+            coordinates: optional target support (SparseTensor, support or rows).
+            target: the same, as a keyword (give one of the two).
+
+        Returns:
+            SparseTensor: ``(M, C_out)`` features on the generated or target support.
+        """
+        return self.transposed_forward(input, coordinates, target)

@@ -36,7 +36,8 @@ class _Pool3d(nn.Module):
         self.padding = geometry.padding
         self.dilation = geometry.dilation
 
-    def forward(self, input: SparseTensor) -> SparseTensor:
+    def pool(self, input: SparseTensor) -> SparseTensor:
+        """This pool's functional with the module's geometry."""
         return type(self)._fn(input, self.kernel_size, self.stride, self.padding, self.dilation)
 
     def extra_repr(self) -> str:
@@ -51,11 +52,45 @@ class MaxPool3d(_Pool3d):
 
     _fn = staticmethod(F.max_pool3d)
 
+    def forward(self, input: SparseTensor) -> SparseTensor:
+        """Max pooling of ``input``.
+
+        Support rule: that of :class:`Conv3d` with the same kernel_size,
+        stride, padding and dilation (every reachable output cell, sorted by
+        ``(b, x, y, z)``, stride ``input.stride * stride``); the two share one
+        cached support and kernel map.  Each output row takes the per-channel
+        maximum over the kernel rows whose input row is present.
+
+        Args:
+            input: ``(N, C)`` features.
+
+        Returns:
+            SparseTensor: ``(M, C)`` features on the generated support.
+        """
+        return self.pool(input)
+
 
 class AvgPool3d(_Pool3d):
     """Sparse average pooling over present inputs; wraps ``avg_pool3d``."""
 
     _fn = staticmethod(F.avg_pool3d)
+
+    def forward(self, input: SparseTensor) -> SparseTensor:
+        """Average pooling of ``input``.
+
+        Support rule: that of :class:`Conv3d` with the same kernel_size,
+        stride, padding and dilation (every reachable output cell, sorted by
+        ``(b, x, y, z)``, stride ``input.stride * stride``); the two share one
+        cached support and kernel map.  Each output row averages over the
+        kernel rows whose input row is present (dividing by their number).
+
+        Args:
+            input: ``(N, C)`` features.
+
+        Returns:
+            SparseTensor: ``(M, C)`` features on the generated support.
+        """
+        return self.pool(input)
 
 
 class SumPool3d(_Pool3d):
@@ -63,11 +98,40 @@ class SumPool3d(_Pool3d):
 
     _fn = staticmethod(F.sum_pool3d)
 
+    def forward(self, input: SparseTensor) -> SparseTensor:
+        """Sum pooling of ``input``.
+
+        Support rule: that of :class:`Conv3d` with the same kernel_size,
+        stride, padding and dilation (every reachable output cell, sorted by
+        ``(b, x, y, z)``, stride ``input.stride * stride``); the two share one
+        cached support and kernel map.  Each output row sums over the kernel
+        rows whose input row is present.
+
+        Args:
+            input: ``(N, C)`` features.
+
+        Returns:
+            SparseTensor: ``(M, C)`` features on the generated support.
+        """
+        return self.pool(input)
+
 
 class GlobalAvgPool(nn.Module):
     """``(B, C)`` per-batch mean; wraps ``global_avg_pool``."""
 
     def forward(self, input: SparseTensor) -> torch.Tensor:
+        """Per-batch mean of ``input``'s features over all its rows.
+
+        Support rule: none; the result is dense, one row per batch index
+        ``0 .. B - 1`` (``B`` from ``spatial_range`` when set, else the
+        largest batch index + 1); a batch without rows gives zeros.
+
+        Args:
+            input: ``(N, C)`` features.
+
+        Returns:
+            torch.Tensor: ``(B, C)``.
+        """
         return F.global_avg_pool(input)
 
 
@@ -75,4 +139,16 @@ class GlobalMaxPool(nn.Module):
     """``(B, C)`` per-batch maximum; wraps ``global_max_pool``."""
 
     def forward(self, input: SparseTensor) -> torch.Tensor:
+        """Per-batch maximum of ``input``'s features over all its rows.
+
+        Support rule: none; the result is dense, one row per batch index
+        ``0 .. B - 1`` (``B`` from ``spatial_range`` when set, else the
+        largest batch index + 1); a batch without rows gives zeros.
+
+        Args:
+            input: ``(N, C)`` features.
+
+        Returns:
+            torch.Tensor: ``(B, C)``.
+        """
         return F.global_max_pool(input)
