@@ -87,11 +87,12 @@ def save_lattice_model_artifact(
         :class:`ArtifactFiles` with the paths and the stored weight keys.
 
     Raises:
-        ExportError (a ValueError): a module in training mode, an untraceable
-            forward, an unsupported module or function (named by node), bad
-            arguments.  TypeError for arguments of the wrong type.
-            FileExistsError when ``artifact_dir`` is something else than an
-            artifact or an empty directory.  Nothing is written on failure.
+        ValueError: (an ``ExportError``) a module in training mode, an
+            untraceable forward, an unsupported module or function (named by
+            node), bad arguments. Nothing is written on failure.
+        TypeError: arguments of the wrong type.
+        FileExistsError: ``artifact_dir`` is something else than an artifact or
+            an empty directory.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")

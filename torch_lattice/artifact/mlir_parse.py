@@ -616,7 +616,7 @@ def parse_module(text: str) -> Module:
     """Parses ``graph.mlir`` text into a :class:`Module`.
 
     Raises:
-        MlirSyntaxError (a ValueError): with the line number and the broken rule.
+        ValueError: (an ``MlirSyntaxError``) with the line number and the broken rule.
     """
     if not isinstance(text, str):
         raise TypeError(f"graph text must be a str, got {type(text).__name__}")

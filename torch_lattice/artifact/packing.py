@@ -63,7 +63,8 @@ def check_packing(bits: object, group_size: object) -> tuple[int, int]:
     """Validates ``bits`` (4 or 8) and ``group_size`` (a positive multiple of ``32 / bits``).
 
     Raises:
-        TypeError / ValueError naming ``quantize_bits`` or ``quantize_group_size``.
+        TypeError: a non-integer ``quantize_bits`` or ``quantize_group_size``.
+        ValueError: a value outside the rule above, naming the argument.
     """
     if isinstance(bits, bool) or not isinstance(bits, int):
         raise TypeError(f"quantize_bits must be None, 4 or 8, got {bits!r}")

@@ -61,7 +61,7 @@ class SparseOutput:
 class LatticeProgram:
     """A checked artifact, callable with its named ABI tensors.
 
-    ``program(**inputs)`` takes every name in :attr:`input_names` (as
+    ``program(**inputs)`` takes every name in ``input_names`` (as
     ``inputs.safetensors`` holds them) and returns ``{output_name: value}``: a
     :class:`SparseOutput` for a ``sparse_tensor`` output, a tensor otherwise.
     """

@@ -41,19 +41,25 @@ __all__ = [
     "schema_fingerprint",
 ]
 
+#: The IR version this runtime reads and the exporter writes (``lattice.ir_version``).
 IR_VERSION = 2
+#: The lattice-contract release whose schema this table reproduces.
 CONTRACT_VERSION = "0.6.0"
+#: The dialect namespace every op name carries (``lattice.conv3d``).
 NAMESPACE = "lattice"
+#: SHA-256 of the contract schema (``lattice.schema_digest``); see :func:`schema_fingerprint`.
 SCHEMA_DIGEST = "1380f1e819fc0eb1af587202ecec3c14ec2c981d249333c5061f0263f82072ad"
+#: The graph file of an artifact directory.
 GRAPH_FILE = "graph.mlir"
+#: The weight file of an artifact directory (``lattice.weight_file``).
 WEIGHT_FILE = "weights.safetensors"
 
-# Roles of the function arguments and results (module attributes
-# lattice.input_roles / lattice.output_roles).
+#: Roles a ``lattice.input_roles`` entry may name.
 INPUT_ROLES = ("tensor", "sparse_coords", "sparse_features", "sparse_active")
+#: Roles a ``lattice.output_roles`` entry may name.
 OUTPUT_ROLES = ("tensor", "sparse_tensor")
 
-# Weight family (the !lattice.weight<family, dtype> parameter) -> its one layout.
+#: Weight family (``!lattice.weight<family, dtype>``) to its one storage layout.
 WEIGHT_FAMILY_LAYOUTS: dict[str, str] = {
     "conv3d": "conv3d_o_xyz_i",
     "linear": "linear_o_i",
@@ -130,6 +136,7 @@ def _enum(name: str, mnemonic: str, values: tuple[str, ...]) -> AttrSpec:
     return AttrSpec(name, mnemonic, (("value", "string"),), values)
 
 
+#: The dialect types (``!lattice.sparse_tensor<...>``, ``!lattice.weight<...>``), with parameters.
 TYPES: tuple[TypeSpec, ...] = (
     TypeSpec(
         "SparseTensor",
@@ -139,6 +146,7 @@ TYPES: tuple[TypeSpec, ...] = (
     TypeSpec("Weight", "weight", (("family", "string"), ("dtype", "type"))),
 )
 
+#: The dialect attributes (``#lattice.<mnemonic><...>``) and their allowed values.
 ATTRIBUTES: tuple[AttrSpec, ...] = (
     _enum("Coord", "coord", ("batch_x_y_z",)),
     _enum("FeatureLayout", "feature_layout", ("row_channel",)),
@@ -167,7 +175,7 @@ ATTRIBUTES: tuple[AttrSpec, ...] = (
     _enum("PointInterpolation", "point_interpolation", ("nearest", "linear")),
 )
 
-# Enum attributes by mnemonic (the kind an op attribute names), e.g. "pool_mode".
+#: Dialect attributes by mnemonic (the kind an op attribute names), e.g. ``"pool_mode"``.
 ENUM_ATTRIBUTES: dict[str, AttrSpec] = {attr.mnemonic: attr for attr in ATTRIBUTES}
 
 # Scalar attribute kinds and their text forms:
@@ -175,6 +183,7 @@ ENUM_ATTRIBUTES: dict[str, AttrSpec] = {attr.mnemonic: attr for attr in ATTRIBUT
 #   i64         2                        f32         1.0e-08 : f32 (or 0.00000001 : f32)
 #   str         "canonical_f32"
 SCALAR_ATTR_KINDS = ("i64_triple", "f64_triple", "i64", "f32", "str")
+#: Every attribute kind an op attribute may have (dialect mnemonics, then scalar kinds).
 ATTR_KINDS = (*(attr.mnemonic for attr in ATTRIBUTES), *SCALAR_ATTR_KINDS)
 
 
@@ -307,7 +316,7 @@ OPS_IN_ORDER: tuple[OpSpec, ...] = (
     OpSpec("sparse.cat", (_in("lhs"), _in("rhs")), _SPARSE_RESULT, (_a("join", "join"),)),
 )
 
-# Ops by their name without the namespace ("conv3d", "sparse.make", ...).
+#: Every op by name without the namespace (``"conv3d"``, ``"sparse.make"``, ...), schema order.
 OPS: dict[str, OpSpec] = {op.name: op for op in OPS_IN_ORDER}
 
 
