@@ -171,10 +171,10 @@ class LatticeBuildExt(build_ext):
             raise SystemExit("TORCH_LATTICE_CUDA=1 but nvcc was not found (set CUDA_HOME)")
         if nvcc is not None:
             if mode == "auto" and not _gpu_present():
+                _say(f"nvcc found ({nvcc}) but no NVIDIA GPU on this machine:")
                 _say(
-                    f"nvcc found ({nvcc}) but no NVIDIA GPU on this machine: compiling the "
-                    "CUDA kernels anyway, so this build also runs on GPU machines (about a "
-                    "minute on 2 cores); set TORCH_LATTICE_CUDA=0 to build the C core only"
+                    "compiling the CUDA kernels anyway, so this build also runs on GPU "
+                    "machines (about a minute on 2 cores); TORCH_LATTICE_CUDA=0 skips them"
                 )
             self._add_cuda(ext, nvcc)
         elif mode == "auto" and CUDA_SOURCES and not _sanitize():

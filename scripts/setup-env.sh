@@ -14,9 +14,27 @@ cd "$(dirname "$0")/.."
 
 py=${PYTHON:-python3}
 venv=.venv
-pip=("$venv/bin/python" -m pip --disable-pip-version-check)
+pip=("$venv/bin/python" -m pip --disable-pip-version-check --progress-bar off)
 say() { echo "[setup] $*"; }
 since() { echo "$(($(date +%s) - $1)) s"; }
+
+# Runs a command with its whole output in a log, showing only the lines that match a
+# pattern (indented) while it runs; on failure, the end of the log.
+logged() {
+    local log=$1 pattern=$2
+    shift 2
+    "$@" >"$log" 2>&1 &
+    local pid=$! status
+    tail -n +1 -f --pid="$pid" "$log" | grep --line-buffered -E "$pattern" \
+        | sed -u -e 's/^ *//' -e 's/^\(.\{200\}\).*/\1 .../' -e 's/^/    /' || true
+    wait "$pid" && status=0 || status=$?
+    if [ "$status" -ne 0 ]; then
+        say "failed (exit status $status): $*"
+        say "the end of $log:"
+        tail -n 40 "$log"
+        exit "$status"
+    fi
+}
 t_all=$(date +%s)
 
 if [ ! -x "$venv/bin/python" ]; then
@@ -26,48 +44,31 @@ if [ ! -x "$venv/bin/python" ]; then
     say "    done in $(since "$t")"
 fi
 
-if ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
+if ! "$venv/bin/python" -c "import torch, numpy" 2>/dev/null; then
     t=$(date +%s)
     spec=${TORCH_LATTICE_TORCH:-torch==2.13.0}
-    say "2/3 installing $spec into $venv (a large download the first time: about a"
-    say "    minute from a local wheel, several on a slow link)"
-    "${pip[@]}" install --progress-bar off "$spec" | grep -E '^(Collecting|Successfully)' || true
-    "$venv/bin/python" -c "import torch" || { say "torch did not install"; exit 1; }
+    say "2/3 installing $spec and numpy into $venv (a large download the first time;"
+    say "    under a minute from a local wheel, several minutes on a slow link); log: $venv/torch.log"
+    logged "$venv/torch.log" '^(Collecting|Successfully installed)' \
+        "${pip[@]}" install "$spec" numpy
     say "    done in $(since "$t")"
 fi
 
 stamp="$venv/.torch-lattice-build"
-log="$venv/build.log"
 cuda=${TORCH_LATTICE_CUDA:-auto}
 want=$( (cat setup.py pyproject.toml; find csrc -type f | sort | xargs cat; echo "$cuda") | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || ! "$venv/bin/python" -c "import torch_lattice._C" 2>/dev/null; then
     t=$(date +%s)
-    n_c=$(find csrc -maxdepth 1 -name '*.c' | wc -l)
-    what="the C core ($n_c sources, about 10 s on 2 cores)"
+    say "3/3 building torch_lattice from source and installing it (editable) with its test,"
+    say "    docs and demo tools (pytest, ruff, sphinx, myst-parser, matplotlib); log: $venv/build.log"
+    say "    - the C core: $(find csrc -maxdepth 1 -name '*.c' | wc -l) sources, about 10 s on 2 cores"
     if [ "$cuda" != 0 ] && command -v nvcc >/dev/null; then
-        n_cu=$(find csrc/cuda -name '*.cu' | wc -l)
-        what="$what and the CUDA kernels ($n_cu sources with nvcc: about a minute on 2 cores;"
-        what="$what TORCH_LATTICE_CUDA=0 skips them)"
+        say "    - the CUDA kernels: $(find csrc/cuda -name '*.cu' | wc -l) sources with nvcc, about a minute"
+        say "      on 2 cores, even without a GPU here (TORCH_LATTICE_CUDA=0 skips them)"
     fi
-    say "3/3 building torch_lattice from source: $what; then installing it editable"
-    say "    with its test, docs and demo tools (pytest, ruff, sphinx, myst-parser, matplotlib)."
-    say "    Full log: $log"
-    # pip -v streams the build's output into the log; the build's own progress lines
-    # ([torch_lattice build] ...) and pip's summary are shown.
-    set +e
-    "${pip[@]}" install -v --progress-bar off -e '.[test,docs,demo]' >"$log" 2>&1 &
-    pip_pid=$!
-    tail -n +1 -f --pid="$pip_pid" "$log" \
-        | grep --line-buffered -E '\[torch_lattice build\]|^Successfully installed' \
-        | sed -u -e 's/^ *//' -e 's/^/    /'
-    wait "$pip_pid"
-    status=$?
-    set -e
-    if [ "$status" -ne 0 ]; then
-        say "the build failed (pip exit status $status); the end of $log:"
-        tail -n 40 "$log"
-        exit "$status"
-    fi
+    # pip -v passes the build's output on; its own lines start "[torch_lattice build]".
+    logged "$venv/build.log" '\[torch_lattice build\]|^Successfully installed' \
+        "${pip[@]}" install -v -e '.[test,docs,demo]'
     echo "$want" >"$stamp"
     say "    done in $(since "$t")"
 fi
