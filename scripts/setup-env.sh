@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 
 py=${PYTHON:-python3}
 venv=.venv
-pip=("$venv/bin/python" -m pip --disable-pip-version-check --progress-bar off)
+pip=("$venv/bin/python" -m pip --disable-pip-version-check)
 say() { echo "[setup] $*"; }
 since() { echo "$(($(date +%s) - $1)) s"; }
 
@@ -50,7 +50,7 @@ if ! "$venv/bin/python" -c "import torch, numpy" 2>/dev/null; then
     say "2/3 installing $spec and numpy into $venv (a large download the first time;"
     say "    under a minute from a local wheel, several minutes on a slow link); log: $venv/torch.log"
     logged "$venv/torch.log" '^(Collecting|Successfully installed)' \
-        "${pip[@]}" install "$spec" numpy
+        "${pip[@]}" install --progress-bar off "$spec" numpy
     say "    done in $(since "$t")"
 fi
 
@@ -68,7 +68,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || ! "$venv/bin/python" -c "impo
     fi
     # pip -v passes the build's output on; its own lines start "[torch_lattice build]".
     logged "$venv/build.log" '\[torch_lattice build\]|^Successfully installed' \
-        "${pip[@]}" install -v -e '.[test,docs,demo]'
+        "${pip[@]}" install --progress-bar off -v -e '.[test,docs,demo]'
     echo "$want" >"$stamp"
     say "    done in $(since "$t")"
 fi
