@@ -23,6 +23,7 @@ since() { echo "$(($(date +%s) - $1)) s"; }
 logged() {
     local log=$1 pattern=$2
     shift 2
+    : >"$log"  # exists before tail opens it
     "$@" >"$log" 2>&1 &
     local pid=$! status
     tail -n +1 -f --pid="$pid" "$log" | grep --line-buffered -E "$pattern" \
@@ -49,7 +50,7 @@ if ! "$venv/bin/python" -c "import torch, numpy" 2>/dev/null; then
     spec=${TORCH_LATTICE_TORCH:-torch==2.13.0}
     say "2/3 installing $spec and numpy into $venv (a large download the first time;"
     say "    under a minute from a local wheel, several minutes on a slow link); log: $venv/torch.log"
-    logged "$venv/torch.log" '^(Collecting|Successfully installed)' \
+    logged "$venv/torch.log" '^(Collecting|Downloading|Processing|Successfully installed)' \
         "${pip[@]}" install --progress-bar off "$spec" numpy
     say "    done in $(since "$t")"
 fi
