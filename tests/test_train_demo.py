@@ -115,10 +115,11 @@ def test_metrics_record_timing_device_and_versions(tmp_path):
         "cpu_isa": _C.cpu_isa(),
     }
     timing = saved["timing_s"]
-    assert set(timing) == {"simulate", "evaluate", "train_epochs", "train", "total"}
+    assert set(timing) == {"simulate", "evaluate", "train_epochs", "train", "train_cpu", "total"}
     assert len(timing["train_epochs"]) == 2
     assert timing["train"] == sum(timing["train_epochs"])
     assert all(v > 0 for v in (timing["simulate"], timing["evaluate"], *timing["train_epochs"]))
+    assert timing["train_cpu"] > 0
     assert timing["total"] > timing["simulate"] + timing["train"] + timing["evaluate"]
     assert saved["val_scans"] == 1 and saved["plotted_scan"]["index"] == 0
     assert 0 <= saved["plotted_scan"]["point_miou"] <= 1
