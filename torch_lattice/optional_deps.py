@@ -39,8 +39,7 @@ def require_matplotlib(extra: str, *, purpose: str = "plotting") -> ModuleType:
     """
     if extra not in PLOTTING_EXTRAS:
         raise ValueError(
-            f"require_matplotlib: extra must be one of {', '.join(PLOTTING_EXTRAS)}; "
-            f"got {extra!r}"
+            f"require_matplotlib: extra must be one of {', '.join(PLOTTING_EXTRAS)}; got {extra!r}"
         )
     try:
         import matplotlib
