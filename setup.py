@@ -21,6 +21,12 @@ TORCH_LATTICE_CUDA=1 is refused.
 Python itself is not instrumented, so the extension only loads with gcc's
 runtime preloaded; docs/sanitizers.md and scripts/sanitize.sh show how.
 
+The build says what it does: one line per compiled source with a counter
+("[torch_lattice build] 3/17 csrc/tl_dataflow_implicit_gemm.c"), and, when nvcc is found on a
+machine with no NVIDIA GPU, that it compiles CUDA for GPU machines and that
+TORCH_LATTICE_CUDA=0 skips it.  pip shows these lines with -v
+(scripts/setup-env.sh filters them out of its log).
+
 The user's CFLAGS and LDFLAGS come last on the compiler and linker command
 lines, after this file's own flags, so they take precedence: CFLAGS=-O0 gives
 an unoptimised build, and CFLAGS/LDFLAGS=-fsanitize=thread a ThreadSanitizer one.
@@ -28,11 +34,13 @@ an unoptimised build, and CFLAGS/LDFLAGS=-fsanitize=thread a ThreadSanitizer one
 
 from __future__ import annotations
 
+import glob
 import os
 import shlex
 import shutil
 import subprocess
-from concurrent.futures import ThreadPoolExecutor
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 import setuptools
@@ -66,6 +74,12 @@ SANITIZE_FLAGS = [
     "-O1",
 ]
 SANITIZE_LINK_FLAGS = ["-fsanitize=address,undefined"]
+# Prefix of every line the build prints itself (scripts/setup-env.sh shows these).
+SAY = "[torch_lattice build]"
+
+
+def _say(message: str) -> None:
+    print(f"{SAY} {message}", flush=True)
 
 
 def _sanitize() -> bool:
@@ -127,15 +141,23 @@ def _gencode_flags() -> list[str]:
     return [*flags, f"-gencode=arch=compute_{newest},code=compute_{newest}"]
 
 
-def _run_nvcc(cmd: list[str]) -> list[str]:
+def _gpu_present() -> bool:
+    """An NVIDIA device node or driver entry: whether this machine has a GPU at all.
+    Only decides what the build says, never what it compiles."""
+    return bool(glob.glob("/dev/nvidia[0-9]*")) or any(Path("/proc/driver/nvidia/gpus").glob("*"))
+
+
+def _run_nvcc(cmd: list[str]) -> float:
+    start = time.perf_counter()
     subprocess.run(cmd, check=True)
-    return cmd
+    return time.perf_counter() - start
 
 
 class LatticeBuildExt(build_ext):
     """Compiles csrc/cuda/*.cu with nvcc (when wanted) before the C sources."""
 
     def build_extension(self, ext: Extension) -> None:
+        start = time.perf_counter()
         mode = _cuda_mode()
         if _sanitize():
             if mode == "1":
@@ -148,8 +170,43 @@ class LatticeBuildExt(build_ext):
         if mode == "1" and nvcc is None:
             raise SystemExit("TORCH_LATTICE_CUDA=1 but nvcc was not found (set CUDA_HOME)")
         if nvcc is not None:
+            if mode == "auto" and not _gpu_present():
+                _say(f"nvcc found ({nvcc}) but no NVIDIA GPU on this machine:")
+                _say(
+                    "compiling the CUDA kernels anyway, so this build also runs on GPU "
+                    "machines (about a minute on 2 cores); TORCH_LATTICE_CUDA=0 skips them"
+                )
             self._add_cuda(ext, nvcc)
+        elif mode == "auto" and CUDA_SOURCES and not _sanitize():
+            _say("nvcc not found: building the C core only (CPU); CUDA needs nvcc or CUDA_HOME")
+        self._count_compiles(len(ext.sources))
         super().build_extension(ext)
+        _say(f"built {ext.name} in {time.perf_counter() - start:.0f} s")
+
+    def _count_compiles(self, total: int) -> None:
+        """Prints one line per C source as its compile starts, with a counter.
+
+        distutils compiles every source through the compiler's ``_compile``; wrapping
+        it is the one place that sees each file (the default build prints nothing
+        under pip, or a long command line per file with -v)."""
+        compiler = self.compiler
+        compile_one = compiler._compile
+        done = 0
+
+        def counted(
+            obj: str,
+            src: str,
+            ext: str,
+            cc_args: list[str],
+            extra_postargs: list[str],
+            pp_opts: list[str],
+        ) -> None:
+            nonlocal done
+            done += 1
+            _say(f"{done}/{total} {_shown(src)}")
+            compile_one(obj, src, ext, cc_args, extra_postargs, pp_opts)
+
+        compiler._compile = counted
 
     def _add_cuda(self, ext: Extension, nvcc: Path) -> None:
         cuda_home = nvcc.parent.parent
@@ -177,9 +234,18 @@ class LatticeBuildExt(build_ext):
             )
             ext.extra_objects.append(str(obj))
         # One nvcc per core: the .cu files are independent and each takes seconds.
-        with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
-            for cmd in pool.map(_run_nvcc, cmds):
-                print(" ".join(cmd), flush=True)
+        workers = max(1, os.cpu_count() or 1)
+        _say(
+            f"compiling {len(cmds)} CUDA sources with nvcc for sm_{', sm_'.join(_cuda_archs())} "
+            f"({workers} at a time; about a minute on 2 cores)"
+        )
+        start = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            jobs = {pool.submit(_run_nvcc, cmd): cmd for cmd in cmds}
+            for done, job in enumerate(as_completed(jobs), start=1):
+                seconds = job.result()
+                _say(f"CUDA {done}/{len(cmds)} {_shown(jobs[job][2])} ({seconds:.0f} s)")
+        _say(f"CUDA compiled in {time.perf_counter() - start:.0f} s")
         ext.define_macros.append(("TL_WITH_CUDA", "1"))
         # The architectures built, for the message a GPU the binary cannot run
         # on gets (torch_lattice/ops/_cuda.py, via _C.cuda_archs()).
@@ -194,6 +260,12 @@ class LatticeBuildExt(build_ext):
         # Static cudart: the binary needs only the driver at run time, and
         # imports (CPU only) where there is none.
         ext.libraries.extend(["cudart_static", "rt", "dl", "pthread"])
+
+
+def _shown(src: str) -> str:
+    """A source path as the user knows it: relative to the repository when inside it."""
+    path = Path(src).resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else src
 
 
 def _license() -> dict[str, str]:

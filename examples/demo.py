@@ -239,10 +239,15 @@ def class_shares(labels: torch.Tensor) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the first scan and model")
     parser.add_argument("--voxel-size", type=float, default=0.1, help="voxel edge in metres")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch CPU threads (None: torch's default)"
+    )
     args = parser.parse_args()
     if args.threads is not None:
         torch.set_num_threads(args.threads)

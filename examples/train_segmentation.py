@@ -9,16 +9,21 @@ What it does, end to end:
    is the majority class of its points, found by averaging one-hot labels).
 3. Trains ``tl.backbones.SparseResUNet42`` with class-weighted cross-entropy and Adam,
    showing a text progress bar, and after every epoch evaluates on held-out scans: voxel
-   logits are read back at every point with ``tl.devoxelize`` and the point-level mIoU is
-   printed (epoch 0 is the untrained network).
+   logits are read back at every point with ``tl.devoxelize`` and the point-level mIoU
+   over all held-out scans (one confusion matrix over their points) is printed; epoch 0
+   is the untrained network.
 4. Writes into ``--out`` (default ``out/``): ``model.safetensors`` (weights),
-   ``metrics.json`` (loss and mIoU per epoch, per-class IoU, the configuration),
-   ``segmentation.png`` (top view of a held-out scan coloured by predicted class beside
-   the ground truth) and ``curves.png`` (loss and mIoU per epoch).  Every file is written
-   to a temporary name first and renamed, so none is ever left half-written.
+   ``metrics.json`` (loss and mIoU per epoch, per-class IoU, the configuration, timing,
+   device and versions), ``segmentation.png`` (top view of held-out scan 1 coloured by
+   predicted class beside the ground truth; its title gives that scan's mIoU and the
+   logged mIoU over all held-out scans) and ``curves.png`` (loss and mIoU per epoch).
+   Every file is written to a temporary name first and renamed (none is ever left
+   half-written) and gets the mode ``open()`` would give it under the user's umask.
 
-Runs on the CPU by default (about 20 s of training on 2 cores) and on the GPU with
-``--device cuda`` (``auto`` picks the GPU when torch sees one).
+Runs on the CPU by default and on the GPU with ``--device cuda`` (``auto`` picks the GPU
+when torch sees one).  The time it takes on 2 CPU cores is in README.md ("Two
+commands"); metrics.json records each run's.  Plotting needs matplotlib, the ``demo``
+extra: ``pip install 'torch-lattice[demo]'``.
 
     python examples/train_segmentation.py [--epochs 8] [--out out] [--device auto]
 """
@@ -28,6 +33,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import platform
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -37,13 +44,37 @@ from typing import Any
 import torch
 
 import torch_lattice as tl
+from torch_lattice import _C
 from torch_lattice.atomic_file import atomic_write
 from torch_lattice.data import LIDAR_CLASSES, SyntheticScene, lidar_scan
+from torch_lattice.optional_deps import require_matplotlib
 
 NUM_CLASSES = len(LIDAR_CLASSES)
 SENSOR_FALLOFF_M = 40.0
 HEIGHT_SCALE_M = 4.0
-CLASS_COLOURS = ("#9e9e9e", "#d9534f", "#f0ad4e", "#337ab7", "#5cb85c")
+OUTPUTS = ("model.safetensors", "metrics.json", "segmentation.png", "curves.png")
+
+
+@dataclass(frozen=True)
+class ClassStyle:
+    """How one class is drawn in the top view."""
+
+    colour: str
+    size: float  # marker area in points^2
+    zorder: int
+
+
+# Ground has most points and is drawn first, pale and small; the rare, thin classes
+# (poles: a few hundred points, vehicles) are drawn last, large and dark, so every
+# class stays visible where they overlap in the top view.
+CLASS_STYLES = {
+    "ground": ClassStyle("#b3b3b3", 0.8, 1),
+    "building": ClassStyle("#e4572e", 1.5, 3),
+    "pole": ClassStyle("#6a0dad", 14.0, 6),
+    "vehicle": ClassStyle("#1f5fbf", 5.0, 5),
+    "vegetation": ClassStyle("#3a9d23", 1.5, 2),
+}
+assert tuple(CLASS_STYLES) == LIDAR_CLASSES
 
 
 @dataclass(frozen=True)
@@ -199,75 +230,120 @@ def save_weights(model: torch.nn.Module, path: Path) -> None:
     atomic_write(path, lambda tmp: save_file(state, str(tmp), metadata={"format": "pt"}))
 
 
+def held_out_scans(n: int) -> str:
+    """What the logged mIoU is over, in the words the log and both plots use."""
+    return {1: "the held-out scan", 2: "both held-out scans"}.get(n, f"all {n} held-out scans")
+
+
+def pyplot() -> Any:
+    return require_matplotlib("demo", purpose="the training demo (examples/train_segmentation.py)")
+
+
 def save_figure(fig: Any, path: Path) -> None:
     atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=110, bbox_inches="tight"))
 
 
-def plot_segmentation(scan: Scan, pred: torch.Tensor, path: Path, miou: float) -> None:
-    import matplotlib.pyplot as plt
-    from matplotlib.colors import ListedColormap
-    from matplotlib.patches import Patch
+def plot_segmentation(
+    scan: Scan, pred: torch.Tensor, path: Path, scan_miou: float, val_miou: float, n_val: int
+) -> None:
+    """Top view of held-out scan 1: prediction beside ground truth, every class drawn
+    with its own style (CLASS_STYLES)."""
+    plt = pyplot()
+    from matplotlib.lines import Line2D
 
-    cmap = ListedColormap(CLASS_COLOURS)
-    fig, axes = plt.subplots(1, 2, figsize=(13, 6.5), sharex=True, sharey=True)
+    fig, axes = plt.subplots(1, 2, figsize=(13, 7), sharex=True, sharey=True, layout="constrained")
     xy = scan.points[:, :2].numpy()
     for ax, labels, title in (
-        (axes[0], pred, f"prediction (held-out scan, point mIoU {100 * miou:.1f}%)"),
+        (axes[0], pred, f"prediction: point mIoU {100 * scan_miou:.1f}% on this scan"),
         (axes[1], scan.labels, "ground truth"),
     ):
-        ax.scatter(
-            xy[:, 0],
-            xy[:, 1],
-            c=labels.numpy(),
-            cmap=cmap,
-            vmin=-0.5,
-            vmax=NUM_CLASSES - 0.5,
-            s=1.2,
-            linewidths=0,
-        )
+        for c, (name, style) in enumerate(CLASS_STYLES.items()):
+            mask = (labels == c).numpy()
+            ax.scatter(
+                xy[mask, 0],
+                xy[mask, 1],
+                s=style.size,
+                c=style.colour,
+                zorder=style.zorder,
+                linewidths=0,
+                label=name,
+            )
         ax.set_title(title)
         ax.set_aspect("equal")
         ax.set_xlabel("x (m)")
     axes[0].set_ylabel("y (m)")
-    handles = [Patch(color=c, label=n) for c, n in zip(CLASS_COLOURS, LIDAR_CLASSES, strict=True)]
-    fig.legend(handles=handles, loc="lower center", ncol=NUM_CLASSES, frameon=False)
+    scans = held_out_scans(n_val)
+    fig.suptitle(
+        f"Top view of held-out scan 1 of {n_val}, coloured by class\n"
+        f"(point mIoU over {scans}, as in the log: {100 * val_miou:.1f}%)"
+    )
+    handles = [
+        Line2D([], [], marker="o", linestyle="", color=st.colour, markersize=7, label=name)
+        for name, st in CLASS_STYLES.items()
+    ]
+    fig.legend(handles=handles, loc="outside lower center", ncol=NUM_CLASSES, frameon=False)
     save_figure(fig, path)
     plt.close(fig)
 
 
-def plot_curves(losses: list[float], mious: list[float], path: Path) -> None:
-    import matplotlib.pyplot as plt
+def plot_curves(
+    losses: list[float], mious: list[float], per_class: list[list[float]], n_val: int, path: Path
+) -> None:
+    """Training loss and held-out mIoU (with each class's IoU) per epoch."""
+    plt = pyplot()
+    from matplotlib.ticker import MaxNLocator
 
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.6), layout="constrained")
+    fig.suptitle("SparseResUNet42 on synthetic LiDAR scans: training curves")
     a.plot(range(1, len(losses) + 1), losses, marker="o")
+    a.set_title("training loss (class-weighted cross-entropy,\nmean over each epoch's steps)")
     a.set_xlabel("epoch")
-    a.set_ylabel("training loss")
+    a.set_ylabel("loss")
     a.grid(alpha=0.3)
-    b.plot(range(len(mious)), [100 * m for m in mious], marker="o", color="tab:green")
-    b.set_xlabel("epoch (0 = untrained)")
-    b.set_ylabel("held-out point mIoU (%)")
+    a.xaxis.set_major_locator(MaxNLocator(integer=True))
+    epochs = range(len(mious))
+    for c, (name, style) in enumerate(CLASS_STYLES.items()):
+        ious = [100 * row[c] for row in per_class]  # NaN (class absent) leaves a gap
+        b.plot(epochs, ious, color=style.colour, linewidth=1, alpha=0.8, label=f"{name} IoU")
+    b.plot(epochs, [100 * m for m in mious], marker="o", color="black", linewidth=2, label="mIoU")
+    scans = held_out_scans(n_val)
+    b.set_title(f"held-out point IoU over {scans}\n(epoch 0 = untrained network)")
+    b.set_xlabel("epoch")
+    b.set_ylabel("IoU (%)")
+    b.set_ylim(0, 100)
     b.grid(alpha=0.3)
+    b.xaxis.set_major_locator(MaxNLocator(integer=True))
+    b.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.02, 0.5), frameon=False)
     save_figure(fig, path)
     plt.close(fig)
 
 
 def parse_args(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
     d = Config()
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--epochs", type=int, default=d.epochs)
-    p.add_argument("--train-scans", type=int, default=d.train_scans)
-    p.add_argument("--val-scans", type=int, default=d.val_scans)
-    p.add_argument("--batch-size", type=int, default=d.batch_size)
-    p.add_argument("--voxel-size", type=float, default=d.voxel_size, help="metres")
+    p = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        epilog=f"Writes {', '.join(OUTPUTS)} into --out. Plotting needs matplotlib: "
+        "pip install 'torch-lattice[demo]'.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--epochs", type=int, default=d.epochs, help="training epochs")
+    p.add_argument("--train-scans", type=int, default=d.train_scans, help="simulated scans")
+    p.add_argument(
+        "--val-scans", type=int, default=d.val_scans, help="held-out scans (mIoU is over all)"
+    )
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help="scans per step")
+    p.add_argument("--voxel-size", type=float, default=d.voxel_size, help="voxel edge, metres")
     p.add_argument("--width", type=float, default=d.width, help="channel multiplier")
-    p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--lr", type=float, default=d.lr, help="Adam learning rate (cosine decay)")
     p.add_argument("--extent", type=float, default=d.extent, help="scan radius in metres")
-    p.add_argument("--beams", type=int, default=d.beams)
-    p.add_argument("--points-per-beam", type=int, default=d.points_per_beam)
-    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--beams", type=int, default=d.beams, help="LiDAR beams per scan")
+    p.add_argument("--points-per-beam", type=int, default=d.points_per_beam, help="points per beam")
+    p.add_argument("--seed", type=int, default=d.seed, help="seed of scans and model")
     p.add_argument("--out", type=Path, default=Path("out"), help="output directory")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument(
+        "--threads", type=int, default=None, help="torch CPU threads (None: torch's default)"
+    )
     a = p.parse_args(argv)
     for name in ("epochs", "train_scans", "val_scans", "batch_size", "beams", "points_per_beam"):
         if getattr(a, name) < 1:
@@ -305,18 +381,42 @@ def pick_device(name: str) -> torch.device:
     return device
 
 
-def require_matplotlib() -> None:
-    """Fails before training, not after, when the PNGs cannot be written."""
+def cpu_name() -> str:
+    """The processor's model name (Linux's /proc/cpuinfo), else the architecture."""
     try:
-        import matplotlib
-    except ImportError as e:
-        raise SystemExit("this demo writes PNGs with matplotlib: pip install matplotlib") from e
-    matplotlib.use("Agg")
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def environment(device: torch.device) -> dict[str, Any]:
+    """Where a run ran, for metrics.json: device, threads and versions."""
+    env: dict[str, Any] = {
+        "device": str(device),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name(),
+        "cpu_threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+        "versions": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "torch_lattice": tl.__version__,
+            "cpu_isa": _C.cpu_isa(),
+        },
+        "platform": platform.platform(),
+    }
+    return env
 
 
 def main(argv: list[str] | None = None) -> dict:
     cfg, args = parse_args(argv)
-    require_matplotlib()
+    try:  # before any work: a missing matplotlib is reported now, not after training
+        pyplot()
+    except ImportError as e:
+        raise SystemExit(str(e)) from e
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     device = pick_device(args.device)
@@ -328,61 +428,85 @@ def main(argv: list[str] | None = None) -> dict:
         f"{torch.get_num_threads()} threads"
     )
     train, val = simulate(cfg)
+    timing: dict[str, Any] = {"simulate": time.perf_counter() - t0}
     n_pts = sum(len(s.points) for s in train)
     print(
         f"simulated {len(train)} training scans ({n_pts:,} points) and {len(val)} held-out "
-        f"scans in {time.perf_counter() - t0:.1f} s; voxel size {cfg.voxel_size} m"
+        f"scans in {timing['simulate']:.1f} s; voxel size {cfg.voxel_size} m"
     )
+    scans = held_out_scans(len(val))
+    print(f"mIoU below: point-level, over {scans}")
 
     model = tl.backbones.SparseResUNet42(3, NUM_CLASSES, width=cfg.width).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=cfg.epochs, eta_min=cfg.lr / 10)
     weights = class_weights(train).to(device)
+    t = time.perf_counter()
     ious, _ = evaluate(model, val, cfg, device)
+    timing["evaluate"] = time.perf_counter() - t
     losses, mious, per_class = [], [mean_iou(ious)], [ious]
+    timing["train_epochs"], timing["train_cpu"] = [], 0.0
     print(f"epoch 0 (untrained)  held-out mIoU {100 * mious[0]:5.1f}%")
     for epoch in range(1, cfg.epochs + 1):
         print(f"epoch {epoch}/{cfg.epochs}")
+        t, cpu = time.perf_counter(), time.process_time()
         losses.append(train_epoch(model, opt, train, cfg, weights, gen, device))
         sched.step()
+        timing["train_epochs"].append(time.perf_counter() - t)
+        # CPU seconds of all this process's threads: unlike wall time, barely changed
+        # by other jobs on a shared machine.
+        timing["train_cpu"] += time.process_time() - cpu
+        t = time.perf_counter()
         ious, preds = evaluate(model, val, cfg, device)
+        timing["evaluate"] += time.perf_counter() - t
         mious.append(mean_iou(ious))
         per_class.append(ious)
         print(f"  loss {losses[-1]:.4f}  held-out mIoU {100 * mious[-1]:5.1f}%   {fmt_ious(ious)}")
-    metrics = write_outputs(args.out, model, cfg, losses, mious, per_class, val[0], preds[0])
+    timing["train"] = sum(timing["train_epochs"])
+    scan_miou = mean_iou(iou_per_class(confusion(preds[0], val[0].labels)))
     print(
-        f"mIoU {100 * mious[0]:.1f}% -> {100 * mious[-1]:.1f}% in "
-        f"{time.perf_counter() - t0:.0f} s; wrote {args.out}/model.safetensors, "
-        "metrics.json, segmentation.png, curves.png"
+        f"held-out mIoU {100 * mious[0]:.1f}% -> {100 * mious[-1]:.1f}% ({scans}; "
+        f"segmentation.png shows held-out scan 1: {100 * scan_miou:.1f}%)"
     )
+    metrics = {
+        "config": asdict(cfg),
+        "classes": list(LIDAR_CLASSES),
+        "train_loss": losses,
+        "val_scans": len(val),
+        "val_miou": mious,
+        "val_iou_per_class": [[None if math.isnan(v) else v for v in row] for row in per_class],
+        "plotted_scan": {"index": 0, "point_miou": scan_miou},
+        "environment": environment(device),
+        "timing_s": timing,
+    }
+    write_outputs(args.out, model, metrics, val[0], preds[0], t0)
+    print(
+        f"training took {timing['train']:.0f} s ({timing['train'] / cfg.epochs:.1f} s per "
+        f"epoch, {timing['train_cpu']:.0f} s of CPU time), {timing['total']:.0f} s in all"
+    )
+    print(f"outputs in {args.out.resolve()}: {', '.join(OUTPUTS)}")
     return metrics
 
 
 def write_outputs(
     out: Path,
     model: torch.nn.Module,
-    cfg: Config,
-    losses: list[float],
-    mious: list[float],
-    per_class: list[list[float]],
+    metrics: dict[str, Any],
     scan: Scan,
     pred: torch.Tensor,
-) -> dict:
+    t0: float,
+) -> None:
+    """Writes the four outputs, metrics.json last (with the total time up to it)."""
     out.mkdir(parents=True, exist_ok=True)
     save_weights(model, out / "model.safetensors")
-    scan_conf = confusion(pred, scan.labels)
-    plot_segmentation(scan, pred, out / "segmentation.png", mean_iou(iou_per_class(scan_conf)))
-    plot_curves(losses, mious, out / "curves.png")
-    metrics = {
-        "config": asdict(cfg),
-        "classes": list(LIDAR_CLASSES),
-        "train_loss": losses,
-        "val_miou": mious,
-        "val_iou_per_class": [[None if math.isnan(v) else v for v in row] for row in per_class],
-    }
+    n_val, mious = metrics["val_scans"], metrics["val_miou"]
+    miou = metrics["plotted_scan"]["point_miou"]
+    plot_segmentation(scan, pred, out / "segmentation.png", miou, mious[-1], n_val)
+    per_class = [[math.nan if v is None else v for v in r] for r in metrics["val_iou_per_class"]]
+    plot_curves(metrics["train_loss"], mious, per_class, n_val, out / "curves.png")
+    metrics["timing_s"]["total"] = time.perf_counter() - t0
     text = json.dumps(metrics, indent=2)
     atomic_write(out / "metrics.json", lambda tmp: tmp.write_text(text))
-    return metrics
 
 
 if __name__ == "__main__":

@@ -1,33 +1,76 @@
 #!/usr/bin/env bash
 # Prepares .venv in the repository root: Python venv, torch, and this package
-# built from source (editable), with test tools.  Idempotent: the build step
-# is skipped while csrc/, setup.py and pyproject.toml are unchanged.
+# built from source (editable) with its test, docs and demo extras.  Each step
+# says what it does and how long it took.  Idempotent: the build step is skipped
+# while csrc/, setup.py, pyproject.toml and TORCH_LATTICE_CUDA are unchanged.
 #
 #   TORCH_LATTICE_TORCH   pip requirement for torch (default torch==2.13.0,
 #                         the CPU build this project's machines carry on disk)
-#   TORCH_LATTICE_CUDA    auto | 0 | 1  (see setup.py)
+#   TORCH_LATTICE_CUDA    auto | 0 | 1  (see setup.py; auto compiles CUDA when
+#                         nvcc is found, 0 skips it)
 #   PYTHON                interpreter for the venv (default python3, >= 3.10)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 py=${PYTHON:-python3}
 venv=.venv
-if [ ! -x "$venv/bin/python" ]; then
-    echo "[setup] creating $venv with $($py --version)"
-    "$py" -m venv "$venv"
-fi
-pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
+pip=("$venv/bin/python" -m pip --disable-pip-version-check)
+say() { echo "[setup] $*"; }
+since() { echo "$(($(date +%s) - $1)) s"; }
 
-if ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
+# Runs a command with its whole output in a log, showing only the lines that match a
+# pattern (indented) while it runs; on failure, the end of the log.
+logged() {
+    local log=$1 pattern=$2
+    shift 2
+    : >"$log"  # exists before tail opens it
+    "$@" >"$log" 2>&1 &
+    local pid=$! status
+    tail -n +1 -f --pid="$pid" "$log" | grep --line-buffered -E "$pattern" \
+        | sed -u -e 's/^ *//' -e 's/^\(.\{200\}\).*/\1 .../' -e 's/^/    /' || true
+    wait "$pid" && status=0 || status=$?
+    if [ "$status" -ne 0 ]; then
+        say "failed (exit status $status): $*"
+        say "the end of $log:"
+        tail -n 40 "$log"
+        exit "$status"
+    fi
+}
+t_all=$(date +%s)
+
+if [ ! -x "$venv/bin/python" ]; then
+    t=$(date +%s)
+    say "1/3 creating $venv with $($py --version) (a few seconds)"
+    "$py" -m venv "$venv"
+    say "    done in $(since "$t")"
+fi
+
+if ! "$venv/bin/python" -c "import torch, numpy" 2>/dev/null; then
+    t=$(date +%s)
     spec=${TORCH_LATTICE_TORCH:-torch==2.13.0}
-    echo "[setup] installing $spec"
-    "${pip[@]}" install "$spec"
+    say "2/3 installing $spec and numpy into $venv (a large download the first time;"
+    say "    under a minute from a local wheel, several minutes on a slow link); log: $venv/torch.log"
+    logged "$venv/torch.log" '^(Collecting|Downloading|Processing|Successfully installed)' \
+        "${pip[@]}" install --progress-bar off "$spec" numpy
+    say "    done in $(since "$t")"
 fi
 
 stamp="$venv/.torch-lattice-build"
-want=$( (cat setup.py pyproject.toml; find csrc -type f | sort | xargs cat; echo "${TORCH_LATTICE_CUDA:-auto}") | sha256sum | cut -d' ' -f1)
+cuda=${TORCH_LATTICE_CUDA:-auto}
+want=$( (cat setup.py pyproject.toml; find csrc -type f | sort | xargs cat; echo "$cuda") | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || ! "$venv/bin/python" -c "import torch_lattice._C" 2>/dev/null; then
-    echo "[setup] building torch_lattice (C core$(command -v nvcc >/dev/null && [ "${TORCH_LATTICE_CUDA:-auto}" != 0 ] && echo ' + CUDA'))"
-    "${pip[@]}" install -e '.[test]'
-    echo "$want" > "$stamp"
+    t=$(date +%s)
+    say "3/3 building torch_lattice from source and installing it (editable) with its test,"
+    say "    docs and demo tools (pytest, ruff, sphinx, myst-parser, matplotlib); log: $venv/build.log"
+    say "    - the C core: $(find csrc -maxdepth 1 -name '*.c' | wc -l) sources, about 10 s on 2 cores"
+    if [ "$cuda" != 0 ] && command -v nvcc >/dev/null; then
+        say "    - the CUDA kernels: $(find csrc/cuda -name '*.cu' | wc -l) sources with nvcc, about a minute"
+        say "      on 2 cores, even without a GPU here (TORCH_LATTICE_CUDA=0 skips them)"
+    fi
+    # pip -v passes the build's output on; its own lines start "[torch_lattice build]".
+    logged "$venv/build.log" '\[torch_lattice build\]|^Successfully installed' \
+        "${pip[@]}" install --progress-bar off -v -e '.[test,docs,demo]'
+    echo "$want" >"$stamp"
+    say "    done in $(since "$t")"
 fi
+say "$venv is ready ($(since "$t_all") for set-up): torch $("$venv/bin/python" -c 'import torch; print(torch.__version__)'), torch_lattice built from this checkout"

@@ -137,3 +137,23 @@ def test_concurrent_writers_never_see_umask_zero(tmp_path: Path) -> None:
                 t.join()
     finally:
         os.umask(old)
+
+
+def test_writer_that_creates_0600_gets_the_umask_mode(umask: int, tmp_path: Path) -> None:
+    """A writer may create its file 0600 whatever the umask: safetensors 0.8's save_file
+    does (the cause of issue 14's 0600 model.safetensors). The atomic write gives the final
+    file the umask's mode all the same."""
+    import torch
+    from safetensors.torch import save_file
+
+    def private(p: Path) -> None:
+        p.write_bytes(b"x")
+        os.chmod(p, 0o600)
+
+    for name, write in (
+        ("private.bin", private),
+        ("model.safetensors", lambda p: save_file({"w": torch.zeros(2)}, str(p))),
+    ):
+        atomic_file.atomic_write(tmp_path / name, write)
+        assert mode(tmp_path / name) == 0o666 & ~umask, name
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors", "private.bin"]

@@ -123,3 +123,56 @@ def test_sanitize_refuses_bad_settings(tmp_path: Path, env: dict[str, str], mess
     result, _ = _commands(tmp_path, **env)
     assert result.returncode != 0
     assert message in result.stderr + result.stdout
+
+
+def test_build_prints_one_counted_line_per_source(tmp_path: Path) -> None:
+    """A person watching the build sees each C source as it starts, with a counter."""
+    result, cmds = _commands(tmp_path, TORCH_LATTICE_CUDA="0")
+    assert result.returncode == 0, result.stderr
+    sources = sorted(f"csrc/{p.name}" for p in (ROOT / "csrc").glob("*.c"))
+    lines = [ln for ln in result.stdout.splitlines() if ln.startswith("[torch_lattice build] ")]
+    counted = [ln.split(" ", 3)[2:] for ln in lines if "/" in ln.split(" ")[2]]
+    n = len(sources)
+    assert counted == [[f"{i}/{n}", src] for i, src in enumerate(sources, start=1)], lines
+    assert lines[-1].startswith("[torch_lattice build] built torch_lattice._C in ")
+    assert len(_split(cmds)[0]) == n
+
+
+FAKE_NVCC = """\
+#!/bin/sh
+# Stands in for nvcc: creates the object file named after -o.
+while [ $# -gt 0 ]; do
+    if [ "$1" = "-o" ]; then : > "$2"; fi
+    shift
+done
+"""
+
+
+def _no_gpu_here() -> bool:
+    return not list(Path("/dev").glob("nvidia[0-9]*"))
+
+
+def test_cuda_without_gpu_says_why_and_how_to_skip(tmp_path: Path) -> None:
+    """With nvcc found and auto mode, the build compiles CUDA and, on a machine with no
+    GPU, says so and names TORCH_LATTICE_CUDA=0; each .cu gets a counted line."""
+    cuda_home = tmp_path / "cuda"
+    (cuda_home / "bin").mkdir(parents=True)
+    nvcc = cuda_home / "bin" / "nvcc"
+    nvcc.write_text(FAKE_NVCC)
+    nvcc.chmod(0o755)
+    result, _ = _commands(tmp_path, TORCH_LATTICE_CUDA="auto", CUDA_HOME=str(cuda_home))
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    n_cu = len(list((ROOT / "csrc" / "cuda").glob("*.cu")))
+    assert f"compiling {n_cu} CUDA sources with nvcc" in out
+    assert f"CUDA {n_cu}/{n_cu} csrc/cuda/" in out
+    explained = f"nvcc found ({nvcc}) but no NVIDIA GPU on this machine" in out
+    assert explained == _no_gpu_here(), out
+    if explained:
+        assert "TORCH_LATTICE_CUDA=0 skips them" in out
+
+
+def test_no_message_about_gpus_when_cuda_is_off(tmp_path: Path) -> None:
+    result, _ = _commands(tmp_path, TORCH_LATTICE_CUDA="0")
+    assert result.returncode == 0, result.stderr
+    assert "nvcc" not in result.stdout and "CUDA" not in result.stdout

@@ -6,6 +6,7 @@ import importlib.util
 import json
 import os
 import stat
+import subprocess
 import sys
 from pathlib import Path
 
@@ -27,13 +28,27 @@ def load_demo():
     return module
 
 
-def test_tiny_run_improves_and_writes_outputs(tmp_path, capsys):
+def test_tiny_run_improves_and_writes_outputs(tmp_path, capsys, monkeypatch):
     demo = load_demo()
     out = tmp_path / "out"
-    metrics = demo.main([*TINY, "--out", str(out)])
-    assert sorted(p.name for p in out.iterdir()) == [
+    figures = []
+    save_figure = demo.save_figure
+
+    def keep(fig, path):
+        figures.append((path.name, fig))
+        save_figure(fig, path)
+
+    monkeypatch.setattr(demo, "save_figure", keep)
+    old = os.umask(0o027)  # not the usual 022: every output must follow the umask
+    try:
+        metrics = demo.main([*TINY, "--out", str(out)])
+    finally:
+        os.umask(old)
+    assert sorted(p.name for p in out.iterdir()) == sorted(demo.OUTPUTS) == [
         "curves.png", "metrics.json", "model.safetensors", "segmentation.png",
     ]  # fmt: skip
+    for name in demo.OUTPUTS:
+        assert stat.S_IMODE((out / name).stat().st_mode) == 0o640, name
     assert json.loads((out / "metrics.json").read_text()) == metrics
     losses, mious = metrics["train_loss"], metrics["val_miou"]
     assert len(losses) == 3 and len(mious) == 4
@@ -43,6 +58,24 @@ def test_tiny_run_improves_and_writes_outputs(tmp_path, capsys):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     printed = capsys.readouterr().out
     assert "held-out mIoU" in printed and "[" in printed
+    assert printed.splitlines()[-1] == f"outputs in {out.resolve()}: " + ", ".join(demo.OUTPUTS)
+
+    # The plots say what they show, in the log's numbers.
+    final = f"{100 * mious[-1]:.1f}%"
+    scan = f"{100 * metrics['plotted_scan']['point_miou']:.1f}%"
+    assert f"-> {final} (the held-out scan; segmentation.png shows held-out scan 1: {scan})" in (
+        printed
+    )
+    texts = {name: figure_texts(fig) for name, fig in figures}
+    assert sorted(texts) == ["curves.png", "segmentation.png"]
+    seg = texts["segmentation.png"]
+    assert f"as in the log: {final}" in seg and f"point mIoU {scan} on this scan" in seg
+    assert "ground truth" in seg and "held-out scan 1 of 1" in seg
+    curves = texts["curves.png"]
+    assert "training curves" in curves and "training loss" in curves
+    assert "held-out point IoU over the held-out scan" in curves
+    for label in ("epoch", "loss", "IoU (%)"):
+        assert label in curves
 
     from safetensors.torch import load_file
 
@@ -50,6 +83,77 @@ def test_tiny_run_improves_and_writes_outputs(tmp_path, capsys):
 
     model = tl.backbones.SparseResUNet42(3, 5, width=0.25)
     model.load_state_dict(load_file(out / "model.safetensors"), strict=True)
+
+
+def figure_texts(fig) -> str:
+    """The suptitle, axes titles and axis labels of a matplotlib figure, one per line."""
+    parts = [fig.get_suptitle()]
+    for ax in fig.axes:
+        parts += [ax.get_title(), ax.get_xlabel(), ax.get_ylabel()]
+    return "\n".join(parts)
+
+
+def test_metrics_record_timing_device_and_versions(tmp_path):
+    import platform
+
+    import torch
+
+    import torch_lattice as tl
+    from torch_lattice import _C
+
+    demo = load_demo()
+    metrics = demo.main([*TINY, "--epochs", "2", "--out", str(tmp_path)])
+    saved = json.loads((tmp_path / "metrics.json").read_text())
+    assert saved == metrics
+    env = saved["environment"]
+    assert env["device"] == "cpu" and env["device_name"]
+    assert env["cpu_threads"] == torch.get_num_threads() and env["cpu_threads"] >= 1
+    assert env["versions"] == {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_lattice": tl.__version__,
+        "cpu_isa": _C.cpu_isa(),
+    }
+    timing = saved["timing_s"]
+    assert set(timing) == {"simulate", "evaluate", "train_epochs", "train", "train_cpu", "total"}
+    assert len(timing["train_epochs"]) == 2
+    assert timing["train"] == sum(timing["train_epochs"])
+    assert all(v > 0 for v in (timing["simulate"], timing["evaluate"], *timing["train_epochs"]))
+    assert timing["train_cpu"] > 0
+    assert timing["total"] > timing["simulate"] + timing["train"] + timing["evaluate"]
+    assert saved["val_scans"] == 1 and saved["plotted_scan"]["index"] == 0
+    assert 0 <= saved["plotted_scan"]["point_miou"] <= 1
+
+
+def test_help_shows_every_default(capsys):
+    demo = load_demo()
+    with pytest.raises(SystemExit) as exit_info:
+        demo.main(["--help"])
+    assert exit_info.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    for default in ("8", "12", "2", "0.25", "0.5", "0.004", "40.0", "32", "1024", "0", "out"):
+        assert f"(default: {default})" in text, default
+    assert "(default: auto)" in text and "torch-lattice[demo]" in text
+
+
+def test_without_matplotlib_names_the_extra_before_any_work(tmp_path):
+    """matplotlib is an extra: the demo says which one, before simulating or training."""
+    code = (
+        "import sys\n"
+        "sys.modules['matplotlib'] = None  # import matplotlib now raises ImportError\n"
+        f"sys.path.insert(0, {str(DEMO.parents[1])!r})\n"
+        "import runpy\n"
+        f"sys.argv = ['train_segmentation.py', '--out', {str(tmp_path / 'out')!r}]\n"
+        f"runpy.run_path({str(DEMO)!r}, run_name='__main__')\n"
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "needs matplotlib: pip install 'torch-lattice[demo]'" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert done.stdout == "" and not (tmp_path / "out").exists()
 
 
 def test_bad_arguments_exit_before_work(tmp_path):
