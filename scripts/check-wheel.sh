@@ -103,7 +103,7 @@ for spec in $TORCHES; do
     step "venv $i: pytest tests/ from $WORK/tree"
     t0=$SECONDS
     set +e
-    (cd "$WORK/tree" && "$venv/bin/python" -m pytest -q -p no:cacheprovider tests "$@") \
+    (cd "$WORK/tree" && "$venv/bin/python" -m pytest -q -rs -p no:cacheprovider tests "$@") \
         2>&1 | tee "$WORK/pytest$i.txt"
     rc=${PIPESTATUS[0]}
     set -e
