@@ -6,10 +6,13 @@
 #
 #   scripts/check-wheel.sh                          # torch==2.13.0 and torch==2.14.1
 #   CHECK_WHEEL_TORCHES="torch==2.13.0" scripts/check-wheel.sh -k conformance
+#   CHECK_WHEEL_TORCHES="python3.11:torch==2.13.0 python3.12:torch==2.14.1" scripts/check-wheel.sh
 #   CHECK_WHEEL_KEEP=dist/wheelhouse scripts/check-wheel.sh   # keep the repaired wheel
 #
 # Extra arguments go to pytest. TORCH_LATTICE_CUDA (default auto: CUDA when nvcc is found)
-# decides whether the wheel carries the CUDA kernels; PYTHON picks the interpreter (python3).
+# decides whether the wheel carries the CUDA kernels; PYTHON picks the interpreter (python3)
+# that builds the wheel and, unless an entry of CHECK_WHEEL_TORCHES names its own
+# (INTERPRETER:REQUIREMENT), runs the tests.
 # Everything is built in a fresh temporary folder that is removed on exit, so a rerun starts
 # from scratch; the exit status is non-zero when any step or any test run fails.
 set -euo pipefail
@@ -82,7 +85,7 @@ x = tl.SparseTensor(torch.randn(4, 3), torch.tensor([[0, 0, 0, 0], [0, 0, 0, 1],
 tl.nn.SubmConv3d(3, 5, 3)(x)  # runs an OpenMP region
 gomp = sorted({line.split()[-1] for line in open("/proc/self/maps") if "gomp" in line})
 assert len(gomp) == 1, f"expected one OpenMP runtime, got {gomp}"
-print(f"torch {torch.__version__} (cuda build: {torch.version.cuda}), "
+print(f"Python {sys.version.split()[0]}, torch {torch.__version__} (cuda build: {torch.version.cuda}), "
       f"torch_lattice from {where.parent}, _C cuda_compiled={_C.cuda_compiled()} "
       f"archs={_C.cuda_archs() if _C.cuda_compiled() else None}, cpu_isa={_C.cpu_isa()}, "
       f"gpu={torch.cuda.is_available()}, OpenMP runtime {gomp[0]}")
@@ -91,11 +94,13 @@ print(f"torch {torch.__version__} (cuda build: {torch.version.cuda}), "
 SUMMARY=()
 STATUS=0
 i=0
-for spec in $TORCHES; do
+for entry in $TORCHES; do
     i=$((i + 1))
     venv="$WORK/venv$i"
-    step "venv $i: $spec, then the repaired wheel, then pytest"
-    "$PYTHON" -m venv "$venv"
+    py="$PYTHON" spec="$entry"
+    if [[ "$entry" == *:* ]]; then py="${entry%%:*}" spec="${entry#*:}"; fi
+    step "venv $i: $py, $spec, then the repaired wheel, then pytest"
+    "$py" -m venv "$venv"
     "$venv/bin/pip" install -q "$spec"
     "$venv/bin/pip" install -q "$WHEEL" pytest
     step "venv $i: what is imported (run from the package-less tree)"

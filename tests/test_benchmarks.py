@@ -445,3 +445,15 @@ def test_package_path_says_what_to_do_when_nothing_is_built(tmp_path: Path) -> N
     _package(root, built=False)
     with pytest.raises(package_path.PackageNotBuilt, match=r"no built _C .*pip install \."):
         package_path.resolve(root, ["", str(tmp_path / "empty")], cwd=root)
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["kmap_subm3", "conv_k2s2", "convtr_k2s2_inverse", "convtr_k2s2_target", "gen_convtr_k2s2"],
+)
+def test_every_real_baseline_passes_its_check(name: str) -> None:
+    """The check compares like with like in each workload: right baselines are timed."""
+    opts = workloads.Options(repeats=1, warmup=0, memory=False, spconv=False)
+    rows = workloads.WORKLOADS[name].run(scenes.tiny_scene(10), 4, opts)
+    assert len(rows) == 2
+    assert [r["status"] for r in rows] == ["ok", "ok"], rows
