@@ -24,6 +24,8 @@ export TORCH_LATTICE_CUDA="${TORCH_LATTICE_CUDA:-auto}"
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/check-wheel.XXXXXX")"
 trap 'rm -rf "$WORK"' EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 START=$SECONDS
 
 step() { printf '\n== [%s, +%ds] %s\n' "$(date -u +%H:%M:%S)" "$((SECONDS - START))" "$*"; }
