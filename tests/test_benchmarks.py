@@ -1,5 +1,8 @@
 """Benchmarks package: a tiny CLI run writes its files, and every baseline computes the
-library's numbers (so a speed-up is never measured against different math).
+library's numbers (so a speed-up is never measured against different math); a baseline
+that disagrees is reported and not timed, the check runs before timing, spconv runs at its
+own thread count with torch's restored after, and ``benchmarks`` imports an installed
+torch_lattice when the source tree's has no ``_C``.
 
 No timing is asserted here; speed is measured by ``python -m benchmarks``.
 """
