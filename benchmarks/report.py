@@ -274,6 +274,13 @@ def markdown(meta: dict[str, Any], rows: list[Row]) -> str:
         ]
         if wl.SPCONV in single:
             out.append("spconv's CPU build returns wrong sums at more than one torch thread.")
+    racy = {r.get("threads", threads) for r in _ok(rows) if r["impl"] == wl.SPCONV}
+    racy = {n for n in racy if isinstance(n, int) and n > 1}
+    if racy:
+        out.append(
+            f"spconv was timed at {max(racy)} threads, where its CPU build returns wrong sums"
+            " in many calls: its times are void."
+        )
     out.append("")
     out += ["## Targets", "", "| target | measured | verdict |", "|---|---|---|"]
     out += [f"| {a} | {b} | {c} |" for a, b, c in Targets(rows).lines()]

@@ -460,3 +460,19 @@ def test_every_real_baseline_passes_its_check(name: str) -> None:
     rows = workloads.WORKLOADS[name].run(scenes.tiny_scene(10), 4, opts)
     assert len(rows) == 2
     assert [r["status"] for r in rows] == ["ok", "ok"], rows
+
+
+def test_report_voids_spconv_times_taken_at_several_threads() -> None:
+    """An old results.json (no check, spconv at the run's 2 threads) is marked as such."""
+    base = {"workload": "subm3_fwd", "scene": "s", "voxels": 10, "batch": 1, "channels": 8}
+    rows = [
+        {**base, "impl": workloads.LATTICE, "status": "ok", "median_ms": 1.0},
+        {**base, "impl": workloads.SPCONV, "status": "ok", "median_ms": 2.0},
+    ]
+    old = report.markdown({"threads": 2}, rows)
+    assert "This run predates the output check" in old
+    assert "spconv was timed at 2 threads" in old and "its times are void" in old
+    rows[1]["threads"] = 1
+    new = report.markdown({"threads": 2, "checked": True}, rows)
+    assert "predates" not in new and "void" not in new
+    assert "| subm3_fwd | s | 10 | 8 | 1.0 | - | - | 2.0 (2.00x, 1 thread) |" in new
