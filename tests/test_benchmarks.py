@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
+import subprocess
 import sys
 from pathlib import Path
 from typing import ClassVar
@@ -476,3 +478,34 @@ def test_report_voids_spconv_times_taken_at_several_threads() -> None:
     new = report.markdown({"threads": 2, "checked": True}, rows)
     assert "predates" not in new and "void" not in new
     assert "| subm3_fwd | s | 10 | 8 | 1.0 | - | - | 2.0 (2.00x, 1 thread) |" in new
+
+
+def test_python_m_benchmarks_uses_an_installed_package_over_unbuilt_source(
+    tmp_path: Path,
+) -> None:
+    """The scenario of a non-editable install, without pip: a repository copy whose
+    torch_lattice/ has no _C, and a built copy on PYTHONPATH standing in for site-packages.
+    ``python -m benchmarks`` from the copy's root must import the built one."""
+    built = Path(tl.__file__).resolve().parent
+    assert package_path.has_built_extension(built)
+    skip = shutil.ignore_patterns("__pycache__", "*.so", "*.pyd")
+    repo, site = tmp_path / "repo", tmp_path / "site"
+    shutil.copytree(ROOT / "benchmarks", repo / "benchmarks", ignore=skip)
+    shutil.copytree(built, repo / "torch_lattice", ignore=skip)
+    shutil.copytree(built, site / "torch_lattice", ignore=shutil.ignore_patterns("__pycache__"))
+    assert not package_path.has_built_extension(repo / "torch_lattice")
+    out = tmp_path / "out"
+    args = ["run", "--suite", "smoke", "--only", "kmap_subm3", "--no-plots", "--no-memory"]
+    args += ["--repeats", "1", "--warmup", "0", "--out", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(site), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks", *args],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    meta = json.loads((out / "results.json").read_text())["meta"]
+    assert Path(meta["torch_lattice"]) == (site / "torch_lattice").resolve()
