@@ -7,13 +7,17 @@
 - :func:`dense_subm_conv`: scatter into a dense grid, ``torch.nn.functional.conv3d``,
   gather back; only where the grid fits in memory.
 - :func:`mm_proxy`: one ``torch.mm`` with the convolution's FLOPs, the physical-limit proxy.
-- :class:`SpconvSubm`: spconv 2.x's CPU build when it is importable (optional extra).
+- :class:`SpconvSubm`: spconv 2.x's CPU build when it is importable (optional extra),
+  called with torch at :data:`SPCONV_THREADS` threads (:func:`with_threads`).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 import torch.nn.functional as tnf
@@ -22,6 +26,7 @@ from torch_lattice.geometry import ConvGeometry, kernel_positions
 
 __all__ = [
     "DENSE_MAX_ELEMENTS",
+    "SPCONV_THREADS",
     "SpconvSubm",
     "dense_grid",
     "dense_subm_conv",
@@ -32,13 +37,47 @@ __all__ = [
     "spconv_status",
     "swap_pairs",
     "torch_kernel_map",
+    "torch_threads",
+    "with_threads",
 ]
 
 # Largest dense input grid (elements) the dense baseline allocates: 2**28 float32 is
 # 1 GiB for the input, as much again for the output.
 DENSE_MAX_ELEMENTS = 2**28
 
+# spconv 2.3.8's CPU forward returns wrong sums when torch runs more than one thread
+# (measured here: most calls wrong at 2 threads, none at 1; the thread count of the OpenMP
+# runtime spconv bundles makes no difference). It is only timed where it is right.
+SPCONV_THREADS = 1
+
 Pairs = list[tuple[torch.Tensor, torch.Tensor]]
+T = TypeVar("T")
+
+
+@contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """``torch.set_num_threads(n)`` inside the block; the previous count is restored after,
+    also when the block raises."""
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"threads: must be an int >= 1, got {n!r}")
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
+def with_threads(fn: Callable[[], T], n: int) -> Callable[[], T]:
+    """``fn`` run at ``n`` torch threads on each call (for one baseline only)."""
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"threads: must be an int >= 1, got {n!r}")
+
+    def run() -> T:
+        with torch_threads(n):
+            return fn()
+
+    return run
 
 
 def _pack(b: torch.Tensor, xyz: torch.Tensor, ext: list[int]) -> torch.Tensor:

@@ -24,6 +24,8 @@ from typing import Any
 
 import torch
 
+import torch_lattice
+from benchmarks import baselines as bl
 from benchmarks import report, scenes
 from benchmarks.workloads import WORKLOADS, Options
 from torch_lattice.ops._native import _C
@@ -182,6 +184,7 @@ def _run(args: argparse.Namespace) -> int:
         warmup=args.warmup,
         spconv=not args.no_spconv,
         memory=not args.no_memory,
+        spconv_threads=args.spconv_threads,
     )
     meta = {
         "command": "python -m benchmarks "
@@ -190,8 +193,11 @@ def _run(args: argparse.Namespace) -> int:
         "commit": _commit(),
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
+        "torch_lattice": str(Path(torch_lattice.__file__).resolve().parent),
         "python": platform.python_version(),
         "suite": args.suite,
+        "checked": True,  # baselines compared with the library before timing
+        "spconv_threads": opts.spconv_threads,
         "repeats": opts.repeats,
         "load_before": _load(),
         **_machine(),
@@ -287,6 +293,12 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--threads", type=int, help="torch.set_num_threads before running")
     run.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     run.add_argument("--no-spconv", action="store_true", help="skip spconv even if installed")
+    run.add_argument(
+        "--spconv-threads",
+        type=int,
+        default=bl.SPCONV_THREADS,
+        help="torch threads while spconv runs (default 1: its CPU build is wrong at more)",
+    )
     run.add_argument("--no-memory", action="store_true", help="skip peak-memory runs")
     rep = sub.add_parser("report", help="redraw results.md and plots from results.json")
     rep.add_argument("--out", default=str(ROOT / "docs" / "benchmarks"))
@@ -322,4 +334,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit("--repeats: must be >= 1")
     if args.threads is not None and args.threads < 1:
         raise SystemExit("--threads: must be >= 1")
+    if args.spconv_threads < 1:
+        raise SystemExit("--spconv-threads: must be >= 1")
     return _run(args)

@@ -74,6 +74,35 @@ def _find(rows: list[Row], workload: str, scene: str, channels: int, impl: str) 
     return None
 
 
+def _any(rows: list[Row], workload: str, scene: str, channels: int, impl: str) -> Row | None:
+    """The row of ``impl`` whatever its status (ok, disagrees, not available)."""
+    for r in rows:
+        if (r["workload"], r["scene"], r["channels"], r["impl"]) == (
+            workload,
+            scene,
+            channels,
+            impl,
+        ):
+            return r
+    return None
+
+
+def _cell(rows: list[Row], case: tuple[str, str, int], impl: str, threads: Any) -> str:
+    """A baseline's cell: time and speed-up, its thread count when it differs from the
+    run's, or why it has no time when it disagreed with the library."""
+    ref = _any(rows, *case, impl)
+    if ref is None:
+        return "-"
+    if ref.get("status") != "ok":
+        return ref["status"] if ref["status"].startswith("disagrees") else "-"
+    ratio = _ratio(rows, *case, impl)
+    shown = f"{ref['median_ms']:.1f}" + ("" if ratio is None else f" ({ratio:.2f}x")
+    own = ref.get("threads")
+    if own is not None and own != threads:
+        shown += f", {own} thread" + ("s" if own != 1 else "")
+    return shown + ("" if ratio is None else ")")
+
+
 def _ratio(rows: list[Row], workload: str, scene: str, c: int, base: str) -> float | None:
     """``baseline median / library median`` (> 1: the library is faster)."""
     lat = _find(rows, workload, scene, c, wl.LATTICE)
@@ -162,7 +191,7 @@ def _fmt(v: float | None, spec: str = ".1f", suffix: str = "") -> str:
     return "-" if v is None else f"{v:{spec}}{suffix}"
 
 
-def _case_line(rows: list[Row], case: tuple[str, str, int]) -> str | None:
+def _case_line(rows: list[Row], case: tuple[str, str, int], threads: Any = None) -> str | None:
     workload, scene, c = case
     lat = _find(rows, workload, scene, c, wl.LATTICE)
     if lat is None:
@@ -170,9 +199,7 @@ def _case_line(rows: list[Row], case: tuple[str, str, int]) -> str | None:
     base = wl.TORCH_KMAP if workload == "kmap_subm3" else wl.TORCH
     cells = [workload, scene, f"{lat['voxels']:,}", str(c or "-"), _fmt(lat["median_ms"])]
     for impl in (base, wl.DENSE, wl.SPCONV):
-        ref = _find(rows, workload, scene, c, impl)
-        ratio = _ratio(rows, workload, scene, c, impl)
-        cells.append("-" if ref is None else f"{ref['median_ms']:.1f} ({ratio:.2f}x)")
+        cells.append(_cell(rows, case, impl, threads))
     mm = _find(rows, workload, scene, c, wl.MM)
     sq = _find(rows, workload, scene, c, wl.MM_SQUARE)
     cells.append(_fmt(lat.get("gflops")))
@@ -186,7 +213,7 @@ def _case_line(rows: list[Row], case: tuple[str, str, int]) -> str | None:
     return "| " + " | ".join(cells) + " |"
 
 
-def _main_table(rows: list[Row]) -> list[str]:
+def _main_table(rows: list[Row], threads: Any = None) -> list[str]:
     head = (
         "| workload | scene | voxels | C | lattice ms | torch ms (speed-up) | dense ms "
         "(speed-up) | spconv ms (speed-up) | lattice GFLOP/s | % of mm same shape | "
@@ -194,7 +221,7 @@ def _main_table(rows: list[Row]) -> list[str]:
     )
     lines = [head, "|" + "---|" * 12]
     for case in _cases(rows):
-        line = _case_line(rows, case)
+        line = _case_line(rows, case, threads)
         if line:
             lines.append(line)
     return lines
@@ -225,6 +252,7 @@ def _sweep_table(rows: list[Row]) -> list[str]:
 def markdown(meta: dict[str, Any], rows: list[Row]) -> str:
     """The results page: run facts, target verdicts, the full table, the sweep, gaps."""
     out = ["# Benchmark results", ""]
+    threads = meta.get("threads")
     keys = ("command", "date", "commit", "machine", "cpu_flags", "kernels", "threads", "torch")
     for key in keys:
         out.append(f"- {key}: `{meta.get(key, '-')}`")
@@ -232,15 +260,37 @@ def markdown(meta: dict[str, Any], rows: list[Row]) -> str:
         f"- load average before / after: {meta.get('load_before')} / {meta.get('load_after')}"
     )
     out += ["", "Medians of the repetitions; speed-up = baseline time / lattice time.", ""]
+    if meta.get("checked"):
+        out += [
+            "Every baseline's output was compared with the library's before it was timed; one",
+            "that disagreed shows `disagrees: max |diff| = ...` instead of a time.",
+        ]
+    else:
+        out += ["This run predates the output check: no baseline was compared before timing."]
+    single = sorted({r["impl"] for r in _ok(rows) if r.get("threads") not in (None, threads)})
+    if single:
+        out += [
+            "Timed at their own thread count (shown in their cells): " + ", ".join(single) + "."
+        ]
+        if wl.SPCONV in single:
+            out.append("spconv's CPU build returns wrong sums at more than one torch thread.")
+    racy = {r.get("threads", threads) for r in _ok(rows) if r["impl"] == wl.SPCONV}
+    racy = {n for n in racy if isinstance(n, int) and n > 1}
+    if racy:
+        out.append(
+            f"spconv was timed at {max(racy)} threads, where its CPU build returns wrong sums"
+            " in many calls: its times are void."
+        )
+    out.append("")
     out += ["## Targets", "", "| target | measured | verdict |", "|---|---|---|"]
     out += [f"| {a} | {b} | {c} |" for a, b, c in Targets(rows).lines()]
-    out += ["", "## All workloads", "", *_main_table(rows)]
+    out += ["", "## All workloads", "", *_main_table(rows, threads)]
     sweep = _sweep_table(rows)
     if sweep:
         out += ["", "## Size sweep (height fields)", "", *sweep]
     missing = [r for r in rows if r.get("status") != "ok"]
     if missing:
-        out += ["", "## Not run", ""]
+        out += ["", "## Not timed", ""]
         for r in missing:
             where = f"{r['workload']} / {r['scene']} / C={r['channels']} / {r['impl']}"
             out.append(f"- {where}: {r['status']}")

@@ -10,6 +10,12 @@ baselines get their index pairs precomputed (from
 :func:`~benchmarks.baselines.torch_kernel_map`). Map construction is timed on its own by
 ``kmap_subm3``. The network workloads build every map on each call, as a new scan would.
 
+Before anything is timed, every baseline's output is compared with the library's
+(:mod:`benchmarks.checks`); one that disagrees is reported as ``disagrees: max |diff| = ...``
+and not timed. The matmul proxies compute other numbers by design and are not compared.
+spconv runs at ``Options.spconv_threads`` torch threads (1: the only count at which its CPU
+build is right), restored after each call; each row records its thread count.
+
 Workloads whose library module is missing (looked up by name) report ``not available``
 instead of failing.
 """
@@ -25,6 +31,7 @@ import torch
 
 import torch_lattice as tl
 from benchmarks import baselines as bl
+from benchmarks import checks as ck
 from benchmarks.scenes import Scene
 from benchmarks.timing import Timing, time_side_by_side
 from torch_lattice.geometry import ConvGeometry
@@ -56,6 +63,7 @@ class Options:
         memory: Measure peak resident-set growth.
         spconv: Time spconv where it imports.
         dense: Time the dense conv3d baseline where the grid fits.
+        spconv_threads: torch threads while spconv runs (restored after each call).
     """
 
     repeats: int = 5
@@ -63,6 +71,7 @@ class Options:
     memory: bool = True
     spconv: bool = True
     dense: bool = True
+    spconv_threads: int = bl.SPCONV_THREADS
     _pairs: dict[tuple[str, ConvGeometry], list] = field(default_factory=dict)
 
     def pairs(self, scene: Scene, out_coords: torch.Tensor, geometry: ConvGeometry) -> list:
@@ -91,7 +100,9 @@ def lookup(path: str) -> Any | None:
         return None
 
 
-def _row(workload: str, scene: Scene, channels: int, impl: str, flops: int, t: Timing) -> Row:
+def _row(
+    workload: str, scene: Scene, channels: int, impl: str, flops: int, t: Timing, threads: int
+) -> Row:
     med = t.median_ms
     return {
         "workload": workload,
@@ -101,6 +112,7 @@ def _row(workload: str, scene: Scene, channels: int, impl: str, flops: int, t: T
         "channels": channels,
         "impl": impl,
         "status": "ok",
+        "threads": threads,
         "median_ms": round(med, 4),
         "min_ms": round(t.min_ms, 4),
         "times_ms": [round(v, 4) for v in t.times_ms],
@@ -131,14 +143,32 @@ REFERENCES = (DENSE, MM, MM_SQUARE)
 
 
 def _measure(
-    workload: str, scene: Scene, c: int, opts: Options, fns: dict, flops: dict[str, int]
+    workload: str,
+    scene: Scene,
+    c: int,
+    opts: Options,
+    fns: dict,
+    flops: dict[str, int],
+    checks: dict[str, Callable[[], object]] | None = None,
 ) -> list[Row]:
+    """Checks the baselines in ``checks`` against :data:`LATTICE`, then times ``fns``
+    less the ones that disagree (those get a ``disagrees: ...`` row instead)."""
+    bad = ck.disagreements(LATTICE, checks) if checks and len(checks) > 1 else {}
+    fns = {name: fn for name, fn in fns.items() if name not in bad}
     timings: dict[str, Timing] = {}
     for group in (False, True):
         part = {name: fn for name, fn in fns.items() if (name in REFERENCES) == group}
         if part:
             timings.update(time_side_by_side(part, opts.repeats, opts.warmup, opts.memory))
-    return [_row(workload, scene, c, name, flops.get(name, 0), t) for name, t in timings.items()]
+    rows = [
+        _row(workload, scene, c, name, flops.get(name, 0), t, _threads(name, opts))
+        for name, t in timings.items()
+    ]
+    return rows + [_missing(workload, scene, c, name, why) for name, why in bad.items()]
+
+
+def _threads(impl: str, opts: Options) -> int:
+    return opts.spconv_threads if impl == SPCONV else torch.get_num_threads()
 
 
 def _count(pairs: list) -> int:
@@ -168,7 +198,11 @@ def kmap_subm3(scene: Scene, c: int, opts: Options) -> list[Row]:
         LATTICE: lambda: kernel_map(coords, coords, ks, s, p, d),
         TORCH_KMAP: lambda: bl.torch_kernel_map(coords, coords, SUBM3),
     }
-    return _measure("kmap_subm3", scene, 0, opts, fns, {})
+    checks = {
+        LATTICE: lambda: {"nbr": fns[LATTICE]()[0]},
+        TORCH_KMAP: lambda: {"nbr": fns[TORCH_KMAP]()},
+    }
+    return _measure("kmap_subm3", scene, 0, opts, fns, {}, checks)
 
 
 # --------------------------------------------------------------------------------------
@@ -187,15 +221,25 @@ def _proxies(pairs: int, c: int, backward: bool) -> dict[str, Callable[[], objec
     }
 
 
-def _spconv_fn(scene: Scene, conv: torch.nn.Module, feats: torch.Tensor, grad: bool):
-    sp = bl.SpconvSubm(scene.coords, conv.weight.detach())
+def _spconv_fns(
+    scene: Scene, conv: torch.nn.Module, feats: torch.Tensor, grad: bool, threads: int
+) -> tuple[Callable[[], object], Callable[[], object]]:
+    """spconv's timed callable and its check, both at ``threads`` torch threads."""
+    with bl.torch_threads(threads):
+        sp = bl.SpconvSubm(scene.coords, conv.weight.detach())
     if not grad:
-        return lambda: sp(feats)
+        fwd = bl.with_threads(torch.no_grad()(lambda: sp(feats)), threads)
+        return fwd, fwd
     g = torch.ones(feats.shape[0], conv.weight.shape[2])
-    return lambda: sp(feats).backward(g)
+
+    def check() -> ck.Outputs:  # its weight is laid out its own way: output and input grad
+        y = sp(feats)
+        return {"out": y, "grad_in": torch.autograd.grad(y, feats, g)[0]}
+
+    return bl.with_threads(lambda: sp(feats).backward(g), threads), bl.with_threads(check, threads)
 
 
-def _subm_fns(scene: Scene, c: int, opts: Options, grad: bool) -> tuple[dict, list[Row], int]:
+def _subm_fns(scene: Scene, c: int, opts: Options, grad: bool) -> tuple[dict, dict, list[Row], int]:
     conv = _layer(tl.nn.SubmConv3d(c, c, 3, bias=False))
     feats = _features(scene.voxels, c, grad)
     x = tl.SparseTensor(feats, scene.coords)
@@ -204,10 +248,18 @@ def _subm_fns(scene: Scene, c: int, opts: Options, grad: bool) -> tuple[dict, li
     n = scene.voxels
     g = torch.ones(n, c)
     fns: dict[str, Callable[[], object]] = {}
+    checks: dict[str, Callable[[], object]] = {}
     notes: list[Row] = []
     if grad:
         fns[LATTICE] = lambda: conv(x).feats.backward(g)
         fns[TORCH] = lambda: bl.gather_scatter_conv(feats, w, pairs, n).backward(g)
+
+        def grads(y: torch.Tensor) -> ck.Outputs:
+            dx, dw = torch.autograd.grad(y, (feats, w), g)
+            return {"out": y, "grad_in": dx, "grad_w": dw}
+
+        checks[LATTICE] = lambda: grads(conv(x).feats)
+        checks[TORCH] = lambda: grads(bl.gather_scatter_conv(feats, w, pairs, n))
     else:
         fns[LATTICE] = torch.no_grad()(lambda: conv(x))
         fns[TORCH] = torch.no_grad()(lambda: bl.gather_scatter_conv(feats, w, pairs, n))
@@ -219,26 +271,26 @@ def _subm_fns(scene: Scene, c: int, opts: Options, grad: bool) -> tuple[dict, li
         else:
             why = "not run (dense grid over the memory cap)" if opts.dense else "disabled"
             notes.append(_missing("", scene, c, DENSE, why))
+        checks.update(fns)
     why = bl.spconv_status() if opts.spconv else "disabled"
     if why is None:
-        spfn = _spconv_fn(scene, conv, feats, grad)
-        spfn = spfn if grad else torch.no_grad()(spfn)
+        spfn, spcheck = _spconv_fns(scene, conv, feats, grad, opts.spconv_threads)
         try:  # spconv's CPU build lacks some paths (its backward asks for a CUDA stream)
             spfn()
-            fns[SPCONV] = spfn
+            fns[SPCONV], checks[SPCONV] = spfn, spcheck
         except Exception as exc:
             why = f"failed on CPU ({type(exc).__name__}: {exc})"[:160]
     if why is not None:
         notes.append(_missing("", scene, c, SPCONV, why))
     fns.update(_proxies(_count(pairs), c, grad))
-    return fns, notes, _count(pairs)
+    return fns, checks, notes, _count(pairs)
 
 
 def _subm(name: str, grad: bool) -> Callable[[Scene, int, Options], list[Row]]:
     def run(scene: Scene, c: int, opts: Options) -> list[Row]:
-        fns, notes, npairs = _subm_fns(scene, c, opts, grad)
+        fns, checks, notes, npairs = _subm_fns(scene, c, opts, grad)
         flops = 2 * npairs * c * c * (3 if grad else 1)
-        rows = _measure(name, scene, c, opts, fns, dict.fromkeys(fns, flops))
+        rows = _measure(name, scene, c, opts, fns, dict.fromkeys(fns, flops), checks)
         for r in notes:
             r["workload"] = name
         return rows + notes
@@ -270,7 +322,7 @@ def conv_down2(scene: Scene, c: int, opts: Options) -> list[Row]:
         TORCH: torch.no_grad()(lambda: bl.gather_scatter_conv(feats, w, pairs, n_out)),
     }
     flops = 2 * _count(pairs) * c * c
-    return _measure("conv_k2s2", scene, c, opts, fns, dict.fromkeys(fns, flops))
+    return _measure("conv_k2s2", scene, c, opts, fns, dict.fromkeys(fns, flops), dict(fns))
 
 
 def _transpose(name: str, target: bool) -> Callable[[Scene, int, Options], list[Row]]:
@@ -293,7 +345,7 @@ def _transpose(name: str, target: bool) -> Callable[[Scene, int, Options], list[
             TORCH: torch.no_grad()(lambda: bl.gather_scatter_conv(feats, w, pairs, n_out)),
         }
         flops = 2 * _count(pairs) * c * c
-        return _measure(name, scene, c, opts, fns, dict.fromkeys(fns, flops))
+        return _measure(name, scene, c, opts, fns, dict.fromkeys(fns, flops), dict(fns))
 
     return run
 
@@ -318,7 +370,7 @@ def gen_transpose2(scene: Scene, c: int, opts: Options) -> list[Row]:
         TORCH: torch.no_grad()(lambda: bl.gather_scatter_conv(feats, w, pairs, n_out)),
     }
     flops = 2 * _count(pairs) * c * c
-    return _measure(name, scene, c, opts, fns, dict.fromkeys(fns, flops))
+    return _measure(name, scene, c, opts, fns, dict.fromkeys(fns, flops), dict(fns))
 
 
 # --------------------------------------------------------------------------------------

@@ -1,5 +1,8 @@
 """Benchmarks package: a tiny CLI run writes its files, and every baseline computes the
-library's numbers (so a speed-up is never measured against different math).
+library's numbers (so a speed-up is never measured against different math); a baseline
+that disagrees is reported and not timed, the check runs before timing, spconv runs at its
+own thread count with torch's restored after, and ``benchmarks`` imports an installed
+torch_lattice when the source tree's has no ``_C``.
 
 No timing is asserted here; speed is measured by ``python -m benchmarks``.
 """
@@ -8,9 +11,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
+import subprocess
 import sys
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import torch
@@ -24,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import baselines as bl  # noqa: E402
-from benchmarks import report, scenes, workloads  # noqa: E402
+from benchmarks import checks, package_path, report, scenes, workloads  # noqa: E402
 from benchmarks.cli import main  # noqa: E402
 
 SUBM3 = ConvGeometry.submanifold((3, 3, 3), (1, 1, 1))
@@ -212,3 +218,294 @@ def test_report_files_follow_the_umask(tmp_path: Path, mask: int) -> None:
         os.umask(old)
     assert stat.S_IMODE((tmp_path / "r" / "results.json").stat().st_mode) == 0o666 & ~mask
     assert [p.name for p in (tmp_path / "r").iterdir()] == ["results.json"]
+
+
+# --------------------------------------------------------------------------------------
+# Output checks before timing, spconv's thread count, which torch_lattice is imported
+# --------------------------------------------------------------------------------------
+
+
+def test_compare_names_the_worst_difference() -> None:
+    a = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
+    assert checks.compare({"out": a}, {"out": a + 1e-6}) is None
+    why = checks.compare({"out": a}, {"out": a + torch.tensor([[0.0, 0.0], [0.0, 0.5]])})
+    assert why is not None and why.startswith("disagrees: max |diff| = 0.5 (out;")
+    assert "shape (4,)" in str(checks.compare({"out": a}, {"out": a.flatten()}))
+    bad = a.clone()
+    bad[0, 0] = float("nan")
+    assert "non-finite" in str(checks.compare({"out": a}, {"out": bad}))
+    nbr = torch.tensor([[0, -1], [1, 0]], dtype=torch.int32)
+    assert checks.compare({"nbr": nbr}, {"nbr": nbr.clone()}) is None
+    assert "max |diff| = 1" in str(checks.compare({"nbr": nbr}, {"nbr": nbr + (nbr == 0)}))
+    # Only shared names are compared; none shared is a disagreement.
+    assert checks.compare({"out": a, "grad_w": a}, {"out": a}) is None
+    assert "no output in common" in str(checks.compare({"out": a}, {"other": a}))
+    with pytest.raises(ValueError, match="reference"):
+        checks.disagreements("lattice", {"other": lambda: a})
+    with pytest.raises(TypeError, match="check: expected a tensor"):
+        checks.outputs_of(3)
+
+
+def _fake_measure(events: list[str], wrong: bool) -> list[dict]:
+    """``_measure`` over a fake library and two fake baselines, logging every call."""
+    x = torch.arange(6.0).reshape(3, 2)
+
+    def impl(name: str, value: torch.Tensor, phase: str):
+        def fn() -> torch.Tensor:
+            events.append(f"{phase}:{name}")
+            return value
+
+        return fn
+
+    good, bad = "good_baseline", "bad_baseline"
+    fns = {
+        workloads.LATTICE: impl(workloads.LATTICE, x, "time"),
+        good: impl(good, x + 1e-7, "time"),
+        bad: impl(bad, x + (0.25 if wrong else 0.0), "time"),
+    }
+    checked = {
+        workloads.LATTICE: impl(workloads.LATTICE, x, "check"),
+        good: impl(good, x + 1e-7, "check"),
+        bad: impl(bad, x + (0.25 if wrong else 0.0), "check"),
+    }
+    opts = workloads.Options(repeats=2, warmup=1, memory=False)
+    return workloads._measure("w", scenes.tiny_scene(4), 2, opts, fns, {}, checked)
+
+
+def test_a_disagreeing_baseline_is_reported_and_not_timed() -> None:
+    events: list[str] = []
+    rows = {r["impl"]: r for r in _fake_measure(events, wrong=True)}
+    assert rows["bad_baseline"]["status"] == (
+        "disagrees: max |diff| = 0.25 (out; tolerance 0.00501)"
+    )
+    assert "median_ms" not in rows["bad_baseline"]
+    assert "time:bad_baseline" not in events  # neither warmed up nor timed
+    assert events.count("check:bad_baseline") == 1
+    for name in (workloads.LATTICE, "good_baseline"):
+        assert rows[name]["status"] == "ok" and len(rows[name]["times_ms"]) == 2
+        assert events.count(f"time:{name}") == 3  # 1 warm-up + 2 timed
+    # The same baseline, right this time, is timed.
+    events.clear()
+    rows = {r["impl"]: r for r in _fake_measure(events, wrong=False)}
+    assert rows["bad_baseline"]["status"] == "ok"
+    assert events.count("time:bad_baseline") == 3
+
+
+def test_the_check_runs_before_any_timing() -> None:
+    events: list[str] = []
+    _fake_measure(events, wrong=False)
+    first_timed = min(i for i, e in enumerate(events) if e.startswith("time:"))
+    assert events[:first_timed] == [
+        "check:torch_lattice",
+        "check:good_baseline",
+        "check:bad_baseline",
+    ]
+    assert not [e for e in events[first_timed:] if e.startswith("check:")]
+
+
+def test_a_wrong_torch_baseline_is_caught_in_a_real_workload(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """subm3_fwd with a gather-scatter that drops the last kernel row: reported, untimed."""
+    real = bl.gather_scatter_conv
+    calls = []
+
+    def dropping(x: torch.Tensor, weight: torch.Tensor, pairs: list, n_out: int) -> torch.Tensor:
+        calls.append(1)
+        return real(x, weight, pairs[:-1], n_out)
+
+    monkeypatch.setattr(bl, "gather_scatter_conv", dropping)
+    opts = workloads.Options(repeats=2, warmup=1, memory=False, spconv=False)
+    rows = {
+        r["impl"]: r for r in workloads.WORKLOADS["subm3_fwd"].run(scenes.tiny_scene(8), 4, opts)
+    }
+    assert rows[workloads.TORCH]["status"].startswith("disagrees: max |diff| = ")
+    assert len(calls) == 1  # the check only
+    assert rows[workloads.LATTICE]["status"] == "ok"
+    assert rows[workloads.DENSE]["status"] == "ok"  # right, so timed
+    text = report.markdown({"threads": 2, "checked": True}, list(rows.values()))
+    line = next(x for x in text.splitlines() if x.startswith("| subm3_fwd | tiny-8 |"))
+    assert "disagrees: max |diff| = " in line
+
+
+def test_thread_override_restores_the_thread_count() -> None:
+    before = torch.get_num_threads()
+    seen = []
+
+    def record() -> int:
+        seen.append(torch.get_num_threads())
+        return 7
+
+    def fail() -> None:
+        seen.append(torch.get_num_threads())
+        raise RuntimeError("boom")
+
+    torch.set_num_threads(2)
+    try:
+        assert bl.with_threads(record, 1)() == 7
+        assert torch.get_num_threads() == 2
+        with pytest.raises(RuntimeError, match="boom"):
+            bl.with_threads(fail, 1)()
+        assert torch.get_num_threads() == 2
+        assert seen == [1, 1]
+    finally:
+        torch.set_num_threads(before)
+    for bad in (0, -1, 1.0, True):
+        with pytest.raises(ValueError, match="threads: must be an int >= 1"):
+            bl.with_threads(record, bad)  # type: ignore[arg-type]
+
+
+class _FakeSpconv:
+    """Stands in for spconv: the right sums at one thread, a dropped kernel row above."""
+
+    threads_seen: ClassVar[list[int]] = []
+
+    def __init__(self, coords: torch.Tensor, weight: torch.Tensor) -> None:
+        self.pairs = bl.pairs_from_nbr(bl.torch_kernel_map(coords, coords, SUBM3))
+        self.weight = weight
+        _FakeSpconv.threads_seen.append(torch.get_num_threads())
+
+    def __call__(self, feats: torch.Tensor) -> torch.Tensor:
+        n = torch.get_num_threads()
+        _FakeSpconv.threads_seen.append(n)
+        pairs = self.pairs if n == 1 else self.pairs[:-1]
+        return bl.gather_scatter_conv(feats, self.weight, pairs, feats.shape[0])
+
+
+@pytest.mark.parametrize("spconv_threads", [1, 2])
+def test_spconv_runs_at_its_own_thread_count(
+    monkeypatch: pytest.MonkeyPatch, spconv_threads: int
+) -> None:
+    monkeypatch.setattr(bl, "spconv_status", lambda: None)
+    monkeypatch.setattr(bl, "SpconvSubm", _FakeSpconv)
+    _FakeSpconv.threads_seen = []
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        opts = workloads.Options(
+            repeats=1, warmup=0, memory=False, dense=False, spconv_threads=spconv_threads
+        )
+        rows = workloads.WORKLOADS["subm3_fwd"].run(scenes.tiny_scene(8), 4, opts)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    row = next(r for r in rows if r["impl"] == workloads.SPCONV)
+    assert set(_FakeSpconv.threads_seen) == {spconv_threads}
+    if spconv_threads == 1:
+        assert row["status"] == "ok" and row["threads"] == 1
+        lat = next(r for r in rows if r["impl"] == workloads.LATTICE)
+        assert lat["threads"] == 2
+        text = report.markdown({"threads": 2, "checked": True}, rows)
+        assert "Timed at their own thread count (shown in their cells): spconv." in text
+        line = next(x for x in text.splitlines() if x.startswith("| subm3_fwd | tiny-8 |"))
+        assert ", 1 thread)" in line
+    else:
+        assert row["status"].startswith("disagrees: max |diff| = ")
+
+
+def _package(where: Path, built: bool) -> None:
+    (where / "torch_lattice").mkdir(parents=True)
+    (where / "torch_lattice" / "__init__.py").write_text("")
+    if built:
+        (where / "torch_lattice" / "_C.abi3.so").write_bytes(b"")
+
+
+def test_package_path_prefers_a_built_source_tree(tmp_path: Path) -> None:
+    root, site = tmp_path / "repo", tmp_path / "site-packages"
+    _package(root, built=True)
+    _package(site, built=True)
+    path = ["", str(site)]
+    assert package_path.resolve(root, path, cwd=root) == path
+
+
+def test_package_path_uses_the_installed_package_over_unbuilt_source(tmp_path: Path) -> None:
+    root, site = tmp_path / "repo", tmp_path / "site-packages"
+    _package(root, built=False)
+    _package(site, built=True)
+    other = str(tmp_path / "elsewhere")
+    path = ["", other, str(root), ".", str(site)]
+    got = package_path.resolve(root, path, cwd=root)
+    assert got == [other, str(site)]
+    assert path == ["", other, str(root), ".", str(site)]  # the input is not changed
+    # Run from another folder: '' is not the root, only the root's own entry goes.
+    assert package_path.resolve(root, ["", str(root), str(site)], cwd=tmp_path) == [
+        "",
+        str(site),
+    ]
+
+
+def test_package_path_leaves_paths_alone_when_nothing_shadows(tmp_path: Path) -> None:
+    root, site = tmp_path / "repo", tmp_path / "site-packages"
+    root.mkdir()
+    _package(site, built=True)
+    # No torch_lattice/ in the root (a copy of the tests beside an installed wheel).
+    assert package_path.resolve(root, ["", str(site)], cwd=root) == ["", str(site)]
+    # The root is not on the path at all.
+    _package(root, built=False)
+    assert package_path.resolve(root, [str(site)], cwd=tmp_path) == [str(site)]
+
+
+def test_package_path_says_what_to_do_when_nothing_is_built(tmp_path: Path) -> None:
+    root = tmp_path / "repo"
+    _package(root, built=False)
+    with pytest.raises(package_path.PackageNotBuilt, match=r"no built _C .*pip install \."):
+        package_path.resolve(root, ["", str(tmp_path / "empty")], cwd=root)
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["kmap_subm3", "conv_k2s2", "convtr_k2s2_inverse", "convtr_k2s2_target", "gen_convtr_k2s2"],
+)
+def test_every_real_baseline_passes_its_check(name: str) -> None:
+    """The check compares like with like in each workload: right baselines are timed."""
+    opts = workloads.Options(repeats=1, warmup=0, memory=False, spconv=False)
+    rows = workloads.WORKLOADS[name].run(scenes.tiny_scene(10), 4, opts)
+    assert len(rows) == 2
+    assert [r["status"] for r in rows] == ["ok", "ok"], rows
+
+
+def test_report_voids_spconv_times_taken_at_several_threads() -> None:
+    """An old results.json (no check, spconv at the run's 2 threads) is marked as such."""
+    base = {"workload": "subm3_fwd", "scene": "s", "voxels": 10, "batch": 1, "channels": 8}
+    rows = [
+        {**base, "impl": workloads.LATTICE, "status": "ok", "median_ms": 1.0},
+        {**base, "impl": workloads.SPCONV, "status": "ok", "median_ms": 2.0},
+    ]
+    old = report.markdown({"threads": 2}, rows)
+    assert "This run predates the output check" in old
+    assert "spconv was timed at 2 threads" in old and "its times are void" in old
+    rows[1]["threads"] = 1
+    new = report.markdown({"threads": 2, "checked": True}, rows)
+    assert "predates" not in new and "void" not in new
+    assert "| subm3_fwd | s | 10 | 8 | 1.0 | - | - | 2.0 (2.00x, 1 thread) |" in new
+
+
+def test_python_m_benchmarks_uses_an_installed_package_over_unbuilt_source(
+    tmp_path: Path,
+) -> None:
+    """The scenario of a non-editable install, without pip: a repository copy whose
+    torch_lattice/ has no _C, and a built copy on PYTHONPATH standing in for site-packages.
+    ``python -m benchmarks`` from the copy's root must import the built one."""
+    built = Path(tl.__file__).resolve().parent
+    assert package_path.has_built_extension(built)
+    skip = shutil.ignore_patterns("__pycache__", "*.so", "*.pyd")
+    repo, site = tmp_path / "repo", tmp_path / "site"
+    shutil.copytree(ROOT / "benchmarks", repo / "benchmarks", ignore=skip)
+    shutil.copytree(built, repo / "torch_lattice", ignore=skip)
+    shutil.copytree(built, site / "torch_lattice", ignore=shutil.ignore_patterns("__pycache__"))
+    assert not package_path.has_built_extension(repo / "torch_lattice")
+    out = tmp_path / "out"
+    args = ["run", "--suite", "smoke", "--only", "kmap_subm3", "--no-plots", "--no-memory"]
+    args += ["--repeats", "1", "--warmup", "0", "--out", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(site), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks", *args],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    meta = json.loads((out / "results.json").read_text())["meta"]
+    assert Path(meta["torch_lattice"]) == (site / "torch_lattice").resolve()
