@@ -29,6 +29,7 @@ from benchmarks import baselines as bl
 from benchmarks import report, scenes
 from benchmarks.workloads import WORKLOADS, Options
 from torch_lattice.ops._native import _C
+from torch_lattice.optional_deps import require_matplotlib
 
 __all__ = ["SUITES", "Suite", "main"]
 
@@ -174,11 +175,9 @@ def _run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     if not args.no_plots:
         try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            raise SystemExit(
-                "plots need matplotlib: pip install -e '.[benchmarks]' (or pass --no-plots)"
-            ) from None
+            require_matplotlib("benchmarks", purpose="the benchmark plots (or pass --no-plots)")
+        except ImportError as exc:
+            raise SystemExit(str(exc)) from None
     opts = Options(
         repeats=args.repeats or suite.repeats,
         warmup=args.warmup,

@@ -14,6 +14,7 @@ from typing import Any
 
 from benchmarks import workloads as wl
 from torch_lattice.atomic_file import atomic_write
+from torch_lattice.optional_deps import require_matplotlib
 
 __all__ = [
     "PLOTS",
@@ -400,17 +401,10 @@ def write_plots(out_dir: Path, rows: list[Row]) -> list[Path]:
     """Writes :data:`PLOTS` into ``out_dir``.
 
     Raises:
-        RuntimeError: matplotlib is not installed (the ``benchmarks`` extra).
+        ImportError: matplotlib is not installed; the message names the ``benchmarks``
+            extra (and ``--no-plots``).
     """
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as exc:
-        raise RuntimeError(
-            "plots need matplotlib: pip install -e '.[benchmarks]' (or pass --no-plots)"
-        ) from exc
+    plt = require_matplotlib("benchmarks", purpose="the benchmark plots (or pass --no-plots)")
     paths = []
     for name, draw in zip(PLOTS, (_plot_speedup, _plot_sweep, _plot_throughput), strict=True):
         path = out_dir / name
