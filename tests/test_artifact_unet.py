@@ -114,9 +114,7 @@ def test_unet_on_lidar_scans_replays_the_model(tmp_path: Path) -> None:
     assert "lattice.target_conv_transpose3d %decoder_2_1_relu, %x," in graph
 
 
-@pytest.mark.parametrize(
-    "extent", [(21, 19, 13), (30, 25, 1)], ids=["odd_ranges", "flat_scene"]
-)
+@pytest.mark.parametrize("extent", [(21, 19, 13), (30, 25, 1)], ids=["odd_ranges", "flat_scene"])
 def test_unet_on_ranges_the_strides_do_not_divide(tmp_path: Path, extent: tuple[int, ...]) -> None:
     # padded_range is what keeps every row at each halving; the exporter's
     # dropped-row check would refuse the k2 s2 convolutions without it.
@@ -146,3 +144,43 @@ def test_on_input_support_refuses_rows_that_are_not_the_inputs(tmp_path: Path) -
             _OtherRows().eval(), tmp_path / "bad.lattice", example_inputs=(x,)
         )
     assert not (tmp_path / "bad.lattice").exists()
+
+
+class _Downs(nn.Module):
+    """A k2 s2 convolution and a k2 s2 max pooling, both generating their rows."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.down = tl.nn.Conv3d(2, 3, kernel_size=2, stride=2)
+        self.pool = tl.nn.MaxPool3d(kernel_size=2, stride=2)
+
+    def forward(self, x: tl.SparseTensor) -> tuple[tl.SparseTensor, tl.SparseTensor]:
+        return self.down(x), self.pool(x)
+
+
+def test_replayed_strided_layers_keep_rows_of_a_last_partial_window(tmp_path: Path) -> None:
+    # The example declares a range of 16, but the artifact only carries rows, and
+    # the largest coordinates are 14 (x) and 0 (z): replay sees ranges 15 and 1.
+    # The contract's rows are unique(floor(c / 2)), so x = 14 gives row 7 and the
+    # flat z axis row 0; none may be dropped or refused.
+    coords = torch.tensor([[0, 0, 0, 0], [0, 14, 3, 0], [0, 13, 2, 0], [0, 5, 5, 0]])
+    x = tl.SparseTensor(torch.randn(4, 2), coords, spatial_range=(1, 16, 16, 16))
+    model = _Downs().eval()
+    art = tmp_path / "downs.lattice"
+    save_lattice_model_artifact(model, art, example_inputs=(x,))
+    got = load_lattice_program(art)(
+        x_coords=coords.to(torch.int32), x_features=x.feats, x_active=torch.tensor([4])
+    )
+    with torch.no_grad():
+        refs = model(x)
+    for ref, name in zip(refs, ("output_0", "output_1"), strict=True):
+        want = ref.coords.clone()
+        want[:, 1:] *= 2  # physical coordinates of the stride-2 result
+        assert torch.equal(got[name].coords, want.to(torch.int32))
+        torch.testing.assert_close(got[name].features, ref.feats, atol=1e-6, rtol=1e-5)
+    assert {tuple(r) for r in refs[0].coords.tolist()} == {
+        (0, 0, 0, 0),
+        (0, 7, 1, 0),
+        (0, 6, 1, 0),
+        (0, 2, 2, 0),
+    }
