@@ -15,8 +15,12 @@ the activations, constructed and called badly; the functional API
 ``devoxelize`` and ``collate``; checkpoint conversion (``torch_lattice.migration``: the
 Python API and the ``convert-checkpoint`` command line). Legacy checkpoints carry no
 format version, so there is no "unknown version" case: an unrecognised container or
-layout is what the converter refuses (covered). The MLX artifact export does not exist
-yet, so it has no cases here.
+layout is what the converter refuses (covered). The joins across supports
+(``reindex_sparse``, ``sparse_cat``, ``sparse_binary``), the transposed and global
+pooling functions (``pool_transpose3d``, ``trilinear_upsample3d``, ``global_pool``) and
+the MLX Lattice artifacts (``save_lattice_model_artifact``: arguments, unsupported
+modules and dtypes, destinations; ``load_lattice_program``: arguments, file sets, another
+IR version, an unknown op). ``ExportError`` is a ``ValueError``.
 
 Not bad inputs, and so not here: NaN or infinite *features* (they propagate through the
 arithmetic as in ``torch.nn.functional.conv3d``; NaN or infinite *points* are refused by
@@ -40,6 +44,7 @@ import torch
 
 import torch_lattice as tl
 from torch_lattice import _C, migration
+from torch_lattice.artifact import ExportError, load_lattice_program, save_lattice_model_artifact
 from torch_lattice.migration import cli as migration_cli
 from torch_lattice.nn import functional as F
 
@@ -1222,6 +1227,413 @@ add_tmp(
     TypeError,
     r"source must be a path",
     lambda tmp: migration.convert_checkpoint(None, tmp / "o.safetensors", SPEC),
+)
+
+
+# --------------------------------------------------------------------------------------
+# Joins across supports: reindex_sparse, sparse_cat, sparse_binary
+# --------------------------------------------------------------------------------------
+
+add(
+    "reindex-input-tensor",
+    TypeError,
+    r"reindex_sparse: input must be a SparseTensor",
+    lambda: tl.reindex_sparse(_feats(), _x()),
+)
+add(
+    "reindex-target-none",
+    TypeError,
+    r"reindex_sparse: target must be a SparseTensor",
+    lambda: tl.reindex_sparse(_x(), None),
+)
+add(
+    "reindex-fill-str",
+    TypeError,
+    r"reindex_sparse: fill must be a float",
+    lambda: tl.reindex_sparse(_x(), _x(), fill="0"),
+)
+add(
+    "reindex-fill-nan",
+    ValueError,
+    r"reindex_sparse: fill must not be NaN",
+    lambda: tl.reindex_sparse(_x(), _x(), fill=float("nan")),
+)
+add(
+    "reindex-strides-differ",
+    ValueError,
+    r"reindex_sparse: input stride \(1, 1, 1\) differs from target stride \(2, 2, 2\)",
+    lambda: tl.reindex_sparse(*_strided()),
+)
+add(
+    "sparse-cat-not-a-list",
+    TypeError,
+    r"sparse_cat: inputs must be a list or tuple of SparseTensors",
+    lambda: tl.sparse_cat(_x()),
+)
+add(
+    "sparse-cat-empty",
+    ValueError,
+    r"sparse_cat: inputs must not be empty",
+    lambda: tl.sparse_cat([]),
+)
+add(
+    "sparse-cat-join-unknown",
+    ValueError,
+    r"sparse_cat: join must be one of \('inner', 'left', 'right', 'outer'\), got 'full'",
+    lambda: tl.sparse_cat([_x(), _x()], join="full"),
+)
+add(
+    "sparse-cat-item-tensor",
+    TypeError,
+    r"sparse_cat: inputs\[1\] must be a SparseTensor",
+    lambda: tl.sparse_cat([_x(), _feats()]),
+)
+add(
+    "sparse-cat-strides-differ",
+    ValueError,
+    r"sparse_cat: inputs\[0\] stride \(1, 1, 1\) differs from inputs\[1\] stride",
+    lambda: tl.sparse_cat(list(_strided())),
+)
+add(
+    "sparse-cat-dtypes-differ",
+    TypeError,
+    r"sparse_cat: inputs\[0\] feats are torch.float32 but inputs\[1\] feats torch.float64",
+    lambda: tl.sparse_cat([_x(), _x(dtype=torch.float64)]),
+)
+add(
+    "sparse-binary-op-unknown",
+    ValueError,
+    r"sparse_binary: op must be one of \('add', 'sub', 'mul', 'maximum', 'minimum'\)",
+    lambda: tl.sparse_binary(_x(), _x(), "pow"),
+)
+add(
+    "sparse-binary-join-unknown",
+    ValueError,
+    r"sparse_binary: join must be one of",
+    lambda: tl.sparse_binary(_x(), _x(), "add", join="cross"),
+)
+add(
+    "sparse-binary-channels-differ",
+    ValueError,
+    r"sparse_binary: lhs has 4 channels but rhs 5",
+    lambda: tl.sparse_binary(_x(), _x(C + 1), "add"),
+)
+add(
+    "sparse-binary-rhs-tensor",
+    TypeError,
+    r"sparse_binary: rhs must be a SparseTensor",
+    lambda: tl.sparse_binary(_x(), _feats(), "add"),
+)
+add(
+    "sparse-binary-fill-nan",
+    ValueError,
+    r"sparse_binary: lhs_fill must not be NaN",
+    lambda: tl.sparse_binary(_x(), _x(), "add", lhs_fill=float("nan")),
+)
+add(
+    "sparse-binary-fill-str",
+    TypeError,
+    r"sparse_binary: rhs_fill must be a float",
+    lambda: tl.sparse_binary(_x(), _x(), "add", rhs_fill="1"),
+)
+
+
+# --------------------------------------------------------------------------------------
+# Transposed and global pooling: pool_transpose3d, trilinear_upsample3d, global_pool
+# --------------------------------------------------------------------------------------
+
+add(
+    "pool-transpose-input-tensor",
+    TypeError,
+    r"input must be a torch_lattice\.SparseTensor",
+    lambda: F.pool_transpose3d(_feats(), 2),
+)
+add(
+    "pool-transpose-kernel-zero",
+    ValueError,
+    r"kernel_size must be positive",
+    lambda: F.pool_transpose3d(_strided()[1], 0),
+)
+add(
+    "pool-transpose-target-tensor",
+    TypeError,
+    r"target must be a torch_lattice\.SparseTensor",
+    lambda: F.pool_transpose3d(_strided()[1], 2, target=_feats()),
+)
+add(
+    "pool-transpose-target-stride",
+    ValueError,
+    r"coordinates stride \(2, 2, 2\) must equal \(1, 1, 1\)",
+    lambda: F.pool_transpose3d(_strided()[1], 2, target=_strided()[1]),
+)
+add(
+    "pool-transpose-expand-int",
+    TypeError,
+    r"expand_coordinates must be a bool",
+    lambda: F.pool_transpose3d(_strided()[1], 2, expand_coordinates=1),
+)
+add(
+    "pool-transpose-fine-input",
+    ValueError,
+    r"input stride \(1, 1, 1\) must be divisible by the transpose stride \(2, 2, 2\)",
+    lambda: F.pool_transpose3d(_x(), 2),
+)
+add(
+    "trilinear-input-tensor",
+    TypeError,
+    r"input must be a torch_lattice\.SparseTensor",
+    lambda: F.trilinear_upsample3d(_feats(), 2),
+)
+add(
+    "trilinear-stride-zero",
+    ValueError,
+    r"stride must be positive",
+    lambda: F.trilinear_upsample3d(_strided()[1], 0),
+)
+add(
+    "trilinear-stride-str",
+    TypeError,
+    r"stride must be an int or a 3-tuple of ints",
+    lambda: F.trilinear_upsample3d(_strided()[1], "2"),
+)
+add(
+    "trilinear-target-coords-tensor",
+    TypeError,
+    r"target must be a torch_lattice\.SparseTensor",
+    lambda: F.trilinear_upsample3d(_strided()[1], 2, target=_coords()),
+)
+add(
+    "trilinear-fine-input",
+    ValueError,
+    r"input stride \(1, 1, 1\) must be divisible by the transpose stride",
+    lambda: F.trilinear_upsample3d(_x(), 2),
+)
+add(
+    "global-pool-input-tensor",
+    TypeError,
+    r"input must be a torch_lattice\.SparseTensor",
+    lambda: F.global_pool(_feats()),
+)
+add(
+    "global-pool-mode-unknown",
+    ValueError,
+    r"mode must be one of \('sum', 'avg', 'max'\), got 'median'",
+    lambda: F.global_pool(_x(), mode="median"),
+)
+add(
+    "global-pool-batch-size-too-small",
+    ValueError,
+    r"batch_size 1 is smaller than the input's batch count 2",
+    lambda: F.global_pool(_x(), batch_size=1),
+)
+add(
+    "global-pool-batch-size-float",
+    TypeError,
+    r"batch_size must be an int or None, got 2\.0",
+    lambda: F.global_pool(_x(), batch_size=2.0),
+)
+add(
+    "global-pool-batch-size-bool",
+    TypeError,
+    r"batch_size must be an int or None, got True",
+    lambda: F.global_pool(_x(), batch_size=True),
+)
+
+
+# --------------------------------------------------------------------------------------
+# MLX Lattice artifacts: save_lattice_model_artifact, load_lattice_program
+# --------------------------------------------------------------------------------------
+
+
+class _LayerNormHead(torch.nn.Module):
+    """A model with a module the artifact contract has no op for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ln = torch.nn.LayerNorm(C)
+
+    def forward(self, x: tl.SparseTensor) -> tl.SparseTensor:
+        return x.replace(self.ln(x.feats))
+
+
+def _export(tmp: Path, model: torch.nn.Module | None = None, **kw) -> Path:
+    """Exports ``model`` (default: an eval-mode SubmConv3d) into ``tmp/art``."""
+    out = tmp / "art"
+    kw.setdefault("example_inputs", (_x(),))
+    save_lattice_model_artifact(
+        nn.SubmConv3d(C, C, 3).eval() if model is None else model, out, **kw
+    )
+    return out
+
+
+def _edit_graph(tmp: Path, old: str, new: str) -> Path:
+    art = _export(tmp)
+    graph = art / "graph.mlir"
+    text = graph.read_text()
+    assert old in text
+    graph.write_text(text.replace(old, new))
+    return art
+
+
+add_tmp(
+    "export-model-none",
+    TypeError,
+    r"model must be a torch\.nn\.Module, got NoneType",
+    lambda tmp: save_lattice_model_artifact(None, tmp / "art", example_inputs=(_x(),)),
+)
+add_tmp(
+    "export-artifact-dir-none",
+    TypeError,
+    r"artifact_dir must be a path, got NoneType",
+    lambda tmp: save_lattice_model_artifact(
+        nn.SubmConv3d(C, C, 3).eval(), None, example_inputs=(_x(),)
+    ),
+)
+add_tmp(
+    "export-example-inputs-bare-tensor",
+    TypeError,
+    r"example_inputs must be a tuple or list",
+    lambda tmp: _export(tmp, example_inputs=_x()),
+)
+add_tmp(
+    "export-example-inputs-empty",
+    ExportError,
+    r"example_inputs must not be empty",
+    lambda tmp: _export(tmp, example_inputs=()),
+)
+add_tmp(
+    "export-example-input-str",
+    ExportError,
+    r"input 'x' must be a SparseTensor or a torch\.Tensor, got str",
+    lambda tmp: _export(tmp, _LayerNormHead().eval(), example_inputs=("x",)),
+)
+add_tmp(
+    "export-too-many-example-inputs",
+    ExportError,
+    r"example_inputs has 2 values but model\.forward takes 1 to 1 positional inputs",
+    lambda tmp: _export(tmp, _LayerNormHead().eval(), example_inputs=(_x(), _x())),
+)
+add_tmp(
+    "export-training-mode",
+    ExportError,
+    r"model must be in eval mode \(call model\.eval\(\)\); in training mode: SubmConv3d",
+    lambda tmp: _export(tmp, nn.SubmConv3d(C, C, 3)),
+)
+add_tmp(
+    "export-unsupported-module",
+    ExportError,
+    r"node 'ln' \(call_module ln\): module torch\.nn\.modules\.normalization\.LayerNorm is not",
+    lambda tmp: _export(tmp, _LayerNormHead().eval()),
+)
+add_tmp(
+    "export-float64",
+    ExportError,
+    r"input 'input' features has dtype torch\.float64, which an artifact cannot hold",
+    lambda tmp: _export(
+        tmp, nn.SubmConv3d(C, C, 3).double().eval(), example_inputs=(_x(dtype=torch.float64),)
+    ),
+)
+add_tmp(
+    "export-quantize-bits-3",
+    ValueError,
+    r"quantize_bits must be None, 4 or 8, got 3",
+    lambda tmp: _export(tmp, quantize_bits=3),
+)
+add_tmp(
+    "export-quantize-bits-str",
+    TypeError,
+    r"quantize_bits must be None, 4 or 8, got '4'",
+    lambda tmp: _export(tmp, quantize_bits="4"),
+)
+add_tmp(
+    "export-quantize-group-size",
+    ValueError,
+    r"quantize_group_size must be a positive multiple of 8 for 4-bit codes",
+    lambda tmp: _export(tmp, quantize_bits=4, quantize_group_size=3),
+)
+add_tmp(
+    "export-output-names-count",
+    ExportError,
+    r"output_names must be 1 distinct names \(one per output\), got \['a', 'b'\]",
+    lambda tmp: _export(tmp, output_names=["a", "b"]),
+)
+add_tmp(
+    "export-output-names-str",
+    TypeError,
+    r"output_names must be a sequence of non-empty strings",
+    lambda tmp: _export(tmp, output_names="a"),
+)
+add_tmp(
+    "export-parent-missing",
+    ExportError,
+    r"artifact_dir's parent folder .* does not exist",
+    lambda tmp: _export(tmp / "no"),
+)
+add_tmp(
+    "export-destination-is-a-file",
+    FileExistsError,
+    r"artifact_dir .* exists and is not a directory",
+    lambda tmp: _export((lambda p: (p.mkdir(), (p / "art").write_text("x"), p)[2])(tmp / "f")),
+)
+add_tmp(
+    "load-artifact-dir-none",
+    TypeError,
+    r"artifact_dir must be a path, got NoneType",
+    lambda tmp: load_lattice_program(None),
+)
+add_tmp(
+    "load-missing-directory",
+    ValueError,
+    r"artifact_dir .* is not a directory",
+    lambda tmp: load_lattice_program(tmp / "missing"),
+)
+add_tmp(
+    "load-coordinates-unknown",
+    ValueError,
+    r"coordinates must be 'physical' or 'logical', got 'pixel'",
+    lambda tmp: load_lattice_program(tmp, coordinates="pixel"),
+)
+add_tmp(
+    "load-device-unknown",
+    ValueError,
+    r"device 'tpu' is not a torch device",
+    lambda tmp: load_lattice_program(tmp, device="tpu"),
+)
+add_tmp(
+    "load-device-float",
+    TypeError,
+    r"device must be a str, torch\.device or None, got 3\.5",
+    lambda tmp: load_lattice_program(tmp, device=3.5),
+)
+add_tmp(
+    "load-empty-directory",
+    ValueError,
+    r"artifact_dir must hold exactly graph\.mlir and weights\.safetensors",
+    lambda tmp: load_lattice_program(tmp),
+)
+add_tmp(
+    "load-extra-file",
+    ValueError,
+    r"artifact_dir must hold exactly graph\.mlir and weights\.safetensors",
+    lambda tmp: load_lattice_program(
+        (lambda art: ((art / "notes.txt").write_text("x"), art)[1])(_export(tmp))
+    ),
+)
+add_tmp(
+    "load-other-ir-version",
+    ValueError,
+    r"ir_version",
+    lambda tmp: load_lattice_program(
+        _edit_graph(tmp, "lattice.ir_version = 2,", "lattice.ir_version = 3,")
+    ),
+)
+add_tmp(
+    "load-unknown-op",
+    ValueError,
+    r"graph\.mlir line \d+.*lattice\.subm_conv4d",
+    lambda tmp: load_lattice_program(
+        _edit_graph(tmp, "lattice.subm_conv3d ", "lattice.subm_conv4d ")
+    ),
 )
 
 

@@ -4,11 +4,18 @@
 modules in :mod:`torch_lattice.nn`.
 """
 
+import importlib as _importlib
+import typing as _typing
+from types import ModuleType as _ModuleType
+
 from torch_lattice import backbones, nn, ops
 from torch_lattice.sparse_join import reindex_sparse, sparse_binary, sparse_cat
 from torch_lattice.sparse_ops import cat, to_dense
 from torch_lattice.tensor import CoordinateManager, SparseTensor
 from torch_lattice.voxel import collate, devoxelize, voxelize
+
+if _typing.TYPE_CHECKING:  # the lazy attribute below, for type checkers
+    from torch_lattice import artifact
 
 __version__ = "0.1.0"
 """The package version (PEP 440)."""
@@ -17,6 +24,7 @@ __all__ = [
     "CoordinateManager",
     "SparseTensor",
     "__version__",
+    "artifact",
     "backbones",
     "cat",
     "collate",
@@ -29,3 +37,17 @@ __all__ = [
     "to_dense",
     "voxelize",
 ]
+
+# Imported on first use: the exporter and replay (torch.fx, safetensors, the MLIR
+# parser) add about 4% to ``import torch_lattice`` and most programs never need them.
+_LAZY = ("artifact",)
+
+
+def __getattr__(name: str) -> _ModuleType:
+    if name in _LAZY:
+        return _importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

@@ -96,6 +96,8 @@ def save_lattice_model_artifact(
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(artifact_dir, (str, os.PathLike)):
+        raise TypeError(f"artifact_dir must be a path, got {type(artifact_dir).__name__}")
     if isinstance(example_inputs, (SparseTensor, torch.Tensor)) or not isinstance(
         example_inputs, (tuple, list)
     ):

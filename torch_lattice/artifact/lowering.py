@@ -25,6 +25,7 @@ from torch_lattice.artifact import schema
 from torch_lattice.artifact.errors import ExportError
 from torch_lattice.artifact.mlir_text import ModuleText, Value, sparse_type, tensor_type
 from torch_lattice.artifact.weights import WeightTable, conv_weight_to_artifact, dtype_name
+from torch_lattice.backbones import unet
 from torch_lattice.geometry import triple
 from torch_lattice.nn import modules as M
 from torch_lattice.nn.functional import pooling as P
@@ -782,3 +783,30 @@ def _lower_sparse_binary(low: Lowering, call: Call, fn: Callable[..., Any]) -> S
     op = _const(call, "op", sym["op"])
     join = _const(call, "join", sym["join"])
     return _binary(low, call, sym["lhs"], sym["rhs"], op, join, fills)
+
+
+# --- backbones: the Python around SparseResUNet42's layers ---------------------
+
+
+@_function(unet.padded_range)
+def _lower_padded_range(low: Lowering, call: Call, fn: Callable[..., Any]) -> Sym:
+    # The same rows, order and features; only Torch Lattice's declared range grows,
+    # so that its k2 s2 levels keep every row.  The contract generates strided
+    # supports from the rows alone, so the value passes through unchanged.
+    sym, _ = call.bind(fn)
+    return call.sparse(sym["x"], "the input")
+
+
+@_function(unet.on_input_support)
+def _lower_on_input_support(low: Lowering, call: Call, fn: Callable[..., Any]) -> Sym:
+    # y's features on x's support object: in the graph that is y itself, whose rows
+    # are x's (checked on the example), whatever order a runtime gives them.
+    sym, real = call.bind(fn)
+    call.sparse(sym["x"], "x")
+    y = call.sparse(sym["y"], "y")
+    if real["y"].stride != real["x"].stride or not torch.equal(real["y"].coords, real["x"].coords):
+        raise ExportError(
+            f"{describe(call.node)}: on example_inputs y's rows are not x's rows; "
+            "on_input_support only re-labels features of the same rows"
+        )
+    return y

@@ -277,10 +277,18 @@ def load_lattice_program(
 
     Raises:
         ValueError: a bad argument, file set, header, op, attribute or weight, naming it.
+        TypeError: ``artifact_dir`` that is not a path, ``device`` of another type.
     """
+    if not isinstance(artifact_dir, (str, os.PathLike)):
+        raise TypeError(f"artifact_dir must be a path, got {type(artifact_dir).__name__}")
     if coordinates not in _COORDINATES:
         raise ValueError(f"coordinates must be 'physical' or 'logical', got {coordinates!r}")
-    dev = torch.device("cpu" if device is None else device)
+    if device is not None and not isinstance(device, (str, torch.device)):
+        raise TypeError(f"device must be a str, torch.device or None, got {device!r}")
+    try:
+        dev = torch.device("cpu" if device is None else device)
+    except RuntimeError as exc:  # torch's message lists every device type
+        raise ValueError(f"device {device!r} is not a torch device ({exc})") from None
     root = Path(artifact_dir)
     _check_files(root)
     try:

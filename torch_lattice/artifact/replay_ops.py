@@ -158,6 +158,8 @@ def _conv_executor(name: str) -> Executor:
             if family == "subm_conv3d":
                 return F.subm_conv3d(inp, weight, bias, a["kernel_size"], a["dilation"])
             if family == "conv3d":
+                if tgt is None:
+                    inp = _whole_windows(inp, a["stride"])
                 return F.conv3d(inp, weight, bias, a["kernel_size"], a["stride"], a["padding"],
                                 a["dilation"], coordinates=tgt)
             if family == "conv_transpose3d":
@@ -187,10 +189,28 @@ def _call(op: Operation, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> A
         raise type(exc)(f"{_where(op)}: {exc}") from None
 
 
+def _whole_windows(x: SparseTensor, stride: tuple[int, int, int]) -> SparseTensor:
+    """``x`` (same rows, order and features) on a range that ``stride`` divides.
+
+    The contract generates ``unique(floor(c / stride))``; the library generates
+    the cells of ``[0, R // stride)`` (with kernel_size == stride), and a replayed
+    value's range is only ``max(c) + 1``, which would drop the rows of a last,
+    partial window (or refuse a range smaller than the stride).
+    """
+    if stride == (1, 1, 1) or x.coords.shape[0] == 0:
+        return x
+    r = [-(-g // s) * s for g, s in zip(x.support.grid_range(), stride, strict=True)]
+    srange = (x.support.num_batches(), r[0], r[1], r[2])
+    return SparseTensor.from_support(
+        x.feats, x.coordinate_manager.new_support(x.coords, x.stride, srange)
+    )
+
+
 def _pool3d(ctx: ReplayContext, op: Operation, args: list[Value]) -> tuple[Value, ...]:
     a = op.attributes
     fn = {"max": F.max_pool3d, "avg": F.avg_pool3d, "sum": F.sum_pool3d}[a["mode"]]
-    return (_call(op, fn, args[0], a["kernel_size"], a["stride"], a["padding"], a["dilation"]),)
+    x = _whole_windows(args[0], a["stride"])
+    return (_call(op, fn, x, a["kernel_size"], a["stride"], a["padding"], a["dilation"]),)
 
 
 def _pool_transpose3d(ctx: ReplayContext, op: Operation, args: list[Value]

@@ -130,27 +130,43 @@ class SparseResUNet42(nn.Module):
         Returns:
             SparseTensor: ``(N, num_classes)`` scores on ``x``'s support.
         """
-        if not isinstance(x, SparseTensor):
-            raise TypeError(f"input must be a SparseTensor, got {type(x).__name__}")
-        levels = [self.stem(_padded_range(x))]
+        # The two helpers hold all the Python that inspects x (type, range), so
+        # torch.fx can trace this forward with them as single calls (the
+        # artifact exporter has a lowering for each).
+        levels = [self.stem(padded_range(x))]
         for down, stage in zip(self.down, self.encoder, strict=True):
             levels.append(stage(down(levels[-1])))
         y = levels.pop()
         for up, stage in zip(self.up, self.decoder, strict=True):
             y = stage(cat([up(y), levels.pop()]))
-        return SparseTensor.from_support(self.head(y).feats, x.support)
+        return on_input_support(self.head(y), x)
 
 
-def _padded_range(x: SparseTensor) -> SparseTensor:
+def padded_range(x: SparseTensor) -> SparseTensor:
     """``x`` on a support with the same rows whose range is a multiple of 16 per axis.
 
     Every k2 s2 level then halves an even range: no row on the far edge of an
     odd range is dropped (``R_out = R // 2``), and a flat scene (range 1 in z)
     never reaches an empty range.  The network's output is put back on ``x``'s
-    own support.
+    own support (:func:`on_input_support`).  The rows, their order and the
+    features are ``x``'s; only the declared range grows.
+
+    Raises:
+        TypeError: ``x`` is not a SparseTensor.
     """
+    if not isinstance(x, SparseTensor):
+        raise TypeError(f"input must be a SparseTensor, got {type(x).__name__}")
     step = 2 ** len(ENCODER)
     r = [-(-v // step) * step for v in x.support.grid_range()]
     srange = (max(1, x.support.num_batches()), max(step, r[0]), max(step, r[1]), max(step, r[2]))
     support = x.coordinate_manager.new_support(x.coords, x.stride, srange)
     return SparseTensor.from_support(x.feats, support)
+
+
+def on_input_support(y: SparseTensor, x: SparseTensor) -> SparseTensor:
+    """``y``'s features on ``x``'s own support object.
+
+    ``y`` lives on the padded copy of ``x``'s support (:func:`padded_range`):
+    the same rows in the same order, so the features are reused as they are.
+    """
+    return SparseTensor.from_support(y.feats, x.support)
