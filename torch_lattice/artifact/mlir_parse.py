@@ -18,13 +18,17 @@ kinds, undefined or redefined values all raise ``ValueError`` with the line.
 
 from __future__ import annotations
 
+import math
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from torch_lattice.artifact import schema
 
 __all__ = [
+    "MAX_GRAPH_CHARS",
+    "MAX_KERNEL_VOLUME",
     "Argument",
     "EnumValue",
     "MlirSyntaxError",
@@ -35,6 +39,19 @@ __all__ = [
     "parse_module",
     "read_header",
 ]
+
+
+# Bounds on hostile input: the largest real graphs are a few hundred kilobytes.
+MAX_GRAPH_CHARS = 16 * 2**20
+MAX_TOKEN_CHARS = 4096
+MAX_NESTING = 8  # attribute lists ([...]) inside each other
+# Kernel rows a convolution or pooling may have (32^3); a kernel map holds rows x K entries.
+MAX_KERNEL_VOLUME = 2**15
+MAX_GEOMETRY = 2**20  # any kernel_size / stride / dilation / padding entry
+MAX_BATCH_SIZE = 2**20  # global_pool batch_size (its output has that many rows)
+TENSOR_DTYPES = ("f32", "f16", "i32", "i64")
+_I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
+_F32_MAX = 3.4028234663852886e38
 
 
 class MlirSyntaxError(ValueError):
@@ -137,8 +154,9 @@ class _Tok:
     line: int
 
 
-def _tokenize(text: str) -> list[_Tok]:
-    tokens: list[_Tok] = []
+def _tokenize(text: str) -> Iterator[_Tok]:
+    """Tokens on demand, so a malformed file fails at its first bad token without the
+    whole text being held as token objects."""
     line, pos = 1, 0
     while pos < len(text):
         m = _TOKEN.match(text, pos)
@@ -148,10 +166,22 @@ def _tokenize(text: str) -> list[_Tok]:
         if kind == "nl":
             line += 1
         elif kind != "ws":
-            tokens.append(_Tok(kind, m.group(), line))
+            if m.end() - pos > MAX_TOKEN_CHARS:
+                raise MlirSyntaxError(line, f"a token longer than {MAX_TOKEN_CHARS} characters")
+            yield _Tok(kind, m.group(), line)
         pos = m.end()
-    tokens.append(_Tok("eof", "", line))
-    return tokens
+    while True:
+        yield _Tok("eof", "", line)
+
+
+def _check_text(text: object) -> str:
+    if not isinstance(text, str):
+        raise TypeError(f"graph text must be a str, got {type(text).__name__}")
+    if len(text) > MAX_GRAPH_CHARS:
+        raise ValueError(
+            f"graph.mlir has {len(text)} characters; at most {MAX_GRAPH_CHARS} are read"
+        )
+    return text
 
 
 # --- parser -------------------------------------------------------------------
@@ -159,16 +189,17 @@ def _tokenize(text: str) -> list[_Tok]:
 
 class _Parser:
     def __init__(self, text: str) -> None:
-        self.toks = _tokenize(text)
-        self.i = 0
+        self._tokens = _tokenize(text)
+        self._current = next(self._tokens)
+        self.depth = 0  # nesting of attribute lists
 
     # token helpers
-    def peek(self, offset: int = 0) -> _Tok:
-        return self.toks[min(self.i + offset, len(self.toks) - 1)]
+    def peek(self) -> _Tok:
+        return self._current
 
     def next(self) -> _Tok:
-        tok = self.peek()
-        self.i += 1
+        tok = self._current
+        self._current = next(self._tokens)
         return tok
 
     def fail(self, message: str, tok: _Tok | None = None) -> MlirSyntaxError:
@@ -191,7 +222,7 @@ class _Parser:
 
     def accept(self, text: str) -> bool:
         if self.peek().text == text:
-            self.i += 1
+            self.next()
             return True
         return False
 
@@ -199,7 +230,12 @@ class _Parser:
     def number(self) -> int | float:
         tok = self.expect_kind("number", "a number")
         text = tok.text
-        return float(text) if any(c in text for c in ".eE") else int(text)
+        if any(c in text for c in ".eE"):
+            value = float(text)
+            if not math.isfinite(value):
+                raise MlirSyntaxError(tok.line, f"number {text} is out of the float64 range")
+            return value
+        return _int(tok)
 
     def string(self) -> str:
         tok = self.expect_kind("string", "a string")
@@ -218,13 +254,17 @@ class _Parser:
         if tok.kind == "string":
             return self.string()
         if tok.text == "[":
+            if self.depth >= MAX_NESTING:
+                raise self.fail(f"attribute lists nest deeper than {MAX_NESTING}")
             self.next()
+            self.depth += 1
             items: list[Any] = []
             if not self.accept("]"):
                 items.append(self.attr_value())
                 while self.accept(","):
                     items.append(self.attr_value())
                 self.expect("]")
+            self.depth -= 1
             return items
         if tok.text == "array":
             return self.dense_array()
@@ -299,7 +339,13 @@ class _Parser:
             else:
                 raise MlirSyntaxError(dims.line, f"bad tensor type near {dims.text!r}")
             self.expect(">")
-            shape = tuple(None if d == "?" else int(d) for d in shape_text)
+            if dtype not in TENSOR_DTYPES:
+                raise MlirSyntaxError(
+                    dims.line, f"tensor element type must be one of {', '.join(TENSOR_DTYPES)}, "
+                    f"got {dtype!r}"
+                )
+            shape = tuple(None if d == "?" else _int(_Tok("number", d, dims.line))
+                          for d in shape_text)
             return TypeRef("tensor", dtype, shape)
         if tok.text == "!lattice.sparse_tensor":
             params = self.type_params(tok)
@@ -354,6 +400,13 @@ class _Parser:
         return values
 
 
+def _int(tok: _Tok) -> int:
+    """A decimal integer token that fits int64 (so no 10**4000-digit surprises)."""
+    if len(tok.text.lstrip("+-")) > 19 or not _I64_MIN <= int(tok.text) <= _I64_MAX:
+        raise MlirSyntaxError(tok.line, f"integer {tok.text[:40]} does not fit in 64 bits")
+    return int(tok.text)
+
+
 @dataclass(frozen=True)
 class _Typed:
     """A scalar written with a type suffix: ``0.5 : f32``."""
@@ -406,7 +459,10 @@ def _convert(kind: str, raw: Any, where: str, line: int) -> Any:
             if not all(isinstance(v, int) for v in raw.items):
                 raise bad("three integers")
             return tuple(int(v) for v in raw.items)
-        return tuple(float(v) for v in raw.items)
+        values = tuple(float(v) for v in raw.items)
+        if not all(math.isfinite(v) for v in values):
+            raise bad("three finite floats")
+        return values
     if kind == "i64":
         value = raw.value if isinstance(raw, _Typed) and raw.type == "i64" else raw
         if isinstance(value, bool) or not isinstance(value, int):
@@ -415,6 +471,8 @@ def _convert(kind: str, raw: Any, where: str, line: int) -> Any:
     if kind == "f32":
         if not isinstance(raw, _Typed) or raw.type != "f32":
             raise bad("a float written '<value> : f32'")
+        if not abs(float(raw.value)) <= _F32_MAX:  # also refuses NaN
+            raise bad("a finite float32")
         return float(raw.value)
     if kind == "str":
         if not isinstance(raw, str):
@@ -482,6 +540,7 @@ def _parse_op(p: _Parser, types: dict[str, TypeRef]) -> Operation:
         raise MlirSyntaxError(name.line, str(exc)) from None
     symbol = ""
     operands: list[_Tok] = []
+    operand_types: tuple[TypeRef, ...] = ()
     raw: dict[str, Any] = {}
     lines: dict[str, int] = {}
     if spec.assembly == "weight":
@@ -492,7 +551,7 @@ def _parse_op(p: _Parser, types: dict[str, TypeRef]) -> Operation:
     elif spec.assembly == "decompose":
         operands = p.value_list()
         p.expect(":")
-        p.type_ref()
+        operand_types = (p.type_ref(),)
         p.expect("->")
         result_types = p.type_list()
     else:
@@ -519,11 +578,52 @@ def _parse_op(p: _Parser, types: dict[str, TypeRef]) -> Operation:
         result_types,
         symbol,
     )
-    _check_signature(op, types)
+    _check_signature(op, types, operand_types)
+    _check_ranges(op)
     return op
 
 
-def _check_signature(op: Operation, types: dict[str, TypeRef]) -> None:
+def _show_type(ty: TypeRef) -> str:
+    if ty.kind == "tensor":
+        dims = "".join(("?" if d is None else str(d)) + "x" for d in ty.shape)
+        return f"tensor<{dims}{ty.dtype}>"
+    if ty.kind == "weight":
+        return f"!lattice.weight<{ty.family}, {ty.dtype}>"
+    return f"!lattice.sparse_tensor<dtype = {ty.dtype}>"
+
+
+def _check_ranges(op: Operation) -> None:
+    """Attribute values the op cannot run with (a kernel of 10^9 rows, a zero stride,
+    a negative eps) are refused here, before anything is allocated."""
+    a, where = op.attributes, op.spec.qualified_name
+    for name in ("kernel_size", "stride", "dilation", "padding"):
+        if name not in a:
+            continue
+        low = 0 if name == "padding" else 1
+        if not all(low <= v <= MAX_GEOMETRY for v in a[name]):
+            raise MlirSyntaxError(
+                op.line, f"{where} {name} entries must lie in [{low}, {MAX_GEOMETRY}], "
+                f"got {a[name]}"
+            )
+    if "kernel_size" in a:
+        kx, ky, kz = a["kernel_size"]
+        if kx * ky * kz > MAX_KERNEL_VOLUME:
+            raise MlirSyntaxError(
+                op.line, f"{where} kernel_size {a['kernel_size']} has {kx * ky * kz} rows; at "
+                f"most {MAX_KERNEL_VOLUME} are replayed"
+            )
+    if a.get("eps", 0.0) < 0:
+        raise MlirSyntaxError(op.line, f"{where} eps must be >= 0, got {a['eps']}")
+    if "voxel_size" in a and not all(v > 0 for v in a["voxel_size"]):
+        raise MlirSyntaxError(op.line, f"{where} voxel_size must be positive, got "
+                              f"{a['voxel_size']}")
+    if a.get("batch_size", 0) > MAX_BATCH_SIZE:
+        raise MlirSyntaxError(op.line, f"{where} batch_size must be at most {MAX_BATCH_SIZE} "
+                              f"(or negative: read from the data), got {a['batch_size']}")
+
+
+def _check_signature(op: Operation, types: dict[str, TypeRef],
+                     operand_types: tuple[TypeRef, ...] = ()) -> None:
     spec, line = op.spec, op.line
     ssa = [o for o in spec.operands if o.kind == "ssa"]
     required = sum(1 for o in ssa if not o.optional)
@@ -541,6 +641,12 @@ def _check_signature(op: Operation, types: dict[str, TypeRef]) -> None:
                 line,
                 f"{spec.qualified_name} operand {operand.name!r} must be a {operand.type}, "
                 f"%{value} is a {types[value].kind}",
+            )
+    for value, declared in zip(op.operands, operand_types, strict=False):
+        if types[value] != declared:
+            raise MlirSyntaxError(
+                line, f"{spec.qualified_name} declares %{value} as {_show_type(declared)}, "
+                f"but it is {_show_type(types[value])}"
             )
     if len(op.results) != len(spec.results) or len(op.result_types) != len(spec.results):
         raise MlirSyntaxError(
@@ -604,9 +710,7 @@ def _module_attributes(raw: dict[str, Any], lines: dict[str, int]) -> dict[str, 
 def read_header(text: str) -> dict[str, Any]:
     """The ``module attributes {...}`` dict alone, unchecked, so a caller can refuse an
     artifact of another IR version or schema before its body is parsed."""
-    if not isinstance(text, str):
-        raise TypeError(f"graph text must be a str, got {type(text).__name__}")
-    p = _Parser(text)
+    p = _Parser(_check_text(text))
     p.expect("module")
     p.expect("attributes")
     return p.attr_dict()[0]
@@ -618,9 +722,7 @@ def parse_module(text: str) -> Module:
     Raises:
         ValueError: (an ``MlirSyntaxError``) with the line number and the broken rule.
     """
-    if not isinstance(text, str):
-        raise TypeError(f"graph text must be a str, got {type(text).__name__}")
-    p = _Parser(text)
+    p = _Parser(_check_text(text))
     p.expect("module")
     p.expect("attributes")
     raw, lines = p.attr_dict()
@@ -633,10 +735,16 @@ def parse_module(text: str) -> Module:
     p.expect("->")
     module = Module(attributes, function, arguments, p.type_list())
     p.expect("{")
+    symbols: set[str] = set()
     while p.peek().text != "return":
         if p.peek().kind == "eof":
             raise p.fail("function body ends without 'return'")
-        module.operations.append(_parse_op(p, types))
+        op = _parse_op(p, types)
+        if op.symbol:
+            if op.symbol in symbols:
+                raise MlirSyntaxError(op.line, f"weight symbol @{op.symbol} is declared twice")
+            symbols.add(op.symbol)
+        module.operations.append(op)
     ret = p.expect("return")
     returns = [t.text[1:] for t in p.value_list()]
     p.expect(":")
@@ -648,6 +756,12 @@ def parse_module(text: str) -> Module:
             raise MlirSyntaxError(ret.line, f"return of undefined value %{name}")
     if len(return_types) != len(returns) or len(returns) != len(module.result_types):
         raise MlirSyntaxError(ret.line, "return values do not match the function's result types")
+    for name, declared, result in zip(returns, return_types, module.result_types, strict=True):
+        if not types[name] == declared == result:
+            raise MlirSyntaxError(
+                ret.line, f"return %{name} is {_show_type(types[name])}; the return and the "
+                f"function declare {_show_type(declared)} and {_show_type(result)}"
+            )
     module.returns = tuple(returns)
     p.expect("}")
     p.expect("}")
