@@ -19,6 +19,7 @@ from safetensors import safe_open
 
 from torch_lattice.artifact import schema
 from torch_lattice.artifact.mlir_parse import (
+    MAX_GRAPH_CHARS,
     Argument,
     Module,
     TypeRef,
@@ -40,6 +41,7 @@ _COORDINATES = ("physical", "logical")
 # Files a conformance fixture case keeps beside the artifact; nothing else may be there.
 FIXTURE_FILES = ("inputs.safetensors", "expected.safetensors")
 _DTYPES = {"f32": torch.float32, "f16": torch.float16, "i32": torch.int32, "i64": torch.int64}
+_FLOATS = (torch.float32, torch.float16)
 
 
 @dataclass(frozen=True)
@@ -126,9 +128,11 @@ def _check_input(arg: Argument, value: object, device: torch.device) -> torch.Te
     ):
         dims = "x".join("?" if d is None else str(d) for d in ty.shape)
         raise ValueError(f"input {arg.name!r} must have shape {dims}, got {tuple(value.shape)}")
-    want_float = ty.dtype.startswith("f")
-    if value.is_floating_point() != want_float or value.dtype == torch.bool:
-        raise TypeError(f"input {arg.name!r} must be {ty.dtype}, got {value.dtype}")
+    want = _DTYPES[ty.dtype]
+    # Integer inputs must match exactly (an int64 coordinate could silently wrap in int32);
+    # float features may come in either float width and are computed in float32.
+    if value.dtype != want and not (value.dtype in _FLOATS and want in _FLOATS):
+        raise TypeError(f"input {arg.name!r} must be {ty.dtype} ({want}), got {value.dtype}")
     return value.to(device)
 
 
@@ -148,9 +152,17 @@ def _check_files(root: Path) -> None:
             f"(plus, in a conformance fixture, {' and '.join(FIXTURE_FILES)}); "
             f"missing {missing}, unexpected {extra}"
         )
+    for name in sorted(names):
+        # A link could point anywhere (another artifact's weights, a device file): refused.
+        if (root / name).is_symlink():
+            raise ValueError(f"artifact_dir: {name} is a symbolic link; artifact files must "
+                             "be regular files")
     for name in expected:
         if not (root / name).is_file():
             raise ValueError(f"artifact_dir: {name} is not a regular file")
+    size = (root / schema.GRAPH_FILE).stat().st_size
+    if size > MAX_GRAPH_CHARS:
+        raise ValueError(f"graph.mlir is {size} bytes; at most {MAX_GRAPH_CHARS} are read")
 
 
 def _check_version(attrs: dict[str, Any]) -> None:
@@ -238,8 +250,14 @@ def _check_role_type(arg: Argument, role: str) -> None:
 
 
 def _load_weights(module: Module, path: Path, device: torch.device) -> dict[str, WeightValue]:
-    with safe_open(str(path), framework="pt", device="cpu") as handle:
-        stored = {key: handle.get_tensor(key) for key in handle.keys()}
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as handle:
+            stored = {key: handle.get_tensor(key) for key in handle.keys()}
+    except (OSError, MemoryError):
+        raise
+    except Exception as exc:  # safetensors raises its own SafetensorError for a bad file
+        raise ValueError(f"weights.safetensors is not a readable safetensors file: {exc}"
+                         ) from None
     used: set[str] = set()
     weights: dict[str, WeightValue] = {}
     for op in module.operations:

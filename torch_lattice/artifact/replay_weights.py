@@ -126,8 +126,9 @@ def check_weight(op: Operation, tensors: Mapping[str, torch.Tensor]) -> WeightVa
         raise ValueError(f"{where}: weights.safetensors has no tensor {', '.join(missing)}")
     if packing.kind == "dense":
         t = tensors[key]
-        if not t.is_floating_point():
-            raise ValueError(f"{where}: stored tensor must be floating point, got {t.dtype}")
+        if t.dtype != _FLOAT[dtype]:
+            raise ValueError(f"{where}: stored tensor must be {dtype} as the weight type "
+                             f"declares, got {t.dtype}")
         if t.ndim != _LAYOUT_RANK[layout]:
             raise ValueError(
                 f"{where}: layout {layout} stores a {_LAYOUT_RANK[layout]}-D tensor, got shape "
