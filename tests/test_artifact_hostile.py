@@ -411,11 +411,14 @@ INPUT_CASES: list[tuple[str, dict[str, torch.Tensor | None], type[Exception], st
     ("extra", {"x_extra": torch.ones(1)}, ValueError, "unexpected ['x_extra']"),
     ("not-a-tensor", {"x_active": [20]}, TypeError, "'x_active' must be a torch.Tensor"),
     ("float-coords", {"x_coords": _C.float()}, TypeError, "'x_coords' must be i32"),
-    ("int64-coords", {"x_coords": _C.long()}, TypeError, "'x_coords' must be i32"),
-    ("int64-active", {"x_active": torch.tensor([20])}, TypeError, "'x_active' must be i32"),
+    ("int64-coords-past-int32", {"x_coords": _C.long() + 2**32}, ValueError,
+     "'x_coords' is i32: its torch.int64 values [4294967296,"),
+    ("int64-active-past-int32", {"x_active": torch.tensor([-(2**40)])}, ValueError,
+     "'x_active' is i32"),
     ("bool-active", {"x_active": torch.tensor([True])}, TypeError, "'x_active' must be i32"),
     ("int-features", {"x_features": _F.int()}, TypeError, "'x_features' must be f32"),
-    ("f64-features", {"x_features": _F.double()}, TypeError, "'x_features' must be f32"),
+    ("f64-features", {"x_features": _F.double()}, TypeError,
+     "'x_features' must be f32 (float32 or float16), got torch.float64"),
     ("coords-3-columns", {"x_coords": _C[:, :3]}, ValueError, "must have shape ?x4"),
     ("features-wrong-width", {"x_features": torch.ones(20, 3)}, ValueError,
      "must have shape ?x2"),
@@ -443,6 +446,14 @@ def test_hostile_inputs_are_refused(program, changes: dict[str, torch.Tensor | N
     with pytest.raises(exc) as info:
         program(**_with(**changes))
     assert fragment in str(info.value)
+
+
+def test_integer_inputs_of_another_width_that_fit_are_taken(program) -> None:
+    want = program(**_inputs())["output"]
+    got = program(x_coords=_C.long(), x_features=_F, x_active=torch.tensor([20]))["output"]
+    assert torch.equal(got.coords, want.coords) and torch.equal(got.features, want.features)
+    half = program(x_coords=_C, x_features=_F.half(), x_active=torch.tensor([20]))["output"]
+    assert half.features.dtype == torch.float32 and half.coords.shape == want.coords.shape
 
 
 def test_physical_coordinates_not_divisible_by_the_stride(tmp_path: Path) -> None:

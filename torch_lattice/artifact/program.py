@@ -129,11 +129,23 @@ def _check_input(arg: Argument, value: object, device: torch.device) -> torch.Te
         dims = "x".join("?" if d is None else str(d) for d in ty.shape)
         raise ValueError(f"input {arg.name!r} must have shape {dims}, got {tuple(value.shape)}")
     want = _DTYPES[ty.dtype]
-    # Integer inputs must match exactly (an int64 coordinate could silently wrap in int32);
-    # float features may come in either float width and are computed in float32.
-    if value.dtype != want and not (value.dtype in _FLOATS and want in _FLOATS):
+    # float features may come in either float width (they are computed in float32);
+    # float64 would be rounded silently, so it is refused.
+    if want in _FLOATS:
+        if value.dtype not in _FLOATS:
+            raise TypeError(f"input {arg.name!r} must be {ty.dtype} (float32 or float16), "
+                            f"got {value.dtype}")
+        return value.to(device)
+    if value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
         raise TypeError(f"input {arg.name!r} must be {ty.dtype} ({want}), got {value.dtype}")
-    return value.to(device)
+    if value.dtype != want and value.numel():
+        # Another integer width is taken when every value fits: nothing wraps silently.
+        info = torch.iinfo(want)
+        low, high = int(value.min()), int(value.max())
+        if low < info.min or high > info.max:
+            raise ValueError(f"input {arg.name!r} is {ty.dtype}: its {value.dtype} values "
+                             f"[{low}, {high}] do not fit [{info.min}, {info.max}]")
+    return value.to(device=device, dtype=want)
 
 
 # --- loading ---------------------------------------------------------------------------
