@@ -1,0 +1,76 @@
+"""Fuzz target: the artifact graph parser and its load-time checks.
+
+libFuzzer mutates the bytes of small valid ``graph.mlir`` files
+(fuzz/corpus/graph/); each input is decoded as UTF-8 (bad bytes replaced, as a
+caller must decode before parsing) and given to ``read_header``,
+``parse_module`` and the checks ``load_lattice_program`` runs on a parsed
+module (header, signature). The contract: a bad graph raises ``ValueError``
+(``MlirSyntaxError`` with its line, or the loader's own) or ``TypeError``, with
+a message. Anything else (RecursionError, MemoryError, IndexError, KeyError,
+AttributeError, an assertion, a hang past libFuzzer's -timeout) is a finding.
+"""
+
+from __future__ import annotations
+
+import sys
+
+if __package__ in (None, ""):
+    import os
+
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from fuzz._common import Finding, main
+from torch_lattice.artifact import mlir_parse, program
+from torch_lattice.artifact.mlir_parse import parse_module, read_header
+
+CLEAN = (ValueError, TypeError)
+
+
+def _loader_checks(text: str) -> None:
+    read_header(text)
+    module = parse_module(text)
+    program._check_header(module)
+    program._check_signature(module)
+    # What a successful parse promises the executors.
+    defined = {a.name for a in module.arguments}
+    for op in module.operations:
+        missing = [v for v in op.operands if v not in defined]
+        if missing:
+            raise Finding(f"line {op.line}: operands {missing} used before definition passed")
+        defined.update(op.results)
+    if not set(module.returns) <= defined:
+        raise Finding("a return of an undefined value passed")
+
+
+def check(data: bytes) -> None:
+    text = data.decode("utf-8", errors="replace")
+    try:
+        _loader_checks(text)
+    except CLEAN as exc:
+        if not str(exc):
+            raise Finding(f"{type(exc).__name__} without a message") from exc
+    except Finding:
+        raise
+    except Exception as exc:
+        raise Finding(f"unclean exception {type(exc).__name__}: {exc!s:.200}") from exc
+
+
+def _instrument_parser() -> None:
+    """Coverage feedback from the parser and checks themselves, not only this file."""
+    import atheris
+
+    for mod in (mlir_parse, program):
+        for obj in list(vars(mod).values()):
+            if getattr(obj, "__module__", None) != mod.__name__:
+                continue
+            if hasattr(obj, "__code__"):
+                atheris.instrument_func(obj)
+            if isinstance(obj, type):
+                for meth in vars(obj).values():
+                    if hasattr(meth, "__code__"):
+                        atheris.instrument_func(meth)
+
+
+if __name__ == "__main__":
+    _instrument_parser()
+    main(check)
