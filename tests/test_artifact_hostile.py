@@ -506,3 +506,42 @@ def test_nan_features_propagate_and_stay_local(program) -> None:
 def test_zero_active_rows_give_an_empty_output(program) -> None:
     out = program(**sparse_inputs("x", _C, _F, active=0))["output"]
     assert out.coords.shape == (0, 4) and int(out.active) == 0
+
+
+# --- the graph fuzz target (fuzz/fuzz_graph.py) -------------------------------------------
+
+_ROOT = Path(__file__).resolve().parent.parent
+_SEEDS = sorted((_ROOT / "fuzz" / "corpus" / "graph").iterdir())
+
+
+@pytest.mark.parametrize("seed", _SEEDS, ids=[s.name for s in _SEEDS])
+def test_graph_fuzz_seeds_are_valid_graphs(seed: Path) -> None:
+    """The seeds must pass every check, so that mutations start from accepted graphs."""
+    module = parse_module(seed.read_text(encoding="utf-8"))
+    assert module.function == "forward" and module.operations
+
+
+def test_graph_fuzz_checker_reports_unclean_exceptions(monkeypatch) -> None:
+    import sys
+
+    if str(_ROOT) not in sys.path:
+        sys.path.insert(0, str(_ROOT))
+    from fuzz import fuzz_graph
+
+    data = _SEEDS[0].read_bytes()
+    fuzz_graph.check(data)  # a valid graph
+    fuzz_graph.check(b"module attributes {" + b"[" * 100)  # a clean ValueError
+
+    def deep(text: str) -> None:
+        raise RecursionError("maximum recursion depth exceeded")
+
+    monkeypatch.setattr(fuzz_graph, "parse_module", deep)
+    with pytest.raises(AssertionError, match="unclean exception RecursionError"):
+        fuzz_graph.check(data)
+
+    def silent(text: str) -> None:
+        raise ValueError()
+
+    monkeypatch.setattr(fuzz_graph, "parse_module", silent)
+    with pytest.raises(AssertionError, match="without a message"):
+        fuzz_graph.check(data)
