@@ -545,3 +545,29 @@ def test_graph_fuzz_checker_reports_unclean_exceptions(monkeypatch) -> None:
     monkeypatch.setattr(fuzz_graph, "parse_module", silent)
     with pytest.raises(AssertionError, match="without a message"):
         fuzz_graph.check(data)
+
+
+def _devoxelize_graph() -> Graph:
+    g = Graph()
+    g.tensor_input("pts", "tensor<?x3xf32>")
+    g.tensor_input("b", "tensor<?xi32>")
+    g.tensor_input("pa", "tensor<1xi32>")
+    g.sparse_input("v", 2)
+    g.op("o", "devoxelize", ["pts", "v", "b", "pa"],
+         ["tensor<?x3xf32>", SP, "tensor<?xi32>", "tensor<1xi32>"],
+         "voxel_size = array<f64: 1.0, 1.0, 1.0>, origin = array<f64: 0.0, 0.0, 0.0>, "
+         "interpolation = #lattice.point_interpolation<nearest>", F32_2)
+    g.output("o", F32_2)
+    return g
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_devoxelize_refuses_non_finite_points(tmp_path: Path, bad: float) -> None:
+    program = load_lattice_program(write_artifact(tmp_path / "a", _devoxelize_graph(), {}))
+    voxels = sparse_inputs("v", torch.zeros(1, 4, dtype=torch.int32), torch.ones(1, 2))
+    pts = torch.tensor([[0.2, 0.2, 0.2], [bad, 0.5, 0.5]])
+    common = {"b": torch.zeros(2, dtype=torch.int32), **voxels}
+    out = program(pts=pts, pa=torch.tensor([1], dtype=torch.int32), **common)["output"]
+    assert out.tolist() == [[1.0, 1.0]]  # the bad row is past point_active_rows
+    with pytest.raises(ValueError, match=r"points must be finite, points\[1\]"):
+        program(pts=pts, pa=torch.tensor([2], dtype=torch.int32), **common)

@@ -298,6 +298,11 @@ def _devoxelize(ctx: ReplayContext, op: Operation, args: list[Value]) -> tuple[V
     renormalization); ``u = (p - origin) / voxel_size``; a point with no voxel gets 0."""
     points, voxels, batch, active = args
     n = _point_rows(op, points, batch, active, "point_active_rows")
+    finite = torch.isfinite(points[:n]).all(dim=1)
+    if not bool(finite.all()):  # NaN has no voxel: refused, as voxelize refuses it
+        row = int((~finite).nonzero()[0, 0])
+        raise ValueError(f"{_where(op)}: points must be finite, points[{row}] = "
+                         f"{points[row].tolist()}")
     u = _grid_positions(op, points[:n]).to(voxels.feats.device)
     b = batch[:n].to(torch.int64).to(u.device).unsqueeze(1)
     out = torch.zeros(n, voxels.feats.shape[1], dtype=torch.float32, device=u.device)
