@@ -4,10 +4,11 @@ libFuzzer mutates the bytes of small valid ``graph.mlir`` files
 (fuzz/corpus/graph/); each input is decoded as UTF-8 (bad bytes replaced, as a
 caller must decode before parsing) and given to ``read_header``,
 ``parse_module`` and the checks ``load_lattice_program`` runs on a parsed
-module (header, signature). The contract: a bad graph raises ``ValueError``
-(``MlirSyntaxError`` with its line, or the loader's own) or ``TypeError``, with
-a message. Anything else (RecursionError, MemoryError, IndexError, KeyError,
-AttributeError, an assertion, a hang past libFuzzer's -timeout) is a finding.
+module (header, signature, each weight bound to a stand-in tensor). The
+contract: a bad graph raises ``ValueError`` (``MlirSyntaxError`` with its line,
+or the loader's own) or ``TypeError``, with a message. Anything else
+(RecursionError, MemoryError, IndexError, KeyError, AttributeError, an
+assertion, a hang past libFuzzer's -timeout) is a finding.
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ if __package__ in (None, ""):
 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import torch
+
 from fuzz._common import Finding, main
-from torch_lattice.artifact import mlir_parse, program
+from torch_lattice.artifact import mlir_parse, program, replay_weights
 from torch_lattice.artifact.mlir_parse import parse_module, read_header
 
 CLEAN = (ValueError, TypeError)
@@ -40,6 +43,12 @@ def _loader_checks(text: str) -> None:
         defined.update(op.results)
     if not set(module.returns) <= defined:
         raise Finding("a return of an undefined value passed")
+    # Bind every weight to a stand-in tensor of its layout's rank (the loader's weight check).
+    for op in module.operations:
+        if op.spec.name == "weight":
+            rank = {"conv3d": 5, "linear": 2, "embedding": 2}.get(op.result_types[0].family, 1)
+            stored = {k: torch.zeros((1,) * rank) for k in replay_weights.storage_keys(op)}
+            replay_weights.check_weight(op, stored)
 
 
 def check(data: bytes) -> None:
@@ -59,7 +68,7 @@ def _instrument_parser() -> None:
     """Coverage feedback from the parser and checks themselves, not only this file."""
     import atheris
 
-    for mod in (mlir_parse, program):
+    for mod in (mlir_parse, program, replay_weights):
         for obj in list(vars(mod).values()):
             if getattr(obj, "__module__", None) != mod.__name__:
                 continue
