@@ -571,3 +571,46 @@ def test_devoxelize_refuses_non_finite_points(tmp_path: Path, bad: float) -> Non
     assert out.tolist() == [[1.0, 1.0]]  # the bad row is past point_active_rows
     with pytest.raises(ValueError, match=r"points must be finite, points\[1\]"):
         program(pts=pts, pa=torch.tensor([2], dtype=torch.int32), **common)
+
+
+# --- expected outputs of a conformance case ------------------------------------------------
+
+
+@pytest.mark.parametrize(("key", "value", "fragment"), [
+    ("out.active", torch.zeros(0, dtype=torch.int32), "out.active must be one integer"),
+    ("out.active", torch.tensor([5], dtype=torch.int32), "out.active = 5 is outside [0, 2]"),
+    ("out.active", torch.tensor([-1], dtype=torch.int32), "out.active = -1 is outside"),
+    ("out.coords", torch.zeros(2, 3, dtype=torch.int32), "out.coords must be an integer (N, 4)"),
+    ("out.coords", torch.zeros(2, 4), "out.coords must be an integer (N, 4)"),
+    ("out.features", torch.zeros(3, 2), "out.features must be (N, C) with N = 2"),
+])
+def test_malformed_expected_outputs_are_refused(key: str, value: torch.Tensor,
+                                                fragment: str) -> None:
+    from torch_lattice.artifact import SparseOutput
+    from torch_lattice.artifact.conformance import compare_outputs
+
+    coords = torch.tensor([[0, 0, 0, 0], [0, 1, 0, 0]], dtype=torch.int32)
+    got = SparseOutput(coords, torch.ones(2, 2), torch.tensor([2], dtype=torch.int32))
+    expected = {"out.coords": coords, "out.features": torch.ones(2, 2),
+                "out.active": torch.tensor([2], dtype=torch.int32)}
+    assert compare_outputs({"out": got}, expected, rtol=0, atol=0)[0].ok
+    with pytest.raises(ValueError) as info:
+        compare_outputs({"out": got}, {**expected, key: value}, rtol=0, atol=0)
+    assert fragment in str(info.value)
+
+
+@pytest.mark.parametrize("broken", ["inputs.safetensors", "expected.safetensors"])
+def test_replay_cli_reports_a_corrupt_fixture_file(tmp_path: Path, broken: str,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    from torch_lattice.artifact.__main__ import main
+
+    root = write_artifact(tmp_path / "case", _graph(), _weights())
+    save_file(_inputs(), str(root / "inputs.safetensors"))
+    save_file({"output.coords": torch.zeros(0, 4, dtype=torch.int32),
+               "output.features": torch.zeros(0, 3),
+               "output.active": torch.tensor([0], dtype=torch.int32)},
+              str(root / "expected.safetensors"))
+    assert main(["replay", str(root)]) == 1  # a real mismatch: the replay has rows
+    (root / broken).write_bytes(b"\x00" * 20)
+    assert main(["replay", str(root)]) == 1
+    assert "ERROR SafetensorError" in capsys.readouterr().out

@@ -17,6 +17,7 @@ import json
 import sys
 from pathlib import Path
 
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from torch_lattice.artifact.conformance import compare_outputs
@@ -70,7 +71,7 @@ def _replay_one(case_dir: Path, case: dict[str, object], args: argparse.Namespac
     try:
         program = load_lattice_program(case_dir, coordinates=args.coordinates, device=args.device)
         outputs = program(**load_file(str(inputs)))
-    except (OSError, RuntimeError, TypeError, ValueError) as exc:
+    except (OSError, RuntimeError, TypeError, ValueError, SafetensorError) as exc:
         print(f"{label}: ERROR {type(exc).__name__}: {exc}")
         return False
     if expected is None:
@@ -79,7 +80,11 @@ def _replay_one(case_dir: Path, case: dict[str, object], args: argparse.Namespac
             print(f"{label}: {name} {shape} (no expected outputs to compare)")
         return True
     rtol, atol = _tolerance(args.rtol, case, "rtol"), _tolerance(args.atol, case, "atol")
-    checks = compare_outputs(outputs, load_file(str(expected)), rtol=rtol, atol=atol)
+    try:
+        checks = compare_outputs(outputs, load_file(str(expected)), rtol=rtol, atol=atol)
+    except (OSError, ValueError, SafetensorError) as exc:  # a malformed expected file
+        print(f"{label}: ERROR {type(exc).__name__}: {exc}")
+        return False
     for c in checks:
         verdict = "PASS" if c.ok else "FAIL"
         print(f"{label}: {c.name} {verdict} max|err|={c.max_abs_error:.3g} "

@@ -43,6 +43,23 @@ def _max_error(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.to(torch.float64) - b.to(torch.float64)).abs().max())
 
 
+def _check_expected(name: str, coords: torch.Tensor, feats: torch.Tensor,
+                    active: torch.Tensor) -> None:
+    """A malformed expected file is a bad input, not a mismatch: it raises."""
+    if coords.ndim != 2 or coords.shape[1] != 4 or coords.is_floating_point():
+        raise ValueError(f"expected {name}.coords must be an integer (N, 4) tensor, got "
+                         f"{coords.dtype} {tuple(coords.shape)}")
+    if feats.ndim != 2 or feats.shape[0] != coords.shape[0]:
+        raise ValueError(f"expected {name}.features must be (N, C) with N = {coords.shape[0]}, "
+                         f"got {tuple(feats.shape)}")
+    if active.numel() != 1 or active.is_floating_point():
+        raise ValueError(f"expected {name}.active must be one integer, got {active.dtype} "
+                         f"{tuple(active.shape)}")
+    n = int(active.reshape(-1)[0])
+    if not 0 <= n <= coords.shape[0]:
+        raise ValueError(f"expected {name}.active = {n} is outside [0, {coords.shape[0]}]")
+
+
 def _check_sparse(name: str, got: SparseOutput, expected: Mapping[str, torch.Tensor],
                   rtol: float, atol: float) -> OutputCheck:
     keys = [f"{name}.coords", f"{name}.features", f"{name}.active"]
@@ -50,6 +67,7 @@ def _check_sparse(name: str, got: SparseOutput, expected: Mapping[str, torch.Ten
     if missing:
         return OutputCheck(name, False, float("inf"), f"expected file lacks {missing}")
     e_coords, e_feats, e_active = (expected[k] for k in keys)
+    _check_expected(name, e_coords, e_feats, e_active)
     n = int(e_active.reshape(-1)[0])
     if int(got.active.reshape(-1)[0]) != n:
         return OutputCheck(name, False, float("inf"),
