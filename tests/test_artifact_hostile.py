@@ -237,6 +237,9 @@ def test_huge_graph_file_is_refused_before_reading(tmp_path: Path) -> None:
     ("1.0e+39 : f32", "must be a finite float32"),
     ("1.0e+999 : f32", "out of the float64 range"),
     ("1.0e-05", "a float written '<value> : f32'"),
+    ("nan : f32", "expected an attribute value, got 'nan'"),
+    ("0x7FC00000 : f32", "0x7FC00000 is a hexadecimal bit pattern"),
+    ("-0xFF800000 : f32", "is a hexadecimal bit pattern"),
 ])
 def test_bad_eps_is_refused(tmp_path: Path, eps: str, fragment: str) -> None:
     root = write_artifact(tmp_path / "a", _bn_graph(eps), {

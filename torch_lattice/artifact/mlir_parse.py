@@ -139,6 +139,7 @@ _TOKEN = re.compile(
   | (?P<attr>\#[A-Za-z_][\w.]*)
   | (?P<type>![A-Za-z_][\w.]*)
   | (?P<dims>(?:\?|\d+)(?:x(?:\?|\d+))*x[A-Za-z]\w*)
+  | (?P<hex>[-+]?0x[0-9A-Fa-f]+)
   | (?P<number>[-+]?(?:\d+\.\d*(?:[eE][-+]?\d+)?|\d+[eE][-+]?\d+|\d+))
   | (?P<ident>[A-Za-z_][\w.$]*)
   | (?P<punct>[{}()\[\]<>,=:?])
@@ -253,6 +254,9 @@ class _Parser:
             return value
         if tok.kind == "string":
             return self.string()
+        if tok.kind == "hex":  # MLIR's form for NaN and infinities
+            raise self.fail(f"attribute value {tok.text} is a hexadecimal bit pattern; "
+                            "attribute numbers must be finite decimals")
         if tok.text == "[":
             if self.depth >= MAX_NESTING:
                 raise self.fail(f"attribute lists nest deeper than {MAX_NESTING}")
