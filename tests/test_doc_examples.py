@@ -26,7 +26,9 @@ ends with a line ``-->``; it provides the inputs an example takes as given
 from __future__ import annotations
 
 import ast
+import contextlib
 import inspect
+import io
 import re
 import textwrap
 from dataclasses import dataclass
@@ -170,10 +172,43 @@ def _run_page(page: Path, namespace: dict[str, object]) -> None:
             assert block.reason in NOT_RUN_REASONS, f"{where}: unknown reason {block.reason!r}"
         else:
             assert compiled is not None
-            try:
+            _run_block(block.code, where, namespace)
+
+
+def _printed_comment(node: ast.stmt, lines: list[str]) -> str | None:
+    """The ``# expected output`` after a top-level ``print(...)``, if any."""
+    if not (
+        isinstance(node, ast.Expr)
+        and isinstance(node.value, ast.Call)
+        and isinstance(node.value.func, ast.Name)
+        and node.value.func.id == "print"
+        and node.end_lineno is not None
+        and node.end_col_offset is not None
+    ):
+        return None
+    rest = lines[node.end_lineno - 1][node.end_col_offset :].strip()
+    return rest[1:].strip() if rest.startswith("#") else None
+
+
+def _run_block(code: str, where: str, namespace: dict[str, object]) -> None:
+    """Run ``code`` statement by statement; a print's comment must match what it prints."""
+    lines = code.splitlines()
+    for node in ast.parse(code).body:
+        compiled = compile(ast.Module([node], type_ignores=[]), where, "exec")
+        expected = _printed_comment(node, lines)
+        printed = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(printed):
                 exec(compiled, namespace)
-            except Exception as exc:  # name the page and line
-                raise AssertionError(f"{where}: example failed: {exc!r}") from exc
+        except Exception as exc:  # name the page and line
+            raise AssertionError(f"{where}: example failed: {exc!r}") from exc
+        if expected is not None:
+            # "..." in the comment stands for any text.
+            pattern = ".*".join(re.escape(part) for part in expected.split("..."))
+            got = printed.getvalue().strip()
+            assert re.fullmatch(pattern, got, re.S), (
+                f"{where}: printed {got!r}, page says {expected!r}"
+            )
 
 
 def test_not_run_blocks_stay_few() -> None:
@@ -208,3 +243,14 @@ def test_markers_are_read(tmp_path: Path) -> None:
         _check_signature("tl.sparse_cat", 'inputs, join="outer"', "probe")
     with pytest.raises(AssertionError, match="documented as"):
         _check_signature("tl.voxelize", "points, features, batch_indices=None", "probe")
+
+
+def test_print_comments_are_checked() -> None:
+    namespace: dict[str, object] = {}
+    _run_block(
+        "x = [1, 2]\nprint(x)  # [1, 2]\nprint(x, 'a b')  # [1, ...] a b\n", "probe", namespace
+    )
+    with pytest.raises(AssertionError, match="page says '3'"):
+        _run_block("print(1 + 1)  # 3\n", "probe", namespace)
+    with pytest.raises(AssertionError, match="probe: example failed"):
+        _run_block("1 / 0\n", "probe", namespace)
