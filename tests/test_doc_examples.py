@@ -3,7 +3,9 @@
 Every fenced ```` ```python ```` block of ``README.md`` and ``docs/**/*.md`` is
 checked.  A page's blocks run in order in one namespace (later blocks use what
 earlier ones built), in a temporary working directory, so an example that
-writes ``out/model.lattice`` writes it there.  An HTML comment on the line
+writes ``out/model.lattice`` writes it there.  A top-level ``print(...)``
+followed by a ``# comment`` must print that comment's text (``...`` in it
+stands for any text), so documented outputs stay true.  An HTML comment on the line
 just before a fence (invisible on GitHub and on the site) says how a block is
 checked instead:
 
