@@ -63,7 +63,13 @@ class ResidualBlock(nn.Module):
         self.relu = ReLU(inplace=True)
 
     def forward(self, x: SparseTensor) -> SparseTensor:
-        """``relu(main(x) + shortcut(x))``; both branches keep ``x``'s support.
+        """``relu(main(x) + shortcut(x))`` for ``x``.
+
+        Support rule: the output keeps ``x``'s support (rows, order, stride,
+        range); both branches are submanifold or pointwise convolutions.
+
+        Args:
+            x: ``(N, in_channels)`` features.
 
         Returns:
             SparseTensor: ``(N, out_channels)`` features on ``x``'s support.

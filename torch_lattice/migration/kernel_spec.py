@@ -13,7 +13,7 @@ A single module's own state dict (``conv.state_dict()`` of one legacy ``Conv3d``
 the bare ``"kernel"`` (``{"kernel": [3, 3, 3]}``); it converts to ``weight`` and
 ``kernel_positions``, the keys of one Torch Lattice convolution module.
 
-Without ``row_order`` the TorchSparse rule applies (FACTS.md): odd volume rows are
+Without ``row_order`` the TorchSparse rule applies (docs/migration.md): odd volume rows are
 x fastest (``n = ix + Kx*(iy + Ky*iz)``), even volume rows are already z fastest
 (``n = (ix*Ky + iy)*Kz + iz``). ``row_order`` overrides it: ``"x_fastest"`` for
 MinkowskiEngine kernels of any volume, ``"z_fastest"`` for TorchSparse v1.2/v1.3

@@ -8,7 +8,7 @@ Two helpers let a port reproduce a legacy model exactly:
   output rows a legacy strided convolution generates, to be passed as
   ``conv(x, coordinates=...)``.
 
-Rules modelled (from the TorchSparse sources; 1.4 also by a run, see FACTS.md):
+Rules modelled (from the TorchSparse sources; 1.4 also checked by running it):
 
 - **1.4** (``spdownsample``): if every stride is 1 or equals the kernel size on its
   axis, the output is ``floor(c / s)`` deduplicated; otherwise the candidates are

@@ -107,7 +107,7 @@ def generate_support(
     """Output support of a strided convolution: ``(M, 4)`` int32, sorted.
 
     Every ``q`` in ``[0, out_range)`` per axis with some kernel row mapping it
-    onto an input row of the same batch (see API.md).
+    onto an input row of the same batch (see docs/semantics.md).
     """
     require_cpu("generate_support", coords)
     geom = _geom(kernel_size, stride, padding, dilation)

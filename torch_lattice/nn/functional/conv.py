@@ -1,6 +1,6 @@
 """Functional sparse convolutions over :class:`~torch_lattice.SparseTensor`.
 
-These hold the support rules of API.md ("Convolution families"); the modules
+These hold the support rules of docs/semantics.md ("The relation"); the modules
 in :mod:`torch_lattice.nn.modules.conv` own weights and call these.
 """
 

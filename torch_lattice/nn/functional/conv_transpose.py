@@ -1,4 +1,4 @@
-"""Functional transposed sparse convolutions (API.md, "Convolution families").
+"""Functional transposed sparse convolutions (docs/semantics.md, "The relation").
 
 A transpose with stride ``s`` maps a coarse ``src`` onto a fine support
 ``t`` through ``t = src * s + r * d - p``: exactly the relation of the
