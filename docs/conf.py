@@ -11,10 +11,27 @@ every support.
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from pathlib import Path
 
 DOCS = Path(__file__).resolve().parent
+ROOT = DOCS.parent
+
+
+def _use_built_package() -> None:
+    """Imports the built ``torch_lattice``: ``python -m sphinx`` run from the repository root
+    puts the source tree first on ``sys.path``, which after a non-editable ``pip install .``
+    has no ``_C``; the same rule as ``python -m benchmarks`` (benchmarks/package_path.py)."""
+    path = ROOT / "benchmarks" / "package_path.py"
+    spec = importlib.util.spec_from_file_location("_package_path", path)
+    assert spec is not None and spec.loader is not None
+    package_path = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(package_path)
+    sys.path[:] = package_path.resolve(ROOT, sys.path)
+
+
+_use_built_package()
 sys.path.insert(0, str(DOCS))  # apigen and figures live beside this file
 
 import apigen  # noqa: E402
