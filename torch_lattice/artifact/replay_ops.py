@@ -23,6 +23,7 @@ from torch_lattice.artifact.mlir_parse import Operation
 from torch_lattice.artifact.replay_weights import WeightValue
 from torch_lattice.geometry import ConvGeometry
 from torch_lattice.nn import functional as F
+from torch_lattice.nn.functional.normalized import check_eps
 from torch_lattice.nn.functional.transposed_support import generated_transposed_support
 from torch_lattice.sparse_join import _lookup as lookup_rows
 from torch_lattice.tensor import SparseTensor, Support
@@ -169,6 +170,8 @@ def _conv_executor(name: str) -> Executor:
                                                  a["stride"])
 
         try:
+            if normalized and family != "subm_conv3d" and w.shape[0] == 1:
+                return (_normalized_pointwise(conv, x, w, b, a["eps"]),)
             if normalized:
                 return (F.normalized(conv, x, w, b, a["eps"]),)
             return (conv(x, w, b),)
@@ -176,6 +179,21 @@ def _conv_executor(name: str) -> Executor:
             raise type(exc)(f"{_where(op)}: {exc}") from None
 
     return run
+
+
+def _normalized_pointwise(conv: Callable[..., SparseTensor], x: SparseTensor, w: torch.Tensor,
+                          b: torch.Tensor | None, eps: float) -> SparseTensor:
+    """``conv(x, w) / sqrt(conv(1, w*w) + eps) + b`` for a one-row kernel.
+
+    F.normalized skips pointwise kernels (the library's rule, and the contract's for
+    normalized_subm_conv3d), but the contract's normalized transposed and generative
+    ops normalize at every kernel size.
+    """
+    eps = check_eps(eps)
+    num = conv(x, w)
+    den = conv(x.replace(torch.ones_like(x.feats)), w * w)
+    y = num.feats / torch.sqrt(den.feats + eps)
+    return num.replace(y if b is None else y + b)
 
 
 # --- pooling and resampling -----------------------------------------------------
