@@ -178,6 +178,15 @@ def test_layer_norm_and_rms_norm_per_row() -> None:
             assert rms[r, c].item() == pytest.approx(want_rms, rel=1e-5, abs=1e-6)
 
 
+@pytest.mark.parametrize("eps", [0.0, -1e-5])
+def test_norms_refuse_non_positive_eps(eps: float) -> None:
+    c = _w(torch.ones(4), "channel")
+    for name, args in (("batch_norm", [X, c, c, c, c]), ("layer_norm", [X, c, c]),
+                       ("rms_norm", [X, c])):
+        with pytest.raises(ValueError, match="eps"):
+            _run(name, args, eps=eps)
+
+
 def test_linear_is_x_times_w_transposed_plus_bias() -> None:
     w = torch.tensor([[1.0, 0.0, -1.0, 2.0], [0.5, 0.5, 0.5, 0.5], [0.0, 3.0, 0.0, 0.0]])
     b = torch.tensor([1.0, -1.0, 0.0])

@@ -361,22 +361,27 @@ def _channels(op: Operation, x: torch.Tensor, values: list[WeightValue], names: 
     return [v.dense(f"{_where(op)} {n}", (c,)) for v, n in zip(values, names, strict=True)]
 
 
+def _norm_eps(op: Operation) -> float:
+    """The op's ``eps``; the contract's norms refuse eps <= 0 (a zero variance would divide by 0)."""
+    return _call(op, check_eps, op.attributes["eps"])
+
+
 def _batch_norm(ctx: ReplayContext, op: Operation, args: list[Value]) -> tuple[Value, ...]:
     x = args[0].to(torch.float32)
     scale, bias, mean, var = _channels(op, x, args[1:], ("scale", "bias", "mean", "var"))
-    return ((x - mean) * torch.rsqrt(var + op.attributes["eps"]) * scale + bias,)
+    return ((x - mean) * torch.rsqrt(var + _norm_eps(op)) * scale + bias,)
 
 
 def _layer_norm(ctx: ReplayContext, op: Operation, args: list[Value]) -> tuple[Value, ...]:
     x = args[0].to(torch.float32)
     scale, bias = _channels(op, x, args[1:], ("scale", "bias"))
-    return (torch.nn.functional.layer_norm(x, (x.shape[1],), scale, bias, op.attributes["eps"]),)
+    return (torch.nn.functional.layer_norm(x, (x.shape[1],), scale, bias, _norm_eps(op)),)
 
 
 def _rms_norm(ctx: ReplayContext, op: Operation, args: list[Value]) -> tuple[Value, ...]:
     x = args[0].to(torch.float32)
     (scale,) = _channels(op, x, args[1:], ("scale",))
-    rms = torch.rsqrt(x.pow(2).mean(dim=1, keepdim=True) + op.attributes["eps"])
+    rms = torch.rsqrt(x.pow(2).mean(dim=1, keepdim=True) + _norm_eps(op))
     return (x * rms * scale,)
 
 
