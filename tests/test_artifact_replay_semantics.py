@@ -359,16 +359,46 @@ PL = {(0, 0, 0, 0): [1.0], (0, 1, 0, 1): [-3.0], (0, 1, 1, 1): [2.0], (0, 2, 0, 
       (1, 3, 3, 3): [4.0]}
 
 
+# The contract's forward relation without a target: output rows unique(floor(c / s)) over
+# the input rows (kernel, padding and dilation do not change them); output o reads the input
+# rows o * s + r * d - p.
+FORWARD_GEOMETRIES = [((2, 2, 2), (2, 2, 2), (0, 0, 0), (1, 1, 1)),
+                      ((3, 3, 3), (2, 2, 2), (1, 1, 1), (1, 1, 1)),
+                      ((3, 3, 3), (1, 1, 1), (0, 0, 0), (1, 1, 1)),
+                      ((3, 1, 3), (1, 1, 1), (1, 0, 1), (2, 1, 1)),
+                      ((2, 2, 2), (2, 2, 2), (1, 1, 1), (1, 1, 1)),
+                      ((2, 2, 2), (3, 2, 1), (0, 0, 0), (1, 1, 1))]
+
+
+def _forward_out(x: dict[tuple[int, ...], Any], stride: tuple[int, int, int]
+                 ) -> list[tuple[int, ...]]:
+    return sorted({(c[0], *(c[a + 1] // stride[a] for a in range(3))) for c in x})
+
+
+def _forward_src(stride: tuple[int, ...], padding: tuple[int, ...], dilation: tuple[int, ...]
+                 ) -> Any:
+    def src(o: tuple[int, ...], k: tuple[int, ...]) -> tuple[int, ...]:
+        return (o[0], *(o[a + 1] * stride[a] + k[a] * dilation[a] - padding[a]
+                        for a in range(3)))
+
+    return src
+
+
 @pytest.mark.parametrize("mode", ["sum", "max", "avg"])
-def test_pool3d_modes_over_contributing_rows(mode: str) -> None:
-    k = (2, 2, 2)
-    got = _run("pool3d", [_sp(PL)], mode=mode, kernel_size=k, stride=k, padding=(0, 0, 0),
-               dilation=(1, 1, 1))
-    groups: dict[tuple[int, ...], list[float]] = {}
-    for c, f in PL.items():
-        groups.setdefault((c[0], c[1] // 2, c[2] // 2, c[3] // 2), []).append(f[0])
-    red = {"sum": sum, "max": max, "avg": lambda v: sum(v) / len(v)}[mode]  # avg: edge count
-    _same(got, {c: [red(v)] for c, v in groups.items()}, stride=(2, 2, 2))
+@pytest.mark.parametrize("ks,stride,padding,dilation", FORWARD_GEOMETRIES)
+def test_pool3d_modes_over_contributing_rows(mode: str, ks: tuple[int, int, int],
+                                             stride: tuple[int, int, int],
+                                             padding: tuple[int, int, int],
+                                             dilation: tuple[int, int, int]) -> None:
+    got = _run("pool3d", [_sp(PL)], mode=mode, kernel_size=ks, stride=stride, padding=padding,
+               dilation=dilation)
+    src = _forward_src(stride, padding, dilation)
+    red = {"sum": sum, "max": max, "avg": lambda v: sum(v) / len(v)}[mode]  # avg: row count
+    want = {}
+    for o in _forward_out(PL, stride):
+        vals = [PL[s][0] for k in product(*(range(n) for n in ks)) if (s := src(o, k)) in PL]
+        want[o] = [red(vals) if vals else 0.0]
+    _same(got, want, stride=stride)
 
 
 def test_pool_transpose3d_averages_onto_target() -> None:
@@ -564,14 +594,13 @@ def test_target_conv3d_on_target(ks: tuple[int, int, int], stride: tuple[int, in
     _same(got, _brute(CX, w, tgt, src, b, None), stride=stride)
 
 
-def test_conv3d_strided_generates_floor_support() -> None:
-    ks = (2, 2, 2)
+@pytest.mark.parametrize("ks,stride,padding,dilation", FORWARD_GEOMETRIES)
+def test_conv3d_generates_floor_support(ks: tuple[int, int, int], stride: tuple[int, int, int],
+                                        padding: tuple[int, int, int],
+                                        dilation: tuple[int, int, int]) -> None:
     w, b, wargs = _conv_args(ks, seed=5)
-    got = _run("conv3d", [_sp(CX), *wargs], kernel_size=ks, stride=ks, padding=(0, 0, 0),
-               dilation=(1, 1, 1), accumulation="canonical_f32")
-    out = sorted({(c[0], c[1] // 2, c[2] // 2, c[3] // 2) for c in CX})
-
-    def src(o: tuple[int, ...], k: tuple[int, ...]) -> tuple[int, ...]:
-        return (o[0], *(o[a + 1] * 2 + k[a] for a in range(3)))
-
-    _same(got, _brute(CX, w, out, src, b, None), stride=(2, 2, 2))
+    got = _run("conv3d", [_sp(CX), *wargs], kernel_size=ks, stride=stride, padding=padding,
+               dilation=dilation, accumulation="canonical_f32")
+    want = _brute(CX, w, _forward_out(CX, stride), _forward_src(stride, padding, dilation), b,
+                  None)
+    _same(got, want, stride=stride)
