@@ -410,6 +410,20 @@ def test_pool_transpose3d_averages_onto_target() -> None:
     _same(got, {(0, 1, 1, 0): [2.0], (0, 2, 0, 1): [6.0], (0, 5, 0, 0): [0.0]})
 
 
+def test_pool_transpose3d_without_target_generates_and_averages() -> None:
+    coarse = {(0, 1, 1, 1): [2.0], (0, 2, 1, 1): [6.0], (1, 1, 2, 1): [-4.0]}
+    ks, st, pad = (3, 1, 2), (2, 1, 2), (1, 0, 1)
+    got = _run("pool_transpose3d", [_sp(coarse, stride=(2, 2, 2))], kernel_size=ks, stride=st,
+               padding=pad, dilation=(1, 1, 1))
+    # rows unique{c * s + k - p}; each the mean of the coarse rows that generate it
+    acc: dict[tuple[int, ...], list[float]] = {}
+    for c, v in coarse.items():
+        for k in product(*(range(n) for n in ks)):
+            acc.setdefault((c[0], *(c[a + 1] * st[a] + k[a] - pad[a] for a in range(3))),
+                           []).append(v[0])
+    _same(got, {o: [sum(v) / len(v)] for o, v in acc.items()}, stride=(1, 2, 1))
+
+
 def test_trilinear_upsample_normalized_weights() -> None:
     cz = {(0, 0, 0, 0): [1.0], (0, 1, 0, 0): [3.0], (0, 1, 1, 1): [10.0]}
     fine = [(0, 0, 0, 0), (0, 1, 0, 0), (0, 2, 1, 1), (0, 3, 2, 2), (0, 7, 7, 7)]
@@ -473,11 +487,13 @@ def _conv_args(ks: tuple[int, int, int], seed: int = 0, cin: int = 2
 
 
 @pytest.mark.parametrize("normalized", [False, True])
-@pytest.mark.parametrize("ks", [(3, 3, 3), (1, 1, 1)])
-def test_subm_conv3d_centered_and_normalized(normalized: bool, ks: tuple[int, int, int]) -> None:
+@pytest.mark.parametrize("ks,dilation", [((3, 3, 3), (1, 1, 1)), ((1, 1, 1), (1, 1, 1)),
+                                         ((3, 1, 3), (2, 1, 1))])
+def test_subm_conv3d_centered_and_normalized(normalized: bool, ks: tuple[int, int, int],
+                                             dilation: tuple[int, int, int]) -> None:
     w, b, wargs = _conv_args(ks)
     name = "normalized_subm_conv3d" if normalized else "subm_conv3d"
-    attrs: dict[str, Any] = {"kernel_size": ks, "dilation": (1, 1, 1),
+    attrs: dict[str, Any] = {"kernel_size": ks, "dilation": dilation,
                              "accumulation": "canonical_f32"}
     if normalized:
         attrs["eps"] = 0.01
@@ -485,7 +501,7 @@ def test_subm_conv3d_centered_and_normalized(normalized: bool, ks: tuple[int, in
     half = [k // 2 for k in ks]
 
     def src(o: tuple[int, ...], k: tuple[int, ...]) -> tuple[int, ...]:
-        return (o[0], *(o[a + 1] + k[a] - half[a] for a in range(3)))
+        return (o[0], *(o[a + 1] + (k[a] - half[a]) * dilation[a] for a in range(3)))
 
     # The contract's normalized_subm_conv3d uses the plain product for pointwise kernels.
     eps = 0.01 if normalized and ks != (1, 1, 1) else None
