@@ -443,6 +443,28 @@ def test_trilinear_upsample_normalized_weights() -> None:
     _same(got, want)
 
 
+@pytest.mark.parametrize("stride", [(2, 2, 2), (3, 1, 2)])
+def test_trilinear_upsample_without_target_generates_fine_rows(stride: tuple[int, int, int]
+                                                               ) -> None:
+    cz = {(0, 1, 1, 1): [1.0], (0, 2, 1, 1): [3.0], (0, 2, 2, 2): [10.0], (1, 3, 1, 2): [-2.0]}
+    got = _run("trilinear_upsample3d", [_sp(cz, stride=(6, 2, 2))], stride=stride)
+    # a transposed relation with kernel 2s - 1, padding s - 1: rows unique{c s + k - (s - 1)},
+    # weights prod(1 - |k - (s - 1)| / s), divided by the summed weight of the rows present
+    want: dict[tuple[int, ...], list[float]] = {}
+    num: dict[tuple[int, ...], float] = {}
+    den: dict[tuple[int, ...], float] = {}
+    for c, v in cz.items():
+        for k in product(*(range(2 * s - 1) for s in stride)):
+            o = (c[0], *(c[a + 1] * stride[a] + k[a] - (stride[a] - 1) for a in range(3)))
+            w = math.prod(1 - abs(k[a] - (stride[a] - 1)) / stride[a] for a in range(3))
+            num[o] = num.get(o, 0.0) + w * v[0]
+            den[o] = den.get(o, 0.0) + w
+    for o in num:
+        want[o] = [num[o] / den[o] if den[o] > 0 else 0.0]
+    out_stride = tuple(a // b for a, b in zip((6, 2, 2), stride, strict=True))
+    _same(got, want, stride=out_stride)  # type: ignore[arg-type]
+
+
 # --- convolutions ------------------------------------------------------------------------
 
 
