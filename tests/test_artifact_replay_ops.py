@@ -107,8 +107,9 @@ def test_conv3d_and_target_conv3d_match_dense_torch(tmp_path: Path, target: bool
     if target:
         assert torch.equal(logical, tgt)
     else:
-        ref_support = F.conv3d(x, torch.randn(18, 3, 2), None, ks, st, pad).coords
-        assert torch.equal(logical, ref_support)
+        # the contract's forward support: unique(floor(c / stride)) over the input rows
+        cells = x.coords // torch.tensor([1, *st], dtype=x.coords.dtype)
+        assert torch.equal(logical.to(cells.dtype), torch.unique(cells, dim=0))
     ref = _dense_at(x, wd, logical, st, pad, (1, 1, 1)) + bias
     torch.testing.assert_close(out.features, ref, rtol=1e-5, atol=1e-5)
 
@@ -141,7 +142,10 @@ def test_transpose_family_matches_dense_and_library(tmp_path: Path) -> None:
     g.output("t", h.SP, "onto_x")
     outs = _run(tmp_path, g, {"down.weight": wdown.permute(0, 2, 3, 4, 1),
                               "up.weight": wup.permute(0, 2, 3, 4, 1)}, inputs)
-    down = F.conv3d(x, oracle_canonical(wdown), None, ks, st)
+    # the contract's no-target conv3d rows: unique(floor(c / stride)) over x's rows
+    cells = torch.unique(x.coords // torch.tensor([1, *st], dtype=x.coords.dtype), dim=0)
+    floor_rows = SparseTensor(torch.zeros(cells.shape[0], 1), cells, stride=st)
+    down = F.conv3d(x, oracle_canonical(wdown), None, ks, st, coordinates=floor_rows)
     generated = _generated(down.coords, ks, st)
     assert generated.shape[0] > x.coords.shape[0]  # not the support x had
     for name, support in (("up", generated), ("onto_x", x.coords)):
@@ -241,12 +245,15 @@ def _assert_sparse(out: object, ref: SparseTensor) -> None:
 
 @pytest.mark.parametrize("mode", ["max", "avg", "sum"])
 def test_pool3d(tmp_path: Path, mode: str) -> None:
-    x = _sparse_x()[0]
-    geometry = _geom((3, 2, 3), (2, 2, 2), (1, 0, 1))
+    # kernel_size == stride, no padding, on an even range: the one geometry where the
+    # library's generated rows are the contract's unique(floor(c / stride)); the others
+    # are checked against the contract in test_artifact_replay_semantics.py.
+    x = _sparse_x(extent=6)[0]
+    geometry = _geom((2, 1, 2), (2, 1, 2))
     out = _one_sparse_op(tmp_path, "pool3d", f"mode = #lattice.pool_mode<{mode}>, {geometry}",
                          x=x)
     fn = {"max": F.max_pool3d, "avg": F.avg_pool3d, "sum": F.sum_pool3d}[mode]
-    _assert_sparse(out, fn(x, (3, 2, 3), (2, 2, 2), (1, 0, 1)))
+    _assert_sparse(out, fn(x, (2, 1, 2), (2, 1, 2)))
 
 
 def test_pool_transpose_and_trilinear_with_target(tmp_path: Path) -> None:

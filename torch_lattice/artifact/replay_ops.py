@@ -23,9 +23,11 @@ from torch_lattice.artifact.mlir_parse import Operation
 from torch_lattice.artifact.replay_weights import WeightValue
 from torch_lattice.geometry import ConvGeometry
 from torch_lattice.nn import functional as F
+from torch_lattice.nn.functional.normalized import check_eps
 from torch_lattice.nn.functional.transposed_support import generated_transposed_support
+from torch_lattice.ops.pooling import pool_avg, pool_max, pool_sum
 from torch_lattice.sparse_join import _lookup as lookup_rows
-from torch_lattice.tensor import SparseTensor, Support
+from torch_lattice.tensor import SparseTensor, Support, multiply_stride
 
 __all__ = ["ELEMENTWISE_KINDS", "EXECUTORS", "ReplayContext", "boundary_coords"]
 
@@ -158,10 +160,9 @@ def _conv_executor(name: str) -> Executor:
             if family == "subm_conv3d":
                 return F.subm_conv3d(inp, weight, bias, a["kernel_size"], a["dilation"])
             if family == "conv3d":
-                if tgt is None:
-                    inp = _whole_windows(inp, a["stride"])
+                out = tgt if tgt is not None else _floor_target(inp, a["stride"])
                 return F.conv3d(inp, weight, bias, a["kernel_size"], a["stride"], a["padding"],
-                                a["dilation"], coordinates=tgt)
+                                a["dilation"], coordinates=out)
             if family == "conv_transpose3d":
                 return F.conv_transpose3d(inp, weight, bias, a["kernel_size"], a["stride"],
                                           a["padding"], a["dilation"], coordinates=support)
@@ -169,6 +170,8 @@ def _conv_executor(name: str) -> Executor:
                                                  a["stride"])
 
         try:
+            if normalized and family != "subm_conv3d" and w.shape[0] == 1:
+                return (_normalized_pointwise(conv, x, w, b, a["eps"]),)
             if normalized:
                 return (F.normalized(conv, x, w, b, a["eps"]),)
             return (conv(x, w, b),)
@@ -176,6 +179,21 @@ def _conv_executor(name: str) -> Executor:
             raise type(exc)(f"{_where(op)}: {exc}") from None
 
     return run
+
+
+def _normalized_pointwise(conv: Callable[..., SparseTensor], x: SparseTensor, w: torch.Tensor,
+                          b: torch.Tensor | None, eps: float) -> SparseTensor:
+    """``conv(x, w) / sqrt(conv(1, w*w) + eps) + b`` for a one-row kernel.
+
+    F.normalized skips pointwise kernels (the library's rule, and the contract's for
+    normalized_subm_conv3d), but the contract's normalized transposed and generative
+    ops normalize at every kernel size.
+    """
+    eps = check_eps(eps)
+    num = conv(x, w)
+    den = conv(x.replace(torch.ones_like(x.feats)), w * w)
+    y = num.feats / torch.sqrt(den.feats + eps)
+    return num.replace(y if b is None else y + b)
 
 
 # --- pooling and resampling -----------------------------------------------------
@@ -189,28 +207,48 @@ def _call(op: Operation, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> A
         raise type(exc)(f"{_where(op)}: {exc}") from None
 
 
-def _whole_windows(x: SparseTensor, stride: tuple[int, int, int]) -> SparseTensor:
-    """``x`` (same rows, order and features) on a range that ``stride`` divides.
+def _floor_support(x: SparseTensor, stride: tuple[int, int, int]) -> Support:
+    """The contract's no-target ``conv3d``/``pool3d`` output support.
 
-    The contract generates ``unique(floor(c / stride))``; the library generates
-    the cells of ``[0, R // stride)`` (with kernel_size == stride), and a replayed
-    value's range is only ``max(c) + 1``, which would drop the rows of a last,
-    partial window (or refuse a range smaller than the stride).
+    MLX Lattice's forward relation outputs ``unique(floor(c / stride))`` over the
+    input rows (the input rows themselves at stride 1), whatever the kernel size,
+    padding and dilation; each output ``o`` then reads ``o * stride + r * dilation -
+    padding``. The library instead generates every reachable cell of ``[0, R_out)``,
+    which agrees only for ``kernel_size == stride`` without padding (and drops the
+    rows of a last, partial window), so the replay always passes this support.
+    At stride 1 it is ``x``'s own support (same rows, same order); otherwise the cells
+    are sorted by (b, x, y, z), the library's order (row order is not part of the contract).
     """
-    if stride == (1, 1, 1) or x.coords.shape[0] == 0:
-        return x
-    r = [-(-g // s) * s for g, s in zip(x.support.grid_range(), stride, strict=True)]
-    srange = (x.support.num_batches(), r[0], r[1], r[2])
-    return SparseTensor.from_support(
-        x.feats, x.coordinate_manager.new_support(x.coords, x.stride, srange)
+    if stride == (1, 1, 1):
+        return x.support
+    rows = x.coords.to(torch.int64)
+    scale = torch.tensor((1, *stride), dtype=torch.int64, device=rows.device)
+    cells = torch.unique(torch.div(rows, scale, rounding_mode="floor"), dim=0)
+    return x.coordinate_manager.new_support(
+        cells.to(x.coords.dtype), multiply_stride(x.stride, stride), None
     )
+
+
+def _floor_target(x: SparseTensor, stride: tuple[int, int, int]) -> SparseTensor:
+    support = _floor_support(x, stride)
+    return SparseTensor.from_support(x.feats.new_zeros(support.num_rows, 1), support)
 
 
 def _pool3d(ctx: ReplayContext, op: Operation, args: list[Value]) -> tuple[Value, ...]:
     a = op.attributes
-    fn = {"max": F.max_pool3d, "avg": F.avg_pool3d, "sum": F.sum_pool3d}[a["mode"]]
-    x = _whole_windows(args[0], a["stride"])
-    return (_call(op, fn, x, a["kernel_size"], a["stride"], a["padding"], a["dilation"]),)
+    x: SparseTensor = args[0]
+    geometry = _call(op, ConvGeometry.create, a["kernel_size"], a["stride"], a["padding"],
+                     a["dilation"])
+    target = _floor_support(x, a["stride"])
+    kmap = x.coordinate_manager.kernel_map(x.support, target, geometry)
+    feats = x.feats.to(torch.float32)
+    if a["mode"] == "max":  # a row no input reaches gets 0
+        y = pool_max(feats, kmap.nbr, kmap.rev)[0]
+    elif a["mode"] == "avg":  # divided by the number of input rows that reach it
+        y = pool_avg(feats, kmap.nbr, kmap.rev)
+    else:
+        y = pool_sum(feats, kmap.nbr, kmap.rev)
+    return (SparseTensor.from_support(y, target),)
 
 
 def _pool_transpose3d(ctx: ReplayContext, op: Operation, args: list[Value]
@@ -343,22 +381,27 @@ def _channels(op: Operation, x: torch.Tensor, values: list[WeightValue], names: 
     return [v.dense(f"{_where(op)} {n}", (c,)) for v, n in zip(values, names, strict=True)]
 
 
+def _norm_eps(op: Operation) -> float:
+    """The op's ``eps``; the contract's norms refuse eps <= 0 (0 variance would divide by 0)."""
+    return _call(op, check_eps, op.attributes["eps"])
+
+
 def _batch_norm(ctx: ReplayContext, op: Operation, args: list[Value]) -> tuple[Value, ...]:
     x = args[0].to(torch.float32)
     scale, bias, mean, var = _channels(op, x, args[1:], ("scale", "bias", "mean", "var"))
-    return ((x - mean) * torch.rsqrt(var + op.attributes["eps"]) * scale + bias,)
+    return ((x - mean) * torch.rsqrt(var + _norm_eps(op)) * scale + bias,)
 
 
 def _layer_norm(ctx: ReplayContext, op: Operation, args: list[Value]) -> tuple[Value, ...]:
     x = args[0].to(torch.float32)
     scale, bias = _channels(op, x, args[1:], ("scale", "bias"))
-    return (torch.nn.functional.layer_norm(x, (x.shape[1],), scale, bias, op.attributes["eps"]),)
+    return (torch.nn.functional.layer_norm(x, (x.shape[1],), scale, bias, _norm_eps(op)),)
 
 
 def _rms_norm(ctx: ReplayContext, op: Operation, args: list[Value]) -> tuple[Value, ...]:
     x = args[0].to(torch.float32)
     (scale,) = _channels(op, x, args[1:], ("scale",))
-    rms = torch.rsqrt(x.pow(2).mean(dim=1, keepdim=True) + op.attributes["eps"])
+    rms = torch.rsqrt(x.pow(2).mean(dim=1, keepdim=True) + _norm_eps(op))
     return (x * rms * scale,)
 
 
