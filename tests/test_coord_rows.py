@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from torch_lattice.coord_rows import unique_rows
+from torch_lattice.coord_rows import lookup_rows, unique_rows
 
 
 @pytest.mark.parametrize("top", [1, 7, 300, 2**31 - 1], ids=str)
@@ -33,3 +33,11 @@ def test_int64_rows_beyond_the_key_range_use_the_row_path():
 def test_empty():
     u, i = unique_rows(torch.zeros(0, 4, dtype=torch.int64))
     assert u.shape == (0, 4) and u.dtype == torch.int64 and i.shape == (0,)
+
+
+def test_lookup_rows_finds_each_query_row_or_minus_one() -> None:
+    source = torch.tensor([[0, 1, 2, 3], [1, 0, 0, 0], [0, 0, 0, 5]])
+    query = torch.tensor([[0, 0, 0, 5], [0, 9, 9, 9], [0, 1, 2, 3], [1, 0, 0, 0], [0, 0, 0, 5]])
+    assert lookup_rows(source, query).tolist() == [2, -1, 0, 1, 2]
+    assert lookup_rows(source[:0], query).tolist() == [-1] * 5
+    assert lookup_rows(source, query[:0]).shape == (0,)

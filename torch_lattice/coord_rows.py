@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["unique_rows"]
+__all__ = ["lookup_rows", "unique_rows"]
 
 _KEY_LIMIT = 2**63
 
@@ -38,3 +38,16 @@ def unique_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     cols.append(keys)
     unique = torch.stack(cols[::-1], dim=1).to(rows.dtype)
     return unique, inverse
+
+
+def lookup_rows(source: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
+    """``(M,)`` long: the row of ``source`` equal to each ``query`` row, -1 if none.
+
+    Both are non-negative ``(N, 4)`` integer rows; ``source`` rows are unique.
+    """
+    if source.shape[0] == 0 or query.shape[0] == 0:
+        return torch.full((query.shape[0],), -1, dtype=torch.long, device=query.device)
+    _, inverse = unique_rows(torch.cat((source, query)))
+    table = torch.full((int(inverse.max()) + 1,), -1, dtype=torch.long, device=query.device)
+    table[inverse[: source.shape[0]]] = torch.arange(source.shape[0], device=query.device)
+    return table[inverse[source.shape[0] :]]

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from torch_lattice.coord_rows import unique_rows
+from torch_lattice.coord_rows import lookup_rows, unique_rows
 from torch_lattice.sparse_ops import same_support
 from torch_lattice.tensor import SparseTensor, Support
 
@@ -82,16 +82,6 @@ def _check_fill(op: str, name: str, fill: object) -> float:
     if math.isnan(fill):
         raise ValueError(f"{op}: {name} must not be NaN")
     return float(fill)
-
-
-def _lookup(source: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
-    """``(M,)`` long: the row of ``source`` equal to each ``query`` row, -1 if none."""
-    if source.shape[0] == 0 or query.shape[0] == 0:
-        return torch.full((query.shape[0],), -1, dtype=torch.long, device=query.device)
-    _, inverse = unique_rows(torch.cat((source, query)))
-    table = torch.full((int(inverse.max()) + 1,), -1, dtype=torch.long, device=query.device)
-    table[inverse[: source.shape[0]]] = torch.arange(source.shape[0], device=query.device)
-    return table[inverse[source.shape[0] :]]
 
 
 def _reuse(coords: torch.Tensor, *candidates: SparseTensor) -> Support | None:
@@ -154,7 +144,7 @@ def reindex_sparse(input: SparseTensor, target: SparseTensor, fill: float = 0.0)
     value = _check_fill(op, "fill", fill)
     if same_support(x, t):
         return SparseTensor.from_support(x.feats, t.support)
-    rows = _lookup(x.coords, t.coords)
+    rows = lookup_rows(x.coords, t.coords)
     return SparseTensor.from_support(_gather(x.feats, rows, value), t.support)
 
 

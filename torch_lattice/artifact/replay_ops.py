@@ -21,12 +21,12 @@ import torch
 import torch_lattice as tl
 from torch_lattice.artifact.mlir_parse import Operation
 from torch_lattice.artifact.replay_weights import WeightValue
+from torch_lattice.coord_rows import lookup_rows
 from torch_lattice.geometry import ConvGeometry
 from torch_lattice.nn import functional as F
 from torch_lattice.nn.functional.normalized import check_eps
 from torch_lattice.nn.functional.transposed_support import generated_transposed_support
 from torch_lattice.ops.pooling import pool_avg, pool_max, pool_sum
-from torch_lattice.sparse_join import _lookup as lookup_rows
 from torch_lattice.tensor import SparseTensor, Support, multiply_stride
 
 __all__ = ["ELEMENTWISE_KINDS", "EXECUTORS", "ReplayContext", "boundary_coords"]
