@@ -496,7 +496,8 @@ def _lower_activation_function(low: Lowering, call: Call, fn: Callable[..., Any]
     if kind == "leaky_relu" and len(call.args) > 1:
         kwargs["negative_slope"] = call.args[1]
     if kind == "softplus":
-        kwargs.update(dict(zip(("beta", "threshold"), call.args[1:3], strict=False)))
+        extra = call.args[1:3]
+        kwargs.update(zip(("beta", "threshold")[: len(extra)], extra, strict=True))
     return _activation(low, call, call.name, kind, **_activation_params(kwargs, kind))
 
 

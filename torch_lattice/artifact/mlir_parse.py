@@ -637,7 +637,7 @@ def _check_signature(op: Operation, types: dict[str, TypeRef],
             line,
             f"{spec.qualified_name} takes operands ({names}), got {len(op.operands)}",
         )
-    for value, operand in zip(op.operands, ssa, strict=False):
+    for value, operand in zip(op.operands, ssa[: len(op.operands)], strict=True):
         if value not in types:
             raise MlirSyntaxError(line, f"%{value} is used before it is defined")
         if types[value].kind != operand.type:
@@ -646,7 +646,8 @@ def _check_signature(op: Operation, types: dict[str, TypeRef],
                 f"{spec.qualified_name} operand {operand.name!r} must be a {operand.type}, "
                 f"%{value} is a {types[value].kind}",
             )
-    for value, declared in zip(op.operands, operand_types, strict=False):
+    # The parser matched operand_types to the operands' count (empty: no types declared).
+    for value, declared in zip(op.operands[: len(operand_types)], operand_types, strict=True):
         if types[value] != declared:
             raise MlirSyntaxError(
                 line, f"{spec.qualified_name} declares %{value} as {_show_type(declared)}, "
