@@ -10,7 +10,7 @@ functions as the canonical ``(K, C_in, C_out)``, rows z fastest.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -36,6 +36,11 @@ class WeightValue:
     layout: str
     packing: Packing
     tensors: tuple[torch.Tensor, ...]
+    # Unpacked float32 weights by (in_channels, kernel_size): a program unpacks each once,
+    # not on every call.
+    _unpacked: dict[tuple[int, tuple[int, int, int] | None], torch.Tensor] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     def dense(self, name: str, shape: tuple[int, ...] | None = None) -> torch.Tensor:
         """The float32 tensor of a dense weight (``name`` is the consumer's operand)."""
@@ -55,13 +60,15 @@ class WeightValue:
         """float32 ``conv3d_o_xyz_i`` (``kernel_size`` given) or ``linear_o_i`` weight."""
         if self.packing.kind == "dense":
             return self.tensors[0].to(torch.float32)
-        bits = 4 if self.packing.kind == "int4" else 8
-        w, scales, biases = self.tensors
-        out = unpack_weight(
-            w, scales, biases, bits=bits, group_size=self.packing.group_size,
-            in_channels=in_channels, kernel_size=kernel_size,
-        )
-        return out.to(w.device)
+        key = (in_channels, kernel_size)
+        if key not in self._unpacked:
+            bits = 4 if self.packing.kind == "int4" else 8
+            w, scales, biases = self.tensors
+            self._unpacked[key] = unpack_weight(
+                w, scales, biases, bits=bits, group_size=self.packing.group_size,
+                in_channels=in_channels, kernel_size=kernel_size,
+            ).to(w.device)
+        return self._unpacked[key]
 
     def conv_kernel(self, name: str, in_channels: int, kernel_size: tuple[int, int, int]
                     ) -> torch.Tensor:
