@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["lookup_rows", "unique_rows"]
+__all__ = ["floor_cells", "lookup_rows", "unique_rows"]
 
 _KEY_LIMIT = 2**63
 
@@ -51,3 +51,13 @@ def lookup_rows(source: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
     table = torch.full((int(inverse.max()) + 1,), -1, dtype=torch.long, device=query.device)
     table[inverse[: source.shape[0]]] = torch.arange(source.shape[0], device=query.device)
     return table[inverse[source.shape[0] :]]
+
+
+def floor_cells(rows: torch.Tensor, stride: tuple[int, int, int]) -> torch.Tensor:
+    """The cells of a ``stride`` grid that hold a row: ``unique((b, floor(c / stride)))``.
+
+    ``rows`` are non-negative ``(N, 4)`` integers; the result keeps their dtype and is
+    sorted by ``(b, x, y, z)`` (the MLX Lattice contract's support-generating rows).
+    """
+    scale = torch.tensor((1, *stride), dtype=rows.dtype, device=rows.device)
+    return unique_rows(torch.div(rows, scale, rounding_mode="floor"))[0]

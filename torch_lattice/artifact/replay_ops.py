@@ -21,7 +21,7 @@ import torch
 import torch_lattice as tl
 from torch_lattice.artifact.mlir_parse import Operation
 from torch_lattice.artifact.replay_weights import WeightValue
-from torch_lattice.coord_rows import lookup_rows
+from torch_lattice.coord_rows import floor_cells, lookup_rows
 from torch_lattice.geometry import ConvGeometry
 from torch_lattice.nn import functional as F
 from torch_lattice.nn.functional.normalized import check_eps
@@ -160,7 +160,7 @@ def _conv_executor(name: str) -> Executor:
             if family == "subm_conv3d":
                 return F.subm_conv3d(inp, weight, bias, a["kernel_size"], a["dilation"])
             if family == "conv3d":
-                out = tgt if tgt is not None else _floor_target(inp, a["stride"])
+                out = tgt if tgt is not None else _floor_support(inp, a["stride"])
                 return F.conv3d(inp, weight, bias, a["kernel_size"], a["stride"], a["padding"],
                                 a["dilation"], coordinates=out)
             if family == "conv_transpose3d":
@@ -221,17 +221,9 @@ def _floor_support(x: SparseTensor, stride: tuple[int, int, int]) -> Support:
     """
     if stride == (1, 1, 1):
         return x.support
-    rows = x.coords.to(torch.int64)
-    scale = torch.tensor((1, *stride), dtype=torch.int64, device=rows.device)
-    cells = torch.unique(torch.div(rows, scale, rounding_mode="floor"), dim=0)
     return x.coordinate_manager.new_support(
-        cells.to(x.coords.dtype), multiply_stride(x.stride, stride), None
+        floor_cells(x.coords, stride), multiply_stride(x.stride, stride), None
     )
-
-
-def _floor_target(x: SparseTensor, stride: tuple[int, int, int]) -> SparseTensor:
-    support = _floor_support(x, stride)
-    return SparseTensor.from_support(x.feats.new_zeros(support.num_rows, 1), support)
 
 
 def _pool3d(ctx: ReplayContext, op: Operation, args: list[Value]) -> tuple[Value, ...]:

@@ -156,7 +156,7 @@ def conv3d(
     padding: int | Sequence[int] = 0,
     dilation: int | Sequence[int] = 1,
     *,
-    coordinates: SparseTensor | torch.Tensor | None = None,
+    coordinates: SparseTensor | Support | torch.Tensor | None = None,
     config: ConvConfig | None = None,
 ) -> SparseTensor:
     """Support-generating (or target-conditioned) sparse convolution.
@@ -169,7 +169,7 @@ def conv3d(
         bias: ``(C_out,)`` or None.
         coordinates: None to generate the output support (every reachable
             ``q`` in ``[0, R_out)``, sorted by (b, x, y, z)), or a target
-            SparseTensor / ``(M, 4)`` integer tensor whose rows are computed
+            SparseTensor, Support or ``(M, 4)`` integer tensor whose rows are computed
             in their order; its stride must be ``input.stride * stride``.
         config: dataflow configuration of this call (see ``config.py``).
 
