@@ -23,6 +23,7 @@ from torch_lattice.nn.functional.conv import (
     target_support,
 )
 from torch_lattice.nn.functional.relation import apply_kernel_map
+from torch_lattice.nn.functional.transposed_support import cached_source_support
 from torch_lattice.tensor import SparseTensor, Support, divide_stride
 
 __all__ = [
@@ -39,8 +40,8 @@ def inverse_support(src: SparseTensor, geometry: ConvGeometry) -> Support:
     Raises:
         ValueError: no Conv3d with this geometry is in ``src``'s history.
     """
-    found = [d for d in src.coordinate_manager.derivations(src.support) if d.geometry == geometry]
-    if not found:
+    source = cached_source_support(src, geometry)
+    if source is None:
         raise ValueError(
             "ConvTranspose3d(src) without a target needs src to be the output of a Conv3d "
             f"with the same geometry (kernel_size={geometry.kernel_size}, "
@@ -48,7 +49,7 @@ def inverse_support(src: SparseTensor, geometry: ConvGeometry) -> Support:
             f"dilation={geometry.dilation}); none is in src's history. Pass the target "
             "coordinates explicitly: up(src, target)"
         )
-    return found[-1].source  # the most recent such Conv3d
+    return source
 
 
 def transpose_onto(
