@@ -8,7 +8,6 @@ unchanged with no temporary file beside it.
 from __future__ import annotations
 
 import os
-import stat
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,21 +16,21 @@ import pytest
 
 from torch_lattice import atomic_file
 
+try:
+    from file_mode_helpers import file_mode as mode
+    from file_mode_helpers import process_umask
+except ImportError:  # tests/ may become a package; then it is imported through it
+    from tests.file_mode_helpers import file_mode as mode
+    from tests.file_mode_helpers import process_umask
+
 UMASKS = (0o022, 0o077, 0o002)
 
 
 @pytest.fixture(params=UMASKS, ids=lambda m: f"umask{m:03o}")
 def umask(request: pytest.FixtureRequest) -> Iterator[int]:
     """Sets the process umask for one test and restores it after."""
-    old = os.umask(request.param)
-    try:
+    with process_umask(request.param):
         yield request.param
-    finally:
-        os.umask(old)
-
-
-def mode(path: Path) -> int:
-    return stat.S_IMODE(path.stat().st_mode)
 
 
 def test_current_umask_reads_the_process_umask(umask: int) -> None:
