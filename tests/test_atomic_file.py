@@ -114,8 +114,7 @@ def test_concurrent_writers_never_see_umask_zero(tmp_path: Path) -> None:
     """Reading the umask must not open a window in which another thread's new file
     gets a different umask (the set-and-restore is only a fallback, for platforms
     without /proc)."""
-    old = os.umask(0o027)
-    try:
+    with process_umask(0o027):
         stop = threading.Event()
 
         def reader() -> None:
@@ -134,8 +133,6 @@ def test_concurrent_writers_never_see_umask_zero(tmp_path: Path) -> None:
             stop.set()
             for t in threads:
                 t.join()
-    finally:
-        os.umask(old)
 
 
 def test_writer_that_creates_0600_gets_the_umask_mode(umask: int, tmp_path: Path) -> None:
