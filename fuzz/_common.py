@@ -73,7 +73,11 @@ __all__ = [
     "Guarded",
     "call",
     "expect",
+    "geometry_error",
+    "kernel_positions",
+    "kernel_volume",
     "main",
+    "table_width",
 ]
 
 
@@ -206,6 +210,21 @@ def geometry_error(geom: tuple) -> type | None:
     return None
 
 
+def kernel_positions(ks) -> list[tuple[int, int, int]]:
+    """Kernel rows r in the C core's order (last axis fastest)."""
+    return [(a, b, c) for a in range(ks[0]) for b in range(ks[1]) for c in range(ks[2])]
+
+
+def kernel_volume(ks) -> int:
+    return ks[0] * ks[1] * ks[2]
+
+
+def table_width(geom: tuple) -> int:
+    """Columns of a kernel-map table for geom: the kernel volume, or 1 when the
+    geometry is bad (the call must refuse it before writing anything)."""
+    return kernel_volume(geom[0]) if geometry_error(geom) is None else 1
+
+
 class Guarded:
     """A numpy buffer with sentinel-filled guard elements after it.
 
@@ -224,6 +243,13 @@ class Guarded:
         self.sentinel = sentinel
         self.count = count
         self.view = self.full[:count].reshape(shape)
+
+    @classmethod
+    def of(cls, rows: np.ndarray, dtype=np.int32) -> Guarded:
+        """A guarded copy of rows (cast to dtype)."""
+        g = cls(rows.shape, dtype)
+        g.view[...] = rows
+        return g
 
     @property
     def ptr(self) -> int:

@@ -27,7 +27,10 @@ from fuzz._common import (
     call,
     expect,
     geometry_error,
+    kernel_positions,
+    kernel_volume,
     main,
+    table_width,
 )
 
 
@@ -53,6 +56,7 @@ def candidates(rows: np.ndarray, geom, rng) -> set[tuple[int, int, int, int]]:
 def box_scan(rows: np.ndarray, geom, rng) -> set[tuple[int, int, int, int]]:
     ks, st, pd, dl = geom
     present = {tuple(r) for r in rows.tolist()}
+    pos = kernel_positions(ks)
     out = set()
     if min(rng) == 0:
         return out
@@ -63,19 +67,10 @@ def box_scan(rows: np.ndarray, geom, rng) -> set[tuple[int, int, int, int]]:
                     q = (x, y, z)
                     if any(
                         (b, *(q[a] * st[a] - pd[a] + r[a] * dl[a] for a in range(3))) in present
-                        for r in _positions(ks)
+                        for r in pos
                     ):
                         out.add((b, x, y, z))
     return out
-
-
-def _volume(geom) -> int:
-    ks = geom[0]
-    return ks[0] * ks[1] * ks[2]
-
-
-def _positions(ks):
-    return [(a, b, c) for a in range(ks[0]) for b in range(ks[1]) for c in range(ks[2])]
 
 
 def out_range(d: Decoder, rows: np.ndarray, geom) -> tuple[int, int, int]:
@@ -104,6 +99,7 @@ def check(data: bytes) -> None:
     nb = max(nb, 0) + (d.int_in(0, 2) if d.chance(4) else 0)
     # Expected verdicts.
     gerr = geometry_error(geom)
+    ks = geom[0]
     # Both entry points refuse an out_range outside [0, 2^31]: outputs are int32.
     range_err = ValueError if min(rng) < 0 or max(rng) > INT32_MAX + 1 else None
     bound_err = gerr or range_err
@@ -114,7 +110,7 @@ def check(data: bytes) -> None:
         ref = candidates(rows, geom, rng)
         if any(q[0] < 0 for q in ref):
             gen_err = ValueError  # a negative batch reaches the (sorted) output
-        elif rng[0] * rng[1] * rng[2] * len(set(rows[:, 0].tolist())) * _volume(geom) <= 50000:
+        elif rng[0] * rng[1] * rng[2] * len(set(rows[:, 0].tolist())) * kernel_volume(ks) <= 50000:
             scan = box_scan(rows, geom, rng)
             if scan != ref:
                 raise Finding(f"reference disagreement {sorted(scan ^ ref)[:4]}")
@@ -122,12 +118,10 @@ def check(data: bytes) -> None:
     if bound is not None and ref is not None and gen_err is None and valid_batches:
         if bound < len(ref):
             raise Finding(f"generate_bound {bound} < true count {len(ref)} ({geom}, {rng})")
-    ks = geom[0]
-    k = ks[0] * ks[1] * ks[2] if gerr is None else 1
+    k = table_width(geom)
     cap = bound if bound is not None and valid_batches else len(rows) * k
     cap = min(cap, len(rows) * k)
-    src = Guarded(rows.shape, np.int32)
-    src.view[...] = rows
+    src = Guarded.of(rows)
     out = Guarded((cap, 4), np.int32)
     pin = src.ptr
     if len(rows) and d.chance(15):

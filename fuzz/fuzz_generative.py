@@ -27,7 +27,9 @@ from fuzz._common import (
     call,
     expect,
     geometry_error,
+    kernel_positions,
     main,
+    table_width,
 )
 
 
@@ -45,10 +47,8 @@ def reference(rows: np.ndarray, geom) -> tuple[type | None, set | None]:
             return OverflowError, None
     out = set()
     for b, x, y, z in rows.tolist():
-        for i in range(ks[0]):
-            for j in range(ks[1]):
-                for k in range(ks[2]):
-                    out.add((b, x * st[0] + i, y * st[1] + j, z * st[2] + k))
+        for i, j, k in kernel_positions(ks):
+            out.add((b, x * st[0] + i, y * st[1] + j, z * st[2] + k))
     return None, out
 
 
@@ -59,14 +59,11 @@ def check(data: bytes) -> None:
     if not d.chance(5):  # mostly a valid generative geometry
         geom = (geom[0], geom[1], (0, 0, 0), (1, 1, 1))
     want, ref = reference(rows, geom)
-    ks = geom[0]
-    k = ks[0] * ks[1] * ks[2] if geometry_error(geom) is None else 1
-    cap = len(rows) * k
+    cap = len(rows) * table_width(geom)
     short = ref is not None and len(ref) > 0 and d.chance(6)
     if short:  # a too-small buffer: TL_ERR_CAPACITY, a RuntimeError
         cap = d.int_in(0, len(ref) - 1)
-    src = Guarded(rows.shape, np.int32)
-    src.view[...] = rows
+    src = Guarded.of(rows)
     out = Guarded((cap, 4), np.int32)
     outcome = call(_C.generative, src.ptr, len(rows), geom, out.ptr, cap)
     out.check("generative out")

@@ -38,8 +38,7 @@ def check(data: bytes) -> None:
     if len(rows) and d.chance(3):  # repeat a few rows at random places
         for _ in range(d.int_in(1, 4)):
             rows[d.int_in(0, len(rows) - 1)] = rows[d.int_in(0, len(rows) - 1)]
-    buf = Guarded(rows.shape, np.int32)
-    buf.view[...] = rows
+    buf = Guarded.of(rows)
     want, dup = reference(rows)
     p, n = buf.ptr, len(rows)
     if d.chance(12):

@@ -28,12 +28,11 @@ from fuzz._common import (
     call,
     expect,
     geometry_error,
+    kernel_positions,
+    kernel_volume,
     main,
+    table_width,
 )
-
-
-def kernel_positions(ks) -> list[tuple[int, int, int]]:
-    return [(a, b, c) for a in range(ks[0]) for b in range(ks[1]) for c in range(ks[2])]
 
 
 def reference_nbr(inp: np.ndarray, out: np.ndarray, geom) -> tuple[type | None, np.ndarray]:
@@ -73,21 +72,13 @@ def reference_rev(nbr: np.ndarray, n_in: int) -> tuple[type | None, np.ndarray]:
     return None, rev
 
 
-def buffer_of(rows: np.ndarray) -> Guarded:
-    g = Guarded(rows.shape, np.int32)
-    g.view[...] = rows
-    return g
-
-
 def run_kmap(inp: np.ndarray, out: np.ndarray | None, geom, threads: int, nulls: int):
     """Calls kmap_build (out None: the submanifold self-relation, one buffer)."""
     same = out is None
     out_rows = inp if same else out
-    bin_ = buffer_of(inp)
-    bout = bin_ if same else buffer_of(out_rows)
-    ks = geom[0]
-    k = ks[0] * ks[1] * ks[2] if geometry_error(geom) is None else 1
-    nbr = Guarded((len(out_rows), k), np.int32)
+    bin_ = Guarded.of(inp)
+    bout = bin_ if same else Guarded.of(out_rows)
+    nbr = Guarded((len(out_rows), table_width(geom)), np.int32)
     want, ref = reference_nbr(inp, out_rows, geom)
     pin, pout, pnbr = bin_.ptr, bout.ptr, nbr.ptr
     n_in, n_out = len(inp), len(out_rows)
@@ -121,7 +112,7 @@ def run_kmap(inp: np.ndarray, out: np.ndarray | None, geom, threads: int, nulls:
 
 def run_reverse(nbr: np.ndarray, n_in: int, threads: int) -> None:
     n_out, k = nbr.shape
-    src = buffer_of(nbr)
+    src = Guarded.of(nbr)
     rev = Guarded((n_in, k), np.int32)
     want, ref = reference_rev(nbr, n_in)
     expect("kmap_reverse", call(_C.kmap_reverse, src.ptr, n_out, k, n_in, rev.ptr, threads), want)
@@ -181,7 +172,7 @@ def check(data: bytes) -> None:
         st = tuple(d.int_in(1, 3) for _ in range(3))
         geom = (ks, st, (0, 0, 0), (1, 1, 1))
         inp = out
-        cap = len(out) * ks[0] * ks[1] * ks[2]
+        cap = len(out) * kernel_volume(ks)
         fine = np.empty((max(cap, 1), 4), dtype=np.int32)
         ok, m = call(_C.generative, out.ctypes.data, len(out), geom, fine.ctypes.data, cap)
         inp = fine[:m].copy() if ok else d.coords(60)

@@ -21,7 +21,17 @@ if __package__ in (None, ""):
 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from fuzz._common import _C, Decoder, Finding, Guarded, call, expect, main
+from fuzz._common import (
+    _C,
+    Decoder,
+    Finding,
+    Guarded,
+    call,
+    expect,
+    kernel_positions,
+    kernel_volume,
+    main,
+)
 
 
 def window_ref(inp: np.ndarray, geom) -> tuple[np.ndarray, np.ndarray]:
@@ -29,7 +39,7 @@ def window_ref(inp: np.ndarray, geom) -> tuple[np.ndarray, np.ndarray]:
     (q * s - p + r * d == c for a kernel row r), then a lookup per window row."""
     ks, st, pd, dl = geom
     table = {tuple(r): i for i, r in enumerate(inp.tolist())}
-    pos = [(a, b, c) for a in range(ks[0]) for b in range(ks[1]) for c in range(ks[2])]
+    pos = kernel_positions(ks)
     outs = set()
     for b, *c in inp.tolist():
         for r in pos:
@@ -107,7 +117,7 @@ def maps_mode(d: Decoder, threads: int) -> None:
     ref_out, ref_nbr = window_ref(inp, geom)
     if m != len(ref_out) or not np.array_equal(out.view[:m], ref_out):
         raise Finding(f"pooling support: {m} rows, window scan {len(ref_out)} ({geom})")
-    k = ks[0] * ks[1] * ks[2]
+    k = kernel_volume(ks)
     nbr = Guarded((m, k), np.int32)
     _C.kmap_build(inp.ctypes.data, len(inp), out.ptr, m, geom, nbr.ptr, threads)
     nbr.check("kmap_build nbr")

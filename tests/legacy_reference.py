@@ -136,3 +136,18 @@ def batch_norm(feats: torch.Tensor, state: dict[str, torch.Tensor], prefix: str)
         training=False,
         eps=1e-5,
     )
+
+
+def random_batch_norm_state(
+    prefix: str, channels: int, gen: torch.Generator, batches_tracked: int
+) -> dict[str, torch.Tensor]:
+    """Random float64 eval-mode state of a legacy BatchNorm under ``prefix``: the keys
+    :func:`batch_norm` reads, plus ``num_batches_tracked``."""
+    f64 = torch.float64
+    return {
+        prefix + "weight": 1 + 0.3 * torch.randn(channels, generator=gen, dtype=f64),
+        prefix + "bias": 0.2 * torch.randn(channels, generator=gen, dtype=f64),
+        prefix + "running_mean": 0.3 * torch.randn(channels, generator=gen, dtype=f64),
+        prefix + "running_var": 0.5 + torch.rand(channels, generator=gen, dtype=f64),
+        prefix + "num_batches_tracked": torch.tensor(batches_tracked),
+    }

@@ -8,7 +8,6 @@ unchanged with no temporary file beside it.
 from __future__ import annotations
 
 import os
-import stat
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,21 +16,21 @@ import pytest
 
 from torch_lattice import atomic_file
 
+try:
+    from file_mode_helpers import file_mode as mode
+    from file_mode_helpers import process_umask
+except ImportError:  # tests/ may become a package; then it is imported through it
+    from tests.file_mode_helpers import file_mode as mode
+    from tests.file_mode_helpers import process_umask
+
 UMASKS = (0o022, 0o077, 0o002)
 
 
 @pytest.fixture(params=UMASKS, ids=lambda m: f"umask{m:03o}")
 def umask(request: pytest.FixtureRequest) -> Iterator[int]:
     """Sets the process umask for one test and restores it after."""
-    old = os.umask(request.param)
-    try:
+    with process_umask(request.param):
         yield request.param
-    finally:
-        os.umask(old)
-
-
-def mode(path: Path) -> int:
-    return stat.S_IMODE(path.stat().st_mode)
 
 
 def test_current_umask_reads_the_process_umask(umask: int) -> None:
@@ -115,8 +114,7 @@ def test_concurrent_writers_never_see_umask_zero(tmp_path: Path) -> None:
     """Reading the umask must not open a window in which another thread's new file
     gets a different umask (the set-and-restore is only a fallback, for platforms
     without /proc)."""
-    old = os.umask(0o027)
-    try:
+    with process_umask(0o027):
         stop = threading.Event()
 
         def reader() -> None:
@@ -135,8 +133,6 @@ def test_concurrent_writers_never_see_umask_zero(tmp_path: Path) -> None:
             stop.set()
             for t in threads:
                 t.join()
-    finally:
-        os.umask(old)
 
 
 def test_writer_that_creates_0600_gets_the_umask_mode(umask: int, tmp_path: Path) -> None:

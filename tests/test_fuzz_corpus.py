@@ -7,6 +7,7 @@ keeps the harnesses and their references honest in the normal suite.
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 import os
 import sys
@@ -37,6 +38,11 @@ def _harness(target: str):
     return importlib.import_module(f"fuzz.fuzz_{target}")
 
 
+def _seed_bytes(target: str, seed: str) -> bytes:
+    with open(os.path.join(CORPUS, target, seed), "rb") as f:
+        return f.read()
+
+
 def test_every_target_has_seeds():
     assert TARGETS == sorted(
         ["generate", "generative", "graph", "hash", "kernel_map", "pairs", "pool",
@@ -48,9 +54,7 @@ def test_every_target_has_seeds():
 
 @pytest.mark.parametrize(("target", "seed"), SEEDS, ids=[f"{t}/{s}" for t, s in SEEDS])
 def test_seed(target, seed):
-    with open(os.path.join(CORPUS, target, seed), "rb") as f:
-        data = f.read()
-    _harness(target).check(data)
+    _harness(target).check(_seed_bytes(target, seed))
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -84,55 +88,45 @@ class _Corrupting:
         return wrapped
 
 
-def _poke_int32(addr: int, value: int) -> None:
-    import ctypes
+def _int32_view(addr: int):
+    return (ctypes.c_int32 * 1).from_address(addr)
 
+
+def _poke_int32(addr: int, value: int) -> None:
     ctypes.c_int32.from_address(addr).value = value
 
 
-def test_kernel_map_checker_catches_a_wrong_table(monkeypatch):
-    harness = _harness("kernel_map")
-    seed = os.path.join(CORPUS, "kernel_map")
-    datas = [open(os.path.join(seed, s), "rb").read() for s in sorted(os.listdir(seed))]
+def _findings_with(monkeypatch, target: str, entry: str, corrupt) -> int:
+    """How many of target's seeds raise Finding when `corrupt(args)` spoils
+    the result buffer of `_C.<entry>` after every successful call."""
+    harness = _harness(target)
+    monkeypatch.setattr(harness, "_C", _Corrupting(entry, corrupt))
+    caught = 0
+    for seed in sorted(os.listdir(os.path.join(CORPUS, target))):
+        try:
+            harness.check(_seed_bytes(target, seed))
+        except Finding:
+            caught += 1
+    return caught
 
+
+def test_kernel_map_checker_catches_a_wrong_table(monkeypatch):
     def corrupt(args):  # nbr[0, 0] of every built table: flip absent <-> row 0
         pnbr, n_out = args[5], args[3]
         if n_out > 0 and pnbr:
             _poke_int32(pnbr, -1 if _int32_view(pnbr)[0] >= 0 else 0)
 
-    monkeypatch.setattr(harness, "_C", _Corrupting("kmap_build", corrupt))
-    caught = 0
-    for data in datas:
-        try:
-            harness.check(data)
-        except Finding:
-            caught += 1
+    caught = _findings_with(monkeypatch, "kernel_map", "kmap_build", corrupt)
     assert caught >= 1
 
 
-def _int32_view(addr: int):
-    import ctypes
-
-    return (ctypes.c_int32 * 1).from_address(addr)
-
-
 def test_voxelize_checker_catches_a_wrong_row(monkeypatch):
-    harness = _harness("voxelize")
-    seed = os.path.join(CORPUS, "voxelize")
-    datas = [open(os.path.join(seed, s), "rb").read() for s in sorted(os.listdir(seed))]
-
     def corrupt(args):  # rows[0].x += 1 after a successful quantization
         prow, n = args[6], args[3]
         if n > 0:
             _poke_int32(prow + 4, _int32_view(prow + 4)[0] + 1)
 
-    monkeypatch.setattr(harness, "_C", _Corrupting("voxel_quantize", corrupt))
-    caught = 0
-    for data in datas:
-        try:
-            harness.check(data)
-        except Finding:
-            caught += 1
+    caught = _findings_with(monkeypatch, "voxelize", "voxel_quantize", corrupt)
     assert caught >= 1
 
 

@@ -91,16 +91,6 @@ class TwinUNet(nn.Module):
 # ---------------------------------------------------------------- legacy model
 
 
-def _bn_state(prefix: str, c: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
-    return {
-        prefix + "weight": 1 + 0.3 * torch.randn(c, generator=gen, dtype=F64),
-        prefix + "bias": 0.2 * torch.randn(c, generator=gen, dtype=F64),
-        prefix + "running_mean": 0.3 * torch.randn(c, generator=gen, dtype=F64),
-        prefix + "running_var": 0.5 + torch.rand(c, generator=gen, dtype=F64),
-        prefix + "num_batches_tracked": torch.tensor(7),
-    }
-
-
 def legacy_state(seed: int = 0) -> dict[str, torch.Tensor]:
     """Random weights in legacy layout (.kernel keys, legacy row order)."""
     gen = torch.Generator().manual_seed(seed)
@@ -108,17 +98,20 @@ def legacy_state(seed: int = 0) -> dict[str, torch.Tensor]:
     def w(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=gen, dtype=F64) / 3
 
+    def bn(prefix: str, c: int) -> dict[str, torch.Tensor]:
+        return legacy.random_batch_norm_state(prefix, c, gen, batches_tracked=7)
+
     state = {"stem.0.kernel": w(27, CIN, C)}
-    state |= _bn_state("stem.1.", C, gen)
+    state |= bn("stem.1.", C)
     state["stem.3.kernel"] = w(27, C, C)
-    state |= _bn_state("stem.4.", C, gen)
+    state |= bn("stem.4.", C)
     state["down.0.kernel"] = w(8, C, 2 * C)
-    state |= _bn_state("down.1.", 2 * C, gen)
+    state |= bn("down.1.", 2 * C)
     state["block.0.kernel"] = w(15, 2 * C, 2 * C)
     state["block.0.bias"] = w(2 * C)
-    state |= _bn_state("block.1.", 2 * C, gen)
+    state |= bn("block.1.", 2 * C)
     state["up.0.kernel"] = w(8, 2 * C, C)
-    state |= _bn_state("up.1.", C, gen)
+    state |= bn("up.1.", C)
     state["head.kernel"] = w(2 * C, CLASSES)  # pointwise: 2-D
     state["head.bias"] = w(CLASSES)
     return state

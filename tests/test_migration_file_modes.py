@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -23,17 +22,21 @@ import torch
 from torch_lattice import atomic_file, migration
 from torch_lattice.migration import writing
 
+try:
+    from file_mode_helpers import file_mode as mode
+    from file_mode_helpers import process_umask
+except ImportError:  # tests/ may become a package; then it is imported through it
+    from tests.file_mode_helpers import file_mode as mode
+    from tests.file_mode_helpers import process_umask
+
 SPEC = {"enc.kernel": [3, 3, 3], "head.kernel": [1, 1, 1]}
 
 
 @pytest.fixture(params=(0o022, 0o077), ids=lambda m: f"umask{m:03o}")
 def umask(request: pytest.FixtureRequest) -> Iterator[int]:
     """Sets the process umask (inherited by subprocesses) and restores it after."""
-    old = os.umask(request.param)
-    try:
+    with process_umask(request.param):
         yield request.param
-    finally:
-        os.umask(old)
 
 
 @pytest.fixture
@@ -47,10 +50,6 @@ def work(tmp_path: Path) -> Path:
     torch.save({"model": state}, tmp_path / "legacy.pt")
     (tmp_path / "spec.json").write_text(json.dumps(SPEC))
     return tmp_path
-
-
-def mode(path: Path) -> int:
-    return stat.S_IMODE(path.stat().st_mode)
 
 
 def test_api_outputs_follow_the_umask(work: Path, umask: int) -> None:

@@ -379,30 +379,23 @@ class Legacy14:
         return fine, self._apply(feats, kernel, pairs, fine.shape[0], transposed=True)
 
 
-def _bn(c: int, gen: torch.Generator, prefix: str) -> dict[str, torch.Tensor]:
-    return {
-        prefix + "weight": 1 + 0.3 * torch.randn(c, generator=gen, dtype=F64),
-        prefix + "bias": 0.2 * torch.randn(c, generator=gen, dtype=F64),
-        prefix + "running_mean": 0.3 * torch.randn(c, generator=gen, dtype=F64),
-        prefix + "running_var": 0.5 + torch.rand(c, generator=gen, dtype=F64),
-        prefix + "num_batches_tracked": torch.tensor(11),
-    }
-
-
 def legacy_state(seed: int = 0) -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
 
     def w(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=gen, dtype=F64) / 3
 
-    s = {"stem.0.kernel": w(27, CIN, C)} | _bn(C, gen, "stem.1.")
-    s |= {"down.0.kernel": w(8, C, 2 * C)} | _bn(2 * C, gen, "down.1.")
+    def bn(prefix: str, c: int) -> dict[str, torch.Tensor]:
+        return legacy.random_batch_norm_state(prefix, c, gen, batches_tracked=11)
+
+    s = {"stem.0.kernel": w(27, CIN, C)} | bn("stem.1.", C)
+    s |= {"down.0.kernel": w(8, C, 2 * C)} | bn("down.1.", 2 * C)
     s |= {"block.0.kernel": w(27, 2 * C, 2 * C), "block.0.bias": w(2 * C)}
-    s |= _bn(2 * C, gen, "block.1.")
-    s |= {"deep.0.kernel": w(27, 2 * C, 2 * C)} | _bn(2 * C, gen, "deep.1.")
-    s |= {"up.0.kernel": w(8, 2 * C, C)} | _bn(C, gen, "up.1.")
-    s |= {"mid.0.kernel": w(9, 2 * C, C)} | _bn(C, gen, "mid.1.")
-    s |= {"side.0.kernel": w(27, C, 2 * C)} | _bn(2 * C, gen, "side.1.")
+    s |= bn("block.1.", 2 * C)
+    s |= {"deep.0.kernel": w(27, 2 * C, 2 * C)} | bn("deep.1.", 2 * C)
+    s |= {"up.0.kernel": w(8, 2 * C, C)} | bn("up.1.", C)
+    s |= {"mid.0.kernel": w(9, 2 * C, C)} | bn("mid.1.", C)
+    s |= {"side.0.kernel": w(27, C, 2 * C)} | bn("side.1.", 2 * C)
     s |= {"head.kernel": w(C, CLASSES), "head.bias": w(CLASSES)}  # pointwise: 2-D
     return s
 

@@ -17,21 +17,10 @@ import torch_lattice as tl
 from torch_lattice.nn import functional as F
 from torch_lattice.nn.functional.pooling import trilinear_weights, upsample_geometry
 
-
-def random_sparse(n, extent, seed, stride=1, channels=3, lo=0, dtype=torch.float64):
-    g = torch.Generator().manual_seed(seed)
-    rows = torch.cat(
-        [
-            torch.randint(0, 2, (4 * n, 1), generator=g),
-            torch.randint(lo, extent, (4 * n, 3), generator=g),
-        ],
-        1,
-    )
-    uniq = torch.unique(rows, dim=0)
-    coords = uniq[torch.randperm(len(uniq), generator=g)][:n]
-    return tl.SparseTensor(
-        torch.randn(len(coords), channels, generator=g, dtype=dtype), coords, stride
-    )
+try:
+    from sparse_tensor_helpers import random_sparse
+except ImportError:  # tests/ may become a package; then it is imported through it
+    from tests.sparse_tensor_helpers import random_sparse
 
 
 def oracle(x, fine_coords, s):

@@ -196,6 +196,17 @@ static int32_t *kmap_checked(const tl_coord *in, int64_t n_in, const tl_coord *o
     return nbr;
 }
 
+/* The output support of a strided relation: tl_coords_generate into a buffer of
+ * tl_coords_generate_bound rows, both checked to succeed; the caller frees it. */
+static tl_coord *generated_support(const tl_coord *in, int64_t n_in, const tl_geom *g,
+                                   const int64_t range[3], int64_t nb, int64_t *n_out) {
+    int64_t bound;
+    CHECK(tl_coords_generate_bound(n_in, g, range, nb, &bound) == TL_OK);
+    tl_coord *out = xmalloc(sizeof(tl_coord) * (size_t)bound);
+    CHECK(tl_coords_generate(in, n_in, g, range, out, bound, n_out) == TL_OK);
+    return out;
+}
+
 /* Support of a strided conv by definition: every q in [0, range) per axis
  * (per batch present in `in`) that some kernel row maps onto an input row. */
 static int64_t generate_brute(const tl_coord *in, int64_t n_in, const tl_geom *g,
@@ -224,12 +235,10 @@ static int64_t generate_brute(const tl_coord *in, int64_t n_in, const tl_geom *g
 
 static void test_kmap_family(const char *name, const tl_coord *in, int64_t n_in,
                              const tl_geom *g, int nb, int64_t span) {
-    int64_t range[3] = {span, span, span}, bound, n_out;
+    int64_t range[3] = {span, span, span}, n_out;
     current = name;
-    CHECK(tl_coords_generate_bound(n_in, g, range, nb, &bound) == TL_OK);
-    tl_coord *out = xmalloc(sizeof(tl_coord) * (size_t)bound);
+    tl_coord *out = generated_support(in, n_in, g, range, nb, &n_out);
     tl_coord *want = xmalloc(sizeof(tl_coord) * (size_t)(nb * span * span * span));
-    CHECK(tl_coords_generate(in, n_in, g, range, out, bound, &n_out) == TL_OK);
     int64_t n_want = generate_brute(in, n_in, g, range, nb, want);
     CHECK(n_out == n_want);
     if (n_out == n_want) CHECK(memcmp(out, want, sizeof(tl_coord) * (size_t)n_out) == 0);
@@ -337,10 +346,8 @@ static void test_conv(void) {
     current = "conv";
     tl_coord *in = random_rows(90, 2, 0, 8);
     tl_geom s2k3 = geom(3, 3, 3, 2, 1, 1);
-    int64_t range[3] = {4, 4, 4}, bound, n_out, k;
-    CHECK(tl_coords_generate_bound(90, &s2k3, range, 2, &bound) == TL_OK);
-    tl_coord *out = xmalloc(sizeof(tl_coord) * (size_t)bound);
-    CHECK(tl_coords_generate(in, 90, &s2k3, range, out, bound, &n_out) == TL_OK);
+    int64_t range[3] = {4, 4, 4}, n_out, k;
+    tl_coord *out = generated_support(in, 90, &s2k3, range, 2, &n_out);
     int32_t *nbr = kmap_checked(in, 90, out, n_out, &s2k3, &k);
 
     /* Pair lists by definition: kernel row n, outputs ascending. */
@@ -421,10 +428,8 @@ static void test_pool(void) {
     current = "pool";
     tl_coord *in = random_rows(70, 2, 0, 8);
     tl_geom g = geom(2, 2, 2, 2, 0, 1);
-    int64_t range[3] = {4, 4, 4}, bound, n_out, k;
-    CHECK(tl_coords_generate_bound(70, &g, range, 2, &bound) == TL_OK);
-    tl_coord *out = xmalloc(sizeof(tl_coord) * (size_t)bound);
-    CHECK(tl_coords_generate(in, 70, &g, range, out, bound, &n_out) == TL_OK);
+    int64_t range[3] = {4, 4, 4}, n_out, k;
+    tl_coord *out = generated_support(in, 70, &g, range, 2, &n_out);
     int32_t *nbr = kmap_checked(in, 70, out, n_out, &g, &k);
     int32_t *rev = xmalloc(sizeof(int32_t) * (size_t)(70 * k));
     tl_ctx ctx = make_ctx(2, TL_SIMD_V4);
