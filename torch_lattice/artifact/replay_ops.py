@@ -25,8 +25,8 @@ from torch_lattice.coord_rows import lookup_rows
 from torch_lattice.geometry import ConvGeometry
 from torch_lattice.nn import functional as F
 from torch_lattice.nn.functional.normalized import check_eps
+from torch_lattice.nn.functional.pooling import pool_over_map
 from torch_lattice.nn.functional.transposed_support import generated_transposed_support
-from torch_lattice.ops.pooling import pool_avg, pool_max, pool_sum
 from torch_lattice.tensor import SparseTensor, Support, multiply_stride
 
 __all__ = ["ELEMENTWISE_KINDS", "EXECUTORS", "ReplayContext", "boundary_coords"]
@@ -241,13 +241,8 @@ def _pool3d(ctx: ReplayContext, op: Operation, args: list[Value]) -> tuple[Value
                      a["dilation"])
     target = _floor_support(x, a["stride"])
     kmap = x.coordinate_manager.kernel_map(x.support, target, geometry)
-    feats = x.feats.to(torch.float32)
-    if a["mode"] == "max":  # a row no input reaches gets 0
-        y = pool_max(feats, kmap.nbr, kmap.rev)[0]
-    elif a["mode"] == "avg":  # divided by the number of input rows that reach it
-        y = pool_avg(feats, kmap.nbr, kmap.rev)
-    else:
-        y = pool_sum(feats, kmap.nbr, kmap.rev)
+    # max: a row no input reaches gets 0; avg: divided by the input rows that reach it
+    y = pool_over_map(x.feats.to(torch.float32), kmap, a["mode"])
     return (SparseTensor.from_support(y, target),)
 
 
