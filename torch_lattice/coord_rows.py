@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["lookup_rows", "unique_rows"]
+__all__ = ["floor_rows", "lookup_rows", "unique_rows"]
 
 _KEY_LIMIT = 2**63
 
@@ -51,3 +51,11 @@ def lookup_rows(source: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
     table = torch.full((int(inverse.max()) + 1,), -1, dtype=torch.long, device=query.device)
     table[inverse[: source.shape[0]]] = torch.arange(source.shape[0], device=query.device)
     return table[inverse[source.shape[0] :]]
+
+
+def floor_rows(rows: torch.Tensor, stride: tuple[int, int, int]) -> torch.Tensor:
+    """``unique{[b, floor(x / sx), floor(y / sy), floor(z / sz)]}`` of non-negative
+    ``(N, 4)`` rows as int64, sorted by ``(b, x, y, z)``: the cells of a coarser lattice
+    that hold a row (the artifact contract's no-target strided support)."""
+    scale = torch.tensor((1, *stride), dtype=torch.int64, device=rows.device)
+    return unique_rows(torch.div(rows.to(torch.int64), scale, rounding_mode="floor"))[0]

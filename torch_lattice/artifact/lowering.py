@@ -26,6 +26,7 @@ from torch_lattice.artifact.errors import ExportError
 from torch_lattice.artifact.mlir_text import ModuleText, Value, sparse_type, tensor_type
 from torch_lattice.artifact.weights import WeightTable, conv_weight_to_artifact, dtype_name
 from torch_lattice.backbones import unet
+from torch_lattice.coord_rows import floor_rows
 from torch_lattice.geometry import triple
 from torch_lattice.nn import modules as M
 from torch_lattice.nn.functional import pooling as P
@@ -249,9 +250,7 @@ def check_generated_support(call: Call, what: str, geometry: Any, x: Any, out: A
         )
     if not isinstance(x, SparseTensor) or not isinstance(out, SparseTensor):
         return
-    rows = x.coords.to(torch.int64)
-    rows[:, 1:] = torch.div(rows[:, 1:], torch.tensor(s), rounding_mode="floor")
-    theirs = torch.unique(rows, dim=0)
+    theirs = floor_rows(x.coords, s)
     if theirs.shape[0] != out.coords.shape[0]:
         raise ExportError(
             f"{describe(call.node)}: on example_inputs this {what} drops "

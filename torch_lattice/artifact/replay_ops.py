@@ -21,7 +21,7 @@ import torch
 import torch_lattice as tl
 from torch_lattice.artifact.mlir_parse import Operation
 from torch_lattice.artifact.replay_weights import WeightValue
-from torch_lattice.coord_rows import lookup_rows
+from torch_lattice.coord_rows import floor_rows, lookup_rows
 from torch_lattice.geometry import ConvGeometry
 from torch_lattice.nn import functional as F
 from torch_lattice.nn.functional.normalized import check_eps
@@ -221,9 +221,7 @@ def _floor_support(x: SparseTensor, stride: tuple[int, int, int]) -> Support:
     """
     if stride == (1, 1, 1):
         return x.support
-    rows = x.coords.to(torch.int64)
-    scale = torch.tensor((1, *stride), dtype=torch.int64, device=rows.device)
-    cells = torch.unique(torch.div(rows, scale, rounding_mode="floor"), dim=0)
+    cells = floor_rows(x.coords, stride)
     return x.coordinate_manager.new_support(
         cells.to(x.coords.dtype), multiply_stride(x.stride, stride), None
     )
