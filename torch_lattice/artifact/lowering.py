@@ -175,21 +175,19 @@ class Call:
         real.apply_defaults()
         return dict(sym.arguments), dict(real.arguments)
 
-    def sparse(self, value: Any, what: str) -> Sparse:
-        if not isinstance(value, Sparse):
+    def _expect(self, value: Any, kind: type, what: str, rule: str) -> Any:
+        if not isinstance(value, kind):
             raise ExportError(
-                f"{describe(self.node)}: {what} must be a SparseTensor computed in the graph, "
-                f"got {type(value).__name__}"
+                f"{describe(self.node)}: {what} must be {rule}, got {type(value).__name__}"
             )
         return value
 
+    def sparse(self, value: Any, what: str) -> Sparse:
+        return self._expect(value, Sparse, what, "a SparseTensor computed in the graph")
+
     def dense(self, value: Any, what: str) -> Dense:
-        if not isinstance(value, Dense):
-            raise ExportError(
-                f"{describe(self.node)}: {what} must be a dense tensor of the graph (for example "
-                f"features read with .feats), got {type(value).__name__}"
-            )
-        return value
+        rule = "a dense tensor of the graph (for example features read with .feats)"
+        return self._expect(value, Dense, what, rule)
 
 
 ModuleLowering = Callable[[Lowering, Call, nn.Module, str], Sym]
