@@ -24,7 +24,7 @@ from torch_lattice.artifact.replay_weights import WeightValue
 from torch_lattice.coord_rows import floor_rows, lookup_rows
 from torch_lattice.geometry import ConvGeometry
 from torch_lattice.nn import functional as F
-from torch_lattice.nn.functional.normalized import check_eps
+from torch_lattice.nn.functional.normalized import check_eps, weight_normalized
 from torch_lattice.nn.functional.pooling import pool_over_map
 from torch_lattice.nn.functional.transposed_support import generated_transposed_support
 from torch_lattice.tensor import SparseTensor, Support, multiply_stride
@@ -189,11 +189,8 @@ def _normalized_pointwise(conv: Callable[..., SparseTensor], x: SparseTensor, w:
     normalized_subm_conv3d), but the contract's normalized transposed and generative
     ops normalize at every kernel size.
     """
-    eps = check_eps(eps)
-    num = conv(x, w)
-    den = conv(x.replace(torch.ones_like(x.feats)), w * w)
-    y = num.feats / torch.sqrt(den.feats + eps)
-    return num.replace(y if b is None else y + b)
+    y = weight_normalized(conv, x, w, check_eps(eps))
+    return y if b is None else y.replace(y.feats + b)
 
 
 # --- pooling and resampling -----------------------------------------------------
