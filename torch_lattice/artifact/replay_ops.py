@@ -169,14 +169,11 @@ def _conv_executor(name: str) -> Executor:
             return F.generative_conv_transpose3d(inp, weight, bias, a["kernel_size"],
                                                  a["stride"])
 
-        try:
-            if normalized and family != "subm_conv3d" and w.shape[0] == 1:
-                return (_normalized_pointwise(conv, x, w, b, a["eps"]),)
-            if normalized:
-                return (F.normalized(conv, x, w, b, a["eps"]),)
-            return (conv(x, w, b),)
-        except (TypeError, ValueError) as exc:
-            raise type(exc)(f"{_where(op)}: {exc}") from None
+        if normalized and family != "subm_conv3d" and w.shape[0] == 1:
+            return (_call(op, _normalized_pointwise, conv, x, w, b, a["eps"]),)
+        if normalized:
+            return (_call(op, F.normalized, conv, x, w, b, a["eps"]),)
+        return (_call(op, conv, x, w, b),)
 
     return run
 
