@@ -41,3 +41,10 @@ def test_lookup_rows_finds_each_query_row_or_minus_one() -> None:
     assert lookup_rows(source, query).tolist() == [2, -1, 0, 1, 2]
     assert lookup_rows(source[:0], query).tolist() == [-1] * 5
     assert lookup_rows(source, query[:0]).shape == (0,)
+
+
+def test_lookup_rows_never_matches_a_negative_query_row() -> None:
+    # Packed keys alias (0, 1, -1, 5) with (0, 0, 3, 5) when 3 is the largest y.
+    source = torch.tensor([[0, 0, 3, 5], [0, 1, 0, 0]])
+    query = torch.tensor([[0, 1, -1, 5], [0, 1, 0, 0], [-1, 0, 3, 5]])
+    assert lookup_rows(source, query).tolist() == [-1, 1, -1]

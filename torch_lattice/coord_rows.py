@@ -43,14 +43,20 @@ def unique_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def lookup_rows(source: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
     """``(M,)`` long: the row of ``source`` equal to each ``query`` row, -1 if none.
 
-    Both are non-negative ``(N, 4)`` integer rows; ``source`` rows are unique.
+    ``source`` holds unique non-negative ``(N, 4)`` integer rows; a ``query`` row with a
+    negative component matches none (the packed keys assume non-negative rows, where
+    ``(0, 1, -1, z)`` would alias ``(0, 0, Y - 1, z)``).
     """
+    out = torch.full((query.shape[0],), -1, dtype=torch.long, device=query.device)
+    valid = (query >= 0).all(dim=1)
+    query = query[valid]
     if source.shape[0] == 0 or query.shape[0] == 0:
-        return torch.full((query.shape[0],), -1, dtype=torch.long, device=query.device)
+        return out
     _, inverse = unique_rows(torch.cat((source, query)))
     table = torch.full((int(inverse.max()) + 1,), -1, dtype=torch.long, device=query.device)
     table[inverse[: source.shape[0]]] = torch.arange(source.shape[0], device=query.device)
-    return table[inverse[source.shape[0] :]]
+    out[valid] = table[inverse[source.shape[0] :]]
+    return out
 
 
 def floor_rows(rows: torch.Tensor, stride: tuple[int, int, int]) -> torch.Tensor:
