@@ -338,9 +338,14 @@ def _devoxelize(ctx: ReplayContext, op: Operation, args: list[Value]) -> tuple[V
         return (out,)
     lower = torch.floor(u)
     frac = u - lower
-    for corner in range(8):
-        d = torch.tensor([corner & 1, (corner >> 1) & 1, (corner >> 2) & 1], device=u.device)
-        rows = _find_rows(voxels.coords, torch.cat([b, lower.long() + d], dim=1))
+    corners = [
+        torch.tensor([corner & 1, (corner >> 1) & 1, (corner >> 2) & 1], device=u.device)
+        for corner in range(8)
+    ]
+    # One lookup of all 8 corners' rows (one sort of the voxel table, not 8).
+    queries = torch.cat([torch.cat([b, lower.long() + d], dim=1) for d in corners])
+    found = _find_rows(voxels.coords, queries).reshape(8, n)
+    for d, rows in zip(corners, found, strict=True):
         w = torch.where(d.bool(), frac, 1.0 - frac).prod(dim=1)
         hit = rows >= 0
         out[hit] += voxels.feats[rows[hit]] * w[hit].unsqueeze(1)
