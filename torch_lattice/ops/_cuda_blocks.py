@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from torch_lattice.ops._cuda import _call_args, _check_coords, _workspace, require_cuda
-from torch_lattice.ops._native import _C, DTYPE_CODES, compute_dtype, ptr
+from torch_lattice.ops._native import _C, DTYPE_CODES, compute_dtype, optional_ptr, ptr
 
 __all__ = [
     "devoxel_gather",
@@ -45,10 +45,6 @@ def _feature_code(op: str, dtype: torch.dtype) -> int:
             f"got {dtype}"
         )
     return DTYPE_CODES[dtype]
-
-
-def _batch_ptr(batch: torch.Tensor | None) -> int:
-    return 0 if batch is None else ptr(batch)
 
 
 def _with_batch(points: torch.Tensor, batch: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
@@ -86,7 +82,7 @@ def voxelize(
         stream,
         DTYPE_CODES[points.dtype],
         ptr(points),
-        _batch_ptr(batch),
+        optional_ptr(batch),
         n,
         tuple(voxel_size),
         tuple(origin),
@@ -163,7 +159,7 @@ def devoxel_map(
         stream,
         DTYPE_CODES[points.dtype],
         ptr(points),
-        _batch_ptr(batch),
+        optional_ptr(batch),
         n,
         tuple(voxel_size),
         tuple(origin),

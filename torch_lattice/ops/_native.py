@@ -63,6 +63,11 @@ def ptr(t: torch.Tensor) -> int:
     return t.data_ptr() if t.numel() else 0
 
 
+def optional_ptr(t: torch.Tensor | None) -> int:
+    """:func:`ptr` of an optional operand (a null pointer for None, e.g. no batch column)."""
+    return 0 if t is None else ptr(t)
+
+
 def threads() -> int:
     """Threads for one C call: torch's intra-op setting, shared by all work."""
     return max(1, torch.get_num_threads())
@@ -74,6 +79,7 @@ __all__ = [
     "check_nbr",
     "compute_dtype",
     "device_type",
+    "optional_ptr",
     "ptr",
     "require_cpu",
     "threads",
