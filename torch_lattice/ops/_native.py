@@ -8,6 +8,8 @@ from torch_lattice import _C
 
 # dtype codes of enum tl_dtype in csrc/tl_conv.h
 DTYPE_CODES = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3}
+# enum tl_voxel_reduction in csrc/tl_voxel.h
+REDUCTION_CODES = {"mean": 0, "sum": 1, "max": 2}
 
 
 def device_type(op: str, *tensors: torch.Tensor) -> str:
@@ -75,6 +77,7 @@ def threads() -> int:
 
 __all__ = [
     "DTYPE_CODES",
+    "REDUCTION_CODES",
     "_C",
     "check_nbr",
     "compute_dtype",

@@ -20,6 +20,7 @@ from torch_lattice.ops import _cuda_blocks
 from torch_lattice.ops._native import (
     _C,
     DTYPE_CODES,
+    REDUCTION_CODES,
     optional_ptr,
     ptr,
     require_cpu,
@@ -28,8 +29,7 @@ from torch_lattice.ops._native import (
 
 __all__ = ["REDUCTIONS", "devoxel_gather", "devoxel_map", "voxel_reduce", "voxelize_coords"]
 
-# enum tl_voxel_reduction in csrc/tl_voxel.h
-REDUCTIONS = {"mean": 0, "sum": 1, "max": 2}
+REDUCTIONS = REDUCTION_CODES  # enum tl_voxel_reduction, by name
 _TL_ERR_OVERFLOW = -3
 
 
