@@ -8,7 +8,7 @@ file, and each file gets the mode the user's umask gives a new file.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -63,29 +63,22 @@ def _ok(rows: Iterable[Row]) -> list[Row]:
     return [r for r in rows if r.get("status") == "ok"]
 
 
+def _matching(
+    rows: list[Row], workload: str, scene: str, channels: int, impl: str
+) -> Iterator[Row]:
+    """The rows of one (workload, scene, channels, impl), in order."""
+    key = (workload, scene, channels, impl)
+    return (r for r in rows if (r["workload"], r["scene"], r["channels"], r["impl"]) == key)
+
+
 def _find(rows: list[Row], workload: str, scene: str, channels: int, impl: str) -> Row | None:
-    for r in rows:
-        if (r["workload"], r["scene"], r["channels"], r["impl"]) == (
-            workload,
-            scene,
-            channels,
-            impl,
-        ) and r.get("status") == "ok":
-            return r
-    return None
+    matching = _matching(rows, workload, scene, channels, impl)
+    return next((r for r in matching if r.get("status") == "ok"), None)
 
 
 def _any(rows: list[Row], workload: str, scene: str, channels: int, impl: str) -> Row | None:
     """The row of ``impl`` whatever its status (ok, disagrees, not available)."""
-    for r in rows:
-        if (r["workload"], r["scene"], r["channels"], r["impl"]) == (
-            workload,
-            scene,
-            channels,
-            impl,
-        ):
-            return r
-    return None
+    return next(_matching(rows, workload, scene, channels, impl), None)
 
 
 def _cell(rows: list[Row], case: tuple[str, str, int], impl: str, threads: Any) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from torch_lattice.coord_rows import floor_cells, lookup_rows, unique_rows
+from torch_lattice.coord_rows import floor_rows, lookup_rows, unique_rows
 
 
 @pytest.mark.parametrize("top", [1, 7, 300, 2**31 - 1], ids=str)
@@ -43,8 +43,13 @@ def test_lookup_rows_finds_each_query_row_or_minus_one() -> None:
     assert lookup_rows(source, query[:0]).shape == (0,)
 
 
-def test_floor_cells_are_the_sorted_occupied_cells_of_the_coarse_grid() -> None:
+def test_floor_rows_are_the_sorted_occupied_cells_of_the_coarse_grid() -> None:
     rows = torch.tensor([[0, 5, 0, 1], [0, 4, 1, 0], [1, 0, 0, 0], [0, 1, 3, 3]], dtype=torch.int32)
-    cells = floor_cells(rows, (2, 2, 2))
-    assert cells.dtype == torch.int32
-    assert cells.tolist() == [[0, 0, 1, 1], [0, 2, 0, 0], [1, 0, 0, 0]]
+    assert floor_rows(rows, (2, 2, 2)).tolist() == [[0, 0, 1, 1], [0, 2, 0, 0], [1, 0, 0, 0]]
+
+
+def test_lookup_rows_never_matches_a_negative_query_row() -> None:
+    # Packed keys alias (0, 1, -1, 5) with (0, 0, 3, 5) when 3 is the largest y.
+    source = torch.tensor([[0, 0, 3, 5], [0, 1, 0, 0]])
+    query = torch.tensor([[0, 1, -1, 5], [0, 1, 0, 0], [-1, 0, 3, 5]])
+    assert lookup_rows(source, query).tolist() == [-1, 1, -1]

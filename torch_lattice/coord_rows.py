@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["floor_cells", "lookup_rows", "unique_rows"]
+__all__ = ["floor_rows", "lookup_rows", "unique_rows"]
 
 _KEY_LIMIT = 2**63
 
@@ -43,21 +43,25 @@ def unique_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def lookup_rows(source: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
     """``(M,)`` long: the row of ``source`` equal to each ``query`` row, -1 if none.
 
-    Both are non-negative ``(N, 4)`` integer rows; ``source`` rows are unique.
+    ``source`` holds unique non-negative ``(N, 4)`` integer rows; a ``query`` row with a
+    negative component matches none (the packed keys assume non-negative rows, where
+    ``(0, 1, -1, z)`` would alias ``(0, 0, Y - 1, z)``).
     """
+    out = torch.full((query.shape[0],), -1, dtype=torch.long, device=query.device)
+    valid = (query >= 0).all(dim=1)
+    query = query[valid]
     if source.shape[0] == 0 or query.shape[0] == 0:
-        return torch.full((query.shape[0],), -1, dtype=torch.long, device=query.device)
+        return out
     _, inverse = unique_rows(torch.cat((source, query)))
     table = torch.full((int(inverse.max()) + 1,), -1, dtype=torch.long, device=query.device)
     table[inverse[: source.shape[0]]] = torch.arange(source.shape[0], device=query.device)
-    return table[inverse[source.shape[0] :]]
+    out[valid] = table[inverse[source.shape[0] :]]
+    return out
 
 
-def floor_cells(rows: torch.Tensor, stride: tuple[int, int, int]) -> torch.Tensor:
-    """The cells of a ``stride`` grid that hold a row: ``unique((b, floor(c / stride)))``.
-
-    ``rows`` are non-negative ``(N, 4)`` integers; the result keeps their dtype and is
-    sorted by ``(b, x, y, z)`` (the MLX Lattice contract's support-generating rows).
-    """
-    scale = torch.tensor((1, *stride), dtype=rows.dtype, device=rows.device)
-    return unique_rows(torch.div(rows, scale, rounding_mode="floor"))[0]
+def floor_rows(rows: torch.Tensor, stride: tuple[int, int, int]) -> torch.Tensor:
+    """``unique{[b, floor(x / sx), floor(y / sy), floor(z / sz)]}`` of non-negative
+    ``(N, 4)`` rows as int64, sorted by ``(b, x, y, z)``: the cells of a coarser lattice
+    that hold a row (the artifact contract's no-target strided support)."""
+    scale = torch.tensor((1, *stride), dtype=torch.int64, device=rows.device)
+    return unique_rows(torch.div(rows.to(torch.int64), scale, rounding_mode="floor"))[0]

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from torch_lattice.geometry import ConvGeometry, Triple, triple
+from torch_lattice.locked_cache import get_or_build
 
 if TYPE_CHECKING:
     from torch_lattice.ops.kernel_map import KernelMap
@@ -177,14 +178,9 @@ class CoordinateManager:
     def generated_support(self, source: Support, geometry: ConvGeometry) -> Support:
         """Output support of a strided convolution of ``source`` (cached)."""
         key = (source, geometry)
-        hit = self._generated.get(key)  # a dict read is atomic: no lock on a hit
-        if hit is not None:
-            return hit
-        with self._lock:
-            hit = self._generated.get(key)
-            if hit is not None:
-                return hit
-            return self._build_generated(key, source, geometry)
+        return get_or_build(
+            self._generated, key, self._lock, lambda: self._build_generated(key, source, geometry)
+        )
 
     def _build_generated(
         self, key: tuple[Support, ConvGeometry], source: Support, geometry: ConvGeometry
@@ -215,14 +211,9 @@ class CoordinateManager:
         source has one.
         """
         key = (source, geometry)
-        hit = self._generative.get(key)
-        if hit is not None:
-            return hit
-        with self._lock:
-            hit = self._generative.get(key)
-            if hit is not None:
-                return hit
-            return self._build_generative(key, source, geometry)
+        return get_or_build(
+            self._generative, key, self._lock, lambda: self._build_generative(key, source, geometry)
+        )
 
     def _build_generative(
         self, key: tuple[Support, ConvGeometry], source: Support, geometry: ConvGeometry
@@ -267,19 +258,16 @@ class CoordinateManager:
     def kernel_map(self, source: Support, target: Support, geometry: ConvGeometry) -> KernelMap:
         """Kernel map relating ``source`` rows to ``target`` rows (cached)."""
         key = (source, target, geometry)
-        hit = self._kernel_maps.get(key)
-        if hit is not None:
-            return hit
-        with self._lock:
-            hit = self._kernel_maps.get(key)
-            if hit is not None:
-                return hit
+
+        def build() -> KernelMap:
             from torch_lattice.ops.kernel_map import build_kernel_map
 
             kmap = build_kernel_map(source.coords, target.coords, geometry)
             self.builds += 1
             self._kernel_maps[key] = kmap
             return kmap
+
+        return get_or_build(self._kernel_maps, key, self._lock, build)
 
     def derivations(self, support: Support) -> list[Derivation]:
         """The (source, geometry) pairs that generated ``support``."""

@@ -27,13 +27,13 @@ from typing import Any
 
 import torch
 
-from torch_lattice.ops._native import compute_dtype
+from torch_lattice.ops._native import REDUCTION_CODES, compute_dtype
 from torch_lattice.ops.voxel import devoxel_gather, devoxel_map, voxel_reduce, voxelize_coords
 from torch_lattice.tensor import CoordinateManager, SparseTensor, Support
 
 __all__ = ["collate", "devoxelize", "voxelize"]
 
-_REDUCTIONS = ("mean", "sum", "max")
+_REDUCTIONS = tuple(REDUCTION_CODES)  # ("mean", "sum", "max")
 _INTERPOLATIONS = ("nearest", "trilinear")
 
 

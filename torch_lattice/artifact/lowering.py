@@ -26,7 +26,7 @@ from torch_lattice.artifact.errors import ExportError
 from torch_lattice.artifact.mlir_text import ModuleText, Value, sparse_type, tensor_type
 from torch_lattice.artifact.weights import WeightTable, conv_weight_to_artifact, dtype_name
 from torch_lattice.backbones import unet
-from torch_lattice.coord_rows import floor_cells
+from torch_lattice.coord_rows import floor_rows
 from torch_lattice.geometry import triple
 from torch_lattice.nn import modules as M
 from torch_lattice.nn.functional import pooling as P
@@ -175,21 +175,19 @@ class Call:
         real.apply_defaults()
         return dict(sym.arguments), dict(real.arguments)
 
-    def sparse(self, value: Any, what: str) -> Sparse:
-        if not isinstance(value, Sparse):
+    def _expect(self, value: Any, kind: type, what: str, rule: str) -> Any:
+        if not isinstance(value, kind):
             raise ExportError(
-                f"{describe(self.node)}: {what} must be a SparseTensor computed in the graph, "
-                f"got {type(value).__name__}"
+                f"{describe(self.node)}: {what} must be {rule}, got {type(value).__name__}"
             )
         return value
 
+    def sparse(self, value: Any, what: str) -> Sparse:
+        return self._expect(value, Sparse, what, "a SparseTensor computed in the graph")
+
     def dense(self, value: Any, what: str) -> Dense:
-        if not isinstance(value, Dense):
-            raise ExportError(
-                f"{describe(self.node)}: {what} must be a dense tensor of the graph (for example "
-                f"features read with .feats), got {type(value).__name__}"
-            )
-        return value
+        rule = "a dense tensor of the graph (for example features read with .feats)"
+        return self._expect(value, Dense, what, rule)
 
 
 ModuleLowering = Callable[[Lowering, Call, nn.Module, str], Sym]
@@ -250,7 +248,7 @@ def check_generated_support(call: Call, what: str, geometry: Any, x: Any, out: A
         )
     if not isinstance(x, SparseTensor) or not isinstance(out, SparseTensor):
         return
-    theirs = floor_cells(x.coords, s)
+    theirs = floor_rows(x.coords, s)
     if theirs.shape[0] != out.coords.shape[0]:
         raise ExportError(
             f"{describe(call.node)}: on example_inputs this {what} drops "

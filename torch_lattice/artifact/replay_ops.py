@@ -21,12 +21,12 @@ import torch
 import torch_lattice as tl
 from torch_lattice.artifact.mlir_parse import Operation
 from torch_lattice.artifact.replay_weights import WeightValue
-from torch_lattice.coord_rows import floor_cells, lookup_rows
+from torch_lattice.coord_rows import floor_rows, lookup_rows
 from torch_lattice.geometry import ConvGeometry
 from torch_lattice.nn import functional as F
-from torch_lattice.nn.functional.normalized import check_eps
+from torch_lattice.nn.functional.normalized import check_eps, weight_normalized
+from torch_lattice.nn.functional.pooling import pool_over_map
 from torch_lattice.nn.functional.transposed_support import generated_transposed_support
-from torch_lattice.ops.pooling import pool_avg, pool_max, pool_sum
 from torch_lattice.tensor import SparseTensor, Support, multiply_stride
 
 __all__ = ["ELEMENTWISE_KINDS", "EXECUTORS", "ReplayContext", "boundary_coords"]
@@ -169,14 +169,11 @@ def _conv_executor(name: str) -> Executor:
             return F.generative_conv_transpose3d(inp, weight, bias, a["kernel_size"],
                                                  a["stride"])
 
-        try:
-            if normalized and family != "subm_conv3d" and w.shape[0] == 1:
-                return (_normalized_pointwise(conv, x, w, b, a["eps"]),)
-            if normalized:
-                return (F.normalized(conv, x, w, b, a["eps"]),)
-            return (conv(x, w, b),)
-        except (TypeError, ValueError) as exc:
-            raise type(exc)(f"{_where(op)}: {exc}") from None
+        if normalized and family != "subm_conv3d" and w.shape[0] == 1:
+            return (_call(op, _normalized_pointwise, conv, x, w, b, a["eps"]),)
+        if normalized:
+            return (_call(op, F.normalized, conv, x, w, b, a["eps"]),)
+        return (_call(op, conv, x, w, b),)
 
     return run
 
@@ -189,11 +186,8 @@ def _normalized_pointwise(conv: Callable[..., SparseTensor], x: SparseTensor, w:
     normalized_subm_conv3d), but the contract's normalized transposed and generative
     ops normalize at every kernel size.
     """
-    eps = check_eps(eps)
-    num = conv(x, w)
-    den = conv(x.replace(torch.ones_like(x.feats)), w * w)
-    y = num.feats / torch.sqrt(den.feats + eps)
-    return num.replace(y if b is None else y + b)
+    y = weight_normalized(conv, x, w, check_eps(eps))
+    return y if b is None else y.replace(y.feats + b)
 
 
 # --- pooling and resampling -----------------------------------------------------
@@ -221,8 +215,9 @@ def _floor_support(x: SparseTensor, stride: tuple[int, int, int]) -> Support:
     """
     if stride == (1, 1, 1):
         return x.support
+    cells = floor_rows(x.coords, stride)
     return x.coordinate_manager.new_support(
-        floor_cells(x.coords, stride), multiply_stride(x.stride, stride), None
+        cells.to(x.coords.dtype), multiply_stride(x.stride, stride), None
     )
 
 
@@ -233,13 +228,8 @@ def _pool3d(ctx: ReplayContext, op: Operation, args: list[Value]) -> tuple[Value
                      a["dilation"])
     target = _floor_support(x, a["stride"])
     kmap = x.coordinate_manager.kernel_map(x.support, target, geometry)
-    feats = x.feats.to(torch.float32)
-    if a["mode"] == "max":  # a row no input reaches gets 0
-        y = pool_max(feats, kmap.nbr, kmap.rev)[0]
-    elif a["mode"] == "avg":  # divided by the number of input rows that reach it
-        y = pool_avg(feats, kmap.nbr, kmap.rev)
-    else:
-        y = pool_sum(feats, kmap.nbr, kmap.rev)
+    # max: a row no input reaches gets 0; avg: divided by the input rows that reach it
+    y = pool_over_map(x.feats.to(torch.float32), kmap, a["mode"])
     return (SparseTensor.from_support(y, target),)
 
 
@@ -343,9 +333,14 @@ def _devoxelize(ctx: ReplayContext, op: Operation, args: list[Value]) -> tuple[V
         return (out,)
     lower = torch.floor(u)
     frac = u - lower
-    for corner in range(8):
-        d = torch.tensor([corner & 1, (corner >> 1) & 1, (corner >> 2) & 1], device=u.device)
-        rows = _find_rows(voxels.coords, torch.cat([b, lower.long() + d], dim=1))
+    corners = [
+        torch.tensor([corner & 1, (corner >> 1) & 1, (corner >> 2) & 1], device=u.device)
+        for corner in range(8)
+    ]
+    # One lookup of all 8 corners' rows (one sort of the voxel table, not 8).
+    queries = torch.cat([torch.cat([b, lower.long() + d], dim=1) for d in corners])
+    found = _find_rows(voxels.coords, queries).reshape(8, n)
+    for d, rows in zip(corners, found, strict=True):
         w = torch.where(d.bool(), frac, 1.0 - frac).prod(dim=1)
         hit = rows >= 0
         out[hit] += voxels.feats[rows[hit]] * w[hit].unsqueeze(1)

@@ -18,7 +18,14 @@ from __future__ import annotations
 import torch
 
 from torch_lattice.ops._cuda import _call_args, _check_coords, _workspace, require_cuda
-from torch_lattice.ops._native import _C, DTYPE_CODES, compute_dtype, ptr
+from torch_lattice.ops._native import (
+    _C,
+    DTYPE_CODES,
+    REDUCTION_CODES,
+    compute_dtype,
+    optional_ptr,
+    ptr,
+)
 
 __all__ = [
     "devoxel_gather",
@@ -31,8 +38,6 @@ __all__ = [
     "voxelize",
 ]
 
-# enum tl_voxel_reduction in csrc/tl_voxel.h
-_REDUCTIONS = {"mean": 0, "sum": 1, "max": 2}
 _FEATURE_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 
@@ -45,10 +50,6 @@ def _feature_code(op: str, dtype: torch.dtype) -> int:
             f"got {dtype}"
         )
     return DTYPE_CODES[dtype]
-
-
-def _batch_ptr(batch: torch.Tensor | None) -> int:
-    return 0 if batch is None else ptr(batch)
 
 
 def _with_batch(points: torch.Tensor, batch: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
@@ -86,7 +87,7 @@ def voxelize(
         stream,
         DTYPE_CODES[points.dtype],
         ptr(points),
-        _batch_ptr(batch),
+        optional_ptr(batch),
         n,
         tuple(voxel_size),
         tuple(origin),
@@ -111,7 +112,7 @@ def voxel_reduce(
     code = _feature_code("voxel_reduce", feats.dtype)
     feats, inverse = feats.contiguous(), inverse.contiguous()
     n, c = feats.shape
-    red = _REDUCTIONS[reduction]
+    red = REDUCTION_CODES[reduction]
     out = torch.empty((num_voxels, c), dtype=feats.dtype, device=device)
     arg_rows = num_voxels if reduction == "max" else 0
     arg = torch.empty((arg_rows, c), dtype=torch.int64, device=device)
@@ -163,7 +164,7 @@ def devoxel_map(
         stream,
         DTYPE_CODES[points.dtype],
         ptr(points),
-        _batch_ptr(batch),
+        optional_ptr(batch),
         n,
         tuple(voxel_size),
         tuple(origin),

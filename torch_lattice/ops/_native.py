@@ -8,6 +8,8 @@ from torch_lattice import _C
 
 # dtype codes of enum tl_dtype in csrc/tl_conv.h
 DTYPE_CODES = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3}
+# enum tl_voxel_reduction in csrc/tl_voxel.h
+REDUCTION_CODES = {"mean": 0, "sum": 1, "max": 2}
 
 
 def device_type(op: str, *tensors: torch.Tensor) -> str:
@@ -63,6 +65,11 @@ def ptr(t: torch.Tensor) -> int:
     return t.data_ptr() if t.numel() else 0
 
 
+def optional_ptr(t: torch.Tensor | None) -> int:
+    """:func:`ptr` of an optional operand (a null pointer for None, e.g. no batch column)."""
+    return 0 if t is None else ptr(t)
+
+
 def threads() -> int:
     """Threads for one C call: torch's intra-op setting, shared by all work."""
     return max(1, torch.get_num_threads())
@@ -70,10 +77,12 @@ def threads() -> int:
 
 __all__ = [
     "DTYPE_CODES",
+    "REDUCTION_CODES",
     "_C",
     "check_nbr",
     "compute_dtype",
     "device_type",
+    "optional_ptr",
     "ptr",
     "require_cpu",
     "threads",

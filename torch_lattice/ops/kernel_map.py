@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from torch_lattice.geometry import ConvGeometry
+from torch_lattice.locked_cache import get_or_build
 from torch_lattice.ops import _cuda, _cuda_blocks
 from torch_lattice.ops._native import _C, ptr, require_cpu, threads
 from torch_lattice.ops.pairs import PairLists, kernel_pairs, reverse_pairs
@@ -53,15 +54,13 @@ class KernelMap:
         Each direction is built only when asked for: one ``kernel_pairs``
         call (on CUDA, one readback of the pair count).
         """
-        hit = self._pairs.get(transposed)
-        if hit is not None:
-            return hit
-        with self._lock:
-            hit = self._pairs.get(transposed)
-            if hit is None:
-                hit = PairLists(*kernel_pairs(self.rev if transposed else self.nbr))
-                self._pairs[transposed] = hit
-            return hit
+
+        def build() -> PairLists:
+            built = PairLists(*kernel_pairs(self.rev if transposed else self.nbr))
+            self._pairs[transposed] = built
+            return built
+
+        return get_or_build(self._pairs, transposed, self._lock, build)
 
     def relation_pairs(self, transposed: bool = False) -> PairLists:
         """Pair lists for running the relation in one direction, building as little as possible.
@@ -74,13 +73,8 @@ class KernelMap:
         :meth:`pairs` of that direction.  So a map run forward, backward and transposed
         builds one pair list from a neighbour table.
         """
-        hit = self._pairs.get(transposed)
-        if hit is not None:
-            return hit
-        with self._lock:
-            hit = self._pairs.get(transposed)
-            if hit is not None:
-                return hit
+
+        def derive() -> PairLists:
             other = self._pairs.get(not transposed)
             if other is None:
                 return self.pairs(transposed)
@@ -88,6 +82,8 @@ class KernelMap:
             if derived.offsets.device.type == "cpu":
                 self._pairs[transposed] = derived
             return derived
+
+        return get_or_build(self._pairs, transposed, self._lock, derive)
 
 
 def _geom(kernel_size: list[int], stride: list[int], padding: list[int], dilation: list[int]):

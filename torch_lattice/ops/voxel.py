@@ -17,12 +17,19 @@ from typing import Any
 import torch
 
 from torch_lattice.ops import _cuda_blocks
-from torch_lattice.ops._native import _C, DTYPE_CODES, ptr, require_cpu, threads
+from torch_lattice.ops._native import (
+    _C,
+    DTYPE_CODES,
+    REDUCTION_CODES,
+    optional_ptr,
+    ptr,
+    require_cpu,
+    threads,
+)
 
 __all__ = ["REDUCTIONS", "devoxel_gather", "devoxel_map", "voxel_reduce", "voxelize_coords"]
 
-# enum tl_voxel_reduction in csrc/tl_voxel.h
-REDUCTIONS = {"mean": 0, "sum": 1, "max": 2}
+REDUCTIONS = REDUCTION_CODES  # enum tl_voxel_reduction, by name
 _TL_ERR_OVERFLOW = -3
 
 
@@ -51,10 +58,6 @@ def _point_error(
     )
 
 
-def _batch_ptr(batch: torch.Tensor | None) -> int:
-    return 0 if batch is None else ptr(batch)
-
-
 @torch.library.custom_op("lattice::voxelize_coords", mutates_args=())
 def voxelize_coords(
     points: torch.Tensor,
@@ -78,7 +81,7 @@ def voxelize_coords(
     st, bad = _C.voxel_quantize(
         DTYPE_CODES[points.dtype],
         ptr(points),
-        _batch_ptr(batch),
+        optional_ptr(batch),
         n,
         tuple(voxel_size),
         tuple(origin),
@@ -206,7 +209,7 @@ def devoxel_map(
     st, bad = _C.voxel_devoxel_map(
         DTYPE_CODES[points.dtype],
         ptr(points),
-        _batch_ptr(batch),
+        optional_ptr(batch),
         n,
         tuple(voxel_size),
         tuple(origin),

@@ -40,8 +40,8 @@ def inverse_support(src: SparseTensor, geometry: ConvGeometry) -> Support:
     Raises:
         ValueError: no Conv3d with this geometry is in ``src``'s history.
     """
-    source = cached_source_support(src, geometry)
-    if source is None:
+    found = cached_source_support(src, geometry)
+    if found is None:
         raise ValueError(
             "ConvTranspose3d(src) without a target needs src to be the output of a Conv3d "
             f"with the same geometry (kernel_size={geometry.kernel_size}, "
@@ -49,7 +49,7 @@ def inverse_support(src: SparseTensor, geometry: ConvGeometry) -> Support:
             f"dilation={geometry.dilation}); none is in src's history. Pass the target "
             "coordinates explicitly: up(src, target)"
         )
-    return source
+    return found
 
 
 def transpose_onto(
@@ -66,12 +66,6 @@ def transpose_onto(
 
 def _finish(y: torch.Tensor, bias: torch.Tensor | None, target: Support) -> SparseTensor:
     return SparseTensor.from_support(y if bias is None else y + bias, target)
-
-
-def _explicit_target(
-    src: SparseTensor, coordinates: SparseTensor | Support | torch.Tensor, geometry: ConvGeometry
-) -> Support:
-    return target_support(src, coordinates, divide_stride(src.stride, geometry.stride))
 
 
 def resolve_target(
@@ -120,7 +114,7 @@ def conv_transpose3d(
         config, target_transpose=coordinates is not None, device=input.feats.device
     )
     if coordinates is not None:
-        target = _explicit_target(input, coordinates, geometry)
+        target = resolve_target(input, coordinates, geometry.stride)
     elif geometry.is_identity:
         return pointwise(input, weight, bias)  # a 1x1x1 stride-1 Conv3d kept its support
     else:
@@ -151,8 +145,7 @@ def generative_conv_transpose3d(
     cfg = resolve_config(
         config, target_transpose=coordinates is not None, device=input.feats.device
     )
-    if coordinates is not None:
-        target = _explicit_target(input, coordinates, geometry)
-    else:
+    target = resolve_target(input, coordinates, geometry.stride)
+    if target is None:
         target = input.coordinate_manager.generative_support(input.support, geometry)
     return _finish(transpose_onto(input, weight, target, geometry, cfg), bias, target)

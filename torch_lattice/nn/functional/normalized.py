@@ -47,13 +47,18 @@ def normalized(
     if not isinstance(weight, torch.Tensor):
         raise TypeError(f"weight must be a torch.Tensor, got {type(weight).__name__}")
     check_bias(bias, weight)
-    num = conv(input, weight)
     if weight.shape[0] == 1:
-        y = num.feats
+        out = conv(input, weight)
     else:
-        ones = input.replace(torch.ones_like(input.feats))
-        den = conv(ones, weight * weight)
-        y = num.feats / torch.sqrt(den.feats + eps)
-    if bias is not None:
-        y = y + bias
-    return num.replace(y)
+        out = weight_normalized(conv, input, weight, eps)
+    return out.replace(out.feats if bias is None else out.feats + bias)
+
+
+def weight_normalized(
+    conv: ConvFn, input: SparseTensor, weight: torch.Tensor, eps: float
+) -> SparseTensor:
+    """``conv(input, weight) / sqrt(conv(1, weight**2) + eps)`` at any kernel size
+    (no bias, no checks: ``eps`` already checked)."""
+    num = conv(input, weight)
+    den = conv(input.replace(torch.ones_like(input.feats)), weight * weight)
+    return num.replace(num.feats / torch.sqrt(den.feats + eps))

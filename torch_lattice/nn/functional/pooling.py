@@ -21,11 +21,13 @@ from collections.abc import Sequence
 import torch
 
 from torch_lattice.geometry import ConvGeometry, kernel_positions, triple
-from torch_lattice.nn.functional.conv import generated_support, target_support
+from torch_lattice.nn.functional.conv import generated_support
+from torch_lattice.nn.functional.conv_transpose import resolve_target
 from torch_lattice.nn.functional.transposed_support import (
     cached_source_support,
     generated_transposed_support,
 )
+from torch_lattice.ops.kernel_map import KernelMap
 from torch_lattice.ops.pooling import pool_avg, pool_max, pool_sum
 from torch_lattice.tensor import SparseTensor, Support, divide_stride
 
@@ -53,20 +55,29 @@ def pool_geometry(
     )
 
 
-def _pool(x: SparseTensor, geometry: ConvGeometry, mode: str) -> SparseTensor:
+def _check_sparse(x: object, name: str) -> SparseTensor:
     if not isinstance(x, SparseTensor):
-        raise TypeError(f"input must be a torch_lattice.SparseTensor, got {type(x).__name__}")
+        raise TypeError(f"{name} must be a torch_lattice.SparseTensor, got {type(x).__name__}")
+    return x
+
+
+def pool_over_map(feats: torch.Tensor, kmap: KernelMap, mode: str) -> torch.Tensor:
+    """``(N_out, C)``: per output row of ``kmap``, the max (``"max"``), mean (``"avg"``)
+    or sum (any other mode) of ``feats`` over its present kernel rows (0 if none)."""
+    if mode == "max":
+        return pool_max(feats, kmap.nbr, kmap.rev)[0]
+    if mode == "avg":
+        return pool_avg(feats, kmap.nbr, kmap.rev)
+    return pool_sum(feats, kmap.nbr, kmap.rev)
+
+
+def _pool(x: SparseTensor, geometry: ConvGeometry, mode: str) -> SparseTensor:
+    _check_sparse(x, "input")
     if geometry.is_identity:
         return SparseTensor.from_support(x.feats, x.support)
     target = generated_support(x, geometry)
     kmap = x.coordinate_manager.kernel_map(x.support, target, geometry)
-    if mode == "max":
-        y, _ = pool_max(x.feats, kmap.nbr, kmap.rev)
-    elif mode == "avg":
-        y = pool_avg(x.feats, kmap.nbr, kmap.rev)
-    else:
-        y = pool_sum(x.feats, kmap.nbr, kmap.rev)
-    return SparseTensor.from_support(y, target)
+    return SparseTensor.from_support(pool_over_map(x.feats, kmap, mode), target)
 
 
 def max_pool3d(
@@ -107,20 +118,13 @@ def sum_pool3d(
     return _pool(input, pool_geometry(kernel_size, stride, padding, dilation), "sum")
 
 
-def _check_sparse(x: object, name: str) -> SparseTensor:
-    if not isinstance(x, SparseTensor):
-        raise TypeError(f"{name} must be a torch_lattice.SparseTensor, got {type(x).__name__}")
-    return x
-
-
 def _transpose_target(
     x: SparseTensor, target: SparseTensor | None, geometry: ConvGeometry
 ) -> Support | None:
     """``target``'s support, checked: stride ``x.stride / stride``, same device."""
-    if target is None:
-        return None
-    _check_sparse(target, "target")
-    return target_support(x, target, divide_stride(x.stride, geometry.stride))
+    if target is not None:
+        _check_sparse(target, "target")
+    return resolve_target(x, target, geometry.stride)
 
 
 def pool_transpose3d(

@@ -1,0 +1,32 @@
+"""Double-checked lookup of a cache shared between threads.
+
+A hit is a plain dict read (atomic, no lock).  A miss takes the owner's
+re-entrant lock and looks again before building, so threads that missed
+together build the entry once: the ones that waited take it from the cache.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Hashable
+from typing import TypeVar
+
+__all__ = ["get_or_build"]
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+def get_or_build(cache: dict[K, V], key: K, lock: threading.RLock, build: Callable[[], V]) -> V:
+    """``cache[key]`` when present, else ``build()`` under ``lock``.
+
+    ``build`` stores its result in ``cache`` itself when it should be kept.
+    """
+    hit = cache.get(key)
+    if hit is not None:
+        return hit
+    with lock:
+        hit = cache.get(key)
+        if hit is not None:
+            return hit
+        return build()
