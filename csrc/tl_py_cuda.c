@@ -281,23 +281,36 @@ static PyObject *py_cuda_conv(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* The arguments gather_rows and scatter_add_rows share: (device, stream, dtype, src,
+ * n0, c, idx, n1, dst) with pointers p[0..2] = src, idx, dst and sizes n[0..2] = n0, c,
+ * n1. Returns 0 with a Python exception set when they do not parse. */
+static int tl_parse_rows(PyObject *args, tl_ctx *ctx, char *err, tl_dtype *dtype,
+                         unsigned long long p[3], long long n[3]) {
+    int device, dt;
+    unsigned long long stream;
+    if (!PyArg_ParseTuple(args, "iKiKLLKLK", &device, &stream, &dt, &p[0], &n[0], &n[1], &p[1],
+                          &n[2], &p[2]))
+        return 0;
+    *dtype = (tl_dtype)dt;
+    *ctx = tl_cuda_ctx(device, stream, err);
+    return 1;
+}
+
 PyDoc_STRVAR(cuda_gather_rows_doc,
              "cuda_gather_rows(device, stream, dtype, src_ptr, n_src, c, idx_ptr, n_rows, "
              "dst_ptr)\n\ndst[r] = src[idx[r]] for the (n_rows, c) rows of dst.");
 static PyObject *py_cuda_gather_rows(PyObject *self, PyObject *args) {
     (void)self;
-    int device, dtype;
-    unsigned long long stream, psrc, pidx, pdst;
-    long long n_src, c, n_rows;
-    if (!PyArg_ParseTuple(args, "iKiKLLKLK", &device, &stream, &dtype, &psrc, &n_src, &c, &pidx,
-                          &n_rows, &pdst))
-        return NULL;
+    tl_ctx ctx;
     char err[TL_CUDA_ERR_BYTES];
-    tl_ctx ctx = tl_cuda_ctx(device, stream, err);
+    tl_dtype dtype;
+    unsigned long long p[3]; /* src, idx, dst */
+    long long n[3];          /* n_src, c, n_rows */
+    if (!tl_parse_rows(args, &ctx, err, &dtype, p, n)) return NULL;
     tl_status st;
     Py_BEGIN_ALLOW_THREADS
-    st = tl_cuda_gather_rows(&ctx, (tl_dtype)dtype, tl_ptr(psrc), n_src, c, tl_ptr(pidx), n_rows,
-                             tl_ptr(pdst));
+    st = tl_cuda_gather_rows(&ctx, dtype, tl_ptr(p[0]), n[0], n[1], tl_ptr(p[1]), n[2],
+                             tl_ptr(p[2]));
     Py_END_ALLOW_THREADS
     if (st != TL_OK) return tl_cuda_raise("cuda_gather_rows", "tl_cuda_gather_rows", st, &ctx);
     Py_RETURN_NONE;
@@ -308,18 +321,16 @@ PyDoc_STRVAR(cuda_scatter_add_rows_doc,
              "acc_ptr)\n\nacc[idx[r]] += src[r] in fp32 (atomics).");
 static PyObject *py_cuda_scatter_add_rows(PyObject *self, PyObject *args) {
     (void)self;
-    int device, dtype;
-    unsigned long long stream, psrc, pidx, pacc;
-    long long n_rows, c, n_dst;
-    if (!PyArg_ParseTuple(args, "iKiKLLKLK", &device, &stream, &dtype, &psrc, &n_rows, &c, &pidx,
-                          &n_dst, &pacc))
-        return NULL;
+    tl_ctx ctx;
     char err[TL_CUDA_ERR_BYTES];
-    tl_ctx ctx = tl_cuda_ctx(device, stream, err);
+    tl_dtype dtype;
+    unsigned long long p[3]; /* src, idx, acc */
+    long long n[3];          /* n_rows, c, n_dst */
+    if (!tl_parse_rows(args, &ctx, err, &dtype, p, n)) return NULL;
     tl_status st;
     Py_BEGIN_ALLOW_THREADS
-    st = tl_cuda_scatter_add_rows(&ctx, (tl_dtype)dtype, tl_ptr(psrc), n_rows, c, tl_ptr(pidx),
-                                  n_dst, tl_ptr(pacc));
+    st = tl_cuda_scatter_add_rows(&ctx, dtype, tl_ptr(p[0]), n[0], n[1], tl_ptr(p[1]), n[2],
+                                  tl_ptr(p[2]));
     Py_END_ALLOW_THREADS
     if (st != TL_OK)
         return tl_cuda_raise("cuda_scatter_add_rows", "tl_cuda_scatter_add_rows", st, &ctx);
