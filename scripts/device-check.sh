@@ -6,7 +6,7 @@
 #   bash scripts/device-check.sh              # on the GPU machine
 #   DEVICE_CHECK_DRY=1 bash scripts/device-check.sh   # rehearsal where there is no GPU
 #
-# Steps (each under its own time limit; the limits add up to 340 s, under 6 minutes):
+# Steps (each under its own time limit; the limits add up to 355 s, under 6 minutes):
 #   env     versions: GPU, python3, torch, setuptools, nvcc
 #   build   the extension in place (setup.py build_ext --inplace), sm_90 only
 #   import  torch_lattice._C: CUDA compiled in, devices seen
@@ -74,14 +74,14 @@ PYEOF
 }
 export -f env_report
 export DRY
-step env 20 bash -c env_report
+step env 15 bash -c env_report
 
 export CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
 export PATH="$PATH:$CUDA_HOME/bin"
 rm -f torch_lattice/_C*.so
-if step build 60 env TORCH_LATTICE_CUDA=1 TORCH_LATTICE_CUDA_ARCHS=90 \
+if step build 45 env TORCH_LATTICE_CUDA=1 TORCH_LATTICE_CUDA_ARCHS=90 \
     python3 setup.py -q build_ext --inplace --force; then
-    step import 20 python3 -c "import torch, torch_lattice._C as C; \
+    step import 15 python3 -c "import torch, torch_lattice._C as C; \
 print('cuda_compiled', C.cuda_compiled(), 'devices', C.cuda_device_count(), \
 'torch sees', torch.cuda.device_count()); \
 assert C.cuda_compiled(), 'built without CUDA'"
@@ -89,7 +89,7 @@ assert C.cuda_compiled(), 'built without CUDA'"
     # limit still says which tests failed.
     # 8 workers x 2 CPU threads fill the machine's 16 cores; torch's default (16 threads in
     # each worker) oversubscribes them while the tests compute their CPU references.
-    step test 180 env OMP_NUM_THREADS=2 python3 -m pytest -v -n 8 -p no:cacheprovider -rfEs --tb=short --durations=15 \
+    step test 230 env OMP_NUM_THREADS=2 python3 -m pytest -v -n 8 -p no:cacheprovider -rfEs --tb=short --durations=15 \
         -m cuda tests/ --junitxml="$OUT/test-junit.xml"
     grep -E "^\[gw[0-9]+\].* (FAILED|ERROR) " "$OUT/test.log" | sed 's/^.*\(FAILED\|ERROR\) /    \1 /' \
         | sort | uniq | tee -a "$BODY" > /dev/null
@@ -97,7 +97,7 @@ assert C.cuda_compiled(), 'built without CUDA'"
         skip bench "dry: needs a GPU"
         step bench-import 10 python3 -c "import benchmarks.gpu"
     else
-        step bench 60 env PYTHONUNBUFFERED=1 python3 -m benchmarks.gpu --out "$OUT/bench.md"
+        step bench 50 env PYTHONUNBUFFERED=1 python3 -m benchmarks.gpu --out "$OUT/bench.md"
     fi
 else
     FAILED+=(import test bench)
