@@ -42,6 +42,16 @@ static PyObject *tl_raise_rule(const char *fn, tl_status st, const char *rule) {
     return NULL;
 }
 
+PyObject *tl_raise_generative(tl_status st) {
+    if (st == TL_ERR_OVERFLOW)
+        return tl_raise_rule("generative", st,
+                             "coords * stride + kernel_size - 1 must fit int32 on every axis");
+    if (st == TL_ERR_INVALID)
+        return tl_raise_rule("generative", st,
+                             "coords must be non-negative, padding 0 and dilation 1");
+    return tl_raise("generative", st);
+}
+
 /* Values of TORCH_LATTICE_CPU_ISA; the first name of each level is the one
  * cpu_isa() reports. */
 static const struct {
@@ -204,12 +214,7 @@ static PyObject *py_generative(PyObject *self, PyObject *args) {
     tl_status st;
     Py_BEGIN_ALLOW_THREADS st =
         tl_generative_support(tl_ptr(pin), n_in, &g, tl_ptr(pout), cap, (int64_t *)&n_out);
-    Py_END_ALLOW_THREADS if (st == TL_ERR_OVERFLOW) return tl_raise_rule(
-        "generative", st, "coords * stride + kernel_size - 1 must fit int32 on every axis");
-    if (st == TL_ERR_INVALID)
-        return tl_raise_rule("generative", st,
-                             "coords must be non-negative, padding 0 and dilation 1");
-    if (st != TL_OK) return tl_raise("generative", st);
+    Py_END_ALLOW_THREADS if (st != TL_OK) return tl_raise_generative(st);
     return PyLong_FromLongLong(n_out);
 }
 

@@ -20,6 +20,10 @@
  *   OverflowError, TL_ERR_NOMEM -> MemoryError, others -> RuntimeError. */
 PyObject *tl_raise(const char *fn, tl_status st);
 
+/* tl_raise for a generative-support status, with the rule the arguments broke.
+ * The CPU and CUDA bindings both raise through it, so they say the same. */
+PyObject *tl_raise_generative(tl_status st);
+
 /* Pointer passed from Python as an int (tensor.data_ptr()). */
 static inline void *tl_ptr(unsigned long long p) { return (void *)(uintptr_t)p; }
 

@@ -273,7 +273,9 @@ static PyObject *py_cuda_generative(PyObject *self, PyObject *args) {
     st = tl_cuda_generative_support(&ctx, tl_ptr(pin), n_in, &g, tl_ptr(pws), tl_ptr(pout), cap,
                                     &n_out);
     Py_END_ALLOW_THREADS
-    if (st != TL_OK) return tl_cuda_raise("generative", "tl_cuda_generative_support", st, &ctx);
+    if (st == TL_ERR_CUDA)
+        return tl_cuda_raise("generative", "tl_cuda_generative_support", st, &ctx);
+    if (st != TL_OK) return tl_raise_generative(st);
     return PyLong_FromLongLong((long long)n_out);
 }
 

@@ -13,7 +13,8 @@
 #   test    the CUDA tests (every test marked cuda: tests/test_cuda*.py and the GPU cases
 #           of the other files) with pytest -n 8
 #   bench   python3 -m benchmarks.gpu (single layers and SparseResUNet42)
-# The dry mode skips only what needs a GPU: nvidia-smi, and the bench; the tests still run
+#   accuracy  python3 -m benchmarks.gpu_accuracy (SparseResUNet42 errors against the CPU)
+# The dry mode skips only what needs a GPU: nvidia-smi, the bench and accuracy; the tests still run
 # (they skip themselves without a GPU, and the non-GPU checks among them run).
 # Logs go to $OUT (default /tmp/device-check).  $OUT/summary.txt starts with a one-line
 # verdict and ends with the benchmark table.  A failing step does not stop later ones
@@ -89,15 +90,18 @@ assert C.cuda_compiled(), 'built without CUDA'"
     # limit still says which tests failed.
     # 8 workers x 2 CPU threads fill the machine's 16 cores; torch's default (16 threads in
     # each worker) oversubscribes them while the tests compute their CPU references.
-    step test 230 env OMP_NUM_THREADS=2 python3 -m pytest -v -n 8 -p no:cacheprovider -rfEs --tb=short --durations=15 \
+    step test 185 env OMP_NUM_THREADS=2 python3 -m pytest -v -n 8 -p no:cacheprovider -rfEs --tb=short --durations=15 \
         -m cuda tests/ --junitxml="$OUT/test-junit.xml"
     grep -E "^\[gw[0-9]+\].* (FAILED|ERROR) " "$OUT/test.log" | sed 's/^.*\(FAILED\|ERROR\) /    \1 /' \
         | sort | uniq | tee -a "$BODY" > /dev/null
     if [ "$DRY" = 1 ]; then
         skip bench "dry: needs a GPU"
-        step bench-import 10 python3 -c "import benchmarks.gpu"
+        skip accuracy "dry: needs a GPU"
+        step bench-import 10 python3 -c "import benchmarks.gpu, benchmarks.gpu_accuracy"
     else
         step bench 50 env PYTHONUNBUFFERED=1 python3 -m benchmarks.gpu --out "$OUT/bench.md"
+        step accuracy 45 env PYTHONUNBUFFERED=1 python3 -m benchmarks.gpu_accuracy \
+            --out "$OUT/accuracy.md"
     fi
 else
     FAILED+=(import test bench)
@@ -127,6 +131,7 @@ SUMMARY="$OUT/summary.txt"
     fi
     cat "$BODY"
     echo
+    if [ -f "$OUT/accuracy.md" ]; then cat "$OUT/accuracy.md"; echo; fi
     if [ -f "$OUT/bench.md" ]; then cat "$OUT/bench.md"; else echo "(no benchmark table)"; fi
 } > "$SUMMARY"
 rm -f "$BODY"

@@ -82,7 +82,7 @@ def run(net: Net, x: tl.SparseTensor, seed: int = 2):
         if isinstance(y, tl.SparseTensor):
             coords.append(y.coords)
         feats.append(f)
-        wts = torch.randn(f.shape, generator=g, dtype=torch.float64).to(f.dtype)
+        wts = torch.randn(f.shape, generator=g, dtype=torch.float64).to(f.device, f.dtype)
         loss = loss + (f * wts).sum()
     params = list(net.parameters())
     grads = torch.autograd.grad(loss, [x.feats, *params])

@@ -191,7 +191,7 @@ def test_voxel_reduce_backward_matches_cpu(reduction):
     grad = _feats(300, 3, seed=10, dtype=torch.float64)
     grads = []
     for dev in ("cpu", "cuda"):
-        f = feats.to(dev).requires_grad_(True)
+        f = feats.to(dev).detach().requires_grad_(True)  # a leaf on each device
         out, _ = ops.voxel_reduce(f, inv.to(dev), 300, reduction)
         (out * grad.to(dev)).sum().backward()
         grads.append(f.grad.cpu())
@@ -249,7 +249,7 @@ def test_voxelize_devoxelize_api_forward_backward(interpolation, reduction):
     feats = _feats(6000, 4, seed=16, dtype=torch.float64)
     results = []
     for dev in ("cpu", "cuda"):
-        f = feats.to(dev).requires_grad_(True)
+        f = feats.to(dev).detach().requires_grad_(True)  # a leaf on each device
         kw = {"batch_indices": batch.to(dev), "voxel_size": 0.4, "origin": 0.0}
         v = tl.voxelize(pts.to(dev), f, reduction=reduction, **kw)
         out = tl.devoxelize(pts.to(dev), v, interpolation=interpolation, **kw)
@@ -324,7 +324,7 @@ def test_pool_backward_matches_cpu(op, dtype):
     grad = _feats(nbr.shape[0], 4, seed=21, dtype=dtype)
     grads = []
     for dev in ("cpu", "cuda"):
-        f = feats.to(dev).requires_grad_(True)
+        f = feats.to(dev).detach().requires_grad_(True)  # a leaf on each device
         y = getattr(ops, op)(f, nbr.to(dev), rev.to(dev))
         y = y[0] if op == "pool_max" else y
         (y * grad.to(dev)).sum().backward()

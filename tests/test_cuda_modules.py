@@ -194,5 +194,5 @@ def test_bad_inputs_on_the_gpu() -> None:
             torch.randn(4, 3, device="cuda"), torch.randn(8, 3, 4, device="cuda"), nbr, nbr
         )
     dup = torch.tensor([[0, 1, 1, 1], [0, 1, 1, 1]], dtype=torch.int32, device="cuda")
-    with pytest.raises(ValueError, match="duplicate"):
+    with pytest.raises(ValueError, match="must be unique"):
         tl.nn.SubmConv3d(1, 1).cuda()(tl.SparseTensor(torch.ones(2, 1, device="cuda"), dup))
