@@ -1,6 +1,7 @@
 """Accuracy of SparseResUNet42 on CUDA: ``python3 -m benchmarks.gpu_accuracy [--out FILE]``.
 
-Runs the same network (eval mode, so batch norm is a fixed affine map) forward and backward
+Runs the same network (eval mode, so batch norm is a fixed affine map; ReLUs replaced by
+SiLU unless ``--activation relu``, see ``smooth_activations``) forward and backward
 on a LiDAR crop, once in float64 on the CPU (the reference), once in float32 on the CPU
 (the yardstick: what float32 costs on the verified path), and on the GPU for every dataflow
 in fp32, TF32, fp16 and bf16. For the output, the input gradient and every parameter
@@ -26,6 +27,7 @@ PRECISIONS = {
     "bf16": (torch.bfloat16, False),
 }
 F64 = torch.float64
+ACTIVATION_NAMES = {"silu": "SiLU", "relu": "ReLU"}
 
 
 def crop(coords: torch.Tensor, rows: int) -> torch.Tensor:
@@ -51,6 +53,25 @@ def run(model: torch.nn.Module, feats: torch.Tensor, coords: torch.Tensor):
     return y.feats.detach().cpu().to(F64), x.feats.grad.detach().cpu().to(F64), grads
 
 
+def smooth_activations(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` with every ReLU replaced by SiLU, in place; returns it.
+
+    For comparing gradients across devices or precisions (this tool and the CUDA tests).
+    ReLU's gradient jumps where rounding moves a pre-activation across zero, so a
+    rounding-level difference in the forward changes the gradient by whole terms: on the
+    CPU, a relative input change of 1e-7 moves SparseResUNet42's float32 input gradient by
+    5e-4 of its largest value. SiLU is smooth, so the gradients then differ only by
+    rounding (about 1e-6 there).
+    """
+    from torch_lattice.nn.modules.activation import ReLU, SiLU
+
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, ReLU):
+                setattr(module, name, SiLU())
+    return model
+
+
 def rel(a: torch.Tensor, ref: torch.Tensor) -> float:
     """``max|a - ref| / max|ref|`` (0 for empty tensors)."""
     if ref.numel() == 0:
@@ -67,6 +88,12 @@ def compare(result, ref) -> tuple[float, float, float, str]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu_accuracy", description=__doc__)
     parser.add_argument("--voxels", type=int, default=20_000, help="rows of the LiDAR crop")
+    parser.add_argument(
+        "--activation",
+        choices=tuple(ACTIVATION_NAMES),
+        default="silu",
+        help="the network's activations: its own ReLU, or SiLU (gradients without kinks)",
+    )
     parser.add_argument("--out", type=Path, help="also write the table to this file")
     args = parser.parse_args(argv)
     if args.voxels < 1:
@@ -84,8 +111,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     feats = torch.randn(coords.shape[0], 4, generator=torch.Generator().manual_seed(2))
     lines = [
         f"{torch.cuda.get_device_name()}, torch {torch.__version__}; SparseResUNet42(4, 20, "
-        f"width=0.5), eval mode, LiDAR crop of {coords.shape[0]} voxels; max|diff| / max|ref| "
-        "against the CPU in float64",
+        f"width=0.5), {ACTIVATION_NAMES[args.activation]}, eval mode, LiDAR crop of "
+        f"{coords.shape[0]} voxels; max|diff| / max|ref| against the CPU in float64",
         "",
         "| precision | run | output | input grad | worst parameter grad |",
         "|---|---|---|---|---|",
@@ -95,7 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     def model(dtype: torch.dtype, device: str, rounded: dict) -> torch.nn.Module:
         m = SparseResUNet42(4, 20, width=0.5).to(device, dtype).eval()
         m.load_state_dict(rounded)
-        return m
+        return smooth_activations(m) if args.activation == "silu" else m
 
     for prec, (dtype, tf32) in PRECISIONS.items():
         # Inputs and weights rounded to the storage type, so every run sees the same numbers.

@@ -5,7 +5,10 @@ from __future__ import annotations
 import torch
 
 import torch_lattice.ops  # noqa: F401  (registers the lattice ops the helpers call)
+from benchmarks.gpu_accuracy import smooth_activations
 from torch_lattice.geometry import ConvGeometry
+
+__all__ = ["cpu_support", "geometry_lists", "random_coords", "smooth_activations"]
 
 
 def random_coords(n: int, side: int, seed: int, batches: int = 2) -> torch.Tensor:

@@ -30,6 +30,11 @@ from torch_lattice.ops import kernel_map as km
 from torch_lattice.ops import pooling, voxel
 from torch_lattice.ops._native import _C
 
+try:
+    from cuda_helpers import smooth_activations
+except ImportError:  # tests/ may become a package; then it is imported through it
+    from tests.cuda_helpers import smooth_activations
+
 pytestmark = pytest.mark.cuda
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 ops = torch.ops.lattice
@@ -422,6 +427,11 @@ def test_sparse_res_unet42_cuda_matches_cpu():
     assert gy.feats.is_cuda and torch.equal(gy.coords.cpu(), y.coords)
     scale = float(y.feats.detach().abs().max())
     torch.testing.assert_close(gy.feats.cpu(), y.feats, rtol=1e-3, atol=1e-3 * scale)
+    # Gradients through smooth activations: ReLU's would jump with rounding.
+    smooth_activations(net)
+    smooth_activations(gnet)
+    y = net(x)
+    gy = gnet(x.to("cuda"))
     target = torch.randn(y.feats.shape, generator=torch.Generator().manual_seed(1))
     (y.feats * target).sum().backward()
     (gy.feats * target.cuda()).sum().backward()

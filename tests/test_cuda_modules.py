@@ -11,7 +11,8 @@ reference value:
   to the storage type, plus the rounding of the intermediate gradient the backward reads).
 
 Every dataflow runs forward and both gradients, so the pair dataflows' input gradient goes
-through the reversed pair lists (``rev``).
+through the reversed pair lists (``rev``). SparseResUNet42's gradients are compared with its
+ReLUs replaced by SiLU (``cuda_helpers.smooth_activations`` says why).
 """
 
 from __future__ import annotations
@@ -27,8 +28,10 @@ from torch_lattice.nn.functional import ConvConfig, Dataflow
 
 try:
     from cuda_helpers import random_coords as _coords
+    from cuda_helpers import smooth_activations
 except ImportError:  # tests/ may become a package; then it is imported through it
     from tests.cuda_helpers import random_coords as _coords
+    from tests.cuda_helpers import smooth_activations
 
 pytestmark = pytest.mark.cuda
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -149,14 +152,20 @@ def test_resunet42_forward_backward_matches_cpu(dataflow: Dataflow) -> None:
     gpu = gpu.cuda().eval()
     feats = torch.randn(coords.shape[0], 3, generator=torch.Generator().manual_seed(1))
     with conv_config(ConvConfig(dataflow=dataflow)):
+        y_ref, _ = _run(ref, feats.to(F64), coords, 4)
+        y, _ = _run(gpu, feats.cuda(), coords.cuda(), 4)
+        assert torch.equal(y.coords.cpu(), y_ref.coords)
+        _close(y.feats, y_ref.feats, 1e-4, "output")
+        # Gradients through smooth activations (see smooth_activations): with ReLU a
+        # rounding-level difference flips masks, and GPU run 3 saw 2.6e-3 in one bias.
+        for model in (ref, gpu):
+            smooth_activations(model).zero_grad(set_to_none=True)
         y_ref, dx_ref = _run(ref, feats.to(F64), coords, 4)
         y, dx = _run(gpu, feats.cuda(), coords.cuda(), 4)
-    assert torch.equal(y.coords.cpu(), y_ref.coords)
-    # 42 convolutions deep: fp32 rounding grows with depth.
-    _close(y.feats, y_ref.feats, 2e-3, "output")
-    _close(dx, dx_ref, 2e-3, "input gradient")
+    _close(y.feats, y_ref.feats, 1e-4, "output with SiLU")
+    _close(dx, dx_ref, 1e-4, "input gradient")
     for (name, p_ref), p_gpu in zip(ref.named_parameters(), gpu.parameters(), strict=True):
-        _close(p_gpu.grad, p_ref.grad, 2e-3, f"gradient of {name}")
+        _close(p_gpu.grad, p_ref.grad, 1e-4, f"gradient of {name}")
 
 
 @needs_gpu
