@@ -82,13 +82,13 @@ class ConvConfig:
 
 DEFAULT = ConvConfig(dataflow=Dataflow.ImplicitGEMM, allow_tf32=False)
 
-# The CUDA default: gather-scatter (its GEMMs are cuBLAS's) until a recorded run of
-# scripts/device-check.sh on a real GPU has verified the current kernels of the other
-# dataflows (every dataflow x dtype x forward / input gradient / weight gradient against
-# the CPU); then the fastest verified one.  docs/gpu-validation.md holds the runs: the
-# first (2026-11-30) verified all three at the kernels of that day, fetch-on-demand
-# fastest; the kernels changed after it, and the second run's tests did not complete.
-CUDA_DEFAULT = ConvConfig(dataflow=Dataflow.GatherScatter, allow_tf32=False)
+# The CUDA default: the fastest dataflow that a recorded run of scripts/device-check.sh on
+# a real GPU has verified at the current kernels (every dataflow x dtype x forward / input
+# gradient / weight gradient against the CPU); gather-scatter (cuBLAS GEMMs) while none
+# has.  docs/gpu-validation.md holds the runs: run 4 (2026-12-01, H200) passed every CUDA
+# test, and fetch-on-demand was the fastest there in 14 of the 16 single-layer cases
+# (C x precision) and in all 4 SparseResUNet42 ones.
+CUDA_DEFAULT = ConvConfig(dataflow=Dataflow.FetchOnDemand, allow_tf32=False)
 
 
 def _device_default(device: object) -> ConvConfig:
