@@ -509,3 +509,45 @@ def test_python_m_benchmarks_uses_an_installed_package_over_unbuilt_source(
     assert done.returncode == 0, done.stderr[-2000:]
     meta = json.loads((out / "results.json").read_text())["meta"]
     assert Path(meta["torch_lattice"]) == (site / "torch_lattice").resolve()
+
+
+def test_smooth_activations_swaps_every_relu_and_nothing_else() -> None:
+    from benchmarks.gpu_accuracy import smooth_activations
+    from torch_lattice.nn.modules.activation import ReLU, SiLU
+
+    net = tl.backbones.SparseResUNet42(3, 5, width=0.25)
+    keys = list(net.state_dict())
+    relus = sum(isinstance(m, ReLU) for m in net.modules())
+    assert relus > 20
+    assert smooth_activations(net) is net
+    assert not any(isinstance(m, ReLU) for m in net.modules())
+    assert sum(isinstance(m, SiLU) for m in net.modules()) == relus
+    assert list(net.state_dict()) == keys
+    coords = scenes.tiny_scene(12).coords
+    y = net.eval()(tl.SparseTensor(torch.randn(coords.shape[0], 3), coords))
+    assert y.feats.shape == (coords.shape[0], 5) and torch.isfinite(y.feats).all()
+
+
+def test_gpu_accuracy_crop_and_errors() -> None:
+    from benchmarks.gpu_accuracy import compare, crop, rel
+
+    coords = scenes.tiny_scene(24).coords
+    slab = crop(coords, 100)
+    assert slab.shape[0] >= 100
+    assert slab[:, 1].max() <= coords[:, 1].kthvalue(100).values
+    assert torch.equal(crop(coords, 10**6), coords)
+    ref = torch.tensor([2.0, -4.0])
+    assert rel(torch.tensor([2.0, -3.0]), ref) == 0.25 and rel(ref[:0], ref[:0]) == 0.0
+    grads = {"a": torch.ones(2), "b": torch.tensor([1.0, 1.5])}
+    out = compare((ref, ref, grads), (ref, ref, {"a": torch.ones(2), "b": torch.ones(2)}))
+    assert out == (0.0, 0.0, 0.5, "b")
+
+
+def test_gpu_tools_say_when_there_is_no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    from benchmarks import gpu, gpu_accuracy
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert gpu_accuracy.main([]) == 2
+    assert gpu.main([]) == 2
+    with pytest.raises(SystemExit):
+        gpu_accuracy.main(["--voxels", "0"])
