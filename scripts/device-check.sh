@@ -14,8 +14,8 @@
 #           of the other files) with pytest -n 8
 #   bench   python3 -m benchmarks.gpu (single layers and SparseResUNet42)
 #   accuracy  python3 -m benchmarks.gpu_accuracy (SparseResUNet42 errors against the CPU)
-# The dry mode skips only what needs a GPU: nvidia-smi, the bench and accuracy; the tests still run
-# (they skip themselves without a GPU, and the non-GPU checks among them run).
+# The dry mode skips only what needs a GPU: nvidia-smi, the bench and accuracy; the tests
+# still run (they skip themselves without a GPU, and the non-GPU checks among them run).
 # Logs go to $OUT (default /tmp/device-check).  $OUT/summary.txt starts with a one-line
 # verdict and ends with the benchmark table.  A failing step does not stop later ones
 # unless they need it.
