@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import torch
 
 import torch_lattice.ops  # noqa: F401  (registers the lattice ops the helpers call)
-from benchmarks.gpu_accuracy import smooth_activations
 from torch_lattice.geometry import ConvGeometry
+
+# benchmarks/ sits beside tests/; a plain `pytest` run does not put the root on sys.path.
+ROOT = str(Path(__file__).resolve().parent.parent)
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from benchmarks.gpu_accuracy import smooth_activations  # noqa: E402
 
 __all__ = ["cpu_support", "geometry_lists", "random_coords", "smooth_activations"]
 
