@@ -104,8 +104,8 @@ assert C.cuda_compiled(), 'built without CUDA'"
             --out "$OUT/accuracy.md"
     fi
 else
-    FAILED+=(import test bench)
-    log "build failed: see build.log (import, tests and benchmark not run)"
+    FAILED+=(import test bench accuracy)
+    log "build failed: see build.log (import, tests, benchmark and accuracy not run)"
 fi
 
 # Test counts from the junit file (pytest -n 8 prints no single summary line per worker).
