@@ -110,7 +110,9 @@ def test_conv3d_and_target_conv3d_match_dense_torch(tmp_path: Path, target: bool
         # the contract's forward support: unique(floor(c / stride)) over the input rows
         cells = x.coords // torch.tensor([1, *st], dtype=x.coords.dtype)
         assert torch.equal(logical.to(cells.dtype), torch.unique(cells, dim=0))
-    ref = _dense_at(x, wd, logical, st, pad, (1, 1, 1)) + bias
+    # the contract centres odd kernel axes: dense padding p + k // 2 there
+    dense_pad = tuple(pad[a] + (ks[a] // 2 if ks[a] % 2 else 0) for a in range(3))
+    ref = _dense_at(x, wd, logical, st, dense_pad, (1, 1, 1)) + bias
     torch.testing.assert_close(out.features, ref, rtol=1e-5, atol=1e-5)
 
 
@@ -145,7 +147,8 @@ def test_transpose_family_matches_dense_and_library(tmp_path: Path) -> None:
     # the contract's no-target conv3d rows: unique(floor(c / stride)) over x's rows
     cells = torch.unique(x.coords // torch.tensor([1, *st], dtype=x.coords.dtype), dim=0)
     floor_rows = SparseTensor(torch.zeros(cells.shape[0], 1), cells, stride=st)
-    down = F.conv3d(x, oracle_canonical(wdown), None, ks, st, coordinates=floor_rows)
+    # the odd middle axis (k = 3) is centred in the contract: library padding 1 there
+    down = F.conv3d(x, oracle_canonical(wdown), None, ks, st, (0, 1, 0), coordinates=floor_rows)
     generated = _generated(down.coords, ks, st)
     assert generated.shape[0] > x.coords.shape[0]  # not the support x had
     for name, support in (("up", generated), ("onto_x", x.coords)):

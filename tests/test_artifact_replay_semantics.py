@@ -361,7 +361,7 @@ PL = {(0, 0, 0, 0): [1.0], (0, 1, 0, 1): [-3.0], (0, 1, 1, 1): [2.0], (0, 2, 0, 
 
 # The contract's forward relation without a target: output rows unique(floor(c / s)) over
 # the input rows (kernel, padding and dilation do not change them); output o reads the input
-# rows o * s + r * d - p.
+# rows o * s + off(r) * d - p, off(r) = r - k // 2 on odd kernel axes (centred), r on even.
 FORWARD_GEOMETRIES = [((2, 2, 2), (2, 2, 2), (0, 0, 0), (1, 1, 1)),
                       ((3, 3, 3), (2, 2, 2), (1, 1, 1), (1, 1, 1)),
                       ((3, 3, 3), (1, 1, 1), (0, 0, 0), (1, 1, 1)),
@@ -375,10 +375,13 @@ def _forward_out(x: dict[tuple[int, ...], Any], stride: tuple[int, int, int]
     return sorted({(c[0], *(c[a + 1] // stride[a] for a in range(3))) for c in x})
 
 
-def _forward_src(stride: tuple[int, ...], padding: tuple[int, ...], dilation: tuple[int, ...]
-                 ) -> Any:
+def _forward_src(ks: tuple[int, ...], stride: tuple[int, ...], padding: tuple[int, ...],
+                 dilation: tuple[int, ...]) -> Any:
+    def off(r: int, a: int) -> int:
+        return r - ks[a] // 2 if ks[a] % 2 else r
+
     def src(o: tuple[int, ...], k: tuple[int, ...]) -> tuple[int, ...]:
-        return (o[0], *(o[a + 1] * stride[a] + k[a] * dilation[a] - padding[a]
+        return (o[0], *(o[a + 1] * stride[a] + off(k[a], a) * dilation[a] - padding[a]
                         for a in range(3)))
 
     return src
@@ -392,12 +395,13 @@ def test_pool3d_modes_over_contributing_rows(mode: str, ks: tuple[int, int, int]
                                              dilation: tuple[int, int, int]) -> None:
     got = _run("pool3d", [_sp(PL)], mode=mode, kernel_size=ks, stride=stride, padding=padding,
                dilation=dilation)
-    src = _forward_src(stride, padding, dilation)
+    src = _forward_src(ks, stride, padding, dilation)
     red = {"sum": sum, "max": max, "avg": lambda v: sum(v) / len(v)}[mode]  # avg: row count
+    nothing = float("-inf") if mode == "max" else 0.0  # the consumer's max over no row
     want = {}
     for o in _forward_out(PL, stride):
         vals = [PL[s][0] for k in product(*(range(n) for n in ks)) if (s := src(o, k)) in PL]
-        want[o] = [red(vals) if vals else 0.0]
+        want[o] = [red(vals) if vals else nothing]
     _same(got, want, stride=stride)
 
 
@@ -626,9 +630,7 @@ def test_target_conv3d_on_target(ks: tuple[int, int, int], stride: tuple[int, in
                kernel_size=ks, stride=stride, padding=padding, dilation=(1, 1, 1),
                accumulation="canonical_f32")
 
-    def src(o: tuple[int, ...], k: tuple[int, ...]) -> tuple[int, ...]:  # c = o * s + k - p
-        return (o[0], *(o[a + 1] * stride[a] + k[a] - padding[a] for a in range(3)))
-
+    src = _forward_src(ks, stride, padding, (1, 1, 1))  # centred on odd axes
     _same(got, _brute(CX, w, tgt, src, b, None), stride=stride)
 
 
@@ -639,6 +641,6 @@ def test_conv3d_generates_floor_support(ks: tuple[int, int, int], stride: tuple[
     w, b, wargs = _conv_args(ks, seed=5)
     got = _run("conv3d", [_sp(CX), *wargs], kernel_size=ks, stride=stride, padding=padding,
                dilation=dilation, accumulation="canonical_f32")
-    want = _brute(CX, w, _forward_out(CX, stride), _forward_src(stride, padding, dilation), b,
+    want = _brute(CX, w, _forward_out(CX, stride), _forward_src(ks, stride, padding, dilation), b,
                   None)
     _same(got, want, stride=stride)

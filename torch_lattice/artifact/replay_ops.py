@@ -20,6 +20,7 @@ import torch
 
 import torch_lattice as tl
 from torch_lattice.artifact.mlir_parse import Operation
+from torch_lattice.artifact.relations import library_padding
 from torch_lattice.artifact.replay_weights import WeightValue
 from torch_lattice.coord_rows import floor_rows, lookup_rows
 from torch_lattice.geometry import ConvGeometry
@@ -161,8 +162,8 @@ def _conv_executor(name: str) -> Executor:
                 return F.subm_conv3d(inp, weight, bias, a["kernel_size"], a["dilation"])
             if family == "conv3d":
                 out = tgt if tgt is not None else _floor_support(inp, a["stride"])
-                return F.conv3d(inp, weight, bias, a["kernel_size"], a["stride"], a["padding"],
-                                a["dilation"], coordinates=out)
+                return F.conv3d(inp, weight, bias, a["kernel_size"], a["stride"],
+                                _forward_padding(a), a["dilation"], coordinates=out)
             if family == "conv_transpose3d":
                 return F.conv_transpose3d(inp, weight, bias, a["kernel_size"], a["stride"],
                                           a["padding"], a["dilation"], coordinates=support)
@@ -206,12 +207,11 @@ def _floor_support(x: SparseTensor, stride: tuple[int, int, int]) -> Support:
 
     MLX Lattice's forward relation outputs ``unique(floor(c / stride))`` over the
     input rows (the input rows themselves at stride 1), whatever the kernel size,
-    padding and dilation; each output ``o`` then reads ``o * stride + r * dilation -
-    padding``. The library instead generates every reachable cell of ``[0, R_out)``,
-    which agrees only for ``kernel_size == stride`` without padding (and drops the
-    rows of a last, partial window), so the replay always passes this support.
-    At stride 1 it is ``x``'s own support (same rows, same order); otherwise the cells
-    are sorted by (b, x, y, z), the library's order (row order is not part of the contract).
+    padding and dilation; each output row then reads the contract's centred relation
+    (:mod:`torch_lattice.artifact.relations`). The library instead generates every
+    reachable cell of ``[0, R_out)``, so the replay always passes this support. At
+    stride 1 it is ``x``'s own support (same rows, same order); otherwise the cells are
+    sorted by (b, x, y, z), the library's order (row order is not part of the contract).
     """
     if stride == (1, 1, 1):
         return x.support
@@ -221,15 +221,24 @@ def _floor_support(x: SparseTensor, stride: tuple[int, int, int]) -> Support:
     )
 
 
+def _forward_padding(attributes: dict[str, Any]) -> tuple[int, int, int]:
+    """The library padding of a contract forward relation (centred on odd axes)."""
+    return library_padding(attributes["kernel_size"], attributes["padding"],
+                           attributes["dilation"])
+
+
 def _pool3d(ctx: ReplayContext, op: Operation, args: list[Value]) -> tuple[Value, ...]:
     a = op.attributes
     x: SparseTensor = args[0]
-    geometry = _call(op, ConvGeometry.create, a["kernel_size"], a["stride"], a["padding"],
-                     a["dilation"])
+    geometry = _call(op, ConvGeometry.create, a["kernel_size"], a["stride"],
+                     _forward_padding(a), a["dilation"])
     target = _floor_support(x, a["stride"])
     kmap = x.coordinate_manager.kernel_map(x.support, target, geometry)
-    # max: a row no input reaches gets 0; avg: divided by the input rows that reach it
+    # avg: divided by the input rows that reach it; a row no input reaches is 0 for
+    # avg and sum and -inf for max (the consumer's max over nothing)
     y = pool_over_map(x.feats.to(torch.float32), kmap, a["mode"])
+    if a["mode"] == "max":
+        y = y.masked_fill((kmap.nbr < 0).all(dim=1, keepdim=True), float("-inf"))
     return (SparseTensor.from_support(y, target),)
 
 
