@@ -24,9 +24,16 @@ from torch_lattice import sparse_ops, voxel
 from torch_lattice.artifact import schema
 from torch_lattice.artifact.errors import ExportError
 from torch_lattice.artifact.mlir_text import ModuleText, Value, sparse_type, tensor_type
+from torch_lattice.artifact.relations import (
+    SupportPlan,
+    centring,
+    contract_padding,
+    exportable_padding,
+    planned_rows,
+    support_plan,
+)
 from torch_lattice.artifact.weights import WeightTable, conv_weight_to_artifact, dtype_name
 from torch_lattice.backbones import unet
-from torch_lattice.coord_rows import floor_rows
 from torch_lattice.geometry import triple
 from torch_lattice.nn import modules as M
 from torch_lattice.nn.functional import pooling as P
@@ -223,51 +230,97 @@ def module_lowering(module: nn.Module) -> ModuleLowering | None:
     return None
 
 
-# --- generated supports ---------------------------------------------------------
+# --- forward relations: centring and generated supports -----------------------
 
 
-def check_generated_support(call: Call, what: str, geometry: Any, x: Any, out: Any) -> None:
-    """Refuses a support-generating conv or pool whose rows the contract would not produce.
+def _geometry_text(geometry: Any) -> str:
+    return (f"kernel_size {tuple(geometry.kernel_size)}, stride {tuple(geometry.stride)}, "
+            f"padding {tuple(geometry.padding)}, dilation {tuple(geometry.dilation)}")
 
-    The contract's ``conv3d`` and ``pool3d`` generate ``unique(floor(c / stride))``
-    over the input rows (the input rows themselves at stride 1); ours generate every
-    reachable cell in ``[0, R_out)``.  The two agree when ``kernel_size == stride``
-    with no padding (dilation only where the kernel is 1), except that ours drops
-    rows past the last whole window of an extent the stride does not divide, which
-    is checked on the example.
+
+def contract_forward_padding(call: Call, what: str, geometry: Any, generates: bool
+                             ) -> tuple[int, int, int]:
+    """The IR padding that makes the contract's centred forward relation this layer's.
+
+    MLX Lattice reads input ``o*s + (r - k//2)*d - p'`` on odd kernel axes, Torch
+    Lattice ``o*s + r*d - p``; they agree with ``p' = p - (k//2)*d``, which the IR can
+    carry only when it is not negative.
     """
-    k, s, p, d = geometry.kernel_size, geometry.stride, geometry.padding, geometry.dilation
-    exact = all(k[a] == s[a] and p[a] == 0 and (d[a] == 1 or k[a] == 1) for a in range(3))
-    if not exact:
-        raise ExportError(
-            f"{describe(call.node)}: a support-generating {what} with kernel_size {k}, stride "
-            f"{s}, padding {p}, dilation {d} has no exact artifact form: the contract "
-            "generates unique(floor(c / stride)) over the input rows, Torch Lattice every "
-            "reachable cell in [0, R_out). Use kernel_size == stride with padding 0, or give "
-            "the output support explicitly (Conv3d(...)(x, coordinates=target))"
-        )
-    if not isinstance(x, SparseTensor) or not isinstance(out, SparseTensor):
-        return
-    theirs = floor_rows(x.coords, s)
-    if theirs.shape[0] != out.coords.shape[0]:
-        raise ExportError(
-            f"{describe(call.node)}: on example_inputs this {what} drops "
-            f"{theirs.shape[0] - out.coords.shape[0]} rows at the upper edge of the input "
-            f"range {x.support.grid_range()} (not a multiple of the stride {s}), which the "
-            "contract keeps; give the input a spatial_range that is a multiple of the stride"
-        )
+    k, d = geometry.kernel_size, geometry.dilation
+    padding = contract_padding(k, geometry.padding, d)
+    if padding is not None:
+        return padding
+    c = centring(k, d)
+    if generates:
+        nearest = exportable_padding(k, geometry.stride, d)
+        hint = (f"padding {nearest}" if nearest is not None else
+                "kernel_size == stride with an even kernel, or an odd kernel with stride <= "
+                "kernel_size // 2 + 1 and padding = kernel_size - stride")
+    else:
+        hint = f"padding {tuple(max(p, ci) for p, ci in zip(geometry.padding, c, strict=True))}"
+    raise ExportError(
+        f"{describe(call.node)}: {what} with {_geometry_text(geometry)} has no exact artifact "
+        "form: MLX Lattice centres odd kernel axes (output o reads input o*s + (r - k//2)*d - "
+        f"p'), which equals this layer's o*s + r*d - p only with p' = p - (k//2)*d = p - {c}, "
+        f"negative here. Nearest configuration that exports: {hint}"
+    )
 
 
-def _check_generative(call: Call, kernel_size: tuple[int, ...], stride: tuple[int, ...]) -> None:
-    """The contract lists every ``src*stride + r`` as its own row, without merging;
-    rows from different sources collide (and would repeat) when a kernel exceeds
-    its stride, where ours merges them."""
-    if any(k > s for k, s in zip(kernel_size, stride, strict=True)):
+def generated_support_plan(call: Call, what: str, geometry: Any, x: Any, out: Any
+                           ) -> SupportPlan:
+    """How the contract regenerates the support a no-target conv or pool generates.
+
+    The contract's ``conv3d`` and ``pool3d`` output ``unique(floor(c / stride))`` over
+    the input rows; ours every reachable cell in ``[0, R_out)``.  A stride-1 expansion
+    before the floor makes them equal for ``padding = kernel_size - stride``
+    (:func:`~torch_lattice.artifact.relations.support_plan`), except that ours drops
+    rows past ``R_out``, which is checked on the example.
+    """
+    k, s, d = geometry.kernel_size, geometry.stride, geometry.dilation
+    plan = support_plan(k, s, geometry.padding, d)
+    if plan is None:
+        nearest = exportable_padding(k, s, d)
+        hint = (f"padding {nearest}" if nearest is not None
+                else "kernel_size == stride with an even kernel (padding 0)")
         raise ExportError(
-            f"{describe(call.node)}: a generative transpose with kernel_size {kernel_size} "
-            f"larger than its stride {stride} has no exact artifact form (the contract does "
-            "not merge the rows two sources generate); pass the target support explicitly"
+            f"{describe(call.node)}: a support-generating {what} with {_geometry_text(geometry)}"
+            " has no exact artifact form: Torch Lattice outputs every reachable cell o "
+            "(o*s + r*d - p on an input row, within [0, R_out)), the contract "
+            "unique(floor(c / stride)) of its input rows (after an expansion the artifact "
+            "can add only when padding = kernel_size - stride, or (kernel_size - 1) * "
+            f"dilation at stride 1). Nearest configuration that exports: {hint}; or give the "
+            "output support explicitly (Conv3d(...)(x, coordinates=target))"
         )
+    if isinstance(x, SparseTensor) and isinstance(out, SparseTensor):
+        theirs = planned_rows(x.coords, plan)
+        if theirs.shape[0] != out.coords.shape[0]:
+            raise ExportError(
+                f"{describe(call.node)}: on example_inputs this {what} drops "
+                f"{theirs.shape[0] - out.coords.shape[0]} rows at the upper edge of the "
+                f"input range {x.support.grid_range()} (its output range R_out ends before "
+                "the last reachable cell), which the contract keeps; give the input a "
+                "spatial_range large enough for every reachable output cell"
+            )
+    return plan
+
+
+def _expand_support(low: Lowering, x: Sparse, real_x: SparseTensor, plan: SupportPlan,
+                    stem: str) -> Sparse:
+    """``pool_transpose3d`` at stride 1 then ``pool3d`` by the stride: a value whose rows
+    are the eager layer's output support (its features are not used)."""
+    dtype = dtype_name(real_x.feats.dtype, f"{stem} features")
+    value = x.value
+    if plan.expands:
+        attrs = {"kernel_size": plan.expand_kernel, "stride": (1, 1, 1),
+                 "padding": (0, 0, 0), "dilation": plan.expand_dilation}
+        value = low.text.op("pool_transpose3d", {"input": value, "target": None}, attrs,
+                            sparse_type(dtype), f"{stem}_support_expand")
+    if plan.stride != (1, 1, 1):
+        attrs = {"mode": "sum", "kernel_size": plan.stride, "stride": plan.stride,
+                 "padding": (0, 0, 0), "dilation": (1, 1, 1)}
+        value = low.text.op("pool3d", {"input": value}, attrs, sparse_type(dtype),
+                            f"{stem}_support")
+    return Sparse(value)
 
 
 # --- convolutions ------------------------------------------------------------
@@ -310,17 +363,21 @@ def _lower_conv(low: Lowering, call: Call, module: nn.Module, qualname: str) -> 
             "weights (quantize_bits): its normalization divides by the weights' squares; "
             "export with quantize_bits=None"
         )
+    real_x = call.real_args[0] if call.real_args else call.real_kwargs["input"]
     if target is None and isinstance(module, M.ConvTranspose3d):
         # Ours lands on the input support of the matching Conv3d; the contract's
         # conv_transpose3d generates every src*stride + r - padding. Name the support.
-        real_x = call.real_args[0] if call.real_args else call.real_kwargs["input"]
         if call.real.support is not real_x.support:  # not the 1x1x1 identity
             target = low.cached_target(call, "inverse ConvTranspose3d")
-    if target is None and isinstance(module, M.GenerativeConvTranspose3d):
-        _check_generative(call, module.kernel_size, module.stride)
+    padding = getattr(module, "padding", (0, 0, 0))
+    if isinstance(module, M.Conv3d):  # the forward relation: centred in the contract
+        what = f"Conv3d {qualname!r}"
+        padding = contract_forward_padding(call, what, module, generates=target is None)
+        if target is None:
+            plan = generated_support_plan(call, what, module, real_x, call.real)
+            if plan.expands:  # the contract's floor alone misses rows: name the support
+                target = _expand_support(low, x, real_x, plan, qualname)
     op = _conv_op(module, target is not None, normalized)
-    if op == "conv3d":
-        check_generated_support(call, "Conv3d", module, call.real_args[0], call.real)
     weight = low.weights.declare(
         f"{qualname}.weight", conv_weight_to_artifact(module.weight, module.kernel_size), "conv3d"
     )
@@ -330,7 +387,7 @@ def _lower_conv(low: Lowering, call: Call, module: nn.Module, qualname: str) -> 
     geometry = {
         "kernel_size": module.kernel_size,
         "stride": getattr(module, "stride", (1, 1, 1)),
-        "padding": getattr(module, "padding", (0, 0, 0)),
+        "padding": padding,
         "dilation": getattr(module, "dilation", (1, 1, 1)),
         "eps": getattr(module, "eps", None),
     }
@@ -349,12 +406,25 @@ _POOL_MODES = {M.MaxPool3d: "max", M.AvgPool3d: "avg", M.SumPool3d: "sum"}
 
 def _pool(low: Lowering, call: Call, x: Sparse, mode: str, geometry: Any, stem: str) -> Sparse:
     real_x = call.real_args[0] if call.real_args else call.real_kwargs.get("input")
-    check_generated_support(call, "pooling", geometry, real_x, call.real)
+    what = f"{mode} pooling {stem!r}"
+    padding = contract_forward_padding(call, what, geometry, generates=True)
+    plan = support_plan(geometry.kernel_size, geometry.stride, geometry.padding,
+                        geometry.dilation)
+    if plan is not None and plan.expands:
+        # pool3d has no target form, and expanded rows would join its windows
+        raise ExportError(
+            f"{describe(call.node)}: {what} with {_geometry_text(geometry)} has no exact "
+            "artifact form: its output support needs rows the contract's pool3d (which "
+            "outputs unique(floor(c / stride)) and takes no target) does not generate. "
+            "Nearest configuration that exports: kernel_size == stride, padding 0, with an "
+            "even kernel (or kernel 1)"
+        )
+    generated_support_plan(call, what, geometry, real_x, call.real)
     attrs = {
         "mode": mode,
         "kernel_size": geometry.kernel_size,
         "stride": geometry.stride,
-        "padding": geometry.padding,
+        "padding": padding,
         "dilation": geometry.dilation,
     }
     out = low.text.op(
