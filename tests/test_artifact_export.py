@@ -7,6 +7,7 @@ The expected graphs are written out here in the contract's text form
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -179,11 +180,12 @@ def test_golden_classifier(tmp_path: Path) -> None:
 
 def test_golden_quantized_classifier(tmp_path: Path) -> None:
     text = export_text(tmp_path, Classifier(True), (cloud(3, batches=2),), quantize_bits=4)
-    packed = "int4, group_size = 32, scale_dtype = f16, mode = affine"
+    # float32 scales: the graph computes in float32
+    packed = "int4, group_size = 32, scale_dtype = f32, mode = affine"
     assert text == classifier_text(packed, "silu")
     weights = load_file(tmp_path / "a" / "weights.safetensors")
     assert weights["stem.weight.weight"].shape == (1, 4, 4)  # (1, O, words): 32 / 8 words
-    assert weights["stem.weight.scales"].dtype == torch.float16
+    assert weights["stem.weight.scales"].dtype == torch.float32
     assert weights["head.weight.biases"].shape == (1, 2, 1)
     assert "stem.weight" not in weights and weights["stem.bias"].dtype == torch.float32
 
@@ -345,9 +347,28 @@ def test_refuses_untraceable_forward(tmp_path: Path) -> None:
     refuse(tmp_path, Branchy().eval(), (cloud(2),), ExportError, "not traceable by torch.fx")
 
 
-def test_refuses_packing_a_normalized_model(tmp_path: Path) -> None:
-    model = One(tl.nn.NormalizedSubmConv3d(2, 2, 3)).eval()
-    refuse(tmp_path, model, (cloud(2),), ExportError, "node 'conv'.*quantize_bits", quantize_bits=8)
+def test_quantized_export_keeps_normalized_and_target_transposes_float(tmp_path: Path) -> None:
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm = tl.nn.NormalizedSubmConv3d(2, 2, 3)
+            self.down = tl.nn.Conv3d(2, 4, 2, stride=2)
+            self.up = tl.nn.ConvTranspose3d(4, 2, 2, stride=2)
+
+        def forward(self, x: tl.SparseTensor) -> tl.SparseTensor:
+            return self.up(self.down(self.norm(x)))
+
+    files = save_lattice_model_artifact(Net().eval(), tmp_path / "a",
+                                        example_inputs=(cloud(2),), quantize_bits=8)
+    assert set(files.float_layers) == {"norm", "up"}
+    assert "normalized" in files.float_layers["norm"]
+    assert "does not support packed weights" in files.float_layers["up"]
+    with safe_open(str(files.weights_path), "pt") as f:
+        assert json.loads(f.metadata()["torch_lattice.float_layers"]) == files.float_layers
+        keys = set(f.keys())
+    assert {"norm.weight", "up.weight", "down.weight.weight", "down.weight.scales"} <= keys
+    text = files.graph_path.read_text()
+    assert text.count("#lattice.packing<int8, group_size = 32, scale_dtype = f32") == 1
 
 
 @pytest.mark.parametrize(

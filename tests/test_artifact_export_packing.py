@@ -4,7 +4,8 @@ Per group of ``group_size`` input channels (rows zero-padded):
 ``scale = (min - max) / qmax``, ``bias = max``,
 ``code = clamp(round((w - bias) / scale), 0, qmax)``; code ``i`` of a uint32 word
 sits at bit ``bits * i``.  Stored ``(K, words, O)`` for K > 1, ``(1, O, words)``
-for K = 1, scales and biases float16 in the same arrangement.
+for K = 1, scales and biases (float32 by default, float16 on request) in the same
+arrangement. Group sizes are 32, 64 or 128, the sizes MLX Lattice runs.
 """
 
 from __future__ import annotations
@@ -15,37 +16,44 @@ import torch
 from torch_lattice.artifact.packing import pack_weight, unpack_weight
 
 
+def _padded(values: list[float], width: int) -> list[float]:
+    """``values`` then copies of its first value: a group whose min and max are ``values``'."""
+    return values + [values[0]] * (width - len(values))
+
+
 def test_int4_bit_layout_by_hand() -> None:
     # max 0, min -15: scale -1, bias 0, so code = -w.
-    w = torch.tensor([[-15.0, 0.0, -1.0, -2.0, -3.0, -4.0, -5.0, -6.0]])
-    packed = pack_weight(w, bits=4, group_size=8)
+    w = torch.tensor([_padded([-15.0, 0.0, -1.0, -2.0, -3.0, -4.0, -5.0, -6.0], 32)])
+    packed = pack_weight(w, bits=4, group_size=32, scale_dtype=torch.float16)
     assert packed.weight.dtype == torch.uint32
-    assert packed.weight.shape == (1, 1, 1)
+    assert packed.weight.shape == (1, 1, 4)  # (1, O, words): 32 codes in 4 words
     assert int(packed.weight[0, 0, 0]) == 0x6543210F
     assert packed.scales.dtype == torch.float16 and float(packed.scales[0, 0, 0]) == -1.0
     assert float(packed.biases[0, 0, 0]) == 0.0
-    assert torch.equal(unpack_weight(*packed.astuple(), bits=4, group_size=8), w)
+    assert torch.equal(unpack_weight(*packed.astuple(), bits=4, group_size=32), w)
 
 
 def test_int8_bit_layout_by_hand() -> None:
-    w = torch.tensor([[-255.0, 0.0, -1.0, -2.0], [4.0, 4.0, 4.0, 4.0]])
-    packed = pack_weight(w, bits=8, group_size=4)
-    assert packed.weight.shape == (1, 2, 1)  # (1, O, words)
+    w = torch.tensor([_padded([-255.0, 0.0, -1.0, -2.0], 64), [4.0] * 64])
+    packed = pack_weight(w, bits=8, group_size=64)
+    assert packed.weight.shape == (1, 2, 16)  # (1, O, words)
     assert int(packed.weight[0, 0, 0]) == 0x020100FF
+    # float32 scales by default (a float32 graph)
+    assert packed.scales.dtype == torch.float32 and float(packed.scales[0, 0, 0]) == -1.0
     # A constant group has scale 0: every code 0, the value is the bias.
     assert int(packed.weight[0, 1, 0]) == 0 and float(packed.scales[0, 1, 0]) == 0.0
-    assert torch.equal(unpack_weight(*packed.astuple(), bits=8, group_size=4), w)
+    assert torch.equal(unpack_weight(*packed.astuple(), bits=8, group_size=64), w)
 
 
 def test_rows_are_zero_padded_to_whole_groups() -> None:
     w = torch.tensor([[1.0, 2.0, 3.0]])
-    packed = pack_weight(w, bits=4, group_size=8)  # 5 zero channels join the group
+    packed = pack_weight(w, bits=4, group_size=32)  # 29 zero channels join the group
     assert float(packed.biases[0, 0, 0]) == 3.0
-    assert float(packed.scales[0, 0, 0]) == pytest.approx(-3.0 / 15, rel=1e-3)
-    padded = unpack_weight(*packed.astuple(), bits=4, group_size=8)
-    assert padded.shape == (1, 8)
+    assert float(packed.scales[0, 0, 0]) == pytest.approx(-3.0 / 15, rel=1e-6)
+    padded = unpack_weight(*packed.astuple(), bits=4, group_size=32)
+    assert padded.shape == (1, 32)
     assert padded[0, 3:].abs().max() < 0.11  # the padding decodes to about 0
-    trimmed = unpack_weight(*packed.astuple(), bits=4, group_size=8, in_channels=3)
+    trimmed = unpack_weight(*packed.astuple(), bits=4, group_size=32, in_channels=3)
     assert trimmed.shape == (1, 3)
 
 
@@ -83,24 +91,30 @@ def test_linear_round_trip_is_within_quantization_error() -> None:
         assert 0 < (back - w).abs().max().item() < tol
 
 
+@pytest.mark.parametrize("group_size", [1, 8, 16, 48, 256, 2**62])
+def test_group_sizes_the_consumer_does_not_run_are_refused(group_size: int) -> None:
+    with pytest.raises(ValueError, match="quantize_group_size must be 32, 64 or 128"):
+        pack_weight(torch.randn(2, 8), bits=4, group_size=group_size)
+
+
 def test_refusals() -> None:
     w = torch.randn(2, 8)
     with pytest.raises(ValueError, match="quantize_bits"):
         pack_weight(w, bits=2)
-    with pytest.raises(ValueError, match="quantize_group_size"):
-        pack_weight(w, bits=4, group_size=4)
     with pytest.raises(TypeError, match="floating"):
         pack_weight(torch.ones(2, 8, dtype=torch.int32), bits=4)
     with pytest.raises(ValueError, match="finite"):
-        pack_weight(torch.tensor([[float("nan")] * 8]), bits=4, group_size=8)
+        pack_weight(torch.tensor([[float("nan")] * 8]), bits=4, group_size=32)
+    with pytest.raises(ValueError, match="scale_dtype"):
+        pack_weight(w, bits=4, scale_dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="conv3d_o_xyz_i"):
         pack_weight(torch.randn(2, 3, 4), bits=4)
-    packed = pack_weight(torch.randn(2, 1, 1, 2, 8), bits=8, group_size=8)
+    packed = pack_weight(torch.randn(2, 1, 1, 2, 8), bits=8, group_size=32)
     with pytest.raises(ValueError, match="kernel_size"):
-        unpack_weight(*packed.astuple(), bits=8, group_size=8)
+        unpack_weight(*packed.astuple(), bits=8, group_size=32)
     with pytest.raises(ValueError, match="rows"):
-        unpack_weight(*packed.astuple(), bits=8, group_size=8, kernel_size=(1, 1, 3))
+        unpack_weight(*packed.astuple(), bits=8, group_size=32, kernel_size=(1, 1, 3))
     with pytest.raises(ValueError, match="groups"):
-        unpack_weight(*packed.astuple(), bits=8, group_size=16, kernel_size=(1, 1, 2))
+        unpack_weight(*packed.astuple(), bits=8, group_size=64, kernel_size=(1, 1, 2))
     with pytest.raises(ValueError, match="match"):
-        unpack_weight(packed.weight, packed.scales[:1], packed.biases, bits=8, group_size=8)
+        unpack_weight(packed.weight, packed.scales[:1], packed.biases, bits=8, group_size=32)

@@ -400,9 +400,10 @@ def test_linear_and_packed_conv(tmp_path: Path, bits: int | None) -> None:
         packing = (f"#lattice.packing<int{bits}, group_size = 32, scale_dtype = f16, "
                    "mode = affine>")
         for key, w in (("lin.weight", wl), ("conv.weight", wc)):
-            stored.update(pack_weight(w, bits=bits, group_size=32).tensors(key))
-        pl = pack_weight(wl, bits=bits, group_size=32)
-        pc = pack_weight(wc, bits=bits, group_size=32)
+            stored.update(pack_weight(w, bits=bits, group_size=32,
+                                      scale_dtype=torch.float16).tensors(key))
+        pl = pack_weight(wl, bits=bits, group_size=32, scale_dtype=torch.float16)
+        pc = pack_weight(wc, bits=bits, group_size=32, scale_dtype=torch.float16)
         wl_eff = unpack_weight(*pl.astuple(), bits=bits, in_channels=40)
         wc_eff = unpack_weight(*pc.astuple(), bits=bits, in_channels=40, kernel_size=(2, 1, 2))
     g = h.Graph()

@@ -7,6 +7,8 @@ exporter lowers; everything between them is ordinary exportable layers.
 
 from __future__ import annotations
 
+import copy
+import re
 from pathlib import Path
 
 import pytest
@@ -14,9 +16,17 @@ import torch
 from torch import nn
 
 import torch_lattice as tl
-from torch_lattice.artifact import ExportError, load_lattice_program, save_lattice_model_artifact
+from torch_lattice.artifact import (
+    ExportError,
+    load_lattice_program,
+    save_lattice_model_artifact,
+    schema,
+)
+from torch_lattice.artifact.packing import pack_weight, unpack_weight
+from torch_lattice.artifact.weights import conv_weight_to_artifact
 from torch_lattice.backbones.unet import on_input_support
 from torch_lattice.data.synthetic import lidar_scan
+from torch_lattice.nn.modules.conv import ConvBase
 
 
 def lidar_batch(seeds: tuple[int, ...]) -> tl.SparseTensor:
@@ -184,3 +194,41 @@ def test_replayed_strided_layers_keep_rows_of_a_last_partial_window(tmp_path: Pa
         (0, 6, 1, 0),
         (0, 2, 2, 0),
     }
+
+
+def test_quantized_unet_packs_only_ops_the_consumer_runs_packed(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    x = lidar_batch((0,))
+    net = trained_looking(tl.backbones.SparseResUNet42(4, 5, width=0.25), x, seed=3)
+    art = tmp_path / "unet_int8.lattice"
+    files = save_lattice_model_artifact(net, art, example_inputs=(x,), quantize_bits=8,
+                                        quantize_group_size=64)
+    graph = files.graph_path.read_text()
+    packed = set(re.findall(r"%(\w+) = lattice\.weight @\w+ \{[^}]*packing = #lattice\.packing"
+                            r"<int8, group_size = 64, scale_dtype = f32", graph))
+    assert len(packed) > 20
+    ops_with_packed = set()
+    for op, operands in re.findall(r"= lattice\.([\w.]+) ([^{\n]*)", graph):
+        if packed & set(re.findall(r"%(\w+)", operands)):
+            ops_with_packed.add(op)
+    assert ops_with_packed and ops_with_packed <= schema.PACKED_WEIGHT_OPS
+    # the four inverse transposes stay float, and the export says so
+    assert len(files.float_layers) == 4
+    assert all("target transposes" in why for why in files.float_layers.values())
+    # the replay (which refuses packed weights where MLX Lattice does) runs it and
+    # computes the model with the dequantized weights
+    dequantized = copy.deepcopy(net)
+    with torch.no_grad():
+        for name, m in dequantized.named_modules():
+            if isinstance(m, ConvBase) and name not in files.float_layers:
+                w = conv_weight_to_artifact(m.weight, m.kernel_size)
+                back = unpack_weight(*pack_weight(w, bits=8, group_size=64).astuple(), bits=8,
+                                     group_size=64, in_channels=m.weight.shape[1],
+                                     kernel_size=m.kernel_size)
+                m.weight.copy_(back.permute(1, 2, 3, 4, 0).reshape(m.weight.shape))
+    got = load_lattice_program(art)(
+        x_coords=x.coords.to(torch.int32), x_features=x.feats,
+        x_active=torch.tensor([len(x)], dtype=torch.int32))["output"]
+    with torch.no_grad():
+        assert_replayed(dequantized(x), got)
+        assert not torch.allclose(net(x).feats, dequantized(x).feats)  # packing was real

@@ -9,12 +9,13 @@ directory is written atomically (see :func:`write_artifact`).
 
 from __future__ import annotations
 
+import json
 import operator
 import os
 import shutil
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,16 @@ from torch_lattice.artifact.weights import WeightTable, dtype_name
 from torch_lattice.atomic_file import current_umask, new_file_mode
 from torch_lattice.tensor import SparseTensor
 
-__all__ = ["ArtifactFiles", "ExportError", "save_lattice_model_artifact", "write_artifact"]
+__all__ = [
+    "FLOAT_LAYERS_METADATA",
+    "ArtifactFiles",
+    "ExportError",
+    "save_lattice_model_artifact",
+    "write_artifact",
+]
+
+# weights.safetensors metadata key: JSON {layer: why its weights stayed float}.
+FLOAT_LAYERS_METADATA = "torch_lattice.float_layers"
 
 
 @dataclass(frozen=True)
@@ -54,6 +64,9 @@ class ArtifactFiles:
     graph_path: Path
     weights_path: Path
     weight_keys: tuple[str, ...]
+    # Quantized exports: the layers whose weights stayed float, with the reason (also in
+    # weights.safetensors' metadata under FLOAT_LAYERS_METADATA, as JSON).
+    float_layers: dict[str, str] = field(default_factory=dict)
 
 
 def save_lattice_model_artifact(
@@ -77,14 +90,20 @@ def save_lattice_model_artifact(
             list); a SparseTensor argument ``x`` becomes the artifact inputs
             ``x_coords``, ``x_features``, ``x_active``, a tensor argument keeps
             its name.
-        quantize_bits: None (dense weights), 4 or 8: pack conv3d and linear
-            weights as affine int4 / int8 per group of input channels.
-        quantize_group_size: input channels per quantization group.
+        quantize_bits: None (dense weights), 4 or 8: pack the conv3d and linear
+            weights of the ops MLX Lattice runs packed as affine int4 / int8 per
+            group of input channels (float32 scales for float32 weights). Target
+            transposes and normalized convolutions keep float weights; the
+            result's ``float_layers`` names them with the reason.
+        quantize_group_size: input channels per quantization group: 32, 64 or
+            128 (the sizes MLX Lattice runs).
         output_names: names of the flattened outputs; default ``output`` for one
             output, else ``output_0``, ``output_1``, ...
 
     Returns:
-        :class:`ArtifactFiles` with the paths and the stored weight keys.
+        :class:`ArtifactFiles` with the paths, the stored weight keys and, for a
+        quantized export, the layers kept in float (``float_layers``, also stored
+        as JSON in ``weights.safetensors``' metadata, key ``torch_lattice.float_layers``).
 
     Raises:
         ValueError: (an ``ExportError``) a module in training mode, an
@@ -114,12 +133,15 @@ def save_lattice_model_artifact(
         )
     target = Path(artifact_dir)
     _check_destination(target)
-    text, tensors = lower_model(
+    text, weights = lower_model(
         model, tuple(example_inputs), quantize_bits, quantize_group_size, output_names
     )
-    write_artifact(target, text, tensors)
+    float_layers = {k.removesuffix(".weight"): why for k, why in weights.float_weights.items()}
+    metadata = {FLOAT_LAYERS_METADATA: json.dumps(float_layers)} if float_layers else {}
+    write_artifact(target, text, weights.tensors, metadata)
     return ArtifactFiles(
-        target, target / schema.GRAPH_FILE, target / schema.WEIGHT_FILE, tuple(sorted(tensors))
+        target, target / schema.GRAPH_FILE, target / schema.WEIGHT_FILE,
+        tuple(sorted(weights.tensors)), float_layers,
     )
 
 
@@ -129,8 +151,8 @@ def lower_model(
     quantize_bits: int | None,
     quantize_group_size: int,
     output_names: Sequence[str] | None,
-) -> tuple[str, dict[str, torch.Tensor]]:
-    """The graph text and the storage tensors of ``model`` (nothing written)."""
+) -> tuple[str, WeightTable]:
+    """The graph text and the weights (storage tensors) of ``model`` (nothing written)."""
     gm, names = trace_model(model, len(example_inputs))
     text = ModuleText()
     low = Lowering(text, WeightTable(text, quantize_bits, quantize_group_size))
@@ -139,7 +161,7 @@ def lower_model(
     with torch.no_grad():
         interp.run(*example_inputs)
     _returns(text, interp.outputs, output_names)
-    return text.render(), low.weights.tensors
+    return text.render(), low.weights
 
 
 def _input(low: Lowering, name: str, value: Any) -> Sparse | Dense:
@@ -301,7 +323,8 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def write_artifact(target: Path, graph: str, tensors: dict[str, torch.Tensor]) -> None:
+def write_artifact(target: Path, graph: str, tensors: dict[str, torch.Tensor],
+                   metadata: dict[str, str] | None = None) -> None:
     """Writes the artifact directory atomically.
 
     Both files are written into a temporary sibling directory, flushed, and the
@@ -316,7 +339,7 @@ def write_artifact(target: Path, graph: str, tensors: dict[str, torch.Tensor]) -
         graph_path = temp / schema.GRAPH_FILE
         graph_path.write_text(graph, encoding="utf-8")
         weights_path = temp / schema.WEIGHT_FILE
-        save_file(tensors, str(weights_path), metadata={"format": "torch"})
+        save_file(tensors, str(weights_path), metadata={"format": "torch", **(metadata or {})})
         for path in (graph_path, weights_path):
             _fsync(path)
             os.chmod(path, new_file_mode())

@@ -345,6 +345,17 @@ def _conv_op(module: ConvBase, target: bool, normalized: bool) -> str:
     raise ExportError(f"{type(module).__name__} is not a convolution the contract names")
 
 
+def _float_reason(op: str) -> str | None:
+    """Why ``op``'s weight stays float in a quantized export (``None``: it may be packed)."""
+    if op in schema.PACKED_WEIGHT_OPS:
+        return None
+    if "normalized" in op:
+        return (f"{op}: MLX Lattice runs normalized convolutions with float weights only "
+                "(the normalization divides by the weights' squares)")
+    return (f"{op}: MLX Lattice runs target transposes with float weights only (\"target "
+            "transpose convolution does not support packed weights\")")
+
+
 @_module(ConvBase)
 def _lower_conv(low: Lowering, call: Call, module: nn.Module, qualname: str) -> Sym:
     assert isinstance(module, ConvBase)
@@ -357,12 +368,6 @@ def _lower_conv(low: Lowering, call: Call, module: nn.Module, qualname: str) -> 
     # Pointwise normalized modules skip normalization (docs/semantics.md); the
     # contract's normalized ops always normalize, so they lower to the plain op.
     normalized = isinstance(module, _Normalized) and not pointwise
-    if isinstance(module, _Normalized) and low.weights.packing:
-        raise ExportError(
-            f"{describe(call.node)}: {type(module).__name__} cannot be exported with packed "
-            "weights (quantize_bits): its normalization divides by the weights' squares; "
-            "export with quantize_bits=None"
-        )
     real_x = call.real_args[0] if call.real_args else call.real_kwargs["input"]
     if target is None and isinstance(module, M.ConvTranspose3d):
         # Ours lands on the input support of the matching Conv3d; the contract's
@@ -379,7 +384,8 @@ def _lower_conv(low: Lowering, call: Call, module: nn.Module, qualname: str) -> 
                 target = _expand_support(low, x, real_x, plan, qualname)
     op = _conv_op(module, target is not None, normalized)
     weight = low.weights.declare(
-        f"{qualname}.weight", conv_weight_to_artifact(module.weight, module.kernel_size), "conv3d"
+        f"{qualname}.weight", conv_weight_to_artifact(module.weight, module.kernel_size),
+        "conv3d", _float_reason(op),
     )
     bias = None
     if module.bias is not None:

@@ -52,13 +52,14 @@ class Packing:
 
     kind: str = "dense"
     group_size: int = 0
+    scale_dtype: str = "f16"  # of the stored scales and biases: f32 or f16
 
     def text(self) -> str:
         if self.kind == "dense":
             return "#lattice.packing<dense>"
         return (
             f"#lattice.packing<{self.kind}, group_size = {self.group_size}, "
-            "scale_dtype = f16, mode = affine>"
+            f"scale_dtype = {self.scale_dtype}, mode = affine>"
         )
 
 

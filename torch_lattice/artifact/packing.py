@@ -15,12 +15,15 @@ z fastest; ``K = 1`` for linear) is stored as three tensors:
 
 - ``<key>.weight``: uint32, ``(K, words, O)`` for ``K > 1``, ``(1, O, words)``
   for ``K = 1``;
-- ``<key>.scales`` and ``<key>.biases``: float16, the same arrangement with
-  ``groups`` in place of ``words``.
+- ``<key>.scales`` and ``<key>.biases``: float32 for a float32 weight (the
+  graph computes in float32; MLX Lattice then stays within 6e-7 of the exact
+  decode), float16 for a half-precision one (up to 8e-4 of the output
+  magnitude there), the same arrangement with ``groups`` in place of ``words``.
 
 ``words = padded_in_channels * bits / 32`` and ``groups = padded_in_channels /
-group_size``.  The codes are computed with the float32 scale and bias; the
-stored float16 values are what a reader dequantizes with.
+group_size``; ``group_size`` is 32, 64 or 128, the sizes MLX Lattice runs.  The
+codes are computed with the float32 scale and bias; the stored values are what
+a reader dequantizes with.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from dataclasses import dataclass
 import torch
 
 __all__ = [
+    "GROUP_SIZES",
     "PACKED_SUFFIXES",
     "PackedWeight",
     "check_packing",
@@ -39,8 +43,9 @@ __all__ = [
 
 # The storage keys of one packed weight: "<key>" + suffix.
 PACKED_SUFFIXES = (".weight", ".scales", ".biases")
-_SCALE_DTYPE = torch.float16
 _BITS = (4, 8)
+# The group sizes MLX Lattice runs packed weights with (it refuses any other).
+GROUP_SIZES = (32, 64, 128)
 
 
 @dataclass(frozen=True)
@@ -60,7 +65,7 @@ class PackedWeight:
 
 
 def check_packing(bits: object, group_size: object) -> tuple[int, int]:
-    """Validates ``bits`` (4 or 8) and ``group_size`` (a positive multiple of ``32 / bits``).
+    """Validates ``bits`` (4 or 8) and ``group_size`` (32, 64 or 128).
 
     Raises:
         TypeError: a non-integer ``quantize_bits`` or ``quantize_group_size``.
@@ -72,11 +77,10 @@ def check_packing(bits: object, group_size: object) -> tuple[int, int]:
         raise ValueError(f"quantize_bits must be None, 4 or 8, got {bits!r}")
     if isinstance(group_size, bool) or not isinstance(group_size, int):
         raise TypeError(f"quantize_group_size must be a positive int, got {group_size!r}")
-    per_word = 32 // bits
-    if group_size < 1 or group_size % per_word:
+    if group_size not in GROUP_SIZES:
         raise ValueError(
-            f"quantize_group_size must be a positive multiple of {per_word} for "
-            f"{bits}-bit codes ({per_word} codes per uint32 word), got {group_size}"
+            "quantize_group_size must be 32, 64 or 128 (the group sizes MLX Lattice runs "
+            f"packed weights with), got {group_size}"
         )
     return bits, group_size
 
@@ -111,22 +115,27 @@ def _rows_of(stored: torch.Tensor) -> tuple[torch.Tensor, int, int]:
     return stored.reshape(k * o, -1), k, o
 
 
-def pack_weight(weight: torch.Tensor, *, bits: int, group_size: int = 32) -> PackedWeight:
+def pack_weight(weight: torch.Tensor, *, bits: int, group_size: int = 32,
+                scale_dtype: torch.dtype = torch.float32) -> PackedWeight:
     """Packs a ``linear_o_i`` ``(O, I)`` or ``conv3d_o_xyz_i`` ``(O, Kx, Ky, Kz, I)`` weight.
 
     Args:
         weight: floating tensor, finite.
         bits: 4 or 8.
-        group_size: input channels per quantization group (multiple of ``32 / bits``).
+        group_size: input channels per quantization group: 32, 64 or 128.
+        scale_dtype: torch.float32 or torch.float16, the stored scales and biases.
 
     Returns:
-        :class:`PackedWeight` on the CPU: uint32 codes, float16 scales and biases.
+        :class:`PackedWeight` on the CPU: uint32 codes, scales and biases.
 
     Raises:
         TypeError: ``weight`` is not a floating tensor.
-        ValueError: bad shape, non-finite values, bad ``bits`` / ``group_size``.
+        ValueError: bad shape, non-finite values, bad ``bits`` / ``group_size`` /
+            ``scale_dtype``.
     """
     bits, group_size = check_packing(bits, group_size)
+    if scale_dtype not in (torch.float32, torch.float16):
+        raise ValueError(f"scale_dtype must be torch.float32 or torch.float16, got {scale_dtype}")
     if not isinstance(weight, torch.Tensor) or not weight.is_floating_point():
         raise TypeError(f"weight must be a floating tensor, got {weight!r:.80}")
     rows, k, o = _rows(weight.detach().cpu())
@@ -147,8 +156,8 @@ def pack_weight(weight: torch.Tensor, *, bits: int, group_size: int = 32) -> Pac
     words = (lanes << shifts).sum(dim=2)  # disjoint bit fields: sum == bitwise or
     return PackedWeight(
         _arrange(words.to(torch.uint32), k, o),
-        _arrange(scale.squeeze(2).to(_SCALE_DTYPE), k, o),
-        _arrange(hi.squeeze(2).to(_SCALE_DTYPE), k, o),
+        _arrange(scale.squeeze(2).to(scale_dtype), k, o),
+        _arrange(hi.squeeze(2).to(scale_dtype), k, o),
     )
 
 

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 import torch_lattice as tl
+from torch_lattice.artifact import schema
 from torch_lattice.artifact.mlir_parse import Operation
 from torch_lattice.artifact.relations import library_padding
 from torch_lattice.artifact.replay_weights import WeightValue
@@ -133,6 +134,11 @@ def _conv_parts(op: Operation, args: list[Value], with_target: bool
     target = rest.pop(0) if with_target else None
     weight: WeightValue = rest[0]
     bias: WeightValue | None = rest[1] if len(rest) > 1 else None
+    if weight.packing.kind != "dense" and op.spec.name not in schema.PACKED_WEIGHT_OPS:
+        # MLX Lattice refuses these ("target transpose convolution does not support
+        # packed weights."); a replay that ran them would vouch for an unrunnable artifact
+        raise ValueError(f"{_where(op)}: packed ({weight.packing.kind}) weights are not run "
+                         "by MLX Lattice on this op; store its weight in float")
     ks = op.attributes["kernel_size"]
     w = weight.conv_kernel(f"{_where(op)} weight", int(x.feats.shape[1]), ks)
     b = None if bias is None else bias.dense(f"{_where(op)} bias", (int(w.shape[2]),))

@@ -16,7 +16,7 @@ import torch
 
 from torch_lattice.artifact import schema
 from torch_lattice.artifact.mlir_parse import Operation, Packing
-from torch_lattice.artifact.packing import PACKED_SUFFIXES, unpack_weight
+from torch_lattice.artifact.packing import GROUP_SIZES, PACKED_SUFFIXES, unpack_weight
 
 __all__ = ["WeightValue", "check_weight", "storage_keys"]
 
@@ -156,10 +156,10 @@ def _check_packed(where: str, family: str, packing: Packing, op: Operation,
         raise ValueError(
             f"{where}: packing scale_dtype must be f16 or f32, got {packing.scale_dtype!r}"
         )
-    per_word = 32 // (4 if packing.kind == "int4" else 8)
-    if packing.group_size % per_word:
+    if packing.group_size not in GROUP_SIZES:  # as MLX Lattice refuses it
         raise ValueError(
-            f"{where}: packing group_size {packing.group_size} is not a multiple of {per_word}"
+            f"{where}: packing group_size must be 32, 64 or 128 (the sizes MLX Lattice runs), "
+            f"got {packing.group_size}"
         )
     w, scales, biases = (tensors[k] for k in storage_keys(op))
     if w.dtype not in (torch.uint32, torch.int32) or w.ndim != 3:

@@ -319,6 +319,13 @@ OPS_IN_ORDER: tuple[OpSpec, ...] = (
 #: Every op by name without the namespace (``"conv3d"``, ``"sparse.make"``, ...), schema order.
 OPS: dict[str, OpSpec] = {op.name: op for op in OPS_IN_ORDER}
 
+# The ops MLX Lattice 0.6.3 runs with packed (int4/int8) weights; it refuses packed
+# weights elsewhere ("target transpose convolution does not support packed weights.").
+PACKED_WEIGHT_OPS = frozenset({
+    "subm_conv3d", "conv3d", "target_conv3d", "conv_transpose3d",
+    "generative_conv_transpose3d", "linear",
+})
+
 
 def op_spec(qualified_name: str) -> OpSpec:
     """Return the spec of ``lattice.<name>``; unknown names raise ``ValueError``."""

@@ -72,23 +72,36 @@ class WeightTable:
         self._group_size = group_size
         self._values: dict[str, Value] = {}
         self.tensors: dict[str, torch.Tensor] = {}
+        # With packing on: weights kept in float, by storage key, with the reason.
+        self.float_weights: dict[str, str] = {}
 
     @property
     def packing(self) -> bool:
         return self._bits is not None
 
-    def declare(self, key: str, tensor: torch.Tensor, family: str) -> Value:
-        """Stores ``tensor`` (already in the family's layout) under ``key`` and emits its op."""
+    def declare(self, key: str, tensor: torch.Tensor, family: str,
+                float_reason: str | None = None) -> Value:
+        """Stores ``tensor`` (already in the family's layout) under ``key`` and emits its op.
+
+        With packing on, a ``float_reason`` keeps a packable weight in float (an op MLX
+        Lattice runs only with float weights); :attr:`float_weights` records it.
+        """
         if key in self._values:
             return self._values[key]
         dtype = dtype_name(tensor.dtype, f"weight {key!r}")
         layout = schema.WEIGHT_FAMILY_LAYOUTS[family]
         data = tensor.detach().cpu().contiguous().clone()  # no storage shared between keys
         packing: Packing = DENSE_PACKING
-        if self._bits is not None and family in PACKABLE_FAMILIES:
-            stored = pack_weight(data, bits=self._bits, group_size=self._group_size).tensors(key)
-            packing = Packing(f"int{self._bits}", self._group_size)
+        if self._bits is not None and family in PACKABLE_FAMILIES and float_reason is None:
+            # float32 scales for a float32 graph: the consumer's decode is then exact to 6e-7
+            scale = torch.float32 if data.dtype == torch.float32 else torch.float16
+            stored = pack_weight(data, bits=self._bits, group_size=self._group_size,
+                                 scale_dtype=scale).tensors(key)
+            packing = Packing(f"int{self._bits}", self._group_size,
+                              "f32" if scale == torch.float32 else "f16")
         else:
+            if self._bits is not None and family in PACKABLE_FAMILIES and float_reason:
+                self.float_weights[key] = float_reason
             stored = {key: data}
         clash = sorted(set(stored) & set(self.tensors))
         if clash:
