@@ -601,3 +601,33 @@ def test_generated_transpose_below_zero_is_refused(tmp_path: Path) -> None:
     coords = torch.tensor([[0, 0, 2, 2], [0, 2, 2, 2]], dtype=torch.int32)
     with pytest.raises(ValueError, match=r"lattice\.conv_transpose3d: .*generates coordinate -1"):
         _run(tmp_path, g, {"w.weight": w}, h.sparse_inputs("x", coords, torch.randn(2, 2)))
+
+
+@pytest.mark.parametrize("op,group,match", [
+    ("target_conv_transpose3d", 32, "packed .* not run by MLX Lattice on this op"),
+    ("target_conv3d", 16, "group_size must be 32, 64 or 128"),
+])
+def test_packed_weights_mlx_lattice_refuses_are_refused(tmp_path: Path, op: str, group: int,
+                                                         match: str) -> None:
+    # MLX Lattice refuses both ("target transpose convolution does not support packed
+    # weights."; "quantized weight group_size must be 32, 64, or 128."), so a replay
+    # that ran them would vouch for an artifact the consumer cannot run.
+    st = (2, 2, 2)
+    g = h.Graph()
+    g.sparse_input("x", 32, st if op.endswith("transpose3d") else (1, 1, 1))
+    g.sparse_input("t", 1, (1, 1, 1) if op.endswith("transpose3d") else st)
+    g.weight("w", "conv.weight", "conv3d",
+             f"#lattice.packing<int8, group_size = {group}, scale_dtype = f32, mode = affine>")
+    g.op("y", op, ["x", "t", "w"], [h.SP, h.SP, WC], f"{_geom((2, 2, 2), st)}, {ACC}", h.SP)
+    g.output("y", h.SP)
+    w = torch.randn(4, 2, 2, 2, 32)
+    stored = pack_weight(w, bits=8, group_size=32).tensors("conv.weight")
+    if group != 32:  # the codes of another group size: 16 input channels per group
+        stored["conv.weight.scales"] = torch.cat([stored["conv.weight.scales"]] * 2, dim=1)
+        stored["conv.weight.biases"] = torch.cat([stored["conv.weight.biases"]] * 2, dim=1)
+    art = h.write_artifact(tmp_path / "a", g, stored)
+    # physical coordinates: multiples of 2 fit either input's stride
+    inputs = {**h.sparse_inputs("x", h.random_coords(10, 3, seed=1) * 2, torch.randn(10, 32)),
+              **h.sparse_inputs("t", h.random_coords(12, 4, seed=2) * 2, torch.zeros(12, 1))}
+    with pytest.raises(ValueError, match=match):
+        load_lattice_program(art)(**inputs)
