@@ -27,6 +27,7 @@ import torch
 import torch_lattice
 from benchmarks import baselines as bl
 from benchmarks import report, scenes
+from benchmarks.peak import measure_peak
 from benchmarks.workloads import WORKLOADS, Options
 from torch_lattice.ops._native import _C
 from torch_lattice.optional_deps import require_matplotlib
@@ -201,6 +202,9 @@ def _run(args: argparse.Namespace) -> int:
         "load_before": _load(),
         **_machine(),
     }
+    # The machine's own limit, measured in this run at this thread count: the
+    # denominator of the report's "% of peak" column.
+    meta["peak"] = measure_peak(torch.get_num_threads()).as_dict()
     rows: list[dict[str, Any]] = []
     for scene, name, c in _cases(suite, only):
         t0 = time.perf_counter()
@@ -303,6 +307,8 @@ def _parser() -> argparse.ArgumentParser:
     rep.add_argument("--out", default=str(ROOT / "docs" / "benchmarks"))
     rep.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     sub.add_parser("list", help="list suites and workloads")
+    pk = sub.add_parser("peak", help="the CPU's measured arithmetic peak per thread count")
+    pk.add_argument("--max-threads", type=int, default=os.cpu_count() or 1)
     big = sub.add_parser("large", help="large-input check (5M voxels): time and peak memory")
     big.add_argument("--voxels", type=int, default=5_000_000)
     big.add_argument("--channels", type=int, default=16)
@@ -322,6 +328,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _list()
     if args.cmd == "report":
         return _report(args)
+    if args.cmd == "peak":
+        if args.max_threads < 1:
+            raise SystemExit("--max-threads: must be >= 1")
+        from benchmarks import peak
+
+        return peak.main(args.max_threads)
     if args.cmd == "large":
         for name in ("voxels", "channels", "repeats"):
             if getattr(args, name) < 1:

@@ -185,7 +185,8 @@ def _fmt(v: float | None, spec: str = ".1f", suffix: str = "") -> str:
     return "-" if v is None else f"{v:{spec}}{suffix}"
 
 
-def _case_line(rows: list[Row], case: tuple[str, str, int], threads: Any = None) -> str | None:
+def _case_line(rows: list[Row], case: tuple[str, str, int], threads: Any = None,
+               peak: float | None = None) -> str | None:
     workload, scene, c = case
     lat = _find(rows, workload, scene, c, wl.LATTICE)
     if lat is None:
@@ -197,6 +198,8 @@ def _case_line(rows: list[Row], case: tuple[str, str, int], threads: Any = None)
     mm = _find(rows, workload, scene, c, wl.MM)
     sq = _find(rows, workload, scene, c, wl.MM_SQUARE)
     cells.append(_fmt(lat.get("gflops")))
+    cells.append(_fmt(100 * lat["gflops"] / peak if peak and lat.get("gflops") else None,
+                      ".0f", "%"))
     for ref in (mm, sq):
         pct = None
         if ref is not None and lat.get("gflops") and ref.get("gflops"):
@@ -207,15 +210,15 @@ def _case_line(rows: list[Row], case: tuple[str, str, int], threads: Any = None)
     return "| " + " | ".join(cells) + " |"
 
 
-def _main_table(rows: list[Row], threads: Any = None) -> list[str]:
+def _main_table(rows: list[Row], threads: Any = None, peak: float | None = None) -> list[str]:
     head = (
         "| workload | scene | voxels | C | lattice ms | torch ms (speed-up) | dense ms "
-        "(speed-up) | spconv ms (speed-up) | lattice GFLOP/s | % of mm same shape | "
-        "% of mm square | peak MiB lattice / torch |"
+        "(speed-up) | spconv ms (speed-up) | lattice GFLOP/s | % of fp32 peak | "
+        "% of mm same shape | % of mm square | peak MiB lattice / torch |"
     )
-    lines = [head, "|" + "---|" * 12]
+    lines = [head, "|" + "---|" * 13]
     for case in _cases(rows):
-        line = _case_line(rows, case, threads)
+        line = _case_line(rows, case, threads, peak)
         if line:
             lines.append(line)
     return lines
@@ -278,7 +281,18 @@ def markdown(meta: dict[str, Any], rows: list[Row]) -> str:
     out.append("")
     out += ["## Targets", "", "| target | measured | verdict |", "|---|---|---|"]
     out += [f"| {a} | {b} | {c} |" for a, b, c in Targets(rows).lines()]
-    out += ["", "## All workloads", "", *_main_table(rows, threads)]
+    peak = meta.get("peak") or {}
+    fp32_peak = peak.get("fp32_gflops")
+    if fp32_peak:
+        bf16 = peak.get("bf16_gflops")
+        out += ["", f"Measured peak in this run at {peak.get('threads')} threads "
+                f"(`python -m benchmarks peak`, register-only loops): fp32 FMA "
+                f"({peak.get('fp32_isa')}) {fp32_peak:.0f} GFLOP/s"
+                + (f", bf16 dot product {bf16:.0f} GFLOP/s" if bf16 else "")
+                + "; \"% of fp32 peak\" divides by it."]
+    else:
+        out += ["", "This run predates the peak probe: no \"% of fp32 peak\" column values."]
+    out += ["", "## All workloads", "", *_main_table(rows, threads, fp32_peak)]
     sweep = _sweep_table(rows)
     if sweep:
         out += ["", "## Size sweep (height fields)", "", *sweep]

@@ -154,6 +154,7 @@ def test_cli_smoke_run_writes_json_markdown_and_plots(tmp_path: Path) -> None:
     assert main(args) == 0
     data = json.loads((out / "results.json").read_text())
     assert data["meta"]["command"].startswith("python -m benchmarks run --suite smoke")
+    assert data["meta"]["peak"]["threads"] == torch.get_num_threads()
     ok = {(r["workload"], r["impl"]) for r in data["results"] if r["status"] == "ok"}
     for pair in [
         ("kmap_subm3", workloads.LATTICE),
@@ -551,3 +552,36 @@ def test_gpu_tools_say_when_there_is_no_gpu(monkeypatch: pytest.MonkeyPatch) -> 
     assert gpu.main([]) == 2
     with pytest.raises(SystemExit):
         gpu_accuracy.main(["--voxels", "0"])
+
+
+def test_peak_probe_measures_the_widest_fma_this_cpu_runs() -> None:
+    from benchmarks.peak import measure_peak
+
+    flags = set()
+    if Path("/proc/cpuinfo").is_file():
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    p = measure_peak(1, seconds=0.01, tries=1)
+    if "avx512f" in flags:
+        assert p.fp32_isa == "avx512f"
+    elif {"avx2", "fma"} <= flags:
+        assert p.fp32_isa == "avx2+fma"
+    if p.fp32_isa is not None:
+        assert p.fp32_gflops is not None and p.fp32_gflops > 0
+    assert (p.bf16_gflops is not None) == ("avx512_bf16" in flags)
+    with pytest.raises(ValueError, match="threads"):
+        measure_peak(0)
+
+
+def test_report_divides_by_the_measured_peak() -> None:
+    row = {"workload": "subm3_fwd", "scene": "tiny-8", "channels": 4, "impl": workloads.LATTICE,
+           "status": "ok", "voxels": 8, "median_ms": 1.0, "gflops": 50.0, "threads": 2}
+    peak = {"threads": 2, "fp32_isa": "avx2+fma", "fp32_gflops": 200.0, "bf16_gflops": None}
+    text = report.markdown({"threads": 2, "checked": True, "peak": peak}, [row])
+    assert "fp32 FMA (avx2+fma) 200 GFLOP/s" in text
+    line = next(x for x in text.splitlines() if x.startswith("| subm3_fwd | tiny-8 |"))
+    assert "| 50.0 | 25% |" in line
+    old = report.markdown({"threads": 2, "checked": True}, [row])
+    assert "predates the peak probe" in old
