@@ -1548,8 +1548,15 @@ add_tmp(
 add_tmp(
     "export-quantize-group-size",
     ValueError,
-    r"quantize_group_size must be a positive multiple of 8 for 4-bit codes",
+    r"quantize_group_size must be 32, 64 or 128 \(the group sizes MLX Lattice runs",
     lambda tmp: _export(tmp, quantize_bits=4, quantize_group_size=3),
+)
+add_tmp(
+    "export-quantize-group-size-16",
+    ValueError,
+    r"quantize_group_size must be 32, 64 or 128 \(the group sizes MLX Lattice runs packed "
+    r"weights with\), got 16",
+    lambda tmp: _export(tmp, quantize_bits=8, quantize_group_size=16),
 )
 add_tmp(
     "export-output-names-count",
