@@ -291,7 +291,8 @@ def markdown(meta: dict[str, Any], rows: list[Row]) -> str:
                 + (f", bf16 dot product {bf16:.0f} GFLOP/s" if bf16 else "")
                 + "; \"% of fp32 peak\" divides by it."]
     else:
-        out += ["", "This run predates the peak probe: no \"% of fp32 peak\" column values."]
+        out += ["", "No peak was measured in this run (it is older than the peak probe): "
+                "the \"% of fp32 peak\" column is empty."]
     out += ["", "## All workloads", "", *_main_table(rows, threads, fp32_peak)]
     sweep = _sweep_table(rows)
     if sweep:

@@ -584,4 +584,4 @@ def test_report_divides_by_the_measured_peak() -> None:
     line = next(x for x in text.splitlines() if x.startswith("| subm3_fwd | tiny-8 |"))
     assert "| 50.0 | 25% |" in line
     old = report.markdown({"threads": 2, "checked": True}, [row])
-    assert "predates the peak probe" in old
+    assert "older than the peak probe" in old
