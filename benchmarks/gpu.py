@@ -1,15 +1,25 @@
 """GPU benchmark of the device check: ``python3 -m benchmarks.gpu [--out FILE]``.
 
-Times, with CUDA events (median of ``--reps`` after warm-up), on a LiDAR scene:
+On a LiDAR scene, with CUDA events (medians of ``--reps``, at least 20 by default, with
+the 10th-90th percentile spread), in one process:
 
-- one SubmConv3d 3x3x3 layer (C_in = C_out = C for C in 32, 64, 128, 256) in fp32, TF32,
-  fp16 and bf16, through each dataflow's registered op, beside plain PyTorch
-  gather-mm-scatter (``index_select``, cuBLAS ``mm``, ``index_add_``) on the same pairs;
-- SparseResUNet42 forward and forward+backward, per dataflow, fp32 and fp16.
+- **peak**: cuBLAS ``mm`` on large squares per precision (fp32, TF32, fp16, bf16), the
+  denominator of "% of mm peak", beside the datasheet's dense peak where the GPU is known;
+- **kernel maps**: submanifold k3 (``nbr``, then pairs) and strided k2 s2 (support,
+  ``nbr``, pairs) built from coordinates;
+- **single layers** on the maps the library's own modules build (SubmConv3d k3 with its
+  centred kernel, Conv3d k2 s2 and k3 s2 p1, the inverse ConvTranspose3d and a target
+  transpose; :mod:`benchmarks.gpu_layers`) at C = 32, 64, 128, 256 in fp32, TF32, fp16 and
+  bf16, per dataflow, beside two plain-PyTorch baselines on the same pairs (a per-kernel-row
+  gather-mm-scatter loop and one im2col GEMM). Every baseline's output, input gradient and
+  weight gradient is checked against ours before it is timed, and each of our dataflows
+  against the loop baseline; rows print achieved TFLOP/s (useful work ``2 * pairs * C_in *
+  C_out``) and the percentages of the peaks;
+- **SparseResUNet42** per dataflow in fp32 and fp16: inference with cached maps (a fixed
+  scan) and a training step with the maps built inside the timing (a new scan each step).
 
-Every layer result is also compared with the plain-PyTorch one (``max|diff| / max|ref|``)
-so a wrong kernel shows in the table, not only a fast one. Prints a Markdown table; the
-ratio column is ``torch ms / ours ms`` (above 1: ours is faster).
+``--device cpu`` runs the same code on the CPU with wall-clock timing (the rehearsal the
+tests use); prints a Markdown report.
 """
 
 from __future__ import annotations
@@ -17,6 +27,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -33,38 +44,62 @@ _DTYPE = {
     "fp16": torch.float16,
     "bf16": torch.bfloat16,
 }
+# Dense (no structured sparsity) datasheet peaks in TFLOP/s, SXM parts: fp32 on CUDA
+# cores, the rest on tensor cores.
+SPEC_TFLOPS = {
+    "H200": {"fp32": 67.0, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4},
+    "H100": {"fp32": 67.0, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4},
+}
 
 
 @dataclass(frozen=True)
 class Row:
-    """One timed case; ``torch_ms`` and ``err`` only for single layers."""
+    """One timed case. ``flops`` for convolutions; ``err`` where a result was checked."""
 
+    section: str
     case: str
     precision: str
-    dataflow: str
-    ms: float
-    torch_ms: float | None = None
+    impl: str
+    ms: float  # median; NaN when not timed
+    p10: float = float("nan")
+    p90: float = float("nan")
+    flops: int | None = None
     err: float | None = None
+    note: str = ""
 
 
-def timed(fn: Callable[[], object], reps: int, warm: int = 3) -> float:
-    """Median milliseconds of ``fn`` on the current stream (CUDA events)."""
-    for _ in range(warm):
-        fn()
-    times = []
-    for _ in range(reps):
-        start = torch.cuda.Event(enable_timing=True)
-        stop = torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop))
-    return statistics.median(times)
+class Timer:
+    """Medians and spread of a callable: CUDA events on a GPU, wall clock elsewhere."""
+
+    def __init__(self, device: str, reps: int, warm: int = 3) -> None:
+        self.cuda = device.startswith("cuda")
+        self.reps, self.warm = reps, warm
+
+    def __call__(self, fn: Callable[[], object], reps: int | None = None
+                 ) -> tuple[float, float, float]:
+        for _ in range(self.warm):
+            fn()
+        times = []
+        for _ in range(reps or self.reps):
+            if self.cuda:
+                start = torch.cuda.Event(enable_timing=True)
+                stop = torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                stop.record()
+                stop.synchronize()
+                times.append(start.elapsed_time(stop))
+            else:
+                t0 = time.perf_counter()
+                fn()
+                times.append((time.perf_counter() - t0) * 1e3)
+        times.sort()
+        pick = lambda q: times[min(len(times) - 1, int(q * len(times)))]  # noqa: E731
+        return statistics.median(times), pick(0.1), pick(0.9)
 
 
 def _tf32(enabled: bool) -> None:
-    """TF32 for the plain-PyTorch baseline's fp32 matmuls.
+    """TF32 for the plain-PyTorch baselines' fp32 matmuls.
 
     Through the legacy ``allow_tf32`` setter: on torch >= 2.9 it sets the legacy precision
     and ``matmul.fp32_precision`` together, while setting ``fp32_precision`` alone leaves
@@ -72,133 +107,215 @@ def _tf32(enabled: bool) -> None:
     torch.backends.cuda.matmul.allow_tf32 = enabled
 
 
-def layer_rows(coords: torch.Tensor, reps: int) -> list[Row]:
-    """Single SubmConv3d layers per channel count, precision and dataflow."""
+def peak_rows(timer: Timer, device: str) -> tuple[list[Row], dict[str, float]]:
+    """cuBLAS (or CPU BLAS) ``mm`` TFLOP/s per precision on squares: the measured peak."""
+    n = 8192 if timer.cuda else 512
+    rows, peak = [], {}
+    for prec in PRECISIONS:
+        a = torch.randn(n, n, device=device).to(_DTYPE[prec])
+        b = torch.randn(n, n, device=device).to(_DTYPE[prec])
+        _tf32(prec == "tf32")
+        ms, p10, p90 = timer(partial(torch.mm, a, b))
+        _tf32(False)
+        peak[prec] = 2 * n**3 / (p10 * 1e-3) / 1e12  # the best decile: the attainable rate
+        rows.append(Row("peak", f"mm {n}^3", prec, "torch.mm", ms, p10, p90, 2 * n**3))
+    return rows, peak
+
+
+def kmap_rows(timer: Timer, coords: torch.Tensor) -> list[Row]:
+    """Kernel-map construction from coordinates: submanifold k3 and strided k2 s2."""
+    from torch_lattice.geometry import ConvGeometry
+
     lattice = torch.ops.lattice
-    n = coords.shape[0]
-    nbr, rev = lattice.kernel_map(coords, coords, [3, 3, 3], [1, 1, 1], [0, 0, 0], [1, 1, 1])
-    fwd = lattice.kernel_pairs(nbr)
-    bwd = lattice.kernel_pairs(rev)
-    offs = fwd[0].tolist()
-    pin, pout = fwd[1].long(), fwd[2].long()
-    rows = []
-    for c in CHANNELS:
-        g = torch.Generator(device="cuda").manual_seed(c)
-        x32 = torch.randn(n, c, device="cuda", generator=g)
-        w32 = torch.randn(27, c, c, device="cuda", generator=g) / (27 * c) ** 0.5
-        for prec in PRECISIONS:
-            tf32 = prec == "tf32"
-            x, w = x32.to(_DTYPE[prec]), w32.to(_DTYPE[prec])
-
-            def plain(x: torch.Tensor = x, w: torch.Tensor = w) -> torch.Tensor:
-                y = torch.zeros(n, w.shape[2], device="cuda", dtype=x.dtype)
-                for k in range(27):
-                    a, b = offs[k], offs[k + 1]
-                    if b > a:
-                        y.index_add_(0, pout[a:b], x.index_select(0, pin[a:b]) @ w[k])
-                return y
-
-            _tf32(tf32)
-            ref = plain()
-            base = timed(plain, reps)
-            scale = max(ref.float().abs().max().item(), 1e-30)
-            for df in DATAFLOWS:
-                if df == "implicit_gemm":
-                    ours = partial(lattice.sparse_conv, x, w, nbr, rev, tf32)
-                else:
-                    ours = partial(lattice.pair_conv, x, w, *fwd, *bwd, n, df[0] == "g", tf32)
-                try:
-                    err = (ours().float() - ref.float()).abs().max().item() / scale
-                    rows.append(Row(f"SubmConv3d C={c}", prec, df, timed(ours, reps), base, err))
-                except Exception as exc:  # a failing kernel is a table row, not a crash
-                    print(f"SubmConv3d C={c} {prec} {df}: {exc!r}", file=sys.stderr)
-                    rows.append(Row(f"SubmConv3d C={c}", prec, df, float("nan"), base))
-            _tf32(False)
-    return rows
+    subm = ConvGeometry.submanifold((3, 3, 3), (1, 1, 1))
+    k2s2 = ConvGeometry.create(2, 2, 0, 1)
+    batches = int(coords[:, 0].max()) + 1
+    extent = (coords[:, 1:].amax(0) + 1).tolist()
+    out_range = list(k2s2.output_range(extent))
+    args_s = [list(v) for v in subm.as_c()]
+    args_k = [list(v) for v in k2s2.as_c()]
+    nbr_s = lattice.kernel_map(coords, coords, *args_s)[0]
+    coarse = lattice.generate_support(coords, *args_k, out_range, batches)
+    nbr_k = lattice.kernel_map(coords, coarse, *args_k)[0]
+    cases = [
+        ("SubmConv3d k3: nbr", partial(lattice.kernel_map, coords, coords, *args_s)),
+        ("SubmConv3d k3: pairs", partial(lattice.kernel_pairs, nbr_s)),
+        ("Conv3d k2s2: support",
+         partial(lattice.generate_support, coords, *args_k, out_range, batches)),
+        ("Conv3d k2s2: nbr", partial(lattice.kernel_map, coords, coarse, *args_k)),
+        ("Conv3d k2s2: pairs", partial(lattice.kernel_pairs, nbr_k)),
+    ]
+    return [Row("kernel map", name, "-", "lattice", *timer(fn)) for name, fn in cases]
 
 
-def _unet_forward(model: torch.nn.Module, feats: torch.Tensor, coords: torch.Tensor):
-    from torch_lattice import SparseTensor
-
-    return model(SparseTensor(feats, coords)).feats
-
-
-def _unet_step(model: torch.nn.Module, feats: torch.Tensor, coords: torch.Tensor) -> None:
-    model.zero_grad(set_to_none=True)
-    _unet_forward(model, feats, coords).float().square().mean().backward()
-
-
-def unet_rows(coords: torch.Tensor, reps: int) -> list[Row]:
-    """SparseResUNet42 forward and forward+backward per dataflow, fp32 and fp16."""
-    from torch_lattice.backbones import SparseResUNet42
+def layer_rows(timer: Timer, coords: torch.Tensor, device: str, channels: Sequence[int],
+               precisions: Sequence[str]) -> list[Row]:
+    """Single layers per channel count, precision and dataflow, beside the baselines."""
+    from benchmarks import gpu_layers as gl
     from torch_lattice.nn.functional import ConvConfig, Dataflow, conv_config
 
     rows = []
-    for prec in ("fp32", "fp16"):
-        dtype = _DTYPE[prec]
-        torch.manual_seed(0)
-        model = SparseResUNet42(4, 20).cuda().to(dtype)
-        feats = torch.randn(coords.shape[0], 4, device="cuda", dtype=dtype)
-        for df in DATAFLOWS:
-            with conv_config(ConvConfig(dataflow=Dataflow(df))):
-                forward = partial(_unet_forward, model, feats, coords)
-                train_step = partial(_unet_step, model, feats, coords)
-                try:
-                    model.train()
-                    rows.append(Row("ResUNet42 fwd+bwd", prec, df, timed(train_step, reps)))
-                    model.eval()
+    for c in channels:
+        for base in gl.layer_cases(coords, c, device, seed=c):
+            for prec in precisions:
+                case = base.at(_DTYPE[prec])
+                tf32 = prec == "tf32"
+                baselines = gl.baselines(case)
+                x, w = case.x.feats, case.module.weight.detach()
+                _tf32(tf32)
+                for name, fn in baselines.items():
+                    try:
+                        err = gl.check(case, fn)
+                    except torch.OutOfMemoryError:
+                        rows.append(Row("layer", case.name + f" C={c}", prec, name,
+                                        float("nan"), note="out of memory"))
+                        continue
+                    if err > gl.TOLERANCE[prec]:
+                        rows.append(Row("layer", case.name + f" C={c}", prec, name,
+                                        float("nan"), err=err, note="disagrees: not timed"))
+                        continue
                     with torch.no_grad():
-                        rows.append(Row("ResUNet42 forward", prec, df, timed(forward, reps)))
-                except Exception as exc:
-                    print(f"ResUNet42 {prec} {df}: {exc!r}", file=sys.stderr)
-                    rows.append(Row("ResUNet42", prec, df, float("nan")))
+                        times = timer(partial(fn, x, w))
+                    rows.append(Row("layer", case.name + f" C={c}", prec, name, *times,
+                                    case.flops, err))
+                _tf32(False)
+                for df in DATAFLOWS:
+                    if case.target is not None and df != "gather_scatter":
+                        continue  # target transposes run gather-scatter only (docs/dataflows)
+                    config = ConvConfig(dataflow=Dataflow(df), allow_tf32=tf32)
+                    try:
+                        with conv_config(config):
+                            err = gl.check(case, baselines["torch loop"])
+                            with torch.no_grad():
+                                times = timer(case.ours)
+                        rows.append(Row("layer", case.name + f" C={c}", prec, df, *times,
+                                        case.flops, err))
+                    except Exception as exc:  # a failing kernel is a row, not a crash
+                        print(f"{case.name} C={c} {prec} {df}: {exc!r}", file=sys.stderr)
+                        rows.append(Row("layer", case.name + f" C={c}", prec, df,
+                                        float("nan"), note=f"FAILED: {type(exc).__name__}"))
     return rows
 
 
-def table(rows: Sequence[Row]) -> list[str]:
-    """Markdown table of ``rows``: medians, the plain-PyTorch time, ratio and error."""
+def unet_rows(timer: Timer, coords: torch.Tensor, device: str, precisions: Sequence[str]
+              ) -> list[Row]:
+    """SparseResUNet42 per dataflow: inference on cached maps, training step with maps
+    built inside the timing."""
+    from torch_lattice import SparseTensor
+    from torch_lattice.backbones import SparseResUNet42
+    from torch_lattice.nn.functional import ConvConfig, Dataflow, conv_config
+
+    def infer(model: torch.nn.Module, fixed: SparseTensor) -> torch.Tensor:
+        return model(fixed).feats
+
+    def train_step(model: torch.nn.Module, feats: torch.Tensor) -> None:
+        model.zero_grad(set_to_none=True)  # a new SparseTensor: every map is built again
+        model(SparseTensor(feats, coords)).feats.float().square().mean().backward()
+
+    rows = []
+    for prec in precisions:
+        dtype = _DTYPE[prec]
+        torch.manual_seed(0)
+        model = SparseResUNet42(4, 20).to(device).to(dtype)
+        feats = torch.randn(coords.shape[0], 4, device=device, dtype=dtype)
+        cached = partial(infer, model, SparseTensor(feats, coords))
+        built = partial(train_step, model, feats)
+        for df in DATAFLOWS:
+            with conv_config(ConvConfig(dataflow=Dataflow(df))):
+                try:
+                    model.eval()
+                    with torch.no_grad():
+                        rows.append(Row("network", "ResUNet42 forward, cached maps", prec, df,
+                                        *timer(cached)))
+                    model.train()
+                    rows.append(Row("network", "ResUNet42 fwd+bwd, maps built", prec, df,
+                                    *timer(built)))
+                except Exception as exc:
+                    print(f"ResUNet42 {prec} {df}: {exc!r}", file=sys.stderr)
+                    rows.append(Row("network", "ResUNet42", prec, df, float("nan"),
+                                    note=f"FAILED: {type(exc).__name__}"))
+    return rows
+
+
+def _pct(part: float | None, whole: float | None) -> str:
+    return "" if part is None or not whole else f"{100 * part / whole:.1f}%"
+
+
+def table(rows: Sequence[Row], peak: dict[str, float], spec: dict[str, float] | None
+          ) -> list[str]:
+    """Markdown table: median, spread, TFLOP/s, % of the measured and datasheet peaks."""
     out = [
-        "| case | precision | dataflow | ours ms | torch ms | torch/ours | max rel err |",
-        "|---|---|---|---|---|---|---|",
+        "| section | case | precision | impl | median ms | p10-p90 ms | TFLOP/s | % of mm peak "
+        "| % of datasheet | max rel err | note |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        base = "" if r.torch_ms is None else f"{r.torch_ms:.3f}"
-        ratio = "" if r.torch_ms is None or not r.ms > 0 else f"{r.torch_ms / r.ms:.2f}x"
-        err = "" if r.err is None else f"{r.err:.1e}"
-        ms = "FAILED" if r.ms != r.ms else f"{r.ms:.3f}"
-        out.append(f"| {r.case} | {r.precision} | {r.dataflow} | {ms} | {base} | {ratio} | {err} |")
+        timed = r.ms == r.ms
+        tflops = r.flops / (r.ms * 1e-3) / 1e12 if timed and r.flops and r.ms > 0 else None
+        out.append(
+            f"| {r.section} | {r.case} | {r.precision} | {r.impl} | "
+            f"{f'{r.ms:.3f}' if timed else '-'} | "
+            f"{f'{r.p10:.3f}-{r.p90:.3f}' if timed else '-'} | "
+            f"{'' if tflops is None else f'{tflops:.3g}'} | "
+            f"{_pct(tflops, peak.get(r.precision)) if r.section != 'peak' else ''} | "
+            f"{_pct(tflops, (spec or {}).get(r.precision))} | "
+            f"{'' if r.err is None else f'{r.err:.1e}'} | {r.note} |"
+        )
     return out
+
+
+def _device_name(device: str) -> str:
+    return torch.cuda.get_device_name() if device.startswith("cuda") else "CPU"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu", description=__doc__)
-    parser.add_argument("--reps", type=int, default=10, help="timed repetitions per case")
-    parser.add_argument("--out", type=Path, help="also write the table to this file")
-    parser.add_argument("--no-unet", action="store_true", help="single layers only")
+    parser.add_argument("--reps", type=int, default=20, help="timed repetitions per case")
+    parser.add_argument("--out", type=Path, help="also write the report to this file")
+    parser.add_argument("--no-unet", action="store_true", help="skip SparseResUNet42")
+    parser.add_argument("--device", default="cuda", help="cuda (default) or cpu (rehearsal)")
+    parser.add_argument("--scene", default="lidar",
+                        help="lidar, surface, indoor, or tiny-N (an N x N height field)")
+    parser.add_argument("--channels", default=",".join(map(str, CHANNELS)))
+    parser.add_argument("--precisions", default=",".join(PRECISIONS))
     args = parser.parse_args(argv)
     if args.reps < 1:
         parser.error(f"--reps must be >= 1, got {args.reps}")
-    if not torch.cuda.is_available():
+    channels = [int(c) for c in args.channels.split(",")]
+    precisions = args.precisions.split(",")
+    if any(c < 1 for c in channels) or not set(precisions) <= set(PRECISIONS):
+        parser.error(f"--channels must be positive, --precisions from {PRECISIONS}")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("benchmarks.gpu: no CUDA device", file=sys.stderr)
         return 2
     import torch_lattice.ops  # noqa: F401  (registers the lattice ops)
-    from benchmarks.scenes import make_scene
+    from benchmarks.scenes import make_scene, tiny_scene
 
-    scene = make_scene("lidar")
-    coords = scene.coords.cuda()
+    if args.scene.startswith("tiny-"):
+        scene = tiny_scene(int(args.scene.removeprefix("tiny-")))
+    else:
+        scene = make_scene(args.scene)
+    coords = scene.coords.to(args.device)
+    name = _device_name(args.device)
+    spec = next((v for k, v in SPEC_TFLOPS.items() if k in name), None)
+    timer = Timer(args.device, args.reps)
     head = (
-        f"{torch.cuda.get_device_name()}, torch {torch.__version__}; scene {scene.name} "
-        f"({scene.voxels} voxels: {scene.description}); medians of {args.reps} runs"
+        f"{name}, torch {torch.__version__}; scene {scene.name} ({scene.voxels} voxels: "
+        f"{scene.description}); medians of {args.reps} runs (p10-p90 spread)"
     )
     print(head, flush=True)
-    rows = layer_rows(coords, args.reps)
+    rows, peak = peak_rows(timer, args.device)
+    rows += kmap_rows(timer, coords)
+    rows += layer_rows(timer, coords, args.device, channels, precisions)
     if not args.no_unet:
-        rows += unet_rows(coords, max(3, args.reps // 2))
-    lines = [head, "", *table(rows)]
+        rows += unet_rows(timer, coords, args.device, [p for p in ("fp32", "fp16")
+                                                      if p in precisions])
+    lines = [head, "", *table(rows, peak, spec)]
     print("\n".join(lines[2:]))
     if args.out is not None:
         args.out.write_text("\n".join(lines) + "\n")
-    return 0
+    failed = [r for r in rows if r.note.startswith(("FAILED", "disagrees"))]
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

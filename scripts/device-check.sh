@@ -6,13 +6,14 @@
 #   bash scripts/device-check.sh              # on the GPU machine
 #   DEVICE_CHECK_DRY=1 bash scripts/device-check.sh   # rehearsal where there is no GPU
 #
-# Steps (each under its own time limit; the limits add up to 355 s, under 6 minutes):
+# Steps (each under its own time limit; the limits add up to 405 s, under 7 minutes):
 #   env     versions: GPU, python3, torch, setuptools, nvcc
 #   build   the extension in place (setup.py build_ext --inplace), sm_90 only
 #   import  torch_lattice._C: CUDA compiled in, devices seen
 #   test    the CUDA tests (every test marked cuda: tests/test_cuda*.py and the GPU cases
 #           of the other files) with pytest -n 8
-#   bench   python3 -m benchmarks.gpu (single layers and SparseResUNet42)
+#   bench   python3 -m benchmarks.gpu (mm peak, kernel maps, single layers on the modules'
+#           own maps beside two checked baselines, SparseResUNet42; dry: a CPU rehearsal)
 #   accuracy  python3 -m benchmarks.gpu_accuracy (SparseResUNet42 errors against the CPU)
 # The dry mode skips only what needs a GPU: nvidia-smi, the bench and accuracy; the tests
 # still run (they skip themselves without a GPU, and the non-GPU checks among them run).
@@ -98,8 +99,10 @@ assert C.cuda_compiled(), 'built without CUDA'"
         skip bench "dry: needs a GPU"
         skip accuracy "dry: needs a GPU"
         step bench-import 10 python3 -c "import benchmarks.gpu, benchmarks.gpu_accuracy"
+        step bench-rehearsal 60 python3 -m benchmarks.gpu --device cpu --scene tiny-12 \
+            --channels 4 --precisions fp32,bf16 --reps 1 --no-unet
     else
-        step bench 50 env PYTHONUNBUFFERED=1 python3 -m benchmarks.gpu --out "$OUT/bench.md"
+        step bench 100 env PYTHONUNBUFFERED=1 python3 -m benchmarks.gpu --out "$OUT/bench.md"
         step accuracy 45 env PYTHONUNBUFFERED=1 python3 -m benchmarks.gpu_accuracy \
             --out "$OUT/accuracy.md"
     fi

@@ -585,3 +585,52 @@ def test_report_divides_by_the_measured_peak() -> None:
     assert "| 50.0 | 25% |" in line
     old = report.markdown({"threads": 2, "checked": True}, [row])
     assert "older than the peak probe" in old
+
+
+def test_gpu_benchmark_rehearses_on_the_cpu(tmp_path: Path) -> None:
+    """The device check's benchmark, run on the CPU: every baseline and dataflow is
+    checked (output and gradients) and timed, and the report says so."""
+    from benchmarks import gpu
+
+    out = tmp_path / "bench.md"
+    args = ["--device", "cpu", "--scene", "tiny-10", "--channels", "4",
+            "--precisions", "fp32,bf16", "--reps", "1", "--no-unet", "--out", str(out)]
+    assert gpu.main(args) == 0
+    text = out.read_text()
+    for case in ("SubmConv3d k3 C=4", "Conv3d k2s2 C=4", "Conv3d k3s2p1 C=4",
+                 "ConvTranspose3d k2s2 inverse C=4", "ConvTranspose3d k2s2 target C=4"):
+        for impl in ("torch loop", "torch im2col", "gather_scatter"):
+            line = next(x for x in text.splitlines() if f"| {case} | bf16 | {impl} |" in x)
+            assert "disagrees" not in line and "FAILED" not in line
+    assert "| kernel map | Conv3d k2s2: support | - | lattice |" in text
+    assert text.count("| peak | mm 512^3 |") == 4
+
+
+def test_gpu_benchmark_refuses_a_baseline_that_disagrees(monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    from benchmarks import gpu, gpu_layers
+    from benchmarks.scenes import tiny_scene
+
+    real = gpu_layers.baselines
+
+    def wrong(case: gpu_layers.LayerCase) -> dict:
+        fns = real(case)
+        loop = fns["torch im2col"]
+        fns["torch im2col"] = lambda x, w: loop(x, w) * 1.01
+        return fns
+
+    monkeypatch.setattr(gpu_layers, "baselines", wrong)
+    rows = gpu.layer_rows(gpu.Timer("cpu", 1, warm=0), tiny_scene(8).coords, "cpu", [4], ["fp32"])
+    bad = [r for r in rows if r.impl == "torch im2col"]
+    assert bad and all(r.note == "disagrees: not timed" and r.ms != r.ms for r in bad)
+    assert all(r.ms == r.ms for r in rows if r.impl == "torch loop")
+
+
+def test_gpu_benchmark_network_rows_on_the_cpu() -> None:
+    from benchmarks import gpu
+    from benchmarks.scenes import tiny_scene
+
+    rows = gpu.unet_rows(gpu.Timer("cpu", 1, warm=0), tiny_scene(24).coords, "cpu", ["fp32"])
+    assert {r.case for r in rows} == {"ResUNet42 forward, cached maps",
+                                      "ResUNet42 fwd+bwd, maps built"}
+    assert len(rows) == 6 and all(r.ms > 0 for r in rows)
