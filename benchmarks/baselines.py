@@ -239,14 +239,24 @@ class SpconvSubm:
 
         _, c_in, c_out = weight.shape
         self.conv = sp.SubMConv3d(c_in, c_out, 3, bias=False, indice_key="bench")
+        self.conv.to(device=weight.device, dtype=weight.dtype)
         with torch.no_grad():
             w = weight.reshape(3, 3, 3, c_in, c_out).permute(4, 0, 1, 2, 3)
             self.conv.weight.copy_(w.reshape(self.conv.weight.shape))
         ext = (coords.long().amax(dim=0) + 1).tolist()
         first = sp.SparseConvTensor(
-            torch.zeros(coords.shape[0], c_in), coords.int().contiguous(), ext[1:], ext[0]
+            torch.zeros(coords.shape[0], c_in, device=weight.device, dtype=weight.dtype),
+            coords.int().contiguous(), ext[1:], ext[0],
         )
         self._primed = self.conv(first)
+
+    def weight_grad(self) -> torch.Tensor | None:
+        """The gradient of spconv's weight in the canonical ``(K, C_in, C_out)`` layout."""
+        g = self.conv.weight.grad
+        if g is None:
+            return None
+        c_out, c_in = g.shape[0], g.shape[-1]
+        return g.reshape(c_out, 3, 3, 3, c_in).permute(1, 2, 3, 4, 0).reshape(27, c_in, c_out)
 
     def tensor(self, feats: torch.Tensor):
         """An input over the primed indices, so the call reuses spconv's index pairs."""

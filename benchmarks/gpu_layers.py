@@ -10,7 +10,9 @@ module's cached kernel map and drives two plain-PyTorch baselines:
   gather-GEMM-scatter; many small launches);
 - ``torch im2col``: one gather of every ``(output row, kernel row)`` input into an
   ``(N_out, K * C_in)`` matrix and one GEMM (few launches, cuBLAS on tensor cores, but it
-  multiplies the absent neighbours' zeros too).
+  multiplies the absent neighbours' zeros too);
+- ``spconv``: spconv 2.x's ``SubMConv3d`` with the same weight, beside SubmConv3d k3 on a
+  GPU when spconv imports (``scripts/spconv-wheels.sh`` prepares it for the device check).
 
 :func:`check` compares a baseline's output, input gradient and weight gradient with the
 library's before it is timed; a baseline that disagrees is reported, not timed.
@@ -24,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 import torch_lattice as tl
+from benchmarks.baselines import SpconvSubm, spconv_status
 from torch_lattice.geometry import ConvGeometry
 
 __all__ = ["TOLERANCE", "LayerCase", "baselines", "check", "layer_cases"]
@@ -137,9 +140,28 @@ def _im2col(table: torch.Tensor) -> Callable[[torch.Tensor, torch.Tensor], torch
     return run
 
 
+class _Spconv:
+    """spconv 2.x ``SubMConv3d`` holding the case's weight: ``fn(features, weight)`` with
+    the weight ignored (spconv keeps its own copy; :meth:`weight_grad` reads its gradient)."""
+
+    def __init__(self, case: LayerCase) -> None:
+        self.layer = SpconvSubm(case.x.coords, case.module.weight.detach())
+
+    def __call__(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return self.layer(x)
+
+    def weight_grad(self) -> torch.Tensor | None:
+        return self.layer.weight_grad()
+
+
 def baselines(case: LayerCase) -> dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]:
-    """The plain-PyTorch baselines of ``case``, by name: ``fn(features, weight)``."""
-    return {"torch loop": _loop(case.table), "torch im2col": _im2col(case.table)}
+    """The baselines of ``case``, by name: ``fn(features, weight)``. The plain-PyTorch
+    two always; spconv's SubMConv3d beside SubmConv3d k3 on a GPU where spconv imports
+    (its CPU build is wrong at more than one thread and has no backward)."""
+    out = {"torch loop": _loop(case.table), "torch im2col": _im2col(case.table)}
+    if case.name.startswith("SubmConv3d") and case.x.feats.is_cuda and spconv_status() is None:
+        out["spconv"] = _Spconv(case)
+    return out
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -164,6 +186,9 @@ def check(case: LayerCase, fn: Callable[[torch.Tensor, torch.Tensor], torch.Tens
     wb = module.weight.detach().requires_grad_(True)
     ref = fn(xb, wb)
     ref.backward(grad)
-    assert xb.grad is not None and wb.grad is not None
+    # a baseline that keeps its own weight copy (spconv) says where its gradient is
+    dw = wb.grad if wb.grad is not None else getattr(fn, "weight_grad", lambda: None)()
+    if xb.grad is None or dw is None:
+        raise ValueError("the baseline gave no input or weight gradient")
     module.zero_grad(set_to_none=True)
-    return max(_rel(ours.feats, ref), _rel(ours_dx, xb.grad), _rel(ours_dw, wb.grad))
+    return max(_rel(ours.feats, ref), _rel(ours_dx, xb.grad), _rel(ours_dw, dw))

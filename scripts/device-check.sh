@@ -102,7 +102,21 @@ assert C.cuda_compiled(), 'built without CUDA'"
         step bench-rehearsal 60 python3 -m benchmarks.gpu --device cpu --scene tiny-12 \
             --channels 4 --precisions fp32,bf16 --reps 1 --no-unet
     else
-        step bench 100 env PYTHONUNBUFFERED=1 python3 -m benchmarks.gpu --out "$OUT/bench.md"
+        # spconv beside us when scripts/spconv-wheels.sh's archive was carried (.spconv)
+        SPCONV_PATH=""
+        if [ -f .spconv/site.tar.xz ]; then
+            mkdir -p /tmp/spconv-site
+            if tar -C /tmp/spconv-site -xJf .spconv/site.tar.xz; then
+                SPCONV_PATH=/tmp/spconv-site
+                log "spconv: unpacked into $SPCONV_PATH"
+            else
+                log "spconv: .spconv/site.tar.xz did not unpack; timing without it"
+            fi
+        else
+            log "spconv: not carried (bash scripts/spconv-wheels.sh, then carry .spconv)"
+        fi
+        step bench 100 env PYTHONUNBUFFERED=1 PYTHONPATH="${SPCONV_PATH}${PYTHONPATH:+:$PYTHONPATH}" \
+            python3 -m benchmarks.gpu --out "$OUT/bench.md"
         step accuracy 45 env PYTHONUNBUFFERED=1 python3 -m benchmarks.gpu_accuracy \
             --out "$OUT/accuracy.md"
     fi
