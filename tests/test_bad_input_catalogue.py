@@ -38,6 +38,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import TracebackType
 
 import pytest
 import torch
@@ -1649,20 +1650,38 @@ add_tmp(
 # --------------------------------------------------------------------------------------
 
 
-def test_catalogue_is_large_and_ids_are_unique() -> None:
+def test_catalogue_ids_are_unique() -> None:
     ids = [c.id for c in CASES]
     assert len(ids) == len(set(ids)), [i for i in ids if ids.count(i) > 1]
-    assert len(ids) >= 60
+
+
+# Two refusals come from Python's own checks of the library's public enum and dataclass
+# (an unknown Dataflow name, an unknown ConvConfig field); every other one is raised by
+# torch_lattice itself.
+STDLIB_RAISED = {"config-dataflow-unknown-name", "conv-config-unknown-field"}
+
+
+def _raised_in(tb: TracebackType | None) -> str:
+    """The module whose code raised: the innermost frame of the traceback."""
+    assert tb is not None
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return str(tb.tb_frame.f_globals.get("__name__", ""))
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_bad_input_raises_clear_error(case: Case, tmp_path: Path) -> None:
     with pytest.raises(case.exc, match=case.match) as info:
         case.fn(tmp_path)
-    # Exactly the documented kind: no bare RuntimeError/IndexError/AssertionError that
-    # happens to subclass nothing useful, and the message is a sentence, not a repr.
-    assert type(info.value) is case.exc or issubclass(type(info.value), case.exc)
-    assert len(str(info.value)) > 10
+    # The library decided: not an error from deep inside torch, NumPy or the allocator
+    # that happens to have the right type; and the message is a sentence, not a value.
+    module = _raised_in(info.tb)
+    if case.id in STDLIB_RAISED:
+        assert module in ("enum", "dataclasses"), module
+    else:
+        assert module.startswith("torch_lattice"), module
+    message = str(info.value)
+    assert len(message) > 10 and " " in message, message
 
 
 # --------------------------------------------------------------------------------------
