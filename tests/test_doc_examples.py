@@ -256,3 +256,43 @@ def test_print_comments_are_checked() -> None:
         _run_block("print(1 + 1)  # 3\n", "probe", namespace)
     with pytest.raises(AssertionError, match="probe: example failed"):
         _run_block("1 / 0\n", "probe", namespace)
+
+
+def _prose_lines(path: Path) -> list[tuple[int, str]]:
+    """(line number, text) of the lines outside fenced code blocks and HTML comments."""
+    out: list[tuple[int, str]] = []
+    fence: str | None = None
+    in_comment = False
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        stripped = line.strip()
+        if fence is not None:
+            fence = None if stripped == fence else fence
+        elif in_comment:
+            in_comment = "-->" not in stripped
+        elif re.match(r"`{3,}", stripped):
+            fence = re.match(r"`{3,}", stripped).group(0)  # type: ignore[union-attr]
+        elif stripped.startswith("<!--"):
+            in_comment = "-->" not in stripped
+        else:
+            out.append((number, line))
+    return out
+
+
+def test_no_prose_line_starts_a_block_quote() -> None:
+    """A wrapped sentence whose next line starts with ">" (">= 2.4") renders as a block
+    quote; the pages use none on purpose, so every such line is a wrapping accident."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    quoted = [
+        f"{_id(p)}:{n}: {line}"
+        for p in pages
+        if "_build" not in p.parts
+        for n, line in _prose_lines(p)
+        if line.lstrip().startswith(">")
+    ]
+    assert not quoted, quoted
+
+
+def test_prose_lines_skip_code_and_comments(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text("a\n```bash\n> not prose\n```\n<!-- x\n> hidden\n-->\n>= 2.4 here\n")
+    assert _prose_lines(page) == [(1, "a"), (8, ">= 2.4 here")]
