@@ -299,3 +299,38 @@ def test_positional_order_follows_the_arguments(tmp_path: Path) -> None:
         assert isinstance(b_out, SparseOutput)
         assert torch.equal(b_out.coords, b.coords * torch.tensor([1, 2, 2, 2], dtype=torch.int32))
         assert torch.equal(b_out.features, b.feats)
+
+
+def test_sparse_inputs_without_a_common_stem_or_with_a_taken_name(tmp_path: Path) -> None:
+    """Names without the _coords/_features/_active stem: the SparseTensor goes by its
+    coordinates' name.  A stem that another input already has: named ABI form only."""
+    g = h.Graph()
+    g.args += [("pts", "tensor<?x4xi32>", "sparse_coords"),
+               ("f", "tensor<?x2xf32>", "sparse_features"),
+               ("n", "tensor<1xi32>", "sparse_active")]
+    g.body.append(
+        f"%s = lattice.sparse.make %pts, %f, %n {{{h.triple('stride', (1, 1, 1))}, "
+        f"coord_order = #lattice.coord<batch_x_y_z>}} : "
+        f"(tensor<?x4xi32>, tensor<?x2xf32>, tensor<1xi32>) -> {h.SP}"
+    )
+    g.output("s", h.SP)
+    program = load_lattice_program(h.write_artifact(tmp_path / "plain", g, {}))
+    assert [s.name for s in program.sparse_inputs] == ["pts"]
+    x = SparseTensor(torch.randn(3, 2), h.random_coords(3, 4))
+    for out in (program(x), program(pts=x)):
+        got = out["output"]
+        assert isinstance(got, SparseOutput) and torch.equal(got.features, x.feats)
+
+    taken = h.Graph()
+    taken.args += [("x_coords", "tensor<?x4xi32>", "sparse_coords"),
+                   ("x_features", "tensor<?x2xf32>", "sparse_features"),
+                   ("x_active", "tensor<1xi32>", "sparse_active")]
+    make = g.body[0].replace("%s = ", "%sx = ")
+    taken.body.append(make.replace("%pts, %f, %n", "%x_coords, %x_features, %x_active"))
+    taken.tensor_input("x", "tensor<?x3xf32>")
+    taken.output("x", "tensor<?x3xf32>", "dense")
+    program = load_lattice_program(h.write_artifact(tmp_path / "taken", taken, {}))
+    assert program.sparse_inputs == ()
+    with pytest.raises(TypeError, match=r"takes 4 positional input\(s\) \['x_coords', "
+                                        r"'x_features', 'x_active', 'x'\], got 5"):
+        program(x, x, x, x, x)

@@ -10,6 +10,7 @@ layout, rank and dtype (and no stored tensor left unreferenced).
 from __future__ import annotations
 
 import os
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -164,7 +165,7 @@ class LatticeProgram:
                 inputs[name] = value
                 continue
             for abi, tensor in self._expand(sparse, value).items():
-                if abi in kwargs:
+                if abi in kwargs and abi != name:
                     raise TypeError(f"program got {abi!r} both by name and inside {name!r}")
                 inputs[abi] = tensor
         return inputs
@@ -212,14 +213,16 @@ def _sparse_inputs(module: Module) -> tuple[SparseInput, ...]:
         name = stem if (features, active) == (f"{stem}_features", f"{stem}_active") else coords
         found.append(SparseInput(name, coords, features, active, tuple(op.attributes["stride"])))
     found.sort(key=lambda s: position[s.coords])
-    names = [s.name for s in found]
-    # An input read by two sparse.make ops, or a stem equal to another input's name,
-    # cannot be passed as one SparseTensor: such inputs are left to the named form.
+    # An argument read by two sparse.make ops (or twice by one), or a name shared by two
+    # groups or taken by another input, cannot stand for one SparseTensor: such inputs
+    # keep only the named form.
+    reads = Counter(n for s in found for n in (s.coords, s.features, s.active))
+    names = Counter(s.name for s in found)
     return tuple(
         s for s in found
-        if names.count(s.name) == 1
-        and len({s.coords, s.features, s.active}) == 3
-        and sum(s.coords in (t.coords, t.features, t.active) for t in found) == 1
+        if names[s.name] == 1
+        and (s.name == s.coords or s.name not in position)
+        and all(reads[n] == 1 for n in (s.coords, s.features, s.active))
     )
 
 
