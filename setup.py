@@ -152,7 +152,7 @@ def _gencode_flags() -> list[str]:
 def _gpu_present() -> bool:
     """Whether an NVIDIA GPU is visible here: a device node, a driver entry, or a
     "GPU <n>:" line from `nvidia-smi -L`.  Decides what TORCH_LATTICE_CUDA=auto
-    compiles; nvidia-smi is asked last and given a few seconds at most."""
+    compiles; nvidia-smi is asked last and given ten seconds at most."""
     if glob.glob("/dev/nvidia[0-9]*") or any(Path("/proc/driver/nvidia/gpus").glob("*")):
         return True
     smi = shutil.which("nvidia-smi")
