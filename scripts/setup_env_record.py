@@ -94,7 +94,7 @@ def _refuse(venv: str, lines: list[str]) -> int:
         f"STOP: the torch in {venv} is not the one scripts/setup-env.sh installed.",
         *lines,
         f"Something else installed torch into {venv}: `uv run` and `uv sync` do that, from",
-        "uv.lock (README, 'Two ways to set up'). Nothing was changed.",
+        "uv.lock (README, 'The scripts or uv'). Nothing was changed.",
         "To restore the environment the scripts set up, run:",
         f"    {restore_command(venv)}",
         f"To keep the torch now in {venv} and record it instead:",
