@@ -12,8 +12,11 @@ child process, so a broken torch is reported, not raised):
     python scripts/setup_env_record.py write --record R --requirement "torch==2.13.0"
     python scripts/setup_env_record.py check --record R --requirement "torch==2.13.0"
 
-``check`` exits 0 when the venv's torch is the recorded one (or, with no record yet, when
-it meets the requirement), and 3 with a message on stderr otherwise.  Setting
+``check`` exits 0 when the venv's torch is the recorded one and the requirement is the
+recorded one or met by it (or,
+with no record yet, when it meets the requirement), and 3 with a message on stderr
+otherwise: with the command that restores the recorded torch when something replaced it,
+with the command that starts afresh when the requirement (TORCH_LATTICE_TORCH) changed.  Setting
 TORCH_LATTICE_ACCEPT_TORCH=1 accepts the torch found and records it instead.
 """
 
@@ -104,6 +107,22 @@ def _refuse(venv: str, lines: list[str]) -> int:
     return EXIT_REPLACED
 
 
+def _other_requirement(
+    venv: str, requirement: str, version: str, cuda: str | None, entry: dict[str, str]
+) -> int:
+    """TORCH_LATTICE_TORCH names another torch than the venv's: the set-up installs torch
+    only into a new venv, so say how to make one instead of carrying on with the old."""
+    prefix = "" if venv == ".venv" else f"TORCH_LATTICE_VENV={venv} "
+    lines = [
+        f"STOP: the requirement {requirement} (TORCH_LATTICE_TORCH) does not match the",
+        f"  {_describe(version, cuda)} that scripts/setup-env.sh installed into {venv}",
+        f"  for {entry.get('requirement')}. Nothing was changed. For {requirement}, start afresh:",
+        f"    rm -rf {venv} && {prefix}TORCH_LATTICE_TORCH='{requirement}' scripts/setup-env.sh",
+    ]
+    print("\n".join(f"[setup] {line}" for line in lines), file=sys.stderr)
+    return EXIT_REPLACED
+
+
 def check(record: Path, requirement: str, python: str, venv: str = ".venv") -> int:
     found = installed_torch(python)
     if found is None:
@@ -122,6 +141,9 @@ def check(record: Path, requirement: str, python: str, venv: str = ".venv") -> i
         return write(record, requirement, python)
     entry = json.loads(record.read_text())
     if entry.get("torch") == version:
+        # An accepted torch need not meet the requirement it was accepted under.
+        if entry.get("requirement") != requirement and meets(requirement, version) is False:
+            return _other_requirement(venv, requirement, version, cuda, entry)
         return 0
     if accept:
         print(f"[setup] accepting {_describe(version, cuda)} (TORCH_LATTICE_ACCEPT_TORCH=1)")

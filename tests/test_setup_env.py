@@ -52,12 +52,14 @@ def _fake_python(tmp_path: Path, version: str, cuda: str | None) -> Path:
     return python
 
 
-def _run(action: str, record: Path, python: Path, **env: str) -> subprocess.CompletedProcess:
+def _run(
+    action: str, record: Path, python: Path, requirement: str = "torch==2.13.0", **env: str
+) -> subprocess.CompletedProcess:
     full_env = {k: v for k, v in os.environ.items() if k != "TORCH_LATTICE_ACCEPT_TORCH"}
     full_env.update(env)
     return subprocess.run(
         [sys.executable, str(HELPER), action, "--record", str(record),
-         "--requirement", "torch==2.13.0", "--python", str(python)],
+         "--requirement", requirement, "--python", str(python)],
         capture_output=True,
         text=True,
         env=full_env,
@@ -155,3 +157,19 @@ def test_setup_env_stops_on_a_replaced_torch(tmp_path: Path) -> None:
     )
     assert "building torch_lattice" not in result.stdout
     assert not (venv / "build.log").exists() and not (venv / "torch.log").exists()
+
+
+def test_another_requirement_on_a_recorded_venv_says_to_start_afresh(tmp_path: Path) -> None:
+    """TORCH_LATTICE_TORCH changed after the set-up: the old torch is not used silently."""
+    record = tmp_path / "torch-lattice-setup.json"
+    python = _fake_python(tmp_path, "2.13.0+cpu", None)
+    assert _run("write", record, python).returncode == 0
+    same = _run("check", record, python, requirement="torch==2.13")
+    assert (same.returncode, same.stderr) == (0, "")
+    other = _run("check", record, python, requirement="torch==2.11.0")
+    assert other.returncode == 3
+    fresh = "rm -rf .venv && TORCH_LATTICE_TORCH='torch==2.11.0' scripts/setup-env.sh"
+    assert f"[setup]     {fresh}" in other.stderr.splitlines(), other.stderr
+    assert "torch 2.13.0+cpu (CPU build) that scripts/setup-env.sh installed" in other.stderr
+    # A requirement that is not a plain pin is not judged.
+    assert _run("check", record, python, requirement="torch>=2.4").returncode == 0
