@@ -13,11 +13,11 @@ child process, so a broken torch is reported, not raised):
     python scripts/setup_env_record.py check --record R --requirement "torch==2.13.0"
 
 ``check`` exits 0 when the venv's torch is the recorded one and the requirement is the
-recorded one or met by it (or,
-with no record yet, when it meets the requirement), and 3 with a message on stderr
-otherwise: with the command that restores the recorded torch when something replaced it,
-with the command that starts afresh when the requirement (TORCH_LATTICE_TORCH) changed.  Setting
-TORCH_LATTICE_ACCEPT_TORCH=1 accepts the torch found and records it instead.
+recorded one or met by it (or, with no record yet, when the torch meets the requirement),
+and 3 with a message on stderr otherwise: with the command that restores the recorded
+torch when something replaced it, with the command that starts afresh when the
+requirement (TORCH_LATTICE_TORCH) changed.  Setting TORCH_LATTICE_ACCEPT_TORCH=1 accepts
+a replaced torch and records it instead.
 """
 
 from __future__ import annotations
