@@ -5,9 +5,18 @@ binary serves every Python >= 3.10 and every torch >= 2.4.  CUDA sources in
 csrc/cuda/*.cu are compiled with nvcc and linked in (cudart statically) when
 TORCH_LATTICE_CUDA asks for it:
 
-    TORCH_LATTICE_CUDA=auto  (default) build CUDA when nvcc is found
-    TORCH_LATTICE_CUDA=1     require CUDA; fail if nvcc is missing
+    TORCH_LATTICE_CUDA=auto  (default) build CUDA when nvcc is found and an NVIDIA
+                             GPU is visible (a /dev/nvidia<N> device node, a
+                             /proc/driver/nvidia/gpus entry, or a GPU in `nvidia-smi -L`)
+    TORCH_LATTICE_CUDA=1     require CUDA, GPU or not (wheels, release builds, the
+                             device check); fail if nvcc is missing
     TORCH_LATTICE_CUDA=0     CPU only
+
+Without a visible GPU, auto builds the C core only and says in one line that
+TORCH_LATTICE_CUDA=1 includes the kernels: nothing compiled by nvcc could run
+on such a machine, and the CUDA compile is most of the build's time there.
+The .cu files compile in parallel, one nvcc per core, and the build prints
+each file's time and the measured time of the whole CUDA step.
 
 TORCH_LATTICE_CUDA_ARCHS (default "80;86;89;90") lists the SM architectures;
 PTX for the newest is always added so later GPUs can JIT it.
@@ -22,9 +31,8 @@ Python itself is not instrumented, so the extension only loads with gcc's
 runtime preloaded; docs/sanitizers.md and scripts/sanitize.sh show how.
 
 The build says what it does: one line per compiled source with a counter
-("[torch_lattice build] 3/17 csrc/tl_dataflow_implicit_gemm.c"), and, when nvcc is found on a
-machine with no NVIDIA GPU, that it compiles CUDA for GPU machines and that
-TORCH_LATTICE_CUDA=0 skips it.  pip shows these lines with -v
+("[torch_lattice build] 3/17 csrc/tl_dataflow_implicit_gemm.c"), and whether
+the CUDA kernels are in and why.  pip shows these lines with -v
 (scripts/setup-env.sh filters them out of its log).
 
 The user's CFLAGS and LDFLAGS come last on the compiler and linker command
@@ -142,9 +150,21 @@ def _gencode_flags() -> list[str]:
 
 
 def _gpu_present() -> bool:
-    """An NVIDIA device node or driver entry: whether this machine has a GPU at all.
-    Only decides what the build says, never what it compiles."""
-    return bool(glob.glob("/dev/nvidia[0-9]*")) or any(Path("/proc/driver/nvidia/gpus").glob("*"))
+    """Whether an NVIDIA GPU is visible here: a device node, a driver entry, or a
+    "GPU <n>:" line from `nvidia-smi -L`.  Decides what TORCH_LATTICE_CUDA=auto
+    compiles; nvidia-smi is asked last and given ten seconds at most."""
+    if glob.glob("/dev/nvidia[0-9]*") or any(Path("/proc/driver/nvidia/gpus").glob("*")):
+        return True
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return False
+    try:
+        listed = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return listed.returncode == 0 and any(
+        line.startswith("GPU ") for line in listed.stdout.splitlines()
+    )
 
 
 def _run_nvcc(cmd: list[str]) -> float:
@@ -169,16 +189,17 @@ class LatticeBuildExt(build_ext):
         nvcc = _find_nvcc() if mode != "0" and CUDA_SOURCES else None
         if mode == "1" and nvcc is None:
             raise SystemExit("TORCH_LATTICE_CUDA=1 but nvcc was not found (set CUDA_HOME)")
-        if nvcc is not None:
-            if mode == "auto" and not _gpu_present():
-                _say(f"nvcc found ({nvcc}) but no NVIDIA GPU on this machine:")
-                _say(
-                    "compiling the CUDA kernels anyway, so this build also runs on GPU "
-                    "machines (about a minute on 2 cores); TORCH_LATTICE_CUDA=0 skips them"
-                )
-            self._add_cuda(ext, nvcc)
-        elif mode == "auto" and CUDA_SOURCES and not _sanitize():
+        if mode == "auto" and CUDA_SOURCES and not _gpu_present():
+            found = f"nvcc is at {nvcc}" if nvcc else "needs nvcc or CUDA_HOME"
+            _say(
+                "no NVIDIA GPU visible: building the C core only (CPU); "
+                f"TORCH_LATTICE_CUDA=1 includes the CUDA kernels ({found})"
+            )
+            nvcc = None
+        elif mode == "auto" and CUDA_SOURCES and nvcc is None:
             _say("nvcc not found: building the C core only (CPU); CUDA needs nvcc or CUDA_HOME")
+        if nvcc is not None:
+            self._add_cuda(ext, nvcc)
         self._count_compiles(len(ext.sources))
         super().build_extension(ext)
         _say(f"built {ext.name} in {time.perf_counter() - start:.0f} s")
@@ -237,7 +258,7 @@ class LatticeBuildExt(build_ext):
         workers = max(1, os.cpu_count() or 1)
         _say(
             f"compiling {len(cmds)} CUDA sources with nvcc for sm_{', sm_'.join(_cuda_archs())} "
-            f"({workers} at a time; about a minute on 2 cores)"
+            f"({workers} at a time, one per core)"
         )
         start = time.perf_counter()
         with ThreadPoolExecutor(max_workers=workers) as pool:

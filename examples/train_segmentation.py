@@ -8,10 +8,12 @@ What it does, end to end:
 2. Each step batches scans with ``tl.collate`` (mean features per voxel; the voxel label
    is the majority class of its points, found by averaging one-hot labels).
 3. Trains ``tl.backbones.SparseResUNet42`` with class-weighted cross-entropy and Adam,
-   showing a text progress bar, and after every epoch evaluates on held-out scans: voxel
-   logits are read back at every point with ``tl.devoxelize`` and the point-level mIoU
-   over all held-out scans (one confusion matrix over their points) is printed; epoch 0
-   is the untrained network.
+   showing its progress (a line redrawn in place on a terminal, a plain line every few
+   steps when the output is captured; both with the time so far and left, and, after
+   the first steps, how long the whole training should take here).  After every epoch
+   it evaluates on held-out scans: voxel logits are read back at every point with
+   ``tl.devoxelize`` and the point-level mIoU over all held-out scans (one confusion
+   matrix over their points) is printed; epoch 0 is the untrained network.
 4. Writes into ``--out`` (default ``out/``): ``model.safetensors`` (weights),
    ``metrics.json`` (loss and mIoU per epoch, per-class IoU, the configuration, timing,
    device and versions), ``segmentation.png`` (top view of held-out scan 1 coloured by
@@ -185,12 +187,91 @@ def evaluate(
     return iou_per_class(conf), preds
 
 
-def progress(step: int, total: int, loss: float, start: float, width: int = 30) -> None:
-    done = int(width * step / total)
-    bar = "#" * done + "." * (width - done)
-    rate = (time.perf_counter() - start) / max(step, 1)
-    sys.stdout.write(f"\r  [{bar}] {step}/{total} loss {loss:.3f} ({rate:.2f} s/step)")
-    sys.stdout.flush()
+def clock(seconds: float) -> str:
+    """A duration as 42 s, 3 min 05 s or 1 h 02 min."""
+    s = round(seconds)
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{s // 3600} h {s % 3600 // 60:02d} min"
+
+
+class Progress:
+    """Training progress that fits where the output goes.
+
+    On a terminal (``live``) one line is redrawn in place with a carriage return; when
+    the output is captured (a file, a pipe, CI) a plain line is printed every ``every``
+    steps and at the end of each epoch, so a log keeps one line per report.  Both give
+    the time so far and an estimate of the time left, from the mean time per step so
+    far (evaluations included, since they run between epochs).  After the first
+    ``measure`` steps it prints once how long the whole training should take here.
+    """
+
+    def __init__(
+        self,
+        epochs: int,
+        steps_per_epoch: int,
+        eval_seconds: float,
+        *,
+        live: bool,
+        every: int,
+        measure: int = 3,
+        stream: Any = None,
+        now: Any = time.perf_counter,
+    ) -> None:
+        self.epochs, self.steps_per_epoch = epochs, steps_per_epoch
+        self.total = epochs * steps_per_epoch
+        self.eval_seconds = eval_seconds  # one evaluation, measured on the untrained net
+        self.live, self.every, self.measure = live, every, min(measure, self.total)
+        self.stream = sys.stdout if stream is None else stream
+        self.now = now
+        self.start = now()
+        self.done = 0
+        self.expected: float | None = None
+
+    def _write(self, text: str) -> None:
+        self.stream.write(text)
+        self.stream.flush()
+
+    def step(self, epoch: int, step: int, loss: float) -> None:
+        """Reports step ``step`` (1-based) of epoch ``epoch``; ``loss``: the epoch's mean."""
+        self.done += 1
+        elapsed = self.now() - self.start
+        left = elapsed / self.done * (self.total - self.done)
+        if self.done == self.measure:
+            self._expect(elapsed)
+        timing = f"{clock(elapsed)} so far, about {clock(left)} left"
+        if self.live:
+            width = 30
+            bar = "#" * (width * step // self.steps_per_epoch)
+            self._write(
+                f"\r  [{bar:.<{width}}] {step}/{self.steps_per_epoch} loss {loss:.3f}  "
+                f"({timing})\033[K"
+            )
+            if step == self.steps_per_epoch:
+                self._write("\n")
+        elif self.done % self.every == 0 or step == self.steps_per_epoch:
+            self._write(
+                f"  step {self.done}/{self.total} (epoch {epoch}, {step}/{self.steps_per_epoch})"
+                f"  loss {loss:.3f}  {timing}\n"
+            )
+
+    def _expect(self, elapsed: float) -> None:
+        """The estimate of the whole training from the first steps: steps at the rate
+        measured so far, plus one evaluation per epoch as measured before training."""
+        per_step = elapsed / self.done
+        self.expected = per_step * self.total + self.eval_seconds * self.epochs
+        line = (
+            f"  the first {self.done} steps took {clock(elapsed)} ({per_step:.2f} s per step): "
+            f"training should take about {clock(self.expected)} on this machine "
+            f"({self.total} steps and {self.epochs} evaluations)"
+        )
+        self._write(f"\r{line}\033[K\n" if self.live else f"{line}\n")
+
+
+def steps_per_epoch(cfg: Config) -> int:
+    return math.ceil(cfg.train_scans / cfg.batch_size)
 
 
 def train_epoch(
@@ -201,11 +282,13 @@ def train_epoch(
     weights: torch.Tensor,
     gen: torch.Generator,
     device: torch.device,
+    report: Any,
 ) -> float:
-    """One pass over the shuffled training scans; returns the mean loss."""
+    """One pass over the shuffled training scans; returns the mean loss.
+    ``report(step, mean_loss)`` is called after each step."""
     order = torch.randperm(len(scans), generator=gen).tolist()
     batches = [order[i : i + cfg.batch_size] for i in range(0, len(order), cfg.batch_size)]
-    total, start = 0.0, time.perf_counter()
+    total = 0.0
     for step, idx in enumerate(batches, start=1):
         x, labels = collate_scans([scans[i] for i in idx], cfg.voxel_size, device)
         logits = model(x).feats
@@ -214,8 +297,7 @@ def train_epoch(
         loss.backward()
         opt.step()
         total += loss.item()
-        progress(step, len(batches), total / step, start)
-    sys.stdout.write("\n")
+        report(step, total / step)
     return total / len(batches)
 
 
@@ -344,8 +426,21 @@ def parse_args(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
     p.add_argument(
         "--threads", type=int, default=None, help="torch CPU threads (None: torch's default)"
     )
+    p.add_argument(
+        "--progress",
+        choices=("auto", "live", "lines"),
+        default="auto",
+        help="live: one line redrawn in place; lines: a plain line every --progress-every "
+        "steps; auto: live on a terminal, lines when the output is captured",
+    )
+    p.add_argument(
+        "--progress-every", type=int, default=4, help="steps between progress lines (lines mode)"
+    )
     a = p.parse_args(argv)
-    for name in ("epochs", "train_scans", "val_scans", "batch_size", "beams", "points_per_beam"):
+    for name in (
+        "epochs", "train_scans", "val_scans", "batch_size", "beams", "points_per_beam",
+        "progress_every",
+    ):  # fmt: skip
         if getattr(a, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
     for name in ("voxel_size", "width", "lr", "extent"):
@@ -447,10 +542,18 @@ def main(argv: list[str] | None = None) -> dict:
     losses, mious, per_class = [], [mean_iou(ious)], [ious]
     timing["train_epochs"], timing["train_cpu"] = [], 0.0
     print(f"epoch 0 (untrained)  held-out mIoU {100 * mious[0]:5.1f}%")
+    live = args.progress == "live" or (args.progress == "auto" and sys.stdout.isatty())
+    tracker = Progress(
+        cfg.epochs, steps_per_epoch(cfg), timing["evaluate"], live=live, every=args.progress_every
+    )
     for epoch in range(1, cfg.epochs + 1):
-        print(f"epoch {epoch}/{cfg.epochs}")
+        print(f"epoch {epoch}/{cfg.epochs}", flush=True)
         t, cpu = time.perf_counter(), time.process_time()
-        losses.append(train_epoch(model, opt, train, cfg, weights, gen, device))
+
+        def report(step: int, loss: float, epoch: int = epoch) -> None:
+            tracker.step(epoch, step, loss)
+
+        losses.append(train_epoch(model, opt, train, cfg, weights, gen, device, report))
         sched.step()
         timing["train_epochs"].append(time.perf_counter() - t)
         # CPU seconds of all this process's threads: unlike wall time, barely changed
@@ -463,6 +566,9 @@ def main(argv: list[str] | None = None) -> dict:
         per_class.append(ious)
         print(f"  loss {losses[-1]:.4f}  held-out mIoU {100 * mious[-1]:5.1f}%   {fmt_ious(ious)}")
     timing["train"] = sum(timing["train_epochs"])
+    # What the first steps predicted for training with its evaluations (compare with
+    # train + evaluate; None when the run had fewer steps than the measurement needs).
+    timing["train_expected"] = tracker.expected
     scan_miou = mean_iou(iou_per_class(confusion(preds[0], val[0].labels)))
     print(
         f"held-out mIoU {100 * mious[0]:.1f}% -> {100 * mious[-1]:.1f}% ({scans}; "

@@ -9,8 +9,8 @@
 #   CHECK_WHEEL_TORCHES="python3.11:torch==2.13.0 python3.12:torch==2.14.1" scripts/check-wheel.sh
 #   CHECK_WHEEL_KEEP=dist/wheelhouse scripts/check-wheel.sh   # keep the repaired wheel
 #
-# Extra arguments go to pytest. TORCH_LATTICE_CUDA (default auto: CUDA when nvcc is found)
-# decides whether the wheel carries the CUDA kernels; PYTHON picks the interpreter (python3)
+# Extra arguments go to pytest. TORCH_LATTICE_CUDA (default 1: the wheel carries the CUDA
+# kernels, GPU here or not; 0 for a CPU-only wheel) decides whether it has them; PYTHON picks the interpreter (python3)
 # that builds the wheel and, unless an entry of CHECK_WHEEL_TORCHES names its own
 # (INTERPRETER:REQUIREMENT), runs the tests.
 # Everything is built in a fresh temporary folder that is removed on exit, so a rerun starts
@@ -20,7 +20,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 PYTHON="${PYTHON:-python3}"
 TORCHES="${CHECK_WHEEL_TORCHES:-torch==2.13.0 torch==2.14.1}"
-export TORCH_LATTICE_CUDA="${TORCH_LATTICE_CUDA:-auto}"
+export TORCH_LATTICE_CUDA="${TORCH_LATTICE_CUDA:-1}"
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/check-wheel.XXXXXX")"
 trap 'rm -rf "$WORK"' EXIT

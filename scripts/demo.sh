@@ -5,5 +5,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup-env.sh
 echo "[demo] training SparseResUNet42 on synthetic LiDAR scans (examples/train_segmentation.py;"
-echo "[demo] 8 epochs: 13 s measured on 2 idle cores, up to 4 min on busy ones; --help lists the options)"
+echo "[demo] 8 epochs; after its first 3 steps it prints how long training should take on this"
+echo "[demo] machine, then the time so far and left as it goes; --help lists the options)"
 exec .venv/bin/python examples/train_segmentation.py "$@"

@@ -4,16 +4,26 @@
 # says what it does and how long it took.  Idempotent: the build step is skipped
 # while csrc/, setup.py, pyproject.toml and TORCH_LATTICE_CUDA are unchanged.
 #
+# The torch it installed is recorded in .venv/torch-lattice-setup.json.  When the
+# venv's torch is no longer that one (`uv run` / `uv sync` in this clone install
+# uv.lock's torch into the same .venv), it stops, changes nothing and prints the
+# command that restores the environment (scripts/setup_env_record.py).
+#
 #   TORCH_LATTICE_TORCH   pip requirement for torch (default torch==2.13.0,
 #                         the CPU build this project's machines carry on disk)
 #   TORCH_LATTICE_CUDA    auto | 0 | 1  (see setup.py; auto compiles CUDA when
-#                         nvcc is found, 0 skips it)
+#                         nvcc is found and a GPU is visible, 1 always, 0 never)
+#   TORCH_LATTICE_ACCEPT_TORCH=1  keep and record a torch that something else
+#                         installed into the venv, instead of stopping
+#   TORCH_LATTICE_VENV    the venv's folder (default .venv)
 #   PYTHON                interpreter for the venv (default python3, >= 3.10)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 py=${PYTHON:-python3}
-venv=.venv
+venv=${TORCH_LATTICE_VENV:-.venv}
+spec=${TORCH_LATTICE_TORCH:-torch==2.13.0}
+record="$venv/torch-lattice-setup.json"
 pip=("$venv/bin/python" -m pip --disable-pip-version-check)
 say() { echo "[setup] $*"; }
 since() { echo "$(($(date +%s) - $1)) s"; }
@@ -45,14 +55,19 @@ if [ ! -x "$venv/bin/python" ]; then
     say "    done in $(since "$t")"
 fi
 
+# Stops (exit status 3) when the venv's torch is not the recorded one.
+"$venv/bin/python" scripts/setup_env_record.py check --record "$record" --requirement "$spec" \
+    --python "$venv/bin/python" --venv "$venv"
+
 if ! "$venv/bin/python" -c "import torch, numpy" 2>/dev/null; then
     t=$(date +%s)
-    spec=${TORCH_LATTICE_TORCH:-torch==2.13.0}
     say "2/3 installing $spec and numpy into $venv (a large download the first time;"
     say "    under a minute from a local wheel, several minutes on a slow link); log: $venv/torch.log"
     logged "$venv/torch.log" '^(Collecting|Downloading|Processing|Successfully installed)' \
         "${pip[@]}" install --progress-bar off "$spec" numpy
-    say "    done in $(since "$t")"
+    "$venv/bin/python" scripts/setup_env_record.py write --record "$record" --requirement "$spec" \
+        --python "$venv/bin/python"
+    say "    done in $(since "$t"); recorded in $record"
 fi
 
 stamp="$venv/.torch-lattice-build"
@@ -63,9 +78,11 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || ! "$venv/bin/python" -c "impo
     say "3/3 building torch_lattice from source and installing it (editable) with its test,"
     say "    docs and demo tools (pytest, ruff, sphinx, myst-parser, matplotlib); log: $venv/build.log"
     say "    - the C core: $(find csrc -maxdepth 1 -name '*.c' | wc -l) sources, about 10 s on 2 cores"
-    if [ "$cuda" != 0 ] && command -v nvcc >/dev/null; then
-        say "    - the CUDA kernels: $(find csrc/cuda -name '*.cu' | wc -l) sources with nvcc, about a minute"
-        say "      on 2 cores, even without a GPU here (TORCH_LATTICE_CUDA=0 skips them)"
+    if [ "$cuda" = 1 ]; then
+        say "    - the CUDA kernels (TORCH_LATTICE_CUDA=1): $(find csrc/cuda -name '*.cu' | wc -l) sources,"
+        say "      one nvcc per core; the build prints the time it took"
+    elif [ "$cuda" = auto ]; then
+        say "    - the CUDA kernels only if a GPU is visible here (the build says; TORCH_LATTICE_CUDA=1 forces them)"
     fi
     # pip -v passes the build's output on; its own lines start "[torch_lattice build]".
     logged "$venv/build.log" '\[torch_lattice build\]|^Successfully installed' \

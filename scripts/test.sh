@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup-env.sh
-echo "[test] ruff: lint of torch_lattice, tests, examples, benchmarks, fuzz, setup.py (seconds)"
-.venv/bin/ruff check torch_lattice tests examples benchmarks fuzz setup.py
+echo "[test] ruff: lint of torch_lattice, tests, examples, benchmarks, fuzz, scripts, setup.py (seconds)"
+.venv/bin/ruff check torch_lattice tests examples benchmarks fuzz scripts setup.py
 echo "[test] pytest: the whole suite (several minutes on 2 cores; -x stops at the first failure)"
 exec .venv/bin/python -m pytest "$@"

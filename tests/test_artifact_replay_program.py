@@ -225,3 +225,112 @@ def test_bad_input_coordinates_name_the_input(conv_artifact: Path) -> None:
     neg = torch.tensor([[0, -1, 0, 0]], dtype=torch.int32)
     with pytest.raises(ValueError, match=r"%x_coords: .*non-negative"):
         program(**h.sparse_inputs("x", neg, torch.randn(1, 2)))
+
+
+# --- SparseTensor arguments (issue 25) ---------------------------------------------------
+
+
+def test_sparse_tensor_positional_and_by_name_equal_the_abi_form(tmp_path: Path) -> None:
+    """program(x) and program(x=x) map x to x_coords (physical: logical x stride),
+    x_features and x_active, and give exactly what the named ABI tensors give."""
+    art = h.write_artifact(tmp_path / "s2", _strided_conv(h.Graph(), (2, 1, 1)), _weights()[2])
+    logical_rows = torch.tensor([[0, 0, 0, 0], [0, 1, 1, 0], [0, 2, 0, 3], [1, 3, 2, 1]],
+                                dtype=torch.int32)
+    feats = torch.randn(4, 2)
+    x = SparseTensor(feats, logical_rows, stride=(2, 1, 1))
+    program = load_lattice_program(art)
+    assert [(s.name, s.coords, s.features, s.active, s.stride) for s in program.sparse_inputs] == [
+        ("x", "x_coords", "x_features", "x_active", (2, 1, 1))
+    ]
+    physical = logical_rows * torch.tensor([1, 2, 1, 1], dtype=torch.int32)
+    want = program(**h.sparse_inputs("x", physical, feats))["output"]
+    for got in (program(x)["output"], program(x=x)["output"]):
+        assert isinstance(got, SparseOutput)
+        assert torch.equal(got.coords, want.coords) and torch.equal(got.active, want.active)
+        assert torch.equal(got.features, want.features)
+    # Loaded with coordinates="logical", the boundary takes the logical rows as they are.
+    logical = load_lattice_program(art, coordinates="logical")
+    want_logical = logical(**h.sparse_inputs("x", logical_rows, feats))["output"]
+    assert torch.equal(logical(x)["output"].coords, want_logical.coords)
+    assert torch.equal(logical(x)["output"].features, want.features)
+
+
+def test_sparse_tensor_arguments_are_checked(conv_artifact: Path) -> None:
+    program = load_lattice_program(conv_artifact)
+    coords, feats = h.random_coords(5, 3), torch.randn(5, 2)
+    x = SparseTensor(feats, coords)
+    abi = h.sparse_inputs("x", coords, feats)
+    with pytest.raises(ValueError, match=r"input 'x' must have stride \(1, 1, 1\) \(as the "
+                                         r"artifact declares\), got \(2, 2, 2\)"):
+        program(SparseTensor(feats, coords, stride=2))
+    with pytest.raises(TypeError, match=r"input 'x' must be a SparseTensor \(or pass 'x_coords', "
+                                        r"'x_features' and 'x_active' by name\), got Tensor"):
+        program(feats)
+    with pytest.raises(TypeError, match=r"program takes 1 positional input\(s\) \['x'\], got 2"):
+        program(x, x)
+    with pytest.raises(TypeError, match="program got multiple values for input 'x'"):
+        program(x, x=x)
+    with pytest.raises(TypeError, match="program got 'x_coords' both by name and inside 'x'"):
+        program(x, x_coords=abi["x_coords"])
+    # The named ABI form is unchanged, and mixing it with a missing name still says which.
+    assert torch.equal(program(**abi)["output"].features, program(x)["output"].features)
+    with pytest.raises(ValueError, match=r"missing \['x_active'\]"):
+        program(x_coords=abi["x_coords"], x_features=abi["x_features"])
+
+
+def test_positional_order_follows_the_arguments(tmp_path: Path) -> None:
+    """A dense input between two sparse ones keeps its place; each sparse input is one
+    positional SparseTensor, and every input can also be given by name."""
+    g = h.Graph()
+    g.sparse_input("a", 2)
+    g.tensor_input("t", "tensor<?x3xf32>")
+    g.sparse_input("b", 2, (2, 2, 2))
+    g.output("b", h.SP, "b_out")
+    g.output("t", "tensor<?x3xf32>", "t_out")
+    art = h.write_artifact(tmp_path / "three", g, {})
+    program = load_lattice_program(art)
+    assert [s.name for s in program.sparse_inputs] == ["a", "b"]
+    a = SparseTensor(torch.randn(3, 2), h.random_coords(3, 4))
+    b = SparseTensor(torch.randn(4, 2), h.random_coords(4, 4, seed=1), stride=2)
+    t = torch.randn(7, 3)
+    for out in (program(a, t, b), program(a, t=t, b=b), program(b=b, a=a, t=t)):
+        assert torch.equal(out["t_out"], t)
+        b_out = out["b_out"]
+        assert isinstance(b_out, SparseOutput)
+        assert torch.equal(b_out.coords, b.coords * torch.tensor([1, 2, 2, 2], dtype=torch.int32))
+        assert torch.equal(b_out.features, b.feats)
+
+
+def test_sparse_inputs_without_a_common_stem_or_with_a_taken_name(tmp_path: Path) -> None:
+    """Names without the _coords/_features/_active stem: the SparseTensor goes by its
+    coordinates' name.  A stem that another input already has: named ABI form only."""
+    g = h.Graph()
+    g.args += [("pts", "tensor<?x4xi32>", "sparse_coords"),
+               ("f", "tensor<?x2xf32>", "sparse_features"),
+               ("n", "tensor<1xi32>", "sparse_active")]
+    g.body.append(
+        f"%s = lattice.sparse.make %pts, %f, %n {{{h.triple('stride', (1, 1, 1))}, "
+        f"coord_order = #lattice.coord<batch_x_y_z>}} : "
+        f"(tensor<?x4xi32>, tensor<?x2xf32>, tensor<1xi32>) -> {h.SP}"
+    )
+    g.output("s", h.SP)
+    program = load_lattice_program(h.write_artifact(tmp_path / "plain", g, {}))
+    assert [s.name for s in program.sparse_inputs] == ["pts"]
+    x = SparseTensor(torch.randn(3, 2), h.random_coords(3, 4))
+    for out in (program(x), program(pts=x)):
+        got = out["output"]
+        assert isinstance(got, SparseOutput) and torch.equal(got.features, x.feats)
+
+    taken = h.Graph()
+    taken.args += [("x_coords", "tensor<?x4xi32>", "sparse_coords"),
+                   ("x_features", "tensor<?x2xf32>", "sparse_features"),
+                   ("x_active", "tensor<1xi32>", "sparse_active")]
+    make = g.body[0].replace("%s = ", "%sx = ")
+    taken.body.append(make.replace("%pts, %f, %n", "%x_coords, %x_features, %x_active"))
+    taken.tensor_input("x", "tensor<?x3xf32>")
+    taken.output("x", "tensor<?x3xf32>", "dense")
+    program = load_lattice_program(h.write_artifact(tmp_path / "taken", taken, {}))
+    assert program.sparse_inputs == ()
+    with pytest.raises(TypeError, match=r"takes 4 positional input\(s\) \['x_coords', "
+                                        r"'x_features', 'x_active', 'x'\], got 5"):
+        program(x, x, x, x, x)

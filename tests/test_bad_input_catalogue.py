@@ -156,6 +156,21 @@ add(
     lambda: ST(torch.randn(1, C), torch.zeros(1, 4)),
 )
 add(
+    "tensor-arguments-swapped",
+    TypeError,
+    r"coords must be an integer tensor \(int32 or int64\), got torch\.float32; feats is an "
+    r"integer \(2, 4\) tensor, so the two look swapped: "
+    r"the order is SparseTensor\(feats, coords\)$",
+    lambda: ST(torch.tensor([[0, 1, 2, 3], [0, 1, 2, 4]]), torch.randn(2, C)),
+)
+add(
+    "tensor-coords-float-points",
+    TypeError,
+    r"coords must be an integer tensor \(int32 or int64\), got torch\.float64; for float "
+    r"points \(e\.g\. metres\), tl\.voxelize\(points, feats, voxel_size=\.\.\.\) makes",
+    lambda: ST(torch.randn(3, C), torch.rand(3, 4, dtype=torch.float64) * 10),
+)
+add(
     "tensor-coords-bool",
     TypeError,
     r"coords must be an integer tensor",

@@ -18,6 +18,13 @@ checked instead:
 ``<!-- example: not run (REASON) -->``
     The block needs what a test run does not have; REASON is one of
     :data:`NOT_RUN_REASONS`.  It must still compile.
+``<!-- example: shell -->``
+    Before a ```` ```bash ```` block: the block runs with ``bash -euo pipefail`` in a
+    temporary directory, in the environment running the tests as if activated (its
+    ``bin/`` first on ``PATH``, so ``python`` and console scripts such as
+    ``convert-checkpoint`` are that environment's), and must succeed.  It may only use
+    what works offline there; a line ``source .venv/bin/activate`` stands for that
+    activation and is not run.
 
 A page may also carry hidden set-up code, run in the page's namespace at its
 position: an HTML comment whose first line is ``<!-- example-setup`` and which
@@ -29,9 +36,13 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import importlib.util
 import inspect
 import io
+import os
 import re
+import subprocess
+import sys
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,14 +58,15 @@ ROOT = Path(__file__).resolve().parents[1]
 #: Why a block may be left unrun; anything else fails the test.
 NOT_RUN_REASONS = frozenset({"needs a GPU", "needs torchsparse", "needs torchrun"})
 
-_MARK = re.compile(r"^<!-- example: (signature|not run \((?P<why>[^)]*)\)) -->$")
+_MARK = re.compile(r"^<!-- example: (signature|shell|not run \((?P<why>[^)]*)\)) -->$")
+_ACTIVATE = "source .venv/bin/activate"
 
 
 @dataclass(frozen=True)
 class Block:
     """One code unit of a page: an example, a signature, a not-run block or set-up."""
 
-    kind: str  # "run", "signature", "not run", "setup"
+    kind: str  # "run", "signature", "not run", "setup", "shell"
     line: int  # 1-based line of the first code line
     code: str
     reason: str = ""
@@ -81,14 +93,18 @@ def page_blocks(path: Path) -> list[Block]:
         end = i + 1
         while not lines[end].startswith(indent + ticks) or lines[end].strip() != ticks:
             end += 1
+        mark = _MARK.match(lines[i - 1].strip()) if i > 0 else None
+        code = "\n".join(ln[len(indent) :] for ln in lines[i + 1 : end])
         if lang == "python":
-            code = "\n".join(ln[len(indent) :] for ln in lines[i + 1 : end])
             kind, reason = "run", ""
-            mark = _MARK.match(lines[i - 1].strip()) if i > 0 else None
             if mark is not None:
+                assert mark.group(1) != "shell", f"{path}:{i}: a shell mark before python"
                 kind = "signature" if mark.group(1) == "signature" else "not run"
                 reason = mark.group("why") or ""
             blocks.append(Block(kind, i + 2, code, reason))
+        elif mark is not None and mark.group(1) == "shell":
+            assert lang == "bash", f"{path}:{i}: the shell mark stands before a bash block"
+            blocks.append(Block("shell", i + 2, code))
         i = end + 1
     return blocks
 
@@ -166,6 +182,9 @@ def test_page_examples_run(page: Path, tmp_path: Path, monkeypatch: pytest.Monke
 def _run_page(page: Path, namespace: dict[str, object]) -> None:
     for block in page_blocks(page):
         where = f"{_id(page)}:{block.line}"
+        if block.kind == "shell":
+            _run_shell(block.code, where)
+            continue
         compiled = compile(block.code, where, "exec") if block.kind != "signature" else None
         if block.kind == "signature":
             for callee, params in _signature_calls(block.code):
@@ -175,6 +194,27 @@ def _run_page(page: Path, namespace: dict[str, object]) -> None:
         else:
             assert compiled is not None
             _run_block(block.code, where, namespace)
+
+
+def _run_shell(code: str, where: str) -> None:
+    """Runs a shell block in the current (temporary) directory; see the module docstring."""
+    script = [
+        ": activated" if line.strip().startswith(_ACTIVATE) else line
+        for line in code.splitlines()
+    ]
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    done = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", "\n".join(script)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert done.returncode == 0, (
+        f"{where}: shell example failed (exit status {done.returncode}):\n"
+        f"{done.stdout[-2000:]}{done.stderr[-2000:]}"
+    )
 
 
 def _printed_comment(node: ast.stmt, lines: list[str]) -> str | None:
@@ -232,6 +272,7 @@ def test_markers_are_read(tmp_path: Path) -> None:
         '<!-- example: signature -->\n```python\ny = tl.sparse_cat(inputs, join="inner")\n```\n'
         "<!-- example: not run (needs a GPU) -->\n```python\nx.cuda()\n```\n"
         "```bash\nls\n```\n"
+        "<!-- example: shell -->\n```bash\nsource .venv/bin/activate\npython -c 'pass'\n```\n"
     )
     blocks = page_blocks(page)
     assert [(b.kind, b.line, b.reason) for b in blocks] == [
@@ -239,6 +280,7 @@ def test_markers_are_read(tmp_path: Path) -> None:
         ("run", 6, ""),
         ("signature", 11, ""),
         ("not run", 15, "needs a GPU"),
+        ("shell", 22, ""),
     ]
     _check_signature("tl.sparse_cat", 'inputs, join="inner"', "probe")
     with pytest.raises(AssertionError, match="documented as"):
@@ -256,3 +298,71 @@ def test_print_comments_are_checked() -> None:
         _run_block("print(1 + 1)  # 3\n", "probe", namespace)
     with pytest.raises(AssertionError, match="probe: example failed"):
         _run_block("1 / 0\n", "probe", namespace)
+
+
+def _prose_lines(path: Path) -> list[tuple[int, str]]:
+    """(line number, text) of the lines outside fenced code blocks and HTML comments."""
+    out: list[tuple[int, str]] = []
+    fence: str | None = None
+    in_comment = False
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        stripped = line.strip()
+        if fence is not None:
+            fence = None if stripped == fence else fence
+        elif in_comment:
+            in_comment = "-->" not in stripped
+        elif re.match(r"`{3,}", stripped):
+            fence = re.match(r"`{3,}", stripped).group(0)  # type: ignore[union-attr]
+        elif stripped.startswith("<!--"):
+            in_comment = "-->" not in stripped
+        else:
+            out.append((number, line))
+    return out
+
+
+def test_no_prose_line_starts_a_block_quote() -> None:
+    """A wrapped sentence whose next line starts with ">" (">= 2.4") renders as a block
+    quote; the pages use none on purpose, so every such line is a wrapping accident."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    quoted = [
+        f"{_id(p)}:{n}: {line}"
+        for p in pages
+        if "_build" not in p.parts
+        for n, line in _prose_lines(p)
+        if line.lstrip().startswith(">")
+    ]
+    assert not quoted, quoted
+
+
+def test_prose_lines_skip_code_and_comments(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text("a\n```bash\n> not prose\n```\n<!-- x\n> hidden\n-->\n>= 2.4 here\n")
+    assert _prose_lines(page) == [(1, "a"), (8, ">= 2.4 here")]
+
+
+def test_shell_blocks_run_in_the_test_environment(tmp_path: Path) -> None:
+    """The test's own interpreter comes first on PATH (``source .venv/bin/activate`` is
+    not run), and a failing command fails the example, naming the page and line."""
+    _run_shell(
+        "source .venv/bin/activate   # the scripts' environment\n"
+        f'test "$(command -v python)" = "{Path(sys.executable).parent}/python"\n',
+        "probe",
+    )
+    with pytest.raises(AssertionError, match=r"probe: shell example failed \(exit status 3\)"):
+        _run_shell("true\nexit 3\necho never\n", "probe")
+
+
+def test_setup_docs_name_the_commands_the_set_up_prints() -> None:
+    """The README's two set-up paths quote the restore and accept commands exactly as
+    scripts/setup-env.sh prints them when something replaced the venv's torch."""
+    spec = importlib.util.spec_from_file_location(
+        "setup_env_record", ROOT / "scripts" / "setup_env_record.py"
+    )
+    assert spec is not None and spec.loader is not None
+    record = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(record)
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert f"`{record.restore_command('.venv')}`" in readme
+    assert "`TORCH_LATTICE_ACCEPT_TORCH=1 scripts/setup-env.sh`" in readme
+    shells = [b for b in page_blocks(ROOT / "README.md") if b.kind == "shell"]
+    assert any(_ACTIVATE in b.code and "convert-checkpoint --help" in b.code for b in shells)

@@ -4,13 +4,16 @@ setup.py's build_ext runs with CC and LDSHARED pointing at a stand-in compiler
 that records its arguments and writes an empty output file, so each case takes
 about a second and compiles nothing.  The user's CFLAGS/LDFLAGS must come
 after setup.py's own flags (the last -O wins), and TORCH_LATTICE_SANITIZE=1
-must add the sanitizer flags and leave CUDA out.
+must add the sanitizer flags and leave CUDA out.  A stand-in nvcc and nvidia-smi
+show what TORCH_LATTICE_CUDA=auto|1 compiles with and without a visible GPU
+(issue 25: auto compiles CUDA only where it can run).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -149,27 +152,94 @@ done
 
 
 def _no_gpu_here() -> bool:
-    return not list(Path("/dev").glob("nvidia[0-9]*"))
+    return not list(Path("/dev").glob("nvidia[0-9]*")) and not any(
+        Path("/proc/driver/nvidia/gpus").glob("*")
+    )
 
 
-def test_cuda_without_gpu_says_why_and_how_to_skip(tmp_path: Path) -> None:
-    """With nvcc found and auto mode, the build compiles CUDA and, on a machine with no
-    GPU, says so and names TORCH_LATTICE_CUDA=0; each .cu gets a counted line."""
+FAKE_NVIDIA_SMI = """\
+#!/bin/sh
+# Stands in for nvidia-smi -L: {listing}
+{body}
+"""
+
+
+def _fake_cuda(tmp_path: Path, gpu_listed: bool) -> tuple[Path, str]:
+    """A CUDA_HOME with a stand-in nvcc, and a PATH whose first entry holds a stand-in
+    nvidia-smi that lists one GPU (gpu_listed) or none, as on a machine without a driver."""
     cuda_home = tmp_path / "cuda"
     (cuda_home / "bin").mkdir(parents=True)
     nvcc = cuda_home / "bin" / "nvcc"
     nvcc.write_text(FAKE_NVCC)
     nvcc.chmod(0o755)
-    result, _ = _commands(tmp_path, TORCH_LATTICE_CUDA="auto", CUDA_HOME=str(cuda_home))
+    smi_dir = tmp_path / "smi"
+    smi_dir.mkdir()
+    smi = smi_dir / "nvidia-smi"
+    if gpu_listed:
+        body = 'echo "GPU 0: NVIDIA H200 (UUID: GPU-00000000-0000-0000-0000-000000000000)"'
+        smi.write_text(FAKE_NVIDIA_SMI.format(listing="one GPU", body=body))
+    else:
+        body = 'echo "NVIDIA-SMI has failed because it could not find a driver"; exit 9'
+        smi.write_text(FAKE_NVIDIA_SMI.format(listing="no driver", body=body))
+    smi.chmod(0o755)
+    return cuda_home, f"{smi_dir}{os.pathsep}{os.environ.get('PATH', '')}"
+
+
+def _cuda_compiled(result: subprocess.CompletedProcess, cmds: list[list[str]]) -> bool:
+    """Whether the build compiled and linked the CUDA sources (seen in its output and in
+    the C compiles' -DTL_WITH_CUDA=1)."""
+    n_cu = len(list((ROOT / "csrc" / "cuda").glob("*.cu")))
+    said = f"compiling {n_cu} CUDA sources with nvcc" in result.stdout
+    defined = any("-DTL_WITH_CUDA=1" in c for c in _split(cmds)[0])
+    assert said == defined, result.stdout
+    return said
+
+
+def test_auto_without_gpu_builds_the_c_core_and_says_how_to_include_cuda(tmp_path: Path) -> None:
+    """auto with nvcc found but no GPU visible: no nvcc run, one line naming
+    TORCH_LATTICE_CUDA=1.  On a machine that has a GPU device node, auto compiles CUDA."""
+    cuda_home, path = _fake_cuda(tmp_path, gpu_listed=False)
+    result, cmds = _commands(
+        tmp_path, TORCH_LATTICE_CUDA="auto", CUDA_HOME=str(cuda_home), PATH=path
+    )
     assert result.returncode == 0, result.stderr
+    if _no_gpu_here():
+        assert not _cuda_compiled(result, cmds)
+        said = [ln for ln in result.stdout.splitlines() if "GPU" in ln or "CUDA" in ln]
+        assert said == [
+            "[torch_lattice build] no NVIDIA GPU visible: building the C core only (CPU); "
+            f"TORCH_LATTICE_CUDA=1 includes the CUDA kernels (nvcc is at {cuda_home}/bin/nvcc)"
+        ], result.stdout
+    else:
+        assert _cuda_compiled(result, cmds)
+
+
+def test_auto_with_a_gpu_listed_by_nvidia_smi_compiles_cuda_in_parallel(tmp_path: Path) -> None:
+    """A GPU in `nvidia-smi -L` is enough for auto; each .cu gets a counted line with its
+    time, the step says how many nvcc run at once (one per core) and its measured time."""
+    cuda_home, path = _fake_cuda(tmp_path, gpu_listed=True)
+    result, cmds = _commands(
+        tmp_path, TORCH_LATTICE_CUDA="auto", CUDA_HOME=str(cuda_home), PATH=path
+    )
+    assert result.returncode == 0, result.stderr
+    assert _cuda_compiled(result, cmds)
     out = result.stdout
     n_cu = len(list((ROOT / "csrc" / "cuda").glob("*.cu")))
-    assert f"compiling {n_cu} CUDA sources with nvcc" in out
-    assert f"CUDA {n_cu}/{n_cu} csrc/cuda/" in out
-    explained = f"nvcc found ({nvcc}) but no NVIDIA GPU on this machine" in out
-    assert explained == _no_gpu_here(), out
-    if explained:
-        assert "TORCH_LATTICE_CUDA=0 skips them" in out
+    workers = os.cpu_count() or 1
+    assert f"({workers} at a time, one per core)" in out
+    counted = re.findall(r"CUDA (\d+)/(\d+) csrc/cuda/\S+\.cu \(\d+ s\)", out)
+    assert counted == [(str(i), str(n_cu)) for i in range(1, n_cu + 1)], out
+    assert re.search(r"CUDA compiled in \d+ s", out), out
+    assert "no NVIDIA GPU visible" not in out
+
+
+def test_cuda_1_compiles_without_a_gpu(tmp_path: Path) -> None:
+    """TORCH_LATTICE_CUDA=1 (wheels, the device check) compiles CUDA whatever the machine."""
+    cuda_home, path = _fake_cuda(tmp_path, gpu_listed=False)
+    result, cmds = _commands(tmp_path, TORCH_LATTICE_CUDA="1", CUDA_HOME=str(cuda_home), PATH=path)
+    assert result.returncode == 0, result.stderr
+    assert _cuda_compiled(result, cmds)
+    assert "no NVIDIA GPU visible" not in result.stdout
 
 
 def test_no_message_about_gpus_when_cuda_is_off(tmp_path: Path) -> None:

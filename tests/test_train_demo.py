@@ -57,7 +57,16 @@ def test_tiny_run_improves_and_writes_outputs(tmp_path, capsys, monkeypatch):
     for png in ("curves.png", "segmentation.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     printed = capsys.readouterr().out
-    assert "held-out mIoU" in printed and "[" in printed
+    assert "held-out mIoU" in printed
+    # Captured output (not a terminal): plain progress lines, no carriage returns.
+    assert "\r" not in printed
+    steps = [ln for ln in printed.splitlines() if ln.startswith("  step ")]
+    assert [ln.split("  loss")[0] for ln in steps] == [
+        f"  step {e}/3 (epoch {e}, 1/1)" for e in (1, 2, 3)
+    ], printed
+    assert all(ln.endswith(" left") and " so far, about " in ln for ln in steps), steps
+    assert "training should take about " in printed
+    assert metrics["timing_s"]["train_expected"] > 0
     assert printed.splitlines()[-1] == f"outputs in {out.resolve()}: " + ", ".join(demo.OUTPUTS)
 
     # The plots say what they show, in the log's numbers.
@@ -115,7 +124,10 @@ def test_metrics_record_timing_device_and_versions(tmp_path):
         "cpu_isa": _C.cpu_isa(),
     }
     timing = saved["timing_s"]
-    assert set(timing) == {"simulate", "evaluate", "train_epochs", "train", "train_cpu", "total"}
+    assert set(timing) == {
+        "simulate", "evaluate", "train_epochs", "train", "train_cpu", "total", "train_expected",
+    }  # fmt: skip
+    assert timing["train_expected"] > 0  # from the first steps (here both of them)
     assert len(timing["train_epochs"]) == 2
     assert timing["train"] == sum(timing["train_epochs"])
     assert all(v > 0 for v in (timing["simulate"], timing["evaluate"], *timing["train_epochs"]))
@@ -176,3 +188,68 @@ def test_saved_files_follow_the_umask(tmp_path, mask):
         os.umask(old)
     assert stat.S_IMODE((tmp_path / "model.safetensors").stat().st_mode) == 0o666 & ~mask
     assert [p.name for p in tmp_path.iterdir()] == ["model.safetensors"]
+
+
+class FakeClock:
+    """A clock that advances only when told: progress output without real time."""
+
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _progress(live: bool, every: int = 2):
+    import io
+
+    demo = load_demo()
+    clock, stream = FakeClock(), io.StringIO()
+    tracker = demo.Progress(2, 3, 1.5, live=live, every=every, stream=stream, now=clock)
+    return tracker, clock, stream
+
+
+def test_progress_lines_when_captured():
+    """Every `every` steps and at each epoch's end one plain line with the time so far and
+    the time left; after the first 3 steps, the expected duration of the whole training."""
+    tracker, clock, stream = _progress(live=False)
+    for epoch in (1, 2):
+        for step in (1, 2, 3):
+            clock.t += 2.0  # two seconds per step
+            tracker.step(epoch, step, 1.0 / (epoch * step))
+    assert stream.getvalue().splitlines() == [
+        "  step 2/6 (epoch 1, 2/3)  loss 0.500  4 s so far, about 8 s left",
+        "  the first 3 steps took 6 s (2.00 s per step): training should take about 15 s on "
+        "this machine (6 steps and 2 evaluations)",
+        "  step 3/6 (epoch 1, 3/3)  loss 0.333  6 s so far, about 6 s left",
+        "  step 4/6 (epoch 2, 1/3)  loss 0.500  8 s so far, about 4 s left",
+        "  step 6/6 (epoch 2, 3/3)  loss 0.167  12 s so far, about 0 s left",
+    ]
+    assert tracker.expected == 6 * 2.0 + 2 * 1.5
+
+
+def test_progress_live_line_on_a_terminal():
+    """One line redrawn with carriage returns (and erased to its end), ended at each epoch's
+    last step; the estimate takes the line's place and the next step redraws below it."""
+    tracker, clock, stream = _progress(live=True)
+    for step in (1, 2, 3):
+        clock.t += 30.0
+        tracker.step(1, step, 0.25)
+    erase = "\033[K"
+    assert stream.getvalue() == (
+        f"\r  [##########....................] 1/3 loss 0.250  "
+        f"(30 s so far, about 2 min 30 s left){erase}"
+        f"\r  [####################..........] 2/3 loss 0.250  "
+        f"(1 min 00 s so far, about 2 min 00 s left){erase}"
+        f"\r  the first 3 steps took 1 min 30 s (30.00 s per step): training should take "
+        f"about 3 min 03 s on this machine (6 steps and 2 evaluations){erase}\n"
+        f"\r  [##############################] 3/3 loss 0.250  "
+        f"(1 min 30 s so far, about 1 min 30 s left){erase}\n"
+    )
+
+
+def test_progress_choice_and_clock():
+    demo = load_demo()
+    assert [demo.clock(s) for s in (0.4, 59.6, 185, 3725)] == [
+        "0 s", "1 min 00 s", "3 min 05 s", "1 h 02 min",
+    ]  # fmt: skip

@@ -27,10 +27,12 @@ _INT32_MAX = 2**31 - 1
 RangeT = tuple[int, int, int, int]
 
 
-def validate_coords(coords: Any, name: str = "coords") -> torch.Tensor:
+def validate_coords(coords: Any, name: str = "coords", *, feats: Any = None) -> torch.Tensor:
     """Checks an ``(N, 4)`` integer coordinate tensor and returns it as int32.
 
-    Rows are ``[batch, x, y, z]``: non-negative, unique, within int32.
+    Rows are ``[batch, x, y, z]``: non-negative, unique, within int32.  ``feats``, the
+    argument given beside the coordinates (if any), only sharpens the error for float
+    coordinates: an integer ``(N, 4)`` ``feats`` means the two were swapped.
 
     Raises:
         TypeError: not a tensor, or not an integer dtype.
@@ -40,7 +42,10 @@ def validate_coords(coords: Any, name: str = "coords") -> torch.Tensor:
     if not isinstance(coords, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(coords).__name__}")
     if coords.dtype not in (torch.int32, torch.int64, torch.int16, torch.int8, torch.uint8):
-        raise TypeError(f"{name} must be an integer tensor (int32 or int64), got {coords.dtype}")
+        raise TypeError(
+            f"{name} must be an integer tensor (int32 or int64), got {coords.dtype}"
+            + _float_coords_hint(coords, feats)
+        )
     if coords.dim() != 2 or coords.shape[1] != 4:
         raise ValueError(
             f"{name} must have shape (N, 4) [batch, x, y, z], got {tuple(coords.shape)}"
@@ -59,6 +64,23 @@ def validate_coords(coords: Any, name: str = "coords") -> torch.Tensor:
         row = out[dup].tolist()
         raise ValueError(f"{name} rows must be unique, row {dup} repeats {row}")
     return out
+
+
+def _float_coords_hint(coords: torch.Tensor, feats: Any) -> str:
+    """What to do about non-integer coordinates: swapped arguments, or points to voxelize."""
+    if isinstance(feats, torch.Tensor) and not (
+        feats.is_floating_point() or feats.is_complex() or feats.dtype == torch.bool
+    ) and feats.dim() == 2 and feats.shape[1] == 4:
+        return (
+            f"; feats is an integer {tuple(feats.shape)} tensor, so the two look swapped: "
+            "the order is SparseTensor(feats, coords)"
+        )
+    if coords.is_floating_point():
+        return (
+            "; for float points (e.g. metres), tl.voxelize(points, feats, voxel_size=...) "
+            "makes the integer [batch, x, y, z] rows"
+        )
+    return ""
 
 
 def _find_duplicate(coords: torch.Tensor) -> int:
@@ -321,7 +343,7 @@ class SparseTensor:
         stride: int | Sequence[int] = 1,
         spatial_range: int | Sequence[int] | None = None,
     ) -> None:
-        coords32 = validate_coords(coords)
+        coords32 = validate_coords(coords, feats=feats)
         _check_feats(feats, coords32.shape[0])
         if feats.device != coords.device:
             raise ValueError(

@@ -8,12 +8,18 @@
 
 from torch_lattice.artifact import schema
 from torch_lattice.artifact.export import ArtifactFiles, ExportError, save_lattice_model_artifact
-from torch_lattice.artifact.program import LatticeProgram, SparseOutput, load_lattice_program
+from torch_lattice.artifact.program import (
+    LatticeProgram,
+    SparseInput,
+    SparseOutput,
+    load_lattice_program,
+)
 
 __all__ = [
     "ArtifactFiles",
     "ExportError",
     "LatticeProgram",
+    "SparseInput",
     "SparseOutput",
     "load_lattice_program",
     "save_lattice_model_artifact",

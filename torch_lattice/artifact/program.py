@@ -10,6 +10,7 @@ layout, rank and dtype (and no stored tensor left unreferenced).
 from __future__ import annotations
 
 import os
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,7 @@ from torch_lattice.artifact.replay_ops import (
 from torch_lattice.artifact.replay_weights import WeightValue, check_weight, storage_keys
 from torch_lattice.tensor import SparseTensor
 
-__all__ = ["LatticeProgram", "SparseOutput", "load_lattice_program"]
+__all__ = ["LatticeProgram", "SparseInput", "SparseOutput", "load_lattice_program"]
 
 _COORDINATES = ("physical", "logical")
 # Files a conformance fixture case keeps beside the artifact; nothing else may be there.
@@ -60,12 +61,35 @@ class SparseOutput:
     active: torch.Tensor
 
 
-class LatticeProgram:
-    """A checked artifact, callable with its named ABI tensors.
+@dataclass(frozen=True)
+class SparseInput:
+    """One sparse input of a program: the three ABI tensors one ``sparse.make`` reads.
 
-    ``program(**inputs)`` takes every name in ``input_names`` (as
-    ``inputs.safetensors`` holds them) and returns ``{output_name: value}``: a
-    :class:`SparseOutput` for a ``sparse_tensor`` output, a tensor otherwise.
+    Attributes:
+        name: what a SparseTensor argument is passed as: the names' common stem
+            (``x`` for ``x_coords``, ``x_features``, ``x_active``), else the
+            coordinates' name.
+        coords, features, active: the ABI input names.
+        stride: the stride ``sparse.make`` declares; a SparseTensor passed here must
+            have it.
+    """
+
+    name: str
+    coords: str
+    features: str
+    active: str
+    stride: tuple[int, int, int]
+
+
+class LatticeProgram:
+    """A checked artifact, callable with SparseTensors or with its named ABI tensors.
+
+    ``program(x)`` or ``program(x=x)`` takes a :class:`~torch_lattice.SparseTensor` for
+    each sparse input (in the order of the model's arguments; see ``sparse_inputs``)
+    and a tensor for each dense one; ``program(**inputs)`` takes every name in
+    ``input_names`` (as ``inputs.safetensors`` holds them).  Both forms may be mixed.
+    Either returns ``{output_name: value}``: a :class:`SparseOutput` for a
+    ``sparse_tensor`` output, a tensor otherwise.
     """
 
     def __init__(self, module: Module, weights: dict[str, WeightValue], device: torch.device,
@@ -79,13 +103,18 @@ class LatticeProgram:
         self.output_roles: tuple[str, ...] = tuple(attrs["lattice.output_roles"])
         self.device = device
         self.coordinates = coordinates
+        self.sparse_inputs: tuple[SparseInput, ...] = _sparse_inputs(module)
+        self._positional = _positional_inputs(self.input_names, self.sparse_inputs)
 
     def __repr__(self) -> str:
         return (f"LatticeProgram(inputs={list(self.input_names)}, "
                 f"outputs={list(self.output_names)}, coordinates={self.coordinates!r}, "
                 f"device={self.device})")
 
-    def __call__(self, **inputs: torch.Tensor) -> dict[str, torch.Tensor | SparseOutput]:
+    def __call__(
+        self, *args: SparseTensor | torch.Tensor, **kwargs: SparseTensor | torch.Tensor
+    ) -> dict[str, torch.Tensor | SparseOutput]:
+        inputs = self._abi_inputs(args, kwargs)
         env: dict[str, object] = {}
         missing = [n for n in self.input_names if n not in inputs]
         extra = sorted(set(inputs) - set(self.input_names))
@@ -108,6 +137,59 @@ class LatticeProgram:
             out[name] = self._output(env[value_name], ty)
         return out
 
+    def _abi_inputs(
+        self, args: tuple[object, ...], kwargs: dict[str, object]
+    ) -> dict[str, object]:
+        """The named ABI tensors for a call: SparseTensors (positional, or by their
+        ``sparse_inputs`` name) become their coords, features and active tensors."""
+        if len(args) > len(self._positional):
+            raise TypeError(
+                f"program takes {len(self._positional)} positional input(s) "
+                f"{[p if isinstance(p, str) else p.name for p in self._positional]}, "
+                f"got {len(args)}"
+            )
+        by_name = {s.name: s for s in self.sparse_inputs}
+        inputs: dict[str, object] = {}
+        given: list[tuple[str, object]] = [
+            (p if isinstance(p, str) else p.name, a)
+            for p, a in zip(self._positional, args, strict=False)
+        ]
+        for name, value in kwargs.items():
+            if name in (g for g, _ in given):
+                raise TypeError(f"program got multiple values for input {name!r}")
+            given.append((name, value))
+        for name, value in given:
+            sparse = by_name.get(name)
+            abi_form = name in self.input_names and not isinstance(value, SparseTensor)
+            if sparse is None or abi_form:
+                inputs[name] = value
+                continue
+            for abi, tensor in self._expand(sparse, value).items():
+                if abi in kwargs and abi != name:
+                    raise TypeError(f"program got {abi!r} both by name and inside {name!r}")
+                inputs[abi] = tensor
+        return inputs
+
+    def _expand(self, sparse: SparseInput, value: object) -> dict[str, torch.Tensor]:
+        """A SparseTensor as the ABI tensors of ``sparse`` (coordinates physical, that
+        is logical x stride, unless the program was loaded with coordinates="logical")."""
+        if not isinstance(value, SparseTensor):
+            raise TypeError(
+                f"input {sparse.name!r} must be a SparseTensor (or pass {sparse.coords!r}, "
+                f"{sparse.features!r} and {sparse.active!r} by name), got {type(value).__name__}"
+            )
+        if value.stride != sparse.stride:
+            raise ValueError(
+                f"input {sparse.name!r} must have stride {sparse.stride} (as the artifact "
+                f"declares), got {value.stride}"
+            )
+        rows = value.coords.shape[0]
+        return {
+            sparse.coords: boundary_coords(self._ctx, value),
+            sparse.features: value.feats,
+            sparse.active: torch.tensor([rows], dtype=torch.int32, device=value.feats.device),
+        }
+
     def _output(self, value: object, ty: TypeRef) -> torch.Tensor | SparseOutput:
         dtype = _DTYPES.get(ty.dtype, torch.float32)
         if isinstance(value, SparseTensor):
@@ -117,6 +199,47 @@ class LatticeProgram:
                                 value.feats.detach().to(dtype), active)
         assert isinstance(value, torch.Tensor)
         return value.detach().to(dtype) if value.is_floating_point() else value
+
+
+def _sparse_inputs(module: Module) -> tuple[SparseInput, ...]:
+    """Each ``sparse.make`` that reads three function arguments, in argument order."""
+    position = {arg.name: i for i, arg in enumerate(module.arguments)}
+    found: list[SparseInput] = []
+    for op in module.operations:
+        if op.spec.name != "sparse.make" or not all(o in position for o in op.operands):
+            continue
+        coords, features, active = op.operands
+        stem = coords.removesuffix("_coords")
+        name = stem if (features, active) == (f"{stem}_features", f"{stem}_active") else coords
+        found.append(SparseInput(name, coords, features, active, tuple(op.attributes["stride"])))
+    found.sort(key=lambda s: position[s.coords])
+    # An argument read by two sparse.make ops (or twice by one), or a name shared by two
+    # groups or taken by another input, cannot stand for one SparseTensor: such inputs
+    # keep only the named form.
+    reads = Counter(n for s in found for n in (s.coords, s.features, s.active))
+    names = Counter(s.name for s in found)
+    return tuple(
+        s for s in found
+        if names[s.name] == 1
+        and (s.name == s.coords or s.name not in position)
+        and all(reads[n] == 1 for n in (s.coords, s.features, s.active))
+    )
+
+
+def _positional_inputs(
+    input_names: tuple[str, ...], sparse: tuple[SparseInput, ...]
+) -> list[str | SparseInput]:
+    """The inputs in call order: a SparseInput where its coordinates come, a name for
+    each input no SparseInput covers."""
+    covered = {n: s for s in sparse for n in (s.coords, s.features, s.active)}
+    order: list[str | SparseInput] = []
+    for name in input_names:
+        group = covered.get(name)
+        if group is None:
+            order.append(name)
+        elif name == group.coords:
+            order.append(group)
+    return order
 
 
 def _check_input(arg: Argument, value: object, device: torch.device) -> torch.Tensor:

@@ -1,0 +1,46 @@
+"""The project's pytest configuration (pyproject.toml, tests/conftest.py): the default
+output names why tests were skipped, one line per location and reason (``-rs``) and one
+line over all reasons (issue 25: 454 skips came with no reason)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+PROBE = '''\
+import pytest
+
+@pytest.mark.parametrize("i", range(3))
+def test_needs_a_gpu(i):
+    pytest.skip("needs a CUDA GPU")
+
+@pytest.mark.skipif(True, reason="needs torchsparse")
+def test_needs_torchsparse():
+    pass
+
+def test_runs():
+    pass
+'''
+
+
+def test_skip_reasons_are_summarised_by_default(tmp_path: Path) -> None:
+    probe = tmp_path / "test_probe.py"
+    probe.write_text(PROBE)
+    (tmp_path / "conftest.py").write_text((ROOT / "tests" / "conftest.py").read_text())
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-c", str(ROOT / "pyproject.toml"),
+         "--rootdir", str(tmp_path), "-p", "no:cacheprovider", str(probe)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    skipped = [ln for ln in lines if ln.startswith("SKIPPED")]
+    assert len(skipped) == 2, result.stdout
+    assert skipped[0].startswith("SKIPPED [3] ") and skipped[0].endswith(": needs a CUDA GPU")
+    assert skipped[1].startswith("SKIPPED [1] ") and skipped[1].endswith(": needs torchsparse")
+    assert "skip reasons: 3 needs a CUDA GPU; 1 needs torchsparse" in lines, result.stdout
