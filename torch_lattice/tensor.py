@@ -17,6 +17,7 @@ import torch
 
 from torch_lattice.geometry import ConvGeometry, Triple, triple
 from torch_lattice.locked_cache import get_or_build
+from torch_lattice.memory_budget import check_allocation
 
 if TYPE_CHECKING:
     from torch_lattice.ops.kernel_map import KernelMap
@@ -232,6 +233,12 @@ class CoordinateManager:
                         f"kernel_size {geometry.kernel_size} maps coordinate {r - 1} on axis "
                         f"{'xyz'[axis]} to {top}, beyond the int32 limit {_INT32_MAX}"
                     )
+        k = geometry.kernel_size[0] * geometry.kernel_size[1] * geometry.kernel_size[2]
+        # Every (row, kernel position) candidate is materialised (int32 x 4) before unique.
+        check_allocation(
+            f"generative transpose support ({source.num_rows} rows x {k} kernel positions)",
+            source.num_rows * k * 16,
+        )
         coords = generative_support(
             source.coords, list(geometry.kernel_size), list(geometry.stride)
         )
@@ -276,8 +283,19 @@ class CoordinateManager:
 
 
 def multiply_stride(a: Triple, b: Triple) -> Triple:
-    """``a * b`` per axis: the output stride of a strided convolution."""
-    return (a[0] * b[0], a[1] * b[1], a[2] * b[2])
+    """``a * b`` per axis: the output stride of a strided convolution.
+
+    Raises:
+        ValueError: the product leaves int32 (strides are stored and multiplied into
+            coordinates as int32), naming both strides.
+    """
+    out = (a[0] * b[0], a[1] * b[1], a[2] * b[2])
+    if max(out) > _INT32_MAX:
+        raise ValueError(
+            f"total stride {out} (input stride {a} x stride {b}) is beyond the int32 limit "
+            f"{_INT32_MAX}"
+        )
+    return out
 
 
 def divide_stride(source: Triple, stride: Triple) -> Triple:
@@ -478,11 +496,18 @@ class SparseTensor:
         if srange is None:
             raise ValueError("dense() needs spatial_range; construct the SparseTensor with one")
         b, x, y, z = srange
-        if b * x * y * z * max(1, self._feats.shape[1]) >= 2**62:
+        channels = int(self._feats.shape[1])
+        cells = b * x * y * z * max(1, channels)
+        if cells >= 2**62:  # beyond any tensor's element count, whatever the budget
             raise ValueError(
-                f"dense() of spatial_range {srange} with {self._feats.shape[1]} channels is "
+                f"dense() of spatial_range {srange} with {channels} channels is "
                 "too large for a dense tensor"
             )
+        # The zero grid plus its permuted contiguous copy.
+        check_allocation(
+            f"dense() of spatial_range {srange} with {channels} channels",
+            2 * cells * self._feats.element_size(),
+        )
         out = self._feats.new_zeros((b, x, y, z, self._feats.shape[1]))
         c = self.coords.long()
         out = out.index_put((c[:, 0], c[:, 1], c[:, 2], c[:, 3]), self._feats)

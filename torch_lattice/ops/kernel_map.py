@@ -15,6 +15,7 @@ import torch
 
 from torch_lattice.geometry import ConvGeometry
 from torch_lattice.locked_cache import get_or_build
+from torch_lattice.memory_budget import check_allocation
 from torch_lattice.ops import _cuda, _cuda_blocks
 from torch_lattice.ops._native import _C, ptr, require_cpu, threads
 from torch_lattice.ops.pairs import PairLists, kernel_pairs, reverse_pairs
@@ -201,7 +202,20 @@ def _(in_coords, out_coords, kernel_size, stride, padding, dilation):
 def build_kernel_map(
     in_coords: torch.Tensor, out_coords: torch.Tensor, geometry: ConvGeometry
 ) -> KernelMap:
-    """Builds the :class:`KernelMap` relating two coordinate sets."""
+    """Builds the :class:`KernelMap` relating two coordinate sets.
+
+    Raises:
+        MemoryBudgetError: (a ``ValueError``) the two ``(N, K)`` int32 tables would
+            exceed the memory budget (a one-row input with a 32^3 kernel generates
+            32^3 output rows and a 4 GiB table).
+    """
     ks, s, p, d = (list(v) for v in geometry.as_c())
+    k = ks[0] * ks[1] * ks[2]
+    rows = int(in_coords.shape[0]) + int(out_coords.shape[0])
+    check_allocation(
+        f"kernel map ({int(out_coords.shape[0])} output rows, {int(in_coords.shape[0])} input "
+        f"rows, kernel_size {tuple(ks)}: neighbour tables of (rows x {k}) int32)",
+        rows * k * 4,
+    )
     nbr, rev = kernel_map(in_coords, out_coords, ks, s, p, d)
     return KernelMap(nbr, rev, geometry)

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 import torch
 
 from torch_lattice.geometry import ConvGeometry, kernel_positions, triple
+from torch_lattice.memory_budget import check_allocation
 from torch_lattice.nn.functional.conv import generated_support
 from torch_lattice.nn.functional.conv_transpose import resolve_target
 from torch_lattice.nn.functional.transposed_support import (
@@ -254,6 +255,13 @@ def _global(x: SparseTensor, mode: str, batch_size: int | None, empty_max: str) 
         raise ValueError(f"mode must be one of {_GLOBAL_MODES}, got {mode!r}")
     b = _batch_count(_check_sparse(x, "input"), batch_size)
     feats = x.feats
+    # The output has a row per batch index up to the largest: one row at batch
+    # 2^31 - 1 asks for 2^31 rows, so the size is checked before anything is made.
+    check_allocation(
+        f"global_pool of {b} batches x {feats.shape[1]} channels (batch_size, else the "
+        "largest batch index + 1)",
+        b * (max(1, int(feats.shape[1])) * feats.element_size() + 8),
+    )
     batch = x.coords[:, 0].long()
     count = torch.bincount(batch, minlength=b)
     if mode != "max":
