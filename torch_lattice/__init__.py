@@ -34,9 +34,9 @@ __all__ = [
     "nn",
     "ops",
     "reindex_sparse",
+    "set_memory_budget",
     "sparse_binary",
     "sparse_cat",
-    "set_memory_budget",
     "to_dense",
     "voxelize",
 ]
