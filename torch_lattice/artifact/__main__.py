@@ -36,7 +36,7 @@ from safetensors.torch import load as safetensors_load
 
 from torch_lattice.artifact.conformance import compare_outputs
 from torch_lattice.artifact.program import SparseOutput, load_lattice_program
-from torch_lattice.regular_file import read_regular_file
+from torch_lattice.regular_file import describe_file_type, read_regular_file
 
 # The manifest schema of torch-lattice 0.5's end-to-end fixtures (logical coordinates).
 TORCH_LATTICE_05_FIXTURES = "torch_lattice_e2e_fixtures/v1"
@@ -224,8 +224,14 @@ def _run(args: argparse.Namespace) -> int:
     args.coordinates = _resolve_coordinates(args.coordinates, parent)
     for flag, value in (("--inputs", args.inputs), ("--expected", args.expected)):
         # Paths the user named: refused outright (exit 2) unless regular files.
-        if value is not None and not (value.exists() and stat.S_ISREG(value.stat().st_mode)):
-            raise ValueError(f"{flag} {str(value)!r} is not a regular file")
+        if value is None:
+            continue
+        if not value.exists():
+            raise ValueError(f"{flag} {str(value)!r} does not exist")
+        mode = value.stat().st_mode
+        if not stat.S_ISREG(mode):
+            raise ValueError(f"{flag} {str(value)!r} is {describe_file_type(mode)}; only "
+                             "regular files are read")
     for key in ("rtol", "atol"):
         _tolerance(getattr(args, key), case, key)
     ok = _replay_one(path, case, args, args.inputs, args.expected)
