@@ -141,7 +141,7 @@ def voxelize(
 
 def _new_support(coords: torch.Tensor) -> Support:
     # Rows from voxelize_coords are unique and non-negative by construction.
-    return CoordinateManager().new_support(coords, (1, 1, 1), None)
+    return CoordinateManager().new_support(coords, (1, 1, 1), None, stable=True)
 
 
 def devoxelize(
