@@ -223,7 +223,7 @@ class CoordinateManager:
 
         ``stable=True`` for a support kept as long as the manager (a tensor's own rows,
         memoized generated supports); the default is a single-call support, whose
-        cached maps are bounded (see :attr:`Support.stable`).
+        cached maps are bounded (see ``Support.stable``).
         """
         return Support(coords, stride, spatial_range, self, stable)
 

@@ -205,7 +205,7 @@ def build_kernel_map(
     """Builds the :class:`KernelMap` relating two coordinate sets.
 
     Raises:
-        MemoryBudgetError: (a ``ValueError``) the two ``(N, K)`` int32 tables would
+        ValueError: (a ``MemoryBudgetError``) the two ``(N, K)`` int32 tables would
             exceed the memory budget (a one-row input with a 32^3 kernel generates
             32^3 output rows and a 4 GiB table).
     """
