@@ -162,3 +162,18 @@ def test_a_good_archive_still_converts(work: Path) -> None:
     torch.load(io.BytesIO((work / "copy.pt").read_bytes()), weights_only=True)
     assert cli.main([str(work / "copy.pt"), str(work / "out.safetensors"), "--kernel-spec",
                      str(work / "legacy-kernels.json")]) == 0
+
+
+def test_an_entry_flagged_encrypted_is_a_refusal(work: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    raw = bytearray((work / "legacy.pt").read_bytes())
+    # Set the "encrypted" bit (general purpose flag bit 0) of every central directory
+    # record: zipfile then raises RuntimeError, which must become a refusal.
+    at = raw.find(b"PK\x01\x02")
+    assert at >= 0
+    while at >= 0:
+        raw[at + 8] |= 1
+        at = raw.find(b"PK\x01\x02", at + 4)
+    (work / "enc.pt").write_bytes(bytes(raw))
+    _refused(capsys, [str(work / "enc.pt"), str(work / "out.safetensors"), "--kernel-spec",
+                      str(work / "legacy-kernels.json")], "corrupted archive")

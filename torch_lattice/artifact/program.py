@@ -34,6 +34,7 @@ from torch_lattice.artifact.replay_ops import (
     boundary_coords,
 )
 from torch_lattice.artifact.replay_weights import WeightValue, check_weight, storage_keys
+from torch_lattice.memory_budget import check_allocation
 from torch_lattice.regular_file import describe_file_type, read_regular_file
 from torch_lattice.tensor import SparseTensor
 
@@ -308,6 +309,8 @@ def _check_role_type(arg: Argument, role: str) -> None:
 
 
 def _load_weights(module: Module, path: Path, device: torch.device) -> dict[str, WeightValue]:
+    # Every stored tensor is read into memory: the file's size, checked before reading.
+    check_allocation(f"reading {schema.WEIGHT_FILE}", path.stat().st_size)
     try:
         with safe_open(str(path), framework="pt", device="cpu") as handle:
             stored = {key: handle.get_tensor(key) for key in handle.keys()}

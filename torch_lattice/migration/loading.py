@@ -19,8 +19,10 @@ import hashlib
 import io
 import pickle
 import re
+import struct
 import warnings
 import zipfile
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from torch_lattice.memory_budget import check_allocation
+from torch_lattice.memory_budget import MemoryBudgetError, check_allocation
 from torch_lattice.migration.errors import (
     ConversionError,
     OptimizerStateError,
@@ -154,8 +156,11 @@ def _check_zip(source: Path, data: bytes) -> None:
                 seen.add(info.filename)
             check_allocation(f"checking {name}", max((i.file_size for i in infos), default=0))
             bad = archive.testzip()
+    except (ConversionError, MemoryBudgetError):
+        raise
     except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, NotImplementedError,
-            OSError) as exc:
+            OSError, OverflowError, RuntimeError, ValueError, struct.error, zlib.error) as exc:
+        # zipfile reports an encrypted entry as RuntimeError, odd headers as ValueError.
         raise ConversionError(f"{name} is a corrupted archive: {exc}") from None
     if bad is not None:
         raise ConversionError(f"{name} is a corrupted archive: entry {bad!r} fails its CRC "
