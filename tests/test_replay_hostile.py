@@ -356,3 +356,22 @@ def test_a_voxel_size_that_is_zero_in_float32_is_refused(tmp_path: Path) -> None
     g.output("v", SP)
     with pytest.raises(ValueError, match="voxel_size must be positive and finite in float32"):
         load_lattice_program(write_artifact(tmp_path / "vox", g, {}))
+
+
+def test_a_packed_weight_shape_error_names_the_line_and_the_weight(tmp_path: Path) -> None:
+    from torch_lattice.artifact.packing import pack_weight
+
+    packed = pack_weight(torch.randn(3, 32), bits=8, group_size=32)
+    stored = {"l.weight.weight": packed.weight, "l.weight.scales": packed.scales,
+              "l.weight.biases": packed.biases}
+    g = Graph()
+    g.tensor_input("v", "tensor<?x64xf32>")  # 64 input channels; the codes hold 32
+    g.weight("w", "l.weight", "linear",
+             "#lattice.packing<int8, group_size = 32, scale_dtype = f16, mode = affine>")
+    g.op("y", "linear", ["v", "w"], ["tensor<?x64xf32>", weight_type("linear")], "",
+         "tensor<?x3xf32>")
+    g.output("y", "tensor<?x3xf32>")
+    program = load_lattice_program(write_artifact(tmp_path / "p", g, stored))
+    with pytest.raises(ValueError, match=r"graph.mlir line \d+: lattice.linear weight: weight "
+                                         r"'l.weight': "):
+        program(v=torch.randn(2, 64))
