@@ -149,3 +149,13 @@ def test_a_voxel_size_that_is_not_a_float32_is_refused(size: object) -> None:
     x = tl.voxelize(points, torch.ones(5, 1), voxel_size=0.5)
     with pytest.raises(ValueError, match="voxel_size must be a positive finite float32"):
         tl.devoxelize(points, x, voxel_size=size)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("srange", [(1, 2**31 + 1, 8, 8), (2**40, 8, 8, 8)])
+def test_a_spatial_range_past_int32_is_refused(srange: tuple[int, int, int, int]) -> None:
+    with pytest.raises(ValueError, match=r"spatial_range entries must be at most 2\^31"):
+        tl.SparseTensor(torch.ones(1, 1), torch.zeros(1, 4, dtype=torch.int32),
+                        spatial_range=srange)
+    edge = tl.SparseTensor(torch.ones(1, 1), torch.zeros(1, 4, dtype=torch.int32),
+                           spatial_range=(1, 2**31, 1, 1))
+    assert edge.spatial_range == (1, 2**31, 1, 1)

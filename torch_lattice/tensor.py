@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 __all__ = ["CoordinateManager", "Derivation", "SparseTensor", "Support", "validate_coords"]
 
 _INT32_MAX = 2**31 - 1
+_RANGE_MAX = 2**31  # one past the largest int32 coordinate
 RangeT = tuple[int, int, int, int]
 
 
@@ -99,6 +100,13 @@ def _spatial_range(value: Any) -> RangeT | None:
     for v in value:
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"spatial_range must hold positive ints (B, X, Y, Z), got {value!r}")
+        # Coordinates are int32, so an extent past 2^31 (one past the largest coordinate)
+        # only feeds products that overflow: refused here, where it is named.
+        if v > _RANGE_MAX:
+            raise ValueError(
+                f"spatial_range entries must be at most 2^31 (coordinates are int32), got "
+                f"{value!r}"
+            )
         out.append(v)
     return (out[0], out[1], out[2], out[3])
 
