@@ -142,3 +142,12 @@ def test_a_raised_budget_lets_a_big_map_through() -> None:
             512, 1)
     finally:
         tl.set_memory_budget(previous)
+
+
+def test_a_pooling_window_over_a_huge_range_is_refused(budget_1gib: None) -> None:
+    """One row, a 1000^3 window at stride 1: 10^9 generated output rows (16 GB)."""
+    x = tl.SparseTensor(torch.ones(1, 1), torch.tensor([[0, 5, 5, 5]], dtype=torch.int32),
+                        spatial_range=(1, 2**20, 2**20, 2**20))
+    with pytest.raises(ValueError, match=r"strided support generation .*1000000000 output rows"):
+        F.max_pool3d(x, 1000, 1)
+    assert F.max_pool3d(x, 2, 2).coords.tolist() == [[0, 2, 2, 2]]

@@ -112,6 +112,12 @@ def generate_support(
     coords = coords.contiguous()
     n = coords.shape[0]
     bound = _C.generate_bound(n, geom, rng, num_batches)
+    # The bound (int32 x 4 per row) is allocated before the rows are known.
+    check_allocation(
+        f"strided support generation ({n} input rows, kernel_size {tuple(kernel_size)}, "
+        f"stride {tuple(stride)}: up to {bound} output rows)",
+        bound * 16,
+    )
     # Pages of an untouched allocation are never committed, so a loose upper
     # bound costs address space only; the result is copied out compactly.
     out = torch.empty((bound, 4), dtype=torch.int32)
