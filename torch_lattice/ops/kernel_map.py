@@ -91,6 +91,19 @@ def _geom(kernel_size: list[int], stride: list[int], padding: list[int], dilatio
     return (tuple(kernel_size), tuple(stride), tuple(padding), tuple(dilation))
 
 
+def _generate_bound_within_budget(n: int, geom: tuple, rng: tuple, num_batches: int) -> int:
+    """The output-row bound of a strided support, checked against the memory budget:
+    it is allocated (int32 x 4 per row; committed at once on a GPU) before the rows
+    are known."""
+    bound = int(_C.generate_bound(n, geom, rng, num_batches))
+    check_allocation(
+        f"strided support generation ({n} input rows, kernel_size {geom[0]}, "
+        f"stride {geom[1]}: up to {bound} output rows)",
+        bound * 16,
+    )
+    return bound
+
+
 @torch.library.custom_op("lattice::generate_support", mutates_args=())
 def generate_support(
     coords: torch.Tensor,
@@ -111,13 +124,7 @@ def generate_support(
     rng = tuple(max(0, r) for r in out_range)
     coords = coords.contiguous()
     n = coords.shape[0]
-    bound = _C.generate_bound(n, geom, rng, num_batches)
-    # The bound (int32 x 4 per row) is allocated before the rows are known.
-    check_allocation(
-        f"strided support generation ({n} input rows, kernel_size {tuple(kernel_size)}, "
-        f"stride {tuple(stride)}: up to {bound} output rows)",
-        bound * 16,
-    )
+    bound = _generate_bound_within_budget(n, geom, rng, num_batches)
     # Pages of an untouched allocation are never committed, so a loose upper
     # bound costs address space only; the result is copied out compactly.
     out = torch.empty((bound, 4), dtype=torch.int32)
@@ -129,6 +136,7 @@ def generate_support(
 def _(coords, kernel_size, stride, padding, dilation, out_range, num_batches):
     geom = _geom(kernel_size, stride, padding, dilation)
     rng = tuple(max(0, r) for r in out_range)
+    _generate_bound_within_budget(coords.shape[0], geom, rng, num_batches)
     return _cuda.generate_support(coords, geom, rng, num_batches)
 
 
