@@ -177,3 +177,10 @@ def test_an_entry_flagged_encrypted_is_a_refusal(work: Path,
     (work / "enc.pt").write_bytes(bytes(raw))
     _refused(capsys, [str(work / "enc.pt"), str(work / "out.safetensors"), "--kernel-spec",
                       str(work / "legacy-kernels.json")], "corrupted archive")
+
+
+def test_a_deeply_nested_kernel_spec_is_refused(work: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    (work / "deep.json").write_text("[" * 200_000)
+    _refused(capsys, [str(work / "legacy.pt"), str(work / "out.safetensors"), "--kernel-spec",
+                      str(work / "deep.json")], "nests JSON too deeply")

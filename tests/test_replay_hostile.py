@@ -375,3 +375,28 @@ def test_a_packed_weight_shape_error_names_the_line_and_the_weight(tmp_path: Pat
     with pytest.raises(ValueError, match=r"graph.mlir line \d+: lattice.linear weight: weight "
                                          r"'l.weight': "):
         program(v=torch.randn(2, 64))
+
+
+def test_a_deeply_nested_manifest_is_one_error_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = tmp_path / "fixtures"
+    _case(root)
+    (root / "manifest.json").write_text("[" * 200_000)
+    _refused(capsys, ["replay", str(root)], "nests JSON too deeply")
+
+
+def test_a_linked_manifest_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = tmp_path / "fixtures"
+    _case(root)
+    (tmp_path / "elsewhere.json").write_text(json.dumps({"cases": [{"name": "case"}]}))
+    os.symlink(tmp_path / "elsewhere.json", root / "manifest.json")
+    _refused(capsys, ["replay", str(root)], "symbolic link")
+
+
+def test_a_tolerance_beyond_float_is_refused(tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    root = tmp_path / "fixtures"
+    _case(root)
+    (root / "manifest.json").write_text('{"cases": [{"name": "case", "atol": 1' + "0" * 400
+                                        + "}]}")
+    _refused(capsys, ["replay", str(root)], "atol")

@@ -88,6 +88,9 @@ def _tolerance(given: float | None, case: dict[str, object], key: str) -> float:
         where = f"manifest case {case.get('name')!r} {key}"
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{where} must be a number, got {value!r}")
+    if isinstance(value, int) and abs(value) > 2**53:  # beyond float: not a tolerance
+        raise ValueError(f"{where} must be finite and >= 0, got an integer of "
+                         f"{value.bit_length()} bits")
     if not math.isfinite(value) or value < 0:
         # NaN or a negative tolerance fails every comparison; infinity passes every one.
         raise ValueError(f"{where} must be finite and >= 0, got {value!r}")
@@ -144,11 +147,15 @@ def _replay_one(case_dir: Path, case: dict[str, object], args: argparse.Namespac
 
 def _manifest(root: Path) -> dict[str, object]:
     where = root / MANIFEST_FILE
-    text = read_regular_file(where, "manifest", max_bytes=MAX_MANIFEST_BYTES)
+    # Inside the fixture folder: a link could lead anywhere, so it is refused.
+    text = read_regular_file(where, "manifest", max_bytes=MAX_MANIFEST_BYTES,
+                             follow_symlinks=False)
     try:
         manifest = json.loads(text.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"{str(where)!r} is not UTF-8 JSON: {exc}") from None
+    except RecursionError:  # "[[[[..." nested past Python's stack
+        raise ValueError(f"{str(where)!r} nests JSON too deeply") from None
     cases = manifest.get("cases") if isinstance(manifest, dict) else None
     if not isinstance(cases, list) or not all(isinstance(c, dict) and "name" in c for c in cases):
         raise ValueError(f"{str(where)!r}: needs 'cases': [{{'name': ...}}, ...]")

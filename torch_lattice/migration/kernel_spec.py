@@ -223,4 +223,6 @@ def load_kernel_spec(path: str | Path) -> dict[str, KernelSpec]:
         raise ConversionError(f"cannot read kernel spec {str(spec_path)!r}: {exc}") from exc
     except json.JSONDecodeError as exc:
         raise ConversionError(f"kernel spec {str(spec_path)!r} is not valid JSON: {exc}") from exc
+    except RecursionError:  # "[[[[..." nested past Python's stack
+        raise ConversionError(f"kernel spec {str(spec_path)!r} nests JSON too deeply") from None
     return parse_kernel_spec(raw)
