@@ -159,3 +159,17 @@ def test_a_spatial_range_past_int32_is_refused(srange: tuple[int, int, int, int]
     edge = tl.SparseTensor(torch.ones(1, 1), torch.zeros(1, 4, dtype=torch.int32),
                            spatial_range=(1, 2**31, 1, 1))
     assert edge.spatial_range == (1, 2**31, 1, 1)
+
+
+def test_an_expanded_coordinate_view_is_refused_before_it_is_copied() -> None:
+    previous = tl.set_memory_budget(2**30)
+    try:
+        rows = torch.zeros(1, 4, dtype=torch.int32).expand(2**31, 4)  # 32 GiB if copied
+        with pytest.raises(ValueError, match="rows must be unique, row 1 repeats"):
+            tl.SparseTensor(torch.zeros(1, 1).expand(2**31, 1), rows)
+        tl.set_memory_budget(2**20)
+        wide = torch.zeros(2**16, 1, dtype=torch.int64).expand(2**16, 4)  # 3 MiB to copy
+        with pytest.raises(ValueError, match=r"copying coords .* memory budget"):
+            validate_coords(wide)
+    finally:
+        tl.set_memory_budget(previous)

@@ -54,6 +54,12 @@ def validate_coords(coords: Any, name: str = "coords") -> torch.Tensor:
         )
     if coords.device.type not in ("cpu", "cuda"):
         raise ValueError(f"{name} must be on the CPU or a CUDA device, got {coords.device}")
+    if coords.shape[0] > 1 and coords.stride(0) == 0:
+        # An expanded view repeats one row: refused before a copy materialises it.
+        raise ValueError(f"{name} rows must be unique, row 1 repeats {coords[0].tolist()} "
+                         "(an expanded view with row stride 0)")
+    check_allocation(f"copying {name} ({coords.shape[0]} rows)",
+                     coords.numel() * (coords.element_size() + 4))
     # One copy, taken first: the checks below and everything after read only it.
     owned = coords.clone(memory_format=torch.contiguous_format)
     if owned.numel():
