@@ -209,6 +209,13 @@ class CoordinateManager:
     the supports it relates and the geometry, so it is built once and reused
     by every layer with the same geometry.
 
+    Bounded growth: entries between the manager's stable supports (its tensors'
+    own rows and the supports it generated from them) live as long as the
+    manager; entries involving a single-call support (a target given as a tensor
+    or from another manager, a per-call generated support) go to a
+    least-recently-used cache of ``TRANSIENT_CACHE_SIZE`` entries, so a new
+    target on every call cannot grow memory (docs/limits.md).
+
     Thread safety: lookups and fills run under the manager's re-entrant lock,
     held during a build too, so threads sharing a cold tensor build each
     support and map once (the others wait, then take the cached entry).  The
