@@ -118,12 +118,21 @@ def test_a_pooling_transpose_without_target_is_bounded(budget_1gib: None) -> Non
         8, 1)
 
 
-@pytest.mark.parametrize("stride", [40, 645])
-def test_trilinear_upsampling_with_a_huge_stride_is_refused(budget_1gib: None,
-                                                            stride: int) -> None:
-    x = _one_row(stride=stride)
-    with pytest.raises(ValueError, match="memory budget"):
-        F.trilinear_upsample3d(x, stride)
+def test_trilinear_upsampling_with_a_huge_stride_is_refused(budget_1gib: None) -> None:
+    """Stride 645: a 1289^3 kernel, 2.1e9 generated rows from one input row."""
+    x = _one_row(stride=645)
+    with pytest.raises(ValueError, match="trilinear_upsample3d without a target .*memory budget"):
+        F.trilinear_upsample3d(x, 645)
+
+
+def test_trilinear_upsampling_grows_with_the_real_pairs(budget_1gib: None) -> None:
+    """Stride 40 on one row: 79^3 fine rows, each with one coarse neighbour. The
+    relation's (N_fine, 79^3) neighbour table would take 972 GB; the pairs are 79^3."""
+    x = _one_row(stride=40)
+    y = F.trilinear_upsample3d(x, 40)
+    assert y.coords.shape == (79**3, 4) and y.stride == (1, 1, 1)
+    assert torch.equal(y.feats, torch.ones(79**3, 1))  # normalized over the one neighbour
+    assert x.coordinate_manager.builds == 0  # no neighbour table was built
 
 
 def test_trilinear_upsampling_with_a_small_stride_runs(budget_1gib: None) -> None:
