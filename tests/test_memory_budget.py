@@ -121,7 +121,7 @@ def test_a_pooling_transpose_without_target_is_bounded(budget_1gib: None) -> Non
 def test_trilinear_upsampling_with_a_huge_stride_is_refused(budget_1gib: None) -> None:
     """Stride 645: a 1289^3 kernel, 2.1e9 generated rows from one input row."""
     x = _one_row(stride=645)
-    with pytest.raises(ValueError, match="trilinear_upsample3d without a target .*memory budget"):
+    with pytest.raises(ValueError, match=r"trilinear_upsample3d without a target .*memory budget"):
         F.trilinear_upsample3d(x, 645)
 
 
