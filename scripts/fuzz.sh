@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Bounded fuzzing of the C core and the artifact graph parser: every
 # fuzz/fuzz_*.py target under atheris (libFuzzer) for FUZZ_SECONDS each, starting
-# from fuzz/corpus/<target>/ (targets: generate generative graph hash kernel_map
-# pairs pool voxelize; "graph" is the pure-Python graph.mlir parser).
+# from fuzz/corpus/<target>/ (targets: checkpoint generate generative graph hash
+# kernel_map pairs pool voxelize; "graph" is the pure-Python graph.mlir parser,
+# "checkpoint" convert-checkpoint's archive reader).
 # Prints one line per target; exits non-zero when any target finds a crash,
 # a sanitizer report, an unclean exception or a result that differs from its
 # brute-force reference.  See docs/fuzzing.md.

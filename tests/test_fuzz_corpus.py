@@ -45,8 +45,8 @@ def _seed_bytes(target: str, seed: str) -> bytes:
 
 def test_every_target_has_seeds():
     assert TARGETS == sorted(
-        ["generate", "generative", "graph", "hash", "kernel_map", "pairs", "pool",
-         "voxelize"]
+        ["checkpoint", "generate", "generative", "graph", "hash", "kernel_map", "pairs",
+         "pool", "voxelize"]
     )
     for t in TARGETS:
         assert len(os.listdir(os.path.join(CORPUS, t))) >= 3, t

@@ -9,6 +9,7 @@ import typing as _typing
 from types import ModuleType as _ModuleType
 
 from torch_lattice import backbones, nn, ops
+from torch_lattice.memory_budget import get_memory_budget, set_memory_budget
 from torch_lattice.sparse_join import reindex_sparse, sparse_binary, sparse_cat
 from torch_lattice.sparse_ops import cat, to_dense
 from torch_lattice.tensor import CoordinateManager, SparseTensor
@@ -29,9 +30,11 @@ __all__ = [
     "cat",
     "collate",
     "devoxelize",
+    "get_memory_budget",
     "nn",
     "ops",
     "reindex_sparse",
+    "set_memory_budget",
     "sparse_binary",
     "sparse_cat",
     "to_dense",

@@ -14,12 +14,15 @@ each gets the same guarantees:
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import os
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["atomic_write", "current_umask", "new_file_mode", "write_beside"]
+__all__ = ["atomic_write", "current_umask", "exchange_paths", "new_file_mode", "write_beside"]
 
 _PROC_STATUS = "/proc/self/status"
 
@@ -108,3 +111,45 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[Path], None]) ->
     except BaseException:
         temp.unlink(missing_ok=True)
         raise
+
+
+# renameat2(2) arguments (linux/fcntl.h, linux/fs.h).
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+# errno values meaning "this system or file system cannot exchange": use the fallback.
+_NO_EXCHANGE = {errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV}
+
+
+def exchange_paths(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
+    """Swaps two existing paths in one atomic step, where the system can.
+
+    Linux's ``renameat2(..., RENAME_EXCHANGE)`` (kernel 3.15+, glibc 2.28+, most local
+    file systems) swaps two directory entries at once: a reader sees either the old
+    or the new one at each path, never neither. ``os.rename`` of a directory onto an
+    existing non-empty one fails, and two renames leave a moment with nothing there.
+
+    Returns:
+        True when the paths were swapped; False when the system or the file system
+        offers no exchange (not Linux, an older libc or kernel, EINVAL from the file
+        system): the caller then uses its documented fallback. Nothing changed then.
+
+    Raises:
+        OSError: the exchange was possible but failed (a missing path, permissions).
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):  # no renameat2 in this libc (glibc < 2.28, musl)
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p,
+                          ctypes.c_uint]
+    renameat2.restype = ctypes.c_int
+    rc = renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
+    if rc == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in _NO_EXCHANGE:
+        return False
+    raise OSError(err, os.strerror(err), os.fspath(a), None, os.fspath(b))

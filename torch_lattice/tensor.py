@@ -9,7 +9,9 @@ kernel maps so that layers with the same geometry build them once.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +19,7 @@ import torch
 
 from torch_lattice.geometry import ConvGeometry, Triple, triple
 from torch_lattice.locked_cache import get_or_build
+from torch_lattice.memory_budget import check_allocation
 
 if TYPE_CHECKING:
     from torch_lattice.ops.kernel_map import KernelMap
@@ -24,15 +27,19 @@ if TYPE_CHECKING:
 __all__ = ["CoordinateManager", "Derivation", "SparseTensor", "Support", "validate_coords"]
 
 _INT32_MAX = 2**31 - 1
+_RANGE_MAX = 2**31  # one past the largest int32 coordinate
 RangeT = tuple[int, int, int, int]
 
 
 def validate_coords(coords: Any, name: str = "coords", *, feats: Any = None) -> torch.Tensor:
-    """Checks an ``(N, 4)`` integer coordinate tensor and returns it as int32.
+    """Checks an ``(N, 4)`` integer coordinate tensor and returns an owned int32 copy.
 
-    Rows are ``[batch, x, y, z]``: non-negative, unique, within int32.  ``feats``, the
-    argument given beside the coordinates (if any), only sharpens the error for float
-    coordinates: an integer ``(N, 4)`` ``feats`` means the two were swapped.
+    Rows are ``[batch, x, y, z]``: non-negative, unique, within int32. The result
+    never shares memory with ``coords``: it is copied *before* it is checked, so no
+    later (or concurrent) edit of the caller's tensor reaches the checked rows or any
+    support and kernel map built from them.  ``feats``, the argument given beside the
+    coordinates (if any), only sharpens the error for float coordinates: an integer
+    ``(N, 4)`` ``feats`` means the two were swapped.
 
     Raises:
         TypeError: not a tensor, or not an integer dtype.
@@ -52,13 +59,21 @@ def validate_coords(coords: Any, name: str = "coords", *, feats: Any = None) -> 
         )
     if coords.device.type not in ("cpu", "cuda"):
         raise ValueError(f"{name} must be on the CPU or a CUDA device, got {coords.device}")
-    if coords.numel():
-        lo, hi = int(coords.min()), int(coords.max())
+    if coords.shape[0] > 1 and coords.stride(0) == 0:
+        # An expanded view repeats one row: refused before a copy materialises it.
+        raise ValueError(f"{name} rows must be unique, row 1 repeats {coords[0].tolist()} "
+                         "(an expanded view with row stride 0)")
+    check_allocation(f"copying {name} ({coords.shape[0]} rows)",
+                     coords.numel() * (coords.element_size() + 4))
+    # One copy, taken first: the checks below and everything after read only it.
+    owned = coords.clone(memory_format=torch.contiguous_format)
+    if owned.numel():
+        lo, hi = int(owned.min()), int(owned.max())
         if lo < 0:
             raise ValueError(f"{name} must be non-negative, found {lo}")
         if hi > _INT32_MAX:
             raise ValueError(f"{name} must fit in int32 (<= {_INT32_MAX}), found {hi}")
-    out = coords.to(torch.int32).contiguous()
+    out = owned.to(torch.int32)
     dup = _find_duplicate(out)
     if dup >= 0:
         row = out[dup].tolist()
@@ -113,6 +128,13 @@ def _spatial_range(value: Any) -> RangeT | None:
     for v in value:
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"spatial_range must hold positive ints (B, X, Y, Z), got {value!r}")
+        # Coordinates are int32, so an extent past 2^31 (one past the largest coordinate)
+        # only feeds products that overflow: refused here, where it is named.
+        if v > _RANGE_MAX:
+            raise ValueError(
+                f"spatial_range entries must be at most 2^31 (coordinates are int32), got "
+                f"{value!r}"
+            )
         out.append(v)
     return (out[0], out[1], out[2], out[3])
 
@@ -130,8 +152,31 @@ class Support:
     stride: Triple
     spatial_range: RangeT | None
     manager: CoordinateManager
+    # True for supports the manager keeps for its lifetime (a tensor's own rows, the
+    # memoized generated supports); False for one made for a single call (a target
+    # given as a tensor, a per-call generated support): their maps go to a bounded cache.
+    stable: bool = False
     # grid_range() when inferred from coords: one reduction per support, not per layer call.
     _inferred_range: Triple | None = field(default=None, init=False, repr=False)
+    # coords' in-place version when the support was made (None: not tracked, e.g. an
+    # inference-mode tensor); a cached map of edited rows would be silently wrong.
+    _version: int | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._version = _tensor_version(self.coords)
+
+    def check_unchanged(self) -> None:
+        """Raises if ``coords`` was edited in place since the support was made.
+
+        Raises:
+            ValueError: the rows changed (cached supports and maps would be stale).
+        """
+        if self._version is not None and _tensor_version(self.coords) != self._version:
+            raise ValueError(
+                "coords of this SparseTensor were modified in place after it was built; "
+                "coordinates are immutable (cached kernel maps depend on them): build a new "
+                "SparseTensor from the edited rows instead"
+            )
 
     @property
     def num_rows(self) -> int:
@@ -159,6 +204,17 @@ class Support:
         return int(self.coords[:, 0].max()) + 1 if self.num_rows else 0
 
 
+def _tensor_version(t: torch.Tensor) -> int | None:
+    try:
+        return int(t._version)
+    except RuntimeError:  # inference tensors keep no version counter
+        return None
+
+
+# Cached entries that involve a single-call support (see Support.stable), per manager.
+TRANSIENT_CACHE_SIZE = 32
+
+
 @dataclass(frozen=True)
 class Derivation:
     """How a generated support was made: from ``source`` through ``geometry``."""
@@ -175,6 +231,13 @@ class CoordinateManager:
     the supports it relates and the geometry, so it is built once and reused
     by every layer with the same geometry.
 
+    Bounded growth: entries between the manager's stable supports (its tensors'
+    own rows and the supports it generated from them) live as long as the
+    manager; entries involving a single-call support (a target given as a tensor
+    or from another manager, a per-call generated support) go to a
+    least-recently-used cache of ``TRANSIENT_CACHE_SIZE`` entries, so a new
+    target on every call cannot grow memory (docs/limits.md).
+
     Thread safety: lookups and fills run under the manager's re-entrant lock,
     held during a build too, so threads sharing a cold tensor build each
     support and map once (the others wait, then take the cached entry).  The
@@ -182,31 +245,70 @@ class CoordinateManager:
     would build the entry again.
     """
 
-    _generated: dict[tuple[Support, ConvGeometry], Support] = field(default_factory=dict)
-    _kernel_maps: dict[tuple[Support, Support, ConvGeometry], KernelMap] = field(
-        default_factory=dict
+    _generated: dict[tuple[Any, ...], Support] = field(default_factory=dict)
+    _kernel_maps: dict[tuple[Any, ...], KernelMap] = field(default_factory=dict)
+    _generative: dict[tuple[Any, ...], Support] = field(default_factory=dict)
+    # Entries involving a single-call support (a fresh target each call), least recently
+    # used first: bounded by TRANSIENT_CACHE_SIZE, so repeated calls cannot grow memory.
+    _transient: OrderedDict[tuple[Any, ...], Any] = field(default_factory=OrderedDict)
+    # Weakly keyed: a derivation lives as long as the output support it describes.
+    _derivations: weakref.WeakKeyDictionary[Support, list[Derivation]] = field(
+        default_factory=weakref.WeakKeyDictionary
     )
-    _generative: dict[tuple[Support, ConvGeometry], Support] = field(default_factory=dict)
-    _derivations: dict[Support, list[Derivation]] = field(default_factory=dict)
     builds: int = 0  # kernel maps built (not served from cache); for tests and profiling
     _lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
 
     def new_support(
-        self, coords: torch.Tensor, stride: Triple, spatial_range: RangeT | None
+        self, coords: torch.Tensor, stride: Triple, spatial_range: RangeT | None,
+        *, stable: bool = False,
     ) -> Support:
-        """A new support owned by this manager (rows are not validated here)."""
-        return Support(coords, stride, spatial_range, self)
+        """A new support owned by this manager (rows are not validated here).
+
+        ``stable=True`` for a support kept as long as the manager (a tensor's own rows,
+        memoized generated supports); the default is a single-call support, whose
+        cached maps are bounded (see ``Support.stable``).
+        """
+        return Support(coords, stride, spatial_range, self, stable)
+
+    def _is_stable(self, *supports: Support) -> bool:
+        return all(s.stable and s.manager is self for s in supports)
+
+    def _cached(self, table: dict[Any, Any], key: tuple[Any, ...], stable: bool,
+                build: Callable[[], Any]) -> Any:
+        """``table[key]`` (stable entries) or the bounded LRU entry, built once."""
+        if stable:
+            def build_and_keep() -> Any:
+                value = build()
+                table[key] = value
+                return value
+
+            return get_or_build(table, key, self._lock, build_and_keep)
+        with self._lock:
+            hit = self._transient.get(key)
+            if hit is not None:
+                self._transient.move_to_end(key)
+                return hit
+            value = build()
+            self._transient[key] = value
+            while len(self._transient) > TRANSIENT_CACHE_SIZE:
+                self._transient.popitem(last=False)
+            return value
+
+    def cache_sizes(self) -> dict[str, int]:
+        """Entries per cache (for tests and profiling): ``generated``, ``generative``,
+        ``kernel_maps`` (stable supports) and ``transient`` (bounded)."""
+        with self._lock:
+            return {"generated": len(self._generated), "generative": len(self._generative),
+                    "kernel_maps": len(self._kernel_maps), "transient": len(self._transient)}
 
     def generated_support(self, source: Support, geometry: ConvGeometry) -> Support:
         """Output support of a strided convolution of ``source`` (cached)."""
-        key = (source, geometry)
-        return get_or_build(
-            self._generated, key, self._lock, lambda: self._build_generated(key, source, geometry)
-        )
+        source.check_unchanged()
+        return self._cached(self._generated, ("generated", source, geometry),
+                            self._is_stable(source),
+                            lambda: self._build_generated(source, geometry))
 
-    def _build_generated(
-        self, key: tuple[Support, ConvGeometry], source: Support, geometry: ConvGeometry
-    ) -> Support:
+    def _build_generated(self, source: Support, geometry: ConvGeometry) -> Support:
         from torch_lattice.ops.kernel_map import generate_support
 
         out_range = geometry.output_range(source.grid_range())
@@ -220,10 +322,20 @@ class CoordinateManager:
         srange = None
         if source.spatial_range is not None:
             srange = (source.spatial_range[0], *out_range)
-        out = self.new_support(coords, stride, srange)  # type: ignore[arg-type]
-        self._generated[key] = out
+        out = self.new_support(coords, stride, srange,  # type: ignore[arg-type]
+                               stable=self._is_stable(source))
         self.record_derivation(out, source, geometry)
         return out
+
+    def ranged_support(self, source: Support, spatial_range: RangeT) -> Support:
+        """``source``'s rows (the same tensor) under another ``spatial_range`` (cached,
+        so a network that pads the range on every call reuses one support and its maps)."""
+        source.check_unchanged()
+        return self._cached(
+            self._generated, ("ranged", source, spatial_range), self._is_stable(source),
+            lambda: self.new_support(source.coords, source.stride, spatial_range,
+                                     stable=self._is_stable(source)),
+        )
 
     def generative_support(self, source: Support, geometry: ConvGeometry) -> Support:
         """Output support of a generative transpose of ``source`` (cached).
@@ -232,14 +344,12 @@ class CoordinateManager:
         ``source.stride / stride``, range ``(R - 1) * stride + K`` when the
         source has one.
         """
-        key = (source, geometry)
-        return get_or_build(
-            self._generative, key, self._lock, lambda: self._build_generative(key, source, geometry)
-        )
+        source.check_unchanged()
+        return self._cached(self._generative, ("generative", source, geometry),
+                            self._is_stable(source),
+                            lambda: self._build_generative(source, geometry))
 
-    def _build_generative(
-        self, key: tuple[Support, ConvGeometry], source: Support, geometry: ConvGeometry
-    ) -> Support:
+    def _build_generative(self, source: Support, geometry: ConvGeometry) -> Support:
         from torch_lattice.ops.kernel_map import generative_support
 
         stride = divide_stride(source.stride, geometry.stride)
@@ -254,6 +364,12 @@ class CoordinateManager:
                         f"kernel_size {geometry.kernel_size} maps coordinate {r - 1} on axis "
                         f"{'xyz'[axis]} to {top}, beyond the int32 limit {_INT32_MAX}"
                     )
+        k = geometry.kernel_size[0] * geometry.kernel_size[1] * geometry.kernel_size[2]
+        # Every (row, kernel position) candidate is materialised (int32 x 4) before unique.
+        check_allocation(
+            f"generative transpose support ({source.num_rows} rows x {k} kernel positions)",
+            source.num_rows * k * 16,
+        )
         coords = generative_support(
             source.coords, list(geometry.kernel_size), list(geometry.stride)
         )
@@ -265,9 +381,7 @@ class CoordinateManager:
                 for ri, s, k in zip(r, geometry.stride, geometry.kernel_size, strict=True)
             ]
             srange = (b, ext[0], ext[1], ext[2])
-        out = self.new_support(coords, stride, srange)
-        self._generative[key] = out
-        return out
+        return self.new_support(coords, stride, srange, stable=self._is_stable(source))
 
     def record_derivation(self, output: Support, source: Support, geometry: ConvGeometry) -> None:
         """Notes that a Conv3d with ``geometry`` mapped ``source`` onto ``output``."""
@@ -278,18 +392,27 @@ class CoordinateManager:
                 entries.append(d)
 
     def kernel_map(self, source: Support, target: Support, geometry: ConvGeometry) -> KernelMap:
-        """Kernel map relating ``source`` rows to ``target`` rows (cached)."""
-        key = (source, target, geometry)
+        """Kernel map relating ``source`` rows to ``target`` rows (cached).
+
+        Maps between this manager's stable supports are kept for its lifetime; a map
+        with a single-call support (``conv3d(x, coordinates=q)`` with a new ``q`` each
+        call) goes to the bounded least-recently-used cache (``TRANSIENT_CACHE_SIZE``).
+
+        Raises:
+            ValueError: either support's rows were edited in place after it was made.
+        """
+        source.check_unchanged()
+        target.check_unchanged()
 
         def build() -> KernelMap:
             from torch_lattice.ops.kernel_map import build_kernel_map
 
             kmap = build_kernel_map(source.coords, target.coords, geometry)
             self.builds += 1
-            self._kernel_maps[key] = kmap
             return kmap
 
-        return get_or_build(self._kernel_maps, key, self._lock, build)
+        return self._cached(self._kernel_maps, (source, target, geometry),
+                            self._is_stable(source, target), build)
 
     def derivations(self, support: Support) -> list[Derivation]:
         """The (source, geometry) pairs that generated ``support``."""
@@ -298,8 +421,19 @@ class CoordinateManager:
 
 
 def multiply_stride(a: Triple, b: Triple) -> Triple:
-    """``a * b`` per axis: the output stride of a strided convolution."""
-    return (a[0] * b[0], a[1] * b[1], a[2] * b[2])
+    """``a * b`` per axis: the output stride of a strided convolution.
+
+    Raises:
+        ValueError: the product leaves int32 (strides are stored and multiplied into
+            coordinates as int32), naming both strides.
+    """
+    out = (a[0] * b[0], a[1] * b[1], a[2] * b[2])
+    if max(out) > _INT32_MAX:
+        raise ValueError(
+            f"total stride {out} (input stride {a} x stride {b}) is beyond the int32 limit "
+            f"{_INT32_MAX}"
+        )
+    return out
 
 
 def divide_stride(source: Triple, stride: Triple) -> Triple:
@@ -359,7 +493,9 @@ class SparseTensor:
                     raise ValueError(
                         f"coords must lie inside spatial_range {srange}: {name}={h} >= {r}"
                     )
-        support = CoordinateManager().new_support(coords32, triple("stride", stride, 1), srange)
+        support = CoordinateManager().new_support(
+            coords32, triple("stride", stride, 1), srange, stable=True
+        )
         self._feats = feats
         self._support = support
 
@@ -454,7 +590,7 @@ class SparseTensor:
             return SparseTensor.from_support(feats, self._support)
         s = self._support
         moved = CoordinateManager().new_support(
-            s.coords.to(feats.device), s.stride, s.spatial_range
+            s.coords.to(feats.device), s.stride, s.spatial_range, stable=True
         )
         return SparseTensor.from_support(feats, moved)
 
@@ -500,11 +636,18 @@ class SparseTensor:
         if srange is None:
             raise ValueError("dense() needs spatial_range; construct the SparseTensor with one")
         b, x, y, z = srange
-        if b * x * y * z * max(1, self._feats.shape[1]) >= 2**62:
+        channels = int(self._feats.shape[1])
+        cells = b * x * y * z * max(1, channels)
+        if cells >= 2**62:  # beyond any tensor's element count, whatever the budget
             raise ValueError(
-                f"dense() of spatial_range {srange} with {self._feats.shape[1]} channels is "
+                f"dense() of spatial_range {srange} with {channels} channels is "
                 "too large for a dense tensor"
             )
+        # The zero grid plus its permuted contiguous copy.
+        check_allocation(
+            f"dense() of spatial_range {srange} with {channels} channels",
+            2 * cells * self._feats.element_size(),
+        )
         out = self._feats.new_zeros((b, x, y, z, self._feats.shape[1]))
         c = self.coords.long()
         out = out.index_put((c[:, 0], c[:, 1], c[:, 2], c[:, 3]), self._feats)

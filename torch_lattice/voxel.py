@@ -37,6 +37,15 @@ _REDUCTIONS = tuple(REDUCTION_CODES)  # ("mean", "sum", "max")
 _INTERPOLATIONS = ("nearest", "trilinear")
 
 
+_F32_TINY = float(torch.finfo(torch.float32).smallest_normal)
+_F32_MAX = float(torch.finfo(torch.float32).max)
+
+
+def _positive_in_float32(v: float) -> bool:
+    """``v`` stays a positive, finite, normal number in float32."""
+    return _F32_TINY <= v <= _F32_MAX
+
+
 def _floats3(name: str, value: Any, positive: bool) -> list[float]:
     if isinstance(value, torch.Tensor):
         value = value.tolist()
@@ -53,6 +62,13 @@ def _floats3(name: str, value: Any, positive: bool) -> list[float]:
         if not math.isfinite(v) or (positive and v <= 0):
             rule = "finite and > 0" if positive else "finite"
             raise ValueError(f"{name} must be {rule} in every axis, got {value!r}")
+        if positive and not _positive_in_float32(float(v)):
+            # Points are divided in float32 (and float64): 1e-50 is 0 there, so every
+            # point would land at infinity or every feature read as 0.
+            raise ValueError(
+                f"{name} must be a positive finite float32 in every axis (between "
+                f"{_F32_TINY:.3g} and {_F32_MAX:.3g}), got {value!r}"
+            )
         out.append(float(v))
     return out
 
@@ -141,7 +157,7 @@ def voxelize(
 
 def _new_support(coords: torch.Tensor) -> Support:
     # Rows from voxelize_coords are unique and non-negative by construction.
-    return CoordinateManager().new_support(coords, (1, 1, 1), None)
+    return CoordinateManager().new_support(coords, (1, 1, 1), None, stable=True)
 
 
 def devoxelize(

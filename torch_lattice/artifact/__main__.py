@@ -3,7 +3,17 @@
 PATH is one artifact directory, or a fixture root whose ``manifest.json`` lists
 cases (``{"cases": [{"name", "rtol", "atol"}, ...]}``), each a directory holding
 the artifact with its ``inputs.safetensors`` and ``expected.safetensors``.
-Exit status 0 when every replayed case matches, 1 otherwise, 2 on bad arguments.
+Exit status 0 when every replayed case matches, 1 otherwise (a case that fails to
+load or replay, or whose expected file is missing or not a regular file, counts as a
+mismatch), 2 on bad arguments or a refused manifest, reported as one ``error:`` line.
+
+What is refused, and why (docs/limits.md): a case name must be one plain folder name
+inside the fixture folder (no separators, ``.``/``..``, absolute paths, control
+characters; the folder must not be a symbolic link), so a manifest cannot reach
+folders the user never named; only regular files are read (a FIFO would hang the
+replay, a device never ends), each size-checked against the memory budget before it
+is read; tolerances must be finite numbers >= 0 (NaN fails every comparison,
+infinity passes every one). Refusals never list a folder's contents.
 
 ``--coordinates auto`` (the default) reads boundary coordinates as logical for a
 manifest whose ``schema`` is torch-lattice 0.5's fixture schema (those artifacts
@@ -14,17 +24,27 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
+import stat
 import sys
 from pathlib import Path
 
+import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file
+from safetensors.torch import load as safetensors_load
 
 from torch_lattice.artifact.conformance import compare_outputs
 from torch_lattice.artifact.program import SparseOutput, load_lattice_program
+from torch_lattice.regular_file import describe_file_type, read_regular_file
 
 # The manifest schema of torch-lattice 0.5's end-to-end fixtures (logical coordinates).
 TORCH_LATTICE_05_FIXTURES = "torch_lattice_e2e_fixtures/v1"
+MANIFEST_FILE = "manifest.json"
+EXPECTED_FILE = "expected.safetensors"
+DEFAULT_TOLERANCE = 1e-5
+MAX_MANIFEST_BYTES = 16 * 2**20  # a manifest lists cases; megabytes of it are an attack
+MAX_TENSOR_FILE_BYTES = 2**40  # the memory budget is the real bound (see memory_budget)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -36,7 +56,10 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--inputs", type=Path,
                    help="inputs .safetensors (default: PATH/inputs.safetensors)")
     r.add_argument("--expected", type=Path,
-                   help="expected .safetensors (default: PATH/expected.safetensors if present)")
+                   help="expected .safetensors (default: PATH/expected.safetensors, which "
+                   "must exist unless --no-compare is given)")
+    r.add_argument("--no-compare", action="store_true",
+                   help="only replay and print the output shapes (no expected outputs)")
     r.add_argument("--coordinates", choices=("auto", "physical", "logical"), default="auto",
                    help="boundary coordinate convention; auto: logical for a manifest of "
                    f"schema {TORCH_LATTICE_05_FIXTURES!r} (written by torch-lattice 0.5), "
@@ -56,48 +79,121 @@ def _resolve_coordinates(choice: str, manifest: dict[str, object] | None) -> str
 
 
 def _tolerance(given: float | None, case: dict[str, object], key: str) -> float:
+    """The case's (or the command line's) tolerance: a finite number >= 0, else refused."""
     if given is not None:
+        value: object = given
+        where = f"--{key}"
+    else:
+        value = case.get(key, DEFAULT_TOLERANCE)
+        where = f"manifest case {case.get('name')!r} {key}"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{where} must be a number, got {value!r}")
+    if isinstance(value, int) and abs(value) > 2**53:  # beyond float: not a tolerance
+        raise ValueError(f"{where} must be finite and >= 0, got an integer of "
+                         f"{value.bit_length()} bits")
+    if not math.isfinite(value) or value < 0:
+        # NaN or a negative tolerance fails every comparison; infinity passes every one.
+        raise ValueError(f"{where} must be finite and >= 0, got {value!r}")
+    return float(value)
+
+
+def _load_tensors(path: Path, what: str) -> dict[str, torch.Tensor]:
+    """A safetensors file, read only if it is a regular file within the size limits."""
+    data = read_regular_file(path, what, max_bytes=MAX_TENSOR_FILE_BYTES)
+    try:
+        return safetensors_load(data)
+    except SafetensorError as exc:
+        raise ValueError(f"{what} {str(path)!r} is not a readable safetensors file: {exc}"
+                         ) from None
+
+
+def _expected_path(case_dir: Path, given: Path | None, compare: bool) -> Path | None:
+    """The expected-outputs file; a case must have one unless --no-compare is given."""
+    if given is not None or not compare:
         return given
-    value = case.get(key, 1e-5)
-    return float(value) if isinstance(value, (int, float)) else 1e-5
+    return case_dir / EXPECTED_FILE
 
 
 def _replay_one(case_dir: Path, case: dict[str, object], args: argparse.Namespace,
                 inputs: Path | None, expected: Path | None) -> bool:
     label = case_dir.name
+    rtol, atol = _tolerance(args.rtol, case, "rtol"), _tolerance(args.atol, case, "atol")
     inputs = inputs or case_dir / "inputs.safetensors"
-    if expected is None and (case_dir / "expected.safetensors").is_file():
-        expected = case_dir / "expected.safetensors"
+    expected = _expected_path(case_dir, expected, not args.no_compare)
     try:
         program = load_lattice_program(case_dir, coordinates=args.coordinates, device=args.device)
-        outputs = program(**load_file(str(inputs)))
-    except (OSError, RuntimeError, TypeError, ValueError, SafetensorError) as exc:
+        outputs = program(**_load_tensors(inputs, "inputs"))
+    except (OSError, RuntimeError, TypeError, ValueError) as exc:
         print(f"{label}: ERROR {type(exc).__name__}: {exc}")
         return False
     if expected is None:
         for name, value in outputs.items():
             shape = tuple(value.features.shape if isinstance(value, SparseOutput) else value.shape)
-            print(f"{label}: {name} {shape} (no expected outputs to compare)")
+            print(f"{label}: {name} {shape} (replayed; --no-compare)")
         return True
-    rtol, atol = _tolerance(args.rtol, case, "rtol"), _tolerance(args.atol, case, "atol")
     try:
-        checks = compare_outputs(outputs, load_file(str(expected)), rtol=rtol, atol=atol)
-    except (OSError, ValueError, SafetensorError) as exc:  # a malformed expected file
-        print(f"{label}: ERROR {type(exc).__name__}: {exc}")
+        # A missing or non-regular expected file is a failure: nothing was compared.
+        checks = compare_outputs(outputs, _load_tensors(expected, "expected outputs"),
+                                 rtol=rtol, atol=atol)
+    except (OSError, ValueError) as exc:
+        print(f"{label}: FAIL {type(exc).__name__}: {exc}")
         return False
     for c in checks:
         verdict = "PASS" if c.ok else "FAIL"
         print(f"{label}: {c.name} {verdict} max|err|={c.max_abs_error:.3g} "
               f"(rtol={rtol:g}, atol={atol:g}; {c.detail})")
-    return all(c.ok for c in checks)
+    return bool(checks) and all(c.ok for c in checks)
 
 
 def _manifest(root: Path) -> dict[str, object]:
-    manifest = json.loads((root / "manifest.json").read_text(encoding="utf-8"))
+    where = root / MANIFEST_FILE
+    # Inside the fixture folder: a link could lead anywhere, so it is refused.
+    text = read_regular_file(where, "manifest", max_bytes=MAX_MANIFEST_BYTES,
+                             follow_symlinks=False)
+    try:
+        manifest = json.loads(text.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{str(where)!r} is not UTF-8 JSON: {exc}") from None
+    except RecursionError:  # "[[[[..." nested past Python's stack
+        raise ValueError(f"{str(where)!r} nests JSON too deeply") from None
     cases = manifest.get("cases") if isinstance(manifest, dict) else None
     if not isinstance(cases, list) or not all(isinstance(c, dict) and "name" in c for c in cases):
-        raise ValueError(f"{root / 'manifest.json'}: needs 'cases': [{{'name': ...}}, ...]")
+        raise ValueError(f"{str(where)!r}: needs 'cases': [{{'name': ...}}, ...]")
+    for c in cases:
+        check_case_name(c["name"], where)
+        for key in ("rtol", "atol"):
+            if key in c:
+                _tolerance(None, c, key)
     return manifest
+
+
+def check_case_name(name: object, manifest: Path) -> str:
+    """A manifest case name is one plain folder name inside the fixture root.
+
+    Separators, ``.``/``..``, absolute paths and control characters would let a
+    manifest reach (and make the loader describe) folders the user never named.
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{str(manifest)!r}: case name must be a non-empty string, got "
+                         f"{name!r}")
+    bad = (name in (".", "..") or os.path.isabs(name) or "/" in name or "\\" in name
+           or any(ord(ch) < 32 or ord(ch) == 127 for ch in name))
+    if bad:
+        raise ValueError(f"{str(manifest)!r}: case name {name!r} must be a plain folder name "
+                         "inside the fixture folder (no path separators, '.', '..', absolute "
+                         "paths or control characters)")
+    return name
+
+
+def _case_dir(root: Path, name: str) -> Path:
+    """``root / name``, refused when it is a link (it could lead outside ``root``)."""
+    case_dir = root / name
+    if case_dir.is_symlink():
+        raise ValueError(f"case {name!r}: {str(case_dir)!r} is a symbolic link; a case folder "
+                         "must be a real folder inside the fixture folder")
+    if case_dir.resolve().parent != root.resolve():
+        raise ValueError(f"case {name!r} is not a folder directly inside {str(root)!r}")
+    return case_dir
 
 
 def _cases(manifest: dict[str, object]) -> list[dict[str, object]]:
@@ -106,27 +202,59 @@ def _cases(manifest: dict[str, object]) -> list[dict[str, object]]:
     return cases
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+def _replay_manifest(path: Path, args: argparse.Namespace) -> int:
+    if args.inputs or args.expected:
+        raise ValueError("--inputs/--expected apply to one artifact, not a manifest")
+    manifest = _manifest(path)
+    args.coordinates = _resolve_coordinates(args.coordinates, manifest)
+    cases = _cases(manifest)
+    passed = 0
+    for c in cases:
+        try:
+            case_dir = _case_dir(path, str(c["name"]))
+        except ValueError as exc:
+            print(f"{c['name']}: ERROR ValueError: {exc}")
+            continue
+        passed += _replay_one(case_dir, c, args, None, None)
+    print(f"{passed}/{len(cases)} cases match ({args.coordinates} coordinates)")
+    return 0 if passed == len(cases) and cases else 1
+
+
+def _run(args: argparse.Namespace) -> int:
     path: Path = args.path
-    if (path / "manifest.json").is_file() and not (path / "graph.mlir").exists():
-        if args.inputs or args.expected:
-            print("--inputs/--expected apply to one artifact, not a manifest", file=sys.stderr)
-            return 2
-        manifest = _manifest(path)
-        args.coordinates = _resolve_coordinates(args.coordinates, manifest)
-        cases = _cases(manifest)
-        passed = sum(_replay_one(path / str(c["name"]), c, args, None, None) for c in cases)
-        print(f"{passed}/{len(cases)} cases match ({args.coordinates} coordinates)")
-        return 0 if passed == len(cases) else 1
+    if (path / MANIFEST_FILE).exists() and not (path / "graph.mlir").exists():
+        return _replay_manifest(path, args)
     case: dict[str, object] = {}
-    parent = _manifest(path.parent) if (path.parent / "manifest.json").is_file() else None
+    parent = _manifest(path.parent) if (path.parent / MANIFEST_FILE).exists() else None
     if parent is not None:
         case = next((c for c in _cases(parent) if c["name"] == path.name), {})
     args.coordinates = _resolve_coordinates(args.coordinates, parent)
+    for flag, value in (("--inputs", args.inputs), ("--expected", args.expected)):
+        # Paths the user named: refused outright (exit 2) unless regular files.
+        if value is None:
+            continue
+        if not value.exists():
+            raise ValueError(f"{flag} {str(value)!r} does not exist")
+        mode = value.stat().st_mode
+        if not stat.S_ISREG(mode):
+            raise ValueError(f"{flag} {str(value)!r} is {describe_file_type(mode)}; only "
+                             "regular files are read")
+    for key in ("rtol", "atol"):
+        _tolerance(getattr(args, key), case, key)
     ok = _replay_one(path, case, args, args.inputs, args.expected)
     print(f"{'match' if ok else 'MISMATCH'} ({args.coordinates} coordinates)")
     return 0 if ok else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs the command; returns the exit status (see the module docstring)."""
+    args = _parser().parse_args(argv)
+    try:
+        return _run(args)
+    except (TypeError, ValueError) as exc:  # a refused argument, manifest or file
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
 
 if __name__ == "__main__":
     sys.exit(main())

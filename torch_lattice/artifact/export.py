@@ -12,8 +12,6 @@ from __future__ import annotations
 import json
 import operator
 import os
-import shutil
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +23,17 @@ from torch import fx, nn
 from torch.utils import _pytree
 
 from torch_lattice.artifact import schema
+from torch_lattice.artifact.artifact_dir import (
+    check_destination as _check_destination,
+)
+from torch_lattice.artifact.artifact_dir import (
+    check_loadable,
+    check_output_names,
+    clean_stale_temporaries,
+    make_temporary,
+    place,
+    remove_artifact_files,
+)
 from torch_lattice.artifact.errors import ExportError
 from torch_lattice.artifact.lowering import (
     FUNCTION_LOWERINGS,
@@ -284,35 +293,14 @@ def _returns(text: ModuleText, outputs: Any, names: Sequence[str] | None) -> Non
         raise ExportError(
             f"output_names must be {len(leaves)} distinct names (one per output), got {names!r}"
         )
+    check_output_names(names)
     for value, name in zip(leaves, names, strict=True):
         role = "sparse_tensor" if isinstance(value, Sparse) else "tensor"
         text.add_return(value.value, name, role)
 
 
 # --- writing ---------------------------------------------------------------------
-
-
-def _is_artifact(path: Path) -> bool:
-    names = {p.name for p in path.iterdir()}
-    if names != {schema.GRAPH_FILE, schema.WEIGHT_FILE}:
-        return False
-    graph = path / schema.GRAPH_FILE
-    if not graph.is_file() or graph.is_symlink():
-        return False
-    with open(graph, encoding="utf-8", errors="replace") as f:
-        return f.read(64).startswith("module attributes {")
-
-
-def _check_destination(target: Path) -> None:
-    if not target.parent.is_dir():
-        raise ExportError(f"artifact_dir's parent folder {str(target.parent)!r} does not exist")
-    if target.is_symlink() or (target.exists() and not target.is_dir()):
-        raise FileExistsError(f"artifact_dir {str(target)!r} exists and is not a directory")
-    if target.is_dir() and any(target.iterdir()) and not _is_artifact(target):
-        raise FileExistsError(
-            f"artifact_dir {str(target)!r} exists and is not an artifact (exactly "
-            f"{schema.GRAPH_FILE} and {schema.WEIGHT_FILE}); refusing to replace it"
-        )
+# Destination rules, atomic placement and cleanup live in artifact_dir.
 
 
 def _fsync(path: Path) -> None:
@@ -325,16 +313,17 @@ def _fsync(path: Path) -> None:
 
 def write_artifact(target: Path, graph: str, tensors: dict[str, torch.Tensor],
                    metadata: dict[str, str] | None = None) -> None:
-    """Writes the artifact directory atomically.
+    """Writes the artifact directory atomically (see :mod:`~torch_lattice.artifact.artifact_dir`).
 
-    Both files are written into a temporary sibling directory, flushed, and the
-    directory is renamed into place.  An existing artifact (checked again here)
-    is first renamed aside and removed only once the new one is in place, and
-    put back if that rename fails.  On any failure nothing new is left behind.
+    The graph is first checked with the loader's parser; both files are written into
+    a hidden temporary sibling directory, flushed, and placed in one step (an
+    existing artifact is exchanged atomically where the system allows). On any
+    failure nothing new is left behind and only files this call wrote are deleted.
     """
     _check_destination(target)
-    temp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
-    old = temp.with_name(temp.name[: -len(".tmp")] + ".old")
+    check_loadable(graph)
+    clean_stale_temporaries(target)
+    temp = make_temporary(target)
     try:
         graph_path = temp / schema.GRAPH_FILE
         graph_path.write_text(graph, encoding="utf-8")
@@ -343,16 +332,8 @@ def write_artifact(target: Path, graph: str, tensors: dict[str, torch.Tensor],
         for path in (graph_path, weights_path):
             _fsync(path)
             os.chmod(path, new_file_mode())
-        os.chmod(temp, 0o777 & ~current_umask())  # mkdtemp makes 0o700
-        if target.exists():
-            os.rename(target, old)
-        try:
-            os.rename(temp, target)
-        except BaseException:
-            if old.exists():
-                os.rename(old, target)
-            raise
+        os.chmod(temp, 0o777 & ~current_umask())  # made 0o700
+        place(temp, target)
     except BaseException:
-        shutil.rmtree(temp, ignore_errors=True)
+        remove_artifact_files(temp)
         raise
-    shutil.rmtree(old, ignore_errors=True)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import re
+import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -596,6 +597,15 @@ def _show_type(ty: TypeRef) -> str:
     return f"!lattice.sparse_tensor<dtype = {ty.dtype}>"
 
 
+def _positive_f32(value: float) -> bool:
+    """``value`` stays a positive finite number in float32 (1e-50 rounds to 0 there)."""
+    try:
+        (rounded,) = struct.unpack("<f", struct.pack("<f", value))
+    except (OverflowError, struct.error):  # beyond float32's largest finite value
+        return False
+    return math.isfinite(rounded) and rounded > 0
+
+
 def _check_ranges(op: Operation) -> None:
     """Attribute values the op cannot run with (a kernel of 10^9 rows, a zero stride,
     a negative eps) are refused here, before anything is allocated."""
@@ -616,10 +626,19 @@ def _check_ranges(op: Operation) -> None:
                 op.line, f"{where} kernel_size {a['kernel_size']} has {kx * ky * kz} rows; at "
                 f"most {MAX_KERNEL_VOLUME} are replayed"
             )
+    if op.spec.name == "trilinear_upsample3d" and "stride" in a:
+        # Its relation is a (2s - 1)^3 kernel: the replay's kernel cap applies to it too.
+        kx, ky, kz = (2 * v - 1 for v in a["stride"])
+        if kx * ky * kz > MAX_KERNEL_VOLUME:
+            raise MlirSyntaxError(
+                op.line, f"{where} stride {a['stride']} implies a {kx}x{ky}x{kz} kernel of "
+                f"{kx * ky * kz} rows; at most {MAX_KERNEL_VOLUME} are replayed"
+            )
     if a.get("eps", 0.0) < 0:
         raise MlirSyntaxError(op.line, f"{where} eps must be >= 0, got {a['eps']}")
-    if "voxel_size" in a and not all(v > 0 for v in a["voxel_size"]):
-        raise MlirSyntaxError(op.line, f"{where} voxel_size must be positive, got "
+    if "voxel_size" in a and not all(_positive_f32(v) for v in a["voxel_size"]):
+        raise MlirSyntaxError(op.line, f"{where} voxel_size must be positive and finite in "
+                              "float32 (the replay divides in float32), got "
                               f"{a['voxel_size']}")
     if a.get("batch_size", 0) > MAX_BATCH_SIZE:
         raise MlirSyntaxError(op.line, f"{where} batch_size must be at most {MAX_BATCH_SIZE} "

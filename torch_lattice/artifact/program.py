@@ -10,6 +10,7 @@ layout, rank and dtype (and no stored tensor left unreferenced).
 from __future__ import annotations
 
 import os
+import stat
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,8 @@ from torch_lattice.artifact.replay_ops import (
     boundary_coords,
 )
 from torch_lattice.artifact.replay_weights import WeightValue, check_weight, storage_keys
+from torch_lattice.memory_budget import check_allocation
+from torch_lattice.regular_file import describe_file_type, read_regular_file
 from torch_lattice.tensor import SparseTensor
 
 __all__ = ["LatticeProgram", "SparseInput", "SparseOutput", "load_lattice_program"]
@@ -134,7 +137,7 @@ class LatticeProgram:
         out: dict[str, torch.Tensor | SparseOutput] = {}
         for name, value_name, ty in zip(self.output_names, self._module.returns,
                                         self._module.result_types, strict=True):
-            out[name] = self._output(env[value_name], ty)
+            out[name] = self._output(name, env[value_name], ty)
         return out
 
     def _abi_inputs(
@@ -190,15 +193,53 @@ class LatticeProgram:
             sparse.active: torch.tensor([rows], dtype=torch.int32, device=value.feats.device),
         }
 
-    def _output(self, value: object, ty: TypeRef) -> torch.Tensor | SparseOutput:
+    def _output(self, name: str, value: object, ty: TypeRef) -> torch.Tensor | SparseOutput:
+        """An output in the type the graph declares; a value that breaks it is an error."""
         dtype = _DTYPES.get(ty.dtype, torch.float32)
         if isinstance(value, SparseTensor):
+            if ty.kind != "sparse_tensor":
+                raise ValueError(f"output {name!r} is declared a {ty.kind} but the graph "
+                                 "computes a sparse tensor")
             active = torch.tensor([value.coords.shape[0]], dtype=torch.int32,
                                   device=value.feats.device)
-            return SparseOutput(boundary_coords(self._ctx, value),
-                                value.feats.detach().to(dtype), active)
-        assert isinstance(value, torch.Tensor)
-        return value.detach().to(dtype) if value.is_floating_point() else value
+            feats = _declared_values(f"output {name!r} features", value.feats.detach(), dtype)
+            return SparseOutput(boundary_coords(self._ctx, value, f"output {name!r}"), feats,
+                                active)
+        if not isinstance(value, torch.Tensor) or ty.kind != "tensor":
+            raise ValueError(f"output {name!r} is declared a {ty.kind} but the graph computes "
+                             f"a {type(value).__name__}")
+        if len(ty.shape) != value.ndim or any(
+            d is not None and d != s for d, s in zip(ty.shape, value.shape, strict=True)
+        ):
+            dims = "x".join("?" if d is None else str(d) for d in ty.shape)
+            raise ValueError(f"output {name!r} is declared tensor<{dims}x{ty.dtype}> but the "
+                             f"graph computes shape {tuple(value.shape)}")
+        return _declared_values(f"output {name!r}", value.detach(), dtype)
+
+
+def _declared_values(what: str, value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``value`` cast to the declared ``dtype``; a value the cast would change is refused.
+
+    A float cast to an integer type wraps or truncates silently (3e9 -> -2147483648),
+    so it must be finite, integral and in range; an integer to a narrower integer
+    must fit. Float to float rounds as the contract's float32 accumulation allows.
+    """
+    if value.dtype == dtype or dtype.is_floating_point or value.numel() == 0:
+        return value.to(dtype)
+    info = torch.iinfo(dtype)
+    if value.is_floating_point():
+        finite = torch.isfinite(value)
+        if not bool(finite.all()):
+            raise ValueError(f"{what} is declared {dtype} but holds a non-finite value")
+        if not bool((value == torch.trunc(value)).all()):
+            raise ValueError(f"{what} is declared {dtype} but holds a non-integral value")
+    # Python numbers compare exactly whatever the width (float64 holds every float32).
+    low, high = value.min().item(), value.max().item()
+    if low < info.min or high > info.max:
+        shown = high if high > info.max else low
+        raise ValueError(f"{what} is declared {dtype}, whose range is [{info.min}, "
+                         f"{info.max}], but holds {shown:.17g}")
+    return value.to(dtype)
 
 
 def _sparse_inputs(module: Module) -> tuple[SparseInput, ...]:
@@ -280,21 +321,27 @@ def _check_files(root: Path) -> None:
     names = set(os.listdir(root))
     expected = {schema.GRAPH_FILE, schema.WEIGHT_FILE}
     # A conformance fixture case is an artifact plus its inputs and expected outputs.
-    missing, extra = sorted(expected - names), sorted(names - expected - set(FIXTURE_FILES))
+    missing, extra = sorted(expected - names), names - expected - set(FIXTURE_FILES)
     if missing or extra:
+        # Only the names this loader owns are printed: a refusal never lists what else
+        # a folder holds (it may be a folder the caller did not mean to expose).
         raise ValueError(
             f"artifact_dir must hold exactly {schema.GRAPH_FILE} and {schema.WEIGHT_FILE} "
             f"(plus, in a conformance fixture, {' and '.join(FIXTURE_FILES)}); "
-            f"missing {missing}, unexpected {extra}"
+            f"missing {missing}, and {len(extra)} unexpected other "
+            f"entr{'y' if len(extra) == 1 else 'ies'}"
         )
     for name in sorted(names):
+        path = root / name
         # A link could point anywhere (another artifact's weights, a device file): refused.
-        if (root / name).is_symlink():
+        if path.is_symlink():
             raise ValueError(f"artifact_dir: {name} is a symbolic link; artifact files must "
                              "be regular files")
-    for name in expected:
-        if not (root / name).is_file():
-            raise ValueError(f"artifact_dir: {name} is not a regular file")
+        # A FIFO would block a reader forever, a device never ends: regular files only.
+        mode = path.stat().st_mode
+        if not stat.S_ISREG(mode):
+            raise ValueError(f"artifact_dir: {name} is not a regular file "
+                             f"({describe_file_type(mode)}); artifact files must be")
     size = (root / schema.GRAPH_FILE).stat().st_size
     if size > MAX_GRAPH_CHARS:
         raise ValueError(f"graph.mlir is {size} bytes; at most {MAX_GRAPH_CHARS} are read")
@@ -385,6 +432,8 @@ def _check_role_type(arg: Argument, role: str) -> None:
 
 
 def _load_weights(module: Module, path: Path, device: torch.device) -> dict[str, WeightValue]:
+    # Every stored tensor is read into memory: the file's size, checked before reading.
+    check_allocation(f"reading {schema.WEIGHT_FILE}", path.stat().st_size)
     try:
         with safe_open(str(path), framework="pt", device="cpu") as handle:
             stored = {key: handle.get_tensor(key) for key in handle.keys()}
@@ -444,8 +493,11 @@ def load_lattice_program(
         raise ValueError(f"device {device!r} is not a torch device ({exc})") from None
     root = Path(artifact_dir)
     _check_files(root)
+    data = read_regular_file(root / schema.GRAPH_FILE, "graph.mlir", max_bytes=MAX_GRAPH_CHARS,
+                             follow_symlinks=False)
     try:
-        text = (root / schema.GRAPH_FILE).read_text(encoding="utf-8")
+        # Universal newlines, as text-mode reading gives (line numbers in errors).
+        text = data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
     except UnicodeDecodeError as exc:
         raise ValueError(f"graph.mlir is not UTF-8 text: {exc}") from None
     _check_version(read_header(text))

@@ -38,6 +38,7 @@ ELEMENTWISE_KINDS = ("exp", "round")
 
 Value = Any
 Executor = Callable[["ReplayContext", Operation, list[Value]], tuple[Value, ...]]
+_INT32_MAX = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -48,13 +49,27 @@ class ReplayContext:
     logical: bool  # True: boundary coordinates are logical; False: physical (IR v2)
 
 
-def boundary_coords(ctx: ReplayContext, x: SparseTensor) -> torch.Tensor:
-    """``x``'s coordinates as the artifact boundary carries them (int32 ``(N, 4)``)."""
+def boundary_coords(ctx: ReplayContext, x: SparseTensor, where: str = "output") -> torch.Tensor:
+    """``x``'s coordinates as the artifact boundary carries them (int32 ``(N, 4)``).
+
+    Physical coordinates are logical x stride, computed in int64 and checked: a row
+    beyond int32 is an error naming the value, never a wrapped coordinate.
+    """
     coords = x.coords.to(torch.int32)
     if ctx.logical or x.stride == (1, 1, 1):
         return coords
-    scale = torch.tensor((1, *x.stride), dtype=torch.int32, device=coords.device)
-    return coords * scale
+    scale = torch.tensor((1, *x.stride), dtype=torch.int64, device=coords.device)
+    physical = coords.to(torch.int64) * scale
+    if physical.numel():
+        top = int(physical.max())
+        if top > _INT32_MAX:
+            row = int((physical > _INT32_MAX).any(dim=1).nonzero()[0, 0])
+            raise ValueError(
+                f"{where}: physical coordinate {top} (row {row}, logical "
+                f"{coords[row].tolist()} x stride {x.stride}) is beyond the int32 limit "
+                f"{_INT32_MAX} of the artifact boundary"
+            )
+    return physical.to(torch.int32)
 
 
 def _where(op: Operation) -> str:
@@ -84,8 +99,9 @@ def _sparse_make(ctx: ReplayContext, op: Operation, args: list[Value]) -> tuple[
     n = _active(op, f"%{op.operands[2]}", active, coords.shape[0])
     coords, feats = coords[:n].to(torch.int32), feats[:n].to(torch.float32)
     stride = op.attributes["stride"]
-    if any(s <= 0 for s in stride):
-        raise ValueError(f"{_where(op)}: stride must be positive, got {stride}")
+    if any(s <= 0 or s > _INT32_MAX for s in stride):
+        raise ValueError(f"{_where(op)}: stride must be positive and fit int32 "
+                         f"(<= {_INT32_MAX}), got {stride}")
     if not ctx.logical and stride != (1, 1, 1):
         scale = torch.tensor(stride, dtype=torch.int32, device=coords.device)
         bad = (coords[:, 1:] % scale != 0).any(dim=1).nonzero()
@@ -108,7 +124,7 @@ def _sparse_make(ctx: ReplayContext, op: Operation, args: list[Value]) -> tuple[
 def _sparse_decompose(ctx: ReplayContext, op: Operation, args: list[Value]) -> tuple[Value, ...]:
     (x,) = args
     active = torch.tensor([x.coords.shape[0]], dtype=torch.int32, device=x.feats.device)
-    return (boundary_coords(ctx, x), x.feats, active)
+    return (boundary_coords(ctx, x, _where(op)), x.feats, active)
 
 
 def _with_features(ctx: ReplayContext, op: Operation, args: list[Value]) -> tuple[Value, ...]:

@@ -70,12 +70,20 @@ class WeightValue:
             ).to(w.device)
         return self._unpacked[key]
 
+    def _unpacked_for(self, name: str, in_channels: int,
+                      kernel_size: tuple[int, int, int] | None) -> torch.Tensor:
+        """:meth:`unpacked`, its shape errors prefixed with the file, line and weight."""
+        try:
+            return self.unpacked(in_channels, kernel_size)
+        except ValueError as exc:
+            raise ValueError(f"{name}: weight {self.key!r}: {exc}") from None
+
     def conv_kernel(self, name: str, in_channels: int, kernel_size: tuple[int, int, int]
                     ) -> torch.Tensor:
         """Canonical ``(K, C_in, C_out)`` from a ``conv3d_o_xyz_i`` weight."""
         if self.family != "conv3d":
             raise ValueError(f"{name}: weight {self.key!r} is a {self.family} weight, not conv3d")
-        w = self.unpacked(in_channels, kernel_size)
+        w = self._unpacked_for(name, in_channels, kernel_size)
         kx, ky, kz = kernel_size
         if w.ndim != 5 or tuple(w.shape[1:4]) != (kx, ky, kz) or w.shape[4] != in_channels:
             raise ValueError(
@@ -90,7 +98,7 @@ class WeightValue:
         """``(C_out, C_in)`` float32 from a ``linear_o_i`` weight."""
         if self.family != "linear":
             raise ValueError(f"{name}: weight {self.key!r} is a {self.family} weight, not linear")
-        w = self.unpacked(in_channels, None)
+        w = self._unpacked_for(name, in_channels, None)
         if w.ndim != 2 or w.shape[1] != in_channels:
             raise ValueError(
                 f"{name}: weight {self.key!r} has shape {tuple(w.shape)}, expected "

@@ -165,7 +165,7 @@ def padded_range(x: SparseTensor) -> SparseTensor:
     step = 2 ** len(ENCODER)
     r = [-(-v // step) * step for v in x.support.grid_range()]
     srange = (max(1, x.support.num_batches()), max(step, r[0]), max(step, r[1]), max(step, r[2]))
-    support = x.coordinate_manager.new_support(x.coords, x.stride, srange)
+    support = x.coordinate_manager.ranged_support(x.support, srange)
     return SparseTensor.from_support(x.feats, support)
 
 

@@ -69,11 +69,14 @@ def convert_checkpoint(
             raise TypeError(f"{name} must be a path (str or os.PathLike), got {value!r}")
     source_path, output_path = Path(source), Path(output)
     manifest_path = Path(manifest) if manifest is not None else default_manifest_path(output)
-    if isinstance(kernel_spec, (str, Path)):
+    if isinstance(kernel_spec, (str, os.PathLike)):
         specs = load_kernel_spec(kernel_spec)
     else:
         specs = parse_kernel_spec(kernel_spec)
-    check_output_paths(source_path, [output_path, manifest_path], force)
+    spec_inputs = []
+    if isinstance(kernel_spec, (str, os.PathLike)):
+        spec_inputs.append(("kernel spec", Path(kernel_spec)))
+    check_output_paths(source_path, [output_path, manifest_path], force, spec_inputs)
     checkpoint = read_legacy_checkpoint(source_path)
     result = convert_state_dict(checkpoint.state_dict, specs)
     record = build_manifest(str(source_path), checkpoint, result)

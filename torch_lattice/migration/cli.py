@@ -1,9 +1,10 @@
 """``convert-checkpoint``: legacy TorchSparse checkpoint to Torch Lattice safetensors.
 
 Exit status: 0 converted; 1 an operating-system error while writing; 2 a refused
-input (bad arguments, spec problems, optimizer state, unsafe pickle, existing
-output without ``--force``), reported as one ``error: ...`` line on stderr with
-nothing written.
+input (bad arguments, spec problems, optimizer state, unsafe pickle, a corrupted
+archive (bad CRC, duplicate entries), an expanded tensor, a size beyond the memory
+budget, an output path that is an input, existing output without ``--force``),
+reported as one ``error: ...`` line on stderr with nothing written.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             manifest=args.manifest,
             force=args.force,
         )
-    except ConversionError as exc:
+    except (ConversionError, ValueError, TypeError) as exc:  # a refused input, or the budget
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_REFUSED
     except OSError as exc:

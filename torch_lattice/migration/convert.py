@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from torch_lattice.geometry import kernel_positions
+from torch_lattice.memory_budget import check_allocation
 from torch_lattice.migration.errors import ConversionError
 from torch_lattice.migration.kernel_spec import (
     KernelSpec,
@@ -128,6 +129,11 @@ def _check_entries(state: Mapping[Any, Any], specs: Mapping[str, KernelSpec]) ->
                 f"model state entry {key!r} is a {type(value).__name__}, not a tensor; "
                 f"a model state dict holds only tensors"
             )
+    total = 0
+    for key, value in state.items():
+        total += _check_storage(key, value)
+    # The converted copies (one per tensor) are made before anything is written.
+    check_allocation(f"converting {len(state)} checkpoint tensors", total)
     unlisted = [k for k in state if is_legacy_kernel_key(k) and k not in specs]
     absent = [k for k in specs if k not in state]
     problems = []
@@ -140,6 +146,24 @@ def _check_entries(state: Mapping[Any, Any], specs: Mapping[str, KernelSpec]) ->
         problems.append(f"kernel spec keys not found in the checkpoint: {', '.join(absent)}")
     if problems:
         raise ConversionError("; ".join(problems) + _single_module_hint(state, unlisted, absent))
+
+
+def _check_storage(key: str, value: torch.Tensor) -> int:
+    """The bytes ``value`` needs once copied; an expanded tensor is refused.
+
+    A 2 KB pickle can hold ``zeros(1).expand(2**31)``: a stride-0 (or overlapping)
+    view whose copy is gigabytes of one repeated value. A saved state dict never needs
+    one, so it is refused before anything is materialised.
+    """
+    expanded = any(st == 0 and n > 1 for st, n in zip(value.stride(), value.shape, strict=True))
+    nbytes = value.numel() * value.element_size()
+    if expanded or nbytes > value.untyped_storage().nbytes():
+        raise ConversionError(
+            f"model state entry {key!r} of shape {tuple(value.shape)} is an expanded view "
+            f"(strides {tuple(value.stride())}) over {value.untyped_storage().nbytes()} stored "
+            "bytes; a checkpoint's tensors must hold their own elements"
+        )
+    return nbytes
 
 
 def _single_module_hint(state: Mapping[str, Any], unlisted: list[str], absent: list[str]) -> str:

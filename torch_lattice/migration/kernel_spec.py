@@ -29,6 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from torch_lattice.migration.errors import ConversionError
+from torch_lattice.regular_file import read_regular_file
+
+# A spec lists one entry per kernel: megabytes of it are never a real network's.
+MAX_SPEC_BYTES = 16 * 2**20
 
 __all__ = [
     "LAYOUT_X_FASTEST",
@@ -208,12 +212,17 @@ def load_kernel_spec(path: str | Path) -> dict[str, KernelSpec]:
         ConversionError: the file is missing, unreadable, not JSON, or invalid.
     """
     spec_path = Path(path)
-    if not spec_path.is_file():
-        raise ConversionError(f"kernel spec {str(spec_path)!r} does not exist or is not a file")
     try:
-        raw = json.loads(spec_path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
+        # A regular file of bounded size: a FIFO would hang, gigabytes of JSON would not fit.
+        data = read_regular_file(spec_path, "kernel spec", max_bytes=MAX_SPEC_BYTES)
+    except ValueError as exc:
+        raise ConversionError(str(exc)) from None
+    try:
+        raw = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
         raise ConversionError(f"cannot read kernel spec {str(spec_path)!r}: {exc}") from exc
     except json.JSONDecodeError as exc:
         raise ConversionError(f"kernel spec {str(spec_path)!r} is not valid JSON: {exc}") from exc
+    except RecursionError:  # "[[[[..." nested past Python's stack
+        raise ConversionError(f"kernel spec {str(spec_path)!r} nests JSON too deeply") from None
     return parse_kernel_spec(raw)

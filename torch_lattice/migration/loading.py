@@ -19,7 +19,10 @@ import hashlib
 import io
 import pickle
 import re
+import struct
 import warnings
+import zipfile
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,12 +31,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from torch_lattice.memory_budget import MemoryBudgetError, check_allocation
 from torch_lattice.migration.errors import (
     ConversionError,
     OptimizerStateError,
     StateDictMismatchError,
     UnsafeCheckpointError,
 )
+from torch_lattice.regular_file import read_regular_file
 
 __all__ = [
     "LegacyCheckpoint",
@@ -127,6 +132,41 @@ def _unpickler_detail(exc: BaseException) -> str:
     return lines[0] if lines else type(exc).__name__
 
 
+_ZIP_MAGIC = b"PK\x03\x04"
+
+
+def _check_zip(source: Path, data: bytes) -> None:
+    """Refuses a corrupted checkpoint archive before torch reads it.
+
+    torch's reader takes the first of two entries with one name and does not check
+    CRCs, so a flipped byte became ``inf`` where a weight was 1.0. Here every entry
+    name must be unique and every entry's CRC must match (entries are stored, not
+    compressed, by torch.save; their declared sizes are checked against the budget
+    before any is read).
+    """
+    name = f"source checkpoint {str(source)!r}"
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            infos = archive.infolist()
+            seen: set[str] = set()
+            for info in infos:
+                if info.filename in seen:
+                    raise ConversionError(f"{name} is a corrupted archive: entry "
+                                          f"{info.filename!r} appears twice")
+                seen.add(info.filename)
+            check_allocation(f"checking {name}", max((i.file_size for i in infos), default=0))
+            bad = archive.testzip()
+    except (ConversionError, MemoryBudgetError):
+        raise
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, NotImplementedError,
+            OSError, OverflowError, RuntimeError, ValueError, struct.error, zlib.error) as exc:
+        # zipfile reports an encrypted entry as RuntimeError, odd headers as ValueError.
+        raise ConversionError(f"{name} is a corrupted archive: {exc}") from None
+    if bad is not None:
+        raise ConversionError(f"{name} is a corrupted archive: entry {bad!r} fails its CRC "
+                              "check")
+
+
 def read_legacy_checkpoint(path: str | Path) -> LegacyCheckpoint:
     """Reads a legacy checkpoint without running pickle code.
 
@@ -141,12 +181,13 @@ def read_legacy_checkpoint(path: str | Path) -> LegacyCheckpoint:
         OptimizerStateError: optimizer state is present.
     """
     source = Path(path)
-    if not source.is_file():
-        raise ConversionError(f"source checkpoint {str(source)!r} does not exist or is not a file")
     try:
-        data = source.read_bytes()
-    except OSError as exc:
-        raise ConversionError(f"cannot read source checkpoint {str(source)!r}: {exc}") from exc
+        # A regular file only (a FIFO would hang), its size checked against the budget.
+        data = read_regular_file(source, "source checkpoint")
+    except ValueError as exc:
+        raise ConversionError(str(exc)) from None
+    if data.startswith(_ZIP_MAGIC):
+        _check_zip(source, data)
     try:
         with warnings.catch_warnings():  # e.g. pickle-protocol notes: keep stderr to one line
             warnings.simplefilter("ignore")

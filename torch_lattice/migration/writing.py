@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -22,17 +22,35 @@ from torch_lattice.migration.errors import ConversionError
 __all__ = ["check_output_paths", "write_outputs"]
 
 
-def check_output_paths(source: Path, outputs: list[Path], force: bool) -> None:
-    """Refuses outputs that collide with the source, each other, a folder, or an
-    existing file (unless ``force``)."""
-    seen = {source.resolve()}
-    for path in outputs:
-        resolved = path.resolve()
-        if resolved in seen:
-            raise ConversionError(
-                f"output {str(path)!r} would overwrite the source or another output"
-            )
-        seen.add(resolved)
+def _same_file(a: Path, b: Path) -> bool:
+    """``a`` and ``b`` name one file (same resolved path, or hard links to one inode)."""
+    if a.resolve() == b.resolve():
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist yet
+        return False
+
+
+def check_output_paths(source: Path, outputs: list[Path], force: bool,
+                       inputs: Sequence[tuple[str, Path]] = ()) -> None:
+    """Refuses outputs that collide with an input (the source, the kernel spec: never
+    overwritten, even with ``force``), each other, a folder, or an existing file
+    (unless ``force``)."""
+    named_inputs = [("source checkpoint", source), *inputs]
+    for i, path in enumerate(outputs):
+        for what, given in named_inputs:
+            if _same_file(path, given):
+                raise ConversionError(
+                    f"output {str(path)!r} would overwrite the {what} {str(given)!r}; an input "
+                    "is never overwritten (not even with --force): choose another output path"
+                )
+        for other in outputs[:i]:
+            if _same_file(path, other):
+                raise ConversionError(
+                    f"output {str(path)!r} would overwrite another output {str(other)!r}; "
+                    "pass --manifest with another path"
+                )
         if path.is_dir():
             raise ConversionError(f"output {str(path)!r} is a directory")
         if path.exists() and not force:

@@ -15,6 +15,7 @@ import torch
 
 from torch_lattice.geometry import ConvGeometry
 from torch_lattice.locked_cache import get_or_build
+from torch_lattice.memory_budget import check_allocation
 from torch_lattice.ops import _cuda, _cuda_blocks
 from torch_lattice.ops._native import _C, ptr, require_cpu, threads
 from torch_lattice.ops.pairs import PairLists, kernel_pairs, reverse_pairs
@@ -90,6 +91,19 @@ def _geom(kernel_size: list[int], stride: list[int], padding: list[int], dilatio
     return (tuple(kernel_size), tuple(stride), tuple(padding), tuple(dilation))
 
 
+def _generate_bound_within_budget(n: int, geom: tuple, rng: tuple, num_batches: int) -> int:
+    """The output-row bound of a strided support, checked against the memory budget:
+    it is allocated (int32 x 4 per row; committed at once on a GPU) before the rows
+    are known."""
+    bound = int(_C.generate_bound(n, geom, rng, num_batches))
+    check_allocation(
+        f"strided support generation ({n} input rows, kernel_size {geom[0]}, "
+        f"stride {geom[1]}: up to {bound} output rows)",
+        bound * 16,
+    )
+    return bound
+
+
 @torch.library.custom_op("lattice::generate_support", mutates_args=())
 def generate_support(
     coords: torch.Tensor,
@@ -110,7 +124,7 @@ def generate_support(
     rng = tuple(max(0, r) for r in out_range)
     coords = coords.contiguous()
     n = coords.shape[0]
-    bound = _C.generate_bound(n, geom, rng, num_batches)
+    bound = _generate_bound_within_budget(n, geom, rng, num_batches)
     # Pages of an untouched allocation are never committed, so a loose upper
     # bound costs address space only; the result is copied out compactly.
     out = torch.empty((bound, 4), dtype=torch.int32)
@@ -122,6 +136,7 @@ def generate_support(
 def _(coords, kernel_size, stride, padding, dilation, out_range, num_batches):
     geom = _geom(kernel_size, stride, padding, dilation)
     rng = tuple(max(0, r) for r in out_range)
+    _generate_bound_within_budget(coords.shape[0], geom, rng, num_batches)
     return _cuda.generate_support(coords, geom, rng, num_batches)
 
 
@@ -201,7 +216,20 @@ def _(in_coords, out_coords, kernel_size, stride, padding, dilation):
 def build_kernel_map(
     in_coords: torch.Tensor, out_coords: torch.Tensor, geometry: ConvGeometry
 ) -> KernelMap:
-    """Builds the :class:`KernelMap` relating two coordinate sets."""
+    """Builds the :class:`KernelMap` relating two coordinate sets.
+
+    Raises:
+        ValueError: (a ``MemoryBudgetError``) the two ``(N, K)`` int32 tables would
+            exceed the memory budget (a one-row input with a 32^3 kernel generates
+            32^3 output rows and a 4 GiB table).
+    """
     ks, s, p, d = (list(v) for v in geometry.as_c())
+    k = ks[0] * ks[1] * ks[2]
+    rows = int(in_coords.shape[0]) + int(out_coords.shape[0])
+    check_allocation(
+        f"kernel map ({int(out_coords.shape[0])} output rows, {int(in_coords.shape[0])} input "
+        f"rows, kernel_size {tuple(ks)}: neighbour tables of (rows x {k}) int32)",
+        rows * k * 4,
+    )
     nbr, rev = kernel_map(in_coords, out_coords, ks, s, p, d)
     return KernelMap(nbr, rev, geometry)

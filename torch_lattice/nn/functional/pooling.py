@@ -17,10 +17,13 @@ exactly: see docs/building-blocks.md.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import product
 
 import torch
 
+from torch_lattice.coord_rows import lookup_rows
 from torch_lattice.geometry import ConvGeometry, kernel_positions, triple
+from torch_lattice.memory_budget import check_allocation
 from torch_lattice.nn.functional.conv import generated_support
 from torch_lattice.nn.functional.conv_transpose import resolve_target
 from torch_lattice.nn.functional.transposed_support import (
@@ -218,11 +221,8 @@ def trilinear_upsample3d(
     support = _transpose_target(x, target, geometry)
     if support is None:
         support = generated_transposed_support(x, geometry, "trilinear_upsample3d")
-    kmap = support.manager.kernel_map(support, x.support, geometry)
-    pairs = torch.nonzero(kmap.rev >= 0)  # (fine row, kernel row), fine rows ascending
-    fine, kernel = pairs[:, 0], pairs[:, 1]
-    coarse = kmap.rev[fine, kernel].long()
-    w = trilinear_weights(geometry, x.feats)[kernel]
+    support.check_unchanged()
+    fine, coarse, w = _trilinear_pairs(support, x, geometry.stride, x.feats)
     n = support.num_rows
     num = x.feats.new_zeros((n, x.feats.shape[1])).index_add(
         0, fine, x.feats.index_select(0, coarse) * w[:, None]
@@ -230,6 +230,47 @@ def trilinear_upsample3d(
     den = w.new_zeros(n).index_add(0, fine, w)
     y = torch.where(den[:, None] > 0, num / den.clamp_min(torch.finfo(w.dtype).tiny)[:, None], num)
     return SparseTensor.from_support(y, support)
+
+
+# The 8 coarse neighbours of a fine row, in kernel-row order (z fastest): kernel row
+# r = t - c*s + (s - 1) grows as c shrinks, so the upper neighbour c = floor(t/s) + 1
+# comes first on each axis.
+_CORNERS = tuple(product((1, 0), repeat=3))
+
+
+def _trilinear_pairs(fine: Support, x: SparseTensor, stride: tuple[int, int, int],
+                     like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(fine row, coarse row, weight)`` of every present pair, fine rows ascending.
+
+    A fine ``t`` meets coarse ``c`` iff ``|t - c*s| < s`` per axis, so ``c`` is
+    ``floor(t/s)`` or, when ``s`` does not divide ``t``, ``floor(t/s) + 1``: at most 8
+    pairs per fine row. Looking those up grows with the real pairs, where the
+    ``(N_fine, (2s - 1)^3)`` neighbour table of the relation grew with the cube of the
+    stride (stride 40 asked for 972 GB). The pairs and weights, in the table's
+    kernel-row order, are those of that table, so the sums are the same.
+    """
+    t = fine.coords.to(torch.int64)
+    n = t.shape[0]
+    # int64 queries, their lookup keys and the per-corner weights, before any is made.
+    check_allocation(f"trilinear_upsample3d pairs ({n} fine rows x 8 neighbours)", n * 8 * 120)
+    s = torch.tensor(stride, dtype=torch.int64, device=t.device)
+    base = torch.div(t[:, 1:], s, rounding_mode="floor")
+    rem = t[:, 1:] - base * s
+    queries, weights = [], []
+    for corner in _CORNERS:
+        d = torch.tensor(corner, dtype=torch.int64, device=t.device)
+        c = base + d
+        # Only c = floor(t/s) + 1 can be out of reach: when t is a multiple of s.
+        reach = ((d == 0) | (rem > 0)).all(dim=1)
+        queries.append(torch.where(reach[:, None], torch.cat([t[:, :1], c], dim=1), -1))
+        gap = (t[:, 1:] - c * s).abs().to(torch.float64) / s.to(torch.float64)
+        weights.append((1.0 - gap).prod(dim=1))
+    rows = lookup_rows(x.coords.to(torch.int64), torch.stack(queries, dim=1).reshape(-1, 4))
+    rows = rows.reshape(n, len(_CORNERS))
+    pair_fine, pair_corner = torch.nonzero(rows >= 0, as_tuple=True)
+    w = torch.stack(weights, dim=1)[pair_fine, pair_corner].to(dtype=like.dtype,
+                                                                device=like.device)
+    return pair_fine, rows[pair_fine, pair_corner], w
 
 
 _GLOBAL_MODES = ("sum", "avg", "max")
@@ -254,6 +295,13 @@ def _global(x: SparseTensor, mode: str, batch_size: int | None, empty_max: str) 
         raise ValueError(f"mode must be one of {_GLOBAL_MODES}, got {mode!r}")
     b = _batch_count(_check_sparse(x, "input"), batch_size)
     feats = x.feats
+    # The output has a row per batch index up to the largest: one row at batch
+    # 2^31 - 1 asks for 2^31 rows, so the size is checked before anything is made.
+    check_allocation(
+        f"global_pool of {b} batches x {feats.shape[1]} channels (batch_size, else the "
+        "largest batch index + 1)",
+        b * (max(1, int(feats.shape[1])) * feats.element_size() + 8),
+    )
     batch = x.coords[:, 0].long()
     count = torch.bincount(batch, minlength=b)
     if mode != "max":

@@ -14,6 +14,7 @@ import torch
 
 from torch_lattice.coord_rows import unique_rows
 from torch_lattice.geometry import ConvGeometry, kernel_positions
+from torch_lattice.memory_budget import check_allocation
 from torch_lattice.tensor import SparseTensor, Support, divide_stride
 
 __all__ = ["cached_source_support", "generated_transposed_support"]
@@ -41,6 +42,12 @@ def generated_transposed_support(src: SparseTensor, geometry: ConvGeometry, op: 
     stride = divide_stride(src.stride, geometry.stride)
     coords = src.coords
     device = coords.device
+    k = geometry.kernel_size[0] * geometry.kernel_size[1] * geometry.kernel_size[2]
+    # int64 candidates (spatial, batch and their concatenation) before unique.
+    check_allocation(
+        f"{op} without a target ({coords.shape[0]} rows x {k} kernel positions generated)",
+        int(coords.shape[0]) * k * 8 * 10,
+    )
     s = torch.tensor(geometry.stride, dtype=torch.int64, device=device)
     d = torch.tensor(geometry.dilation, dtype=torch.int64, device=device)
     p = torch.tensor(geometry.padding, dtype=torch.int64, device=device)

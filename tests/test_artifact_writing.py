@@ -1,0 +1,224 @@
+"""Writing artifact directories never loses a user's file (issue 21).
+
+The exporter deletes only what it wrote (or the artifact it replaces), refuses names
+its own loader would refuse, replaces an existing artifact so that the target always
+holds the old or the new one, and cleans the hidden folders of exports that died.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import torch_lattice as tl
+from torch_lattice.artifact import ExportError, artifact_dir, load_lattice_program
+from torch_lattice.artifact import save_lattice_model_artifact as save
+from torch_lattice.atomic_file import exchange_paths
+
+
+class One(nn.Module):
+    def __init__(self, conv: nn.Module) -> None:
+        super().__init__()
+        self.conv = conv
+
+    def forward(self, x: tl.SparseTensor) -> tl.SparseTensor:
+        return self.conv(x)
+
+
+def _x() -> tl.SparseTensor:
+    coords = torch.tensor([[0, x, y, z] for x in range(3) for y in range(3) for z in (0, 2)])
+    return tl.SparseTensor(torch.randn(len(coords), 2, generator=torch.Generator().manual_seed(0)),
+                           coords)
+
+
+def _model(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return One(tl.nn.SubmConv3d(2, 2, 3)).eval()
+
+
+def _tree(root: Path) -> dict[str, bytes | None]:
+    out: dict[str, bytes | None] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for d in dirnames:
+            out[os.path.relpath(os.path.join(dirpath, d), root)] = None
+        for f in filenames:
+            p = os.path.join(dirpath, f)
+            out[os.path.relpath(p, root)] = Path(p).read_bytes()
+    return out
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_a_folder_that_only_looks_like_an_artifact_is_never_deleted(tmp_path: Path) -> None:
+    target = tmp_path / "a"
+    target.mkdir()
+    (target / "graph.mlir").write_text("module attributes {\n}")
+    (target / "weights.safetensors").mkdir()
+    (target / "weights.safetensors" / "thesis.tex").write_text("years of work")
+    before = _tree(tmp_path)
+    with pytest.raises(FileExistsError, match="not an artifact"):
+        save(_model(), target, example_inputs=(_x(),))
+    assert _tree(tmp_path) == before
+
+
+def test_linked_artifact_files_are_not_an_artifact(tmp_path: Path) -> None:
+    target = tmp_path / "a"
+    save(_model(), target, example_inputs=(_x(),))
+    (tmp_path / "precious.bin").write_bytes(b"keep")
+    os.unlink(target / "weights.safetensors")
+    os.symlink(tmp_path / "precious.bin", target / "weights.safetensors")
+    with pytest.raises(FileExistsError, match="not an artifact"):
+        save(_model(), target, example_inputs=(_x(),))
+    assert (tmp_path / "precious.bin").read_bytes() == b"keep"
+
+
+@pytest.mark.parametrize("name", ["a\nb", "a\rb", "tab\there", "bell\x07"])
+def test_output_names_the_loader_refuses_are_refused(tmp_path: Path, name: str) -> None:
+    with pytest.raises(ExportError, match="control character"):
+        save(_model(), tmp_path / "a", example_inputs=(_x(),), output_names=[name])
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_loader_check_runs_before_writing(tmp_path: Path) -> None:
+    with pytest.raises(ExportError, match="would not load"):
+        artifact_dir.check_loadable("module attributes {\n}")
+
+
+def test_replacing_uses_one_atomic_exchange(tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    target = tmp_path / "a"
+    save(_model(0), target, example_inputs=(_x(),))
+    seen: list[tuple[str, str]] = []
+    renames: list[tuple[str, str]] = []
+    real_exchange, real_rename = artifact_dir.exchange_paths, os.rename
+
+    def exchange(a: Path, b: Path) -> bool:
+        seen.append((Path(a).name, Path(b).name))
+        return real_exchange(a, b)
+
+    def rename(a: object, b: object) -> None:
+        renames.append((str(a), str(b)))
+        real_rename(a, b)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(artifact_dir, "exchange_paths", exchange)
+    monkeypatch.setattr(artifact_dir.os, "rename", rename)
+    save(_model(1), target, example_inputs=(_x(),))
+    assert len(seen) == 1 and seen[0][1] == "a" and renames == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a"]
+    load_lattice_program(target)
+
+
+def test_a_crash_right_after_the_exchange_leaves_the_new_artifact(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    target = tmp_path / "a"
+    save(_model(0), target, example_inputs=(_x(),))
+    old = (target / "weights.safetensors").read_bytes()
+
+    def crash(folder: Path) -> bool:
+        raise KeyboardInterrupt  # the process dies before it deletes the old artifact
+
+    monkeypatch.setattr(artifact_dir, "remove_artifact_files", crash)
+    with pytest.raises(KeyboardInterrupt):
+        save(_model(1), target, example_inputs=(_x(),))
+    assert (target / "weights.safetensors").read_bytes() != old  # the new one, complete
+    load_lattice_program(target)
+
+
+def test_the_fallback_restores_the_old_artifact_when_the_second_rename_fails(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    target = tmp_path / "a"
+    save(_model(0), target, example_inputs=(_x(),))
+    before = _tree(tmp_path)
+    monkeypatch.setattr(artifact_dir, "exchange_paths", lambda a, b: False)
+    real_rename = os.rename
+
+    def rename(a: object, b: object) -> None:
+        if str(a).endswith(".tmp"):
+            raise OSError("disk gone")
+        real_rename(a, b)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(artifact_dir.os, "rename", rename)
+    with pytest.raises(OSError, match="disk gone"):
+        save(_model(1), target, example_inputs=(_x(),))
+    assert _tree(tmp_path) == before
+
+
+def test_the_fallback_replaces_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    target = tmp_path / "a"
+    save(_model(0), target, example_inputs=(_x(),))
+    old = (target / "weights.safetensors").read_bytes()
+    monkeypatch.setattr(artifact_dir, "exchange_paths", lambda a, b: False)
+    save(_model(1), target, example_inputs=(_x(),))
+    assert (target / "weights.safetensors").read_bytes() != old
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a"]
+
+
+def test_an_old_artifact_left_by_a_dead_fallback_is_put_back(tmp_path: Path) -> None:
+    target = tmp_path / "a"
+    save(_model(0), target, example_inputs=(_x(),))
+    old = (target / "weights.safetensors").read_bytes()
+    left = tmp_path / f".a.{_dead_pid()}.0badcafe.old"
+    os.rename(target, left)  # the crash between the fallback's two renames
+    artifact_dir.clean_stale_temporaries(target)
+    assert (target / "weights.safetensors").read_bytes() == old
+    assert not left.exists()
+
+
+def test_stale_temporaries_of_dead_exports_are_cleaned(tmp_path: Path) -> None:
+    dead = _dead_pid()
+    stale = tmp_path / f".a.{dead}.00000001.tmp"
+    stale.mkdir()
+    (stale / "graph.mlir").write_text("module attributes {")  # a partial write
+    foreign = tmp_path / f".a.{dead}.00000002.tmp"
+    foreign.mkdir()
+    (foreign / "mine.txt").write_text("not the exporter's")
+    live = tmp_path / f".a.{os.getpid()}.00000003.tmp"  # a concurrent export in progress
+    live.mkdir()
+    other = tmp_path / f".b.{dead}.00000004.tmp"  # another target's
+    other.mkdir()
+    save(_model(), tmp_path / "a", example_inputs=(_x(),))
+    assert not stale.exists()
+    assert (foreign / "mine.txt").read_text() == "not the exporter's"
+    assert live.is_dir() and other.is_dir()
+
+
+def test_a_failed_write_deletes_only_its_own_files(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from torch_lattice.artifact import export
+
+    target = tmp_path / "a"
+    save(_model(0), target, example_inputs=(_x(),))
+    before = _tree(tmp_path)
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(export, "save_file", broken)
+    with pytest.raises(OSError, match="disk full"):
+        save(_model(1), target, example_inputs=(_x(),))
+    assert _tree(tmp_path) == before
+
+
+def test_exchange_paths_swaps_two_folders(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "from_a").write_text("a")
+    swapped = exchange_paths(tmp_path / "a", tmp_path / "b")
+    if not sys.platform.startswith("linux"):
+        assert swapped is False
+        return
+    assert swapped is True
+    assert (tmp_path / "b" / "from_a").read_text() == "a"
+    assert list((tmp_path / "a").iterdir()) == []
+    with pytest.raises(FileNotFoundError):
+        exchange_paths(tmp_path / "a", tmp_path / "missing")

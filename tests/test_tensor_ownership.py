@@ -1,0 +1,175 @@
+"""SparseTensor owns its coordinates, and per-call caches are bounded (issue 21).
+
+A caller who edits the coordinate tensor it passed in must change nothing: not the
+support, not its validation, not the cached kernel maps. ``conv3d(x, coordinates=q)``
+with a fresh ``q`` every call must not grow ``x``'s caches without bound.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import torch_lattice as tl
+from torch_lattice.nn import functional as F
+from torch_lattice.tensor import TRANSIENT_CACHE_SIZE, validate_coords
+
+
+def _coords(n: int = 30, extent: int = 5, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    cells = torch.randperm(2 * extent**3, generator=g)[:n].sort().values
+    b, rest = cells // extent**3, cells % extent**3
+    return torch.stack([b, rest // extent**2, (rest // extent) % extent, rest % extent],
+                       dim=1).to(torch.int32)
+
+
+def _weight(k: int, cin: int = 2, cout: int = 3, seed: int = 1) -> torch.Tensor:
+    return torch.randn(k, cin, cout, generator=torch.Generator().manual_seed(seed),
+                       dtype=torch.float64)
+
+
+def test_validate_coords_never_returns_the_callers_tensor() -> None:
+    coords = _coords()
+    out = validate_coords(coords)
+    assert out.dtype == torch.int32
+    assert out.untyped_storage().data_ptr() != coords.untyped_storage().data_ptr()
+    coords[0, 1] = -5
+    assert int(out.min()) >= 0
+
+
+def test_editing_the_callers_coords_changes_nothing() -> None:
+    coords = _coords()
+    feats = torch.randn(coords.shape[0], 2, dtype=torch.float64)
+    x = tl.SparseTensor(feats, coords)
+    w = _weight(27)
+    before = F.subm_conv3d(x, w, None, 3, 1).feats.clone()
+    original = coords.clone()
+    # Negative, duplicate and moved rows in the caller's tensor, after construction.
+    coords[0] = torch.tensor([0, -1, -1, -1], dtype=torch.int32)
+    coords[1] = coords[2]
+    coords[3, 1] += 1
+    assert torch.equal(x.coords, original)
+    after = F.subm_conv3d(x, w, None, 3, 1)  # served from the cached map
+    assert torch.equal(after.coords, original)
+    torch.testing.assert_close(after.feats, before, rtol=0, atol=0)
+    fresh = F.subm_conv3d(tl.SparseTensor(feats, original), w, None, 3, 1).feats
+    torch.testing.assert_close(after.feats, fresh, rtol=0, atol=0)
+    down = F.conv3d(x, _weight(8), None, 2, 2)  # a generated support from the owned rows
+    ref = F.conv3d(tl.SparseTensor(feats, original), _weight(8), None, 2, 2)
+    assert torch.equal(down.coords, ref.coords)
+
+
+def test_a_target_tensor_is_copied_too() -> None:
+    x = tl.SparseTensor(torch.randn(30, 2, dtype=torch.float64), _coords())
+    q = torch.unique(torch.div(_coords(), 2, rounding_mode="floor"), dim=0).to(torch.int32)
+    original = q.clone()
+    w = _weight(8)
+    y = F.conv3d(x, w, None, 2, 2, coordinates=q)
+    q[0, 1] = 100
+    assert torch.equal(y.coords, original)
+
+
+def test_editing_the_stored_rows_in_place_is_refused() -> None:
+    x = tl.SparseTensor(torch.randn(30, 2, dtype=torch.float64), _coords())
+    w = _weight(27)
+    F.subm_conv3d(x, w, None, 3, 1)
+    x.coords[0, 1] += 1  # the stored tensor itself: the cached map would be stale
+    with pytest.raises(ValueError, match="modified in place"):
+        F.subm_conv3d(x, w, None, 3, 1)
+
+
+def test_fresh_targets_keep_the_cache_bounded() -> None:
+    """1,000 calls with a new target each: the per-tensor caches stay bounded."""
+    x = tl.SparseTensor(torch.randn(30, 2), _coords())
+    w = torch.randn(8, 2, 3)
+    manager = x.coordinate_manager
+    F.conv3d(x, w, None, 2, 2)  # the tensor's own (stable) maps
+    stable = manager.cache_sizes()["kernel_maps"]
+    base = torch.unique(torch.div(_coords(), 2, rounding_mode="floor"), dim=0).to(torch.int32)
+    sizes = []
+    for i in range(1000):
+        q = base.clone()
+        q[:, 1] += i % 3  # some fresh rows, always a fresh tensor
+        target = q if i % 2 else tl.SparseTensor(torch.zeros(q.shape[0], 1), q, stride=2)
+        F.conv3d(x, w, None, 2, 2, coordinates=target)
+        sizes.append(manager.cache_sizes())
+    assert max(s["transient"] for s in sizes) == TRANSIENT_CACHE_SIZE
+    assert all(s["kernel_maps"] == stable for s in sizes)
+    assert manager.builds >= 1000  # every fresh target really built a map
+
+
+def test_a_reused_target_is_served_from_the_cache() -> None:
+    x = tl.SparseTensor(torch.randn(30, 2), _coords())
+    q = tl.SparseTensor(torch.zeros(1, 1), torch.tensor([[0, 1, 1, 1]], dtype=torch.int32),
+                        stride=2)
+    w = torch.randn(8, 2, 3)
+    F.conv3d(x, w, None, 2, 2, coordinates=q)
+    builds = x.coordinate_manager.builds
+    for _ in range(5):
+        F.conv3d(x, w, None, 2, 2, coordinates=q)
+    assert x.coordinate_manager.builds == builds
+
+
+def test_a_fixed_target_with_fresh_sources_stays_bounded() -> None:
+    fine = tl.SparseTensor(torch.randn(30, 2), _coords())
+    coarse = F.conv3d(fine, torch.randn(8, 2, 2), None, 2, 2)
+    w = torch.randn(8, 2, 2)
+    for i in range(100):
+        src = tl.SparseTensor(torch.randn(coarse.coords.shape[0], 2), coarse.coords.clone(),
+                              stride=2)
+        F.conv_transpose3d(src, w, None, 2, 2, coordinates=fine)
+        assert fine.coordinate_manager.cache_sizes()["transient"] <= TRANSIENT_CACHE_SIZE, i
+
+
+def test_pool_transpose_without_target_stays_bounded() -> None:
+    x = tl.SparseTensor(torch.randn(30, 2), _coords(), stride=2)
+    for _ in range(2 * TRANSIENT_CACHE_SIZE):
+        F.pool_transpose3d(x, 2, 2, expand_coordinates=True)
+    sizes = x.coordinate_manager.cache_sizes()
+    assert sizes["transient"] <= TRANSIENT_CACHE_SIZE and sizes["kernel_maps"] == 0
+
+
+def test_the_unet_reuses_its_padded_support() -> None:
+    net = tl.backbones.SparseResUNet42(2, 3, width=0.25).eval()
+    x = tl.SparseTensor(torch.randn(30, 2), _coords())
+    with torch.no_grad():
+        net(x)
+        sizes = x.coordinate_manager.cache_sizes()
+        builds = x.coordinate_manager.builds
+        net(x)
+    assert x.coordinate_manager.cache_sizes() == sizes
+    assert x.coordinate_manager.builds == builds
+
+
+@pytest.mark.parametrize("size", [1e-50, 1e39, [1.0, 1e-45, 1.0]])
+def test_a_voxel_size_that_is_not_a_float32_is_refused(size: object) -> None:
+    points = torch.rand(5, 3)
+    with pytest.raises(ValueError, match="voxel_size must be a positive finite float32"):
+        tl.voxelize(points, torch.ones(5, 1), voxel_size=size)  # type: ignore[arg-type]
+    x = tl.voxelize(points, torch.ones(5, 1), voxel_size=0.5)
+    with pytest.raises(ValueError, match="voxel_size must be a positive finite float32"):
+        tl.devoxelize(points, x, voxel_size=size)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("srange", [(1, 2**31 + 1, 8, 8), (2**40, 8, 8, 8)])
+def test_a_spatial_range_past_int32_is_refused(srange: tuple[int, int, int, int]) -> None:
+    with pytest.raises(ValueError, match=r"spatial_range entries must be at most 2\^31"):
+        tl.SparseTensor(torch.ones(1, 1), torch.zeros(1, 4, dtype=torch.int32),
+                        spatial_range=srange)
+    edge = tl.SparseTensor(torch.ones(1, 1), torch.zeros(1, 4, dtype=torch.int32),
+                           spatial_range=(1, 2**31, 1, 1))
+    assert edge.spatial_range == (1, 2**31, 1, 1)
+
+
+def test_an_expanded_coordinate_view_is_refused_before_it_is_copied() -> None:
+    previous = tl.set_memory_budget(2**30)
+    try:
+        rows = torch.zeros(1, 4, dtype=torch.int32).expand(2**31, 4)  # 32 GiB if copied
+        with pytest.raises(ValueError, match="rows must be unique, row 1 repeats"):
+            tl.SparseTensor(torch.zeros(1, 1).expand(2**31, 1), rows)
+        tl.set_memory_budget(2**20)
+        wide = torch.zeros(2**16, 1, dtype=torch.int64).expand(2**16, 4)  # 3 MiB to copy
+        with pytest.raises(ValueError, match=r"copying coords .* memory budget"):
+            validate_coords(wide)
+    finally:
+        tl.set_memory_budget(previous)

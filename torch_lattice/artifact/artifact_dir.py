@@ -1,0 +1,229 @@
+"""Placing an artifact directory: checked, atomic, deleting nothing it did not write.
+
+The rules (docs/artifacts.md, "Writing"):
+
+- The destination is an empty directory, a missing path in an existing folder, or an
+  *artifact*: exactly ``graph.mlir`` and ``weights.safetensors``, both regular files
+  (no links, no directories), the graph an IR module. Anything else is refused, so a
+  folder that merely holds a ``graph.mlir`` and a sub-folder named
+  ``weights.safetensors`` is never touched.
+- The graph is checked by the loader's own parser before anything is written: an
+  artifact the loader would refuse (an output name with a newline, ...) is never
+  published.
+- Both files are written into a hidden temporary sibling directory named
+  ``.<name>.<pid>.<token>.tmp``, flushed, then placed. An existing artifact is
+  swapped with it in one step by ``renameat2(RENAME_EXCHANGE)`` where the system has
+  it (Linux), so the target always holds the old or the new artifact. Elsewhere the
+  fallback is two renames (old aside as ``.<name>.<pid>.<token>.old``, new in place);
+  a crash between them leaves the old artifact in that hidden folder, and the next
+  export to the same target puts it back before it starts.
+- Deletion removes only the two artifact files (and then the emptied folder): the
+  replaced artifact, or the temporary folder of a failed write. A temporary folder
+  left by an export that died (its process is gone) is cleaned the same way by the
+  next export to that target; one that holds anything else is left alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import secrets
+import stat
+from collections.abc import Sequence
+from pathlib import Path
+
+from torch_lattice.artifact import schema
+from torch_lattice.artifact.errors import ExportError
+from torch_lattice.atomic_file import exchange_paths
+
+__all__ = [
+    "check_destination",
+    "check_loadable",
+    "check_output_names",
+    "clean_stale_temporaries",
+    "is_artifact",
+    "make_temporary",
+    "place",
+    "remove_artifact_files",
+]
+
+ARTIFACT_FILES = (schema.GRAPH_FILE, schema.WEIGHT_FILE)
+_GRAPH_PREFIX = "module attributes {"
+
+
+def _regular(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def is_artifact(path: Path) -> bool:
+    """``path`` holds exactly the two artifact files, regular files, and an IR graph."""
+    try:
+        names = set(os.listdir(path))
+    except OSError:
+        return False
+    if names != set(ARTIFACT_FILES) or not all(_regular(path / n) for n in ARTIFACT_FILES):
+        return False
+    with open(path / schema.GRAPH_FILE, encoding="utf-8", errors="replace") as f:
+        return f.read(64).startswith(_GRAPH_PREFIX)
+
+
+def check_destination(target: Path) -> None:
+    """Refuses a destination that is not an empty directory, an artifact or new.
+
+    Raises:
+        ExportError: the parent folder does not exist.
+        FileExistsError: ``target`` is a link, a file, or a directory holding anything
+            but an artifact.
+    """
+    if not target.parent.is_dir():
+        raise ExportError(f"artifact_dir's parent folder {str(target.parent)!r} does not exist")
+    if target.is_symlink() or (target.exists() and not target.is_dir()):
+        raise FileExistsError(f"artifact_dir {str(target)!r} exists and is not a directory")
+    if target.is_dir() and any(target.iterdir()) and not is_artifact(target):
+        raise FileExistsError(
+            f"artifact_dir {str(target)!r} exists and is not an artifact (exactly "
+            f"{schema.GRAPH_FILE} and {schema.WEIGHT_FILE}, regular files); refusing to "
+            "replace it"
+        )
+
+
+def check_loadable(graph: str) -> None:
+    """Runs the loader's parser and header checks on ``graph`` before it is written.
+
+    Raises:
+        ExportError: the loader would refuse the graph (the message is the loader's).
+    """
+    from torch_lattice.artifact import program
+    from torch_lattice.artifact.mlir_parse import parse_module, read_header
+
+    try:
+        program._check_version(read_header(graph))
+        module = parse_module(graph)
+        program._check_header(module)
+        program._check_signature(module)
+    except ValueError as exc:
+        raise ExportError(
+            f"the exported graph would not load (load_lattice_program refuses it): {exc}"
+        ) from None
+
+
+def check_output_names(names: Sequence[str]) -> None:
+    """Refuses output names the loader cannot read back.
+
+    graph.mlir holds them as one-line string literals, read with universal newlines:
+    a newline, carriage return or other control character would make an artifact
+    that ``load_lattice_program`` refuses.
+
+    Raises:
+        ExportError: naming the output and the character.
+    """
+    for name in names:
+        bad = next((ch for ch in name if ord(ch) < 32 or ord(ch) == 127), None)
+        if bad is not None:
+            raise ExportError(
+                f"output_names entry {name!r} holds the control character {bad!r}; output "
+                "names must be printable (graph.mlir stores each on one line)"
+            )
+
+
+def _pattern(target: Path) -> re.Pattern[str]:
+    return re.compile(rf"\.{re.escape(target.name)}\.(\d+)\.[0-9a-f]+\.(tmp|old)")
+
+
+def make_temporary(target: Path) -> Path:
+    """A new hidden, empty directory beside ``target`` named for this process."""
+    while True:
+        temp = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+        try:
+            os.mkdir(temp, 0o700)
+            return temp
+        except FileExistsError:
+            continue
+
+
+def remove_artifact_files(folder: Path) -> bool:
+    """Deletes the artifact files in ``folder``, then the folder if that emptied it.
+
+    Only regular files named ``graph.mlir`` and ``weights.safetensors`` are removed;
+    anything else stays (and so does the folder).
+
+    Returns:
+        True when the folder is gone.
+    """
+    for name in ARTIFACT_FILES:
+        if _regular(folder / name):
+            with contextlib.suppress(OSError):
+                os.unlink(folder / name)
+    try:
+        os.rmdir(folder)
+    except OSError:
+        return False
+    return True
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):  # someone else's process, or unknown: keep it
+        return True
+    return True
+
+
+def clean_stale_temporaries(target: Path) -> None:
+    """Removes this target's hidden folders left by exports whose process is gone.
+
+    A leftover ``.old`` folder is the previous artifact of a fallback replace that
+    died between its two renames: when ``target`` is missing it is put back instead.
+    Folders of a live process (a concurrent export) are left alone, as is anything
+    that holds more than artifact files.
+    """
+    pattern = _pattern(target)
+    try:
+        names = os.listdir(target.parent)
+    except OSError:
+        return
+    for name in names:
+        match = pattern.fullmatch(name)
+        if match is None or _process_alive(int(match.group(1))):
+            continue
+        folder = target.parent / name
+        if not folder.is_dir() or folder.is_symlink():
+            continue
+        if match.group(2) == "old" and not os.path.lexists(target) and is_artifact(folder):
+            with contextlib.suppress(OSError):
+                os.rename(folder, target)
+            continue
+        remove_artifact_files(folder)
+
+
+def place(temp: Path, target: Path) -> None:
+    """Moves the complete artifact ``temp`` to ``target``; the old artifact is deleted.
+
+    With an existing ``target`` the two are exchanged atomically where the system
+    allows (see the module docstring for the fallback). ``temp`` is consumed: on
+    success it no longer exists (or, if the replaced folder gained foreign files
+    meanwhile, it stays hidden with them rather than deleting them).
+
+    Raises:
+        OSError: the final rename failed; ``target`` is then unchanged.
+    """
+    if not os.path.lexists(target):
+        os.rename(temp, target)  # no old artifact: one rename, atomic
+        return
+    if exchange_paths(temp, target):
+        remove_artifact_files(temp)  # temp now holds the replaced artifact
+        return
+    old = temp.with_name(temp.name[: -len(".tmp")] + ".old")
+    os.rename(target, old)
+    try:
+        os.rename(temp, target)
+    except BaseException:
+        os.rename(old, target)
+        raise
+    remove_artifact_files(old)

@@ -1,0 +1,80 @@
+"""Reading a file the user named, and only a regular one, with its size checked first.
+
+A FIFO would block a reader forever, a device file (``/dev/zero``) never ends, and a
+directory is not data; a huge file would be read into memory whole. So every file the
+tools read from untrusted paths (replay inputs and expected outputs, fixture manifests,
+kernel specs, legacy checkpoints) goes through :func:`read_regular_file`: it opens
+without blocking, checks the *opened* file's type (no window between a check and the
+open), refuses a size beyond the caller's cap or the memory budget, and reads it.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from torch_lattice.memory_budget import check_allocation
+
+__all__ = ["describe_file_type", "read_regular_file"]
+
+
+def describe_file_type(mode: int) -> str:
+    """A short name for a non-regular file type (for error messages)."""
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symbolic link")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def read_regular_file(path: str | os.PathLike[str], what: str, *,
+                      max_bytes: int | None = None, follow_symlinks: bool = True) -> bytes:
+    """The bytes of ``path``, which must be a regular file of at most ``max_bytes``.
+
+    Args:
+        path: the file.
+        what: how error messages name it (e.g. ``"--inputs"``, ``"kernel spec"``).
+        max_bytes: a cap of the caller's own; the memory budget applies as well.
+        follow_symlinks: ``False`` refuses a symbolic link as the last component.
+
+    Raises:
+        ValueError: missing, not a regular file, larger than allowed, or unreadable;
+            the message names ``what`` and the path.
+    """
+    name = f"{what} {str(path)!r}"
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
+    if not follow_symlinks:
+        flags |= getattr(os, "O_NOFOLLOW", 0)
+        if Path(path).is_symlink():
+            raise ValueError(f"{name} is a symbolic link; only regular files are read")
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        raise ValueError(f"{name} does not exist") from None
+    except OSError as exc:
+        raise ValueError(f"{name} cannot be opened: {exc.strerror or exc}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError(f"{name} is {describe_file_type(info.st_mode)}; only regular "
+                             "files are read")
+        if max_bytes is not None and info.st_size > max_bytes:
+            raise ValueError(f"{name} is {info.st_size} bytes; at most {max_bytes} are read")
+        check_allocation(f"reading {name}", info.st_size)
+        chunks = []
+        left = info.st_size + 1  # one byte more shows a file that grew while read
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 24))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        if left <= 0:
+            raise ValueError(f"{name} grew while it was read")
+        return b"".join(chunks)
+    except OSError as exc:
+        raise ValueError(f"{name} cannot be read: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
