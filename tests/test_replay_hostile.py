@@ -361,7 +361,7 @@ def test_a_voxel_size_that_is_zero_in_float32_is_refused(tmp_path: Path) -> None
 def test_a_packed_weight_shape_error_names_the_line_and_the_weight(tmp_path: Path) -> None:
     from torch_lattice.artifact.packing import pack_weight
 
-    packed = pack_weight(torch.randn(3, 32), bits=8, group_size=32)
+    packed = pack_weight(torch.randn(3, 32), bits=8, group_size=32, scale_dtype=torch.float16)
     stored = {"l.weight.weight": packed.weight, "l.weight.scales": packed.scales,
               "l.weight.biases": packed.biases}
     g = Graph()
