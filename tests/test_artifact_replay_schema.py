@@ -30,3 +30,16 @@ def test_enum_values_and_lookup() -> None:
     assert schema.op_spec("lattice.sparse.cat").name == "sparse.cat"
     with pytest.raises(ValueError, match=r"unknown op 'lattice\.nonexistent'"):
         schema.op_spec("lattice.nonexistent")
+
+
+def test_every_convolution_op_has_its_traits_and_an_executor() -> None:
+    from torch_lattice.artifact.replay_ops import EXECUTORS
+
+    convs = {name for name, op in schema.OPS.items()
+             if any(o.name == "weight" for o in op.operands) and "conv" in name}
+    assert convs == set(schema.CONV_OPS)
+    assert set(schema.CONV_OPS) <= set(EXECUTORS)
+    assert schema.CONV_OPS["target_normalized_conv_transpose3d"] == schema.ConvTraits(
+        "conv_transpose3d", True, True)
+    assert schema.CONV_OPS["normalized_generative_conv_transpose3d"].transposed
+    assert not schema.CONV_OPS["target_conv3d"].transposed

@@ -232,3 +232,16 @@ def test_quantized_unet_packs_only_ops_the_consumer_runs_packed(tmp_path: Path) 
     with torch.no_grad():
         assert_replayed(dequantized(x), got)
         assert not torch.allclose(net(x).feats, dequantized(x).feats)  # packing was real
+
+
+def test_the_exporter_imports_no_model() -> None:
+    """The backbone marks its helpers (torch_lattice.export_hints); the artifact package
+    lowers them by role and imports no model itself."""
+    import ast
+
+    package = Path(tl.artifact.__file__).parent
+    for path in sorted(package.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            assert not any("backbones" in n for n in names), (path.name, names)

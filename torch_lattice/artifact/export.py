@@ -36,12 +36,12 @@ from torch_lattice.artifact.artifact_dir import (
 )
 from torch_lattice.artifact.errors import ExportError
 from torch_lattice.artifact.lowering import (
-    FUNCTION_LOWERINGS,
     Call,
     Dense,
     Lowering,
     Sparse,
     describe,
+    function_lowering,
     lower_getattr,
     lower_method,
     module_lowering,
@@ -266,7 +266,7 @@ class _Interpreter(fx.Interpreter):
             return None  # fx's check that a None default stayed None; it ran above
         if n.target is operator.getitem and isinstance(call.args[0], (tuple, list)):
             return call.args[0][call.args[1]]
-        fn = FUNCTION_LOWERINGS.get(n.target)  # type: ignore[arg-type]
+        fn = function_lowering(n.target)
         if fn is None:
             raise ExportError(
                 f"{describe(n)}: function {getattr(n.target, '__module__', '')}."

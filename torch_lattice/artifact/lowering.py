@@ -33,7 +33,7 @@ from torch_lattice.artifact.relations import (
     support_plan,
 )
 from torch_lattice.artifact.weights import WeightTable, conv_weight_to_artifact, dtype_name
-from torch_lattice.backbones import unet
+from torch_lattice.export_hints import EXPORT_ROLES
 from torch_lattice.geometry import triple
 from torch_lattice.nn import modules as M
 from torch_lattice.nn.functional import pooling as P
@@ -47,6 +47,8 @@ __all__ = [
     "Dense",
     "Lowering",
     "Sparse",
+    "function_lowering",
+    "leaf_functions",
 ]
 
 
@@ -859,28 +861,48 @@ def _lower_sparse_binary(low: Lowering, call: Call, fn: Callable[..., Any]) -> S
     return _binary(low, call, sym["lhs"], sym["rhs"], op, join, fills)
 
 
-# --- backbones: the Python around SparseResUNet42's layers ---------------------
+# --- a model's own helpers, by the role it marks them with (export_hints) -----
 
 
-@_function(unet.padded_range)
-def _lower_padded_range(low: Lowering, call: Call, fn: Callable[..., Any]) -> Sym:
-    # The same rows, order and features; only Torch Lattice's declared range grows,
-    # so that its k2 s2 levels keep every row.  The contract generates strided
-    # supports from the rows alone, so the value passes through unchanged.
+def _lower_same_rows(low: Lowering, call: Call, fn: Callable[..., Any]) -> Sym:
+    # The same rows, order and features; only metadata the contract does not carry
+    # (Torch Lattice's declared range) changes, so the value passes through unchanged.
+    first = next(iter(inspect.signature(fn).parameters))
     sym, _ = call.bind(fn)
-    return call.sparse(sym["x"], "the input")
+    return call.sparse(sym[first], f"the input ({first})")
 
 
-@_function(unet.on_input_support)
-def _lower_on_input_support(low: Lowering, call: Call, fn: Callable[..., Any]) -> Sym:
+def _lower_relabel(low: Lowering, call: Call, fn: Callable[..., Any]) -> Sym:
     # y's features on x's support object: in the graph that is y itself, whose rows
     # are x's (checked on the example), whatever order a runtime gives them.
+    y_name, x_name = list(inspect.signature(fn).parameters)[:2]
     sym, real = call.bind(fn)
-    call.sparse(sym["x"], "x")
-    y = call.sparse(sym["y"], "y")
-    if real["y"].stride != real["x"].stride or not torch.equal(real["y"].coords, real["x"].coords):
+    call.sparse(sym[x_name], x_name)
+    y = call.sparse(sym[y_name], y_name)
+    ry, rx = real[y_name], real[x_name]
+    if ry.stride != rx.stride or not torch.equal(ry.coords, rx.coords):
         raise ExportError(
-            f"{describe(call.node)}: on example_inputs y's rows are not x's rows; "
-            "on_input_support only re-labels features of the same rows"
+            f"{describe(call.node)}: on example_inputs {y_name}'s rows are not {x_name}'s "
+            f"rows; {getattr(fn, '__name__', 'this helper')} only re-labels features of the "
+            "same rows"
         )
     return y
+
+
+_ROLE_LOWERINGS: dict[str, FunctionLowering] = {
+    "same_rows": _lower_same_rows,
+    "relabel": _lower_relabel,
+}
+
+
+def function_lowering(fn: Any) -> FunctionLowering | None:
+    """The lowering of a called function: ours, or by the role a model marked it with."""
+    found = FUNCTION_LOWERINGS.get(fn)
+    if found is None and fn in EXPORT_ROLES:
+        found = _ROLE_LOWERINGS[EXPORT_ROLES[fn]]
+    return found
+
+
+def leaf_functions() -> list[Callable[..., Any]]:
+    """Every function the tracer records as one call: ours and the marked helpers."""
+    return [*FUNCTION_LOWERINGS, *EXPORT_ROLES]

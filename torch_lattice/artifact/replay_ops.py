@@ -163,9 +163,8 @@ def _conv_parts(op: Operation, args: list[Value], with_target: bool
 
 def _conv_executor(name: str) -> Executor:
     """Executor of conv op ``name``; the name says target, normalized and family."""
-    target = name.startswith("target_")
-    normalized = "normalized_" in name
-    family = name.removeprefix("target_").removeprefix("normalized_")
+    traits = schema.CONV_OPS[name]
+    target, normalized, family = traits.target, traits.normalized, traits.family
 
     def run(ctx: ReplayContext, op: Operation, args: list[Value]) -> tuple[Value, ...]:
         x, tgt, w, b = _conv_parts(op, args, target)
@@ -482,12 +481,6 @@ def _embedding(ctx: ReplayContext, op: Operation, args: list[Value]) -> tuple[Va
     return (table[idx.long()],)
 
 
-_CONVS = (
-    "conv3d", "subm_conv3d", "normalized_subm_conv3d", "target_conv3d", "conv_transpose3d",
-    "target_conv_transpose3d", "normalized_conv_transpose3d",
-    "target_normalized_conv_transpose3d", "generative_conv_transpose3d",
-    "normalized_generative_conv_transpose3d",
-)
 
 EXECUTORS: dict[str, Executor] = {
     "weight": _weight,
@@ -495,7 +488,7 @@ EXECUTORS: dict[str, Executor] = {
     "sparse.decompose": _sparse_decompose,
     "sparse.with_features": _with_features,
     "sparse.reindex": _reindex,
-    **{name: _conv_executor(name) for name in _CONVS},
+    **{name: _conv_executor(name) for name in schema.CONV_OPS},
     "pool3d": _pool3d,
     "pool_transpose3d": _pool_transpose3d,
     "trilinear_upsample3d": _trilinear,

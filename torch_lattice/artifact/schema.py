@@ -319,6 +319,39 @@ OPS_IN_ORDER: tuple[OpSpec, ...] = (
 #: Every op by name without the namespace (``"conv3d"``, ``"sparse.make"``, ...), schema order.
 OPS: dict[str, OpSpec] = {op.name: op for op in OPS_IN_ORDER}
 
+
+
+@dataclass(frozen=True)
+class ConvTraits:
+    """What a convolution op's name means: its relation family (``subm_conv3d``,
+    ``conv3d``, ``conv_transpose3d``, ``generative_conv_transpose3d``), whether it
+    takes an explicit target support, whether it normalizes by the weights, and
+    whether its relation is a transposed one (never centred, see relations.py)."""
+
+    family: str
+    target: bool
+    normalized: bool
+
+    @property
+    def transposed(self) -> bool:
+        return self.family in ("conv_transpose3d", "generative_conv_transpose3d")
+
+
+CONV_FAMILIES = ("subm_conv3d", "conv3d", "conv_transpose3d", "generative_conv_transpose3d")
+CONV_OPS: dict[str, ConvTraits] = {
+    "subm_conv3d": ConvTraits("subm_conv3d", False, False),
+    "normalized_subm_conv3d": ConvTraits("subm_conv3d", False, True),
+    "conv3d": ConvTraits("conv3d", False, False),
+    "target_conv3d": ConvTraits("conv3d", True, False),
+    "conv_transpose3d": ConvTraits("conv_transpose3d", False, False),
+    "target_conv_transpose3d": ConvTraits("conv_transpose3d", True, False),
+    "normalized_conv_transpose3d": ConvTraits("conv_transpose3d", False, True),
+    "target_normalized_conv_transpose3d": ConvTraits("conv_transpose3d", True, True),
+    "generative_conv_transpose3d": ConvTraits("generative_conv_transpose3d", False, False),
+    "normalized_generative_conv_transpose3d": ConvTraits(
+        "generative_conv_transpose3d", False, True),
+}
+
 # The ops MLX Lattice 0.6.3 runs with packed (int4/int8) weights; it refuses packed
 # weights elsewhere ("target transpose convolution does not support packed weights.").
 PACKED_WEIGHT_OPS = frozenset({

@@ -17,7 +17,7 @@ from typing import Any
 from torch import fx, nn
 
 from torch_lattice.artifact.errors import ExportError
-from torch_lattice.artifact.lowering import FUNCTION_LOWERINGS, module_lowering
+from torch_lattice.artifact.lowering import leaf_functions, module_lowering
 
 __all__ = ["LatticeTracer", "trace_model"]
 
@@ -25,7 +25,7 @@ __all__ = ["LatticeTracer", "trace_model"]
 def _function_homes() -> list[ModuleType]:
     """Modules whose attributes name a leaf function (patched while tracing)."""
     homes: dict[str, ModuleType] = {}
-    for fn in FUNCTION_LOWERINGS:
+    for fn in leaf_functions():
         name = getattr(fn, "__module__", None) or ""
         if name.startswith("torch_lattice"):
             for mod_name in (name, "torch_lattice", "torch_lattice.nn.functional"):
@@ -40,7 +40,7 @@ class LatticeTracer(fx.Tracer):
     def __init__(self) -> None:
         ours = [
             f
-            for f in FUNCTION_LOWERINGS
+            for f in leaf_functions()
             if getattr(f, "__module__", "").startswith("torch_lattice")
         ]
         super().__init__(autowrap_modules=(), autowrap_functions=tuple(ours))

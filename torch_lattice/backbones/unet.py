@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from torch_lattice.export_hints import export_as_relabel, export_as_same_rows
 from torch_lattice.nn.modules.activation import ReLU
 from torch_lattice.nn.modules.conv import Conv3d, SubmConv3d
 from torch_lattice.nn.modules.conv_transpose import ConvTranspose3d
@@ -148,6 +149,7 @@ class SparseResUNet42(nn.Module):
         return on_input_support(self.head(y), x)
 
 
+@export_as_same_rows
 def padded_range(x: SparseTensor) -> SparseTensor:
     """``x`` on a support with the same rows whose range is a multiple of 16 per axis.
 
@@ -169,6 +171,7 @@ def padded_range(x: SparseTensor) -> SparseTensor:
     return SparseTensor.from_support(x.feats, support)
 
 
+@export_as_relabel
 def on_input_support(y: SparseTensor, x: SparseTensor) -> SparseTensor:
     """``y``'s features on ``x``'s own support object.
 
