@@ -3,8 +3,8 @@
 libFuzzer mutates the bytes of small valid ``graph.mlir`` files
 (fuzz/corpus/graph/); each input is decoded as UTF-8 (bad bytes replaced, as a
 caller must decode before parsing) and given to ``read_header``,
-``parse_module`` and the checks ``load_lattice_program`` runs on a parsed
-module (header, signature, each weight bound to a stand-in tensor). The
+``parse_module`` and the contract checks ``load_lattice_program`` runs on a parsed
+module (``validation.check_module``; each weight bound to a stand-in tensor). The
 contract: a bad graph raises ``ValueError`` (``MlirSyntaxError`` with its line,
 or the loader's own) or ``TypeError``, with a message. Anything else
 (RecursionError, MemoryError, IndexError, KeyError, AttributeError, an
@@ -23,7 +23,7 @@ if __package__ in (None, ""):
 import torch
 
 from fuzz._common import Finding, main
-from torch_lattice.artifact import mlir_parse, program, replay_weights
+from torch_lattice.artifact import mlir_parse, replay_weights, validation
 from torch_lattice.artifact.mlir_parse import parse_module, read_header
 
 CLEAN = (ValueError, TypeError)
@@ -32,8 +32,7 @@ CLEAN = (ValueError, TypeError)
 def _loader_checks(text: str) -> None:
     read_header(text)
     module = parse_module(text)
-    program._check_header(module)
-    program._check_signature(module)
+    validation.check_module(module)
     # What a successful parse promises the executors.
     defined = {a.name for a in module.arguments}
     for op in module.operations:
@@ -68,7 +67,7 @@ def _instrument_parser() -> None:
     """Coverage feedback from the parser and checks themselves, not only this file."""
     import atheris
 
-    for mod in (mlir_parse, program, replay_weights):
+    for mod in (mlir_parse, validation, replay_weights):
         for obj in list(vars(mod).values()):
             if getattr(obj, "__module__", None) != mod.__name__:
                 continue

@@ -19,6 +19,7 @@ from safetensors.torch import save_file
 
 from torch_lattice.artifact import load_lattice_program, schema
 from torch_lattice.artifact.mlir_parse import MAX_GRAPH_CHARS, parse_module
+from torch_lattice.artifact.validation import load_module
 
 try:
     from artifact_replay_helpers import (
@@ -520,7 +521,7 @@ _SEEDS = sorted((_ROOT / "fuzz" / "corpus" / "graph").iterdir())
 @pytest.mark.parametrize("seed", _SEEDS, ids=[s.name for s in _SEEDS])
 def test_graph_fuzz_seeds_are_valid_graphs(seed: Path) -> None:
     """The seeds must pass every check, so that mutations start from accepted graphs."""
-    module = parse_module(seed.read_text(encoding="utf-8"))
+    module = load_module(seed.read_text(encoding="utf-8"))
     assert module.function == "forward" and module.operations
 
 

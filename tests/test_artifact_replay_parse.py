@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from torch_lattice.artifact.mlir_parse import MlirSyntaxError, Packing, parse_module
+from torch_lattice.artifact.mlir_parse import MlirSyntaxError, Packing
+from torch_lattice.artifact.validation import load_module
 
 try:
     import artifact_replay_helpers as h
@@ -30,7 +31,7 @@ def _line_of(text: str, needle: str) -> int:
 
 
 def test_parses_module_signature_and_ops() -> None:
-    m = parse_module(_conv_graph(packing="#lattice.packing<int4, group_size = 32, "
+    m = load_module(_conv_graph(packing="#lattice.packing<int4, group_size = 32, "
                                          "scale_dtype = f16, mode = affine>"))
     assert m.attributes["lattice.ir_version"] == 2
     assert [a.name for a in m.arguments] == ["x_coords", "x_features", "x_active"]
@@ -50,27 +51,27 @@ def test_float_attributes_in_both_spellings() -> None:
     g.sparse_input("t", 1)
     g.op("r", "sparse.reindex", ["s", "t"], [h.SP, h.SP], "fill = -7.5e-01 : f32", h.SP)
     g.output("r", h.SP)
-    assert parse_module(g.text()).operations[-1].attributes["fill"] == -0.75
+    assert load_module(g.text()).operations[-1].attributes["fill"] == -0.75
 
 
 def test_unknown_op_names_it_with_line() -> None:
     text = _conv_graph().replace("lattice.subm_conv3d", "lattice.magic_conv3d")
     line = _line_of(text, "magic_conv3d")
     with pytest.raises(MlirSyntaxError, match=rf"line {line}: unknown op 'lattice\.magic_conv3d'"):
-        parse_module(text)
+        load_module(text)
 
 
 def test_unknown_attribute_is_refused() -> None:
     text = _conv_graph().replace('accumulation = "canonical_f32"',
                                  'accumulation = "canonical_f32", groups = 2')
     with pytest.raises(MlirSyntaxError, match=r"unknown attribute 'groups' on lattice\.subm_conv"):
-        parse_module(text)
+        load_module(text)
 
 
 def test_missing_required_attribute_is_refused() -> None:
     attrs = f"{h.triple('kernel_size', (3, 3, 3))}, accumulation = \"canonical_f32\""
     with pytest.raises(MlirSyntaxError, match="missing required attribute 'dilation'"):
-        parse_module(_conv_graph(attrs))
+        load_module(_conv_graph(attrs))
 
 
 def test_bad_values_are_refused() -> None:
@@ -83,19 +84,19 @@ def test_bad_values_are_refused() -> None:
     }
     for old, (new, message) in cases.items():
         with pytest.raises(MlirSyntaxError, match=message):
-            parse_module(base.replace(old, new, 1))
+            load_module(base.replace(old, new, 1))
 
 
 def test_operand_rules() -> None:
     base = _conv_graph()
     with pytest.raises(MlirSyntaxError, match="used before it is defined"):
-        parse_module(base.replace("%x, %w, %b {", "%x, %w, %nope {"))
+        load_module(base.replace("%x, %w, %b {", "%x, %w, %nope {"))
     one = base.replace("%x, %w, %b {", "%x {").replace(
         f"({h.SP}, {h.weight_type('conv3d')}, {h.weight_type('bias')})", f"({h.SP})")
     with pytest.raises(MlirSyntaxError, match=r"takes operands \(input, weight, bias\?\), got 1"):
-        parse_module(one)
+        load_module(one)
     with pytest.raises(MlirSyntaxError, match="operand 'weight' must be a weight"):
-        parse_module(base.replace("%x, %w, %b {", "%x, %x, %b {").replace(
+        load_module(base.replace("%x, %w, %b {", "%x, %x, %b {").replace(
             f"({h.SP}, {h.weight_type('conv3d')},", f"({h.SP}, {h.SP},"))
 
 
@@ -103,9 +104,9 @@ def test_syntax_errors_carry_line_numbers() -> None:
     base = _conv_graph()
     line = _line_of(base, "lattice.subm_conv3d")
     with pytest.raises(MlirSyntaxError, match=rf"line {line}: unexpected character"):
-        parse_module(base.replace("lattice.subm_conv3d %x", "lattice.subm_conv3d ^%x"))
+        load_module(base.replace("lattice.subm_conv3d %x", "lattice.subm_conv3d ^%x"))
     with pytest.raises(MlirSyntaxError, match=r"unknown module attribute 'lattice\.author'"):
-        parse_module(base.replace("lattice.ir_version", 'lattice.author = "me",\n  '
+        load_module(base.replace("lattice.ir_version", 'lattice.author = "me",\n  '
                                                         "lattice.ir_version"))
     with pytest.raises(MlirSyntaxError, match="without 'return'"):
-        parse_module(base[: base.index("    return")])
+        load_module(base[: base.index("    return")])

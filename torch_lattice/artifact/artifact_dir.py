@@ -92,19 +92,15 @@ def check_destination(target: Path) -> None:
 
 
 def check_loadable(graph: str) -> None:
-    """Runs the loader's parser and header checks on ``graph`` before it is written.
+    """Runs the loader's parser and contract checks on ``graph`` before it is written.
 
     Raises:
         ExportError: the loader would refuse the graph (the message is the loader's).
     """
-    from torch_lattice.artifact import program
-    from torch_lattice.artifact.mlir_parse import parse_module, read_header
+    from torch_lattice.artifact.validation import load_module
 
     try:
-        program._check_version(read_header(graph))
-        module = parse_module(graph)
-        program._check_header(module)
-        program._check_signature(module)
+        load_module(graph)
     except ValueError as exc:
         raise ExportError(
             f"the exported graph would not load (load_lattice_program refuses it): {exc}"

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import math
 import re
-import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,7 +28,6 @@ from torch_lattice.artifact import schema
 
 __all__ = [
     "MAX_GRAPH_CHARS",
-    "MAX_KERNEL_VOLUME",
     "Argument",
     "EnumValue",
     "MlirSyntaxError",
@@ -39,6 +37,7 @@ __all__ = [
     "TypeRef",
     "parse_module",
     "read_header",
+    "show_type",
 ]
 
 
@@ -46,10 +45,6 @@ __all__ = [
 MAX_GRAPH_CHARS = 16 * 2**20
 MAX_TOKEN_CHARS = 4096
 MAX_NESTING = 8  # attribute lists ([...]) inside each other
-# Kernel rows a convolution or pooling may have (32^3); a kernel map holds rows x K entries.
-MAX_KERNEL_VOLUME = 2**15
-MAX_GEOMETRY = 2**20  # any kernel_size / stride / dilation / padding entry
-MAX_BATCH_SIZE = 2**20  # global_pool batch_size (its output has that many rows)
 TENSOR_DTYPES = ("f32", "f16", "i32", "i64")
 _I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
 _F32_MAX = 3.4028234663852886e38
@@ -98,6 +93,7 @@ class Packing:
 class Argument:
     name: str
     type: TypeRef
+    line: int = 0
 
 
 @dataclass(frozen=True)
@@ -115,6 +111,7 @@ class Operation:
     attributes: dict[str, Any]
     result_types: tuple[TypeRef, ...]
     symbol: str = ""
+    operand_types: tuple[TypeRef, ...] = ()  # as the text declares them (may be empty)
 
 
 @dataclass
@@ -125,6 +122,9 @@ class Module:
     result_types: tuple[TypeRef, ...]
     operations: list[Operation] = field(default_factory=list)
     returns: tuple[str, ...] = ()
+    return_types: tuple[TypeRef, ...] = ()  # as the return statement declares them
+    return_line: int = 0
+    attribute_lines: dict[str, int] = field(default_factory=dict)
 
 
 # --- tokens -------------------------------------------------------------------
@@ -535,7 +535,7 @@ def _op_attributes(
 # --- module structure -----------------------------------------------------------
 
 
-def _parse_op(p: _Parser, types: dict[str, TypeRef]) -> Operation:
+def _parse_op(p: _Parser) -> Operation:
     results = p.value_list()
     p.expect("=")
     name = p.expect_kind("ident", "an op name")
@@ -582,13 +582,12 @@ def _parse_op(p: _Parser, types: dict[str, TypeRef]) -> Operation:
         _op_attributes(spec, raw, lines, name.line),
         result_types,
         symbol,
+        operand_types,
     )
-    _check_signature(op, types, operand_types)
-    _check_ranges(op)
     return op
 
 
-def _show_type(ty: TypeRef) -> str:
+def show_type(ty: TypeRef) -> str:
     if ty.kind == "tensor":
         dims = "".join(("?" if d is None else str(d)) + "x" for d in ty.shape)
         return f"tensor<{dims}{ty.dtype}>"
@@ -597,98 +596,7 @@ def _show_type(ty: TypeRef) -> str:
     return f"!lattice.sparse_tensor<dtype = {ty.dtype}>"
 
 
-def _positive_f32(value: float) -> bool:
-    """``value`` stays a positive finite number in float32 (1e-50 rounds to 0 there)."""
-    try:
-        (rounded,) = struct.unpack("<f", struct.pack("<f", value))
-    except (OverflowError, struct.error):  # beyond float32's largest finite value
-        return False
-    return math.isfinite(rounded) and rounded > 0
-
-
-def _check_ranges(op: Operation) -> None:
-    """Attribute values the op cannot run with (a kernel of 10^9 rows, a zero stride,
-    a negative eps) are refused here, before anything is allocated."""
-    a, where = op.attributes, op.spec.qualified_name
-    for name in ("kernel_size", "stride", "dilation", "padding"):
-        if name not in a:
-            continue
-        low = 0 if name == "padding" else 1
-        if not all(low <= v <= MAX_GEOMETRY for v in a[name]):
-            raise MlirSyntaxError(
-                op.line, f"{where} {name} entries must lie in [{low}, {MAX_GEOMETRY}], "
-                f"got {a[name]}"
-            )
-    if "kernel_size" in a:
-        kx, ky, kz = a["kernel_size"]
-        if kx * ky * kz > MAX_KERNEL_VOLUME:
-            raise MlirSyntaxError(
-                op.line, f"{where} kernel_size {a['kernel_size']} has {kx * ky * kz} rows; at "
-                f"most {MAX_KERNEL_VOLUME} are replayed"
-            )
-    if op.spec.name == "trilinear_upsample3d" and "stride" in a:
-        # Its relation is a (2s - 1)^3 kernel: the replay's kernel cap applies to it too.
-        kx, ky, kz = (2 * v - 1 for v in a["stride"])
-        if kx * ky * kz > MAX_KERNEL_VOLUME:
-            raise MlirSyntaxError(
-                op.line, f"{where} stride {a['stride']} implies a {kx}x{ky}x{kz} kernel of "
-                f"{kx * ky * kz} rows; at most {MAX_KERNEL_VOLUME} are replayed"
-            )
-    if a.get("eps", 0.0) < 0:
-        raise MlirSyntaxError(op.line, f"{where} eps must be >= 0, got {a['eps']}")
-    if "voxel_size" in a and not all(_positive_f32(v) for v in a["voxel_size"]):
-        raise MlirSyntaxError(op.line, f"{where} voxel_size must be positive and finite in "
-                              "float32 (the replay divides in float32), got "
-                              f"{a['voxel_size']}")
-    if a.get("batch_size", 0) > MAX_BATCH_SIZE:
-        raise MlirSyntaxError(op.line, f"{where} batch_size must be at most {MAX_BATCH_SIZE} "
-                              f"(or negative: read from the data), got {a['batch_size']}")
-
-
-def _check_signature(op: Operation, types: dict[str, TypeRef],
-                     operand_types: tuple[TypeRef, ...] = ()) -> None:
-    spec, line = op.spec, op.line
-    ssa = [o for o in spec.operands if o.kind == "ssa"]
-    required = sum(1 for o in ssa if not o.optional)
-    if not required <= len(op.operands) <= len(ssa):
-        names = ", ".join(o.name + ("?" if o.optional else "") for o in ssa)
-        raise MlirSyntaxError(
-            line,
-            f"{spec.qualified_name} takes operands ({names}), got {len(op.operands)}",
-        )
-    for value, operand in zip(op.operands, ssa[: len(op.operands)], strict=True):
-        if value not in types:
-            raise MlirSyntaxError(line, f"%{value} is used before it is defined")
-        if types[value].kind != operand.type:
-            raise MlirSyntaxError(
-                line,
-                f"{spec.qualified_name} operand {operand.name!r} must be a {operand.type}, "
-                f"%{value} is a {types[value].kind}",
-            )
-    # The parser matched operand_types to the operands' count (empty: no types declared).
-    for value, declared in zip(op.operands[: len(operand_types)], operand_types, strict=True):
-        if types[value] != declared:
-            raise MlirSyntaxError(
-                line, f"{spec.qualified_name} declares %{value} as {_show_type(declared)}, "
-                f"but it is {_show_type(types[value])}"
-            )
-    if len(op.results) != len(spec.results) or len(op.result_types) != len(spec.results):
-        raise MlirSyntaxError(
-            line, f"{spec.qualified_name} has {len(spec.results)} result(s), got {len(op.results)}"
-        )
-    for value, ty, (res_name, res_kind) in zip(op.results, op.result_types, spec.results,
-                                               strict=True):
-        if value in types:
-            raise MlirSyntaxError(line, f"%{value} is defined twice")
-        if ty.kind != res_kind:
-            raise MlirSyntaxError(
-                line, f"{spec.qualified_name} result {res_name!r} must be a {res_kind}, "
-                f"declared {ty.kind}"
-            )
-        types[value] = ty
-
-
-def _parse_arguments(p: _Parser, types: dict[str, TypeRef]) -> tuple[Argument, ...]:
+def _parse_arguments(p: _Parser) -> tuple[Argument, ...]:
     p.expect("(")
     args: list[Argument] = []
     if p.accept(")"):
@@ -696,39 +604,10 @@ def _parse_arguments(p: _Parser, types: dict[str, TypeRef]) -> tuple[Argument, .
     while True:
         tok = p.expect_kind("value", "an argument (%name)")
         p.expect(":")
-        ty = p.type_ref()
-        if ty.kind == "weight":
-            raise MlirSyntaxError(tok.line, f"argument {tok.text} cannot be a weight")
-        if tok.text[1:] in types:
-            raise MlirSyntaxError(tok.line, f"argument {tok.text} is declared twice")
-        types[tok.text[1:]] = ty
-        args.append(Argument(tok.text[1:], ty))
+        args.append(Argument(tok.text[1:], p.type_ref(), tok.line))
         if p.accept(")"):
             return tuple(args)
         p.expect(",")
-
-
-def _module_attributes(raw: dict[str, Any], lines: dict[str, int]) -> dict[str, Any]:
-    kinds = {
-        "lattice.ir_version": int,
-        "lattice.schema_digest": str,
-        "lattice.input_names": list,
-        "lattice.input_roles": list,
-        "lattice.output_names": list,
-        "lattice.output_roles": list,
-        "lattice.weight_file": str,
-    }
-    for key, value in raw.items():
-        if key not in kinds:
-            raise MlirSyntaxError(lines[key], f"unknown module attribute {key!r}")
-        if isinstance(value, bool) or not isinstance(value, kinds[key]):
-            raise MlirSyntaxError(lines[key], f"module attribute {key!r} has the wrong type")
-        if isinstance(value, list) and not all(isinstance(v, str) for v in value):
-            raise MlirSyntaxError(lines[key], f"module attribute {key!r} must list strings")
-    for key in kinds:
-        if key not in raw:
-            raise MlirSyntaxError(1, f"module is missing attribute {key!r}")
-    return dict(raw)
 
 
 def read_header(text: str) -> dict[str, Any]:
@@ -741,7 +620,10 @@ def read_header(text: str) -> dict[str, Any]:
 
 
 def parse_module(text: str) -> Module:
-    """Parses ``graph.mlir`` text into a :class:`Module`.
+    """Parses ``graph.mlir`` text into a :class:`Module`: syntax only.
+
+    What the text means is checked by :mod:`torch_lattice.artifact.validation`
+    (``load_module`` parses and checks).
 
     Raises:
         ValueError: (an ``MlirSyntaxError``) with the line number and the broken rule.
@@ -750,43 +632,25 @@ def parse_module(text: str) -> Module:
     p.expect("module")
     p.expect("attributes")
     raw, lines = p.attr_dict()
-    attributes = _module_attributes(raw, lines)
     p.expect("{")
     p.expect("func.func")
     function = p.expect_kind("symbol", "a function name (@forward)").text[1:]
-    types: dict[str, TypeRef] = {}
-    arguments = _parse_arguments(p, types)
+    arguments = _parse_arguments(p)
     p.expect("->")
-    module = Module(attributes, function, arguments, p.type_list())
+    module = Module(dict(raw), function, arguments, p.type_list(), attribute_lines=dict(lines))
     p.expect("{")
-    symbols: set[str] = set()
     while p.peek().text != "return":
         if p.peek().kind == "eof":
             raise p.fail("function body ends without 'return'")
-        op = _parse_op(p, types)
-        if op.symbol:
-            if op.symbol in symbols:
-                raise MlirSyntaxError(op.line, f"weight symbol @{op.symbol} is declared twice")
-            symbols.add(op.symbol)
-        module.operations.append(op)
+        module.operations.append(_parse_op(p))
     ret = p.expect("return")
-    returns = [t.text[1:] for t in p.value_list()]
+    module.returns = tuple(t.text[1:] for t in p.value_list())
     p.expect(":")
     return_types = [p.type_ref()]
     while p.accept(","):
         return_types.append(p.type_ref())
-    for name in returns:
-        if name not in types:
-            raise MlirSyntaxError(ret.line, f"return of undefined value %{name}")
-    if len(return_types) != len(returns) or len(returns) != len(module.result_types):
-        raise MlirSyntaxError(ret.line, "return values do not match the function's result types")
-    for name, declared, result in zip(returns, return_types, module.result_types, strict=True):
-        if not types[name] == declared == result:
-            raise MlirSyntaxError(
-                ret.line, f"return %{name} is {_show_type(types[name])}; the return and the "
-                f"function declare {_show_type(declared)} and {_show_type(result)}"
-            )
-    module.returns = tuple(returns)
+    module.return_types = tuple(return_types)
+    module.return_line = ret.line
     p.expect("}")
     p.expect("}")
     if p.peek().kind != "eof":

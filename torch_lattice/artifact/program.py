@@ -14,7 +14,6 @@ import stat
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -25,16 +24,14 @@ from torch_lattice.artifact.mlir_parse import (
     Argument,
     Module,
     TypeRef,
-    parse_module,
-    read_header,
 )
 from torch_lattice.artifact.replay_ops import (
-    ELEMENTWISE_KINDS,
     EXECUTORS,
     ReplayContext,
     boundary_coords,
 )
 from torch_lattice.artifact.replay_weights import WeightValue, check_weight, storage_keys
+from torch_lattice.artifact.validation import load_module
 from torch_lattice.memory_budget import check_allocation
 from torch_lattice.regular_file import describe_file_type, read_regular_file
 from torch_lattice.tensor import SparseTensor
@@ -347,90 +344,6 @@ def _check_files(root: Path) -> None:
         raise ValueError(f"graph.mlir is {size} bytes; at most {MAX_GRAPH_CHARS} are read")
 
 
-def _check_version(attrs: dict[str, Any]) -> None:
-    """IR version and schema digest, checked before the body is parsed."""
-    version = attrs.get("lattice.ir_version")
-    if version != schema.IR_VERSION:
-        raise ValueError(
-            f"graph.mlir has lattice.ir_version = {version}; this runtime reads IR version "
-            f"{schema.IR_VERSION} only (lattice-contract {schema.CONTRACT_VERSION}); migrate "
-            "the artifact explicitly"
-        )
-    digest = attrs.get("lattice.schema_digest")
-    if digest != schema.SCHEMA_DIGEST:
-        raise ValueError(
-            f"graph.mlir lattice.schema_digest {digest!r} is not the lattice-contract "
-            f"{schema.CONTRACT_VERSION} digest {schema.SCHEMA_DIGEST!r}"
-        )
-
-
-def _check_header(module: Module) -> None:
-    attrs = module.attributes
-    if attrs["lattice.weight_file"] != schema.WEIGHT_FILE:
-        raise ValueError(
-            f"graph.mlir lattice.weight_file must be {schema.WEIGHT_FILE!r}, got "
-            f"{attrs['lattice.weight_file']!r}"
-        )
-    if module.function != "forward":
-        raise ValueError(f"graph.mlir must define func.func @forward, got @{module.function}")
-    for op in module.operations:
-        kind = op.attributes.get("kind")
-        if op.spec.name == "elementwise" and kind not in ELEMENTWISE_KINDS:
-            raise ValueError(
-                f"graph.mlir line {op.line}: lattice.elementwise kind must be one of "
-                f"{', '.join(ELEMENTWISE_KINDS)}, got {kind!r}"
-            )
-        acc = op.attributes.get("accumulation", "canonical_f32")
-        if acc != "canonical_f32":  # the only accumulation the contract defines
-            raise ValueError(
-                f"graph.mlir line {op.line}: {op.spec.qualified_name} accumulation must be "
-                f"'canonical_f32', got {acc!r}"
-            )
-
-
-def _check_signature(module: Module) -> None:
-    attrs = module.attributes
-    names, roles = attrs["lattice.input_names"], attrs["lattice.input_roles"]
-    args = [a.name for a in module.arguments]
-    if list(names) != args or len(roles) != len(args):
-        raise ValueError(
-            f"lattice.input_names {names} / input_roles {roles} must match the @forward "
-            f"arguments {args} one for one"
-        )
-    for arg, role in zip(module.arguments, roles, strict=True):
-        if arg.type.kind != "tensor":
-            raise ValueError(f"argument %{arg.name} must be a tensor (sparse inputs enter as "
-                             f"coords, features and active), not a {arg.type.kind}")
-        if role not in schema.INPUT_ROLES:
-            raise ValueError(f"input {arg.name!r} has unknown role {role!r} "
-                             f"(allowed: {', '.join(schema.INPUT_ROLES)})")
-        _check_role_type(arg, role)
-    outs, out_roles = attrs["lattice.output_names"], attrs["lattice.output_roles"]
-    if len(outs) != len(module.returns) or len(out_roles) != len(module.returns):
-        raise ValueError(
-            f"lattice.output_names {outs} / output_roles {out_roles} must match the "
-            f"{len(module.returns)} returned value(s)"
-        )
-    if len(set(outs)) != len(outs) or len(set(names)) != len(names):
-        raise ValueError("input and output names must be unique")
-    for name, role, ty in zip(outs, out_roles, module.result_types, strict=True):
-        if role not in schema.OUTPUT_ROLES or role != ty.kind:
-            raise ValueError(f"output {name!r} has role {role!r} but returns a {ty.kind}")
-
-
-def _check_role_type(arg: Argument, role: str) -> None:
-    ty = arg.type
-    rules = {
-        "sparse_coords": (ty.shape[1:] == (4,) and len(ty.shape) == 2 and ty.dtype == "i32",
-                          "tensor<?x4xi32>"),
-        "sparse_features": (len(ty.shape) == 2 and ty.dtype in ("f32", "f16"),
-                            "tensor<?xCxf32> or f16"),
-        "sparse_active": (ty.shape == (1,) and ty.dtype == "i32", "tensor<1xi32>"),
-    }
-    if role in rules and not rules[role][0]:
-        raise ValueError(f"input {arg.name!r} with role {role} must be {rules[role][1]}")
-
-
 def _load_weights(module: Module, path: Path, device: torch.device) -> dict[str, WeightValue]:
     # Every stored tensor is read into memory: the file's size, checked before reading.
     check_allocation(f"reading {schema.WEIGHT_FILE}", path.stat().st_size)
@@ -500,10 +413,7 @@ def load_lattice_program(
         text = data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
     except UnicodeDecodeError as exc:
         raise ValueError(f"graph.mlir is not UTF-8 text: {exc}") from None
-    _check_version(read_header(text))
-    module = parse_module(text)
-    _check_header(module)
-    _check_signature(module)
+    module = load_module(text)
     weights = _load_weights(module, root / schema.WEIGHT_FILE, dev)
     return LatticeProgram(module, weights, dev, coordinates)
 

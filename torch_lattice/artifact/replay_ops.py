@@ -33,8 +33,7 @@ from torch_lattice.tensor import SparseTensor, Support, multiply_stride
 
 __all__ = ["ELEMENTWISE_KINDS", "EXECUTORS", "ReplayContext", "boundary_coords"]
 
-# The scalar transforms lattice.elementwise names (kind is a free string in the schema).
-ELEMENTWISE_KINDS = ("exp", "round")
+ELEMENTWISE_KINDS = schema.ELEMENTWISE_KINDS  # (see schema)
 
 Value = Any
 Executor = Callable[["ReplayContext", Operation, list[Value]], tuple[Value, ...]]

@@ -16,7 +16,8 @@ import torch
 
 from torch_lattice.artifact import schema
 from torch_lattice.artifact.mlir_parse import Operation, Packing
-from torch_lattice.artifact.packing import GROUP_SIZES, PACKED_SUFFIXES, unpack_weight
+from torch_lattice.artifact.packing import PACKED_SUFFIXES, unpack_weight
+from torch_lattice.artifact.validation import check_packed
 
 __all__ = ["WeightValue", "check_weight", "storage_keys"]
 
@@ -150,31 +151,5 @@ def check_weight(op: Operation, tensors: Mapping[str, torch.Tensor]) -> WeightVa
                 f"{tuple(t.shape)}"
             )
         return WeightValue(key, family, layout, packing, (t,))
-    return WeightValue(key, family, layout, packing, _check_packed(where, family, packing, op,
-                                                                   tensors))
-
-
-def _check_packed(where: str, family: str, packing: Packing, op: Operation,
-                  tensors: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
-    if family not in _PACKABLE:
-        raise ValueError(f"{where}: only conv3d and linear weights may be packed, not {family}")
-    if packing.mode != "affine":
-        raise ValueError(f"{where}: packing mode must be affine, got {packing.mode!r}")
-    if packing.scale_dtype not in _FLOAT:  # f16 is usual; torch-lattice 0.5 can write f32
-        raise ValueError(
-            f"{where}: packing scale_dtype must be f16 or f32, got {packing.scale_dtype!r}"
-        )
-    if packing.group_size not in GROUP_SIZES:  # as MLX Lattice refuses it
-        raise ValueError(
-            f"{where}: packing group_size must be 32, 64 or 128 (the sizes MLX Lattice runs), "
-            f"got {packing.group_size}"
-        )
-    w, scales, biases = (tensors[k] for k in storage_keys(op))
-    if w.dtype not in (torch.uint32, torch.int32) or w.ndim != 3:
-        raise ValueError(f"{where}: packed codes must be a 3-D uint32 tensor, got {w.dtype} "
-                         f"{tuple(w.shape)}")
-    for label, t in (("scales", scales), ("biases", biases)):
-        if t.dtype != _FLOAT[packing.scale_dtype] or t.ndim != 3:
-            raise ValueError(f"{where}: packed {label} must be a 3-D {packing.scale_dtype} "
-                             f"tensor, got {t.dtype} {tuple(t.shape)}")
-    return (w, scales, biases)
+    stored = (tensors[k] for k in storage_keys(op))
+    return WeightValue(key, family, layout, packing, check_packed(where, family, packing, *stored))

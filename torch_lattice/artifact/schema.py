@@ -320,6 +320,9 @@ OPS_IN_ORDER: tuple[OpSpec, ...] = (
 OPS: dict[str, OpSpec] = {op.name: op for op in OPS_IN_ORDER}
 
 
+# The scalar transforms lattice.elementwise names (its kind is a free string in the schema).
+ELEMENTWISE_KINDS = ("exp", "round")
+
 
 @dataclass(frozen=True)
 class ConvTraits:
