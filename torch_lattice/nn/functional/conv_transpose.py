@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import torch
 
 from torch_lattice.geometry import ConvGeometry
-from torch_lattice.nn.functional.config import ConvConfig, resolve_config
+from torch_lattice.nn.functional.config import ConvConfig, Dataflow, resolve_config
 from torch_lattice.nn.functional.conv import (
     check_bias,
     check_config,
@@ -24,6 +24,7 @@ from torch_lattice.nn.functional.conv import (
 )
 from torch_lattice.nn.functional.relation import apply_kernel_map
 from torch_lattice.nn.functional.transposed_support import cached_source_support
+from torch_lattice.ops.pairs import pair_conv
 from torch_lattice.tensor import SparseTensor, Support, divide_stride
 
 __all__ = [
@@ -62,6 +63,42 @@ def transpose_onto(
     """``(N_target, C_out)`` transposed-relation features (no bias)."""
     kmap = target.manager.kernel_map(target, src.support, geometry)
     return apply_kernel_map(src.feats, weight, kmap, config, transposed=True)
+
+
+# Slots of the dense tables per real pair beyond which a generative transpose runs over
+# pair lists even when implicit GEMM is configured: (N_in + N_out) x K slots hold
+# N_in x K pairs, so the ratio is 1 + N_out / N_in (K + 1 when kernel <= stride, each
+# fine row with one source).  A 2x2x2 stride-2 decoder (ratio 9) keeps implicit GEMM; a
+# 4^3 stride-4 one (65) and a one-row 32^3 one (32769) build no (N_out, K) table.
+DENSE_SLOTS_PER_PAIR = 64
+
+
+def generated_transpose(
+    src: SparseTensor,
+    weight: torch.Tensor,
+    target: Support,
+    geometry: ConvGeometry,
+    config: ConvConfig,
+) -> torch.Tensor | None:
+    """``(N_target, C_out)`` features of a transpose onto the support it generated, over
+    pair lists built without the ``(N_target, K)`` table (docs/limits.md), or None where
+    the kernel-map route applies.
+
+    On the CPU the pair dataflows always take this route (the same pair lists, so the
+    same numbers as the kernel map's); implicit GEMM takes it, as gather-scatter, when
+    the dense tables would hold more than ``DENSE_SLOTS_PER_PAIR`` slots per pair.  CUDA
+    keeps the kernel-map route.
+    """
+    if src.feats.device.type != "cpu":
+        return None
+    n_in, n_out = src.support.num_rows, target.num_rows
+    gather = config.dataflow is not Dataflow.FetchOnDemand
+    if config.dataflow is Dataflow.ImplicitGEMM and n_in + n_out <= DENSE_SLOTS_PER_PAIR * n_in:
+        return None
+    pairs = target.manager.transpose_pairs(target, src.support, geometry)
+    return pair_conv(
+        src.feats, weight, *pairs, None, None, None, n_out, gather, bool(config.allow_tf32)
+    )
 
 
 def _finish(y: torch.Tensor, bias: torch.Tensor | None, target: Support) -> SparseTensor:
@@ -148,4 +185,7 @@ def generative_conv_transpose3d(
     target = resolve_target(input, coordinates, geometry.stride)
     if target is None:
         target = input.coordinate_manager.generative_support(input.support, geometry)
+        y = generated_transpose(input, weight, target, geometry, cfg)
+        if y is not None:
+            return _finish(y, bias, target)
     return _finish(transpose_onto(input, weight, target, geometry, cfg), bias, target)
