@@ -20,8 +20,12 @@ from torch_lattice.geometry import ConvGeometry
 from torch_lattice.memory_budget import MemoryBudgetError
 from torch_lattice.nn import functional as F
 from torch_lattice.nn.functional.config import resolve_config
-from torch_lattice.nn.functional.conv_transpose import DENSE_SLOTS_PER_PAIR, transpose_onto
-from torch_lattice.ops.kernel_map import build_kernel_map, build_transpose_pairs
+from torch_lattice.nn.functional.conv_transpose import transpose_onto
+from torch_lattice.ops.kernel_map import (
+    DENSE_SLOTS_PER_PAIR,
+    build_kernel_map,
+    build_transpose_pairs,
+)
 
 GEOMETRIES = [((2, 2, 2), (2, 2, 2)), ((3, 3, 3), (2, 2, 2)), ((2, 3, 1), (2, 1, 3)),
               ((4, 4, 4), (4, 4, 4)), ((5, 4, 3), (3, 3, 3))]
@@ -125,5 +129,44 @@ def test_one_row_32_cubed_fits_a_budget_the_table_would_exceed():
         target = x.coordinate_manager.generative_support(x.support, ConvGeometry.create(32, 32))
         with pytest.raises(MemoryBudgetError, match=r"kernel map \(1 output rows, 32768 input"):
             build_kernel_map(target.coords, x.coords, ConvGeometry.create(32, 32))
+    finally:
+        tl.set_memory_budget(previous)
+
+
+@pytest.mark.parametrize("ks,stride", [((4, 4, 4), (4, 4, 4)), ((4, 3, 6), (2, 3, 6))])
+def test_pool_transpose_pair_route_matches_kernel_map_route(ks, stride, monkeypatch):
+    """pool_transpose3d without a target onto a mostly-empty table: the pair route
+    (taken: building a kernel map would fail here) against pool_avg over the kernel map."""
+    from torch_lattice.ops import kernel_map as kernel_map_module
+    from torch_lattice.ops.pooling import pool_avg
+
+    def no_map(*args):
+        raise AssertionError("the pair route builds no kernel map")
+
+    g = ConvGeometry.create(ks, stride)
+    for seed in range(3):
+        x = _input(seed)
+        with monkeypatch.context() as m:
+            m.setattr(kernel_map_module, "build_kernel_map", no_map)
+            y = F.pool_transpose3d(x, ks, stride, expand_coordinates=True)
+        torch.manual_seed(seed)
+        grad = torch.randn_like(y.feats)
+        (dx,) = torch.autograd.grad(y.feats, x.feats, grad)
+        kmap = build_kernel_map(y.coords, x.coords, g)
+        want = pool_avg(x.feats, kmap.rev, kmap.nbr)
+        (want_dx,) = torch.autograd.grad(want, x.feats, grad)
+        torch.testing.assert_close(y.feats, want, rtol=1e-14, atol=1e-14)
+        torch.testing.assert_close(dx, want_dx, rtol=1e-14, atol=1e-14)
+
+
+def test_pool_transpose_32_cubed_fits_a_budget_the_table_would_exceed():
+    previous = tl.set_memory_budget(64 * 2**20)
+    try:
+        feats = torch.randn(1, 2, dtype=torch.float64, requires_grad=True)
+        x = tl.SparseTensor(feats, torch.tensor([[0, 1, 2, 3]], dtype=torch.int32), stride=32)
+        y = F.pool_transpose3d(x, 32, 32, expand_coordinates=True)
+        assert y.feats.shape == (32**3, 2) and torch.equal(y.feats, feats.detach().expand(32**3, 2))
+        y.feats.sum().backward()
+        assert torch.equal(feats.grad, torch.full((1, 2), float(32**3), dtype=torch.float64))
     finally:
         tl.set_memory_budget(previous)

@@ -21,6 +21,7 @@ from torch_lattice.ops._native import _C, ptr, require_cpu, threads
 from torch_lattice.ops.pairs import PairLists, kernel_pairs, reverse_pairs
 
 __all__ = [
+    "DENSE_SLOTS_PER_PAIR",
     "KernelMap",
     "build_kernel_map",
     "build_transpose_pairs",
@@ -28,6 +29,7 @@ __all__ = [
     "generative_support",
     "kernel_map",
     "neighbour_table",
+    "sparse_table",
 ]
 
 
@@ -267,6 +269,21 @@ def _(in_coords, out_coords, kernel_size, stride, padding, dilation):
 def _(in_coords, out_coords, kernel_size, stride, padding, dilation):
     k = kernel_size[0] * kernel_size[1] * kernel_size[2]
     return out_coords.new_empty((out_coords.shape[0], k))
+
+
+# Slots of the dense tables per real pair beyond which a transpose onto a generated
+# support runs over pair lists (build_transpose_pairs): a generated support has
+# (N_in + N_out) x K table slots for N_in x K pairs, so the ratio is 1 + N_out / N_in
+# (K + 1 when kernel <= stride, each fine row with one source).  A 2x2x2 stride-2
+# decoder (ratio 9) keeps its tables; a 4^3 stride-4 one (65) and a one-row 32^3 one
+# (32769) build no (N_out, K) table.
+DENSE_SLOTS_PER_PAIR = 64
+
+
+def sparse_table(n_in: int, n_out: int) -> bool:
+    """Whether the tables of a transpose of ``n_in`` rows onto the ``n_out`` rows it
+    generated would hold more than ``DENSE_SLOTS_PER_PAIR`` slots per pair."""
+    return n_in + n_out > DENSE_SLOTS_PER_PAIR * n_in
 
 
 # Bytes per (coarse row, kernel row) slot of build_transpose_pairs: the int32 table

@@ -24,6 +24,7 @@ from torch_lattice.nn.functional.conv import (
 )
 from torch_lattice.nn.functional.relation import apply_kernel_map
 from torch_lattice.nn.functional.transposed_support import cached_source_support
+from torch_lattice.ops.kernel_map import sparse_table
 from torch_lattice.ops.pairs import pair_conv
 from torch_lattice.tensor import SparseTensor, Support, divide_stride
 
@@ -65,14 +66,6 @@ def transpose_onto(
     return apply_kernel_map(src.feats, weight, kmap, config, transposed=True)
 
 
-# Slots of the dense tables per real pair beyond which a generative transpose runs over
-# pair lists even when implicit GEMM is configured: (N_in + N_out) x K slots hold
-# N_in x K pairs, so the ratio is 1 + N_out / N_in (K + 1 when kernel <= stride, each
-# fine row with one source).  A 2x2x2 stride-2 decoder (ratio 9) keeps implicit GEMM; a
-# 4^3 stride-4 one (65) and a one-row 32^3 one (32769) build no (N_out, K) table.
-DENSE_SLOTS_PER_PAIR = 64
-
-
 def generated_transpose(
     src: SparseTensor,
     weight: torch.Tensor,
@@ -86,14 +79,14 @@ def generated_transpose(
 
     On the CPU the pair dataflows always take this route (the same pair lists, so the
     same numbers as the kernel map's); implicit GEMM takes it, as gather-scatter, when
-    the dense tables would hold more than ``DENSE_SLOTS_PER_PAIR`` slots per pair.  CUDA
-    keeps the kernel-map route.
+    the dense tables would hold more than ``DENSE_SLOTS_PER_PAIR`` slots per pair
+    (``sparse_table``).  CUDA keeps the kernel-map route.
     """
     if src.feats.device.type != "cpu":
         return None
     n_in, n_out = src.support.num_rows, target.num_rows
     gather = config.dataflow is not Dataflow.FetchOnDemand
-    if config.dataflow is Dataflow.ImplicitGEMM and n_in + n_out <= DENSE_SLOTS_PER_PAIR * n_in:
+    if config.dataflow is Dataflow.ImplicitGEMM and not sparse_table(n_in, n_out):
         return None
     pairs = target.manager.transpose_pairs(target, src.support, geometry)
     return pair_conv(
