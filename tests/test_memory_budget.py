@@ -118,9 +118,15 @@ def test_a_generative_transpose_with_the_largest_kernel_is_bounded(budget_1gib: 
 
 
 def test_a_pooling_transpose_without_target_is_bounded(budget_1gib: None) -> None:
-    x = _one_row(stride=32)
-    with pytest.raises(ValueError, match="memory budget"):
-        F.pool_transpose3d(x, 32, 32, expand_coordinates=True)
+    """One row with a 32^3 kernel averages over 2^15 pairs (no neighbour table,
+    tests/test_transpose_pairs.py); 1000 such rows are refused before generating."""
+    one = F.pool_transpose3d(_one_row(stride=32), 32, 32, expand_coordinates=True)
+    assert one.feats.shape == (32**3, 1)
+    rows = torch.zeros(1000, 4, dtype=torch.int32)
+    rows[:, 1] = torch.arange(1000, dtype=torch.int32)
+    many = tl.SparseTensor(torch.ones(1000, 1), rows, stride=32)
+    with pytest.raises(ValueError, match=r"pool_transpose3d without a target .* memory budget"):
+        F.pool_transpose3d(many, 32, 32, expand_coordinates=True)
     assert F.pool_transpose3d(_one_row(stride=2), 2, 2, expand_coordinates=True).feats.shape == (
         8, 1)
 
