@@ -171,3 +171,45 @@ def test_pool_transpose_32_cubed_fits_a_budget_the_table_would_exceed():
         assert torch.equal(feats.grad, torch.full((1, 2), float(32**3), dtype=torch.float64))
     finally:
         tl.set_memory_budget(previous)
+
+
+@pytest.mark.parametrize("ks,stride,padding", [((3, 3, 3), (2, 2, 2), (0, 0, 0)),
+                                               ((4, 2, 3), (2, 2, 3), (0, 0, 0))])
+def test_transpose_onto_a_generated_target_matches_the_map_route(ks, stride, padding):
+    """conv_transpose3d onto generated_transposed_support's rows (replay's no-target
+    transpose): the recorded expansion runs over pair lists; the same rows passed as a
+    plain tensor take the kernel-map route; bitwise the same (both gather-scatter)."""
+    from torch_lattice.nn.functional.transposed_support import generated_transposed_support
+
+    g = ConvGeometry.create(ks, stride, padding)
+    x = _input(3)
+    target = generated_transposed_support(x, g, "conv_transpose3d")
+    weight = torch.randn(g.volume, 3, 2, dtype=torch.float64, requires_grad=True)
+    outs = []
+    for coords in (target, target.coords.clone()):
+        y = F.conv_transpose3d(x, weight, None, ks, stride, padding, coordinates=coords)
+        torch.manual_seed(0)
+        grads = torch.autograd.grad(y.feats, (x.feats, weight), torch.randn_like(y.feats))
+        outs.append((y.feats, *grads))
+    for a, b in zip(*outs, strict=True):
+        assert torch.equal(a, b)
+    sizes = x.coordinate_manager.cache_sizes()
+    assert sizes["transient"] == 2  # one pair-list entry and one kernel map, not two maps
+
+
+def test_transpose_onto_a_generated_32_cubed_target_fits_a_small_budget():
+    from torch_lattice.nn.functional.transposed_support import generated_transposed_support
+
+    previous = tl.set_memory_budget(64 * 2**20)
+    try:
+        g = ConvGeometry.create(32, 32)
+        x = tl.SparseTensor(torch.ones(1, 1), torch.tensor([[0, 1, 2, 3]], dtype=torch.int32),
+                            stride=32)
+        target = generated_transposed_support(x, g, "conv_transpose3d")
+        weight = torch.arange(32.0**3).reshape(-1, 1, 1)
+        y = F.conv_transpose3d(x, weight, None, 32, 32, coordinates=target)
+        assert torch.equal(y.feats[:, 0], weight[:, 0, 0])  # fine row n is kernel row n
+        with pytest.raises(MemoryBudgetError, match=r"kernel map"):
+            F.conv_transpose3d(x, weight, None, 32, 32, coordinates=target.coords.clone())
+    finally:
+        tl.set_memory_budget(previous)

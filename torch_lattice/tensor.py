@@ -258,6 +258,12 @@ class CoordinateManager:
     _derivations: weakref.WeakKeyDictionary[Support, list[Derivation]] = field(
         default_factory=weakref.WeakKeyDictionary
     )
+    # Supports generated as unique{source * s + r * d - p} (every candidate kept), weakly
+    # keyed by the generated support: a transpose onto one has a pair per (source row,
+    # kernel row) and can skip the (N_generated, K) table.
+    _expanded: weakref.WeakKeyDictionary[Support, Derivation] = field(
+        default_factory=weakref.WeakKeyDictionary
+    )
     builds: int = 0  # kernel maps built (not served from cache); for tests and profiling
     _lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
 
@@ -438,6 +444,17 @@ class CoordinateManager:
 
         return self._cached(self._transpose_pairs, ("transpose_pairs", fine, coarse, geometry),
                             self._is_stable(fine, coarse), build)
+
+    def record_expansion(self, output: Support, source: Support, geometry: ConvGeometry) -> None:
+        """Notes that ``output`` is every ``source * stride + r * dilation - padding``."""
+        with self._lock:
+            self._expanded[output] = Derivation(source, geometry)
+
+    def is_expansion(self, output: Support, source: Support, geometry: ConvGeometry) -> bool:
+        """Whether ``output`` was generated from ``source`` by ``geometry``'s transpose
+        (``record_expansion``)."""
+        with self._lock:
+            return self._expanded.get(output) == Derivation(source, geometry)
 
     def derivations(self, support: Support) -> list[Derivation]:
         """The (source, geometry) pairs that generated ``support``."""

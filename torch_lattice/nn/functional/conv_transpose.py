@@ -145,6 +145,12 @@ def conv_transpose3d(
     )
     if coordinates is not None:
         target = resolve_target(input, coordinates, geometry.stride)
+        if target is not None and target.manager.is_expansion(target, input.support, geometry):
+            # A target generated from this input by this geometry (as the artifact
+            # replay's no-target transpose passes): every (row, kernel row) is a pair.
+            y = generated_transpose(input, weight, target, geometry, cfg)
+            if y is not None:
+                return _finish(y, bias, target)
     elif geometry.is_identity:
         return pointwise(input, weight, bias)  # a 1x1x1 stride-1 Conv3d kept its support
     else:
