@@ -2,8 +2,6 @@
 
 #include "tl_coords.h"
 
-static int tl_mul_fits(int64_t a, int64_t b) { return a == 0 || b <= INT64_MAX / a; }
-
 tl_status tl_conv_desc_check(const tl_conv_desc *d) {
     if (d->n_in < 0 || d->n_out < 0 || d->k < 1 || d->c_in < 0 || d->c_out < 0)
         return TL_ERR_INVALID;

@@ -17,6 +17,17 @@
 #define TL_ROW_MAX INT32_MAX
 #define TL_NO_ROW (-1)
 
+/* Whether a * b fits int64 for a, b >= 0: every size product (rows x kernel
+ * rows, rows x channels) is checked with it before it is formed. */
+static inline int tl_mul_fits(int64_t a, int64_t b) { return a == 0 || b <= INT64_MAX / a; }
+
+/* A table of `rows` rows by `k` kernel rows as the C core indexes it: rows
+ * and k within TL_ROW_MAX (int32 row indices), so rows * k fits int64. */
+static inline tl_status tl_table_check(int64_t rows, int64_t k) {
+    if (rows < 0 || k < 1) return TL_ERR_INVALID;
+    return rows > TL_ROW_MAX || k > TL_ROW_MAX ? TL_ERR_OVERFLOW : TL_OK;
+}
+
 typedef struct tl_coord {
     int32_t b, x, y, z;
 } tl_coord;

@@ -300,7 +300,7 @@ tl_status tl_kmap_reverse(const tl_ctx *ctx, const int32_t *nbr, int64_t n_out,
                           int64_t k, int64_t n_in, int32_t *rev) {
     if (n_out < 0 || n_in < 0 || k < 1 || (n_out && !nbr) || (n_in && !rev))
         return TL_ERR_INVALID;
-    if (n_in > TL_ROW_MAX || n_out > TL_ROW_MAX) return TL_ERR_OVERFLOW;
+    if (n_in > TL_ROW_MAX || n_out > TL_ROW_MAX || k > TL_ROW_MAX) return TL_ERR_OVERFLOW;
     int bad = 0;
     /* Each (i, n) slot has at most one writer, so the kernel rows are split
      * into one contiguous group per thread; every thread walks nbr row by row

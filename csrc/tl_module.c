@@ -18,27 +18,50 @@
 
 #define TL_GEOM_FMT "(iii)(iii)(iii)(iii)"
 
-PyObject *tl_raise(const char *fn, tl_status st) {
+#define TL_RANGE_ERROR "OutOfRangeError"
+
+static struct PyModuleDef tl_module;
+
+/* The module's OutOfRangeError (a ValueError and an OverflowError), found
+ * through the interpreter's module state rather than a C static: no global
+ * state.  New reference; ValueError if the module is somehow not attached. */
+static PyObject *tl_range_error_type(void) {
+    PyObject *m = PyState_FindModule(&tl_module); /* borrowed */
+    PyObject *t = m ? PyObject_GetAttrString(m, TL_RANGE_ERROR) : NULL;
+    if (!t) {
+        PyErr_Clear();
+        Py_INCREF(PyExc_ValueError);
+        return PyExc_ValueError;
+    }
+    return t;
+}
+
+/* Exception type of a status (new reference). */
+static PyObject *tl_status_type(tl_status st) {
     PyObject *type = PyExc_RuntimeError;
     switch (st) {
     case TL_ERR_INVALID:
     case TL_ERR_DUPLICATE: type = PyExc_ValueError; break;
-    case TL_ERR_OVERFLOW: type = PyExc_OverflowError; break;
+    case TL_ERR_OVERFLOW: return tl_range_error_type();
     case TL_ERR_NOMEM: type = PyExc_MemoryError; break;
     default: break;
     }
+    Py_INCREF(type);
+    return type;
+}
+
+PyObject *tl_raise(const char *fn, tl_status st) {
+    PyObject *type = tl_status_type(st);
     PyErr_Format(type, "torch_lattice._C.%s: %s", fn, tl_status_str(st));
+    Py_DECREF(type);
     return NULL;
 }
 
-/* tl_raise with the rule the arguments broke (for statuses whose cause the
- * entry point knows). */
-static PyObject *tl_raise_rule(const char *fn, tl_status st, const char *rule) {
-    PyObject *type = st == TL_ERR_OVERFLOW ? PyExc_OverflowError
-                     : st == TL_ERR_NOMEM  ? PyExc_MemoryError
-                     : st == TL_ERR_INVALID || st == TL_ERR_DUPLICATE ? PyExc_ValueError
-                                                                     : PyExc_RuntimeError;
+/* See tl_py.h. */
+PyObject *tl_raise_rule(const char *fn, tl_status st, const char *rule) {
+    PyObject *type = tl_status_type(st);
     PyErr_Format(type, "torch_lattice._C.%s: %s: %s", fn, tl_status_str(st), rule);
+    Py_DECREF(type);
     return NULL;
 }
 
@@ -239,6 +262,8 @@ static PyObject *py_kmap_build(PyObject *self, PyObject *args) {
         tl_kmap_build(&ctx, tl_ptr(pin), n_in, tl_ptr(pout), n_out, &g, tl_ptr(pnbr));
     Py_END_ALLOW_THREADS if (st == TL_ERR_INVALID) return tl_raise_rule(
         "kmap_build", st, "n_in and n_out must be >= 0 and coordinate rows non-negative");
+    if (st == TL_ERR_OVERFLOW)
+        return tl_raise_rule("kmap_build", st, "n_in and n_out must be <= 2^31 - 1 (int32 rows)");
     if (st != TL_OK) return tl_raise("kmap_build", st);
     Py_RETURN_NONE;
 }
@@ -259,6 +284,9 @@ static PyObject *py_kmap_reverse(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS st = tl_kmap_reverse(&ctx, tl_ptr(pnbr), n_out, k, n_in, tl_ptr(prev));
     Py_END_ALLOW_THREADS if (st == TL_ERR_INVALID) return tl_raise_rule(
         "kmap_reverse", st, "every nbr entry must be -1 or lie in [0, n_in), sizes >= 0");
+    if (st == TL_ERR_OVERFLOW)
+        return tl_raise_rule("kmap_reverse", st,
+                             "n_in, n_out and k must be <= 2^31 - 1 (int32 row indices)");
     if (st != TL_OK) return tl_raise("kmap_reverse", st);
     Py_RETURN_NONE;
 }
@@ -284,6 +312,10 @@ static PyObject *tl_call_conv(const char *name, tl_conv_fn fn, PyObject *args) {
         name, st,
         "every nbr entry must be -1 or lie in [0, rows of the gathered side); dtype, sizes "
         "(>= 0) and pointers must be valid");
+    if (st == TL_ERR_OVERFLOW)
+        return tl_raise_rule(name, st,
+                             "n_in, n_out and k must be <= 2^31 - 1 (int32 rows) and rows x "
+                             "channels and k x c_in x c_out must fit int64");
     if (st != TL_OK) return tl_raise(name, st);
     Py_RETURN_NONE;
 }
@@ -340,6 +372,27 @@ static struct PyModuleDef tl_module = {
 PyMODINIT_FUNC PyInit__C(void) {
     PyObject *m = PyModule_Create(&tl_module);
     if (!m) return NULL;
+    /* TL_ERR_OVERFLOW: a size or coordinate beyond its type is a bad argument
+     * (ValueError) that older callers caught as OverflowError; it is both. */
+    PyObject *bases = PyTuple_Pack(2, PyExc_ValueError, PyExc_OverflowError);
+    PyObject *range_error =
+        bases ? PyErr_NewExceptionWithDoc("torch_lattice._C." TL_RANGE_ERROR,
+                                          "A size or coordinate leaves its integer range "
+                                          "(int32 coordinates and rows, int64 sizes).",
+                                          bases, NULL)
+              : NULL;
+    Py_XDECREF(bases);
+    if (!range_error || PyModule_AddObject(m, TL_RANGE_ERROR, range_error) < 0) {
+        Py_XDECREF(range_error);
+        Py_DECREF(m);
+        return NULL;
+    }
+    /* What tl_range_error_type finds (a second load of the file, as the
+     * fuzzers' sanitizer override does, re-attaches the newest module). */
+    if (PyState_AddModule(m, &tl_module) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
     PyMethodDef *tables[] = {tl_py_core_methods, tl_py_dataflow_methods, tl_py_blocks_methods,
                              tl_py_cuda_methods, tl_py_cuda_blocks_methods};
     for (size_t i = 0; i < sizeof(tables) / sizeof(tables[0]); i++) {

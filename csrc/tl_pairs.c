@@ -5,6 +5,8 @@
 tl_status tl_pairs_count(const tl_ctx *ctx, const int32_t *nbr, int64_t n_out, int64_t k,
                          int64_t *offsets) {
     if (!ctx || n_out < 0 || k < 1 || (n_out && !nbr) || !offsets) return TL_ERR_INVALID;
+    tl_status st = tl_table_check(n_out, k);
+    if (st != TL_OK) return st;
     offsets[0] = 0;
 #pragma omp parallel for num_threads(tl_threads_for(ctx, n_out * k)) schedule(static)
     for (int64_t n = 0; n < k; n++) {
@@ -19,7 +21,8 @@ tl_status tl_pairs_count(const tl_ctx *ctx, const int32_t *nbr, int64_t n_out, i
 tl_status tl_pairs_fill(const tl_ctx *ctx, const int32_t *nbr, int64_t n_out, int64_t k,
                         const int64_t *offsets, int32_t *in, int32_t *out) {
     if (!ctx || n_out < 0 || k < 1 || (n_out && !nbr) || !offsets) return TL_ERR_INVALID;
-    if (n_out > TL_ROW_MAX) return TL_ERR_OVERFLOW;
+    tl_status st = tl_table_check(n_out, k);
+    if (st != TL_OK) return st;
     if (offsets[k] && (!in || !out)) return TL_ERR_INVALID;
     /* Offsets not forming a CSR (offsets[0] = 0, non-decreasing) would send
      * the writes below outside [0, offsets[k]). */
@@ -48,6 +51,7 @@ tl_status tl_pairs_fill(const tl_ctx *ctx, const int32_t *nbr, int64_t n_out, in
 
 tl_status tl_pairs_check(const tl_ctx *ctx, const tl_pairs *p, int64_t n_in, int64_t n_out) {
     if (!ctx || !p || p->k < 1 || !p->offsets || p->offsets[0] != 0) return TL_ERR_INVALID;
+    if (p->k > TL_ROW_MAX) return TL_ERR_OVERFLOW;
     for (int64_t n = 0; n < p->k; n++)
         if (p->offsets[n + 1] < p->offsets[n]) return TL_ERR_INVALID;
     if (p->offsets[p->k] && (!p->in || !p->out)) return TL_ERR_INVALID;

@@ -5,7 +5,10 @@
 static tl_status tl_pool_check(const tl_ctx *ctx, const tl_pool_desc *d) {
     if (!ctx || !d || ctx->threads < 1) return TL_ERR_INVALID;
     if (d->n_in < 0 || d->n_out < 0 || d->k < 1 || d->c < 0) return TL_ERR_INVALID;
-    if (d->n_in > TL_ROW_MAX || d->n_out > TL_ROW_MAX) return TL_ERR_OVERFLOW;
+    if (d->n_in > TL_ROW_MAX || d->n_out > TL_ROW_MAX || d->k > TL_ROW_MAX)
+        return TL_ERR_OVERFLOW;
+    /* rows x channels index the feature arrays in int64. */
+    if (!tl_mul_fits(d->n_in, d->c) || !tl_mul_fits(d->n_out, d->c)) return TL_ERR_OVERFLOW;
     if (d->dtype != TL_F32 && d->dtype != TL_F64) return TL_ERR_UNSUPPORTED;
     return TL_OK;
 }

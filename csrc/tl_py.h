@@ -17,8 +17,13 @@
 /* Sets the Python exception for a failed status and returns NULL.  The only
  * place a tl_status becomes an exception:
  *   TL_ERR_INVALID, TL_ERR_DUPLICATE -> ValueError, TL_ERR_OVERFLOW ->
- *   OverflowError, TL_ERR_NOMEM -> MemoryError, others -> RuntimeError. */
+ *   torch_lattice._C.OutOfRangeError (a ValueError and an OverflowError),
+ *   TL_ERR_NOMEM -> MemoryError, others -> RuntimeError. */
 PyObject *tl_raise(const char *fn, tl_status st);
+
+/* tl_raise with the rule the arguments broke appended ("fn: status: rule"),
+ * for entry points that know which argument a status is about. */
+PyObject *tl_raise_rule(const char *fn, tl_status st, const char *rule);
 
 /* tl_raise for a generative-support status, with the rule the arguments broke.
  * The CPU and CUDA bindings both raise through it, so they say the same. */

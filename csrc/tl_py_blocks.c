@@ -8,6 +8,11 @@
 #include "tl_pool.h"
 #include "tl_voxel.h"
 
+/* The size rules behind TL_ERR_OVERFLOW of pooling and voxel reductions. */
+#define TL_POOL_SIZES                                                                       \
+    "n_in, n_out and k must be <= 2^31 - 1 (int32 rows) and rows x channels must fit int64"
+#define TL_VOXEL_SIZES "points, voxels and columns times channels must fit int64"
+
 static int tl_parse_grid(PyObject *size, PyObject *origin, tl_voxel_grid *g) {
     return PyArg_ParseTuple(size, "ddd", &g->size[0], &g->size[1], &g->size[2]) &&
            PyArg_ParseTuple(origin, "ddd", &g->origin[0], &g->origin[1], &g->origin[2]);
@@ -76,7 +81,8 @@ static PyObject *py_voxel_reduce(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS st = tl_voxel_reduce(&ctx, (tl_dtype)dtype, (tl_voxel_reduction)red,
                                                 tl_ptr(pf), n, c, tl_ptr(pinv), m, tl_ptr(pout),
                                                 tl_ptr(parg));
-    Py_END_ALLOW_THREADS if (st != TL_OK) return tl_raise("voxel_reduce", st);
+    Py_END_ALLOW_THREADS if (st == TL_ERR_OVERFLOW) return tl_raise_rule("voxel_reduce", st, TL_VOXEL_SIZES);
+    if (st != TL_OK) return tl_raise("voxel_reduce", st);
     Py_RETURN_NONE;
 }
 
@@ -120,7 +126,8 @@ static PyObject *py_voxel_gather(PyObject *self, PyObject *args) {
     tl_status st;
     Py_BEGIN_ALLOW_THREADS st = tl_voxel_gather(&ctx, (tl_dtype)dtype, tl_ptr(pf), m, c,
                                                 tl_ptr(pi), tl_ptr(pw), n, k, tl_ptr(pout));
-    Py_END_ALLOW_THREADS if (st != TL_OK) return tl_raise("voxel_gather", st);
+    Py_END_ALLOW_THREADS if (st == TL_ERR_OVERFLOW) return tl_raise_rule("voxel_gather", st, TL_VOXEL_SIZES);
+    if (st != TL_OK) return tl_raise("voxel_gather", st);
     Py_RETURN_NONE;
 }
 
@@ -151,7 +158,8 @@ static PyObject *py_pool_sum(PyObject *self, PyObject *args) {
     if (tl_cpu_ctx(threads, &ctx)) return NULL;
     tl_status st;
     Py_BEGIN_ALLOW_THREADS st = tl_pool_sum(&ctx, &d, tl_ptr(p[0]), tl_ptr(p[1]), avg, tl_ptr(p[2]));
-    Py_END_ALLOW_THREADS if (st != TL_OK) return tl_raise("pool_sum", st);
+    Py_END_ALLOW_THREADS if (st == TL_ERR_OVERFLOW) return tl_raise_rule("pool_sum", st, TL_POOL_SIZES);
+    if (st != TL_OK) return tl_raise("pool_sum", st);
     Py_RETURN_NONE;
 }
 
@@ -169,7 +177,8 @@ static PyObject *py_pool_max(PyObject *self, PyObject *args) {
     tl_status st;
     Py_BEGIN_ALLOW_THREADS st =
         tl_pool_max(&ctx, &d, tl_ptr(p[0]), tl_ptr(p[1]), tl_ptr(p[2]), tl_ptr(p[3]));
-    Py_END_ALLOW_THREADS if (st != TL_OK) return tl_raise("pool_max", st);
+    Py_END_ALLOW_THREADS if (st == TL_ERR_OVERFLOW) return tl_raise_rule("pool_max", st, TL_POOL_SIZES);
+    if (st != TL_OK) return tl_raise("pool_max", st);
     Py_RETURN_NONE;
 }
 
@@ -187,7 +196,8 @@ static PyObject *py_pool_max_backward(PyObject *self, PyObject *args) {
     tl_status st;
     Py_BEGIN_ALLOW_THREADS st =
         tl_pool_max_backward(&ctx, &d, tl_ptr(p[0]), tl_ptr(p[1]), tl_ptr(p[3]), tl_ptr(p[2]));
-    Py_END_ALLOW_THREADS if (st != TL_OK) return tl_raise("pool_max_backward", st);
+    Py_END_ALLOW_THREADS if (st == TL_ERR_OVERFLOW) return tl_raise_rule("pool_max_backward", st, TL_POOL_SIZES);
+    if (st != TL_OK) return tl_raise("pool_max_backward", st);
     Py_RETURN_NONE;
 }
 

@@ -23,13 +23,18 @@ static inline tl_ctx tl_cuda_ctx(int device, unsigned long long stream, char *er
     return ctx;
 }
 
-/* tl_raise for a CUDA entry point: TL_ERR_CUDA becomes a RuntimeError that
+/* tl_raise for a CUDA entry point: TL_ERR_OVERFLOW gets its rule (the size
+ * limits of the CUDA kernels); TL_ERR_CUDA becomes a RuntimeError that
  * names `fn`, the entry point, the failing CUDA call with its file and line
  * when recorded, and the runtime's error name and string.  It also clears the
  * runtime's last error: launch checks only peek at it, and a non-sticky error
  * left set would fail torch's next kernel launch in this process. */
 static inline PyObject *tl_cuda_raise(const char *fn, const char *entry, tl_status st,
                                       const tl_ctx *ctx) {
+    if (st == TL_ERR_OVERFLOW)
+        return tl_raise_rule(fn, st,
+                             "rows and kernel rows must be <= 2^31 - 1 (int32 indices) and "
+                             "every size product, workspace and launch grid must fit its type");
     if (st != TL_ERR_CUDA) return tl_raise(fn, st);
     tl_cuda_error_describe(ctx->err, ctx->err_size);
     PyErr_Format(PyExc_RuntimeError, "torch_lattice._C.%s: CUDA error in %s: %s", fn, entry,

@@ -4,6 +4,11 @@
 
 #include "tl_dataflow_pairs.h"
 
+/* The size rule of tl_conv_desc_check, for TL_ERR_OVERFLOW. */
+#define TL_CONV_SIZES                                                                       \
+    "n_in, n_out and k must be <= 2^31 - 1 (int32 rows) and rows x channels and "          \
+    "k x c_in x c_out must fit int64"
+
 PyDoc_STRVAR(pairs_count_doc,
              "pairs_count(nbr_ptr, n_out, k, offsets_ptr, threads)\n\n"
              "Fills the (k + 1) int64 CSR offsets of the pair lists of nbr.");
@@ -17,7 +22,8 @@ static PyObject *py_pairs_count(PyObject *self, PyObject *args) {
     if (tl_cpu_ctx(threads, &ctx)) return NULL;
     tl_status st;
     Py_BEGIN_ALLOW_THREADS st = tl_pairs_count(&ctx, tl_ptr(pnbr), n_out, k, tl_ptr(poff));
-    Py_END_ALLOW_THREADS if (st != TL_OK) return tl_raise("pairs_count", st);
+    Py_END_ALLOW_THREADS if (st == TL_ERR_OVERFLOW) return tl_raise_rule("pairs_count", st, "n_out and k must be <= 2^31 - 1 (int32 row and kernel-row indices)");
+    if (st != TL_OK) return tl_raise("pairs_count", st);
     Py_RETURN_NONE;
 }
 
@@ -36,7 +42,8 @@ static PyObject *py_pairs_fill(PyObject *self, PyObject *args) {
     tl_status st;
     Py_BEGIN_ALLOW_THREADS st =
         tl_pairs_fill(&ctx, tl_ptr(pnbr), n_out, k, tl_ptr(poff), tl_ptr(pin), tl_ptr(pout));
-    Py_END_ALLOW_THREADS if (st != TL_OK) return tl_raise("pairs_fill", st);
+    Py_END_ALLOW_THREADS if (st == TL_ERR_OVERFLOW) return tl_raise_rule("pairs_fill", st, "n_out and k must be <= 2^31 - 1 (int32 row and kernel-row indices)");
+    if (st != TL_OK) return tl_raise("pairs_fill", st);
     Py_RETURN_NONE;
 }
 
@@ -58,7 +65,8 @@ static PyObject *tl_call_pairs(const char *name, tl_pairs_fn fn, PyObject *args)
     tl_status st;
     Py_BEGIN_ALLOW_THREADS st =
         fn(&ctx, (tl_pairs_mode)mode, &d, tl_ptr(pa), tl_ptr(pb), &p, tl_ptr(pres));
-    Py_END_ALLOW_THREADS if (st != TL_OK) return tl_raise(name, st);
+    Py_END_ALLOW_THREADS if (st == TL_ERR_OVERFLOW) return tl_raise_rule(name, st, TL_CONV_SIZES);
+    if (st != TL_OK) return tl_raise(name, st);
     Py_RETURN_NONE;
 }
 

@@ -176,6 +176,9 @@ tl_status tl_voxel_reduce(const tl_ctx *ctx, tl_dtype dtype, tl_voxel_reduction 
     if (red != TL_VOXEL_MEAN && red != TL_VOXEL_SUM && red != TL_VOXEL_MAX)
         return TL_ERR_INVALID;
     if (dtype != TL_F32 && dtype != TL_F64) return TL_ERR_UNSUPPORTED;
+    /* Points and voxels x channels index in int64; m + 1 offsets are allocated. */
+    if (!tl_mul_fits(n, c) || !tl_mul_fits(m, c) || m > (int64_t)(SIZE_MAX / sizeof(int64_t)) - 1)
+        return TL_ERR_OVERFLOW;
     if ((n > 0 && !inverse) || (n * c > 0 && !feats) || (m * c > 0 && !out)) return TL_ERR_INVALID;
     if (red == TL_VOXEL_MAX && m * c > 0 && !argmax) return TL_ERR_INVALID;
     if (!tl_index_ok(ctx, inverse, n, 0, m)) return TL_ERR_INVALID;
@@ -272,6 +275,7 @@ tl_status tl_voxel_gather(const tl_ctx *ctx, tl_dtype dtype, const void *feats, 
                           void *out) {
     if (!ctx || ctx->threads < 1 || m < 0 || c < 0 || n < 0 || k < 1) return TL_ERR_INVALID;
     if (dtype != TL_F32 && dtype != TL_F64) return TL_ERR_UNSUPPORTED;
+    if (!tl_mul_fits(n, k) || !tl_mul_fits(n, c) || !tl_mul_fits(m, c)) return TL_ERR_OVERFLOW;
     if ((n > 0 && (!idx || !w)) || (m * c > 0 && !feats) || (n * c > 0 && !out))
         return TL_ERR_INVALID;
     if (!tl_index_ok(ctx, idx, n * k, -1, m)) return TL_ERR_INVALID;

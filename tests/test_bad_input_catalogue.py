@@ -20,7 +20,11 @@ layout is what the converter refuses (covered). The joins across supports
 pooling functions (``pool_transpose3d``, ``trilinear_upsample3d``, ``global_pool``) and
 the MLX Lattice artifacts (``save_lattice_model_artifact``: arguments, unsupported
 modules and dtypes, destinations; ``load_lattice_program``: arguments, file sets, another
-IR version, an unknown op). ``ExportError`` is a ``ValueError``.
+IR version, an unknown op). ``ExportError`` is a ``ValueError``. The hostile cases of
+issue 21: sizes a small input makes the library compute (refused by the memory budget),
+coordinates and strides beyond int32, expanded and edited coordinates, converter outputs
+that are its inputs, corrupted archives, export names and folders, replay case names and
+FIFOs.
 
 Not bad inputs, and so not here: NaN or infinite *features* (they propagate through the
 arithmetic as in ``torch.nn.functional.conv3d``; NaN or infinite *points* are refused by
@@ -46,8 +50,10 @@ import torch
 import torch_lattice as tl
 from torch_lattice import _C, migration
 from torch_lattice.artifact import ExportError, load_lattice_program, save_lattice_model_artifact
+from torch_lattice.artifact import __main__ as replay_cli
 from torch_lattice.migration import cli as migration_cli
 from torch_lattice.nn import functional as F
+from torch_lattice.regular_file import read_regular_file
 
 # --------------------------------------------------------------------------------------
 # Fixtures of valid inputs
@@ -1657,6 +1663,259 @@ add_tmp(
     lambda tmp: load_lattice_program(
         _edit_graph(tmp, "lattice.subm_conv3d ", "lattice.subm_conv4d ")
     ),
+)
+
+
+# --------------------------------------------------------------------------------------
+# Issue 21: sizes computed from small inputs, integers, owned coordinates, files.  One
+# entry per hostile case; the scenario tests with their after-checks (nothing written,
+# nothing listed, memory flat) are tests/test_memory_budget.py, test_transpose_pairs.py,
+# test_int_limits.py, test_tensor_ownership.py, test_migration_hostile.py,
+# test_replay_hostile.py and test_artifact_writing.py.
+# --------------------------------------------------------------------------------------
+
+GIB = 2**30
+
+
+def _within_budget(fn: Callable[[], object], nbytes: int = GIB) -> Callable[[], object]:
+    """``fn`` run under a fixed memory budget (the default depends on the machine)."""
+
+    def run() -> object:
+        previous = tl.set_memory_budget(nbytes)
+        try:
+            return fn()
+        finally:
+            tl.set_memory_budget(previous)
+
+    return run
+
+
+def _rows(n: int, stride: int = 1, batch: int = 0) -> tl.SparseTensor:
+    """``n`` rows along x in one batch, one channel."""
+    coords = torch.zeros(n, 4, dtype=torch.int32)
+    coords[:, 0] = batch
+    coords[:, 1] = torch.arange(n, dtype=torch.int32)
+    return tl.SparseTensor(torch.ones(n, 1), coords, stride=stride)
+
+
+BUDGET = r"would allocate \d+ bytes .* beyond the memory budget of 1073741824 bytes"
+add(
+    "budget-global-pool-last-batch-index",
+    ValueError,
+    r"global_pool of 2147483648 batches .*" + BUDGET,
+    _within_budget(lambda: F.global_pool(_rows(1, batch=2**31 - 1), "sum")),
+)
+add(
+    "budget-dense-2-50-cells",
+    ValueError,
+    r"dense\(\) of spatial_range \(1, 131072, 131072, 65536\) .*" + BUDGET,
+    _within_budget(lambda: ST(torch.ones(1, 1), torch.zeros(1, 4, dtype=torch.int32),
+                              spatial_range=(1, 2**17, 2**17, 2**16)).dense()),
+)
+add(
+    "budget-trilinear-stride-645",
+    ValueError,
+    r"trilinear_upsample3d without a target \(1 rows x 2141700569 kernel positions.*" + BUDGET,
+    _within_budget(lambda: F.trilinear_upsample3d(_rows(1, stride=645), 645)),
+)
+add(
+    "budget-generative-32-cubed-1000-rows",
+    ValueError,
+    r"transposed pair lists \(1000 source rows x 32768 kernel rows.*" + BUDGET,
+    _within_budget(lambda: F.generative_conv_transpose3d(
+        _rows(1000, stride=32), torch.ones(32**3, 1, 1), None, 32, 32)),
+)
+add(
+    "budget-pool-transpose-32-cubed-1000-rows",
+    ValueError,
+    r"pool_transpose3d without a target \(1000 rows x 32768 kernel positions.*" + BUDGET,
+    _within_budget(lambda: F.pool_transpose3d(_rows(1000, stride=32), 32, 32,
+                                              expand_coordinates=True)),
+)
+add(
+    "int-generative-coordinate-beyond-int32",
+    ValueError,
+    r"maps coordinate 1073741824 on axis x to 2147483649, beyond the int32 limit",
+    lambda: F.generative_conv_transpose3d(
+        ST(torch.ones(1, 1), torch.tensor([[0, 2**30, 0, 0]], dtype=torch.int32), stride=2),
+        torch.ones(8, 1, 1), None, 2, 2),
+)
+add(
+    "int-transpose-stride-2-31-minus-1",
+    ValueError,
+    r"to 4294967294, beyond the int32 limit",
+    lambda: F.generative_conv_transpose3d(
+        ST(torch.ones(1, 1), torch.tensor([[0, 2, 0, 0]], dtype=torch.int32),
+           stride=(2**31 - 1, 1, 1)),
+        torch.ones(1, 1, 1), None, 1, (2**31 - 1, 1, 1)),
+)
+add(
+    "int-total-stride-beyond-int32",
+    ValueError,
+    r"total stride \(4294967296, 4294967296, 4294967296\) .* beyond the int32 limit",
+    lambda: F.conv3d(_rows(1, stride=2**16), torch.ones(1, 1, 1), None, 1, 2**16),
+)
+add(
+    "int-pool-transpose-coordinate-beyond-int32",
+    ValueError,
+    r"pool_transpose3d without a target generates coordinate 2147483649, beyond the int32",
+    lambda: F.pool_transpose3d(
+        ST(torch.ones(1, 1), torch.tensor([[0, 2**30, 0, 0]], dtype=torch.int32), stride=2),
+        2, 2, expand_coordinates=True),
+)
+add(
+    "int-voxel-size-zero-in-float32",
+    ValueError,
+    r"voxel_size must be a positive finite float32 .*got \[1e-50, 1e-50, 1e-50\]",
+    lambda: tl.voxelize(_points(), torch.randn(20, C), voxel_size=1e-50),
+)
+add(
+    "tensor-coords-expanded-view",
+    ValueError,
+    r"coords rows must be unique, row 1 repeats .*expanded view with row stride 0",
+    lambda: ST(torch.ones(2**20, 1).expand(2**20, 1),
+               torch.zeros(1, 4, dtype=torch.int32).expand(2**20, 4)),
+)
+add(
+    "tensor-stored-coords-edited-in-place",
+    ValueError,
+    r"coords of this SparseTensor were modified in place after it was built",
+    lambda: (lambda x: (x.coords.__setitem__((0, 1), 3), nn.SubmConv3d(1, 1, 3)(x)))(_rows(5)),
+)
+
+
+def _migration_inputs(tmp: Path) -> tuple[Path, Path]:
+    """A legacy checkpoint and its kernel spec in ``tmp``."""
+    return _save(tmp, {**_legacy_state(), "bn.weight": torch.ones(4)}), _spec(tmp, SPEC)
+
+
+def _corrupt_crc(tmp: Path) -> Path:
+    """The checkpoint with one stored byte of bn.weight changed: only the CRC can tell."""
+    src, _ = _migration_inputs(tmp)
+    raw = bytearray(src.read_bytes())
+    at = bytes(raw).index(torch.ones(4).numpy().tobytes())
+    raw[at + 3] ^= 0x7F
+    src.write_bytes(bytes(raw))
+    return src
+
+
+def _duplicate_pickle(tmp: Path) -> Path:
+    """The checkpoint's zip with its data.pkl entry written twice."""
+    import warnings
+    import zipfile
+
+    src, _ = _migration_inputs(tmp)
+    with zipfile.ZipFile(src) as archive:
+        entries = [(info, archive.read(info)) for info in archive.infolist()]
+    pickle_entry = next(e for e in entries if e[0].filename.endswith("data.pkl"))
+    dup = tmp / "dup.pt"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # zipfile warns about the duplicate name
+        with zipfile.ZipFile(dup, "w", zipfile.ZIP_STORED) as archive:
+            for info, data in [*entries, pickle_entry]:
+                archive.writestr(info, data)
+    return dup
+
+
+add_tmp(
+    "migrate-output-is-kernel-spec-even-with-force",
+    CE,
+    r"output .*spec\.json' would overwrite the kernel spec .*\(not even with --force\)",
+    lambda tmp: migration.convert_checkpoint(
+        *(lambda src, spec: (src, spec, spec))(*_migration_inputs(tmp)), force=True),
+)
+add_tmp(
+    "migrate-manifest-is-kernel-spec",
+    CE,
+    r"output .*spec\.json' would overwrite the kernel spec",
+    lambda tmp: (lambda src, spec: migration.convert_checkpoint(
+        src, tmp / "out.safetensors", spec, manifest=spec, force=True))(*_migration_inputs(tmp)),
+)
+add_tmp(
+    "migrate-output-is-source",
+    CE,
+    r"output .*legacy\.pt' would overwrite the source checkpoint",
+    lambda tmp: (lambda src, spec: migration.convert_checkpoint(src, src, spec, force=True))(
+        *_migration_inputs(tmp)),
+)
+add_tmp(
+    "migrate-expanded-tensor-2-31",
+    CE,
+    r"'bomb' of shape \(2147483648,\) is an expanded view \(strides \(0,\)\)",
+    lambda tmp: migration.convert_checkpoint(
+        _save(tmp, {**_legacy_state(), "bomb": torch.zeros(1).expand(2**31)}),
+        tmp / "out.safetensors", _spec(tmp, SPEC)),
+)
+add_tmp(
+    "migrate-bad-crc",
+    CE,
+    r"corrupted archive: entry '.*' fails its CRC check",
+    lambda tmp: migration.convert_checkpoint(_corrupt_crc(tmp), tmp / "out.safetensors",
+                                             _spec(tmp, SPEC)),
+)
+add_tmp(
+    "migrate-duplicate-entry",
+    CE,
+    r"corrupted archive: entry '.*data\.pkl' appears twice",
+    lambda tmp: migration.convert_checkpoint(_duplicate_pickle(tmp), tmp / "out.safetensors",
+                                             _spec(tmp, SPEC)),
+)
+add_tmp(
+    "export-quantize-group-size-2-62",
+    ValueError,
+    r"quantize_group_size must be 32, 64 or 128 .*got 4611686018427387904",
+    lambda tmp: _export(tmp, quantize_bits=4, quantize_group_size=2**62),
+)
+add_tmp(
+    "export-output-name-newline",
+    ExportError,
+    r"output_names entry 'out\\nx' holds the control character '\\n'",
+    lambda tmp: _export(tmp, output_names=["out\nx"]),
+)
+
+
+def _user_folder(tmp: Path) -> Path:
+    """A folder holding graph.mlir and a sub-folder named weights.safetensors."""
+    folder = tmp / "art"
+    (folder / "weights.safetensors").mkdir(parents=True)
+    (folder / "graph.mlir").write_text("mine")
+    (folder / "weights.safetensors" / "notes.txt").write_text("mine")
+    return folder
+
+
+add_tmp(
+    "export-over-a-user-folder",
+    FileExistsError,
+    r"artifact_dir .* exists and is not an artifact .*refusing to replace it",
+    lambda tmp: (_user_folder(tmp), _export(tmp)),
+)
+add(
+    "replay-case-name-parent",
+    ValueError,
+    r"case name '\.\./private' must be a plain folder name inside the fixture folder",
+    lambda: replay_cli.check_case_name("../private", Path("manifest.json")),
+)
+add(
+    "replay-case-name-absolute",
+    ValueError,
+    r"case name '/etc' must be a plain folder name",
+    lambda: replay_cli.check_case_name("/etc", Path("manifest.json")),
+)
+
+
+def _fifo(tmp: Path) -> Path:
+    import os
+
+    path = tmp / "inputs.safetensors"
+    os.mkfifo(path)
+    return path
+
+
+add_tmp(
+    "replay-fifo-input",
+    ValueError,
+    r"inputs .*inputs\.safetensors' is a FIFO",
+    lambda tmp: read_regular_file(_fifo(tmp), "inputs"),
 )
 
 

@@ -88,6 +88,7 @@ class _Counter:
         self.delay = delay
         for name, key in (
             ("build_kernel_map", lambda a, b, g: (a.data_ptr(), b.data_ptr(), g)),
+            ("build_transpose_pairs", lambda a, b, g: (a.data_ptr(), b.data_ptr(), g)),
             ("generate_support", lambda c, *rest: (c.data_ptr(), repr(rest))),
             ("generative_support", lambda c, *rest: (c.data_ptr(), repr(rest))),
             ("kernel_pairs", lambda nbr: (nbr.data_ptr(), tuple(nbr.shape))),
@@ -125,8 +126,11 @@ def test_cold_shared_tensor_builds_each_map_once(dataflow, monkeypatch):
     assert names["generative_support"] == 2
     if dataflow is not tl.nn.functional.Dataflow.ImplicitGEMM:
         assert names["kernel_pairs"] >= 1
-    # ... and the manager counted the same kernel-map builds
-    assert shared.coordinate_manager.builds == names["build_kernel_map"]
+    # ... and the manager counted the same kernel-map and transpose pair-list builds
+    # (the generative transposes' pair lists, built without a kernel map on the pair
+    # dataflows)
+    assert shared.coordinate_manager.builds == (names["build_kernel_map"]
+                                                + names["build_transpose_pairs"])
     # single-threaded on a fresh tensor: the same number of builds
     single = _Counter(monkeypatch, delay=0.0)
     nh.run(net, nh.make_input(rows=600))

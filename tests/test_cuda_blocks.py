@@ -400,7 +400,7 @@ def test_generative_support_errors_match_cpu():
     for coords in (negative, big):
         cpu = _error(ops.generative_support, coords, [2, 2, 2], [2, 2, 2])
         assert cpu == _error(ops.generative_support, coords.cuda(), [2, 2, 2], [2, 2, 2])
-    assert _error(ops.generative_support, big, [2, 2, 2], [2, 2, 2])[0] is OverflowError
+    assert issubclass(_error(ops.generative_support, big, [2, 2, 2], [2, 2, 2])[0], ValueError)
 
 
 # ---- the backbone ----

@@ -100,20 +100,33 @@ def test_global_pool_at_the_last_batch_index_is_refused(budget_1gib: None) -> No
     assert F.global_pool(_one_row(channels=2, batch=3), "sum").shape == (4, 2)
 
 
-def test_a_generative_transpose_with_the_largest_kernel_is_refused(budget_1gib: None) -> None:
-    x = _one_row(stride=32)
+def test_a_generative_transpose_with_the_largest_kernel_is_bounded(budget_1gib: None) -> None:
+    """One row runs in pair lists of 2^15 pairs (no 4 GiB neighbour table,
+    tests/test_transpose_pairs.py); 1000 rows (2^15 pairs each, 44 bytes a pair) are
+    refused before anything is built."""
     w = torch.ones(32**3, 1, 1)
-    with pytest.raises(ValueError,
-                       match=r"kernel map .*kernel_size \(32, 32, 32\).* memory budget"):
-        F.generative_conv_transpose3d(x, w, None, 32, 32)
+    assert F.generative_conv_transpose3d(_one_row(stride=32), w, None, 32, 32).feats.shape == (
+        32**3, 1)
+    rows = torch.zeros(1000, 4, dtype=torch.int32)
+    rows[:, 1] = torch.arange(1000, dtype=torch.int32)
+    many = tl.SparseTensor(torch.ones(1000, 1), rows, stride=32)
+    with pytest.raises(ValueError, match=r"transposed pair lists \(1000 source rows x 32768 "
+                       r"kernel rows.*kernel_size \(32, 32, 32\).* memory budget"):
+        F.generative_conv_transpose3d(many, w, None, 32, 32)
     y = F.generative_conv_transpose3d(_one_row(stride=4), torch.ones(64, 1, 1), None, 4, 4)
     assert y.coords.shape == (64, 4)
 
 
 def test_a_pooling_transpose_without_target_is_bounded(budget_1gib: None) -> None:
-    x = _one_row(stride=32)
-    with pytest.raises(ValueError, match="memory budget"):
-        F.pool_transpose3d(x, 32, 32, expand_coordinates=True)
+    """One row with a 32^3 kernel averages over 2^15 pairs (no neighbour table,
+    tests/test_transpose_pairs.py); 1000 such rows are refused before generating."""
+    one = F.pool_transpose3d(_one_row(stride=32), 32, 32, expand_coordinates=True)
+    assert one.feats.shape == (32**3, 1)
+    rows = torch.zeros(1000, 4, dtype=torch.int32)
+    rows[:, 1] = torch.arange(1000, dtype=torch.int32)
+    many = tl.SparseTensor(torch.ones(1000, 1), rows, stride=32)
+    with pytest.raises(ValueError, match=r"pool_transpose3d without a target .* memory budget"):
+        F.pool_transpose3d(many, 32, 32, expand_coordinates=True)
     assert F.pool_transpose3d(_one_row(stride=2), 2, 2, expand_coordinates=True).feats.shape == (
         8, 1)
 

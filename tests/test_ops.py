@@ -44,6 +44,17 @@ def test_opcheck_kernel_map(geometry: ConvGeometry) -> None:
     torch.library.opcheck(torch.ops.lattice.kernel_map.default, (coords, coords, ks, s, p, d))
 
 
+@pytest.mark.parametrize("geometry", GEOMETRIES)
+def test_opcheck_neighbour_table(geometry: ConvGeometry) -> None:
+    """The nbr-only op equals kernel_map's nbr."""
+    coords = _coords(60, 7, 2)
+    ks, s, p, d = (list(v) for v in geometry.as_c())
+    args = (coords, coords, ks, s, p, d)
+    torch.library.opcheck(torch.ops.lattice.neighbour_table.default, args)
+    assert torch.equal(torch.ops.lattice.neighbour_table(*args),
+                       torch.ops.lattice.kernel_map(*args)[0])
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("geometry", GEOMETRIES)
 def test_opcheck_sparse_conv(geometry: ConvGeometry, dtype: torch.dtype) -> None:

@@ -23,6 +23,7 @@ from torch_lattice.memory_budget import check_allocation
 
 if TYPE_CHECKING:
     from torch_lattice.ops.kernel_map import KernelMap
+    from torch_lattice.ops.pairs import PairLists
 
 __all__ = ["CoordinateManager", "Derivation", "SparseTensor", "Support", "validate_coords"]
 
@@ -247,12 +248,20 @@ class CoordinateManager:
 
     _generated: dict[tuple[Any, ...], Support] = field(default_factory=dict)
     _kernel_maps: dict[tuple[Any, ...], KernelMap] = field(default_factory=dict)
+    # Pair lists of transposed relations built without the (N_fine, K) table.
+    _transpose_pairs: dict[tuple[Any, ...], PairLists] = field(default_factory=dict)
     _generative: dict[tuple[Any, ...], Support] = field(default_factory=dict)
     # Entries involving a single-call support (a fresh target each call), least recently
     # used first: bounded by TRANSIENT_CACHE_SIZE, so repeated calls cannot grow memory.
     _transient: OrderedDict[tuple[Any, ...], Any] = field(default_factory=OrderedDict)
     # Weakly keyed: a derivation lives as long as the output support it describes.
     _derivations: weakref.WeakKeyDictionary[Support, list[Derivation]] = field(
+        default_factory=weakref.WeakKeyDictionary
+    )
+    # Supports generated as unique{source * s + r * d - p} (every candidate kept), weakly
+    # keyed by the generated support: a transpose onto one has a pair per (source row,
+    # kernel row) and can skip the (N_generated, K) table.
+    _expanded: weakref.WeakKeyDictionary[Support, Derivation] = field(
         default_factory=weakref.WeakKeyDictionary
     )
     builds: int = 0  # kernel maps built (not served from cache); for tests and profiling
@@ -296,10 +305,12 @@ class CoordinateManager:
 
     def cache_sizes(self) -> dict[str, int]:
         """Entries per cache (for tests and profiling): ``generated``, ``generative``,
-        ``kernel_maps`` (stable supports) and ``transient`` (bounded)."""
+        ``kernel_maps``, ``transpose_pairs`` (stable supports) and ``transient`` (bounded)."""
         with self._lock:
             return {"generated": len(self._generated), "generative": len(self._generative),
-                    "kernel_maps": len(self._kernel_maps), "transient": len(self._transient)}
+                    "kernel_maps": len(self._kernel_maps),
+                    "transpose_pairs": len(self._transpose_pairs),
+                    "transient": len(self._transient)}
 
     def generated_support(self, source: Support, geometry: ConvGeometry) -> Support:
         """Output support of a strided convolution of ``source`` (cached)."""
@@ -413,6 +424,37 @@ class CoordinateManager:
 
         return self._cached(self._kernel_maps, (source, target, geometry),
                             self._is_stable(source, target), build)
+
+    def transpose_pairs(self, fine: Support, coarse: Support, geometry: ConvGeometry) -> PairLists:
+        """Pair lists of the transposed relation coarse -> fine (cached like a kernel map),
+        built from the ``(N_coarse, K)`` table only (``build_transpose_pairs``).
+
+        Raises:
+            ValueError: either support's rows were edited in place after it was made.
+        """
+        fine.check_unchanged()
+        coarse.check_unchanged()
+
+        def build() -> PairLists:
+            from torch_lattice.ops.kernel_map import build_transpose_pairs
+
+            pairs = build_transpose_pairs(fine.coords, coarse.coords, geometry)
+            self.builds += 1
+            return pairs
+
+        return self._cached(self._transpose_pairs, ("transpose_pairs", fine, coarse, geometry),
+                            self._is_stable(fine, coarse), build)
+
+    def record_expansion(self, output: Support, source: Support, geometry: ConvGeometry) -> None:
+        """Notes that ``output`` is every ``source * stride + r * dilation - padding``."""
+        with self._lock:
+            self._expanded[output] = Derivation(source, geometry)
+
+    def is_expansion(self, output: Support, source: Support, geometry: ConvGeometry) -> bool:
+        """Whether ``output`` was generated from ``source`` by ``geometry``'s transpose
+        (``record_expansion``)."""
+        with self._lock:
+            return self._expanded.get(output) == Derivation(source, geometry)
 
     def derivations(self, support: Support) -> list[Derivation]:
         """The (source, geometry) pairs that generated ``support``."""

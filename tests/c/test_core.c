@@ -579,12 +579,83 @@ static void test_voxel(void) {
     free(out), free(arg), free(back);
 }
 
+/* Integer limits: every coordinate sum and size product that would leave its
+ * type is refused with TL_ERR_OVERFLOW (or TL_ERR_INVALID for a range the
+ * contract excludes), never wrapped into a wrong row or an out-of-bounds
+ * index.  No buffer is touched: sizes are checked before any access. */
+static void test_int_limits(void) {
+    current = "int limits";
+    tl_ctx ctx = {.threads = 2, .device = -1};
+    /* Generative support: c * s + K - 1 must fit int32 (2^30 * 2 + 1 does not). */
+    tl_geom gen = {{2, 2, 2}, {2, 2, 2}, {0, 0, 0}, {1, 1, 1}};
+    tl_coord far[1] = {{0, 1 << 30, 0, 0}}, near[1] = {{0, (1 << 30) - 1, 0, 0}};
+    tl_coord out[8];
+    int64_t m = -1;
+    CHECK(tl_generative_support(far, 1, &gen, out, 8, &m) == TL_ERR_OVERFLOW && m == 0);
+    CHECK(tl_generative_support(near, 1, &gen, out, 8, &m) == TL_OK && m == 8);
+    CHECK(out[7].x == INT32_MAX); /* the largest row, exact */
+    /* A huge stride alone: 1 * 2^30 * ... with stride INT32_MAX overflows. */
+    tl_geom wide = {{1, 1, 1}, {INT32_MAX, 1, 1}, {0, 0, 0}, {1, 1, 1}};
+    tl_coord two[1] = {{0, 2, 0, 0}};
+    CHECK(tl_generative_support(two, 1, &wide, out, 8, &m) == TL_ERR_OVERFLOW);
+    /* Kernel maps: o * s - p + r * d is formed in int64, so an output row
+     * whose physical position passes 2^31 - 1 finds no input (it must not
+     * wrap onto row 0 or a negative coordinate). */
+    tl_geom s2 = {{2, 1, 1}, {2, 1, 1}, {0, 0, 0}, {1, 1, 1}};
+    tl_coord in[2] = {{0, 0, 0, 0}, {0, INT32_MAX - 1, 0, 0}};
+    tl_coord q[2] = {{0, 0, 0, 0}, {0, 1 << 30, 0, 0}}; /* 2^30 * 2 = 2^31: beyond int32 */
+    int32_t nbr[4], rev[4];
+    CHECK(tl_kmap_build(&ctx, in, 2, q, 2, &s2, nbr) == TL_OK);
+    CHECK(nbr[0] == 0 && nbr[1] == TL_NO_ROW && nbr[2] == TL_NO_ROW && nbr[3] == TL_NO_ROW);
+    tl_coord q2[1] = {{0, (1 << 30) - 1, 0, 0}}; /* 2^31 - 2 (+1): the input row exists */
+    CHECK(tl_kmap_build(&ctx, in, 2, q2, 1, &s2, nbr) == TL_OK);
+    CHECK(nbr[0] == 1 && nbr[1] == TL_NO_ROW);
+    /* Strided support generation: out_range beyond 2^31 is refused. */
+    int64_t big_range[3] = {(int64_t)INT32_MAX + 2, 1, 1}, n_out = -1;
+    CHECK(tl_coords_generate(in, 2, &s2, big_range, out, 8, &n_out) == TL_ERR_INVALID);
+    int64_t bound = -1, full[3] = {(int64_t)INT32_MAX + 1, INT32_MAX, INT32_MAX};
+    CHECK(tl_coords_generate_bound(INT32_MAX, &s2, full, INT32_MAX, &bound) == TL_OK);
+    CHECK(bound > 0); /* saturates rather than wrapping negative */
+    /* Tables: rows and kernel rows beyond int32 (rows * k would leave int64). */
+    int64_t offsets[2];
+    CHECK(tl_pairs_count(&ctx, nbr, (int64_t)TL_ROW_MAX + 1, 1, offsets) == TL_ERR_OVERFLOW);
+    CHECK(tl_pairs_count(&ctx, nbr, 1, (int64_t)1 << 40, offsets) == TL_ERR_OVERFLOW);
+    CHECK(tl_kmap_reverse(&ctx, nbr, 1, (int64_t)1 << 40, 1, rev) == TL_ERR_OVERFLOW);
+    tl_pool_desc pd = {TL_F32, 1, 1, (int64_t)1 << 40, 1};
+    float x[1] = {1}, y[1];
+    int32_t arg[1];
+    CHECK(tl_pool_sum(&ctx, &pd, x, nbr, 0, y) == TL_ERR_OVERFLOW);
+    tl_pool_desc pc = {TL_F32, 1 << 20, 1, 1, (int64_t)1 << 50}; /* rows x channels > 2^63 */
+    CHECK(tl_pool_max(&ctx, &pc, x, nbr, y, arg) == TL_ERR_OVERFLOW);
+    CHECK(tl_pool_max_backward(&ctx, &pc, y, rev, arg, x) == TL_ERR_OVERFLOW);
+    /* Voxel reductions and gathers: points x channels. */
+    int64_t inv[1] = {0}, idx[1] = {0};
+    double w[1] = {1};
+    CHECK(tl_voxel_reduce(&ctx, TL_F32, TL_VOXEL_SUM, x, (int64_t)1 << 40, (int64_t)1 << 30,
+                          inv, 1, y, NULL) == TL_ERR_OVERFLOW);
+    CHECK(tl_voxel_gather(&ctx, TL_F32, x, 1, (int64_t)1 << 40, idx, w, (int64_t)1 << 40, 1,
+                          y) == TL_ERR_OVERFLOW);
+    /* Convolution sizes (tl_conv_desc_check). */
+    tl_conv_desc cd = {TL_F32, 1, 1, 1, (int64_t)1 << 40, (int64_t)1 << 40};
+    CHECK(tl_conv_desc_check(&cd) == TL_ERR_OVERFLOW);
+    /* Voxel coordinates beyond int32 and batch indices beyond int32. */
+    tl_voxel_grid grid = {{1, 1, 1}, {0, 0, 0}};
+    float pt[3] = {3e9f, 0, 0};
+    int64_t batch[1] = {(int64_t)INT32_MAX + 1}, bad = -1;
+    tl_coord row[1];
+    CHECK(tl_voxel_quantize(&ctx, TL_F32, pt, NULL, 1, &grid, row, &bad) == TL_ERR_OVERFLOW);
+    CHECK(bad == 0);
+    pt[0] = 0;
+    CHECK(tl_voxel_quantize(&ctx, TL_F32, pt, batch, 1, &grid, row, &bad) == TL_ERR_OVERFLOW);
+}
+
 int main(void) {
     test_hash();
     test_kmaps();
     test_conv();
     test_pool();
     test_voxel();
+    test_int_limits();
     if (failures) {
         fprintf(stderr, "test_core: %d check(s) failed\n", failures);
         return 1;

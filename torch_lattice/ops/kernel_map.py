@@ -21,11 +21,15 @@ from torch_lattice.ops._native import _C, ptr, require_cpu, threads
 from torch_lattice.ops.pairs import PairLists, kernel_pairs, reverse_pairs
 
 __all__ = [
+    "DENSE_SLOTS_PER_PAIR",
     "KernelMap",
     "build_kernel_map",
+    "build_transpose_pairs",
     "generate_support",
     "generative_support",
     "kernel_map",
+    "neighbour_table",
+    "sparse_table",
 ]
 
 
@@ -233,3 +237,85 @@ def build_kernel_map(
     )
     nbr, rev = kernel_map(in_coords, out_coords, ks, s, p, d)
     return KernelMap(nbr, rev, geometry)
+
+
+@torch.library.custom_op("lattice::neighbour_table", mutates_args=())
+def neighbour_table(
+    in_coords: torch.Tensor,
+    out_coords: torch.Tensor,
+    kernel_size: list[int],
+    stride: list[int],
+    padding: list[int],
+    dilation: list[int],
+) -> torch.Tensor:
+    """The output-stationary table ``nbr (N_out, K)`` int32 alone (no ``rev``)."""
+    require_cpu("neighbour_table", in_coords, out_coords)
+    geom = _geom(kernel_size, stride, padding, dilation)
+    in_coords, out_coords = in_coords.contiguous(), out_coords.contiguous()
+    k = kernel_size[0] * kernel_size[1] * kernel_size[2]
+    n_in, n_out = in_coords.shape[0], out_coords.shape[0]
+    nbr = torch.empty((n_out, k), dtype=torch.int32)
+    _C.kmap_build(ptr(in_coords), n_in, ptr(out_coords), n_out, geom, ptr(nbr), threads())
+    return nbr
+
+
+@neighbour_table.register_kernel("cuda")
+def _(in_coords, out_coords, kernel_size, stride, padding, dilation):
+    geom = _geom(kernel_size, stride, padding, dilation)
+    return _cuda.kernel_map(in_coords, out_coords, geom)[0]
+
+
+@neighbour_table.register_fake
+def _(in_coords, out_coords, kernel_size, stride, padding, dilation):
+    k = kernel_size[0] * kernel_size[1] * kernel_size[2]
+    return out_coords.new_empty((out_coords.shape[0], k))
+
+
+# Slots of the dense tables per real pair beyond which a transpose onto a generated
+# support runs over pair lists (build_transpose_pairs): a generated support has
+# (N_in + N_out) x K table slots for N_in x K pairs, so the ratio is 1 + N_out / N_in
+# (K + 1 when kernel <= stride, each fine row with one source).  A 2x2x2 stride-2
+# decoder (ratio 9) keeps its tables; a 4^3 stride-4 one (65) and a one-row 32^3 one
+# (32769) build no (N_out, K) table.
+DENSE_SLOTS_PER_PAIR = 64
+
+
+def sparse_table(n_in: int, n_out: int) -> bool:
+    """Whether the tables of a transpose of ``n_in`` rows onto the ``n_out`` rows it
+    generated would hold more than ``DENSE_SLOTS_PER_PAIR`` slots per pair."""
+    return n_in + n_out > DENSE_SLOTS_PER_PAIR * n_in
+
+
+# Bytes per (coarse row, kernel row) slot of build_transpose_pairs: the int32 table
+# (4), the forward pair lists (8), their reversal (8 + 8 of int64 kernel rows and
+# sort keys, 16 of argsort's values and indices).
+TRANSPOSE_PAIR_BYTES = 44
+
+
+def build_transpose_pairs(
+    fine: torch.Tensor, coarse: torch.Tensor, geometry: ConvGeometry
+) -> PairLists:
+    """Pair lists of a transposed relation (coarse -> fine), grown with the real pairs.
+
+    The forward relation maps ``fine`` onto ``coarse`` (``fine = coarse * stride -
+    padding + r * dilation``).  Only its ``(N_coarse, K)`` table is built (at most one
+    fine row per (coarse row, kernel row), so at most ``N_coarse x K`` pairs), never the
+    ``(N_fine, K)`` one: for a generated fine support that second table is mostly empty
+    (a one-row 32^3 generative transpose: 2^15 x 2^15 slots for 2^15 pairs).  The result
+    equals ``KernelMap.pairs(transposed=True)`` of the same relation: per kernel row,
+    ``pair_in`` coarse rows and ``pair_out`` fine rows sorted by ``pair_out``.
+
+    Raises:
+        ValueError: (a ``MemoryBudgetError``) the table and pair lists would exceed the
+            memory budget.
+    """
+    ks, s, p, d = (list(v) for v in geometry.as_c())
+    k = ks[0] * ks[1] * ks[2]
+    n_coarse = int(coarse.shape[0])
+    check_allocation(
+        f"transposed pair lists ({n_coarse} source rows x {k} kernel rows onto "
+        f"{int(fine.shape[0])} rows, kernel_size {tuple(ks)})",
+        n_coarse * k * TRANSPOSE_PAIR_BYTES,
+    )
+    nbr = neighbour_table(fine, coarse, ks, s, p, d)
+    return reverse_pairs(*kernel_pairs(nbr))

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import torch
 
 from torch_lattice.geometry import ConvGeometry
-from torch_lattice.nn.functional.config import ConvConfig, resolve_config
+from torch_lattice.nn.functional.config import ConvConfig, Dataflow, resolve_config
 from torch_lattice.nn.functional.conv import (
     check_bias,
     check_config,
@@ -24,6 +24,8 @@ from torch_lattice.nn.functional.conv import (
 )
 from torch_lattice.nn.functional.relation import apply_kernel_map
 from torch_lattice.nn.functional.transposed_support import cached_source_support
+from torch_lattice.ops.kernel_map import sparse_table
+from torch_lattice.ops.pairs import pair_conv
 from torch_lattice.tensor import SparseTensor, Support, divide_stride
 
 __all__ = [
@@ -62,6 +64,34 @@ def transpose_onto(
     """``(N_target, C_out)`` transposed-relation features (no bias)."""
     kmap = target.manager.kernel_map(target, src.support, geometry)
     return apply_kernel_map(src.feats, weight, kmap, config, transposed=True)
+
+
+def generated_transpose(
+    src: SparseTensor,
+    weight: torch.Tensor,
+    target: Support,
+    geometry: ConvGeometry,
+    config: ConvConfig,
+) -> torch.Tensor | None:
+    """``(N_target, C_out)`` features of a transpose onto the support it generated, over
+    pair lists built without the ``(N_target, K)`` table (docs/limits.md), or None where
+    the kernel-map route applies.
+
+    On the CPU the pair dataflows always take this route (the same pair lists, so the
+    same numbers as the kernel map's); implicit GEMM takes it, as gather-scatter, when
+    the dense tables would hold more than ``DENSE_SLOTS_PER_PAIR`` slots per pair
+    (``sparse_table``).  CUDA keeps the kernel-map route.
+    """
+    if src.feats.device.type != "cpu":
+        return None
+    n_in, n_out = src.support.num_rows, target.num_rows
+    gather = config.dataflow is not Dataflow.FetchOnDemand
+    if config.dataflow is Dataflow.ImplicitGEMM and not sparse_table(n_in, n_out):
+        return None
+    pairs = target.manager.transpose_pairs(target, src.support, geometry)
+    return pair_conv(
+        src.feats, weight, *pairs, None, None, None, n_out, gather, bool(config.allow_tf32)
+    )
 
 
 def _finish(y: torch.Tensor, bias: torch.Tensor | None, target: Support) -> SparseTensor:
@@ -115,6 +145,12 @@ def conv_transpose3d(
     )
     if coordinates is not None:
         target = resolve_target(input, coordinates, geometry.stride)
+        if target is not None and target.manager.is_expansion(target, input.support, geometry):
+            # A target generated from this input by this geometry (as the artifact
+            # replay's no-target transpose passes): every (row, kernel row) is a pair.
+            y = generated_transpose(input, weight, target, geometry, cfg)
+            if y is not None:
+                return _finish(y, bias, target)
     elif geometry.is_identity:
         return pointwise(input, weight, bias)  # a 1x1x1 stride-1 Conv3d kept its support
     else:
@@ -148,4 +184,7 @@ def generative_conv_transpose3d(
     target = resolve_target(input, coordinates, geometry.stride)
     if target is None:
         target = input.coordinate_manager.generative_support(input.support, geometry)
+        y = generated_transpose(input, weight, target, geometry, cfg)
+        if y is not None:
+            return _finish(y, bias, target)
     return _finish(transpose_onto(input, weight, target, geometry, cfg), bias, target)

@@ -30,7 +30,8 @@ from torch_lattice.nn.functional.transposed_support import (
     cached_source_support,
     generated_transposed_support,
 )
-from torch_lattice.ops.kernel_map import KernelMap
+from torch_lattice.ops._native import compute_dtype
+from torch_lattice.ops.kernel_map import KernelMap, sparse_table
 from torch_lattice.ops.pooling import pool_avg, pool_max, pool_sum
 from torch_lattice.tensor import SparseTensor, Support, divide_stride
 
@@ -172,11 +173,40 @@ def pool_transpose3d(
         support = cached_source_support(x, geometry)
     if support is None:
         support = generated_transposed_support(x, geometry, "pool_transpose3d")
+        y = _average_onto_generated(x, support, geometry)
+        if y is not None:
+            return SparseTensor.from_support(y, support)
     kmap = support.manager.kernel_map(support, x.support, geometry)
     # The fine -> coarse forward map read backwards: rev lists, per fine row, the
     # coarse rows reaching it, so the average over them is pool_avg on rev.
     y = pool_avg(x.feats, kmap.rev, kmap.nbr)
     return SparseTensor.from_support(y, support)
+
+
+def _average_onto_generated(
+    x: SparseTensor, fine: Support, geometry: ConvGeometry
+) -> torch.Tensor | None:
+    """The pooling transpose onto the support it generated, over pair lists built
+    without the ``(N_fine, K)`` table, where that table would be mostly empty
+    (``sparse_table``; CPU only, CUDA keeps the kernel-map route); else None.
+
+    Each fine row averages its sources in kernel-row order, as ``pool_avg`` does, and
+    autograd differentiates the gather, scatter-add and division directly.
+    """
+    if x.feats.device.type != "cpu" or not sparse_table(x.support.num_rows, fine.num_rows):
+        return None
+    _, pair_in, pair_out = fine.manager.transpose_pairs(fine, x.support, geometry)
+    work = compute_dtype("pool_transpose3d", x.feats.dtype)
+    pairs, channels = int(pair_in.shape[0]), int(x.feats.shape[1])
+    check_allocation(
+        f"pool_transpose3d over {pairs} pairs x {channels} channels (gathered rows)",
+        pairs * (channels * torch.empty((), dtype=work).element_size() + 16),
+    )
+    rows = pair_out.long()
+    count = torch.bincount(rows, minlength=fine.num_rows).clamp_min(1).to(work)
+    gathered = x.feats.to(work).index_select(0, pair_in.long())
+    y = gathered.new_zeros((fine.num_rows, channels)).index_add(0, rows, gathered)
+    return (y / count[:, None]).to(x.feats.dtype)
 
 
 def upsample_geometry(stride: IntOr3) -> ConvGeometry:

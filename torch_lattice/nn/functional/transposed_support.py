@@ -89,4 +89,8 @@ def generated_transposed_support(src: SparseTensor, geometry: ConvGeometry, op: 
                 f"of the input range {src.spatial_range}; pass target=..."
             )
         srange = (b, ext[0], ext[1], ext[2])
-    return src.coordinate_manager.new_support(out.contiguous(), stride, srange)
+    generated = src.coordinate_manager.new_support(out.contiguous(), stride, srange)
+    # A transpose onto it (replay's no-target conv_transpose3d) may then run over pair
+    # lists instead of the (N_out, K) table.
+    src.coordinate_manager.record_expansion(generated, src.support, geometry)
+    return generated
