@@ -43,7 +43,9 @@ def _commands(tmp_path: Path, **env: str) -> tuple[subprocess.CompletedProcess, 
     full_env = {
         k: v
         for k, v in os.environ.items()
-        if k not in ("CFLAGS", "LDFLAGS", "CPPFLAGS", "TORCH_LATTICE_SANITIZE")
+        # the caller's build choices, not the environment's (CI exports TORCH_LATTICE_CUDA=1)
+        if k not in ("CFLAGS", "LDFLAGS", "CPPFLAGS", "TORCH_LATTICE_SANITIZE",
+                     "TORCH_LATTICE_CUDA")
     }
     cc = f"{sys.executable} {fake}"
     full_env.update(CC=cc, LDSHARED=f"{cc} -shared", TL_FAKE_CC_LOG=str(log))
