@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import struct
 import sys
+from collections.abc import Callable
 
 import numpy as np
 
@@ -77,12 +78,27 @@ __all__ = [
     "kernel_positions",
     "kernel_volume",
     "main",
+    "require_clean",
     "table_width",
 ]
 
 
 class Finding(AssertionError):
     """A bug in the C core (or a wrong reference): the fuzzer reports it."""
+
+
+def require_clean(run: Callable[[], object], clean: tuple[type[BaseException], ...]) -> None:
+    """Runs ``run``: one of the ``clean`` exceptions must carry a message, and any
+    other exception is a :class:`Finding` (the harnesses of whole tools use this)."""
+    try:
+        run()
+    except clean as exc:
+        if not str(exc):
+            raise Finding(f"{type(exc).__name__} without a message") from exc
+    except Finding:
+        raise
+    except Exception as exc:
+        raise Finding(f"unclean exception {type(exc).__name__}: {exc!s:.200}") from exc
 
 
 class Decoder:

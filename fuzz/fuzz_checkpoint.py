@@ -24,7 +24,7 @@ if __package__ in (None, ""):
 import torch
 
 import torch_lattice as tl
-from fuzz._common import Finding, main
+from fuzz._common import Finding, main, require_clean
 from torch_lattice.migration.convert import convert_state_dict
 from torch_lattice.migration.loading import read_legacy_checkpoint
 
@@ -63,15 +63,7 @@ def check(data: bytes) -> None:
             path = os.path.join(folder, "legacy.pt")
             with open(path, "wb") as f:
                 f.write(data)
-            try:
-                _convert(path)
-            except CLEAN as exc:
-                if not str(exc):
-                    raise Finding(f"{type(exc).__name__} without a message") from exc
-            except Finding:
-                raise
-            except Exception as exc:
-                raise Finding(f"unclean exception {type(exc).__name__}: {exc!s:.200}") from exc
+            require_clean(lambda: _convert(path), CLEAN)
     finally:
         tl.set_memory_budget(previous)
 

@@ -22,7 +22,7 @@ if __package__ in (None, ""):
 
 import torch
 
-from fuzz._common import Finding, main
+from fuzz._common import Finding, main, require_clean
 from torch_lattice.artifact import mlir_parse, replay_weights, validation
 from torch_lattice.artifact.mlir_parse import parse_module, read_header
 
@@ -52,15 +52,7 @@ def _loader_checks(text: str) -> None:
 
 def check(data: bytes) -> None:
     text = data.decode("utf-8", errors="replace")
-    try:
-        _loader_checks(text)
-    except CLEAN as exc:
-        if not str(exc):
-            raise Finding(f"{type(exc).__name__} without a message") from exc
-    except Finding:
-        raise
-    except Exception as exc:
-        raise Finding(f"unclean exception {type(exc).__name__}: {exc!s:.200}") from exc
+    require_clean(lambda: _loader_checks(text), CLEAN)
 
 
 def _instrument_parser() -> None:
