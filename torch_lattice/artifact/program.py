@@ -152,7 +152,7 @@ class LatticeProgram:
         inputs: dict[str, object] = {}
         given: list[tuple[str, object]] = [
             (p if isinstance(p, str) else p.name, a)
-            for p, a in zip(self._positional, args, strict=False)
+            for p, a in zip(self._positional[: len(args)], args, strict=True)
         ]
         for name, value in kwargs.items():
             if name in (g for g, _ in given):

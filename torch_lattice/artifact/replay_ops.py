@@ -31,9 +31,8 @@ from torch_lattice.nn.functional.pooling import pool_over_map
 from torch_lattice.nn.functional.transposed_support import generated_transposed_support
 from torch_lattice.tensor import SparseTensor, Support, multiply_stride
 
-__all__ = ["ELEMENTWISE_KINDS", "EXECUTORS", "ReplayContext", "boundary_coords"]
+__all__ = ["EXECUTORS", "ReplayContext", "boundary_coords"]
 
-ELEMENTWISE_KINDS = schema.ELEMENTWISE_KINDS  # (see schema)
 
 Value = Any
 Executor = Callable[["ReplayContext", Operation, list[Value]], tuple[Value, ...]]
