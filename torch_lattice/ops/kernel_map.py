@@ -190,17 +190,26 @@ def kernel_map(
     dilation: list[int],
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Neighbour tables ``(nbr (N_out, K), rev (N_in, K))``, int32."""
-    require_cpu("kernel_map", in_coords, out_coords)
+    nbr = _nbr_table("kernel_map", in_coords, out_coords, kernel_size, stride, padding,
+                     dilation)
+    n_out, k = nbr.shape
+    rev = torch.empty((in_coords.shape[0], k), dtype=torch.int32)
+    _C.kmap_reverse(ptr(nbr), n_out, k, in_coords.shape[0], ptr(rev), threads())
+    return nbr, rev
+
+
+def _nbr_table(what: str, in_coords: torch.Tensor, out_coords: torch.Tensor,
+               kernel_size: list[int], stride: list[int], padding: list[int],
+               dilation: list[int]) -> torch.Tensor:
+    """The output-stationary table ``nbr (N_out, K)`` int32, built on the CPU."""
+    require_cpu(what, in_coords, out_coords)
     geom = _geom(kernel_size, stride, padding, dilation)
     in_coords, out_coords = in_coords.contiguous(), out_coords.contiguous()
     k = kernel_size[0] * kernel_size[1] * kernel_size[2]
     n_in, n_out = in_coords.shape[0], out_coords.shape[0]
     nbr = torch.empty((n_out, k), dtype=torch.int32)
-    rev = torch.empty((n_in, k), dtype=torch.int32)
-    t = threads()
-    _C.kmap_build(ptr(in_coords), n_in, ptr(out_coords), n_out, geom, ptr(nbr), t)
-    _C.kmap_reverse(ptr(nbr), n_out, k, n_in, ptr(rev), t)
-    return nbr, rev
+    _C.kmap_build(ptr(in_coords), n_in, ptr(out_coords), n_out, geom, ptr(nbr), threads())
+    return nbr
 
 
 @kernel_map.register_kernel("cuda")
@@ -249,14 +258,8 @@ def neighbour_table(
     dilation: list[int],
 ) -> torch.Tensor:
     """The output-stationary table ``nbr (N_out, K)`` int32 alone (no ``rev``)."""
-    require_cpu("neighbour_table", in_coords, out_coords)
-    geom = _geom(kernel_size, stride, padding, dilation)
-    in_coords, out_coords = in_coords.contiguous(), out_coords.contiguous()
-    k = kernel_size[0] * kernel_size[1] * kernel_size[2]
-    n_in, n_out = in_coords.shape[0], out_coords.shape[0]
-    nbr = torch.empty((n_out, k), dtype=torch.int32)
-    _C.kmap_build(ptr(in_coords), n_in, ptr(out_coords), n_out, geom, ptr(nbr), threads())
-    return nbr
+    return _nbr_table("neighbour_table", in_coords, out_coords, kernel_size, stride, padding,
+                      dilation)
 
 
 @neighbour_table.register_kernel("cuda")
