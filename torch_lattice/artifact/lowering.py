@@ -268,15 +268,14 @@ def contract_forward_padding(call: Call, what: str, geometry: Any, generates: bo
     )
 
 
-def generated_support_plan(call: Call, what: str, geometry: Any, x: Any, out: Any
-                           ) -> SupportPlan:
+def generated_support_plan(call: Call, what: str, geometry: Any) -> SupportPlan:
     """How the contract regenerates the support a no-target conv or pool generates.
 
     The contract's ``conv3d`` and ``pool3d`` output ``unique(floor(c / stride))`` over
     the input rows; ours every reachable cell in ``[0, R_out)``.  A stride-1 expansion
     before the floor makes them equal for ``padding = kernel_size - stride``
     (:func:`~torch_lattice.artifact.relations.support_plan`), except that ours drops
-    rows past ``R_out``, which is checked on the example.
+    rows past ``R_out`` (:func:`check_example_rows`).
     """
     k, s, d = geometry.kernel_size, geometry.stride, geometry.dilation
     plan = support_plan(k, s, geometry.padding, d)
@@ -293,6 +292,12 @@ def generated_support_plan(call: Call, what: str, geometry: Any, x: Any, out: An
             f"dilation at stride 1). Nearest configuration that exports: {hint}; or give the "
             "output support explicitly (Conv3d(...)(x, coordinates=target))"
         )
+    return plan
+
+
+def check_example_rows(call: Call, what: str, plan: SupportPlan, x: Any, out: Any) -> None:
+    """Refuses a layer that drops, on the example, rows past ``R_out`` that ``plan``
+    (and so the contract) keeps."""
     if isinstance(x, SparseTensor) and isinstance(out, SparseTensor):
         theirs = planned_rows(x.coords, plan)
         if theirs.shape[0] != out.coords.shape[0]:
@@ -303,7 +308,6 @@ def generated_support_plan(call: Call, what: str, geometry: Any, x: Any, out: An
                 "the last reachable cell), which the contract keeps; give the input a "
                 "spatial_range large enough for every reachable output cell"
             )
-    return plan
 
 
 def _expand_support(low: Lowering, x: Sparse, real_x: SparseTensor, plan: SupportPlan,
@@ -381,7 +385,8 @@ def _lower_conv(low: Lowering, call: Call, module: nn.Module, qualname: str) -> 
         what = f"Conv3d {qualname!r}"
         padding = contract_forward_padding(call, what, module, generates=target is None)
         if target is None:
-            plan = generated_support_plan(call, what, module, real_x, call.real)
+            plan = generated_support_plan(call, what, module)
+            check_example_rows(call, what, plan, real_x, call.real)
             if plan.expands:  # the contract's floor alone misses rows: name the support
                 target = _expand_support(low, x, real_x, plan, qualname)
     op = _conv_op(module, target is not None, normalized)
@@ -416,9 +421,8 @@ def _pool(low: Lowering, call: Call, x: Sparse, mode: str, geometry: Any, stem: 
     real_x = call.real_args[0] if call.real_args else call.real_kwargs.get("input")
     what = f"{mode} pooling {stem!r}"
     padding = contract_forward_padding(call, what, geometry, generates=True)
-    plan = support_plan(geometry.kernel_size, geometry.stride, geometry.padding,
-                        geometry.dilation)
-    if plan is not None and plan.expands:
+    plan = generated_support_plan(call, what, geometry)
+    if plan.expands:
         # pool3d has no target form, and expanded rows would join its windows
         raise ExportError(
             f"{describe(call.node)}: {what} with {_geometry_text(geometry)} has no exact "
@@ -427,7 +431,7 @@ def _pool(low: Lowering, call: Call, x: Sparse, mode: str, geometry: Any, stem: 
             "Nearest configuration that exports: kernel_size == stride, padding 0, with an "
             "even kernel (or kernel 1)"
         )
-    generated_support_plan(call, what, geometry, real_x, call.real)
+    check_example_rows(call, what, plan, real_x, call.real)
     attrs = {
         "mode": mode,
         "kernel_size": geometry.kernel_size,
