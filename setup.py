@@ -269,7 +269,7 @@ class LatticeBuildExt(build_ext):
         _say(f"CUDA compiled in {time.perf_counter() - start:.0f} s")
         ext.define_macros.append(("TL_WITH_CUDA", "1"))
         # The architectures built, for the message a GPU the binary cannot run
-        # on gets (torch_lattice/ops/_cuda.py, via _C.cuda_archs()).
+        # on gets (torch_lattice/ops/_runtime.py, via _C.cuda_archs()).
         ext.define_macros.append(("TL_CUDA_ARCHS", '"' + ";".join(_cuda_archs()) + '"'))
         ext.include_dirs.append(str(cuda_home / "include"))
         lib_dirs = [

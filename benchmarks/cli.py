@@ -29,7 +29,7 @@ from benchmarks import baselines as bl
 from benchmarks import report, scenes
 from benchmarks.peak import measure_peak
 from benchmarks.workloads import WORKLOADS, Options
-from torch_lattice.ops._native import _C
+from torch_lattice.ops._runtime import _C
 from torch_lattice.optional_deps import require_matplotlib
 
 __all__ = ["SUITES", "Suite", "main"]

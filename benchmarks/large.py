@@ -33,7 +33,7 @@ import torch
 import torch_lattice as tl
 from benchmarks.scenes import sweep_scene
 from benchmarks.timing import peak_rss_growth_mb
-from torch_lattice.ops.kernel_map import kernel_map
+from torch_lattice.ops.kmap import kernel_map
 
 __all__ = ["DEFAULT_VOXELS", "maxrss_mb", "run_large"]
 

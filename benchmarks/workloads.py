@@ -35,7 +35,7 @@ from benchmarks import checks as ck
 from benchmarks.scenes import Scene
 from benchmarks.timing import Timing, time_side_by_side
 from torch_lattice.geometry import ConvGeometry
-from torch_lattice.ops.kernel_map import kernel_map
+from torch_lattice.ops.kmap import kernel_map
 
 __all__ = ["WORKLOADS", "Options", "Workload", "lookup"]
 

@@ -79,7 +79,7 @@ fi
 # What each venv reports about itself once torch and torch_lattice are imported.
 PROBE='
 import pathlib, sys, torch, torch_lattice as tl
-from torch_lattice.ops._native import _C
+from torch_lattice.ops._runtime import _C
 site = [p for p in sys.path if p.endswith("site-packages")][0]
 where = pathlib.Path(tl.__file__).resolve()
 assert str(where).startswith(str(pathlib.Path(site).resolve())), f"not installed: {where}"

@@ -24,7 +24,7 @@ import torch
 import torch_lattice as tl
 from torch_lattice.geometry import ConvGeometry
 from torch_lattice.ops.conv import sparse_conv
-from torch_lattice.ops.kernel_map import build_kernel_map, generate_support
+from torch_lattice.ops.kmap import build_kernel_map, generate_support
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))

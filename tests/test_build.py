@@ -88,7 +88,7 @@ def _gpu_visible() -> bool:
 def test_ci_builds_cuda_sources() -> None:
     """CUDA code must compile in CI even on a runner without a GPU: .ci/run asks for it
     with TORCH_LATTICE_CUDA=1 wherever nvcc exists."""
-    assert torch_lattice.ops._native._C.cuda_compiled()
+    assert torch_lattice.ops._runtime._C.cuda_compiled()
 
 
 def _build_mode() -> str | None:
@@ -104,4 +104,4 @@ def _build_mode() -> str | None:
 def test_auto_build_compiles_cuda_only_where_a_gpu_is_visible() -> None:
     """TORCH_LATTICE_CUDA=auto with nvcc present compiles csrc/cuda exactly when a GPU is
     visible (issue 25: a GPU-less machine does not pay for the CUDA compile)."""
-    assert torch_lattice.ops._native._C.cuda_compiled() == _gpu_visible()
+    assert torch_lattice.ops._runtime._C.cuda_compiled() == _gpu_visible()

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import torch_lattice as tl
-from torch_lattice.ops import kernel_map as km
+from torch_lattice.ops import kmap as km
 
 try:
     import network_helpers as nh
@@ -80,7 +80,7 @@ def test_threads_mixing_dataflows_on_one_tensor():
 
 
 class _Counter:
-    """Wraps builder functions of torch_lattice.ops.kernel_map; counts calls per key."""
+    """Wraps builder functions of torch_lattice.ops.kmap; counts calls per key."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, delay: float = 0.02) -> None:
         self.calls: collections.Counter[tuple] = collections.Counter()

@@ -17,7 +17,7 @@ from dense_oracle import dense_subm
 
 import torch_lattice as tl
 from torch_lattice.nn import functional as F
-from torch_lattice.ops._native import _C
+from torch_lattice.ops._runtime import _C
 
 ISAS = ["avx512", "avx2", "baseline"]
 # (c_in, c_out): a 1-column output, tails only, one full AVX-512 block of

@@ -1,4 +1,4 @@
-"""CUDA-versus-CPU parity of the kernels in csrc/cuda (torch_lattice.ops._cuda).
+"""CUDA-versus-CPU parity of the kernels in csrc/cuda (torch_lattice.ops.conv_cuda, kmap_cuda).
 
 Kernel maps, generated supports and pair lists must equal the CPU ones exactly. The
 dataflows must agree with the CPU implicit GEMM (``lattice::sparse_conv`` and
@@ -26,8 +26,8 @@ import torch
 
 import torch_lattice.ops  # noqa: F401  (registers the lattice ops used as references)
 from torch_lattice.geometry import ConvGeometry
-from torch_lattice.ops import _cuda
-from torch_lattice.ops._native import _C
+from torch_lattice.ops import conv_cuda, kmap_cuda
+from torch_lattice.ops._runtime import _C
 
 try:
     from cuda_helpers import cpu_support as _support
@@ -78,7 +78,7 @@ def test_kernel_map_matches_cpu(geometry: ConvGeometry) -> None:
     coords = _coords(900, 12, 0)
     out = _support(coords, geometry, 12)
     nbr, rev = torch.ops.lattice.kernel_map(coords, out, *_lists(geometry))
-    gnbr, grev = _cuda.kernel_map(coords.cuda(), out.cuda(), geometry.as_c())
+    gnbr, grev = kmap_cuda.kernel_map(coords.cuda(), out.cuda(), geometry.as_c())
     assert torch.equal(gnbr.cpu(), nbr)
     assert torch.equal(grev.cpu(), rev)
 
@@ -90,7 +90,7 @@ def test_generate_support_matches_cpu(geometry: ConvGeometry) -> None:
     ks, s, p, d = _lists(geometry)
     rng = list(geometry.output_range((12, 12, 12)))
     expected = torch.ops.lattice.generate_support(coords, ks, s, p, d, rng, 2)
-    got = _cuda.generate_support(coords.cuda(), geometry.as_c(), tuple(rng), 2)
+    got = kmap_cuda.generate_support(coords.cuda(), geometry.as_c(), tuple(rng), 2)
     assert torch.equal(got.cpu(), expected)
 
 
@@ -104,10 +104,10 @@ def test_generate_support_wide_coordinates() -> None:
     geometry = ConvGeometry((2, 2, 2), (1, 1, 1))
     rng = [2**31 - 1] * 3
     expected = torch.ops.lattice.generate_support(c, *_lists(geometry), rng, 3)
-    got = _cuda.generate_support(c.cuda(), geometry.as_c(), tuple(rng), 3)
+    got = kmap_cuda.generate_support(c.cuda(), geometry.as_c(), tuple(rng), 3)
     assert torch.equal(got.cpu(), expected)
     nbr, _ = torch.ops.lattice.kernel_map(c, expected, *_lists(geometry))
-    gnbr, _ = _cuda.kernel_map(c.cuda(), got, geometry.as_c())
+    gnbr, _ = kmap_cuda.kernel_map(c.cuda(), got, geometry.as_c())
     assert torch.equal(gnbr.cpu(), nbr)
 
 
@@ -117,14 +117,14 @@ def test_large_scene_multilevel_scans() -> None:
     coords = _coords(160_000, 90, 3)
     geometry = ConvGeometry((3, 3, 3), (2, 2, 2), (1, 1, 1))
     out = _support(coords, geometry, 90)
-    got = _cuda.generate_support(
+    got = kmap_cuda.generate_support(
         coords.cuda(), geometry.as_c(), geometry.output_range((90,) * 3), 2
     )
     assert torch.equal(got.cpu(), out)
     nbr, _ = torch.ops.lattice.kernel_map(coords, out, *_lists(geometry))
-    gnbr, _ = _cuda.kernel_map(coords.cuda(), got, geometry.as_c())
+    gnbr, _ = kmap_cuda.kernel_map(coords.cuda(), got, geometry.as_c())
     assert torch.equal(gnbr.cpu(), nbr)
-    offsets, pin, pout = _cuda.kernel_pairs(gnbr)
+    offsets, pin, pout = kmap_cuda.kernel_pairs(gnbr)
     ref = _pairs_reference(nbr)
     for a, b in zip((offsets, pin, pout), ref, strict=True):
         assert torch.equal(a.cpu(), b)
@@ -136,7 +136,7 @@ def test_pairs_match_reference(geometry: ConvGeometry) -> None:
     coords = _coords(3000, 20, 4)
     out = _support(coords, geometry, 20)
     nbr, _ = torch.ops.lattice.kernel_map(coords, out, *_lists(geometry))
-    got = _cuda.kernel_pairs(nbr.cuda())
+    got = kmap_cuda.kernel_pairs(nbr.cuda())
     for a, b in zip(got, _pairs_reference(nbr), strict=True):
         assert torch.equal(a.cpu(), b)
 
@@ -156,7 +156,7 @@ def _maps(dataflow: str, nbr: torch.Tensor):
     """(nbr, pairs) arguments of the CUDA wrappers for one dataflow."""
     if dataflow == "implicit_gemm":
         return nbr.cuda(), None
-    return None, _cuda.kernel_pairs(nbr.cuda())
+    return None, kmap_cuda.kernel_pairs(nbr.cuda())
 
 
 @needs_gpu
@@ -176,12 +176,12 @@ def test_forward_and_weight_grad_match_cpu(
     feats, weight, grad, nbr, rev = _problem(geometry, cin, cout, dtype, 5)
     tol = TOLERANCE[dtype]
     gnbr, pairs = _maps(dataflow, nbr)
-    y = _cuda.conv_forward(
+    y = conv_cuda.conv_forward(
         dataflow, feats.cuda(), weight.cuda(), nbr=gnbr, pairs=pairs, n_out=nbr.shape[0]
     )
     assert y.dtype == dtype and y.shape == (nbr.shape[0], cout)
     _assert_close(y, torch.ops.lattice.sparse_conv(feats, weight, nbr, rev), tol)
-    dw = _cuda.conv_weight_grad(dataflow, feats.cuda(), grad.cuda(), nbr=gnbr, pairs=pairs)
+    dw = conv_cuda.conv_weight_grad(dataflow, feats.cuda(), grad.cuda(), nbr=gnbr, pairs=pairs)
     assert dw.dtype == dtype and dw.shape == weight.shape
     _assert_close(dw, torch.ops.lattice.sparse_conv_weight_grad(feats, grad, nbr), tol)
 
@@ -195,10 +195,10 @@ def test_input_grad_on_transposed_relation(dataflow: str) -> None:
     wt = weight.transpose(1, 2).contiguous()
     expected = torch.ops.lattice.sparse_conv(grad, wt, rev, nbr)
     if dataflow == "implicit_gemm":
-        dx = _cuda.conv_forward(dataflow, grad.cuda(), wt.cuda(), nbr=rev.cuda())
+        dx = conv_cuda.conv_forward(dataflow, grad.cuda(), wt.cuda(), nbr=rev.cuda())
     else:
-        offsets, pin, pout = _cuda.kernel_pairs(nbr.cuda())
-        dx = _cuda.conv_forward(
+        offsets, pin, pout = kmap_cuda.kernel_pairs(nbr.cuda())
+        dx = conv_cuda.conv_forward(
             dataflow, grad.cuda(), wt.cuda(), pairs=(offsets, pout, pin), n_out=feats.shape[0]
         )
     _assert_close(dx, expected, TOLERANCE[torch.float32])
@@ -210,7 +210,7 @@ def test_tf32_only_when_allowed(dataflow: str) -> None:
     feats, weight, grad, nbr, rev = _problem(GEOMETRIES[0], 40, 48, torch.float32, 7)
     gnbr, pairs = _maps(dataflow, nbr)
     expected = torch.ops.lattice.sparse_conv(feats, weight, nbr, rev)
-    y = _cuda.conv_forward(
+    y = conv_cuda.conv_forward(
         dataflow,
         feats.cuda(),
         weight.cuda(),
@@ -219,7 +219,7 @@ def test_tf32_only_when_allowed(dataflow: str) -> None:
         n_out=nbr.shape[0],
         allow_tf32=True,
     )
-    dw = _cuda.conv_weight_grad(
+    dw = conv_cuda.conv_weight_grad(
         dataflow, feats.cuda(), grad.cuda(), nbr=gnbr, pairs=pairs, allow_tf32=True
     )
     _assert_close(y, expected, 1e-2)
@@ -236,9 +236,9 @@ def test_runs_on_the_current_stream() -> None:
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         c = coords.cuda()
-        gnbr, _ = _cuda.kernel_map(c, c, geometry.as_c())
-        pairs = _cuda.kernel_pairs(gnbr)
-        y = _cuda.conv_forward(
+        gnbr, _ = kmap_cuda.kernel_map(c, c, geometry.as_c())
+        pairs = kmap_cuda.kernel_pairs(gnbr)
+        y = conv_cuda.conv_forward(
             "fetch_on_demand", feats.cuda(), weight.cuda(), pairs=pairs, n_out=nbr.shape[0]
         )
     side.synchronize()
@@ -250,17 +250,17 @@ def test_runs_on_the_current_stream() -> None:
 def test_empty_inputs() -> None:
     geometry = GEOMETRIES[0]
     empty = torch.empty((0, 4), dtype=torch.int32, device="cuda")
-    nbr, rev = _cuda.kernel_map(empty, empty, geometry.as_c())
+    nbr, rev = kmap_cuda.kernel_map(empty, empty, geometry.as_c())
     assert nbr.shape == (0, 27) and rev.shape == (0, 27)
-    assert _cuda.generate_support(empty, geometry.as_c(), (4, 4, 4), 1).shape == (0, 4)
-    offsets, pin, _ = _cuda.kernel_pairs(nbr)
+    assert kmap_cuda.generate_support(empty, geometry.as_c(), (4, 4, 4), 1).shape == (0, 4)
+    offsets, pin, _ = kmap_cuda.kernel_pairs(nbr)
     assert torch.equal(offsets.cpu(), torch.zeros(28, dtype=torch.int64)) and pin.numel() == 0
     for dataflow in DATAFLOWS:
         gnbr, pairs = _maps(dataflow, nbr.cpu())
         x = torch.empty((0, 3), device="cuda")
         w = torch.randn(27, 3, 5, device="cuda")
-        assert _cuda.conv_forward(dataflow, x, w, nbr=gnbr, pairs=pairs, n_out=0).shape == (0, 5)
-        dw = _cuda.conv_weight_grad(dataflow, x, torch.empty((0, 5), device="cuda"), gnbr, pairs)
+        assert conv_cuda.conv_forward(dataflow, x, w, gnbr, pairs, n_out=0).shape == (0, 5)
+        dw = conv_cuda.conv_weight_grad(dataflow, x, x.new_empty((0, 5)), gnbr, pairs)
         assert torch.equal(dw, torch.zeros_like(w))
 
 
@@ -269,7 +269,7 @@ def test_duplicate_rows_raise() -> None:
     coords = torch.tensor([[0, 1, 1, 1], [0, 2, 2, 2], [0, 1, 1, 1]], dtype=torch.int32)
     geometry = GEOMETRIES[0]
     with pytest.raises(ValueError, match="duplicate"):
-        _cuda.kernel_map(coords.cuda(), coords.cuda(), geometry.as_c())
+        kmap_cuda.kernel_map(coords.cuda(), coords.cuda(), geometry.as_c())
 
 
 @needs_gpu
@@ -277,7 +277,7 @@ def test_float64_is_rejected() -> None:
     nbr = torch.zeros((2, 1), dtype=torch.int32, device="cuda")
     x = torch.zeros((1, 2), dtype=torch.float64, device="cuda")
     with pytest.raises(TypeError, match="float32, float16 and bfloat16"):
-        _cuda.conv_forward(
+        conv_cuda.conv_forward(
             "implicit_gemm", x, torch.zeros((1, 2, 2), dtype=x.dtype, device="cuda"), nbr=nbr
         )
 
@@ -288,7 +288,7 @@ def test_float64_is_rejected() -> None:
 def test_clear_error_without_cuda() -> None:
     coords = torch.zeros((1, 4), dtype=torch.int32)
     with pytest.raises(RuntimeError, match="CUDA"):
-        _cuda.kernel_map(coords, coords, GEOMETRIES[0].as_c())
+        kmap_cuda.kernel_map(coords, coords, GEOMETRIES[0].as_c())
 
 
 def _cuobjdump() -> str | None:

@@ -21,13 +21,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-import torch_lattice.ops.pairs
+import torch_lattice.ops.kmap
 from torch_lattice.geometry import ConvGeometry
 from torch_lattice.nn.functional.config import ConvConfig, Dataflow
 from torch_lattice.nn.functional.relation import apply_kernel_map
-from torch_lattice.ops import _cuda
-from torch_lattice.ops._native import _C
-from torch_lattice.ops.kernel_map import build_kernel_map
+from torch_lattice.ops import _runtime, conv_cuda, kmap_cuda
+from torch_lattice.ops._runtime import _C
+from torch_lattice.ops.kmap import build_kernel_map
 
 try:
     from cuda_helpers import cpu_support as _support
@@ -112,8 +112,8 @@ def test_gather_scatter_matches_cpu_float64(
     weight = torch.randn(nbr.shape[1], cin, cout, generator=g).to(dtype)
     grad = torch.randn(out.shape[0], cout, generator=g).to(dtype)
     y_ref, dw_ref = _reference(feats, weight, grad, nbr, rev)
-    pairs = _cuda.kernel_pairs(nbr.cuda())
-    y = _cuda.conv_forward(
+    pairs = kmap_cuda.kernel_pairs(nbr.cuda())
+    y = conv_cuda.conv_forward(
         "gather_scatter",
         feats.cuda(),
         weight.cuda(),
@@ -121,7 +121,7 @@ def test_gather_scatter_matches_cpu_float64(
         n_out=nbr.shape[0],
         allow_tf32=tf32,
     )
-    dw = _cuda.conv_weight_grad(
+    dw = conv_cuda.conv_weight_grad(
         "gather_scatter", feats.cuda(), grad.cuda(), pairs=pairs, allow_tf32=tf32
     )
     tol = 1e-2 if tf32 else TOLERANCE[dtype]
@@ -131,7 +131,7 @@ def test_gather_scatter_matches_cpu_float64(
     _assert_close(dw, dw_ref, tol)
     # input gradient: the forward over the swapped pairs with W^T
     offsets, pin, pout = pairs
-    dx = _cuda.conv_forward(
+    dx = conv_cuda.conv_forward(
         "gather_scatter",
         grad.cuda(),
         weight.transpose(1, 2).contiguous().cuda(),
@@ -149,18 +149,18 @@ def test_half_products_reach_the_scatter_in_fp32(dtype: torch.dtype) -> None:
     """Where torch has ``mm(..., out_dtype=float32)``, half outputs are rounded once:
     within one unit in the last place of the float64 reference (2**-10 fp16, 2**-7 bf16,
     relative to each value, plus a little for fp32 summation order)."""
-    if not _cuda._fp32_products(torch.cuda.current_device(), dtype):
+    if not conv_cuda._fp32_products(torch.cuda.current_device(), dtype):
         pytest.skip("this torch has no fp32-output mm for half inputs")
     _, out, nbr, rev = _nbr(GEOMETRIES[0])
     g = torch.Generator().manual_seed(11)
     feats = torch.randn(rev.shape[0], 24, generator=g).to(dtype)
     weight = torch.randn(27, 24, 40, generator=g).to(dtype)
     y_ref = torch.ops.lattice.sparse_conv(feats.double(), weight.double(), nbr, rev)
-    y = _cuda.conv_forward(
+    y = conv_cuda.conv_forward(
         "gather_scatter",
         feats.cuda(),
         weight.cuda(),
-        pairs=_cuda.kernel_pairs(nbr.cuda()),
+        pairs=kmap_cuda.kernel_pairs(nbr.cuda()),
         n_out=out.shape[0],
     )
     ulp = 2.0**-10 if dtype == torch.float16 else 2.0**-7
@@ -183,11 +183,11 @@ def test_gather_scatter_leaves_tf32_setting_alone() -> None:
             m.allow_tf32 = legacy
             before = (m.allow_tf32, m.fp32_precision if hasattr(m, "fp32_precision") else None)
             for allow in (False, True):
-                _cuda.conv_forward(
+                conv_cuda.conv_forward(
                     "gather_scatter",
                     feats,
                     weight,
-                    pairs=_cuda.kernel_pairs(nbr.cuda()),
+                    pairs=kmap_cuda.kernel_pairs(nbr.cuda()),
                     n_out=out.shape[0],
                     allow_tf32=allow,
                 )
@@ -206,7 +206,7 @@ def test_gather_rows_zero_rows_for_bad_indices() -> None:
     for dtype, c in ((torch.float16, 3), (torch.float32, 4), (torch.bfloat16, 8)):
         src = torch.randn(10, c, device="cuda").to(dtype)
         idx = torch.tensor([3, -1, 9, 10, 0], dtype=torch.int32, device="cuda")
-        got = _cuda._gather(src, idx)
+        got = conv_cuda._gather(src, idx)
         expected = torch.zeros(5, c, dtype=dtype, device="cuda")
         expected[[0, 2, 4]] = src[[3, 9, 0]]
         assert torch.equal(got, expected)
@@ -333,7 +333,7 @@ def test_relation_pairs_on_cuda_swaps() -> None:
 def test_reverse_pairs_equals_kernel_pairs_of_rev_on_cpu() -> None:
     for geometry in GEOMETRIES:
         _, _, nbr, rev = _nbr(geometry, 600, 10, 7)
-        got = torch_lattice.ops.pairs.reverse_pairs(*torch.ops.lattice.kernel_pairs(nbr))
+        got = torch_lattice.ops.kmap.reverse_pairs(*torch.ops.lattice.kernel_pairs(nbr))
         for a, b in zip(got, torch.ops.lattice.kernel_pairs(rev), strict=True):
             assert torch.equal(a, b)
 
@@ -342,7 +342,7 @@ def test_reverse_pairs_equals_kernel_pairs_of_rev_on_cpu() -> None:
 
 
 def test_arch_error_names_capability_and_built_archs() -> None:
-    msg = _cuda.arch_error("kernel_map", 1, (7, 5), "80;86;89;90")
+    msg = _runtime.arch_error("kernel_map", 1, (7, 5), "80;86;89;90")
     assert msg is not None
     assert "kernel_map" in msg and "device 1" in msg
     assert "7.5" in msg and "sm_75" in msg
@@ -365,7 +365,7 @@ def test_arch_error_names_capability_and_built_archs() -> None:
     ],
 )
 def test_arch_error_rules(capability: tuple[int, int], archs: str, runs: bool) -> None:
-    msg = _cuda.arch_error("op", 0, capability, archs)
+    msg = _runtime.arch_error("op", 0, capability, archs)
     assert (msg is None) == runs
     if msg is not None:
         assert f"{capability[0]}.{capability[1]}" in msg

@@ -24,8 +24,8 @@ import pytest
 import torch
 
 import torch_lattice.ops  # noqa: F401  (registers the lattice ops)
-from torch_lattice.ops import _cuda
-from torch_lattice.ops._native import _C, DTYPE_CODES
+from torch_lattice.ops import conv_cuda, kmap_cuda
+from torch_lattice.ops._runtime import _C, DTYPE_CODES
 
 pytestmark = pytest.mark.cuda
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -98,11 +98,11 @@ def _run_case(
         dyg.copy_(dy.cuda())
         assert xg.data_ptr() % 16 != 0 and xg.is_contiguous()
     gnbr = nbr.cuda()
-    maps = {"nbr": gnbr} if dataflow == "implicit_gemm" else {"pairs": _cuda.kernel_pairs(gnbr)}
-    y = _cuda.conv_forward(dataflow, xg, w.cuda(), n_out=nbr.shape[0], allow_tf32=tf32, **maps)
+    maps = {"nbr": gnbr} if dataflow == "implicit_gemm" else {"pairs": kmap_cuda.kernel_pairs(gnbr)}
+    y = conv_cuda.conv_forward(dataflow, xg, w.cuda(), n_out=nbr.shape[0], allow_tf32=tf32, **maps)
     assert y.dtype == dtype and y.shape == (nbr.shape[0], cout)
     _assert_close(y, y_ref, tol, f"{dataflow} {precision} forward")
-    dw = _cuda.conv_weight_grad(dataflow, xg, dyg, allow_tf32=tf32, **maps)
+    dw = conv_cuda.conv_weight_grad(dataflow, xg, dyg, allow_tf32=tf32, **maps)
     assert dw.dtype == dtype and dw.shape == w.shape
     _assert_close(dw, dw_ref, tol, f"{dataflow} {precision} weight grad")
 
@@ -203,7 +203,7 @@ def _forward_only(precision: str, nbr: torch.Tensor, n_in: int, cin: int, cout: 
     x = torch.randn(n_in, cin, generator=g).to(dtype)
     w = (torch.randn(nbr.shape[1], cin, cout, generator=g) / max(cin, 1) ** 0.5).to(dtype)
     y_ref, _ = _reference(x, w, torch.zeros(nbr.shape[0], cout, dtype=dtype), nbr)
-    y = _cuda.conv_forward(
+    y = conv_cuda.conv_forward(
         "implicit_gemm",
         x.cuda(),
         w.cuda(),
@@ -251,7 +251,7 @@ def test_sorted_forward_workspace(n_out: int, k: int, sorted_: bool) -> None:
     """The sorted forward reserves exactly its sort buffers (host-only: no GPU needed):
     two (mask, row) buffers of n_out, 256 digit counts per 256 rows and their scan
     scratch. The unsorted forward needs nothing; the weight gradient is unchanged."""
-    ig = _cuda.DATAFLOWS["implicit_gemm"]
+    ig = conv_cuda.DATAFLOWS["implicit_gemm"]
     for dtype in (torch.float32, torch.float16):
         code = DTYPE_CODES[dtype]
         fwd = _C.cuda_conv_workspace_size(ig, 0, code, 1000, n_out, k, 64, 64, 0)
@@ -347,7 +347,7 @@ def test_sorted_forward_on_a_surface(precision: str) -> None:
     wt = (torch.randn(K, 64, 96, generator=g) / 8).to(dtype).transpose(1, 2).contiguous()
     dy = torch.randn(n, 96, generator=g).to(dtype)
     dx_ref, _ = _reference(dy, wt, torch.zeros(n, 64, dtype=dtype), rev)
-    dx = _cuda.conv_forward(
+    dx = conv_cuda.conv_forward(
         "implicit_gemm", dy.cuda(), wt.cuda(), nbr=rev.cuda(), n_out=n, allow_tf32=tf32
     )
     assert dx.shape == (n, 64)

@@ -21,7 +21,7 @@ import torch
 import torch_lattice as tl
 from torch_lattice.nn import functional as F
 from torch_lattice.nn.functional.config import CUDA_DEFAULT, resolve_config
-from torch_lattice.ops import _cuda
+from torch_lattice.ops import _runtime, conv_cuda, kmap_cuda
 
 try:
     import network_helpers as nh
@@ -134,21 +134,21 @@ def test_cuda_selection_unchanged_without_deterministic_mode():
     for d in nh.DATAFLOWS:
         assert resolve_config(F.ConvConfig(dataflow=d), device="cuda").dataflow is d
     assert resolve_config(None, device="cuda").dataflow is CUDA_DEFAULT.dataflow
-    assert _cuda.weight_grad_dataflow() == "implicit_gemm"
+    assert _runtime.weight_grad_dataflow() == "implicit_gemm"
 
 
 def test_weight_grad_dataflow_in_deterministic_mode(deterministic):
-    assert _cuda.weight_grad_dataflow() == "gather_scatter"
-    _cuda.check_deterministic("conv_weight_grad", _cuda.weight_grad_dataflow())  # no raise
+    assert _runtime.weight_grad_dataflow() == "gather_scatter"
+    _runtime.check_deterministic("conv_weight_grad", _runtime.weight_grad_dataflow())  # no raise
 
 
-ATOMIC = sorted(_cuda.ATOMIC_KERNELS)
+ATOMIC = sorted(_runtime.ATOMIC_KERNELS)
 ATOMIC_FREE = [("conv_forward", "implicit_gemm"), ("conv_weight_grad", "gather_scatter")]
 
 
 def test_atomic_kernel_list_matches_the_sources():
     """Every (op, dataflow) is either known atomic or known atomic-free."""
-    every = {(op, d) for op in ("conv_forward", "conv_weight_grad") for d in _cuda.DATAFLOWS}
+    every = {(op, d) for op in ("conv_forward", "conv_weight_grad") for d in conv_cuda.DATAFLOWS}
     assert every == set(ATOMIC) | set(ATOMIC_FREE)
     assert not set(ATOMIC) & set(ATOMIC_FREE)
 
@@ -156,27 +156,27 @@ def test_atomic_kernel_list_matches_the_sources():
 @pytest.mark.parametrize("op,dataflow", ATOMIC)
 def test_atomic_kernels_raise_in_deterministic_mode(deterministic, op, dataflow):
     with pytest.raises(RuntimeError, match=rf"{op} with dataflow '{dataflow}'.*deterministic"):
-        _cuda.check_deterministic(op, dataflow)
+        _runtime.check_deterministic(op, dataflow)
 
 
 @pytest.mark.parametrize("op,dataflow", ATOMIC)
 def test_atomic_kernels_warn_with_warn_only(warn_only, op, dataflow):
     with pytest.warns(UserWarning, match=rf"{op} with dataflow '{dataflow}'"):
-        _cuda.check_deterministic(op, dataflow)
+        _runtime.check_deterministic(op, dataflow)
 
 
 @pytest.mark.parametrize("op,dataflow", ATOMIC + ATOMIC_FREE)
 def test_no_refusal_outside_deterministic_mode(op, dataflow):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        _cuda.check_deterministic(op, dataflow)
+        _runtime.check_deterministic(op, dataflow)
 
 
 @pytest.mark.parametrize("op,dataflow", ATOMIC_FREE)
 def test_atomic_free_kernels_allowed_in_deterministic_mode(deterministic, op, dataflow):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        _cuda.check_deterministic(op, dataflow)
+        _runtime.check_deterministic(op, dataflow)
 
 
 def test_cpu_runs_unchanged_in_deterministic_mode(deterministic):
@@ -226,15 +226,15 @@ def test_cuda_atomic_kernels_refused_when_called(deterministic, op, dataflow):
     g = torch.Generator().manual_seed(0)
     nbr = torch.randint(-1, 50, (40, 27), generator=g, dtype=torch.int32).cuda()
     feats = torch.randn(50, 8, generator=g).cuda()
-    pairs = _cuda.kernel_pairs(nbr)
+    pairs = kmap_cuda.kernel_pairs(nbr)
     with pytest.raises(RuntimeError, match=f"dataflow '{dataflow}'"):
         if op == "conv_forward":
             w = torch.randn(27, 8, 4, generator=g).cuda()
             use_nbr = nbr if dataflow == "implicit_gemm" else None
             use_pairs = None if dataflow == "implicit_gemm" else pairs
-            _cuda.conv_forward(dataflow, feats, w, nbr=use_nbr, pairs=use_pairs, n_out=40)
+            conv_cuda.conv_forward(dataflow, feats, w, nbr=use_nbr, pairs=use_pairs, n_out=40)
         else:
             dy = torch.randn(40, 4, generator=g).cuda()
             use_nbr = nbr if dataflow == "implicit_gemm" else None
             use_pairs = None if dataflow == "implicit_gemm" else pairs
-            _cuda.conv_weight_grad(dataflow, feats, dy, nbr=use_nbr, pairs=use_pairs)
+            conv_cuda.conv_weight_grad(dataflow, feats, dy, nbr=use_nbr, pairs=use_pairs)

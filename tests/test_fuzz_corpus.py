@@ -23,7 +23,7 @@ if ROOT not in sys.path:
 from fuzz import _common  # noqa: E402
 from fuzz._common import Finding  # noqa: E402
 from torch_lattice import _C  # noqa: E402
-from torch_lattice.ops.kernel_map import kernel_map  # noqa: E402
+from torch_lattice.ops.kmap import kernel_map  # noqa: E402
 
 CORPUS = os.path.join(ROOT, "fuzz", "corpus")
 TARGETS = sorted(

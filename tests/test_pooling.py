@@ -15,7 +15,7 @@ import torch
 import torch_lattice as tl
 from torch_lattice.geometry import ConvGeometry
 from torch_lattice.nn import functional as F
-from torch_lattice.ops.pooling import pool_avg, pool_max, pool_sum
+from torch_lattice.ops.pool import pool_avg, pool_max, pool_sum
 
 
 def random_tensor(n=60, extent=7, channels=3, seed=0, dtype=torch.float64, batches=2):

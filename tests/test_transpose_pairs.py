@@ -21,7 +21,7 @@ from torch_lattice.memory_budget import MemoryBudgetError
 from torch_lattice.nn import functional as F
 from torch_lattice.nn.functional.config import resolve_config
 from torch_lattice.nn.functional.conv_transpose import transpose_onto
-from torch_lattice.ops.kernel_map import (
+from torch_lattice.ops.kmap import (
     DENSE_SLOTS_PER_PAIR,
     build_kernel_map,
     build_transpose_pairs,
@@ -137,8 +137,8 @@ def test_one_row_32_cubed_fits_a_budget_the_table_would_exceed():
 def test_pool_transpose_pair_route_matches_kernel_map_route(ks, stride, monkeypatch):
     """pool_transpose3d without a target onto a mostly-empty table: the pair route
     (taken: building a kernel map would fail here) against pool_avg over the kernel map."""
-    from torch_lattice.ops import kernel_map as kernel_map_module
-    from torch_lattice.ops.pooling import pool_avg
+    from torch_lattice.ops import kmap as kmap_module
+    from torch_lattice.ops.pool import pool_avg
 
     def no_map(*args):
         raise AssertionError("the pair route builds no kernel map")
@@ -147,7 +147,7 @@ def test_pool_transpose_pair_route_matches_kernel_map_route(ks, stride, monkeypa
     for seed in range(3):
         x = _input(seed)
         with monkeypatch.context() as m:
-            m.setattr(kernel_map_module, "build_kernel_map", no_map)
+            m.setattr(kmap_module, "build_kernel_map", no_map)
             y = F.pool_transpose3d(x, ks, stride, expand_coordinates=True)
         torch.manual_seed(seed)
         grad = torch.randn_like(y.feats)

@@ -22,8 +22,7 @@ from torch_lattice.locked_cache import get_or_build
 from torch_lattice.memory_budget import check_allocation
 
 if TYPE_CHECKING:
-    from torch_lattice.ops.kernel_map import KernelMap
-    from torch_lattice.ops.pairs import PairLists
+    from torch_lattice.ops.kmap import KernelMap, PairLists
 
 __all__ = ["CoordinateManager", "Derivation", "SparseTensor", "Support", "validate_coords"]
 
@@ -320,7 +319,7 @@ class CoordinateManager:
                             lambda: self._build_generated(source, geometry))
 
     def _build_generated(self, source: Support, geometry: ConvGeometry) -> Support:
-        from torch_lattice.ops.kernel_map import generate_support
+        from torch_lattice.ops.kmap import generate_support
 
         out_range = geometry.output_range(source.grid_range())
         if source.num_rows == 0:
@@ -361,7 +360,7 @@ class CoordinateManager:
                             lambda: self._build_generative(source, geometry))
 
     def _build_generative(self, source: Support, geometry: ConvGeometry) -> Support:
-        from torch_lattice.ops.kernel_map import generative_support
+        from torch_lattice.ops.kmap import generative_support
 
         stride = divide_stride(source.stride, geometry.stride)
         if source.num_rows:
@@ -416,7 +415,7 @@ class CoordinateManager:
         target.check_unchanged()
 
         def build() -> KernelMap:
-            from torch_lattice.ops.kernel_map import build_kernel_map
+            from torch_lattice.ops.kmap import build_kernel_map
 
             kmap = build_kernel_map(source.coords, target.coords, geometry)
             self.builds += 1
@@ -436,7 +435,7 @@ class CoordinateManager:
         coarse.check_unchanged()
 
         def build() -> PairLists:
-            from torch_lattice.ops.kernel_map import build_transpose_pairs
+            from torch_lattice.ops.kmap import build_transpose_pairs
 
             pairs = build_transpose_pairs(fine.coords, coarse.coords, geometry)
             self.builds += 1

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from torch_lattice.ops._native import REDUCTION_CODES, compute_dtype
+from torch_lattice.ops._runtime import REDUCTION_CODES, compute_dtype
 from torch_lattice.ops.voxel import devoxel_gather, devoxel_map, voxel_reduce, voxelize_coords
 from torch_lattice.tensor import CoordinateManager, SparseTensor, Support
 

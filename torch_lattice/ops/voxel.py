@@ -5,9 +5,9 @@ The C core (csrc/tl_voxel.h) quantizes points, finds unique sorted voxel rows,
 reduces point features per voxel and builds point-to-voxel maps; torch
 allocates every tensor.  Gradients are built from torch index ops.
 
-Each op's body is its CPU kernel; the CUDA kernels (csrc/cuda/tl_cuda_voxel.cu,
-via :mod:`._cuda_blocks`) are registered beside it with ``register_kernel("cuda")``
-and give the same rows, order and errors.
+Each op's body is its CPU kernel; the CUDA kernels (csrc/cuda/tl_cuda_voxel.cu) are
+registered by :mod:`torch_lattice.ops.voxel_cuda` and give the same rows, order and
+errors.
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ from typing import Any
 
 import torch
 
-from torch_lattice.ops import _cuda_blocks
-from torch_lattice.ops._native import (
+from torch_lattice.ops._runtime import (
     _C,
     DTYPE_CODES,
     REDUCTION_CODES,
@@ -27,13 +26,20 @@ from torch_lattice.ops._native import (
     threads,
 )
 
-__all__ = ["REDUCTIONS", "devoxel_gather", "devoxel_map", "voxel_reduce", "voxelize_coords"]
+__all__ = [
+    "REDUCTIONS",
+    "devoxel_gather",
+    "devoxel_map",
+    "point_error",
+    "voxel_reduce",
+    "voxelize_coords",
+]
 
 REDUCTIONS = REDUCTION_CODES  # enum tl_voxel_reduction, by name
 _TL_ERR_OVERFLOW = -3
 
 
-def _point_error(
+def point_error(
     points: torch.Tensor,
     batch: torch.Tensor | None,
     bad: int,
@@ -89,19 +95,11 @@ def voxelize_coords(
         threads(),
     )
     if st != 0:
-        raise _point_error(points, batch, bad, st, voxel_size, origin)
+        raise point_error(points, batch, bad, st, voxel_size, origin)
     uniq = torch.empty((n, 4), dtype=torch.int32)
     inverse = torch.empty((n,), dtype=torch.int64)
     m = _C.voxel_unique(ptr(rows), n, ptr(uniq), ptr(inverse), threads())
     return uniq[:m].clone(), inverse
-
-
-@voxelize_coords.register_kernel("cuda")
-def _voxelize_coords_cuda(points, batch, voxel_size, origin):
-    uniq, inverse, st, bad = _cuda_blocks.voxelize(points, batch, voxel_size, origin)
-    if st != 0:
-        raise _point_error(points, batch, bad, st, voxel_size, origin)
-    return uniq, inverse
 
 
 @voxelize_coords.register_fake
@@ -148,11 +146,6 @@ def voxel_reduce(
         threads(),
     )
     return out, arg
-
-
-@voxel_reduce.register_kernel("cuda")
-def _voxel_reduce_cuda(feats, inverse, num_voxels, reduction):
-    return _cuda_blocks.voxel_reduce(feats, inverse, num_voxels, reduction)
 
 
 @voxel_reduce.register_fake
@@ -221,17 +214,7 @@ def devoxel_map(
         threads(),
     )
     if st != 0:
-        raise _point_error(points, batch, bad, st, voxel_size, origin)
-    return idx, w
-
-
-@devoxel_map.register_kernel("cuda")
-def _devoxel_map_cuda(points, batch, voxel_size, origin, voxel_coords, trilinear):
-    idx, w, st, bad = _cuda_blocks.devoxel_map(
-        points, batch, voxel_size, origin, voxel_coords, trilinear
-    )
-    if st != 0:
-        raise _point_error(points, batch, bad, st, voxel_size, origin)
+        raise point_error(points, batch, bad, st, voxel_size, origin)
     return idx, w
 
 
@@ -257,11 +240,6 @@ def devoxel_gather(feats: torch.Tensor, idx: torch.Tensor, weight: torch.Tensor)
         DTYPE_CODES[feats.dtype], ptr(feats), m, c, ptr(idx), ptr(weight), n, k, ptr(out), threads()
     )
     return out
-
-
-@devoxel_gather.register_kernel("cuda")
-def _devoxel_gather_cuda(feats, idx, weight):
-    return _cuda_blocks.devoxel_gather(feats, idx, weight)
 
 
 @devoxel_gather.register_fake

@@ -24,8 +24,8 @@ from torch_lattice.nn.functional.conv import (
 )
 from torch_lattice.nn.functional.relation import apply_kernel_map
 from torch_lattice.nn.functional.transposed_support import cached_source_support
-from torch_lattice.ops.kernel_map import sparse_table
-from torch_lattice.ops.pairs import pair_conv
+from torch_lattice.ops.conv import pair_conv
+from torch_lattice.ops.kmap import sparse_table
 from torch_lattice.tensor import SparseTensor, Support, divide_stride
 
 __all__ = [

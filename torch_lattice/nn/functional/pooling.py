@@ -30,9 +30,9 @@ from torch_lattice.nn.functional.transposed_support import (
     cached_source_support,
     generated_transposed_support,
 )
-from torch_lattice.ops._native import compute_dtype
-from torch_lattice.ops.kernel_map import KernelMap, sparse_table
-from torch_lattice.ops.pooling import pool_avg, pool_max, pool_sum
+from torch_lattice.ops._runtime import compute_dtype
+from torch_lattice.ops.kmap import KernelMap, sparse_table
+from torch_lattice.ops.pool import pool_avg, pool_max, pool_sum
 from torch_lattice.tensor import SparseTensor, Support, divide_stride
 
 __all__ = [

@@ -12,9 +12,8 @@ from __future__ import annotations
 import torch
 
 from torch_lattice.nn.functional.config import ConvConfig, Dataflow
-from torch_lattice.ops.conv import sparse_conv
-from torch_lattice.ops.kernel_map import KernelMap
-from torch_lattice.ops.pairs import pair_conv
+from torch_lattice.ops.conv import pair_conv, sparse_conv
+from torch_lattice.ops.kmap import KernelMap
 
 __all__ = ["apply_kernel_map"]
 

@@ -1,5 +1,5 @@
 """Sparse pooling ops: ``lattice::pool_sum``, ``lattice::pool_avg`` and
-``lattice::pool_max`` over a kernel map (see :mod:`.kernel_map`).
+``lattice::pool_max`` over a kernel map (see :mod:`.kmap`).
 
 Sum pooling is a convolution with an identity weight per channel, so its
 gradient is sum pooling over the transposed table (``rev``).  Average
@@ -7,9 +7,9 @@ pooling divides by the number of present neighbours.  Max pooling records
 the input row of each maximum and routes the gradient back through it
 (``lattice::pool_max_backward``).
 
-Each op's body is its CPU kernel; the CUDA kernels (csrc/cuda/tl_cuda_pool.cu, via
-:mod:`._cuda_blocks`) are registered beside it with ``register_kernel("cuda")``.
-Both walk kernel rows in order per output row, so sums, maxima and argmax ties agree.
+Each op's body is its CPU kernel; the CUDA kernels (csrc/cuda/tl_cuda_pool.cu) are
+registered by :mod:`torch_lattice.ops.pool_cuda`.  Both walk kernel rows in order per
+output row, so sums, maxima and argmax ties agree.
 """
 
 from __future__ import annotations
@@ -18,8 +18,7 @@ from typing import Any
 
 import torch
 
-from torch_lattice.ops import _cuda_blocks
-from torch_lattice.ops._native import (
+from torch_lattice.ops._runtime import (
     _C,
     DTYPE_CODES,
     check_nbr,
@@ -29,10 +28,12 @@ from torch_lattice.ops._native import (
     threads,
 )
 
-__all__ = ["pool_avg", "pool_max", "pool_max_backward", "pool_sum"]
+__all__ = ["check_pool_args", "pool_avg", "pool_max", "pool_max_backward", "pool_sum"]
 
 
-def _check(op: str, feats: torch.Tensor, table: torch.Tensor) -> None:
+def check_pool_args(op: str, feats: torch.Tensor, table: torch.Tensor) -> None:
+    """The one argument check of a pooling op (CPU and CUDA): ``(N, C)`` features over
+    an int32 ``(N_out, K)`` table."""
     if feats.dim() != 2:
         raise ValueError(f"lattice::{op}: feats must be (N, C), got {tuple(feats.shape)}")
     check_nbr(op, table)
@@ -68,14 +69,8 @@ def pool_sum(feats: torch.Tensor, nbr: torch.Tensor, rev: torch.Tensor) -> torch
         rev: ``(N_in, K)`` int32 transpose of ``nbr`` (used by backward).
     """
     require_cpu("pool_sum", feats, nbr, rev)
-    _check("pool_sum", feats, nbr)
+    check_pool_args("pool_sum", feats, nbr)
     return _sum(feats, nbr, average=False)
-
-
-@pool_sum.register_kernel("cuda")
-def _pool_sum_cuda(feats, nbr, rev):
-    _check("pool_sum", feats, nbr)
-    return _cuda_blocks.pool_sum(feats, nbr, rev, average=False)
 
 
 @pool_sum.register_fake
@@ -100,14 +95,8 @@ pool_sum.register_autograd(_sum_backward, setup_context=_sum_setup)
 def pool_avg(feats: torch.Tensor, nbr: torch.Tensor, rev: torch.Tensor) -> torch.Tensor:
     """``(N_out, C)``: mean of ``feats[nbr[o, n]]`` over present rows (0 if none)."""
     require_cpu("pool_avg", feats, nbr, rev)
-    _check("pool_avg", feats, nbr)
+    check_pool_args("pool_avg", feats, nbr)
     return _sum(feats, nbr, average=True)
-
-
-@pool_avg.register_kernel("cuda")
-def _pool_avg_cuda(feats, nbr, rev):
-    _check("pool_avg", feats, nbr)
-    return _cuda_blocks.pool_sum(feats, nbr, rev, average=True)
 
 
 @pool_avg.register_fake
@@ -131,7 +120,7 @@ def pool_max(
     """``(N_out, C)`` maxima over present rows (0 if none) and the ``(N_out, C)``
     int32 input row of each maximum (-1 if none; first in kernel-row order on ties)."""
     require_cpu("pool_max", feats, nbr, rev)
-    _check("pool_max", feats, nbr)
+    check_pool_args("pool_max", feats, nbr)
     work = compute_dtype("pool_max", feats.dtype)
     x, nbr = feats.to(work).contiguous(), nbr.contiguous()
     y = torch.empty((nbr.shape[0], x.shape[1]), dtype=work)
@@ -150,12 +139,6 @@ def pool_max(
         threads(),
     )
     return y.to(feats.dtype), arg
-
-
-@pool_max.register_kernel("cuda")
-def _pool_max_cuda(feats, nbr, rev):
-    _check("pool_max", feats, nbr)
-    return _cuda_blocks.pool_max(feats, nbr, rev)
 
 
 @pool_max.register_fake
@@ -185,11 +168,6 @@ def pool_max_backward(grad: torch.Tensor, rev: torch.Tensor, argmax: torch.Tenso
         threads(),
     )
     return dx.to(grad.dtype)
-
-
-@pool_max_backward.register_kernel("cuda")
-def _pool_max_backward_cuda(grad, rev, argmax):
-    return _cuda_blocks.pool_max_backward(grad, rev, argmax)
 
 
 @pool_max_backward.register_fake

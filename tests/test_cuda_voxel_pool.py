@@ -1,5 +1,6 @@
-"""CUDA-versus-CPU parity of the building blocks (csrc/cuda/tl_cuda_voxel.cu,
-tl_cuda_pool.cu, tl_cuda_generative.cu through torch_lattice.ops._cuda_blocks).
+"""CUDA-versus-CPU parity of voxelization, pooling and generative supports
+(csrc/cuda/tl_cuda_voxel.cu, tl_cuda_pool.cu, tl_cuda_generative.cu through
+torch_lattice.ops.voxel_cuda, pool_cuda and kmap_cuda).
 
 Integer outputs (voxel rows, inverse maps, devoxel rows, argmax, generated supports) must
 equal the CPU's exactly, in the same order.  Floating outputs:
@@ -26,9 +27,8 @@ import torch
 
 import torch_lattice as tl
 from torch_lattice.geometry import ConvGeometry
-from torch_lattice.ops import kernel_map as km
-from torch_lattice.ops import pooling, voxel
-from torch_lattice.ops._native import _C
+from torch_lattice.ops import kmap, kmap_cuda, pool, pool_cuda, voxel, voxel_cuda
+from torch_lattice.ops._runtime import _C
 
 try:
     from cuda_helpers import smooth_activations
@@ -456,15 +456,15 @@ def test_cuda_kernels_raise_clearly_without_cuda(monkeypatch):
     coords = torch.zeros((1, 4), dtype=torch.int32)
     nbr = torch.zeros((1, 1), dtype=torch.int32)
     calls = [
-        lambda: voxel._voxelize_coords_cuda(pts, None, [1.0] * 3, [0.0] * 3),
-        lambda: voxel._voxel_reduce_cuda(pts, torch.zeros(2, dtype=torch.long), 1, "sum"),
-        lambda: voxel._devoxel_map_cuda(pts, None, [1.0] * 3, [0.0] * 3, coords, False),
-        lambda: voxel._devoxel_gather_cuda(pts, nbr.long(), nbr.double()),
-        lambda: pooling._pool_sum_cuda(pts, nbr, nbr),
-        lambda: pooling._pool_avg_cuda(pts, nbr, nbr),
-        lambda: pooling._pool_max_cuda(pts, nbr, nbr),
-        lambda: pooling._pool_max_backward_cuda(pts, nbr, nbr),
-        lambda: km._generative_support_cuda(coords, [2, 2, 2], [2, 2, 2]),
+        lambda: voxel_cuda.voxelize_coords(pts, None, [1.0] * 3, [0.0] * 3),
+        lambda: voxel_cuda.voxel_reduce(pts, torch.zeros(2, dtype=torch.long), 1, "sum"),
+        lambda: voxel_cuda.devoxel_map(pts, None, [1.0] * 3, [0.0] * 3, coords, False),
+        lambda: voxel_cuda.devoxel_gather(pts, nbr.long(), nbr.double()),
+        lambda: pool_cuda.pool_sum(pts, nbr, nbr),
+        lambda: pool_cuda.pool_avg(pts, nbr, nbr),
+        lambda: pool_cuda.pool_max(pts, nbr, nbr),
+        lambda: pool_cuda.pool_max_backward(pts, nbr, nbr),
+        lambda: kmap_cuda.generative_support(coords, [2, 2, 2], [2, 2, 2]),
     ]
     for call in calls:
         with pytest.raises(RuntimeError, match="built without CUDA"):
@@ -489,31 +489,32 @@ def test_wrappers_pass_the_host_checks(monkeypatch):
     """Every wrapper's arguments pass the C entry point's host-side checks, which run
     before any CUDA call: with host tensors, a 256-byte aligned workspace and no
     usable GPU, each call must get as far as the CUDA runtime and fail there."""
-    from torch_lattice.ops import _cuda_blocks as cb
 
     def workspace(nbytes, device):
         buf = torch.empty(nbytes + 256, dtype=torch.uint8)
         off = (-buf.data_ptr()) % 256
         return buf[off : off + nbytes]
 
-    monkeypatch.setattr(cb, "require_cuda", lambda op, *t: torch.device("cpu"))
-    monkeypatch.setattr(cb, "_call_args", lambda device: (0, 0))
-    monkeypatch.setattr(cb, "_workspace", workspace)
+    for module in (voxel_cuda, pool_cuda, kmap_cuda):
+        monkeypatch.setattr(module, "require_cuda", lambda op, *t: torch.device("cpu"))
+        monkeypatch.setattr(module, "call_args", lambda device: (0, 0))
+    for module in (voxel_cuda, kmap_cuda):  # pooling needs no workspace
+        monkeypatch.setattr(module, "workspace", workspace)
     pts, batch = _cloud(10, seed=40, dtype=torch.float64)
     coords = torch.tensor([[0, 1, 1, 1], [0, 2, 2, 2]], dtype=torch.int32)
     nbr = torch.zeros((2, 8), dtype=torch.int32)
     f = _feats(2, 3, seed=41)
     inv = torch.zeros(10, dtype=torch.long)
     calls = [
-        lambda: voxel._voxelize_coords_cuda(pts, batch, [1.0] * 3, [0.0] * 3),
-        lambda: voxel._voxel_reduce_cuda(pts.float(), inv, 1, "max"),
-        lambda: voxel._devoxel_map_cuda(pts, batch, [1.0] * 3, [0.0] * 3, coords, True),
-        lambda: voxel._devoxel_gather_cuda(f, inv.view(10, 1), torch.ones(10, 1).double()),
-        lambda: pooling._pool_sum_cuda(f, nbr, nbr),
-        lambda: pooling._pool_avg_cuda(f, nbr, nbr),
-        lambda: pooling._pool_max_cuda(f, nbr, nbr),
-        lambda: pooling._pool_max_backward_cuda(f, nbr, nbr),
-        lambda: km._generative_support_cuda(coords, [2, 2, 2], [2, 2, 2]),
+        lambda: voxel_cuda.voxelize_coords(pts, batch, [1.0] * 3, [0.0] * 3),
+        lambda: voxel_cuda.voxel_reduce(pts.float(), inv, 1, "max"),
+        lambda: voxel_cuda.devoxel_map(pts, batch, [1.0] * 3, [0.0] * 3, coords, True),
+        lambda: voxel_cuda.devoxel_gather(f, inv.view(10, 1), torch.ones(10, 1).double()),
+        lambda: pool_cuda.pool_sum(f, nbr, nbr),
+        lambda: pool_cuda.pool_avg(f, nbr, nbr),
+        lambda: pool_cuda.pool_max(f, nbr, nbr),
+        lambda: pool_cuda.pool_max_backward(f, nbr, nbr),
+        lambda: kmap_cuda.generative_support(coords, [2, 2, 2], [2, 2, 2]),
     ]
     for call in calls:
         with pytest.raises(RuntimeError, match="CUDA error"):
@@ -527,8 +528,8 @@ def test_cpu_kernels_reject_other_devices():
         voxel.voxel_reduce._init_fn(meta, torch.zeros(2, dtype=torch.long, device="meta"), 1, "sum")
     nbr = torch.zeros((1, 1), dtype=torch.int32, device="meta")
     with pytest.raises(RuntimeError, match="meta"):
-        pooling.pool_sum._init_fn(meta, nbr, nbr)
+        pool.pool_sum._init_fn(meta, nbr, nbr)
     with pytest.raises(RuntimeError, match="meta"):
-        km.generative_support._init_fn(
+        kmap.generative_support._init_fn(
             torch.zeros((1, 4), dtype=torch.int32, device="meta"), [2, 2, 2], [2, 2, 2]
         )

@@ -1,36 +1,105 @@
-"""Kernel-map construction ops: ``lattice::generate_support`` and
-``lattice::kernel_map``.
+"""Kernel-map ops: supports, neighbour tables and pair lists.
+
+``lattice::generate_support`` and ``lattice::generative_support`` build output
+supports; ``lattice::kernel_map`` and ``lattice::neighbour_table`` the
+neighbour tables; ``lattice::kernel_pairs`` the CSR pair lists of the
+fetch-on-demand and gather-scatter dataflows (docs/kernel-maps.md).
 
 The neighbour-table format is described in csrc/tl_kmap.h: ``nbr`` is
 ``(N_out, K)`` int32 with the input row feeding each output row through each
 kernel row (-1 where absent); ``rev`` is its ``(N_in, K)`` transpose.
+
+Each op's body is its CPU kernel and a fake kernel sits beside it; the CUDA
+kernels are registered by :mod:`torch_lattice.ops.kmap_cuda`.
 """
 
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
 from torch_lattice.geometry import ConvGeometry
 from torch_lattice.locked_cache import get_or_build
 from torch_lattice.memory_budget import check_allocation
-from torch_lattice.ops import _cuda, _cuda_blocks
-from torch_lattice.ops._native import _C, ptr, require_cpu, threads
-from torch_lattice.ops.pairs import PairLists, kernel_pairs, reverse_pairs
+from torch_lattice.ops._runtime import _C, ptr, require_cpu, threads
 
 __all__ = [
     "DENSE_SLOTS_PER_PAIR",
     "KernelMap",
+    "PairLists",
     "build_kernel_map",
     "build_transpose_pairs",
+    "conv_geom",
+    "generate_bound_within_budget",
     "generate_support",
     "generative_support",
     "kernel_map",
+    "kernel_pairs",
     "neighbour_table",
+    "reverse_pairs",
     "sparse_table",
 ]
+
+
+class PairLists(NamedTuple):
+    """CSR pair lists: ``offsets (K+1,)`` int64, ``pair_in``/``pair_out`` ``(P,)`` int32."""
+
+    offsets: torch.Tensor
+    pair_in: torch.Tensor
+    pair_out: torch.Tensor
+
+
+def reverse_pairs(
+    offsets: torch.Tensor, pair_in: torch.Tensor, pair_out: torch.Tensor
+) -> PairLists:
+    """Pair lists of the reversed relation, from the forward ones, without a host sync.
+
+    A kernel row has the same pairs either way, so ``offsets`` stay and ``pair_in`` and
+    ``pair_out`` swap.  On the CPU the pairs of each kernel row are then sorted by their new
+    output row (one argsort), because the CPU dataflows check that outputs strictly increase
+    within a kernel row; the result equals ``kernel_pairs(rev)``.  The CUDA dataflows take
+    any order (they add with atomics), so on CUDA the swap is all.
+    """
+    if offsets.device.type != "cpu":
+        return PairLists(offsets, pair_out, pair_in)
+    k = offsets.shape[0] - 1
+    rows = torch.repeat_interleave(
+        torch.arange(k, dtype=torch.int64), offsets.diff(), output_size=pair_in.shape[0]
+    )
+    # pair_in < 2**31 and k < 2**31: (row, new output row) packs into one int64 key
+    order = torch.argsort((rows << 32) | pair_in.to(torch.int64))
+    return PairLists(offsets, pair_out[order], pair_in[order])
+
+
+@torch.library.custom_op("lattice::kernel_pairs", mutates_args=())
+def kernel_pairs(nbr: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(offsets, pair_in, pair_out)`` of an ``(N_out, K)`` int32 table.
+
+    Pairs of kernel row ``n`` are ``offsets[n]:offsets[n + 1]``, sorted by ``pair_out``.
+    """
+    require_cpu("kernel_pairs", nbr)
+    nbr = nbr.contiguous()
+    n_out, k = nbr.shape
+    offsets = torch.empty(k + 1, dtype=torch.int64)
+    _C.pairs_count(ptr(nbr), n_out, k, ptr(offsets), threads())
+    total = int(offsets[-1])
+    pair_in = torch.empty(total, dtype=torch.int32)
+    pair_out = torch.empty(total, dtype=torch.int32)
+    _C.pairs_fill(ptr(nbr), n_out, k, ptr(offsets), ptr(pair_in), ptr(pair_out), threads())
+    return offsets, pair_in, pair_out
+
+
+@kernel_pairs.register_fake
+def _(nbr):
+    p = torch.library.get_ctx().new_dynamic_size()
+    return (
+        nbr.new_empty((nbr.shape[1] + 1,), dtype=torch.int64),
+        nbr.new_empty((p,)),
+        nbr.new_empty((p,)),
+    )
 
 
 @dataclass(frozen=True)
@@ -91,11 +160,15 @@ class KernelMap:
         return get_or_build(self._pairs, transposed, self._lock, derive)
 
 
-def _geom(kernel_size: list[int], stride: list[int], padding: list[int], dilation: list[int]):
+def conv_geom(
+    kernel_size: list[int], stride: list[int], padding: list[int], dilation: list[int]
+) -> tuple[tuple[int, ...], ...]:
+    """The geometry tuple the C entry points take: ``(kernel_size, stride, padding,
+    dilation)``, each a 3-tuple."""
     return (tuple(kernel_size), tuple(stride), tuple(padding), tuple(dilation))
 
 
-def _generate_bound_within_budget(n: int, geom: tuple, rng: tuple, num_batches: int) -> int:
+def generate_bound_within_budget(n: int, geom: tuple, rng: tuple, num_batches: int) -> int:
     """The output-row bound of a strided support, checked against the memory budget:
     it is allocated (int32 x 4 per row; committed at once on a GPU) before the rows
     are known."""
@@ -124,24 +197,16 @@ def generate_support(
     onto an input row of the same batch (see docs/semantics.md).
     """
     require_cpu("generate_support", coords)
-    geom = _geom(kernel_size, stride, padding, dilation)
+    geom = conv_geom(kernel_size, stride, padding, dilation)
     rng = tuple(max(0, r) for r in out_range)
     coords = coords.contiguous()
     n = coords.shape[0]
-    bound = _generate_bound_within_budget(n, geom, rng, num_batches)
+    bound = generate_bound_within_budget(n, geom, rng, num_batches)
     # Pages of an untouched allocation are never committed, so a loose upper
     # bound costs address space only; the result is copied out compactly.
     out = torch.empty((bound, 4), dtype=torch.int32)
     m = _C.generate(ptr(coords), n, geom, rng, ptr(out), bound)
     return out[:m].clone()
-
-
-@generate_support.register_kernel("cuda")
-def _(coords, kernel_size, stride, padding, dilation, out_range, num_batches):
-    geom = _geom(kernel_size, stride, padding, dilation)
-    rng = tuple(max(0, r) for r in out_range)
-    _generate_bound_within_budget(coords.shape[0], geom, rng, num_batches)
-    return _cuda.generate_support(coords, geom, rng, num_batches)
 
 
 @generate_support.register_fake
@@ -160,17 +225,12 @@ def generative_support(
     """
     require_cpu("generative_support", coords)
     coords = coords.contiguous()
-    geom = _geom(kernel_size, stride, [0, 0, 0], [1, 1, 1])
+    geom = conv_geom(kernel_size, stride, [0, 0, 0], [1, 1, 1])
     k = kernel_size[0] * kernel_size[1] * kernel_size[2]
     n = coords.shape[0]
     out = torch.empty((n * k, 4), dtype=torch.int32)
     m = _C.generative(ptr(coords), n, geom, ptr(out), n * k)
     return out[:m].clone()
-
-
-@generative_support.register_kernel("cuda")
-def _generative_support_cuda(coords, kernel_size, stride):
-    return _cuda_blocks.generative_support(coords, kernel_size, stride)
 
 
 @generative_support.register_fake
@@ -190,31 +250,31 @@ def kernel_map(
     dilation: list[int],
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Neighbour tables ``(nbr (N_out, K), rev (N_in, K))``, int32."""
-    nbr = _nbr_table("kernel_map", in_coords, out_coords, kernel_size, stride, padding,
-                     dilation)
+    nbr = _nbr_table("kernel_map", in_coords, out_coords, kernel_size, stride, padding, dilation)
     n_out, k = nbr.shape
     rev = torch.empty((in_coords.shape[0], k), dtype=torch.int32)
     _C.kmap_reverse(ptr(nbr), n_out, k, in_coords.shape[0], ptr(rev), threads())
     return nbr, rev
 
 
-def _nbr_table(what: str, in_coords: torch.Tensor, out_coords: torch.Tensor,
-               kernel_size: list[int], stride: list[int], padding: list[int],
-               dilation: list[int]) -> torch.Tensor:
+def _nbr_table(
+    what: str,
+    in_coords: torch.Tensor,
+    out_coords: torch.Tensor,
+    kernel_size: list[int],
+    stride: list[int],
+    padding: list[int],
+    dilation: list[int],
+) -> torch.Tensor:
     """The output-stationary table ``nbr (N_out, K)`` int32, built on the CPU."""
     require_cpu(what, in_coords, out_coords)
-    geom = _geom(kernel_size, stride, padding, dilation)
+    geom = conv_geom(kernel_size, stride, padding, dilation)
     in_coords, out_coords = in_coords.contiguous(), out_coords.contiguous()
     k = kernel_size[0] * kernel_size[1] * kernel_size[2]
     n_in, n_out = in_coords.shape[0], out_coords.shape[0]
     nbr = torch.empty((n_out, k), dtype=torch.int32)
     _C.kmap_build(ptr(in_coords), n_in, ptr(out_coords), n_out, geom, ptr(nbr), threads())
     return nbr
-
-
-@kernel_map.register_kernel("cuda")
-def _(in_coords, out_coords, kernel_size, stride, padding, dilation):
-    return _cuda.kernel_map(in_coords, out_coords, _geom(kernel_size, stride, padding, dilation))
 
 
 @kernel_map.register_fake
@@ -258,14 +318,9 @@ def neighbour_table(
     dilation: list[int],
 ) -> torch.Tensor:
     """The output-stationary table ``nbr (N_out, K)`` int32 alone (no ``rev``)."""
-    return _nbr_table("neighbour_table", in_coords, out_coords, kernel_size, stride, padding,
-                      dilation)
-
-
-@neighbour_table.register_kernel("cuda")
-def _(in_coords, out_coords, kernel_size, stride, padding, dilation):
-    geom = _geom(kernel_size, stride, padding, dilation)
-    return _cuda.kernel_map(in_coords, out_coords, geom)[0]
+    return _nbr_table(
+        "neighbour_table", in_coords, out_coords, kernel_size, stride, padding, dilation
+    )
 
 
 @neighbour_table.register_fake

@@ -1,0 +1,278 @@
+"""The one bridge to ``torch_lattice._C`` shared by every op family.
+
+Here: the native library handle, dtype and reduction codes, pointer and thread
+helpers, the device checks (CPU, and CUDA with its architecture check), the
+CUDA call arguments (device index, torch's current stream) and workspace
+allocation, and the determinism rules of the CUDA convolution kernels.  The
+op families (``kmap``, ``conv``, ``pool``, ``voxel`` and their ``*_cuda``
+siblings) import from here and never from one another's private helpers.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+
+import torch
+
+from torch_lattice import _C
+
+__all__ = [
+    "ATOMIC_KERNELS",
+    "DTYPE_CODES",
+    "MIN_ARCH",
+    "REDUCTION_CODES",
+    "_C",
+    "arch_error",
+    "call_args",
+    "check_deterministic",
+    "check_device_arch",
+    "check_nbr",
+    "compute_dtype",
+    "cuda_feature_code",
+    "device_index",
+    "device_type",
+    "optional_ptr",
+    "ptr",
+    "require_cpu",
+    "require_cuda",
+    "threads",
+    "weight_grad_dataflow",
+    "workspace",
+]
+
+# dtype codes of enum tl_dtype in csrc/tl_conv.h
+DTYPE_CODES = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3}
+# enum tl_voxel_reduction in csrc/tl_voxel.h
+REDUCTION_CODES = {"mean": 0, "sum": 1, "max": 2}
+# Oldest architecture the CUDA kernels support (cp.async, bf16 and TF32 tensor cores).
+MIN_ARCH = 80
+
+
+# ---- CPU ----
+
+
+def device_type(op: str, *tensors: torch.Tensor) -> str:
+    """``"cpu"`` or ``"cuda"``: the one device all ``tensors`` are on.
+
+    Raises:
+        ValueError: tensors on different devices.
+        RuntimeError: a device type with no kernels (CUDA kernels are checked
+            when called, by :func:`require_cuda`).
+    """
+    devices = {t.device for t in tensors}
+    if len(devices) != 1:
+        raise ValueError(f"lattice::{op}: all tensors must be on one device, got {devices}")
+    kind = next(iter(devices)).type
+    if kind not in ("cpu", "cuda"):
+        raise RuntimeError(f"lattice::{op}: no kernels for {kind} tensors (use CPU or CUDA)")
+    return kind
+
+
+def require_cpu(op: str, *tensors: torch.Tensor) -> None:
+    """Raises unless every tensor is on the CPU."""
+    if device_type(op, *tensors) != "cpu":
+        raise RuntimeError(f"lattice::{op}: runs on the CPU only; move the tensors to the CPU")
+
+
+def compute_dtype(op: str, dtype: torch.dtype) -> torch.dtype:
+    """dtype the C core computes ``op`` in: float32/float64 as they are; half
+    types in float32 (fp32 accumulation), cast back by the caller.
+
+    Raises:
+        TypeError: ``dtype`` is not floating.
+    """
+    if dtype in (torch.float32, torch.float64):
+        return dtype
+    if dtype in (torch.float16, torch.bfloat16):
+        return torch.float32
+    raise TypeError(f"lattice::{op}: features must be floating, got {dtype}")
+
+
+def check_nbr(op: str, nbr: torch.Tensor) -> None:
+    """Raises unless ``nbr`` is an int32 ``(N_out, K)`` neighbour table."""
+    if nbr.dtype != torch.int32 or nbr.dim() != 2:
+        raise ValueError(
+            f"lattice::{op}: kernel map must be an int32 (N_out, K) table; "
+            f"got {nbr.dtype} {tuple(nbr.shape)}"
+        )
+
+
+def ptr(t: torch.Tensor) -> int:
+    """Data pointer of a contiguous tensor (0 when empty)."""
+    if not t.is_contiguous():
+        raise ValueError("internal error: tensor passed to the C core must be contiguous")
+    return t.data_ptr() if t.numel() else 0
+
+
+def optional_ptr(t: torch.Tensor | None) -> int:
+    """:func:`ptr` of an optional operand (a null pointer for None, e.g. no batch column)."""
+    return 0 if t is None else ptr(t)
+
+
+def threads() -> int:
+    """Threads for one C call: torch's intra-op setting, shared by all work."""
+    return max(1, torch.get_num_threads())
+
+
+# ---- CUDA device, architecture, stream, workspace ----
+
+
+def require_cuda(op: str, *tensors: torch.Tensor) -> torch.device:
+    """Device shared by ``tensors``; raises unless CUDA kernels can run on it."""
+    if not _C.cuda_compiled():
+        raise RuntimeError(
+            f"{op}: torch_lattice was built without CUDA kernels; rebuild with "
+            "TORCH_LATTICE_CUDA=1 (needs nvcc) or move the tensors to the CPU"
+        )
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"{op}: torch reports no usable CUDA device")
+    device = tensors[0].device
+    for t in tensors:
+        if t.device.type != "cuda" or t.device != device:
+            raise ValueError(
+                f"{op}: all tensors must be on the same CUDA device; got {t.device} and {device}"
+            )
+    check_device_arch(op, device_index(device))
+    return device
+
+
+def arch_error(op: str, index: int, capability: tuple[int, int], archs: str) -> str | None:
+    """Why the kernels cannot run on a device of ``capability``, or None when they can.
+
+    Args:
+        op: name of the calling op, for the message.
+        index: CUDA device index, for the message.
+        capability: ``(major, minor)`` compute capability of the device.
+        archs: ``;``-separated SM architectures built (``_C.cuda_archs()``, e.g.
+            ``"80;86;89;90"``); the newest one is also embedded as PTX.
+
+    A device runs SASS built for the same major version and an equal or older minor
+    version, and the PTX of the newest architecture when it is at least that new.
+    """
+    major, minor = capability
+    cc = major * 10 + minor
+    built = sorted(int(a) for a in archs.split(";") if a.strip())
+    listed = ", ".join(f"sm_{a}" for a in built) or "none"
+    if cc < MIN_ARCH:
+        return (
+            f"{op}: CUDA device {index} has compute capability {major}.{minor} (sm_{cc}), "
+            f"but torch_lattice's CUDA kernels need sm_{MIN_ARCH} or newer (Ampere or later); "
+            f"this binary was built for {listed}. Move the tensors to the CPU."
+        )
+    runs = any(a // 10 == major and a <= cc for a in built) or (bool(built) and cc >= built[-1])
+    if runs:
+        return None
+    return (
+        f"{op}: CUDA device {index} has compute capability {major}.{minor} (sm_{cc}), "
+        f"but this torch_lattice binary was built only for {listed}; rebuild with "
+        f"TORCH_LATTICE_CUDA_ARCHS including {cc} (e.g. TORCH_LATTICE_CUDA_ARCHS="
+        f'"{";".join(str(a) for a in sorted({*built, cc}))}").'
+    )
+
+
+@functools.cache
+def _capability(index: int) -> tuple[int, int]:
+    # Cached per device index: a device's capability never changes within a process.
+    major, minor = _C.cuda_device_capability(index)
+    return major, minor
+
+
+@functools.cache
+def _runs_on(index: int) -> bool:
+    return arch_error("", index, _capability(index), _C.cuda_archs()) is None
+
+
+def check_device_arch(op: str, index: int) -> None:
+    """Raises RuntimeError when the kernels cannot run on CUDA device ``index``.
+
+    The device is queried once per index; the answer is cached.
+    """
+    if not _runs_on(index):
+        raise RuntimeError(arch_error(op, index, _capability(index), _C.cuda_archs()))
+
+
+def device_index(device: torch.device) -> int:
+    """CUDA index of ``device`` (torch's current device where it names none)."""
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def call_args(device: torch.device) -> tuple[int, int]:
+    """``(device index, torch's current stream)``, the first two arguments of every
+    ``_C.cuda_*`` call, so all work runs on torch's stream."""
+    return device_index(device), torch.cuda.current_stream(device).cuda_stream
+
+
+def workspace(nbytes: int, device: torch.device) -> torch.Tensor:
+    """Scratch memory for one C call, from torch's allocator on ``device``."""
+    # torch's caching allocator returns blocks aligned to at least 512 bytes,
+    # which satisfies the 256-byte alignment the C side checks.
+    return torch.empty((nbytes,), dtype=torch.uint8, device=device)
+
+
+_CUDA_FEATURE_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+
+
+def cuda_feature_code(op: str, dtype: torch.dtype) -> int:
+    """dtype code of features of the CUDA voxel and pooling kernels; TypeError naming
+    the dtype otherwise (the convolutions take fewer dtypes, see ``conv_cuda``)."""
+    compute_dtype(op, dtype)  # TypeError for non-floating dtypes, as on the CPU
+    if dtype not in _CUDA_FEATURE_DTYPES:
+        raise TypeError(
+            f"lattice::{op}: CUDA features must be float32, float64, float16 or bfloat16, "
+            f"got {dtype}"
+        )
+    return DTYPE_CODES[dtype]
+
+
+# ---- determinism of the CUDA convolution kernels ----
+
+# (op, dataflow) of the CUDA convolution kernels that add floats with atomics, so their
+# sums are ordered by thread scheduling and can differ in the last bits run to run
+# (docs/determinism.md): fetch-on-demand forward and weight gradient (tl_cuda_pair_gemm.cuh),
+# the gather-scatter forward's scatter-add (tl_cuda_gather_scatter.cu), and the implicit-GEMM
+# weight gradient, whose chunks of output rows meet in atomics (tl_cuda_implicit_gemm.cu).
+# The input gradient is a forward over the transposed relation, so it is the forward's
+# kernel.  Deterministic: the implicit-GEMM forward (every output tile written once, kernel
+# rows in order) and the gather-scatter weight gradient (one torch.mm per kernel row into
+# dw[n], no atomics).
+ATOMIC_KERNELS = frozenset(
+    {
+        ("conv_forward", "fetch_on_demand"),
+        ("conv_forward", "gather_scatter"),
+        ("conv_weight_grad", "fetch_on_demand"),
+        ("conv_weight_grad", "implicit_gemm"),
+    }
+)
+
+
+def check_deterministic(op: str, dataflow: str) -> None:
+    """Refuses a kernel with float atomics while torch asks for deterministic algorithms.
+
+    With ``torch.use_deterministic_algorithms(True)``, running ``(op, dataflow)`` of
+    :data:`ATOMIC_KERNELS` raises ``RuntimeError`` naming both; with ``warn_only=True``
+    it warns instead, as torch's own operators do.  The modules and
+    ``torch_lattice.nn.functional`` never get here in that mode: they select the
+    implicit-GEMM forward and the gather-scatter weight gradient (see
+    :func:`torch_lattice.nn.functional.config.resolve_config`).
+    """
+    if (op, dataflow) not in ATOMIC_KERNELS or not torch.are_deterministic_algorithms_enabled():
+        return
+    msg = (
+        f"torch_lattice {op} with dataflow {dataflow!r} on CUDA adds floats with atomics, so "
+        "it is not deterministic, but torch.use_deterministic_algorithms(True) is set. Run "
+        "the convolution through torch_lattice.nn or torch_lattice.nn.functional (they select "
+        "the implicit-GEMM forward and the gather-scatter weight gradient in this mode) or "
+        "call the op with dataflow='implicit_gemm' (forward) / 'gather_scatter' (weight "
+        "gradient); see docs/determinism.md"
+    )
+    if torch.is_deterministic_algorithms_warn_only_enabled():
+        warnings.warn(msg, UserWarning, stacklevel=3)
+        return
+    raise RuntimeError(msg)
+
+
+def weight_grad_dataflow() -> str:
+    """The dataflow of the implicit-GEMM op's CUDA weight gradient: ``"implicit_gemm"``,
+    or ``"gather_scatter"`` (no atomics) while deterministic algorithms are on."""
+    return "gather_scatter" if torch.are_deterministic_algorithms_enabled() else "implicit_gemm"

@@ -1,0 +1,434 @@
+"""CUDA kernels of the convolution ops (``csrc/cuda``, ``torch_lattice._C.cuda_*``).
+
+:func:`conv_forward` and :func:`conv_weight_grad` run one relation in one of the three
+dataflows on torch's current stream; this module registers them as the ``"cuda"``
+kernels of the ops in :mod:`torch_lattice.ops.conv`, which check shapes and map formats
+once for both devices.  Here only what concerns CUDA is checked: the device and its
+architecture, the feature dtype, the dataflow name and determinism.  Outputs and scratch
+workspace are allocated with torch on the tensors' device; raw pointers, the device index
+and ``torch.cuda.current_stream(device).cuda_stream`` go to C.
+
+Gather-scatter is orchestrated here: one gather launch, one cuBLAS GEMM per non-empty
+kernel row through ``torch.mm``, one scatter-add launch (docs/cuda.md, Gather-scatter),
+under cuBLAS precision settings restored on exit (:func:`_gemm_precision`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import itertools
+from collections.abc import Iterator
+
+import torch
+
+from torch_lattice.ops import conv, kmap
+from torch_lattice.ops._runtime import (
+    _C,
+    DTYPE_CODES,
+    call_args,
+    check_deterministic,
+    ptr,
+    require_cuda,
+    weight_grad_dataflow,
+    workspace,
+)
+
+__all__ = [
+    "DATAFLOWS",
+    "conv_forward",
+    "conv_weight_grad",
+    "pair_conv",
+    "pair_conv_weight_grad",
+    "sparse_conv",
+    "sparse_conv_weight_grad",
+]
+
+Pairs = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+# enum tl_cuda_dataflow in csrc/cuda/tl_cuda.h; gather_scatter runs through torch here
+DATAFLOWS = {"implicit_gemm": 0, "fetch_on_demand": 1, "gather_scatter": 2}
+# The convolution kernels have no float64 path (tensor cores have none).
+_FEATURE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _maps(
+    op: str, dataflow: str, nbr: torch.Tensor | None, pairs: Pairs | None
+) -> tuple[torch.Tensor | None, Pairs | None]:
+    """The map ``dataflow`` runs over, contiguous; its format was checked by the op
+    (:mod:`torch_lattice.ops.conv`)."""
+    if dataflow not in DATAFLOWS:
+        raise ValueError(f"{op}: dataflow must be one of {sorted(DATAFLOWS)}, got {dataflow!r}")
+    if dataflow == "implicit_gemm":
+        if nbr is None:
+            raise ValueError(f"{op}: implicit_gemm needs nbr, an (N_out, K) int32 tensor")
+        return nbr.contiguous(), None
+    if pairs is None or len(pairs) != 3:
+        raise ValueError(f"{op}: {dataflow} needs pairs = (offsets, pair_in, pair_out)")
+    offsets, pair_in, pair_out = pairs
+    return None, (offsets.contiguous(), pair_in.contiguous(), pair_out.contiguous())
+
+
+def _check_dtype(op: str, a: torch.Tensor, b: torch.Tensor | None = None) -> None:
+    """The kernels' dtypes: float32, float16 or bfloat16, and (``b`` given) one dtype for
+    both operands, which the weight-gradient ops leave to the device (the CPU casts)."""
+    if a.dtype not in _FEATURE_DTYPES:
+        raise TypeError(
+            f"{op}: CUDA kernels support float32, float16 and bfloat16 features, got {a.dtype}"
+        )
+    if b is not None and b.dtype != a.dtype:
+        raise TypeError(
+            f"{op}: feats ({a.dtype}) and grad_out ({b.dtype}) must have the same dtype"
+        )
+
+
+def _run(
+    dataflow: str,
+    weight_grad: bool,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    sizes: tuple[int, int, int, int, int],
+    nbr: torch.Tensor | None,
+    pairs: Pairs | None,
+    out: torch.Tensor,
+    allow_tf32: bool,
+) -> None:
+    n_in, n_out, k, cin, cout = sizes
+    code = DTYPE_CODES[a.dtype]
+    n_pairs = pairs[1].shape[0] if pairs is not None else 0
+    nbytes = _C.cuda_conv_workspace_size(
+        DATAFLOWS[dataflow], int(weight_grad), code, n_in, n_out, k, cin, cout, n_pairs
+    )
+    ws = workspace(nbytes, a.device)
+    index, stream = call_args(a.device)
+    pair_ptrs = [ptr(t) for t in pairs] if pairs is not None else [0, 0, 0]
+    tf32 = a.dtype == torch.float32 and allow_tf32
+    _C.cuda_conv(
+        index,
+        stream,
+        DATAFLOWS[dataflow],
+        int(weight_grad),
+        code,
+        n_in,
+        n_out,
+        k,
+        cin,
+        cout,
+        tf32,
+        ptr(a),
+        ptr(b),
+        ptr(nbr) if nbr is not None else 0,
+        *pair_ptrs,
+        n_pairs,
+        ptr(ws),
+        ptr(out),
+    )
+
+
+def _legacy_tf32() -> bool | None:
+    """``torch.backends.cuda.matmul.allow_tf32``, or None where reading it raises.
+
+    torch >= 2.9 raises on that read (and on every float32 cuBLAS GEMM, which asks the
+    same question) when the legacy flag and ``matmul.fp32_precision`` disagree."""
+    try:
+        return bool(torch.backends.cuda.matmul.allow_tf32)
+    except RuntimeError:
+        return None
+
+
+def _reduction_setting(m: object, name: str) -> bool | tuple[bool, bool]:
+    """A reduced-precision-reduction flag as its setter takes it back: ``(allowed,
+    split_k)`` where this torch has the split-K part (setting a bool alone turns split-K
+    on), else the bool."""
+    allowed = bool(getattr(m, name))
+    try:
+        return allowed, bool(getattr(m, name + "_split_k"))
+    except AttributeError:
+        return allowed
+
+
+@contextlib.contextmanager
+def _gemm_precision(allow_tf32: bool) -> Iterator[None]:
+    """cuBLAS settings for the GEMMs of one gather-scatter call, restored on exit.
+
+    float32 uses TF32 tensor cores only when ``allow_tf32``; float16 and bfloat16 products
+    reduce in fp32 (no reduced-precision split-K reductions).
+
+    TF32 is switched through the legacy ``allow_tf32`` setter only, which on torch >= 2.9
+    sets the legacy precision and ``matmul.fp32_precision`` together: setting
+    ``fp32_precision`` alone leaves the two APIs disagreeing, and torch then raises in
+    every float32 cuBLAS GEMM and every read of ``allow_tf32`` (tests, inductor, user
+    code).  When the flag already has the wanted value nothing is touched; otherwise the
+    caller's values of both APIs are put back on exit, legacy first.  Likewise only
+    reduction flags that are on are turned off, and put back with their split-K part.
+    """
+    m = torch.backends.cuda.matmul
+    new_api = hasattr(m, "fp32_precision")
+    saved_new = m.fp32_precision if new_api else None
+    saved_legacy = _legacy_tf32()
+    switch = saved_legacy is not allow_tf32
+    # reduced-precision reductions to turn off, with what to put back
+    reductions = [
+        (name, _reduction_setting(m, name))
+        for name in (
+            "allow_fp16_reduced_precision_reduction",
+            "allow_bf16_reduced_precision_reduction",
+        )
+        if getattr(m, name)
+    ]
+    try:
+        if switch:
+            m.allow_tf32 = allow_tf32
+        for name, _ in reductions:
+            setattr(m, name, False)
+        yield
+    finally:
+        if switch:
+            # Legacy setter first (it also writes fp32_precision), then the new-API value
+            # the caller had, so both read back as before ("none" stays "none").
+            m.allow_tf32 = bool(saved_legacy) if saved_legacy is not None else allow_tf32
+            if new_api and m.fp32_precision != saved_new:
+                m.fp32_precision = saved_new
+        for name, setting in reductions:
+            setattr(m, name, setting)
+
+
+def _gather(src: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """``src[idx]`` (rows) in one launch of ``tl_cuda_gather_rows``."""
+    n_src, c = src.shape
+    dst = torch.empty((idx.shape[0], c), dtype=src.dtype, device=src.device)
+    index, stream = call_args(src.device)
+    _C.cuda_gather_rows(
+        index, stream, DTYPE_CODES[src.dtype], ptr(src), n_src, c, ptr(idx), idx.shape[0], ptr(dst)
+    )
+    return dst
+
+
+@functools.cache
+def _fp32_products(index: int, dtype: torch.dtype) -> bool:
+    """Whether ``torch.mm(a, b, out_dtype=torch.float32, out=rows)`` works for ``dtype`` on
+    device ``index`` (``aten::mm.dtype_out``, newer torch), written into a row slice of a
+    larger float32 buffer as the forward does: then half-precision products reach the
+    scatter-add in fp32, unrounded.  Probed once per device and dtype, in that exact form
+    and checked by value (small integers, exact in every dtype), so a torch whose overload
+    exists but rejects or mishandles ``out=`` falls back to products in the storage dtype.
+    """
+    device = torch.device("cuda", index)
+    a = torch.arange(6, dtype=torch.float32).reshape(3, 2).to(device=device, dtype=dtype)
+    b = torch.arange(8, dtype=torch.float32).reshape(2, 4).to(device=device, dtype=dtype)
+    expected = torch.arange(6.0).reshape(3, 2) @ torch.arange(8.0).reshape(2, 4)
+    buf = torch.full((5, 4), -1.0, dtype=torch.float32, device=device)
+    try:
+        with _gemm_precision(False):
+            torch.mm(a, b, out_dtype=torch.float32, out=buf[1:4])
+        host = buf.cpu()
+    except (RuntimeError, TypeError, NotImplementedError):
+        return False
+    untouched = bool((host[0] == -1).all() and (host[4] == -1).all())
+    return untouched and torch.equal(host[1:4], expected)
+
+
+def _row_ranges(offsets: torch.Tensor) -> list[tuple[int, int, int]]:
+    """``(n, start, end)`` of every non-empty kernel row (one readback of the offsets)."""
+    host = offsets.tolist()
+    return [(n, a, b) for n, (a, b) in enumerate(itertools.pairwise(host)) if b > a]
+
+
+def _gather_scatter_forward(
+    x: torch.Tensor, w: torch.Tensor, pairs: Pairs, n_out: int, allow_tf32: bool
+) -> torch.Tensor:
+    """``y[pair_out] += x[pair_in] @ w[n]``: gather, per-kernel-row cuBLAS GEMMs, scatter-add."""
+    offsets, pair_in, pair_out = pairs
+    cout = w.shape[2]
+    exact = x.dtype == torch.float32
+    # fp32 accumulates straight into y; half types into an fp32 buffer cast once.
+    acc = torch.zeros((n_out, cout), dtype=torch.float32, device=x.device)
+    if pair_in.shape[0] == 0 or x.shape[1] == 0 or cout == 0:
+        return acc if exact else acc.to(x.dtype)
+    gathered = _gather(x, pair_in)  # enqueued before the offsets readback waits
+    ranges = _row_ranges(offsets)
+    if ranges:
+        index, stream = call_args(x.device)
+        # Half types: fp32 products where torch can write them (one rounding in all),
+        # else products in the storage dtype (one more rounding per kernel row).
+        wide = not exact and _fp32_products(index, x.dtype)
+        pdtype = torch.float32 if wide else x.dtype
+        products = torch.empty((pair_in.shape[0], cout), dtype=pdtype, device=x.device)
+        with _gemm_precision(allow_tf32):
+            for n, a, b in ranges:
+                if wide:
+                    torch.mm(gathered[a:b], w[n], out_dtype=pdtype, out=products[a:b])
+                else:
+                    torch.mm(gathered[a:b], w[n], out=products[a:b])
+        _C.cuda_scatter_add_rows(
+            index,
+            stream,
+            DTYPE_CODES[pdtype],
+            ptr(products),
+            products.shape[0],
+            cout,
+            ptr(pair_out),
+            n_out,
+            ptr(acc),
+        )
+    return acc if exact else acc.to(x.dtype)
+
+
+def _gather_scatter_weight_grad(
+    x: torch.Tensor, dy: torch.Tensor, pairs: Pairs, allow_tf32: bool
+) -> torch.Tensor:
+    """``dw[n] = x[pair_in]^T dy[pair_out]`` per kernel row, through cuBLAS."""
+    offsets, pair_in, pair_out = pairs
+    k = offsets.shape[0] - 1
+    dw = torch.zeros((k, x.shape[1], dy.shape[1]), dtype=x.dtype, device=x.device)
+    if pair_in.shape[0] == 0 or dw.numel() == 0:
+        return dw
+    xg, dyg = _gather(x, pair_in), _gather(dy, pair_out)  # enqueued before the readback
+    ranges = _row_ranges(offsets)
+    if ranges:
+        with _gemm_precision(allow_tf32):
+            for n, a, b in ranges:
+                torch.mm(xg[a:b].t(), dyg[a:b], out=dw[n])
+    return dw
+
+
+def conv_forward(
+    dataflow: str,
+    feats: torch.Tensor,
+    weight: torch.Tensor,
+    nbr: torch.Tensor | None = None,
+    pairs: Pairs | None = None,
+    n_out: int | None = None,
+    allow_tf32: bool = False,
+) -> torch.Tensor:
+    """``y[o] = sum_n feats[i] @ weight[n]`` over the relation, on the GPU.
+
+    Shapes and map formats are the caller's (the ops check them, :mod:`.conv`).
+
+    Args:
+        dataflow: ``"implicit_gemm"`` (uses ``nbr``), ``"fetch_on_demand"`` or
+            ``"gather_scatter"`` (use ``pairs``).
+        feats: ``(N_in, C_in)`` float32, float16 or bfloat16.
+        weight: ``(K, C_in, C_out)``, same dtype.
+        nbr: ``(N_out, K)`` int32 neighbour table.
+        pairs: ``(offsets, pair_in, pair_out)`` of ``kernel_pairs``; for the input
+            gradient pass ``(offsets, pair_out, pair_in)`` and ``weight^T``.
+        n_out: output rows; required with pairs, defaults to ``nbr.shape[0]``.
+
+    Returns:
+        ``(N_out, C_out)`` in the dtype of ``feats``, accumulated in fp32. TF32 tensor
+        cores are used for float32 only when ``allow_tf32`` (``ConvConfig.allow_tf32``).
+    """
+    op = "conv_forward"
+    tensors = [feats, weight] + ([nbr] if nbr is not None else []) + list(pairs or ())
+    require_cuda(op, *tensors)
+    check_deterministic(op, dataflow)
+    _check_dtype(op, feats)
+    nbr, pairs = _maps(op, dataflow, nbr, pairs)
+    if nbr is not None:
+        n_out = nbr.shape[0]
+    elif n_out is None or n_out < 0:
+        raise ValueError(f"{op}: n_out (a non-negative int) is required with pairs")
+    feats, weight = feats.contiguous(), weight.contiguous()
+    if dataflow == "gather_scatter":
+        return _gather_scatter_forward(feats, weight, pairs, n_out, allow_tf32)
+    k, cin, cout = weight.shape
+    y = torch.empty((n_out, cout), dtype=feats.dtype, device=feats.device)
+    sizes = (feats.shape[0], n_out, k, cin, cout)
+    _run(dataflow, False, feats, weight, sizes, nbr, pairs, y, allow_tf32)
+    return y
+
+
+def conv_weight_grad(
+    dataflow: str,
+    feats: torch.Tensor,
+    grad_out: torch.Tensor,
+    nbr: torch.Tensor | None = None,
+    pairs: Pairs | None = None,
+    allow_tf32: bool = False,
+) -> torch.Tensor:
+    """``dw[n] = sum feats[i]^T grad_out[o]`` over the relation's pairs, on the GPU.
+
+    Shapes and map formats are the caller's (the ops check them, :mod:`.conv`).
+
+    Args:
+        dataflow: as in :func:`conv_forward`.
+        feats: ``(N_in, C_in)`` float32, float16 or bfloat16.
+        grad_out: ``(N_out, C_out)``, same dtype.
+        nbr: ``(N_out, K)`` int32 neighbour table (implicit GEMM).
+        pairs: ``(offsets, pair_in, pair_out)`` (fetch-on-demand, gather-scatter).
+
+    Returns:
+        ``(K, C_in, C_out)`` in the dtype of ``feats``, accumulated in fp32.
+    """
+    op = "conv_weight_grad"
+    tensors = [feats, grad_out] + ([nbr] if nbr is not None else []) + list(pairs or ())
+    require_cuda(op, *tensors)
+    check_deterministic(op, dataflow)
+    _check_dtype(op, feats, grad_out)
+    nbr, pairs = _maps(op, dataflow, nbr, pairs)
+    k = nbr.shape[1] if nbr is not None else pairs[0].shape[0] - 1
+    feats, grad_out = feats.contiguous(), grad_out.contiguous()
+    if dataflow == "gather_scatter":
+        return _gather_scatter_weight_grad(feats, grad_out, pairs, allow_tf32)
+    n_in, cin = feats.shape
+    n_out, cout = grad_out.shape
+    dw = torch.empty((k, cin, cout), dtype=feats.dtype, device=feats.device)
+    _run(dataflow, True, feats, grad_out, (n_in, n_out, k, cin, cout), nbr, pairs, dw, allow_tf32)
+    return dw
+
+
+# ---- the "cuda" kernels of the ops in conv.py ----
+
+
+@conv.sparse_conv.register_kernel("cuda")
+def sparse_conv(feats, weight, nbr, rev, allow_tf32=False):
+    conv.check_sparse_conv(feats, weight, nbr)
+    return conv_forward("implicit_gemm", feats, weight, nbr=nbr, allow_tf32=allow_tf32)
+
+
+@conv.sparse_conv_weight_grad.register_kernel("cuda")
+def sparse_conv_weight_grad(feats, grad_out, nbr, allow_tf32=False):
+    conv.check_sparse_conv_weight_grad(feats, grad_out, nbr)
+    dataflow = weight_grad_dataflow()
+    if dataflow == "gather_scatter":  # deterministic algorithms: no atomics (determinism.md)
+        pairs = kmap.kernel_pairs(nbr)
+        return conv_weight_grad(dataflow, feats, grad_out, pairs=pairs, allow_tf32=allow_tf32)
+    return conv_weight_grad(dataflow, feats, grad_out, nbr=nbr, allow_tf32=allow_tf32)
+
+
+@conv.pair_conv.register_kernel("cuda")
+def pair_conv(
+    feats,
+    weight,
+    offsets,
+    pair_in,
+    pair_out,
+    rev_offsets,
+    rev_in,
+    rev_out,
+    n_out,
+    gather,
+    allow_tf32=False,
+):
+    conv.check_pair_conv(feats, weight, offsets, pair_in, pair_out)
+    return conv_forward(
+        conv.pair_dataflow(gather),
+        feats,
+        weight,
+        pairs=(offsets, pair_in, pair_out),
+        n_out=n_out,
+        allow_tf32=allow_tf32,
+    )
+
+
+@conv.pair_conv_weight_grad.register_kernel("cuda")
+def pair_conv_weight_grad(feats, grad_out, offsets, pair_in, pair_out, gather, allow_tf32=False):
+    conv.check_pair_conv_weight_grad(feats, grad_out, offsets, pair_in, pair_out)
+    return conv_weight_grad(
+        conv.pair_dataflow(gather),
+        feats,
+        grad_out,
+        pairs=(offsets, pair_in, pair_out),
+        allow_tf32=allow_tf32,
+    )
