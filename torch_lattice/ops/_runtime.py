@@ -205,7 +205,7 @@ def call_args(device: torch.device) -> tuple[int, int]:
 
 def workspace(nbytes: int, device: torch.device) -> torch.Tensor:
     """Scratch memory for one C call, from torch's allocator on ``device``."""
-    # torch's caching allocator returns blocks aligned to at least 512 bytes,
+    # torch's caching allocator aligns every allocation to at least 512 bytes,
     # which satisfies the 256-byte alignment the C side checks.
     return torch.empty((nbytes,), dtype=torch.uint8, device=device)
 
