@@ -22,7 +22,7 @@ from collections.abc import Iterator
 
 import torch
 
-from torch_lattice.ops import conv, kmap
+from torch_lattice.ops import conv, kmap_cuda
 from torch_lattice.ops._runtime import (
     _C,
     DTYPE_CODES,
@@ -392,7 +392,7 @@ def sparse_conv_weight_grad(feats, grad_out, nbr, allow_tf32=False):
     conv.check_sparse_conv_weight_grad(feats, grad_out, nbr)
     dataflow = weight_grad_dataflow()
     if dataflow == "gather_scatter":  # deterministic algorithms: no atomics (determinism.md)
-        pairs = kmap.kernel_pairs(nbr)
+        pairs = kmap_cuda.kernel_pairs(nbr)
         return conv_weight_grad(dataflow, feats, grad_out, pairs=pairs, allow_tf32=allow_tf32)
     return conv_weight_grad(dataflow, feats, grad_out, nbr=nbr, allow_tf32=allow_tf32)
 
