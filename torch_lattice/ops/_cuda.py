@@ -19,7 +19,7 @@ import contextlib
 import functools
 import itertools
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -182,10 +182,21 @@ def _call_args(device: torch.device) -> tuple[int, int]:
     return _device_index(device), torch.cuda.current_stream(device).cuda_stream
 
 
-def _workspace(nbytes: int, device: torch.device) -> torch.Tensor:
-    # torch's caching allocator returns blocks aligned to at least 512 bytes,
-    # which satisfies the 256-byte alignment the C side checks.
-    return torch.empty((nbytes,), dtype=torch.uint8, device=device)
+def _workspace_alloc(device: torch.device) -> Callable[[int], int]:
+    """The ``alloc(nbytes) -> pointer`` a CUDA entry point calls for its workspace.
+
+    The entry point measures its workspace and calls this once (not for 0 bytes), so
+    an op crosses into C once. Each buffer is a torch uint8 tensor on ``device`` held
+    by the callable, which the C call's arguments keep alive until it returns; torch's
+    caching allocator returns blocks aligned to at least 512 bytes, which satisfies
+    the 256-byte alignment the C side checks."""
+    held: list[torch.Tensor] = []
+
+    def alloc(nbytes: int) -> int:
+        held.append(torch.empty((nbytes,), dtype=torch.uint8, device=device))
+        return held[-1].data_ptr()
+
+    return alloc
 
 
 def _check_coords(op: str, name: str, coords: torch.Tensor) -> torch.Tensor:
@@ -216,9 +227,9 @@ def generate_support(
     n = coords.shape[0]
     bound = _C.generate_bound(n, geom, rng, num_batches)
     out = torch.empty((bound, 4), dtype=torch.int32, device=device)
-    ws = _workspace(_C.cuda_generate_workspace_size(n, geom, rng), device)
     index, stream = _call_args(device)
-    m = _C.cuda_generate(index, stream, ptr(coords), n, geom, rng, ptr(ws), ptr(out), bound)
+    alloc = _workspace_alloc(device)
+    m = _C.cuda_generate(index, stream, ptr(coords), n, geom, rng, alloc, ptr(out), bound)
     return out[:m].clone()
 
 
@@ -237,10 +248,10 @@ def kernel_map(
     n_in, n_out = in_coords.shape[0], out_coords.shape[0]
     nbr = torch.empty((n_out, k), dtype=torch.int32, device=device)
     rev = torch.empty((n_in, k), dtype=torch.int32, device=device)
-    ws = _workspace(_C.cuda_kmap_workspace_size(n_in), device)
     index, stream = _call_args(device)
+    alloc = _workspace_alloc(device)
     _C.cuda_kmap_build(
-        index, stream, ptr(in_coords), n_in, ptr(out_coords), n_out, geom, ptr(ws), ptr(nbr)
+        index, stream, ptr(in_coords), n_in, ptr(out_coords), n_out, geom, alloc, ptr(nbr)
     )
     _C.cuda_kmap_reverse(index, stream, ptr(nbr), n_out, k, n_in, ptr(rev))
     return nbr, rev
@@ -262,9 +273,9 @@ def kernel_pairs(nbr: torch.Tensor) -> Pairs:
         raise ValueError(f"kernel_pairs: nbr must be (N_out, K) int32, got {nbr.dtype}")
     nbr = nbr.contiguous()
     n_out, k = nbr.shape
-    ws = _workspace(_C.cuda_pairs_workspace_size(n_out, k), device)
     index, stream = _call_args(device)
-    count = _C.cuda_pairs_count(index, stream, ptr(nbr), n_out, k, ptr(ws))
+    alloc = _workspace_alloc(device)
+    count = _C.cuda_pairs_count(index, stream, ptr(nbr), n_out, k, alloc)
     offsets = torch.empty((k + 1,), dtype=torch.int64, device=device)
     pair_in = torch.empty((count,), dtype=torch.int32, device=device)
     pair_out = torch.empty((count,), dtype=torch.int32, device=device)
@@ -274,7 +285,7 @@ def kernel_pairs(nbr: torch.Tensor) -> Pairs:
         ptr(nbr),
         n_out,
         k,
-        ptr(ws),
+        alloc,
         count,
         ptr(offsets),
         ptr(pair_in),
@@ -333,10 +344,6 @@ def _run(
     n_in, n_out, k, cin, cout = sizes
     code = DTYPE_CODES[a.dtype]
     n_pairs = pairs[1].shape[0] if pairs is not None else 0
-    nbytes = _C.cuda_conv_workspace_size(
-        DATAFLOWS[dataflow], int(weight_grad), code, n_in, n_out, k, cin, cout, n_pairs
-    )
-    ws = _workspace(nbytes, a.device)
     index, stream = _call_args(a.device)
     pair_ptrs = [ptr(t) for t in pairs] if pairs is not None else [0, 0, 0]
     tf32 = a.dtype == torch.float32 and allow_tf32
@@ -357,7 +364,7 @@ def _run(
         ptr(nbr) if nbr is not None else 0,
         *pair_ptrs,
         n_pairs,
-        ptr(ws),
+        _workspace_alloc(a.device),
         ptr(out),
     )
 

@@ -1,4 +1,4 @@
-"""Torch-side wrappers of the CUDA building blocks (``csrc/cuda/tl_cuda_blocks.h``).
+"""Torch-side wrappers of the CUDA voxel, pooling and generative kernels (``csrc/cuda``).
 
 Voxelize, voxel reductions, devoxelization maps and gathers, pooling and the
 generative support on a CUDA device.  Each function checks the device (and the
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from torch_lattice.ops._cuda import _call_args, _check_coords, _workspace, require_cuda
+from torch_lattice.ops._cuda import _call_args, _check_coords, _workspace_alloc, require_cuda
 from torch_lattice.ops._native import (
     _C,
     DTYPE_CODES,
@@ -80,7 +80,6 @@ def voxelize(
     n = points.shape[0]
     uniq = torch.empty((n, 4), dtype=torch.int32, device=device)
     inverse = torch.empty((n,), dtype=torch.int64, device=device)
-    ws = _workspace(_C.cuda_voxelize_workspace_size(n), device)
     index, stream = _call_args(device)
     st, bad, m = _C.cuda_voxelize(
         index,
@@ -91,7 +90,7 @@ def voxelize(
         n,
         tuple(voxel_size),
         tuple(origin),
-        ptr(ws),
+        _workspace_alloc(device),
         ptr(uniq),
         ptr(inverse),
     )
@@ -116,7 +115,6 @@ def voxel_reduce(
     out = torch.empty((num_voxels, c), dtype=feats.dtype, device=device)
     arg_rows = num_voxels if reduction == "max" else 0
     arg = torch.empty((arg_rows, c), dtype=torch.int64, device=device)
-    ws = _workspace(_C.cuda_voxel_reduce_workspace_size(n, num_voxels), device)
     index, stream = _call_args(device)
     _C.cuda_voxel_reduce(
         index,
@@ -128,7 +126,7 @@ def voxel_reduce(
         c,
         ptr(inverse),
         num_voxels,
-        ptr(ws),
+        _workspace_alloc(device),
         ptr(out),
         ptr(arg),
     )
@@ -157,7 +155,6 @@ def devoxel_map(
     n, k, m = points.shape[0], 8 if trilinear else 1, voxel_coords.shape[0]
     idx = torch.empty((n, k), dtype=torch.int64, device=device)
     w = torch.empty((n, k), dtype=torch.float64, device=device)
-    ws = _workspace(_C.cuda_devoxel_map_workspace_size(m), device)
     index, stream = _call_args(device)
     st, bad = _C.cuda_devoxel_map(
         index,
@@ -171,7 +168,7 @@ def devoxel_map(
         ptr(voxel_coords),
         m,
         int(trilinear),
-        ptr(ws),
+        _workspace_alloc(device),
         ptr(idx),
         ptr(w),
     )
@@ -280,9 +277,9 @@ def generative_support(
     coords = _check_coords("generative_support", "coords", coords)
     geom = (tuple(kernel_size), tuple(stride), (0, 0, 0), (1, 1, 1))
     n = coords.shape[0]
-    ws = _workspace(_C.cuda_generative_workspace_size(n, geom), device)
     cap = n * kernel_size[0] * kernel_size[1] * kernel_size[2]
     out = torch.empty((cap, 4), dtype=torch.int32, device=device)
     index, stream = _call_args(device)
-    m = _C.cuda_generative(index, stream, ptr(coords), n, geom, ptr(ws), ptr(out), cap)
+    alloc = _workspace_alloc(device)
+    m = _C.cuda_generative(index, stream, ptr(coords), n, geom, alloc, ptr(out), cap)
     return out[:m].clone()
