@@ -93,4 +93,12 @@ extern PyMethodDef tl_py_voxel_methods[]; /* tl_py_voxel.c: voxelize, devoxelize
 
 #define TL_PY_METHOD(name) {#name, py_##name, METH_VARARGS, name##_doc}
 
+/* py_<name>, an entry point that is one call of its family's shared binding:
+ * `call` is an expression in the entry point's `args`. */
+#define TL_PY_FORWARD(name, call)                                                           \
+    static PyObject *py_##name(PyObject *self, PyObject *args) {                            \
+        (void)self;                                                                         \
+        return call;                                                                        \
+    }
+
 #endif

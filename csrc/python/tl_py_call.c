@@ -28,8 +28,8 @@ int tl_py_parse(PyObject *args, int cuda, tl_py_call *c, const char *fmt, ...) {
     const Py_ssize_t n = PyTuple_Size(args), n_ctx = cuda ? 2 : 1;
     if (n < 0) return 0;
     if (n < n_ctx) {
-        PyErr_Format(PyExc_TypeError, "torch_lattice._C: %s call needs %s", cuda ? "a CUDA" : "a CPU",
-                     cuda ? "device and stream first" : "threads last");
+        PyErr_Format(PyExc_TypeError, "torch_lattice._C: %s call needs %s",
+                     cuda ? "a CUDA" : "a CPU", cuda ? "device and stream first" : "threads last");
         return 0;
     }
     c->cuda = cuda;

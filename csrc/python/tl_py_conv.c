@@ -46,18 +46,13 @@ static PyObject *tl_conv_call(const char *name, tl_conv_fn fn, PyObject *args) {
 PyDoc_STRVAR(conv_forward_doc,
              "conv_forward(dtype, n_in, n_out, k, c_in, c_out, x, w, nbr, y, threads)\n\n"
              "y = sum_n x[nbr[:, n]] @ w[n] (implicit-GEMM dataflow, CPU).");
-static PyObject *py_conv_forward(PyObject *self, PyObject *args) {
-    (void)self;
-    return tl_conv_call("conv_forward", tl_implicit_gemm_forward, args);
-}
+TL_PY_FORWARD(conv_forward, tl_conv_call("conv_forward", tl_implicit_gemm_forward, args))
 
 PyDoc_STRVAR(conv_weight_grad_doc,
              "conv_weight_grad(dtype, n_in, n_out, k, c_in, c_out, x, dy, nbr, dw, threads)\n\n"
              "dw[n] = x[nbr[:, n]]^T dy (implicit-GEMM dataflow, CPU).");
-static PyObject *py_conv_weight_grad(PyObject *self, PyObject *args) {
-    (void)self;
-    return tl_conv_call("conv_weight_grad", tl_implicit_gemm_weight_grad, args);
-}
+TL_PY_FORWARD(conv_weight_grad,
+              tl_conv_call("conv_weight_grad", tl_implicit_gemm_weight_grad, args))
 
 typedef tl_status (*tl_pairs_fn)(const tl_ctx *, tl_pairs_mode, const tl_conv_desc *,
                                  const void *, const void *, const tl_pairs *, void *);
@@ -84,18 +79,13 @@ static PyObject *tl_pairs_call(const char *name, tl_pairs_fn fn, PyObject *args)
 PyDoc_STRVAR(pairs_forward_doc,
              "pairs_forward(mode, dtype, n_in, n_out, k, c_in, c_out, x, w, offsets, in, out,"
              " y, threads)\n\nmode 0: fetch-on-demand, 1: gather-scatter.");
-static PyObject *py_pairs_forward(PyObject *self, PyObject *args) {
-    (void)self;
-    return tl_pairs_call("pairs_forward", tl_pairs_forward, args);
-}
+TL_PY_FORWARD(pairs_forward, tl_pairs_call("pairs_forward", tl_pairs_forward, args))
 
 PyDoc_STRVAR(pairs_weight_grad_doc,
              "pairs_weight_grad(mode, dtype, n_in, n_out, k, c_in, c_out, x, dy, offsets, in,"
              " out, dw, threads)\n\nWeight gradient over pair lists.");
-static PyObject *py_pairs_weight_grad(PyObject *self, PyObject *args) {
-    (void)self;
-    return tl_pairs_call("pairs_weight_grad", tl_pairs_weight_grad, args);
-}
+TL_PY_FORWARD(pairs_weight_grad,
+              tl_pairs_call("pairs_weight_grad", tl_pairs_weight_grad, args))
 
 #ifdef TL_WITH_CUDA
 
@@ -189,19 +179,15 @@ static PyObject *tl_rows_call(const char *name, const char *entry, tl_rows_fn fn
 PyDoc_STRVAR(cuda_gather_rows_doc,
              "cuda_gather_rows(device, stream, dtype, src_ptr, n_src, c, idx_ptr, n_rows, "
              "dst_ptr)\n\ndst[r] = src[idx[r]] for the (n_rows, c) rows of dst.");
-static PyObject *py_cuda_gather_rows(PyObject *self, PyObject *args) {
-    (void)self;
-    return tl_rows_call("cuda_gather_rows", "tl_cuda_gather_rows", tl_cuda_gather_rows, args);
-}
+TL_PY_FORWARD(cuda_gather_rows, tl_rows_call("cuda_gather_rows", "tl_cuda_gather_rows",
+                                              tl_cuda_gather_rows, args))
 
 PyDoc_STRVAR(cuda_scatter_add_rows_doc,
              "cuda_scatter_add_rows(device, stream, dtype, src_ptr, n_rows, c, idx_ptr, n_dst, "
              "acc_ptr)\n\nacc[idx[r]] += src[r] in fp32 (atomics).");
-static PyObject *py_cuda_scatter_add_rows(PyObject *self, PyObject *args) {
-    (void)self;
-    return tl_rows_call("cuda_scatter_add_rows", "tl_cuda_scatter_add_rows",
-                        tl_cuda_scatter_add_any, args);
-}
+TL_PY_FORWARD(cuda_scatter_add_rows,
+              tl_rows_call("cuda_scatter_add_rows", "tl_cuda_scatter_add_rows",
+                           tl_cuda_scatter_add_any, args))
 
 #endif /* TL_WITH_CUDA */
 

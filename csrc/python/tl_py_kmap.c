@@ -169,10 +169,7 @@ static PyObject *tl_kmap_reverse_call(PyObject *args, int cuda) {
 PyDoc_STRVAR(kmap_reverse_doc,
              "kmap_reverse(nbr_ptr, n_out, k, n_in, rev_ptr, threads)\n\n"
              "Fills the (n_in, K) int32 input-stationary table from nbr.");
-static PyObject *py_kmap_reverse(PyObject *self, PyObject *args) {
-    (void)self;
-    return tl_kmap_reverse_call(args, 0);
-}
+TL_PY_FORWARD(kmap_reverse, tl_kmap_reverse_call(args, 0))
 
 PyDoc_STRVAR(pairs_count_doc,
              "pairs_count(nbr_ptr, n_out, k, offsets_ptr, threads)\n\n"
@@ -237,10 +234,7 @@ static PyObject *py_cuda_kmap_build(PyObject *self, PyObject *args) {
 PyDoc_STRVAR(cuda_kmap_reverse_doc,
              "cuda_kmap_reverse(device, stream, nbr_ptr, n_out, k, n_in, rev_ptr)\n\n"
              "Fills the (n_in, K) transpose of nbr on the GPU.");
-static PyObject *py_cuda_kmap_reverse(PyObject *self, PyObject *args) {
-    (void)self;
-    return tl_kmap_reverse_call(args, 1);
-}
+TL_PY_FORWARD(cuda_kmap_reverse, tl_kmap_reverse_call(args, 1))
 
 PyDoc_STRVAR(cuda_generate_doc,
              "cuda_generate(device, stream, in_ptr, n_in, geom, out_range, alloc, out_ptr, "

@@ -76,52 +76,34 @@ static PyObject *tl_pool_call(tl_pool_op op, int cuda, PyObject *args) {
 PyDoc_STRVAR(pool_sum_doc,
              "pool_sum(dtype, n_in, n_out, k, c, x, nbr, average, y, 0, threads)\n\n"
              "Sum (average=0) or average pooling over the neighbour table nbr.");
-static PyObject *py_pool_sum(PyObject *self, PyObject *args) {
-    (void)self;
-    return tl_pool_call(TL_POOL_SUM, 0, args);
-}
+TL_PY_FORWARD(pool_sum, tl_pool_call(TL_POOL_SUM, 0, args))
 
 PyDoc_STRVAR(pool_max_doc,
              "pool_max(dtype, n_in, n_out, k, c, x, nbr, 0, y, argmax, threads)\n\n"
              "Max pooling with int32 argmax (input row, -1 when none).");
-static PyObject *py_pool_max(PyObject *self, PyObject *args) {
-    (void)self;
-    return tl_pool_call(TL_POOL_MAX, 0, args);
-}
+TL_PY_FORWARD(pool_max, tl_pool_call(TL_POOL_MAX, 0, args))
 
 PyDoc_STRVAR(pool_max_backward_doc,
              "pool_max_backward(dtype, n_in, n_out, k, c, dy, rev, 0, dx, argmax, threads)\n\n"
              "dx[i, c] = sum of dy[o, c] over outputs o whose argmax[o, c] is i.");
-static PyObject *py_pool_max_backward(PyObject *self, PyObject *args) {
-    (void)self;
-    return tl_pool_call(TL_POOL_MAX_BACKWARD, 0, args);
-}
+TL_PY_FORWARD(pool_max_backward, tl_pool_call(TL_POOL_MAX_BACKWARD, 0, args))
 
 #ifdef TL_WITH_CUDA
 
 PyDoc_STRVAR(cuda_pool_sum_doc,
              "cuda_pool_sum(device, stream, dtype, n_in, n_out, k, c, x, nbr, average, y, 0)\n\n"
              "Sum (average=0) or average pooling over the neighbour table nbr.");
-static PyObject *py_cuda_pool_sum(PyObject *self, PyObject *args) {
-    (void)self;
-    return tl_pool_call(TL_POOL_SUM, 1, args);
-}
+TL_PY_FORWARD(cuda_pool_sum, tl_pool_call(TL_POOL_SUM, 1, args))
 
 PyDoc_STRVAR(cuda_pool_max_doc,
              "cuda_pool_max(device, stream, dtype, n_in, n_out, k, c, x, nbr, 0, y, argmax)\n\n"
              "Max pooling with int32 argmax (input row, -1 when none).");
-static PyObject *py_cuda_pool_max(PyObject *self, PyObject *args) {
-    (void)self;
-    return tl_pool_call(TL_POOL_MAX, 1, args);
-}
+TL_PY_FORWARD(cuda_pool_max, tl_pool_call(TL_POOL_MAX, 1, args))
 
 PyDoc_STRVAR(cuda_pool_max_backward_doc,
              "cuda_pool_max_backward(device, stream, dtype, n_in, n_out, k, c, dy, rev, 0, dx, "
              "argmax)\n\ndx[i, c] = sum of dy[o, c] over outputs o whose argmax[o, c] is i.");
-static PyObject *py_cuda_pool_max_backward(PyObject *self, PyObject *args) {
-    (void)self;
-    return tl_pool_call(TL_POOL_MAX_BACKWARD, 1, args);
-}
+TL_PY_FORWARD(cuda_pool_max_backward, tl_pool_call(TL_POOL_MAX_BACKWARD, 1, args))
 
 #endif /* TL_WITH_CUDA */
 

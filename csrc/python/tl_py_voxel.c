@@ -141,10 +141,7 @@ static PyObject *tl_gather_call(int cuda, PyObject *args) {
 PyDoc_STRVAR(voxel_gather_doc,
              "voxel_gather(dtype, feats, m, c, idx, w, n, k, out, threads)\n\n"
              "out[p] = sum_j w[p, j] * feats[idx[p, j]] over idx >= 0.");
-static PyObject *py_voxel_gather(PyObject *self, PyObject *args) {
-    (void)self;
-    return tl_gather_call(0, args);
-}
+TL_PY_FORWARD(voxel_gather, tl_gather_call(0, args))
 
 #ifdef TL_WITH_CUDA
 
@@ -237,10 +234,7 @@ static PyObject *py_cuda_devoxel_map(PyObject *self, PyObject *args) {
 PyDoc_STRVAR(cuda_devoxel_gather_doc,
              "cuda_devoxel_gather(device, stream, dtype, feats, m, c, idx, w, n, k, out)\n\n"
              "out[p] = sum_j w[p, j] * feats[idx[p, j]] over idx >= 0.");
-static PyObject *py_cuda_devoxel_gather(PyObject *self, PyObject *args) {
-    (void)self;
-    return tl_gather_call(1, args);
-}
+TL_PY_FORWARD(cuda_devoxel_gather, tl_gather_call(1, args))
 
 #endif /* TL_WITH_CUDA */
 

@@ -6,9 +6,9 @@ import torch
 
 from torch_lattice import _C
 
-# dtype codes of enum tl_dtype in csrc/tl_conv.h
+# dtype codes of enum tl_dtype in csrc/core/tl_conv.h
 DTYPE_CODES = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3}
-# enum tl_voxel_reduction in csrc/tl_voxel.h
+# enum tl_voxel_reduction in csrc/core/tl_voxel.h
 REDUCTION_CODES = {"mean": 0, "sum": 1, "max": 2}
 
 

@@ -1,7 +1,7 @@
 """Kernel-map construction ops: ``lattice::generate_support`` and
 ``lattice::kernel_map``.
 
-The neighbour-table format is described in csrc/tl_kmap.h: ``nbr`` is
+The neighbour-table format is described in csrc/core/tl_kmap.h: ``nbr`` is
 ``(N_out, K)`` int32 with the input row feeding each output row through each
 kernel row (-1 where absent); ``rev`` is its ``(N_in, K)`` transpose.
 """

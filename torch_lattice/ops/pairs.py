@@ -23,7 +23,7 @@ from torch_lattice.ops.conv import check_conv_args
 
 __all__ = ["PairLists", "kernel_pairs", "pair_conv", "pair_conv_weight_grad", "reverse_pairs"]
 
-# enum tl_pairs_mode in csrc/tl_dataflow_pairs.h
+# enum tl_pairs_mode in csrc/core/tl_dataflow_pairs.h
 FETCH_ON_DEMAND, GATHER_SCATTER = 0, 1
 
 
