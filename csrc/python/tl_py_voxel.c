@@ -28,6 +28,13 @@ static int tl_point_rejected(tl_status st, long long bad) {
     return (st == TL_ERR_INVALID || st == TL_ERR_OVERFLOW) && bad >= 0;
 }
 
+/* (0, -1) on success, (status, first bad point) for rejected points; raises otherwise. */
+static PyObject *tl_point_result(const tl_py_call *c, tl_status st, long long bad,
+                                 const char *fn, const char *entry) {
+    if (st != TL_OK && !tl_point_rejected(st, bad)) return tl_py_fail(c, st, fn, entry, NULL, NULL);
+    return Py_BuildValue("(iL)", (int)st, bad);
+}
+
 PyDoc_STRVAR(voxel_quantize_doc,
              "voxel_quantize(dtype, pts, batch, n, size, origin, rows, threads) -> (st, bad)\n\n"
              "rows[p] = (batch[p], floor((pts[p] - origin) / size)); batch 0 means all 0.");
@@ -45,9 +52,7 @@ static PyObject *py_voxel_quantize(PyObject *self, PyObject *args) {
     tl_status st;
     Py_BEGIN_ALLOW_THREADS st = tl_voxel_quantize(&c.ctx, (tl_dtype)dtype, tl_ptr(pp), tl_ptr(pb),
                                                   n, &g, tl_ptr(pr), (int64_t *)&bad);
-    Py_END_ALLOW_THREADS if (st != TL_OK && !tl_point_rejected(st, bad)) return tl_raise(
-        "voxel_quantize", st);
-    return Py_BuildValue("(iL)", (int)st, bad);
+    Py_END_ALLOW_THREADS return tl_point_result(&c, st, bad, "voxel_quantize", "tl_voxel_quantize");
 }
 
 PyDoc_STRVAR(voxel_unique_doc,
@@ -108,9 +113,8 @@ static PyObject *py_voxel_devoxel_map(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS st = tl_voxel_devoxel_map(&c.ctx, (tl_dtype)dtype, tl_ptr(pp),
                                                      tl_ptr(pb), n, &g, tl_ptr(pv), m, tri,
                                                      tl_ptr(pi), tl_ptr(pw), (int64_t *)&bad);
-    Py_END_ALLOW_THREADS if (st != TL_OK && !tl_point_rejected(st, bad)) return tl_raise(
-        "voxel_devoxel_map", st);
-    return Py_BuildValue("(iL)", (int)st, bad);
+    Py_END_ALLOW_THREADS return tl_point_result(&c, st, bad, "voxel_devoxel_map",
+                                                "tl_voxel_devoxel_map");
 }
 
 typedef tl_status (*tl_gather_fn)(const tl_ctx *, tl_dtype, const void *, int64_t, int64_t,
@@ -226,9 +230,7 @@ static PyObject *py_cuda_devoxel_map(PyObject *self, PyObject *args) {
     st = tl_cuda_devoxel_map(&c.ctx, (tl_dtype)dtype, tl_ptr(pp), tl_ptr(pb), n, &g, tl_ptr(pv),
                              m, tri, ws, tl_ptr(pi), tl_ptr(pw), (int64_t *)&bad);
     Py_END_ALLOW_THREADS
-    if (st != TL_OK && !tl_point_rejected(st, bad))
-        return tl_py_fail(&c, st, "voxel_devoxel_map", "tl_cuda_devoxel_map", NULL, NULL);
-    return Py_BuildValue("(iL)", (int)st, bad);
+    return tl_point_result(&c, st, bad, "voxel_devoxel_map", "tl_cuda_devoxel_map");
 }
 
 PyDoc_STRVAR(cuda_devoxel_gather_doc,
