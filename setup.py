@@ -31,7 +31,7 @@ Python itself is not instrumented, so the extension only loads with gcc's
 runtime preloaded; docs/sanitizers.md and scripts/sanitize.sh show how.
 
 The build says what it does: one line per compiled source with a counter
-("[torch_lattice build] 3/17 csrc/tl_dataflow_implicit_gemm.c"), and whether
+("[torch_lattice build] 3/18 csrc/core/tl_dataflow_implicit_gemm.c"), and whether
 the CUDA kernels are in and why.  pip shows these lines with -v
 (scripts/setup-env.sh filters them out of its log).
 
@@ -56,7 +56,10 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).parent.resolve()
-C_SOURCES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc").glob("*.c"))
+# csrc/core is the torch-free C core (no Python.h), csrc/python its CPython binding.
+C_SOURCES = sorted(
+    str(p.relative_to(ROOT)) for d in ("core", "python") for p in (ROOT / "csrc" / d).glob("*.c")
+)
 CUDA_SOURCES = sorted((ROOT / "csrc" / "cuda").glob("*.cu"))
 # -std=c11 turns floating-point contraction off; -ffp-contract=fast turns the
 # kernels' multiply-adds back into FMA instructions where the target has them.

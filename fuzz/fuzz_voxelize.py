@@ -209,7 +209,7 @@ def check(data: bytes) -> None:
 
 
 def devoxel_ref(pts, batch, size, origin, vox: np.ndarray, trilinear: bool):
-    """Rows and weights of each point's voxel or 8 corners (csrc/tl_voxel.h)."""
+    """Rows and weights of each point's voxel or 8 corners (csrc/core/tl_voxel.h)."""
     table = {tuple(r): i for i, r in enumerate(vox.tolist())}
     k = 8 if trilinear else 1
     idx = np.full((len(pts), k), -1, dtype=np.int64)

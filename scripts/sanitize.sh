@@ -3,7 +3,7 @@
 # AddressSanitizer, UndefinedBehaviorSanitizer, LeakSanitizer or valgrind
 # report, or on any test failure.
 #
-#   1. tests/c/test_core.c (no Python) built with -fsanitize=address,undefined
+#   1. tests/c/test_core.c with csrc/core (no Python) built with -fsanitize=address,undefined
 #      and run with LeakSanitizer on;
 #   2. the same program built without sanitizers, run under valgrind
 #      (--leak-check=full, definite leaks are errors);
@@ -35,11 +35,9 @@ cc=${CC:-gcc}
 # The flags of setup.py's TORCH_LATTICE_SANITIZE=1 build.
 san_flags=(-fsanitize=address,undefined -fsanitize=float-cast-overflow
     -fno-sanitize-recover=undefined,float-cast-overflow -fno-omit-frame-pointer -g -O1)
-warn_flags=(-std=c11 -Wall -Wextra -Werror -fopenmp -Icsrc)
-core_sources=()
-for f in csrc/*.c; do
-    case $f in csrc/tl_module.c | csrc/tl_py*.c) ;; *) core_sources+=("$f") ;; esac
-done
+# csrc/core on its own include path: the core builds without Python or CUDA headers.
+warn_flags=(-std=c11 -Wall -Wextra -Werror -fopenmp -Icsrc/core)
+core_sources=(csrc/core/*.c)
 
 # The C runtime reports: any ASan or UBSan finding aborts the process; leaks
 # are reported at exit (LeakSanitizer) by the standalone test only.

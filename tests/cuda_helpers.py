@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -17,7 +18,13 @@ if ROOT not in sys.path:
 
 from benchmarks.gpu_accuracy import smooth_activations  # noqa: E402
 
-__all__ = ["cpu_support", "geometry_lists", "random_coords", "smooth_activations"]
+__all__ = [
+    "cpu_support",
+    "geometry_lists",
+    "random_coords",
+    "smooth_activations",
+    "workspace_request",
+]
 
 
 def random_coords(n: int, side: int, seed: int, batches: int = 2) -> torch.Tensor:
@@ -40,3 +47,29 @@ def cpu_support(coords: torch.Tensor, geometry: ConvGeometry, side: int) -> torc
         return coords
     rng = list(geometry.output_range((side, side, side)))
     return torch.ops.lattice.generate_support(coords, *geometry_lists(geometry), rng, 2)
+
+
+class _Asked(Exception):
+    """Raised by workspace_request's alloc: the entry point stops before any CUDA call."""
+
+
+def workspace_request(call: Callable[[Callable[[int], int]], object]) -> int:
+    """Bytes a CUDA entry point asks its ``alloc`` for, host-only (no GPU needed).
+
+    ``call(alloc)`` runs the entry point with ``alloc``, which records the size and
+    raises, so nothing launches. An entry point that needs no workspace never calls
+    alloc; given null data pointers, its host checks then refuse it (ValueError)
+    before any CUDA call, and the request is 0."""
+    asked: list[int] = []
+
+    def alloc(nbytes: int) -> int:
+        asked.append(nbytes)
+        raise _Asked
+
+    try:
+        call(alloc)
+    except _Asked:
+        return asked[0]
+    except ValueError:
+        return 0
+    raise AssertionError("the entry point ran: pass null data pointers")

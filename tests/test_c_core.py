@@ -1,8 +1,9 @@
 """tests/c/test_core.c, the C core's standalone test, in the ordinary suite.
 
-It links csrc/*.c without Python and checks the hash table, the kernel maps of
-every family, supports, pair lists, convolution, pooling and voxelize against
-brute-force references.  Here it is built without sanitizers, with -Werror.
+It links csrc/core/*.c, the torch-free core, without Python and checks the hash
+table, the kernel maps of every family, supports, pair lists, convolution,
+pooling and voxelize against brute-force references.  Here it is built without
+sanitizers, with -Werror.
 scripts/sanitize.sh runs it under ASan, UBSan, LeakSanitizer and valgrind
 (docs/sanitizers.md).
 """
@@ -10,6 +11,7 @@ scripts/sanitize.sh runs it under ASan, UBSan, LeakSanitizer and valgrind
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -17,14 +19,26 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PYTHON_GLUE = ("tl_module.c", "tl_py")
+CORE = ROOT / "csrc" / "core"
+INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.MULTILINE)
 
 
 def core_sources() -> list[str]:
-    """csrc/*.c without the CPython glue."""
-    return [
-        str(p) for p in sorted((ROOT / "csrc").glob("*.c")) if not p.name.startswith(PYTHON_GLUE)
-    ]
+    """csrc/core/*.c: the C core, which the CPython binding (csrc/python) wraps."""
+    return [str(p) for p in sorted(CORE.glob("*.c"))]
+
+
+def test_core_includes_only_itself_and_the_c_library() -> None:
+    """csrc/core stands alone: no Python.h, nothing from csrc/python or csrc/cuda; its own
+    headers by bare name, everything else a C, POSIX or OpenMP system header."""
+    files = sorted(CORE.glob("*.[ch]"))
+    assert files
+    own = {p.name for p in files}
+    for path in files:
+        for name in INCLUDE.findall(path.read_text()):
+            local = name.startswith("tl_") or name.startswith(".") or "cuda" in name
+            assert "Python" not in name, f"{path.name} includes {name}"
+            assert name in own or not local, f"{path.name} includes {name}"
 
 
 @pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed")
@@ -38,7 +52,7 @@ def test_c_core(tmp_path: Path) -> None:
         "-Wextra",
         "-Werror",
         "-fopenmp",
-        f"-I{ROOT / 'csrc'}",
+        f"-I{CORE}",
         str(ROOT / "tests" / "c" / "test_core.c"),
         *core_sources(),
         "-lm",

@@ -390,7 +390,6 @@ def test_cuda_error_names_the_runtime_error_and_call_site() -> None:
     """A device index the runtime rejects: the message names the entry point, the failing
     call with its file and line, and the runtime's error name and string."""
     nbr = torch.zeros((64, 27), dtype=torch.int32, device="cuda")
-    ws = torch.empty(_C.cuda_pairs_workspace_size(64, 27), dtype=torch.uint8, device="cuda")
     bad = torch.cuda.device_count()
     stream = torch.cuda.current_stream().cuda_stream
     pattern = (
@@ -398,7 +397,7 @@ def test_cuda_error_names_the_runtime_error_and_call_site() -> None:
         r"cudaSetDevice\(ctx->device\): cudaErrorInvalidDevice \(.+\)"
     )
     with pytest.raises(RuntimeError, match=pattern):
-        _C.cuda_pairs_count(bad, stream, nbr.data_ptr(), 64, 27, ws.data_ptr())
+        _C.cuda_pairs_count(bad, stream, nbr.data_ptr(), 64, 27, _runtime.workspace_alloc(nbr.device))
     # the error was cleared: the next call works
     assert torch.ops.lattice.kernel_pairs(nbr)[1].numel() == 64 * 27
 

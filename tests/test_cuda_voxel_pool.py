@@ -31,9 +31,9 @@ from torch_lattice.ops import kmap, kmap_cuda, pool, pool_cuda, voxel, voxel_cud
 from torch_lattice.ops._runtime import _C
 
 try:
-    from cuda_helpers import smooth_activations
+    from cuda_helpers import smooth_activations, workspace_request
 except ImportError:  # tests/ may become a package; then it is imported through it
-    from tests.cuda_helpers import smooth_activations
+    from tests.cuda_helpers import smooth_activations, workspace_request
 
 pytestmark = pytest.mark.cuda
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -473,12 +473,26 @@ def test_cuda_kernels_raise_clearly_without_cuda(monkeypatch):
 
 @pytest.mark.skipif(not _C.cuda_compiled(), reason="needs a CUDA build")
 def test_workspace_sizes_are_measured():
-    # Each layout holds at least its coordinate rows / (voxel, point) pairs.
-    assert _C.cuda_voxelize_workspace_size(1000) >= 3 * 1000 * 16
-    assert _C.cuda_voxel_reduce_workspace_size(1000, 10) >= 2 * 1000 * 8
-    assert _C.cuda_devoxel_map_workspace_size(100) >= 200 * 4
+    # Each layout holds at least its coordinate rows / (voxel, point) pairs: what each
+    # entry point asks its alloc for (host-only; the recording alloc stops the call).
+    one, zero = (1.0, 1.0, 1.0), (0.0, 0.0, 0.0)
     geom = ((2, 2, 2), (2, 2, 2), (0, 0, 0), (1, 1, 1))
-    assert _C.cuda_generative_workspace_size(100, geom) >= 3 * 800 * 16
+    requests = {
+        "voxelize": lambda a: _C.cuda_voxelize(0, 0, 0, 0, 0, 1000, one, zero, a, 0, 0),
+        "voxel_reduce": lambda a: _C.cuda_voxel_reduce(0, 0, 0, 0, 0, 1000, 1, 0, 10, a, 0, 0),
+        "devoxel_map": lambda a: _C.cuda_devoxel_map(
+            0, 0, 0, 0, 0, 0, one, zero, 0, 100, 0, a, 0, 0
+        ),
+        "generative": lambda a: _C.cuda_generative(0, 0, 0, 100, geom, a, 0, 0),
+    }
+    least = {
+        "voxelize": 3 * 1000 * 16,
+        "voxel_reduce": 2 * 1000 * 8,
+        "devoxel_map": 200 * 4,
+        "generative": 3 * 800 * 16,
+    }
+    for name, call in requests.items():
+        assert workspace_request(call) >= least[name], name
 
 
 @pytest.mark.skipif(
@@ -490,16 +504,21 @@ def test_wrappers_pass_the_host_checks(monkeypatch):
     before any CUDA call: with host tensors, a 256-byte aligned workspace and no
     usable GPU, each call must get as far as the CUDA runtime and fail there."""
 
-    def workspace(nbytes, device):
-        buf = torch.empty(nbytes + 256, dtype=torch.uint8)
-        off = (-buf.data_ptr()) % 256
-        return buf[off : off + nbytes]
+    def workspace_alloc(device):
+        held = []
+
+        def alloc(nbytes):
+            buf = torch.empty(nbytes + 256, dtype=torch.uint8)
+            held.append(buf)
+            return buf.data_ptr() + (-buf.data_ptr()) % 256
+
+        return alloc
 
     for module in (voxel_cuda, pool_cuda, kmap_cuda):
         monkeypatch.setattr(module, "require_cuda", lambda op, *t: torch.device("cpu"))
         monkeypatch.setattr(module, "call_args", lambda device: (0, 0))
     for module in (voxel_cuda, kmap_cuda):  # pooling needs no workspace
-        monkeypatch.setattr(module, "workspace", workspace)
+        monkeypatch.setattr(module, "workspace_alloc", workspace_alloc)
     pts, batch = _cloud(10, seed=40, dtype=torch.float64)
     coords = torch.tensor([[0, 1, 1, 1], [0, 2, 2, 2]], dtype=torch.int32)
     nbr = torch.zeros((2, 8), dtype=torch.int32)

@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+# The C sources setup.py compiles: the core, then its CPython binding.
+C_SOURCE_DIRS = (ROOT / "csrc" / "core", ROOT / "csrc" / "python")
 
 FAKE_CC = """\
 import json, os, sys
@@ -44,8 +46,8 @@ def _commands(tmp_path: Path, **env: str) -> tuple[subprocess.CompletedProcess, 
         k: v
         for k, v in os.environ.items()
         # the caller's build choices, not the environment's (CI exports TORCH_LATTICE_CUDA=1)
-        if k not in ("CFLAGS", "LDFLAGS", "CPPFLAGS", "TORCH_LATTICE_SANITIZE",
-                     "TORCH_LATTICE_CUDA")
+        if k
+        not in ("CFLAGS", "LDFLAGS", "CPPFLAGS", "TORCH_LATTICE_SANITIZE", "TORCH_LATTICE_CUDA")
     }
     cc = f"{sys.executable} {fake}"
     full_env.update(CC=cc, LDSHARED=f"{cc} -shared", TL_FAKE_CC_LOG=str(log))
@@ -134,7 +136,7 @@ def test_build_prints_one_counted_line_per_source(tmp_path: Path) -> None:
     """A person watching the build sees each C source as it starts, with a counter."""
     result, cmds = _commands(tmp_path, TORCH_LATTICE_CUDA="0")
     assert result.returncode == 0, result.stderr
-    sources = sorted(f"csrc/{p.name}" for p in (ROOT / "csrc").glob("*.c"))
+    sources = sorted(str(p.relative_to(ROOT)) for d in C_SOURCE_DIRS for p in d.glob("*.c"))
     lines = [ln for ln in result.stdout.splitlines() if ln.startswith("[torch_lattice build] ")]
     counted = [ln.split(" ", 3)[2:] for ln in lines if "/" in ln.split(" ")[2]]
     n = len(sources)

@@ -4,7 +4,7 @@
 A point ``p`` of batch ``b`` falls in voxel ``(b, floor((p - origin) / voxel_size))``.
 Voxel rows are unique and sorted by ``(b, x, y, z)``.  The quantization, the
 unique/sort step, the reductions and the devoxelization maps run in the C core
-(csrc/tl_voxel.c); gradients flow to point features (voxelize) and voxel
+(csrc/core/tl_voxel.c); gradients flow to point features (voxelize) and voxel
 features (devoxelize).
 
 Devoxelization rules (see docs/building-blocks.md):

@@ -29,10 +29,10 @@
 extern "C" {
 #endif
 
-#include "../tl_conv.h"
-#include "../tl_coords.h"
-#include "../tl_ctx.h"
-#include "../tl_status.h"
+#include "../core/tl_conv.h"
+#include "../core/tl_coords.h"
+#include "../core/tl_ctx.h"
+#include "../core/tl_status.h"
 
 /* ---- kernel maps (tl_cuda_kmap.cu) ---- */
 

@@ -6,7 +6,7 @@
 
 #include <stddef.h>
 
-#include "../tl_status.h"
+#include "../core/tl_status.h"
 
 #ifdef __cplusplus
 extern "C" {

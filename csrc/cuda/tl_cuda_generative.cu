@@ -1,11 +1,12 @@
-/* Generative support on the GPU, equal to csrc/tl_generative.c.
+/* Generative support on the GPU, equal to csrc/core/tl_generative.c.
  *
  * Candidate j = i * K + n is in[i] * stride + r_n; the first rejected input
  * row (negative field, or a row beyond INT32_MAX) is min-reduced as
  * (i << 2 | code).  The candidates are deduplicated with the hash table, one
  * read-back brings the count, the field masks and the rejected row, then the
  * unique rows are compacted and radix-sorted by (b, x, y, z). */
-#include "tl_cuda_blocks.cuh"
+#include "tl_cuda_generative.h"
+#include "tl_cuda_rows.cuh"
 
 struct tl_gv_geom {
     int kernel[3], stride[3];
@@ -27,9 +28,9 @@ static tl_status tl_gv_check(const tl_geom *g, int64_t n_in, tl_gv_geom *gv,
     return TL_OK;
 }
 
-static tl_cuda_ws tl_gv_layout(void *base, int64_t n_cand, tl_blk_unique *u) {
+static tl_cuda_ws tl_gv_layout(void *base, int64_t n_cand, tl_rows_unique *u) {
     tl_cuda_ws w = tl_cuda_ws_begin(base);
-    tl_blk_unique_layout(&w, n_cand, u);
+    tl_rows_unique_layout(&w, n_cand, u);
     return w;
 }
 
@@ -39,7 +40,7 @@ extern "C" tl_status tl_cuda_generative_workspace_size(int64_t n_in, const tl_ge
     tl_gv_geom gv;
     int64_t n_cand;
     TL_CUDA_RETURN_IF(tl_gv_check(g, n_in, &gv, &n_cand));
-    tl_blk_unique u;
+    tl_rows_unique u;
     tl_cuda_ws w = tl_gv_layout(NULL, n_cand, &u);
     if (w.overflow) return TL_ERR_OVERFLOW;
     *bytes = w.used;
@@ -48,7 +49,7 @@ extern "C" tl_status tl_cuda_generative_workspace_size(int64_t n_in, const tl_ge
 
 static __global__ void __launch_bounds__(TL_CUDA_THREADS)
     tl_gv_candidates_kernel(const tl_coord *in, long long n_cand, tl_gv_geom g, tl_coord *cand,
-                            tl_blk_info *info) {
+                            tl_rows_info *info) {
     const long long k = (long long)g.kernel[0] * g.kernel[1] * g.kernel[2];
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x; j < n_cand;
@@ -61,11 +62,11 @@ static __global__ void __launch_bounds__(TL_CUDA_THREADS)
         const int f[3] = {c.x, c.y, c.z};
         long long q[3];
         unsigned long long code = 0;
-        if ((c.b | c.x | c.y | c.z) < 0) code = TL_BLK_BAD_INVALID;
+        if ((c.b | c.x | c.y | c.z) < 0) code = TL_ROWS_BAD_INVALID;
         for (int a = 0; a < 3; a++) {
             q[a] = (long long)f[a] * g.stride[a] + r[a];
             if (!code && (long long)f[a] * g.stride[a] + g.kernel[a] - 1 > TL_COORD_MAX)
-                code = TL_BLK_BAD_OVERFLOW;
+                code = TL_ROWS_BAD_OVERFLOW;
         }
         tl_coord out = {0, 0, 0, 0};
         if (code) {
@@ -90,7 +91,7 @@ extern "C" tl_status tl_cuda_generative_support(const tl_ctx *ctx, const tl_coor
     tl_gv_geom gv;
     int64_t n_cand;
     TL_CUDA_RETURN_IF(tl_gv_check(g, n_in, &gv, &n_cand));
-    tl_blk_unique u;
+    tl_rows_unique u;
     tl_cuda_ws w = tl_gv_layout(workspace, n_cand, &u);
     if (w.overflow) return TL_ERR_OVERFLOW;
     if (!tl_cuda_ws_ok(workspace, w.used)) return TL_ERR_INVALID;
@@ -99,16 +100,16 @@ extern "C" tl_status tl_cuda_generative_support(const tl_ctx *ctx, const tl_coor
     TL_CUDA_RETURN_IF(scope.enter(ctx, &stream));
     if (n_cand == 0) return TL_OK;
 
-    TL_CUDA_RETURN_IF(tl_blk_info_clear(u.info, stream));
+    TL_CUDA_RETURN_IF(tl_rows_info_clear(u.info, stream));
     tl_gv_candidates_kernel<<<tl_cuda_blocks(n_cand), TL_CUDA_THREADS, 0, stream>>>(
         in, n_cand, gv, u.rows, u.info);
     TL_CUDA_LAUNCHED();
-    tl_blk_info info;
-    TL_CUDA_RETURN_IF(tl_blk_unique_count(&u, stream, &info));
+    tl_rows_info info;
+    TL_CUDA_RETURN_IF(tl_rows_unique_count(&u, stream, &info));
     /* The CPU checks every row before it counts: errors, then capacity. */
-    if (info.bad != TL_BLK_NO_BAD) return tl_blk_bad_status(info.bad, NULL);
+    if (info.bad != TL_ROWS_NO_BAD) return tl_rows_bad_status(info.bad, NULL);
     if (info.count > capacity) return TL_ERR_CAPACITY;
-    TL_CUDA_RETURN_IF(tl_blk_unique_sort(&u, &info, out, stream));
+    TL_CUDA_RETURN_IF(tl_rows_unique_sort(&u, &info, out, stream));
     *n_out = info.count;
     return TL_OK;
 }

@@ -1,4 +1,4 @@
-/* Sparse pooling on the GPU, equal to csrc/tl_pool.c.
+/* Sparse pooling on the GPU, equal to csrc/core/tl_pool.c.
  *
  * One thread per (output row, channel) for the forwards and per (input row,
  * channel) for the max backward, each walking its kernel rows in order with
@@ -6,7 +6,8 @@
  * and fp64; half types accumulate in fp32 as the CPU's float path does), max
  * ties go to the first kernel row, and no atomics are used.  Table entries
  * outside [0, rows of the other side) are skipped. */
-#include "tl_cuda_blocks.cuh"
+#include "tl_cuda_pool.h"
+#include "tl_cuda_rows.cuh"
 
 template <class T>
 static __global__ void __launch_bounds__(TL_CUDA_THREADS)
@@ -76,7 +77,7 @@ static tl_status tl_cuda_pool_check(const tl_pool_desc *d) {
     if (!d) return TL_ERR_INVALID;
     if (d->n_in < 0 || d->n_out < 0 || d->k < 1 || d->c < 0) return TL_ERR_INVALID;
     if (d->n_in > TL_ROW_MAX || d->n_out > TL_ROW_MAX) return TL_ERR_OVERFLOW;
-    if (!tl_blk_dtype_ok(d->dtype)) return TL_ERR_UNSUPPORTED;
+    if (!tl_rows_dtype_ok(d->dtype)) return TL_ERR_UNSUPPORTED;
     return TL_OK;
 }
 

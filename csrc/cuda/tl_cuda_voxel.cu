@@ -1,4 +1,4 @@
-/* Voxelization on the GPU, equal to csrc/tl_voxel.c.
+/* Voxelization on the GPU, equal to csrc/core/tl_voxel.c.
  *
  * voxelize: quantize every point (first rejected point min-reduced as
  * (index << 2 | code)), deduplicate the rows with the hash table, one
@@ -8,7 +8,8 @@
  * points in point order, so sums add in the CPU's order and max keeps the
  * first point attaining it; no atomics decide an order.
  * devoxel_map / gather: one thread per point, one per (point, channel). */
-#include "tl_cuda_blocks.cuh"
+#include "tl_cuda_voxel.h"
+#include "tl_cuda_rows.cuh"
 
 /* ---- quantization ---- */
 
@@ -25,14 +26,14 @@ __device__ __forceinline__ unsigned long long tl_vx_quantize(const P *pts, const
                                                              long long p, const tl_voxel_grid &g,
                                                              tl_coord *out) {
     const long long b = batch ? (long long)batch[p] : 0;
-    if (b < 0) return TL_BLK_BAD_INVALID;
-    if (b > TL_COORD_MAX) return TL_BLK_BAD_OVERFLOW;
+    if (b < 0) return TL_ROWS_BAD_INVALID;
+    if (b > TL_COORD_MAX) return TL_ROWS_BAD_OVERFLOW;
     int v[3];
     for (int a = 0; a < 3; a++) {
         const double u = ((double)pts[p * 3 + a] - g.origin[a]) / g.size[a];
-        if (!isfinite(u) || !(u >= 0.0)) return TL_BLK_BAD_INVALID;
+        if (!isfinite(u) || !(u >= 0.0)) return TL_ROWS_BAD_INVALID;
         const double f = floor(u);
-        if (f > (double)TL_COORD_MAX) return TL_BLK_BAD_OVERFLOW;
+        if (f > (double)TL_COORD_MAX) return TL_ROWS_BAD_OVERFLOW;
         v[a] = (int)f;
     }
     out->b = (int)b;
@@ -46,7 +47,7 @@ __device__ __forceinline__ unsigned long long tl_vx_quantize(const P *pts, const
 template <class P>
 static __global__ void __launch_bounds__(TL_CUDA_THREADS)
     tl_vx_quantize_kernel(const P *pts, const int64_t *batch, long long n, tl_voxel_grid g,
-                          tl_coord *rows, tl_blk_info *info) {
+                          tl_coord *rows, tl_rows_info *info) {
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long p = (long long)blockIdx.x * blockDim.x + threadIdx.x; p < n; p += stride) {
         tl_coord r = {0, 0, 0, 0};
@@ -58,7 +59,7 @@ static __global__ void __launch_bounds__(TL_CUDA_THREADS)
 
 static tl_status tl_vx_launch_quantize(tl_dtype dtype, const void *pts, const int64_t *batch,
                                        int64_t n, const tl_voxel_grid *g, tl_coord *rows,
-                                       tl_blk_info *info, cudaStream_t stream) {
+                                       tl_rows_info *info, cudaStream_t stream) {
     if (n == 0) return TL_OK;
     if (dtype == TL_F32)
         tl_vx_quantize_kernel<float><<<tl_cuda_blocks(n), TL_CUDA_THREADS, 0, stream>>>(
@@ -83,16 +84,16 @@ static tl_status tl_vx_check_args(tl_dtype dtype, const void *pts, int64_t n,
 
 /* ---- voxelize ---- */
 
-static tl_cuda_ws tl_vx_layout(void *base, int64_t n, tl_blk_unique *u) {
+static tl_cuda_ws tl_vx_layout(void *base, int64_t n, tl_rows_unique *u) {
     tl_cuda_ws w = tl_cuda_ws_begin(base);
-    tl_blk_unique_layout(&w, n, u);
+    tl_rows_unique_layout(&w, n, u);
     return w;
 }
 
 extern "C" tl_status tl_cuda_voxelize_workspace_size(int64_t n, size_t *bytes) {
     if (!bytes || n < 0) return TL_ERR_INVALID;
     if (n > INT32_MAX) return TL_ERR_OVERFLOW;
-    tl_blk_unique u;
+    tl_rows_unique u;
     tl_cuda_ws w = tl_vx_layout(NULL, n, &u);
     if (w.overflow) return TL_ERR_OVERFLOW;
     *bytes = w.used;
@@ -119,7 +120,7 @@ extern "C" tl_status tl_cuda_voxelize(const tl_ctx *ctx, tl_dtype dtype, const v
     *n_uniq = 0;
     TL_CUDA_RETURN_IF(tl_vx_check_args(dtype, pts, n, grid));
     if (n > 0 && (!uniq || !inverse)) return TL_ERR_INVALID;
-    tl_blk_unique u;
+    tl_rows_unique u;
     tl_cuda_ws w = tl_vx_layout(workspace, n, &u);
     if (w.overflow) return TL_ERR_OVERFLOW;
     if (!tl_cuda_ws_ok(workspace, w.used)) return TL_ERR_INVALID;
@@ -128,16 +129,16 @@ extern "C" tl_status tl_cuda_voxelize(const tl_ctx *ctx, tl_dtype dtype, const v
     TL_CUDA_RETURN_IF(scope.enter(ctx, &stream));
     if (n == 0) return TL_OK;
 
-    TL_CUDA_RETURN_IF(tl_blk_info_clear(u.info, stream));
+    TL_CUDA_RETURN_IF(tl_rows_info_clear(u.info, stream));
     TL_CUDA_RETURN_IF(tl_vx_launch_quantize(dtype, pts, batch, n, grid, u.rows, u.info, stream));
-    tl_blk_info info;
-    TL_CUDA_RETURN_IF(tl_blk_unique_count(&u, stream, &info));
-    if (info.bad != TL_BLK_NO_BAD) return tl_blk_bad_status(info.bad, bad);
-    TL_CUDA_RETURN_IF(tl_blk_unique_sort(&u, &info, uniq, stream));
+    tl_rows_info info;
+    TL_CUDA_RETURN_IF(tl_rows_unique_count(&u, stream, &info));
+    if (info.bad != TL_ROWS_NO_BAD) return tl_rows_bad_status(info.bad, bad);
+    TL_CUDA_RETURN_IF(tl_rows_unique_sort(&u, &info, uniq, stream));
 
     const unsigned long long mask = (unsigned long long)(u.cap - 1);
     TL_CUDA_TRY(cudaMemsetAsync(u.slots, 0xFF, sizeof(int) * (size_t)u.cap, stream));
-    tl_blk_table_kernel<<<tl_cuda_blocks(info.count), TL_CUDA_THREADS, 0, stream>>>(
+    tl_rows_table_kernel<<<tl_cuda_blocks(info.count), TL_CUDA_THREADS, 0, stream>>>(
         uniq, info.count, u.slots, mask, NULL);
     TL_CUDA_LAUNCHED();
     tl_vx_inverse_kernel<<<tl_cuda_blocks(n), TL_CUDA_THREADS, 0, stream>>>(u.rows, n, u.slots,
@@ -158,7 +159,7 @@ struct tl_vx_reduce_layout {
 static tl_cuda_ws tl_vx_reduce_layout_of(void *base, int64_t n, int64_t m,
                                          tl_vx_reduce_layout *l) {
     tl_cuda_ws w = tl_cuda_ws_begin(base);
-    const int64_t hist = tl_blk_hist_len(n);
+    const int64_t hist = tl_rows_hist_len(n);
     int64_t scratch = tl_cuda_scan_scratch(m);
     if (tl_cuda_scan_scratch(hist) > scratch) scratch = tl_cuda_scan_scratch(hist);
     l->a = (tl_kv *)tl_cuda_ws_take(&w, n, sizeof(tl_kv));
@@ -243,9 +244,9 @@ static tl_status tl_vx_launch_reduce(const void *x, int64_t c, const tl_vx_reduc
 static tl_status tl_vx_sort_pairs(tl_vx_reduce_layout *l, int64_t n, int64_t m,
                                   cudaStream_t stream, tl_kv **sorted) {
     tl_kv *src = l->a, *dst = l->b;
-    const int bytes = tl_blk_bytes_of((unsigned)m);
+    const int bytes = tl_rows_bytes_of((unsigned)m);
     for (int byte = 0; byte < bytes; byte++) {
-        TL_CUDA_RETURN_IF(tl_blk_radix_pass<tl_kv>(src, dst, n, 0, byte * TL_BLK_RADIX_BITS,
+        TL_CUDA_RETURN_IF(tl_rows_radix_pass<tl_kv>(src, dst, n, 0, byte * TL_ROWS_RADIX_BITS,
                                                    l->hist, l->scratch, stream));
         tl_kv *t = src;
         src = dst;
@@ -263,7 +264,7 @@ extern "C" tl_status tl_cuda_voxel_reduce(const tl_ctx *ctx, tl_dtype dtype,
     if (n < 0 || c < 0 || m < 0) return TL_ERR_INVALID;
     if (red != TL_VOXEL_MEAN && red != TL_VOXEL_SUM && red != TL_VOXEL_MAX)
         return TL_ERR_INVALID;
-    if (!tl_blk_dtype_ok(dtype)) return TL_ERR_UNSUPPORTED;
+    if (!tl_rows_dtype_ok(dtype)) return TL_ERR_UNSUPPORTED;
     if ((n > 0 && !inverse) || (n * c > 0 && !feats) || (m * c > 0 && !out)) return TL_ERR_INVALID;
     if (red == TL_VOXEL_MAX && m * c > 0 && !argmax) return TL_ERR_INVALID;
     if (n > INT32_MAX || m > INT32_MAX) return TL_ERR_OVERFLOW;
@@ -305,7 +306,7 @@ extern "C" tl_status tl_cuda_devoxel_map_workspace_size(int64_t m, size_t *bytes
     if (!bytes || m < 0) return TL_ERR_INVALID;
     if (m > INT32_MAX) return TL_ERR_OVERFLOW;
     tl_cuda_ws w = tl_cuda_ws_begin(NULL);
-    (void)tl_cuda_ws_take(&w, 1, sizeof(tl_blk_info));
+    (void)tl_cuda_ws_take(&w, 1, sizeof(tl_rows_info));
     (void)tl_cuda_ws_take(&w, tl_cuda_hash_capacity(m), sizeof(int));
     if (w.overflow) return TL_ERR_OVERFLOW;
     *bytes = w.used;
@@ -369,7 +370,7 @@ extern "C" tl_status tl_cuda_devoxel_map(const tl_ctx *ctx, tl_dtype dtype, cons
     if (m > INT32_MAX) return TL_ERR_OVERFLOW;
     const int64_t cap = tl_cuda_hash_capacity(m);
     tl_cuda_ws ws = tl_cuda_ws_begin(workspace);
-    tl_blk_info *dinfo = (tl_blk_info *)tl_cuda_ws_take(&ws, 1, sizeof(tl_blk_info));
+    tl_rows_info *dinfo = (tl_rows_info *)tl_cuda_ws_take(&ws, 1, sizeof(tl_rows_info));
     int *slots = (int *)tl_cuda_ws_take(&ws, cap, sizeof(int));
     if (ws.overflow) return TL_ERR_OVERFLOW;
     if (!tl_cuda_ws_ok(workspace, ws.used)) return TL_ERR_INVALID;
@@ -379,18 +380,18 @@ extern "C" tl_status tl_cuda_devoxel_map(const tl_ctx *ctx, tl_dtype dtype, cons
     if (n == 0 && m == 0) return TL_OK;
 
     /* Points first, then duplicate voxel rows: the CPU's order. */
-    TL_CUDA_RETURN_IF(tl_blk_info_clear(dinfo, stream));
+    TL_CUDA_RETURN_IF(tl_rows_info_clear(dinfo, stream));
     TL_CUDA_RETURN_IF(tl_vx_launch_quantize(dtype, pts, batch, n, grid, NULL, dinfo, stream));
     const unsigned long long mask = (unsigned long long)(cap - 1);
     TL_CUDA_TRY(cudaMemsetAsync(slots, 0xFF, sizeof(int) * (size_t)cap, stream));
     if (m > 0) {
-        tl_blk_table_kernel<<<tl_cuda_blocks(m), TL_CUDA_THREADS, 0, stream>>>(vox, m, slots, mask,
+        tl_rows_table_kernel<<<tl_cuda_blocks(m), TL_CUDA_THREADS, 0, stream>>>(vox, m, slots, mask,
                                                                                &dinfo->dup);
         TL_CUDA_LAUNCHED();
     }
-    tl_blk_info info;
+    tl_rows_info info;
     TL_CUDA_RETURN_IF(tl_cuda_read_back(&info, dinfo, sizeof(info), stream));
-    if (info.bad != TL_BLK_NO_BAD) return tl_blk_bad_status(info.bad, bad);
+    if (info.bad != TL_ROWS_NO_BAD) return tl_rows_bad_status(info.bad, bad);
     if (info.dup) return TL_ERR_DUPLICATE;
     if (n == 0) return TL_OK;
     if (dtype == TL_F32)
@@ -443,7 +444,7 @@ extern "C" tl_status tl_cuda_devoxel_gather(const tl_ctx *ctx, tl_dtype dtype, c
                                             int64_t m, int64_t c, const int64_t *idx,
                                             const double *w, int64_t n, int64_t k, void *out) {
     if (m < 0 || c < 0 || n < 0 || k < 1) return TL_ERR_INVALID;
-    if (!tl_blk_dtype_ok(dtype)) return TL_ERR_UNSUPPORTED;
+    if (!tl_rows_dtype_ok(dtype)) return TL_ERR_UNSUPPORTED;
     if ((n > 0 && (!idx || !w)) || (m * c > 0 && !feats) || (n * c > 0 && !out))
         return TL_ERR_INVALID;
     cudaStream_t stream;

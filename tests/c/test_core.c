@@ -5,9 +5,7 @@
  * what they allocated.  scripts/sanitize.sh builds it with ASan + UBSan (and
  * LeakSanitizer) and without sanitizers under valgrind.
  *
- * Build: gcc -std=c11 -fopenmp -Icsrc tests/c/test_core.c csrc/tl_{conv,coords,
- *   dataflow_implicit_gemm,dataflow_pairs,generative,hash,kmap,mem,pairs,pool,
- *   status,voxel}.c -lm
+ * Build: gcc -std=c11 -fopenmp -Icsrc/core tests/c/test_core.c csrc/core/tl_*.c -lm
  * Exit status 0 when every check passes; each failure prints its line. */
 #include <math.h>
 #include <stdio.h>

@@ -11,6 +11,7 @@ siblings) import from here and never from one another's private helpers.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 import warnings
 
 import torch
@@ -41,9 +42,9 @@ __all__ = [
     "workspace",
 ]
 
-# dtype codes of enum tl_dtype in csrc/tl_conv.h
+# dtype codes of enum tl_dtype in csrc/core/tl_conv.h
 DTYPE_CODES = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3}
-# enum tl_voxel_reduction in csrc/tl_voxel.h
+# enum tl_voxel_reduction in csrc/core/tl_voxel.h
 REDUCTION_CODES = {"mean": 0, "sum": 1, "max": 2}
 # Oldest architecture the CUDA kernels support (cp.async, bf16 and TF32 tensor cores).
 MIN_ARCH = 80
@@ -203,11 +204,21 @@ def call_args(device: torch.device) -> tuple[int, int]:
     return device_index(device), torch.cuda.current_stream(device).cuda_stream
 
 
-def workspace(nbytes: int, device: torch.device) -> torch.Tensor:
-    """Scratch memory for one C call, from torch's allocator on ``device``."""
-    # torch's caching allocator aligns every allocation to at least 512 bytes,
-    # which satisfies the 256-byte alignment the C side checks.
-    return torch.empty((nbytes,), dtype=torch.uint8, device=device)
+def workspace_alloc(device: torch.device) -> Callable[[int], int]:
+    """The ``alloc(nbytes) -> pointer`` a CUDA entry point calls for its workspace.
+
+    The entry point measures its workspace and calls this once (not for 0 bytes), so
+    an op crosses into C once. Each buffer is a torch uint8 tensor on ``device`` held
+    by the callable, which the C call's arguments keep alive until it returns; torch's
+    caching allocator returns blocks aligned to at least 512 bytes, which satisfies
+    the 256-byte alignment the C side checks."""
+    held: list[torch.Tensor] = []
+
+    def alloc(nbytes: int) -> int:
+        held.append(torch.empty((nbytes,), dtype=torch.uint8, device=device))
+        return held[-1].data_ptr()
+
+    return alloc
 
 
 _CUDA_FEATURE_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)

@@ -49,7 +49,7 @@ __all__ = [
     "sparse_conv_weight_grad",
 ]
 
-# enum tl_pairs_mode in csrc/tl_dataflow_pairs.h
+# enum tl_pairs_mode in csrc/core/tl_dataflow_pairs.h
 FETCH_ON_DEMAND, GATHER_SCATTER = 0, 1
 
 

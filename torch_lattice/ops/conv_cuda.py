@@ -31,7 +31,7 @@ from torch_lattice.ops._runtime import (
     ptr,
     require_cuda,
     weight_grad_dataflow,
-    workspace,
+    workspace_alloc,
 )
 
 __all__ = [
@@ -96,10 +96,7 @@ def _run(
     n_in, n_out, k, cin, cout = sizes
     code = DTYPE_CODES[a.dtype]
     n_pairs = pairs[1].shape[0] if pairs is not None else 0
-    nbytes = _C.cuda_conv_workspace_size(
-        DATAFLOWS[dataflow], int(weight_grad), code, n_in, n_out, k, cin, cout, n_pairs
-    )
-    ws = workspace(nbytes, a.device)
+    alloc = workspace_alloc(a.device)
     index, stream = call_args(a.device)
     pair_ptrs = [ptr(t) for t in pairs] if pairs is not None else [0, 0, 0]
     tf32 = a.dtype == torch.float32 and allow_tf32
@@ -120,7 +117,7 @@ def _run(
         ptr(nbr) if nbr is not None else 0,
         *pair_ptrs,
         n_pairs,
-        ptr(ws),
+        alloc,
         ptr(out),
     )
 

@@ -5,7 +5,7 @@ supports; ``lattice::kernel_map`` and ``lattice::neighbour_table`` the
 neighbour tables; ``lattice::kernel_pairs`` the CSR pair lists of the
 fetch-on-demand and gather-scatter dataflows (docs/kernel-maps.md).
 
-The neighbour-table format is described in csrc/tl_kmap.h: ``nbr`` is
+The neighbour-table format is described in csrc/core/tl_kmap.h: ``nbr`` is
 ``(N_out, K)`` int32 with the input row feeding each output row through each
 kernel row (-1 where absent); ``rev`` is its ``(N_in, K)`` transpose.
 

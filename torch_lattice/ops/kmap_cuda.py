@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from torch_lattice.ops import kmap
-from torch_lattice.ops._runtime import _C, call_args, ptr, require_cuda, workspace
+from torch_lattice.ops._runtime import _C, call_args, ptr, require_cuda, workspace_alloc
 
 __all__ = ["Geom", "generate_support", "generative_support", "kernel_map", "kernel_pairs"]
 
@@ -49,9 +49,9 @@ def generate_support(
     n = coords.shape[0]
     bound = _C.generate_bound(n, geom, rng, num_batches)
     out = torch.empty((bound, 4), dtype=torch.int32, device=device)
-    ws = workspace(_C.cuda_generate_workspace_size(n, geom, rng), device)
+    alloc = workspace_alloc(device)
     index, stream = call_args(device)
-    m = _C.cuda_generate(index, stream, ptr(coords), n, geom, rng, ptr(ws), ptr(out), bound)
+    m = _C.cuda_generate(index, stream, ptr(coords), n, geom, rng, alloc, ptr(out), bound)
     return out[:m].clone()
 
 
@@ -70,10 +70,10 @@ def kernel_map(
     n_in, n_out = in_coords.shape[0], out_coords.shape[0]
     nbr = torch.empty((n_out, k), dtype=torch.int32, device=device)
     rev = torch.empty((n_in, k), dtype=torch.int32, device=device)
-    ws = workspace(_C.cuda_kmap_workspace_size(n_in), device)
+    alloc = workspace_alloc(device)
     index, stream = call_args(device)
     _C.cuda_kmap_build(
-        index, stream, ptr(in_coords), n_in, ptr(out_coords), n_out, geom, ptr(ws), ptr(nbr)
+        index, stream, ptr(in_coords), n_in, ptr(out_coords), n_out, geom, alloc, ptr(nbr)
     )
     _C.cuda_kmap_reverse(index, stream, ptr(nbr), n_out, k, n_in, ptr(rev))
     return nbr, rev
@@ -95,9 +95,9 @@ def kernel_pairs(nbr: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.T
         raise ValueError(f"kernel_pairs: nbr must be (N_out, K) int32, got {nbr.dtype}")
     nbr = nbr.contiguous()
     n_out, k = nbr.shape
-    ws = workspace(_C.cuda_pairs_workspace_size(n_out, k), device)
+    alloc = workspace_alloc(device)
     index, stream = call_args(device)
-    count = _C.cuda_pairs_count(index, stream, ptr(nbr), n_out, k, ptr(ws))
+    count = _C.cuda_pairs_count(index, stream, ptr(nbr), n_out, k, alloc)
     offsets = torch.empty((k + 1,), dtype=torch.int64, device=device)
     pair_in = torch.empty((count,), dtype=torch.int32, device=device)
     pair_out = torch.empty((count,), dtype=torch.int32, device=device)
@@ -107,7 +107,7 @@ def kernel_pairs(nbr: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.T
         ptr(nbr),
         n_out,
         k,
-        ptr(ws),
+        alloc,
         count,
         ptr(offsets),
         ptr(pair_in),
@@ -125,11 +125,11 @@ def generative_support(
     coords = _check_coords("generative_support", "coords", coords)
     geom = kmap.conv_geom(kernel_size, stride, [0, 0, 0], [1, 1, 1])
     n = coords.shape[0]
-    ws = workspace(_C.cuda_generative_workspace_size(n, geom), device)
+    alloc = workspace_alloc(device)
     cap = n * kernel_size[0] * kernel_size[1] * kernel_size[2]
     out = torch.empty((cap, 4), dtype=torch.int32, device=device)
     index, stream = call_args(device)
-    m = _C.cuda_generative(index, stream, ptr(coords), n, geom, ptr(ws), ptr(out), cap)
+    m = _C.cuda_generative(index, stream, ptr(coords), n, geom, alloc, ptr(out), cap)
     return out[:m].clone()
 
 

@@ -1,7 +1,7 @@
 """Voxelization ops: ``lattice::voxelize_coords``, ``lattice::voxel_reduce``,
 ``lattice::devoxel_map`` and ``lattice::devoxel_gather``.
 
-The C core (csrc/tl_voxel.h) quantizes points, finds unique sorted voxel rows,
+The C core (csrc/core/tl_voxel.h) quantizes points, finds unique sorted voxel rows,
 reduces point features per voxel and builds point-to-voxel maps; torch
 allocates every tensor.  Gradients are built from torch index ops.
 
@@ -192,7 +192,7 @@ def devoxel_map(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rows ``(P, k)`` int64 (-1 absent) and float64 weights ``(P, k)`` of
     each point's voxel (``k = 1``) or 8 surrounding voxel centres (``k = 8``).
-    See csrc/tl_voxel.h for the exact rule."""
+    See csrc/core/tl_voxel.h for the exact rule."""
     require_cpu("devoxel_map", points, voxel_coords)
     points, voxel_coords = points.contiguous(), voxel_coords.contiguous()
     batch = None if batch is None else batch.contiguous()

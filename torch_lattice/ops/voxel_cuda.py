@@ -24,7 +24,7 @@ from torch_lattice.ops._runtime import (
     optional_ptr,
     ptr,
     require_cuda,
-    workspace,
+    workspace_alloc,
 )
 
 __all__ = ["devoxel_gather", "devoxel_map", "voxel_reduce", "voxelize_coords"]
@@ -55,7 +55,7 @@ def voxelize_coords(
     n = points.shape[0]
     uniq = torch.empty((n, 4), dtype=torch.int32, device=device)
     inverse = torch.empty((n,), dtype=torch.int64, device=device)
-    ws = workspace(_C.cuda_voxelize_workspace_size(n), device)
+    alloc = workspace_alloc(device)
     index, stream = call_args(device)
     st, bad, m = _C.cuda_voxelize(
         index,
@@ -66,7 +66,7 @@ def voxelize_coords(
         n,
         tuple(voxel_size),
         tuple(origin),
-        ptr(ws),
+        alloc,
         ptr(uniq),
         ptr(inverse),
     )
@@ -94,7 +94,7 @@ def voxel_reduce(
     out = torch.empty((num_voxels, c), dtype=feats.dtype, device=device)
     arg_rows = num_voxels if reduction == "max" else 0
     arg = torch.empty((arg_rows, c), dtype=torch.int64, device=device)
-    ws = workspace(_C.cuda_voxel_reduce_workspace_size(n, num_voxels), device)
+    alloc = workspace_alloc(device)
     index, stream = call_args(device)
     _C.cuda_voxel_reduce(
         index,
@@ -106,7 +106,7 @@ def voxel_reduce(
         c,
         ptr(inverse),
         num_voxels,
-        ptr(ws),
+        alloc,
         ptr(out),
         ptr(arg),
     )
@@ -133,7 +133,7 @@ def devoxel_map(
     n, k, m = points.shape[0], 8 if trilinear else 1, voxel_coords.shape[0]
     idx = torch.empty((n, k), dtype=torch.int64, device=device)
     w = torch.empty((n, k), dtype=torch.float64, device=device)
-    ws = workspace(_C.cuda_devoxel_map_workspace_size(m), device)
+    alloc = workspace_alloc(device)
     index, stream = call_args(device)
     st, bad = _C.cuda_devoxel_map(
         index,
@@ -147,7 +147,7 @@ def devoxel_map(
         ptr(voxel_coords),
         m,
         int(trilinear),
-        ptr(ws),
+        alloc,
         ptr(idx),
         ptr(w),
     )

@@ -1,8 +1,8 @@
 /* Status codes shared by every C entry point of Torch Lattice.
  *
  * Functions that can fail return enum tl_status; results travel through
- * out-parameters.  The extension module (tl_module.c) is the only place that
- * turns a status into a Python exception. */
+ * out-parameters.  The extension module (csrc/python/tl_py_module.c) is the
+ * only place that turns a status into a Python exception. */
 #ifndef TL_STATUS_H
 #define TL_STATUS_H
 

@@ -1,6 +1,5 @@
-/* C ABI of the CUDA building blocks: voxelize, devoxelize, pooling and the
- * generative support (tl_cuda_voxel.cu, tl_cuda_pool.cu,
- * tl_cuda_generative.cu).
+/* C ABI of the CUDA voxel kernels (tl_cuda_voxel.cu): voxelize, voxel
+ * reduction, devoxel map and gather.
  *
  * Same conventions as tl_cuda.h: ctx first (ctx->device made current for the
  * call, all work on ctx->stream), device pointers owned by torch, scratch in a
@@ -10,17 +9,16 @@
  * Every result equals the CPU function named in each comment (same rows, same
  * order, same tie-breaking), so the CPU core is the reference.  Features may
  * be TL_F32, TL_F64, TL_F16 or TL_BF16; sums accumulate in fp32 (fp64 for
- * TL_F64).  Index tables (inverse, idx, nbr, rev, argmax) are not validated
- * on the device, since that would cost a synchronization: entries outside
- * their range are skipped, never dereferenced.  They must come from the
- * functions that build them (as the op layer's do).
+ * TL_F64).  Index tables (inverse, idx) are not validated on the device, since
+ * that would cost a synchronization: entries outside their range are skipped,
+ * never dereferenced.  They must come from the functions that build them (as
+ * the op layer's do).
  *
- * Synchronizations: tl_cuda_voxelize (one: unique count + point check),
- * tl_cuda_devoxel_map (one: point check + duplicate voxel rows) and
- * tl_cuda_generative_support (one: row count + row check).  Nothing else
+ * Synchronizations: tl_cuda_voxelize (one: unique count + point check) and
+ * tl_cuda_devoxel_map (one: point check + duplicate voxel rows).  Nothing else
  * synchronizes. */
-#ifndef TL_CUDA_BLOCKS_H
-#define TL_CUDA_BLOCKS_H
+#ifndef TL_CUDA_VOXEL_H
+#define TL_CUDA_VOXEL_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -29,11 +27,10 @@
 extern "C" {
 #endif
 
-#include "../tl_coords.h"
-#include "../tl_ctx.h"
-#include "../tl_pool.h"
-#include "../tl_status.h"
-#include "../tl_voxel.h"
+#include "../core/tl_coords.h"
+#include "../core/tl_ctx.h"
+#include "../core/tl_status.h"
+#include "../core/tl_voxel.h"
 
 /* ---- voxelization (tl_cuda_voxel.cu) ---- */
 
@@ -79,33 +76,6 @@ tl_status tl_cuda_devoxel_map(const tl_ctx *ctx, tl_dtype dtype, const void *pts
 tl_status tl_cuda_devoxel_gather(const tl_ctx *ctx, tl_dtype dtype, const void *feats,
                                  int64_t m, int64_t c, const int64_t *idx, const double *w,
                                  int64_t n, int64_t k, void *out);
-
-/* ---- pooling (tl_cuda_pool.cu): tl_pool_sum, tl_pool_max,
- *      tl_pool_max_backward on the device, one thread per (row, channel),
- *      kernel rows in order, so results match the CPU's bit for bit in fp32
- *      and fp64 and no atomics are used. ---- */
-
-tl_status tl_cuda_pool_sum(const tl_ctx *ctx, const tl_pool_desc *d, const void *x,
-                           const int32_t *nbr, int average, void *y);
-tl_status tl_cuda_pool_max(const tl_ctx *ctx, const tl_pool_desc *d, const void *x,
-                           const int32_t *nbr, void *y, int32_t *argmax);
-tl_status tl_cuda_pool_max_backward(const tl_ctx *ctx, const tl_pool_desc *d, const void *dy,
-                                    const int32_t *rev, const int32_t *argmax, void *dx);
-
-/* ---- generative support (tl_cuda_generative.cu) ---- */
-
-/* Workspace bytes of tl_cuda_generative_support. */
-tl_status tl_cuda_generative_workspace_size(int64_t n_in, const tl_geom *g, size_t *bytes);
-
-/* tl_generative_support: unique{in * stride + r}, sorted by (b, x, y, z),
- * written to out (capacity rows; n_in * K suffices), *n_out the count.
- * TL_ERR_INVALID when padding != 0, dilation != 1 or a row is negative,
- * TL_ERR_OVERFLOW when a generated row passes INT32_MAX (the first offending
- * input row decides, as on the CPU), TL_ERR_CAPACITY when out is too small.
- * n_in * K must fit int32 (TL_ERR_OVERFLOW). */
-tl_status tl_cuda_generative_support(const tl_ctx *ctx, const tl_coord *in, int64_t n_in,
-                                     const tl_geom *g, void *workspace, tl_coord *out,
-                                     int64_t capacity, int64_t *n_out);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,205 @@
+/* Binding of the convolution family, CPU and CUDA: forward and weight
+ * gradient of every dataflow (core/tl_dataflow_implicit_gemm.h,
+ * tl_dataflow_pairs.h; cuda/tl_cuda.h), and the row gather / scatter-add the
+ * CUDA gather-scatter dataflow runs between torch's GEMMs. */
+#include "tl_py.h"
+
+#include "core/tl_dataflow_implicit_gemm.h"
+#include "core/tl_dataflow_pairs.h"
+
+#ifdef TL_WITH_CUDA
+#include "cuda/tl_cuda.h"
+#endif
+
+/* The rules of tl_conv_desc_check, for TL_ERR_INVALID and TL_ERR_OVERFLOW. */
+#define TL_CONV_INVALID                                                                     \
+    "every nbr entry must be -1 or lie in [0, rows of the gathered side); dtype, sizes "    \
+    "(>= 0) and pointers must be valid"
+#define TL_CONV_SIZES                                                                       \
+    "n_in, n_out and k must be <= 2^31 - 1 (int32 rows) and rows x channels and "          \
+    "k x c_in x c_out must fit int64"
+
+/* The sizes every convolution entry point takes, in this order. */
+#define TL_CONV_DESC_FMT "iLLLLL"
+
+typedef tl_status (*tl_conv_fn)(const tl_ctx *, const tl_conv_desc *, const void *,
+                                const void *, const int32_t *, void *);
+
+/* conv_forward / conv_weight_grad: (dtype, n_in, n_out, k, c_in, c_out, a, b, nbr, out,
+ * threads). */
+static PyObject *tl_conv_call(const char *name, tl_conv_fn fn, PyObject *args) {
+    tl_py_call c;
+    int dtype;
+    long long n_in, n_out, k, cin, cout;
+    unsigned long long pa, pb, pnbr, pout;
+    if (!tl_py_parse(args, 0, &c, TL_CONV_DESC_FMT "KKKK", &dtype, &n_in, &n_out, &k, &cin,
+                     &cout, &pa, &pb, &pnbr, &pout))
+        return NULL;
+    tl_conv_desc d = {(tl_dtype)dtype, n_in, n_out, k, cin, cout};
+    tl_status st;
+    Py_BEGIN_ALLOW_THREADS st = fn(&c.ctx, &d, tl_ptr(pa), tl_ptr(pb), tl_ptr(pnbr), tl_ptr(pout));
+    Py_END_ALLOW_THREADS if (st != TL_OK) return tl_py_fail(&c, st, name, name, TL_CONV_INVALID,
+                                                            TL_CONV_SIZES);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(conv_forward_doc,
+             "conv_forward(dtype, n_in, n_out, k, c_in, c_out, x, w, nbr, y, threads)\n\n"
+             "y = sum_n x[nbr[:, n]] @ w[n] (implicit-GEMM dataflow, CPU).");
+TL_PY_FORWARD(conv_forward, tl_conv_call("conv_forward", tl_implicit_gemm_forward, args))
+
+PyDoc_STRVAR(conv_weight_grad_doc,
+             "conv_weight_grad(dtype, n_in, n_out, k, c_in, c_out, x, dy, nbr, dw, threads)\n\n"
+             "dw[n] = x[nbr[:, n]]^T dy (implicit-GEMM dataflow, CPU).");
+TL_PY_FORWARD(conv_weight_grad,
+              tl_conv_call("conv_weight_grad", tl_implicit_gemm_weight_grad, args))
+
+typedef tl_status (*tl_pairs_fn)(const tl_ctx *, tl_pairs_mode, const tl_conv_desc *,
+                                 const void *, const void *, const tl_pairs *, void *);
+
+/* (mode, dtype, n_in, n_out, k, c_in, c_out, a, b, offsets, in, out, result, threads) */
+static PyObject *tl_pairs_call(const char *name, tl_pairs_fn fn, PyObject *args) {
+    tl_py_call c;
+    int mode, dtype;
+    long long n_in, n_out, k, cin, cout;
+    unsigned long long pa, pb, poff, pin, pout, pres;
+    if (!tl_py_parse(args, 0, &c, "i" TL_CONV_DESC_FMT "KKKKKK", &mode, &dtype, &n_in, &n_out,
+                     &k, &cin, &cout, &pa, &pb, &poff, &pin, &pout, &pres))
+        return NULL;
+    tl_conv_desc d = {(tl_dtype)dtype, n_in, n_out, k, cin, cout};
+    tl_pairs p = {k, tl_ptr(poff), tl_ptr(pin), tl_ptr(pout)};
+    tl_status st;
+    Py_BEGIN_ALLOW_THREADS st =
+        fn(&c.ctx, (tl_pairs_mode)mode, &d, tl_ptr(pa), tl_ptr(pb), &p, tl_ptr(pres));
+    Py_END_ALLOW_THREADS if (st != TL_OK) return tl_py_fail(&c, st, name, name, NULL,
+                                                            TL_CONV_SIZES);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(pairs_forward_doc,
+             "pairs_forward(mode, dtype, n_in, n_out, k, c_in, c_out, x, w, offsets, in, out,"
+             " y, threads)\n\nmode 0: fetch-on-demand, 1: gather-scatter.");
+TL_PY_FORWARD(pairs_forward, tl_pairs_call("pairs_forward", tl_pairs_forward, args))
+
+PyDoc_STRVAR(pairs_weight_grad_doc,
+             "pairs_weight_grad(mode, dtype, n_in, n_out, k, c_in, c_out, x, dy, offsets, in,"
+             " out, dw, threads)\n\nWeight gradient over pair lists.");
+TL_PY_FORWARD(pairs_weight_grad,
+              tl_pairs_call("pairs_weight_grad", tl_pairs_weight_grad, args))
+
+#ifdef TL_WITH_CUDA
+
+/* Name of the entry point tl_cuda_conv_call runs, for error messages. */
+static const char *tl_cuda_conv_entry(int df, int wgrad) {
+    switch (df) {
+    case TL_CUDA_IMPLICIT_GEMM:
+        return wgrad ? "tl_cuda_implicit_gemm_weight_grad" : "tl_cuda_implicit_gemm_forward";
+    case TL_CUDA_FETCH_ON_DEMAND:
+        return wgrad ? "tl_cuda_fetch_on_demand_weight_grad" : "tl_cuda_fetch_on_demand_forward";
+    default: return "cuda_conv";
+    }
+}
+
+/* One tile-GEMM dataflow call; a and b are (x, w) for the forward, (x, dy)
+ * for the weight gradient.  Gather-scatter is not one (see cuda_gather_rows). */
+static tl_status tl_cuda_conv_call(int df, int wgrad, const tl_ctx *ctx, const tl_conv_desc *d,
+                                   int tf32, const void *a, const void *b, const int32_t *nbr,
+                                   const tl_cuda_pairs *p, void *ws, void *out) {
+    switch (df) {
+    case TL_CUDA_IMPLICIT_GEMM:
+        return wgrad ? tl_cuda_implicit_gemm_weight_grad(ctx, d, tf32, a, b, nbr, ws, out)
+                     : tl_cuda_implicit_gemm_forward(ctx, d, tf32, a, b, nbr, ws, out);
+    case TL_CUDA_FETCH_ON_DEMAND:
+        return wgrad ? tl_cuda_fetch_on_demand_weight_grad(ctx, d, tf32, a, b, p, ws, out)
+                     : tl_cuda_fetch_on_demand_forward(ctx, d, tf32, a, b, p, ws, out);
+    default: return TL_ERR_INVALID;
+    }
+}
+
+PyDoc_STRVAR(cuda_conv_doc,
+             "cuda_conv(device, stream, dataflow, weight_grad, dtype, n_in, n_out, k, c_in, "
+             "c_out, allow_tf32, a_ptr, b_ptr, nbr_ptr, offsets_ptr, pair_in_ptr, "
+             "pair_out_ptr, n_pairs, alloc, out_ptr)\n\n"
+             "Forward (a = x, b = w) or weight gradient (a = x, b = dy) of one dataflow; "
+             "dataflow 0 implicit GEMM (nbr), 1 fetch-on-demand (pairs).  alloc(nbytes) -> "
+             "int gives the workspace.");
+static PyObject *py_cuda_conv(PyObject *self, PyObject *args) {
+    (void)self;
+    tl_py_call c;
+    int df, wgrad, dtype, tf32;
+    unsigned long long pa, pb, pnbr, poff, ppin, ppout, pout;
+    long long n_in, n_out, k, cin, cout, n_pairs;
+    PyObject *alloc;
+    size_t bytes = 0;
+    void *ws;
+    if (!tl_py_parse(args, 1, &c, "ii" TL_CONV_DESC_FMT "pKKKKKKLOK", &df, &wgrad, &dtype, &n_in,
+                     &n_out, &k, &cin, &cout, &tf32, &pa, &pb, &pnbr, &poff, &ppin, &ppout,
+                     &n_pairs, &alloc, &pout))
+        return NULL;
+    tl_conv_desc d = {(tl_dtype)dtype, n_in, n_out, k, cin, cout};
+    tl_cuda_pairs p = {n_pairs, tl_ptr(poff), tl_ptr(ppin), tl_ptr(ppout)};
+    tl_status st = tl_cuda_conv_workspace_size((tl_cuda_dataflow)df, wgrad, &d, n_pairs, &bytes);
+    if (!tl_py_workspace(&c, "cuda_conv", st, bytes, alloc, &ws)) return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    st = tl_cuda_conv_call(df, wgrad, &c.ctx, &d, tf32, tl_ptr(pa), tl_ptr(pb), tl_ptr(pnbr), &p,
+                           ws, tl_ptr(pout));
+    Py_END_ALLOW_THREADS
+    if (st != TL_OK)
+        return tl_py_fail(&c, st, "cuda_conv", tl_cuda_conv_entry(df, wgrad), NULL, NULL);
+    Py_RETURN_NONE;
+}
+
+typedef tl_status (*tl_rows_fn)(const tl_ctx *, tl_dtype, const void *, int64_t, int64_t,
+                                const int32_t *, int64_t, void *);
+
+/* cuda_gather_rows and cuda_scatter_add_rows: (device, stream, dtype, src, n0, c, idx, n1,
+ * dst); the scatter's dst is its fp32 accumulator. */
+static tl_status tl_cuda_scatter_add_any(const tl_ctx *ctx, tl_dtype dtype, const void *src,
+                                         int64_t n_rows, int64_t c, const int32_t *idx,
+                                         int64_t n_dst, void *acc) {
+    return tl_cuda_scatter_add_rows(ctx, dtype, src, n_rows, c, idx, n_dst, acc);
+}
+
+static PyObject *tl_rows_call(const char *name, const char *entry, tl_rows_fn fn,
+                              PyObject *args) {
+    tl_py_call c;
+    int dtype;
+    unsigned long long psrc, pidx, pdst;
+    long long n0, ch, n1;
+    if (!tl_py_parse(args, 1, &c, "iKLLKLK", &dtype, &psrc, &n0, &ch, &pidx, &n1, &pdst))
+        return NULL;
+    tl_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = fn(&c.ctx, (tl_dtype)dtype, tl_ptr(psrc), n0, ch, tl_ptr(pidx), n1, tl_ptr(pdst));
+    Py_END_ALLOW_THREADS
+    if (st != TL_OK) return tl_py_fail(&c, st, name, entry, NULL, NULL);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(cuda_gather_rows_doc,
+             "cuda_gather_rows(device, stream, dtype, src_ptr, n_src, c, idx_ptr, n_rows, "
+             "dst_ptr)\n\ndst[r] = src[idx[r]] for the (n_rows, c) rows of dst.");
+TL_PY_FORWARD(cuda_gather_rows, tl_rows_call("cuda_gather_rows", "tl_cuda_gather_rows",
+                                              tl_cuda_gather_rows, args))
+
+PyDoc_STRVAR(cuda_scatter_add_rows_doc,
+             "cuda_scatter_add_rows(device, stream, dtype, src_ptr, n_rows, c, idx_ptr, n_dst, "
+             "acc_ptr)\n\nacc[idx[r]] += src[r] in fp32 (atomics).");
+TL_PY_FORWARD(cuda_scatter_add_rows,
+              tl_rows_call("cuda_scatter_add_rows", "tl_cuda_scatter_add_rows",
+                           tl_cuda_scatter_add_any, args))
+
+#endif /* TL_WITH_CUDA */
+
+PyMethodDef tl_py_conv_methods[] = {
+    TL_PY_METHOD(conv_forward),
+    TL_PY_METHOD(conv_weight_grad),
+    TL_PY_METHOD(pairs_forward),
+    TL_PY_METHOD(pairs_weight_grad),
+#ifdef TL_WITH_CUDA
+    TL_PY_METHOD(cuda_conv),
+    TL_PY_METHOD(cuda_gather_rows),
+    TL_PY_METHOD(cuda_scatter_add_rows),
+#endif
+    {NULL, NULL, 0, NULL},
+};
