@@ -9,8 +9,9 @@ an editable install) and from site-packages after ``pip install .`` (see
 :mod:`benchmarks.package_path`).
 
 Results go to ``docs/benchmarks/`` as ``results.json``, ``results.md`` and PNG plots.
-Benchmarks are never part of the test suite's timing: ``tests/test_benchmarks.py`` only
-checks that a tiny run writes its files and that the baselines compute the library's numbers.
+Benchmarks are never part of the test suite's timing: ``tests/project/test_benchmarks.py``
+only checks that a tiny run writes its files and that the baselines compute the library's
+numbers.
 """
 
 import sys as _sys

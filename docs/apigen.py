@@ -5,7 +5,7 @@ is not listed in ``INTERNAL``; a module a public package lists in its
 ``__all__`` gets a page too.  Each page is an ``automodule`` with
 ``:members:``, which documents exactly the package's ``__all__``; a package
 added to torch_lattice, or a name added to an ``__all__``, therefore reaches
-the reference with no page edit.  ``tests/test_docs_api.py`` checks that every
+the reference with no page edit.  ``tests/project/test_docs_api.py`` checks that every
 public name has a docstring and is covered here.
 """
 

@@ -5,7 +5,7 @@ into a small problem, calls ``torch_lattice._C`` directly (raw pointers of
 numpy buffers), and raises :class:`Finding` when the C core disagrees with a
 brute-force reference, raises an unclean exception, or writes outside the
 buffers it was given.  ``main()`` runs a ``check`` under atheris; the pytest
-file tests/test_fuzz_corpus.py replays the seed corpus without atheris.
+file tests/project/test_fuzz_corpus.py replays the seed corpus without atheris.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@
 #   env     versions: GPU, python3, torch, setuptools, nvcc
 #   build   the extension in place (setup.py build_ext --inplace), sm_90 only
 #   import  torch_lattice._C: CUDA compiled in, devices seen
-#   test    the CUDA tests (every test marked cuda: tests/test_cuda*.py and the GPU cases
+#   test    the CUDA tests (every test marked cuda: tests/*/test_cuda*.py and the GPU cases
 #           of the other files) with pytest -n 8
 #   bench   python3 -m benchmarks.gpu (mm peak, kernel maps, single layers on the modules'
 #           own maps beside two checked baselines, SparseResUNet42; dry: a CPU rehearsal)

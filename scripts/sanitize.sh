@@ -112,8 +112,9 @@ preload="$libasan $libstdcxx"
 # AVX kernels' fused multiply-adds, and GCC forms FMAs only from -O2 on, so
 # in this -O1 build every ISA rounds alike.  The other test_cpu_isa cases
 # still run every ISA's kernels against the dense oracle.
-tests=(tests/test_conformance_*.py tests/test_ops.py tests/test_kernel_map.py
-    tests/test_dataflows.py tests/test_pooling.py tests/test_voxel.py tests/test_cpu_isa.py)
+tests=(tests/nn/test_conformance_*.py tests/ops/test_ops.py tests/ops/test_kernel_map.py
+    tests/ops/test_dataflows.py tests/nn/test_pooling.py tests/ops/test_voxel.py
+    tests/ops/test_cpu_isa.py)
 log "pytest under ASan + UBSan: ${tests[*]}"
 cd "$work/src"
 # The build must be the sanitized one, from this copy.
@@ -124,5 +125,5 @@ nm -D "$work/src/torch_lattice/_C.abi3.so" | grep -q __asan_init ||
     { echo "torch_lattice/_C.abi3.so is not instrumented"; exit 1; }
 LD_PRELOAD=$preload ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 OMP_NUM_THREADS=2 \
     "$py" -m pytest -q -p no:cacheprovider --capture=sys "${tests[@]}" \
-    --deselect tests/test_cpu_isa.py::test_cap_selects_other_kernels "$@"
+    --deselect tests/ops/test_cpu_isa.py::test_cap_selects_other_kernels "$@"
 log "done: no sanitizer reports"

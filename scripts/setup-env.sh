@@ -88,7 +88,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || ! "$venv/bin/python" -c "impo
     logged "$venv/build.log" '\[torch_lattice build\]|^Successfully installed' \
         "${pip[@]}" install --progress-bar off -v -e '.[test,docs,demo]'
     echo "$want" >"$stamp"
-    echo "$cuda" >"$venv/.torch-lattice-cuda-mode"  # what tests/test_build.py checks
+    echo "$cuda" >"$venv/.torch-lattice-cuda-mode"  # what tests/project/test_build.py checks
     say "    done in $(since "$t")"
 fi
 say "$venv is ready ($(since "$t_all") for set-up): torch $("$venv/bin/python" -c 'import torch; print(torch.__version__)'), torch_lattice built from this checkout"

@@ -1,4 +1,4 @@
-"""Inputs shared by the CUDA-versus-CPU tests (tests/test_cuda*.py)."""
+"""Inputs shared by the CUDA-versus-CPU tests (tests/*/test_cuda*.py)."""
 
 from __future__ import annotations
 

@@ -102,7 +102,7 @@ def test_global_pool_at_the_last_batch_index_is_refused(budget_1gib: None) -> No
 
 def test_a_generative_transpose_with_the_largest_kernel_is_bounded(budget_1gib: None) -> None:
     """One row runs in pair lists of 2^15 pairs (no 4 GiB neighbour table,
-    tests/test_transpose_pairs.py); 1000 rows (2^15 pairs each, 44 bytes a pair) are
+    tests/ops/test_transpose_pairs.py); 1000 rows (2^15 pairs each, 44 bytes a pair) are
     refused before anything is built."""
     w = torch.ones(32**3, 1, 1)
     assert F.generative_conv_transpose3d(_one_row(stride=32), w, None, 32, 32).feats.shape == (
@@ -119,7 +119,7 @@ def test_a_generative_transpose_with_the_largest_kernel_is_bounded(budget_1gib: 
 
 def test_a_pooling_transpose_without_target_is_bounded(budget_1gib: None) -> None:
     """One row with a 32^3 kernel averages over 2^15 pairs (no neighbour table,
-    tests/test_transpose_pairs.py); 1000 such rows are refused before generating."""
+    tests/ops/test_transpose_pairs.py); 1000 such rows are refused before generating."""
     one = F.pool_transpose3d(_one_row(stride=32), 32, 32, expand_coordinates=True)
     assert one.feats.shape == (32**3, 1)
     rows = torch.zeros(1000, 4, dtype=torch.int32)

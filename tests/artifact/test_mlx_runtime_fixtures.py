@@ -19,7 +19,7 @@ from torch_lattice.artifact.__main__ import main as replay_main
 from torch_lattice.artifact.conformance import compare_outputs
 from torch_lattice.artifact.program import SparseOutput, load_lattice_program
 
-ROOT = Path(__file__).parent / "fixtures" / "mlx_runtime"
+ROOT = Path(__file__).resolve().parents[1] / "fixtures" / "mlx_runtime"
 MANIFEST = json.loads((ROOT / "manifest.json").read_text(encoding="utf-8"))
 CASES = {case["name"]: case for case in MANIFEST["cases"]}
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-DEMO = Path(__file__).resolve().parents[1] / "examples" / "train_segmentation.py"
+DEMO = Path(__file__).resolve().parents[2] / "examples" / "train_segmentation.py"
 TINY = [
     "--epochs", "3", "--train-scans", "2", "--val-scans", "1", "--beams", "16",
     "--points-per-beam", "384", "--extent", "25", "--width", "0.25", "--voxel-size", "0.4",

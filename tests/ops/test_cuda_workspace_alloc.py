@@ -2,7 +2,7 @@
 asks Python's ``alloc(nbytes) -> int`` for it (torch_lattice.ops._runtime.workspace_alloc).
 
 Host-only: these run in a CUDA build on a machine without a GPU, where every call stops at
-the CUDA runtime after its host-side checks (tests/test_cuda_voxel_pool.py checks the same for
+the CUDA runtime after its host-side checks (tests/ops/test_cuda_voxel_pool.py checks the same for
 the voxel, pooling and generative wrappers).
 """
 

@@ -1669,7 +1669,7 @@ add_tmp(
 # --------------------------------------------------------------------------------------
 # Issue 21: sizes computed from small inputs, integers, owned coordinates, files.  One
 # entry per hostile case; the scenario tests with their after-checks (nothing written,
-# nothing listed, memory flat) are tests/test_memory_budget.py, test_transpose_pairs.py,
+# nothing listed, memory flat) are test_memory_budget.py, test_transpose_pairs.py,
 # test_int_limits.py, test_tensor_ownership.py, test_migration_hostile.py,
 # test_replay_hostile.py and test_artifact_writing.py.
 # --------------------------------------------------------------------------------------

@@ -20,8 +20,12 @@ import torch
 from torch import nn
 
 import torch_lattice as tl
-from tests.test_artifact_export_replay import abi_inputs, assert_same
 from torch_lattice.artifact import ExportError, load_lattice_program, save_lattice_model_artifact
+
+try:
+    from artifact_export_helpers import abi_inputs, assert_same
+except ImportError:  # tests/ may become a package; then it is imported through it
+    from tests.artifact_export_helpers import abi_inputs, assert_same
 
 KERNELS: list[tuple[int, int, int]] = [(1, 1, 1), (2, 2, 2), (3, 3, 3), (4, 4, 4), (5, 5, 5),
                                        (3, 1, 2), (2, 3, 1)]

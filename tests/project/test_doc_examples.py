@@ -53,7 +53,7 @@ import torch
 import torch_lattice as tl
 from torch_lattice.nn import functional as F
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 #: Why a block may be left unrun; anything else fails the test.
 NOT_RUN_REASONS = frozenset({"needs a GPU", "needs torchsparse", "needs torchrun"})

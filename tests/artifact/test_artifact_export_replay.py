@@ -11,7 +11,6 @@ run with the dequantized weights).
 from __future__ import annotations
 
 import copy
-import inspect
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,11 @@ from torch_lattice.artifact import load_lattice_program, save_lattice_model_arti
 from torch_lattice.artifact.packing import pack_weight, unpack_weight
 from torch_lattice.artifact.weights import conv_weight_to_artifact
 from torch_lattice.nn import functional as F
+
+try:
+    from artifact_export_helpers import abi_inputs, assert_same
+except ImportError:  # tests/ may become a package; then it is imported through it
+    from tests.artifact_export_helpers import abi_inputs, assert_same
 
 
 def scene(
@@ -49,45 +53,6 @@ def scene(
     feats = torch.randn(len(coords), channels, generator=g)
     # A range the strides divide: strided layers keep every row, as the contract does.
     return tl.SparseTensor(feats, coords, stride=stride, spatial_range=(batches, *(extent,) * 3))
-
-
-def abi_inputs(model: nn.Module, inputs: tuple[Any, ...]) -> dict[str, torch.Tensor]:
-    """The artifact's named inputs for ``inputs``: physical coordinates, row counts."""
-    names = list(inspect.signature(model.forward).parameters)[: len(inputs)]
-    out: dict[str, torch.Tensor] = {}
-    for name, value in zip(names, inputs, strict=True):
-        if isinstance(value, tl.SparseTensor):
-            out[f"{name}_coords"] = physical(value)
-            out[f"{name}_features"] = value.feats
-            out[f"{name}_active"] = torch.tensor([len(value)], dtype=torch.int32)
-        else:
-            out[name] = value
-            if value.is_floating_point() and value.ndim == 2 and value.shape[1] == 3:
-                out[f"{name}_active"] = torch.tensor([value.shape[0]], dtype=torch.int32)
-    return out
-
-
-def physical(x: tl.SparseTensor) -> torch.Tensor:
-    c = x.coords.clone()
-    c[:, 1:] *= torch.tensor(x.stride, dtype=c.dtype)
-    return c
-
-
-def _order(coords: torch.Tensor) -> torch.Tensor:
-    """Row permutation sorting ``coords`` lexicographically."""
-    rows = [tuple(r) for r in coords.tolist()]
-    return torch.tensor(sorted(range(len(rows)), key=rows.__getitem__), dtype=torch.long)
-
-
-def assert_same(ref: Any, got: Any, atol: float) -> None:
-    if isinstance(ref, tl.SparseTensor):
-        want = physical(ref)
-        i, j = _order(want), _order(got.coords)
-        assert torch.equal(want[i], got.coords[j].to(want.dtype))
-        assert int(got.active[0]) == len(ref)
-        torch.testing.assert_close(got.features[j], ref.feats[i], atol=atol, rtol=1e-4)
-    else:
-        torch.testing.assert_close(got, ref, atol=atol, rtol=1e-4)
 
 
 def roundtrip(

@@ -11,7 +11,7 @@ reference computed from the same neighbour table, on the storage-rounded inputs
     y[o]  = sum_n  x[nbr[o, n]] @ w[n]            over nbr[o, n] >= 0
     dw[n] = sum_o  x[nbr[o, n]]^T dy[o]           over nbr[o, n] >= 0
 
-Tolerances (``rtol = tol``, ``atol = tol * max|ref|``) are those of tests/test_cuda.py:
+Tolerances (``rtol = tol``, ``atol = tol * max|ref|``) are those of test_cuda_kernel_map_conv.py:
 fp32 1e-4, fp16 2e-3, bf16 1.6e-2 (one final rounding of an fp32 sum), TF32 1e-2.
 The neighbour tables are synthetic (random entries, chosen density per kernel row), so
 empty kernel rows, rows of exactly one tile and rows of one pair more than a tile occur

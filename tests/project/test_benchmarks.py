@@ -26,7 +26,7 @@ from torch_lattice.geometry import ConvGeometry
 from torch_lattice.ops.conv import sparse_conv
 from torch_lattice.ops.kmap import build_kernel_map, generate_support
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import baselines as bl  # noqa: E402

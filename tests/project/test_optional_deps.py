@@ -16,7 +16,7 @@ import pytest
 
 from torch_lattice import optional_deps
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _run_without_matplotlib(code: str) -> subprocess.CompletedProcess[str]:

@@ -15,7 +15,7 @@ import pytest
 import torch_lattice
 
 PACKAGE_DIR = Path(torch_lattice.__file__).parent
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _extension() -> Path:

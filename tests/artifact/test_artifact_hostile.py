@@ -514,7 +514,7 @@ def test_zero_active_rows_give_an_empty_output(program) -> None:
 
 # --- the graph fuzz target (fuzz/fuzz_graph.py) -------------------------------------------
 
-_ROOT = Path(__file__).resolve().parent.parent
+_ROOT = Path(__file__).resolve().parents[2]
 _SEEDS = sorted((_ROOT / "fuzz" / "corpus" / "graph").iterdir())
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-DOCS = Path(__file__).resolve().parents[1] / "docs"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 _NAME = "tl_docs_support_rules"
 spec = importlib.util.spec_from_file_location(_NAME, DOCS / "figures" / "support_rules.py")
 assert spec is not None and spec.loader is not None

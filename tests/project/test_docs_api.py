@@ -23,7 +23,7 @@ from torch import nn
 
 import torch_lattice as tl
 
-DOCS = Path(__file__).resolve().parents[1] / "docs"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 
 def _load(name: str, path: Path) -> types.ModuleType:

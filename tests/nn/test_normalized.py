@@ -26,7 +26,7 @@ try:
 except ImportError:  # tests/ may become a package; then they are imported through it
     from tests import conformance_helpers as ch
     from tests import dense_oracle as oracle
-    from tests import test_conformance_transpose as tt
+    from tests.nn import test_conformance_transpose as tt
 
 F64 = torch.float64
 I32 = torch.int32

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # The C sources setup.py compiles: the core, then its CPython binding.
 C_SOURCE_DIRS = (ROOT / "csrc" / "core", ROOT / "csrc" / "python")
 
