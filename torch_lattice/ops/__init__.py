@@ -7,8 +7,8 @@ family's CUDA kernels.  ``_runtime`` is the one bridge to ``torch_lattice._C``.
 Importing this package registers every op and kernel.
 """
 
-# The *_cuda modules import their families, so this registers both halves.
-from torch_lattice.ops import conv_cuda, kmap_cuda, pool_cuda, voxel_cuda
+# Registration only: each *_cuda module imports its family and registers the CUDA kernels.
+from torch_lattice.ops import conv_cuda, kmap_cuda, pool_cuda, voxel_cuda  # noqa: F401
 from torch_lattice.ops.conv import sparse_conv, sparse_conv_weight_grad
 from torch_lattice.ops.kmap import (
     KernelMap,
@@ -20,12 +20,8 @@ from torch_lattice.ops.kmap import (
 __all__ = [
     "KernelMap",
     "build_kernel_map",
-    "conv_cuda",
     "generate_support",
     "generative_support",
-    "kmap_cuda",
-    "pool_cuda",
     "sparse_conv",
     "sparse_conv_weight_grad",
-    "voxel_cuda",
 ]
