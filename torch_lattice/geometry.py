@@ -56,13 +56,26 @@ def triple(name: str, value: int | Sequence[int], minimum: int) -> Triple:
 MAX_KERNEL_VOLUME = 2**31 - 1
 
 
+def kernel_volume(kernel_size: Triple) -> int:
+    """Number of kernel rows ``K = Kx*Ky*Kz``."""
+    kx, ky, kz = kernel_size
+    return kx * ky * kz
+
+
 def check_kernel_size(kernel_size: int | Sequence[int]) -> Triple:
     """Reads ``kernel_size`` and checks its volume fits the kernel-row index."""
     ks = triple("kernel_size", kernel_size, 1)
-    if ks[0] * ks[1] * ks[2] > MAX_KERNEL_VOLUME:
-        raise ValueError(
-            f"kernel_size {ks} has {ks[0] * ks[1] * ks[2]} rows; at most {MAX_KERNEL_VOLUME}"
-        )
+    volume = kernel_volume(ks)
+    if volume > MAX_KERNEL_VOLUME:
+        raise ValueError(f"kernel_size {ks} has {volume} rows; at most {MAX_KERNEL_VOLUME}")
+    return ks
+
+
+def check_submanifold_kernel_size(kernel_size: int | Sequence[int]) -> Triple:
+    """:func:`check_kernel_size`, and odd in every axis (a submanifold kernel has a centre)."""
+    ks = check_kernel_size(kernel_size)
+    if any(k % 2 == 0 for k in ks):
+        raise ValueError(f"kernel_size must be odd in every axis for SubmConv3d, got {ks}")
     return ks
 
 
@@ -103,8 +116,7 @@ class ConvGeometry:
     @property
     def volume(self) -> int:
         """Number of kernel rows K."""
-        kx, ky, kz = self.kernel_size
-        return kx * ky * kz
+        return kernel_volume(self.kernel_size)
 
     @property
     def is_identity(self) -> bool:

@@ -1,7 +1,10 @@
 """Catalogue of bad inputs across the public API: each raises a clear Python exception.
 
-Every case names the exception type it must raise and a regular expression its message
-must match: the argument's name (and, where the library states one, the broken rule).
+Every case names the exception type it must raise (exactly: a subclass is listed as
+itself) and a regular expression its message must match: the argument's name (and, where
+the library states one, the broken rule). Every callable in ``torch_lattice.__all__``,
+``torch_lattice.nn.__all__`` and ``torch_lattice.nn.functional.__all__`` that takes
+arguments has at least one case calling it by name.
 A case that crashed, raised an unclear error (a bare RuntimeError from deep inside
 torch, an IndexError, an AttributeError, an assertion) or was silently accepted would be
 a library bug, fixed at the API boundary rather than here.
@@ -38,11 +41,12 @@ never crash or write past the capacity it was given.
 
 from __future__ import annotations
 
+import inspect
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
+from types import CodeType, TracebackType
 
 import pytest
 import torch
@@ -51,6 +55,8 @@ import torch_lattice as tl
 from torch_lattice import _C, migration
 from torch_lattice.artifact import ExportError, load_lattice_program, save_lattice_model_artifact
 from torch_lattice.artifact import __main__ as replay_cli
+from torch_lattice.artifact.mlir_parse import MlirSyntaxError
+from torch_lattice.memory_budget import MemoryBudgetError
 from torch_lattice.migration import cli as migration_cli
 from torch_lattice.nn import functional as F
 from torch_lattice.regular_file import read_regular_file
@@ -124,13 +130,6 @@ class Case:
     fn: Callable[[Path], object]
     exc: type[BaseException]
     match: str
-
-
-def case(id: str, exc: type[BaseException], match: str) -> Callable:
-    def wrap(fn: Callable[[Path], object]) -> Case:
-        return Case(id, fn, exc, match)
-
-    return wrap
 
 
 CASES: list[Case] = []
@@ -715,10 +714,22 @@ add(
     lambda: F.sum_pool3d(torch.randn(3, C), 2),
 )
 add(
+    "f-avgpool-kernel-zero",
+    ValueError,
+    r"kernel_size must be positive in every axis",
+    lambda: F.avg_pool3d(_x(), 0),
+)
+add(
     "f-global-max-dense-input",
     TypeError,
     r"input must be a torch_lattice\.SparseTensor",
     lambda: F.global_max_pool(torch.randn(3, C)),
+)
+add(
+    "f-global-avg-dense-input",
+    TypeError,
+    r"input must be a torch_lattice\.SparseTensor",
+    lambda: F.global_avg_pool(torch.randn(3, C)),
 )
 add(
     "f-normalized-eps-negative",
@@ -1658,7 +1669,7 @@ add_tmp(
 )
 add_tmp(
     "load-unknown-op",
-    ValueError,
+    MlirSyntaxError,
     r"graph\.mlir line \d+.*lattice\.subm_conv4d",
     lambda tmp: load_lattice_program(
         _edit_graph(tmp, "lattice.subm_conv3d ", "lattice.subm_conv4d ")
@@ -1701,33 +1712,33 @@ def _rows(n: int, stride: int = 1, batch: int = 0) -> tl.SparseTensor:
 BUDGET = r"would allocate \d+ bytes .* beyond the memory budget of 1073741824 bytes"
 add(
     "budget-global-pool-last-batch-index",
-    ValueError,
+    MemoryBudgetError,
     r"global_pool of 2147483648 batches .*" + BUDGET,
     _within_budget(lambda: F.global_pool(_rows(1, batch=2**31 - 1), "sum")),
 )
 add(
     "budget-dense-2-50-cells",
-    ValueError,
+    MemoryBudgetError,
     r"dense\(\) of spatial_range \(1, 131072, 131072, 65536\) .*" + BUDGET,
     _within_budget(lambda: ST(torch.ones(1, 1), torch.zeros(1, 4, dtype=torch.int32),
                               spatial_range=(1, 2**17, 2**17, 2**16)).dense()),
 )
 add(
     "budget-trilinear-stride-645",
-    ValueError,
+    MemoryBudgetError,
     r"trilinear_upsample3d without a target \(1 rows x 2141700569 kernel positions.*" + BUDGET,
     _within_budget(lambda: F.trilinear_upsample3d(_rows(1, stride=645), 645)),
 )
 add(
     "budget-generative-32-cubed-1000-rows",
-    ValueError,
+    MemoryBudgetError,
     r"transposed pair lists \(1000 source rows x 32768 kernel rows.*" + BUDGET,
     _within_budget(lambda: F.generative_conv_transpose3d(
         _rows(1000, stride=32), torch.ones(32**3, 1, 1), None, 32, 32)),
 )
 add(
     "budget-pool-transpose-32-cubed-1000-rows",
-    ValueError,
+    MemoryBudgetError,
     r"pool_transpose3d without a target \(1000 rows x 32768 kernel positions.*" + BUDGET,
     _within_budget(lambda: F.pool_transpose3d(_rows(1000, stride=32), 32, 32,
                                               expand_coordinates=True)),
@@ -1929,6 +1940,80 @@ def test_catalogue_ids_are_unique() -> None:
     assert len(ids) == len(set(ids)), [i for i in ids if ids.count(i) > 1]
 
 
+# The public lists whose every entry point must have a bad-input case here.
+PUBLIC = (tl, tl.nn, F)
+# Public callables a user does not call with arguments of their own, and why.
+NO_CASE = {
+    "torch_lattice.CoordinateManager": "made by SparseTensor; its fields are its caches",
+}
+
+
+def _takes_arguments(obj: object) -> bool:
+    """Whether a caller can pass ``obj`` anything (a class: its constructor)."""
+    try:
+        params = inspect.signature(obj).parameters.values()  # type: ignore[arg-type]
+    except ValueError:  # no signature to read: assume it takes arguments
+        return True
+    return bool(params)
+
+
+def _entry_points() -> dict[str, object]:
+    """Every callable of the public lists that takes arguments, by qualified name.
+
+    Left out: submodules (their own ``__all__`` is listed), data, and functions of
+    no arguments (``get_global_conv_config``): there is nothing to pass them badly.
+    """
+    entries: dict[str, object] = {}
+    for package in PUBLIC:
+        for name in package.__all__:
+            obj = getattr(package, name)
+            if inspect.ismodule(obj) or not callable(obj) or not _takes_arguments(obj):
+                continue
+            entries.setdefault(f"{package.__name__}.{name}", obj)
+    return entries
+
+
+def _names_used(code: CodeType) -> set[str]:
+    """Global and attribute names a case's code (and the lambdas inside it) uses."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, CodeType):
+            names |= _names_used(const)
+    return names
+
+
+def _function_names(fn: object) -> set[str]:
+    """_names_used of a function and of the functions it closes over: add() and
+    _within_budget() wrap the case's own lambda."""
+    code = getattr(fn, "__code__", None)
+    if not isinstance(code, CodeType):
+        return set()
+    used = _names_used(code)
+    for cell in getattr(fn, "__closure__", None) or ():
+        used |= _function_names(cell.cell_contents)
+    return used
+
+
+def _calls(case: Case, name: str, obj: object) -> bool:
+    """Whether the case's own code names the entry point, as ``pkg.name`` or through an
+    alias of this file (``ST = tl.SparseTensor``)."""
+    used = _function_names(case.fn)
+    return name in used or any(globals().get(u) is obj for u in used)
+
+
+def test_catalogue_covers_every_public_entry_point() -> None:
+    entries = _entry_points()
+    assert len(entries) > 40, sorted(entries)  # the lists were read, not found empty
+    assert set(NO_CASE) <= set(entries), set(NO_CASE) - set(entries)  # no stale exemption
+    missing = [
+        qualified
+        for qualified, obj in entries.items()
+        if qualified not in NO_CASE
+        and not any(_calls(c, qualified.rsplit(".", 1)[1], obj) for c in CASES)
+    ]
+    assert not missing, f"public entry points without a bad-input case: {missing}"
+
+
 # Two refusals come from Python's own checks of the library's public enum and dataclass
 # (an unknown Dataflow name, an unknown ConvConfig field); every other one is raised by
 # torch_lattice itself.
@@ -1947,6 +2032,9 @@ def _raised_in(tb: TracebackType | None) -> str:
 def test_bad_input_raises_clear_error(case: Case, tmp_path: Path) -> None:
     with pytest.raises(case.exc, match=case.match) as info:
         case.fn(tmp_path)
+    # Exactly the listed type: a subclass (ConversionError for ValueError, say) is listed
+    # as itself, so that a change of type shows here.
+    assert type(info.value) is case.exc, f"{type(info.value).__qualname__}: {info.value}"
     # The library decided: not an error from deep inside torch, NumPy or the allocator
     # that happens to have the right type; and the message is a sentence, not a value.
     module = _raised_in(info.tb)

@@ -10,6 +10,7 @@ import torch
 
 import torch_lattice as tl
 from torch_lattice.nn import functional as F
+from torch_lattice.nn.functional.config import resolve_config
 
 
 @pytest.fixture(autouse=True)
@@ -19,14 +20,47 @@ def _clean_global():
     F.clear_global_conv_config()
 
 
+def _fields(cfg: F.ConvConfig | None) -> tuple[object, object] | None:
+    """(dataflow, allow_tf32): the documented fields, read one by one."""
+    return None if cfg is None else (cfg.dataflow, cfg.allow_tf32)
+
+
 def test_default_is_implicit_gemm() -> None:
     assert F.get_global_conv_config() is None
     assert F.resolved_dataflow() is F.Dataflow.ImplicitGEMM
 
 
+def test_documented_defaults() -> None:
+    # The documented values, written out here rather than read from the library: the
+    # three dataflows by name, every field of a fresh ConvConfig unset ("inherit"), the
+    # CPU default implicit GEMM, the CUDA default fetch-on-demand, TF32 off unless enabled.
+    assert {d.name: d.value for d in F.Dataflow} == {
+        "ImplicitGEMM": "implicit_gemm",
+        "FetchOnDemand": "fetch_on_demand",
+        "GatherScatter": "gather_scatter",
+    }
+    assert _fields(F.ConvConfig()) == (None, None)
+    assert _fields(resolve_config()) == (F.Dataflow.ImplicitGEMM, False)
+    assert _fields(resolve_config(device="cuda")) == (F.Dataflow.FetchOnDemand, False)
+
+
+def test_one_changed_field_is_visible_and_the_other_inherits() -> None:
+    F.set_global_conv_config(F.ConvConfig(allow_tf32=True))
+    assert _fields(F.get_global_conv_config()) == (None, True)
+    assert _fields(resolve_config()) == (F.Dataflow.ImplicitGEMM, True)
+    with F.conv_config(dataflow=F.Dataflow.GatherScatter):
+        assert _fields(resolve_config()) == (F.Dataflow.GatherScatter, True)
+        module_cfg = F.ConvConfig(allow_tf32=False)
+        assert _fields(resolve_config(module_cfg)) == (F.Dataflow.GatherScatter, False)
+    # Equality sees each field: configs that differ in one field are not equal.
+    base = F.ConvConfig(dataflow=F.Dataflow.FetchOnDemand)
+    assert base != F.ConvConfig(dataflow=F.Dataflow.FetchOnDemand, allow_tf32=False)
+    assert base != F.ConvConfig(dataflow=F.Dataflow.GatherScatter)
+
+
 def test_precedence_module_over_scope_over_global() -> None:
     F.set_global_conv_config(F.ConvConfig(dataflow=F.Dataflow.FetchOnDemand))
-    assert F.get_global_conv_config() == F.ConvConfig(dataflow=F.Dataflow.FetchOnDemand)
+    assert _fields(F.get_global_conv_config()) == (F.Dataflow.FetchOnDemand, None)
     assert F.resolved_dataflow() is F.Dataflow.FetchOnDemand
     with F.conv_config(dataflow=F.Dataflow.GatherScatter):
         assert F.resolved_dataflow() is F.Dataflow.GatherScatter
@@ -122,8 +156,6 @@ def test_resolved_dataflow_of_a_module() -> None:
 
 
 def test_cuda_default_is_the_verified_dataflow():
-    from torch_lattice.nn.functional.config import resolve_config
-
     # docs/gpu-validation.md: fetch-on-demand is the dataflow GPU run 4 verified fastest
     assert F.resolved_dataflow(device="cuda") is F.Dataflow.FetchOnDemand
     assert F.resolved_dataflow(device=torch.device("cuda", 0)) is F.Dataflow.FetchOnDemand

@@ -51,6 +51,11 @@ SUBM_CASES = [
 ]
 
 
+def _subm_kwargs(geo: Geo) -> dict[str, object]:
+    """SubmConv3d arguments of a case: kernel_size, dilation and bias."""
+    return dict(kernel_size=geo.kernel, dilation=geo.dilation, bias=geo.bias)
+
+
 @pytest.mark.parametrize("with_range", [True, False], ids=["range", "norange"])
 @pytest.mark.parametrize("geo", SUBM_CASES, ids=ch.geo_id)
 def test_subm_matches_dense_oracle(geo: Geo, with_range: bool) -> None:
@@ -58,15 +63,7 @@ def test_subm_matches_dense_oracle(geo: Geo, with_range: bool) -> None:
     seed = ch.seed_of(geo, str(with_range))
     feats, coords = oracle.random_geometry(seed, geo.batches, geo.extent, geo.density, cin)
     sr = (geo.batches, *geo.extent) if with_range else None
-    conv = ch.make_conv(
-        tl.nn.SubmConv3d,
-        cin,
-        cout,
-        seed,
-        kernel_size=geo.kernel,
-        dilation=geo.dilation,
-        bias=geo.bias,
-    )
+    conv = ch.make_conv(tl.nn.SubmConv3d, cin, cout, seed, **_subm_kwargs(geo))
     feats_before, coords_before = feats.clone(), coords.clone()
     leaf, x = ch.sparse_input(feats, coords, geo.in_stride, sr)
     y = conv(x)
@@ -453,15 +450,7 @@ def test_float32_matches_float64_oracle(kind: str, geo: Geo) -> None:
     feats, coords = oracle.random_geometry(seed, geo.batches, geo.extent, 0.2, 3)
     sr = (geo.batches, *geo.extent)
     if kind == "subm":
-        conv = ch.make_conv(
-            tl.nn.SubmConv3d,
-            3,
-            4,
-            seed,
-            kernel_size=geo.kernel,
-            dilation=geo.dilation,
-            bias=geo.bias,
-        )
+        conv = ch.make_conv(tl.nn.SubmConv3d, 3, 4, seed, **_subm_kwargs(geo))
         out_coords = coords.long()
     else:
         conv = ch.make_conv(tl.nn.Conv3d, 3, 4, seed, bias=geo.bias, **ch.strided_kwargs(geo))

@@ -302,6 +302,11 @@ GEN_CASES = [
 ]
 
 
+def _generative_kwargs(geo: Geo) -> dict[str, object]:
+    """GenerativeConvTranspose3d arguments of a case: kernel_size, stride and bias."""
+    return dict(kernel_size=geo.kernel, stride=geo.stride, bias=geo.bias)
+
+
 @pytest.mark.parametrize("with_range", [True, False], ids=["range", "norange"])
 @pytest.mark.parametrize("geo", GEN_CASES, ids=ch.geo_id)
 def test_generative_matches_dense_oracle(geo: Geo, with_range: bool) -> None:
@@ -309,8 +314,7 @@ def test_generative_matches_dense_oracle(geo: Geo, with_range: bool) -> None:
     seed = ch.seed_of(geo, str(with_range))
     feats, coords = oracle.random_geometry(seed, geo.batches, geo.extent, geo.density, cin)
     srange = (geo.batches, *geo.extent) if with_range else None
-    kw = dict(kernel_size=geo.kernel, stride=geo.stride, bias=geo.bias)
-    gen = ch.make_conv(tl.nn.GenerativeConvTranspose3d, cin, cout, seed, **kw)
+    gen = ch.make_conv(tl.nn.GenerativeConvTranspose3d, cin, cout, seed, **_generative_kwargs(geo))
     leaf, src = ch.sparse_input(feats, coords, geo.in_stride, srange)
     y = gen(src)
 
@@ -346,18 +350,8 @@ def test_generated_equals_explicit_target_bitwise(geo: Geo) -> None:
     seed = ch.seed_of(geo, "bitwise")
     feats, coords = oracle.random_geometry(seed, geo.batches, geo.extent, 0.3, cin)
     src = tl.SparseTensor(feats, coords, stride=geo.in_stride)
-    gen = ch.make_conv(
-        tl.nn.GenerativeConvTranspose3d,
-        cin,
-        cout,
-        seed,
-        kernel_size=geo.kernel,
-        stride=geo.stride,
-        bias=geo.bias,
-    )
-    up = tl.nn.ConvTranspose3d(
-        cin, cout, kernel_size=geo.kernel, stride=geo.stride, bias=geo.bias
-    ).to(F64)
+    gen = ch.make_conv(tl.nn.GenerativeConvTranspose3d, cin, cout, seed, **_generative_kwargs(geo))
+    up = tl.nn.ConvTranspose3d(cin, cout, **_generative_kwargs(geo)).to(F64)
     up.load_state_dict(gen.state_dict())
     y_default = gen(src)
     with TF.conv_config(dataflow=TF.Dataflow.GatherScatter):

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from torch_lattice.geometry import Triple, kernel_volume
 from torch_lattice.migration.errors import ConversionError
 from torch_lattice.regular_file import read_regular_file
 
@@ -44,8 +45,6 @@ __all__ = [
     "parse_kernel_spec",
     "row_permutation",
 ]
-
-Triple = tuple[int, int, int]
 
 # Source layout names of the published torch-lattice conversion manifest.
 LAYOUT_X_FASTEST = "torchsparse_k_i_o_x_fastest"
@@ -80,8 +79,7 @@ class KernelSpec:
     @property
     def volume(self) -> int:
         """Number of kernel rows ``K = Kx*Ky*Kz``."""
-        kx, ky, kz = self.kernel_size
-        return kx * ky * kz
+        return kernel_volume(self.kernel_size)
 
     @property
     def resolved_row_order(self) -> str:

@@ -8,12 +8,19 @@ calls the functional in :mod:`torch_lattice.nn.functional.conv`.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
 
-from torch_lattice.geometry import ConvGeometry, Triple, check_kernel_size, kernel_positions, triple
+from torch_lattice.geometry import (
+    ConvGeometry,
+    Triple,
+    check_submanifold_kernel_size,
+    kernel_positions,
+    kernel_volume,
+    triple,
+)
 from torch_lattice.nn.functional import conv as F
 from torch_lattice.nn.functional.config import ConvConfig
 from torch_lattice.tensor import SparseTensor, Support
@@ -33,11 +40,13 @@ def _positive(name: str, value: int) -> int:
 class ConvBase(nn.Module):
     """Weight, bias and kernel_positions shared by every convolution module.
 
-    Subclasses define :meth:`conv`, the module's convolution for a given
-    weight and bias; the weight-normalized modules call it twice.
+    Subclasses name their functional (``_functional``) and the geometry it
+    takes after ``bias`` (:meth:`functional_geometry`); :meth:`conv` calls it
+    for a given weight and bias, which the weight-normalized modules do twice.
     """
 
     kernel_positions: torch.Tensor
+    _functional: Callable[..., SparseTensor]
 
     def __init__(
         self,
@@ -48,13 +57,12 @@ class ConvBase(nn.Module):
         config: ConvConfig | None = None,
     ) -> None:
         super().__init__()
-        if config is not None and not isinstance(config, ConvConfig):
-            raise TypeError(f"config must be a ConvConfig or None, got {type(config).__name__}")
+        F.check_config(config)
         self.config = config
         self.in_channels = _positive("in_channels", in_channels)
         self.out_channels = _positive("out_channels", out_channels)
         self.kernel_size = kernel_size
-        k = kernel_size[0] * kernel_size[1] * kernel_size[2]
+        k = kernel_volume(kernel_size)
         self.weight = nn.Parameter(torch.empty(k, in_channels, out_channels))
         self.bias = nn.Parameter(torch.empty(out_channels)) if bias else None
         self.register_buffer("kernel_positions", kernel_positions(kernel_size), persistent=True)
@@ -76,7 +84,15 @@ class ConvBase(nn.Module):
         coordinates: Target = None,
     ) -> SparseTensor:
         """This module's convolution with the given weight and bias."""
-        raise NotImplementedError(f"{type(self).__name__} does not define conv()")
+        # A submanifold functional takes no target: pass one only when given.
+        target = {} if coordinates is None else {"coordinates": coordinates}
+        return type(self)._functional(
+            input, weight, bias, *self.functional_geometry(), config=self.config, **target
+        )
+
+    def functional_geometry(self) -> tuple[Triple, ...]:
+        """The geometry arguments ``_functional`` takes after ``bias``, in order."""
+        raise NotImplementedError(f"{type(self).__name__} does not define functional_geometry()")
 
     def extra_repr(self) -> str:
         return self.geometry_repr()
@@ -111,6 +127,8 @@ class SubmConv3d(ConvBase):
         config: per-module dataflow configuration (``ConvConfig``).
     """
 
+    _functional = staticmethod(F.subm_conv3d)
+
     def __init__(
         self,
         in_channels: int,
@@ -120,22 +138,12 @@ class SubmConv3d(ConvBase):
         bias: bool = False,
         config: ConvConfig | None = None,
     ) -> None:
-        ks = check_kernel_size(kernel_size)
-        if any(k % 2 == 0 for k in ks):
-            raise ValueError(f"kernel_size must be odd in every axis for SubmConv3d, got {ks}")
+        ks = check_submanifold_kernel_size(kernel_size)
         super().__init__(in_channels, out_channels, ks, bias, config)
         self.dilation = triple("dilation", dilation, 1)
 
-    def conv(
-        self,
-        input: SparseTensor,
-        weight: torch.Tensor,
-        bias: torch.Tensor | None,
-        coordinates: Target = None,
-    ) -> SparseTensor:
-        return F.subm_conv3d(
-            input, weight, bias, self.kernel_size, self.dilation, config=self.config
-        )
+    def functional_geometry(self) -> tuple[Triple, ...]:
+        return (self.kernel_size, self.dilation)
 
     def forward(self, input: SparseTensor) -> SparseTensor:
         """Submanifold convolution of ``input``.
@@ -176,6 +184,9 @@ class StridedConv(ConvBase):
         self.padding = geometry.padding
         self.dilation = geometry.dilation
 
+    def functional_geometry(self) -> tuple[Triple, ...]:
+        return (self.kernel_size, self.stride, self.padding, self.dilation)
+
     def forward(
         self, input: SparseTensor, coordinates: Target = None, *, target: Target = None
     ) -> SparseTensor:
@@ -196,24 +207,7 @@ class Conv3d(StridedConv):
         config: per-module dataflow configuration (``ConvConfig``).
     """
 
-    def conv(
-        self,
-        input: SparseTensor,
-        weight: torch.Tensor,
-        bias: torch.Tensor | None,
-        coordinates: Target = None,
-    ) -> SparseTensor:
-        return F.conv3d(
-            input,
-            weight,
-            bias,
-            self.kernel_size,
-            self.stride,
-            self.padding,
-            self.dilation,
-            coordinates=coordinates,
-            config=self.config,
-        )
+    _functional = staticmethod(F.conv3d)
 
     def forward(
         self, input: SparseTensor, coordinates: Target = None, *, target: Target = None

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch
-
-from torch_lattice.geometry import triple
+from torch_lattice.geometry import Triple, triple
 from torch_lattice.nn.functional import conv_transpose as F
 from torch_lattice.nn.functional.config import ConvConfig
 from torch_lattice.nn.modules.conv import StridedConv, Target, pick_target
@@ -30,24 +28,7 @@ class ConvTranspose3d(StridedConv):
     :func:`torch_lattice.nn.functional.conv_transpose3d`.
     """
 
-    def conv(
-        self,
-        input: SparseTensor,
-        weight: torch.Tensor,
-        bias: torch.Tensor | None,
-        coordinates: Target = None,
-    ) -> SparseTensor:
-        return F.conv_transpose3d(
-            input,
-            weight,
-            bias,
-            self.kernel_size,
-            self.stride,
-            self.padding,
-            self.dilation,
-            coordinates=coordinates,
-            config=self.config,
-        )
+    _functional = staticmethod(F.conv_transpose3d)
 
     def forward(
         self, input: SparseTensor, coordinates: Target = None, *, target: Target = None
@@ -102,22 +83,10 @@ class GenerativeConvTranspose3d(StridedConv):
                 )
         super().__init__(in_channels, out_channels, kernel_size, stride, 0, 1, bias, config)
 
-    def conv(
-        self,
-        input: SparseTensor,
-        weight: torch.Tensor,
-        bias: torch.Tensor | None,
-        coordinates: Target = None,
-    ) -> SparseTensor:
-        return F.generative_conv_transpose3d(
-            input,
-            weight,
-            bias,
-            self.kernel_size,
-            self.stride,
-            coordinates=coordinates,
-            config=self.config,
-        )
+    _functional = staticmethod(F.generative_conv_transpose3d)
+
+    def functional_geometry(self) -> tuple[Triple, ...]:
+        return (self.kernel_size, self.stride)  # padding 0 and dilation 1 are fixed
 
     def forward(
         self, input: SparseTensor, coordinates: Target = None, *, target: Target = None
