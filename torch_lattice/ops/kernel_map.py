@@ -76,7 +76,6 @@ class KernelMap:
         :meth:`pairs` of that direction.  So a map run forward, backward and transposed
         builds one pair list from a neighbour table.
         """
-
         other = self._pairs.get(not transposed)
         if transposed not in self._pairs and other is not None and (
             other.offsets.device.type != "cpu"

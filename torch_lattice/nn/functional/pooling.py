@@ -34,7 +34,7 @@ from torch_lattice.nn.functional.supports import (
 from torch_lattice.ops._native import compute_dtype
 from torch_lattice.ops.kernel_map import KernelMap, sparse_table
 from torch_lattice.ops.pooling import pool_avg, pool_max, pool_sum
-from torch_lattice.tensor import SparseTensor, Support, divide_stride
+from torch_lattice.tensor import SparseTensor, Support
 
 __all__ = [
     "avg_pool3d",
@@ -170,7 +170,8 @@ def pool_transpose3d(
     geometry = pool_geometry(kernel_size, stride, padding, dilation)
     support = _transpose_target(x, target, geometry)
     if support is None and not expand_coordinates:
-        divide_stride(x.stride, geometry.stride)
+        # A recorded derivation has a stride divisible by geometry.stride; without one,
+        # generated_transposed_support checks it.
         support = cached_source_support(x, geometry)
     if support is None:
         support = generated_transposed_support(x, geometry, "pool_transpose3d")
