@@ -28,6 +28,7 @@ import torch
 import torch_lattice as tl
 from benchmarks.baselines import SpconvSubm, spconv_status
 from torch_lattice.geometry import ConvGeometry
+from torch_lattice.nn.functional.relation import kernel_map
 
 __all__ = ["TOLERANCE", "LayerCase", "baselines", "check", "layer_cases"]
 
@@ -70,11 +71,10 @@ class LayerCase:
 def _table(x: tl.SparseTensor, out: tl.SparseTensor, geometry: ConvGeometry,
            transposed: bool = False, fine: tl.SparseTensor | None = None) -> torch.Tensor:
     """The module's cached kernel map read as an (N_out, K) input-row table."""
-    manager = x.coordinate_manager
     if transposed:  # the forward map from the fine support to the coarse one, reversed
         assert fine is not None
-        return manager.kernel_map(fine.support, x.support, geometry).rev
-    return manager.kernel_map(x.support, out.support, geometry).nbr
+        return kernel_map(fine.support, x.support, geometry).rev
+    return kernel_map(x.support, out.support, geometry).nbr
 
 
 def layer_cases(coords: torch.Tensor, channels: int, device: str, seed: int = 0

@@ -3,6 +3,7 @@
 A hit is a plain dict read (atomic, no lock).  A miss takes the owner's
 re-entrant lock and looks again before building, so threads that missed
 together build the entry once: the ones that waited take it from the cache.
+The builder only builds; storing its result is done here, once for every cache.
 """
 
 from __future__ import annotations
@@ -18,15 +19,14 @@ V = TypeVar("V")
 
 
 def get_or_build(cache: dict[K, V], key: K, lock: threading.RLock, build: Callable[[], V]) -> V:
-    """``cache[key]`` when present, else ``build()`` under ``lock``.
-
-    ``build`` stores its result in ``cache`` itself when it should be kept.
-    """
+    """``cache[key]`` when present, else ``build()`` under ``lock``, stored as
+    ``cache[key]`` and returned (``build`` must not return None)."""
     hit = cache.get(key)
     if hit is not None:
         return hit
     with lock:
         hit = cache.get(key)
-        if hit is not None:
-            return hit
-        return build()
+        if hit is None:
+            hit = build()
+            cache[key] = hit
+        return hit

@@ -4,6 +4,8 @@ Two tensors have equal supports when they share one :class:`~torch_lattice.Suppo
 object (the usual case: both derive from the same layer input), or when their
 strides match and their coordinate rows are equal and in the same order.  The
 result keeps the first tensor's support, so cached kernel maps stay shared.
+``add`` (``a + b``) and ``same_support`` live beside :class:`SparseTensor` in
+``tensor.py``; they are exported here with ``cat``.
 """
 
 from __future__ import annotations
@@ -12,30 +14,9 @@ from collections.abc import Sequence
 
 import torch
 
-from torch_lattice.tensor import SparseTensor
+from torch_lattice.tensor import SparseTensor, add, check_same_support, same_support
 
 __all__ = ["add", "cat", "same_support", "to_dense"]
-
-
-def same_support(a: SparseTensor, b: SparseTensor) -> bool:
-    """True when ``a`` and ``b`` have the same rows, in the same order, on one lattice."""
-    if a.support is b.support:
-        return True
-    if a.stride != b.stride or a.coords.shape != b.coords.shape or a.device != b.device:
-        return False
-    return bool(torch.equal(a.coords, b.coords))
-
-
-def _check_pair(op: str, a: object, b: object, index: int) -> None:
-    if not isinstance(b, SparseTensor):
-        raise TypeError(f"{op}: argument {index} must be a SparseTensor, got {type(b).__name__}")
-    assert isinstance(a, SparseTensor)
-    if not same_support(a, b):
-        raise ValueError(
-            f"{op}: argument {index} has a different support ({len(b)} rows, stride {b.stride}) "
-            f"than argument 0 ({len(a)} rows, stride {a.stride}); supports must be the same "
-            "object or have equal coordinates in the same order"
-        )
 
 
 def cat(tensors: Sequence[SparseTensor]) -> SparseTensor:
@@ -60,24 +41,9 @@ def cat(tensors: Sequence[SparseTensor]) -> SparseTensor:
     if not isinstance(first, SparseTensor):
         raise TypeError(f"cat: argument 0 must be a SparseTensor, got {type(first).__name__}")
     for i, t in enumerate(tensors[1:], start=1):
-        _check_pair("cat", first, t, i)
+        check_same_support("cat", first, t, i)
     feats = torch.cat([t.feats for t in tensors], dim=1)
     return SparseTensor.from_support(feats, first.support)
-
-
-def add(a: SparseTensor, b: SparseTensor) -> SparseTensor:
-    """``a + b`` feature-wise on equal supports (``(N, C)`` each).
-
-    Raises:
-        TypeError: an argument is not a SparseTensor.
-        ValueError: different supports or channel counts.
-    """
-    if not isinstance(a, SparseTensor):
-        raise TypeError(f"add: argument 0 must be a SparseTensor, got {type(a).__name__}")
-    _check_pair("add", a, b, 1)
-    if a.feats.shape[1] != b.feats.shape[1]:
-        raise ValueError(f"add: channel counts differ: {a.feats.shape[1]} and {b.feats.shape[1]}")
-    return SparseTensor.from_support(a.feats + b.feats, a.support)
 
 
 def to_dense(x: SparseTensor) -> torch.Tensor:

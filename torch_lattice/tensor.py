@@ -13,18 +13,24 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypeVar
 
 import torch
 
+from torch_lattice import _C
 from torch_lattice.geometry import ConvGeometry, Triple, triple
 from torch_lattice.locked_cache import get_or_build
 from torch_lattice.memory_budget import check_allocation
 
-if TYPE_CHECKING:
-    from torch_lattice.ops.kmap import KernelMap, PairLists
-
-__all__ = ["CoordinateManager", "Derivation", "SparseTensor", "Support", "validate_coords"]
+__all__ = [
+    "CoordinateManager",
+    "Derivation",
+    "SparseTensor",
+    "Support",
+    "add",
+    "same_support",
+    "validate_coords",
+]
 
 _INT32_MAX = 2**31 - 1
 _RANGE_MAX = 2**31  # one past the largest int32 coordinate
@@ -103,8 +109,6 @@ def _find_duplicate(coords: torch.Tensor) -> int:
     if coords.shape[0] < 2:
         return -1
     if coords.device.type == "cpu":
-        from torch_lattice import _C
-
         return int(_C.find_duplicate(coords.data_ptr(), coords.shape[0]))
     uniq, inverse = torch.unique(coords, dim=0, return_inverse=True)
     if uniq.shape[0] == coords.shape[0]:
@@ -214,6 +218,12 @@ def _tensor_version(t: torch.Tensor) -> int | None:
 # Cached entries that involve a single-call support (see Support.stable), per manager.
 TRANSIENT_CACHE_SIZE = 32
 
+# The kinds of cached entries: supports of strided convolutions (and re-ranged ones), of
+# generative transposes, kernel maps, and pair lists of transposes built without one.
+CACHE_KINDS = ("generated", "generative", "kernel_maps", "transpose_pairs")
+
+V = TypeVar("V")
+
 
 @dataclass(frozen=True)
 class Derivation:
@@ -227,9 +237,12 @@ class Derivation:
 class CoordinateManager:
     """Caches of supports and kernel maps shared by related tensors.
 
-    A cache belongs to the manager; each entry is keyed by the identity of
-    the supports it relates and the geometry, so it is built once and reused
-    by every layer with the same geometry.
+    The manager stores and looks up; it builds nothing.  The functional layer
+    (``torch_lattice/nn/functional/supports.py`` and ``relation.py``) builds each
+    generated support, kernel map and pair list on a miss and hands the builder to
+    :meth:`cached`.  Each entry is keyed by the identity of the supports it relates
+    and the geometry, so it is built once and reused by every layer with the same
+    geometry.
 
     Bounded growth: entries between the manager's stable supports (its tensors'
     own rows and the supports it generated from them) live as long as the
@@ -245,11 +258,10 @@ class CoordinateManager:
     would build the entry again.
     """
 
-    _generated: dict[tuple[Any, ...], Support] = field(default_factory=dict)
-    _kernel_maps: dict[tuple[Any, ...], KernelMap] = field(default_factory=dict)
-    # Pair lists of transposed relations built without the (N_fine, K) table.
-    _transpose_pairs: dict[tuple[Any, ...], PairLists] = field(default_factory=dict)
-    _generative: dict[tuple[Any, ...], Support] = field(default_factory=dict)
+    # One table per kind of entry (CACHE_KINDS), for stable supports.
+    _tables: dict[str, dict[tuple[Any, ...], Any]] = field(
+        default_factory=lambda: {kind: {} for kind in CACHE_KINDS}
+    )
     # Entries involving a single-call support (a fresh target each call), least recently
     # used first: bounded by TRANSIENT_CACHE_SIZE, so repeated calls cannot grow memory.
     _transient: OrderedDict[tuple[Any, ...], Any] = field(default_factory=OrderedDict)
@@ -263,7 +275,9 @@ class CoordinateManager:
     _expanded: weakref.WeakKeyDictionary[Support, Derivation] = field(
         default_factory=weakref.WeakKeyDictionary
     )
-    builds: int = 0  # kernel maps built (not served from cache); for tests and profiling
+    # Kernel maps and transpose pair lists built (not served from cache), counted by
+    # their builders; for tests and profiling.
+    builds: int = 0
     _lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
 
     def new_support(
@@ -278,26 +292,33 @@ class CoordinateManager:
         """
         return Support(coords, stride, spatial_range, self, stable)
 
-    def _is_stable(self, *supports: Support) -> bool:
+    def is_stable(self, *supports: Support) -> bool:
+        """Whether every one of ``supports`` is a stable support of this manager."""
         return all(s.stable and s.manager is self for s in supports)
 
-    def _cached(self, table: dict[Any, Any], key: tuple[Any, ...], stable: bool,
-                build: Callable[[], Any]) -> Any:
-        """``table[key]`` (stable entries) or the bounded LRU entry, built once."""
-        if stable:
-            def build_and_keep() -> Any:
-                value = build()
-                table[key] = value
-                return value
+    def cached(self, kind: str, key: tuple[Any, ...], supports: tuple[Support, ...],
+               build: Callable[[], V]) -> V:
+        """The ``kind`` entry (one of ``CACHE_KINDS``) for ``key``, which relates
+        ``supports``: from the cache, else ``build()``, stored and returned.
 
-            return get_or_build(table, key, self._lock, build_and_keep)
+        Kept for the manager's lifetime when every support is stable, else in the
+        bounded least-recently-used cache.  The build runs under the manager's lock.
+
+        Raises:
+            ValueError: a support's rows were edited in place after it was made.
+        """
+        for support in supports:
+            support.check_unchanged()
+        full_key = (kind, *key)
+        if self.is_stable(*supports):
+            return get_or_build(self._tables[kind], full_key, self._lock, build)
         with self._lock:
-            hit = self._transient.get(key)
+            hit = self._transient.get(full_key)
             if hit is not None:
-                self._transient.move_to_end(key)
+                self._transient.move_to_end(full_key)
                 return hit
             value = build()
-            self._transient[key] = value
+            self._transient[full_key] = value
             while len(self._transient) > TRANSIENT_CACHE_SIZE:
                 self._transient.popitem(last=False)
             return value
@@ -306,92 +327,17 @@ class CoordinateManager:
         """Entries per cache (for tests and profiling): ``generated``, ``generative``,
         ``kernel_maps``, ``transpose_pairs`` (stable supports) and ``transient`` (bounded)."""
         with self._lock:
-            return {"generated": len(self._generated), "generative": len(self._generative),
-                    "kernel_maps": len(self._kernel_maps),
-                    "transpose_pairs": len(self._transpose_pairs),
-                    "transient": len(self._transient)}
-
-    def generated_support(self, source: Support, geometry: ConvGeometry) -> Support:
-        """Output support of a strided convolution of ``source`` (cached)."""
-        source.check_unchanged()
-        return self._cached(self._generated, ("generated", source, geometry),
-                            self._is_stable(source),
-                            lambda: self._build_generated(source, geometry))
-
-    def _build_generated(self, source: Support, geometry: ConvGeometry) -> Support:
-        from torch_lattice.ops.kmap import generate_support
-
-        out_range = geometry.output_range(source.grid_range())
-        if source.num_rows == 0:
-            coords = source.coords.new_empty((0, 4))
-        else:
-            coords = generate_support(
-                source.coords, *map(list, geometry.as_c()), list(out_range), source.num_batches()
-            )
-        stride = multiply_stride(source.stride, geometry.stride)
-        srange = None
-        if source.spatial_range is not None:
-            srange = (source.spatial_range[0], *out_range)
-        out = self.new_support(coords, stride, srange,  # type: ignore[arg-type]
-                               stable=self._is_stable(source))
-        self.record_derivation(out, source, geometry)
-        return out
+            sizes = {kind: len(table) for kind, table in self._tables.items()}
+            return {**sizes, "transient": len(self._transient)}
 
     def ranged_support(self, source: Support, spatial_range: RangeT) -> Support:
         """``source``'s rows (the same tensor) under another ``spatial_range`` (cached,
         so a network that pads the range on every call reuses one support and its maps)."""
-        source.check_unchanged()
-        return self._cached(
-            self._generated, ("ranged", source, spatial_range), self._is_stable(source),
+        return self.cached(
+            "generated", ("ranged", source, spatial_range), (source,),
             lambda: self.new_support(source.coords, source.stride, spatial_range,
-                                     stable=self._is_stable(source)),
+                                     stable=self.is_stable(source)),
         )
-
-    def generative_support(self, source: Support, geometry: ConvGeometry) -> Support:
-        """Output support of a generative transpose of ``source`` (cached).
-
-        ``unique{source * stride + r}`` sorted by (b, x, y, z), stride
-        ``source.stride / stride``, range ``(R - 1) * stride + K`` when the
-        source has one.
-        """
-        source.check_unchanged()
-        return self._cached(self._generative, ("generative", source, geometry),
-                            self._is_stable(source),
-                            lambda: self._build_generative(source, geometry))
-
-    def _build_generative(self, source: Support, geometry: ConvGeometry) -> Support:
-        from torch_lattice.ops.kmap import generative_support
-
-        stride = divide_stride(source.stride, geometry.stride)
-        if source.num_rows:
-            for axis, (r, s, k) in enumerate(
-                zip(source.grid_range(), geometry.stride, geometry.kernel_size, strict=True)
-            ):
-                top = (r - 1) * s + k - 1
-                if top > _INT32_MAX:
-                    raise ValueError(
-                        f"GenerativeConvTranspose3d with stride {geometry.stride} and "
-                        f"kernel_size {geometry.kernel_size} maps coordinate {r - 1} on axis "
-                        f"{'xyz'[axis]} to {top}, beyond the int32 limit {_INT32_MAX}"
-                    )
-        k = geometry.kernel_size[0] * geometry.kernel_size[1] * geometry.kernel_size[2]
-        # Every (row, kernel position) candidate is materialised (int32 x 4) before unique.
-        check_allocation(
-            f"generative transpose support ({source.num_rows} rows x {k} kernel positions)",
-            source.num_rows * k * 16,
-        )
-        coords = generative_support(
-            source.coords, list(geometry.kernel_size), list(geometry.stride)
-        )
-        srange = None
-        if source.spatial_range is not None:
-            b, *r = source.spatial_range
-            ext = [
-                (ri - 1) * s + k
-                for ri, s, k in zip(r, geometry.stride, geometry.kernel_size, strict=True)
-            ]
-            srange = (b, ext[0], ext[1], ext[2])
-        return self.new_support(coords, stride, srange, stable=self._is_stable(source))
 
     def record_derivation(self, output: Support, source: Support, geometry: ConvGeometry) -> None:
         """Notes that a Conv3d with ``geometry`` mapped ``source`` onto ``output``."""
@@ -400,49 +346,6 @@ class CoordinateManager:
             d = Derivation(source, geometry)
             if d not in entries:
                 entries.append(d)
-
-    def kernel_map(self, source: Support, target: Support, geometry: ConvGeometry) -> KernelMap:
-        """Kernel map relating ``source`` rows to ``target`` rows (cached).
-
-        Maps between this manager's stable supports are kept for its lifetime; a map
-        with a single-call support (``conv3d(x, coordinates=q)`` with a new ``q`` each
-        call) goes to the bounded least-recently-used cache (``TRANSIENT_CACHE_SIZE``).
-
-        Raises:
-            ValueError: either support's rows were edited in place after it was made.
-        """
-        source.check_unchanged()
-        target.check_unchanged()
-
-        def build() -> KernelMap:
-            from torch_lattice.ops.kmap import build_kernel_map
-
-            kmap = build_kernel_map(source.coords, target.coords, geometry)
-            self.builds += 1
-            return kmap
-
-        return self._cached(self._kernel_maps, (source, target, geometry),
-                            self._is_stable(source, target), build)
-
-    def transpose_pairs(self, fine: Support, coarse: Support, geometry: ConvGeometry) -> PairLists:
-        """Pair lists of the transposed relation coarse -> fine (cached like a kernel map),
-        built from the ``(N_coarse, K)`` table only (``build_transpose_pairs``).
-
-        Raises:
-            ValueError: either support's rows were edited in place after it was made.
-        """
-        fine.check_unchanged()
-        coarse.check_unchanged()
-
-        def build() -> PairLists:
-            from torch_lattice.ops.kmap import build_transpose_pairs
-
-            pairs = build_transpose_pairs(fine.coords, coarse.coords, geometry)
-            self.builds += 1
-            return pairs
-
-        return self._cached(self._transpose_pairs, ("transpose_pairs", fine, coarse, geometry),
-                            self._is_stable(fine, coarse), build)
 
     def record_expansion(self, output: Support, source: Support, geometry: ConvGeometry) -> None:
         """Notes that ``output`` is every ``source * stride + r * dilation - padding``."""
@@ -660,11 +563,9 @@ class SparseTensor:
         return self.replace(self._feats.detach())
 
     def __add__(self, other: object) -> SparseTensor:
-        """Feature-wise sum on equal supports (see :func:`torch_lattice.sparse_ops.add`)."""
+        """Feature-wise sum on equal supports (see :func:`add`)."""
         if not isinstance(other, SparseTensor):
             return NotImplemented
-        from torch_lattice.sparse_ops import add
-
         return add(self, other)
 
     def dense(self) -> torch.Tensor:
@@ -713,3 +614,47 @@ def _check_feats(feats: Any, rows: int) -> None:
         raise ValueError(
             f"feats must have one row per coordinate: {feats.shape[0]} rows for {rows} coords"
         )
+
+
+def same_support(a: SparseTensor, b: SparseTensor) -> bool:
+    """True when ``a`` and ``b`` have the same rows, in the same order, on one lattice:
+    one :class:`Support` object, or equal strides and equal coordinate rows."""
+    if a.support is b.support:
+        return True
+    if a.stride != b.stride or a.coords.shape != b.coords.shape or a.device != b.device:
+        return False
+    return bool(torch.equal(a.coords, b.coords))
+
+
+def check_same_support(op: str, a: SparseTensor, b: object, index: int) -> None:
+    """Raises unless ``b`` (argument ``index`` of ``op``) is a SparseTensor on ``a``'s
+    support (:func:`same_support`).
+
+    Raises:
+        TypeError: ``b`` is not a SparseTensor.
+        ValueError: the supports differ.
+    """
+    if not isinstance(b, SparseTensor):
+        raise TypeError(f"{op}: argument {index} must be a SparseTensor, got {type(b).__name__}")
+    if not same_support(a, b):
+        raise ValueError(
+            f"{op}: argument {index} has a different support ({len(b)} rows, stride {b.stride}) "
+            f"than argument 0 ({len(a)} rows, stride {a.stride}); supports must be the same "
+            "object or have equal coordinates in the same order"
+        )
+
+
+def add(a: SparseTensor, b: SparseTensor) -> SparseTensor:
+    """``a + b`` feature-wise on equal supports (``(N, C)`` each); the result keeps
+    ``a``'s support, so its cached kernel maps stay shared.
+
+    Raises:
+        TypeError: an argument is not a SparseTensor.
+        ValueError: different supports or channel counts.
+    """
+    if not isinstance(a, SparseTensor):
+        raise TypeError(f"add: argument 0 must be a SparseTensor, got {type(a).__name__}")
+    check_same_support("add", a, b, 1)
+    if a.feats.shape[1] != b.feats.shape[1]:
+        raise ValueError(f"add: channel counts differ: {a.feats.shape[1]} and {b.feats.shape[1]}")
+    return SparseTensor.from_support(a.feats + b.feats, a.support)

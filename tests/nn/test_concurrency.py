@@ -21,6 +21,7 @@ import pytest
 import torch
 
 import torch_lattice as tl
+from torch_lattice.nn.functional.relation import kernel_map
 from torch_lattice.ops import kmap as km
 
 try:
@@ -139,10 +140,9 @@ def test_cold_shared_tensor_builds_each_map_once(dataflow, monkeypatch):
 
 def test_kernel_map_pairs_built_once_under_threads(monkeypatch):
     x = nh.make_input(rows=500)
-    m = x.coordinate_manager
     geometry = tl.geometry.ConvGeometry.submanifold((3, 3, 3), (1, 1, 1))
     counter = _Counter(monkeypatch)
-    maps = _in_threads(lambda i: m.kernel_map(x.support, x.support, geometry))
+    maps = _in_threads(lambda i: kernel_map(x.support, x.support, geometry))
     assert all(k is maps[0] for k in maps)
     pairs = _in_threads(lambda i: maps[0].pairs(i % 2 == 0))
     assert all(p is pairs[i % 2] for i, p in enumerate(pairs))

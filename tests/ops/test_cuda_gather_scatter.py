@@ -397,7 +397,8 @@ def test_cuda_error_names_the_runtime_error_and_call_site() -> None:
         r"cudaSetDevice\(ctx->device\): cudaErrorInvalidDevice \(.+\)"
     )
     with pytest.raises(RuntimeError, match=pattern):
-        _C.cuda_pairs_count(bad, stream, nbr.data_ptr(), 64, 27, _runtime.workspace_alloc(nbr.device))
+        alloc = _runtime.workspace_alloc(nbr.device)
+        _C.cuda_pairs_count(bad, stream, nbr.data_ptr(), 64, 27, alloc)
     # the error was cleared: the next call works
     assert torch.ops.lattice.kernel_pairs(nbr)[1].numel() == 64 * 27
 

@@ -37,9 +37,9 @@ def _host_alloc(device: torch.device) -> Callable[[int], int]:
 
 
 def test_wrappers_pass_the_host_checks(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every map and convolution wrapper (kmap_cuda.py, conv_cuda.py) gets as far as the CUDA runtime: its arguments, in the
-    order the entry point parses them, pass the host checks, and the alloc it passes is
-    called for the workspace."""
+    """Every map and convolution wrapper (kmap_cuda.py, conv_cuda.py) gets as far as the
+    CUDA runtime: its arguments, in the order the entry point parses them, pass the host
+    checks, and the alloc it passes is called for the workspace."""
     for module in (kmap_cuda, conv_cuda):
         monkeypatch.setattr(module, "require_cuda", lambda op, *t: torch.device("cpu"))
         monkeypatch.setattr(module, "call_args", lambda device: (0, 0))

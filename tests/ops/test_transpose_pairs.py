@@ -21,6 +21,7 @@ from torch_lattice.memory_budget import MemoryBudgetError
 from torch_lattice.nn import functional as F
 from torch_lattice.nn.functional.config import resolve_config
 from torch_lattice.nn.functional.conv_transpose import transpose_onto
+from torch_lattice.nn.functional.supports import generated_transposed_support, generative_support
 from torch_lattice.ops.kmap import (
     DENSE_SLOTS_PER_PAIR,
     build_kernel_map,
@@ -51,7 +52,7 @@ def _run(x: tl.SparseTensor, weight: torch.Tensor, bias: torch.Tensor, g: ConvGe
         y = F.generative_conv_transpose3d(x, weight, bias, g.kernel_size, g.stride, config=cfg)
         feats, coords = y.feats, y.coords
     else:
-        target = x.coordinate_manager.generative_support(x.support, g)
+        target = generative_support(x.support, g)
         feats = transpose_onto(x, weight, target, g, resolve_config(cfg)) + bias
         coords = target.coords
     torch.manual_seed(7)
@@ -88,7 +89,7 @@ def test_pair_route_matches_kernel_map_route(ks, stride, flow):
 def test_pair_lists_equal_the_kernel_maps():
     g = ConvGeometry.create((3, 2, 3), (2, 2, 3))
     x = _input(5)
-    fine = x.coordinate_manager.generative_support(x.support, g).coords
+    fine = generative_support(x.support, g).coords
     want = build_kernel_map(fine, x.coords, g).pairs(transposed=True)
     got = build_transpose_pairs(fine, x.coords, g)
     for a, b in zip(got, want, strict=True):
@@ -126,7 +127,7 @@ def test_one_row_32_cubed_fits_a_budget_the_table_would_exceed():
         torch.testing.assert_close(up.weight.grad, feats[0].detach()[None, :, None] * grad[:, None],
                                    rtol=1e-12, atol=1e-12)
         assert x.coordinate_manager.cache_sizes()["kernel_maps"] == 0
-        target = x.coordinate_manager.generative_support(x.support, ConvGeometry.create(32, 32))
+        target = generative_support(x.support, ConvGeometry.create(32, 32))
         with pytest.raises(MemoryBudgetError, match=r"kernel map \(1 output rows, 32768 input"):
             build_kernel_map(target.coords, x.coords, ConvGeometry.create(32, 32))
     finally:
@@ -179,8 +180,6 @@ def test_transpose_onto_a_generated_target_matches_the_map_route(ks, stride, pad
     """conv_transpose3d onto generated_transposed_support's rows (replay's no-target
     transpose): the recorded expansion runs over pair lists; the same rows passed as a
     plain tensor take the kernel-map route; bitwise the same (both gather-scatter)."""
-    from torch_lattice.nn.functional.transposed_support import generated_transposed_support
-
     g = ConvGeometry.create(ks, stride, padding)
     x = _input(3)
     target = generated_transposed_support(x, g, "conv_transpose3d")
@@ -198,8 +197,6 @@ def test_transpose_onto_a_generated_target_matches_the_map_route(ks, stride, pad
 
 
 def test_transpose_onto_a_generated_32_cubed_target_fits_a_small_budget():
-    from torch_lattice.nn.functional.transposed_support import generated_transposed_support
-
     previous = tl.set_memory_budget(64 * 2**20)
     try:
         g = ConvGeometry.create(32, 32)

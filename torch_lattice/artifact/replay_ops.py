@@ -28,7 +28,8 @@ from torch_lattice.geometry import ConvGeometry
 from torch_lattice.nn import functional as F
 from torch_lattice.nn.functional.normalized import check_eps, weight_normalized
 from torch_lattice.nn.functional.pooling import pool_over_map
-from torch_lattice.nn.functional.transposed_support import generated_transposed_support
+from torch_lattice.nn.functional.relation import kernel_map
+from torch_lattice.nn.functional.supports import generated_transposed_support
 from torch_lattice.tensor import SparseTensor, Support, multiply_stride
 
 __all__ = ["EXECUTORS", "ReplayContext", "boundary_coords"]
@@ -252,7 +253,7 @@ def _pool3d(ctx: ReplayContext, op: Operation, args: list[Value]) -> tuple[Value
     geometry = _call(op, ConvGeometry.create, a["kernel_size"], a["stride"],
                      _forward_padding(a), a["dilation"])
     target = _floor_support(x, a["stride"])
-    kmap = x.coordinate_manager.kernel_map(x.support, target, geometry)
+    kmap = kernel_map(x.support, target, geometry)
     # avg: divided by the input rows that reach it; a row no input reaches is 0 for
     # avg and sum and -inf for max (the consumer's max over nothing)
     y = pool_over_map(x.feats.to(torch.float32), kmap, a["mode"])

@@ -11,8 +11,8 @@ siblings) import from here and never from one another's private helpers.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 import warnings
+from collections.abc import Callable
 
 import torch
 
@@ -39,7 +39,7 @@ __all__ = [
     "require_cuda",
     "threads",
     "weight_grad_dataflow",
-    "workspace",
+    "workspace_alloc",
 ]
 
 # dtype codes of enum tl_dtype in csrc/core/tl_conv.h

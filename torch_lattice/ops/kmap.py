@@ -129,12 +129,10 @@ class KernelMap:
         call (on CUDA, one readback of the pair count).
         """
 
-        def build() -> PairLists:
-            built = PairLists(*kernel_pairs(self.rev if transposed else self.nbr))
-            self._pairs[transposed] = built
-            return built
-
-        return get_or_build(self._pairs, transposed, self._lock, build)
+        return get_or_build(
+            self._pairs, transposed, self._lock,
+            lambda: PairLists(*kernel_pairs(self.rev if transposed else self.nbr)),
+        )
 
     def relation_pairs(self, transposed: bool = False) -> PairLists:
         """Pair lists for running the relation in one direction, building as little as possible.
@@ -147,15 +145,15 @@ class KernelMap:
         :meth:`pairs` of that direction.  So a map run forward, backward and transposed
         builds one pair list from a neighbour table.
         """
+        other = self._pairs.get(not transposed)
+        if transposed not in self._pairs and other is not None and (
+            other.offsets.device.type != "cpu"
+        ):
+            return reverse_pairs(*other)  # the CUDA swap is not pairs(transposed): not cached
 
         def derive() -> PairLists:
             other = self._pairs.get(not transposed)
-            if other is None:
-                return self.pairs(transposed)
-            derived = reverse_pairs(*other)
-            if derived.offsets.device.type == "cpu":
-                self._pairs[transposed] = derived
-            return derived
+            return self.pairs(transposed) if other is None else reverse_pairs(*other)
 
         return get_or_build(self._pairs, transposed, self._lock, derive)
 

@@ -12,41 +12,53 @@ import torch
 
 from torch_lattice.geometry import ConvGeometry, check_kernel_size, triple
 from torch_lattice.nn.functional.config import ConvConfig, resolve_config
-from torch_lattice.nn.functional.relation import apply_kernel_map
+from torch_lattice.nn.functional.relation import apply_kernel_map, kernel_map
+from torch_lattice.nn.functional.supports import generated_support
 from torch_lattice.tensor import SparseTensor, Support, multiply_stride, validate_coords
 
-__all__ = ["conv3d", "subm_conv3d"]
+__all__ = ["check_bias", "check_call", "conv3d", "subm_conv3d"]
 
 
-def check_input(x: SparseTensor, weight: torch.Tensor, geometry: ConvGeometry) -> None:
+def check_call(
+    x: SparseTensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    config: ConvConfig | None,
+    geometry: ConvGeometry,
+) -> torch.Tensor:
+    """Every argument check of one convolution call (input, weight, bias, config);
+    returns the input's features.
+
+    Each public entry runs it once; the helpers it calls after trust the arguments.
+    """
+    volume = geometry.volume
     if not isinstance(x, SparseTensor):
         raise TypeError(f"input must be a torch_lattice.SparseTensor, got {type(x).__name__}")
     if not isinstance(weight, torch.Tensor):
         raise TypeError(f"weight must be a torch.Tensor, got {type(weight).__name__}")
     if not weight.is_floating_point():
         raise TypeError(f"weight must be a floating tensor, got {weight.dtype}")
-    if weight.dim() != 3 or weight.shape[0] != geometry.volume:
+    if weight.dim() != 3 or weight.shape[0] != volume:
         raise ValueError(
-            f"weight must have shape (K={geometry.volume}, C_in, C_out) for kernel_size "
+            f"weight must have shape (K={volume}, C_in, C_out) for kernel_size "
             f"{geometry.kernel_size}, got {tuple(weight.shape)}"
         )
-    if x.feats.shape[1] != weight.shape[1]:
+    feats = x.feats
+    if feats.shape[1] != weight.shape[1]:
         raise ValueError(
-            f"input feats have {x.feats.shape[1]} channels but the layer expects "
+            f"input feats have {feats.shape[1]} channels but the layer expects "
             f"in_channels={weight.shape[1]}"
         )
-    if x.feats.dtype != weight.dtype:
+    if feats.dtype != weight.dtype:
         raise TypeError(
-            f"input feats dtype {x.feats.dtype} does not match weight dtype {weight.dtype}"
+            f"input feats dtype {feats.dtype} does not match weight dtype {weight.dtype}"
         )
-    if x.feats.device != weight.device:
-        raise ValueError(f"input is on {x.feats.device} but weight is on {weight.device}")
-
-
-def check_config(config: ConvConfig | None) -> None:
-    """``config`` is None or a :class:`ConvConfig`."""
+    if feats.device != weight.device:
+        raise ValueError(f"input is on {feats.device} but weight is on {weight.device}")
+    check_bias(bias, weight)
     if config is not None and not isinstance(config, ConvConfig):
         raise TypeError(f"config must be a ConvConfig or None, got {type(config).__name__}")
+    return feats
 
 
 def check_bias(bias: torch.Tensor | None, weight: torch.Tensor) -> None:
@@ -66,16 +78,19 @@ def check_bias(bias: torch.Tensor | None, weight: torch.Tensor) -> None:
 
 
 def _apply(
-    x: SparseTensor,
+    feats: torch.Tensor,
+    source: Support,
     weight: torch.Tensor,
     bias: torch.Tensor | None,
-    target: Support,
+    target: Support | None,
     geometry: ConvGeometry,
     config: ConvConfig | None,
 ) -> SparseTensor:
-    """Runs the relation from ``x``'s support onto ``target`` and adds bias."""
-    kmap = x.coordinate_manager.kernel_map(x.support, target, geometry)
-    y = apply_kernel_map(x.feats, weight, kmap, resolve_config(config, device=x.feats.device))
+    """Runs the relation from ``source`` (rows of ``feats``) onto ``target`` (None:
+    ``source`` itself) and adds bias."""
+    target = source if target is None else target
+    cfg = resolve_config(config, device=feats.device)
+    y = apply_kernel_map(feats, weight, kernel_map(source, target, geometry), cfg)
     if bias is not None:
         y = y + bias
     return SparseTensor.from_support(y, target)
@@ -115,38 +130,6 @@ def target_support(
     return x.coordinate_manager.new_support(coords, expected, None)
 
 
-# Output coordinates are int32: an output range may be at most 2^31 per axis.
-_COORD_LIMIT = 2**31
-
-
-def generated_support(x: SparseTensor, geometry: ConvGeometry) -> Support:
-    """The support a strided convolution (or pooling) with ``geometry`` generates
-    from ``x`` (cached in its coordinate manager).
-
-    Raises:
-        ValueError: the window does not fit the input range (``R_out < 1``), as
-            for ``torch.nn.Conv3d``; an empty tensor without a range is allowed.
-            Or the output range exceeds 2^31 on some axis (padding past int32).
-    """
-    src = x.support
-    out_range = geometry.output_range(src.grid_range())
-    if min(out_range) < 1 and (src.num_rows or src.spatial_range is not None):
-        raise ValueError(
-            f"kernel_size {geometry.kernel_size} with dilation {geometry.dilation} and padding "
-            f"{geometry.padding} does not fit the input range {src.grid_range()}: "
-            f"output range would be {out_range}"
-        )
-    for axis, r in enumerate(out_range):
-        if r > _COORD_LIMIT:
-            raise ValueError(
-                f"padding {geometry.padding} on the input range {src.grid_range()} "
-                f"(spatial_range {src.spatial_range}) gives an output range {out_range} whose "
-                f"axis {'xyz'[axis]} exceeds 2^31: output coordinates must fit int32; use less "
-                "padding or a smaller spatial_range"
-            )
-    return x.coordinate_manager.generated_support(src, geometry)
-
-
 def conv3d(
     input: SparseTensor,
     weight: torch.Tensor,
@@ -177,18 +160,17 @@ def conv3d(
         SparseTensor with stride ``input.stride * stride``.
     """
     geometry = ConvGeometry.create(kernel_size, stride, padding, dilation)
-    check_input(input, weight, geometry)
-    check_bias(bias, weight)
-    check_config(config)
+    feats = check_call(input, weight, bias, config, geometry)
+    source = input.support
     if coordinates is not None:
-        expected = multiply_stride(input.stride, geometry.stride)
+        expected = multiply_stride(source.stride, geometry.stride)
         target = target_support(input, coordinates, expected)
-        target.manager.record_derivation(target, input.support, geometry)
-        return _apply(input, weight, bias, target, geometry, config)
+        target.manager.record_derivation(target, source, geometry)
+        return _apply(feats, source, weight, bias, target, geometry, config)
     if geometry.is_identity:
         return pointwise(input, weight, bias)
-    target = generated_support(input, geometry)
-    return _apply(input, weight, bias, target, geometry, config)
+    target = generated_support(source, geometry)
+    return _apply(feats, source, weight, bias, target, geometry, config)
 
 
 def subm_conv3d(
@@ -209,9 +191,8 @@ def subm_conv3d(
     if any(k % 2 == 0 for k in ks):
         raise ValueError(f"kernel_size must be odd in every axis for SubmConv3d, got {ks}")
     geometry = ConvGeometry.submanifold(ks, triple("dilation", dilation, 1))
-    check_input(input, weight, geometry)
-    check_bias(bias, weight)
-    check_config(config)
-    if geometry.is_identity:
+    identity = geometry.is_identity
+    feats = check_call(input, weight, bias, config, geometry)
+    if identity:
         return pointwise(input, weight, bias)
-    return _apply(input, weight, bias, input.support, geometry, config)
+    return _apply(feats, input.support, weight, bias, None, geometry, config)

@@ -15,15 +15,9 @@ import torch
 
 from torch_lattice.geometry import ConvGeometry
 from torch_lattice.nn.functional.config import ConvConfig, Dataflow, resolve_config
-from torch_lattice.nn.functional.conv import (
-    check_bias,
-    check_config,
-    check_input,
-    pointwise,
-    target_support,
-)
-from torch_lattice.nn.functional.relation import apply_kernel_map
-from torch_lattice.nn.functional.transposed_support import cached_source_support
+from torch_lattice.nn.functional.conv import check_call, pointwise, target_support
+from torch_lattice.nn.functional.relation import apply_kernel_map, kernel_map, transpose_pairs
+from torch_lattice.nn.functional.supports import cached_source_support, generative_support
 from torch_lattice.ops.conv import pair_conv
 from torch_lattice.ops.kmap import sparse_table
 from torch_lattice.tensor import SparseTensor, Support, divide_stride
@@ -62,7 +56,7 @@ def transpose_onto(
     config: ConvConfig,
 ) -> torch.Tensor:
     """``(N_target, C_out)`` transposed-relation features (no bias)."""
-    kmap = target.manager.kernel_map(target, src.support, geometry)
+    kmap = kernel_map(target, src.support, geometry)
     return apply_kernel_map(src.feats, weight, kmap, config, transposed=True)
 
 
@@ -88,7 +82,7 @@ def generated_transpose(
     gather = config.dataflow is not Dataflow.FetchOnDemand
     if config.dataflow is Dataflow.ImplicitGEMM and not sparse_table(n_in, n_out):
         return None
-    pairs = target.manager.transpose_pairs(target, src.support, geometry)
+    pairs = transpose_pairs(target, src.support, geometry)
     return pair_conv(
         src.feats, weight, *pairs, None, None, None, n_out, gather, bool(config.allow_tf32)
     )
@@ -137,9 +131,7 @@ def conv_transpose3d(
             and rejects an explicit request for another dataflow.
     """
     geometry = ConvGeometry.create(kernel_size, stride, padding, dilation)
-    check_input(input, weight, geometry)
-    check_bias(bias, weight)
-    check_config(config)
+    check_call(input, weight, bias, config, geometry)
     cfg = resolve_config(
         config, target_transpose=coordinates is not None, device=input.feats.device
     )
@@ -175,15 +167,13 @@ def generative_conv_transpose3d(
     with them it is a target transpose.
     """
     geometry = ConvGeometry.create(kernel_size, stride)
-    check_input(input, weight, geometry)
-    check_bias(bias, weight)
-    check_config(config)
+    check_call(input, weight, bias, config, geometry)
     cfg = resolve_config(
         config, target_transpose=coordinates is not None, device=input.feats.device
     )
     target = resolve_target(input, coordinates, geometry.stride)
     if target is None:
-        target = input.coordinate_manager.generative_support(input.support, geometry)
+        target = generative_support(input.support, geometry)
         y = generated_transpose(input, weight, target, geometry, cfg)
         if y is not None:
             return _finish(y, bias, target)

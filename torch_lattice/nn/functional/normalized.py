@@ -51,7 +51,10 @@ def normalized(
         out = conv(input, weight)
     else:
         out = weight_normalized(conv, input, weight, eps)
-    return out.replace(out.feats if bias is None else out.feats + bias)
+    if bias is None:
+        return out
+    # Features this function made: trusted, not checked again (SparseTensor.replace would).
+    return SparseTensor.from_support(out.feats + bias, out.support)
 
 
 def weight_normalized(
@@ -60,5 +63,6 @@ def weight_normalized(
     """``conv(input, weight) / sqrt(conv(1, weight**2) + eps)`` at any kernel size
     (no bias, no checks: ``eps`` already checked)."""
     num = conv(input, weight)
-    den = conv(input.replace(torch.ones_like(input.feats)), weight * weight)
-    return num.replace(num.feats / torch.sqrt(den.feats + eps))
+    ones = SparseTensor.from_support(torch.ones_like(input.feats), input.support)
+    den = conv(ones, weight * weight)
+    return SparseTensor.from_support(num.feats / torch.sqrt(den.feats + eps), num.support)

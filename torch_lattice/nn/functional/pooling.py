@@ -24,16 +24,17 @@ import torch
 from torch_lattice.coord_rows import lookup_rows
 from torch_lattice.geometry import ConvGeometry, kernel_positions, triple
 from torch_lattice.memory_budget import check_allocation
-from torch_lattice.nn.functional.conv import generated_support
 from torch_lattice.nn.functional.conv_transpose import resolve_target
-from torch_lattice.nn.functional.transposed_support import (
+from torch_lattice.nn.functional.relation import kernel_map, transpose_pairs
+from torch_lattice.nn.functional.supports import (
     cached_source_support,
+    generated_support,
     generated_transposed_support,
 )
 from torch_lattice.ops._runtime import compute_dtype
 from torch_lattice.ops.kmap import KernelMap, sparse_table
 from torch_lattice.ops.pool import pool_avg, pool_max, pool_sum
-from torch_lattice.tensor import SparseTensor, Support, divide_stride
+from torch_lattice.tensor import SparseTensor, Support
 
 __all__ = [
     "avg_pool3d",
@@ -79,8 +80,8 @@ def _pool(x: SparseTensor, geometry: ConvGeometry, mode: str) -> SparseTensor:
     _check_sparse(x, "input")
     if geometry.is_identity:
         return SparseTensor.from_support(x.feats, x.support)
-    target = generated_support(x, geometry)
-    kmap = x.coordinate_manager.kernel_map(x.support, target, geometry)
+    target = generated_support(x.support, geometry)
+    kmap = kernel_map(x.support, target, geometry)
     return SparseTensor.from_support(pool_over_map(x.feats, kmap, mode), target)
 
 
@@ -169,14 +170,15 @@ def pool_transpose3d(
     geometry = pool_geometry(kernel_size, stride, padding, dilation)
     support = _transpose_target(x, target, geometry)
     if support is None and not expand_coordinates:
-        divide_stride(x.stride, geometry.stride)
+        # A recorded derivation has a stride divisible by geometry.stride; without one,
+        # generated_transposed_support checks it.
         support = cached_source_support(x, geometry)
     if support is None:
         support = generated_transposed_support(x, geometry, "pool_transpose3d")
         y = _average_onto_generated(x, support, geometry)
         if y is not None:
             return SparseTensor.from_support(y, support)
-    kmap = support.manager.kernel_map(support, x.support, geometry)
+    kmap = kernel_map(support, x.support, geometry)
     # The fine -> coarse forward map read backwards: rev lists, per fine row, the
     # coarse rows reaching it, so the average over them is pool_avg on rev.
     y = pool_avg(x.feats, kmap.rev, kmap.nbr)
@@ -195,7 +197,7 @@ def _average_onto_generated(
     """
     if x.feats.device.type != "cpu" or not sparse_table(x.support.num_rows, fine.num_rows):
         return None
-    _, pair_in, pair_out = fine.manager.transpose_pairs(fine, x.support, geometry)
+    _, pair_in, pair_out = transpose_pairs(fine, x.support, geometry)
     work = compute_dtype("pool_transpose3d", x.feats.dtype)
     pairs, channels = int(pair_in.shape[0]), int(x.feats.shape[1])
     check_allocation(

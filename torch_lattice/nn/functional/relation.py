@@ -1,5 +1,6 @@
-"""Running a cached kernel map forward or transposed, with the configured
-dataflow.
+"""The relation between two supports: its kernel map (or transpose pair lists),
+built here on a miss and cached in the coordinate manager, and running it with
+the configured dataflow.
 
 Every convolution family ends here: a forward convolution reads the map from
 its input support to its output support; a transposed one reads the map of
@@ -11,11 +12,54 @@ from __future__ import annotations
 
 import torch
 
+from torch_lattice.geometry import ConvGeometry
 from torch_lattice.nn.functional.config import ConvConfig, Dataflow
+from torch_lattice.ops import kmap as km
 from torch_lattice.ops.conv import pair_conv, sparse_conv
-from torch_lattice.ops.kmap import KernelMap
+from torch_lattice.ops.kmap import KernelMap, PairLists
+from torch_lattice.tensor import Support
 
-__all__ = ["apply_kernel_map"]
+__all__ = ["apply_kernel_map", "kernel_map", "transpose_pairs"]
+
+
+def kernel_map(source: Support, target: Support, geometry: ConvGeometry) -> KernelMap:
+    """The map relating ``source`` rows to ``target`` rows, cached in ``source``'s
+    coordinate manager (built once; counted in its ``builds``).
+
+    Maps between the manager's stable supports are kept for its lifetime; a map
+    with a single-call support (``conv3d(x, coordinates=q)`` with a new ``q`` each
+    call) goes to its bounded least-recently-used cache.
+
+    Raises:
+        ValueError: either support's rows were edited in place after it was made,
+            or the tables would exceed the memory budget.
+    """
+    manager = source.manager
+
+    def build() -> KernelMap:
+        # Through the module, so a test's stand-in builder is seen.
+        kmap = km.build_kernel_map(source.coords, target.coords, geometry)
+        manager.builds += 1
+        return kmap
+
+    return manager.cached("kernel_maps", (source, target, geometry), (source, target), build)
+
+
+def transpose_pairs(fine: Support, coarse: Support, geometry: ConvGeometry) -> PairLists:
+    """Pair lists of the transposed relation coarse -> fine, cached like a kernel map,
+    built from the ``(N_coarse, K)`` table only (``build_transpose_pairs``).
+
+    Raises:
+        ValueError: either support's rows were edited in place after it was made.
+    """
+    manager = fine.manager
+
+    def build() -> PairLists:
+        pairs = km.build_transpose_pairs(fine.coords, coarse.coords, geometry)
+        manager.builds += 1
+        return pairs
+
+    return manager.cached("transpose_pairs", (fine, coarse, geometry), (fine, coarse), build)
 
 
 def apply_kernel_map(
