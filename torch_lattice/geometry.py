@@ -8,7 +8,7 @@ follows from the input range, and the z-fastest order of kernel rows.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -91,6 +91,16 @@ class ConvGeometry:
     stride: Triple = (1, 1, 1)
     padding: Triple = (0, 0, 0)
     dilation: Triple = (1, 1, 1)
+    # Derived once when the geometry is made (read on every convolution call).
+    volume: int = field(init=False, compare=False, repr=False)
+    is_identity: bool = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        # Number of kernel rows K; whether the kernel is 1x1x1 with stride 1 and no
+        # padding (output support = input).
+        object.__setattr__(self, "volume", kernel_volume(self.kernel_size))
+        identity = (self.kernel_size, self.stride, self.padding) == ((1, 1, 1),) * 2 + ((0, 0, 0),)
+        object.__setattr__(self, "is_identity", identity)
 
     @staticmethod
     def create(
@@ -112,20 +122,6 @@ class ConvGeometry:
         """The centered stride-1 relation of SubmConv3d (odd kernels)."""
         pad = tuple(d * (k - 1) // 2 for k, d in zip(kernel_size, dilation, strict=True))
         return ConvGeometry(kernel_size, (1, 1, 1), (pad[0], pad[1], pad[2]), dilation)
-
-    @property
-    def volume(self) -> int:
-        """Number of kernel rows K."""
-        return kernel_volume(self.kernel_size)
-
-    @property
-    def is_identity(self) -> bool:
-        """Whether the kernel is 1x1x1 with stride 1 and no padding (output support = input)."""
-        return (
-            self.kernel_size == (1, 1, 1)
-            and self.stride == (1, 1, 1)
-            and (self.padding == (0, 0, 0))
-        )
 
     def as_c(self) -> tuple[Triple, Triple, Triple, Triple]:
         """The tuple layout the C core parses."""

@@ -19,7 +19,6 @@ import torch
 
 from torch_lattice import _C
 from torch_lattice.geometry import ConvGeometry, Triple, triple
-from torch_lattice.locked_cache import get_or_build
 from torch_lattice.memory_budget import check_allocation
 
 __all__ = [
@@ -221,6 +220,8 @@ TRANSIENT_CACHE_SIZE = 32
 # The kinds of cached entries: supports of strided convolutions (and re-ranged ones), of
 # generative transposes, kernel maps, and pair lists of transposes built without one.
 CACHE_KINDS = ("generated", "generative", "kernel_maps", "transpose_pairs")
+# The kinds whose builds ``CoordinateManager.builds`` counts (tests and profiling).
+COUNTED_KINDS = frozenset({"kernel_maps", "transpose_pairs"})
 
 V = TypeVar("V")
 
@@ -276,7 +277,7 @@ class CoordinateManager:
         default_factory=weakref.WeakKeyDictionary
     )
     # Kernel maps and transpose pair lists built (not served from cache), counted by
-    # their builders; for tests and profiling.
+    # ``cached``; for tests and profiling.
     builds: int = 0
     _lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
 
@@ -302,7 +303,11 @@ class CoordinateManager:
         ``supports``: from the cache, else ``build()``, stored and returned.
 
         Kept for the manager's lifetime when every support is stable, else in the
-        bounded least-recently-used cache.  The build runs under the manager's lock.
+        bounded least-recently-used cache.  A hit on a stable table reads a dict
+        without the lock; a miss takes the manager's lock and looks again, so threads
+        that missed together build once.  Builds of ``COUNTED_KINDS`` are counted in
+        ``builds``.  The manager calls ``build`` itself (no wrapper), so a map built on
+        a miss goes straight from here to the op layer.
 
         Raises:
             ValueError: a support's rows were edited in place after it was made.
@@ -310,15 +315,21 @@ class CoordinateManager:
         for support in supports:
             support.check_unchanged()
         full_key = (kind, *key)
-        if self.is_stable(*supports):
-            return get_or_build(self._tables[kind], full_key, self._lock, build)
-        with self._lock:
-            hit = self._transient.get(full_key)
+        stable = self.is_stable(*supports)
+        table = self._tables[kind] if stable else self._transient
+        if stable:
+            hit = table.get(full_key)
             if hit is not None:
-                self._transient.move_to_end(full_key)
+                return hit
+        with self._lock:
+            hit = table.get(full_key)
+            if hit is not None:
+                if not stable:
+                    self._transient.move_to_end(full_key)
                 return hit
             value = build()
-            self._transient[full_key] = value
+            table[full_key] = value
+            self.builds += kind in COUNTED_KINDS
             while len(self._transient) > TRANSIENT_CACHE_SIZE:
                 self._transient.popitem(last=False)
             return value

@@ -28,7 +28,6 @@ __all__ = [
     "call_args",
     "check_deterministic",
     "check_device_arch",
-    "check_nbr",
     "compute_dtype",
     "cuda_feature_code",
     "device_index",
@@ -88,15 +87,6 @@ def compute_dtype(op: str, dtype: torch.dtype) -> torch.dtype:
     if dtype in (torch.float16, torch.bfloat16):
         return torch.float32
     raise TypeError(f"lattice::{op}: features must be floating, got {dtype}")
-
-
-def check_nbr(op: str, nbr: torch.Tensor) -> None:
-    """Raises unless ``nbr`` is an int32 ``(N_out, K)`` neighbour table."""
-    if nbr.dtype != torch.int32 or nbr.dim() != 2:
-        raise ValueError(
-            f"lattice::{op}: kernel map must be an int32 (N_out, K) table; "
-            f"got {nbr.dtype} {tuple(nbr.shape)}"
-        )
 
 
 def ptr(t: torch.Tensor) -> int:

@@ -28,7 +28,6 @@ import torch
 from torch_lattice.ops._runtime import (
     _C,
     DTYPE_CODES,
-    check_nbr,
     compute_dtype,
     ptr,
     require_cpu,
@@ -38,6 +37,7 @@ from torch_lattice.ops.kmap import reverse_pairs
 
 __all__ = [
     "check_conv_args",
+    "check_nbr",
     "check_pair_conv",
     "check_pair_conv_weight_grad",
     "check_sparse_conv",
@@ -51,6 +51,16 @@ __all__ = [
 
 # enum tl_pairs_mode in csrc/core/tl_dataflow_pairs.h
 FETCH_ON_DEMAND, GATHER_SCATTER = 0, 1
+
+
+def check_nbr(op: str, nbr: torch.Tensor) -> None:
+    """Raises unless ``nbr`` is an int32 ``(N_out, K)`` neighbour table (the table the
+    convolution and pooling ops read)."""
+    if nbr.dtype != torch.int32 or nbr.dim() != 2:
+        raise ValueError(
+            f"lattice::{op}: kernel map must be an int32 (N_out, K) table; "
+            f"got {nbr.dtype} {tuple(nbr.shape)}"
+        )
 
 
 def check_conv_args(op: str, feats: torch.Tensor, weight: torch.Tensor, k: int) -> None:
@@ -143,7 +153,25 @@ def pair_dataflow(gather: bool) -> str:
     return "gather_scatter" if gather else "fetch_on_demand"
 
 
-def _forward(feats: torch.Tensor, weight: torch.Tensor, nbr: torch.Tensor) -> torch.Tensor:
+@torch.library.custom_op("lattice::sparse_conv", mutates_args=())
+def sparse_conv(
+    feats: torch.Tensor,
+    weight: torch.Tensor,
+    nbr: torch.Tensor,
+    rev: torch.Tensor,
+    allow_tf32: bool = False,
+) -> torch.Tensor:
+    """``(N_out, C_out)``: ``y[o] = sum_n feats[nbr[o, n]] @ weight[n]``.
+
+    Args:
+        feats: ``(N_in, C_in)`` floating.
+        weight: ``(K, C_in, C_out)``, same dtype.
+        nbr: ``(N_out, K)`` int32 neighbour table.
+        rev: ``(N_in, K)`` int32 transpose of ``nbr`` (used by backward).
+        allow_tf32: let CUDA use TF32 tensor cores for float32 (ignored on CPU).
+    """
+    check_sparse_conv(feats, weight, nbr)
+    require_cpu("sparse_conv", feats, weight, nbr, rev)
     work = compute_dtype("sparse_conv", feats.dtype)
     x = feats.to(work).contiguous()
     w = weight.to(work).contiguous()
@@ -164,28 +192,6 @@ def _forward(feats: torch.Tensor, weight: torch.Tensor, nbr: torch.Tensor) -> to
         threads(),
     )
     return y.to(feats.dtype)
-
-
-@torch.library.custom_op("lattice::sparse_conv", mutates_args=())
-def sparse_conv(
-    feats: torch.Tensor,
-    weight: torch.Tensor,
-    nbr: torch.Tensor,
-    rev: torch.Tensor,
-    allow_tf32: bool = False,
-) -> torch.Tensor:
-    """``(N_out, C_out)``: ``y[o] = sum_n feats[nbr[o, n]] @ weight[n]``.
-
-    Args:
-        feats: ``(N_in, C_in)`` floating.
-        weight: ``(K, C_in, C_out)``, same dtype.
-        nbr: ``(N_out, K)`` int32 neighbour table.
-        rev: ``(N_in, K)`` int32 transpose of ``nbr`` (used by backward).
-        allow_tf32: let CUDA use TF32 tensor cores for float32 (ignored on CPU).
-    """
-    require_cpu("sparse_conv", feats, weight, nbr, rev)
-    check_sparse_conv(feats, weight, nbr)
-    return _forward(feats, weight, nbr)
 
 
 @sparse_conv.register_fake

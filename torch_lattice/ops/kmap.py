@@ -265,8 +265,8 @@ def _nbr_table(
     dilation: list[int],
 ) -> torch.Tensor:
     """The output-stationary table ``nbr (N_out, K)`` int32, built on the CPU."""
-    require_cpu(what, in_coords, out_coords)
     geom = conv_geom(kernel_size, stride, padding, dilation)
+    require_cpu(what, in_coords, out_coords)
     in_coords, out_coords = in_coords.contiguous(), out_coords.contiguous()
     k = kernel_size[0] * kernel_size[1] * kernel_size[2]
     n_in, n_out = in_coords.shape[0], out_coords.shape[0]
@@ -294,7 +294,8 @@ def build_kernel_map(
             exceed the memory budget (a one-row input with a 32^3 kernel generates
             32^3 output rows and a 4 GiB table).
     """
-    ks, s, p, d = (list(v) for v in geometry.as_c())
+    g = geometry
+    ks, s, p, d = list(g.kernel_size), list(g.stride), list(g.padding), list(g.dilation)
     k = ks[0] * ks[1] * ks[2]
     rows = int(in_coords.shape[0]) + int(out_coords.shape[0])
     check_allocation(

@@ -21,12 +21,12 @@ import torch
 from torch_lattice.ops._runtime import (
     _C,
     DTYPE_CODES,
-    check_nbr,
     compute_dtype,
     ptr,
     require_cpu,
     threads,
 )
+from torch_lattice.ops.conv import check_nbr
 
 __all__ = ["check_pool_args", "pool_avg", "pool_max", "pool_max_backward", "pool_sum"]
 

@@ -10,13 +10,22 @@ from collections.abc import Sequence
 
 import torch
 
-from torch_lattice.geometry import ConvGeometry, check_kernel_size, triple
+from torch_lattice.geometry import ConvGeometry, check_submanifold_kernel_size, triple
 from torch_lattice.nn.functional.config import ConvConfig, resolve_config
 from torch_lattice.nn.functional.relation import apply_kernel_map, kernel_map
 from torch_lattice.nn.functional.supports import generated_support
 from torch_lattice.tensor import SparseTensor, Support, multiply_stride, validate_coords
 
-__all__ = ["check_bias", "check_call", "conv3d", "subm_conv3d"]
+__all__ = [
+    "check_bias",
+    "check_call",
+    "check_config",
+    "conv3d",
+    "conv3d_over",
+    "subm_conv3d",
+    "subm_conv3d_over",
+    "submanifold_geometry",
+]
 
 
 def check_call(
@@ -25,13 +34,14 @@ def check_call(
     bias: torch.Tensor | None,
     config: ConvConfig | None,
     geometry: ConvGeometry,
-) -> torch.Tensor:
+    volume: int,
+) -> tuple[torch.Tensor, Support]:
     """Every argument check of one convolution call (input, weight, bias, config);
-    returns the input's features.
+    returns the input's features and support. ``volume`` is ``geometry.volume``, read by
+    the caller beside its other geometry steps.
 
     Each public entry runs it once; the helpers it calls after trust the arguments.
     """
-    volume = geometry.volume
     if not isinstance(x, SparseTensor):
         raise TypeError(f"input must be a torch_lattice.SparseTensor, got {type(x).__name__}")
     if not isinstance(weight, torch.Tensor):
@@ -43,7 +53,7 @@ def check_call(
             f"weight must have shape (K={volume}, C_in, C_out) for kernel_size "
             f"{geometry.kernel_size}, got {tuple(weight.shape)}"
         )
-    feats = x.feats
+    feats, support = x.feats, x.support
     if feats.shape[1] != weight.shape[1]:
         raise ValueError(
             f"input feats have {feats.shape[1]} channels but the layer expects "
@@ -56,9 +66,14 @@ def check_call(
     if feats.device != weight.device:
         raise ValueError(f"input is on {feats.device} but weight is on {weight.device}")
     check_bias(bias, weight)
+    check_config(config)
+    return feats, support
+
+
+def check_config(config: ConvConfig | None) -> None:
+    """``config`` is None or a :class:`ConvConfig` (modules check it at construction)."""
     if config is not None and not isinstance(config, ConvConfig):
         raise TypeError(f"config must be a ConvConfig or None, got {type(config).__name__}")
-    return feats
 
 
 def check_bias(bias: torch.Tensor | None, weight: torch.Tensor) -> None:
@@ -160,8 +175,20 @@ def conv3d(
         SparseTensor with stride ``input.stride * stride``.
     """
     geometry = ConvGeometry.create(kernel_size, stride, padding, dilation)
-    feats = check_call(input, weight, bias, config, geometry)
-    source = input.support
+    return conv3d_over(input, weight, bias, geometry, coordinates=coordinates, config=config)
+
+
+def conv3d_over(
+    input: SparseTensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    geometry: ConvGeometry,
+    *,
+    coordinates: SparseTensor | Support | torch.Tensor | None = None,
+    config: ConvConfig | None = None,
+) -> SparseTensor:
+    """:func:`conv3d` over a geometry its caller checked (see :func:`subm_conv3d_over`)."""
+    feats, source = check_call(input, weight, bias, config, geometry, geometry.volume)
     if coordinates is not None:
         expected = multiply_stride(source.stride, geometry.stride)
         target = target_support(input, coordinates, expected)
@@ -187,12 +214,30 @@ def subm_conv3d(
     ``y[q] = bias + sum_n weight[n]^T x[q + (r_n - (K-1)/2) * dilation]`` on
     exactly the input rows, in their order.
     """
-    ks = check_kernel_size(kernel_size)
-    if any(k % 2 == 0 for k in ks):
-        raise ValueError(f"kernel_size must be odd in every axis for SubmConv3d, got {ks}")
-    geometry = ConvGeometry.submanifold(ks, triple("dilation", dilation, 1))
-    identity = geometry.is_identity
-    feats = check_call(input, weight, bias, config, geometry)
+    geometry = submanifold_geometry(kernel_size, dilation)
+    return subm_conv3d_over(input, weight, bias, geometry, config=config)
+
+
+def submanifold_geometry(
+    kernel_size: int | Sequence[int], dilation: int | Sequence[int]
+) -> ConvGeometry:
+    """The checked geometry of ``subm_conv3d(kernel_size=, dilation=)``."""
+    ks = check_submanifold_kernel_size(kernel_size)
+    return ConvGeometry.submanifold(ks, triple("dilation", dilation, 1))
+
+
+def subm_conv3d_over(
+    input: SparseTensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    geometry: ConvGeometry,
+    *,
+    config: ConvConfig | None = None,
+) -> SparseTensor:
+    """:func:`subm_conv3d` over a geometry its caller checked (a module does at
+    construction), so a module's forward checks only the call's arguments."""
+    identity, volume = geometry.is_identity, geometry.volume
+    feats, source = check_call(input, weight, bias, config, geometry, volume)
     if identity:
         return pointwise(input, weight, bias)
-    return _apply(feats, input.support, weight, bias, None, geometry, config)
+    return _apply(feats, source, weight, bias, None, geometry, config)

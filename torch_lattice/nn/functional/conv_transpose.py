@@ -24,7 +24,9 @@ from torch_lattice.tensor import SparseTensor, Support, divide_stride
 
 __all__ = [
     "conv_transpose3d",
+    "conv_transpose3d_over",
     "generative_conv_transpose3d",
+    "generative_conv_transpose3d_over",
     "inverse_support",
     "resolve_target",
 ]
@@ -131,7 +133,23 @@ def conv_transpose3d(
             and rejects an explicit request for another dataflow.
     """
     geometry = ConvGeometry.create(kernel_size, stride, padding, dilation)
-    check_call(input, weight, bias, config, geometry)
+    return conv_transpose3d_over(
+        input, weight, bias, geometry, coordinates=coordinates, config=config
+    )
+
+
+def conv_transpose3d_over(
+    input: SparseTensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    geometry: ConvGeometry,
+    *,
+    coordinates: SparseTensor | Support | torch.Tensor | None = None,
+    config: ConvConfig | None = None,
+) -> SparseTensor:
+    """:func:`conv_transpose3d` over a geometry its caller checked (a module does at
+    construction)."""
+    check_call(input, weight, bias, config, geometry, geometry.volume)
     cfg = resolve_config(
         config, target_transpose=coordinates is not None, device=input.feats.device
     )
@@ -167,7 +185,22 @@ def generative_conv_transpose3d(
     with them it is a target transpose.
     """
     geometry = ConvGeometry.create(kernel_size, stride)
-    check_call(input, weight, bias, config, geometry)
+    return generative_conv_transpose3d_over(
+        input, weight, bias, geometry, coordinates=coordinates, config=config
+    )
+
+
+def generative_conv_transpose3d_over(
+    input: SparseTensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    geometry: ConvGeometry,
+    *,
+    coordinates: SparseTensor | Support | torch.Tensor | None = None,
+    config: ConvConfig | None = None,
+) -> SparseTensor:
+    """:func:`generative_conv_transpose3d` over a geometry its caller checked."""
+    check_call(input, weight, bias, config, geometry, geometry.volume)
     cfg = resolve_config(
         config, target_transpose=coordinates is not None, device=input.feats.device
     )

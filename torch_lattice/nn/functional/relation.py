@@ -10,6 +10,8 @@ way round.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from torch_lattice.geometry import ConvGeometry
@@ -34,15 +36,9 @@ def kernel_map(source: Support, target: Support, geometry: ConvGeometry) -> Kern
         ValueError: either support's rows were edited in place after it was made,
             or the tables would exceed the memory budget.
     """
-    manager = source.manager
-
-    def build() -> KernelMap:
-        # Through the module, so a test's stand-in builder is seen.
-        kmap = km.build_kernel_map(source.coords, target.coords, geometry)
-        manager.builds += 1
-        return kmap
-
-    return manager.cached("kernel_maps", (source, target, geometry), (source, target), build)
+    # km.build_kernel_map is looked up per call, so a test's stand-in builder is seen.
+    build = functools.partial(km.build_kernel_map, source.coords, target.coords, geometry)
+    return source.manager.cached("kernel_maps", (source, target, geometry), (source, target), build)
 
 
 def transpose_pairs(fine: Support, coarse: Support, geometry: ConvGeometry) -> PairLists:
@@ -52,14 +48,8 @@ def transpose_pairs(fine: Support, coarse: Support, geometry: ConvGeometry) -> P
     Raises:
         ValueError: either support's rows were edited in place after it was made.
     """
-    manager = fine.manager
-
-    def build() -> PairLists:
-        pairs = km.build_transpose_pairs(fine.coords, coarse.coords, geometry)
-        manager.builds += 1
-        return pairs
-
-    return manager.cached("transpose_pairs", (fine, coarse, geometry), (fine, coarse), build)
+    build = functools.partial(km.build_transpose_pairs, fine.coords, coarse.coords, geometry)
+    return fine.manager.cached("transpose_pairs", (fine, coarse, geometry), (fine, coarse), build)
 
 
 def apply_kernel_map(

@@ -40,13 +40,16 @@ def _positive(name: str, value: int) -> int:
 class ConvBase(nn.Module):
     """Weight, bias and kernel_positions shared by every convolution module.
 
-    Subclasses name their functional (``_functional``) and the geometry it
-    takes after ``bias`` (:meth:`functional_geometry`); :meth:`conv` calls it
-    for a given weight and bias, which the weight-normalized modules do twice.
+    Subclasses name their functional over a checked geometry (``_over``), how that
+    geometry is made from their arguments (``_make_geometry``, which checks them) and
+    those arguments (:meth:`functional_geometry`); :meth:`conv` calls it for a given
+    weight and bias, which the weight-normalized modules do twice.
     """
 
     kernel_positions: torch.Tensor
-    _functional: Callable[..., SparseTensor]
+    # The functional over a checked geometry, and how the geometry is made and checked.
+    _over: Callable[..., SparseTensor]
+    _make_geometry: Callable[..., ConvGeometry]
 
     def __init__(
         self,
@@ -86,12 +89,22 @@ class ConvBase(nn.Module):
         """This module's convolution with the given weight and bias."""
         # A submanifold functional takes no target: pass one only when given.
         target = {} if coordinates is None else {"coordinates": coordinates}
-        return type(self)._functional(
-            input, weight, bias, *self.functional_geometry(), config=self.config, **target
+        return type(self)._over(
+            input, weight, bias, self.relation_geometry(), config=self.config, **target
         )
 
+    def relation_geometry(self) -> ConvGeometry:
+        """This module's checked :class:`ConvGeometry`, made again only when one of its
+        geometry attributes was reassigned (so a forward does not re-check them)."""
+        key = self.functional_geometry()
+        made = self.__dict__.get("_relation_geometry")
+        if made is None or made[0] != key:
+            made = (key, type(self)._make_geometry(*key))
+            self.__dict__["_relation_geometry"] = made
+        return made[1]
+
     def functional_geometry(self) -> tuple[Triple, ...]:
-        """The geometry arguments ``_functional`` takes after ``bias``, in order."""
+        """The geometry arguments of the public functional after ``bias``, in order."""
         raise NotImplementedError(f"{type(self).__name__} does not define functional_geometry()")
 
     def extra_repr(self) -> str:
@@ -127,7 +140,8 @@ class SubmConv3d(ConvBase):
         config: per-module dataflow configuration (``ConvConfig``).
     """
 
-    _functional = staticmethod(F.subm_conv3d)
+    _over = staticmethod(F.subm_conv3d_over)
+    _make_geometry = staticmethod(F.submanifold_geometry)
 
     def __init__(
         self,
@@ -141,6 +155,7 @@ class SubmConv3d(ConvBase):
         ks = check_submanifold_kernel_size(kernel_size)
         super().__init__(in_channels, out_channels, ks, bias, config)
         self.dilation = triple("dilation", dilation, 1)
+        self.relation_geometry()  # checked once, here
 
     def functional_geometry(self) -> tuple[Triple, ...]:
         return (self.kernel_size, self.dilation)
@@ -183,6 +198,9 @@ class StridedConv(ConvBase):
         self.stride = geometry.stride
         self.padding = geometry.padding
         self.dilation = geometry.dilation
+        self.relation_geometry()  # checked once, here
+
+    _make_geometry = staticmethod(ConvGeometry.create)
 
     def functional_geometry(self) -> tuple[Triple, ...]:
         return (self.kernel_size, self.stride, self.padding, self.dilation)
@@ -207,7 +225,7 @@ class Conv3d(StridedConv):
         config: per-module dataflow configuration (``ConvConfig``).
     """
 
-    _functional = staticmethod(F.conv3d)
+    _over = staticmethod(F.conv3d_over)
 
     def forward(
         self, input: SparseTensor, coordinates: Target = None, *, target: Target = None

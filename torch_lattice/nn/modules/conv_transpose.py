@@ -28,7 +28,7 @@ class ConvTranspose3d(StridedConv):
     :func:`torch_lattice.nn.functional.conv_transpose3d`.
     """
 
-    _functional = staticmethod(F.conv_transpose3d)
+    _over = staticmethod(F.conv_transpose3d_over)
 
     def forward(
         self, input: SparseTensor, coordinates: Target = None, *, target: Target = None
@@ -83,7 +83,7 @@ class GenerativeConvTranspose3d(StridedConv):
                 )
         super().__init__(in_channels, out_channels, kernel_size, stride, 0, 1, bias, config)
 
-    _functional = staticmethod(F.generative_conv_transpose3d)
+    _over = staticmethod(F.generative_conv_transpose3d_over)
 
     def functional_geometry(self) -> tuple[Triple, ...]:
         return (self.kernel_size, self.stride)  # padding 0 and dilation 1 are fixed

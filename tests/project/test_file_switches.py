@@ -2,11 +2,11 @@
 
 A cold-cache CPU ``SubmConv3d(16, 32, 3)`` forward is traced and the switches between
 files of consecutive ``torch_lattice`` calls are counted.  The count is a property of
-the layout (where each step lives), not of speed, so it is asserted.  Issue 22's goal is
-at most 15; ``MAX_FILE_SWITCHES`` is today's count (28 before the functional layer took
-over building maps, 27 after), of which 12 are hops inside ``torch_lattice/ops`` (each
-op body's calls into the native-call helpers and the memory budget), so the bound comes
-down as that layer is flattened.
+the layout (where each step lives), not of speed, so it is asserted: at most 15 (issue
+22; 28 before the redesign). The path: module -> functional (the module's geometry was
+checked at construction) -> tensor (features, support) -> config -> relation -> the
+coordinate manager's cache -> the kmap op (memory budget, native call) -> the conv op
+(native call) -> the output tensor.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "trace_file_switches.py"
-MAX_FILE_SWITCHES = 27
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "trace_file_switches.py"
+MAX_FILE_SWITCHES = 15
 
 
 def _load() -> ModuleType:
@@ -32,7 +32,7 @@ def _load() -> ModuleType:
 def test_subm_conv_forward_file_switches() -> None:
     trace = _load().trace_subm_conv_forward()
     # The traced call really built the map: the cold path is what is measured.
-    assert ("nn/functional/relation.py", "kernel_map.<locals>.build") in trace.calls
+    assert ("ops/kmap.py", "build_kernel_map") in trace.calls
     assert trace.switches <= MAX_FILE_SWITCHES, "\n".join(f"{f}: {n}" for f, n in trace.calls)
 
 

@@ -31,7 +31,7 @@ import ast
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent / "torch_lattice"
+ROOT = Path(__file__).resolve().parents[2] / "torch_lattice"
 PACKAGE = "torch_lattice"
 
 
