@@ -38,7 +38,7 @@ from torch_lattice.geometry import triple
 from torch_lattice.nn import modules as M
 from torch_lattice.nn.functional import pooling as P
 from torch_lattice.nn.modules.conv import ConvBase
-from torch_lattice.nn.modules.normalized import _Normalized
+from torch_lattice.nn.modules.normalized import NormalizedConvBase
 from torch_lattice.tensor import SparseTensor, Support
 
 __all__ = [
@@ -373,7 +373,7 @@ def _lower_conv(low: Lowering, call: Call, module: nn.Module, qualname: str) -> 
     pointwise = module.weight.shape[0] == 1
     # Pointwise normalized modules skip normalization (docs/semantics.md); the
     # contract's normalized ops always normalize, so they lower to the plain op.
-    normalized = isinstance(module, _Normalized) and not pointwise
+    normalized = isinstance(module, NormalizedConvBase) and not pointwise
     real_x = call.real_args[0] if call.real_args else call.real_kwargs["input"]
     if target is None and isinstance(module, M.ConvTranspose3d):
         # Ours lands on the input support of the matching Conv3d; the contract's

@@ -20,14 +20,16 @@ from torch_lattice.nn.modules.conv_transpose import ConvTranspose3d, GenerativeC
 from torch_lattice.tensor import SparseTensor
 
 __all__ = [
+    "NormalizedConvBase",
     "NormalizedConvTranspose3d",
     "NormalizedGenerativeConvTranspose3d",
     "NormalizedSubmConv3d",
 ]
 
 
-class _Normalized(ConvBase):
-    """Mixin: the base module's arguments plus ``eps`` (default 1e-8, > 0)."""
+class NormalizedConvBase(ConvBase):
+    """Base of the weight-normalized modules: the base module's arguments plus ``eps``
+    (default 1e-8, > 0). The artifact exporter recognises the family by it."""
 
     def __init__(self, *args: Any, eps: float = 1e-8, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -43,7 +45,7 @@ class _Normalized(ConvBase):
         return super().extra_repr() + f", eps={self.eps}"
 
 
-class NormalizedSubmConv3d(_Normalized, SubmConv3d):
+class NormalizedSubmConv3d(NormalizedConvBase, SubmConv3d):
     """SubmConv3d with weight normalization; same arguments plus ``eps``."""
 
     def forward(self, input: SparseTensor) -> SparseTensor:
@@ -64,7 +66,7 @@ class NormalizedSubmConv3d(_Normalized, SubmConv3d):
         return self.normalized_forward(input, None)
 
 
-class _NormalizedTransposed(_Normalized):
+class _NormalizedTransposed(NormalizedConvBase):
     """Forward of the normalized transposes, inverse or target."""
 
     stride: tuple[int, int, int]
