@@ -85,6 +85,9 @@ nitpick_ignore_regex = [
     ("py:class", r"(Sequence|Mapping|Iterable|Iterator|Callable|Generator|Any|Literal|Self)"),
     ("py:class", r"(np\.)?(ndarray|random\.Generator)"),
     ("py:class", r"(NoneType|ellipsis)"),
+    # A type variable has no page of its own (CoordinateManager.cached returns what
+    # its builder returns).
+    ("py:class", r"torch_lattice\.tensor\.V"),
 ]
 
 
