@@ -137,26 +137,59 @@ static tl_status TL_FN(tl_forward)(const tl_ctx *ctx, const tl_conv_desc *d, con
 }
 
 /* Scratch of one weight-gradient worker: the x and dy row pointers of a
- * chunk of up to TL_WGRAD_PAIRS pairs. */
+ * block of up to TL_WGRAD_PAIRS pairs, and their x values packed as strips of 4 input
+ * channels (TL_WGRAD_PAIRS x c_in rounded up to 4). */
 typedef struct TL_FN(tl_wgrad_scratch) {
     const TL_FN(tl_mk_ops) *mk;
     const TL_T *xq[TL_WGRAD_PAIRS], *dq[TL_WGRAD_PAIRS];
+    TL_T *xp;
 } TL_FN(tl_wgrad_scratch);
+
+/* Lists kernel row n's pairs among output rows [b0, b1) and packs their x
+ * rows into s->xp, strips of 4 input channels side by side (the layout of
+ * tl_mk_ops.panel), so the micro-kernel's broadcasts stream from one
+ * contiguous panel while the dy rows are read in place.  Returns the count. */
+static int64_t TL_FN(tl_wgrad_pack)(const tl_conv_desc *d, const TL_T *x, const TL_T *dy,
+                                    const int32_t *nbr, int64_t b0, int64_t b1, int64_t n,
+                                    TL_FN(tl_wgrad_scratch) *s) {
+    const int64_t k = d->k, cin = d->c_in, full = cin / 4;
+    int64_t c = 0;
+    for (int64_t o = b0; o < b1; o++) c += nbr[o * k + n] >= 0;
+    int64_t q = 0;
+    for (int64_t o = b0; o < b1; o++) {
+        int32_t i = nbr[o * k + n];
+        if (i < 0) continue;
+        const TL_T *xr = x + (int64_t)i * cin;
+        TL_T *xs = s->xp + 4 * q;
+        for (int64_t st = 0; st < full; st++) memcpy(xs + st * 4 * c, xr + st * 4, 4 * sizeof(TL_T));
+        if (cin > full * 4)
+            for (int64_t r = 0; r < 4; r++)
+                xs[full * 4 * c + r] = full * 4 + r < cin ? xr[full * 4 + r] : 0;
+        s->dq[q++] = dy + o * d->c_out;
+    }
+    return c;
+}
 
 /* acc (k, c_in, c_out) += the contributions of output rows [o0, o1) through
  * kernel rows [n0, n1): blocks of TL_WGRAD_PAIRS rows, every kernel row per
- * block, so the block's nbr rows and the x rows they name are reused from
- * cache across kernel rows. */
+ * block, so the block's nbr rows and the x and dy rows they name are reused
+ * from cache across kernel rows. */
 static void TL_FN(tl_wgrad_rows)(const tl_conv_desc *d, const TL_T *x, const TL_T *dy,
                                  const int32_t *nbr, int64_t o0, int64_t o1, int64_t n0,
                                  int64_t n1, TL_T *acc, TL_FN(tl_wgrad_scratch) *s) {
-    const int64_t k = d->k, mat = d->c_in * d->c_out;
+    const int64_t mat = d->c_in * d->c_out;
     for (int64_t b0 = o0; b0 < o1; b0 += TL_WGRAD_PAIRS) {
         int64_t b1 = b0 + TL_WGRAD_PAIRS < o1 ? b0 + TL_WGRAD_PAIRS : o1;
         for (int64_t n = n0; n < n1; n++) {
+            if (d->c_in >= TL_WGRAD_PACK_MIN_CIN) {
+                int64_t c = TL_FN(tl_wgrad_pack)(d, x, dy, nbr, b0, b1, n, s);
+                if (c)
+                    s->mk->panel(d->c_out, c, d->c_in, s->xp, s->dq, acc + n * mat, d->c_out);
+                continue;
+            }
             int64_t c = 0;
             for (int64_t o = b0; o < b1; o++) {
-                int32_t i = nbr[o * k + n];
+                int32_t i = nbr[o * d->k + n];
                 if (i < 0) continue;
                 s->xq[c] = x + (int64_t)i * d->c_in;
                 s->dq[c++] = dy + o * d->c_out;
@@ -183,12 +216,16 @@ static tl_status TL_FN(tl_weight_grad)(const tl_ctx *ctx, const tl_conv_desc *d,
         if (!partial) return TL_ERR_NOMEM;
     }
     const int64_t rows_per = (d->n_out + parts - 1) / parts;
-#pragma omp parallel num_threads(ctx->threads)
+    int failed = 0;
+#pragma omp parallel num_threads(ctx->threads) reduction(| : failed)
     {
         TL_FN(tl_wgrad_scratch) s;
         s.mk = TL_FN(tl_mk_pick)(ctx);
+        s.xp = malloc(sizeof(TL_T) * (size_t)(TL_WGRAD_PAIRS * ((d->c_in + 3) / 4 * 4)));
+        failed |= !s.xp;
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < parts * groups; t++) {
+            if (!s.xp) continue;
             int64_t p = t / groups, g = t % groups;
             int64_t o0 = p * rows_per;
             int64_t o1 = o0 + rows_per < d->n_out ? o0 + rows_per : d->n_out;
@@ -197,12 +234,11 @@ static tl_status TL_FN(tl_weight_grad)(const tl_ctx *ctx, const tl_conv_desc *d,
             memset(acc + n0 * mat, 0, sizeof(TL_T) * (size_t)((n1 - n0) * mat));
             if (o0 < o1) TL_FN(tl_wgrad_rows)(d, x, dy, nbr, o0, o1, n0, n1, acc, &s);
         }
+        free(s.xp);
     }
-    if (parts > 1) {
-        TL_FN(tl_mk_sum_parts)(ctx->threads, partial, parts, all, dw);
-        free(partial);
-    }
-    return TL_OK;
+    if (parts > 1 && !failed) TL_FN(tl_mk_sum_parts)(ctx->threads, partial, parts, all, dw);
+    if (parts > 1) free(partial);
+    return failed ? TL_ERR_NOMEM : TL_OK;
 }
 
 #undef TL_FN

@@ -10,9 +10,10 @@
  * a[r] = x row, b[q] = weight row) or a[q][c0 + r] (transposed == 1: weight
  * gradient, q = pair, a[q] = x row, b[q] = dy row, so no transposed copy of
  * the x rows is needed).  Always inlined with constant R, NV and transposed,
- * so acc[][] lives in registers. */
-#if !defined(TL_BLOCK_FN) || !defined(TL_BLOCK_BYTES)
-#error "define TL_BLOCK_FN, TL_BLOCK_VEC, TL_BLOCK_BYTES and TL_BLOCK_NV first"
+ * so acc[][] lives in registers.  TL_BLOCK_PFN is the same update over
+ * packed panels (below). */
+#if !defined(TL_BLOCK_FN) || !defined(TL_BLOCK_PFN) || !defined(TL_BLOCK_BYTES)
+#error "define TL_BLOCK_FN, TL_BLOCK_PFN, TL_BLOCK_VEC, TL_BLOCK_BYTES and TL_BLOCK_NV first"
 #endif
 
 typedef TL_T TL_BLOCK_VEC __attribute__((vector_size(TL_BLOCK_BYTES)));
@@ -39,4 +40,42 @@ static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_BLOCK_FN(
             o += acc[r][v];
             memcpy(out[r] + j + v * vl, &o, sizeof(TL_BLOCK_VEC));
         }
+}
+
+/* The weight gradient's update over packed panels:
+ *   out[r * ldo + j + :] += sum_q xp[4 * q + r] * dq[q][j + :],  r < 4,
+ * where xp holds 4 input channels of nq pairs side by side (contiguous, so
+ * the broadcasts stream) and dq[q] is the pair's dy row: each dy vector feeds
+ * 4 FMAs.  Only rows r < valid are written (the last
+ * strip of input channels may be padded with zeros). */
+static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_BLOCK_PFN(
+    int NV, int64_t j, int64_t nq, const TL_T *xp, const TL_T *const *dq, TL_T *out,
+    int64_t ldo, int64_t valid) {
+    const int64_t vl = (int64_t)(TL_BLOCK_BYTES / sizeof(TL_T));
+    TL_BLOCK_VEC acc[4][TL_BLOCK_NV];
+    for (int r = 0; r < 4; r++)
+        for (int v = 0; v < NV; v++) acc[r][v] = (TL_BLOCK_VEC){0};
+    for (int64_t q = 0; q < nq; q++) {
+        /* Unrolled by hand: GCC leaves a 3-iteration loop rolled, and bv[]
+         * then lives on the stack. */
+        TL_BLOCK_VEC bv[TL_BLOCK_NV];
+#pragma GCC unroll 8
+        for (int v = 0; v < NV; v++)
+            memcpy(&bv[v], dq[q] + j + v * vl, sizeof(TL_BLOCK_VEC));
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            TL_T s = xp[4 * q + r];
+#pragma GCC unroll 8
+            for (int v = 0; v < NV; v++) acc[r][v] += s * bv[v];
+        }
+    }
+    for (int r = 0; r < 4; r++) {
+        if (r >= valid) break;
+        for (int v = 0; v < NV; v++) {
+            TL_BLOCK_VEC o;
+            memcpy(&o, out + r * ldo + j + v * vl, sizeof(TL_BLOCK_VEC));
+            o += acc[r][v];
+            memcpy(out + r * ldo + j + v * vl, &o, sizeof(TL_BLOCK_VEC));
+        }
+    }
 }

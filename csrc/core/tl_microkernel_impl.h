@@ -28,6 +28,13 @@ typedef struct TL_MK(ops) {
                      const TL_T *const *b, TL_T *const *out);
     void (*rows_t_1)(int64_t cw, int64_t nq, int64_t c0, const TL_T *const *xr,
                      const TL_T *const *b, TL_T *const *out);
+    /* Weight gradient over packed panels of nq pairs:
+     *   out[c * ldo + j] += sum_q xp(q, c) * dq[q][j],  c < rows, j < cw,
+     * xp(q, c) = xp[(c / 4) * 4 * nq + 4 * q + c % 4]: strips of 4 input
+     * channels, each nq x 4 (zero-padded past rows); dq[q]: the pair's dy
+     * row (from the block's first column). */
+    void (*panel)(int64_t cw, int64_t nq, int64_t rows, const TL_T *xp,
+                  const TL_T *const *dq, TL_T *out, int64_t ldo);
 } TL_MK(ops);
 
 /* One set per instruction set (see tl_simd.h): AVX-512, AVX2 + FMA, and the
@@ -37,7 +44,9 @@ typedef struct TL_MK(ops) {
 #define TL_ISA_ATTR TL_TARGET_V4
 #define TL_ISA_VBYTES 64
 #define TL_ISA_NV 4
+#define TL_ISA_NV_WG 4
 #include "tl_microkernel_isa_impl.h"
+#undef TL_ISA_NV_WG
 #undef TL_ISA
 #undef TL_ISA_ATTR
 #undef TL_ISA_VBYTES
@@ -47,7 +56,9 @@ typedef struct TL_MK(ops) {
 #define TL_ISA_ATTR TL_TARGET_V3
 #define TL_ISA_VBYTES 32
 #define TL_ISA_NV 2
+#define TL_ISA_NV_WG 3
 #include "tl_microkernel_isa_impl.h"
+#undef TL_ISA_NV_WG
 #undef TL_ISA
 #undef TL_ISA_ATTR
 #undef TL_ISA_VBYTES
@@ -58,7 +69,9 @@ typedef struct TL_MK(ops) {
 #define TL_ISA_ATTR
 #define TL_ISA_VBYTES 16
 #define TL_ISA_NV 2
+#define TL_ISA_NV_WG 3
 #include "tl_microkernel_isa_impl.h"
+#undef TL_ISA_NV_WG
 #undef TL_ISA
 #undef TL_ISA_ATTR
 #undef TL_ISA_VBYTES

@@ -2,7 +2,8 @@
  * set.  tl_microkernel_impl.h includes this once per instruction set with
  * TL_T, TL_SFX (type suffix), TL_ISA (instruction-set suffix), TL_ISA_ATTR
  * (the functions' target attribute), TL_ISA_VBYTES (bytes per vector) and
- * TL_ISA_NV (most vectors per block row) defined.  Functions are named
+ * TL_ISA_NV (most vectors per block row) and TL_ISA_NV_WG (vectors per row of
+ * the weight gradient's packed panel blocks) defined.  Functions are named
  * tl_mk_<name>_<sfx>_<isa>; the table tl_mk_ops_<sfx>_<isa> lists them.
  *
  * A block of 4 rows x TL_ISA_NV vectors of accumulators stays in registers
@@ -26,20 +27,24 @@
  * are narrower, so that columns left over by the full-width blocks still run
  * as vectors (C = 24 is one 64-byte and one 32-byte vector of floats). */
 #define TL_BLOCK_FN TL_MKI(block)
+#define TL_BLOCK_PFN TL_MKI(pblock)
 #define TL_BLOCK_VEC TL_MKI(vec)
 #define TL_BLOCK_BYTES TL_ISA_VBYTES
-#define TL_BLOCK_NV TL_ISA_NV
+#define TL_BLOCK_NV (TL_ISA_NV > TL_ISA_NV_WG ? TL_ISA_NV : TL_ISA_NV_WG)
 #include "tl_microkernel_block_impl.h"
+#undef TL_BLOCK_PFN
 #undef TL_BLOCK_FN
 #undef TL_BLOCK_VEC
 #undef TL_BLOCK_BYTES
 #undef TL_BLOCK_NV
 #if TL_ISA_VBYTES > 32
 #define TL_BLOCK_FN TL_MKI(block_32)
+#define TL_BLOCK_PFN TL_MKI(pblock_32)
 #define TL_BLOCK_VEC TL_MKI(vec_32)
 #define TL_BLOCK_BYTES 32
 #define TL_BLOCK_NV 1
 #include "tl_microkernel_block_impl.h"
+#undef TL_BLOCK_PFN
 #undef TL_BLOCK_FN
 #undef TL_BLOCK_VEC
 #undef TL_BLOCK_BYTES
@@ -47,10 +52,12 @@
 #endif
 #if TL_ISA_VBYTES > 16
 #define TL_BLOCK_FN TL_MKI(block_16)
+#define TL_BLOCK_PFN TL_MKI(pblock_16)
 #define TL_BLOCK_VEC TL_MKI(vec_16)
 #define TL_BLOCK_BYTES 16
 #define TL_BLOCK_NV 1
 #include "tl_microkernel_block_impl.h"
+#undef TL_BLOCK_PFN
 #undef TL_BLOCK_FN
 #undef TL_BLOCK_VEC
 #undef TL_BLOCK_BYTES
@@ -121,8 +128,56 @@ TL_DEFINE_ROWS_T(4)
 TL_DEFINE_ROWS_T(1)
 #undef TL_DEFINE_ROWS_T
 
+/* All strips of one packed weight-gradient panel (see tl_mk_ops): for each
+ * block of columns, every strip of 4 input channels, so the block's dy
+ * columns (nq rows x up to TL_ISA_NV_WG vectors) stay in L1 while the x strips
+ * stream past them.  Column blocks: TL_ISA_NV_WG vectors while that leaves
+ * no single vector behind, then pairs, then one, then the narrower vectors
+ * and scalars. */
+static TL_ISA_ATTR void TL_MKI(panel)(int64_t cw, int64_t nq, int64_t rows, const TL_T *xp,
+                                      const TL_T *const *dq, TL_T *out, int64_t ldo) {
+    const int64_t strips = (rows + 3) / 4;
+#define TL_PANEL_STRIPS(FN, NV)                                                           \
+    for (int64_t s = 0; s < strips; s++)                                                  \
+        FN(NV, j, nq, xp + s * 4 * nq, dq, out + s * 4 * ldo, ldo, rows - s * 4)
+    int64_t j = 0, vecs = cw / TL_VL;
+    for (; vecs >= TL_ISA_NV_WG && vecs - TL_ISA_NV_WG != 1; vecs -= TL_ISA_NV_WG) {
+        TL_PANEL_STRIPS(TL_MKI(pblock), TL_ISA_NV_WG);
+        j += TL_ISA_NV_WG * TL_VL;
+    }
+    for (; vecs >= 2; vecs -= 2) {
+        TL_PANEL_STRIPS(TL_MKI(pblock), 2);
+        j += 2 * TL_VL;
+    }
+    if (vecs == 1) {
+        TL_PANEL_STRIPS(TL_MKI(pblock), 1);
+        j += TL_VL;
+    }
+#if TL_ISA_VBYTES > 32
+    if (j + (int64_t)(32 / sizeof(TL_T)) <= cw) {
+        TL_PANEL_STRIPS(TL_MKI(pblock_32), 1);
+        j += (int64_t)(32 / sizeof(TL_T));
+    }
+#endif
+#if TL_ISA_VBYTES > 16
+    if (j + (int64_t)(16 / sizeof(TL_T)) <= cw) {
+        TL_PANEL_STRIPS(TL_MKI(pblock_16), 1);
+        j += (int64_t)(16 / sizeof(TL_T));
+    }
+#endif
+#undef TL_PANEL_STRIPS
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t jj = j; jj < cw; jj++) {
+            const TL_T *xs = xp + r / 4 * 4 * nq + r % 4;
+            TL_T s = 0;
+            for (int64_t q = 0; q < nq; q++) s += xs[4 * q] * dq[q][jj];
+            out[r * ldo + jj] += s;
+        }
+}
+
 static const TL_MK(ops) TL_MKI(ops) = {
-    TL_MKI(rows_4), TL_MKI(rows_2), TL_MKI(rows_1), TL_MKI(rows_t_4), TL_MKI(rows_t_1),
+    TL_MKI(rows_4),   TL_MKI(rows_2),   TL_MKI(rows_1),
+    TL_MKI(rows_t_4), TL_MKI(rows_t_1), TL_MKI(panel),
 };
 
 #undef TL_VL

@@ -24,7 +24,11 @@ ISAS = ["avx512", "avx2", "baseline"]
 # float32 (64), and every narrower remainder: 130 = 64 + 64 + 2 floats;
 # 37 = 32 + 4 + 1 floats; 24 = 16 + 8 floats (a 32-byte leftover block);
 # 20 = 16 + 4 floats (a 16-byte one); 23 = 16 + 4 + 2 + 1 doubles.
-CHANNELS = [(3, 1), (7, 37), (64, 64), (19, 130), (33, 23), (5, 24), (6, 20)]
+# c_in >= 64 runs the weight gradient's packed panel kernel: 66 and 67 leave
+# a zero-padded strip of 2 and 3 input channels; c_out 17, 33 and 3 leave
+# scalar columns after 2+2, 3+3+2 or no vector blocks.
+CHANNELS = [(3, 1), (7, 37), (64, 64), (19, 130), (33, 23), (5, 24), (6, 20), (66, 17),
+            (67, 33), (128, 3)]
 TOL = {torch.float32: 2e-5, torch.float64: 1e-12}
 
 
