@@ -634,3 +634,14 @@ def test_gpu_benchmark_network_rows_on_the_cpu() -> None:
     assert {r.case for r in rows} == {"ResUNet42 forward, cached maps",
                                       "ResUNet42 fwd+bwd, maps built"}
     assert len(rows) == 6 and all(r.ms > 0 for r in rows)
+
+
+def test_weight_gradient_benchmark_checks_then_reports() -> None:
+    """benchmarks.wgrad: the weight gradient is checked against its gather-mm reference
+    before the two ops are timed; a row reports both rates and their ratio."""
+    from benchmarks import wgrad
+
+    (row,) = wgrad.run("tiny", [5], repeats=1)
+    assert row["channels"] == 5 and row["err"] < 1e-5
+    assert row["wgrad"] > 0 and row["forward"] > 0
+    assert row["ratio"] == pytest.approx(row["wgrad"] / row["forward"])
