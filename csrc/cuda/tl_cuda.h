@@ -136,7 +136,7 @@ tl_status tl_cuda_fetch_on_demand_weight_grad(const tl_ctx *ctx, const tl_conv_d
 
 /* ---- gather-scatter (tl_cuda_gather_scatter.cu) ----
  *
- * The gather-scatter dataflow is orchestrated by torch_lattice/ops/_cuda.py:
+ * The gather-scatter dataflow is orchestrated by torch_lattice/ops/conv_cuda.py:
  * tl_cuda_gather_rows collects x[pair_in] for every kernel row at once, torch
  * (cuBLAS) multiplies each kernel row's slice by w[n], and
  * tl_cuda_scatter_add_rows adds all products into y[pair_out].  So

@@ -1,6 +1,6 @@
 /* Row gather and scatter-add of the gather-scatter dataflow.
  *
- * The dataflow itself runs in torch_lattice/ops/_cuda.py: one gather of
+ * The dataflow itself runs in torch_lattice/ops/conv_cuda.py: one gather of
  * x[pair_in] for every kernel row at once, one library GEMM (cuBLAS through
  * torch) per non-empty kernel row, and one scatter-add of all products into
  * y[pair_out].  These two kernels are the memory-bound half; the GEMMs run at
