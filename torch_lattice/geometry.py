@@ -99,7 +99,9 @@ class ConvGeometry:
         # Number of kernel rows K; whether the kernel is 1x1x1 with stride 1 and no
         # padding (output support = input).
         object.__setattr__(self, "volume", kernel_volume(self.kernel_size))
-        identity = (self.kernel_size, self.stride, self.padding) == ((1, 1, 1),) * 2 + ((0, 0, 0),)
+        identity = (
+            self.kernel_size == (1, 1, 1) and self.stride == (1, 1, 1) and self.padding == (0, 0, 0)
+        )
         object.__setattr__(self, "is_identity", identity)
 
     @staticmethod

@@ -294,8 +294,8 @@ def build_kernel_map(
             exceed the memory budget (a one-row input with a 32^3 kernel generates
             32^3 output rows and a 4 GiB table).
     """
-    g = geometry
-    ks, s, p, d = list(g.kernel_size), list(g.stride), list(g.padding), list(g.dilation)
+    ks, s = list(geometry.kernel_size), list(geometry.stride)
+    p, d = list(geometry.padding), list(geometry.dilation)
     k = ks[0] * ks[1] * ks[2]
     rows = int(in_coords.shape[0]) + int(out_coords.shape[0])
     check_allocation(

@@ -34,11 +34,9 @@ def check_call(
     bias: torch.Tensor | None,
     config: ConvConfig | None,
     geometry: ConvGeometry,
-    volume: int,
 ) -> tuple[torch.Tensor, Support]:
     """Every argument check of one convolution call (input, weight, bias, config);
-    returns the input's features and support. ``volume`` is ``geometry.volume``, read by
-    the caller beside its other geometry steps.
+    returns the input's features and support.
 
     Each public entry runs it once; the helpers it calls after trust the arguments.
     """
@@ -48,6 +46,7 @@ def check_call(
         raise TypeError(f"weight must be a torch.Tensor, got {type(weight).__name__}")
     if not weight.is_floating_point():
         raise TypeError(f"weight must be a floating tensor, got {weight.dtype}")
+    volume = geometry.volume
     if weight.dim() != 3 or weight.shape[0] != volume:
         raise ValueError(
             f"weight must have shape (K={volume}, C_in, C_out) for kernel_size "
@@ -188,7 +187,7 @@ def conv3d_over(
     config: ConvConfig | None = None,
 ) -> SparseTensor:
     """:func:`conv3d` over a geometry its caller checked (see :func:`subm_conv3d_over`)."""
-    feats, source = check_call(input, weight, bias, config, geometry, geometry.volume)
+    feats, source = check_call(input, weight, bias, config, geometry)
     if coordinates is not None:
         expected = multiply_stride(source.stride, geometry.stride)
         target = target_support(input, coordinates, expected)
@@ -236,8 +235,7 @@ def subm_conv3d_over(
 ) -> SparseTensor:
     """:func:`subm_conv3d` over a geometry its caller checked (a module does at
     construction), so a module's forward checks only the call's arguments."""
-    identity, volume = geometry.is_identity, geometry.volume
-    feats, source = check_call(input, weight, bias, config, geometry, volume)
-    if identity:
+    feats, source = check_call(input, weight, bias, config, geometry)
+    if geometry.is_identity:
         return pointwise(input, weight, bias)
     return _apply(feats, source, weight, bias, None, geometry, config)

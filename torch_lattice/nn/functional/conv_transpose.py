@@ -149,7 +149,7 @@ def conv_transpose3d_over(
 ) -> SparseTensor:
     """:func:`conv_transpose3d` over a geometry its caller checked (a module does at
     construction)."""
-    check_call(input, weight, bias, config, geometry, geometry.volume)
+    check_call(input, weight, bias, config, geometry)
     cfg = resolve_config(
         config, target_transpose=coordinates is not None, device=input.feats.device
     )
@@ -200,7 +200,7 @@ def generative_conv_transpose3d_over(
     config: ConvConfig | None = None,
 ) -> SparseTensor:
     """:func:`generative_conv_transpose3d` over a geometry its caller checked."""
-    check_call(input, weight, bias, config, geometry, geometry.volume)
+    check_call(input, weight, bias, config, geometry)
     cfg = resolve_config(
         config, target_transpose=coordinates is not None, device=input.feats.device
     )
