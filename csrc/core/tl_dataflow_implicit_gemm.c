@@ -14,8 +14,10 @@
 #define TL_TILE_ROWS_MAX 256
 #define TL_TILES_PER_THREAD 8
 /* Output columns per tile: wider layers are split so a tile's output rows
- * and one weight row stay cache-resident. */
-#define TL_TILE_COLS 256
+ * stay cache-resident.  A multiple of every micro-kernel's block width (4 to
+ * 64 columns, 3 x 2^i with AVX2), so a tile's weight panels start where the
+ * packed ones do (see tl_panel_cols). */
+#define TL_TILE_COLS 384
 /* Weight gradient: the output rows are split into up to TL_WGRAD_PARTS parts
  * (each with its own (k, c_in, c_out) partial sum), fewer when the partial
  * sums would exceed TL_WGRAD_MAX_PARTIAL elements or a part would get under
@@ -37,6 +39,23 @@
  * more than the pointer-chasing loads it saves; below it the rows are read in
  * place (tl_mk_outer_acc). */
 #define TL_WGRAD_PACK_MIN_CIN 64
+
+/* Bytes of weights a forward panel holds (see tl_pack_weight_panels): about
+ * half of a 32 KiB L1, leaving room for the x and y rows of a group. */
+#define TL_PANEL_BYTES (16 * 1024)
+
+/* Output columns per forward weight panel: all of them when the kernel row's
+ * weights fit in TL_PANEL_BYTES (and one column tile); otherwise the widest
+ * multiple of the micro-kernel's block width that divides TL_TILE_COLS and
+ * fits (at least one block), so every tile starts on a panel. */
+static int64_t tl_panel_cols(const tl_conv_desc *d, int64_t block_cols, int64_t elem_bytes) {
+    const int64_t row_bytes = (d->c_in > 0 ? d->c_in : 1) * elem_bytes;
+    if (d->c_out <= TL_TILE_COLS && d->c_out * row_bytes <= TL_PANEL_BYTES) return d->c_out;
+    int64_t cols = block_cols;
+    for (int64_t c = block_cols; c <= TL_TILE_COLS && c * row_bytes <= TL_PANEL_BYTES; c += block_cols)
+        if (TL_TILE_COLS % c == 0) cols = c;
+    return cols;
+}
 
 /* Number of output-row parts of the weight gradient (see TL_WGRAD_PARTS). */
 static int64_t tl_wgrad_parts(const tl_conv_desc *d) {

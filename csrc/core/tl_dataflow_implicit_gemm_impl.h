@@ -15,23 +15,27 @@
 #include "tl_microkernel_impl.h"
 
 /* Scratch of one forward worker: the micro-kernels, the tile's listed x and
- * y row pointers, the kernel row's c_in weight-row pointers, a zero x row and
- * a sink y row that pad the last group of a kernel row to 4 (a 1-row pass
- * costs as much as a 4-row one: both are bound by the weight loads, so
- * padding makes the remainder up to 3x cheaper on sparse scenes; a remainder
- * of 1 or 2 rows runs the 2-row pass, which costs half). */
+ * y row pointers of one kernel row, the current weight panel's c_in row
+ * pointers, a zero x row and a sink y row that pad the last group of a kernel
+ * row to 4 (a 1-row pass costs as much as a 4-row one: both are bound by the
+ * weight loads, so padding makes the remainder up to 3x cheaper on sparse
+ * scenes; a remainder of 1 or 2 rows runs the 2-row pass, which costs half). */
 typedef struct TL_FN(tl_fwd_scratch) {
     const TL_FN(tl_mk_ops) *mk;
-    const TL_T **xr; /* tile rows + 3 */
-    TL_T **yr;       /* tile rows + 3 */
-    const TL_T **wq; /* c_in */
-    TL_T *zero;      /* c_in zeros */
-    TL_T *sink;      /* TL_TILE_COLS values, never read */
+    int64_t cin;
+    int64_t panel_cols; /* see tl_panel_cols */
+    const TL_T **xr;    /* tile rows + 3 */
+    TL_T **yr;          /* tile rows + 3 */
+    const TL_T **wq;    /* c_in */
+    TL_T *zero;         /* c_in zeros */
+    TL_T *sink;         /* TL_TILE_COLS values, never read */
 } TL_FN(tl_fwd_scratch);
 
 static int TL_FN(tl_fwd_scratch_init)(TL_FN(tl_fwd_scratch) *s, const tl_ctx *ctx,
-                                      int64_t rows, int64_t cin) {
+                                      const tl_conv_desc *d, int64_t rows, int64_t cin) {
     s->mk = TL_FN(tl_mk_pick)(ctx);
+    s->cin = cin;
+    s->panel_cols = tl_panel_cols(d, s->mk->block_cols, (int64_t)sizeof(TL_T));
     s->xr = malloc(sizeof(TL_T *) * (size_t)(rows + 3));
     s->yr = malloc(sizeof(TL_T *) * (size_t)(rows + 3));
     s->wq = malloc(sizeof(TL_T *) * (size_t)cin);
@@ -47,17 +51,53 @@ static void TL_FN(tl_fwd_scratch_free)(TL_FN(tl_fwd_scratch) *s) {
     free(s->zero);
 }
 
+/* The weights as panels: for each kernel row n and each block of `width`
+ * output columns starting at j (narrower at the end), the block's
+ * c_in x width values contiguous at pw + n * c_in * c_out + j * c_in.  A
+ * panel (width from tl_panel_cols) stays in L1 while every group of output
+ * rows of a tile runs against it; wider weight rows would be streamed from L2
+ * or beyond for each group (at C = 256 their 1 KiB stride also maps them onto
+ * a fraction of the cache's sets). */
+static void TL_FN(tl_pack_weight_panels)(const tl_conv_desc *d, int64_t width, const TL_T *w,
+                                         TL_T *pw) {
+    const int64_t cin = d->c_in, cout = d->c_out;
+    for (int64_t n = 0; n < d->k; n++)
+        for (int64_t j = 0; j < cout; j += width) {
+            const int64_t wb = cout - j < width ? cout - j : width;
+            TL_T *panel = pw + n * cin * cout + j * cin;
+            for (int64_t ci = 0; ci < cin; ci++)
+                memcpy(panel + ci * wb, w + (n * cin + ci) * cout + j, sizeof(TL_T) * (size_t)wb);
+        }
+}
+
+/* Output rows out[0..R) (R = 4 or 2), columns [j, j + wb), += their listed x
+ * rows times the panel whose rows s->wq points at. */
+static inline void TL_FN(tl_fwd_group)(TL_FN(tl_fwd_scratch) *s, int R, int64_t wb,
+                                       const TL_T *const *xr, TL_T *const *yr, int64_t j) {
+    TL_T *o[4];
+    if (j > 0) { /* a later panel: its columns of the rows */
+        for (int r = 0; r < R; r++) o[r] = yr[r] + j;
+        yr = o;
+    }
+    if (R == 2)
+        s->mk->rows_2(wb, s->cin, xr, s->wq, yr);
+    else
+        s->mk->rows_4(wb, s->cin, xr, s->wq, yr);
+}
+
 /* One tile: output rows [o0, o0+m), columns [co0, co0+cw).  For each kernel
- * row the tile's neighbours are listed, then handled 4 output rows at a time
- * against the kernel row's weight rows.  Each output row adds its kernel
- * rows' products in kernel-row order whatever the tiling, so the result does
- * not depend on the tile size or the thread count.  The listing also checks
- * every entry is in [-1, n_in) before any row it names is read (one pass
- * over nbr instead of two); returns 0, or 1 at the first entry that is not. */
-static int TL_FN(tl_forward_tile)(const tl_conv_desc *d, const TL_T *x, const TL_T *w,
+ * row the tile's neighbours are listed, then for each weight panel (see
+ * tl_pack_weight_panels) handled 4 output rows at a time.  Each output
+ * element adds its kernel rows' products in kernel-row order, and within a
+ * kernel row in input-channel order, whatever the tiling and the panel width,
+ * so the result does not depend on the tile size, the thread count or the
+ * instruction set's block width.  The listing also checks every entry is in
+ * [-1, n_in) before any row it names is read (one pass over nbr instead of
+ * two); returns 0, or 1 at the first entry that is not. */
+static int TL_FN(tl_forward_tile)(const tl_conv_desc *d, const TL_T *x, const TL_T *pw,
                                   const int32_t *nbr, TL_T *y, int64_t o0, int64_t m,
                                   int64_t co0, int64_t cw, TL_FN(tl_fwd_scratch) *s) {
-    const int64_t k = d->k, cin = d->c_in, cout = d->c_out;
+    const int64_t k = d->k, cin = d->c_in, cout = d->c_out, width = s->panel_cols;
     const TL_T **xr = s->xr;
     TL_T **yr = s->yr;
     for (int64_t r = 0; r < m; r++)
@@ -88,11 +128,13 @@ static int TL_FN(tl_forward_tile)(const tl_conv_desc *d, const TL_T *x, const TL
             xr[c] = s->zero;
             yr[c] = s->sink;
         }
-        const TL_T *wn = w + n * cin * cout + co0;
-        for (int64_t ci = 0; ci < cin; ci++) s->wq[ci] = wn + ci * cout;
-        for (int64_t p = 0; p < full; p += 4) s->mk->rows_4(cw, cin, xr + p, s->wq, yr + p);
-        if (pad == 4) s->mk->rows_4(cw, cin, xr + full, s->wq, yr + full);
-        if (pad == 2) s->mk->rows_2(cw, cin, xr + full, s->wq, yr + full);
+        for (int64_t j = 0; j < cw; j += width) {
+            const int64_t wb = cw - j < width ? cw - j : width;
+            const TL_T *panel = pw + n * cin * cout + (co0 + j) * cin;
+            for (int64_t ci = 0; ci < cin; ci++) s->wq[ci] = panel + ci * wb;
+            for (int64_t p = 0; p < full; p += 4) TL_FN(tl_fwd_group)(s, 4, wb, xr + p, yr + p, j);
+            if (pad) TL_FN(tl_fwd_group)(s, (int)pad, wb, xr + full, yr + full, j);
+        }
     }
     return 0;
 }
@@ -116,11 +158,20 @@ static tl_status TL_FN(tl_forward)(const tl_ctx *ctx, const tl_conv_desc *d, con
     const int64_t row_tiles = (d->n_out + rows - 1) / rows;
     const int64_t col_tiles = (d->c_out + TL_TILE_COLS - 1) / TL_TILE_COLS;
     const int64_t cin = d->c_in > 0 ? d->c_in : 1;
+    /* One panel as wide as the layer is the weights' own layout. */
+    const int64_t panel = tl_panel_cols(d, TL_FN(tl_mk_pick)(ctx)->block_cols, (int64_t)sizeof(TL_T));
+    TL_T *packed = NULL;
+    if (panel < d->c_out) {
+        packed = malloc(sizeof(TL_T) * (size_t)(d->k * cin * d->c_out));
+        if (!packed) return TL_ERR_NOMEM;
+        TL_FN(tl_pack_weight_panels)(d, panel, w, packed);
+    }
+    const TL_T *pw = packed ? packed : w;
     int failed = 0, invalid = 0;
 #pragma omp parallel num_threads(ctx->threads) reduction(| : failed, invalid)
     {
         TL_FN(tl_fwd_scratch) s;
-        int ok = TL_FN(tl_fwd_scratch_init)(&s, ctx, rows, cin);
+        int ok = TL_FN(tl_fwd_scratch_init)(&s, ctx, d, rows, cin);
         failed |= !ok;
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < row_tiles * col_tiles; t++) {
@@ -129,10 +180,11 @@ static tl_status TL_FN(tl_forward)(const tl_ctx *ctx, const tl_conv_desc *d, con
             int64_t co0 = (t % col_tiles) * TL_TILE_COLS;
             int64_t m = d->n_out - o0 < rows ? d->n_out - o0 : rows;
             int64_t cw = d->c_out - co0 < TL_TILE_COLS ? d->c_out - co0 : TL_TILE_COLS;
-            invalid |= TL_FN(tl_forward_tile)(d, x, w, nbr, y, o0, m, co0, cw, &s);
+            invalid |= TL_FN(tl_forward_tile)(d, x, pw, nbr, y, o0, m, co0, cw, &s);
         }
         TL_FN(tl_fwd_scratch_free)(&s);
     }
+    free(packed);
     return invalid ? TL_ERR_INVALID : failed ? TL_ERR_NOMEM : TL_OK;
 }
 

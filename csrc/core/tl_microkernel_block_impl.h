@@ -26,10 +26,13 @@ static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_BLOCK_FN(
     for (int r = 0; r < R; r++)
         for (int v = 0; v < NV; v++) acc[r][v] = (TL_BLOCK_VEC){0};
     for (int64_t q = 0; q < nq; q++) {
+        /* Unrolled by pragma, as in TL_BLOCK_PFN below (NV = 3 spills otherwise). */
         TL_BLOCK_VEC bv[TL_BLOCK_NV];
+#pragma GCC unroll 8
         for (int v = 0; v < NV; v++) memcpy(&bv[v], b[q] + j + v * vl, sizeof(TL_BLOCK_VEC));
         for (int r = 0; r < R; r++) {
             TL_T s = transposed ? a[q][c0 + r] : a[r][q];
+#pragma GCC unroll 8
             for (int v = 0; v < NV; v++) acc[r][v] += s * bv[v];
         }
     }

@@ -18,6 +18,9 @@
  * Forward: q = input channel, a[r] = x row, b[q] = weight row.  Weight
  * gradient: q = pair, xr[q] = x row, b[q] = dy row. */
 typedef struct TL_MK(ops) {
+    /* Columns of the widest register block (TL_ISA_NV vectors): the forward
+     * packs its weights into panels this wide (see tl_forward_tile). */
+    int64_t block_cols;
     void (*rows_4)(int64_t cw, int64_t nq, const TL_T *const *a, const TL_T *const *b,
                    TL_T *const *out);
     void (*rows_2)(int64_t cw, int64_t nq, const TL_T *const *a, const TL_T *const *b,
@@ -55,7 +58,7 @@ typedef struct TL_MK(ops) {
 #define TL_ISA v3
 #define TL_ISA_ATTR TL_TARGET_V3
 #define TL_ISA_VBYTES 32
-#define TL_ISA_NV 2
+#define TL_ISA_NV 3
 #define TL_ISA_NV_WG 3
 #include "tl_microkernel_isa_impl.h"
 #undef TL_ISA_NV_WG

@@ -66,22 +66,23 @@
 
 #define TL_VL ((int64_t)(TL_ISA_VBYTES / sizeof(TL_T))) /* lanes per full vector */
 
-/* All cw columns for R rows: full-width blocks of TL_ISA_NV vectors, then 2,
- * then 1; then one 32-byte and one 16-byte vector where they fit; scalars
- * for the last columns narrower than 16 bytes.  (setup.py compiles with
+/* All cw columns for R rows: full-width blocks of TL_ISA_NV vectors (with an
+ * odd TL_ISA_NV, only while that leaves no single vector behind: 4 vectors
+ * run as 2 + 2, not 3 + 1), then pairs, then 1; then one 32-byte and one
+ * 16-byte vector where they fit; scalars for the last columns narrower than
+ * 16 bytes.  (setup.py compiles with
  * -ffp-contract=fast, so the multiply-adds become FMA instructions where the
  * target has them; -std=c11 alone would turn contraction off.) */
 static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_MKI(columns)(
     int R, int transposed, int64_t cw, int64_t nq, int64_t c0, const TL_T *const *a,
     const TL_T *const *b, TL_T *const *out) {
-    int64_t j = 0;
-    for (; j + TL_ISA_NV * TL_VL <= cw; j += TL_ISA_NV * TL_VL)
+    int64_t j = 0, vecs = cw / TL_VL;
+    for (; vecs >= TL_ISA_NV && (TL_ISA_NV % 2 == 0 || vecs - TL_ISA_NV != 1);
+         vecs -= TL_ISA_NV, j += TL_ISA_NV * TL_VL)
         TL_MKI(block)(R, TL_ISA_NV, transposed, j, nq, c0, a, b, out);
-    if (TL_ISA_NV > 2 && j + 2 * TL_VL <= cw) {
+    for (; TL_ISA_NV > 2 && vecs >= 2; vecs -= 2, j += 2 * TL_VL)
         TL_MKI(block)(R, 2, transposed, j, nq, c0, a, b, out);
-        j += 2 * TL_VL;
-    }
-    if (j + TL_VL <= cw) {
+    if (vecs >= 1) {
         TL_MKI(block)(R, 1, transposed, j, nq, c0, a, b, out);
         j += TL_VL;
     }
@@ -176,6 +177,7 @@ static TL_ISA_ATTR void TL_MKI(panel)(int64_t cw, int64_t nq, int64_t rows, cons
 }
 
 static const TL_MK(ops) TL_MKI(ops) = {
+    TL_ISA_NV * TL_VL,
     TL_MKI(rows_4),   TL_MKI(rows_2),   TL_MKI(rows_1),
     TL_MKI(rows_t_4), TL_MKI(rows_t_1), TL_MKI(panel),
 };

@@ -26,9 +26,12 @@ ISAS = ["avx512", "avx2", "baseline"]
 # 20 = 16 + 4 floats (a 16-byte one); 23 = 16 + 4 + 2 + 1 doubles.
 # c_in >= 64 runs the weight gradient's packed panel kernel: 66 and 67 leave
 # a zero-padded strip of 2 and 3 input channels; c_out 17, 33 and 3 leave
-# scalar columns after 2+2, 3+3+2 or no vector blocks.
+# scalar columns after 2+2, 3+3+2 or no vector blocks.  The forward packs
+# weights wider than 16 KiB per kernel row into panels: 260x72 runs three
+# (or more) panels; 40x400 runs two column tiles (384 + 16), the first in
+# several panels, the second in a narrow one.
 CHANNELS = [(3, 1), (7, 37), (64, 64), (19, 130), (33, 23), (5, 24), (6, 20), (66, 17),
-            (67, 33), (128, 3)]
+            (67, 33), (128, 3), (260, 72), (40, 400)]
 TOL = {torch.float32: 2e-5, torch.float64: 1e-12}
 
 
