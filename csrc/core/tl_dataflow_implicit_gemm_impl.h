@@ -15,8 +15,7 @@
 #include "tl_microkernel_impl.h"
 
 /* Scratch of one forward worker: the micro-kernels, the tile's listed x and
- * y row pointers of one kernel row, the current weight panel's c_in row
- * pointers, a zero x row and a sink y row that pad the last group of a kernel
+ * y row pointers of one kernel row, a zero x row and a sink y row that pad the last group of a kernel
  * row to 4 (a 1-row pass costs as much as a 4-row one: both are bound by the
  * weight loads, so padding makes the remainder up to 3x cheaper on sparse
  * scenes; a remainder of 1 or 2 rows runs the 2-row pass, which costs half). */
@@ -26,7 +25,6 @@ typedef struct TL_FN(tl_fwd_scratch) {
     int64_t panel_cols; /* see tl_panel_cols */
     const TL_T **xr;    /* tile rows + 3 */
     TL_T **yr;          /* tile rows + 3 */
-    const TL_T **wq;    /* c_in */
     TL_T *zero;         /* c_in zeros */
     TL_T *sink;         /* TL_TILE_COLS values, never read */
 } TL_FN(tl_fwd_scratch);
@@ -38,16 +36,14 @@ static int TL_FN(tl_fwd_scratch_init)(TL_FN(tl_fwd_scratch) *s, const tl_ctx *ct
     s->panel_cols = tl_panel_cols(d, s->mk->block_cols, (int64_t)sizeof(TL_T));
     s->xr = malloc(sizeof(TL_T *) * (size_t)(rows + 3));
     s->yr = malloc(sizeof(TL_T *) * (size_t)(rows + 3));
-    s->wq = malloc(sizeof(TL_T *) * (size_t)cin);
     s->zero = calloc((size_t)(cin + TL_TILE_COLS), sizeof(TL_T));
     s->sink = s->zero ? s->zero + cin : NULL;
-    return s->xr && s->yr && s->wq && s->zero;
+    return s->xr && s->yr && s->zero;
 }
 
 static void TL_FN(tl_fwd_scratch_free)(TL_FN(tl_fwd_scratch) *s) {
     free(s->xr);
     free(s->yr);
-    free(s->wq);
     free(s->zero);
 }
 
@@ -71,18 +67,19 @@ static void TL_FN(tl_pack_weight_panels)(const tl_conv_desc *d, int64_t width, c
 }
 
 /* Output rows out[0..R) (R = 4 or 2), columns [j, j + wb), += their listed x
- * rows times the panel whose rows s->wq points at. */
+ * rows times the c_in x wb panel. */
 static inline void TL_FN(tl_fwd_group)(TL_FN(tl_fwd_scratch) *s, int R, int64_t wb,
-                                       const TL_T *const *xr, TL_T *const *yr, int64_t j) {
+                                       const TL_T *panel, const TL_T *const *xr,
+                                       TL_T *const *yr, int64_t j) {
     TL_T *o[4];
     if (j > 0) { /* a later panel: its columns of the rows */
         for (int r = 0; r < R; r++) o[r] = yr[r] + j;
         yr = o;
     }
     if (R == 2)
-        s->mk->rows_2(wb, s->cin, xr, s->wq, yr);
+        s->mk->rows_2(wb, s->cin, xr, panel, wb, yr);
     else
-        s->mk->rows_4(wb, s->cin, xr, s->wq, yr);
+        s->mk->rows_4(wb, s->cin, xr, panel, wb, yr);
 }
 
 /* One tile: output rows [o0, o0+m), columns [co0, co0+cw).  For each kernel
@@ -131,9 +128,9 @@ static int TL_FN(tl_forward_tile)(const tl_conv_desc *d, const TL_T *x, const TL
         for (int64_t j = 0; j < cw; j += width) {
             const int64_t wb = cw - j < width ? cw - j : width;
             const TL_T *panel = pw + n * cin * cout + (co0 + j) * cin;
-            for (int64_t ci = 0; ci < cin; ci++) s->wq[ci] = panel + ci * wb;
-            for (int64_t p = 0; p < full; p += 4) TL_FN(tl_fwd_group)(s, 4, wb, xr + p, yr + p, j);
-            if (pad) TL_FN(tl_fwd_group)(s, (int)pad, wb, xr + full, yr + full, j);
+            for (int64_t p = 0; p < full; p += 4)
+                TL_FN(tl_fwd_group)(s, 4, wb, panel, xr + p, yr + p, j);
+            if (pad) TL_FN(tl_fwd_group)(s, (int)pad, wb, panel, xr + full, yr + full, j);
         }
     }
     return 0;

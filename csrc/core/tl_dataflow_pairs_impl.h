@@ -11,13 +11,12 @@
 
 #include "tl_microkernel_impl.h"
 
-/* Per-thread scratch.  Forward: weight-row pointers of the current kernel
- * row, row pointers of a block, and (gather-scatter) the gathered block.
+/* Per-thread scratch.  Forward: row pointers of a block, and
+ * (gather-scatter) the gathered block.
  * Weight gradient: row pointers of a chunk and (gather-scatter) its gathered
  * dy rows. */
 typedef struct TL_FN(tl_pairs_scratch) {
     const TL_FN(tl_mk_ops) *mk; /* the micro-kernels for this CPU */
-    const TL_T **wq; /* c_in */
     const TL_T *xr[TL_PAIR_BLOCK], *dr[TL_PAIR_BLOCK];
     TL_T *yr[TL_PAIR_BLOCK];
     TL_T *gx, *gy; /* TL_PAIR_BLOCK x c_in, TL_PAIR_BLOCK x c_out */
@@ -28,23 +27,21 @@ static int TL_FN(tl_scratch_init)(TL_FN(tl_pairs_scratch) *s, const tl_ctx *ctx,
                                   const tl_conv_desc *d) {
     s->mk = TL_FN(tl_mk_pick)(ctx);
     const size_t cin = (size_t)d->c_in, cout = (size_t)d->c_out, B = TL_PAIR_BLOCK;
-    s->wq = malloc(sizeof(TL_T *) * (cin + 1));
     s->gx = malloc(sizeof(TL_T) * (B * (cin + 2 * cout) + 1));
     s->gy = s->gx ? s->gx + B * cin : NULL;
     s->gd = s->gx ? s->gy + B * cout : NULL;
-    return s->wq && s->gx;
+    return s->gx != NULL;
 }
 
 static void TL_FN(tl_scratch_free)(TL_FN(tl_pairs_scratch) *s) {
-    free(s->wq);
     free(s->gx);
 }
 
-/* Pairs [j0, j1) of one kernel row: y[out] += x[in] @ w_n, whose weight-row
- * pointers are in s->wq.  Gather-scatter gathers the input rows into a dense
+/* Pairs [j0, j1) of one kernel row: y[out] += x[in] @ wn (the kernel row's
+ * c_in x c_out weights).  Gather-scatter gathers the input rows into a dense
  * block, multiplies it into a zeroed block, and scatter-adds that. */
 static void TL_FN(tl_pairs_block)(const tl_conv_desc *d, int gather, const TL_T *x,
-                                  const tl_pairs *p, int64_t j0, int64_t j1,
+                                  const TL_T *wn, const tl_pairs *p, int64_t j0, int64_t j1,
                                   TL_FN(tl_pairs_scratch) *s, TL_T *y) {
     const int64_t cin = d->c_in, cout = d->c_out, m = j1 - j0;
     for (int64_t q = 0; q < m; q++) {
@@ -59,7 +56,7 @@ static void TL_FN(tl_pairs_block)(const tl_conv_desc *d, int gather, const TL_T 
         s->xr[q] = src;
         s->yr[q] = dst;
     }
-    TL_FN(tl_mk_rows)(s->mk, cout, cin, m, s->xr, s->wq, s->yr);
+    TL_FN(tl_mk_rows)(s->mk, cout, cin, m, s->xr, wn, cout, s->yr);
     if (gather)
         for (int64_t q = 0; q < m; q++) {
             TL_T *dst = y + (int64_t)p->out[j0 + q] * cout;
@@ -87,10 +84,9 @@ static tl_status TL_FN(tl_pairs_fwd)(const tl_ctx *ctx, int gather, const tl_con
         stop = failed;
         for (int64_t n = 0; !stop && n < p->k; n++) {
             const int64_t j0 = p->offsets[n], j1 = p->offsets[n + 1];
-            for (int64_t ci = 0; ci < cin; ci++) s.wq[ci] = w + (n * cin + ci) * cout;
 #pragma omp for schedule(static)
             for (int64_t j = j0; j < j1; j += TL_PAIR_BLOCK)
-                TL_FN(tl_pairs_block)(d, gather, x, p, j,
+                TL_FN(tl_pairs_block)(d, gather, x, w + n * cin * cout, p, j,
                                       j + TL_PAIR_BLOCK < j1 ? j + TL_PAIR_BLOCK : j1, &s, y);
         }
         TL_FN(tl_scratch_free)(&s);

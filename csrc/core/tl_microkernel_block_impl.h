@@ -6,8 +6,9 @@
  *
  *   out[r][j + :] += sum_q a(r, q) * b[q][j + :],  r < R, NV vectors wide,
  *
- * where a(r, q) is a[r][q] (transposed == 0: forward, q = input channel,
- * a[r] = x row, b[q] = weight row) or a[q][c0 + r] (transposed == 1: weight
+ * where a(r, q) is a[r][q] and b[q] is bp + q * ldb (transposed == 0:
+ * forward, q = input channel, a[r] = x row, weight rows ldb apart, no pointer
+ * to load per row) or a(r, q) is a[q][c0 + r] (transposed == 1: weight
  * gradient, q = pair, a[q] = x row, b[q] = dy row, so no transposed copy of
  * the x rows is needed).  Always inlined with constant R, NV and transposed,
  * so acc[][] lives in registers.  TL_BLOCK_PFN is the same update over
@@ -20,16 +21,21 @@ typedef TL_T TL_BLOCK_VEC __attribute__((vector_size(TL_BLOCK_BYTES)));
 
 static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_BLOCK_FN(
     int R, int NV, int transposed, int64_t j, int64_t nq, int64_t c0,
-    const TL_T *const *a, const TL_T *const *b, TL_T *const *out) {
+    const TL_T *const *a, const TL_T *const *b, const TL_T *bp, int64_t ldb,
+    TL_T *const *out) {
     const int64_t vl = (int64_t)(TL_BLOCK_BYTES / sizeof(TL_T));
     TL_BLOCK_VEC acc[4][TL_BLOCK_NV];
     for (int r = 0; r < R; r++)
         for (int v = 0; v < NV; v++) acc[r][v] = (TL_BLOCK_VEC){0};
+#pragma GCC unroll 2
     for (int64_t q = 0; q < nq; q++) {
         /* Unrolled by pragma, as in TL_BLOCK_PFN below (NV = 3 spills otherwise). */
         TL_BLOCK_VEC bv[TL_BLOCK_NV];
 #pragma GCC unroll 8
-        for (int v = 0; v < NV; v++) memcpy(&bv[v], b[q] + j + v * vl, sizeof(TL_BLOCK_VEC));
+        for (int v = 0; v < NV; v++) {
+            const TL_T *bq = transposed ? b[q] : bp + q * ldb;
+            memcpy(&bv[v], bq + j + v * vl, sizeof(TL_BLOCK_VEC));
+        }
         for (int r = 0; r < R; r++) {
             TL_T s = transposed ? a[q][c0 + r] : a[r][q];
 #pragma GCC unroll 8

@@ -13,19 +13,19 @@
 #define TL_MK(name) TL_MK_CAT(tl_mk_##name, TL_SFX)
 
 /* The micro-kernels of one instruction set: R = 4, 2 or 1 rows of
- *   out[r][0:cw) += sum_q a[r][q] * b[q][0:cw)         (rows_R)
+ *   out[r][0:cw) += sum_q a[r][q] * b[q * ldb + 0:cw)  (rows_R)
  *   out[r][0:cw) += sum_q xr[q][c0 + r] * b[q][0:cw)   (rows_t_R)
- * Forward: q = input channel, a[r] = x row, b[q] = weight row.  Weight
- * gradient: q = pair, xr[q] = x row, b[q] = dy row. */
+ * Forward: q = input channel, a[r] = x row, b + q * ldb = weight row.
+ * Weight gradient: q = pair, xr[q] = x row, b[q] = dy row. */
 typedef struct TL_MK(ops) {
     /* Columns of the widest register block (TL_ISA_NV vectors): the forward
      * packs its weights into panels this wide (see tl_forward_tile). */
     int64_t block_cols;
-    void (*rows_4)(int64_t cw, int64_t nq, const TL_T *const *a, const TL_T *const *b,
+    void (*rows_4)(int64_t cw, int64_t nq, const TL_T *const *a, const TL_T *b, int64_t ldb,
                    TL_T *const *out);
-    void (*rows_2)(int64_t cw, int64_t nq, const TL_T *const *a, const TL_T *const *b,
+    void (*rows_2)(int64_t cw, int64_t nq, const TL_T *const *a, const TL_T *b, int64_t ldb,
                    TL_T *const *out);
-    void (*rows_1)(int64_t cw, int64_t nq, const TL_T *const *a, const TL_T *const *b,
+    void (*rows_1)(int64_t cw, int64_t nq, const TL_T *const *a, const TL_T *b, int64_t ldb,
                    TL_T *const *out);
     void (*rows_t_4)(int64_t cw, int64_t nq, int64_t c0, const TL_T *const *xr,
                      const TL_T *const *b, TL_T *const *out);
@@ -96,18 +96,18 @@ __attribute__((unused)) static const TL_MK(ops) *TL_MK(pick)(const tl_ctx *ctx) 
     }
 }
 
-/* out[0..m) += a[0..m) @ b over cw columns for any number m of distinct
- * output rows: groups of 4, then 2, then 1. */
+/* out[0..m) += a[0..m) @ b (rows ldb apart) over cw columns for any number m
+ * of distinct output rows: groups of 4, then 2, then 1. */
 __attribute__((unused)) static void TL_MK(rows)(const TL_MK(ops) *mk, int64_t cw, int64_t nq,
-                                               int64_t m, const TL_T *const *a,
-                                               const TL_T *const *b, TL_T *const *out) {
+                                               int64_t m, const TL_T *const *a, const TL_T *b,
+                                               int64_t ldb, TL_T *const *out) {
     int64_t p = 0;
-    for (; p + 4 <= m; p += 4) mk->rows_4(cw, nq, a + p, b, out + p);
+    for (; p + 4 <= m; p += 4) mk->rows_4(cw, nq, a + p, b, ldb, out + p);
     if (p + 2 <= m) {
-        mk->rows_2(cw, nq, a + p, b, out + p);
+        mk->rows_2(cw, nq, a + p, b, ldb, out + p);
         p += 2;
     }
-    if (p < m) mk->rows_1(cw, nq, a + p, b, out + p);
+    if (p < m) mk->rows_1(cw, nq, a + p, b, ldb, out + p);
 }
 
 /* acc (cin x cout) += sum over c row pairs of xr[p]^T dq[p], four input

@@ -75,26 +75,26 @@
  * target has them; -std=c11 alone would turn contraction off.) */
 static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_MKI(columns)(
     int R, int transposed, int64_t cw, int64_t nq, int64_t c0, const TL_T *const *a,
-    const TL_T *const *b, TL_T *const *out) {
+    const TL_T *const *b, const TL_T *bp, int64_t ldb, TL_T *const *out) {
     int64_t j = 0, vecs = cw / TL_VL;
     for (; vecs >= TL_ISA_NV && (TL_ISA_NV % 2 == 0 || vecs - TL_ISA_NV != 1);
          vecs -= TL_ISA_NV, j += TL_ISA_NV * TL_VL)
-        TL_MKI(block)(R, TL_ISA_NV, transposed, j, nq, c0, a, b, out);
+        TL_MKI(block)(R, TL_ISA_NV, transposed, j, nq, c0, a, b, bp, ldb, out);
     for (; TL_ISA_NV > 2 && vecs >= 2; vecs -= 2, j += 2 * TL_VL)
-        TL_MKI(block)(R, 2, transposed, j, nq, c0, a, b, out);
+        TL_MKI(block)(R, 2, transposed, j, nq, c0, a, b, bp, ldb, out);
     if (vecs >= 1) {
-        TL_MKI(block)(R, 1, transposed, j, nq, c0, a, b, out);
+        TL_MKI(block)(R, 1, transposed, j, nq, c0, a, b, bp, ldb, out);
         j += TL_VL;
     }
 #if TL_ISA_VBYTES > 32
     if (j + (int64_t)(32 / sizeof(TL_T)) <= cw) {
-        TL_MKI(block_32)(R, 1, transposed, j, nq, c0, a, b, out);
+        TL_MKI(block_32)(R, 1, transposed, j, nq, c0, a, b, bp, ldb, out);
         j += (int64_t)(32 / sizeof(TL_T));
     }
 #endif
 #if TL_ISA_VBYTES > 16
     if (j + (int64_t)(16 / sizeof(TL_T)) <= cw) {
-        TL_MKI(block_16)(R, 1, transposed, j, nq, c0, a, b, out);
+        TL_MKI(block_16)(R, 1, transposed, j, nq, c0, a, b, bp, ldb, out);
         j += (int64_t)(16 / sizeof(TL_T));
     }
 #endif
@@ -102,16 +102,16 @@ static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_MKI(columns)(
         for (int64_t jj = j; jj < cw; jj++) {
             TL_T s = 0;
             for (int64_t q = 0; q < nq; q++)
-                s += (transposed ? a[q][c0 + r] : a[r][q]) * b[q][jj];
+                s += transposed ? a[q][c0 + r] * b[q][jj] : a[r][q] * bp[q * ldb + jj];
             out[r][jj] += s;
         }
 }
 
-/* out[r][0:cw) += sum_q a[r][q] * b[q][0:cw), for 4, 2 or 1 rows. */
-#define TL_DEFINE_ROWS(R)                                                                \
+/* out[r][0:cw) += sum_q a[r][q] * b[q * ldb + 0:cw), for 4, 2 or 1 rows. */
+#define TL_DEFINE_ROWS(R)                                                                 \
     static TL_ISA_ATTR void TL_MKI(rows_##R)(int64_t cw, int64_t nq, const TL_T *const *a, \
-                                             const TL_T *const *b, TL_T *const *out) {      \
-        TL_MKI(columns)(R, 0, cw, nq, 0, a, b, out);                                      \
+                                             const TL_T *b, int64_t ldb, TL_T *const *out) { \
+        TL_MKI(columns)(R, 0, cw, nq, 0, a, NULL, b, ldb, out);                          \
     }
 TL_DEFINE_ROWS(4)
 TL_DEFINE_ROWS(2)
@@ -123,7 +123,7 @@ TL_DEFINE_ROWS(1)
     static TL_ISA_ATTR void TL_MKI(rows_t_##R)(int64_t cw, int64_t nq, int64_t c0,        \
                                                const TL_T *const *xr, const TL_T *const *b, \
                                                TL_T *const *out) {                        \
-        TL_MKI(columns)(R, 1, cw, nq, c0, xr, b, out);                                    \
+        TL_MKI(columns)(R, 1, cw, nq, c0, xr, b, NULL, 0, out);                          \
     }
 TL_DEFINE_ROWS_T(4)
 TL_DEFINE_ROWS_T(1)
