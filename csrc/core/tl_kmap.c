@@ -62,7 +62,7 @@ static uint64_t tl_pk_slot(const tl_pk *t, uint64_t key) {
 
 /* Chooses the layout from the OR of all input rows; TL_ERR_UNSUPPORTED when
  * the key does not fit 63 bits (the caller then uses tl_hash). */
-static tl_status tl_pk_init(tl_pk *t, const tl_coord *in, int64_t n_in) {
+static tl_status tl_pk_layout(tl_pk *t, const tl_coord *in, int64_t n_in) {
     uint32_t m[4] = {0, 0, 0, 0};
     int32_t neg = 0;
     for (int64_t i = 0; i < n_in; i++) {
@@ -79,7 +79,12 @@ static tl_status tl_pk_init(tl_pk *t, const tl_coord *in, int64_t n_in) {
         t->lim[a] = t->bits[a] >= 32 ? UINT32_MAX : (1u << t->bits[a]);
         total += t->bits[a];
     }
-    if (total > TL_PK_MAX_BITS) return TL_ERR_UNSUPPORTED;
+    return total > TL_PK_MAX_BITS ? TL_ERR_UNSUPPORTED : TL_OK;
+}
+
+/* Allocates the table of a layout (tl_pk_layout) for n_in rows. */
+static tl_status tl_pk_alloc(tl_pk *t, int64_t n_in) {
+    int total = t->bits[0] + t->bits[1] + t->bits[2] + t->bits[3];
     uint64_t cap = 16;
     int log2cap = 4;
     while (cap < 2 * (uint64_t)n_in) {
@@ -216,6 +221,90 @@ static void tl_pk_fill_nbr(const tl_ctx *ctx, const tl_pk *t, const tl_coord *ou
     }
 }
 
+/* ---- Sorted path: a merge instead of a table, when rows come sorted -------
+ *
+ * Voxelization and the library's own generated supports list rows in
+ * ascending (b, x, y, z) order.  Then, for one kernel offset, the packed
+ * query keys of ascending output rows ascend too (each field is an increasing
+ * function of the output's field, and the packed key orders like the
+ * fields), so each kernel row's neighbours are found by walking a cursor
+ * forward through the sorted input keys: sequential reads, no table, no
+ * random probe.  Strictly ascending input rows are also unique. */
+
+/* 1 if rows[0..n) ascend in (b, x, y, z) order, strictly when `strict`. */
+static int tl_rows_ascending(const tl_coord *rows, int64_t n, int strict) {
+    for (int64_t i = 1; i < n; i++) {
+        const tl_coord *a = &rows[i - 1], *b = &rows[i];
+        int c = a->b != b->b ? (a->b < b->b ? -1 : 1)
+              : a->x != b->x ? (a->x < b->x ? -1 : 1)
+              : a->y != b->y ? (a->y < b->y ? -1 : 1)
+              : a->z != b->z ? (a->z < b->z ? -1 : 1)
+                             : 0;
+        if (c > 0 || (strict && c == 0)) return 0;
+    }
+    return 1;
+}
+
+/* First index in keys[0..n) whose key is >= q. */
+static int64_t tl_lower_bound(const uint64_t *keys, int64_t n, uint64_t q) {
+    int64_t lo = 0, hi = n;
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo) / 2;
+        if (keys[mid] < q) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+/* Fills nbr by merging: every thread takes a contiguous range of output
+ * rows and keeps one cursor per kernel row into the sorted input keys,
+ * placed by binary search at its first query and moved only forward. */
+static tl_status tl_merge_fill_nbr(const tl_ctx *ctx, const tl_pk *t, const tl_coord *in,
+                                   int64_t n_in, const tl_coord *out, int64_t n_out,
+                                   const tl_geom *g, const int64_t *off, int64_t k,
+                                   int32_t *nbr) {
+    /* keys[n_in] is a sentinel above every query (queries fit 63 bits). */
+    uint64_t *keys = malloc(sizeof(uint64_t) * (size_t)(n_in + 1));
+    int64_t *cursors = malloc(sizeof(int64_t) * (size_t)(k * ctx->threads));
+    if (!keys || !cursors) {
+        free(keys);
+        free(cursors);
+        return TL_ERR_NOMEM;
+    }
+#pragma omp parallel num_threads(ctx->threads)
+    {
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < n_in; i++)
+            keys[i] = tl_pk_key(t, (uint32_t)in[i].b, (uint32_t)in[i].x, (uint32_t)in[i].y,
+                                (uint32_t)in[i].z);
+#pragma omp single
+        keys[n_in] = UINT64_MAX;
+        int64_t *cur = cursors + (int64_t)omp_get_thread_num() * k;
+        for (int64_t n = 0; n < k; n++) cur[n] = -1; /* not placed yet */
+#pragma omp for schedule(static)
+        for (int64_t o = 0; o < n_out; o++) {
+            const int64_t base[3] = {(int64_t)out[o].x * g->stride[0] - g->padding[0],
+                                     (int64_t)out[o].y * g->stride[1] - g->padding[1],
+                                     (int64_t)out[o].z * g->stride[2] - g->padding[2]};
+            int32_t *row = nbr + o * k;
+            for (int64_t n = 0; n < k; n++) {
+                uint64_t q = tl_pk_query(t, base, off + 3 * n, (uint32_t)out[o].b);
+                if (q == TL_PK_EMPTY) {
+                    row[n] = TL_NO_ROW;
+                    continue;
+                }
+                int64_t j = cur[n] < 0 ? tl_lower_bound(keys, n_in, q) : cur[n];
+                while (keys[j] < q) j++;
+                cur[n] = j;
+                row[n] = keys[j] == q ? (int32_t)j : TL_NO_ROW;
+            }
+        }
+    }
+    free(keys);
+    free(cursors);
+    return TL_OK;
+}
+
 /* ---- Generic path: tl_hash, for coordinates wider than 32 key bits -------- */
 
 static tl_status tl_kmap_build_wide(const tl_ctx *ctx, const tl_coord *in, int64_t n_in,
@@ -276,9 +365,13 @@ tl_status tl_kmap_build(const tl_ctx *ctx, const tl_coord *in, int64_t n_in,
     st = tl_kmap_offsets(g, k, &pos, &off);
     if (st != TL_OK) return st;
     tl_pk t = {0};
-    st = tl_pk_init(&t, in, n_in);
-    if (st == TL_OK && tl_rows_nonneg(out, n_out)) {
-        st = tl_pk_fill(ctx, &t, in, n_in);
+    st = tl_pk_layout(&t, in, n_in);
+    if (st == TL_OK && tl_rows_nonneg(out, n_out) && tl_rows_ascending(in, n_in, 1) &&
+        tl_rows_ascending(out, n_out, 0)) {
+        st = tl_merge_fill_nbr(ctx, &t, in, n_in, out, n_out, g, off, k, nbr);
+    } else if (st == TL_OK && tl_rows_nonneg(out, n_out)) {
+        st = tl_pk_alloc(&t, n_in);
+        if (st == TL_OK) st = tl_pk_fill(ctx, &t, in, n_in);
         uint64_t *keys = st == TL_OK ? malloc(sizeof(uint64_t) * (size_t)(k * ctx->threads))
                                      : NULL;
         if (st == TL_OK && !keys) st = TL_ERR_NOMEM;

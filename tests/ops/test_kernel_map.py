@@ -12,6 +12,7 @@ import itertools
 import pytest
 import torch
 
+from torch_lattice.data.synthetic import height_field
 from torch_lattice.geometry import ConvGeometry, kernel_positions
 from torch_lattice.ops import build_kernel_map, generate_support
 
@@ -44,10 +45,24 @@ CASES = [
 ]
 
 
+def _sorted(c: torch.Tensor) -> torch.Tensor:
+    return torch.unique(c, dim=0)  # ascending (b, x, y, z)
+
+
+# Rows in ascending (b, x, y, z) order take the merge path of the C core,
+# other orders its hash table; both must give the brute-force tables.
+ORDERS = {
+    "permuted": lambda inp, out: (inp, out),
+    "sorted": lambda inp, out: (_sorted(inp), _sorted(out)),
+    "sorted-input": lambda inp, out: (_sorted(inp), out),
+    "sorted-output": lambda inp, out: (inp, _sorted(out)),
+}
+
+
+@pytest.mark.parametrize("order", ORDERS)
 @pytest.mark.parametrize("g", CASES)
-def test_neighbour_tables_match_brute_force(g: ConvGeometry) -> None:
-    inp = _coords(120, 9, 0)
-    out = _coords(80, 6, 1)
+def test_neighbour_tables_match_brute_force(g: ConvGeometry, order: str) -> None:
+    inp, out = ORDERS[order](_coords(120, 9, 0), _coords(80, 6, 1))
     kmap = build_kernel_map(inp, out, g)
     assert torch.equal(kmap.nbr, _brute_nbr(inp, out, g))
     rev = torch.full_like(kmap.rev, -1)
@@ -56,6 +71,31 @@ def test_neighbour_tables_match_brute_force(g: ConvGeometry) -> None:
         if i >= 0:
             rev[i, n] = o
     assert torch.equal(kmap.rev, rev)
+
+
+@pytest.mark.parametrize("order", ["sorted", "permuted"])
+def test_repeated_input_row_is_refused_in_any_order(order: str) -> None:
+    inp = _sorted(_coords(50, 6, 3))
+    inp = torch.cat([inp[:10], inp[9:]])  # row 9 twice, still ascending
+    if order == "permuted":
+        inp = inp.flip(0)
+    with pytest.raises(ValueError, match="duplicate"):
+        build_kernel_map(inp, inp, CASES[0])
+
+
+def test_merge_and_hash_paths_agree_on_a_surface() -> None:
+    """A sorted surface (the merge path) against the same rows shuffled (the hash
+    path): the same relation, rows renamed by the permutation."""
+    coords = height_field(40, seed=4)
+    coords = _sorted(coords)
+    perm = torch.randperm(coords.shape[0], generator=torch.Generator().manual_seed(5))
+    g = CASES[0]
+    merged = build_kernel_map(coords, coords, g).nbr
+    hashed = build_kernel_map(coords[perm], coords[perm], g).nbr
+    inv = torch.empty_like(perm)
+    inv[perm] = torch.arange(perm.shape[0])
+    renamed = torch.where(merged[perm] >= 0, inv[merged[perm].clamp(min=0)], -1)
+    assert torch.equal(hashed, renamed.to(hashed.dtype))
 
 
 @pytest.mark.parametrize("g", CASES[2:])

@@ -209,6 +209,25 @@ def test_large_check_runs_at_a_tiny_size(tmp_path: Path) -> None:
         main(["large", "--channels", "0"])
 
 
+def test_two_builds_side_by_side(capsys: pytest.CaptureFixture[str]) -> None:
+    """``python -m benchmarks.builds`` against a second copy of this very build: every
+    group runs on the tiny scene and reports bitwise-equal outputs; a build that computes
+    other numbers stops the run before anything is timed."""
+    from benchmarks import builds
+    from torch_lattice.ops._runtime import _C
+
+    args = ["--base", _C.__file__, "--scenes", "tiny", "--channels", "4", "--repeats", "1"]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("sys.argv", ["builds", *args])
+        assert builds.main() == 0
+    out = capsys.readouterr().out
+    assert out.count("| bitwise |") == 4  # forward, weight gradient, eval, training step
+    assert "| tiny | " in out and "| equal |" in out
+    assert builds._C.conv_forward is _C.conv_forward  # the swap was undone
+    with pytest.raises(SystemExit, match="disagree"):
+        builds._agreement(torch.ones(3), torch.ones(3) * 1.01)
+
+
 @pytest.mark.parametrize("mask", [0o022, 0o077])
 def test_report_files_follow_the_umask(tmp_path: Path, mask: int) -> None:
     """Reports go through torch_lattice.atomic_file: mode ``0o666 & ~umask``, no temp."""

@@ -1,0 +1,234 @@
+"""Two builds of the C core side by side: the kernels of another ``_C`` against this one's.
+
+A kernel change is measured by loading the other build (say, ``main`` before the change,
+built in a worktree) into the same process and calling the two alternately on the same
+operands, so both see the same machine state; on a shared machine, single timings move by
+10-30% between runs, ratios from interleaved calls much less. Outputs of the two builds are
+compared before anything is timed (a change that is meant to keep results bitwise reports
+``bitwise``). Three groups:
+
+* ``layers``: ``conv_forward`` and ``conv_weight_grad`` (implicit GEMM, fp32) on the
+  3x3x3 submanifold map of each scene, per width;
+* ``kmap``: the kernel map (``nbr`` + ``rev``) of each scene;
+* ``unet``: SparseResUNet42 eval forward and training step, every sparse convolution
+  kernel (forward, input and weight gradient) taken from one build or the other.
+
+Usage (from the repository root)::
+
+    git worktree add /tmp/base <commit> && (cd /tmp/base && \\
+        TORCH_LATTICE_CUDA=0 ../path/to/.venv/bin/python setup.py -q build_ext --inplace)
+    .venv/bin/python -m benchmarks.builds --base /tmp/base/torch_lattice/_C.abi3.so
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import time
+from collections.abc import Callable
+from functools import partial
+from types import ModuleType
+from typing import Any
+
+import torch
+
+import torch_lattice as tl
+from benchmarks.scenes import Scene, make_scene, scene_names, tiny_scene
+from torch_lattice.geometry import ConvGeometry
+from torch_lattice.nn.functional.relation import kernel_map
+from torch_lattice.ops._runtime import _C, ptr
+
+SUBM3 = ConvGeometry.submanifold((3, 3, 3), (1, 1, 1))
+CONV_KERNELS = ("conv_forward", "conv_weight_grad")
+SIDES = ("base", "this")
+
+
+def load_build(path: str) -> ModuleType:
+    """The ``_C`` extension at ``path``, loaded beside the installed one."""
+    spec = importlib.util.spec_from_file_location("torch_lattice_base._C", path)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"--base {path}: not a loadable extension module")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def interleaved(calls: dict[str, Callable[[], Any]], repeats: int) -> dict[str, float]:
+    """Median seconds of each call over ``repeats`` rounds after a warm-up round; the
+    order within a round alternates, so neither side always runs first."""
+    names = list(calls)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for rnd in range(repeats + 1):
+        for name in names if rnd % 2 else names[::-1]:
+            start = time.perf_counter()
+            calls[name]()
+            if rnd:
+                times[name].append(time.perf_counter() - start)
+    return {n: sorted(t)[len(t) // 2] for n, t in times.items()}
+
+
+def _scene(name: str) -> Scene:
+    return tiny_scene() if name == "tiny" else make_scene(name)
+
+
+def _agreement(a: torch.Tensor, b: torch.Tensor) -> str:
+    if torch.equal(a, b):
+        return "bitwise"
+    err = float((a.double() - b.double()).abs().max() / b.double().abs().max().clamp(min=1e-30))
+    if err > 1e-5:
+        raise SystemExit(f"the two builds disagree: max relative difference {err:.2e}")
+    return f"rel {err:.1e}"
+
+
+def _layer_case(
+    base: ModuleType, kernel: str, nbr: torch.Tensor, c: int, repeats: int
+) -> tuple[dict[str, float], str]:
+    """One kernel of both builds on one map and width: median seconds, and agreement."""
+    n, threads = nbr.shape[0], torch.get_num_threads()
+    g = torch.Generator().manual_seed(c)
+    x = torch.randn(n, c, generator=g)
+    b = torch.randn(27, c, c, generator=g) if kernel == "conv_forward" else torch.randn(n, c)
+    shape = (n, c) if kernel == "conv_forward" else (27, c, c)
+    outs = {side: torch.empty(shape) for side in ("base", "this")}
+    modules = {"base": base, "this": _C}
+
+    def call(side: str) -> None:
+        fn = getattr(modules[side], kernel)
+        fn(0, n, n, 27, c, c, ptr(x), ptr(b), ptr(nbr), ptr(outs[side]), threads)
+
+    call("base")
+    call("this")
+    agree = _agreement(outs["this"], outs["base"])
+    return interleaved({side: partial(call, side) for side in modules}, repeats), agree
+
+
+def layers(base: ModuleType, scenes: list[str], channels: list[int], repeats: int) -> None:
+    print("| scene | C | kernel | base GFLOP/s | this GFLOP/s | this / base | outputs |")
+    print("|---|---|---|---|---|---|---|")
+    for name in scenes:
+        scene = _scene(name)
+        support = tl.SparseTensor(torch.zeros(scene.voxels, 1), scene.coords).support
+        nbr = kernel_map(support, support, SUBM3).nbr
+        pairs = int((nbr >= 0).sum())
+        for c in channels:
+            for kernel in CONV_KERNELS:
+                med, agree = _layer_case(base, kernel, nbr, c, repeats)
+                gf = {k: 2 * pairs * c * c / v / 1e9 for k, v in med.items()}
+                print(
+                    f"| {scene.name} | {c} | {kernel} | {gf['base']:.1f} | {gf['this']:.1f} | "
+                    f"{med['base'] / med['this']:.2f}x | {agree} |",
+                    flush=True,
+                )
+
+
+class Swap:
+    """Points the named ``_C`` entry points at one build or the other, so the library's
+    Python layer runs unchanged over either build's kernels."""
+
+    def __init__(self, base: ModuleType, names: tuple[str, ...]) -> None:
+        self.base, self.names = base, names
+        self.current = {k: getattr(_C, k) for k in names}
+
+    def use(self, side: str) -> None:
+        for k in self.names:
+            setattr(_C, k, getattr(self.base, k) if side == "base" else self.current[k])
+
+    def run(self, side: str, fn: Callable[[], Any]) -> Any:
+        self.use(side)
+        try:
+            return fn()
+        finally:
+            self.use("this")
+
+
+def _kmap(coords: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The 3x3x3 submanifold kernel map (``nbr``, ``rev``) of ``coords`` with itself."""
+    one = [1, 1, 1]
+    return torch.ops.lattice.kernel_map(coords, coords, [3, 3, 3], one, one, one)
+
+
+def kmaps(base: ModuleType, scenes: list[str], repeats: int) -> None:
+    swap = Swap(base, ("kmap_build", "kmap_reverse"))
+    print("| scene | voxels | base ms | this ms | this / base | tables |")
+    print("|---|---|---|---|---|---|")
+    for name in scenes:
+        coords = _scene(name).coords
+        build = partial(_kmap, coords)
+        got = {side: swap.run(side, build) for side in SIDES}
+        if not all(map(torch.equal, got["base"], got["this"])):
+            raise SystemExit(f"{name}: the two builds' kernel maps differ")
+        med = interleaved({side: partial(swap.run, side, build) for side in SIDES}, repeats)
+        print(
+            f"| {name} | {coords.shape[0]} | {med['base'] * 1e3:.1f} | "
+            f"{med['this'] * 1e3:.1f} | {med['base'] / med['this']:.2f}x | equal |",
+            flush=True,
+        )
+
+
+def _unet_step(
+    net: torch.nn.Module, feats: torch.Tensor, coords: torch.Tensor, train: bool
+) -> torch.Tensor:
+    """Eval forward, or a training step (forward + backward of a squared-mean loss)."""
+    net.train(train)
+    net.zero_grad()
+    with torch.set_grad_enabled(train):
+        y = net(tl.SparseTensor(feats, coords.clone())).feats
+        if train:
+            y.square().mean().backward()
+    return y.detach()
+
+
+def unet(base: ModuleType, scenes: list[str], repeats: int) -> None:
+    swap = Swap(base, CONV_KERNELS)
+    print("| scene | step | base s | this s | this / base | outputs |")
+    print("|---|---|---|---|---|---|")
+    for name in scenes:
+        scene = _scene(name)
+        torch.manual_seed(0)
+        net = tl.backbones.SparseResUNet42(4, 20)
+        feats = torch.randn(scene.voxels, 4)
+        for label, train in (("eval forward", False), ("forward + backward", True)):
+            step = partial(_unet_step, net, feats, scene.coords, train)
+            got = {side: swap.run(side, step) for side in SIDES}
+            agree = _agreement(got["this"], got["base"])
+            med = interleaved({side: partial(swap.run, side, step) for side in SIDES}, repeats)
+            print(
+                f"| {name} | {label} | {med['base']:.3f} | {med['this']:.3f} | "
+                f"{med['base'] / med['this']:.2f}x | {agree} |",
+                flush=True,
+            )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--base", required=True, help="path of the other build's _C.abi3.so")
+    parser.add_argument(
+        "--groups",
+        nargs="+",
+        default=["layers", "kmap", "unet"],
+        choices=["layers", "kmap", "unet"],
+    )
+    parser.add_argument(
+        "--scenes", nargs="+", default=["surface", "lidar"], choices=[*scene_names(), "tiny"]
+    )
+    parser.add_argument("--channels", type=int, nargs="+", default=[16, 32, 64, 128, 256])
+    parser.add_argument("--repeats", type=int, default=7)
+    args = parser.parse_args()
+    base = load_build(args.base)
+    print(
+        f"{torch.get_num_threads()} threads, cpu_isa {_C.cpu_isa()}; medians of "
+        f"{args.repeats} interleaved calls; 'this' is {_C.__file__}\n"
+    )
+    if "layers" in args.groups:
+        layers(base, args.scenes, args.channels, args.repeats)
+        print()
+    if "kmap" in args.groups:
+        kmaps(base, args.scenes, args.repeats)
+        print()
+    if "unet" in args.groups:
+        unet(base, args.scenes, max(3, args.repeats // 2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
