@@ -33,8 +33,11 @@ __all__ = [
     "dense_weight",
     "gather_scatter_conv",
     "mm_proxy",
+    "pair_keys",
     "pairs_from_nbr",
+    "spconv_pair_keys",
     "spconv_status",
+    "spconv_subm_indices",
     "swap_pairs",
     "torch_kernel_map",
     "torch_threads",
@@ -226,6 +229,42 @@ def spconv_status() -> str | None:
     return None
 
 
+def pair_keys(nbr: torch.Tensor) -> torch.Tensor:
+    """Every (output, input) pair of a neighbour table as sorted int64 keys
+    ``out * N_in + in``: the relation without the order of its kernel rows, which a
+    baseline may number its own way (the coordinates fix each pair's offset)."""
+    out, n = torch.nonzero(nbr >= 0, as_tuple=True)
+    keys = out.long() * nbr.shape[0] + nbr[out, n].long()
+    return torch.sort(keys).values
+
+
+def spconv_subm_indices(coords: torch.Tensor) -> Callable[[], object]:
+    """spconv 2.x's index generation for a 3x3x3 submanifold map (its CPU ``Native``
+    algorithm), as a timed callable returning its raw result."""
+    import spconv.pytorch.ops as sops
+    from spconv.core import ConvAlgo
+
+    c = coords.int().contiguous()
+    ext = (c.long().amax(dim=0) + 1).tolist()
+    one = [1, 1, 1]
+    return lambda: sops.get_indice_pairs(
+        c, ext[0], ext[1:], ConvAlgo.Native, [3, 3, 3], one, one, one, [0, 0, 0], True, False
+    )
+
+
+def spconv_pair_keys(result: tuple, n: int) -> torch.Tensor:
+    """:func:`pair_keys` of spconv's submanifold result: it lists one pair of each mirror
+    pair (``i`` feeds ``o`` through r iff ``o`` feeds ``i`` through -r) and not the
+    centre, so both directions and the centre are added back."""
+    _, pairs, counts = result
+    kept = [pairs[:, k, : int(m)] for k, m in enumerate(counts.tolist()) if m > 0]
+    both = torch.cat(kept, dim=1).long() if kept else torch.empty(2, 0, dtype=torch.long)
+    rows = torch.arange(n)
+    out = torch.cat([both[1], both[0], rows])
+    inp = torch.cat([both[0], both[1], rows])
+    return torch.sort(out * n + inp).values
+
+
 class SpconvSubm:
     """spconv 2.x ``SubMConv3d`` (no bias) holding the same weight as the library layer.
 
@@ -246,7 +285,9 @@ class SpconvSubm:
         ext = (coords.long().amax(dim=0) + 1).tolist()
         first = sp.SparseConvTensor(
             torch.zeros(coords.shape[0], c_in, device=weight.device, dtype=weight.dtype),
-            coords.int().contiguous(), ext[1:], ext[0],
+            coords.int().contiguous(),
+            ext[1:],
+            ext[0],
         )
         self._primed = self.conv(first)
 

@@ -190,19 +190,34 @@ def _layer(module: torch.nn.Module) -> torch.nn.Module:
 # --------------------------------------------------------------------------------------
 
 
+def _table_outputs(nbr: torch.Tensor) -> ck.Outputs:
+    """A neighbour table as checked outputs: the table itself (for baselines that number
+    kernel rows as the library does) and its set of pairs (for those that do not)."""
+    return {"nbr": nbr, "pairs": bl.pair_keys(nbr)}
+
+
 def kmap_subm3(scene: Scene, c: int, opts: Options) -> list[Row]:
-    """3x3x3 submanifold map: the library op (``nbr`` and ``rev``) vs the torch builder."""
-    coords = scene.coords
+    """3x3x3 submanifold map: the library op (``nbr`` and ``rev``) vs the torch builder
+    and spconv's index generation (at its thread count; checked as the set of pairs)."""
+    coords, n = scene.coords, scene.voxels
     ks, s, p, d = (list(v) for v in SUBM3.as_c())
     fns = {
         LATTICE: lambda: kernel_map(coords, coords, ks, s, p, d),
         TORCH_KMAP: lambda: bl.torch_kernel_map(coords, coords, SUBM3),
     }
     checks = {
-        LATTICE: lambda: {"nbr": fns[LATTICE]()[0]},
+        LATTICE: lambda: _table_outputs(fns[LATTICE]()[0]),
         TORCH_KMAP: lambda: {"nbr": fns[TORCH_KMAP]()},
     }
-    return _measure("kmap_subm3", scene, 0, opts, fns, {}, checks)
+    notes: list[Row] = []
+    why = bl.spconv_status() if opts.spconv else "disabled"
+    if why is None:
+        sp = bl.with_threads(bl.spconv_subm_indices(coords), opts.spconv_threads)
+        fns[SPCONV] = sp
+        checks[SPCONV] = lambda: {"pairs": bl.spconv_pair_keys(sp(), n)}
+    else:
+        notes.append(_missing("kmap_subm3", scene, 0, SPCONV, why))
+    return _measure("kmap_subm3", scene, 0, opts, fns, {}, checks) + notes
 
 
 # --------------------------------------------------------------------------------------

@@ -73,6 +73,31 @@ def test_neighbour_tables_match_brute_force(g: ConvGeometry, order: str) -> None
     assert torch.equal(kmap.rev, rev)
 
 
+def _transpose(nbr: torch.Tensor, n_in: int) -> torch.Tensor:
+    rev = torch.full((n_in, nbr.shape[1]), -1, dtype=torch.int32)
+    o, n = torch.nonzero(nbr >= 0, as_tuple=True)
+    rev[nbr[o, n].long(), n] = o.to(torch.int32)
+    return rev
+
+
+@pytest.mark.parametrize(
+    "g",
+    [
+        CASES[0],
+        CASES[1],  # anisotropic odd sizes with dilation: still symmetric offsets
+        ConvGeometry((3, 3, 3), (1, 1, 1), (0, 1, 2)),  # not centred: the general path
+        ConvGeometry((2, 2, 2), (1, 1, 1), (1, 1, 1)),  # even size: no mirror offsets
+    ],
+)
+@pytest.mark.parametrize("order", ["sorted", "permuted"])
+def test_a_support_with_itself_has_rev_the_transpose_of_nbr(g: ConvGeometry, order: str) -> None:
+    """One tensor as input and output (the case whose rev is nbr's kernel rows reversed)."""
+    coords = ORDERS[order](_coords(150, 8, 6), _coords(1, 8, 7))[0]
+    kmap = build_kernel_map(coords, coords, g)
+    assert torch.equal(kmap.nbr, _brute_nbr(coords, coords, g))
+    assert torch.equal(kmap.rev, _transpose(kmap.nbr, coords.shape[0]))
+
+
 @pytest.mark.parametrize("order", ["sorted", "permuted"])
 def test_repeated_input_row_is_refused_in_any_order(order: str) -> None:
     inp = _sorted(_coords(50, 6, 3))

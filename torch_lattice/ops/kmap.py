@@ -238,6 +238,22 @@ def _(coords, kernel_size, stride):
     return coords.new_empty((m, 4))
 
 
+def _self_submanifold(in_coords: torch.Tensor, out_coords: torch.Tensor, *geometry: list[int]
+                      ) -> bool:
+    """Whether a map relates one coordinate tensor (the same memory) with itself through
+    a kernel whose offsets are symmetric: ``geometry`` (kernel size, stride, padding,
+    dilation) has stride 1 and an odd size centred by its padding on every axis."""
+    same = (
+        in_coords.data_ptr() == out_coords.data_ptr()
+        and in_coords.shape == out_coords.shape
+        and in_coords.stride() == out_coords.stride()
+    )
+    return same and all(
+        s == 1 and ks % 2 == 1 and (ks - 1) * d == 2 * p
+        for ks, s, p, d in zip(*geometry, strict=True)
+    )
+
+
 @torch.library.custom_op("lattice::kernel_map", mutates_args=())
 def kernel_map(
     in_coords: torch.Tensor,
@@ -248,8 +264,14 @@ def kernel_map(
     dilation: list[int],
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Neighbour tables ``(nbr (N_out, K), rev (N_in, K))``, int32."""
+    # A support's submanifold map with itself pairs each offset with its negation (kernel
+    # row K-1-n): nbr[o, n] == i iff nbr[i, K-1-n] == o, so rev is nbr with its kernel
+    # rows reversed, a copy instead of a scatter.
+    mirror = _self_submanifold(in_coords, out_coords, kernel_size, stride, padding, dilation)
     nbr = _nbr_table("kernel_map", in_coords, out_coords, kernel_size, stride, padding, dilation)
     n_out, k = nbr.shape
+    if mirror:
+        return nbr, nbr.flip(1)
     rev = torch.empty((in_coords.shape[0], k), dtype=torch.int32)
     _C.kmap_reverse(ptr(nbr), n_out, k, in_coords.shape[0], ptr(rev), threads())
     return nbr, rev
