@@ -258,11 +258,14 @@ static int64_t tl_lower_bound(const uint64_t *keys, int64_t n, uint64_t q) {
 
 /* Fills nbr by merging: every thread takes a contiguous range of output
  * rows and keeps one cursor per kernel row into the sorted input keys,
- * placed by binary search at its first query and moved only forward. */
+ * placed by binary search at its first query and moved only forward.  In the
+ * self-submanifold case only the first half of the kernel rows is merged;
+ * each hit also fills its mirror entry, in a row near o for sorted rows. */
 static tl_status tl_merge_fill_nbr(const tl_ctx *ctx, const tl_pk *t, const tl_coord *in,
                                    int64_t n_in, const tl_coord *out, int64_t n_out,
-                                   const tl_geom *g, const int64_t *off, int64_t k,
+                                   const tl_geom *g, const int64_t *off, int64_t k, int self,
                                    int32_t *nbr) {
+    const int64_t half = self ? (k - 1) / 2 : k;
     /* keys[n_in] is a sentinel above every query (queries fit 63 bits). */
     uint64_t *keys = malloc(sizeof(uint64_t) * (size_t)(n_in + 1));
     int64_t *cursors = malloc(sizeof(int64_t) * (size_t)(k * ctx->threads));
@@ -279,6 +282,10 @@ static tl_status tl_merge_fill_nbr(const tl_ctx *ctx, const tl_pk *t, const tl_c
                                 (uint32_t)in[i].z);
 #pragma omp single
         keys[n_in] = UINT64_MAX;
+        if (self) {
+#pragma omp for schedule(static)
+            for (int64_t j = 0; j < n_out * k; j++) nbr[j] = TL_NO_ROW;
+        }
         int64_t *cur = cursors + (int64_t)omp_get_thread_num() * k;
         for (int64_t n = 0; n < k; n++) cur[n] = -1; /* not placed yet */
 #pragma omp for schedule(static)
@@ -287,7 +294,7 @@ static tl_status tl_merge_fill_nbr(const tl_ctx *ctx, const tl_pk *t, const tl_c
                                      (int64_t)out[o].y * g->stride[1] - g->padding[1],
                                      (int64_t)out[o].z * g->stride[2] - g->padding[2]};
             int32_t *row = nbr + o * k;
-            for (int64_t n = 0; n < k; n++) {
+            for (int64_t n = 0; n < half; n++) {
                 uint64_t q = tl_pk_query(t, base, off + 3 * n, (uint32_t)out[o].b);
                 if (q == TL_PK_EMPTY) {
                     row[n] = TL_NO_ROW;
@@ -297,7 +304,9 @@ static tl_status tl_merge_fill_nbr(const tl_ctx *ctx, const tl_pk *t, const tl_c
                 while (keys[j] < q) j++;
                 cur[n] = j;
                 row[n] = keys[j] == q ? (int32_t)j : TL_NO_ROW;
+                if (self && row[n] >= 0) nbr[j * k + (k - 1 - n)] = (int32_t)o;
             }
+            if (self) row[half] = (int32_t)o;
         }
     }
     free(keys);
@@ -368,7 +377,8 @@ tl_status tl_kmap_build(const tl_ctx *ctx, const tl_coord *in, int64_t n_in,
     st = tl_pk_layout(&t, in, n_in);
     if (st == TL_OK && tl_rows_nonneg(out, n_out) && tl_rows_ascending(in, n_in, 1) &&
         tl_rows_ascending(out, n_out, 0)) {
-        st = tl_merge_fill_nbr(ctx, &t, in, n_in, out, n_out, g, off, k, nbr);
+        st = tl_merge_fill_nbr(ctx, &t, in, n_in, out, n_out, g, off, k,
+                               tl_is_self_subm(in, n_in, out, n_out, g), nbr);
     } else if (st == TL_OK && tl_rows_nonneg(out, n_out)) {
         st = tl_pk_alloc(&t, n_in);
         if (st == TL_OK) st = tl_pk_fill(ctx, &t, in, n_in);
