@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import time
 from collections.abc import Callable
 from functools import partial
 from types import ModuleType
@@ -34,6 +33,7 @@ import torch
 
 import torch_lattice as tl
 from benchmarks.scenes import Scene, make_scene, scene_names, tiny_scene
+from benchmarks.timing import time_side_by_side
 from torch_lattice.geometry import ConvGeometry
 from torch_lattice.nn.functional.relation import kernel_map
 from torch_lattice.ops._runtime import _C, ptr
@@ -54,17 +54,10 @@ def load_build(path: str) -> ModuleType:
 
 
 def interleaved(calls: dict[str, Callable[[], Any]], repeats: int) -> dict[str, float]:
-    """Median seconds of each call over ``repeats`` rounds after a warm-up round; the
-    order within a round alternates, so neither side always runs first."""
-    names = list(calls)
-    times: dict[str, list[float]] = {n: [] for n in names}
-    for rnd in range(repeats + 1):
-        for name in names if rnd % 2 else names[::-1]:
-            start = time.perf_counter()
-            calls[name]()
-            if rnd:
-                times[name].append(time.perf_counter() - start)
-    return {n: sorted(t)[len(t) // 2] for n, t in times.items()}
+    """Median seconds of each call, timed interleaved after a warm-up
+    (:func:`benchmarks.timing.time_side_by_side`)."""
+    timings = time_side_by_side(calls, repeats, warmup=1, memory=False)
+    return {name: t.median_ms / 1e3 for name, t in timings.items()}
 
 
 def _scene(name: str) -> Scene:

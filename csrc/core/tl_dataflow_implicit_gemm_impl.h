@@ -14,11 +14,12 @@
 
 #include "tl_microkernel_impl.h"
 
-/* Scratch of one forward worker: the micro-kernels, the tile's listed x and
- * y row pointers of one kernel row, a zero x row and a sink y row that pad the last group of a kernel
- * row to 4 (a 1-row pass costs as much as a 4-row one: both are bound by the
- * weight loads, so padding makes the remainder up to 3x cheaper on sparse
- * scenes; a remainder of 1 or 2 rows runs the 2-row pass, which costs half). */
+/* Scratch of one forward worker: the micro-kernels and panel width (chosen
+ * once per call), the tile's listed x and y row pointers of one kernel row, a
+ * zero x row and a sink y row that pad the last group of a kernel row to 4 (a
+ * 1-row pass costs as much as a 4-row one: both are bound by the weight
+ * loads, so padding makes the remainder up to 3x cheaper on sparse scenes; a
+ * remainder of 1 or 2 rows runs the 2-row pass, which costs half). */
 typedef struct TL_FN(tl_fwd_scratch) {
     const TL_FN(tl_mk_ops) *mk;
     int64_t cin;
@@ -29,11 +30,11 @@ typedef struct TL_FN(tl_fwd_scratch) {
     TL_T *sink;         /* TL_TILE_COLS values, never read */
 } TL_FN(tl_fwd_scratch);
 
-static int TL_FN(tl_fwd_scratch_init)(TL_FN(tl_fwd_scratch) *s, const tl_ctx *ctx,
-                                      const tl_conv_desc *d, int64_t rows, int64_t cin) {
-    s->mk = TL_FN(tl_mk_pick)(ctx);
+static int TL_FN(tl_fwd_scratch_init)(TL_FN(tl_fwd_scratch) *s, const TL_FN(tl_mk_ops) *mk,
+                                      int64_t panel_cols, int64_t rows, int64_t cin) {
+    s->mk = mk;
     s->cin = cin;
-    s->panel_cols = tl_panel_cols(d, s->mk->block_cols, (int64_t)sizeof(TL_T));
+    s->panel_cols = panel_cols;
     s->xr = malloc(sizeof(TL_T *) * (size_t)(rows + 3));
     s->yr = malloc(sizeof(TL_T *) * (size_t)(rows + 3));
     s->zero = calloc((size_t)(cin + TL_TILE_COLS), sizeof(TL_T));
@@ -155,8 +156,9 @@ static tl_status TL_FN(tl_forward)(const tl_ctx *ctx, const tl_conv_desc *d, con
     const int64_t row_tiles = (d->n_out + rows - 1) / rows;
     const int64_t col_tiles = (d->c_out + TL_TILE_COLS - 1) / TL_TILE_COLS;
     const int64_t cin = d->c_in > 0 ? d->c_in : 1;
+    const TL_FN(tl_mk_ops) *mk = TL_FN(tl_mk_pick)(ctx);
     /* One panel as wide as the layer is the weights' own layout. */
-    const int64_t panel = tl_panel_cols(d, TL_FN(tl_mk_pick)(ctx)->block_cols, (int64_t)sizeof(TL_T));
+    const int64_t panel = tl_panel_cols(d, mk->block_cols, (int64_t)sizeof(TL_T));
     TL_T *packed = NULL;
     if (panel < d->c_out) {
         packed = malloc(sizeof(TL_T) * (size_t)(d->k * cin * d->c_out));
@@ -168,7 +170,7 @@ static tl_status TL_FN(tl_forward)(const tl_ctx *ctx, const tl_conv_desc *d, con
 #pragma omp parallel num_threads(ctx->threads) reduction(| : failed, invalid)
     {
         TL_FN(tl_fwd_scratch) s;
-        int ok = TL_FN(tl_fwd_scratch_init)(&s, ctx, d, rows, cin);
+        int ok = TL_FN(tl_fwd_scratch_init)(&s, mk, panel, rows, cin);
         failed |= !ok;
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < row_tiles * col_tiles; t++) {

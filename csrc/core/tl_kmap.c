@@ -375,11 +375,11 @@ tl_status tl_kmap_build(const tl_ctx *ctx, const tl_coord *in, int64_t n_in,
     if (st != TL_OK) return st;
     tl_pk t = {0};
     st = tl_pk_layout(&t, in, n_in);
-    if (st == TL_OK && tl_rows_nonneg(out, n_out) && tl_rows_ascending(in, n_in, 1) &&
-        tl_rows_ascending(out, n_out, 0)) {
+    const int packed = st == TL_OK && tl_rows_nonneg(out, n_out);
+    if (packed && tl_rows_ascending(in, n_in, 1) && tl_rows_ascending(out, n_out, 0)) {
         st = tl_merge_fill_nbr(ctx, &t, in, n_in, out, n_out, g, off, k,
                                tl_is_self_subm(in, n_in, out, n_out, g), nbr);
-    } else if (st == TL_OK && tl_rows_nonneg(out, n_out)) {
+    } else if (packed) {
         st = tl_pk_alloc(&t, n_in);
         if (st == TL_OK) st = tl_pk_fill(ctx, &t, in, n_in);
         uint64_t *keys = st == TL_OK ? malloc(sizeof(uint64_t) * (size_t)(k * ctx->threads))

@@ -66,38 +66,59 @@
 
 #define TL_VL ((int64_t)(TL_ISA_VBYTES / sizeof(TL_T))) /* lanes per full vector */
 
-/* All cw columns for R rows: full-width blocks of TL_ISA_NV vectors (with an
- * odd TL_ISA_NV, only while that leaves no single vector behind: 4 vectors
- * run as 2 + 2, not 3 + 1), then pairs, then 1; then one 32-byte and one
- * 16-byte vector where they fit; scalars for the last columns narrower than
- * 16 bytes.  (setup.py compiles with
- * -ffp-contract=fast, so the multiply-adds become FMA instructions where the
- * target has them; -std=c11 alone would turn contraction off.) */
+/* Walks the column blocks of cw columns with j at each block's first column:
+ * blocks of NVMAX vectors (only while that leaves no single vector behind
+ * when NVMAX is odd or SPLIT_LAST is 1: 4 vectors run as 2 + 2, not 3 + 1),
+ * then pairs, then 1; then one 32-byte and one 16-byte vector where they fit.
+ * CALL(W, NV) runs one block of NV vectors at width W (empty: the full
+ * register width, _32 or _16).  Leaves j at the first of the scalar columns
+ * narrower than 16 bytes. */
+#define TL_COLUMN_BLOCKS(NVMAX, SPLIT_LAST, CALL)                                           \
+    do {                                                                                    \
+        int64_t vecs_ = cw / TL_VL;                                                         \
+        for (; vecs_ >= (NVMAX) &&                                                          \
+               (((NVMAX) % 2 == 0 && !(SPLIT_LAST)) || vecs_ - (NVMAX) != 1);               \
+             vecs_ -= (NVMAX), j += (NVMAX) * TL_VL)                                        \
+            CALL(, NVMAX);                                                                  \
+        for (; vecs_ >= 2; vecs_ -= 2, j += 2 * TL_VL) CALL(, 2);                           \
+        if (vecs_ >= 1) {                                                                   \
+            CALL(, 1);                                                                      \
+            j += TL_VL;                                                                     \
+        }                                                                                   \
+        TL_COLUMN_NARROW(32, CALL);                                                         \
+        TL_COLUMN_NARROW(16, CALL);                                                         \
+    } while (0)
+#if TL_ISA_VBYTES > 32
+#define TL_COLUMN_NARROW_32(CALL)                                                           \
+    if (j + (int64_t)(32 / sizeof(TL_T)) <= cw) {                                           \
+        CALL(_32, 1);                                                                       \
+        j += (int64_t)(32 / sizeof(TL_T));                                                  \
+    }
+#else
+#define TL_COLUMN_NARROW_32(CALL)
+#endif
+#if TL_ISA_VBYTES > 16
+#define TL_COLUMN_NARROW_16(CALL)                                                           \
+    if (j + (int64_t)(16 / sizeof(TL_T)) <= cw) {                                           \
+        CALL(_16, 1);                                                                       \
+        j += (int64_t)(16 / sizeof(TL_T));                                                  \
+    }
+#else
+#define TL_COLUMN_NARROW_16(CALL)
+#endif
+#define TL_COLUMN_NARROW(BYTES, CALL) TL_COLUMN_NARROW_##BYTES(CALL)
+
+/* All cw columns for R rows: the column blocks of TL_COLUMN_BLOCKS, then
+ * scalars.  (setup.py compiles with -ffp-contract=fast, so the multiply-adds
+ * become FMA instructions where the target has them; -std=c11 alone would
+ * turn contraction off.) */
 static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_MKI(columns)(
     int R, int transposed, int64_t cw, int64_t nq, int64_t c0, const TL_T *const *a,
     const TL_T *const *b, const TL_T *bp, int64_t ldb, TL_T *const *out) {
-    int64_t j = 0, vecs = cw / TL_VL;
-    for (; vecs >= TL_ISA_NV && (TL_ISA_NV % 2 == 0 || vecs - TL_ISA_NV != 1);
-         vecs -= TL_ISA_NV, j += TL_ISA_NV * TL_VL)
-        TL_MKI(block)(R, TL_ISA_NV, transposed, j, nq, c0, a, b, bp, ldb, out);
-    for (; TL_ISA_NV > 2 && vecs >= 2; vecs -= 2, j += 2 * TL_VL)
-        TL_MKI(block)(R, 2, transposed, j, nq, c0, a, b, bp, ldb, out);
-    if (vecs >= 1) {
-        TL_MKI(block)(R, 1, transposed, j, nq, c0, a, b, bp, ldb, out);
-        j += TL_VL;
-    }
-#if TL_ISA_VBYTES > 32
-    if (j + (int64_t)(32 / sizeof(TL_T)) <= cw) {
-        TL_MKI(block_32)(R, 1, transposed, j, nq, c0, a, b, bp, ldb, out);
-        j += (int64_t)(32 / sizeof(TL_T));
-    }
-#endif
-#if TL_ISA_VBYTES > 16
-    if (j + (int64_t)(16 / sizeof(TL_T)) <= cw) {
-        TL_MKI(block_16)(R, 1, transposed, j, nq, c0, a, b, bp, ldb, out);
-        j += (int64_t)(16 / sizeof(TL_T));
-    }
-#endif
+    int64_t j = 0;
+#define TL_COLUMNS_CALL(W, NV) TL_MKI(block##W)(R, NV, transposed, j, nq, c0, a, b, bp, ldb, out)
+    TL_COLUMN_BLOCKS(TL_ISA_NV, 0, TL_COLUMNS_CALL);
+#undef TL_COLUMNS_CALL
     for (int r = 0; r < R; r++)
         for (int64_t jj = j; jj < cw; jj++) {
             TL_T s = 0;
@@ -132,41 +153,17 @@ TL_DEFINE_ROWS_T(1)
 /* All strips of one packed weight-gradient panel (see tl_mk_ops): for each
  * block of columns, every strip of 4 input channels, so the block's dy
  * columns (nq rows x up to TL_ISA_NV_WG vectors) stay in L1 while the x strips
- * stream past them.  Column blocks: TL_ISA_NV_WG vectors while that leaves
- * no single vector behind, then pairs, then one, then the narrower vectors
- * and scalars. */
+ * stream past them.  Column blocks: TL_COLUMN_BLOCKS of TL_ISA_NV_WG vectors,
+ * never leaving a single vector behind; then scalars. */
 static TL_ISA_ATTR void TL_MKI(panel)(int64_t cw, int64_t nq, int64_t rows, const TL_T *xp,
                                       const TL_T *const *dq, TL_T *out, int64_t ldo) {
     const int64_t strips = (rows + 3) / 4;
-#define TL_PANEL_STRIPS(FN, NV)                                                           \
-    for (int64_t s = 0; s < strips; s++)                                                  \
-        FN(NV, j, nq, xp + s * 4 * nq, dq, out + s * 4 * ldo, ldo, rows - s * 4)
-    int64_t j = 0, vecs = cw / TL_VL;
-    for (; vecs >= TL_ISA_NV_WG && vecs - TL_ISA_NV_WG != 1; vecs -= TL_ISA_NV_WG) {
-        TL_PANEL_STRIPS(TL_MKI(pblock), TL_ISA_NV_WG);
-        j += TL_ISA_NV_WG * TL_VL;
-    }
-    for (; vecs >= 2; vecs -= 2) {
-        TL_PANEL_STRIPS(TL_MKI(pblock), 2);
-        j += 2 * TL_VL;
-    }
-    if (vecs == 1) {
-        TL_PANEL_STRIPS(TL_MKI(pblock), 1);
-        j += TL_VL;
-    }
-#if TL_ISA_VBYTES > 32
-    if (j + (int64_t)(32 / sizeof(TL_T)) <= cw) {
-        TL_PANEL_STRIPS(TL_MKI(pblock_32), 1);
-        j += (int64_t)(32 / sizeof(TL_T));
-    }
-#endif
-#if TL_ISA_VBYTES > 16
-    if (j + (int64_t)(16 / sizeof(TL_T)) <= cw) {
-        TL_PANEL_STRIPS(TL_MKI(pblock_16), 1);
-        j += (int64_t)(16 / sizeof(TL_T));
-    }
-#endif
-#undef TL_PANEL_STRIPS
+    int64_t j = 0;
+#define TL_PANEL_CALL(W, NV)                                                                \
+    for (int64_t s = 0; s < strips; s++)                                                    \
+    TL_MKI(pblock##W)(NV, j, nq, xp + s * 4 * nq, dq, out + s * 4 * ldo, ldo, rows - s * 4)
+    TL_COLUMN_BLOCKS(TL_ISA_NV_WG, 1, TL_PANEL_CALL);
+#undef TL_PANEL_CALL
     for (int64_t r = 0; r < rows; r++)
         for (int64_t jj = j; jj < cw; jj++) {
             const TL_T *xs = xp + r / 4 * 4 * nq + r % 4;
@@ -182,6 +179,10 @@ static const TL_MK(ops) TL_MKI(ops) = {
     TL_MKI(rows_t_4), TL_MKI(rows_t_1), TL_MKI(panel),
 };
 
+#undef TL_COLUMN_BLOCKS
+#undef TL_COLUMN_NARROW
+#undef TL_COLUMN_NARROW_32
+#undef TL_COLUMN_NARROW_16
 #undef TL_VL
 #undef TL_MKI
 #undef TL_MKI_CAT
