@@ -3,21 +3,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tl_dataflow_implicit_gemm_tiles.h"
 #include "tl_mem.h"
 #include "tl_simd.h"
 
-/* Forward tiles (see tl_fwd_tile_rows): output block bytes to aim for, so
- * the tile's output rows stay in L2; bounds on its rows; and the fewest
- * tiles each thread should get, for load balance. */
-#define TL_TILE_BYTES (64 * 1024)
-#define TL_TILE_ROWS_MIN 32
-#define TL_TILE_ROWS_MAX 256
-#define TL_TILES_PER_THREAD 8
-/* Output columns per tile: wider layers are split so a tile's output rows
- * stay cache-resident.  A multiple of every micro-kernel's block width (4 to
- * 64 columns, 3 x 2^i with AVX2), so a tile's weight panels start where the
- * packed ones do (see tl_panel_cols). */
-#define TL_TILE_COLS 384
 /* Weight gradient: the output rows are split into up to TL_WGRAD_PARTS parts
  * (each with its own (k, c_in, c_out) partial sum), fewer when the partial
  * sums would exceed TL_WGRAD_MAX_PARTIAL elements or a part would get under
@@ -39,23 +28,6 @@
  * more than the pointer-chasing loads it saves; below it the rows are read in
  * place (tl_mk_outer_acc). */
 #define TL_WGRAD_PACK_MIN_CIN 64
-
-/* Bytes of weights a forward panel holds (see tl_pack_weight_panels): about
- * half of a 32 KiB L1, leaving room for the x and y rows of a group. */
-#define TL_PANEL_BYTES (16 * 1024)
-
-/* Output columns per forward weight panel: all of them when the kernel row's
- * weights fit in TL_PANEL_BYTES (and one column tile); otherwise the widest
- * multiple of the micro-kernel's block width that divides TL_TILE_COLS and
- * fits (at least one block), so every tile starts on a panel. */
-static int64_t tl_panel_cols(const tl_conv_desc *d, int64_t block_cols, int64_t elem_bytes) {
-    const int64_t row_bytes = (d->c_in > 0 ? d->c_in : 1) * elem_bytes;
-    if (d->c_out <= TL_TILE_COLS && d->c_out * row_bytes <= TL_PANEL_BYTES) return d->c_out;
-    int64_t cols = block_cols;
-    for (int64_t c = block_cols; c <= TL_TILE_COLS && c * row_bytes <= TL_PANEL_BYTES; c += block_cols)
-        if (TL_TILE_COLS % c == 0) cols = c;
-    return cols;
-}
 
 /* Number of output-row parts of the weight gradient (see TL_WGRAD_PARTS). */
 static int64_t tl_wgrad_parts(const tl_conv_desc *d) {
@@ -94,6 +66,9 @@ static tl_status tl_check_args(const tl_ctx *ctx, const tl_conv_desc *d, int wei
                                const void *x, const void *b, const int32_t *nbr,
                                const void *out, int scan_nbr) {
     tl_status st = tl_conv_check_cpu(ctx, d);
+    /* The forward also runs the half types (the weight gradient does not). */
+    if (st == TL_ERR_UNSUPPORTED && !weight_grad && (d->dtype == TL_BF16 || d->dtype == TL_F16))
+        st = TL_OK;
     if (st == TL_OK) st = tl_conv_check_buffers(d, weight_grad, x, b, out);
     if (st != TL_OK) return st;
     if (!nbr && d->n_out * d->k > 0) return TL_ERR_INVALID;
@@ -108,7 +83,8 @@ tl_status tl_implicit_gemm_forward(const tl_ctx *ctx, const tl_conv_desc *d,
     if (d->n_out * d->c_out == 0) return tl_check_nbr(ctx, nbr, d->n_out * d->k, d->n_in);
     tl_mem_prefer_huge(y, d->n_out * d->c_out * tl_dtype_bytes(d->dtype));
     if (d->dtype == TL_F32) return tl_forward_f32(ctx, d, x, w, nbr, y);
-    return tl_forward_f64(ctx, d, x, w, nbr, y);
+    if (d->dtype == TL_F64) return tl_forward_f64(ctx, d, x, w, nbr, y);
+    return tl_implicit_gemm_forward_half(ctx, d, x, w, nbr, y);
 }
 
 tl_status tl_implicit_gemm_weight_grad(const tl_ctx *ctx, const tl_conv_desc *d,

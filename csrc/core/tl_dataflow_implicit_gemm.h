@@ -11,15 +11,25 @@
 
 #include "tl_conv.h"
 
+#include <stdint.h>
+
 /* y[o] = sum_n x[nbr[o, n]] @ w[n]; y (n_out, c_out) is overwritten.
- * dtype TL_F32 or TL_F64 (TL_ERR_UNSUPPORTED otherwise). */
+ * dtype TL_F32, TL_F64, or TL_BF16 / TL_F16 (x, w and y all of it; sums in
+ * float, each output rounded once). */
 tl_status tl_implicit_gemm_forward(const tl_ctx *ctx, const tl_conv_desc *d,
                                    const void *x, const void *w,
                                    const int32_t *nbr, void *y);
 
+/* The TL_BF16 / TL_F16 forward behind tl_implicit_gemm_forward (arguments
+ * already checked; tl_dataflow_implicit_gemm_half.c). */
+tl_status tl_implicit_gemm_forward_half(const tl_ctx *ctx, const tl_conv_desc *d,
+                                        const uint16_t *x, const uint16_t *w,
+                                        const int32_t *nbr, uint16_t *y);
+
 /* dw[n] = sum_o x[nbr[o, n]]^T dy[o]; dw (k, c_in, c_out) is overwritten.
  * Partial sums are taken over a fixed partition of the output rows and added
- * in a fixed order, so the result is deterministic. */
+ * in a fixed order, so the result is deterministic.  dtype TL_F32 or TL_F64
+ * (TL_ERR_UNSUPPORTED otherwise). */
 tl_status tl_implicit_gemm_weight_grad(const tl_ctx *ctx, const tl_conv_desc *d,
                                        const void *x, const void *dy,
                                        const int32_t *nbr, void *dw);

@@ -48,25 +48,6 @@ static void TL_FN(tl_fwd_scratch_free)(TL_FN(tl_fwd_scratch) *s) {
     free(s->zero);
 }
 
-/* The weights as panels: for each kernel row n and each block of `width`
- * output columns starting at j (narrower at the end), the block's
- * c_in x width values contiguous at pw + n * c_in * c_out + j * c_in.  A
- * panel (width from tl_panel_cols) stays in L1 while every group of output
- * rows of a tile runs against it; wider weight rows would be streamed from L2
- * or beyond for each group (at C = 256 their 1 KiB stride also maps them onto
- * a fraction of the cache's sets). */
-static void TL_FN(tl_pack_weight_panels)(const tl_conv_desc *d, int64_t width, const TL_T *w,
-                                         TL_T *pw) {
-    const int64_t cin = d->c_in, cout = d->c_out;
-    for (int64_t n = 0; n < d->k; n++)
-        for (int64_t j = 0; j < cout; j += width) {
-            const int64_t wb = cout - j < width ? cout - j : width;
-            TL_T *panel = pw + n * cin * cout + j * cin;
-            for (int64_t ci = 0; ci < cin; ci++)
-                memcpy(panel + ci * wb, w + (n * cin + ci) * cout + j, sizeof(TL_T) * (size_t)wb);
-        }
-}
-
 /* Output rows out[0..R) (R = 4 or 2), columns [j, j + wb), += their listed x
  * rows times the c_in x wb panel. */
 static inline void TL_FN(tl_fwd_group)(TL_FN(tl_fwd_scratch) *s, int R, int64_t wb,
@@ -85,7 +66,7 @@ static inline void TL_FN(tl_fwd_group)(TL_FN(tl_fwd_scratch) *s, int R, int64_t 
 
 /* One tile: output rows [o0, o0+m), columns [co0, co0+cw).  For each kernel
  * row the tile's neighbours are listed, then for each weight panel (see
- * tl_pack_weight_panels) handled 4 output rows at a time.  Each output
+ * tl_pack_panels) handled 4 output rows at a time.  Each output
  * element adds its kernel rows' products in kernel-row order, and within a
  * kernel row in input-channel order, whatever the tiling and the panel width,
  * so the result does not depend on the tile size, the thread count or the
@@ -137,22 +118,9 @@ static int TL_FN(tl_forward_tile)(const tl_conv_desc *d, const TL_T *x, const TL
     return 0;
 }
 
-/* Output rows per forward tile: as many as keep the tile's output block near
- * TL_TILE_BYTES (more rows give each kernel row more neighbours per tile, so
- * fewer padded groups), within [TL_TILE_ROWS_MIN, TL_TILE_ROWS_MAX], and few
- * enough that every thread gets several tiles. */
-static int64_t TL_FN(tl_fwd_tile_rows)(const tl_ctx *ctx, const tl_conv_desc *d) {
-    int64_t cw = d->c_out < TL_TILE_COLS ? d->c_out : TL_TILE_COLS;
-    int64_t rows = TL_TILE_BYTES / ((cw > 0 ? cw : 1) * (int64_t)sizeof(TL_T));
-    int64_t spread = d->n_out / (TL_TILES_PER_THREAD * (int64_t)ctx->threads);
-    if (rows > spread) rows = spread;
-    if (rows > TL_TILE_ROWS_MAX) rows = TL_TILE_ROWS_MAX;
-    return rows < TL_TILE_ROWS_MIN ? TL_TILE_ROWS_MIN : rows;
-}
-
 static tl_status TL_FN(tl_forward)(const tl_ctx *ctx, const tl_conv_desc *d, const TL_T *x,
                                    const TL_T *w, const int32_t *nbr, TL_T *y) {
-    const int64_t rows = TL_FN(tl_fwd_tile_rows)(ctx, d);
+    const int64_t rows = tl_fwd_tile_rows(ctx, d, (int64_t)sizeof(TL_T));
     const int64_t row_tiles = (d->n_out + rows - 1) / rows;
     const int64_t col_tiles = (d->c_out + TL_TILE_COLS - 1) / TL_TILE_COLS;
     const int64_t cin = d->c_in > 0 ? d->c_in : 1;
@@ -163,7 +131,7 @@ static tl_status TL_FN(tl_forward)(const tl_ctx *ctx, const tl_conv_desc *d, con
     if (panel < d->c_out) {
         packed = malloc(sizeof(TL_T) * (size_t)(d->k * cin * d->c_out));
         if (!packed) return TL_ERR_NOMEM;
-        TL_FN(tl_pack_weight_panels)(d, panel, w, packed);
+        tl_pack_panels(d, panel, (int64_t)sizeof(TL_T), w, packed);
     }
     const TL_T *pw = packed ? packed : w;
     int failed = 0, invalid = 0;

@@ -86,6 +86,7 @@ typedef struct TL_MK(ops) {
 __attribute__((unused)) static const TL_MK(ops) *TL_MK(pick)(const tl_ctx *ctx) {
     switch (tl_simd_capped(ctx->simd_cap)) {
 #if TL_SIMD_X86
+    case TL_SIMD_V4_BF16:
     case TL_SIMD_V4:
         return &TL_MK_CAT(TL_MK(ops), v4);
     case TL_SIMD_V3:

@@ -2,7 +2,9 @@
  * CPU runs.  On x86-64 with GCC the kernels exist three times: AVX-512
  * (x86-64-v4), AVX2 + FMA (x86-64-v3) and the baseline; each is compiled
  * with its own target attribute, so the rest of the library stays baseline
- * x86-64.  Other targets and compilers get the baseline kernels only. */
+ * x86-64.  AVX-512 CPUs with AVX512_BF16 (a level of its own) also run the
+ * bfloat16 dot-product kernels (tl_microkernel_bf16.c).  Other targets and
+ * compilers get the baseline kernels only. */
 #ifndef TL_SIMD_H
 #define TL_SIMD_H
 
@@ -10,17 +12,24 @@
 #define TL_SIMD_X86 1
 #define TL_TARGET_V4 __attribute__((target("arch=x86-64-v4")))
 #define TL_TARGET_V3 __attribute__((target("arch=x86-64-v3")))
+#define TL_TARGET_BF16 __attribute__((target("arch=x86-64-v4,avx512bf16")))
 #else
 #define TL_SIMD_X86 0
 #endif
 
-typedef enum tl_simd { TL_SIMD_BASE = 0, TL_SIMD_V3 = 3, TL_SIMD_V4 = 4 } tl_simd;
+typedef enum tl_simd {
+    TL_SIMD_BASE = 0,
+    TL_SIMD_V3 = 3,
+    TL_SIMD_V4 = 4,
+    TL_SIMD_V4_BF16 = 5
+} tl_simd;
 
 /* The widest instruction set of this CPU (libgcc reads CPUID once). */
 static inline tl_simd tl_simd_level(void) {
 #if TL_SIMD_X86
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("x86-64-v4")) return TL_SIMD_V4;
+    if (__builtin_cpu_supports("x86-64-v4"))
+        return __builtin_cpu_supports("avx512bf16") ? TL_SIMD_V4_BF16 : TL_SIMD_V4;
     if (__builtin_cpu_supports("x86-64-v3")) return TL_SIMD_V3;
 #endif
     return TL_SIMD_BASE;

@@ -172,9 +172,13 @@ def sparse_conv(
     """
     check_sparse_conv(feats, weight, nbr)
     require_cpu("sparse_conv", feats, weight, nbr, rev)
-    work = compute_dtype("sparse_conv", feats.dtype)
-    x = feats.to(work).contiguous()
-    w = weight.to(work).contiguous()
+    # The C core runs every floating dtype here: half types with float sums
+    # (bfloat16 dot products where the CPU has AVX512_BF16), rounded once.
+    work = feats.dtype
+    if work not in DTYPE_CODES:
+        raise TypeError(f"lattice::sparse_conv: features must be floating, got {work}")
+    x = feats.contiguous()
+    w = weight.contiguous()
     nbr = nbr.contiguous()
     k, cin, cout = w.shape
     y = torch.empty((nbr.shape[0], cout), dtype=work)
@@ -191,7 +195,7 @@ def sparse_conv(
         ptr(y),
         threads(),
     )
-    return y.to(feats.dtype)
+    return y
 
 
 @sparse_conv.register_fake

@@ -1,0 +1,205 @@
+/* The implicit-GEMM forward for bfloat16 and float16 features and weights:
+ * products summed in float, each output rounded once to the input's type.
+ * Two ways, chosen per call by the CPU's instruction set:
+ *   - bfloat16 on AVX512_BF16: the x rows are read as they are and multiplied
+ *     by channel pairs with vdpbf16ps (tl_microkernel_bf16.c);
+ *   - otherwise (float16 anywhere, bfloat16 without AVX512_BF16): each tile's
+ *     listed x rows are converted to float in a small staging buffer (F16C for
+ *     float16) and run through the float micro-kernels against float panels.
+ * Tiles, panels and the order of each output's sums are those of the float
+ * forward (tl_dataflow_implicit_gemm_impl.h); a tile's sums live in a float
+ * block until its last kernel row. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "tl_dataflow_implicit_gemm.h"
+#include "tl_dataflow_implicit_gemm_tiles.h"
+#include "tl_half.h"
+#include "tl_microkernel_bf16.h"
+#include "tl_simd.h"
+
+#define TL_T float
+#define TL_SFX f32
+#include "tl_microkernel_impl.h"
+#undef TL_T
+#undef TL_SFX
+
+/* What one call shares between its workers. */
+typedef struct tl_half_fwd {
+    const tl_conv_desc *d;
+    tl_simd level;
+    int dot;                 /* bfloat16 dot-product kernels; else staged through float */
+    const tl_mk_ops_f32 *mk; /* the float micro-kernels (staged) */
+    int64_t rows;            /* output rows per tile */
+    int64_t panel_cols;      /* see tl_panel_cols */
+    const uint16_t *pw_dot;  /* packed pair panels (dot) */
+    const float *pw_f32;     /* packed float panels (staged) */
+} tl_half_fwd;
+
+/* Scratch of one worker: the tile's listed x rows (as stored, and staged as
+ * float), their output rows in the tile's float block, a zero x row and a sink
+ * output row that pad the last group of a kernel row (as in the float
+ * forward). */
+typedef struct tl_half_scratch {
+    const uint16_t **xh; /* tile rows + 3 */
+    const float **xf;    /* tile rows + 3 */
+    float **yr;          /* tile rows + 3 */
+    float *acc;          /* tile rows x TL_TILE_COLS */
+    float *stage;        /* (tile rows + 3) x c_in, staged only */
+    float *zero;         /* c_in + 2 zero floats, also read as bfloat16 zeros */
+    float *sink;         /* TL_TILE_COLS values, never read */
+} tl_half_scratch;
+
+static int tl_half_scratch_init(tl_half_scratch *s, const tl_half_fwd *f) {
+    const int64_t rows = f->rows + 3, cin = f->d->c_in;
+    s->xh = malloc(sizeof(*s->xh) * (size_t)rows);
+    s->xf = malloc(sizeof(*s->xf) * (size_t)rows);
+    s->yr = malloc(sizeof(*s->yr) * (size_t)rows);
+    s->acc = malloc(sizeof(float) * (size_t)(f->rows * TL_TILE_COLS));
+    s->stage = f->dot ? NULL : malloc(sizeof(float) * (size_t)(rows * cin + 1));
+    s->zero = calloc((size_t)(cin + 2 + TL_TILE_COLS), sizeof(float));
+    s->sink = s->zero ? s->zero + cin + 2 : NULL;
+    return s->xh && s->xf && s->yr && s->acc && (f->dot || s->stage) && s->zero;
+}
+
+static void tl_half_scratch_free(tl_half_scratch *s) {
+    free(s->xh);
+    free(s->xf);
+    free(s->yr);
+    free(s->acc);
+    free(s->stage);
+    free(s->zero);
+}
+
+/* Listed rows [p, p + R) (R = 4 or 2) += their x rows times the kernel row
+ * n's panel of wb columns starting at tile column j (tile columns start at
+ * co0). */
+static void tl_half_group(const tl_half_fwd *f, tl_half_scratch *s, int R, int64_t p, int64_t n,
+                          int64_t co0, int64_t j, int64_t wb) {
+    const tl_conv_desc *d = f->d;
+    float *o[4];
+    for (int r = 0; r < R; r++) o[r] = s->yr[p + r] + j;
+    if (f->dot) {
+#if TL_SIMD_X86
+        const int64_t cp = (d->c_in + 1) / 2 * 2;
+        tl_bf16_rows(R, wb, d->c_in, s->xh + p, f->pw_dot + n * cp * d->c_out + (co0 + j) * cp, o);
+#endif
+        return;
+    }
+    const float *panel = f->pw_f32 + n * d->c_in * d->c_out + (co0 + j) * d->c_in;
+    if (R == 2)
+        f->mk->rows_2(wb, d->c_in, s->xf + p, panel, wb, o);
+    else
+        f->mk->rows_4(wb, d->c_in, s->xf + p, panel, wb, o);
+}
+
+/* One tile: output rows [o0, o0+m), columns [co0, co0+cw), as the float
+ * forward's tl_forward_tile, into the float block s->acc (row stride cw),
+ * then rounded into y.  Returns 1 at the first nbr entry outside
+ * [-1, n_in), before any row it names is read; else 0. */
+static int tl_half_tile(const tl_half_fwd *f, const uint16_t *x, const int32_t *nbr, uint16_t *y,
+                        int64_t o0, int64_t m, int64_t co0, int64_t cw, tl_half_scratch *s) {
+    const tl_conv_desc *d = f->d;
+    const int64_t k = d->k, cin = d->c_in, cout = d->c_out, width = f->panel_cols;
+    memset(s->acc, 0, sizeof(float) * (size_t)(m * cw));
+    for (int64_t n = 0; n < k; n++) {
+        int64_t c = 0;
+        uint32_t worst = 0; /* largest i + 1 seen, as unsigned: -1 -> 0 */
+        for (int64_t r = 0; r < m; r++) {
+            int32_t i = nbr[(o0 + r) * k + n];
+            uint32_t u = (uint32_t)i + 1u;
+            worst = u > worst ? u : worst;
+            /* An address outside x for a missing or bad entry is computed in
+             * integers and never read (see tl_forward_tile). */
+            int64_t bytes = (int64_t)i * cin * (int64_t)sizeof(uint16_t);
+            s->xh[c] = (const uint16_t *)((uintptr_t)x + (uintptr_t)bytes);
+            s->yr[c] = s->acc + r * cw;
+            c += i >= 0;
+        }
+        if ((int64_t)worst > d->n_in) return 1;
+        if (c == 0) continue;
+        if (!f->dot)
+            for (int64_t t = 0; t < c; t++) {
+                tl_half_row_to_f32(f->level, d->dtype, s->xh[t], cin, s->stage + t * cin);
+                s->xf[t] = s->stage + t * cin;
+            }
+        int64_t full = c / 4 * 4, pad = c - full == 3 ? 4 : (c - full + 1) / 2 * 2;
+        for (; c < full + pad; c++) {
+            s->xh[c] = (const uint16_t *)(const void *)s->zero;
+            s->xf[c] = s->zero;
+            s->yr[c] = s->sink;
+        }
+        for (int64_t j = 0; j < cw; j += width) {
+            const int64_t wb = cw - j < width ? cw - j : width;
+            for (int64_t p = 0; p < full; p += 4) tl_half_group(f, s, 4, p, n, co0, j, wb);
+            if (pad) tl_half_group(f, s, (int)pad, full, n, co0, j, wb);
+        }
+    }
+    for (int64_t r = 0; r < m; r++)
+        tl_f32_row_to_half(f->level, d->dtype, s->acc + r * cw, cw, y + (o0 + r) * cout + co0);
+    return 0;
+}
+
+/* Packs the weights for the chosen kernels into *packed (freed by the
+ * caller): bfloat16 pair panels, or float panels of the converted weights. */
+static tl_status tl_half_pack(tl_half_fwd *f, const uint16_t *w, void **packed) {
+    const tl_conv_desc *d = f->d;
+    const int64_t all = d->k * d->c_in * d->c_out;
+    if (f->dot) {
+        uint16_t *pw = malloc(sizeof(uint16_t) * (size_t)(tl_bf16_panel_elems(d) + 1));
+        if (!pw) return TL_ERR_NOMEM;
+        tl_bf16_pack_panels(d, f->panel_cols, w, pw);
+        f->pw_dot = pw;
+        *packed = pw;
+        return TL_OK;
+    }
+    float *wf = malloc(sizeof(float) * (size_t)(all + 1));
+    float *pw = malloc(sizeof(float) * (size_t)(all + 1));
+    if (!wf || !pw) {
+        free(wf);
+        free(pw);
+        return TL_ERR_NOMEM;
+    }
+    tl_half_row_to_f32(f->level, d->dtype, w, all, wf);
+    tl_pack_panels(d, f->panel_cols, (int64_t)sizeof(float), wf, pw);
+    free(wf);
+    f->pw_f32 = pw;
+    *packed = pw;
+    return TL_OK;
+}
+
+tl_status tl_implicit_gemm_forward_half(const tl_ctx *ctx, const tl_conv_desc *d,
+                                        const uint16_t *x, const uint16_t *w,
+                                        const int32_t *nbr, uint16_t *y) {
+    tl_half_fwd f = {.d = d, .level = tl_simd_capped(ctx->simd_cap), .mk = tl_mk_pick_f32(ctx)};
+    f.dot = f.level >= TL_SIMD_V4_BF16 && d->dtype == TL_BF16;
+    f.rows = tl_fwd_tile_rows(ctx, d, (int64_t)sizeof(float));
+    /* A dot-product block is 4 vectors of 16 columns, each 2 channels of
+     * 2 bytes: a panel column costs c_in x 2 bytes, as in bfloat16. */
+    f.panel_cols = f.dot ? tl_panel_cols(d, 64, (int64_t)sizeof(uint16_t))
+                         : tl_panel_cols(d, f.mk->block_cols, (int64_t)sizeof(float));
+    void *packed = NULL;
+    tl_status st = tl_half_pack(&f, w, &packed);
+    if (st != TL_OK) return st;
+    const int64_t row_tiles = (d->n_out + f.rows - 1) / f.rows;
+    const int64_t col_tiles = (d->c_out + TL_TILE_COLS - 1) / TL_TILE_COLS;
+    int failed = 0, invalid = 0;
+#pragma omp parallel num_threads(ctx->threads) reduction(| : failed, invalid)
+    {
+        tl_half_scratch s;
+        int ok = tl_half_scratch_init(&s, &f);
+        failed |= !ok;
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t t = 0; t < row_tiles * col_tiles; t++) {
+            if (!ok || invalid) continue;
+            int64_t o0 = (t / col_tiles) * f.rows;
+            int64_t co0 = (t % col_tiles) * TL_TILE_COLS;
+            int64_t m = d->n_out - o0 < f.rows ? d->n_out - o0 : f.rows;
+            int64_t cw = d->c_out - co0 < TL_TILE_COLS ? d->c_out - co0 : TL_TILE_COLS;
+            invalid |= tl_half_tile(&f, x, nbr, y, o0, m, co0, cw, &s);
+        }
+        tl_half_scratch_free(&s);
+    }
+    free(packed);
+    return invalid ? TL_ERR_INVALID : failed ? TL_ERR_NOMEM : TL_OK;
+}

@@ -1,0 +1,80 @@
+/* How the implicit-GEMM forward cuts its work (shared by the float kernels of
+ * tl_dataflow_implicit_gemm.c and the half-precision ones of
+ * tl_dataflow_implicit_gemm_half.c): output tiles of rows x columns, and the
+ * width of the L1-sized weight panels each tile's groups of rows run against. */
+#ifndef TL_DATAFLOW_IMPLICIT_GEMM_TILES_H
+#define TL_DATAFLOW_IMPLICIT_GEMM_TILES_H
+
+#include <stdint.h>
+#include <string.h>
+
+#include "tl_conv.h"
+
+/* Forward tiles (see tl_fwd_tile_rows): output block bytes to aim for, so
+ * the tile's output rows stay in L2; bounds on its rows; and the fewest
+ * tiles each thread should get, for load balance. */
+#define TL_TILE_BYTES (64 * 1024)
+#define TL_TILE_ROWS_MIN 32
+#define TL_TILE_ROWS_MAX 256
+#define TL_TILES_PER_THREAD 8
+/* Output columns per tile: wider layers are split so a tile's output rows
+ * stay cache-resident.  A multiple of every micro-kernel's block width (4 to
+ * 64 columns, 3 x 2^i with AVX2), so a tile's weight panels start where the
+ * packed ones do (see tl_panel_cols). */
+#define TL_TILE_COLS 384
+/* Bytes of weights a forward panel holds (see tl_pack_panels): about
+ * half of a 32 KiB L1, leaving room for the x and y rows of a group. */
+#define TL_PANEL_BYTES (16 * 1024)
+
+/* Output columns per forward weight panel: all of them when the kernel row's
+ * weights fit in TL_PANEL_BYTES (and one column tile); otherwise the widest
+ * multiple of the micro-kernel's block width that divides TL_TILE_COLS and
+ * fits (at least one block), so every tile starts on a panel. */
+static inline int64_t tl_panel_cols(const tl_conv_desc *d, int64_t block_cols, int64_t elem_bytes) {
+    const int64_t row_bytes = (d->c_in > 0 ? d->c_in : 1) * elem_bytes;
+    if (d->c_out <= TL_TILE_COLS && d->c_out * row_bytes <= TL_PANEL_BYTES) return d->c_out;
+    int64_t cols = block_cols;
+    for (int64_t c = block_cols; c <= TL_TILE_COLS && c * row_bytes <= TL_PANEL_BYTES; c += block_cols)
+        if (TL_TILE_COLS % c == 0) cols = c;
+    return cols;
+}
+
+/* Output rows per forward tile for output blocks of acc_bytes per element:
+ * as many as keep the tile's output block near TL_TILE_BYTES (more rows give
+ * each kernel row more neighbours per tile, so fewer padded groups), within
+ * [TL_TILE_ROWS_MIN, TL_TILE_ROWS_MAX], and few enough that every thread gets
+ * several tiles. */
+static inline int64_t tl_fwd_tile_rows(const tl_ctx *ctx, const tl_conv_desc *d,
+                                       int64_t acc_bytes) {
+    int64_t cw = d->c_out < TL_TILE_COLS ? d->c_out : TL_TILE_COLS;
+    int64_t rows = TL_TILE_BYTES / ((cw > 0 ? cw : 1) * acc_bytes);
+    int64_t spread = d->n_out / (TL_TILES_PER_THREAD * (int64_t)ctx->threads);
+    if (rows > spread) rows = spread;
+    if (rows > TL_TILE_ROWS_MAX) rows = TL_TILE_ROWS_MAX;
+    return rows < TL_TILE_ROWS_MIN ? TL_TILE_ROWS_MIN : rows;
+}
+
+/* The weights (k, c_in, c_out) of elem_bytes each as panels: for each kernel
+ * row n and each block of `width` output columns starting at j (narrower at
+ * the end), the block's c_in x width values contiguous at
+ * pw + (n * c_in * c_out + j * c_in) elements.  A panel (width from
+ * tl_panel_cols) stays in L1 while every group of output rows of a tile runs
+ * against it; wider weight rows would be streamed from L2 or beyond for each
+ * group (at C = 256 their 1 KiB stride also maps them onto a fraction of the
+ * cache's sets). */
+static inline void tl_pack_panels(const tl_conv_desc *d, int64_t width, int64_t elem_bytes,
+                                  const void *w, void *pw) {
+    const int64_t cin = d->c_in, cout = d->c_out;
+    const char *src = w;
+    char *dst = pw;
+    for (int64_t n = 0; n < d->k; n++)
+        for (int64_t j = 0; j < cout; j += width) {
+            const int64_t wb = cout - j < width ? cout - j : width;
+            char *panel = dst + (n * cin * cout + j * cin) * elem_bytes;
+            for (int64_t ci = 0; ci < cin; ci++)
+                memcpy(panel + ci * wb * elem_bytes, src + ((n * cin + ci) * cout + j) * elem_bytes,
+                       (size_t)(wb * elem_bytes));
+        }
+}
+
+#endif

@@ -1,0 +1,116 @@
+#include "tl_microkernel_bf16.h"
+
+#include <string.h>
+
+#include "tl_simd.h"
+
+#if TL_SIMD_X86
+#include <immintrin.h>
+#endif
+
+int64_t tl_bf16_panel_elems(const tl_conv_desc *d) {
+    return d->k * ((d->c_in + 1) / 2 * 2) * d->c_out;
+}
+
+void tl_bf16_pack_panels(const tl_conv_desc *d, int64_t width, const uint16_t *w, uint16_t *pw) {
+    const int64_t cin = d->c_in, cout = d->c_out, cp = (cin + 1) / 2 * 2;
+    for (int64_t n = 0; n < d->k; n++)
+        for (int64_t j = 0; j < cout; j += width) {
+            const int64_t wb = cout - j < width ? cout - j : width;
+            uint16_t *panel = pw + n * cp * cout + j * cp;
+            for (int64_t c = 0; c < cp; c++) {
+                const uint16_t *src = w + (n * cin + c) * cout + j;
+                uint16_t *dst = panel + (c / 2) * 2 * wb + c % 2;
+                for (int64_t jj = 0; jj < wb; jj++) dst[2 * jj] = c < cin ? src[jj] : 0;
+            }
+        }
+}
+
+#if TL_SIMD_X86
+/* acc[r][v] += the dot products of x pair xp[r] (two bfloat16 channels as
+ * one 32-bit value) with NV weight vectors at wp (16 columns x the same two
+ * channels each; the last vector's columns limited by mask). */
+static inline __attribute__((always_inline)) TL_TARGET_BF16 void tl_bf16_step(
+    int R, int NV, __mmask16 mask, const uint16_t *wp, const uint32_t *xp, __m512 acc[4][4]) {
+    __m512i wv[4];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; v++)
+        wv[v] = v == NV - 1 && mask != 0xffff ? _mm512_maskz_loadu_epi32(mask, wp + 32 * v)
+                                              : _mm512_loadu_si512(wp + 32 * v);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
+        const __m512i xb = _mm512_set1_epi32((int)xp[r]);
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++)
+            acc[r][v] = _mm512_dpbf16_ps(acc[r][v], (__m512bh)xb, (__m512bh)wv[v]);
+    }
+}
+
+/* One register block: R rows x NV vectors of 16 float columns from column
+ * j of a panel wb columns wide, the last vector's columns limited by `mask`
+ * (a partial vector when wb is not a multiple of 16).  acc[][] stays in
+ * registers (16 of the 32) over all channel pairs; each weight vector feeds R
+ * dot products and each broadcast x pair NV. */
+static inline __attribute__((always_inline)) TL_TARGET_BF16 void tl_bf16_block(
+    int R, int NV, __mmask16 mask, int64_t j, int64_t cin, const uint16_t *const *a,
+    const uint16_t *panel, int64_t wb, float *const *out) {
+    __m512 acc[4][4];
+    for (int r = 0; r < R; r++)
+        for (int v = 0; v < NV; v++) acc[r][v] = _mm512_setzero_ps();
+    const int64_t pairs = cin / 2;
+    const uint16_t *wp = panel + 2 * j;
+    uint32_t xp[4];
+#pragma GCC unroll 2
+    for (int64_t p = 0; p < pairs; p++, wp += 2 * wb) {
+        for (int r = 0; r < R; r++) memcpy(&xp[r], a[r] + 2 * p, sizeof xp[r]);
+        tl_bf16_step(R, NV, mask, wp, xp, acc);
+    }
+    if (cin % 2) { /* the last channel alone: its panel partner weights are 0 */
+        for (int r = 0; r < R; r++) xp[r] = a[r][cin - 1];
+        tl_bf16_step(R, NV, mask, wp, xp, acc);
+    }
+    for (int r = 0; r < R; r++)
+        for (int v = 0; v < NV; v++) {
+            float *o = out[r] + j + 16 * v;
+            const __mmask16 m = v == NV - 1 ? mask : 0xffff;
+            _mm512_mask_storeu_ps(o, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, o), acc[r][v]));
+        }
+}
+
+/* All cw columns: blocks of 4 vectors, then 2, then 1, then one partial. */
+static inline __attribute__((always_inline)) TL_TARGET_BF16 void tl_bf16_columns(
+    int R, int64_t cw, int64_t cin, const uint16_t *const *a, const uint16_t *panel,
+    float *const *out) {
+    int64_t j = 0, vecs = cw / 16;
+    for (; vecs >= 4; vecs -= 4, j += 64) tl_bf16_block(R, 4, 0xffff, j, cin, a, panel, cw, out);
+    if (vecs >= 2) {
+        tl_bf16_block(R, 2, 0xffff, j, cin, a, panel, cw, out);
+        vecs -= 2;
+        j += 32;
+    }
+    if (vecs) {
+        tl_bf16_block(R, 1, 0xffff, j, cin, a, panel, cw, out);
+        j += 16;
+    }
+    if (j < cw)
+        tl_bf16_block(R, 1, (__mmask16)((1u << (cw - j)) - 1u), j, cin, a, panel, cw, out);
+}
+
+static TL_TARGET_BF16 void tl_bf16_rows_4(int64_t cw, int64_t cin, const uint16_t *const *a,
+                                          const uint16_t *panel, float *const *out) {
+    tl_bf16_columns(4, cw, cin, a, panel, out);
+}
+
+static TL_TARGET_BF16 void tl_bf16_rows_2(int64_t cw, int64_t cin, const uint16_t *const *a,
+                                          const uint16_t *panel, float *const *out) {
+    tl_bf16_columns(2, cw, cin, a, panel, out);
+}
+
+void tl_bf16_rows(int R, int64_t cw, int64_t cin, const uint16_t *const *a,
+                  const uint16_t *panel, float *const *out) {
+    if (R == 4)
+        tl_bf16_rows_4(cw, cin, a, panel, out);
+    else
+        tl_bf16_rows_2(cw, cin, a, panel, out);
+}
+#endif

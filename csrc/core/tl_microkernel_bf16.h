@@ -1,0 +1,34 @@
+/* The bfloat16 micro-kernels for CPUs with AVX512_BF16 (tl_simd level
+ * TL_SIMD_V4_BF16): vdpbf16ps multiplies pairs of bfloat16 values and adds
+ * both products to a float accumulator, twice the multiply-adds of a float
+ * FMA per instruction.  The pairs run along the input channels, so the
+ * weights are packed with each output column's two channel weights side by
+ * side (tl_bf16_pack_panels) and each x row's channel pair is broadcast as
+ * one 32-bit value.  Accumulation is float; the caller rounds once. */
+#ifndef TL_MICROKERNEL_BF16_H
+#define TL_MICROKERNEL_BF16_H
+
+#include <stdint.h>
+
+#include "tl_conv.h"
+#include "tl_simd.h"
+
+/* Elements of the packed weights: k x c_in rounded up to even x c_out. */
+int64_t tl_bf16_panel_elems(const tl_conv_desc *d);
+
+/* Packs w (k, c_in, c_out) into panels of `width` output columns: for kernel
+ * row n and the block of wb columns starting at j (narrower at the end), the
+ * block is at pw + n * cp * c_out + j * cp (cp = c_in rounded up to even) and
+ * holds, for each channel pair p and column jj, w[n][2p][j + jj] then
+ * w[n][2p + 1][j + jj] (0 past c_in). */
+void tl_bf16_pack_panels(const tl_conv_desc *d, int64_t width, const uint16_t *w, uint16_t *pw);
+
+#if TL_SIMD_X86
+/* out[r][0:cw) += sum_c a[r][c] * w(c, 0:cw) for r < R (4 or 2), where
+ * a[r] is a bfloat16 row of cin channels and w one packed panel of cw
+ * columns.  Only on CPUs of level TL_SIMD_V4_BF16. */
+void tl_bf16_rows(int R, int64_t cw, int64_t cin, const uint16_t *const *a,
+                  const uint16_t *panel, float *const *out);
+#endif
+
+#endif
