@@ -42,6 +42,8 @@ _ALL: Plan = (
     ("kmap_subm3", (0,)),
     ("subm3_fwd", (16, 32, 64, 128)),
     ("subm3_fwdbwd", (64,)),
+    ("subm3_fwd_bf16", (32, 64, 128, 256)),
+    ("subm3_fwd_fp16", (64,)),
     ("conv_k2s2", (64,)),
     ("convtr_k2s2_inverse", (64,)),
     ("convtr_k2s2_target", (64,)),
@@ -115,7 +117,9 @@ def _machine() -> dict[str, Any]:
                     model = line.split(":", 1)[1].strip()
                 if line.startswith("flags"):
                     have = set(line.split(":", 1)[1].split())
-                    flags = " ".join(x for x in ("avx2", "fma", "avx512f") if x in have)
+                    flags = " ".join(
+                        x for x in ("avx2", "fma", "avx512f", "avx512_bf16") if x in have
+                    )
                     break
     except OSError:
         pass

@@ -155,6 +155,11 @@ class Targets:
                 r = _ratio(self.rows, "subm3_fwd", scene, self.c, base)
                 text = f"stretch: fwd C={self.c}, {scene}: >= 60% of {base} throughput"
                 out.append(self._at_least(text, r, 0.6, percent=True))
+        for scene in TARGET_SCENES:
+            for c in (64, 128, 256):
+                r = _ratio(self.rows, "subm3_fwd_bf16", scene, c, wl.LATTICE_FP32)
+                text = f"SubmConv3d fwd bf16 C={c}, {scene}: >= 1.6x our fp32"
+                out.append(self._at_least(text, r, 1.6))
         out.append(self._sweep_line())
         return out
 
@@ -185,6 +190,14 @@ def _fmt(v: float | None, spec: str = ".1f", suffix: str = "") -> str:
     return "-" if v is None else f"{v:{spec}}{suffix}"
 
 
+def _row_peak(workload: str, peak: dict[str, Any]) -> float | None:
+    """The peak a workload's GFLOP/s is divided by: the bf16 dot-product peak for the
+    bfloat16 rows where the CPU has one (those kernels run on it), else fp32 FMA."""
+    if workload.endswith("_bf16") and peak.get("bf16_gflops"):
+        return peak["bf16_gflops"]
+    return peak.get("fp32_gflops")
+
+
 def _case_line(rows: list[Row], case: tuple[str, str, int], threads: Any = None,
                peak: float | None = None) -> str | None:
     workload, scene, c = case
@@ -210,15 +223,16 @@ def _case_line(rows: list[Row], case: tuple[str, str, int], threads: Any = None,
     return "| " + " | ".join(cells) + " |"
 
 
-def _main_table(rows: list[Row], threads: Any = None, peak: float | None = None) -> list[str]:
+def _main_table(rows: list[Row], threads: Any = None,
+                peak: dict[str, Any] | None = None) -> list[str]:
     head = (
         "| workload | scene | voxels | C | lattice ms | torch ms (speed-up) | dense ms "
-        "(speed-up) | spconv ms (speed-up) | lattice GFLOP/s | % of fp32 peak | "
+        "(speed-up) | spconv ms (speed-up) | lattice GFLOP/s | % of peak | "
         "% of mm same shape | % of mm square | peak MiB lattice / torch |"
     )
     lines = [head, "|" + "---|" * 13]
     for case in _cases(rows):
-        line = _case_line(rows, case, threads, peak)
+        line = _case_line(rows, case, threads, _row_peak(case[0], peak or {}))
         if line:
             lines.append(line)
     return lines
@@ -244,6 +258,34 @@ def _sweep_table(rows: list[Row]) -> list[str]:
             cells.append(_fmt(ref and ref["ns_per_voxel"]))
         lines.append("| " + " | ".join(cells) + " |")
     return lines
+
+
+def _half_table(rows: list[Row], peak: dict[str, Any]) -> list[str]:
+    """bfloat16 / float16 layers beside the same layer in float32, run side by side."""
+    lines = []
+    for case in _cases(rows):
+        workload, scene, c = case
+        if not workload.endswith(("_bf16", "_fp16")):
+            continue
+        lat = _find(rows, workload, scene, c, wl.LATTICE)
+        fp32 = _find(rows, workload, scene, c, wl.LATTICE_FP32)
+        if lat is None or fp32 is None:
+            continue
+        top = _row_peak(workload, peak)
+        pct = 100 * lat["gflops"] / top if top and lat.get("gflops") else None
+        lines.append(
+            f"| {workload} | {scene} | {c} | {_fmt(lat['median_ms'])} | "
+            f"{_fmt(fp32['median_ms'])} | {fp32['median_ms'] / lat['median_ms']:.2f}x | "
+            f"{_fmt(lat.get('gflops'))} | {_fmt(pct, '.0f', '%')} |"
+        )
+    if not lines:
+        return []
+    head = [
+        "| workload | scene | C | half ms | our fp32 ms | speed-up over our fp32 | "
+        "half GFLOP/s | % of peak |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    return head + lines
 
 
 def markdown(meta: dict[str, Any], rows: list[Row]) -> str:
@@ -289,11 +331,15 @@ def markdown(meta: dict[str, Any], rows: list[Row]) -> str:
                 f"(`python -m benchmarks peak`, register-only loops): fp32 FMA "
                 f"({peak.get('fp32_isa')}) {fp32_peak:.0f} GFLOP/s"
                 + (f", bf16 dot product {bf16:.0f} GFLOP/s" if bf16 else "")
-                + "; \"% of fp32 peak\" divides by it."]
+                + "; \"% of peak\" divides by the bf16 figure for bfloat16 rows (where"
+                " measured) and by the fp32 one for the rest."]
     else:
         out += ["", "No peak was measured in this run (it is older than the peak probe): "
-                "the \"% of fp32 peak\" column is empty."]
-    out += ["", "## All workloads", "", *_main_table(rows, threads, fp32_peak)]
+                "the \"% of peak\" column is empty."]
+    out += ["", "## All workloads", "", *_main_table(rows, threads, peak)]
+    half = _half_table(rows, peak)
+    if half:
+        out += ["", "## Half precision beside float32", "", *half]
     sweep = _sweep_table(rows)
     if sweep:
         out += ["", "## Size sweep (height fields)", "", *sweep]

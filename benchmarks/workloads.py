@@ -46,6 +46,7 @@ DENSE = "dense_conv3d"
 SPCONV = "spconv"
 MM = "mm_same_shape"
 MM_SQUARE = "mm_square"
+LATTICE_FP32 = "torch_lattice_fp32"
 
 SUBM3 = ConvGeometry.submanifold((3, 3, 3), (1, 1, 1))
 DOWN2 = ConvGeometry.create(2, 2)
@@ -313,6 +314,32 @@ def _subm(name: str, grad: bool) -> Callable[[Scene, int, Options], list[Row]]:
     return run
 
 
+def _subm_half(name: str, dtype: torch.dtype) -> Callable[[Scene, int, Options], list[Row]]:
+    """SubmConv3d forward in a half type: the library layer in ``dtype`` beside the same
+    layer in float32 (the speed-up over our own fp32) and gather-mm-scatter in ``dtype``;
+    FLOPs are the same multiply-adds in every row."""
+
+    def run(scene: Scene, c: int, opts: Options) -> list[Row]:
+        conv = _layer(tl.nn.SubmConv3d(c, c, 3, bias=False))
+        half = _layer(tl.nn.SubmConv3d(c, c, 3, bias=False)).to(dtype)
+        with torch.no_grad():
+            half.weight.copy_(conv.weight.to(dtype))
+        feats = _features(scene.voxels, c).to(dtype)
+        x = tl.SparseTensor(feats, scene.coords)
+        x32 = tl.SparseTensor(feats.float(), scene.coords)
+        pairs = opts.pairs(scene, scene.coords, SUBM3)
+        w, n = half.weight, scene.voxels
+        fns = {
+            LATTICE: torch.no_grad()(lambda: half(x)),
+            LATTICE_FP32: torch.no_grad()(lambda: conv(x32)),
+            TORCH: torch.no_grad()(lambda: bl.gather_scatter_conv(feats, w, pairs, n)),
+        }
+        flops = 2 * _count(pairs) * c * c
+        return _measure(name, scene, c, opts, fns, dict.fromkeys(fns, flops), dict(fns))
+
+    return run
+
+
 # --------------------------------------------------------------------------------------
 # Strided convolution and transposes
 # --------------------------------------------------------------------------------------
@@ -426,6 +453,16 @@ WORKLOADS: dict[str, Workload] = {
         Workload("subm3_fwd", "SubmConv3d 3x3x3 forward", _subm("subm3_fwd", False)),
         Workload(
             "subm3_fwdbwd", "SubmConv3d 3x3x3 forward + backward", _subm("subm3_fwdbwd", True)
+        ),
+        Workload(
+            "subm3_fwd_bf16",
+            "SubmConv3d 3x3x3 forward in bfloat16",
+            _subm_half("subm3_fwd_bf16", torch.bfloat16),
+        ),
+        Workload(
+            "subm3_fwd_fp16",
+            "SubmConv3d 3x3x3 forward in float16",
+            _subm_half("subm3_fwd_fp16", torch.float16),
         ),
         Workload("conv_k2s2", "Conv3d k2 s2 forward (generated support)", conv_down2),
         Workload(
