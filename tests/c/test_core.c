@@ -1,6 +1,6 @@
 /* Standalone test of the C core (no Python): hash table, kernel maps of every
  * family, generated supports, pair lists, convolution forward and weight
- * gradient (fp32), pooling over kernel maps and voxelization, each checked
+ * gradient (fp32; the forward also in bf16 and fp16), pooling over kernel maps and voxelization, each checked
  * against a brute-force reference, plus the failure paths that must free
  * what they allocated.  scripts/sanitize.sh builds it with ASan + UBSan (and
  * LeakSanitizer) and without sanitizers under valgrind.
@@ -17,6 +17,7 @@
 #include "tl_dataflow_implicit_gemm.h"
 #include "tl_dataflow_pairs.h"
 #include "tl_generative.h"
+#include "tl_half.h"
 #include "tl_hash.h"
 #include "tl_kmap.h"
 #include "tl_pairs.h"
@@ -420,6 +421,86 @@ static void test_conv(void) {
     free(offsets), free(pin), free(pout), free(nbr), free(out), free(in);
 }
 
+/* Every bf16 and fp16 bit pattern survives the trip to float and back (NaN
+ * as a NaN); float values between two halves round to the nearer, ties to
+ * the even one. */
+static void test_half_conversions(void) {
+    current = "half conversions";
+    for (uint32_t b = 0; b < 65536; b++) {
+        uint16_t h = (uint16_t)b;
+        float f = tl_bf16_to_f32(h), g = tl_f16_to_f32(h);
+        if (f != f)
+            CHECK(tl_f32_to_bf16(f) == (h | 0x40));
+        else
+            CHECK(tl_f32_to_bf16(f) == h);
+        if (g != g)
+            CHECK(tl_f16_to_f32(tl_f32_to_f16(g)) != tl_f16_to_f32(tl_f32_to_f16(g)));
+        else
+            CHECK(tl_f32_to_f16(g) == h);
+    }
+    CHECK(tl_f32_to_f16(1.0f + 0x1p-11f) == 0x3c00);            /* tie: to even (1.0) */
+    CHECK(tl_f32_to_f16(1.0f + 3 * 0x1p-11f) == 0x3c02);        /* tie: to even (up) */
+    CHECK(tl_f32_to_f16(65520.0f) == 0x7c00);                   /* past the largest: inf */
+    CHECK(tl_f32_to_f16(65519.0f) == 0x7bff);
+    CHECK(tl_f32_to_f16(0x1p-25f) == 0x0000);                   /* tie below the smallest */
+    CHECK(tl_f32_to_f16(0x1.8p-25f) == 0x0001);
+    CHECK(tl_f32_to_bf16(1.0f + 0x1p-8f) == 0x3f80);            /* tie: to even (1.0) */
+    CHECK(tl_f32_to_bf16(1.0f + 3 * 0x1p-8f) == 0x3f82);
+}
+
+/* The bf16 and fp16 forward, every instruction-set level and thread count,
+ * against a double reference of the same half-valued inputs: within one
+ * rounding of the half type; and a bad neighbour entry is refused. */
+static void test_half_conv(void) {
+    current = "half conv";
+    const int64_t n_in = 60, n_out = 50, k = 5, ci = 19, co = 37;
+    uint16_t *x = xmalloc(sizeof(uint16_t) * (size_t)(n_in * ci));
+    uint16_t *w = xmalloc(sizeof(uint16_t) * (size_t)(k * ci * co));
+    uint16_t *y = xmalloc(sizeof(uint16_t) * (size_t)(n_out * co));
+    int32_t *nbr = xmalloc(sizeof(int32_t) * (size_t)(n_out * k));
+    double *ref = xmalloc(sizeof(double) * (size_t)(n_out * co));
+    for (int64_t i = 0; i < n_out * k; i++) nbr[i] = (int32_t)rnd((uint32_t)n_in + 1) - 1;
+    const tl_dtype types[2] = {TL_BF16, TL_F16};
+    const int levels[4] = {TL_SIMD_V4_BF16, TL_SIMD_V4, TL_SIMD_V3, TL_SIMD_BASE};
+    for (int t = 0; t < 2; t++) {
+        const tl_dtype type = types[t];
+        const double unit = type == TL_BF16 ? 0x1p-8 : 0x1p-11;
+        for (int64_t i = 0; i < n_in * ci; i++)
+            x[i] = type == TL_BF16 ? tl_f32_to_bf16(rndf()) : tl_f32_to_f16(rndf());
+        for (int64_t i = 0; i < k * ci * co; i++)
+            w[i] = type == TL_BF16 ? tl_f32_to_bf16(rndf()) : tl_f32_to_f16(rndf());
+        memset(ref, 0, sizeof(double) * (size_t)(n_out * co));
+        for (int64_t o = 0; o < n_out; o++)
+            for (int64_t n = 0; n < k; n++) {
+                int32_t i = nbr[o * k + n];
+                for (int64_t a = 0; i >= 0 && a < ci; a++)
+                    for (int64_t b = 0; b < co; b++) {
+                        double xv = type == TL_BF16 ? tl_bf16_to_f32(x[i * ci + a])
+                                                    : tl_f16_to_f32(x[i * ci + a]);
+                        double wv = type == TL_BF16 ? tl_bf16_to_f32(w[(n * ci + a) * co + b])
+                                                    : tl_f16_to_f32(w[(n * ci + a) * co + b]);
+                        ref[o * co + b] += xv * wv;
+                    }
+            }
+        tl_conv_desc d = {type, n_in, n_out, k, ci, co};
+        for (int v = 0; v < 8; v++) {
+            tl_ctx ctx = make_ctx(1 + v % 2, levels[v / 2]);
+            memset(y, 0xff, sizeof(uint16_t) * (size_t)(n_out * co));
+            CHECK(tl_implicit_gemm_forward(&ctx, &d, x, w, nbr, y) == TL_OK);
+            for (int64_t i = 0; i < n_out * co; i++) {
+                double got = type == TL_BF16 ? tl_bf16_to_f32(y[i]) : tl_f16_to_f32(y[i]);
+                CHECK(fabs(got - ref[i]) <= unit * fabs(ref[i]) + 1e-5);
+            }
+        }
+        tl_ctx c1 = make_ctx(1, TL_SIMD_V4_BF16);
+        nbr[7] = (int32_t)n_in;
+        CHECK(tl_implicit_gemm_forward(&c1, &d, x, w, nbr, y) == TL_ERR_INVALID);
+        nbr[7] = -1;
+        CHECK(tl_implicit_gemm_weight_grad(&c1, &d, x, y, nbr, w) == TL_ERR_UNSUPPORTED);
+    }
+    free(x), free(w), free(y), free(nbr), free(ref);
+}
+
 /* ---- pooling --------------------------------------------------------------- */
 
 static void test_pool(void) {
@@ -651,6 +732,8 @@ int main(void) {
     test_hash();
     test_kmaps();
     test_conv();
+    test_half_conversions();
+    test_half_conv();
     test_pool();
     test_voxel();
     test_int_limits();

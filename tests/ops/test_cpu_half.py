@@ -1,0 +1,181 @@
+"""bfloat16 and float16 convolutions on the CPU run in their own type: float sums, one
+rounding per output, for every instruction set.
+
+The implicit-GEMM forward (and the input gradient, the same kernel on the transposed
+map) reads half-type features and weights as they are: bfloat16 through vdpbf16ps
+dot products where the CPU has AVX512_BF16 (``avx512_bf16``), otherwise both types
+through float rows converted in registers (F16C for float16).  TORCH_LATTICE_CPU_ISA
+caps the instruction set, so this machine runs the narrower paths too.  The reference
+is the float64 dense oracle of the same half-valued inputs: every output must be that
+value rounded once to the half type (within the float sums' own error), not rounded
+after each kernel row.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from dense_oracle import dense_subm
+
+import torch_lattice as tl
+from torch_lattice.nn import functional as F
+from torch_lattice.ops._runtime import _C
+from torch_lattice.ops.conv import sparse_conv
+
+HALF = [torch.bfloat16, torch.float16]
+ISAS = ["avx512_bf16", "avx512", "avx2", "baseline"]
+# (c_in, c_out): odd c_in (a lone last channel for the pair kernels), single
+# columns, partial 16-column vectors, 4+2+1 vector blocks (112 = 64 + 32 + 16),
+# panels (260x72: wider than one L1 panel) and two column tiles (40x400).
+CHANNELS = [(1, 1), (3, 17), (7, 37), (16, 16), (33, 112), (64, 64), (5, 130), (260, 72),
+            (40, 400)]
+
+
+def _widest() -> str:
+    saved = os.environ.pop("TORCH_LATTICE_CPU_ISA", None)
+    try:
+        return _C.cpu_isa()
+    finally:
+        if saved is not None:
+            os.environ["TORCH_LATTICE_CPU_ISA"] = saved
+
+
+def _runnable(isa: str) -> bool:
+    """Whether capping at ``isa`` runs ``isa``'s kernels on this CPU."""
+    return ISAS.index(isa) >= ISAS.index(_widest())
+
+
+def _scene(cin: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(cin)
+    coords = torch.unique(torch.randint(0, 9, (700, 4), generator=g), dim=0)
+    coords[:, 0] %= 2
+    coords = torch.unique(coords, dim=0)
+    return torch.randn(coords.shape[0], cin, generator=g).to(dtype), coords
+
+
+def _ulp(ref: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """One unit in the last place of ``dtype`` at each value of ``ref`` (float64)."""
+    info = torch.finfo(dtype)
+    exp = torch.floor(torch.log2(ref.abs().clamp_min(info.smallest_normal)))
+    return torch.exp2(exp) * info.eps
+
+
+def _assert_rounded_once(y: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype,
+                         sums: int) -> None:
+    """``y`` is ``ref`` rounded to ``dtype``: within half an ulp, plus the float sums'
+    own error over ``sums`` terms."""
+    assert y.dtype == dtype
+    scale = float(ref.abs().max()) if ref.numel() else 0.0
+    bound = 0.5 * _ulp(ref, dtype) + sums * 2.0**-23 * max(scale, 1.0)
+    err = (y.double() - ref).abs()
+    worst = float((err - bound).max().detach()) if err.numel() else 0.0
+    assert worst <= 0, f"an output is off by more than its rounding ({worst:.3g} beyond)"
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dtype", HALF, ids=["bf16", "fp16"])
+@pytest.mark.parametrize("channels", CHANNELS, ids=lambda c: f"{c[0]}x{c[1]}")
+def test_half_forward_and_input_grad_are_rounded_once(
+    isa: str, dtype: torch.dtype, channels: tuple[int, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not _runnable(isa):
+        pytest.skip(f"this CPU has no {isa} kernels (widest: {_widest()})")
+    monkeypatch.setenv("TORCH_LATTICE_CPU_ISA", isa)
+    cin, cout = channels
+    feats, coords = _scene(cin, dtype)
+    torch.manual_seed(cout)
+    conv = tl.nn.SubmConv3d(cin, cout, 3, bias=False).to(dtype)
+    conv.config = F.ConvConfig(dataflow=F.Dataflow.ImplicitGEMM)
+    x = feats.clone().requires_grad_()
+    y = conv(tl.SparseTensor(x, coords)).feats
+    gy = torch.randn(y.shape, generator=torch.Generator().manual_seed(5)).to(dtype)
+    (dx,) = torch.autograd.grad(y, [x], gy)
+
+    x64 = feats.double().requires_grad_()
+    ref = dense_subm(x64, coords, conv.weight.detach().double(), None, 3)
+    (ref_dx,) = torch.autograd.grad(ref, [x64], gy.double())
+    _assert_rounded_once(y, ref.detach(), dtype, 27 * cin)
+    _assert_rounded_once(dx, ref_dx, dtype, 27 * cout)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dtype", HALF, ids=["bf16", "fp16"])
+def test_half_values_convert_exactly(isa: str, dtype: torch.dtype,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 1x1x1 convolution by 1 returns every half value (all 65,536 bit patterns)
+    as it was: the conversions to float and back lose nothing, infinities stay, NaN
+    stays NaN.  bfloat16 dot products treat subnormal inputs as 0 (AVX512_BF16's
+    rule), an error below the smallest normal."""
+    if not _runnable(isa):
+        pytest.skip(f"this CPU has no {isa} kernels (widest: {_widest()})")
+    monkeypatch.setenv("TORCH_LATTICE_CPU_ISA", isa)
+    bits = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16)
+    x = bits.view(dtype).reshape(-1, 1)
+    y = _pointwise(x, torch.ones(1, 1, 1, dtype=dtype))
+    nan = torch.isnan(x)
+    assert torch.equal(torch.isnan(y), nan)
+    xf, yf = x[~nan].double(), y[~nan].double()
+    if isa == "avx512_bf16" and dtype is torch.bfloat16:
+        sub = xf.abs() < torch.finfo(dtype).smallest_normal
+        assert torch.equal(yf[~sub], xf[~sub])
+        assert bool((yf[sub] == 0).all())
+    else:
+        assert torch.equal(yf, xf)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dtype", HALF, ids=["bf16", "fp16"])
+def test_half_outputs_round_like_torch(isa: str, dtype: torch.dtype,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """One product per output is exact in float, so the result is torch's own rounding
+    of it, bit for bit: ties to even, overflow to infinity, subnormal results kept."""
+    if not _runnable(isa):
+        pytest.skip(f"this CPU has no {isa} kernels (widest: {_widest()})")
+    monkeypatch.setenv("TORCH_LATTICE_CPU_ISA", isa)
+    g = torch.Generator().manual_seed(3)
+    info = torch.finfo(dtype)
+    # Magnitudes from below the smallest normal to past the largest finite value.
+    lo, hi = torch.log2(torch.tensor(info.tiny)) - 8, torch.log2(torch.tensor(info.max)) + 1
+    mag = torch.exp2(lo + (hi - lo) * torch.rand(20000, generator=g))
+    x = (mag * torch.randn(20000, generator=g).sign()).to(dtype).reshape(-1, 1)
+    x = x[torch.isfinite(x.float()).squeeze(1)]
+    if isa == "avx512_bf16" and dtype is torch.bfloat16:  # subnormal inputs read as 0
+        x = x[(x.float().abs() >= info.smallest_normal).squeeze(1)]
+    for w in (1.0, 0.3, 1.7, 3.1, 1e-3, 2.0**-7, 300.0):
+        wt = torch.tensor(w, dtype=dtype).reshape(1, 1, 1)
+        y = _pointwise(x, wt)
+        product = x.float() * wt.float().reshape(())
+        expect = product.to(dtype)
+        if isa == "avx512_bf16" and dtype is torch.bfloat16:  # subnormal products: 0
+            small = product.abs() < info.smallest_normal
+            expect = torch.where(small, torch.zeros_like(expect), expect)
+            y = torch.where(small, torch.zeros_like(y), y)
+        assert torch.equal(y, expect), f"weight {w}"
+
+
+def _pointwise(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``x @ weight[0]`` through the implicit-GEMM op on a one-row map (one product per
+    output).  Not through a 1x1x1 module: that one runs torch's own matmul."""
+    row = torch.arange(x.shape[0], dtype=torch.int32).reshape(-1, 1)
+    return sparse_conv(x, weight, row, row)
+
+
+def test_bf16_cap_selects_the_dot_product_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """avx512_bf16 runs other kernels than avx512 (dot products of channel pairs, whose
+    sums round differently in the last float bits); both stay within bfloat16's
+    rounding of each other."""
+    if _widest() != "avx512_bf16":
+        pytest.skip(f"this CPU has no AVX512_BF16 (widest: {_widest()})")
+    feats, coords = _scene(64, torch.bfloat16)
+    torch.manual_seed(0)
+    conv = tl.nn.SubmConv3d(64, 64, 3, bias=False).to(torch.bfloat16)
+    out = {}
+    for isa in ("avx512_bf16", "avx512"):
+        monkeypatch.setenv("TORCH_LATTICE_CPU_ISA", isa)
+        assert _C.cpu_isa() == isa
+        with torch.no_grad():
+            out[isa] = conv(tl.SparseTensor(feats, coords)).feats
+    assert not torch.equal(out["avx512_bf16"], out["avx512"])
+    torch.testing.assert_close(out["avx512_bf16"], out["avx512"], rtol=2**-7, atol=1e-2)
