@@ -113,5 +113,6 @@ def test_unknown_isa_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TORCH_LATTICE_CPU_ISA", "sse9")
     feats, coords = _scene(4, torch.float32)
     conv = tl.nn.SubmConv3d(4, 4, 3)
-    with pytest.raises(ValueError, match="TORCH_LATTICE_CPU_ISA must be auto, avx512_bf16, avx512, avx2"):
+    rule = "TORCH_LATTICE_CPU_ISA must be auto, avx512_bf16, avx512, avx2"
+    with pytest.raises(ValueError, match=rule):
         conv(tl.SparseTensor(feats, coords))
