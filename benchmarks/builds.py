@@ -8,7 +8,8 @@ compared before anything is timed (a change that is meant to keep results bitwis
 ``bitwise``). Three groups:
 
 * ``layers``: ``conv_forward`` and ``conv_weight_grad`` (implicit GEMM, fp32) on the
-  3x3x3 submanifold map of each scene, per width;
+  3x3x3 submanifold map of each scene (``--maps``: also a k2 s2 Conv3d's map and its
+  inverse transpose's), per width;
 * ``kmap``: the kernel map (``nbr`` + ``rev``) of each scene;
 * ``unet``: SparseResUNet42 eval forward and training step, every sparse convolution
   kernel (forward, input and weight gradient) taken from one build or the other.
@@ -39,6 +40,8 @@ from torch_lattice.nn.functional.relation import kernel_map
 from torch_lattice.ops._runtime import _C, ptr
 
 SUBM3 = ConvGeometry.submanifold((3, 3, 3), (1, 1, 1))
+DOWN2 = ConvGeometry.create(2, 2)
+MAPS = ("subm3", "k2s2", "k2s2_inverse")
 CONV_KERNELS = ("conv_forward", "conv_weight_grad")
 SIDES = ("base", "this")
 
@@ -74,20 +77,20 @@ def _agreement(a: torch.Tensor, b: torch.Tensor) -> str:
 
 
 def _layer_case(
-    base: ModuleType, kernel: str, nbr: torch.Tensor, c: int, repeats: int
+    base: ModuleType, kernel: str, nbr: torch.Tensor, n_in: int, c: int, repeats: int
 ) -> tuple[dict[str, float], str]:
     """One kernel of both builds on one map and width: median seconds, and agreement."""
-    n, threads = nbr.shape[0], torch.get_num_threads()
+    n, k, threads = nbr.shape[0], nbr.shape[1], torch.get_num_threads()
     g = torch.Generator().manual_seed(c)
-    x = torch.randn(n, c, generator=g)
-    b = torch.randn(27, c, c, generator=g) if kernel == "conv_forward" else torch.randn(n, c)
-    shape = (n, c) if kernel == "conv_forward" else (27, c, c)
+    x = torch.randn(n_in, c, generator=g)
+    b = torch.randn(k, c, c, generator=g) if kernel == "conv_forward" else torch.randn(n, c)
+    shape = (n, c) if kernel == "conv_forward" else (k, c, c)
     outs = {side: torch.empty(shape) for side in ("base", "this")}
     modules = {"base": base, "this": _C}
 
     def call(side: str) -> None:
         fn = getattr(modules[side], kernel)
-        fn(0, n, n, 27, c, c, ptr(x), ptr(b), ptr(nbr), ptr(outs[side]), threads)
+        fn(0, n_in, n, k, c, c, ptr(x), ptr(b), ptr(nbr), ptr(outs[side]), threads)
 
     call("base")
     call("this")
@@ -95,23 +98,42 @@ def _layer_case(
     return interleaved({side: partial(call, side) for side in modules}, repeats), agree
 
 
-def layers(base: ModuleType, scenes: list[str], channels: list[int], repeats: int) -> None:
-    print("| scene | C | kernel | base GFLOP/s | this GFLOP/s | this / base | outputs |")
-    print("|---|---|---|---|---|---|---|")
+def _maps(scene: Scene) -> dict[str, tuple[torch.Tensor, int]]:
+    """The scene's layer maps, each with its input row count: the 3x3x3 submanifold map,
+    a k2 s2 Conv3d's (onto its generated coarse support) and its inverse transpose's."""
+    x = tl.SparseTensor(torch.zeros(scene.voxels, 1), scene.coords)
+    subm = kernel_map(x.support, x.support, SUBM3)
+    down = tl.nn.Conv3d(1, 1, 2, stride=2, bias=False)
+    with torch.no_grad():
+        coarse = down(x)
+    dmap = kernel_map(x.support, coarse.support, DOWN2)
+    n = scene.voxels
+    return {
+        "subm3": (subm.nbr, n),
+        "k2s2": (dmap.nbr, n),
+        "k2s2_inverse": (dmap.rev, coarse.coords.shape[0]),
+    }
+
+
+def layers(base: ModuleType, scenes: list[str], channels: list[int], repeats: int,
+           maps: list[str]) -> None:
+    print("| scene | map | C | kernel | base GFLOP/s | this GFLOP/s | this / base | outputs |")
+    print("|---|---|---|---|---|---|---|---|")
     for name in scenes:
         scene = _scene(name)
-        support = tl.SparseTensor(torch.zeros(scene.voxels, 1), scene.coords).support
-        nbr = kernel_map(support, support, SUBM3).nbr
-        pairs = int((nbr >= 0).sum())
-        for c in channels:
-            for kernel in CONV_KERNELS:
-                med, agree = _layer_case(base, kernel, nbr, c, repeats)
-                gf = {k: 2 * pairs * c * c / v / 1e9 for k, v in med.items()}
-                print(
-                    f"| {scene.name} | {c} | {kernel} | {gf['base']:.1f} | {gf['this']:.1f} | "
-                    f"{med['base'] / med['this']:.2f}x | {agree} |",
-                    flush=True,
-                )
+        every = _maps(scene)
+        for map_name in maps:
+            nbr, n_in = every[map_name]
+            pairs = int((nbr >= 0).sum())
+            for c in channels:
+                for kernel in CONV_KERNELS:
+                    med, agree = _layer_case(base, kernel, nbr, n_in, c, repeats)
+                    gf = {k: 2 * pairs * c * c / v / 1e9 for k, v in med.items()}
+                    print(
+                        f"| {scene.name} | {map_name} | {c} | {kernel} | {gf['base']:.1f} | "
+                        f"{gf['this']:.1f} | {med['base'] / med['this']:.2f}x | {agree} |",
+                        flush=True,
+                    )
 
 
 class Swap:
@@ -205,6 +227,7 @@ def main() -> int:
         "--scenes", nargs="+", default=["surface", "lidar"], choices=[*scene_names(), "tiny"]
     )
     parser.add_argument("--channels", type=int, nargs="+", default=[16, 32, 64, 128, 256])
+    parser.add_argument("--maps", nargs="+", default=["subm3"], choices=MAPS)
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()
     base = load_build(args.base)
@@ -213,7 +236,7 @@ def main() -> int:
         f"{args.repeats} interleaved calls; 'this' is {_C.__file__}\n"
     )
     if "layers" in args.groups:
-        layers(base, args.scenes, args.channels, args.repeats)
+        layers(base, args.scenes, args.channels, args.repeats, args.maps)
         print()
     if "kmap" in args.groups:
         kmaps(base, args.scenes, args.repeats)

@@ -131,7 +131,14 @@ static int tl_half_tile(const tl_half_fwd *f, const uint16_t *x, const int32_t *
         }
         for (int64_t j = 0; j < cw; j += width) {
             const int64_t wb = cw - j < width ? cw - j : width;
-            for (int64_t p = 0; p < full; p += 4) tl_half_group(f, s, 4, p, n, co0, j, wb);
+            for (int64_t p = 0; p < full; p += 4) {
+                /* The next group's x rows (as the float forward does). */
+                if (f->dot && j == 0 && p + 8 <= full)
+                    for (int r = 4; r < 8; r++)
+                        for (int64_t b = 0; b < cin * (int64_t)sizeof(uint16_t); b += 64)
+                            __builtin_prefetch((const char *)s->xh[p + r] + b);
+                tl_half_group(f, s, 4, p, n, co0, j, wb);
+            }
             if (pad) tl_half_group(f, s, (int)pad, full, n, co0, j, wb);
         }
     }
