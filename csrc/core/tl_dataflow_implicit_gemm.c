@@ -7,37 +7,12 @@
 #include "tl_mem.h"
 #include "tl_simd.h"
 
-/* Weight gradient: the output rows are split into up to TL_WGRAD_PARTS parts
- * (each with its own (k, c_in, c_out) partial sum), fewer when the partial
- * sums would exceed TL_WGRAD_MAX_PARTIAL elements or a part would get under
- * TL_WGRAD_MIN_ROWS rows; kernel rows are split into groups until there are
- * about TL_WGRAD_TASKS tasks.  Few parts keep the final reduction of the
- * partial sums small.  The split depends only on the problem size, never on
- * the thread count, so the result is the same for any thread count. */
-#define TL_WGRAD_PARTS 8
-#define TL_WGRAD_TASKS 32
-#define TL_WGRAD_MIN_ROWS 1024
-#define TL_WGRAD_MAX_PARTIAL (1 << 22)
-/* Weight-gradient output rows per block: for each kernel row, a block's pairs
- * are reduced in register-blocked passes while their x and dy rows stay in
- * L1/L2 across the passes. */
-#define TL_WGRAD_PAIRS 256
 /* Input channels from which the weight gradient packs each block's x values
  * (tl_wgrad_pack + the panel micro-kernel): measured 1.2x to 1.5x faster at
  * C = 64..256 with AVX2, but 0.7x to 0.9x at C <= 33, where the copy costs
  * more than the pointer-chasing loads it saves; below it the rows are read in
  * place (tl_mk_outer_acc). */
 #define TL_WGRAD_PACK_MIN_CIN 64
-
-/* Number of output-row parts of the weight gradient (see TL_WGRAD_PARTS). */
-static int64_t tl_wgrad_parts(const tl_conv_desc *d) {
-    int64_t parts = TL_WGRAD_PARTS;
-    int64_t by_rows = (d->n_out + TL_WGRAD_MIN_ROWS - 1) / TL_WGRAD_MIN_ROWS;
-    if (parts > by_rows) parts = by_rows;
-    int64_t all = d->k * d->c_in * d->c_out;
-    if (all > 0 && parts * all > TL_WGRAD_MAX_PARTIAL) parts = TL_WGRAD_MAX_PARTIAL / all;
-    return parts < 1 ? 1 : parts;
-}
 
 #define TL_T float
 #define TL_SFX f32
@@ -66,9 +41,8 @@ static tl_status tl_check_args(const tl_ctx *ctx, const tl_conv_desc *d, int wei
                                const void *x, const void *b, const int32_t *nbr,
                                const void *out, int scan_nbr) {
     tl_status st = tl_conv_check_cpu(ctx, d);
-    /* The forward also runs the half types (the weight gradient does not). */
-    if (st == TL_ERR_UNSUPPORTED && !weight_grad && (d->dtype == TL_BF16 || d->dtype == TL_F16))
-        st = TL_OK;
+    /* Implicit GEMM also runs the half types (the pair dataflows do not). */
+    if (st == TL_ERR_UNSUPPORTED && (d->dtype == TL_BF16 || d->dtype == TL_F16)) st = TL_OK;
     if (st == TL_OK) st = tl_conv_check_buffers(d, weight_grad, x, b, out);
     if (st != TL_OK) return st;
     if (!nbr && d->n_out * d->k > 0) return TL_ERR_INVALID;
@@ -94,5 +68,6 @@ tl_status tl_implicit_gemm_weight_grad(const tl_ctx *ctx, const tl_conv_desc *d,
     if (st != TL_OK) return st;
     if (d->k * d->c_in * d->c_out == 0) return TL_OK;
     if (d->dtype == TL_F32) return tl_weight_grad_f32(ctx, d, x, dy, nbr, dw);
-    return tl_weight_grad_f64(ctx, d, x, dy, nbr, dw);
+    if (d->dtype == TL_F64) return tl_weight_grad_f64(ctx, d, x, dy, nbr, dw);
+    return tl_implicit_gemm_weight_grad_half(ctx, d, x, dy, nbr, dw);
 }

@@ -26,10 +26,16 @@ tl_status tl_implicit_gemm_forward_half(const tl_ctx *ctx, const tl_conv_desc *d
                                         const uint16_t *x, const uint16_t *w,
                                         const int32_t *nbr, uint16_t *y);
 
+/* The TL_BF16 / TL_F16 weight gradient behind tl_implicit_gemm_weight_grad
+ * (arguments already checked). */
+tl_status tl_implicit_gemm_weight_grad_half(const tl_ctx *ctx, const tl_conv_desc *d,
+                                            const uint16_t *x, const uint16_t *dy,
+                                            const int32_t *nbr, uint16_t *dw);
+
 /* dw[n] = sum_o x[nbr[o, n]]^T dy[o]; dw (k, c_in, c_out) is overwritten.
  * Partial sums are taken over a fixed partition of the output rows and added
- * in a fixed order, so the result is deterministic.  dtype TL_F32 or TL_F64
- * (TL_ERR_UNSUPPORTED otherwise). */
+ * in a fixed order, so the result is deterministic.  dtype TL_F32, TL_F64,
+ * or TL_BF16 / TL_F16 (float sums, rounded once). */
 tl_status tl_implicit_gemm_weight_grad(const tl_ctx *ctx, const tl_conv_desc *d,
                                        const void *x, const void *dy,
                                        const int32_t *nbr, void *dw);

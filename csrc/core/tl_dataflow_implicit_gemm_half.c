@@ -1,14 +1,16 @@
-/* The implicit-GEMM forward for bfloat16 and float16 features and weights:
- * products summed in float, each output rounded once to the input's type.
+/* The implicit GEMM (forward and weight gradient) for bfloat16 and float16
+ * features and weights: products summed in float, each output rounded once to
+ * the input's type.
  * Two ways, chosen per call by the CPU's instruction set:
  *   - bfloat16 on AVX512_BF16: the x rows are read as they are and multiplied
  *     by channel pairs with vdpbf16ps (tl_microkernel_bf16.c);
  *   - otherwise (float16 anywhere, bfloat16 without AVX512_BF16): each tile's
  *     listed x rows are converted to float in a small staging buffer (F16C for
  *     float16) and run through the float micro-kernels against float panels.
- * Tiles, panels and the order of each output's sums are those of the float
- * forward (tl_dataflow_implicit_gemm_impl.h); a tile's sums live in a float
- * block until its last kernel row. */
+ * The weight gradient (below) runs the same two ways, its dot products along
+ * pairs of pairs.  Tiles, panels, parts and the order of each output's sums
+ * are those of the float kernels (tl_dataflow_implicit_gemm_impl.h); a
+ * forward tile's sums live in a float block until its last kernel row. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -209,4 +211,111 @@ tl_status tl_implicit_gemm_forward_half(const tl_ctx *ctx, const tl_conv_desc *d
     }
     free(packed);
     return invalid ? TL_ERR_INVALID : failed ? TL_ERR_NOMEM : TL_OK;
+}
+
+/* ---- weight gradient ---------------------------------------------------------- */
+
+/* Scratch of one weight-gradient worker: a block's pairs (x and dy rows as
+ * stored), and either their packed pair pairs (dot) or their float copies
+ * (staged). */
+typedef struct tl_half_wg_scratch {
+    const uint16_t *xq[TL_WGRAD_PAIRS], *dq[TL_WGRAD_PAIRS];
+    const float *xf[TL_WGRAD_PAIRS], *df[TL_WGRAD_PAIRS];
+    uint32_t *xp;  /* dot: (c_in rounded up to 4) x TL_WGRAD_PAIRS / 2 */
+    uint16_t *dp;  /* dot: TL_WGRAD_PAIRS x c_out */
+    float *stage;  /* staged: TL_WGRAD_PAIRS x (c_in + c_out) */
+} tl_half_wg_scratch;
+
+static int tl_half_wg_init(tl_half_wg_scratch *s, const tl_conv_desc *d, int dot) {
+    const int64_t cin4 = (d->c_in + 3) / 4 * 4;
+    s->xp = dot ? malloc(sizeof(uint32_t) * (size_t)(cin4 * TL_WGRAD_PAIRS / 2 + 1)) : NULL;
+    s->dp = dot ? malloc(sizeof(uint16_t) * (size_t)(TL_WGRAD_PAIRS * d->c_out + 1)) : NULL;
+    s->stage = dot ? NULL
+                   : malloc(sizeof(float) * (size_t)(TL_WGRAD_PAIRS * (d->c_in + d->c_out) + 1));
+    return dot ? s->xp && s->dp : s->stage != NULL;
+}
+
+static void tl_half_wg_free(tl_half_wg_scratch *s) {
+    free(s->xp);
+    free(s->dp);
+    free(s->stage);
+}
+
+/* acc (k, c_in, c_out) += the contributions of output rows [o0, o1) through
+ * kernel rows [n0, n1), blocks of TL_WGRAD_PAIRS rows as in the float
+ * weight gradient (tl_wgrad_rows). */
+static void tl_half_wg_rows(const tl_half_fwd *f, const uint16_t *x, const uint16_t *dy,
+                            const int32_t *nbr, int64_t o0, int64_t o1, int64_t n0, int64_t n1,
+                            float *acc, tl_half_wg_scratch *s) {
+    const tl_conv_desc *d = f->d;
+    const int64_t k = d->k, cin = d->c_in, cout = d->c_out, mat = cin * cout;
+    for (int64_t b0 = o0; b0 < o1; b0 += TL_WGRAD_PAIRS) {
+        const int64_t b1 = b0 + TL_WGRAD_PAIRS < o1 ? b0 + TL_WGRAD_PAIRS : o1;
+        for (int64_t n = n0; n < n1; n++) {
+            int64_t c = 0;
+            for (int64_t o = b0; o < b1; o++) {
+                int32_t i = nbr[o * k + n];
+                if (i < 0) continue;
+                s->xq[c] = x + (int64_t)i * cin;
+                s->dq[c++] = dy + o * cout;
+            }
+            if (c == 0) continue;
+            if (f->dot) {
+#if TL_SIMD_X86
+                tl_bf16_wgrad_pack(c, cin, cout, s->xq, s->dq, s->xp, s->dp);
+                tl_bf16_wgrad_panel(cin, cout, (c + 1) / 2, s->xp, s->dp, acc + n * mat, cout);
+#endif
+                continue;
+            }
+            for (int64_t q = 0; q < c; q++) {
+                float *xr = s->stage + q * (cin + cout);
+                tl_half_row_to_f32(f->level, d->dtype, s->xq[q], cin, xr);
+                tl_half_row_to_f32(f->level, d->dtype, s->dq[q], cout, xr + cin);
+                s->xf[q] = xr;
+                s->df[q] = xr + cin;
+            }
+            tl_mk_outer_acc_f32(f->mk, cin, cout, c, s->xf, s->df, acc + n * mat);
+        }
+    }
+}
+
+tl_status tl_implicit_gemm_weight_grad_half(const tl_ctx *ctx, const tl_conv_desc *d,
+                                            const uint16_t *x, const uint16_t *dy,
+                                            const int32_t *nbr, uint16_t *dw) {
+    tl_half_fwd f = {.d = d, .level = tl_simd_capped(ctx->simd_cap), .mk = tl_mk_pick_f32(ctx)};
+    f.dot = f.level >= TL_SIMD_V4_BF16 && d->dtype == TL_BF16;
+    const int64_t k = d->k, mat = d->c_in * d->c_out, all = k * mat;
+    const int64_t parts = tl_wgrad_parts(d);
+    int64_t groups = (TL_WGRAD_TASKS + parts - 1) / parts;
+    if (groups > k) groups = k;
+    /* Float partial sums, one set per part, then their sum (fixed order). */
+    float *partial = malloc(sizeof(float) * (size_t)((parts + 1) * all));
+    if (!partial) return TL_ERR_NOMEM;
+    const int64_t rows_per = (d->n_out + parts - 1) / parts;
+    int failed = 0;
+#pragma omp parallel num_threads(ctx->threads) reduction(| : failed)
+    {
+        tl_half_wg_scratch s;
+        int ok = tl_half_wg_init(&s, d, f.dot);
+        failed |= !ok;
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t t = 0; t < parts * groups; t++) {
+            if (!ok) continue;
+            int64_t p = t / groups, g = t % groups;
+            int64_t o0 = p * rows_per;
+            int64_t o1 = o0 + rows_per < d->n_out ? o0 + rows_per : d->n_out;
+            int64_t n0 = k * g / groups, n1 = k * (g + 1) / groups;
+            float *acc = partial + p * all;
+            memset(acc + n0 * mat, 0, sizeof(float) * (size_t)((n1 - n0) * mat));
+            if (o0 < o1) tl_half_wg_rows(&f, x, dy, nbr, o0, o1, n0, n1, acc, &s);
+        }
+        tl_half_wg_free(&s);
+    }
+    if (!failed) {
+        float *sum = partial + parts * all;
+        tl_mk_sum_parts_f32(ctx->threads, partial, parts, all, sum);
+        tl_f32_row_to_half(f.level, d->dtype, sum, all, dw);
+    }
+    free(partial);
+    return failed ? TL_ERR_NOMEM : TL_OK;
 }

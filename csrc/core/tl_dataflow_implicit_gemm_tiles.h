@@ -1,7 +1,8 @@
-/* How the implicit-GEMM forward cuts its work (shared by the float kernels of
+/* How the implicit GEMM cuts its work (shared by the float kernels of
  * tl_dataflow_implicit_gemm.c and the half-precision ones of
- * tl_dataflow_implicit_gemm_half.c): output tiles of rows x columns, and the
- * width of the L1-sized weight panels each tile's groups of rows run against. */
+ * tl_dataflow_implicit_gemm_half.c): the forward's output tiles of rows x
+ * columns and the width of the L1-sized weight panels each tile's groups of
+ * rows run against; the weight gradient's parts, tasks and pair blocks. */
 #ifndef TL_DATAFLOW_IMPLICIT_GEMM_TILES_H
 #define TL_DATAFLOW_IMPLICIT_GEMM_TILES_H
 
@@ -52,6 +53,31 @@ static inline int64_t tl_fwd_tile_rows(const tl_ctx *ctx, const tl_conv_desc *d,
     if (rows > spread) rows = spread;
     if (rows > TL_TILE_ROWS_MAX) rows = TL_TILE_ROWS_MAX;
     return rows < TL_TILE_ROWS_MIN ? TL_TILE_ROWS_MIN : rows;
+}
+
+/* Weight gradient: the output rows are split into up to TL_WGRAD_PARTS parts
+ * (each with its own (k, c_in, c_out) partial sum), fewer when the partial
+ * sums would exceed TL_WGRAD_MAX_PARTIAL elements or a part would get under
+ * TL_WGRAD_MIN_ROWS rows; kernel rows are split into groups until there are
+ * about TL_WGRAD_TASKS tasks.  Few parts keep the final reduction of the
+ * partial sums small.  The split depends only on the problem size, never on
+ * the thread count, so the result is the same for any thread count. */
+#define TL_WGRAD_PARTS 8
+#define TL_WGRAD_TASKS 32
+#define TL_WGRAD_MIN_ROWS 1024
+#define TL_WGRAD_MAX_PARTIAL (1 << 22)
+/* Weight-gradient output rows per block: for each kernel row, a block's pairs
+ * are reduced in register-blocked passes while their x and dy rows stay in
+ * L1/L2 across the passes. */
+#define TL_WGRAD_PAIRS 256
+/* Number of output-row parts of the weight gradient (see TL_WGRAD_PARTS). */
+static inline int64_t tl_wgrad_parts(const tl_conv_desc *d) {
+    int64_t parts = TL_WGRAD_PARTS;
+    int64_t by_rows = (d->n_out + TL_WGRAD_MIN_ROWS - 1) / TL_WGRAD_MIN_ROWS;
+    if (parts > by_rows) parts = by_rows;
+    int64_t all = d->k * d->c_in * d->c_out;
+    if (all > 0 && parts * all > TL_WGRAD_MAX_PARTIAL) parts = TL_WGRAD_MAX_PARTIAL / all;
+    return parts < 1 ? 1 : parts;
 }
 
 /* The weights (k, c_in, c_out) of elem_bytes each as panels: for each kernel

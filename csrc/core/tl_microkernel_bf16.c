@@ -27,6 +27,27 @@ void tl_bf16_pack_panels(const tl_conv_desc *d, int64_t width, const uint16_t *w
 }
 
 #if TL_SIMD_X86
+void tl_bf16_wgrad_pack(int64_t c, int64_t cin, int64_t cout, const uint16_t *const *xq,
+                        const uint16_t *const *dq, uint32_t *xp, uint16_t *dp) {
+    const int64_t tp = (c + 1) / 2, strips = (cin + 3) / 4;
+    for (int64_t t = 0; t < tp; t++) {
+        const uint16_t *x0 = xq[2 * t], *d0 = dq[2 * t];
+        const int pair = 2 * t + 1 < c;
+        const uint16_t *x1 = pair ? xq[2 * t + 1] : NULL, *d1 = pair ? dq[2 * t + 1] : NULL;
+        for (int64_t s = 0; s < strips; s++)
+            for (int64_t r = 0; r < 4; r++) {
+                const int64_t ci = 4 * s + r;
+                uint32_t lo = ci < cin ? x0[ci] : 0, hi = ci < cin && pair ? x1[ci] : 0;
+                xp[(s * tp + t) * 4 + r] = lo | hi << 16;
+            }
+        uint16_t *row = dp + t * cout * 2;
+        for (int64_t j = 0; j < cout; j++) {
+            row[2 * j] = d0[j];
+            row[2 * j + 1] = pair ? d1[j] : 0;
+        }
+    }
+}
+
 /* acc[r][v] += the dot products of x pair xp[r] (two bfloat16 channels as
  * one 32-bit value) with NV weight vectors at wp (16 columns x the same two
  * channels each; the last vector's columns limited by mask). */
@@ -104,6 +125,56 @@ static TL_TARGET_BF16 void tl_bf16_rows_4(int64_t cw, int64_t cin, const uint16_
 static TL_TARGET_BF16 void tl_bf16_rows_2(int64_t cw, int64_t cin, const uint16_t *const *a,
                                           const uint16_t *panel, float *const *out) {
     tl_bf16_columns(2, cw, cin, a, panel, out);
+}
+
+/* One weight-gradient block: input channels 4s..4s+3 (rows < valid
+ * written) x NV vectors of 16 columns from column j, over all tp pair pairs;
+ * each dy vector feeds 4 dot products, each x pair NV. */
+static inline __attribute__((always_inline)) TL_TARGET_BF16 void tl_bf16_wgrad_block(
+    int NV, __mmask16 mask, int64_t j, int64_t cout, int64_t tp, const uint32_t *xs,
+    const uint16_t *dp, float *out, int64_t ldo, int64_t valid) {
+    __m512 acc[4][4];
+    for (int r = 0; r < 4; r++)
+        for (int v = 0; v < NV; v++) acc[r][v] = _mm512_setzero_ps();
+#pragma GCC unroll 2
+    for (int64_t t = 0; t < tp; t++)
+        tl_bf16_step(4, NV, mask, dp + (t * cout + j) * 2, xs + 4 * t, acc);
+    for (int r = 0; r < 4 && r < valid; r++)
+        for (int v = 0; v < NV; v++) {
+            float *o = out + r * ldo + j + 16 * v;
+            const __mmask16 m = v == NV - 1 ? mask : 0xffff;
+            _mm512_mask_storeu_ps(o, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, o), acc[r][v]));
+        }
+}
+
+/* Every strip of 4 input channels for one block of columns, so the block's
+ * dy vectors stay in L1 while the x strips stream past them. */
+static inline __attribute__((always_inline)) TL_TARGET_BF16 void tl_bf16_wgrad_strips(
+    int NV, __mmask16 mask, int64_t j, int64_t cin, int64_t cout, int64_t tp,
+    const uint32_t *xp, const uint16_t *dp, float *out, int64_t ldo) {
+    for (int64_t s = 0; s < (cin + 3) / 4; s++)
+        tl_bf16_wgrad_block(NV, mask, j, cout, tp, xp + s * tp * 4, dp, out + 4 * s * ldo, ldo,
+                            cin - 4 * s);
+}
+
+TL_TARGET_BF16 void tl_bf16_wgrad_panel(int64_t cin, int64_t cout, int64_t tp,
+                                        const uint32_t *xp, const uint16_t *dp, float *out,
+                                        int64_t ldo) {
+    int64_t j = 0, vecs = cout / 16;
+    for (; vecs >= 4; vecs -= 4, j += 64)
+        tl_bf16_wgrad_strips(4, 0xffff, j, cin, cout, tp, xp, dp, out, ldo);
+    if (vecs >= 2) {
+        tl_bf16_wgrad_strips(2, 0xffff, j, cin, cout, tp, xp, dp, out, ldo);
+        vecs -= 2;
+        j += 32;
+    }
+    if (vecs) {
+        tl_bf16_wgrad_strips(1, 0xffff, j, cin, cout, tp, xp, dp, out, ldo);
+        j += 16;
+    }
+    if (j < cout)
+        tl_bf16_wgrad_strips(1, (__mmask16)((1u << (cout - j)) - 1u), j, cin, cout, tp, xp, dp,
+                             out, ldo);
 }
 
 void tl_bf16_rows(int R, int64_t cw, int64_t cin, const uint16_t *const *a,

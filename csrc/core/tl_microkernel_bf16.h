@@ -29,6 +29,20 @@ void tl_bf16_pack_panels(const tl_conv_desc *d, int64_t width, const uint16_t *w
  * columns.  Only on CPUs of level TL_SIMD_V4_BF16. */
 void tl_bf16_rows(int R, int64_t cw, int64_t cin, const uint16_t *const *a,
                   const uint16_t *panel, float *const *out);
+
+/* The weight gradient over c pairs (x row xq[q], dy row dq[q]) runs the dot
+ * products along the pairs: pairs 2t and 2t + 1 side by side.  Packs
+ *   xp: strips of 4 input channels; strip s, pair pair t, channel 4s + r at
+ *       xp[(s * tp + t) * 4 + r] as (x[2t][4s + r], x[2t + 1][4s + r]);
+ *   dp: for pair pair t, dp[(t * cout + j) * 2 + u] = dq[2t + u][j];
+ * tp = c / 2 rounded up (an odd c's last partner and channels past cin are 0). */
+void tl_bf16_wgrad_pack(int64_t c, int64_t cin, int64_t cout, const uint16_t *const *xq,
+                        const uint16_t *const *dq, uint32_t *xp, uint16_t *dp);
+
+/* out[ci * ldo + j] += sum_q x[q][ci] * dy[q][j] over the packed pairs
+ * (tl_bf16_wgrad_pack), ci < cin, j < cout, in float. */
+void tl_bf16_wgrad_panel(int64_t cin, int64_t cout, int64_t tp, const uint32_t *xp,
+                         const uint16_t *dp, float *out, int64_t ldo);
 #endif
 
 #endif

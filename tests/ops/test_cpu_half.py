@@ -1,10 +1,10 @@
 """bfloat16 and float16 convolutions on the CPU run in their own type: float sums, one
 rounding per output, for every instruction set.
 
-The implicit-GEMM forward (and the input gradient, the same kernel on the transposed
-map) reads half-type features and weights as they are: bfloat16 through vdpbf16ps
-dot products where the CPU has AVX512_BF16 (``avx512_bf16``), otherwise both types
-through float rows converted in registers (F16C for float16).  TORCH_LATTICE_CPU_ISA
+Implicit GEMM's forward, input gradient (the same kernel on the transposed map) and
+weight gradient read half-type features and weights as they are: bfloat16 through
+vdpbf16ps dot products where the CPU has AVX512_BF16 (``avx512_bf16``), otherwise both
+types through float rows converted in registers (F16C for float16).  TORCH_LATTICE_CPU_ISA
 caps the instruction set, so this machine runs the narrower paths too.  The reference
 is the float64 dense oracle of the same half-valued inputs: every output must be that
 value rounded once to the half type (within the float sums' own error), not rounded
@@ -63,12 +63,12 @@ def _ulp(ref: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _assert_rounded_once(y: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype,
-                         sums: int) -> None:
+                         sums: int, allowance: torch.Tensor | float = 0.0) -> None:
     """``y`` is ``ref`` rounded to ``dtype``: within half an ulp, plus the float sums'
-    own error over ``sums`` terms."""
+    own error over ``sums`` terms and ``allowance``."""
     assert y.dtype == dtype
     scale = float(ref.abs().max()) if ref.numel() else 0.0
-    bound = 0.5 * _ulp(ref, dtype) + sums * 2.0**-23 * max(scale, 1.0)
+    bound = 0.5 * _ulp(ref, dtype) + sums * 2.0**-23 * max(scale, 1.0) + allowance
     err = (y.double() - ref).abs()
     worst = float((err - bound).max().detach()) if err.numel() else 0.0
     assert worst <= 0, f"an output is off by more than its rounding ({worst:.3g} beyond)"
@@ -77,7 +77,7 @@ def _assert_rounded_once(y: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype,
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("dtype", HALF, ids=["bf16", "fp16"])
 @pytest.mark.parametrize("channels", CHANNELS, ids=lambda c: f"{c[0]}x{c[1]}")
-def test_half_forward_and_input_grad_are_rounded_once(
+def test_half_forward_and_gradients_are_rounded_once(
     isa: str, dtype: torch.dtype, channels: tuple[int, int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     if not _runnable(isa):
@@ -91,13 +91,20 @@ def test_half_forward_and_input_grad_are_rounded_once(
     x = feats.clone().requires_grad_()
     y = conv(tl.SparseTensor(x, coords)).feats
     gy = torch.randn(y.shape, generator=torch.Generator().manual_seed(5)).to(dtype)
-    (dx,) = torch.autograd.grad(y, [x], gy)
+    dx, dw = torch.autograd.grad(y, [x, conv.weight], gy)
 
     x64 = feats.double().requires_grad_()
-    ref = dense_subm(x64, coords, conv.weight.detach().double(), None, 3)
-    (ref_dx,) = torch.autograd.grad(ref, [x64], gy.double())
+    w64 = conv.weight.detach().double().requires_grad_()
+    ref = dense_subm(x64, coords, w64, None, 3)
+    ref_dx, ref_dw = torch.autograd.grad(ref, [x64, w64], gy.double())
+    # The weight gradient sums over pairs: its float error is bounded by the sum of
+    # the absolute products (the same oracle on |x| and |dy|).
+    w_abs = torch.zeros_like(w64).requires_grad_()
+    abs_ref = dense_subm(x64.detach().abs(), coords, w_abs, None, 3)
+    (abs_dw,) = torch.autograd.grad(abs_ref, [w_abs], gy.double().abs())
     _assert_rounded_once(y, ref.detach(), dtype, 27 * cin)
     _assert_rounded_once(dx, ref_dx, dtype, 27 * cout)
+    _assert_rounded_once(dw, ref_dw, dtype, 0, 2.0**-16 * abs_dw)
 
 
 @pytest.mark.parametrize("isa", ISAS)

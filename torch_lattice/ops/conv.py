@@ -213,8 +213,11 @@ def sparse_conv_weight_grad(
     """``(K, C_in, C_out)``: ``dw[n] = sum_o feats[nbr[o, n]]^T grad_out[o]``."""
     require_cpu("sparse_conv_weight_grad", feats, grad_out, nbr)
     check_sparse_conv_weight_grad(feats, grad_out, nbr)
-    work = compute_dtype("sparse_conv_weight_grad", feats.dtype)
-    x = feats.to(work).contiguous()
+    # Every floating dtype in the C core, as in sparse_conv (float sums).
+    work = feats.dtype
+    if work not in DTYPE_CODES:
+        raise TypeError(f"lattice::sparse_conv_weight_grad: features must be floating, got {work}")
+    x = feats.contiguous()
     dy = grad_out.to(work).contiguous()
     nbr = nbr.contiguous()
     k = nbr.shape[1]
@@ -232,7 +235,7 @@ def sparse_conv_weight_grad(
         ptr(dw),
         threads(),
     )
-    return dw.to(feats.dtype)
+    return dw
 
 
 @sparse_conv_weight_grad.register_fake
