@@ -223,6 +223,7 @@ typedef struct tl_half_wg_scratch {
     const float *xf[TL_WGRAD_PAIRS], *df[TL_WGRAD_PAIRS];
     uint32_t *xp;  /* dot: (c_in rounded up to 4) x TL_WGRAD_PAIRS / 2 */
     uint16_t *dp;  /* dot: TL_WGRAD_PAIRS x c_out */
+    uint16_t *tmp; /* dot: 2 x (c_in rounded up to 4) */
     float *stage;  /* staged: TL_WGRAD_PAIRS x (c_in + c_out) */
 } tl_half_wg_scratch;
 
@@ -230,14 +231,16 @@ static int tl_half_wg_init(tl_half_wg_scratch *s, const tl_conv_desc *d, int dot
     const int64_t cin4 = (d->c_in + 3) / 4 * 4;
     s->xp = dot ? malloc(sizeof(uint32_t) * (size_t)(cin4 * TL_WGRAD_PAIRS / 2 + 1)) : NULL;
     s->dp = dot ? malloc(sizeof(uint16_t) * (size_t)(TL_WGRAD_PAIRS * d->c_out + 1)) : NULL;
+    s->tmp = dot ? malloc(sizeof(uint16_t) * (size_t)(2 * cin4 + 1)) : NULL;
     s->stage = dot ? NULL
                    : malloc(sizeof(float) * (size_t)(TL_WGRAD_PAIRS * (d->c_in + d->c_out) + 1));
-    return dot ? s->xp && s->dp : s->stage != NULL;
+    return dot ? s->xp && s->dp && s->tmp : s->stage != NULL;
 }
 
 static void tl_half_wg_free(tl_half_wg_scratch *s) {
     free(s->xp);
     free(s->dp);
+    free(s->tmp);
     free(s->stage);
 }
 
@@ -262,7 +265,7 @@ static void tl_half_wg_rows(const tl_half_fwd *f, const uint16_t *x, const uint1
             if (c == 0) continue;
             if (f->dot) {
 #if TL_SIMD_X86
-                tl_bf16_wgrad_pack(c, cin, cout, s->xq, s->dq, s->xp, s->dp);
+                tl_bf16_wgrad_pack(c, cin, cout, s->xq, s->dq, s->xp, s->dp, s->tmp);
                 tl_bf16_wgrad_panel(cin, cout, (c + 1) / 2, s->xp, s->dp, acc + n * mat, cout);
 #endif
                 continue;

@@ -27,24 +27,41 @@ void tl_bf16_pack_panels(const tl_conv_desc *d, int64_t width, const uint16_t *w
 }
 
 #if TL_SIMD_X86
-void tl_bf16_wgrad_pack(int64_t c, int64_t cin, int64_t cout, const uint16_t *const *xq,
-                        const uint16_t *const *dq, uint32_t *xp, uint16_t *dp) {
+/* out[2i] = a[i], out[2i + 1] = b[i] (0 without b), i < n: 32 values of
+ * each per two-source permutes. */
+static TL_TARGET_BF16 void tl_bf16_interleave(const uint16_t *a, const uint16_t *b, int64_t n,
+                                              uint16_t *out) {
+    static const uint16_t lo_idx[32] = {0,  32, 1,  33, 2,  34, 3,  35, 4,  36, 5,
+                                        37, 6,  38, 7,  39, 8,  40, 9,  41, 10, 42,
+                                        11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+    const __m512i lo = _mm512_loadu_si512(lo_idx);
+    const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+    for (int64_t i = 0; i < n; i += 32) {
+        const int64_t left = n - i < 32 ? n - i : 32;
+        const __mmask32 m = (__mmask32)(left == 32 ? 0xffffffffu : (1u << left) - 1u);
+        const __m512i va = _mm512_maskz_loadu_epi16(m, a + i);
+        const __m512i vb = b ? _mm512_maskz_loadu_epi16(m, b + i) : _mm512_setzero_si512();
+        const __mmask32 m0 = (__mmask32)(left >= 16 ? 0xffffffffu : (1u << (2 * left)) - 1u);
+        const __mmask32 m1 =
+            (__mmask32)(left >= 32 ? 0xffffffffu : left <= 16 ? 0u : (1u << (2 * (left - 16))) - 1u);
+        _mm512_mask_storeu_epi16(out + 2 * i, m0, _mm512_permutex2var_epi16(va, lo, vb));
+        _mm512_mask_storeu_epi16(out + 2 * i + 32, m1, _mm512_permutex2var_epi16(va, hi, vb));
+    }
+}
+
+TL_TARGET_BF16 void tl_bf16_wgrad_pack(int64_t c, int64_t cin, int64_t cout,
+                                       const uint16_t *const *xq, const uint16_t *const *dq,
+                                       uint32_t *xp, uint16_t *dp, uint16_t *tmp) {
     const int64_t tp = (c + 1) / 2, strips = (cin + 3) / 4;
     for (int64_t t = 0; t < tp; t++) {
-        const uint16_t *x0 = xq[2 * t], *d0 = dq[2 * t];
         const int pair = 2 * t + 1 < c;
-        const uint16_t *x1 = pair ? xq[2 * t + 1] : NULL, *d1 = pair ? dq[2 * t + 1] : NULL;
-        for (int64_t s = 0; s < strips; s++)
-            for (int64_t r = 0; r < 4; r++) {
-                const int64_t ci = 4 * s + r;
-                uint32_t lo = ci < cin ? x0[ci] : 0, hi = ci < cin && pair ? x1[ci] : 0;
-                xp[(s * tp + t) * 4 + r] = lo | hi << 16;
-            }
-        uint16_t *row = dp + t * cout * 2;
-        for (int64_t j = 0; j < cout; j++) {
-            row[2 * j] = d0[j];
-            row[2 * j + 1] = pair ? d1[j] : 0;
-        }
+        tl_bf16_interleave(dq[2 * t], pair ? dq[2 * t + 1] : NULL, cout, dp + t * cout * 2);
+        /* The x pair interleaved, then cut into strips of 4 channels (the
+         * last one padded with zeros). */
+        tl_bf16_interleave(xq[2 * t], pair ? xq[2 * t + 1] : NULL, cin, tmp);
+        memset(tmp + 2 * cin, 0, sizeof(uint16_t) * (size_t)(2 * (strips * 4 - cin)));
+        for (int64_t st = 0; st < strips; st++)
+            memcpy(xp + (st * tp + t) * 4, tmp + 8 * st, 4 * sizeof(uint32_t));
     }
 }
 

@@ -35,9 +35,10 @@ void tl_bf16_rows(int R, int64_t cw, int64_t cin, const uint16_t *const *a,
  *   xp: strips of 4 input channels; strip s, pair pair t, channel 4s + r at
  *       xp[(s * tp + t) * 4 + r] as (x[2t][4s + r], x[2t + 1][4s + r]);
  *   dp: for pair pair t, dp[(t * cout + j) * 2 + u] = dq[2t + u][j];
- * tp = c / 2 rounded up (an odd c's last partner and channels past cin are 0). */
+ * tp = c / 2 rounded up (an odd c's last partner and channels past cin are 0);
+ * tmp: scratch of 2 x (cin rounded up to 4) values. */
 void tl_bf16_wgrad_pack(int64_t c, int64_t cin, int64_t cout, const uint16_t *const *xq,
-                        const uint16_t *const *dq, uint32_t *xp, uint16_t *dp);
+                        const uint16_t *const *dq, uint32_t *xp, uint16_t *dp, uint16_t *tmp);
 
 /* out[ci * ldo + j] += sum_q x[q][ci] * dy[q][j] over the packed pairs
  * (tl_bf16_wgrad_pack), ci < cin, j < cout, in float. */
