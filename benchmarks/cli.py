@@ -50,6 +50,8 @@ _ALL: Plan = (
     ("gen_convtr_k2s2", (64,)),
     ("resunet42_fwd", (4,)),
     ("resunet42_fwdbwd", (4,)),
+    ("resunet42_fwd_bf16", (4,)),
+    ("resunet42_fwdbwd_bf16", (4,)),
 )
 _CORE: Plan = (("kmap_subm3", (0,)), ("subm3_fwd", (64,)), ("subm3_fwdbwd", (64,)))
 _SWEEP: Plan = (("kmap_subm3", (0,)), ("subm3_fwd", (64,)))

@@ -274,8 +274,9 @@ def _half_table(rows: list[Row], peak: dict[str, Any]) -> list[str]:
         top = _row_peak(workload, peak)
         pct = 100 * lat["gflops"] / top if top and lat.get("gflops") else None
         lines.append(
-            f"| {workload} | {scene} | {c} | {_fmt(lat['median_ms'])} | "
-            f"{_fmt(fp32['median_ms'])} | {fp32['median_ms'] / lat['median_ms']:.2f}x | "
+            f"| {workload} | {scene} | {c} | "
+            f"{_fmt(lat['median_ms'])} | {_fmt(fp32['median_ms'])} | "
+            f"{fp32['median_ms'] / lat['median_ms']:.2f}x | "
             f"{_fmt(lat.get('gflops'))} | {_fmt(pct, '.0f', '%')} |"
         )
     if not lines:

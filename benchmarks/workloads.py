@@ -420,27 +420,42 @@ def gen_transpose2(scene: Scene, c: int, opts: Options) -> list[Row]:
 # --------------------------------------------------------------------------------------
 
 
-def _resunet(name: str, grad: bool) -> Callable[[Scene, int, Options], list[Row]]:
+def _resunet_step(
+    cls: Any, scene: Scene, c: int, grad: bool, dtype: torch.dtype
+) -> Callable[[], object]:
+    """One call of SparseResUNet42(c, 20) in ``dtype`` on a new scan (every map built in
+    the call): eval forward, or forward + backward of a float32 loss."""
+    torch.manual_seed(0)
+    net = cls(c, 20).to(dtype).train(grad)
+    feats = _features(scene.voxels, c).to(dtype)
+
+    def fresh() -> tl.SparseTensor:
+        return tl.SparseTensor(feats, scene.coords)
+
+    if grad:
+
+        def step() -> None:
+            net(fresh()).feats.float().square().mean().backward()
+
+        return step
+    return torch.no_grad()(lambda: net(fresh()))
+
+
+def _resunet(
+    name: str, grad: bool, dtype: torch.dtype = torch.float32
+) -> Callable[[Scene, int, Options], list[Row]]:
+    """The network in ``dtype``; a half type runs beside the same network in float32
+    (not compared: 42 layers of bfloat16 rounding are not a check of the kernels, which
+    ``subm3_fwd_bf16`` and the tests compare)."""
+
     def run(scene: Scene, c: int, opts: Options) -> list[Row]:
         cls = lookup("backbones.SparseResUNet42")
         if cls is None:
             why = "not available (tl.backbones.SparseResUNet42)"
             return [_missing(name, scene, c, LATTICE, why)]
-        torch.manual_seed(0)
-        net = cls(c, 20).train(grad)
-        feats = _features(scene.voxels, c)
-
-        def fresh() -> tl.SparseTensor:  # a new scan: every map is built in the call
-            return tl.SparseTensor(feats, scene.coords)
-
-        if grad:
-
-            def step() -> None:
-                net(fresh()).feats.square().mean().backward()
-
-            fns = {LATTICE: step}
-        else:
-            fns = {LATTICE: torch.no_grad()(lambda: net(fresh()))}
+        fns = {LATTICE: _resunet_step(cls, scene, c, grad, dtype)}
+        if dtype != torch.float32:
+            fns[LATTICE_FP32] = _resunet_step(cls, scene, c, grad, torch.float32)
         return _measure(name, scene, c, opts, fns, {})
 
     return run
@@ -485,6 +500,16 @@ WORKLOADS: dict[str, Workload] = {
             "resunet42_fwdbwd",
             "SparseResUNet42 forward + backward",
             _resunet("resunet42_fwdbwd", True),
+        ),
+        Workload(
+            "resunet42_fwd_bf16",
+            "SparseResUNet42 forward in bfloat16 (maps built)",
+            _resunet("resunet42_fwd_bf16", False, torch.bfloat16),
+        ),
+        Workload(
+            "resunet42_fwdbwd_bf16",
+            "SparseResUNet42 forward + backward in bfloat16",
+            _resunet("resunet42_fwdbwd_bf16", True, torch.bfloat16),
         ),
     )
 }
