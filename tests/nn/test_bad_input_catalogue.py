@@ -613,6 +613,12 @@ add(
 )
 add("batchnorm-wrong-channels", ValueError, r"num_features=8", lambda: nn.BatchNorm(8)(_x()))
 add(
+    "fold-batch-norm-training-mode",
+    ValueError,
+    r"fold_batch_norm: model is in training mode; call model.eval\(\) first",
+    lambda: nn.fold_batch_norm(torch.nn.Sequential(nn.SubmConv3d(C, C, 3), nn.BatchNorm(C))),
+)
+add(
     "relu-dense-input",
     TypeError,
     r"ReLU input must be a SparseTensor",

@@ -106,14 +106,16 @@ def _apply(
     cfg = resolve_config(config, device=feats.device)
     y = apply_kernel_map(feats, weight, kernel_map(source, target, geometry), cfg)
     if bias is not None:
-        y = y + bias
+        # In place: y is the op's fresh output, and no backward reads it; a new tensor
+        # would cost a fresh allocation (page faults) besides the pass.
+        y = y.add_(bias)
     return SparseTensor.from_support(y, target)
 
 
 def pointwise(x: SparseTensor, weight: torch.Tensor, bias: torch.Tensor | None) -> SparseTensor:
     y = x.feats @ weight[0]
     if bias is not None:
-        y = y + bias
+        y = y.add_(bias)  # in place, as in _apply
     return SparseTensor.from_support(y, x.support)
 
 

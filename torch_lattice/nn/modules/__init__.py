@@ -3,6 +3,7 @@
 from torch_lattice.nn.modules.activation import GELU, LeakyReLU, ReLU, SiLU
 from torch_lattice.nn.modules.conv import Conv3d, SubmConv3d
 from torch_lattice.nn.modules.conv_transpose import ConvTranspose3d, GenerativeConvTranspose3d
+from torch_lattice.nn.modules.fold import fold_batch_norm
 from torch_lattice.nn.modules.norm import BatchNorm
 from torch_lattice.nn.modules.normalized import (
     NormalizedConvTranspose3d,
@@ -35,4 +36,5 @@ __all__ = [
     "SiLU",
     "SubmConv3d",
     "SumPool3d",
+    "fold_batch_norm",
 ]
