@@ -10,6 +10,7 @@ along the output channels of the canonical ``(K, C_in, C_out)`` layout) and bias
 from __future__ import annotations
 
 import copy
+import itertools
 
 import torch
 from torch import nn
@@ -49,7 +50,7 @@ def fold_batch_norm(model: nn.Module) -> nn.Module:
     folded = copy.deepcopy(model)
     for seq in [m for m in folded.modules() if isinstance(m, nn.Sequential)]:
         names = list(seq._modules)
-        for conv_name, bn_name in zip(names, names[1:]):
+        for conv_name, bn_name in itertools.pairwise(names):
             conv, bn = seq._modules[conv_name], seq._modules[bn_name]
             if _foldable(conv, bn):
                 _fold(conv, bn)  # type: ignore[arg-type]
