@@ -105,19 +105,12 @@ static int tl_half_tile(const tl_half_fwd *f, const uint16_t *x, const int32_t *
     const int64_t k = d->k, cin = d->c_in, cout = d->c_out, width = f->panel_cols;
     memset(s->acc, 0, sizeof(float) * (size_t)(m * cw));
     for (int64_t n = 0; n < k; n++) {
-        int64_t c = 0;
-        uint32_t worst = 0; /* largest i + 1 seen, as unsigned: -1 -> 0 */
-        for (int64_t r = 0; r < m; r++) {
-            int32_t i = nbr[(o0 + r) * k + n];
-            uint32_t u = (uint32_t)i + 1u;
-            worst = u > worst ? u : worst;
-            /* An address outside x for a missing or bad entry is computed in
-             * integers and never read (see tl_forward_tile). */
-            int64_t bytes = (int64_t)i * cin * (int64_t)sizeof(uint16_t);
-            s->xh[c] = (const uint16_t *)((uintptr_t)x + (uintptr_t)bytes);
-            s->yr[c] = s->acc + r * cw;
-            c += i >= 0;
-        }
+        int64_t c;
+        uint32_t worst;
+#define TL_YROW(r) (s->acc + (r) * cw)
+        TL_LIST_NEIGHBOURS(nbr, o0, m, k, n, x, cin * (int64_t)sizeof(uint16_t), s->xh,
+                           const uint16_t *, s->yr, TL_YROW, c, worst);
+#undef TL_YROW
         if ((int64_t)worst > d->n_in) return 1;
         if (c == 0) continue;
         if (!f->dot)

@@ -89,23 +89,12 @@ static int TL_FN(tl_forward_tile)(const tl_conv_desc *d, const TL_T *x, const TL
     for (int64_t r = 0; r < m; r++)
         for (int64_t j = 0; j < cw; j++) y[(o0 + r) * cout + co0 + j] = 0;
     for (int64_t n = 0; n < k; n++) {
-        /* Branch-free listing: whether a neighbour exists is close to random
-         * on sparse scenes, so a branch here would be mispredicted often.
-         * A missing one (-1) is written and then overwritten. */
-        int64_t c = 0;
-        uint32_t worst = 0; /* largest i + 1 seen, as unsigned: -1 -> 0 */
-        for (int64_t r = 0; r < m; r++) {
-            int32_t i = nbr[(o0 + r) * k + n];
-            uint32_t u = (uint32_t)i + 1u;
-            worst = u > worst ? u : worst;
-            /* The address is computed in integers: for a missing (-1) or bad
-             * entry it lies outside x, where C allows no pointer arithmetic.
-             * Such an address is overwritten or rejected, never read. */
-            int64_t bytes = (int64_t)i * cin * (int64_t)sizeof(TL_T);
-            xr[c] = (const TL_T *)((uintptr_t)x + (uintptr_t)bytes);
-            yr[c] = y + (o0 + r) * cout + co0;
-            c += i >= 0;
-        }
+        int64_t c;
+        uint32_t worst;
+#define TL_YROW(r) (y + (o0 + (r)) * cout + co0)
+        TL_LIST_NEIGHBOURS(nbr, o0, m, k, n, x, cin * (int64_t)sizeof(TL_T), xr, const TL_T *, yr,
+                           TL_YROW, c, worst);
+#undef TL_YROW
         if ((int64_t)worst > d->n_in) return 1; /* below -1 wraps to above n_in */
         if (c == 0) continue;
         /* Pad the last group to 4 rows, or to 2 when it has 1 or 2. */

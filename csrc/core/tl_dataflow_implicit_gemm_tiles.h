@@ -80,6 +80,31 @@ static inline int64_t tl_wgrad_parts(const tl_conv_desc *d) {
     return parts < 1 ? 1 : parts;
 }
 
+/* Lists kernel row n's neighbours among output rows [o0, o0 + m) of the
+ * (n_out, k) table nbr, branch-free: whether a neighbour exists is close to
+ * random on sparse scenes, so a branch would be mispredicted often.  For the
+ * c-th present one, XR[c] = its x row (XROW_BYTES apart from X, cast to
+ * XTYPE) and YR[c] = YROW(r) for its output row o0 + r; a missing one (-1) is
+ * written and then overwritten.  Leaves the count in C and the largest entry
+ * + 1 seen in WORST (uint32_t; -1 -> 0, anything below -1 wraps above n_in),
+ * so the caller rejects a bad table before any row it names is read.  The
+ * address is computed in integers: for a missing or bad entry it lies outside
+ * x, where C allows no pointer arithmetic; such an address is never read. */
+#define TL_LIST_NEIGHBOURS(NBR, O0, M, K, N, X, XROW_BYTES, XR, XTYPE, YR, YROW, C, WORST)     \
+    do {                                                                                     \
+        (C) = 0;                                                                             \
+        (WORST) = 0;                                                                         \
+        for (int64_t r_ = 0; r_ < (M); r_++) {                                               \
+            const int32_t i_ = (NBR)[((O0) + r_) * (K) + (N)];                               \
+            const uint32_t u_ = (uint32_t)i_ + 1u;                                           \
+            (WORST) = u_ > (WORST) ? u_ : (WORST);                                           \
+            const int64_t bytes_ = (int64_t)i_ * (XROW_BYTES);                               \
+            (XR)[C] = (XTYPE)((uintptr_t)(X) + (uintptr_t)bytes_);                           \
+            (YR)[C] = YROW(r_);                                                              \
+            (C) += i_ >= 0;                                                                  \
+        }                                                                                    \
+    } while (0)
+
 /* The weights (k, c_in, c_out) of elem_bytes each as panels: for each kernel
  * row n and each block of `width` output columns starting at j (narrower at
  * the end), the block's c_in x width values contiguous at

@@ -448,6 +448,15 @@ static void test_half_conversions(void) {
     CHECK(tl_f32_to_bf16(1.0f + 3 * 0x1p-8f) == 0x3f82);
 }
 
+/* The float value of a bf16 or fp16 pattern, and a float rounded to one. */
+static double half_value(tl_dtype t, uint16_t h) {
+    return t == TL_BF16 ? tl_bf16_to_f32(h) : tl_f16_to_f32(h);
+}
+
+static uint16_t half_of(tl_dtype t, float f) {
+    return t == TL_BF16 ? tl_f32_to_bf16(f) : tl_f32_to_f16(f);
+}
+
 /* The bf16 and fp16 forward and weight gradient, every instruction-set level
  * and thread count,
  * against a double reference of the same half-valued inputs: within one
@@ -467,21 +476,17 @@ static void test_half_conv(void) {
         const tl_dtype type = types[t];
         const double unit = type == TL_BF16 ? 0x1p-8 : 0x1p-11;
         for (int64_t i = 0; i < n_in * ci; i++)
-            x[i] = type == TL_BF16 ? tl_f32_to_bf16(rndf()) : tl_f32_to_f16(rndf());
+            x[i] = half_of(type, rndf());
         for (int64_t i = 0; i < k * ci * co; i++)
-            w[i] = type == TL_BF16 ? tl_f32_to_bf16(rndf()) : tl_f32_to_f16(rndf());
+            w[i] = half_of(type, rndf());
         memset(ref, 0, sizeof(double) * (size_t)(n_out * co));
         for (int64_t o = 0; o < n_out; o++)
             for (int64_t n = 0; n < k; n++) {
                 int32_t i = nbr[o * k + n];
                 for (int64_t a = 0; i >= 0 && a < ci; a++)
-                    for (int64_t b = 0; b < co; b++) {
-                        double xv = type == TL_BF16 ? tl_bf16_to_f32(x[i * ci + a])
-                                                    : tl_f16_to_f32(x[i * ci + a]);
-                        double wv = type == TL_BF16 ? tl_bf16_to_f32(w[(n * ci + a) * co + b])
-                                                    : tl_f16_to_f32(w[(n * ci + a) * co + b]);
-                        ref[o * co + b] += xv * wv;
-                    }
+                    for (int64_t b = 0; b < co; b++)
+                        ref[o * co + b] += half_value(type, x[i * ci + a]) *
+                                           half_value(type, w[(n * ci + a) * co + b]);
             }
         tl_conv_desc d = {type, n_in, n_out, k, ci, co};
         for (int v = 0; v < 8; v++) {
@@ -489,8 +494,7 @@ static void test_half_conv(void) {
             memset(y, 0xff, sizeof(uint16_t) * (size_t)(n_out * co));
             CHECK(tl_implicit_gemm_forward(&ctx, &d, x, w, nbr, y) == TL_OK);
             for (int64_t i = 0; i < n_out * co; i++) {
-                double got = type == TL_BF16 ? tl_bf16_to_f32(y[i]) : tl_f16_to_f32(y[i]);
-                CHECK(fabs(got - ref[i]) <= unit * fabs(ref[i]) + 1e-5);
+                CHECK(fabs(half_value(type, y[i]) - ref[i]) <= unit * fabs(ref[i]) + 1e-5);
             }
         }
         /* Weight gradient: dw[n] = sum_o x[nbr[o, n]]^T dy[o], dy = the y above. */
@@ -499,21 +503,16 @@ static void test_half_conv(void) {
             for (int64_t n = 0; n < k; n++) {
                 int32_t i = nbr[o * k + n];
                 for (int64_t a = 0; i >= 0 && a < ci; a++)
-                    for (int64_t b = 0; b < co; b++) {
-                        double xv = type == TL_BF16 ? tl_bf16_to_f32(x[i * ci + a])
-                                                    : tl_f16_to_f32(x[i * ci + a]);
-                        double dv = type == TL_BF16 ? tl_bf16_to_f32(y[o * co + b])
-                                                    : tl_f16_to_f32(y[o * co + b]);
-                        ref[(n * ci + a) * co + b] += xv * dv;
-                    }
+                    for (int64_t b = 0; b < co; b++)
+                        ref[(n * ci + a) * co + b] +=
+                            half_value(type, x[i * ci + a]) * half_value(type, y[o * co + b]);
             }
         uint16_t *dw = xmalloc(sizeof(uint16_t) * (size_t)(k * ci * co));
         for (int v = 0; v < 8; v++) {
             tl_ctx ctx = make_ctx(1 + v % 2, levels[v / 2]);
             CHECK(tl_implicit_gemm_weight_grad(&ctx, &d, x, y, nbr, dw) == TL_OK);
             for (int64_t i = 0; i < k * ci * co; i++) {
-                double got = type == TL_BF16 ? tl_bf16_to_f32(dw[i]) : tl_f16_to_f32(dw[i]);
-                CHECK(fabs(got - ref[i]) <= unit * fabs(ref[i]) + 1e-3);
+                CHECK(fabs(half_value(type, dw[i]) - ref[i]) <= unit * fabs(ref[i]) + 1e-3);
             }
         }
         free(dw);

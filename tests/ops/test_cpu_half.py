@@ -13,10 +13,9 @@ after each kernel row.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
+from cpu_isa_helpers import widest_isa
 from dense_oracle import dense_subm
 
 import torch_lattice as tl
@@ -33,18 +32,9 @@ CHANNELS = [(1, 1), (3, 17), (7, 37), (16, 16), (33, 112), (64, 64), (5, 130), (
             (40, 400)]
 
 
-def _widest() -> str:
-    saved = os.environ.pop("TORCH_LATTICE_CPU_ISA", None)
-    try:
-        return _C.cpu_isa()
-    finally:
-        if saved is not None:
-            os.environ["TORCH_LATTICE_CPU_ISA"] = saved
-
-
 def _runnable(isa: str) -> bool:
     """Whether capping at ``isa`` runs ``isa``'s kernels on this CPU."""
-    return ISAS.index(isa) >= ISAS.index(_widest())
+    return ISAS.index(isa) >= ISAS.index(widest_isa())
 
 
 def _scene(cin: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -81,7 +71,7 @@ def test_half_forward_and_gradients_are_rounded_once(
     isa: str, dtype: torch.dtype, channels: tuple[int, int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     if not _runnable(isa):
-        pytest.skip(f"this CPU has no {isa} kernels (widest: {_widest()})")
+        pytest.skip(f"this CPU has no {isa} kernels (widest: {widest_isa()})")
     monkeypatch.setenv("TORCH_LATTICE_CPU_ISA", isa)
     cin, cout = channels
     feats, coords = _scene(cin, dtype)
@@ -116,7 +106,7 @@ def test_half_values_convert_exactly(isa: str, dtype: torch.dtype,
     stays NaN.  bfloat16 dot products treat subnormal inputs as 0 (AVX512_BF16's
     rule), an error below the smallest normal."""
     if not _runnable(isa):
-        pytest.skip(f"this CPU has no {isa} kernels (widest: {_widest()})")
+        pytest.skip(f"this CPU has no {isa} kernels (widest: {widest_isa()})")
     monkeypatch.setenv("TORCH_LATTICE_CPU_ISA", isa)
     bits = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16)
     x = bits.view(dtype).reshape(-1, 1)
@@ -139,7 +129,7 @@ def test_half_outputs_round_like_torch(isa: str, dtype: torch.dtype,
     """One product per output is exact in float, so the result is torch's own rounding
     of it, bit for bit: ties to even, overflow to infinity, subnormal results kept."""
     if not _runnable(isa):
-        pytest.skip(f"this CPU has no {isa} kernels (widest: {_widest()})")
+        pytest.skip(f"this CPU has no {isa} kernels (widest: {widest_isa()})")
     monkeypatch.setenv("TORCH_LATTICE_CPU_ISA", isa)
     g = torch.Generator().manual_seed(3)
     info = torch.finfo(dtype)
@@ -173,8 +163,8 @@ def test_bf16_cap_selects_the_dot_product_kernels(monkeypatch: pytest.MonkeyPatc
     """avx512_bf16 runs other kernels than avx512 (dot products of channel pairs, whose
     sums round differently in the last float bits); both stay within bfloat16's
     rounding of each other."""
-    if _widest() != "avx512_bf16":
-        pytest.skip(f"this CPU has no AVX512_BF16 (widest: {_widest()})")
+    if widest_isa() != "avx512_bf16":
+        pytest.skip(f"this CPU has no AVX512_BF16 (widest: {widest_isa()})")
     feats, coords = _scene(64, torch.bfloat16)
     torch.manual_seed(0)
     conv = tl.nn.SubmConv3d(64, 64, 3, bias=False).to(torch.bfloat16)

@@ -9,10 +9,9 @@ in float32 and float64, for every dataflow, forward and every gradient.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
+from cpu_isa_helpers import widest_isa
 from dense_oracle import dense_subm
 
 import torch_lattice as tl
@@ -76,24 +75,14 @@ def test_every_isa_matches_dense(
 
 
 def test_cpu_isa_reports_the_cap(monkeypatch: pytest.MonkeyPatch) -> None:
-    widest = _widest()
+    widest = widest_isa()
     assert widest in LEVELS
     for cap in LEVELS:
         monkeypatch.setenv("TORCH_LATTICE_CPU_ISA", cap)
         assert _C.cpu_isa() == LEVELS[max(LEVELS.index(cap), LEVELS.index(widest))]
 
 
-def _widest() -> str:
-    """The CPU's widest instruction set, whatever TORCH_LATTICE_CPU_ISA says."""
-    saved = os.environ.pop("TORCH_LATTICE_CPU_ISA", None)
-    try:
-        return _C.cpu_isa()
-    finally:
-        if saved is not None:
-            os.environ["TORCH_LATTICE_CPU_ISA"] = saved
-
-
-@pytest.mark.skipif(_widest() == "baseline", reason="the CPU has only the baseline set")
+@pytest.mark.skipif(widest_isa() == "baseline", reason="the CPU has only the baseline set")
 def test_cap_selects_other_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
     # The baseline kernels round each multiply and add apart, the AVX2 and
     # AVX-512 ones fuse them: float32 results differ in the last bits, which
