@@ -22,7 +22,7 @@ from torch_lattice.nn.modules.normalized import NormalizedConvBase
 __all__ = ["fold_batch_norm"]
 
 
-def fold_batch_norm(model: nn.Module) -> nn.Module:
+def fold_batch_norm(model: torch.nn.Module) -> torch.nn.Module:
     """A copy of ``model`` with each ``BatchNorm`` that directly follows a convolution in
     an ``nn.Sequential`` folded into that convolution (replaced by ``nn.Identity``).
 
@@ -37,7 +37,7 @@ def fold_batch_norm(model: nn.Module) -> nn.Module:
         model: A module in eval mode.
 
     Returns:
-        nn.Module: The folded copy, in eval mode.
+        torch.nn.Module: The folded copy, in eval mode.
 
     Raises:
         ValueError: ``model`` is in training mode (batch statistics cannot be folded).
