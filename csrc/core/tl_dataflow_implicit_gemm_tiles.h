@@ -90,9 +90,9 @@ static inline int64_t tl_wgrad_parts(const tl_conv_desc *d) {
  * so the caller rejects a bad table before any row it names is read.  The
  * address is computed in integers: for a missing or bad entry it lies outside
  * x, where C allows no pointer arithmetic; such an address is never read (a
- * prefetch does not fault).  Each listed row's first cache line is asked for
- * here, well before its group runs (1.0-1.4x; most on sparse and strided maps,
- * where x rows come from memory). */
+ * prefetch does not fault).  Each listed row's first two cache lines are asked
+ * for here, well before its group runs (1.0-1.4x; most on sparse and strided
+ * maps, where x rows come from memory). */
 #define TL_LIST_NEIGHBOURS(NBR, O0, M, K, N, X, XROW_BYTES, XR, XTYPE, YR, YROW, C, WORST)     \
     do {                                                                                     \
         (C) = 0;                                                                             \
@@ -104,6 +104,7 @@ static inline int64_t tl_wgrad_parts(const tl_conv_desc *d) {
             const int64_t bytes_ = (int64_t)i_ * (XROW_BYTES);                               \
             (XR)[C] = (XTYPE)((uintptr_t)(X) + (uintptr_t)bytes_);                           \
             __builtin_prefetch((const void *)(XR)[C]);                                       \
+            if ((XROW_BYTES) > 64) __builtin_prefetch((const char *)(XR)[C] + 64);           \
             (YR)[C] = YROW(r_);                                                              \
             (C) += i_ >= 0;                                                                  \
         }                                                                                    \
