@@ -13,11 +13,12 @@ tl_status tl_conv_desc_check(const tl_conv_desc *d) {
     return TL_OK;
 }
 
-tl_status tl_conv_check_cpu(const tl_ctx *ctx, const tl_conv_desc *d) {
+tl_status tl_conv_check_cpu(const tl_ctx *ctx, const tl_conv_desc *d, int halves) {
     if (!ctx || !d || ctx->threads < 1) return TL_ERR_INVALID;
     tl_status st = tl_conv_desc_check(d);
     if (st != TL_OK) return st;
-    return d->dtype == TL_F32 || d->dtype == TL_F64 ? TL_OK : TL_ERR_UNSUPPORTED;
+    if (d->dtype == TL_F32 || d->dtype == TL_F64) return TL_OK;
+    return halves && (d->dtype == TL_BF16 || d->dtype == TL_F16) ? TL_OK : TL_ERR_UNSUPPORTED;
 }
 
 /* A pointer may be NULL only when its matrix is empty. */

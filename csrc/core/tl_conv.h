@@ -33,8 +33,9 @@ typedef struct tl_conv_desc {
 tl_status tl_conv_desc_check(const tl_conv_desc *d);
 
 /* Checks a CPU call: ctx with >= 1 thread, a valid descriptor
- * (tl_conv_desc_check) and dtype TL_F32 or TL_F64 (TL_ERR_UNSUPPORTED). */
-tl_status tl_conv_check_cpu(const tl_ctx *ctx, const tl_conv_desc *d);
+ * (tl_conv_desc_check) and dtype TL_F32 or TL_F64, or also TL_BF16 / TL_F16
+ * when the caller's kernels take halves (TL_ERR_UNSUPPORTED otherwise). */
+tl_status tl_conv_check_cpu(const tl_ctx *ctx, const tl_conv_desc *d, int halves);
 
 /* Checks the three matrices of a call are present unless empty:
  * forward (weight_grad = 0): x (n_in, c_in), w (k, c_in*c_out), y (n_out, c_out);

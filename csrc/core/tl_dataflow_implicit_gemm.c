@@ -40,9 +40,7 @@ static tl_status tl_check_nbr(const tl_ctx *ctx, const int32_t *nbr, int64_t cou
 static tl_status tl_check_args(const tl_ctx *ctx, const tl_conv_desc *d, int weight_grad,
                                const void *x, const void *b, const int32_t *nbr,
                                const void *out, int scan_nbr) {
-    tl_status st = tl_conv_check_cpu(ctx, d);
-    /* Implicit GEMM also runs the half types (the pair dataflows do not). */
-    if (st == TL_ERR_UNSUPPORTED && (d->dtype == TL_BF16 || d->dtype == TL_F16)) st = TL_OK;
+    tl_status st = tl_conv_check_cpu(ctx, d, 1); /* implicit GEMM runs the half types */
     if (st == TL_OK) st = tl_conv_check_buffers(d, weight_grad, x, b, out);
     if (st != TL_OK) return st;
     if (!nbr && d->n_out * d->k > 0) return TL_ERR_INVALID;

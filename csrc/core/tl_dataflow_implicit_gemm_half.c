@@ -27,7 +27,7 @@
 #undef TL_SFX
 
 /* What one call shares between its workers. */
-typedef struct tl_half_fwd {
+typedef struct tl_half_call {
     const tl_conv_desc *d;
     tl_simd level;
     int dot;                 /* bfloat16 dot-product kernels; else staged through float */
@@ -36,7 +36,7 @@ typedef struct tl_half_fwd {
     int64_t panel_cols;      /* see tl_panel_cols */
     const uint16_t *pw_dot;  /* packed pair panels (dot) */
     const float *pw_f32;     /* packed float panels (staged) */
-} tl_half_fwd;
+} tl_half_call;
 
 /* Scratch of one worker: the tile's listed x rows (as stored, and staged as
  * float), their output rows in the tile's float block, a zero x row and a sink
@@ -52,7 +52,7 @@ typedef struct tl_half_scratch {
     float *sink;         /* TL_TILE_COLS values, never read */
 } tl_half_scratch;
 
-static int tl_half_scratch_init(tl_half_scratch *s, const tl_half_fwd *f) {
+static int tl_half_scratch_init(tl_half_scratch *s, const tl_half_call *f) {
     const int64_t rows = f->rows + 3, cin = f->d->c_in;
     s->xh = malloc(sizeof(*s->xh) * (size_t)rows);
     s->xf = malloc(sizeof(*s->xf) * (size_t)rows);
@@ -76,7 +76,7 @@ static void tl_half_scratch_free(tl_half_scratch *s) {
 /* Listed rows [p, p + R) (R = 4 or 2) += their x rows times the kernel row
  * n's panel of wb columns starting at tile column j (tile columns start at
  * co0). */
-static void tl_half_group(const tl_half_fwd *f, tl_half_scratch *s, int R, int64_t p, int64_t n,
+static void tl_half_group(const tl_half_call *f, tl_half_scratch *s, int R, int64_t p, int64_t n,
                           int64_t co0, int64_t j, int64_t wb) {
     const tl_conv_desc *d = f->d;
     float *o[4];
@@ -99,7 +99,7 @@ static void tl_half_group(const tl_half_fwd *f, tl_half_scratch *s, int R, int64
  * forward's tl_forward_tile, into the float block s->acc (row stride cw),
  * then rounded into y.  Returns 1 at the first nbr entry outside
  * [-1, n_in), before any row it names is read; else 0. */
-static int tl_half_tile(const tl_half_fwd *f, const uint16_t *x, const int32_t *nbr, uint16_t *y,
+static int tl_half_tile(const tl_half_call *f, const uint16_t *x, const int32_t *nbr, uint16_t *y,
                         int64_t o0, int64_t m, int64_t co0, int64_t cw, tl_half_scratch *s) {
     const tl_conv_desc *d = f->d;
     const int64_t k = d->k, cin = d->c_in, cout = d->c_out, width = f->panel_cols;
@@ -129,9 +129,7 @@ static int tl_half_tile(const tl_half_fwd *f, const uint16_t *x, const int32_t *
             for (int64_t p = 0; p < full; p += 4) {
                 /* The next group's x rows (as the float forward does). */
                 if (f->dot && j == 0 && p + 8 <= full)
-                    for (int r = 4; r < 8; r++)
-                        for (int64_t b = 0; b < cin * (int64_t)sizeof(uint16_t); b += 64)
-                            __builtin_prefetch((const char *)s->xh[p + r] + b);
+                    TL_PREFETCH_ROWS(s->xh + p + 4, cin * (int64_t)sizeof(uint16_t));
                 tl_half_group(f, s, 4, p, n, co0, j, wb);
             }
             if (pad) tl_half_group(f, s, (int)pad, full, n, co0, j, wb);
@@ -144,7 +142,7 @@ static int tl_half_tile(const tl_half_fwd *f, const uint16_t *x, const int32_t *
 
 /* Packs the weights for the chosen kernels into *packed (freed by the
  * caller): bfloat16 pair panels, or float panels of the converted weights. */
-static tl_status tl_half_pack(tl_half_fwd *f, const uint16_t *w, void **packed) {
+static tl_status tl_half_pack(tl_half_call *f, const uint16_t *w, void **packed) {
     const tl_conv_desc *d = f->d;
     const int64_t all = d->k * d->c_in * d->c_out;
     if (f->dot) {
@@ -173,7 +171,7 @@ static tl_status tl_half_pack(tl_half_fwd *f, const uint16_t *w, void **packed) 
 tl_status tl_implicit_gemm_forward_half(const tl_ctx *ctx, const tl_conv_desc *d,
                                         const uint16_t *x, const uint16_t *w,
                                         const int32_t *nbr, uint16_t *y) {
-    tl_half_fwd f = {.d = d, .level = tl_simd_capped(ctx->simd_cap), .mk = tl_mk_pick_f32(ctx)};
+    tl_half_call f = {.d = d, .level = tl_simd_capped(ctx->simd_cap), .mk = tl_mk_pick_f32(ctx)};
     f.dot = f.level >= TL_SIMD_V4_BF16 && d->dtype == TL_BF16;
     f.rows = tl_fwd_tile_rows(ctx, d, (int64_t)sizeof(float));
     /* A dot-product block is 4 vectors of 16 columns, each 2 channels of
@@ -240,7 +238,7 @@ static void tl_half_wg_free(tl_half_wg_scratch *s) {
 /* acc (k, c_in, c_out) += the contributions of output rows [o0, o1) through
  * kernel rows [n0, n1), blocks of TL_WGRAD_PAIRS rows as in the float
  * weight gradient (tl_wgrad_rows). */
-static void tl_half_wg_rows(const tl_half_fwd *f, const uint16_t *x, const uint16_t *dy,
+static void tl_half_wg_rows(const tl_half_call *f, const uint16_t *x, const uint16_t *dy,
                             const int32_t *nbr, int64_t o0, int64_t o1, int64_t n0, int64_t n1,
                             float *acc, tl_half_wg_scratch *s) {
     const tl_conv_desc *d = f->d;
@@ -278,16 +276,14 @@ static void tl_half_wg_rows(const tl_half_fwd *f, const uint16_t *x, const uint1
 tl_status tl_implicit_gemm_weight_grad_half(const tl_ctx *ctx, const tl_conv_desc *d,
                                             const uint16_t *x, const uint16_t *dy,
                                             const int32_t *nbr, uint16_t *dw) {
-    tl_half_fwd f = {.d = d, .level = tl_simd_capped(ctx->simd_cap), .mk = tl_mk_pick_f32(ctx)};
+    tl_half_call f = {.d = d, .level = tl_simd_capped(ctx->simd_cap), .mk = tl_mk_pick_f32(ctx)};
     f.dot = f.level >= TL_SIMD_V4_BF16 && d->dtype == TL_BF16;
-    const int64_t k = d->k, mat = d->c_in * d->c_out, all = k * mat;
-    const int64_t parts = tl_wgrad_parts(d);
-    int64_t groups = (TL_WGRAD_TASKS + parts - 1) / parts;
-    if (groups > k) groups = k;
+    const int64_t mat = d->c_in * d->c_out, all = d->k * mat;
+    const tl_wgrad_split split = tl_wgrad_split_of(d);
+    const int64_t parts = split.parts;
     /* Float partial sums, one set per part, then their sum (fixed order). */
     float *partial = malloc(sizeof(float) * (size_t)((parts + 1) * all));
     if (!partial) return TL_ERR_NOMEM;
-    const int64_t rows_per = (d->n_out + parts - 1) / parts;
     int failed = 0;
 #pragma omp parallel num_threads(ctx->threads) reduction(| : failed)
     {
@@ -295,15 +291,12 @@ tl_status tl_implicit_gemm_weight_grad_half(const tl_ctx *ctx, const tl_conv_des
         int ok = tl_half_wg_init(&s, d, f.dot);
         failed |= !ok;
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t t = 0; t < parts * groups; t++) {
+        for (int64_t t = 0; t < parts * split.groups; t++) {
             if (!ok) continue;
-            int64_t p = t / groups, g = t % groups;
-            int64_t o0 = p * rows_per;
-            int64_t o1 = o0 + rows_per < d->n_out ? o0 + rows_per : d->n_out;
-            int64_t n0 = k * g / groups, n1 = k * (g + 1) / groups;
-            float *acc = partial + p * all;
-            memset(acc + n0 * mat, 0, sizeof(float) * (size_t)((n1 - n0) * mat));
-            if (o0 < o1) tl_half_wg_rows(&f, x, dy, nbr, o0, o1, n0, n1, acc, &s);
+            const tl_wgrad_task w = tl_wgrad_task_of(&split, d, t);
+            float *acc = partial + w.part * all;
+            memset(acc + w.n0 * mat, 0, sizeof(float) * (size_t)((w.n1 - w.n0) * mat));
+            if (w.o0 < w.o1) tl_half_wg_rows(&f, x, dy, nbr, w.o0, w.o1, w.n0, w.n1, acc, &s);
         }
         tl_half_wg_free(&s);
     }

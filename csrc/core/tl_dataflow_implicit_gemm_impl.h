@@ -64,13 +64,6 @@ static inline void TL_FN(tl_fwd_group)(TL_FN(tl_fwd_scratch) *s, int R, int64_t 
         s->mk->rows_4(wb, s->cin, xr, panel, wb, yr);
 }
 
-/* Asks for the cache lines of 4 x rows of cin values. */
-static inline void TL_FN(tl_prefetch_rows)(const TL_T *const *xr, int64_t cin) {
-    for (int r = 0; r < 4; r++)
-        for (int64_t b = 0; b < cin * (int64_t)sizeof(TL_T); b += 64)
-            __builtin_prefetch((const char *)xr[r] + b);
-}
-
 /* One tile: output rows [o0, o0+m), columns [co0, co0+cw).  For each kernel
  * row the tile's neighbours are listed, then for each weight panel (see
  * tl_pack_panels) handled 4 output rows at a time.  Each output
@@ -110,7 +103,7 @@ static int TL_FN(tl_forward_tile)(const tl_conv_desc *d, const TL_T *x, const TL
                 /* The next group's x rows, while this one computes: on strided
                  * and transposed maps each x row is read once, so they come
                  * from memory (1.1-1.5x there; subm 1.0-1.1x). */
-                if (j == 0 && p + 8 <= full) TL_FN(tl_prefetch_rows)(xr + p + 4, cin);
+                if (j == 0 && p + 8 <= full) TL_PREFETCH_ROWS(xr + p + 4, cin * (int64_t)sizeof(TL_T));
                 TL_FN(tl_fwd_group)(s, 4, wb, panel, xr + p, yr + p, j);
             }
             if (pad) TL_FN(tl_fwd_group)(s, (int)pad, wb, panel, xr + full, yr + full, j);
@@ -224,18 +217,14 @@ static void TL_FN(tl_wgrad_rows)(const tl_conv_desc *d, const TL_T *x, const TL_
 static tl_status TL_FN(tl_weight_grad)(const tl_ctx *ctx, const tl_conv_desc *d,
                                        const TL_T *x, const TL_T *dy,
                                        const int32_t *nbr, TL_T *dw) {
-    const int64_t k = d->k, mat = d->c_in * d->c_out, all = k * mat;
-    const int64_t parts = tl_wgrad_parts(d);
-    /* Kernel rows are split into groups too, so large layers (few parts)
-     * still give every thread work; groups write disjoint slices of a part. */
-    int64_t groups = (TL_WGRAD_TASKS + parts - 1) / parts;
-    if (groups > k) groups = k;
+    const int64_t mat = d->c_in * d->c_out, all = d->k * mat;
+    const tl_wgrad_split split = tl_wgrad_split_of(d);
+    const int64_t parts = split.parts;
     TL_T *partial = dw;
     if (parts > 1) {
         partial = malloc(sizeof(TL_T) * (size_t)(parts * all));
         if (!partial) return TL_ERR_NOMEM;
     }
-    const int64_t rows_per = (d->n_out + parts - 1) / parts;
     int failed = 0;
 #pragma omp parallel num_threads(ctx->threads) reduction(| : failed)
     {
@@ -244,15 +233,12 @@ static tl_status TL_FN(tl_weight_grad)(const tl_ctx *ctx, const tl_conv_desc *d,
         s.xp = malloc(sizeof(TL_T) * (size_t)(TL_WGRAD_PAIRS * ((d->c_in + 3) / 4 * 4)));
         failed |= !s.xp;
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t t = 0; t < parts * groups; t++) {
+        for (int64_t t = 0; t < parts * split.groups; t++) {
             if (!s.xp) continue;
-            int64_t p = t / groups, g = t % groups;
-            int64_t o0 = p * rows_per;
-            int64_t o1 = o0 + rows_per < d->n_out ? o0 + rows_per : d->n_out;
-            int64_t n0 = k * g / groups, n1 = k * (g + 1) / groups;
-            TL_T *acc = partial + p * all;
-            memset(acc + n0 * mat, 0, sizeof(TL_T) * (size_t)((n1 - n0) * mat));
-            if (o0 < o1) TL_FN(tl_wgrad_rows)(d, x, dy, nbr, o0, o1, n0, n1, acc, &s);
+            const tl_wgrad_task w = tl_wgrad_task_of(&split, d, t);
+            TL_T *acc = partial + w.part * all;
+            memset(acc + w.n0 * mat, 0, sizeof(TL_T) * (size_t)((w.n1 - w.n0) * mat));
+            if (w.o0 < w.o1) TL_FN(tl_wgrad_rows)(d, x, dy, nbr, w.o0, w.o1, w.n0, w.n1, acc, &s);
         }
         free(s.xp);
     }

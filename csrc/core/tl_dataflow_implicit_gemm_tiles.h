@@ -70,15 +70,46 @@ static inline int64_t tl_fwd_tile_rows(const tl_ctx *ctx, const tl_conv_desc *d,
  * are reduced in register-blocked passes while their x and dy rows stay in
  * L1/L2 across the passes. */
 #define TL_WGRAD_PAIRS 256
-/* Number of output-row parts of the weight gradient (see TL_WGRAD_PARTS). */
-static inline int64_t tl_wgrad_parts(const tl_conv_desc *d) {
+/* The weight gradient's tasks (see TL_WGRAD_PARTS): `parts` output-row parts
+ * of rows_per rows, each cut into `groups` groups of kernel rows (so large
+ * layers, with few parts, still give every thread work; groups write disjoint
+ * slices of a part's partial sum). */
+typedef struct tl_wgrad_split {
+    int64_t parts, groups, rows_per;
+} tl_wgrad_split;
+
+static inline tl_wgrad_split tl_wgrad_split_of(const tl_conv_desc *d) {
     int64_t parts = TL_WGRAD_PARTS;
     int64_t by_rows = (d->n_out + TL_WGRAD_MIN_ROWS - 1) / TL_WGRAD_MIN_ROWS;
     if (parts > by_rows) parts = by_rows;
     int64_t all = d->k * d->c_in * d->c_out;
     if (all > 0 && parts * all > TL_WGRAD_MAX_PARTIAL) parts = TL_WGRAD_MAX_PARTIAL / all;
-    return parts < 1 ? 1 : parts;
+    if (parts < 1) parts = 1;
+    int64_t groups = (TL_WGRAD_TASKS + parts - 1) / parts;
+    if (groups > d->k) groups = d->k;
+    return (tl_wgrad_split){parts, groups, (d->n_out + parts - 1) / parts};
 }
+
+/* Task t of parts x groups: its part, output rows [o0, o1) and kernel rows
+ * [n0, n1). */
+typedef struct tl_wgrad_task {
+    int64_t part, o0, o1, n0, n1;
+} tl_wgrad_task;
+
+static inline tl_wgrad_task tl_wgrad_task_of(const tl_wgrad_split *s, const tl_conv_desc *d,
+                                             int64_t t) {
+    const int64_t p = t / s->groups, g = t % s->groups, o0 = p * s->rows_per;
+    return (tl_wgrad_task){p, o0, o0 + s->rows_per < d->n_out ? o0 + s->rows_per : d->n_out,
+                           d->k * g / s->groups, d->k * (g + 1) / s->groups};
+}
+
+/* Asks for the cache lines of the x rows rows[0..4), of row_bytes each. */
+#define TL_PREFETCH_ROWS(ROWS, ROW_BYTES)                                                   \
+    do {                                                                                    \
+        for (int r_ = 0; r_ < 4; r_++)                                                      \
+            for (int64_t b_ = 0; b_ < (ROW_BYTES); b_ += 64)                                \
+                __builtin_prefetch((const char *)(ROWS)[r_] + b_);                          \
+    } while (0)
 
 /* Lists kernel row n's neighbours among output rows [o0, o0 + m) of the
  * (n_out, k) table nbr, branch-free: whether a neighbour exists is close to

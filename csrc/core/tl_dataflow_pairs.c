@@ -42,7 +42,7 @@ static tl_status tl_pairs_args(const tl_ctx *ctx, tl_pairs_mode mode, const tl_c
                                const tl_pairs *p, const void *out) {
     if (!p || (mode != TL_PAIRS_FETCH_ON_DEMAND && mode != TL_PAIRS_GATHER_SCATTER))
         return TL_ERR_INVALID;
-    tl_status st = tl_conv_check_cpu(ctx, d);
+    tl_status st = tl_conv_check_cpu(ctx, d, 0);
     if (st == TL_OK) st = tl_conv_check_buffers(d, weight_grad, x, b, out);
     if (st != TL_OK) return st;
     if (p->k != d->k) return TL_ERR_INVALID;

@@ -415,7 +415,7 @@ static void test_conv(void) {
     CHECK(tl_conv_check_buffers(&d, 0, x, NULL, y) == TL_ERR_INVALID);
     tl_conv_desc bad = d;
     bad.dtype = TL_F16;
-    CHECK(tl_conv_check_cpu(&c1, &bad) == TL_ERR_UNSUPPORTED);
+    CHECK(tl_conv_check_cpu(&c1, &bad, 0) == TL_ERR_UNSUPPORTED);
 
     free(x), free(w), free(dy), free(y), free(dw), free(y_ref), free(dw_ref);
     free(offsets), free(pin), free(pout), free(nbr), free(out), free(in);

@@ -75,9 +75,10 @@ def require_cpu(op: str, *tensors: torch.Tensor) -> None:
         raise RuntimeError(f"lattice::{op}: runs on the CPU only; move the tensors to the CPU")
 
 
-def compute_dtype(op: str, dtype: torch.dtype) -> torch.dtype:
+def compute_dtype(op: str, dtype: torch.dtype, halves: bool = False) -> torch.dtype:
     """dtype the C core computes ``op`` in: float32/float64 as they are; half
-    types in float32 (fp32 accumulation), cast back by the caller.
+    types as they are where ``op``'s kernels take them (``halves``: float sums
+    inside, rounded once), else in float32, cast back by the caller.
 
     Raises:
         TypeError: ``dtype`` is not floating.
@@ -85,7 +86,7 @@ def compute_dtype(op: str, dtype: torch.dtype) -> torch.dtype:
     if dtype in (torch.float32, torch.float64):
         return dtype
     if dtype in (torch.float16, torch.bfloat16):
-        return torch.float32
+        return dtype if halves else torch.float32
     raise TypeError(f"lattice::{op}: features must be floating, got {dtype}")
 
 

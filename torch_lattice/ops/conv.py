@@ -172,11 +172,8 @@ def sparse_conv(
     """
     check_sparse_conv(feats, weight, nbr)
     require_cpu("sparse_conv", feats, weight, nbr, rev)
-    # The C core runs every floating dtype here: half types with float sums
-    # (bfloat16 dot products where the CPU has AVX512_BF16), rounded once.
-    work = feats.dtype
-    if work not in DTYPE_CODES:
-        raise TypeError(f"lattice::sparse_conv: features must be floating, got {work}")
+    # Half types run as they are (bfloat16 dot products where the CPU has AVX512_BF16).
+    work = compute_dtype("sparse_conv", feats.dtype, halves=True)
     x = feats.contiguous()
     w = weight.contiguous()
     nbr = nbr.contiguous()
@@ -213,10 +210,7 @@ def sparse_conv_weight_grad(
     """``(K, C_in, C_out)``: ``dw[n] = sum_o feats[nbr[o, n]]^T grad_out[o]``."""
     require_cpu("sparse_conv_weight_grad", feats, grad_out, nbr)
     check_sparse_conv_weight_grad(feats, grad_out, nbr)
-    # Every floating dtype in the C core, as in sparse_conv (float sums).
-    work = feats.dtype
-    if work not in DTYPE_CODES:
-        raise TypeError(f"lattice::sparse_conv_weight_grad: features must be floating, got {work}")
+    work = compute_dtype("sparse_conv_weight_grad", feats.dtype, halves=True)
     x = feats.contiguous()
     dy = grad_out.to(work).contiguous()
     nbr = nbr.contiguous()
