@@ -43,6 +43,8 @@ typedef struct tl_half_call {
  * output row that pad the last group of a kernel row (as in the float
  * forward). */
 typedef struct tl_half_scratch {
+    int32_t *li, *lr;    /* k x tile rows: listed x rows, tile rows (tl_list_tile) */
+    int64_t *lc;         /* k: listed per kernel row */
     const uint16_t **xh; /* tile rows + 3 */
     const float **xf;    /* tile rows + 3 */
     float **yr;          /* tile rows + 3 */
@@ -54,6 +56,10 @@ typedef struct tl_half_scratch {
 
 static int tl_half_scratch_init(tl_half_scratch *s, const tl_half_call *f) {
     const int64_t rows = f->rows + 3, cin = f->d->c_in;
+    const int64_t k = f->d->k > 0 ? f->d->k : 1;
+    s->li = malloc(sizeof(int32_t) * (size_t)(f->rows * k));
+    s->lr = malloc(sizeof(int32_t) * (size_t)(f->rows * k));
+    s->lc = malloc(sizeof(int64_t) * (size_t)k);
     s->xh = malloc(sizeof(*s->xh) * (size_t)rows);
     s->xf = malloc(sizeof(*s->xf) * (size_t)rows);
     s->yr = malloc(sizeof(*s->yr) * (size_t)rows);
@@ -61,10 +67,13 @@ static int tl_half_scratch_init(tl_half_scratch *s, const tl_half_call *f) {
     s->stage = f->dot ? NULL : malloc(sizeof(float) * (size_t)(rows * cin + 1));
     s->zero = calloc((size_t)(cin + 2 + TL_TILE_COLS), sizeof(float));
     s->sink = s->zero ? s->zero + cin + 2 : NULL;
-    return s->xh && s->xf && s->yr && s->acc && (f->dot || s->stage) && s->zero;
+    return s->li && s->lr && s->lc && s->xh && s->xf && s->yr && s->acc && (f->dot || s->stage) && s->zero;
 }
 
 static void tl_half_scratch_free(tl_half_scratch *s) {
+    free(s->li);
+    free(s->lr);
+    free(s->lc);
     free(s->xh);
     free(s->xf);
     free(s->yr);
@@ -104,15 +113,16 @@ static int tl_half_tile(const tl_half_call *f, const uint16_t *x, const int32_t 
     const tl_conv_desc *d = f->d;
     const int64_t k = d->k, cin = d->c_in, cout = d->c_out, width = f->panel_cols;
     memset(s->acc, 0, sizeof(float) * (size_t)(m * cw));
+    if ((int64_t)tl_list_tile(f->level >= TL_SIMD_V4, nbr, o0, m, k, s->li, s->lr, s->lc) >
+        d->n_in)
+        return 1;
     for (int64_t n = 0; n < k; n++) {
-        int64_t c;
-        uint32_t worst;
-#define TL_YROW(r) (s->acc + (r) * cw)
-        TL_LIST_NEIGHBOURS(nbr, o0, m, k, n, x, cin * (int64_t)sizeof(uint16_t), s->xh,
-                           const uint16_t *, s->yr, TL_YROW, c, worst);
-#undef TL_YROW
-        if ((int64_t)worst > d->n_in) return 1;
+        int64_t c = s->lc[n];
         if (c == 0) continue;
+#define TL_YROW(r) (s->acc + (r) * cw)
+        TL_POINT_ROWS(s->li + n * m, s->lr + n * m, c, x, cin * (int64_t)sizeof(uint16_t),
+                      s->xh, const uint16_t *, s->yr, TL_YROW);
+#undef TL_YROW
         if (!f->dot)
             for (int64_t t = 0; t < c; t++) {
                 tl_half_row_to_f32(f->level, d->dtype, s->xh[t], cin, s->stage + t * cin);

@@ -24,44 +24,58 @@ typedef struct TL_FN(tl_fwd_scratch) {
     const TL_FN(tl_mk_ops) *mk;
     int64_t cin;
     int64_t panel_cols; /* see tl_panel_cols */
+    int vec;            /* list with AVX-512 (see tl_list_tile) */
+    int32_t *li, *lr;   /* k x tile rows: listed x rows, tile rows (tl_list_tile) */
+    int64_t *lc;        /* k: listed per kernel row */
     const TL_T **xr;    /* tile rows + 3 */
     TL_T **yr;          /* tile rows + 3 */
     TL_T *zero;         /* c_in zeros */
     TL_T *sink;         /* TL_TILE_COLS values, never read */
 } TL_FN(tl_fwd_scratch);
 
-static int TL_FN(tl_fwd_scratch_init)(TL_FN(tl_fwd_scratch) *s, const TL_FN(tl_mk_ops) *mk,
-                                      int64_t panel_cols, int64_t rows, int64_t cin) {
+static int TL_FN(tl_fwd_scratch_init)(TL_FN(tl_fwd_scratch) *s, const tl_ctx *ctx,
+                                      const TL_FN(tl_mk_ops) *mk,
+                                      int64_t panel_cols, int64_t rows, int64_t k,
+                                      int64_t cin) {
     s->mk = mk;
     s->cin = cin;
     s->panel_cols = panel_cols;
+    s->vec = tl_simd_capped(ctx->simd_cap) >= TL_SIMD_V4;
+    s->li = malloc(sizeof(int32_t) * (size_t)(rows * k));
+    s->lr = malloc(sizeof(int32_t) * (size_t)(rows * k));
+    s->lc = malloc(sizeof(int64_t) * (size_t)k);
     s->xr = malloc(sizeof(TL_T *) * (size_t)(rows + 3));
     s->yr = malloc(sizeof(TL_T *) * (size_t)(rows + 3));
     s->zero = calloc((size_t)(cin + TL_TILE_COLS), sizeof(TL_T));
     s->sink = s->zero ? s->zero + cin : NULL;
-    return s->xr && s->yr && s->zero;
+    return s->li && s->lr && s->lc && s->xr && s->yr && s->zero;
 }
 
 static void TL_FN(tl_fwd_scratch_free)(TL_FN(tl_fwd_scratch) *s) {
+    free(s->li);
+    free(s->lr);
+    free(s->lc);
     free(s->xr);
     free(s->yr);
     free(s->zero);
 }
 
-/* Output rows out[0..R) (R = 4 or 2), columns [j, j + wb), += their listed x
- * rows times the c_in x wb panel. */
+/* Output rows out[0..R) (R = 8, 4 or 2), columns [j, j + wb), += their listed
+ * x rows times the c_in x wb panel. */
 static inline void TL_FN(tl_fwd_group)(TL_FN(tl_fwd_scratch) *s, int R, int64_t wb,
                                        const TL_T *panel, const TL_T *const *xr,
                                        TL_T *const *yr, int64_t j) {
-    TL_T *o[4];
+    TL_T *o[8];
     if (j > 0) { /* a later panel: its columns of the rows */
         for (int r = 0; r < R; r++) o[r] = yr[r] + j;
         yr = o;
     }
     if (R == 2)
         s->mk->rows_2(wb, s->cin, xr, panel, wb, yr);
-    else
+    else if (R == 4)
         s->mk->rows_4(wb, s->cin, xr, panel, wb, yr);
+    else
+        s->mk->rows_8(wb, s->cin, xr, panel, wb, yr);
 }
 
 /* One tile: output rows [o0, o0+m), columns [co0, co0+cw).  For each kernel
@@ -77,20 +91,25 @@ static int TL_FN(tl_forward_tile)(const tl_conv_desc *d, const TL_T *x, const TL
                                   const int32_t *nbr, TL_T *y, int64_t o0, int64_t m,
                                   int64_t co0, int64_t cw, TL_FN(tl_fwd_scratch) *s) {
     const int64_t k = d->k, cin = d->c_in, cout = d->c_out, width = s->panel_cols;
+    /* Rows per group: 8 on narrow tiles (see tl_mk_ops.rows8_cols), else 4. */
+    const int64_t g = cw <= s->mk->rows8_cols ? 8 : 4;
     const TL_T **xr = s->xr;
     TL_T **yr = s->yr;
-    for (int64_t r = 0; r < m; r++)
-        for (int64_t j = 0; j < cw; j++) y[(o0 + r) * cout + co0 + j] = 0;
+    /* Below -1 wraps to above n_in. */
+    if ((int64_t)tl_list_tile(s->vec, nbr, o0, m, k, s->li, s->lr, s->lc) > d->n_in) return 1;
+    if (cw == cout)
+        memset(y + o0 * cout, 0, sizeof(TL_T) * (size_t)(m * cout));
+    else
+        for (int64_t r = 0; r < m; r++) memset(y + (o0 + r) * cout + co0, 0, sizeof(TL_T) * (size_t)cw);
     for (int64_t n = 0; n < k; n++) {
-        int64_t c;
-        uint32_t worst;
-#define TL_YROW(r) (y + (o0 + (r)) * cout + co0)
-        TL_LIST_NEIGHBOURS(nbr, o0, m, k, n, x, cin * (int64_t)sizeof(TL_T), xr, const TL_T *, yr,
-                           TL_YROW, c, worst);
-#undef TL_YROW
-        if ((int64_t)worst > d->n_in) return 1; /* below -1 wraps to above n_in */
+        int64_t c = s->lc[n];
         if (c == 0) continue;
-        /* Pad the last group to 4 rows, or to 2 when it has 1 or 2. */
+#define TL_YROW(r) (y + (o0 + (r)) * cout + co0)
+        TL_POINT_ROWS(s->li + n * m, s->lr + n * m, c, x, cin * (int64_t)sizeof(TL_T), xr,
+                      const TL_T *, yr, TL_YROW);
+#undef TL_YROW
+        /* Groups of g rows, then one of 4 if 4 are left (g = 8), then the
+         * last padded to 4 rows, or to 2 when it has 1 or 2. */
         int64_t full = c / 4 * 4, pad = c - full == 3 ? 4 : (c - full + 1) / 2 * 2;
         for (; c < full + pad; c++) {
             xr[c] = s->zero;
@@ -99,13 +118,17 @@ static int TL_FN(tl_forward_tile)(const tl_conv_desc *d, const TL_T *x, const TL
         for (int64_t j = 0; j < cw; j += width) {
             const int64_t wb = cw - j < width ? cw - j : width;
             const TL_T *panel = pw + n * cin * cout + (co0 + j) * cin;
-            for (int64_t p = 0; p < full; p += 4) {
+            int64_t p = 0;
+            for (; p + g <= full; p += g) {
                 /* The next group's x rows, while this one computes: on strided
                  * and transposed maps each x row is read once, so they come
                  * from memory (1.1-1.5x there; subm 1.0-1.1x). */
-                if (j == 0 && p + 8 <= full) TL_PREFETCH_ROWS(xr + p + 4, cin * (int64_t)sizeof(TL_T));
-                TL_FN(tl_fwd_group)(s, 4, wb, panel, xr + p, yr + p, j);
+                if (j == 0 && p + 2 * g <= full)
+                    for (int64_t q = p + g; q < p + 2 * g; q += 4)
+                        TL_PREFETCH_ROWS(xr + q, cin * (int64_t)sizeof(TL_T));
+                TL_FN(tl_fwd_group)(s, (int)g, wb, panel, xr + p, yr + p, j);
             }
+            if (p < full) TL_FN(tl_fwd_group)(s, 4, wb, panel, xr + p, yr + p, j);
             if (pad) TL_FN(tl_fwd_group)(s, (int)pad, wb, panel, xr + full, yr + full, j);
         }
     }
@@ -132,7 +155,7 @@ static tl_status TL_FN(tl_forward)(const tl_ctx *ctx, const tl_conv_desc *d, con
 #pragma omp parallel num_threads(ctx->threads) reduction(| : failed, invalid)
     {
         TL_FN(tl_fwd_scratch) s;
-        int ok = TL_FN(tl_fwd_scratch_init)(&s, mk, panel, rows, cin);
+        int ok = TL_FN(tl_fwd_scratch_init)(&s, ctx, mk, panel, rows, d->k > 0 ? d->k : 1, cin);
         failed |= !ok;
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < row_tiles * col_tiles; t++) {

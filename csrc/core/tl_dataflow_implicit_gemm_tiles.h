@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "tl_conv.h"
+#include "tl_list.h"
 
 /* Forward tiles (see tl_fwd_tile_rows): output block bytes to aim for, so
  * the tile's output rows stay in L2; bounds on its rows; and the fewest
@@ -111,33 +112,20 @@ static inline tl_wgrad_task tl_wgrad_task_of(const tl_wgrad_split *s, const tl_c
                 __builtin_prefetch((const char *)(ROWS)[r_] + b_);                          \
     } while (0)
 
-/* Lists kernel row n's neighbours among output rows [o0, o0 + m) of the
- * (n_out, k) table nbr, branch-free: whether a neighbour exists is close to
- * random on sparse scenes, so a branch would be mispredicted often.  For the
- * c-th present one, XR[c] = its x row (XROW_BYTES apart from X, cast to
- * XTYPE) and YR[c] = YROW(r) for its output row o0 + r; a missing one (-1) is
- * written and then overwritten.  Leaves the count in C and the largest entry
- * + 1 seen in WORST (uint32_t; -1 -> 0, anything below -1 wraps above n_in),
- * so the caller rejects a bad table before any row it names is read.  The
- * address is computed in integers: for a missing or bad entry it lies outside
- * x, where C allows no pointer arithmetic; such an address is never read (a
- * prefetch does not fault).  Each listed row's first two cache lines are asked
- * for here, well before its group runs (1.0-1.4x; most on sparse and strided
- * maps, where x rows come from memory). */
-#define TL_LIST_NEIGHBOURS(NBR, O0, M, K, N, X, XROW_BYTES, XR, XTYPE, YR, YROW, C, WORST)     \
+/* The x and y row pointers of the c rows that tl_list_tile listed for one
+ * kernel row (idx: their x rows, XROW_BYTES apart from X, cast to XTYPE;
+ * rows: their output rows r, YROW(r)), after the caller checked every idx is
+ * below n_in.  Each
+ * listed x row's first two cache lines are asked for here, well before its
+ * group runs (1.0-1.4x; most on sparse and strided maps, where x rows come
+ * from memory). */
+#define TL_POINT_ROWS(IDX, ROWS, C, X, XROW_BYTES, XR, XTYPE, YR, YROW)                        \
     do {                                                                                     \
-        (C) = 0;                                                                             \
-        (WORST) = 0;                                                                         \
-        for (int64_t r_ = 0; r_ < (M); r_++) {                                               \
-            const int32_t i_ = (NBR)[((O0) + r_) * (K) + (N)];                               \
-            const uint32_t u_ = (uint32_t)i_ + 1u;                                           \
-            (WORST) = u_ > (WORST) ? u_ : (WORST);                                           \
-            const int64_t bytes_ = (int64_t)i_ * (XROW_BYTES);                               \
-            (XR)[C] = (XTYPE)((uintptr_t)(X) + (uintptr_t)bytes_);                           \
-            __builtin_prefetch((const void *)(XR)[C]);                                       \
-            if ((XROW_BYTES) > 64) __builtin_prefetch((const char *)(XR)[C] + 64);           \
-            (YR)[C] = YROW(r_);                                                              \
-            (C) += i_ >= 0;                                                                  \
+        for (int64_t q_ = 0; q_ < (C); q_++) {                                               \
+            (XR)[q_] = (XTYPE)((const char *)(X) + (int64_t)(IDX)[q_] * (XROW_BYTES));       \
+            __builtin_prefetch((const void *)(XR)[q_]);                                      \
+            if ((XROW_BYTES) > 64) __builtin_prefetch((const char *)(XR)[q_] + 64);          \
+            (YR)[q_] = YROW((ROWS)[q_]);                                                     \
         }                                                                                    \
     } while (0)
 

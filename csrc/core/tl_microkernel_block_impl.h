@@ -4,7 +4,8 @@
  * per row) defined, inside the instruction set's TL_T and TL_ISA_ATTR: once at
  * the full register width, and at narrower widths for the columns left over.
  *
- *   out[r][j + :] += sum_q a(r, q) * b[q][j + :],  r < R, NV vectors wide,
+ *   out[r][j + :] += sum_q a(r, q) * b[q][j + :],  r < R, NV vectors wide
+ *   (R <= 4, or R = 8 with R * NV <= 16 accumulators),
  *
  * where a(r, q) is a[r][q] and b[q] is bp + q * ldb (transposed == 0:
  * forward, q = input channel, a[r] = x row, weight rows ldb apart, no pointer
@@ -24,7 +25,7 @@ static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_BLOCK_FN(
     const TL_T *const *a, const TL_T *const *b, const TL_T *bp, int64_t ldb,
     TL_T *const *out) {
     const int64_t vl = (int64_t)(TL_BLOCK_BYTES / sizeof(TL_T));
-    TL_BLOCK_VEC acc[4][TL_BLOCK_NV];
+    TL_BLOCK_VEC acc[8][TL_BLOCK_NV];
     for (int r = 0; r < R; r++)
         for (int v = 0; v < NV; v++) acc[r][v] = (TL_BLOCK_VEC){0};
 #pragma GCC unroll 2

@@ -12,7 +12,7 @@
 #define TL_MK_CAT(a, b) TL_MK_CAT2(a, b)
 #define TL_MK(name) TL_MK_CAT(tl_mk_##name, TL_SFX)
 
-/* The micro-kernels of one instruction set: R = 4, 2 or 1 rows of
+/* The micro-kernels of one instruction set: R = 8, 4, 2 or 1 rows of
  *   out[r][0:cw) += sum_q a[r][q] * b[q * ldb + 0:cw)  (rows_R)
  *   out[r][0:cw) += sum_q xr[q][c0 + r] * b[q][0:cw)   (rows_t_R)
  * Forward: q = input channel, a[r] = x row, b + q * ldb = weight row.
@@ -21,6 +21,12 @@ typedef struct TL_MK(ops) {
     /* Columns of the widest register block (TL_ISA_NV vectors): the forward
      * packs its weights into panels this wide (see tl_forward_tile). */
     int64_t block_cols;
+    /* Widest block (columns) that rows_8 runs in one pass: a layer at most
+     * this wide runs 8 output rows per pass, so 8 x (block) accumulators hide
+     * the FMA latency that 4 rows of one or two vectors cannot. */
+    int64_t rows8_cols;
+    void (*rows_8)(int64_t cw, int64_t nq, const TL_T *const *a, const TL_T *b, int64_t ldb,
+                   TL_T *const *out);
     void (*rows_4)(int64_t cw, int64_t nq, const TL_T *const *a, const TL_T *b, int64_t ldb,
                    TL_T *const *out);
     void (*rows_2)(int64_t cw, int64_t nq, const TL_T *const *a, const TL_T *b, int64_t ldb,

@@ -108,16 +108,22 @@
 #endif
 #define TL_COLUMN_NARROW(BYTES, CALL) TL_COLUMN_NARROW_##BYTES(CALL)
 
-/* All cw columns for R rows: the column blocks of TL_COLUMN_BLOCKS, then
- * scalars.  (setup.py compiles with -ffp-contract=fast, so the multiply-adds
- * become FMA instructions where the target has them; -std=c11 alone would
- * turn contraction off.) */
+/* Most vectors per block row of the 8-row forward blocks: 8 x NV accumulators
+ * must leave registers for the weight vectors and broadcasts (16 of AVX-512's
+ * 32; 8 of AVX2's or SSE2's 16). */
+#define TL_ISA_NV8 (TL_ISA_NV / 2)
+
+/* All cw columns for R rows: the column blocks of TL_COLUMN_BLOCKS (at most
+ * TL_ISA_NV vectors wide, TL_ISA_NV8 for 8 rows), then scalars.  (setup.py
+ * compiles with -ffp-contract=fast, so the multiply-adds become FMA
+ * instructions where the target has them; -std=c11 alone would turn
+ * contraction off.) */
 static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_MKI(columns)(
     int R, int transposed, int64_t cw, int64_t nq, int64_t c0, const TL_T *const *a,
     const TL_T *const *b, const TL_T *bp, int64_t ldb, TL_T *const *out) {
     int64_t j = 0;
 #define TL_COLUMNS_CALL(W, NV) TL_MKI(block##W)(R, NV, transposed, j, nq, c0, a, b, bp, ldb, out)
-    TL_COLUMN_BLOCKS(TL_ISA_NV, 0, TL_COLUMNS_CALL);
+    TL_COLUMN_BLOCKS(R == 8 ? TL_ISA_NV8 : TL_ISA_NV, 0, TL_COLUMNS_CALL);
 #undef TL_COLUMNS_CALL
     for (int r = 0; r < R; r++)
         for (int64_t jj = j; jj < cw; jj++) {
@@ -128,12 +134,13 @@ static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_MKI(columns)(
         }
 }
 
-/* out[r][0:cw) += sum_q a[r][q] * b[q * ldb + 0:cw), for 4, 2 or 1 rows. */
+/* out[r][0:cw) += sum_q a[r][q] * b[q * ldb + 0:cw), for 8, 4, 2 or 1 rows. */
 #define TL_DEFINE_ROWS(R)                                                                 \
     static TL_ISA_ATTR void TL_MKI(rows_##R)(int64_t cw, int64_t nq, const TL_T *const *a, \
                                              const TL_T *b, int64_t ldb, TL_T *const *out) { \
         TL_MKI(columns)(R, 0, cw, nq, 0, a, NULL, b, ldb, out);                          \
     }
+TL_DEFINE_ROWS(8)
 TL_DEFINE_ROWS(4)
 TL_DEFINE_ROWS(2)
 TL_DEFINE_ROWS(1)
@@ -174,12 +181,13 @@ static TL_ISA_ATTR void TL_MKI(panel)(int64_t cw, int64_t nq, int64_t rows, cons
 }
 
 static const TL_MK(ops) TL_MKI(ops) = {
-    TL_ISA_NV * TL_VL,
+    TL_ISA_NV * TL_VL, TL_ISA_NV8 * TL_VL, TL_MKI(rows_8),
     TL_MKI(rows_4),   TL_MKI(rows_2),   TL_MKI(rows_1),
     TL_MKI(rows_t_4), TL_MKI(rows_t_1), TL_MKI(panel),
 };
 
 #undef TL_COLUMN_BLOCKS
+#undef TL_ISA_NV8
 #undef TL_COLUMN_NARROW
 #undef TL_COLUMN_NARROW_32
 #undef TL_COLUMN_NARROW_16

@@ -1,6 +1,7 @@
 /* Standalone test of the C core (no Python): hash table, kernel maps of every
  * family, generated supports, pair lists, convolution forward and weight
- * gradient (fp32; the forward also in bf16 and fp16), pooling over kernel maps and voxelization, each checked
+ * gradient (fp32; the forward also in bf16 and fp16), the tiles' neighbour
+ * lists (scalar and AVX-512), pooling over kernel maps and voxelization, each checked
  * against a brute-force reference, plus the failure paths that must free
  * what they allocated.  scripts/sanitize.sh builds it with ASan + UBSan (and
  * LeakSanitizer) and without sanitizers under valgrind.
@@ -20,6 +21,7 @@
 #include "tl_half.h"
 #include "tl_hash.h"
 #include "tl_kmap.h"
+#include "tl_list.h"
 #include "tl_pairs.h"
 #include "tl_pool.h"
 #include "tl_simd.h"
@@ -751,9 +753,57 @@ static void test_int_limits(void) {
     CHECK(tl_voxel_quantize(&ctx, TL_F32, pt, batch, 1, &grid, row, &bad) == TL_ERR_OVERFLOW);
 }
 
+/* ---- the implicit GEMM's per-tile neighbour lists ------------------------ */
+
+/* tl_list_tile against a direct reading of the table, by both paths where
+ * the CPU has AVX-512: every kernel row's present entries in row order, and
+ * the largest entry + 1 (wrapping for entries below -1). */
+static void test_list_tile(void) {
+    static const int64_t ks[] = {1, 2, 3, 4, 8, 15, 16, 17, 27, 125};
+    static const int64_t ms[] = {1, 5, 16, 17, 100, 256};
+    const int paths = tl_simd_level() >= TL_SIMD_V4 ? 2 : 1;
+    current = "list_tile";
+    for (size_t a = 0; a < sizeof(ks) / sizeof(ks[0]); a++)
+        for (size_t b = 0; b < sizeof(ms) / sizeof(ms[0]); b++)
+            for (int bad = 0; bad < 2; bad++) {
+                const int64_t k = ks[a], m = ms[b], o0 = 3, n_out = o0 + m + 2;
+                int32_t *nbr = xmalloc(sizeof(int32_t) * (size_t)(n_out * k));
+                for (int64_t e = 0; e < n_out * k; e++)
+                    nbr[e] = rnd(3) == 0 ? (int32_t)rnd(1000) : -1;
+                if (bad) nbr[(o0 + m - 1) * k + k / 2] = -7; /* wraps above any count */
+                uint32_t want_worst = 0;
+                for (int64_t e = o0 * k; e < (o0 + m) * k; e++) {
+                    uint32_t u = (uint32_t)nbr[e] + 1u;
+                    if (u > want_worst) want_worst = u;
+                }
+                int32_t *idx = xmalloc(sizeof(int32_t) * (size_t)(m * k));
+                int32_t *rows = xmalloc(sizeof(int32_t) * (size_t)(m * k));
+                int64_t *cnt = xmalloc(sizeof(int64_t) * (size_t)k);
+                for (int vec = 0; vec < paths; vec++) {
+                    CHECK(tl_list_tile(vec, nbr, o0, m, k, idx, rows, cnt) == want_worst);
+                    if (bad) continue;
+                    for (int64_t n = 0; n < k; n++) {
+                        int64_t c = 0;
+                        for (int64_t r = 0; r < m; r++) {
+                            const int32_t e = nbr[(o0 + r) * k + n];
+                            if (e < 0) continue;
+                            CHECK(c < cnt[n] && idx[n * m + c] == e && rows[n * m + c] == r);
+                            c++;
+                        }
+                        CHECK(c == cnt[n]);
+                    }
+                }
+                free(nbr);
+                free(idx);
+                free(rows);
+                free(cnt);
+            }
+}
+
 int main(void) {
     test_hash();
     test_kmaps();
+    test_list_tile();
     test_conv();
     test_half_conversions();
     test_half_conv();
