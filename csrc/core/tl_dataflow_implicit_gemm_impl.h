@@ -173,37 +173,33 @@ static tl_status TL_FN(tl_forward)(const tl_ctx *ctx, const tl_conv_desc *d, con
 }
 
 /* Scratch of one weight-gradient worker: the x and dy row pointers of a
- * block of up to TL_WGRAD_PAIRS pairs, and their x values packed as strips of 4 input
- * channels (TL_WGRAD_PAIRS x c_in rounded up to 4). */
+ * block's pairs through one kernel row (up to TL_WGRAD_PAIRS), and their x
+ * values packed as strips of 4 input channels (TL_WGRAD_PAIRS x c_in rounded
+ * up to 4). */
 typedef struct TL_FN(tl_wgrad_scratch) {
     const TL_FN(tl_mk_ops) *mk;
     const TL_T *xq[TL_WGRAD_PAIRS], *dq[TL_WGRAD_PAIRS];
     TL_T *xp;
 } TL_FN(tl_wgrad_scratch);
 
-/* Lists kernel row n's pairs among output rows [b0, b1) and packs their x
- * rows into s->xp, strips of 4 input channels side by side (the layout of
- * tl_mk_ops.panel), so the micro-kernel's broadcasts stream from one
- * contiguous panel while the dy rows are read in place.  Returns the count. */
-static int64_t TL_FN(tl_wgrad_pack)(const tl_conv_desc *d, const TL_T *x, const TL_T *dy,
-                                    const int32_t *nbr, int64_t b0, int64_t b1, int64_t n,
-                                    TL_FN(tl_wgrad_scratch) *s) {
-    const int64_t k = d->k, cin = d->c_in, full = cin / 4;
-    int64_t c = 0;
-    for (int64_t o = b0; o < b1; o++) c += nbr[o * k + n] >= 0;
-    int64_t q = 0;
-    for (int64_t o = b0; o < b1; o++) {
-        int32_t i = nbr[o * k + n];
-        if (i < 0) continue;
-        const TL_T *xr = x + (int64_t)i * cin;
+/* Packs the c listed pairs' x rows s->xq[] into s->xp, strips of 4 input
+ * channels side by side (the layout of tl_mk_ops.panel), so the
+ * micro-kernel's broadcasts stream from one contiguous panel while the dy rows
+ * are read in place.  The x rows are gathered from anywhere in x, so each is
+ * asked for TL_WGRAD_AHEAD pairs ahead (1.0-1.3x; most on strided maps). */
+static void TL_FN(tl_wgrad_pack)(const tl_conv_desc *d, int64_t c, TL_FN(tl_wgrad_scratch) *s) {
+    const int64_t cin = d->c_in, full = cin / 4, row_bytes = cin * (int64_t)sizeof(TL_T);
+    for (int64_t q = 0; q < c; q++) {
+        if (q + TL_WGRAD_AHEAD < c)
+            for (int64_t b = 0; b < row_bytes; b += 64)
+                __builtin_prefetch((const char *)s->xq[q + TL_WGRAD_AHEAD] + b);
+        const TL_T *xr = s->xq[q];
         TL_T *xs = s->xp + 4 * q;
         for (int64_t st = 0; st < full; st++) memcpy(xs + st * 4 * c, xr + st * 4, 4 * sizeof(TL_T));
         if (cin > full * 4)
             for (int64_t r = 0; r < 4; r++)
                 xs[full * 4 * c + r] = full * 4 + r < cin ? xr[full * 4 + r] : 0;
-        s->dq[q++] = dy + o * d->c_out;
     }
-    return c;
 }
 
 /* acc (k, c_in, c_out) += the contributions of output rows [o0, o1) through
@@ -217,12 +213,6 @@ static void TL_FN(tl_wgrad_rows)(const tl_conv_desc *d, const TL_T *x, const TL_
     for (int64_t b0 = o0; b0 < o1; b0 += TL_WGRAD_PAIRS) {
         int64_t b1 = b0 + TL_WGRAD_PAIRS < o1 ? b0 + TL_WGRAD_PAIRS : o1;
         for (int64_t n = n0; n < n1; n++) {
-            if (d->c_in >= TL_WGRAD_PACK_MIN_CIN) {
-                int64_t c = TL_FN(tl_wgrad_pack)(d, x, dy, nbr, b0, b1, n, s);
-                if (c)
-                    s->mk->panel(d->c_out, c, d->c_in, s->xp, s->dq, acc + n * mat, d->c_out);
-                continue;
-            }
             int64_t c = 0;
             for (int64_t o = b0; o < b1; o++) {
                 int32_t i = nbr[o * d->k + n];
@@ -230,9 +220,14 @@ static void TL_FN(tl_wgrad_rows)(const tl_conv_desc *d, const TL_T *x, const TL_
                 s->xq[c] = x + (int64_t)i * d->c_in;
                 s->dq[c++] = dy + o * d->c_out;
             }
-            if (c)
+            if (c == 0) continue;
+            if (d->c_in >= TL_WGRAD_PACK_MIN_CIN) {
+                TL_FN(tl_wgrad_pack)(d, c, s);
+                s->mk->panel(d->c_out, c, d->c_in, s->xp, s->dq, acc + n * mat, d->c_out);
+            } else {
                 TL_FN(tl_mk_outer_acc)(s->mk, d->c_in, d->c_out, c, s->xq, s->dq,
                                        acc + n * mat);
+            }
         }
     }
 }

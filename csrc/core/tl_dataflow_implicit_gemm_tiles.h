@@ -71,6 +71,10 @@ static inline int64_t tl_fwd_tile_rows(const tl_ctx *ctx, const tl_conv_desc *d,
  * are reduced in register-blocked passes while their x and dy rows stay in
  * L1/L2 across the passes. */
 #define TL_WGRAD_PAIRS 256
+/* Pairs ahead that the weight gradient asks for an x row while packing. */
+#ifndef TL_WGRAD_AHEAD
+#define TL_WGRAD_AHEAD 8
+#endif
 /* The weight gradient's tasks (see TL_WGRAD_PARTS): `parts` output-row parts
  * of rows_per rows, each cut into `groups` groups of kernel rows (so large
  * layers, with few parts, still give every thread work; groups write disjoint
