@@ -9,6 +9,7 @@ import typing as _typing
 from types import ModuleType as _ModuleType
 
 from torch_lattice import backbones, nn, ops
+from torch_lattice.cpu_memory import reuse_cpu_memory
 from torch_lattice.memory_budget import get_memory_budget, set_memory_budget
 from torch_lattice.sparse_join import reindex_sparse, sparse_binary, sparse_cat
 from torch_lattice.sparse_ops import cat, to_dense
@@ -34,6 +35,7 @@ __all__ = [
     "nn",
     "ops",
     "reindex_sparse",
+    "reuse_cpu_memory",
     "set_memory_budget",
     "sparse_binary",
     "sparse_cat",

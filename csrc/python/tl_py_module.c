@@ -12,6 +12,9 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 
 #include "core/tl_simd.h"
 
@@ -122,6 +125,31 @@ static PyObject *py_cpu_isa(PyObject *self, PyObject *args) {
     return PyUnicode_FromString(tl_isa_names[i].name);
 }
 
+PyDoc_STRVAR(malloc_reuse_doc,
+             "malloc_reuse(max_block: int) -> bool\n\n"
+             "glibc malloc: serve blocks up to max_block bytes from the heap and keep up\n"
+             "to max_block bytes of freed memory at its top (M_MMAP_THRESHOLD and\n"
+             "M_TRIM_THRESHOLD); max_block < 0 restores glibc's default values (128 KiB).\n"
+             "False where the C library is not glibc or refused (nothing changed).\n"
+             "torch_lattice.reuse_cpu_memory checks the argument.");
+static PyObject *py_malloc_reuse(PyObject *self, PyObject *arg) {
+    (void)self;
+    const long long v = PyLong_AsLongLong(arg);
+    if (v == -1 && PyErr_Occurred()) return NULL;
+    if (v > 0x7fffffffLL) {
+        PyErr_SetString(PyExc_OverflowError, "max_block must fit a C int");
+        return NULL;
+    }
+#if defined(__GLIBC__)
+    const int bytes = v < 0 ? 128 * 1024 : (int)v;
+    /* Both or neither: glibc checks the value before it changes anything. */
+    if (!mallopt(M_MMAP_THRESHOLD, bytes)) Py_RETURN_FALSE;
+    return PyBool_FromLong(mallopt(M_TRIM_THRESHOLD, bytes));
+#else
+    Py_RETURN_FALSE;
+#endif
+}
+
 PyDoc_STRVAR(cuda_compiled_doc, "cuda_compiled() -> bool\n\nWhether CUDA kernels are built in.");
 static PyObject *py_cuda_compiled(PyObject *self, PyObject *args) {
     (void)self;
@@ -190,6 +218,7 @@ static PyObject *py_cuda_device_capability(PyObject *self, PyObject *args) {
 /* The module's own functions; the op families add theirs in PyInit__C. */
 static PyMethodDef tl_py_module_methods[] = {
     {"cpu_isa", py_cpu_isa, METH_NOARGS, cpu_isa_doc},
+    {"malloc_reuse", py_malloc_reuse, METH_O, malloc_reuse_doc},
     {"cuda_compiled", py_cuda_compiled, METH_NOARGS, cuda_compiled_doc},
     {"cuda_device_count", py_cuda_device_count, METH_NOARGS, cuda_device_count_doc},
     {"cuda_archs", py_cuda_archs, METH_NOARGS, cuda_archs_doc},

@@ -619,6 +619,18 @@ add(
     lambda: nn.fold_batch_norm(torch.nn.Sequential(nn.SubmConv3d(C, C, 3), nn.BatchNorm(C))),
 )
 add(
+    "reuse-cpu-memory-not-bytes",
+    TypeError,
+    r"reuse_cpu_memory: max_block must be an int \(bytes\) or None, got str",
+    lambda: tl.reuse_cpu_memory("1G"),  # type: ignore[arg-type]
+)
+add(
+    "reuse-cpu-memory-out-of-range",
+    ValueError,
+    r"reuse_cpu_memory: max_block must be in \[1, 2\*\*31 - 1\] bytes \(a C int\), got 0",
+    lambda: tl.reuse_cpu_memory(0),
+)
+add(
     "relu-dense-input",
     TypeError,
     r"ReLU input must be a SparseTensor",
