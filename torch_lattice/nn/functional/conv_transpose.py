@@ -162,7 +162,7 @@ def conv_transpose3d_over(
             if y is not None:
                 return _finish(y, bias, target)
     elif geometry.is_identity:
-        return pointwise(input, weight, bias)  # a 1x1x1 stride-1 Conv3d kept its support
+        return pointwise(input, weight, bias, config)  # a 1x1x1 stride-1 Conv3d kept its support
     else:
         target = inverse_support(input, geometry)
     return _finish(transpose_onto(input, weight, target, geometry, cfg), bias, target)
