@@ -8,8 +8,8 @@ compared before anything is timed (a change that is meant to keep results bitwis
 ``bitwise``). Three groups:
 
 * ``layers``: ``conv_forward`` and ``conv_weight_grad`` (implicit GEMM, fp32) on the
-  3x3x3 submanifold map of each scene (``--maps``: also a k2 s2 Conv3d's map and its
-  inverse transpose's), per width;
+  3x3x3 submanifold map of each scene (``--maps``: also a k2 s2 Conv3d's map, its
+  inverse transpose's and a k3 s2 p1 Conv3d's), per width;
 * ``kmap``: the kernel map (``nbr`` + ``rev``) of each scene;
 * ``unet``: SparseResUNet42 eval forward and training step, every sparse convolution
   kernel (forward, input and weight gradient) taken from one build or the other.
@@ -41,7 +41,8 @@ from torch_lattice.ops._runtime import _C, ptr
 
 SUBM3 = ConvGeometry.submanifold((3, 3, 3), (1, 1, 1))
 DOWN2 = ConvGeometry.create(2, 2)
-MAPS = ("subm3", "k2s2", "k2s2_inverse")
+DOWN3 = ConvGeometry.create(3, 2, 1)
+MAPS = ("subm3", "k2s2", "k2s2_inverse", "k3s2p1")
 CONV_KERNELS = ("conv_forward", "conv_weight_grad")
 SIDES = ("base", "this")
 
@@ -100,18 +101,23 @@ def _layer_case(
 
 def _maps(scene: Scene) -> dict[str, tuple[torch.Tensor, int]]:
     """The scene's layer maps, each with its input row count: the 3x3x3 submanifold map,
-    a k2 s2 Conv3d's (onto its generated coarse support) and its inverse transpose's."""
+    a k2 s2 Conv3d's (onto its generated coarse support), its inverse transpose's, and a
+    k3 s2 p1 Conv3d's (onto its own generated support)."""
     x = tl.SparseTensor(torch.zeros(scene.voxels, 1), scene.coords)
     subm = kernel_map(x.support, x.support, SUBM3)
     down = tl.nn.Conv3d(1, 1, 2, stride=2, bias=False)
     with torch.no_grad():
         coarse = down(x)
     dmap = kernel_map(x.support, coarse.support, DOWN2)
+    down3 = tl.nn.Conv3d(1, 1, 3, stride=2, padding=1, bias=False)
+    with torch.no_grad():
+        coarse3 = down3(x)
     n = scene.voxels
     return {
         "subm3": (subm.nbr, n),
         "k2s2": (dmap.nbr, n),
         "k2s2_inverse": (dmap.rev, coarse.coords.shape[0]),
+        "k3s2p1": (kernel_map(x.support, coarse3.support, DOWN3).nbr, n),
     }
 
 

@@ -246,6 +246,14 @@ def test_two_builds_side_by_side(capsys: pytest.CaptureFixture[str]) -> None:
     assert out.count("| bitwise |") == 4  # forward, weight gradient, eval, training step
     assert "| tiny | " in out and "| equal |" in out
     assert builds._C.conv_forward is _C.conv_forward  # the swap was undone
+    strided = [*args, "--groups", "layers", "--maps", *builds.MAPS[1:]]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("sys.argv", ["builds", *strided])
+        assert builds.main() == 0
+    out = capsys.readouterr().out
+    for name in ("| k2s2 |", "| k2s2_inverse |", "| k3s2p1 |"):
+        assert out.count(name) == 2  # forward and weight gradient
+    assert out.count("| bitwise |") == 6
     with pytest.raises(SystemExit, match="disagree"):
         builds._agreement(torch.ones(3), torch.ones(3) * 1.01)
 
