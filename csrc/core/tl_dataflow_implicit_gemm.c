@@ -54,9 +54,18 @@ tl_status tl_implicit_gemm_forward(const tl_ctx *ctx, const tl_conv_desc *d,
     if (st != TL_OK) return st;
     if (d->n_out * d->c_out == 0) return tl_check_nbr(ctx, nbr, d->n_out * d->k, d->n_in);
     tl_mem_prefer_huge(y, d->n_out * d->c_out * tl_dtype_bytes(d->dtype));
-    if (d->dtype == TL_F32) return tl_forward_f32(ctx, d, x, w, nbr, y);
-    if (d->dtype == TL_F64) return tl_forward_f64(ctx, d, x, w, nbr, y);
+    const tl_fwd_rel rel = {nbr, NULL, NULL};
+    if (d->dtype == TL_F32) return tl_forward_f32(ctx, d, x, w, &rel, y);
+    if (d->dtype == TL_F64) return tl_forward_f64(ctx, d, x, w, &rel, y);
     return tl_implicit_gemm_forward_half(ctx, d, x, w, nbr, y);
+}
+
+tl_status tl_implicit_gemm_forward_pairs(const tl_ctx *ctx, const tl_conv_desc *d, const void *x,
+                                         const void *w, const tl_pairs *p, void *y) {
+    const tl_fwd_rel rel = {NULL, p, NULL};
+    if (d->dtype == TL_F32) return tl_forward_f32(ctx, d, x, w, &rel, y);
+    if (d->dtype == TL_F64) return tl_forward_f64(ctx, d, x, w, &rel, y);
+    return TL_ERR_UNSUPPORTED;
 }
 
 tl_status tl_implicit_gemm_weight_grad(const tl_ctx *ctx, const tl_conv_desc *d,

@@ -10,6 +10,7 @@
 #define TL_DATAFLOW_IMPLICIT_GEMM_H
 
 #include "tl_conv.h"
+#include "tl_pairs.h"
 
 #include <stdint.h>
 
@@ -19,6 +20,15 @@
 tl_status tl_implicit_gemm_forward(const tl_ctx *ctx, const tl_conv_desc *d,
                                    const void *x, const void *w,
                                    const int32_t *nbr, void *y);
+
+/* The same output-stationary tiles over per-kernel-row pair lists sorted by
+ * output row (the fetch-on-demand forward, tl_dataflow_pairs.c): each tile
+ * finds its run of every kernel row's pairs by binary search instead of
+ * listing the table.  TL_F32 or TL_F64; arguments and pairs already checked
+ * (tl_pairs_check); y is overwritten.  Bitwise the result of
+ * tl_implicit_gemm_forward over the table the pairs were built from. */
+tl_status tl_implicit_gemm_forward_pairs(const tl_ctx *ctx, const tl_conv_desc *d, const void *x,
+                                         const void *w, const tl_pairs *p, void *y);
 
 /* The TL_BF16 / TL_F16 forward behind tl_implicit_gemm_forward (arguments
  * already checked; tl_dataflow_implicit_gemm_half.c). */

@@ -25,6 +25,7 @@ typedef struct TL_FN(tl_fwd_scratch) {
     int64_t cin;
     int64_t panel_cols; /* see tl_panel_cols */
     int vec;            /* list with AVX-512 (see tl_list_tile) */
+    int64_t rows;       /* output rows per tile */
     int32_t *li, *lr;   /* k x tile rows: listed x rows, tile rows (tl_list_tile) */
     int64_t *lc;        /* k: listed per kernel row */
     const TL_T **xr;    /* tile rows + 3 */
@@ -41,6 +42,7 @@ static int TL_FN(tl_fwd_scratch_init)(TL_FN(tl_fwd_scratch) *s, const tl_ctx *ct
     s->cin = cin;
     s->panel_cols = panel_cols;
     s->vec = tl_simd_capped(ctx->simd_cap) >= TL_SIMD_V4;
+    s->rows = rows;
     s->li = malloc(sizeof(int32_t) * (size_t)(rows * k));
     s->lr = malloc(sizeof(int32_t) * (size_t)(rows * k));
     s->lc = malloc(sizeof(int64_t) * (size_t)k);
@@ -88,15 +90,17 @@ static inline void TL_FN(tl_fwd_group)(TL_FN(tl_fwd_scratch) *s, int R, int64_t 
  * [-1, n_in) before any row it names is read (one pass over nbr instead of
  * two); returns 0, or 1 at the first entry that is not. */
 static int TL_FN(tl_forward_tile)(const tl_conv_desc *d, const TL_T *x, const TL_T *pw,
-                                  const int32_t *nbr, TL_T *y, int64_t o0, int64_t m,
+                                  const tl_fwd_rel *rel, TL_T *y, int64_t o0, int64_t m,
                                   int64_t co0, int64_t cw, TL_FN(tl_fwd_scratch) *s) {
     const int64_t k = d->k, cin = d->c_in, cout = d->c_out, width = s->panel_cols;
     /* Rows per group: 8 on narrow tiles (see tl_mk_ops.rows8_cols), else 4. */
     const int64_t g = cw <= s->mk->rows8_cols ? 8 : 4;
     const TL_T **xr = s->xr;
     TL_T **yr = s->yr;
-    /* Below -1 wraps to above n_in. */
-    if ((int64_t)tl_list_tile(s->vec, nbr, o0, m, k, s->li, s->lr, s->lc) > d->n_in) return 1;
+    if (rel->pairs)
+        tl_list_pairs(rel, o0 / s->rows, o0, m, s->li, s->lr, s->lc);
+    else if ((int64_t)tl_list_tile(s->vec, rel->nbr, o0, m, k, s->li, s->lr, s->lc) > d->n_in)
+        return 1; /* below -1 wraps to above n_in */
     if (cw == cout)
         memset(y + o0 * cout, 0, sizeof(TL_T) * (size_t)(m * cout));
     else
@@ -136,7 +140,7 @@ static int TL_FN(tl_forward_tile)(const tl_conv_desc *d, const TL_T *x, const TL
 }
 
 static tl_status TL_FN(tl_forward)(const tl_ctx *ctx, const tl_conv_desc *d, const TL_T *x,
-                                   const TL_T *w, const int32_t *nbr, TL_T *y) {
+                                   const TL_T *w, const tl_fwd_rel *rel_in, TL_T *y) {
     const int64_t rows = tl_fwd_tile_rows(ctx, d, (int64_t)sizeof(TL_T));
     const int64_t row_tiles = (d->n_out + rows - 1) / rows;
     const int64_t col_tiles = (d->c_out + TL_TILE_COLS - 1) / TL_TILE_COLS;
@@ -151,6 +155,15 @@ static tl_status TL_FN(tl_forward)(const tl_ctx *ctx, const tl_conv_desc *d, con
         tl_pack_panels(d, panel, (int64_t)sizeof(TL_T), w, packed);
     }
     const TL_T *pw = packed ? packed : w;
+    tl_fwd_rel rel_v = *rel_in, *rel = &rel_v;
+    if (rel->pairs) {
+        rel->starts = malloc(sizeof(int64_t) * (size_t)((row_tiles + 1) * rel->pairs->k + 1));
+        if (!rel->starts) {
+            free(packed);
+            return TL_ERR_NOMEM;
+        }
+        tl_pair_starts(ctx, rel->pairs, rows, row_tiles, rel->starts);
+    }
     int failed = 0, invalid = 0;
 #pragma omp parallel num_threads(ctx->threads) reduction(| : failed, invalid)
     {
@@ -164,11 +177,12 @@ static tl_status TL_FN(tl_forward)(const tl_ctx *ctx, const tl_conv_desc *d, con
             int64_t co0 = (t % col_tiles) * TL_TILE_COLS;
             int64_t m = d->n_out - o0 < rows ? d->n_out - o0 : rows;
             int64_t cw = d->c_out - co0 < TL_TILE_COLS ? d->c_out - co0 : TL_TILE_COLS;
-            invalid |= TL_FN(tl_forward_tile)(d, x, pw, nbr, y, o0, m, co0, cw, &s);
+            invalid |= TL_FN(tl_forward_tile)(d, x, pw, rel, y, o0, m, co0, cw, &s);
         }
         TL_FN(tl_fwd_scratch_free)(&s);
     }
     free(packed);
+    free(rel->starts);
     return invalid ? TL_ERR_INVALID : failed ? TL_ERR_NOMEM : TL_OK;
 }
 

@@ -11,6 +11,7 @@
 
 #include "tl_conv.h"
 #include "tl_list.h"
+#include "tl_pairs.h"
 
 /* Forward tiles (see tl_fwd_tile_rows): output block bytes to aim for, so
  * the tile's output rows stay in L2; bounds on its rows; and the fewest
@@ -106,6 +107,49 @@ static inline tl_wgrad_task tl_wgrad_task_of(const tl_wgrad_split *s, const tl_c
     const int64_t p = t / s->groups, g = t % s->groups, o0 = p * s->rows_per;
     return (tl_wgrad_task){p, o0, o0 + s->rows_per < d->n_out ? o0 + s->rows_per : d->n_out,
                            d->k * g / s->groups, d->k * (g + 1) / s->groups};
+}
+
+/* What a forward tile lists its neighbours from: the (n_out, k) table nbr, or
+ * (pairs non-NULL, fetch-on-demand) per-kernel-row pair lists sorted by
+ * output row, already checked (tl_pairs_check), with starts[t * k + n] = the
+ * first pair of kernel row n whose output row is in row tile t or later
+ * (row_tiles + 1 rows of k; see tl_pair_starts). */
+typedef struct tl_fwd_rel {
+    const int32_t *nbr;
+    const tl_pairs *pairs;
+    int64_t *starts;
+} tl_fwd_rel;
+
+/* starts (see tl_fwd_rel) for row tiles of `rows` output rows: one walk
+ * through each kernel row's sorted output rows (kernel rows in parallel). */
+static inline void tl_pair_starts(const tl_ctx *ctx, const tl_pairs *p, int64_t rows,
+                                  int64_t row_tiles, int64_t *starts) {
+    const int64_t k = p->k;
+#pragma omp parallel for num_threads(ctx->threads) schedule(dynamic, 1)
+    for (int64_t n = 0; n < k; n++) {
+        int64_t j = p->offsets[n];
+        const int64_t end = p->offsets[n + 1];
+        for (int64_t t = 0; t <= row_tiles; t++) {
+            while (j < end && p->out[j] < t * rows) j++;
+            starts[t * k + n] = j;
+        }
+    }
+}
+
+/* tl_list_tile's lists from pair lists for row tile t (output rows [o0, o0 +
+ * m)): kernel row n's pairs in it are one run of its sorted list, copied (8
+ * bytes a pair, nothing read for absent ones). */
+static inline void tl_list_pairs(const tl_fwd_rel *rel, int64_t t, int64_t o0, int64_t m,
+                                 int32_t *idx, int32_t *rows, int64_t *cnt) {
+    const tl_pairs *p = rel->pairs;
+    const int64_t k = p->k, *lo = rel->starts + t * k, *hi = lo + k;
+    for (int64_t n = 0; n < k; n++) {
+        cnt[n] = hi[n] - lo[n];
+        for (int64_t j = lo[n]; j < hi[n]; j++) {
+            idx[n * m + j - lo[n]] = p->in[j];
+            rows[n * m + j - lo[n]] = (int32_t)(p->out[j] - o0);
+        }
+    }
 }
 
 /* Asks for the cache lines of the x rows rows[0..4), of row_bytes each. */

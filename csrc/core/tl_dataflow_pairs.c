@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tl_dataflow_implicit_gemm.h"
 #include "tl_mem.h"
 #include "tl_simd.h"
 
@@ -55,9 +56,9 @@ tl_status tl_pairs_forward(const tl_ctx *ctx, tl_pairs_mode mode, const tl_conv_
     if (st != TL_OK) return st;
     if (d->n_out * d->c_out == 0) return TL_OK;
     tl_mem_prefer_huge(y, d->n_out * d->c_out * tl_dtype_bytes(d->dtype));
-    int gather = mode == TL_PAIRS_GATHER_SCATTER;
-    if (d->dtype == TL_F32) return tl_pairs_fwd_f32(ctx, gather, d, x, w, p, y);
-    return tl_pairs_fwd_f64(ctx, gather, d, x, w, p, y);
+    if (mode == TL_PAIRS_FETCH_ON_DEMAND) return tl_implicit_gemm_forward_pairs(ctx, d, x, w, p, y);
+    if (d->dtype == TL_F32) return tl_pairs_fwd_f32(ctx, d, x, w, p, y);
+    return tl_pairs_fwd_f64(ctx, d, x, w, p, y);
 }
 
 tl_status tl_pairs_weight_grad(const tl_ctx *ctx, tl_pairs_mode mode, const tl_conv_desc *d,

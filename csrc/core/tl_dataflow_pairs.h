@@ -1,11 +1,14 @@
 /* The pair-list dataflows on the CPU: fetch-on-demand and gather-scatter
- * (docs/kernel-maps.md).  Both walk kernel rows in order n = 0..k-1 and,
- * within a row, split its pairs among threads; no output row repeats within a
- * kernel row, so outputs are written without atomics, and the summation order
- * per output row (over n) is fixed: results do not depend on threads.
+ * (docs/kernel-maps.md).  Gather-scatter's forward and both weight
+ * gradients walk kernel rows in order n = 0..k-1 and, within a row, split its
+ * pairs among threads; no output row repeats within a kernel row, so outputs
+ * are written without atomics, and the summation order per output row (over
+ * n) is fixed: results do not depend on threads.
  *
  *   fetch-on-demand: each pair reads x[in] and accumulates x[in] @ W_n into
- *                    y[out] directly;
+ *                    y[out] directly; the forward runs implicit GEMM's
+ *                    output tiles over the pair lists
+ *                    (tl_implicit_gemm_forward_pairs: bitwise its result);
  *   gather-scatter:  a block of pairs is gathered into a dense buffer, one
  *                    block GEMM with W_n, then scattered into y[out].
  *

@@ -11,8 +11,8 @@
 
 #include "tl_microkernel_impl.h"
 
-/* Per-thread scratch.  Forward: row pointers of a block, and
- * (gather-scatter) the gathered block.
+/* Per-thread scratch.  Forward (gather-scatter): row pointers of a block and
+ * the gathered block.
  * Weight gradient: row pointers of a chunk and (gather-scatter) its gathered
  * dy rows. */
 typedef struct TL_FN(tl_pairs_scratch) {
@@ -37,36 +37,31 @@ static void TL_FN(tl_scratch_free)(TL_FN(tl_pairs_scratch) *s) {
     free(s->gx);
 }
 
-/* Pairs [j0, j1) of one kernel row: y[out] += x[in] @ wn (the kernel row's
- * c_in x c_out weights).  Gather-scatter gathers the input rows into a dense
- * block, multiplies it into a zeroed block, and scatter-adds that. */
-static void TL_FN(tl_pairs_block)(const tl_conv_desc *d, int gather, const TL_T *x,
-                                  const TL_T *wn, const tl_pairs *p, int64_t j0, int64_t j1,
+/* Gather-scatter, pairs [j0, j1) of one kernel row: y[out] += x[in] @ wn (the
+ * kernel row's c_in x c_out weights): the input rows gathered into a dense
+ * block, multiplied into a zeroed block, and that scatter-added.  (The
+ * fetch-on-demand forward runs implicit GEMM's tiles over the pair lists:
+ * tl_implicit_gemm_forward_pairs.) */
+static void TL_FN(tl_pairs_block)(const tl_conv_desc *d, const TL_T *x, const TL_T *wn,
+                                  const tl_pairs *p, int64_t j0, int64_t j1,
                                   TL_FN(tl_pairs_scratch) *s, TL_T *y) {
     const int64_t cin = d->c_in, cout = d->c_out, m = j1 - j0;
     for (int64_t q = 0; q < m; q++) {
-        const TL_T *src = x + (int64_t)p->in[j0 + q] * cin;
-        TL_T *dst = y + (int64_t)p->out[j0 + q] * cout;
-        if (gather) {
-            memcpy(s->gx + q * cin, src, sizeof(TL_T) * (size_t)cin);
-            memset(s->gy + q * cout, 0, sizeof(TL_T) * (size_t)cout);
-            src = s->gx + q * cin;
-            dst = s->gy + q * cout;
-        }
-        s->xr[q] = src;
-        s->yr[q] = dst;
+        memcpy(s->gx + q * cin, x + (int64_t)p->in[j0 + q] * cin, sizeof(TL_T) * (size_t)cin);
+        memset(s->gy + q * cout, 0, sizeof(TL_T) * (size_t)cout);
+        s->xr[q] = s->gx + q * cin;
+        s->yr[q] = s->gy + q * cout;
     }
     TL_FN(tl_mk_rows)(s->mk, cout, cin, m, s->xr, wn, cout, s->yr);
-    if (gather)
-        for (int64_t q = 0; q < m; q++) {
-            TL_T *dst = y + (int64_t)p->out[j0 + q] * cout;
-            const TL_T *blk = s->gy + q * cout;
-            for (int64_t c = 0; c < cout; c++) dst[c] += blk[c];
-        }
+    for (int64_t q = 0; q < m; q++) {
+        TL_T *dst = y + (int64_t)p->out[j0 + q] * cout;
+        const TL_T *blk = s->gy + q * cout;
+        for (int64_t c = 0; c < cout; c++) dst[c] += blk[c];
+    }
 }
 
-static tl_status TL_FN(tl_pairs_fwd)(const tl_ctx *ctx, int gather, const tl_conv_desc *d,
-                                     const TL_T *x, const TL_T *w, const tl_pairs *p, TL_T *y) {
+static tl_status TL_FN(tl_pairs_fwd)(const tl_ctx *ctx, const tl_conv_desc *d, const TL_T *x,
+                                     const TL_T *w, const tl_pairs *p, TL_T *y) {
     const int64_t cin = d->c_in, cout = d->c_out;
     memset(y, 0, sizeof(TL_T) * (size_t)(d->n_out * cout));
     int failed = 0; /* shared: every thread must reach the same worksharing loops */
@@ -86,7 +81,7 @@ static tl_status TL_FN(tl_pairs_fwd)(const tl_ctx *ctx, int gather, const tl_con
             const int64_t j0 = p->offsets[n], j1 = p->offsets[n + 1];
 #pragma omp for schedule(static)
             for (int64_t j = j0; j < j1; j += TL_PAIR_BLOCK)
-                TL_FN(tl_pairs_block)(d, gather, x, w + n * cin * cout, p, j,
+                TL_FN(tl_pairs_block)(d, x, w + n * cin * cout, p, j,
                                       j + TL_PAIR_BLOCK < j1 ? j + TL_PAIR_BLOCK : j1, &s, y);
         }
         TL_FN(tl_scratch_free)(&s);
