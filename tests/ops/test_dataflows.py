@@ -137,3 +137,31 @@ def test_half_types_accumulate_in_fp32() -> None:
             assert y.dtype == dtype
             tol = 2e-2 if dtype is torch.bfloat16 else 3e-3
             torch.testing.assert_close(y.double(), ref.detach(), rtol=tol, atol=tol)
+
+
+
+@pytest.mark.parametrize("family", [subm, generated, inverse_transpose], ids=lambda f: f.__name__)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_cpu_fetch_on_demand_forward_is_implicit_gemm_bitwise(
+    family: Family, dtype: torch.dtype
+) -> None:
+    """On the CPU fetch-on-demand's forward runs implicit GEMM's tiles over the pair lists
+    (tl_implicit_gemm_forward_pairs), in the same order: the outputs and input gradients
+    (a forward over the reversed pairs) are bitwise implicit GEMM's, at any thread count."""
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            out = []
+            for dataflow in (F.Dataflow.ImplicitGEMM, F.Dataflow.FetchOnDemand):
+                x = _input("cpu", seed=threads)
+                x = tl.SparseTensor(x.feats.detach().to(dtype).requires_grad_(), x.coords)
+                with F.conv_config(dataflow=dataflow):
+                    y, _ = family(x, F.ConvConfig())
+                    (dx,) = torch.autograd.grad(y.feats.sum(), [x.feats])
+                out.append((y.feats, dx))
+            (y_ig, dx_ig), (y_fod, dx_fod) = out
+            assert y_ig.dtype == dtype and y_ig.abs().sum() > 0
+            assert torch.equal(y_ig, y_fod) and torch.equal(dx_ig, dx_fod)
+    finally:
+        torch.set_num_threads(before)
