@@ -82,13 +82,13 @@ static void tl_half_scratch_free(tl_half_scratch *s) {
     free(s->zero);
 }
 
-/* Listed rows [p, p + R) (R = 4 or 2) += their x rows times the kernel row
+/* Listed rows [p, p + R) (R = 8, 4 or 2) += their x rows times the kernel row
  * n's panel of wb columns starting at tile column j (tile columns start at
  * co0). */
 static void tl_half_group(const tl_half_call *f, tl_half_scratch *s, int R, int64_t p, int64_t n,
                           int64_t co0, int64_t j, int64_t wb) {
     const tl_conv_desc *d = f->d;
-    float *o[4];
+    float *o[8];
     for (int r = 0; r < R; r++) o[r] = s->yr[p + r] + j;
     if (f->dot) {
 #if TL_SIMD_X86
@@ -100,8 +100,10 @@ static void tl_half_group(const tl_half_call *f, tl_half_scratch *s, int R, int6
     const float *panel = f->pw_f32 + n * d->c_in * d->c_out + (co0 + j) * d->c_in;
     if (R == 2)
         f->mk->rows_2(wb, d->c_in, s->xf + p, panel, wb, o);
-    else
+    else if (R == 4)
         f->mk->rows_4(wb, d->c_in, s->xf + p, panel, wb, o);
+    else
+        f->mk->rows_8(wb, d->c_in, s->xf + p, panel, wb, o);
 }
 
 /* One tile: output rows [o0, o0+m), columns [co0, co0+cw), as the float
@@ -112,6 +114,9 @@ static int tl_half_tile(const tl_half_call *f, const uint16_t *x, const int32_t 
                         int64_t o0, int64_t m, int64_t co0, int64_t cw, tl_half_scratch *s) {
     const tl_conv_desc *d = f->d;
     const int64_t k = d->k, cin = d->c_in, cout = d->c_out, width = f->panel_cols;
+    /* Rows per group: 8 on tiles at most 32 floats wide with AVX-512 (both
+     * kernels' 8-row blocks hold 2 vectors of 16), else 4. */
+    const int64_t g = cw <= 32 && f->level >= TL_SIMD_V4 ? 8 : 4;
     memset(s->acc, 0, sizeof(float) * (size_t)(m * cw));
     if ((int64_t)tl_list_tile(f->level >= TL_SIMD_V4, nbr, o0, m, k, s->li, s->lr, s->lc) >
         d->n_in)
@@ -136,12 +141,15 @@ static int tl_half_tile(const tl_half_call *f, const uint16_t *x, const int32_t 
         }
         for (int64_t j = 0; j < cw; j += width) {
             const int64_t wb = cw - j < width ? cw - j : width;
-            for (int64_t p = 0; p < full; p += 4) {
+            int64_t p = 0;
+            for (; p + g <= full; p += g) {
                 /* The next group's x rows (as the float forward does). */
-                if (f->dot && j == 0 && p + 8 <= full)
-                    TL_PREFETCH_ROWS(s->xh + p + 4, cin * (int64_t)sizeof(uint16_t));
-                tl_half_group(f, s, 4, p, n, co0, j, wb);
+                if (f->dot && j == 0 && p + 2 * g <= full)
+                    for (int64_t q = p + g; q < p + 2 * g; q += 4)
+                        TL_PREFETCH_ROWS(s->xh + q, cin * (int64_t)sizeof(uint16_t));
+                tl_half_group(f, s, (int)g, p, n, co0, j, wb);
             }
+            if (p < full) tl_half_group(f, s, 4, p, n, co0, j, wb);
             if (pad) tl_half_group(f, s, (int)pad, full, n, co0, j, wb);
         }
     }

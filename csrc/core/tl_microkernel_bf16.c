@@ -69,13 +69,13 @@ TL_TARGET_BF16 void tl_bf16_wgrad_pack(int64_t c, int64_t cin, int64_t cout,
  * one 32-bit value) with NV weight vectors at wp (16 columns x the same two
  * channels each; the last vector's columns limited by mask). */
 static inline __attribute__((always_inline)) TL_TARGET_BF16 void tl_bf16_step(
-    int R, int NV, __mmask16 mask, const uint16_t *wp, const uint32_t *xp, __m512 acc[4][4]) {
+    int R, int NV, __mmask16 mask, const uint16_t *wp, const uint32_t *xp, __m512 acc[8][4]) {
     __m512i wv[4];
 #pragma GCC unroll 4
     for (int v = 0; v < NV; v++)
         wv[v] = v == NV - 1 && mask != 0xffff ? _mm512_maskz_loadu_epi32(mask, wp + 32 * v)
                                               : _mm512_loadu_si512(wp + 32 * v);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int r = 0; r < R; r++) {
         const __m512i xb = _mm512_set1_epi32((int)xp[r]);
 #pragma GCC unroll 4
@@ -92,12 +92,12 @@ static inline __attribute__((always_inline)) TL_TARGET_BF16 void tl_bf16_step(
 static inline __attribute__((always_inline)) TL_TARGET_BF16 void tl_bf16_block(
     int R, int NV, __mmask16 mask, int64_t j, int64_t cin, const uint16_t *const *a,
     const uint16_t *panel, int64_t wb, float *const *out) {
-    __m512 acc[4][4];
+    __m512 acc[8][4];
     for (int r = 0; r < R; r++)
         for (int v = 0; v < NV; v++) acc[r][v] = _mm512_setzero_ps();
     const int64_t pairs = cin / 2;
     const uint16_t *wp = panel + 2 * j;
-    uint32_t xp[4];
+    uint32_t xp[8];
 #pragma GCC unroll 2
     for (int64_t p = 0; p < pairs; p++, wp += 2 * wb) {
         for (int r = 0; r < R; r++) memcpy(&xp[r], a[r] + 2 * p, sizeof xp[r]);
@@ -134,6 +134,24 @@ static inline __attribute__((always_inline)) TL_TARGET_BF16 void tl_bf16_columns
         tl_bf16_block(R, 1, (__mmask16)((1u << (cw - j)) - 1u), j, cin, a, panel, cw, out);
 }
 
+/* 8 rows x at most 2 vectors (16 accumulators): narrow layers, where 4 rows of
+ * one or two vectors leave the dot products' latency exposed. */
+static TL_TARGET_BF16 void tl_bf16_rows_8(int64_t cw, int64_t cin, const uint16_t *const *a,
+                                          const uint16_t *panel, float *const *out) {
+    int64_t j = 0, vecs = cw / 16;
+    if (vecs >= 2) {
+        tl_bf16_block(8, 2, 0xffff, j, cin, a, panel, cw, out);
+        vecs -= 2;
+        j += 32;
+    }
+    if (vecs) {
+        tl_bf16_block(8, 1, 0xffff, j, cin, a, panel, cw, out);
+        j += 16;
+    }
+    if (j < cw)
+        tl_bf16_block(8, 1, (__mmask16)((1u << (cw - j)) - 1u), j, cin, a, panel, cw, out);
+}
+
 static TL_TARGET_BF16 void tl_bf16_rows_4(int64_t cw, int64_t cin, const uint16_t *const *a,
                                           const uint16_t *panel, float *const *out) {
     tl_bf16_columns(4, cw, cin, a, panel, out);
@@ -150,7 +168,7 @@ static TL_TARGET_BF16 void tl_bf16_rows_2(int64_t cw, int64_t cin, const uint16_
 static inline __attribute__((always_inline)) TL_TARGET_BF16 void tl_bf16_wgrad_block(
     int NV, __mmask16 mask, int64_t j, int64_t cout, int64_t tp, const uint32_t *xs,
     const uint16_t *dp, float *out, int64_t ldo, int64_t valid) {
-    __m512 acc[4][4];
+    __m512 acc[8][4];
     for (int r = 0; r < 4; r++)
         for (int v = 0; v < NV; v++) acc[r][v] = _mm512_setzero_ps();
 #pragma GCC unroll 2
@@ -196,7 +214,9 @@ TL_TARGET_BF16 void tl_bf16_wgrad_panel(int64_t cin, int64_t cout, int64_t tp,
 
 void tl_bf16_rows(int R, int64_t cw, int64_t cin, const uint16_t *const *a,
                   const uint16_t *panel, float *const *out) {
-    if (R == 4)
+    if (R == 8)
+        tl_bf16_rows_8(cw, cin, a, panel, out);
+    else if (R == 4)
         tl_bf16_rows_4(cw, cin, a, panel, out);
     else
         tl_bf16_rows_2(cw, cin, a, panel, out);
