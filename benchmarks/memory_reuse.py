@@ -5,8 +5,9 @@
 The setting is process-wide and cannot be undone for memory already kept, so the two
 sides run in separate processes, alternated ``--rounds`` times so both see the same
 machine state; each process times ``--steps`` calls after one warm-up (medians) and
-reports its peak resident size. Each step is the benchmark's network call on the scene
-(eval forward, or forward + backward of a squared-mean loss, maps built in the call).
+reports its peak resident size. Each step is the benchmark suite's network call on the scene
+(``benchmarks.workloads._resunet_step``: eval forward, or forward + backward of a
+squared-mean loss, maps built in the call).
 Both sides must compute the same loss to the bit before any time is reported.
 """
 
@@ -28,20 +29,18 @@ def _child(scene_name: str, step_name: str, side: str, steps: int) -> dict[str, 
 
     import torch_lattice as tl
     from benchmarks.scenes import make_scene
+    from benchmarks.workloads import _resunet_step
 
     if side == "reuse" and not tl.reuse_cpu_memory():
         raise SystemExit("reuse_cpu_memory: not applied (the C library is not glibc)")
-    scene = make_scene(scene_name)
-    torch.manual_seed(0)
-    net = tl.backbones.SparseResUNet42(4, 20).train(step_name == "train")
-    feats = torch.randn(scene.voxels, 4, generator=torch.Generator().manual_seed(1))
+    train = step_name == "train"
+    net_step = _resunet_step(
+        tl.backbones.SparseResUNet42, make_scene(scene_name), 4, train, torch.float32
+    )
 
     def step() -> float:
-        with torch.set_grad_enabled(step_name == "train"):
-            loss = net(tl.SparseTensor(feats, scene.coords)).feats.square().mean()
-            if step_name == "train":
-                loss.backward()
-        return float(loss)
+        out = net_step()  # the loss (training), or the output (eval)
+        return float(out if train else out.feats.square().mean())
 
     loss = step()
     times = []

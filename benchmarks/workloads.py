@@ -434,8 +434,10 @@ def _resunet_step(
 
     if grad:
 
-        def step() -> None:
-            net(fresh()).feats.float().square().mean().backward()
+        def step() -> torch.Tensor:
+            loss = net(fresh()).feats.float().square().mean()
+            loss.backward()
+            return loss
 
         return step
     return torch.no_grad()(lambda: net(fresh()))

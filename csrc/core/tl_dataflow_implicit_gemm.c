@@ -54,7 +54,7 @@ tl_status tl_implicit_gemm_forward(const tl_ctx *ctx, const tl_conv_desc *d,
     if (st != TL_OK) return st;
     if (d->n_out * d->c_out == 0) return tl_check_nbr(ctx, nbr, d->n_out * d->k, d->n_in);
     tl_mem_prefer_huge(y, d->n_out * d->c_out * tl_dtype_bytes(d->dtype));
-    const tl_fwd_rel rel = {nbr, NULL, NULL};
+    const tl_fwd_rel rel = {nbr, NULL, NULL, 0};
     if (d->dtype == TL_F32) return tl_forward_f32(ctx, d, x, w, &rel, y);
     if (d->dtype == TL_F64) return tl_forward_f64(ctx, d, x, w, &rel, y);
     return tl_implicit_gemm_forward_half(ctx, d, x, w, nbr, y);
@@ -62,7 +62,7 @@ tl_status tl_implicit_gemm_forward(const tl_ctx *ctx, const tl_conv_desc *d,
 
 tl_status tl_implicit_gemm_forward_pairs(const tl_ctx *ctx, const tl_conv_desc *d, const void *x,
                                          const void *w, const tl_pairs *p, void *y) {
-    const tl_fwd_rel rel = {NULL, p, NULL};
+    const tl_fwd_rel rel = {NULL, p, NULL, 0};
     if (d->dtype == TL_F32) return tl_forward_f32(ctx, d, x, w, &rel, y);
     if (d->dtype == TL_F64) return tl_forward_f64(ctx, d, x, w, &rel, y);
     return TL_ERR_UNSUPPORTED;

@@ -23,8 +23,8 @@ tl_status tl_implicit_gemm_forward(const tl_ctx *ctx, const tl_conv_desc *d,
 
 /* The same output-stationary tiles over per-kernel-row pair lists sorted by
  * output row (the fetch-on-demand forward, tl_dataflow_pairs.c): each tile
- * finds its run of every kernel row's pairs by binary search instead of
- * listing the table.  TL_F32 or TL_F64; arguments and pairs already checked
+ * takes its run of every kernel row's pairs (found by one walk through each
+ * kernel row per call) instead of listing the table.  TL_F32 or TL_F64; arguments and pairs already checked
  * (tl_pairs_check); y is overwritten.  Bitwise the result of
  * tl_implicit_gemm_forward over the table the pairs were built from. */
 tl_status tl_implicit_gemm_forward_pairs(const tl_ctx *ctx, const tl_conv_desc *d, const void *x,

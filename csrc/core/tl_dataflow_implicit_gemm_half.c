@@ -133,7 +133,8 @@ static int tl_half_tile(const tl_half_call *f, const uint16_t *x, const int32_t 
                 tl_half_row_to_f32(f->level, d->dtype, s->xh[t], cin, s->stage + t * cin);
                 s->xf[t] = s->stage + t * cin;
             }
-        int64_t full = c / 4 * 4, pad = c - full == 3 ? 4 : (c - full + 1) / 2 * 2;
+        int64_t full;
+        const int64_t pad = tl_group_pad(c, &full);
         for (; c < full + pad; c++) {
             s->xh[c] = (const uint16_t *)(const void *)s->zero;
             s->xf[c] = s->zero;
@@ -141,16 +142,10 @@ static int tl_half_tile(const tl_half_call *f, const uint16_t *x, const int32_t 
         }
         for (int64_t j = 0; j < cw; j += width) {
             const int64_t wb = cw - j < width ? cw - j : width;
-            int64_t p = 0;
-            for (; p + g <= full; p += g) {
-                /* The next group's x rows (as the float forward does). */
-                if (f->dot && j == 0 && p + 2 * g <= full)
-                    for (int64_t q = p + g; q < p + 2 * g; q += 4)
-                        TL_PREFETCH_ROWS(s->xh + q, cin * (int64_t)sizeof(uint16_t));
-                tl_half_group(f, s, (int)g, p, n, co0, j, wb);
-            }
-            if (p < full) tl_half_group(f, s, 4, p, n, co0, j, wb);
-            if (pad) tl_half_group(f, s, (int)pad, full, n, co0, j, wb);
+#define TL_GROUP(p, R) tl_half_group(f, s, (int)(R), (p), n, co0, j, wb)
+            TL_RUN_GROUPS(full, pad, g, f->dot && j == 0, s->xh, cin * (int64_t)sizeof(uint16_t),
+                          TL_GROUP);
+#undef TL_GROUP
         }
     }
     for (int64_t r = 0; r < m; r++)
@@ -264,13 +259,8 @@ static void tl_half_wg_rows(const tl_half_call *f, const uint16_t *x, const uint
     for (int64_t b0 = o0; b0 < o1; b0 += TL_WGRAD_PAIRS) {
         const int64_t b1 = b0 + TL_WGRAD_PAIRS < o1 ? b0 + TL_WGRAD_PAIRS : o1;
         for (int64_t n = n0; n < n1; n++) {
-            int64_t c = 0;
-            for (int64_t o = b0; o < b1; o++) {
-                int32_t i = nbr[o * k + n];
-                if (i < 0) continue;
-                s->xq[c] = x + (int64_t)i * cin;
-                s->dq[c++] = dy + o * cout;
-            }
+            int64_t c;
+            TL_WGRAD_LIST(nbr, k, n, b0, b1, x, cin, dy, cout, s->xq, s->dq, c);
             if (c == 0) continue;
             if (f->dot) {
 #if TL_SIMD_X86

@@ -15,17 +15,14 @@
 #include "tl_microkernel_impl.h"
 
 /* Scratch of one forward worker: the micro-kernels and panel width (chosen
- * once per call), the tile's listed x and y row pointers of one kernel row, a
- * zero x row and a sink y row that pad the last group of a kernel row to 4 (a
- * 1-row pass costs as much as a 4-row one: both are bound by the weight
- * loads, so padding makes the remainder up to 3x cheaper on sparse scenes; a
- * remainder of 1 or 2 rows runs the 2-row pass, which costs half). */
+ * once per call), the tile's lists, the listed x and y row pointers of one
+ * kernel row, and a zero x row and a sink y row that pad the last group of a
+ * kernel row (see tl_group_pad). */
 typedef struct TL_FN(tl_fwd_scratch) {
     const TL_FN(tl_mk_ops) *mk;
     int64_t cin;
     int64_t panel_cols; /* see tl_panel_cols */
     int vec;            /* list with AVX-512 (see tl_list_tile) */
-    int64_t rows;       /* output rows per tile */
     int32_t *li, *lr;   /* k x tile rows: listed x rows, tile rows (tl_list_tile) */
     int64_t *lc;        /* k: listed per kernel row */
     const TL_T **xr;    /* tile rows + 3 */
@@ -42,7 +39,6 @@ static int TL_FN(tl_fwd_scratch_init)(TL_FN(tl_fwd_scratch) *s, const tl_ctx *ct
     s->cin = cin;
     s->panel_cols = panel_cols;
     s->vec = tl_simd_capped(ctx->simd_cap) >= TL_SIMD_V4;
-    s->rows = rows;
     s->li = malloc(sizeof(int32_t) * (size_t)(rows * k));
     s->lr = malloc(sizeof(int32_t) * (size_t)(rows * k));
     s->lc = malloc(sizeof(int64_t) * (size_t)k);
@@ -98,7 +94,7 @@ static int TL_FN(tl_forward_tile)(const tl_conv_desc *d, const TL_T *x, const TL
     const TL_T **xr = s->xr;
     TL_T **yr = s->yr;
     if (rel->pairs)
-        tl_list_pairs(rel, o0 / s->rows, o0, m, s->li, s->lr, s->lc);
+        tl_list_pairs(rel, o0, m, s->li, s->lr, s->lc);
     else if ((int64_t)tl_list_tile(s->vec, rel->nbr, o0, m, k, s->li, s->lr, s->lc) > d->n_in)
         return 1; /* below -1 wraps to above n_in */
     if (cw == cout)
@@ -112,9 +108,8 @@ static int TL_FN(tl_forward_tile)(const tl_conv_desc *d, const TL_T *x, const TL
         TL_POINT_ROWS(s->li + n * m, s->lr + n * m, c, x, cin * (int64_t)sizeof(TL_T), xr,
                       const TL_T *, yr, TL_YROW);
 #undef TL_YROW
-        /* Groups of g rows, then one of 4 if 4 are left (g = 8), then the
-         * last padded to 4 rows, or to 2 when it has 1 or 2. */
-        int64_t full = c / 4 * 4, pad = c - full == 3 ? 4 : (c - full + 1) / 2 * 2;
+        int64_t full;
+        const int64_t pad = tl_group_pad(c, &full);
         for (; c < full + pad; c++) {
             xr[c] = s->zero;
             yr[c] = s->sink;
@@ -122,18 +117,9 @@ static int TL_FN(tl_forward_tile)(const tl_conv_desc *d, const TL_T *x, const TL
         for (int64_t j = 0; j < cw; j += width) {
             const int64_t wb = cw - j < width ? cw - j : width;
             const TL_T *panel = pw + n * cin * cout + (co0 + j) * cin;
-            int64_t p = 0;
-            for (; p + g <= full; p += g) {
-                /* The next group's x rows, while this one computes: on strided
-                 * and transposed maps each x row is read once, so they come
-                 * from memory (1.1-1.5x there; subm 1.0-1.1x). */
-                if (j == 0 && p + 2 * g <= full)
-                    for (int64_t q = p + g; q < p + 2 * g; q += 4)
-                        TL_PREFETCH_ROWS(xr + q, cin * (int64_t)sizeof(TL_T));
-                TL_FN(tl_fwd_group)(s, (int)g, wb, panel, xr + p, yr + p, j);
-            }
-            if (p < full) TL_FN(tl_fwd_group)(s, 4, wb, panel, xr + p, yr + p, j);
-            if (pad) TL_FN(tl_fwd_group)(s, (int)pad, wb, panel, xr + full, yr + full, j);
+#define TL_GROUP(p, R) TL_FN(tl_fwd_group)(s, (int)(R), wb, panel, xr + (p), yr + (p), j)
+            TL_RUN_GROUPS(full, pad, g, j == 0, xr, cin * (int64_t)sizeof(TL_T), TL_GROUP);
+#undef TL_GROUP
         }
     }
     return 0;
@@ -162,6 +148,7 @@ static tl_status TL_FN(tl_forward)(const tl_ctx *ctx, const tl_conv_desc *d, con
             free(packed);
             return TL_ERR_NOMEM;
         }
+        rel->tile_rows = rows;
         tl_pair_starts(ctx, rel->pairs, rows, row_tiles, rel->starts);
     }
     int failed = 0, invalid = 0;
@@ -227,13 +214,8 @@ static void TL_FN(tl_wgrad_rows)(const tl_conv_desc *d, const TL_T *x, const TL_
     for (int64_t b0 = o0; b0 < o1; b0 += TL_WGRAD_PAIRS) {
         int64_t b1 = b0 + TL_WGRAD_PAIRS < o1 ? b0 + TL_WGRAD_PAIRS : o1;
         for (int64_t n = n0; n < n1; n++) {
-            int64_t c = 0;
-            for (int64_t o = b0; o < b1; o++) {
-                int32_t i = nbr[o * d->k + n];
-                if (i < 0) continue;
-                s->xq[c] = x + (int64_t)i * d->c_in;
-                s->dq[c++] = dy + o * d->c_out;
-            }
+            int64_t c;
+            TL_WGRAD_LIST(nbr, d->k, n, b0, b1, x, d->c_in, dy, d->c_out, s->xq, s->dq, c);
             if (c == 0) continue;
             if (d->c_in >= TL_WGRAD_PACK_MIN_CIN) {
                 TL_FN(tl_wgrad_pack)(d, c, s);

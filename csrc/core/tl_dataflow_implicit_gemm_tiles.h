@@ -73,9 +73,7 @@ static inline int64_t tl_fwd_tile_rows(const tl_ctx *ctx, const tl_conv_desc *d,
  * L1/L2 across the passes. */
 #define TL_WGRAD_PAIRS 256
 /* Pairs ahead that the weight gradient asks for an x row while packing. */
-#ifndef TL_WGRAD_AHEAD
 #define TL_WGRAD_AHEAD 8
-#endif
 /* The weight gradient's tasks (see TL_WGRAD_PARTS): `parts` output-row parts
  * of rows_per rows, each cut into `groups` groups of kernel rows (so large
  * layers, with few parts, still give every thread work; groups write disjoint
@@ -112,12 +110,13 @@ static inline tl_wgrad_task tl_wgrad_task_of(const tl_wgrad_split *s, const tl_c
 /* What a forward tile lists its neighbours from: the (n_out, k) table nbr, or
  * (pairs non-NULL, fetch-on-demand) per-kernel-row pair lists sorted by
  * output row, already checked (tl_pairs_check), with starts[t * k + n] = the
- * first pair of kernel row n whose output row is in row tile t or later
- * (row_tiles + 1 rows of k; see tl_pair_starts). */
+ * first pair of kernel row n whose output row is in row tile t (of tile_rows
+ * rows) or later (row_tiles + 1 rows of k; see tl_pair_starts). */
 typedef struct tl_fwd_rel {
     const int32_t *nbr;
     const tl_pairs *pairs;
     int64_t *starts;
+    int64_t tile_rows;
 } tl_fwd_rel;
 
 /* starts (see tl_fwd_rel) for row tiles of `rows` output rows: one walk
@@ -136,13 +135,13 @@ static inline void tl_pair_starts(const tl_ctx *ctx, const tl_pairs *p, int64_t 
     }
 }
 
-/* tl_list_tile's lists from pair lists for row tile t (output rows [o0, o0 +
- * m)): kernel row n's pairs in it are one run of its sorted list, copied (8
- * bytes a pair, nothing read for absent ones). */
-static inline void tl_list_pairs(const tl_fwd_rel *rel, int64_t t, int64_t o0, int64_t m,
-                                 int32_t *idx, int32_t *rows, int64_t *cnt) {
+/* tl_list_tile's lists from pair lists for the row tile of output rows [o0,
+ * o0 + m): kernel row n's pairs in it are one run of its sorted list, copied
+ * (8 bytes a pair, nothing read for absent ones). */
+static inline void tl_list_pairs(const tl_fwd_rel *rel, int64_t o0, int64_t m, int32_t *idx,
+                                 int32_t *rows, int64_t *cnt) {
     const tl_pairs *p = rel->pairs;
-    const int64_t k = p->k, *lo = rel->starts + t * k, *hi = lo + k;
+    const int64_t k = p->k, *lo = rel->starts + o0 / rel->tile_rows * k, *hi = lo + k;
     for (int64_t n = 0; n < k; n++) {
         cnt[n] = hi[n] - lo[n];
         for (int64_t j = lo[n]; j < hi[n]; j++) {
@@ -160,13 +159,56 @@ static inline void tl_list_pairs(const tl_fwd_rel *rel, int64_t t, int64_t o0, i
                 __builtin_prefetch((const char *)(ROWS)[r_] + b_);                          \
     } while (0)
 
+/* How a kernel row's c listed rows of a tile run: rows [0, *full) in groups
+ * (see TL_RUN_GROUPS), then the returned pad rows (0, 2 or 4) as one group,
+ * the last 1 to 3 rows padded with a zero x row and a sink y row by the
+ * caller: a 1-row pass costs as much as a 4-row one (both are bound by the
+ * weight loads), and a remainder of 1 or 2 rows runs the 2-row pass. */
+static inline int64_t tl_group_pad(int64_t c, int64_t *full) {
+    *full = c / 4 * 4;
+    return c - *full == 3 ? 4 : (c - *full + 1) / 2 * 2;
+}
+
+/* Runs GROUP(p, R) over the groups of rows [0, FULL + PAD) (tl_group_pad):
+ * groups of G (8 or 4) rows, one of 4 if 4 are left, then the padded one.
+ * Where PREFETCH holds, the next group's x rows XR[] (ROW_BYTES each) are
+ * asked for while a group computes: on strided and transposed maps each x
+ * row is read once, so they come from memory (1.1-1.5x there; subm
+ * 1.0-1.1x). */
+#define TL_RUN_GROUPS(FULL, PAD, G, PREFETCH, XR, ROW_BYTES, GROUP)                          \
+    do {                                                                                     \
+        int64_t p_ = 0;                                                                      \
+        for (; p_ + (G) <= (FULL); p_ += (G)) {                                              \
+            if ((PREFETCH) && p_ + 2 * (G) <= (FULL))                                        \
+                for (int64_t q_ = p_ + (G); q_ < p_ + 2 * (G); q_ += 4)                      \
+                    TL_PREFETCH_ROWS((XR) + q_, (ROW_BYTES));                                \
+            GROUP(p_, (G));                                                                  \
+        }                                                                                    \
+        if (p_ < (FULL)) GROUP(p_, 4);                                                       \
+        if (PAD) GROUP((FULL), (PAD));                                                       \
+    } while (0)
+
+/* Kernel row N's pairs among output rows [B0, B1) of the (n_out, K) table
+ * NBR (entries already checked), for the weight gradient: the c-th present
+ * one's x row XQ[c] = X + i * XSTRIDE and dy row DQ[c] = DY + o * DSTRIDE;
+ * leaves the count in C. */
+#define TL_WGRAD_LIST(NBR, K, N, B0, B1, X, XSTRIDE, DY, DSTRIDE, XQ, DQ, C)                 \
+    do {                                                                                     \
+        (C) = 0;                                                                             \
+        for (int64_t o_ = (B0); o_ < (B1); o_++) {                                           \
+            const int32_t i_ = (NBR)[o_ * (K) + (N)];                                        \
+            if (i_ < 0) continue;                                                            \
+            (XQ)[C] = (X) + (int64_t)i_ * (XSTRIDE);                                         \
+            (DQ)[(C)++] = (DY) + o_ * (DSTRIDE);                                             \
+        }                                                                                    \
+    } while (0)
+
 /* The x and y row pointers of the c rows that tl_list_tile listed for one
  * kernel row (idx: their x rows, XROW_BYTES apart from X, cast to XTYPE;
  * rows: their output rows r, YROW(r)), after the caller checked every idx is
- * below n_in.  Each
- * listed x row's first two cache lines are asked for here, well before its
- * group runs (1.0-1.4x; most on sparse and strided maps, where x rows come
- * from memory). */
+ * below n_in.  Each listed x row's first two cache lines are asked for here,
+ * well before its group runs (1.0-1.4x; most on sparse and strided maps,
+ * where x rows come from memory). */
 #define TL_POINT_ROWS(IDX, ROWS, C, X, XROW_BYTES, XR, XTYPE, YR, YROW)                        \
     do {                                                                                     \
         for (int64_t q_ = 0; q_ < (C); q_++) {                                               \

@@ -10,22 +10,26 @@
  * a row up to 16 / k times, each one a few instructions. */
 #define TL_LIST_VEC_MIN_K 4
 
-/* The present entry e = nbr[o0 + r][n] goes to the end of kernel row n's
- * list. */
-#define TL_LIST_PUT(E, R, N)                                                                 \
-    do {                                                                                     \
-        const int64_t at_ = (N) * m + cnt[N]++;                                              \
-        idx[at_] = (E);                                                                      \
-        rows[at_] = (R);                                                                     \
-    } while (0)
-
 #if TL_SIMD_X86
 #include <immintrin.h>
 
+/* Lanes whose kernel row *nv reached k start the next row: kernel row - k,
+ * row + 1 (as often as it takes; at most 16 / k times). */
+static inline __attribute__((always_inline)) TL_TARGET_V4 void tl_list_wrap(__m512i *nv,
+                                                                            __m512i *rv,
+                                                                            __m512i kk) {
+    const __m512i one = _mm512_set1_epi32(1);
+    for (__mmask16 over; (over = _mm512_cmpge_epi32_mask(*nv, kk));) {
+        *nv = _mm512_mask_sub_epi32(*nv, over, *nv, kk);
+        *rv = _mm512_mask_add_epi32(*rv, over, *rv, one);
+    }
+}
+
 /* 16 entries a step, across row ends (k >= TL_LIST_VEC_MIN_K): compare with
  * 0, compress the present ones with their row and kernel row to the front of
- * a vector, and put them from a small buffer.  The table streams from memory once per
- * call, so it is asked for TL_LIST_AHEAD bytes ahead (1.2-1.4x at C = 16). */
+ * a vector, and put them from a small buffer.  The table streams from memory
+ * once per call, so it is asked for TL_LIST_AHEAD bytes ahead (1.2-1.4x at
+ * C = 16). */
 static TL_TARGET_V4 uint32_t tl_list_v4(const int32_t *nbr, int64_t o0, int64_t m, int64_t k,
                                         int32_t *idx, int32_t *rows, int64_t *cnt) {
     const int32_t *t = nbr + o0 * k;
@@ -36,10 +40,7 @@ static TL_TARGET_V4 uint32_t tl_list_v4(const int32_t *nbr, int64_t o0, int64_t 
      * (p + l) % k, carried from step to step without a division. */
     __m512i nv = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     __m512i rv = zero;
-    for (__mmask16 over; (over = _mm512_cmpge_epi32_mask(nv, kk));) {
-        nv = _mm512_mask_sub_epi32(nv, over, nv, kk);
-        rv = _mm512_mask_add_epi32(rv, over, rv, one);
-    }
+    tl_list_wrap(&nv, &rv, kk);
     __m512i most = zero;
     int32_t be[16], br[16], bn[16];
     for (int64_t p = 0; p < all; p += 16) {
@@ -54,13 +55,14 @@ static TL_TARGET_V4 uint32_t tl_list_v4(const int32_t *nbr, int64_t o0, int64_t 
             _mm512_storeu_si512((void *)br, _mm512_maskz_compress_epi32(here, rv));
             _mm512_storeu_si512((void *)bn, _mm512_maskz_compress_epi32(here, nv));
             const int c = __builtin_popcount((unsigned)here);
-            for (int q = 0; q < c; q++) TL_LIST_PUT(be[q], br[q], (int64_t)bn[q]);
+            for (int q = 0; q < c; q++) { /* to the end of its kernel row's list */
+                const int64_t at = bn[q] * m + cnt[bn[q]]++;
+                idx[at] = be[q];
+                rows[at] = br[q];
+            }
         }
-        nv = _mm512_add_epi32(nv, step); /* wraps at most 16 / k times */
-        for (__mmask16 over; (over = _mm512_cmpge_epi32_mask(nv, kk));) {
-            nv = _mm512_mask_sub_epi32(nv, over, nv, kk);
-            rv = _mm512_mask_add_epi32(rv, over, rv, one);
-        }
+        nv = _mm512_add_epi32(nv, step);
+        tl_list_wrap(&nv, &rv, kk);
     }
     return _mm512_reduce_max_epu32(most);
 }
