@@ -103,7 +103,7 @@ static void tl_half_group(const tl_half_call *f, tl_half_scratch *s, int R, int6
     else if (R == 4)
         f->mk->rows_4(wb, d->c_in, s->xf + p, panel, wb, o);
     else
-        f->mk->rows_8(wb, d->c_in, s->xf + p, panel, wb, o);
+        f->mk->rows_8(wb, d->c_in, 8, s->xf + p, panel, wb, s->yr + p, j);
 }
 
 /* One tile: output rows [o0, o0+m), columns [co0, co0+cw), as the float

@@ -58,7 +58,7 @@ static void TL_FN(tl_fwd_scratch_free)(TL_FN(tl_fwd_scratch) *s) {
     free(s->zero);
 }
 
-/* Output rows out[0..R) (R = 8, 4 or 2), columns [j, j + wb), += their listed
+/* Output rows out[0..R) (R = 4 or 2), columns [j, j + wb), += their listed
  * x rows times the c_in x wb panel. */
 static inline void TL_FN(tl_fwd_group)(TL_FN(tl_fwd_scratch) *s, int R, int64_t wb,
                                        const TL_T *panel, const TL_T *const *xr,
@@ -70,10 +70,8 @@ static inline void TL_FN(tl_fwd_group)(TL_FN(tl_fwd_scratch) *s, int R, int64_t 
     }
     if (R == 2)
         s->mk->rows_2(wb, s->cin, xr, panel, wb, yr);
-    else if (R == 4)
-        s->mk->rows_4(wb, s->cin, xr, panel, wb, yr);
     else
-        s->mk->rows_8(wb, s->cin, xr, panel, wb, yr);
+        s->mk->rows_4(wb, s->cin, xr, panel, wb, yr);
 }
 
 /* One tile: output rows [o0, o0+m), columns [co0, co0+cw).  For each kernel
@@ -114,11 +112,15 @@ static int TL_FN(tl_forward_tile)(const tl_conv_desc *d, const TL_T *x, const TL
             xr[c] = s->zero;
             yr[c] = s->sink;
         }
+        /* Narrow tiles run their groups of 8 in one call (rows_8), then the
+         * rest in groups of 4 and the padded one. */
+        const int64_t p8 = g == 8 ? full / 8 * 8 : 0;
         for (int64_t j = 0; j < cw; j += width) {
             const int64_t wb = cw - j < width ? cw - j : width;
             const TL_T *panel = pw + n * cin * cout + (co0 + j) * cin;
-#define TL_GROUP(p, R) TL_FN(tl_fwd_group)(s, (int)(R), wb, panel, xr + (p), yr + (p), j)
-            TL_RUN_GROUPS(full, pad, g, j == 0, xr, cin * (int64_t)sizeof(TL_T), TL_GROUP);
+            if (p8) s->mk->rows_8(wb, cin, p8, xr, panel, wb, yr, j);
+#define TL_GROUP(p, R) TL_FN(tl_fwd_group)(s, (int)(R), wb, panel, xr + p8 + (p), yr + p8 + (p), j)
+            TL_RUN_GROUPS(full - p8, pad, 4, j == 0, xr + p8, cin * (int64_t)sizeof(TL_T), TL_GROUP);
 #undef TL_GROUP
         }
     }

@@ -25,8 +25,10 @@ typedef struct TL_MK(ops) {
      * this wide runs 8 output rows per pass, so 8 x (block) accumulators hide
      * the FMA latency that 4 rows of one or two vectors cannot. */
     int64_t rows8_cols;
-    void (*rows_8)(int64_t cw, int64_t nq, const TL_T *const *a, const TL_T *b, int64_t ldb,
-                   TL_T *const *out);
+    /* rows_8: c rows (a multiple of 8), 8 per pass, out[p] + oc (see
+     * tl_microkernel_isa_impl.h). */
+    void (*rows_8)(int64_t cw, int64_t nq, int64_t c, const TL_T *const *a, const TL_T *b,
+                   int64_t ldb, TL_T *const *out, int64_t oc);
     void (*rows_4)(int64_t cw, int64_t nq, const TL_T *const *a, const TL_T *b, int64_t ldb,
                    TL_T *const *out);
     void (*rows_2)(int64_t cw, int64_t nq, const TL_T *const *a, const TL_T *b, int64_t ldb,

@@ -134,17 +134,72 @@ static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_MKI(columns)(
         }
 }
 
-/* out[r][0:cw) += sum_q a[r][q] * b[q * ldb + 0:cw), for 8, 4, 2 or 1 rows. */
+/* out[r][0:cw) += sum_q a[r][q] * b[q * ldb + 0:cw), for 4, 2 or 1 rows. */
 #define TL_DEFINE_ROWS(R)                                                                 \
     static TL_ISA_ATTR void TL_MKI(rows_##R)(int64_t cw, int64_t nq, const TL_T *const *a, \
                                              const TL_T *b, int64_t ldb, TL_T *const *out) { \
         TL_MKI(columns)(R, 0, cw, nq, 0, a, NULL, b, ldb, out);                          \
     }
-TL_DEFINE_ROWS(8)
 TL_DEFINE_ROWS(4)
 TL_DEFINE_ROWS(2)
 TL_DEFINE_ROWS(1)
 #undef TL_DEFINE_ROWS
+
+/* Asks for the x rows a[0..8) of nq values each (the next group's, while
+ * this one computes: see TL_RUN_GROUPS). */
+static inline __attribute__((always_inline)) void TL_MKI(prefetch_8)(const TL_T *const *a,
+                                                                     int64_t nq) {
+    for (int r = 0; r < 8; r++)
+        for (int64_t b_ = 0; b_ < nq * (int64_t)sizeof(TL_T); b_ += 64)
+            __builtin_prefetch((const char *)a[r] + b_);
+}
+
+/* rows_8 for a layer one vector wide and one vector deep (cw = nq = TL_VL:
+ * C = 16 in fp32 with AVX-512): the panel's nq weight vectors stay in
+ * registers for every group, beside the 8 accumulators.  Same sums in the
+ * same order as TL_MKI(columns). */
+static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_MKI(rows_8_vv)(
+    int64_t c, const TL_T *const *a, const TL_T *b, int64_t ldb, TL_T *const *out,
+    int prefetch) {
+    TL_MKI(vec) w[TL_VL];
+#pragma GCC unroll 16
+    for (int q = 0; q < TL_VL; q++) memcpy(&w[q], b + q * ldb, sizeof(w[q]));
+    for (int64_t p = 0; p < c; p += 8) {
+        if (prefetch && p + 8 < c) TL_MKI(prefetch_8)(a + p + 8, TL_VL);
+        TL_MKI(vec) acc[8];
+        for (int r = 0; r < 8; r++) acc[r] = (TL_MKI(vec)){0};
+#pragma GCC unroll 16
+        for (int q = 0; q < TL_VL; q++)
+#pragma GCC unroll 8
+            for (int r = 0; r < 8; r++) acc[r] += a[p + r][q] * w[q];
+        for (int r = 0; r < 8; r++) {
+            TL_MKI(vec) o;
+            memcpy(&o, out[p + r], sizeof(o));
+            o += acc[r];
+            memcpy(out[p + r], &o, sizeof(o));
+        }
+    }
+}
+
+/* out[p][oc + 0:cw) += sum_q a[p][q] * b[q * ldb + 0:cw) for the c rows
+ * (a multiple of 8), 8 per pass: a narrow tile's full groups of one kernel
+ * row in one call, so no group pays a call and its set-up.  Where oc = 0 (a
+ * tile's first panel, whose x rows come from memory) each group asks for
+ * the next group's x rows. */
+static TL_ISA_ATTR void TL_MKI(rows_8)(int64_t cw, int64_t nq, int64_t c, const TL_T *const *a,
+                                       const TL_T *b, int64_t ldb, TL_T *const *out,
+                                       int64_t oc) {
+    if (cw == TL_VL && nq == TL_VL && oc == 0) {
+        TL_MKI(rows_8_vv)(c, a, b, ldb, out, 1);
+        return;
+    }
+    for (int64_t p = 0; p < c; p += 8) {
+        if (oc == 0 && p + 8 < c) TL_MKI(prefetch_8)(a + p + 8, nq);
+        TL_T *o[8];
+        for (int r = 0; r < 8; r++) o[r] = out[p + r] + oc;
+        TL_MKI(columns)(8, 0, cw, nq, 0, a + p, NULL, b, ldb, o);
+    }
+}
 
 /* out[r][0:cw) += sum_q xr[q][c0 + r] * b[q][0:cw), for 4 or 1 rows. */
 #define TL_DEFINE_ROWS_T(R)                                                               \

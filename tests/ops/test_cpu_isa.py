@@ -31,9 +31,11 @@ LEVELS = ["avx512_bf16", *ISAS]
 # scalar columns after 2+2, 3+3+2 or no vector blocks.  The forward packs
 # weights wider than 16 KiB per kernel row into panels: 260x72 runs three
 # (or more) panels; 40x400 runs two column tiles (384 + 16), the first in
-# several panels, the second in a narrow one.
+# several panels, the second in a narrow one.  Layers one vector wide and
+# deep keep their weights in registers (rows_8_vv): 16x16 floats on AVX-512,
+# 8x8 (AVX2 floats, AVX-512 doubles), 4x4 and 2x2 below that.
 CHANNELS = [(3, 1), (7, 37), (64, 64), (19, 130), (33, 23), (5, 24), (6, 20), (66, 17),
-            (67, 33), (128, 3), (260, 72), (40, 400)]
+            (67, 33), (128, 3), (260, 72), (40, 400), (16, 16), (8, 8), (4, 4), (2, 2)]
 TOL = {torch.float32: 2e-5, torch.float64: 1e-12}
 
 
