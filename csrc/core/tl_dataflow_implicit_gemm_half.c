@@ -229,16 +229,18 @@ typedef struct tl_half_wg_scratch {
     uint16_t *dp;  /* dot: TL_WGRAD_PAIRS x c_out */
     uint16_t *tmp; /* dot: 2 x (c_in rounded up to 4) */
     float *stage;  /* staged: TL_WGRAD_PAIRS x (c_in + c_out) */
+    tl_wgrad_lists lists;
 } tl_half_wg_scratch;
 
-static int tl_half_wg_init(tl_half_wg_scratch *s, const tl_conv_desc *d, int dot) {
+static int tl_half_wg_init(tl_half_wg_scratch *s, const tl_conv_desc *d, int dot, int vec) {
     const int64_t cin4 = (d->c_in + 3) / 4 * 4;
     s->xp = dot ? malloc(sizeof(uint32_t) * (size_t)(cin4 * TL_WGRAD_PAIRS / 2 + 1)) : NULL;
     s->dp = dot ? malloc(sizeof(uint16_t) * (size_t)(TL_WGRAD_PAIRS * d->c_out + 1)) : NULL;
     s->tmp = dot ? malloc(sizeof(uint16_t) * (size_t)(2 * cin4 + 1)) : NULL;
     s->stage = dot ? NULL
                    : malloc(sizeof(float) * (size_t)(TL_WGRAD_PAIRS * (d->c_in + d->c_out) + 1));
-    return dot ? s->xp && s->dp && s->tmp : s->stage != NULL;
+    const int lists = tl_wgrad_lists_init(&s->lists, vec, d->k);
+    return lists && (dot ? s->xp && s->dp && s->tmp : s->stage != NULL);
 }
 
 static void tl_half_wg_free(tl_half_wg_scratch *s) {
@@ -246,21 +248,25 @@ static void tl_half_wg_free(tl_half_wg_scratch *s) {
     free(s->dp);
     free(s->tmp);
     free(s->stage);
+    tl_wgrad_lists_free(&s->lists);
 }
 
 /* acc (k, c_in, c_out) += the contributions of output rows [o0, o1) through
  * kernel rows [n0, n1), blocks of TL_WGRAD_PAIRS rows as in the float
- * weight gradient (tl_wgrad_rows). */
-static void tl_half_wg_rows(const tl_half_call *f, const uint16_t *x, const uint16_t *dy,
-                            const int32_t *nbr, int64_t o0, int64_t o1, int64_t n0, int64_t n1,
-                            float *acc, tl_half_wg_scratch *s) {
+ * weight gradient (tl_wgrad_rows); returns 1 as it does. */
+static int tl_half_wg_rows(const tl_half_call *f, const uint16_t *x, const uint16_t *dy,
+                           const int32_t *nbr, int64_t o0, int64_t o1, int64_t n0, int64_t n1,
+                           float *acc, tl_half_wg_scratch *s) {
     const tl_conv_desc *d = f->d;
     const int64_t k = d->k, cin = d->c_in, cout = d->c_out, mat = cin * cout;
+    const int whole = n0 == 0 && n1 == k;
     for (int64_t b0 = o0; b0 < o1; b0 += TL_WGRAD_PAIRS) {
         const int64_t b1 = b0 + TL_WGRAD_PAIRS < o1 ? b0 + TL_WGRAD_PAIRS : o1;
+        if (tl_wgrad_list_block(&s->lists, nbr, k, n0, n1, b0, b1, d->n_in)) return 1;
         for (int64_t n = n0; n < n1; n++) {
             int64_t c;
-            TL_WGRAD_LIST(nbr, k, n, b0, b1, x, cin, dy, cout, s->xq, s->dq, c);
+            TL_WGRAD_PAIRS_OF(&s->lists, whole, nbr, k, n, b0, b1, x, cin, dy, cout, s->xq, s->dq,
+                              c);
             if (c == 0) continue;
             if (f->dot) {
 #if TL_SIMD_X86
@@ -279,6 +285,7 @@ static void tl_half_wg_rows(const tl_half_call *f, const uint16_t *x, const uint
             tl_mk_outer_acc_f32(f->mk, cin, cout, c, s->xf, s->df, acc + n * mat);
         }
     }
+    return 0;
 }
 
 tl_status tl_implicit_gemm_weight_grad_half(const tl_ctx *ctx, const tl_conv_desc *d,
@@ -292,27 +299,28 @@ tl_status tl_implicit_gemm_weight_grad_half(const tl_ctx *ctx, const tl_conv_des
     /* Float partial sums, one set per part, then their sum (fixed order). */
     float *partial = malloc(sizeof(float) * (size_t)((parts + 1) * all));
     if (!partial) return TL_ERR_NOMEM;
-    int failed = 0;
-#pragma omp parallel num_threads(ctx->threads) reduction(| : failed)
+    int failed = 0, invalid = 0;
+#pragma omp parallel num_threads(ctx->threads) reduction(| : failed, invalid)
     {
         tl_half_wg_scratch s;
-        int ok = tl_half_wg_init(&s, d, f.dot);
+        int ok = tl_half_wg_init(&s, d, f.dot, f.level >= TL_SIMD_V4);
         failed |= !ok;
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < parts * split.groups; t++) {
-            if (!ok) continue;
+            if (!ok || invalid) continue;
             const tl_wgrad_task w = tl_wgrad_task_of(&split, d, t);
             float *acc = partial + w.part * all;
             memset(acc + w.n0 * mat, 0, sizeof(float) * (size_t)((w.n1 - w.n0) * mat));
-            if (w.o0 < w.o1) tl_half_wg_rows(&f, x, dy, nbr, w.o0, w.o1, w.n0, w.n1, acc, &s);
+            if (w.o0 < w.o1)
+                invalid |= tl_half_wg_rows(&f, x, dy, nbr, w.o0, w.o1, w.n0, w.n1, acc, &s);
         }
         tl_half_wg_free(&s);
     }
-    if (!failed) {
+    if (!failed && !invalid) {
         float *sum = partial + parts * all;
         tl_mk_sum_parts_f32(ctx->threads, partial, parts, all, sum);
         tl_f32_row_to_half(f.level, d->dtype, sum, all, dw);
     }
     free(partial);
-    return failed ? TL_ERR_NOMEM : TL_OK;
+    return invalid ? TL_ERR_INVALID : failed ? TL_ERR_NOMEM : TL_OK;
 }

@@ -183,6 +183,7 @@ typedef struct TL_FN(tl_wgrad_scratch) {
     const TL_FN(tl_mk_ops) *mk;
     const TL_T *xq[TL_WGRAD_PAIRS], *dq[TL_WGRAD_PAIRS];
     TL_T *xp;
+    tl_wgrad_lists lists;
 } TL_FN(tl_wgrad_scratch);
 
 /* Packs the c listed pairs' x rows s->xq[] into s->xp, strips of 4 input
@@ -208,16 +209,19 @@ static void TL_FN(tl_wgrad_pack)(const tl_conv_desc *d, int64_t c, TL_FN(tl_wgra
 /* acc (k, c_in, c_out) += the contributions of output rows [o0, o1) through
  * kernel rows [n0, n1): blocks of TL_WGRAD_PAIRS rows, every kernel row per
  * block, so the block's nbr rows and the x and dy rows they name are reused
- * from cache across kernel rows. */
-static void TL_FN(tl_wgrad_rows)(const tl_conv_desc *d, const TL_T *x, const TL_T *dy,
-                                 const int32_t *nbr, int64_t o0, int64_t o1, int64_t n0,
-                                 int64_t n1, TL_T *acc, TL_FN(tl_wgrad_scratch) *s) {
-    const int64_t mat = d->c_in * d->c_out;
+ * from cache across kernel rows.  Returns 1 at a block listing an entry
+ * outside [-1, n_in) (see tl_wgrad_list_block), else 0. */
+static int TL_FN(tl_wgrad_rows)(const tl_conv_desc *d, const TL_T *x, const TL_T *dy,
+                                const int32_t *nbr, int64_t o0, int64_t o1, int64_t n0,
+                                int64_t n1, TL_T *acc, TL_FN(tl_wgrad_scratch) *s) {
+    const int64_t mat = d->c_in * d->c_out, whole = n0 == 0 && n1 == d->k;
     for (int64_t b0 = o0; b0 < o1; b0 += TL_WGRAD_PAIRS) {
         int64_t b1 = b0 + TL_WGRAD_PAIRS < o1 ? b0 + TL_WGRAD_PAIRS : o1;
+        if (tl_wgrad_list_block(&s->lists, nbr, d->k, n0, n1, b0, b1, d->n_in)) return 1;
         for (int64_t n = n0; n < n1; n++) {
             int64_t c;
-            TL_WGRAD_LIST(nbr, d->k, n, b0, b1, x, d->c_in, dy, d->c_out, s->xq, s->dq, c);
+            TL_WGRAD_PAIRS_OF(&s->lists, whole, nbr, d->k, n, b0, b1, x, d->c_in, dy, d->c_out,
+                              s->xq, s->dq, c);
             if (c == 0) continue;
             if (d->c_in >= TL_WGRAD_PACK_MIN_CIN) {
                 TL_FN(tl_wgrad_pack)(d, c, s);
@@ -228,6 +232,7 @@ static void TL_FN(tl_wgrad_rows)(const tl_conv_desc *d, const TL_T *x, const TL_
             }
         }
     }
+    return 0;
 }
 
 static tl_status TL_FN(tl_weight_grad)(const tl_ctx *ctx, const tl_conv_desc *d,
@@ -241,26 +246,31 @@ static tl_status TL_FN(tl_weight_grad)(const tl_ctx *ctx, const tl_conv_desc *d,
         partial = malloc(sizeof(TL_T) * (size_t)(parts * all));
         if (!partial) return TL_ERR_NOMEM;
     }
-    int failed = 0;
-#pragma omp parallel num_threads(ctx->threads) reduction(| : failed)
+    int failed = 0, invalid = 0;
+#pragma omp parallel num_threads(ctx->threads) reduction(| : failed, invalid)
     {
         TL_FN(tl_wgrad_scratch) s;
         s.mk = TL_FN(tl_mk_pick)(ctx);
         s.xp = malloc(sizeof(TL_T) * (size_t)(TL_WGRAD_PAIRS * ((d->c_in + 3) / 4 * 4)));
-        failed |= !s.xp;
+        const int ok = tl_wgrad_lists_init(&s.lists, tl_simd_capped(ctx->simd_cap) >= TL_SIMD_V4,
+                                           d->k) && s.xp;
+        failed |= !ok;
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < parts * split.groups; t++) {
-            if (!s.xp) continue;
+            if (!ok || invalid) continue;
             const tl_wgrad_task w = tl_wgrad_task_of(&split, d, t);
             TL_T *acc = partial + w.part * all;
             memset(acc + w.n0 * mat, 0, sizeof(TL_T) * (size_t)((w.n1 - w.n0) * mat));
-            if (w.o0 < w.o1) TL_FN(tl_wgrad_rows)(d, x, dy, nbr, w.o0, w.o1, w.n0, w.n1, acc, &s);
+            if (w.o0 < w.o1)
+                invalid |= TL_FN(tl_wgrad_rows)(d, x, dy, nbr, w.o0, w.o1, w.n0, w.n1, acc, &s);
         }
         free(s.xp);
+        tl_wgrad_lists_free(&s.lists);
     }
-    if (parts > 1 && !failed) TL_FN(tl_mk_sum_parts)(ctx->threads, partial, parts, all, dw);
+    if (parts > 1 && !failed && !invalid)
+        TL_FN(tl_mk_sum_parts)(ctx->threads, partial, parts, all, dw);
     if (parts > 1) free(partial);
-    return failed ? TL_ERR_NOMEM : TL_OK;
+    return invalid ? TL_ERR_INVALID : failed ? TL_ERR_NOMEM : TL_OK;
 }
 
 #undef TL_FN

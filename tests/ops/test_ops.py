@@ -102,6 +102,24 @@ def test_sparse_conv_rejects_bad_entry_anywhere(bad: int, cout: int) -> None:
         torch.ops.lattice.sparse_conv(feats, weight, nbr, rev)
 
 
+@pytest.mark.parametrize("bad", [-2, -(2**31), 300, 2**31 - 1])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
+@pytest.mark.parametrize(("rows", "c"), [(40000, 16), (40000, 130), (5000, 16)])
+def test_sparse_conv_weight_grad_rejects_bad_entry_anywhere(
+    bad: int, dtype: torch.dtype, rows: int, c: int
+) -> None:
+    """The weight gradient refuses one bad entry deep in a large table: where its
+    tasks hold every kernel row (40000 rows at C = 16) they check the entries while
+    they list them, otherwise (C = 130, or 5000 rows) the table is checked first."""
+    g = torch.Generator().manual_seed(1)
+    feats = torch.randn(300, c, generator=g).to(dtype)
+    grad = torch.randn(rows, c, generator=g).to(dtype)
+    nbr = torch.randint(-1, 300, (rows, 27), generator=g, dtype=torch.int32)
+    nbr[rows - 679, 17] = bad
+    with pytest.raises(ValueError, match="invalid argument"):
+        torch.ops.lattice.sparse_conv_weight_grad(feats, grad, nbr)
+
+
 def test_sparse_conv_dtype_mismatch() -> None:
     nbr = torch.zeros((2, 1), dtype=torch.int32)
     with pytest.raises(TypeError, match="same dtype"):
