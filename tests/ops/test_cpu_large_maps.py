@@ -1,0 +1,64 @@
+"""The CPU kernels on tables large enough for their largest work units.
+
+Narrow layers get forward tiles of up to 1024 output rows and, from 32 * 1024 output
+rows, a weight gradient split into 32 parts that list each block for every kernel row
+(csrc/core/tl_dataflow_implicit_gemm_tiles.h); the small scenes of the other tests never
+reach either. Checked against a float64 gather-matmul reference, at 1 and 2 threads.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import torch_lattice  # noqa: F401  (registers the lattice:: ops)
+
+ROWS = 40000
+TOL = {torch.float32: 1e-5, torch.float64: 1e-12, torch.bfloat16: 1e-2}
+
+
+def _table(rows: int, n_in: int, fill: float, seed: int) -> torch.Tensor:
+    """(rows, 27) neighbour table, each entry present with probability ``fill``."""
+    g = torch.Generator().manual_seed(seed)
+    nbr = torch.randint(0, n_in, (rows, 27), generator=g, dtype=torch.int32)
+    nbr[torch.rand(rows, 27, generator=g) >= fill] = -1
+    return nbr
+
+
+def _reference(
+    x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor, nbr: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    x, w, dy = x.double(), w.double(), dy.double()
+    y = torch.zeros(nbr.shape[0], w.shape[2], dtype=torch.float64)
+    dw = torch.zeros_like(w)
+    for n in range(nbr.shape[1]):
+        rows = (nbr[:, n] >= 0).nonzero().squeeze(1)
+        xs = x[nbr[rows, n].long()]
+        y[rows] += xs @ w[n]
+        dw[n] = xs.T @ dy[rows]
+    return y, dw
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
+@pytest.mark.parametrize(("cin", "cout", "fill"), [(16, 16, 0.2), (32, 32, 0.05), (16, 24, 0.9)])
+def test_large_table_matches_reference(
+    threads: int, dtype: torch.dtype, cin: int, cout: int, fill: float
+) -> None:
+    nbr = _table(ROWS, 3000, fill, seed=cin + cout)
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(3000, cin, generator=g).to(dtype)
+    w = torch.randn(27, cin, cout, generator=g).to(dtype)
+    dy = torch.randn(ROWS, cout, generator=g).to(dtype)
+    rev = torch.full((3000, 27), -1, dtype=torch.int32)
+    want_y, want_dw = _reference(x, w, dy, nbr)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        y = torch.ops.lattice.sparse_conv(x, w, nbr, rev)
+        dw = torch.ops.lattice.sparse_conv_weight_grad(x, dy, nbr)
+    finally:
+        torch.set_num_threads(before)
+    tol = TOL[dtype]
+    torch.testing.assert_close(y.double(), want_y, rtol=0, atol=tol * want_y.abs().max())
+    torch.testing.assert_close(dw.double(), want_dw, rtol=0, atol=tol * want_dw.abs().max())
