@@ -427,6 +427,12 @@ def parse_args(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
         "--threads", type=int, default=None, help="torch CPU threads (None: torch's default)"
     )
     p.add_argument(
+        "--no-reuse-memory",
+        action="store_true",
+        help="on the CPU, leave glibc's malloc as it is instead of tl.reuse_cpu_memory() "
+        "(each step's large tensors are then fresh memory, faulted in page by page)",
+    )
+    p.add_argument(
         "--progress",
         choices=("auto", "live", "lines"),
         default="auto",
@@ -488,10 +494,11 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def environment(device: torch.device) -> dict[str, Any]:
-    """Where a run ran, for metrics.json: device, threads and versions."""
+def environment(device: torch.device, reuse_memory: bool) -> dict[str, Any]:
+    """Where a run ran, for metrics.json: device, threads, memory reuse and versions."""
     env: dict[str, Any] = {
         "device": str(device),
+        "reuse_cpu_memory": reuse_memory,
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name(),
         "cpu_threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count(),
@@ -515,12 +522,15 @@ def main(argv: list[str] | None = None) -> dict:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     device = pick_device(args.device)
+    # CPU training allocates the same large activations every step; kept freed memory is
+    # reused instead of faulted in again (docs/troubleshooting.md).
+    reuse = device.type == "cpu" and not args.no_reuse_memory and tl.reuse_cpu_memory()
     torch.manual_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
     t0 = time.perf_counter()
     print(
         f"Torch Lattice: SparseResUNet42 (width {cfg.width}) on synthetic LiDAR, {device}, "
-        f"{torch.get_num_threads()} threads"
+        f"{torch.get_num_threads()} threads" + (", freed CPU memory reused" if reuse else "")
     )
     train, val = simulate(cfg)
     timing: dict[str, Any] = {"simulate": time.perf_counter() - t0}
@@ -582,7 +592,7 @@ def main(argv: list[str] | None = None) -> dict:
         "val_miou": mious,
         "val_iou_per_class": [[None if math.isnan(v) else v for v in row] for row in per_class],
         "plotted_scan": {"index": 0, "point_miou": scan_miou},
-        "environment": environment(device),
+        "environment": environment(device, reuse),
         "timing_s": timing,
     }
     write_outputs(args.out, model, metrics, val[0], preds[0], t0)

@@ -13,10 +13,12 @@ from pathlib import Path
 import pytest
 
 DEMO = Path(__file__).resolve().parents[2] / "examples" / "train_segmentation.py"
+# In this process the demo leaves malloc alone (--no-reuse-memory): tl.reuse_cpu_memory()
+# lasts for the process, so its default is run in a subprocess below.
 TINY = [
     "--epochs", "3", "--train-scans", "2", "--val-scans", "1", "--beams", "16",
     "--points-per-beam", "384", "--extent", "25", "--width", "0.25", "--voxel-size", "0.4",
-    "--lr", "0.01",
+    "--lr", "0.01", "--no-reuse-memory",
 ]  # fmt: skip
 
 
@@ -116,6 +118,7 @@ def test_metrics_record_timing_device_and_versions(tmp_path):
     assert saved == metrics
     env = saved["environment"]
     assert env["device"] == "cpu" and env["device_name"]
+    assert env["reuse_cpu_memory"] is False
     assert env["cpu_threads"] == torch.get_num_threads() and env["cpu_threads"] >= 1
     assert env["versions"] == {
         "python": platform.python_version(),
@@ -166,6 +169,26 @@ def test_without_matplotlib_names_the_extra_before_any_work(tmp_path):
     assert "needs matplotlib: pip install 'torch-lattice[demo]'" in done.stderr
     assert "Traceback" not in done.stderr
     assert done.stdout == "" and not (tmp_path / "out").exists()
+
+
+def test_cpu_training_reuses_freed_memory_by_default(tmp_path):
+    """On the CPU the demo calls tl.reuse_cpu_memory() (glibc; elsewhere it reports
+    False) and says so, in its own process."""
+    import platform
+
+    glibc = platform.libc_ver()[0] == "glibc"
+    out = tmp_path / "out"
+    args = [a for a in TINY if a != "--no-reuse-memory"]
+    args[args.index("--epochs") + 1] = "1"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, str(DEMO), *args, "--device", "cpu", "--out", str(out)],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    reused = json.loads((out / "metrics.json").read_text())["environment"]["reuse_cpu_memory"]
+    assert reused is glibc
+    assert ("freed CPU memory reused" in done.stdout) is glibc
 
 
 def test_bad_arguments_exit_before_work(tmp_path):
