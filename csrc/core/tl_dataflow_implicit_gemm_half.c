@@ -82,13 +82,28 @@ static void tl_half_scratch_free(tl_half_scratch *s) {
     free(s->zero);
 }
 
-/* Listed rows [p, p + R) (R = 8, 4 or 2) += their x rows times the kernel row
- * n's panel of wb columns starting at tile column j (tile columns start at
- * co0). */
+/* Listed rows [p, p + R) (R = 4 or 2; or a multiple of 8: all of a
+ * narrow tile's groups of 8, in one call) += their x rows times the kernel
+ * row n's panel of wb columns starting at tile column j (tile columns start
+ * at co0). */
 static void tl_half_group(const tl_half_call *f, tl_half_scratch *s, int R, int64_t p, int64_t n,
                           int64_t co0, int64_t j, int64_t wb) {
     const tl_conv_desc *d = f->d;
-    float *o[8];
+    if (R >= 8) {
+        if (f->dot) {
+#if TL_SIMD_X86
+            const int64_t cp = (d->c_in + 1) / 2 * 2;
+            tl_bf16_rows_8(wb, d->c_in, R, s->xh + p,
+                           f->pw_dot + n * cp * d->c_out + (co0 + j) * cp, s->yr + p, j);
+#endif
+        } else {
+            f->mk->rows_8(wb, d->c_in, R, s->xf + p,
+                          f->pw_f32 + n * d->c_in * d->c_out + (co0 + j) * d->c_in, wb,
+                          s->yr + p, j);
+        }
+        return;
+    }
+    float *o[4];
     for (int r = 0; r < R; r++) o[r] = s->yr[p + r] + j;
     if (f->dot) {
 #if TL_SIMD_X86
@@ -100,10 +115,8 @@ static void tl_half_group(const tl_half_call *f, tl_half_scratch *s, int R, int6
     const float *panel = f->pw_f32 + n * d->c_in * d->c_out + (co0 + j) * d->c_in;
     if (R == 2)
         f->mk->rows_2(wb, d->c_in, s->xf + p, panel, wb, o);
-    else if (R == 4)
-        f->mk->rows_4(wb, d->c_in, s->xf + p, panel, wb, o);
     else
-        f->mk->rows_8(wb, d->c_in, 8, s->xf + p, panel, wb, s->yr + p, j);
+        f->mk->rows_4(wb, d->c_in, s->xf + p, panel, wb, o);
 }
 
 /* One tile: output rows [o0, o0+m), columns [co0, co0+cw), as the float
@@ -140,11 +153,15 @@ static int tl_half_tile(const tl_half_call *f, const uint16_t *x, const int32_t 
             s->xf[c] = s->zero;
             s->yr[c] = s->sink;
         }
+        /* Narrow tiles run their groups of 8 in one call, then the rest in
+         * groups of 4 and the padded one. */
+        const int64_t p8 = g == 8 ? full / 8 * 8 : 0;
         for (int64_t j = 0; j < cw; j += width) {
             const int64_t wb = cw - j < width ? cw - j : width;
-#define TL_GROUP(p, R) tl_half_group(f, s, (int)(R), (p), n, co0, j, wb)
-            TL_RUN_GROUPS(full, pad, g, f->dot && j == 0, s->xh, cin * (int64_t)sizeof(uint16_t),
-                          TL_GROUP);
+            if (p8) tl_half_group(f, s, (int)p8, 0, n, co0, j, wb);
+#define TL_GROUP(p, R) tl_half_group(f, s, (int)(R), p8 + (p), n, co0, j, wb)
+            TL_RUN_GROUPS(full - p8, pad, 4, f->dot && j == 0, s->xh + p8,
+                          cin * (int64_t)sizeof(uint16_t), TL_GROUP);
 #undef TL_GROUP
         }
     }

@@ -136,8 +136,8 @@ static inline __attribute__((always_inline)) TL_TARGET_BF16 void tl_bf16_columns
 
 /* 8 rows x at most 2 vectors (16 accumulators): narrow layers, where 4 rows of
  * one or two vectors leave the dot products' latency exposed. */
-static TL_TARGET_BF16 void tl_bf16_rows_8(int64_t cw, int64_t cin, const uint16_t *const *a,
-                                          const uint16_t *panel, float *const *out) {
+static inline __attribute__((always_inline)) TL_TARGET_BF16 void tl_bf16_group_8(
+    int64_t cw, int64_t cin, const uint16_t *const *a, const uint16_t *panel, float *const *out) {
     int64_t j = 0, vecs = cw / 16;
     if (vecs >= 2) {
         tl_bf16_block(8, 2, 0xffff, j, cin, a, panel, cw, out);
@@ -214,11 +214,22 @@ TL_TARGET_BF16 void tl_bf16_wgrad_panel(int64_t cin, int64_t cout, int64_t tp,
 
 void tl_bf16_rows(int R, int64_t cw, int64_t cin, const uint16_t *const *a,
                   const uint16_t *panel, float *const *out) {
-    if (R == 8)
-        tl_bf16_rows_8(cw, cin, a, panel, out);
-    else if (R == 4)
+    if (R == 4)
         tl_bf16_rows_4(cw, cin, a, panel, out);
     else
         tl_bf16_rows_2(cw, cin, a, panel, out);
+}
+
+TL_TARGET_BF16 void tl_bf16_rows_8(int64_t cw, int64_t cin, int64_t c, const uint16_t *const *a,
+                                   const uint16_t *panel, float *const *out, int64_t oc) {
+    for (int64_t p = 0; p < c; p += 8) {
+        if (oc == 0 && p + 8 < c) /* the next group's x rows (see TL_RUN_GROUPS) */
+            for (int r = 0; r < 8; r++)
+                for (int64_t b = 0; b < cin * 2; b += 64)
+                    __builtin_prefetch((const char *)a[p + 8 + r] + b);
+        float *o[8];
+        for (int r = 0; r < 8; r++) o[r] = out[p + r] + oc;
+        tl_bf16_group_8(cw, cin, a + p, panel, o);
+    }
 }
 #endif

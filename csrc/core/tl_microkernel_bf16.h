@@ -30,6 +30,13 @@ void tl_bf16_pack_panels(const tl_conv_desc *d, int64_t width, const uint16_t *w
 void tl_bf16_rows(int R, int64_t cw, int64_t cin, const uint16_t *const *a,
                   const uint16_t *panel, float *const *out);
 
+/* The same for the c rows a[0..c) (a multiple of 8), 8 per pass, into
+ * out[p] + oc (cw at most 32): a narrow tile's full groups of one kernel
+ * row in one call.  Where oc = 0 each group asks for the next group's x
+ * rows. */
+void tl_bf16_rows_8(int64_t cw, int64_t cin, int64_t c, const uint16_t *const *a,
+                    const uint16_t *panel, float *const *out, int64_t oc);
+
 /* The weight gradient over c pairs (x row xq[q], dy row dq[q]) runs the dot
  * products along the pairs: pairs 2t and 2t + 1 side by side.  Packs
  *   xp: strips of 4 input channels; strip s, pair pair t, channel 4s + r at
