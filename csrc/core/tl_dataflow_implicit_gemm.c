@@ -71,8 +71,8 @@ tl_status tl_implicit_gemm_forward_pairs(const tl_ctx *ctx, const tl_conv_desc *
 tl_status tl_implicit_gemm_weight_grad(const tl_ctx *ctx, const tl_conv_desc *d,
                                        const void *x, const void *dy,
                                        const int32_t *nbr, void *dw) {
-    /* Tasks with every kernel row check the table as they list it. */
-    const int listed = tl_wgrad_split_of(d).groups == 1 && d->k * d->c_in * d->c_out > 0;
+    /* A listed split checks the table as it lists it. */
+    const int listed = tl_wgrad_split_of(d).listed && d->k * d->c_in * d->c_out > 0;
     tl_status st = tl_check_args(ctx, d, 1, x, dy, nbr, dw, !listed);
     if (st != TL_OK) return st;
     if (d->k * d->c_in * d->c_out == 0) return TL_OK;

@@ -249,14 +249,15 @@ typedef struct tl_half_wg_scratch {
     tl_wgrad_lists lists;
 } tl_half_wg_scratch;
 
-static int tl_half_wg_init(tl_half_wg_scratch *s, const tl_conv_desc *d, int dot, int vec) {
+static int tl_half_wg_init(tl_half_wg_scratch *s, const tl_conv_desc *d,
+                           const tl_wgrad_split *split, int dot, int vec) {
     const int64_t cin4 = (d->c_in + 3) / 4 * 4;
     s->xp = dot ? malloc(sizeof(uint32_t) * (size_t)(cin4 * TL_WGRAD_PAIRS / 2 + 1)) : NULL;
     s->dp = dot ? malloc(sizeof(uint16_t) * (size_t)(TL_WGRAD_PAIRS * d->c_out + 1)) : NULL;
     s->tmp = dot ? malloc(sizeof(uint16_t) * (size_t)(2 * cin4 + 1)) : NULL;
     s->stage = dot ? NULL
                    : malloc(sizeof(float) * (size_t)(TL_WGRAD_PAIRS * (d->c_in + d->c_out) + 1));
-    const int lists = tl_wgrad_lists_init(&s->lists, vec, d->k);
+    const int lists = tl_wgrad_lists_init(&s->lists, split, vec, d->k);
     return lists && (dot ? s->xp && s->dp && s->tmp : s->stage != NULL);
 }
 
@@ -276,14 +277,12 @@ static int tl_half_wg_rows(const tl_half_call *f, const uint16_t *x, const uint1
                            float *acc, tl_half_wg_scratch *s) {
     const tl_conv_desc *d = f->d;
     const int64_t k = d->k, cin = d->c_in, cout = d->c_out, mat = cin * cout;
-    const int whole = n0 == 0 && n1 == k;
     for (int64_t b0 = o0; b0 < o1; b0 += TL_WGRAD_PAIRS) {
         const int64_t b1 = b0 + TL_WGRAD_PAIRS < o1 ? b0 + TL_WGRAD_PAIRS : o1;
-        if (tl_wgrad_list_block(&s->lists, nbr, k, n0, n1, b0, b1, d->n_in)) return 1;
+        if (tl_wgrad_list_block(&s->lists, nbr, k, b0, b1, d->n_in)) return 1;
         for (int64_t n = n0; n < n1; n++) {
             int64_t c;
-            TL_WGRAD_PAIRS_OF(&s->lists, whole, nbr, k, n, b0, b1, x, cin, dy, cout, s->xq, s->dq,
-                              c);
+            TL_WGRAD_PAIRS_OF(&s->lists, nbr, k, n, b0, b1, x, cin, dy, cout, s->xq, s->dq, c);
             if (c == 0) continue;
             if (f->dot) {
 #if TL_SIMD_X86
@@ -320,7 +319,7 @@ tl_status tl_implicit_gemm_weight_grad_half(const tl_ctx *ctx, const tl_conv_des
 #pragma omp parallel num_threads(ctx->threads) reduction(| : failed, invalid)
     {
         tl_half_wg_scratch s;
-        int ok = tl_half_wg_init(&s, d, f.dot, f.level >= TL_SIMD_V4);
+        int ok = tl_half_wg_init(&s, d, &split, f.dot, f.level >= TL_SIMD_V4);
         failed |= !ok;
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < parts * split.groups; t++) {

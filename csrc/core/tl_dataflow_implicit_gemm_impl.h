@@ -214,14 +214,14 @@ static void TL_FN(tl_wgrad_pack)(const tl_conv_desc *d, int64_t c, TL_FN(tl_wgra
 static int TL_FN(tl_wgrad_rows)(const tl_conv_desc *d, const TL_T *x, const TL_T *dy,
                                 const int32_t *nbr, int64_t o0, int64_t o1, int64_t n0,
                                 int64_t n1, TL_T *acc, TL_FN(tl_wgrad_scratch) *s) {
-    const int64_t mat = d->c_in * d->c_out, whole = n0 == 0 && n1 == d->k;
+    const int64_t mat = d->c_in * d->c_out;
     for (int64_t b0 = o0; b0 < o1; b0 += TL_WGRAD_PAIRS) {
         int64_t b1 = b0 + TL_WGRAD_PAIRS < o1 ? b0 + TL_WGRAD_PAIRS : o1;
-        if (tl_wgrad_list_block(&s->lists, nbr, d->k, n0, n1, b0, b1, d->n_in)) return 1;
+        if (tl_wgrad_list_block(&s->lists, nbr, d->k, b0, b1, d->n_in)) return 1;
         for (int64_t n = n0; n < n1; n++) {
             int64_t c;
-            TL_WGRAD_PAIRS_OF(&s->lists, whole, nbr, d->k, n, b0, b1, x, d->c_in, dy, d->c_out,
-                              s->xq, s->dq, c);
+            TL_WGRAD_PAIRS_OF(&s->lists, nbr, d->k, n, b0, b1, x, d->c_in, dy, d->c_out, s->xq,
+                              s->dq, c);
             if (c == 0) continue;
             if (d->c_in >= TL_WGRAD_PACK_MIN_CIN) {
                 TL_FN(tl_wgrad_pack)(d, c, s);
@@ -252,8 +252,9 @@ static tl_status TL_FN(tl_weight_grad)(const tl_ctx *ctx, const tl_conv_desc *d,
         TL_FN(tl_wgrad_scratch) s;
         s.mk = TL_FN(tl_mk_pick)(ctx);
         s.xp = malloc(sizeof(TL_T) * (size_t)(TL_WGRAD_PAIRS * ((d->c_in + 3) / 4 * 4)));
-        const int ok = tl_wgrad_lists_init(&s.lists, tl_simd_capped(ctx->simd_cap) >= TL_SIMD_V4,
-                                           d->k) && s.xp;
+        const int ok = tl_wgrad_lists_init(&s.lists, &split,
+                                           tl_simd_capped(ctx->simd_cap) >= TL_SIMD_V4, d->k) &&
+                       s.xp;
         failed |= !ok;
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < parts * split.groups; t++) {

@@ -24,6 +24,11 @@
 #define TL_TILE_ROWS_MIN 32
 #define TL_TILE_ROWS_MAX 1024
 #define TL_TILES_PER_THREAD 8
+/* Most bytes of neighbour lists (8 a listed pair: k x rows of them) that a
+ * forward tile or a weight-gradient block may need per thread: kernels of
+ * many offsets (a 7x7x7 kernel has 343, a generative 32^3 one 32768) get
+ * fewer rows instead of lists of hundreds of megabytes. */
+#define TL_LIST_BYTES (2 << 20)
 /* Output columns per tile: wider layers are split so a tile's output rows
  * stay cache-resident.  A multiple of every micro-kernel's block width (4 to
  * 64 columns, 3 x 2^i with AVX2), so a tile's weight panels start where the
@@ -49,14 +54,16 @@ static inline int64_t tl_panel_cols(const tl_conv_desc *d, int64_t block_cols, i
 /* Output rows per forward tile for output blocks of acc_bytes per element:
  * as many as keep the tile's output block near TL_TILE_BYTES (more rows give
  * each kernel row more neighbours per tile, so fewer padded groups), within
- * [TL_TILE_ROWS_MIN, TL_TILE_ROWS_MAX], and few enough that every thread gets
- * several tiles. */
+ * [TL_TILE_ROWS_MIN, TL_TILE_ROWS_MAX], few enough that every thread gets
+ * several tiles and that the tile's lists fit TL_LIST_BYTES. */
 static inline int64_t tl_fwd_tile_rows(const tl_ctx *ctx, const tl_conv_desc *d,
                                        int64_t acc_bytes) {
     int64_t cw = d->c_out < TL_TILE_COLS ? d->c_out : TL_TILE_COLS;
     int64_t rows = TL_TILE_BYTES / ((cw > 0 ? cw : 1) * acc_bytes);
     int64_t spread = d->n_out / (TL_TILES_PER_THREAD * (int64_t)ctx->threads);
+    int64_t listed = TL_LIST_BYTES / (8 * (d->k > 0 ? d->k : 1));
     if (rows > spread) rows = spread;
+    if (rows > listed) rows = listed;
     if (rows > TL_TILE_ROWS_MAX) rows = TL_TILE_ROWS_MAX;
     return rows < TL_TILE_ROWS_MIN ? TL_TILE_ROWS_MIN : rows;
 }
@@ -92,20 +99,26 @@ static inline int64_t tl_fwd_tile_rows(const tl_ctx *ctx, const tl_conv_desc *d,
  * slices of a part's partial sum). */
 typedef struct tl_wgrad_split {
     int64_t parts, groups, rows_per;
+    /* Every task has every kernel row (one group) and a block's lists fit
+     * TL_LIST_BYTES: blocks are listed once (tl_wgrad_list_block), which
+     * checks the table's entries. */
+    int listed;
 } tl_wgrad_split;
 
 static inline tl_wgrad_split tl_wgrad_split_of(const tl_conv_desc *d) {
-    int64_t by_rows = (d->n_out + TL_WGRAD_MIN_ROWS - 1) / TL_WGRAD_MIN_ROWS;
-    int64_t all = d->k * d->c_in * d->c_out;
-    if (by_rows >= TL_WGRAD_TASKS && TL_WGRAD_TASKS * all <= TL_WGRAD_SMALL_PARTIAL)
-        return (tl_wgrad_split){TL_WGRAD_TASKS, 1, (d->n_out + TL_WGRAD_TASKS - 1) / TL_WGRAD_TASKS};
+    const int64_t by_rows = (d->n_out + TL_WGRAD_MIN_ROWS - 1) / TL_WGRAD_MIN_ROWS;
+    const int64_t all = d->k * d->c_in * d->c_out;
+    const int fits = d->k * TL_WGRAD_PAIRS * 8 <= TL_LIST_BYTES;
+    if (fits && by_rows >= TL_WGRAD_TASKS && TL_WGRAD_TASKS * all <= TL_WGRAD_SMALL_PARTIAL)
+        return (tl_wgrad_split){TL_WGRAD_TASKS, 1, (d->n_out + TL_WGRAD_TASKS - 1) / TL_WGRAD_TASKS,
+                                1};
     int64_t parts = TL_WGRAD_PARTS;
     if (parts > by_rows) parts = by_rows;
     if (all > 0 && parts * all > TL_WGRAD_MAX_PARTIAL) parts = TL_WGRAD_MAX_PARTIAL / all;
     if (parts < 1) parts = 1;
     int64_t groups = (TL_WGRAD_TASKS + parts - 1) / parts;
     if (groups > d->k) groups = d->k;
-    return (tl_wgrad_split){parts, groups, (d->n_out + parts - 1) / parts};
+    return (tl_wgrad_split){parts, groups, (d->n_out + parts - 1) / parts, fits && groups == 1};
 }
 
 /* Task t of parts x groups: its part, output rows [o0, o1) and kernel rows
@@ -203,18 +216,22 @@ static inline int64_t tl_group_pad(int64_t c, int64_t *full) {
     } while (0)
 
 /* A weight-gradient worker's lists of one block of output rows, for every
- * kernel row (tl_list_tile): li, lr k x TL_WGRAD_PAIRS, lc k. */
+ * kernel row (tl_list_tile): li, lr k x TL_WGRAD_PAIRS, lc k; allocated only
+ * for a listed split (tl_wgrad_split.listed). */
 typedef struct tl_wgrad_lists {
-    int vec; /* list with AVX-512 */
+    int listed, vec; /* vec: list with AVX-512 */
     int32_t *li, *lr;
     int64_t *lc;
 } tl_wgrad_lists;
 
-static inline int tl_wgrad_lists_init(tl_wgrad_lists *l, int vec, int64_t k) {
+static inline int tl_wgrad_lists_init(tl_wgrad_lists *l, const tl_wgrad_split *split, int vec,
+                                      int64_t k) {
+    const size_t n = split->listed ? (size_t)(TL_WGRAD_PAIRS * k) : 0;
+    l->listed = split->listed;
     l->vec = vec;
-    l->li = malloc(sizeof(int32_t) * (size_t)(TL_WGRAD_PAIRS * k + 1));
-    l->lr = malloc(sizeof(int32_t) * (size_t)(TL_WGRAD_PAIRS * k + 1));
-    l->lc = malloc(sizeof(int64_t) * (size_t)(k + 1));
+    l->li = malloc(sizeof(int32_t) * (n + 1));
+    l->lr = malloc(sizeof(int32_t) * (n + 1));
+    l->lc = malloc(sizeof(int64_t) * (size_t)(split->listed ? k + 1 : 1));
     return l->li && l->lr && l->lc;
 }
 
@@ -225,24 +242,23 @@ static inline void tl_wgrad_lists_free(tl_wgrad_lists *l) {
 }
 
 /* Lists output rows [b0, b1) of the (n_out, k) table nbr for every kernel
- * row into l when the task has them all (n0 = 0, n1 = k); returns 1 if an
- * entry is outside [-1, n_in) (nothing it names may be read), else 0.  A
- * task with fewer kernel rows lists each one's column (TL_WGRAD_LIST) from
- * a table checked before the call. */
+ * row into l where the split is listed; returns 1 if an entry is outside
+ * [-1, n_in) (nothing it names may be read), else 0.  Otherwise each kernel
+ * row's column is read (TL_WGRAD_LIST) from a table checked before the
+ * call. */
 static inline int tl_wgrad_list_block(tl_wgrad_lists *l, const int32_t *nbr, int64_t k,
-                                      int64_t n0, int64_t n1, int64_t b0, int64_t b1,
-                                      int64_t n_in) {
-    if (n0 != 0 || n1 != k) return 0;
+                                      int64_t b0, int64_t b1, int64_t n_in) {
+    if (!l->listed) return 0;
     return (int64_t)tl_list_tile(l->vec, nbr, b0, b1 - b0, k, l->li, l->lr, l->lc) > n_in;
 }
 
 /* Kernel row N's pairs of the block [B0, B1) for the weight gradient: from
- * the block's lists L when the task has every kernel row (see
- * tl_wgrad_list_block), else from column N of the (n_out, K) table NBR (see
- * TL_WGRAD_LIST); arguments as TL_WGRAD_LIST's. */
-#define TL_WGRAD_PAIRS_OF(L, WHOLE, NBR, K, N, B0, B1, X, XSTRIDE, DY, DSTRIDE, XQ, DQ, C)     \
+ * the block's lists L when the split is listed (see tl_wgrad_list_block),
+ * else from column N of the (n_out, K) table NBR (see TL_WGRAD_LIST);
+ * arguments as TL_WGRAD_LIST's. */
+#define TL_WGRAD_PAIRS_OF(L, NBR, K, N, B0, B1, X, XSTRIDE, DY, DSTRIDE, XQ, DQ, C)            \
     do {                                                                                     \
-        if (WHOLE) {                                                                         \
+        if ((L)->listed) {                                                                   \
             const int64_t m_ = (B1) - (B0);                                                  \
             const int32_t *i_ = (L)->li + (N) * m_, *r_ = (L)->lr + (N) * m_;                 \
             (C) = (L)->lc[N];                                                                \

@@ -1,9 +1,11 @@
 """The CPU kernels on tables large enough for their largest work units.
 
 Narrow layers get forward tiles of up to 1024 output rows and, from 32 * 1024 output
-rows, a weight gradient split into 32 parts that list each block for every kernel row
-(csrc/core/tl_dataflow_implicit_gemm_tiles.h); the small scenes of the other tests never
-reach either. Checked against a float64 gather-matmul reference, at 1 and 2 threads.
+rows, a weight gradient split into 32 parts that list each block for every kernel row;
+kernels of many offsets get fewer rows per tile and per listed block, so that the lists
+stay small (csrc/core/tl_dataflow_implicit_gemm_tiles.h). The small scenes of the other
+tests reach none of these. Checked against a float64 gather-matmul reference, at 1 and 2
+threads.
 """
 
 from __future__ import annotations
@@ -17,11 +19,11 @@ ROWS = 40000
 TOL = {torch.float32: 1e-5, torch.float64: 1e-12, torch.bfloat16: 1e-2, torch.float16: 1e-2}
 
 
-def _table(rows: int, n_in: int, fill: float, seed: int) -> torch.Tensor:
-    """(rows, 27) neighbour table, each entry present with probability ``fill``."""
+def _table(rows: int, n_in: int, fill: float, seed: int, k: int = 27) -> torch.Tensor:
+    """(rows, k) neighbour table, each entry present with probability ``fill``."""
     g = torch.Generator().manual_seed(seed)
-    nbr = torch.randint(0, n_in, (rows, 27), generator=g, dtype=torch.int32)
-    nbr[torch.rand(rows, 27, generator=g) >= fill] = -1
+    nbr = torch.randint(0, n_in, (rows, k), generator=g, dtype=torch.int32)
+    nbr[torch.rand(rows, k, generator=g) >= fill] = -1
     return nbr
 
 
@@ -62,3 +64,23 @@ def test_large_table_matches_reference(
     tol = TOL[dtype]
     torch.testing.assert_close(y.double(), want_y, rtol=0, atol=tol * want_y.abs().max())
     torch.testing.assert_close(dw.double(), want_dw, rtol=0, atol=tol * want_dw.abs().max())
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_many_kernel_offsets_match_reference(threads: int) -> None:
+    """A 7x7x7 kernel (343 offsets): tiles of fewer rows, the weight gradient unlisted."""
+    nbr = _table(16000, 3000, 0.01, seed=3, k=343)
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(3000, 8, generator=g)
+    w = torch.randn(343, 8, 12, generator=g)
+    dy = torch.randn(16000, 12, generator=g)
+    want_y, want_dw = _reference(x, w, dy, nbr)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        y = torch.ops.lattice.sparse_conv(x, w, nbr, torch.full((3000, 343), -1, dtype=torch.int32))
+        dw = torch.ops.lattice.sparse_conv_weight_grad(x, dy, nbr)
+    finally:
+        torch.set_num_threads(before)
+    torch.testing.assert_close(y.double(), want_y, rtol=0, atol=1e-5 * want_y.abs().max())
+    torch.testing.assert_close(dw.double(), want_dw, rtol=0, atol=1e-5 * want_dw.abs().max())
