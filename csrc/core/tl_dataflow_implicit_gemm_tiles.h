@@ -13,6 +13,7 @@
 #include "tl_conv.h"
 #include "tl_list.h"
 #include "tl_pairs.h"
+#include "tl_simd.h"
 
 /* Forward tiles (see tl_fwd_tile_rows): output block bytes to aim for, so
  * the tile's output rows stay in L2; bounds on its rows; and the fewest
@@ -178,14 +179,6 @@ static inline void tl_list_pairs(const tl_fwd_rel *rel, int64_t o0, int64_t m, i
     }
 }
 
-/* Asks for the cache lines of the x rows rows[0..4), of row_bytes each. */
-#define TL_PREFETCH_ROWS(ROWS, ROW_BYTES)                                                   \
-    do {                                                                                    \
-        for (int r_ = 0; r_ < 4; r_++)                                                      \
-            for (int64_t b_ = 0; b_ < (ROW_BYTES); b_ += 64)                                \
-                __builtin_prefetch((const char *)(ROWS)[r_] + b_);                          \
-    } while (0)
-
 /* How a kernel row's c listed rows of a tile run: rows [0, *full) in groups
  * (see TL_RUN_GROUPS), then the returned pad rows (0, 2 or 4) as one group,
  * the last 1 to 3 rows padded with a zero x row and a sink y row by the
@@ -208,7 +201,7 @@ static inline int64_t tl_group_pad(int64_t c, int64_t *full) {
         for (; p_ + (G) <= (FULL); p_ += (G)) {                                              \
             if ((PREFETCH) && p_ + 2 * (G) <= (FULL))                                        \
                 for (int64_t q_ = p_ + (G); q_ < p_ + 2 * (G); q_ += 4)                      \
-                    TL_PREFETCH_ROWS((XR) + q_, (ROW_BYTES));                                \
+                    TL_PREFETCH_ROWS((XR) + q_, 4, (ROW_BYTES));                             \
             GROUP(p_, (G));                                                                  \
         }                                                                                    \
         if (p_ < (FULL)) GROUP(p_, 4);                                                       \

@@ -223,10 +223,7 @@ void tl_bf16_rows(int R, int64_t cw, int64_t cin, const uint16_t *const *a,
 TL_TARGET_BF16 void tl_bf16_rows_8(int64_t cw, int64_t cin, int64_t c, const uint16_t *const *a,
                                    const uint16_t *panel, float *const *out, int64_t oc) {
     for (int64_t p = 0; p < c; p += 8) {
-        if (oc == 0 && p + 8 < c) /* the next group's x rows (see TL_RUN_GROUPS) */
-            for (int r = 0; r < 8; r++)
-                for (int64_t b = 0; b < cin * 2; b += 64)
-                    __builtin_prefetch((const char *)a[p + 8 + r] + b);
+        if (oc == 0 && p + 8 < c) TL_PREFETCH_ROWS(a + p + 8, 8, cin * 2);
         float *o[8];
         for (int r = 0; r < 8; r++) o[r] = out[p + r] + oc;
         tl_bf16_group_8(cw, cin, a + p, panel, o);

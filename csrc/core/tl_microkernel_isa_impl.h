@@ -145,27 +145,17 @@ TL_DEFINE_ROWS(2)
 TL_DEFINE_ROWS(1)
 #undef TL_DEFINE_ROWS
 
-/* Asks for the x rows a[0..8) of nq values each (the next group's, while
- * this one computes: see TL_RUN_GROUPS). */
-static inline __attribute__((always_inline)) void TL_MKI(prefetch_8)(const TL_T *const *a,
-                                                                     int64_t nq) {
-    for (int r = 0; r < 8; r++)
-        for (int64_t b_ = 0; b_ < nq * (int64_t)sizeof(TL_T); b_ += 64)
-            __builtin_prefetch((const char *)a[r] + b_);
-}
-
 /* rows_8 for a layer one vector wide and one vector deep (cw = nq = TL_VL:
  * C = 16 in fp32 with AVX-512): the panel's nq weight vectors stay in
  * registers for every group, beside the 8 accumulators.  Same sums in the
  * same order as TL_MKI(columns). */
 static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_MKI(rows_8_vv)(
-    int64_t c, const TL_T *const *a, const TL_T *b, int64_t ldb, TL_T *const *out,
-    int prefetch) {
+    int64_t c, const TL_T *const *a, const TL_T *b, int64_t ldb, TL_T *const *out, int64_t oc) {
     TL_MKI(vec) w[TL_VL];
 #pragma GCC unroll 16
     for (int q = 0; q < TL_VL; q++) memcpy(&w[q], b + q * ldb, sizeof(w[q]));
     for (int64_t p = 0; p < c; p += 8) {
-        if (prefetch && p + 8 < c) TL_MKI(prefetch_8)(a + p + 8, TL_VL);
+        if (oc == 0 && p + 8 < c) TL_PREFETCH_ROWS(a + p + 8, 8, TL_VL * (int64_t)sizeof(TL_T));
         TL_MKI(vec) acc[8];
         for (int r = 0; r < 8; r++) acc[r] = (TL_MKI(vec)){0};
 #pragma GCC unroll 16
@@ -174,9 +164,9 @@ static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_MKI(rows_8_vv)(
             for (int r = 0; r < 8; r++) acc[r] += a[p + r][q] * w[q];
         for (int r = 0; r < 8; r++) {
             TL_MKI(vec) o;
-            memcpy(&o, out[p + r], sizeof(o));
+            memcpy(&o, out[p + r] + oc, sizeof(o));
             o += acc[r];
-            memcpy(out[p + r], &o, sizeof(o));
+            memcpy(out[p + r] + oc, &o, sizeof(o));
         }
     }
 }
@@ -189,12 +179,12 @@ static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_MKI(rows_8_vv)(
 static TL_ISA_ATTR void TL_MKI(rows_8)(int64_t cw, int64_t nq, int64_t c, const TL_T *const *a,
                                        const TL_T *b, int64_t ldb, TL_T *const *out,
                                        int64_t oc) {
-    if (cw == TL_VL && nq == TL_VL && oc == 0) {
-        TL_MKI(rows_8_vv)(c, a, b, ldb, out, 1);
+    if (cw == TL_VL && nq == TL_VL) {
+        TL_MKI(rows_8_vv)(c, a, b, ldb, out, oc);
         return;
     }
     for (int64_t p = 0; p < c; p += 8) {
-        if (oc == 0 && p + 8 < c) TL_MKI(prefetch_8)(a + p + 8, nq);
+        if (oc == 0 && p + 8 < c) TL_PREFETCH_ROWS(a + p + 8, 8, nq * (int64_t)sizeof(TL_T));
         TL_T *o[8];
         for (int r = 0; r < 8; r++) o[r] = out[p + r] + oc;
         TL_MKI(columns)(8, 0, cw, nq, 0, a + p, NULL, b, ldb, o);

@@ -35,6 +35,15 @@ static inline tl_simd tl_simd_level(void) {
     return TL_SIMD_BASE;
 }
 
+/* Asks for the cache lines of the rows ROWS[0..N), ROW_BYTES each: the
+ * kernels ask for the next group's input rows while a group computes. */
+#define TL_PREFETCH_ROWS(ROWS, N, ROW_BYTES)                                                \
+    do {                                                                                    \
+        for (int r_ = 0; r_ < (N); r_++)                                                    \
+            for (int64_t b_ = 0; b_ < (ROW_BYTES); b_ += 64)                                \
+                __builtin_prefetch((const char *)(ROWS)[r_] + b_);                          \
+    } while (0)
+
 /* The set the kernels run with: the CPU's widest, at most `cap` (tl_ctx's
  * simd_cap). */
 static inline tl_simd tl_simd_capped(int cap) {
