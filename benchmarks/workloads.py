@@ -32,6 +32,7 @@ import torch
 import torch_lattice as tl
 from benchmarks import baselines as bl
 from benchmarks import checks as ck
+from benchmarks.resunet_step import resunet_step
 from benchmarks.scenes import Scene
 from benchmarks.timing import Timing, time_side_by_side
 from torch_lattice.geometry import ConvGeometry
@@ -424,23 +425,9 @@ def _resunet_step(
     cls: Any, scene: Scene, c: int, grad: bool, dtype: torch.dtype
 ) -> Callable[[], object]:
     """One call of SparseResUNet42(c, 20) in ``dtype`` on a new scan (every map built in
-    the call): eval forward, or forward + backward of a float32 loss."""
-    torch.manual_seed(0)
-    net = cls(c, 20).to(dtype).train(grad)
-    feats = _features(scene.voxels, c).to(dtype)
-
-    def fresh() -> tl.SparseTensor:
-        return tl.SparseTensor(feats, scene.coords)
-
-    if grad:
-
-        def step() -> torch.Tensor:
-            loss = net(fresh()).feats.float().square().mean()
-            loss.backward()
-            return loss
-
-        return step
-    return torch.no_grad()(lambda: net(fresh()))
+    the call): eval forward, or forward + backward of a float32 loss
+    (:func:`benchmarks.resunet_step.resunet_step` on the scene's features)."""
+    return resunet_step(cls, tl.SparseTensor, scene.coords, _features(scene.voxels, c), grad, dtype)
 
 
 def _resunet(

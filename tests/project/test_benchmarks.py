@@ -697,3 +697,27 @@ def test_weight_gradient_benchmark_checks_then_reports() -> None:
     assert row["channels"] == 5 and row["err"] < 1e-5
     assert row["wgrad"] > 0 and row["forward"] > 0
     assert row["ratio"] == pytest.approx(row["wgrad"] / row["forward"])
+
+
+def test_memory_reuse_runs_every_side_beside_a_base_checkout(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """benchmarks.memory_reuse with --base (here this checkout itself): a row per step,
+    the base beside the default and reuse sides, each in its own process."""
+    from benchmarks import memory_reuse
+
+    argv = ["--scenes", "tiny", "--rounds", "1", "--steps", "1", "--base", str(ROOT)]
+    assert memory_reuse.main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("| scene | step | base s | default s | reuse s | base / default")
+    rows = [line.split(" | ") for line in lines[2:]]
+    assert [(r[0], r[1]) for r in rows] == [("| tiny", "eval"), ("| tiny", "train")]
+    assert all(cell.endswith("x") for r in rows for cell in r[5:7])
+
+
+def test_memory_reuse_refuses_a_base_that_is_not_a_checkout(tmp_path: Path) -> None:
+    from benchmarks import memory_reuse
+
+    argv = ["--scenes", "tiny", "--rounds", "1", "--steps", "1", "--base", str(tmp_path)]
+    with pytest.raises(SystemExit, match="torch_lattice was imported from"):
+        memory_reuse.main(argv)
