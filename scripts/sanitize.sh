@@ -121,7 +121,9 @@ cd "$work/src"
 LD_PRELOAD=$preload ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
     "$py" -c "import torch_lattice._C as c, sys; f = c.__file__; \
 sys.exit(0 if f.startswith('$work/src/') else f'wrong _C: {f}')"
-nm -D "$work/src/torch_lattice/_C.abi3.so" | grep -q __asan_init ||
+# grep -c reads all of nm's output: grep -q would stop at the first match and,
+# under pipefail, nm's SIGPIPE would fail the check on an instrumented build.
+[ "$(nm -D "$work/src/torch_lattice/_C.abi3.so" | grep -c __asan_init)" -gt 0 ] ||
     { echo "torch_lattice/_C.abi3.so is not instrumented"; exit 1; }
 LD_PRELOAD=$preload ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 OMP_NUM_THREADS=2 \
     "$py" -m pytest -q -p no:cacheprovider --capture=sys "${tests[@]}" \
