@@ -127,9 +127,9 @@ static int tl_half_tile(const tl_half_call *f, const uint16_t *x, const int32_t 
                         int64_t o0, int64_t m, int64_t co0, int64_t cw, tl_half_scratch *s) {
     const tl_conv_desc *d = f->d;
     const int64_t k = d->k, cin = d->c_in, cout = d->c_out, width = f->panel_cols;
-    /* Rows per group: 8 on tiles at most 32 floats wide with AVX-512 (both
+    /* Groups of 8 rows on tiles at most 32 floats wide with AVX-512 (both
      * kernels' 8-row blocks hold 2 vectors of 16), else 4. */
-    const int64_t g = cw <= 32 && f->level >= TL_SIMD_V4 ? 8 : 4;
+    const int narrow = cw <= 32 && f->level >= TL_SIMD_V4;
     memset(s->acc, 0, sizeof(float) * (size_t)(m * cw));
     if ((int64_t)tl_list_tile(f->level >= TL_SIMD_V4, nbr, o0, m, k, s->li, s->lr, s->lc) >
         d->n_in)
@@ -153,16 +153,14 @@ static int tl_half_tile(const tl_half_call *f, const uint16_t *x, const int32_t 
             s->xf[c] = s->zero;
             s->yr[c] = s->sink;
         }
-        /* Narrow tiles run their groups of 8 in one call, then the rest in
-         * groups of 4 and the padded one. */
-        const int64_t p8 = g == 8 ? full / 8 * 8 : 0;
         for (int64_t j = 0; j < cw; j += width) {
             const int64_t wb = cw - j < width ? cw - j : width;
-            if (p8) tl_half_group(f, s, (int)p8, 0, n, co0, j, wb);
-#define TL_GROUP(p, R) tl_half_group(f, s, (int)(R), p8 + (p), n, co0, j, wb)
-            TL_RUN_GROUPS(full - p8, pad, 4, f->dot && j == 0, s->xh + p8,
-                          cin * (int64_t)sizeof(uint16_t), TL_GROUP);
+#define TL_GROUP8(c8) tl_half_group(f, s, (int)(c8), 0, n, co0, j, wb)
+#define TL_GROUP(p, R) tl_half_group(f, s, (int)(R), (p), n, co0, j, wb)
+            TL_RUN_GROUPS(full, pad, narrow, f->dot && j == 0, s->xh,
+                          cin * (int64_t)sizeof(uint16_t), TL_GROUP8, TL_GROUP);
 #undef TL_GROUP
+#undef TL_GROUP8
         }
     }
     for (int64_t r = 0; r < m; r++)

@@ -87,8 +87,8 @@ static int TL_FN(tl_forward_tile)(const tl_conv_desc *d, const TL_T *x, const TL
                                   const tl_fwd_rel *rel, TL_T *y, int64_t o0, int64_t m,
                                   int64_t co0, int64_t cw, TL_FN(tl_fwd_scratch) *s) {
     const int64_t k = d->k, cin = d->c_in, cout = d->c_out, width = s->panel_cols;
-    /* Rows per group: 8 on narrow tiles (see tl_mk_ops.rows8_cols), else 4. */
-    const int64_t g = cw <= s->mk->rows8_cols ? 8 : 4;
+    /* Groups of 8 rows on narrow tiles (see tl_mk_ops.rows8_cols), else 4. */
+    const int narrow = cw <= s->mk->rows8_cols;
     const TL_T **xr = s->xr;
     TL_T **yr = s->yr;
     if (rel->pairs)
@@ -112,16 +112,15 @@ static int TL_FN(tl_forward_tile)(const tl_conv_desc *d, const TL_T *x, const TL
             xr[c] = s->zero;
             yr[c] = s->sink;
         }
-        /* Narrow tiles run their groups of 8 in one call (rows_8), then the
-         * rest in groups of 4 and the padded one. */
-        const int64_t p8 = g == 8 ? full / 8 * 8 : 0;
         for (int64_t j = 0; j < cw; j += width) {
             const int64_t wb = cw - j < width ? cw - j : width;
             const TL_T *panel = pw + n * cin * cout + (co0 + j) * cin;
-            if (p8) s->mk->rows_8(wb, cin, p8, xr, panel, wb, yr, j);
-#define TL_GROUP(p, R) TL_FN(tl_fwd_group)(s, (int)(R), wb, panel, xr + p8 + (p), yr + p8 + (p), j)
-            TL_RUN_GROUPS(full - p8, pad, 4, j == 0, xr + p8, cin * (int64_t)sizeof(TL_T), TL_GROUP);
+#define TL_GROUP8(c8) s->mk->rows_8(wb, cin, (c8), xr, panel, wb, yr, j)
+#define TL_GROUP(p, R) TL_FN(tl_fwd_group)(s, (int)(R), wb, panel, xr + (p), yr + (p), j)
+            TL_RUN_GROUPS(full, pad, narrow, j == 0, xr, cin * (int64_t)sizeof(TL_T), TL_GROUP8,
+                          TL_GROUP);
 #undef TL_GROUP
+#undef TL_GROUP8
         }
     }
     return 0;

@@ -189,22 +189,23 @@ static inline int64_t tl_group_pad(int64_t c, int64_t *full) {
     return c - *full == 3 ? 4 : (c - *full + 1) / 2 * 2;
 }
 
-/* Runs GROUP(p, R) over the groups of rows [0, FULL + PAD) (tl_group_pad):
- * groups of G (8 or 4) rows, one of 4 if 4 are left, then the padded one.
- * Where PREFETCH holds, the next group's x rows XR[] (ROW_BYTES each) are
- * asked for while a group computes: on strided and transposed maps each x
- * row is read once, so they come from memory (1.1-1.5x there; subm
- * 1.0-1.1x). */
-#define TL_RUN_GROUPS(FULL, PAD, G, PREFETCH, XR, ROW_BYTES, GROUP)                          \
+/* Runs the groups of rows [0, FULL + PAD) (tl_group_pad): where EIGHT
+ * (narrow tiles), the groups of 8 first, all in one GROUP8(c8) call (c8 =
+ * FULL / 8 * 8 rows: rows_8, which asks for its next group's rows itself);
+ * then GROUP(p, 4) for each group of 4 left and GROUP(FULL, PAD) for the
+ * padded one.  Where PREFETCH holds, the next group's x rows XR[] (ROW_BYTES
+ * each) are asked for while a group of 4 computes: on strided and transposed
+ * maps each x row is read once, so they come from memory (1.1-1.5x there;
+ * subm 1.0-1.1x). */
+#define TL_RUN_GROUPS(FULL, PAD, EIGHT, PREFETCH, XR, ROW_BYTES, GROUP8, GROUP)                \
     do {                                                                                     \
-        int64_t p_ = 0;                                                                      \
-        for (; p_ + (G) <= (FULL); p_ += (G)) {                                              \
-            if ((PREFETCH) && p_ + 2 * (G) <= (FULL))                                        \
-                for (int64_t q_ = p_ + (G); q_ < p_ + 2 * (G); q_ += 4)                      \
-                    TL_PREFETCH_ROWS((XR) + q_, 4, (ROW_BYTES));                             \
-            GROUP(p_, (G));                                                                  \
+        int64_t p_ = (EIGHT) ? (FULL) / 8 * 8 : 0;                                           \
+        if (p_) GROUP8(p_);                                                                  \
+        for (; p_ + 4 <= (FULL); p_ += 4) {                                                  \
+            if ((PREFETCH) && p_ + 8 <= (FULL))                                              \
+                TL_PREFETCH_ROWS((XR) + p_ + 4, 4, (ROW_BYTES));                             \
+            GROUP(p_, 4);                                                                    \
         }                                                                                    \
-        if (p_ < (FULL)) GROUP(p_, 4);                                                       \
         if (PAD) GROUP((FULL), (PAD));                                                       \
     } while (0)
 
@@ -219,12 +220,11 @@ typedef struct tl_wgrad_lists {
 
 static inline int tl_wgrad_lists_init(tl_wgrad_lists *l, const tl_wgrad_split *split, int vec,
                                       int64_t k) {
-    const size_t n = split->listed ? (size_t)(TL_WGRAD_PAIRS * k) : 0;
-    l->listed = split->listed;
-    l->vec = vec;
-    l->li = malloc(sizeof(int32_t) * (n + 1));
-    l->lr = malloc(sizeof(int32_t) * (n + 1));
-    l->lc = malloc(sizeof(int64_t) * (size_t)(split->listed ? k + 1 : 1));
+    *l = (tl_wgrad_lists){split->listed, vec, NULL, NULL, NULL};
+    if (!l->listed) return 1;
+    l->li = malloc(sizeof(int32_t) * (size_t)(TL_WGRAD_PAIRS * k));
+    l->lr = malloc(sizeof(int32_t) * (size_t)(TL_WGRAD_PAIRS * k));
+    l->lc = malloc(sizeof(int64_t) * (size_t)k);
     return l->li && l->lr && l->lc;
 }
 
