@@ -35,9 +35,12 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.baselines import spconv_status
+
 DATAFLOWS = ("implicit_gemm", "fetch_on_demand", "gather_scatter")
 CHANNELS = (32, 64, 128, 256)
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+GROUPS = ("kmap", "layers", "unet")
 _DTYPE = {
     "fp32": torch.float32,
     "tf32": torch.float32,
@@ -145,68 +148,132 @@ def kmap_rows(timer: Timer, coords: torch.Tensor) -> list[Row]:
         ("Conv3d k2s2: nbr", partial(lattice.kernel_map, coords, coarse, *args_k)),
         ("Conv3d k2s2: pairs", partial(lattice.kernel_pairs, nbr_k)),
     ]
-    return [Row("kernel map", name, "-", "lattice", *timer(fn)) for name, fn in cases]
+    rows = [Row("kernel map", name, "-", "lattice", *timer(fn)) for name, fn in cases]
+    if spconv_here(coords.device.type) is None:
+        from benchmarks.gpu_spconv import check_indices, indice_rows
+
+        ours = {"SubmConv3d k3": (nbr_s, coords), "Conv3d k2s2": (nbr_k, coarse)}
+        for name, fn in indice_rows(coords):
+            try:
+                check_indices(fn(), *ours[name.split(":")[0]])
+            except Exception as exc:  # another format or another relation: not timed
+                rows.append(Row("kernel map", name, "-", "spconv", float("nan"),
+                                note=f"not checked: {exc!r}"[:120]))
+                continue
+            rows.append(Row("kernel map", name, "-", "spconv", *timer(fn)))
+    return rows
+
+
+def spconv_here(device: str) -> str | None:
+    """None where spconv runs beside us (it imports, on a GPU), else why not. On a CPU its
+    build is wrong at more than one thread and has no backward, so the rehearsal leaves it
+    out."""
+    if not device.startswith("cuda"):
+        return "not on a GPU"
+    return spconv_status()
 
 
 def layer_rows(timer: Timer, coords: torch.Tensor, device: str, channels: Sequence[int],
                precisions: Sequence[str]) -> list[Row]:
-    """Single layers per channel count, precision and dataflow, beside the baselines."""
+    """Single layers per channel count, precision and dataflow, beside the baselines:
+    forward rows for every implementation, forward+backward rows for ours and spconv."""
     from benchmarks import gpu_layers as gl
-    from torch_lattice.nn.functional import ConvConfig, Dataflow, conv_config
 
     rows = []
     for c in channels:
         for base in gl.layer_cases(coords, c, device, seed=c):
             for prec in precisions:
                 case = base.at(_DTYPE[prec])
-                tf32 = prec == "tf32"
+                _tf32(prec == "tf32")
                 baselines = gl.baselines(case)
-                x, w = case.x.feats, case.module.weight.detach()
-                _tf32(tf32)
-                for name, fn in baselines.items():
-                    try:
-                        err = gl.check(case, fn)
-                    except Exception as exc:  # out of memory, or a baseline that cannot
-                        rows.append(Row("layer", case.name + f" C={c}", prec, name,
-                                        float("nan"), note=f"not checked: {exc!r}"[:120]))
-                        continue
-                    if err > gl.TOLERANCE[prec]:
-                        rows.append(Row("layer", case.name + f" C={c}", prec, name,
-                                        float("nan"), err=err, note="disagrees: not timed"))
-                        continue
-                    with torch.no_grad():
-                        times = timer(partial(fn, x, w))
-                    rows.append(Row("layer", case.name + f" C={c}", prec, name, *times,
-                                    case.flops, err))
+                if prec == "tf32":  # spconv's fp32 GEMMs take no run-time TF32 switch
+                    baselines.pop("spconv", None)
+                rows += _baseline_rows(timer, case, prec, baselines)
                 _tf32(False)
-                for df in DATAFLOWS:
-                    if case.target is not None and df != "gather_scatter":
-                        continue  # target transposes run gather-scatter only (docs/dataflows)
-                    config = ConvConfig(dataflow=Dataflow(df), allow_tf32=tf32)
-                    try:
-                        with conv_config(config):
-                            err = gl.check(case, baselines["torch loop"])
-                            with torch.no_grad():
-                                times = timer(case.ours)
-                        rows.append(Row("layer", case.name + f" C={c}", prec, df, *times,
-                                        case.flops, err))
-                    except Exception as exc:  # a failing kernel is a row, not a crash
-                        print(f"{case.name} C={c} {prec} {df}: {exc!r}", file=sys.stderr)
-                        rows.append(Row("layer", case.name + f" C={c}", prec, df,
-                                        float("nan"), note=f"FAILED: {type(exc).__name__}"))
+                rows += _our_layer_rows(timer, case, prec, baselines["torch loop"])
     return rows
+
+
+def _baseline_rows(timer: Timer, case: object, prec: str, baselines: dict) -> list[Row]:
+    from benchmarks import gpu_layers as gl
+
+    assert isinstance(case, gl.LayerCase)
+    name = case.name + f" C={case.module.in_channels}"
+    x, w = case.x.feats, case.module.weight.detach()
+    rows = []
+    for impl, fn in baselines.items():
+        try:
+            err = gl.check(case, fn)
+        except Exception as exc:  # out of memory, or a baseline that cannot run
+            rows.append(Row("layer", name, prec, impl, float("nan"),
+                            note=f"not checked: {exc!r}"[:120]))
+            continue
+        if err > gl.TOLERANCE[prec]:
+            rows.append(Row("layer", name, prec, impl, float("nan"), err=err,
+                            note="disagrees: not timed"))
+            continue
+        note = getattr(fn, "note", "")
+        with torch.no_grad():
+            run = fn.timed(x) if hasattr(fn, "timed") else partial(fn, x, w)
+            rows.append(Row("layer", name, prec, impl, *timer(run), case.flops, err, note))
+        if hasattr(fn, "timed_train"):
+            grad = torch.randn(case.table.shape[0], case.module.out_channels, device=x.device,
+                               dtype=x.dtype)
+            rows.append(Row("layer", name + " fwd+bwd", prec, impl,
+                            *timer(fn.timed_train(x, grad)), 3 * case.flops, err, note))
+    return rows
+
+
+def _our_layer_rows(timer: Timer, case: object, prec: str,
+                    reference: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+                    ) -> list[Row]:
+    from benchmarks import gpu_layers as gl
+    from torch_lattice.nn.functional import ConvConfig, Dataflow, conv_config
+
+    assert isinstance(case, gl.LayerCase)
+    name = case.name + f" C={case.module.in_channels}"
+    grad = torch.randn(case.table.shape[0], case.module.out_channels, device=case.x.feats.device,
+                       dtype=case.x.feats.dtype)
+    rows = []
+    for df in DATAFLOWS:
+        if case.target is not None and df != "gather_scatter":
+            continue  # target transposes run gather-scatter only (docs/dataflows)
+        config = ConvConfig(dataflow=Dataflow(df), allow_tf32=prec == "tf32")
+        try:
+            with conv_config(config):
+                err = gl.check(case, reference)
+                with torch.no_grad():
+                    rows.append(Row("layer", name, prec, df, *timer(case.ours), case.flops,
+                                    err))
+                rows.append(Row("layer", name + " fwd+bwd", prec, df,
+                                *timer(case.ours_train(grad)), 3 * case.flops, err))
+        except Exception as exc:  # a failing kernel is a row, not a crash
+            print(f"{name} {prec} {df}: {exc!r}", file=sys.stderr)
+            rows.append(Row("layer", name, prec, df, float("nan"),
+                            note=f"FAILED: {type(exc).__name__}"))
+    return rows
+
+
+# Largest relative difference of spconv's SparseResUNet42 from ours: logits, and the input
+# and weight gradients of a training step (42 layers of rounding, batch norm in half).
+UNET_TOLERANCE = {"fp32": (1e-3, 1e-2), "fp16": (5e-2, 2e-1)}
 
 
 def unet_rows(timer: Timer, coords: torch.Tensor, device: str, precisions: Sequence[str]
               ) -> list[Row]:
-    """SparseResUNet42 per dataflow: inference on cached maps, training step with maps
-    built inside the timing."""
+    """SparseResUNet42 per dataflow: inference with cached maps (a fixed scan) and with the
+    maps built inside the timing (a new scan), and a training step with the maps built;
+    spconv's build of the same network with the same weights beside it (it builds its
+    indices in every call), checked first."""
     from torch_lattice import SparseTensor
     from torch_lattice.backbones import SparseResUNet42
     from torch_lattice.nn.functional import ConvConfig, Dataflow, conv_config
 
     def infer(model: torch.nn.Module, fixed: SparseTensor) -> torch.Tensor:
         return model(fixed).feats
+
+    def infer_new(model: torch.nn.Module, feats: torch.Tensor) -> torch.Tensor:
+        return model(SparseTensor(feats, coords)).feats  # a new SparseTensor: maps built
 
     def train_step(model: torch.nn.Module, feats: torch.Tensor) -> None:
         model.zero_grad(set_to_none=True)  # a new SparseTensor: every map is built again
@@ -219,7 +286,7 @@ def unet_rows(timer: Timer, coords: torch.Tensor, device: str, precisions: Seque
         model = SparseResUNet42(4, 20).to(device).to(dtype)
         feats = torch.randn(coords.shape[0], 4, device=device, dtype=dtype)
         cached = partial(infer, model, SparseTensor(feats, coords))
-        built = partial(train_step, model, feats)
+        built = partial(infer_new, model, feats)
         for df in DATAFLOWS:
             with conv_config(ConvConfig(dataflow=Dataflow(df))):
                 try:
@@ -227,13 +294,56 @@ def unet_rows(timer: Timer, coords: torch.Tensor, device: str, precisions: Seque
                     with torch.no_grad():
                         rows.append(Row("network", "ResUNet42 forward, cached maps", prec, df,
                                         *timer(cached)))
+                        rows.append(Row("network", "ResUNet42 forward, maps built", prec, df,
+                                        *timer(built)))
                     model.train()
                     rows.append(Row("network", "ResUNet42 fwd+bwd, maps built", prec, df,
-                                    *timer(built)))
+                                    *timer(partial(train_step, model, feats))))
                 except Exception as exc:
                     print(f"ResUNet42 {prec} {df}: {exc!r}", file=sys.stderr)
                     rows.append(Row("network", "ResUNet42", prec, df, float("nan"),
                                     note=f"FAILED: {type(exc).__name__}"))
+        if spconv_here(device) is None:
+            rows += _spconv_unet_rows(timer, model, feats, coords, prec)
+    return rows
+
+
+def _spconv_unet_rows(timer: Timer, model: torch.nn.Module, feats: torch.Tensor,
+                      coords: torch.Tensor, prec: str) -> list[Row]:
+    """spconv's SparseResUNet42 with ``model``'s weights: forward (eval) and a training
+    step, each after its check against ``model``."""
+    from benchmarks.gpu_spconv import SpconvResUNet42, unet_check
+
+    def step(twin: torch.nn.Module) -> None:
+        twin.zero_grad(set_to_none=True)
+        twin(feats, coords).float().square().mean().backward()
+
+    rows = []
+    try:
+        twin = SpconvResUNet42(model)  # type: ignore[arg-type]
+    except Exception as exc:
+        return [Row("network", "ResUNet42", prec, "spconv", float("nan"),
+                    note=f"not built: {exc!r}"[:120])]
+    out_tol, grad_tol = UNET_TOLERANCE[prec]
+    cases = (("forward, maps built", False, lambda: twin(feats, coords)),
+             ("fwd+bwd, maps built", True, partial(step, twin)))
+    for case, train, fn in cases:
+        model.train(train)
+        twin.train(train)
+        try:
+            with torch.set_grad_enabled(train):
+                err = unet_check(model, twin, feats, coords, backward=train)  # type: ignore[arg-type]
+        except Exception as exc:
+            rows.append(Row("network", f"ResUNet42 {case}", prec, "spconv", float("nan"),
+                            note=f"not checked: {exc!r}"[:120]))
+            continue
+        if err > (grad_tol if train else out_tol):
+            rows.append(Row("network", f"ResUNet42 {case}", prec, "spconv", float("nan"),
+                            err=err, note="disagrees: not timed"))
+            continue
+        with torch.set_grad_enabled(train):
+            rows.append(Row("network", f"ResUNet42 {case}", prec, "spconv", *timer(fn),
+                            err=err, note="builds its indices in every call"))
     return rows
 
 
@@ -264,6 +374,12 @@ def table(rows: Sequence[Row], peak: dict[str, float], spec: dict[str, float] | 
     return out
 
 
+def _spconv_version() -> str:
+    import spconv
+
+    return f"{getattr(spconv, '__version__', '?')} beside us"
+
+
 def _device_name(device: str) -> str:
     return torch.cuda.get_device_name() if device.startswith("cuda") else "CPU"
 
@@ -278,13 +394,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="lidar, surface, indoor, or tiny-N (an N x N height field)")
     parser.add_argument("--channels", default=",".join(map(str, CHANNELS)))
     parser.add_argument("--precisions", default=",".join(PRECISIONS))
+    parser.add_argument("--groups", default=",".join(GROUPS),
+                        help=f"which of {','.join(GROUPS)} to run (the device check's fast "
+                        "mode runs one); the peak always runs: every row's percentage needs it")
     args = parser.parse_args(argv)
     if args.reps < 1:
         parser.error(f"--reps must be >= 1, got {args.reps}")
     channels = [int(c) for c in args.channels.split(",")]
     precisions = args.precisions.split(",")
+    groups = args.groups.split(",")
     if any(c < 1 for c in channels) or not set(precisions) <= set(PRECISIONS):
         parser.error(f"--channels must be positive, --precisions from {PRECISIONS}")
+    if not set(groups) <= set(GROUPS):
+        parser.error(f"--groups must be from {GROUPS}, got {args.groups!r}")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("benchmarks.gpu: no CUDA device", file=sys.stderr)
         return 2
@@ -303,11 +425,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{name}, torch {torch.__version__}; scene {scene.name} ({scene.voxels} voxels: "
         f"{scene.description}); medians of {args.reps} runs (p10-p90 spread)"
     )
+    spconv = spconv_here(args.device)
+    head += f"; spconv: {_spconv_version() if spconv is None else spconv}"
     print(head, flush=True)
     rows, peak = peak_rows(timer, args.device)
-    rows += kmap_rows(timer, coords)
-    rows += layer_rows(timer, coords, args.device, channels, precisions)
-    if not args.no_unet:
+    if "kmap" in groups:
+        rows += kmap_rows(timer, coords)
+    if "layers" in groups:
+        rows += layer_rows(timer, coords, args.device, channels, precisions)
+    if "unet" in groups and not args.no_unet:
         rows += unet_rows(timer, coords, args.device, [p for p in ("fp32", "fp16")
                                                       if p in precisions])
     lines = [head, "", *table(rows, peak, spec)]

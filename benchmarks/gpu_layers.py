@@ -11,8 +11,9 @@ module's cached kernel map and drives two plain-PyTorch baselines:
 - ``torch im2col``: one gather of every ``(output row, kernel row)`` input into an
   ``(N_out, K * C_in)`` matrix and one GEMM (few launches, cuBLAS on tensor cores, but it
   multiplies the absent neighbours' zeros too);
-- ``spconv``: spconv 2.x's ``SubMConv3d`` with the same weight, beside SubmConv3d k3 on a
-  GPU when spconv imports (``scripts/spconv-wheels.sh`` prepares it for the device check).
+- ``spconv``: spconv 2.x's ``SubMConv3d``, ``SparseConv3d`` or ``SparseInverseConv3d`` with
+  the same weight (:class:`benchmarks.gpu_spconv.SpconvLayer`), on a GPU when spconv imports
+  (``scripts/spconv-wheels.sh`` prepares it for the device check).
 
 :func:`check` compares a baseline's output, input gradient and weight gradient with the
 library's before it is timed; a baseline that disagrees is reported, not timed.
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 import torch_lattice as tl
-from benchmarks.baselines import SpconvSubm, spconv_status
+from benchmarks.baselines import spconv_status
 from torch_lattice.geometry import ConvGeometry
 from torch_lattice.nn.functional.relation import kernel_map
 
@@ -62,10 +63,26 @@ class LayerCase:
         x = tl.SparseTensor.from_support(self.x.feats.to(dtype), self.x.support)
         return LayerCase(self.name, module, x, self.target, self.table)
 
+    def output(self, x: tl.SparseTensor | None = None) -> tl.SparseTensor:
+        """The module's output for ``x`` (default: the case's input)."""
+        x = self.x if x is None else x
+        return self.module(x) if self.target is None else self.module(x, self.target)
+
     def ours(self) -> torch.Tensor:
         """The module's forward features."""
-        y = self.module(self.x) if self.target is None else self.module(self.x, self.target)
-        return y.feats
+        return self.output().feats
+
+    def ours_train(self, grad: torch.Tensor) -> Callable[[], None]:
+        """The module's forward and backward (input and weight gradients) for ``grad``."""
+        x = self.x.feats.detach().requires_grad_(True)
+        src = tl.SparseTensor.from_support(x, self.x.support)
+
+        def step() -> None:
+            self.module.zero_grad(set_to_none=True)
+            x.grad = None
+            self.output(src).feats.backward(grad)
+
+        return step
 
 
 def _table(x: tl.SparseTensor, out: tl.SparseTensor, geometry: ConvGeometry,
@@ -140,27 +157,17 @@ def _im2col(table: torch.Tensor) -> Callable[[torch.Tensor, torch.Tensor], torch
     return run
 
 
-class _Spconv:
-    """spconv 2.x ``SubMConv3d`` holding the case's weight: ``fn(features, weight)`` with
-    the weight ignored (spconv keeps its own copy; :meth:`weight_grad` reads its gradient)."""
-
-    def __init__(self, case: LayerCase) -> None:
-        self.layer = SpconvSubm(case.x.coords, case.module.weight.detach())
-
-    def __call__(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        return self.layer(x)
-
-    def weight_grad(self) -> torch.Tensor | None:
-        return self.layer.weight_grad()
-
-
 def baselines(case: LayerCase) -> dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]:
     """The baselines of ``case``, by name: ``fn(features, weight)``. The plain-PyTorch
-    two always; spconv's SubMConv3d beside SubmConv3d k3 on a GPU where spconv imports
-    (its CPU build is wrong at more than one thread and has no backward)."""
-    out = {"torch loop": _loop(case.table), "torch im2col": _im2col(case.table)}
-    if case.name.startswith("SubmConv3d") and case.x.feats.is_cuda and spconv_status() is None:
-        out["spconv"] = _Spconv(case)
+    two always; spconv's layer beside every case but the target transpose (spconv's
+    transposes make their own output rows) on a GPU where spconv imports (its CPU build
+    is wrong at more than one thread and has no backward)."""
+    out: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+        "torch loop": _loop(case.table), "torch im2col": _im2col(case.table)}
+    if case.target is None and case.x.feats.is_cuda and spconv_status() is None:
+        from benchmarks.gpu_spconv import SpconvLayer
+
+        out["spconv"] = SpconvLayer(case)
     return out
 
 

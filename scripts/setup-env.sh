@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Prepares .venv in the repository root: Python venv, torch, and this package
-# built from source (editable) with its test, docs and demo extras.  Each step
+# built from source (editable) with its test, docs and demo extras (and spconv where it
+# has wheels).  Each step
 # says what it does and how long it took.  Idempotent: the build step is skipped
 # while csrc/, setup.py, pyproject.toml and TORCH_LATTICE_CUDA are unchanged.
 #
@@ -76,7 +77,8 @@ want=$( (cat setup.py pyproject.toml; find csrc -type f | sort | xargs cat; echo
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || ! "$venv/bin/python" -c "import torch_lattice._C" 2>/dev/null; then
     t=$(date +%s)
     say "3/3 building torch_lattice from source and installing it (editable) with its test,"
-    say "    docs and demo tools (pytest, ruff, sphinx, myst-parser, matplotlib); log: $venv/build.log"
+    say "    docs and demo tools (pytest, ruff, sphinx, myst-parser, matplotlib) and spconv's CPU"
+    say "    build where it has wheels (the benchmarks' peer); log: $venv/build.log"
     say "    - the C core: $(find csrc/core csrc/python -name '*.c' | wc -l) sources, about 10 s on 2 cores"
     if [ "$cuda" = 1 ]; then
         say "    - the CUDA kernels (TORCH_LATTICE_CUDA=1): $(find csrc/cuda -name '*.cu' | wc -l) sources,"
@@ -84,9 +86,16 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || ! "$venv/bin/python" -c "impo
     elif [ "$cuda" = auto ]; then
         say "    - the CUDA kernels only if a GPU is visible here (the build says; TORCH_LATTICE_CUDA=1 forces them)"
     fi
+    # spconv's CPU build (the peer the benchmarks and tests/project/test_gpu_spconv.py
+    # compare with) has wheels for CPython 3.10-3.13 on x86-64 Linux only.
+    extras=test,docs,demo
+    if "$venv/bin/python" -c 'import platform, sys; sys.exit(not (sys.platform == "linux"
+        and platform.machine() == "x86_64" and (3, 10) <= sys.version_info[:2] <= (3, 13)))'; then
+        extras+=,spconv
+    fi
     # pip -v passes the build's output on; its own lines start "[torch_lattice build]".
     logged "$venv/build.log" '\[torch_lattice build\]|^Successfully installed' \
-        "${pip[@]}" install --progress-bar off -v -e '.[test,docs,demo]'
+        "${pip[@]}" install --progress-bar off -v -e ".[$extras]"
     echo "$want" >"$stamp"
     echo "$cuda" >"$venv/.torch-lattice-cuda-mode"  # what tests/project/test_build.py checks
     say "    done in $(since "$t")"

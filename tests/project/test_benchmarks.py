@@ -684,8 +684,10 @@ def test_gpu_benchmark_network_rows_on_the_cpu() -> None:
 
     rows = gpu.unet_rows(gpu.Timer("cpu", 1, warm=0), tiny_scene(24).coords, "cpu", ["fp32"])
     assert {r.case for r in rows} == {"ResUNet42 forward, cached maps",
+                                      "ResUNet42 forward, maps built",
                                       "ResUNet42 fwd+bwd, maps built"}
-    assert len(rows) == 6 and all(r.ms > 0 for r in rows)
+    assert len(rows) == 9 and all(r.ms > 0 for r in rows)
+    assert {r.impl for r in rows} == set(gpu.DATAFLOWS)  # no spconv on a CPU
 
 
 def test_weight_gradient_benchmark_checks_then_reports() -> None:
