@@ -5,8 +5,14 @@
 #
 #   bash scripts/device-check.sh              # on the GPU machine
 #   DEVICE_CHECK_DRY=1 bash scripts/device-check.sh   # rehearsal where there is no GPU
+#   DEVICE_CHECK_FAST=1 bash scripts/device-check.sh  # tuning: build + one benchmark group
 #
-# Steps (each under its own time limit; the limits add up to 405 s, under 7 minutes):
+# The fast mode (under 90 s) builds, imports and runs one group of the benchmark:
+# DEVICE_CHECK_GROUP (kmap, layers or unet; default layers) at DEVICE_CHECK_CHANNELS
+# (default 64,256) and DEVICE_CHECK_PRECISIONS (default fp16,fp32); no tests, no accuracy
+# table, so a kernel it times has not been verified by it (README of docs/gpu-runs).
+#
+# Steps of the full check (each under its own time limit; they add up to 480 s, 8 minutes):
 #   env     versions: GPU, python3, torch, setuptools, nvcc
 #   build   the extension in place (setup.py build_ext --inplace), sm_90 only
 #   import  torch_lattice._C: CUDA compiled in, devices seen
@@ -24,6 +30,10 @@ set -u
 cd "$(dirname "$0")/.." || exit 1
 OUT="${OUT:-/tmp/device-check}"
 DRY="${DEVICE_CHECK_DRY:-0}"
+FAST="${DEVICE_CHECK_FAST:-0}"
+GROUP="${DEVICE_CHECK_GROUP:-layers}"
+FAST_ARGS=(--groups "$GROUP" --channels "${DEVICE_CHECK_CHANNELS:-64,256}"
+    --precisions "${DEVICE_CHECK_PRECISIONS:-fp16,fp32}")
 mkdir -p "$OUT"
 BODY="$OUT/summary.body"
 : > "$BODY"
@@ -50,7 +60,7 @@ skip() { log "$1: skipped ($2)"; }
 
 # The machine's copy of .git may lag its working tree, so the run also names its sources by
 # content: scripts/source-hash.sh prints the same hash for a commit's checkout anywhere.
-log "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo '+changes'), sources $(bash scripts/source-hash.sh), $(date -u +%F), dry=$DRY"
+log "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo '+changes'), sources $(bash scripts/source-hash.sh), $(date -u +%F), dry=$DRY, fast=$FAST"
 
 env_report() {
     if [ "$DRY" = 1 ]; then echo "nvidia-smi: skipped (dry)"; else nvidia-smi; fi
@@ -91,38 +101,54 @@ if step build "$build_limit" env TORCH_LATTICE_CUDA=1 TORCH_LATTICE_CUDA_ARCHS=9
 print('cuda_compiled', C.cuda_compiled(), 'devices', C.cuda_device_count(), \
 'torch sees', torch.cuda.device_count()); \
 assert C.cuda_compiled(), 'built without CUDA'"
-    # -v: each test's name and verdict is logged as it finishes, so a run cut short by its
-    # limit still says which tests failed.
-    # 8 workers x 2 CPU threads fill the machine's 16 cores; torch's default (16 threads in
-    # each worker) oversubscribes them while the tests compute their CPU references.
-    step test 185 env OMP_NUM_THREADS=2 python3 -m pytest -v -n 8 -p no:cacheprovider -rfEs --tb=short --durations=15 \
-        -m cuda tests/ --junitxml="$OUT/test-junit.xml"
-    grep -E "^\[gw[0-9]+\].* (FAILED|ERROR) " "$OUT/test.log" | sed 's/^.*\(FAILED\|ERROR\) /    \1 /' \
-        | sort | uniq | tee -a "$BODY" > /dev/null
+    if [ "$FAST" = 1 ]; then
+        skip test "fast mode"
+    else
+        # -v: each test's name and verdict is logged as it finishes, so a run cut short by its
+        # limit still says which tests failed.
+        # 8 workers x 2 CPU threads fill the machine's 16 cores; torch's default (16 threads in
+        # each worker) oversubscribes them while the tests compute their CPU references.
+        step test 120 env OMP_NUM_THREADS=2 python3 -m pytest -v -n 8 -p no:cacheprovider -rfEs --tb=short --durations=15 \
+            -m cuda tests/ --junitxml="$OUT/test-junit.xml"
+        grep -E "^\[gw[0-9]+\].* (FAILED|ERROR) " "$OUT/test.log" | sed 's/^.*\(FAILED\|ERROR\) /    \1 /' \
+            | sort | uniq | tee -a "$BODY" > /dev/null
+    fi
+    # spconv beside us when scripts/spconv-wheels.sh's archive was carried (.spconv): its
+    # CPython 3.12 CUDA wheels unpacked into a folder put on the benchmark's PYTHONPATH (no
+    # venv, no network). The rehearsal unpacks and inspects it too; only a GPU imports it.
+    SPCONV_PATH=""
+    if [ -f .spconv/site.tar.xz ]; then
+        rm -rf /tmp/spconv-site && mkdir -p /tmp/spconv-site
+        if step spconv-unpack 60 bash -c 'tar -C /tmp/spconv-site -xJf .spconv/site.tar.xz &&
+            ls -d /tmp/spconv-site/spconv/pytorch /tmp/spconv-site/cumm &&
+            du -sh /tmp/spconv-site'; then
+            SPCONV_PATH=/tmp/spconv-site
+        fi
+    else
+        log "spconv: not carried (bash scripts/spconv-wheels.sh, then carry .spconv)"
+    fi
     if [ "$DRY" = 1 ]; then
         skip bench "dry: needs a GPU"
         skip accuracy "dry: needs a GPU"
         step bench-import 10 python3 -c "import benchmarks.gpu, benchmarks.gpu_accuracy"
-        step bench-rehearsal 60 python3 -m benchmarks.gpu --device cpu --scene tiny-12 \
-            --channels 4 --precisions fp32,bf16 --reps 1 --no-unet
-    else
-        # spconv beside us when scripts/spconv-wheels.sh's archive was carried (.spconv)
-        SPCONV_PATH=""
-        if [ -f .spconv/site.tar.xz ]; then
-            mkdir -p /tmp/spconv-site
-            if tar -C /tmp/spconv-site -xJf .spconv/site.tar.xz; then
-                SPCONV_PATH=/tmp/spconv-site
-                log "spconv: unpacked into $SPCONV_PATH"
-            else
-                log "spconv: .spconv/site.tar.xz did not unpack; timing without it"
-            fi
+        if [ "$FAST" = 1 ]; then
+            step bench-rehearsal 60 python3 -m benchmarks.gpu --device cpu --scene tiny-12 \
+                "${FAST_ARGS[@]}" --channels 4 --reps 1
         else
-            log "spconv: not carried (bash scripts/spconv-wheels.sh, then carry .spconv)"
+            step bench-rehearsal 60 python3 -m benchmarks.gpu --device cpu --scene tiny-12 \
+                --channels 4 --precisions fp32,bf16 --reps 1 --no-unet
         fi
-        step bench 100 env PYTHONUNBUFFERED=1 PYTHONPATH="${SPCONV_PATH}${PYTHONPATH:+:$PYTHONPATH}" \
-            python3 -m benchmarks.gpu --out "$OUT/bench.md"
-        step accuracy 45 env PYTHONUNBUFFERED=1 python3 -m benchmarks.gpu_accuracy \
-            --out "$OUT/accuracy.md"
+    else
+        bench_env=(env PYTHONUNBUFFERED=1 PYTHONPATH="${SPCONV_PATH}${PYTHONPATH:+:$PYTHONPATH}")
+        if [ "$FAST" = 1 ]; then
+            step bench 40 "${bench_env[@]}" python3 -m benchmarks.gpu "${FAST_ARGS[@]}" \
+                --out "$OUT/bench.md"
+            skip accuracy "fast mode"
+        else
+            step bench 240 "${bench_env[@]}" python3 -m benchmarks.gpu --out "$OUT/bench.md"
+            step accuracy 45 env PYTHONUNBUFFERED=1 python3 -m benchmarks.gpu_accuracy \
+                --out "$OUT/accuracy.md"
+        fi
     fi
 else
     FAILED+=(import test bench accuracy)
@@ -146,7 +172,7 @@ log "done in $SECONDS s"
 SUMMARY="$OUT/summary.txt"
 {
     if [ ${#FAILED[@]} -eq 0 ]; then
-        echo "PASS: device check$([ "$DRY" = 1 ] && echo ' (dry rehearsal, no GPU)'); tests: ${counts:-none}; $SECONDS s"
+        echo "PASS: device check$([ "$FAST" = 1 ] && echo " (fast mode: $GROUP only, no tests)")$([ "$DRY" = 1 ] && echo ' (dry rehearsal, no GPU)'); tests: ${counts:-none}; $SECONDS s"
     else
         echo "FAIL: ${FAILED[*]}; tests: ${counts:-none}; $SECONDS s"
     fi

@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # Prepares .venv in the repository root: Python venv, torch, and this package
 # built from source (editable) with its test, docs and demo extras (and spconv where it
-# has wheels).  Each step
-# says what it does and how long it took.  Idempotent: the build step is skipped
-# while csrc/, setup.py, pyproject.toml and TORCH_LATTICE_CUDA are unchanged.
+# has wheels).  Each step says what it does and how long it took.  Idempotent: the
+# build step is skipped while csrc/, setup.py, pyproject.toml and TORCH_LATTICE_CUDA are unchanged.
 #
 # The torch it installed is recorded in .venv/torch-lattice-setup.json.  When the
 # venv's torch is no longer that one (`uv run` / `uv sync` in this clone install

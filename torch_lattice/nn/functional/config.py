@@ -6,9 +6,14 @@ resolved from, in order of precedence: the module's ``config=``, the
 innermost :func:`conv_config` scope (context-local: threads and asyncio tasks
 do not see each other's scopes), the global configuration, and the default of
 the device the features are on: implicit GEMM on the CPU, and on CUDA the
-fastest dataflow a recorded GPU run has verified (``CUDA_DEFAULT``, with the
-evidence in docs/gpu-validation.md).  Fields left ``None`` fall through to the
-next level.
+dataflow measured fastest for each layer shape on first use (``autotune``,
+:mod:`torch_lattice.nn.functional.tuning`), falling back to the fastest dataflow
+a recorded GPU run has verified (``CUDA_DEFAULT``, with the evidence in
+docs/gpu-validation.md).  Fields left ``None`` fall through to the next level.
+
+An explicit dataflow wins over tuning: a level that sets ``dataflow`` without
+``autotune`` turns tuning off below it, and ``autotune=True`` at a level turns it
+on again (the dataflow then is only the fallback where nothing can be timed).
 
 Target-conditioned transposes (``ConvTranspose3d(src, target)`` and the
 generative/normalized variants with a target) always run gather-scatter; an
@@ -57,16 +62,22 @@ class ConvConfig:
         dataflow: the execution strategy.
         allow_tf32: let CUDA kernels use TF32 tensor cores for fp32 (off
             unless enabled; no effect on CPU).
+        autotune: time the dataflows on a layer shape's first call and run the
+            fastest from then on (on by default on CUDA, off on the CPU, where
+            implicit GEMM is the fastest; docs/dataflows.md).
     """
 
     dataflow: Dataflow | None = None
     allow_tf32: bool | None = None
+    autotune: bool | None = None
 
     def __post_init__(self) -> None:
         if self.dataflow is not None and not isinstance(self.dataflow, Dataflow):
             raise TypeError(f"dataflow must be a Dataflow, got {self.dataflow!r}")
-        if self.allow_tf32 is not None and not isinstance(self.allow_tf32, bool):
-            raise TypeError(f"allow_tf32 must be a bool, got {self.allow_tf32!r}")
+        for name in ("allow_tf32", "autotune"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, bool):
+                raise TypeError(f"{name} must be a bool, got {value!r}")
 
     def over(self, base: ConvConfig) -> ConvConfig:
         """This config with its unset fields taken from ``base``."""
@@ -79,16 +90,25 @@ class ConvConfig:
             },
         )
 
+    def layered_over(self, base: ConvConfig) -> ConvConfig:
+        """This config as a level over ``base``: like :meth:`over`, except that a
+        dataflow set here without ``autotune`` is not tuned (an explicit dataflow wins)."""
+        level = self
+        if level.dataflow is not None and level.autotune is None:
+            level = replace(level, autotune=False)
+        return level.over(base)
 
-DEFAULT = ConvConfig(dataflow=Dataflow.ImplicitGEMM, allow_tf32=False)
+
+DEFAULT = ConvConfig(dataflow=Dataflow.ImplicitGEMM, allow_tf32=False, autotune=False)
 
 # The CUDA default: the fastest dataflow that a recorded run of scripts/device-check.sh on
 # a real GPU has verified at the current kernels (every dataflow x dtype x forward / input
 # gradient / weight gradient against the CPU); gather-scatter (cuBLAS GEMMs) while none
 # has.  docs/gpu-validation.md holds the runs: run 4 (2026-12-01, H200) passed every CUDA
 # test, and fetch-on-demand was the fastest there in 14 of the 16 single-layer cases
-# (C x precision) and in all 4 SparseResUNet42 ones.
-CUDA_DEFAULT = ConvConfig(dataflow=Dataflow.FetchOnDemand, allow_tf32=False)
+# (C x precision) and in all 4 SparseResUNet42 ones.  Autotuning picks among those
+# verified dataflows per layer shape; fetch-on-demand is its fallback.
+CUDA_DEFAULT = ConvConfig(dataflow=Dataflow.FetchOnDemand, allow_tf32=False, autotune=True)
 
 
 def _device_default(device: object) -> ConvConfig:
@@ -140,7 +160,7 @@ def conv_config(config: ConvConfig | None = None, **fields_: object) -> Iterator
         raise TypeError(f"config must be a ConvConfig, got {type(cfg).__name__}")
     cfg = replace(cfg, **fields_)  # type: ignore[arg-type]
     outer = _scoped.get()
-    token = _scoped.set(cfg.over(outer) if outer is not None else cfg)
+    token = _scoped.set(cfg.layered_over(outer if outer is not None else ConvConfig()))
     try:
         yield cfg
     finally:
@@ -152,7 +172,7 @@ def _explicit(module_config: ConvConfig | None) -> ConvConfig:
     cfg = ConvConfig()
     for level in (_GlobalConfig.value, _scoped.get(), module_config):
         if level is not None:
-            cfg = level.over(cfg)
+            cfg = level.layered_over(cfg)
     return cfg
 
 
@@ -184,12 +204,13 @@ def resolve_config(
                 "config=ConvConfig(dataflow=Dataflow.GatherScatter) on this module or leave "
                 "the dataflow unset"
             )
-        explicit = replace(explicit, dataflow=Dataflow.GatherScatter)
+        explicit = replace(explicit, dataflow=Dataflow.GatherScatter, autotune=False)
     cfg = explicit.over(_device_default(device))
-    if _deterministic_cuda(device) and cfg.dataflow is not Dataflow.ImplicitGEMM:
+    if _deterministic_cuda(device) and (cfg.dataflow is not Dataflow.ImplicitGEMM
+                                        or cfg.autotune):
         # Only implicit GEMM has an atomic-free CUDA forward (docs/determinism.md).
         log.debug("dataflow %s -> ImplicitGEMM: deterministic algorithms on CUDA", cfg.dataflow)
-        cfg = replace(cfg, dataflow=Dataflow.ImplicitGEMM)
+        cfg = replace(cfg, dataflow=Dataflow.ImplicitGEMM, autotune=False)
     log.debug("dataflow %s (target transpose: %s)", cfg.dataflow, target_transpose)
     return cfg
 
@@ -201,25 +222,36 @@ def _deterministic_cuda(device: object) -> bool:
 
 
 def resolved_dataflow(
-    module_config: object = None, *, target_transpose: bool = False, device: object = None
+    module_config: object = None,
+    *,
+    target_transpose: bool = False,
+    device: object = None,
+    input: object = None,
 ) -> Dataflow:
     """The dataflow a call would use in this context.
+
+    Where the call is autotuned (the CUDA default, or ``autotune=True``), the dataflow
+    depends on the layer's shape: pass the convolution module as ``module_config`` and
+    its ``input`` (a SparseTensor) to get the choice made for that shape; before the
+    shape's first call (or without ``input``) this is the untuned fallback,
+    fetch-on-demand on CUDA.
 
     Args:
         module_config: a module's ``ConvConfig``, a convolution module (its
             ``config`` is used), or None.
         target_transpose: whether the call is a target-conditioned transpose.
         device: where the features are (``torch.device`` or ``"cpu"`` /
-            ``"cuda"``); None means the CPU.  With nothing set explicitly,
-            CUDA features get ``CUDA_DEFAULT``'s dataflow.
+            ``"cuda"``); None means the CPU, or ``input``'s device when given.
+        input: the SparseTensor the module is called on (for autotuned calls).
     """
+    module = None
     if module_config is not None and not isinstance(module_config, ConvConfig):
         if not hasattr(module_config, "config"):
             raise TypeError(
                 "module_config must be a ConvConfig, a convolution module or None, got "
                 f"{type(module_config).__name__}"
             )
-        module_config = module_config.config
+        module, module_config = module_config, module_config.config
         if module_config is not None and not isinstance(module_config, ConvConfig):
             raise TypeError(
                 f"module_config.config must be a ConvConfig or None, got "
@@ -227,8 +259,18 @@ def resolved_dataflow(
             )
     if not isinstance(target_transpose, bool):
         raise TypeError(f"target_transpose must be a bool, got {target_transpose!r}")
-    dataflow = resolve_config(
-        module_config, target_transpose=target_transpose, device=device
-    ).dataflow
-    assert dataflow is not None  # DEFAULT sets it
-    return dataflow
+    feats = getattr(input, "feats", None)
+    if input is not None and not isinstance(feats, torch.Tensor):
+        raise TypeError(f"input must be a SparseTensor, got {type(input).__name__}")
+    if device is None and feats is not None:
+        device = feats.device
+    cfg = resolve_config(module_config, target_transpose=target_transpose, device=device)
+    assert cfg.dataflow is not None  # DEFAULT sets it
+    weight = getattr(module, "weight", None)
+    if cfg.autotune and feats is not None and isinstance(weight, torch.Tensor):
+        from torch_lattice.nn.functional.tuning import TuningKey, tuning_choices
+
+        transposed = bool(getattr(module, "transposed_relation", False))
+        key = TuningKey.of(feats, weight, transposed)
+        return tuning_choices().get(key, cfg.dataflow)
+    return cfg.dataflow

@@ -16,6 +16,7 @@ import torch
 
 from torch_lattice.geometry import ConvGeometry
 from torch_lattice.nn.functional.config import ConvConfig, Dataflow
+from torch_lattice.nn.functional.tuning import TuningKey, tuned_dataflow
 from torch_lattice.ops import kmap as km
 from torch_lattice.ops.conv import pair_conv, sparse_conv
 from torch_lattice.ops.kmap import KernelMap, PairLists
@@ -67,16 +68,38 @@ def apply_kernel_map(
             side when ``transposed``).
         weight: ``(K, C_in, C_out)``.
         kmap: map from the forward convolution's input to its output support.
-        config: resolved configuration; its dataflow picks the kernels.
+        config: resolved configuration; its dataflow picks the kernels, unless it
+            autotunes (then the dataflow chosen for this layer shape does, and the
+            configured one is the fallback; :mod:`.tuning`).
         transposed: run it from the output support back onto the input support.
     """
+    dataflow = config.dataflow
+    assert dataflow is not None  # resolve_config sets it
+    if config.autotune:
+        candidates = {
+            d: functools.partial(_run, feats, weight, kmap, d, transposed, config)
+            for d in Dataflow
+        }
+        key = TuningKey.of(feats, weight, transposed)
+        dataflow = tuned_dataflow(key, feats.device, candidates, dataflow)
+    return _run(feats, weight, kmap, dataflow, transposed, config)
+
+
+def _run(
+    feats: torch.Tensor,
+    weight: torch.Tensor,
+    kmap: KernelMap,
+    dataflow: Dataflow,
+    transposed: bool,
+    config: ConvConfig,
+) -> torch.Tensor:
     nbr, rev = (kmap.rev, kmap.nbr) if transposed else (kmap.nbr, kmap.rev)
     tf32 = bool(config.allow_tf32)
-    if config.dataflow is Dataflow.ImplicitGEMM:
+    if dataflow is Dataflow.ImplicitGEMM:
         return sparse_conv(feats, weight, nbr, rev, tf32)
     # One pair list serves forward, backward and the transposed relation:
     # backward swaps pair_in and pair_out (rev pairs None), so nothing else
     # is built, and no host sync happens beyond the one pair-count readback.
     fwd = kmap.relation_pairs(transposed)
-    gather = config.dataflow is Dataflow.GatherScatter
+    gather = dataflow is Dataflow.GatherScatter
     return pair_conv(feats, weight, *fwd, None, None, None, nbr.shape[0], gather, tf32)

@@ -47,6 +47,9 @@ class ConvBase(nn.Module):
     """
 
     kernel_positions: torch.Tensor
+    # Whether a call without a target runs its relation transposed (the autotuner's key,
+    # which resolved_dataflow reads).
+    transposed_relation = False
     # The functional over a checked geometry, and how the geometry is made and checked.
     _over: Callable[..., SparseTensor]
     _make_geometry: Callable[..., ConvGeometry]

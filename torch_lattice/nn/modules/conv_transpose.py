@@ -28,6 +28,7 @@ class ConvTranspose3d(StridedConv):
     :func:`torch_lattice.nn.functional.conv_transpose3d`.
     """
 
+    transposed_relation = True
     _over = staticmethod(F.conv_transpose3d_over)
 
     def forward(
@@ -83,6 +84,7 @@ class GenerativeConvTranspose3d(StridedConv):
                 )
         super().__init__(in_channels, out_channels, kernel_size, stride, 0, 1, bias, config)
 
+    transposed_relation = True
     _over = staticmethod(F.generative_conv_transpose3d_over)
 
     def functional_geometry(self) -> tuple[Triple, ...]:

@@ -1,0 +1,276 @@
+"""Autotuning (torch_lattice.nn.functional.tuning): a layer shape's first call times the
+dataflows and later calls run the fastest; explicit dataflows, deterministic mode and
+target transposes win over it; choices are saved and loaded only from valid files.
+
+On the CPU tuning is opt-in (``ConvConfig(autotune=True)``), which runs the same code as
+the CUDA default; tests/nn/test_cuda_tuning.py covers the default on a GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+import torch_lattice as tl
+from torch_lattice.nn import functional as F
+from torch_lattice.nn.functional import relation, tuning
+from torch_lattice.nn.functional.config import resolve_config
+
+TUNE = F.ConvConfig(autotune=True)
+
+
+@pytest.fixture(autouse=True)
+def _fresh() -> Iterator[None]:
+    tuning.clear_tuning()
+    F.clear_global_conv_config()
+    yield
+    tuning.clear_tuning()
+    F.clear_global_conv_config()
+
+
+def _input(rows: int = 420, channels: int = 5, seed: int = 0) -> tl.SparseTensor:
+    g = torch.Generator().manual_seed(seed)
+    c = torch.unique(torch.randint(0, 12, (rows, 3), generator=g), dim=0)
+    coords = torch.cat([torch.zeros(c.shape[0], 1, dtype=c.dtype), c], 1).int()
+    return tl.SparseTensor(torch.randn(coords.shape[0], channels, generator=g), coords)
+
+
+def _fake_times(monkeypatch: pytest.MonkeyPatch, ms: dict[F.Dataflow, float]) -> list:
+    """Timings by dataflow instead of the clock; returns the list of timed dataflows."""
+    timed: list[F.Dataflow] = []
+
+    def seconds(run, device):
+        dataflow = run.args[3]
+        timed.append(dataflow)
+        return ms[dataflow] * 1e-3
+
+    monkeypatch.setattr(tuning, "_seconds", seconds)
+    return timed
+
+
+def _ran(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Which op family each relation ran through: "sparse_conv" or "pair_conv"."""
+    ran: list[str] = []
+    for name in ("sparse_conv", "pair_conv"):
+        real = getattr(relation, name)
+
+        def spy(*args, _real=real, _name=name):
+            ran.append(_name + (":gather" if _name == "pair_conv" and args[9] else ""))
+            return _real(*args)
+
+        monkeypatch.setattr(relation, name, spy)
+    return ran
+
+
+def test_defaults_tune_on_cuda_only() -> None:
+    assert resolve_config(device="cuda").autotune is True
+    assert resolve_config(device="cpu").autotune is False
+    assert resolve_config().autotune is False
+    with pytest.raises(TypeError, match="autotune must be a bool"):
+        F.ConvConfig(autotune=1)  # type: ignore[arg-type]
+
+
+def test_first_call_times_every_dataflow_and_later_calls_run_the_fastest(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    x = _input()
+    conv = tl.nn.SubmConv3d(5, 7, 3, config=TUNE)
+    timed = _fake_times(monkeypatch, {F.Dataflow.ImplicitGEMM: 3.0,
+                                      F.Dataflow.FetchOnDemand: 2.0,
+                                      F.Dataflow.GatherScatter: 1.0})
+    assert F.resolved_dataflow(conv, input=x) is F.Dataflow.ImplicitGEMM  # not tuned yet
+    ref = tl.nn.SubmConv3d(5, 7, 3, config=F.ConvConfig(dataflow=F.Dataflow.ImplicitGEMM))
+    ref.load_state_dict(conv.state_dict())
+    ran = _ran(monkeypatch)
+    y = conv(x)
+    assert sorted(d.value for d in timed) == sorted(d.value for d in F.Dataflow)
+    assert ran[-1] == "pair_conv:gather"  # the call itself ran the fastest
+    assert F.resolved_dataflow(conv, input=x) is F.Dataflow.GatherScatter
+    (key,) = tuning.tuning_choices()
+    assert (key.c_in, key.c_out, key.kernel_volume, key.transposed) == (5, 7, 27, False)
+    assert key.device == "cpu" and key.dtype == "float32"
+    torch.testing.assert_close(y.feats, ref(x).feats, rtol=1e-5, atol=1e-5)
+    timed.clear()
+    ran.clear()
+    conv(_input(seed=1))  # the same shape (rows within a factor of two): no timing
+    assert timed == [] and ran == ["pair_conv:gather"]
+
+
+def test_the_real_clock_chooses_a_dataflow_and_the_result_is_the_relation() -> None:
+    x = _input(rows=900, channels=8)
+    conv = tl.nn.Conv3d(8, 6, 2, stride=2, config=TUNE)
+    ref = tl.nn.Conv3d(8, 6, 2, stride=2)
+    ref.load_state_dict(conv.state_dict())
+    torch.testing.assert_close(conv(x).feats, ref(x).feats, rtol=1e-5, atol=1e-5)
+    (choice,) = tuning.tuning_choices().values()
+    assert F.resolved_dataflow(conv, input=x) is choice
+
+
+def test_shapes_are_keyed_by_size_class_dtype_channels_and_direction(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _fake_times(monkeypatch, dict.fromkeys(F.Dataflow, 1.0))
+    x = _input(rows=600)
+    small = tl.SparseTensor.from_support(x.feats[:, :5], x.support)
+    down = tl.nn.Conv3d(5, 5, 2, stride=2, config=TUNE)
+    up = tl.nn.ConvTranspose3d(5, 5, 2, stride=2, config=TUNE)
+    up(down(small))
+    tl.nn.SubmConv3d(5, 5, 3, config=TUNE).double()(
+        tl.SparseTensor.from_support(x.feats.double(), x.support))
+    keys = tuning.tuning_choices()
+    assert sorted((k.transposed, k.dtype, k.kernel_volume) for k in keys) == [
+        (False, "float32", 8), (False, "float64", 27), (True, "float32", 8)]
+    key = tuning.TuningKey.of(torch.zeros(1000, 5), torch.zeros(27, 5, 7), False)
+    assert key.size_class == tuning.TuningKey.of(torch.zeros(600, 5), torch.zeros(27, 5, 7),
+                                                 False).size_class
+    assert key.size_class != tuning.TuningKey.of(torch.zeros(1100, 5), torch.zeros(27, 5, 7),
+                                                 False).size_class
+
+
+def test_an_explicit_dataflow_wins_and_autotune_true_turns_tuning_back_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    timed = _fake_times(monkeypatch, {F.Dataflow.ImplicitGEMM: 1.0,
+                                      F.Dataflow.FetchOnDemand: 3.0,
+                                      F.Dataflow.GatherScatter: 2.0})
+    x = _input()
+    F.set_global_conv_config(TUNE)
+    pinned = tl.nn.SubmConv3d(5, 5, 3, config=F.ConvConfig(dataflow=F.Dataflow.FetchOnDemand))
+    ran = _ran(monkeypatch)
+    pinned(x)
+    assert timed == [] and ran == ["pair_conv"] and tuning.tuning_choices() == {}
+    assert F.resolved_dataflow(pinned, input=x) is F.Dataflow.FetchOnDemand
+    with F.conv_config(dataflow=F.Dataflow.GatherScatter):  # a scope's dataflow wins too
+        assert resolve_config().autotune is False
+        with F.conv_config(autotune=True):  # and an inner scope tunes again
+            assert resolve_config().autotune is True
+            assert resolve_config().dataflow is F.Dataflow.GatherScatter  # the fallback
+    F.set_global_conv_config(F.ConvConfig(dataflow=F.Dataflow.GatherScatter))
+    tuned = tl.nn.SubmConv3d(5, 5, 3, config=TUNE)
+    tuned(x)
+    assert len(timed) == 3 and F.resolved_dataflow(tuned, input=x) is F.Dataflow.ImplicitGEMM
+
+
+def test_deterministic_mode_and_target_transposes_are_not_tuned() -> None:
+    F.set_global_conv_config(TUNE)
+    assert resolve_config(target_transpose=True).autotune is False
+    assert resolve_config(target_transpose=True).dataflow is F.Dataflow.GatherScatter
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        cfg = resolve_config(device="cuda")
+        assert (cfg.dataflow, cfg.autotune) == (F.Dataflow.ImplicitGEMM, False)
+        assert F.resolved_dataflow(device="cuda") is F.Dataflow.ImplicitGEMM
+    finally:
+        torch.use_deterministic_algorithms(was)
+
+
+def test_a_candidate_that_fails_is_left_out_and_none_left_keeps_the_fallback() -> None:
+    key = tuning.TuningKey("cpu", "float32", 1, 1, 1, 1, False)
+    cpu = torch.device("cpu")
+
+    def fails() -> None:
+        raise RuntimeError("out of memory")
+
+    runs = {F.Dataflow.ImplicitGEMM: fails, F.Dataflow.GatherScatter: lambda: None}
+    assert tuning.tuned_dataflow(key, cpu, runs, F.Dataflow.FetchOnDemand) \
+        is F.Dataflow.GatherScatter
+    other = tuning.TuningKey("cpu", "float32", 2, 1, 1, 1, False)
+    assert tuning.tuned_dataflow(other, cpu, {F.Dataflow.ImplicitGEMM: fails},
+                                 F.Dataflow.FetchOnDemand) is F.Dataflow.FetchOnDemand
+    assert other not in tuning.tuning_choices()  # tried again next time
+
+
+def test_nothing_is_timed_while_torch_compiles(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    key = tuning.TuningKey("cpu", "float32", 1, 1, 1, 1, False)
+
+    def never() -> None:
+        raise AssertionError("timed while compiling")
+
+    got = tuning.tuned_dataflow(key, torch.device("cpu"), {F.Dataflow.ImplicitGEMM: never},
+                                F.Dataflow.GatherScatter)
+    assert got is F.Dataflow.GatherScatter and tuning.tuning_choices() == {}
+
+
+def test_choices_round_trip_through_a_file(tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_times(monkeypatch, {F.Dataflow.ImplicitGEMM: 2.0, F.Dataflow.FetchOnDemand: 1.0,
+                              F.Dataflow.GatherScatter: 3.0})
+    x = _input()
+    tl.nn.SubmConv3d(5, 7, 3, config=TUNE)(x)
+    made = tuning.tuning_choices()
+    path = tmp_path / "tuning.json"
+    assert tuning.save_tuning(path) == 1
+    assert os.listdir(tmp_path) == ["tuning.json"]  # written in place, no temporary left
+    tuning.clear_tuning()
+    assert tuning.load_tuning(path) == 1
+    assert tuning.tuning_choices() == made
+    timed = _fake_times(monkeypatch, dict.fromkeys(F.Dataflow, 1.0))
+    tl.nn.SubmConv3d(5, 7, 3, config=TUNE)(x)
+    assert timed == []  # the loaded choice is used
+
+
+def _doc(**entry: object) -> dict:
+    base = {"device": "cpu", "dtype": "float32", "c_in": 4, "c_out": 4, "kernel_volume": 27,
+            "size_class": 10, "transposed": False, "dataflow": "implicit_gemm"}
+    return {"format": "torch_lattice.tuning", "version": 1, "choices": [{**base, **entry}]}
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"\xff\xfe not json", "is not JSON"),
+        (b"[1, 2]", '"format" must be'),
+        (json.dumps({**_doc(), "version": 2}).encode(), '"version" must be 1'),
+        (json.dumps({**_doc(), "choices": {}}).encode(), '"choices" must be a list'),
+        (json.dumps({**_doc(), "choices": [None] * 5000}).encode(), "at most 4096"),
+        (json.dumps(_doc(c_in=0)).encode(), r"choices\[0\]\.c_in must be an int in \[1, "),
+        (json.dumps(_doc(c_out=2**40)).encode(), r"c_out must be an int in \[1, "),
+        (json.dumps(_doc(kernel_volume=True)).encode(), "kernel_volume must be an int"),
+        (json.dumps(_doc(size_class=64)).encode(), r"size_class must be an int in \[0, 63\]"),
+        (json.dumps(_doc(transposed=1)).encode(), "transposed must be true or false"),
+        (json.dumps(_doc(dtype="int8")).encode(), "dtype must be one of"),
+        (json.dumps(_doc(device="")).encode(), "device must be a non-empty string"),
+        (json.dumps(_doc(dataflow="fastest")).encode(), "dataflow must be one of"),
+        (json.dumps(_doc(extra=1)).encode(), "exactly the keys"),
+    ],
+)
+def test_a_bad_tuning_file_is_refused_whole(tmp_path: Path, content: bytes,
+                                            message: str) -> None:
+    good = _doc()["choices"][0]
+    doc = _doc()
+    doc["choices"] = [good]
+    path = tmp_path / "t.json"
+    path.write_bytes(content)
+    with pytest.raises(ValueError, match=message):
+        tuning.load_tuning(path)
+    assert tuning.tuning_choices() == {}
+
+
+def test_a_tuning_file_must_be_a_small_regular_file(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="does not exist"):
+        tuning.load_tuning(tmp_path / "missing.json")
+    with pytest.raises(ValueError, match="directory"):
+        tuning.load_tuning(tmp_path)
+    big = tmp_path / "big.json"
+    big.write_bytes(b" " * (tuning.MAX_FILE_BYTES + 1))
+    with pytest.raises(ValueError, match="tuning file"):
+        tuning.load_tuning(big)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(ValueError, match="FIFO"):
+        tuning.load_tuning(fifo)
+    # one bad entry after a good one: nothing of the file is added
+    doc = _doc()
+    doc["choices"].append({**doc["choices"][0], "c_in": -1})
+    part = tmp_path / "part.json"
+    part.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match=r"choices\[1\]"):
+        tuning.load_tuning(part)
+    assert tuning.tuning_choices() == {}

@@ -1,0 +1,236 @@
+"""Choosing a layer's dataflow by measurement (autotuning), as the peers' autotuners do.
+
+Where a call's configuration asks for it (``ConvConfig.autotune``; the CUDA default), the
+first call of each *layer shape* times the candidate dataflows on its own inputs and
+every later call of that shape runs the fastest. A shape is a :class:`TuningKey`: the
+device model, the feature dtype, ``C_in``, ``C_out``, the kernel volume, whether the
+relation runs transposed, and the input's size class (rows within a factor of two share
+a choice). Choices live for the process; :func:`save_tuning` and :func:`load_tuning` keep
+them in a file, opt-in. Dataflows compute the same relation, so a choice changes speed
+and floating-point ordering only.
+
+Timing runs forward passes without autograd: one warm-up and the best of
+``REPEATS`` per candidate, with the device synchronised around each. A candidate that
+raises (out of memory, say) is left out; when all do, the call keeps its configured
+dataflow. Nothing is timed while torch compiles or a CUDA graph is being captured: such a
+call uses a choice made earlier or the configured dataflow.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import math
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import torch
+
+from torch_lattice.atomic_file import atomic_write
+from torch_lattice.nn.functional.config import Dataflow
+from torch_lattice.regular_file import read_regular_file
+
+__all__ = [
+    "REPEATS",
+    "TuningKey",
+    "clear_tuning",
+    "load_tuning",
+    "save_tuning",
+    "tuned_dataflow",
+    "tuning_choices",
+]
+
+log = logging.getLogger("torch_lattice.tuning")
+
+REPEATS = 3
+FORMAT = "torch_lattice.tuning"
+VERSION = 1
+# A tuning file holds one small record per layer shape: a few hundred bytes each.
+MAX_FILE_BYTES = 1 << 20
+MAX_ENTRIES = 4096
+_DTYPES = ("float32", "float16", "bfloat16", "float64")
+_INT_MAX = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class TuningKey:
+    """The layer shape a choice holds for."""
+
+    device: str  # "cpu", or "cuda:" and the device's name (a choice is per GPU model)
+    dtype: str  # the feature dtype's name, e.g. "float16"
+    c_in: int
+    c_out: int
+    kernel_volume: int
+    size_class: int  # bit length of the input's row count
+    transposed: bool
+
+    @classmethod
+    def of(cls, feats: torch.Tensor, weight: torch.Tensor, transposed: bool) -> TuningKey:
+        """The key of a call on ``(N_in, C_in)`` ``feats`` with a ``(K, C_in, C_out)`` weight."""
+        k, c_in, c_out = weight.shape
+        return cls(_device_kind(feats.device), str(feats.dtype).removeprefix("torch."),
+                   int(c_in), int(c_out), int(k), int(feats.shape[0]).bit_length(),
+                   bool(transposed))
+
+
+def _device_kind(device: torch.device) -> str:
+    if device.type == "cuda":
+        return "cuda:" + _cuda_name(device.index if device.index is not None
+                                    else torch.cuda.current_device())
+    return device.type
+
+
+@functools.cache
+def _cuda_name(index: int) -> str:
+    return torch.cuda.get_device_name(index)
+
+
+# The process's choices (any thread may tune; the first result recorded stays).
+_LOCK = threading.Lock()
+_CHOICES: dict[TuningKey, Dataflow] = {}
+
+
+def tuning_choices() -> dict[TuningKey, Dataflow]:
+    """A copy of the choices made (or loaded) in this process."""
+    with _LOCK:
+        return dict(_CHOICES)
+
+
+def clear_tuning() -> None:
+    """Forgets every choice: the next call of each layer shape times its candidates again."""
+    with _LOCK:
+        _CHOICES.clear()
+
+
+def _can_time(device: torch.device) -> bool:
+    if torch.compiler.is_compiling():
+        return False
+    return not (device.type == "cuda" and torch.cuda.is_current_stream_capturing())
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _seconds(run: Callable[[], object], device: torch.device) -> float:
+    """Best of ``REPEATS`` timed calls after one warm-up."""
+    run()
+    best = math.inf
+    for _ in range(REPEATS):
+        _sync(device)
+        start = time.perf_counter()
+        run()
+        _sync(device)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def tuned_dataflow(key: TuningKey, device: torch.device,
+                   candidates: Mapping[Dataflow, Callable[[], object]], fallback: Dataflow
+                   ) -> Dataflow:
+    """The dataflow for ``key``: its recorded choice, else the fastest of ``candidates``
+    (each a forward of this call), recorded; ``fallback`` when none can be timed."""
+    with _LOCK:
+        made = _CHOICES.get(key)
+    if made is not None:
+        return made
+    if not _can_time(device):
+        return fallback
+    times: dict[Dataflow, float] = {}
+    with torch.no_grad():
+        for dataflow, run in candidates.items():
+            try:
+                times[dataflow] = _seconds(run, device)
+            except Exception as exc:  # a candidate that cannot run is not chosen
+                log.info("autotune %s: %s left out (%s)", key, dataflow.value, exc)
+    if not times:
+        return fallback
+    best = min(times, key=times.__getitem__)
+    log.info("autotune %s: %s (%s)", key, best.value,
+             ", ".join(f"{d.value} {t * 1e3:.3f} ms" for d, t in times.items()))
+    with _LOCK:
+        return _CHOICES.setdefault(key, best)
+
+
+def save_tuning(path: str | os.PathLike[str]) -> int:
+    """Writes this process's choices to ``path`` (JSON, atomically); returns how many."""
+    choices = tuning_choices()
+    doc = {
+        "format": FORMAT,
+        "version": VERSION,
+        "choices": [{**asdict(k), "dataflow": d.value} for k, d in sorted(
+            choices.items(), key=lambda kv: tuple(asdict(kv[0]).values()))],
+    }
+    text = json.dumps(doc, indent=1) + "\n"
+    atomic_write(path, lambda temp: Path(temp).write_text(text))
+    return len(choices)
+
+
+def _entry(i: int, raw: object) -> tuple[TuningKey, Dataflow]:
+    where = f"choices[{i}]"
+    names = [f.name for f in fields(TuningKey)] + ["dataflow"]
+    if not isinstance(raw, dict) or sorted(raw) != sorted(names):
+        raise ValueError(f"{where} must be an object with exactly the keys {names}")
+    values = {}
+    for f in fields(TuningKey):
+        v = raw[f.name]
+        if f.name == "device":
+            ok = isinstance(v, str) and 0 < len(v) <= 256
+            rule = "a non-empty string of at most 256 characters"
+        elif f.name == "dtype":
+            ok, rule = v in _DTYPES, f"one of {list(_DTYPES)}"
+        elif f.name == "transposed":
+            ok, rule = isinstance(v, bool), "true or false"
+        elif f.name == "size_class":
+            ok = isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 63
+            rule = "an int in [0, 63]"
+        else:
+            ok = isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= _INT_MAX
+            rule = f"an int in [1, {_INT_MAX}]"
+        if not ok:
+            raise ValueError(f"{where}.{f.name} must be {rule}, got {v!r}"[:300])
+        values[f.name] = v
+    try:
+        dataflow = Dataflow(raw["dataflow"])
+    except ValueError:
+        raise ValueError(f"{where}.dataflow must be one of {[d.value for d in Dataflow]}, "
+                         f"got {raw['dataflow']!r}"[:300]) from None
+    return TuningKey(**values), dataflow
+
+
+def load_tuning(path: str | os.PathLike[str]) -> int:
+    """Adds the choices saved in ``path`` (:func:`save_tuning`) to this process's, over
+    any made for the same keys; returns how many. Nothing is added unless the whole file
+    is valid.
+
+    Raises:
+        ValueError: ``path`` is not a regular file of at most 1 MiB, or not a tuning
+            file of this version (the message names the entry and the rule).
+    """
+    data = read_regular_file(path, "tuning file", max_bytes=MAX_FILE_BYTES)
+    name = f"tuning file {str(path)!r}"
+    try:
+        doc = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{name} is not JSON: {exc}") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise ValueError(f"{name}: \"format\" must be {FORMAT!r}")
+    if doc.get("version") != VERSION:
+        raise ValueError(f"{name}: \"version\" must be {VERSION}, got {doc.get('version')!r}"
+                         [:300])
+    raw = doc.get("choices")
+    if not isinstance(raw, list) or len(raw) > MAX_ENTRIES:
+        raise ValueError(f"{name}: \"choices\" must be a list of at most {MAX_ENTRIES} entries")
+    try:
+        entries = dict(_entry(i, e) for i, e in enumerate(raw))
+    except ValueError as exc:
+        raise ValueError(f"{name}: {exc}") from None
+    with _LOCK:
+        _CHOICES.update(entries)
+    return len(entries)
