@@ -25,12 +25,21 @@ from torch_lattice.nn.functional.pooling import (
     sum_pool3d,
     trilinear_upsample3d,
 )
+from torch_lattice.nn.functional.tuning import (
+    TuningKey,
+    clear_tuning,
+    load_tuning,
+    save_tuning,
+    tuning_choices,
+)
 
 __all__ = [
     "ConvConfig",
     "Dataflow",
+    "TuningKey",
     "avg_pool3d",
     "clear_global_conv_config",
+    "clear_tuning",
     "conv3d",
     "conv_config",
     "conv_transpose3d",
@@ -39,12 +48,15 @@ __all__ = [
     "global_avg_pool",
     "global_max_pool",
     "global_pool",
+    "load_tuning",
     "max_pool3d",
     "normalized",
     "pool_transpose3d",
     "resolved_dataflow",
+    "save_tuning",
     "set_global_conv_config",
     "subm_conv3d",
     "sum_pool3d",
     "trilinear_upsample3d",
+    "tuning_choices",
 ]

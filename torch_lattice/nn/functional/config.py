@@ -23,13 +23,15 @@ explicit request for another dataflow on them raises ``ValueError``.
 from __future__ import annotations
 
 import contextlib
-import enum
 import logging
 from collections.abc import Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, fields, replace
 
 import torch
+
+from torch_lattice.nn.functional.dataflow import Dataflow
+from torch_lattice.nn.functional.tuning import TuningKey, tuning_choices
 
 __all__ = [
     "CUDA_DEFAULT",
@@ -44,14 +46,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("torch_lattice.dataflow")
-
-
-class Dataflow(enum.Enum):
-    """Execution strategy of a sparse convolution (docs/kernel-maps.md)."""
-
-    ImplicitGEMM = "implicit_gemm"
-    FetchOnDemand = "fetch_on_demand"
-    GatherScatter = "gather_scatter"
 
 
 @dataclass(frozen=True)
@@ -268,8 +262,6 @@ def resolved_dataflow(
     assert cfg.dataflow is not None  # DEFAULT sets it
     weight = getattr(module, "weight", None)
     if cfg.autotune and feats is not None and isinstance(weight, torch.Tensor):
-        from torch_lattice.nn.functional.tuning import TuningKey, tuning_choices
-
         transposed = bool(getattr(module, "transposed_relation", False))
         key = TuningKey.of(feats, weight, transposed)
         return tuning_choices().get(key, cfg.dataflow)

@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from torch_lattice.atomic_file import atomic_write
-from torch_lattice.nn.functional.config import Dataflow
+from torch_lattice.nn.functional.dataflow import Dataflow
 from torch_lattice.regular_file import read_regular_file
 
 __all__ = [
