@@ -40,7 +40,8 @@ from benchmarks.baselines import spconv_status
 DATAFLOWS = ("implicit_gemm", "fetch_on_demand", "gather_scatter")
 CHANNELS = (32, 64, 128, 256)
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
-GROUPS = ("kmap", "layers", "unet")
+GROUPS = ("kmap", "layers", "overhead", "unet")
+_PREC = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 _DTYPE = {
     "fp32": torch.float32,
     "tf32": torch.float32,
@@ -254,6 +255,53 @@ def _our_layer_rows(timer: Timer, case: object, prec: str,
     return rows
 
 
+# Names of the CUDA runtime and driver calls torch.profiler records for host
+# synchronisations and kernel launches.
+_SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
+          "cudaMemcpy", "cuStreamSynchronize", "cuCtxSynchronize")
+_LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
+
+
+def overhead_rows(coords: torch.Tensor, device: str, channels: int = 64) -> list[Row]:
+    """Host synchronisations and kernel launches of one SubmConv3d k3 forward and one
+    forward+backward on a cached map, per dataflow, counted with torch.profiler (the
+    issue's target: none, and few launches). On a CPU the counts are zero."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from benchmarks import gpu_layers as gl
+    from torch_lattice.nn.functional import ConvConfig, Dataflow, conv_config
+
+    dtype = torch.float16 if device.startswith("cuda") else torch.float32
+    case = gl.layer_cases(coords, channels, device, seed=channels)[0].at(dtype)
+    grad = torch.randn(case.table.shape[0], channels, device=device, dtype=dtype)
+    activities = [ProfilerActivity.CPU]
+    if device.startswith("cuda"):
+        activities.append(ProfilerActivity.CUDA)
+    rows = []
+    for df in DATAFLOWS:
+        with conv_config(ConvConfig(dataflow=Dataflow(df))):
+            train = case.ours_train(grad)
+            train()  # maps, pair lists and their cached ranges exist before counting
+            for what, fn in (("forward", case.ours), ("fwd+bwd", train)):
+                if what == "forward":
+                    torch.set_grad_enabled(False)
+                try:
+                    with profile(activities=activities) as prof:
+                        fn()
+                        if device.startswith("cuda"):
+                            torch.cuda.synchronize()
+                finally:
+                    torch.set_grad_enabled(True)
+                names = [e.name for e in prof.events()]
+                # the closing synchronize above is ours, not the layer's
+                syncs = sum(n in _SYNCS for n in names) - int(device.startswith("cuda"))
+                launches = sum(n in _LAUNCHES for n in names)
+                rows.append(Row("overhead", f"SubmConv3d k3 C={channels} {what}, cached map",
+                                _PREC[dtype], df, float("nan"),
+                                note=f"{syncs} host syncs, {launches} kernel launches"))
+    return rows
+
+
 # Largest relative difference of spconv's SparseResUNet42 from ours: logits, and the input
 # and weight gradients of a training step (42 layers of rounding, batch norm in half).
 UNET_TOLERANCE = {"fp32": (1e-3, 1e-2), "fp16": (5e-2, 2e-1)}
@@ -433,6 +481,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows += kmap_rows(timer, coords)
     if "layers" in groups:
         rows += layer_rows(timer, coords, args.device, channels, precisions)
+    if "overhead" in groups:
+        rows += overhead_rows(coords, args.device)
     if "unet" in groups and not args.no_unet:
         rows += unet_rows(timer, coords, args.device, [p for p in ("fp32", "fp16")
                                                       if p in precisions])

@@ -147,3 +147,16 @@ def test_opcheck_pair_ops(geometry: ConvGeometry) -> None:
         torch.library.opcheck(
             torch.ops.lattice.pair_conv_weight_grad.default, (feats.detach(), grad, *fwd, gather)
         )
+
+
+def test_gather_scatter_row_ranges_are_read_once_per_pair_list() -> None:
+    """The CUDA gather-scatter's kernel-row ranges: read from the offsets once, kept on the
+    tensor, read again after an in-place change (the helper is device-agnostic)."""
+    from torch_lattice.ops.conv_cuda import _row_ranges
+
+    offsets = torch.tensor([0, 2, 2, 5], dtype=torch.int32)
+    assert _row_ranges(offsets) == [(0, 0, 2), (2, 2, 5)]
+    version, ranges = offsets._tl_row_ranges
+    assert version == offsets._version and _row_ranges(offsets) is ranges  # no second read
+    offsets[1] = 1
+    assert _row_ranges(offsets) == [(0, 0, 1), (1, 1, 2), (2, 2, 5)]

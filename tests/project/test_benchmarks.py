@@ -723,3 +723,17 @@ def test_memory_reuse_refuses_a_base_that_is_not_a_checkout(tmp_path: Path) -> N
     argv = ["--scenes", "tiny", "--rounds", "1", "--steps", "1", "--base", str(tmp_path)]
     with pytest.raises(SystemExit, match="torch_lattice was imported from"):
         memory_reuse.main(argv)
+
+
+def test_gpu_benchmark_counts_syncs_and_launches_per_dataflow() -> None:
+    """The overhead group: one row per dataflow for a forward and a forward+backward on a
+    cached map, with the counted host syncs and kernel launches (zero on a CPU)."""
+    from benchmarks import gpu
+    from benchmarks.scenes import tiny_scene
+
+    rows = gpu.overhead_rows(tiny_scene(10).coords, "cpu", channels=4)
+    assert [(r.impl, r.case.split(",")[0]) for r in rows] == [
+        (df, f"SubmConv3d k3 C=4 {what}") for df in gpu.DATAFLOWS
+        for what in ("forward", "fwd+bwd")]
+    assert all(r.note == "0 host syncs, 0 kernel launches" for r in rows)
+    assert torch.is_grad_enabled()

@@ -10,7 +10,8 @@ and ``torch.cuda.current_stream(device).cuda_stream`` go to C.
 
 Gather-scatter is orchestrated here: one gather launch, one cuBLAS GEMM per non-empty
 kernel row through ``torch.mm``, one scatter-add launch (docs/cuda.md, Gather-scatter),
-under cuBLAS precision settings restored on exit (:func:`_gemm_precision`).
+under cuBLAS precision settings restored on exit (:func:`_gemm_precision`); the kernel
+rows' ranges are read back once per pair list (:func:`_row_ranges`).
 """
 
 from __future__ import annotations
@@ -226,9 +227,18 @@ def _fp32_products(index: int, dtype: torch.dtype) -> bool:
 
 
 def _row_ranges(offsets: torch.Tensor) -> list[tuple[int, int, int]]:
-    """``(n, start, end)`` of every non-empty kernel row (one readback of the offsets)."""
+    """``(n, start, end)`` of every non-empty kernel row.
+
+    Read back from the device once per offsets tensor and kept on it (``_tl_row_ranges``,
+    with the tensor's version, so an in-place change reads it again): a kernel map keeps
+    its pair lists, so the forward and both gradients of later calls make no readback."""
+    cached = getattr(offsets, "_tl_row_ranges", None)
+    if cached is not None and cached[0] == offsets._version:
+        return cached[1]
     host = offsets.tolist()
-    return [(n, a, b) for n, (a, b) in enumerate(itertools.pairwise(host)) if b > a]
+    ranges = [(n, a, b) for n, (a, b) in enumerate(itertools.pairwise(host)) if b > a]
+    offsets._tl_row_ranges = (offsets._version, ranges)  # type: ignore[attr-defined]
+    return ranges
 
 
 def _gather_scatter_forward(
@@ -242,7 +252,7 @@ def _gather_scatter_forward(
     acc = torch.zeros((n_out, cout), dtype=torch.float32, device=x.device)
     if pair_in.shape[0] == 0 or x.shape[1] == 0 or cout == 0:
         return acc if exact else acc.to(x.dtype)
-    gathered = _gather(x, pair_in)  # enqueued before the offsets readback waits
+    gathered = _gather(x, pair_in)  # enqueued before a first offsets readback waits
     ranges = _row_ranges(offsets)
     if ranges:
         index, stream = call_args(x.device)
