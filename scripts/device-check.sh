@@ -8,18 +8,22 @@
 #   DEVICE_CHECK_FAST=1 bash scripts/device-check.sh  # tuning: build + one benchmark group
 #
 # The fast mode (under 90 s) builds, imports and runs one group of the benchmark:
-# DEVICE_CHECK_GROUP (kmap, layers or unet; default layers) at DEVICE_CHECK_CHANNELS
-# (default 64,256) and DEVICE_CHECK_PRECISIONS (default fp16,fp32); no tests, no accuracy
-# table, so a kernel it times has not been verified by it (README of docs/gpu-runs).
+# DEVICE_CHECK_GROUP (kmap, layers, overhead or unet; default layers) at
+# DEVICE_CHECK_CHANNELS (default 64,256) and DEVICE_CHECK_PRECISIONS (default fp16,fp32);
+# no tests, no accuracy table, so a kernel it times has not been verified by it
+# (docs/gpu-validation.md).
 #
-# Steps of the full check (each under its own time limit; they add up to 480 s, 8 minutes):
+# Steps of the full check (each under its own time limit; they add up to 540 s, 9 minutes):
 #   env     versions: GPU, python3, torch, setuptools, nvcc
 #   build   the extension in place (setup.py build_ext --inplace), sm_90 only
 #   import  torch_lattice._C: CUDA compiled in, devices seen
 #   test    the CUDA tests (every test marked cuda: tests/*/test_cuda*.py and the GPU cases
 #           of the other files) with pytest -n 8
+#   spconv-unpack  where .spconv/site.tar.xz was carried (scripts/spconv-wheels.sh): spconv
+#           unpacked into /tmp/spconv-site for the benchmark
 #   bench   python3 -m benchmarks.gpu (mm peak, kernel maps, single layers on the modules'
-#           own maps beside two checked baselines, SparseResUNet42; dry: a CPU rehearsal)
+#           own maps beside checked baselines and spconv, sync/launch counts,
+#           SparseResUNet42 ours and spconv's; dry: a CPU rehearsal)
 #   accuracy  python3 -m benchmarks.gpu_accuracy (SparseResUNet42 errors against the CPU)
 # The dry mode skips only what needs a GPU: nvidia-smi, the bench and accuracy; the tests
 # still run (they skip themselves without a GPU, and the non-GPU checks among them run).
