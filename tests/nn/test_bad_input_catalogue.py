@@ -815,6 +815,62 @@ add(
     r"target_transpose must be a bool",
     lambda: F.resolved_dataflow(target_transpose="yes"),
 )
+add(
+    "resolved-dataflow-input-tensor",
+    TypeError,
+    r"input must be a SparseTensor",
+    lambda: F.resolved_dataflow(device="cpu", input=torch.zeros(3, 4)),
+)
+add(
+    "conv-config-autotune-str",
+    TypeError,
+    r"autotune must be a bool",
+    lambda: F.ConvConfig(autotune="yes"),  # type: ignore[arg-type]
+)
+
+# Autotuning: the layer-shape key, and the opt-in file of choices
+add(
+    "tuning-key-zero-channels",
+    ValueError,
+    r"c_in must be an int in \[1, 2147483647\], got 0",
+    lambda: F.TuningKey("cpu", "float32", 0, 4, 27, 10, False),
+)
+add(
+    "tuning-key-size-class-str",
+    TypeError,
+    r"size_class must be an int in \[0, 63\]",
+    lambda: F.TuningKey("cpu", "float32", 4, 4, 27, "10", False),  # type: ignore[arg-type]
+)
+add(
+    "tuning-key-dtype",
+    ValueError,
+    r"dtype must be one of",
+    lambda: F.TuningKey("cpu", "int8", 4, 4, 27, 10, False),
+)
+add_tmp(
+    "load-tuning-missing",
+    ValueError,
+    r"tuning file .*does not exist",
+    lambda tmp: F.load_tuning(tmp / "none.json"),
+)
+add_tmp(
+    "load-tuning-not-json",
+    ValueError,
+    r"tuning file .* is not JSON",
+    lambda tmp: (tmp / "t.json").write_text("{") and F.load_tuning(tmp / "t.json"),
+)
+add_tmp(
+    "save-tuning-missing-folder",
+    ValueError,
+    r"save_tuning: the folder of path .* does not exist",
+    lambda tmp: F.save_tuning(tmp / "no" / "t.json"),
+)
+add_tmp(
+    "save-tuning-directory",
+    ValueError,
+    r"save_tuning: path .* is a directory",
+    lambda tmp: F.save_tuning(tmp),
+)
 
 # --------------------------------------------------------------------------------------
 # voxelize, devoxelize, collate

@@ -59,7 +59,12 @@ _INT_MAX = 2**31 - 1
 
 @dataclass(frozen=True)
 class TuningKey:
-    """The layer shape a choice holds for."""
+    """The layer shape a choice holds for.
+
+    Raises:
+        TypeError: a field of another type.
+        ValueError: a field out of its range (the message names it and the rule).
+    """
 
     device: str  # "cpu", or "cuda:" and the device's name (a choice is per GPU model)
     dtype: str  # the feature dtype's name, e.g. "float16"
@@ -68,6 +73,10 @@ class TuningKey:
     kernel_volume: int
     size_class: int  # bit length of the input's row count
     transposed: bool
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            _check_field(f.name, getattr(self, f.name))
 
     @classmethod
     def of(cls, feats: torch.Tensor, weight: torch.Tensor, transposed: bool) -> TuningKey:
@@ -159,7 +168,16 @@ def tuned_dataflow(key: TuningKey, device: torch.device,
 
 
 def save_tuning(path: str | os.PathLike[str]) -> int:
-    """Writes this process's choices to ``path`` (JSON, atomically); returns how many."""
+    """Writes this process's choices to ``path`` (JSON, atomically); returns how many.
+
+    Raises:
+        ValueError: ``path`` is a directory, or its folder does not exist.
+    """
+    target = Path(path)
+    if target.is_dir():
+        raise ValueError(f"save_tuning: path {str(path)!r} is a directory; name a file")
+    if not target.parent.is_dir():
+        raise ValueError(f"save_tuning: the folder of path {str(path)!r} does not exist")
     choices = tuning_choices()
     doc = {
         "format": FORMAT,
@@ -172,36 +190,43 @@ def save_tuning(path: str | os.PathLike[str]) -> int:
     return len(choices)
 
 
+def _check_field(name: str, value: object) -> None:
+    """The rule of each :class:`TuningKey` field."""
+    if name == "device":
+        if not isinstance(value, str):
+            raise TypeError(f"device must be a str, got {type(value).__name__}")
+        if not 0 < len(value) <= 256:
+            raise ValueError(f"device must be a non-empty string of at most 256 characters, "
+                             f"got {value!r}"[:300])
+    elif name == "dtype":
+        if value not in _DTYPES:
+            raise ValueError(f"dtype must be one of {list(_DTYPES)}, got {value!r}"[:300])
+    elif name == "transposed":
+        if not isinstance(value, bool):
+            raise TypeError(f"transposed must be true or false (a bool), got {value!r}"[:300])
+    else:
+        low, high = (0, 63) if name == "size_class" else (1, _INT_MAX)
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise TypeError(f"{name} must be an int in [{low}, {high}], got {value!r}"[:300])
+        if not low <= value <= high:
+            raise ValueError(f"{name} must be an int in [{low}, {high}], got {value!r}")
+
+
 def _entry(i: int, raw: object) -> tuple[TuningKey, Dataflow]:
     where = f"choices[{i}]"
     names = [f.name for f in fields(TuningKey)] + ["dataflow"]
     if not isinstance(raw, dict) or sorted(raw) != sorted(names):
         raise ValueError(f"{where} must be an object with exactly the keys {names}")
-    values = {}
-    for f in fields(TuningKey):
-        v = raw[f.name]
-        if f.name == "device":
-            ok = isinstance(v, str) and 0 < len(v) <= 256
-            rule = "a non-empty string of at most 256 characters"
-        elif f.name == "dtype":
-            ok, rule = v in _DTYPES, f"one of {list(_DTYPES)}"
-        elif f.name == "transposed":
-            ok, rule = isinstance(v, bool), "true or false"
-        elif f.name == "size_class":
-            ok = isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 63
-            rule = "an int in [0, 63]"
-        else:
-            ok = isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= _INT_MAX
-            rule = f"an int in [1, {_INT_MAX}]"
-        if not ok:
-            raise ValueError(f"{where}.{f.name} must be {rule}, got {v!r}"[:300])
-        values[f.name] = v
+    try:
+        key = TuningKey(**{n: raw[n] for n in names[:-1]})
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{where}.{exc}") from None
     try:
         dataflow = Dataflow(raw["dataflow"])
     except ValueError:
         raise ValueError(f"{where}.dataflow must be one of {[d.value for d in Dataflow]}, "
                          f"got {raw['dataflow']!r}"[:300]) from None
-    return TuningKey(**values), dataflow
+    return key, dataflow
 
 
 def load_tuning(path: str | os.PathLike[str]) -> int:
