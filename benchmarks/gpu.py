@@ -335,8 +335,12 @@ def unet_rows(timer: Timer, coords: torch.Tensor, device: str, precisions: Seque
         feats = torch.randn(coords.shape[0], 4, device=device, dtype=dtype)
         cached = partial(infer, model, SparseTensor(feats, coords))
         built = partial(infer_new, model, feats)
-        for df in DATAFLOWS:
-            with conv_config(ConvConfig(dataflow=Dataflow(df))):
+        # each dataflow, then the default: on CUDA autotuned per layer shape (its first
+        # calls, in the warm-up, time the candidates)
+        default = "default (autotuned)" if device.startswith("cuda") else "default"
+        for df in (*DATAFLOWS, default):
+            config = ConvConfig() if df == default else ConvConfig(dataflow=Dataflow(df))
+            with conv_config(config):
                 try:
                     model.eval()
                     with torch.no_grad():

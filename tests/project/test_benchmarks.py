@@ -686,8 +686,8 @@ def test_gpu_benchmark_network_rows_on_the_cpu() -> None:
     assert {r.case for r in rows} == {"ResUNet42 forward, cached maps",
                                       "ResUNet42 forward, maps built",
                                       "ResUNet42 fwd+bwd, maps built"}
-    assert len(rows) == 9 and all(r.ms > 0 for r in rows)
-    assert {r.impl for r in rows} == set(gpu.DATAFLOWS)  # no spconv on a CPU
+    assert len(rows) == 12 and all(r.ms > 0 for r in rows)
+    assert {r.impl for r in rows} == {*gpu.DATAFLOWS, "default"}  # no spconv on a CPU
 
 
 def test_weight_gradient_benchmark_checks_then_reports() -> None:
