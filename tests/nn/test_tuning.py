@@ -166,6 +166,9 @@ def test_deterministic_mode_and_target_transposes_are_not_tuned() -> None:
         cfg = resolve_config(device="cuda")
         assert (cfg.dataflow, cfg.autotune) == (F.Dataflow.ImplicitGEMM, False)
         assert F.resolved_dataflow(device="cuda") is F.Dataflow.ImplicitGEMM
+        # on the CPU too: the configured dataflow, untimed (a choice may vary by run)
+        cpu = resolve_config(device="cpu")
+        assert (cpu.dataflow, cpu.autotune) == (F.Dataflow.ImplicitGEMM, False)
     finally:
         torch.use_deterministic_algorithms(was)
 

@@ -183,7 +183,9 @@ def resolve_config(
     implicit GEMM whatever was asked for (target transposes too): its forward
     and input gradient have no atomics, and its weight gradient then runs the
     gather-scatter kernel (docs/determinism.md).  Dataflows compute the same
-    relation, so this changes floating-point ordering only.
+    relation, so this changes floating-point ordering only.  Deterministic mode
+    also turns autotuning off on every device (a timed choice can differ from
+    run to run).
 
     Raises:
         ValueError: a target-conditioned transpose with an explicit dataflow
@@ -205,6 +207,10 @@ def resolve_config(
         # Only implicit GEMM has an atomic-free CUDA forward (docs/determinism.md).
         log.debug("dataflow %s -> ImplicitGEMM: deterministic algorithms on CUDA", cfg.dataflow)
         cfg = replace(cfg, dataflow=Dataflow.ImplicitGEMM, autotune=False)
+    if cfg.autotune and torch.are_deterministic_algorithms_enabled():
+        # A timed choice can differ from run to run: deterministic mode runs the
+        # configured dataflow on every device.
+        cfg = replace(cfg, autotune=False)
     log.debug("dataflow %s (target transpose: %s)", cfg.dataflow, target_transpose)
     return cfg
 
