@@ -141,11 +141,10 @@ static int tl_half_tile(const tl_half_call *f, const uint16_t *x, const int32_t 
         TL_POINT_ROWS(s->li + n * m, s->lr + n * m, c, x, cin * (int64_t)sizeof(uint16_t),
                       s->xh, const uint16_t *, s->yr, TL_YROW);
 #undef TL_YROW
-        if (!f->dot)
-            for (int64_t t = 0; t < c; t++) {
-                tl_half_row_to_f32(f->level, d->dtype, s->xh[t], cin, s->stage + t * cin);
-                s->xf[t] = s->stage + t * cin;
-            }
+        if (!f->dot) {
+            tl_half_rows_to_f32(f->level, d->dtype, s->xh, c, cin, s->stage);
+            for (int64_t t = 0; t < c; t++) s->xf[t] = s->stage + t * cin;
+        }
         int64_t full;
         const int64_t pad = tl_group_pad(c, &full);
         for (; c < full + pad; c++) {

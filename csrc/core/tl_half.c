@@ -36,6 +36,35 @@ static TL_TARGET_V3 void tl_to_f32_v3(tl_dtype t, const uint16_t *src, int64_t n
     tl_to_f32_v3_loop(t, src + i, n - i, dst + i);
 }
 
+/* Rows of n values each, gathered from anywhere: each row's cache lines are
+ * asked for TL_HALF_AHEAD rows before it is converted, so the misses of
+ * several rows overlap (one call per listed kernel row, not per x row). */
+#define TL_HALF_AHEAD 8
+static TL_TARGET_V3 void tl_rows_to_f32_v3(tl_dtype t, const uint16_t *const *rows, int64_t count,
+                                           int64_t n, float *dst) {
+    const int64_t bytes = n * (int64_t)sizeof(uint16_t);
+    for (int64_t r = 0; r < count && r < TL_HALF_AHEAD; r++)
+        for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch((const char *)rows[r] + b);
+    for (int64_t r = 0; r < count; r++) {
+        if (r + TL_HALF_AHEAD < count)
+            for (int64_t b = 0; b < bytes; b += 64)
+                __builtin_prefetch((const char *)rows[r + TL_HALF_AHEAD] + b);
+        const uint16_t *src = rows[r];
+        float *out = dst + r * n;
+        int64_t i = 0;
+        if (t == TL_F16)
+            for (; i + 8 <= n; i += 8)
+                _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
+        else /* bfloat16: the 16 bits above 16 zero bits */
+            for (; i + 8 <= n; i += 8)
+                _mm256_storeu_si256((__m256i *)(out + i),
+                                    _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(
+                                                          (const __m128i *)(src + i))),
+                                                      16));
+        if (i < n) tl_to_f32_v3_loop(t, src + i, n - i, out + i);
+    }
+}
+
 static TL_TARGET_V3 void tl_from_f32_v3(tl_dtype t, const float *src, int64_t n, uint16_t *dst) {
     int64_t i = 0;
     if (t == TL_F16)
@@ -55,6 +84,18 @@ void tl_half_row_to_f32(tl_simd level, tl_dtype t, const uint16_t *src, int64_t 
 #endif
     (void)level;
     tl_to_f32_base(t, src, n, dst);
+}
+
+void tl_half_rows_to_f32(tl_simd level, tl_dtype t, const uint16_t *const *rows, int64_t count,
+                         int64_t n, float *dst) {
+#if TL_SIMD_X86
+    if (level >= TL_SIMD_V3) {
+        tl_rows_to_f32_v3(t, rows, count, n, dst);
+        return;
+    }
+#endif
+    (void)level;
+    for (int64_t r = 0; r < count; r++) tl_to_f32_base(t, rows[r], n, dst + r * n);
 }
 
 void tl_f32_row_to_half(tl_simd level, tl_dtype t, const float *src, int64_t n, uint16_t *dst) {
