@@ -144,6 +144,16 @@ static int tl_half_tile(const tl_half_call *f, const uint16_t *x, const int32_t 
         if (!f->dot) {
             tl_half_rows_to_f32(f->level, d->dtype, s->xh, c, cin, s->stage);
             for (int64_t t = 0; t < c; t++) s->xf[t] = s->stage + t * cin;
+            /* the next listed kernel row's x rows load while this one computes */
+            int64_t nn = n + 1;
+            while (nn < k && s->lc[nn] == 0) nn++;
+            if (nn < k) {
+                const int32_t *li = s->li + nn * m;
+                const int64_t bytes = cin * (int64_t)sizeof(uint16_t);
+                for (int64_t t = 0; t < s->lc[nn]; t++)
+                    for (int64_t b = 0; b < bytes; b += 64)
+                        __builtin_prefetch((const char *)(x + (int64_t)li[t] * cin) + b);
+            }
         }
         int64_t full;
         const int64_t pad = tl_group_pad(c, &full);
