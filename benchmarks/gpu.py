@@ -257,48 +257,56 @@ def _our_layer_rows(timer: Timer, case: object, prec: str,
 
 # Names of the CUDA runtime and driver calls torch.profiler records for host
 # synchronisations and kernel launches.
-_SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
-          "cudaMemcpy", "cuStreamSynchronize", "cuCtxSynchronize")
-_LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
+SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
+              "cudaMemcpy", "cuStreamSynchronize", "cuCtxSynchronize")
+LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
+
+
+def _recorded(fn: Callable[[], object], cuda: bool) -> list[str]:
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        fn()
+    if cuda:
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events()]
+
+
+def syncs_and_launches(fn: Callable[[], object], cuda: bool) -> tuple[list[str], int]:
+    """The host synchronisations (names, sorted) and kernel launches torch.profiler
+    records while ``fn()`` runs, less the synchronisations it records around a plain
+    torch op (the profiler's own)."""
+    plain = _recorded(lambda: torch.zeros(1, device="cuda" if cuda else "cpu") * 2, cuda)
+    names = _recorded(fn, cuda)
+    syncs = sorted(n for n in names if n in SYNC_CALLS)
+    for n in plain:
+        if n in syncs:
+            syncs.remove(n)
+    return syncs, sum(n in LAUNCH_CALLS for n in names)
 
 
 def overhead_rows(coords: torch.Tensor, device: str, channels: int = 64) -> list[Row]:
     """Host synchronisations and kernel launches of one SubmConv3d k3 forward and one
-    forward+backward on a cached map, per dataflow, counted with torch.profiler (the
+    forward+backward on a cached map, per dataflow (:func:`syncs_and_launches`; the
     issue's target: none, and few launches). On a CPU the counts are zero."""
-    from torch.profiler import ProfilerActivity, profile
-
     from benchmarks import gpu_layers as gl
     from torch_lattice.nn.functional import ConvConfig, Dataflow, conv_config
 
-    dtype = torch.float16 if device.startswith("cuda") else torch.float32
+    cuda = device.startswith("cuda")
+    dtype = torch.float16 if cuda else torch.float32
     case = gl.layer_cases(coords, channels, device, seed=channels)[0].at(dtype)
     grad = torch.randn(case.table.shape[0], channels, device=device, dtype=dtype)
-    activities = [ProfilerActivity.CPU]
-    if device.startswith("cuda"):
-        activities.append(ProfilerActivity.CUDA)
     rows = []
     for df in DATAFLOWS:
         with conv_config(ConvConfig(dataflow=Dataflow(df))):
             train = case.ours_train(grad)
             train()  # maps, pair lists and their cached ranges exist before counting
-            for what, fn in (("forward", case.ours), ("fwd+bwd", train)):
-                if what == "forward":
-                    torch.set_grad_enabled(False)
-                try:
-                    with profile(activities=activities) as prof:
-                        fn()
-                        if device.startswith("cuda"):
-                            torch.cuda.synchronize()
-                finally:
-                    torch.set_grad_enabled(True)
-                names = [e.name for e in prof.events()]
-                # the closing synchronize above is ours, not the layer's
-                syncs = sum(n in _SYNCS for n in names) - int(device.startswith("cuda"))
-                launches = sum(n in _LAUNCHES for n in names)
+            for what, fn in (("forward", torch.no_grad()(case.ours)), ("fwd+bwd", train)):
+                syncs, launches = syncs_and_launches(fn, cuda)
                 rows.append(Row("overhead", f"SubmConv3d k3 C={channels} {what}, cached map",
                                 _PREC[dtype], df, float("nan"),
-                                note=f"{syncs} host syncs, {launches} kernel launches"))
+                                note=f"{len(syncs)} host syncs, {launches} kernel launches"))
     return rows
 
 

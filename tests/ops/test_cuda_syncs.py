@@ -1,0 +1,47 @@
+"""No host synchronisation in a convolution on a cached map (issue 23's target): once a
+layer has run on a support, its forward and backward only enqueue work. Counted with
+torch.profiler, which records the CUDA runtime calls of torch and of the extension alike
+(``cudaStreamSynchronize``, synchronous ``cudaMemcpy``...), by the helper the benchmark's
+``overhead`` group prints the same counts with (benchmarks.gpu.syncs_and_launches)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import torch_lattice as tl
+from benchmarks.gpu import syncs_and_launches
+from torch_lattice.nn.functional import ConvConfig, Dataflow
+
+try:
+    from cuda_helpers import random_coords
+except ImportError:  # tests/ may become a package; then it is imported through it
+    from tests.cuda_helpers import random_coords
+
+pytestmark = pytest.mark.cuda
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+@pytest.mark.parametrize("dataflow", list(Dataflow), ids=lambda d: d.value)
+@pytest.mark.parametrize("strided", [False, True], ids=["subm", "k2s2"])
+def test_cached_map_forward_and_backward_make_no_host_sync(
+    dataflow: Dataflow, dtype: torch.dtype, strided: bool
+) -> None:
+    coords = random_coords(4000, 24, 3).cuda()
+    config = ConvConfig(dataflow=dataflow)
+    conv = (tl.nn.Conv3d(32, 32, 2, stride=2, config=config) if strided
+            else tl.nn.SubmConv3d(32, 32, 3, config=config)).cuda().to(dtype)
+    feats = torch.randn(coords.shape[0], 32, device="cuda", dtype=dtype, requires_grad=True)
+    x = tl.SparseTensor(feats, coords)
+
+    def step() -> None:
+        y = conv(x)
+        y.feats.backward(torch.ones_like(y.feats))
+
+    step()  # builds the map, its pair lists and what they cache
+    torch.cuda.synchronize()
+    syncs, launches = syncs_and_launches(step, cuda=True)
+    assert launches > 0, "the profiler records no runtime calls here: nothing was counted"
+    assert syncs == [], f"host synchronisations in a cached-map step: {syncs}"
