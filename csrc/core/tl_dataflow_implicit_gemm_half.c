@@ -252,7 +252,7 @@ typedef struct tl_half_wg_scratch {
     uint32_t *xp;  /* dot: (c_in rounded up to 4) x TL_WGRAD_PAIRS / 2 */
     uint16_t *dp;  /* dot: TL_WGRAD_PAIRS x c_out */
     uint16_t *tmp; /* dot: 2 x (c_in rounded up to 4) */
-    float *stage;  /* staged: TL_WGRAD_PAIRS x (c_in + c_out) */
+    float *stage;  /* staged: TL_WGRAD_PAIRS x c_in x rows, then the block's dy rows */
     tl_wgrad_lists lists;
 } tl_half_wg_scratch;
 
@@ -287,6 +287,9 @@ static int tl_half_wg_rows(const tl_half_call *f, const uint16_t *x, const uint1
     for (int64_t b0 = o0; b0 < o1; b0 += TL_WGRAD_PAIRS) {
         const int64_t b1 = b0 + TL_WGRAD_PAIRS < o1 ? b0 + TL_WGRAD_PAIRS : o1;
         if (tl_wgrad_list_block(&s->lists, nbr, k, b0, b1, d->n_in)) return 1;
+        /* staged: the block's dy rows as float, after its x rows' room */
+        float *dyf = f->dot ? NULL : s->stage + TL_WGRAD_PAIRS * cin;
+        int dy_staged = 0;
         for (int64_t n = n0; n < n1; n++) {
             int64_t c;
             TL_WGRAD_PAIRS_OF(&s->lists, nbr, k, n, b0, b1, x, cin, dy, cout, s->xq, s->dq, c);
@@ -298,12 +301,14 @@ static int tl_half_wg_rows(const tl_half_call *f, const uint16_t *x, const uint1
 #endif
                 continue;
             }
+            if (!dy_staged) { /* the block's dy rows serve every kernel row: once */
+                tl_half_row_to_f32(f->level, d->dtype, dy + b0 * cout, (b1 - b0) * cout, dyf);
+                dy_staged = 1;
+            }
+            tl_half_rows_to_f32(f->level, d->dtype, s->xq, c, cin, s->stage);
             for (int64_t q = 0; q < c; q++) {
-                float *xr = s->stage + q * (cin + cout);
-                tl_half_row_to_f32(f->level, d->dtype, s->xq[q], cin, xr);
-                tl_half_row_to_f32(f->level, d->dtype, s->dq[q], cout, xr + cin);
-                s->xf[q] = xr;
-                s->df[q] = xr + cin;
+                s->xf[q] = s->stage + q * cin;
+                s->df[q] = dyf + (s->dq[q] - (dy + b0 * cout));
             }
             tl_mk_outer_acc_f32(f->mk, cin, cout, c, s->xf, s->df, acc + n * mat);
         }
