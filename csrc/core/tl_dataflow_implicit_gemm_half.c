@@ -26,6 +26,15 @@
 #undef TL_T
 #undef TL_SFX
 
+/* A staged tile converts the x rows its lists span, [lo, hi], once, when
+ * the listed pairs are at least twice as many (each row is reused) and the
+ * span is at most TL_HALF_WINDOW times the tile's rows and TL_HALF_WINDOW_BYTES
+ * as float (sorted supports keep a tile's neighbours near its rows:
+ * submanifold maps); otherwise each kernel row's listed rows, as listed
+ * (strided maps, where each x row is in about one pair). */
+#define TL_HALF_WINDOW 4
+#define TL_HALF_WINDOW_BYTES (1 << 20)
+
 /* What one call shares between its workers. */
 typedef struct tl_half_call {
     const tl_conv_desc *d;
@@ -36,6 +45,7 @@ typedef struct tl_half_call {
     int64_t panel_cols;      /* see tl_panel_cols */
     const uint16_t *pw_dot;  /* packed pair panels (dot) */
     const float *pw_f32;     /* packed float panels (staged) */
+    int64_t window_rows;     /* staged: most x rows a tile converts as one span */
 } tl_half_call;
 
 /* Scratch of one worker: the tile's listed x rows (as stored, and staged as
@@ -50,6 +60,7 @@ typedef struct tl_half_scratch {
     float **yr;          /* tile rows + 3 */
     float *acc;          /* tile rows x TL_TILE_COLS */
     float *stage;        /* (tile rows + 3) x c_in, staged only */
+    float *window;       /* window_rows x c_in, staged only */
     float *zero;         /* c_in + 2 zero floats, also read as bfloat16 zeros */
     float *sink;         /* TL_TILE_COLS values, never read */
 } tl_half_scratch;
@@ -65,9 +76,11 @@ static int tl_half_scratch_init(tl_half_scratch *s, const tl_half_call *f) {
     s->yr = malloc(sizeof(*s->yr) * (size_t)rows);
     s->acc = malloc(sizeof(float) * (size_t)(f->rows * TL_TILE_COLS));
     s->stage = f->dot ? NULL : malloc(sizeof(float) * (size_t)(rows * cin + 1));
+    s->window = f->dot ? NULL : malloc(sizeof(float) * (size_t)(f->window_rows * cin + 1));
     s->zero = calloc((size_t)(cin + 2 + TL_TILE_COLS), sizeof(float));
     s->sink = s->zero ? s->zero + cin + 2 : NULL;
-    return s->li && s->lr && s->lc && s->xh && s->xf && s->yr && s->acc && (f->dot || s->stage) && s->zero;
+    return s->li && s->lr && s->lc && s->xh && s->xf && s->yr && s->acc &&
+           (f->dot || (s->stage && s->window)) && s->zero;
 }
 
 static void tl_half_scratch_free(tl_half_scratch *s) {
@@ -79,6 +92,7 @@ static void tl_half_scratch_free(tl_half_scratch *s) {
     free(s->yr);
     free(s->acc);
     free(s->stage);
+    free(s->window);
     free(s->zero);
 }
 
@@ -134,6 +148,24 @@ static int tl_half_tile(const tl_half_call *f, const uint16_t *x, const int32_t 
     if ((int64_t)tl_list_tile(f->level >= TL_SIMD_V4, nbr, o0, m, k, s->li, s->lr, s->lc) >
         d->n_in)
         return 1;
+    /* The span of listed x rows, when converting it whole beats converting the
+     * listed rows one kernel row at a time (TL_HALF_WINDOW). */
+    int64_t lo = -1;
+    if (!f->dot) {
+        int64_t listed = 0, a = d->n_in, b = -1;
+        for (int64_t n = 0; n < k; n++) {
+            const int32_t *li = s->li + n * m;
+            listed += s->lc[n];
+            for (int64_t t = 0; t < s->lc[n]; t++) {
+                a = li[t] < a ? li[t] : a;
+                b = li[t] > b ? li[t] : b;
+            }
+        }
+        if (b >= a && 2 * (b - a + 1) <= listed && b - a + 1 <= f->window_rows) {
+            lo = a;
+            tl_half_row_to_f32(f->level, d->dtype, x + a * cin, (b - a + 1) * cin, s->window);
+        }
+    }
     for (int64_t n = 0; n < k; n++) {
         int64_t c = s->lc[n];
         if (c == 0) continue;
@@ -141,7 +173,9 @@ static int tl_half_tile(const tl_half_call *f, const uint16_t *x, const int32_t 
         TL_POINT_ROWS(s->li + n * m, s->lr + n * m, c, x, cin * (int64_t)sizeof(uint16_t),
                       s->xh, const uint16_t *, s->yr, TL_YROW);
 #undef TL_YROW
-        if (!f->dot) {
+        if (lo >= 0) { /* rows of the converted span (row stride c_in in both) */
+            for (int64_t t = 0; t < c; t++) s->xf[t] = s->window + (s->xh[t] - x - lo * cin);
+        } else if (!f->dot) {
             tl_half_rows_to_f32(f->level, d->dtype, s->xh, c, cin, s->stage);
             for (int64_t t = 0; t < c; t++) s->xf[t] = s->stage + t * cin;
             /* the next listed kernel row's x rows load while this one computes */
@@ -211,6 +245,8 @@ tl_status tl_implicit_gemm_forward_half(const tl_ctx *ctx, const tl_conv_desc *d
     tl_half_call f = {.d = d, .level = tl_simd_capped(ctx->simd_cap), .mk = tl_mk_pick_f32(ctx)};
     f.dot = f.level >= TL_SIMD_V4_BF16 && d->dtype == TL_BF16;
     f.rows = tl_fwd_tile_rows(ctx, d, (int64_t)sizeof(float));
+    f.window_rows = TL_HALF_WINDOW_BYTES / ((d->c_in > 0 ? d->c_in : 1) * (int64_t)sizeof(float));
+    if (f.window_rows > TL_HALF_WINDOW * f.rows) f.window_rows = TL_HALF_WINDOW * f.rows;
     /* A dot-product block is 4 vectors of 16 columns, each 2 channels of
      * 2 bytes: a panel column costs c_in x 2 bytes, as in bfloat16. */
     f.panel_cols = f.dot ? tl_panel_cols(d, 64, (int64_t)sizeof(uint16_t))
