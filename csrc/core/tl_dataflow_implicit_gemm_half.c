@@ -5,10 +5,12 @@
  *   - bfloat16 on AVX512_BF16: the x rows are read as they are and multiplied
  *     by channel pairs with vdpbf16ps (tl_microkernel_bf16.c);
  *   - otherwise (float16 anywhere, bfloat16 without AVX512_BF16): each tile's
- *     listed x rows are converted to float in a small staging buffer (F16C for
- *     float16) and run through the float micro-kernels against float panels.
+ *     x rows are converted to float in a small staging buffer (F16C for
+ *     float16; the span its lists name where rows are reused, else each kernel
+ *     row's listed rows) and run through the float micro-kernels against float
+ *     panels.
  * The weight gradient (below) runs the same two ways, its dot products along
- * pairs of pairs.  Tiles, panels, parts and the order of each output's sums
+ * pairs of pairs; staged, a block's dy rows are converted once.  Tiles, panels, parts and the order of each output's sums
  * are those of the float kernels (tl_dataflow_implicit_gemm_impl.h); a
  * forward tile's sums live in a float block until its last kernel row. */
 #include <stdlib.h>
@@ -288,7 +290,7 @@ typedef struct tl_half_wg_scratch {
     uint32_t *xp;  /* dot: (c_in rounded up to 4) x TL_WGRAD_PAIRS / 2 */
     uint16_t *dp;  /* dot: TL_WGRAD_PAIRS x c_out */
     uint16_t *tmp; /* dot: 2 x (c_in rounded up to 4) */
-    float *stage;  /* staged: TL_WGRAD_PAIRS x c_in x rows, then the block's dy rows */
+    float *stage;  /* staged: TL_WGRAD_PAIRS x rows of c_in, then the block's dy rows */
     tl_wgrad_lists lists;
 } tl_half_wg_scratch;
 
