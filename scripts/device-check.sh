@@ -13,7 +13,7 @@
 # no tests, no accuracy table, so a kernel it times has not been verified by it
 # (docs/gpu-validation.md).
 #
-# Steps of the full check (each under its own time limit; they add up to 540 s, 9 minutes):
+# Steps of the full check (each under its own time limit; they add up to 555 s, about 9 minutes):
 #   env     versions: GPU, python3, torch, setuptools, nvcc
 #   build   the extension in place (setup.py build_ext --inplace), sm_90 only
 #   import  torch_lattice._C: CUDA compiled in, devices seen
@@ -90,7 +90,7 @@ PYEOF
 }
 export -f env_report
 export DRY
-step env 15 bash -c env_report
+step env 30 bash -c env_report
 
 export CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
 export PATH="$PATH:$CUDA_HOME/bin"
