@@ -28,6 +28,7 @@ __all__ = [
     "DENSE_MAX_ELEMENTS",
     "SPCONV_THREADS",
     "SpconvSubm",
+    "canonical_weight",
     "dense_grid",
     "dense_subm_conv",
     "dense_weight",
@@ -38,6 +39,7 @@ __all__ = [
     "spconv_pair_keys",
     "spconv_status",
     "spconv_subm_indices",
+    "spconv_weight",
     "swap_pairs",
     "torch_kernel_map",
     "torch_threads",
@@ -265,6 +267,33 @@ def spconv_pair_keys(result: tuple, n: int) -> torch.Tensor:
     return torch.sort(out * n + inp).values
 
 
+def _reads_as_matrix(layer: torch.nn.Module) -> bool:
+    """spconv 2.3's pointwise layers multiply by their weight's memory read as a
+    ``(C_in, C_out)`` matrix, whatever the declared ``(C_out, 1, 1, 1, C_in)`` shape says."""
+    import spconv.pytorch.conv as spconv_conv
+
+    return bool(getattr(layer, "conv1x1", False)) and not spconv_conv.FILTER_HWIO
+
+
+def spconv_weight(layer: torch.nn.Module, weight: torch.Tensor) -> torch.Tensor:
+    """The canonical ``(K, C_in, C_out)`` weight (kernel rows x-major, as spconv's) as
+    spconv ``layer``'s weight: spconv 2.x's ``(C_out, kx, ky, kz, C_in)`` layout."""
+    _, c_in, c_out = weight.shape
+    if _reads_as_matrix(layer):
+        return weight.reshape(layer.weight.shape).contiguous()
+    kernel = tuple(layer.weight.shape[1:4])
+    return weight.reshape(*kernel, c_in, c_out).permute(4, 0, 1, 2, 3).contiguous()
+
+
+def canonical_weight(layer: torch.nn.Module, weight: torch.Tensor) -> torch.Tensor:
+    """spconv ``layer``'s weight (or its gradient) in the canonical ``(K, C_in, C_out)``
+    layout."""
+    c_out, c_in = weight.shape[0], weight.shape[-1]
+    if _reads_as_matrix(layer):
+        return weight.reshape(1, c_in, c_out)
+    return weight.permute(1, 2, 3, 4, 0).reshape(-1, c_in, c_out)
+
+
 class SpconvSubm:
     """spconv 2.x ``SubMConv3d`` (no bias) holding the same weight as the library layer.
 
@@ -280,8 +309,7 @@ class SpconvSubm:
         self.conv = sp.SubMConv3d(c_in, c_out, 3, bias=False, indice_key="bench")
         self.conv.to(device=weight.device, dtype=weight.dtype)
         with torch.no_grad():
-            w = weight.reshape(3, 3, 3, c_in, c_out).permute(4, 0, 1, 2, 3)
-            self.conv.weight.copy_(w.reshape(self.conv.weight.shape))
+            self.conv.weight.copy_(spconv_weight(self.conv, weight))
         ext = (coords.long().amax(dim=0) + 1).tolist()
         first = sp.SparseConvTensor(
             torch.zeros(coords.shape[0], c_in, device=weight.device, dtype=weight.dtype),
@@ -294,10 +322,7 @@ class SpconvSubm:
     def weight_grad(self) -> torch.Tensor | None:
         """The gradient of spconv's weight in the canonical ``(K, C_in, C_out)`` layout."""
         g = self.conv.weight.grad
-        if g is None:
-            return None
-        c_out, c_in = g.shape[0], g.shape[-1]
-        return g.reshape(c_out, 3, 3, 3, c_in).permute(1, 2, 3, 4, 0).reshape(27, c_in, c_out)
+        return None if g is None else canonical_weight(self.conv, g)
 
     def tensor(self, feats: torch.Tensor):
         """An input over the primed indices, so the call reuses spconv's index pairs."""

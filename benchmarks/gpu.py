@@ -32,10 +32,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from benchmarks.baselines import spconv_status
+
+if TYPE_CHECKING:
+    from benchmarks import gpu_layers as gl
 
 DATAFLOWS = ("implicit_gemm", "fetch_on_demand", "gather_scatter")
 CHANNELS = (32, 64, 128, 256)
@@ -189,52 +193,58 @@ def layer_rows(timer: Timer, coords: torch.Tensor, device: str, channels: Sequen
                 baselines = gl.baselines(case)
                 if prec == "tf32":  # spconv's fp32 GEMMs take no run-time TF32 switch
                     baselines.pop("spconv", None)
-                rows += _baseline_rows(timer, case, prec, baselines)
+                name = case.name + f" C={c}"
+                x = case.x.feats
+                grad = torch.randn(case.table.shape[0], c, device=x.device, dtype=x.dtype)
+                rows += _baseline_rows(timer, case, name, prec, grad, baselines)
                 _tf32(False)
-                rows += _our_layer_rows(timer, case, prec, baselines["torch loop"])
+                rows += _our_layer_rows(timer, case, name, prec, grad, baselines["torch loop"])
     return rows
 
 
-def _baseline_rows(timer: Timer, case: object, prec: str, baselines: dict) -> list[Row]:
+def _checked(section: str, case: str, prec: str, impl: str, check: Callable[[], float],
+             tol: float) -> float | Row:
+    """A baseline checked against ours before it is timed: ``check()``'s error when within
+    ``tol``, else the row that reports it untimed (it could not run, or it disagrees)."""
+    try:
+        err = check()
+    except Exception as exc:  # out of memory, or a baseline that cannot run
+        return Row(section, case, prec, impl, float("nan"), note=f"not checked: {exc!r}"[:120])
+    if err > tol:
+        return Row(section, case, prec, impl, float("nan"), err=err,
+                   note="disagrees: not timed")
+    return err
+
+
+def _baseline_rows(timer: Timer, case: gl.LayerCase, name: str, prec: str,
+                   grad: torch.Tensor, baselines: dict) -> list[Row]:
     from benchmarks import gpu_layers as gl
 
-    assert isinstance(case, gl.LayerCase)
-    name = case.name + f" C={case.module.in_channels}"
     x, w = case.x.feats, case.module.weight.detach()
     rows = []
     for impl, fn in baselines.items():
-        try:
-            err = gl.check(case, fn)
-        except Exception as exc:  # out of memory, or a baseline that cannot run
-            rows.append(Row("layer", name, prec, impl, float("nan"),
-                            note=f"not checked: {exc!r}"[:120]))
-            continue
-        if err > gl.TOLERANCE[prec]:
-            rows.append(Row("layer", name, prec, impl, float("nan"), err=err,
-                            note="disagrees: not timed"))
+        err = _checked("layer", name, prec, impl, partial(gl.check, case, fn),
+                       gl.TOLERANCE[prec])
+        if isinstance(err, Row):
+            rows.append(err)
             continue
         note = getattr(fn, "note", "")
         with torch.no_grad():
             run = fn.timed(x) if hasattr(fn, "timed") else partial(fn, x, w)
             rows.append(Row("layer", name, prec, impl, *timer(run), case.flops, err, note))
         if hasattr(fn, "timed_train"):
-            grad = torch.randn(case.table.shape[0], case.module.out_channels, device=x.device,
-                               dtype=x.dtype)
             rows.append(Row("layer", name + " fwd+bwd", prec, impl,
                             *timer(fn.timed_train(x, grad)), 3 * case.flops, err, note))
     return rows
 
 
-def _our_layer_rows(timer: Timer, case: object, prec: str,
+def _our_layer_rows(timer: Timer, case: gl.LayerCase, name: str, prec: str,
+                    grad: torch.Tensor,
                     reference: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
                     ) -> list[Row]:
     from benchmarks import gpu_layers as gl
     from torch_lattice.nn.functional import ConvConfig, Dataflow, conv_config
 
-    assert isinstance(case, gl.LayerCase)
-    name = case.name + f" C={case.module.in_channels}"
-    grad = torch.randn(case.table.shape[0], case.module.out_channels, device=case.x.feats.device,
-                       dtype=case.x.feats.dtype)
     rows = []
     for df in DATAFLOWS:
         if case.target is not None and df != "gather_scatter":
@@ -390,16 +400,15 @@ def _spconv_unet_rows(timer: Timer, model: torch.nn.Module, feats: torch.Tensor,
     for case, train, fn in cases:
         model.train(train)
         twin.train(train)
-        try:
+
+        def check(train: bool = train) -> float:
             with torch.set_grad_enabled(train):
-                err = unet_check(model, twin, feats, coords, backward=train)  # type: ignore[arg-type]
-        except Exception as exc:
-            rows.append(Row("network", f"ResUNet42 {case}", prec, "spconv", float("nan"),
-                            note=f"not checked: {exc!r}"[:120]))
-            continue
-        if err > (grad_tol if train else out_tol):
-            rows.append(Row("network", f"ResUNet42 {case}", prec, "spconv", float("nan"),
-                            err=err, note="disagrees: not timed"))
+                return unet_check(model, twin, feats, coords, backward=train)  # type: ignore[arg-type]
+
+        err = _checked("network", f"ResUNet42 {case}", prec, "spconv", check,
+                       grad_tol if train else out_tol)
+        if isinstance(err, Row):
+            rows.append(err)
             continue
         with torch.set_grad_enabled(train):
             rows.append(Row("network", f"ResUNet42 {case}", prec, "spconv", *timer(fn),

@@ -31,7 +31,7 @@ from benchmarks.baselines import spconv_status
 from torch_lattice.geometry import ConvGeometry
 from torch_lattice.nn.functional.relation import kernel_map
 
-__all__ = ["TOLERANCE", "LayerCase", "baselines", "check", "layer_cases"]
+__all__ = ["TOLERANCE", "LayerCase", "baselines", "check", "layer_cases", "rel_error"]
 
 # Largest max|ours - baseline| / max|baseline| a baseline may show, per precision: both
 # sides round differently (accumulation order, TF32 and half-precision products).
@@ -171,7 +171,8 @@ def baselines(case: LayerCase) -> dict[str, Callable[[torch.Tensor, torch.Tensor
     return out
 
 
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+def rel_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    """``max|a - b| / max|b|`` (0 for empty tensors)."""
     a, b = a.detach(), b.detach()
     scale = max(float(b.float().abs().max()), 1e-30) if b.numel() else 1.0
     return float((a.float() - b.float()).abs().max()) / scale if a.numel() else 0.0
@@ -198,4 +199,4 @@ def check(case: LayerCase, fn: Callable[[torch.Tensor, torch.Tensor], torch.Tens
     if xb.grad is None or dw is None:
         raise ValueError("the baseline gave no input or weight gradient")
     module.zero_grad(set_to_none=True)
-    return max(_rel(ours.feats, ref), _rel(ours_dx, xb.grad), _rel(ours_dw, dw))
+    return max(rel_error(ours.feats, ref), rel_error(ours_dx, xb.grad), rel_error(ours_dw, dw))

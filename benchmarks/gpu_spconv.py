@@ -27,6 +27,8 @@ import torch
 from torch import nn
 
 import torch_lattice as tl
+from benchmarks.baselines import canonical_weight, spconv_weight
+from benchmarks.gpu_layers import rel_error
 from torch_lattice.backbones import SparseResUNet42
 from torch_lattice.backbones.unet import ENCODER, ResidualBlock
 from torch_lattice.nn.modules.conv import ConvBase
@@ -34,40 +36,12 @@ from torch_lattice.nn.modules.conv import ConvBase
 __all__ = [
     "SpconvLayer",
     "SpconvResUNet42",
-    "canonical_weight",
     "indice_rows",
     "match_rows",
-    "spconv_weight",
     "unet_check",
 ]
 
 Coords = torch.Tensor
-
-
-def _reads_as_matrix(layer: nn.Module) -> bool:
-    """spconv 2.3's pointwise layers multiply by their weight's memory read as a
-    ``(C_in, C_out)`` matrix, whatever the declared ``(C_out, 1, 1, 1, C_in)`` shape says."""
-    import spconv.pytorch.conv as spconv_conv
-
-    return bool(getattr(layer, "conv1x1", False)) and not spconv_conv.FILTER_HWIO
-
-
-def spconv_weight(layer: nn.Module, weight: torch.Tensor) -> torch.Tensor:
-    """The canonical ``(K, C_in, C_out)`` weight (kernel rows x-major, as spconv's) as
-    ``layer``'s weight: spconv 2.x's ``(C_out, kx, ky, kz, C_in)`` layout."""
-    _, c_in, c_out = weight.shape
-    if _reads_as_matrix(layer):
-        return weight.reshape(layer.weight.shape).contiguous()
-    kernel = tuple(layer.weight.shape[1:4])
-    return weight.reshape(*kernel, c_in, c_out).permute(4, 0, 1, 2, 3).contiguous()
-
-
-def canonical_weight(layer: nn.Module, weight: torch.Tensor) -> torch.Tensor:
-    """``layer``'s weight (or its gradient) in the canonical ``(K, C_in, C_out)`` layout."""
-    c_out, c_in = weight.shape[0], weight.shape[-1]
-    if _reads_as_matrix(layer):
-        return weight.reshape(1, c_in, c_out)
-    return weight.permute(1, 2, 3, 4, 0).reshape(-1, c_in, c_out)
 
 
 def _keys(coords: Coords, size: torch.Tensor) -> torch.Tensor:
@@ -323,11 +297,6 @@ class SpconvResUNet42(nn.Module):
         return [(n, m, s) for (n, m), s in zip(theirs, mine, strict=True)]
 
 
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    scale = max(float(b.float().abs().max()), 1e-30) if b.numel() else 1.0
-    return float((a.float() - b.float()).abs().max()) / scale if a.numel() else 0.0
-
-
 def unet_check(ours: SparseResUNet42, twin: SpconvResUNet42, feats: torch.Tensor,
                coords: Coords, backward: bool) -> float:
     """Worst relative difference between the two networks: the logits in ``ours``'s
@@ -339,17 +308,18 @@ def unet_check(ours: SparseResUNet42, twin: SpconvResUNet42, feats: torch.Tensor
     twin.train(ours.training)
     a = ours(tl.SparseTensor(x, coords)).feats
     b = twin(xs, coords)
-    worst = _rel(a.detach(), b.detach())
+    worst = rel_error(a, b)
     if backward:
         grad = torch.randn_like(a)
         a.backward(grad)
         b.backward(grad)
         assert x.grad is not None and xs.grad is not None
-        worst = max(worst, _rel(x.grad, xs.grad))
+        worst = max(worst, rel_error(x.grad, xs.grad))
         for name, conv, layer in twin.conv_pairs(ours):
             if conv.weight.grad is None or layer.weight.grad is None:
                 raise ValueError(f"{name} got no weight gradient")
-            worst = max(worst, _rel(conv.weight.grad, canonical_weight(layer, layer.weight.grad)))
+            dw = canonical_weight(layer, layer.weight.grad)
+            worst = max(worst, rel_error(conv.weight.grad, dw))
         ours.zero_grad(set_to_none=True)
         twin.zero_grad(set_to_none=True)
     for m, state in zip((ours, twin), states, strict=True):
