@@ -27,13 +27,21 @@ TL_HALF_LOOPS(base, )
 TL_HALF_LOOPS(v3_loop, TL_TARGET_V3)
 
 /* float16 through F16C (part of x86-64-v3): 8 values per instruction, the
- * same rounding as tl_f32_to_f16; the portable loop for the tail. */
-static TL_TARGET_V3 void tl_to_f32_v3(tl_dtype t, const uint16_t *src, int64_t n, float *dst) {
+ * same rounding as tl_f32_to_f16; bfloat16 by a shift (its 16 bits above 16
+ * zero bits); the portable loop for the tail. */
+static inline TL_TARGET_V3 void tl_to_f32_v3(tl_dtype t, const uint16_t *src, int64_t n,
+                                             float *dst) {
     int64_t i = 0;
     if (t == TL_F16)
         for (; i + 8 <= n; i += 8)
             _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
-    tl_to_f32_v3_loop(t, src + i, n - i, dst + i);
+    else
+        for (; i + 8 <= n; i += 8)
+            _mm256_storeu_si256(
+                (__m256i *)(dst + i),
+                _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(src + i))),
+                                  16));
+    if (i < n) tl_to_f32_v3_loop(t, src + i, n - i, dst + i);
 }
 
 /* Rows of n values each, gathered from anywhere: each row's cache lines are
@@ -43,25 +51,10 @@ static TL_TARGET_V3 void tl_to_f32_v3(tl_dtype t, const uint16_t *src, int64_t n
 static TL_TARGET_V3 void tl_rows_to_f32_v3(tl_dtype t, const uint16_t *const *rows, int64_t count,
                                            int64_t n, float *dst) {
     const int64_t bytes = n * (int64_t)sizeof(uint16_t);
-    for (int64_t r = 0; r < count && r < TL_HALF_AHEAD; r++)
-        for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch((const char *)rows[r] + b);
+    TL_PREFETCH_ROWS(rows, count < TL_HALF_AHEAD ? count : TL_HALF_AHEAD, bytes);
     for (int64_t r = 0; r < count; r++) {
-        if (r + TL_HALF_AHEAD < count)
-            for (int64_t b = 0; b < bytes; b += 64)
-                __builtin_prefetch((const char *)rows[r + TL_HALF_AHEAD] + b);
-        const uint16_t *src = rows[r];
-        float *out = dst + r * n;
-        int64_t i = 0;
-        if (t == TL_F16)
-            for (; i + 8 <= n; i += 8)
-                _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
-        else /* bfloat16: the 16 bits above 16 zero bits */
-            for (; i + 8 <= n; i += 8)
-                _mm256_storeu_si256((__m256i *)(out + i),
-                                    _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(
-                                                          (const __m128i *)(src + i))),
-                                                      16));
-        if (i < n) tl_to_f32_v3_loop(t, src + i, n - i, out + i);
+        if (r + TL_HALF_AHEAD < count) TL_PREFETCH_ROWS(rows + r + TL_HALF_AHEAD, 1, bytes);
+        tl_to_f32_v3(t, rows[r], n, dst + r * n);
     }
 }
 
