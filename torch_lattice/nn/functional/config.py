@@ -202,15 +202,14 @@ def resolve_config(
             )
         explicit = replace(explicit, dataflow=Dataflow.GatherScatter, autotune=False)
     cfg = explicit.over(_device_default(device))
-    if _deterministic_cuda(device) and (cfg.dataflow is not Dataflow.ImplicitGEMM
-                                        or cfg.autotune):
-        # Only implicit GEMM has an atomic-free CUDA forward (docs/determinism.md).
-        log.debug("dataflow %s -> ImplicitGEMM: deterministic algorithms on CUDA", cfg.dataflow)
-        cfg = replace(cfg, dataflow=Dataflow.ImplicitGEMM, autotune=False)
     if cfg.autotune and torch.are_deterministic_algorithms_enabled():
         # A timed choice can differ from run to run: deterministic mode runs the
         # configured dataflow on every device.
         cfg = replace(cfg, autotune=False)
+    if _deterministic_cuda(device) and cfg.dataflow is not Dataflow.ImplicitGEMM:
+        # Only implicit GEMM has an atomic-free CUDA forward (docs/determinism.md).
+        log.debug("dataflow %s -> ImplicitGEMM: deterministic algorithms on CUDA", cfg.dataflow)
+        cfg = replace(cfg, dataflow=Dataflow.ImplicitGEMM)
     log.debug("dataflow %s (target transpose: %s)", cfg.dataflow, target_transpose)
     return cfg
 
