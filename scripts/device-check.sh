@@ -135,13 +135,10 @@ assert C.cuda_compiled(), 'built without CUDA'"
         skip bench "dry: needs a GPU"
         skip accuracy "dry: needs a GPU"
         step bench-import 10 python3 -c "import benchmarks.gpu, benchmarks.gpu_accuracy"
-        if [ "$FAST" = 1 ]; then
-            step bench-rehearsal 60 python3 -m benchmarks.gpu --device cpu --scene tiny-12 \
-                "${FAST_ARGS[@]}" --channels 4 --reps 1
-        else
-            step bench-rehearsal 60 python3 -m benchmarks.gpu --device cpu --scene tiny-12 \
-                --channels 4 --precisions fp32,bf16 --reps 1 --no-unet
-        fi
+        rehearse=(--precisions fp32,bf16 --no-unet)
+        [ "$FAST" = 1 ] && rehearse=("${FAST_ARGS[@]}")
+        step bench-rehearsal 60 python3 -m benchmarks.gpu --device cpu --scene tiny-12 \
+            "${rehearse[@]}" --channels 4 --reps 1
     else
         bench_env=(env PYTHONUNBUFFERED=1 PYTHONPATH="${SPCONV_PATH}${PYTHONPATH:+:$PYTHONPATH}")
         if [ "$FAST" = 1 ]; then

@@ -12,6 +12,7 @@ import torch
 
 import torch_lattice as tl
 from benchmarks import gpu, gpu_layers
+from benchmarks.gpu_layers import rel_error
 from torch_lattice.backbones import SparseResUNet42
 
 sp = pytest.importorskip("spconv.pytorch", reason="the spconv extra (scripts/setup-env.sh)")
@@ -34,10 +35,6 @@ def _coords(n: int = 1500, extent: int = 20, seed: int = 0) -> torch.Tensor:
     return torch.unique(c, dim=0).int()
 
 
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).abs().max() / b.abs().max())
-
-
 @pytest.mark.parametrize("index", range(4))
 def test_spconv_layers_compute_the_library_relation(index: int) -> None:
     """SubMConv3d k3, SparseConv3d k2 s2 and k3 s2 p1, SparseInverseConv3d: the same
@@ -48,9 +45,9 @@ def test_spconv_layers_compute_the_library_relation(index: int) -> None:
     layer = gs.SpconvLayer(case)
     with torch.no_grad():
         ours = case.ours()
-        assert _rel(layer(case.x.feats, case.module.weight), ours) < 1e-5
+        assert rel_error(layer(case.x.feats, case.module.weight), ours) < 1e-5
         timed = layer.timed(case.x.feats)()
-        assert _rel(timed[layer.perm_out], ours) < 1e-5
+        assert rel_error(timed[layer.perm_out], ours) < 1e-5
     assert layer.strided == case.name.startswith("Conv3d")
     assert ("builds its indices" in layer.note) == layer.strided
 
@@ -60,7 +57,7 @@ def test_spconv_layer_with_another_weight_disagrees() -> None:
     layer = gs.SpconvLayer(case)
     with torch.no_grad():
         layer.layer.weight[0, 0, 0, 0, 0] += 1.0
-        assert _rel(layer(case.x.feats, case.module.weight), case.ours()) > 1e-3
+        assert rel_error(layer(case.x.feats, case.module.weight), case.ours()) > 1e-3
 
 
 @pytest.mark.parametrize("kernel", [(3, 3, 3), (2, 2, 2), (1, 1, 1)])
