@@ -1,11 +1,12 @@
 /* Which output rows of a tile have a neighbour through each kernel row: the
  * first step of each implicit GEMM tile (tl_dataflow_implicit_gemm_impl.h and
  * _half.c), which then runs only the rows listed here.  The tile's rows of
- * the (n_out, k) table are contiguous, so they are read once, in order (16
- * entries a vector with AVX-512 where k >= 4), and only the present entries (a LiDAR scan
- * has about 5.6 of 27 per row) are sorted into the kernel rows' lists.
- * Listing each kernel row by reading the table's column instead reads every
- * entry k times, strided, and cost more than the arithmetic at C = 16. */
+ * the (n_out, k) table are contiguous.  With AVX-512, where k >= 16 each
+ * kernel row's column of a chunk of them is gathered 16 entries at a time
+ * from L1 and its present entries (a LiDAR scan has about 5.6 of 27 per row)
+ * compressed onto the end of its list; where 4 <= k < 16 the rows are read in
+ * order 16 entries a vector and the present ones sorted into the lists.
+ * Otherwise one entry at a time, branch-free. */
 #ifndef TL_LIST_H
 #define TL_LIST_H
 
@@ -18,7 +19,7 @@
  * cnt k.  Returns the largest entry + 1 as uint32 (-1 -> 0, anything below
  * -1 wraps above any row count), so the caller can reject a bad table before
  * reading a row it names; the lists are then incomplete.  vec: use AVX-512
- * (the caller checked the CPU has it; used where k >= 4). */
+ * (the caller checked the CPU has it). */
 uint32_t tl_list_tile(int vec, const int32_t *nbr, int64_t o0, int64_t m, int64_t k,
                       int32_t *idx, int32_t *rows, int64_t *cnt);
 

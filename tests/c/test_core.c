@@ -756,21 +756,24 @@ static void test_int_limits(void) {
 /* ---- the implicit GEMM's per-tile neighbour lists ------------------------ */
 
 /* tl_list_tile against a direct reading of the table, by both paths where
- * the CPU has AVX-512: every kernel row's present entries in row order, and
- * the largest entry + 1 (wrapping for entries below -1). */
+ * the CPU has AVX-512 (row-major for 4 <= k < 16, gathered for k >= 16):
+ * every kernel row's present entries in row order, and the largest entry + 1
+ * (wrapping for entries below -1).  A table with every entry present fills
+ * each list to its end, where the gathered path's stores must stop. */
 static void test_list_tile(void) {
     static const int64_t ks[] = {1, 2, 3, 4, 8, 15, 16, 17, 27, 125};
-    static const int64_t ms[] = {1, 5, 16, 17, 100, 256};
+    static const int64_t ms[] = {1, 5, 16, 17, 100, 256, 1000};
     const int paths = tl_simd_level() >= TL_SIMD_V4 ? 2 : 1;
     current = "list_tile";
     for (size_t a = 0; a < sizeof(ks) / sizeof(ks[0]); a++)
         for (size_t b = 0; b < sizeof(ms) / sizeof(ms[0]); b++)
-            for (int bad = 0; bad < 2; bad++) {
+            for (int bad = 0; bad < 3; bad++) {
                 const int64_t k = ks[a], m = ms[b], o0 = 3, n_out = o0 + m + 2;
+                const int full = bad == 2;
                 int32_t *nbr = xmalloc(sizeof(int32_t) * (size_t)(n_out * k));
                 for (int64_t e = 0; e < n_out * k; e++)
-                    nbr[e] = rnd(3) == 0 ? (int32_t)rnd(1000) : -1;
-                if (bad) nbr[(o0 + m - 1) * k + k / 2] = -7; /* wraps above any count */
+                    nbr[e] = full || rnd(3) == 0 ? (int32_t)rnd(1000) : -1;
+                if (bad == 1) nbr[(o0 + m - 1) * k + k / 2] = -7; /* wraps above any count */
                 uint32_t want_worst = 0;
                 for (int64_t e = o0 * k; e < (o0 + m) * k; e++) {
                     uint32_t u = (uint32_t)nbr[e] + 1u;
@@ -781,7 +784,7 @@ static void test_list_tile(void) {
                 int64_t *cnt = xmalloc(sizeof(int64_t) * (size_t)k);
                 for (int vec = 0; vec < paths; vec++) {
                     CHECK(tl_list_tile(vec, nbr, o0, m, k, idx, rows, cnt) == want_worst);
-                    if (bad) continue;
+                    if (bad == 1) continue;
                     for (int64_t n = 0; n < k; n++) {
                         int64_t c = 0;
                         for (int64_t r = 0; r < m; r++) {
