@@ -12,16 +12,21 @@
 
 #include "tl_conv.h"
 #include "tl_list.h"
+#include "tl_mem.h"
 #include "tl_pairs.h"
 #include "tl_simd.h"
 
-/* Forward tiles (see tl_fwd_tile_rows): output block bytes to aim for, so
- * the tile's output rows stay in L2; bounds on its rows; and the fewest
+/* Forward tiles (see tl_fwd_tile_rows): output block bytes to aim for, an
+ * eighth of the core's L2 (tl_fwd_tile_bytes), so the tile's output rows stay
+ * in L2 beside the x rows its lists name; bounds on its rows; and the fewest
  * tiles each thread should get, for load balance.  Narrow layers reach the
  * largest tiles: 1024 rows of C = 16 give each kernel row of a sparse map
  * more neighbours per tile than 256 did, so fewer short and padded groups
- * (1.05-1.45x at C = 16, 1.02-1.29x at C = 32). */
-#define TL_TILE_BYTES (64 * 1024)
+ * (1.05-1.45x at C = 16, 1.02-1.29x at C = 32).  On a 1 MiB L2, 128 KiB
+ * blocks instead of 64 KiB ran 1.00-1.19x (most on the strided and
+ * transposed maps) and 256 KiB 0.97-1.06x more. */
+#define TL_TILE_BYTES_MIN (64 * 1024)
+#define TL_TILE_BYTES_MAX (256 * 1024)
 #define TL_TILE_ROWS_MIN 32
 #define TL_TILE_ROWS_MAX 1024
 #define TL_TILES_PER_THREAD 8
@@ -52,15 +57,23 @@ static inline int64_t tl_panel_cols(const tl_conv_desc *d, int64_t block_cols, i
     return cols;
 }
 
+/* Output block bytes of a forward tile: an eighth of the L2, within
+ * [TL_TILE_BYTES_MIN, TL_TILE_BYTES_MAX] (the minimum where the C library
+ * does not say).  Any tiling gives the same sums (see tl_forward_tile). */
+static inline int64_t tl_fwd_tile_bytes(void) {
+    const int64_t b = tl_mem_l2_bytes() / 8;
+    return b < TL_TILE_BYTES_MIN ? TL_TILE_BYTES_MIN : b > TL_TILE_BYTES_MAX ? TL_TILE_BYTES_MAX : b;
+}
+
 /* Output rows per forward tile for output blocks of acc_bytes per element:
- * as many as keep the tile's output block near TL_TILE_BYTES (more rows give
+ * as many as keep the tile's output block near tl_fwd_tile_bytes() (more rows give
  * each kernel row more neighbours per tile, so fewer padded groups), within
  * [TL_TILE_ROWS_MIN, TL_TILE_ROWS_MAX], few enough that every thread gets
  * several tiles and that the tile's lists fit TL_LIST_BYTES. */
 static inline int64_t tl_fwd_tile_rows(const tl_ctx *ctx, const tl_conv_desc *d,
                                        int64_t acc_bytes) {
     int64_t cw = d->c_out < TL_TILE_COLS ? d->c_out : TL_TILE_COLS;
-    int64_t rows = TL_TILE_BYTES / ((cw > 0 ? cw : 1) * acc_bytes);
+    int64_t rows = tl_fwd_tile_bytes() / ((cw > 0 ? cw : 1) * acc_bytes);
     int64_t spread = d->n_out / (TL_TILES_PER_THREAD * (int64_t)ctx->threads);
     int64_t listed = TL_LIST_BYTES / (8 * (d->k > 0 ? d->k : 1));
     if (rows > spread) rows = spread;

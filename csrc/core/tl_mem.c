@@ -1,6 +1,8 @@
-/* madvise is POSIX-2001 + Linux, not C11: ask for its declaration. */
+/* madvise and sysconf's cache names are not C11: ask for their declarations. */
 #define _DEFAULT_SOURCE 1
 #include "tl_mem.h"
+
+#include <unistd.h>
 
 #if defined(__linux__)
 #include <sys/mman.h>
@@ -16,5 +18,14 @@ void tl_mem_prefer_huge(void *p, int64_t bytes) {
 #else
     (void)p;
     (void)bytes;
+#endif
+}
+
+int64_t tl_mem_l2_bytes(void) {
+#if defined(_SC_LEVEL2_CACHE_SIZE)
+    const long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    return l2 > 0 ? (int64_t)l2 : 0;
+#else
+    return 0;
 #endif
 }

@@ -1,4 +1,5 @@
-/* Memory hints for large output buffers. */
+/* Memory hints for large output buffers, and the cache size that sizes the
+ * CPU kernels' tiles. */
 #ifndef TL_MEM_H
 #define TL_MEM_H
 
@@ -13,5 +14,9 @@
 void tl_mem_prefer_huge(void *p, int64_t bytes);
 
 #define TL_MEM_HUGE_MIN (8 << 20)
+
+/* Bytes of one core's L2 cache as the C library reports it (glibc's
+ * sysconf(_SC_LEVEL2_CACHE_SIZE)), or 0 where it reports none. */
+int64_t tl_mem_l2_bytes(void);
 
 #endif
