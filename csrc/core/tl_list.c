@@ -69,6 +69,7 @@ static TL_TARGET_V4 uint32_t tl_list_v4_gather(const int32_t *nbr, int64_t o0, i
     }
     return _mm512_reduce_max_epu32(most);
 }
+
 /* Lanes whose kernel row *nv reached k start the next row: kernel row - k,
  * row + 1 (as often as it takes; at most 16 / k times). */
 static inline __attribute__((always_inline)) TL_TARGET_V4 void tl_list_wrap(__m512i *nv,
