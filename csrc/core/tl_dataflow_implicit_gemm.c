@@ -76,7 +76,15 @@ tl_status tl_implicit_gemm_weight_grad(const tl_ctx *ctx, const tl_conv_desc *d,
     tl_status st = tl_check_args(ctx, d, 1, x, dy, nbr, dw, !listed);
     if (st != TL_OK) return st;
     if (d->k * d->c_in * d->c_out == 0) return TL_OK;
-    if (d->dtype == TL_F32) return tl_weight_grad_f32(ctx, d, x, dy, nbr, dw);
-    if (d->dtype == TL_F64) return tl_weight_grad_f64(ctx, d, x, dy, nbr, dw);
+    if (d->dtype == TL_F32) return tl_weight_grad_f32(ctx, d, x, dy, nbr, NULL, dw);
+    if (d->dtype == TL_F64) return tl_weight_grad_f64(ctx, d, x, dy, nbr, NULL, dw);
     return tl_implicit_gemm_weight_grad_half(ctx, d, x, dy, nbr, dw);
+}
+
+tl_status tl_implicit_gemm_weight_grad_pairs(const tl_ctx *ctx, const tl_conv_desc *d,
+                                             const void *x, const void *dy, const tl_pairs *p,
+                                             void *dw) {
+    if (d->dtype == TL_F32) return tl_weight_grad_f32(ctx, d, x, dy, NULL, p, dw);
+    if (d->dtype == TL_F64) return tl_weight_grad_f64(ctx, d, x, dy, NULL, p, dw);
+    return TL_ERR_UNSUPPORTED;
 }

@@ -30,6 +30,16 @@ tl_status tl_implicit_gemm_forward(const tl_ctx *ctx, const tl_conv_desc *d,
 tl_status tl_implicit_gemm_forward_pairs(const tl_ctx *ctx, const tl_conv_desc *d, const void *x,
                                          const void *w, const tl_pairs *p, void *y);
 
+/* The same weight gradient over per-kernel-row pair lists sorted by output
+ * row (the fetch-on-demand weight gradient, tl_dataflow_pairs.c): each
+ * block of output rows takes its run of every kernel row's pairs instead of
+ * listing the table.  TL_F32 or TL_F64; arguments and pairs already checked
+ * (tl_pairs_check); dw is overwritten.  Bitwise the result of
+ * tl_implicit_gemm_weight_grad over the table the pairs were built from. */
+tl_status tl_implicit_gemm_weight_grad_pairs(const tl_ctx *ctx, const tl_conv_desc *d,
+                                             const void *x, const void *dy, const tl_pairs *p,
+                                             void *dw);
+
 /* The TL_BF16 / TL_F16 forward behind tl_implicit_gemm_forward (arguments
  * already checked; tl_dataflow_implicit_gemm_half.c). */
 tl_status tl_implicit_gemm_forward_half(const tl_ctx *ctx, const tl_conv_desc *d,

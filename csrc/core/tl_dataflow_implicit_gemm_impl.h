@@ -183,7 +183,26 @@ typedef struct TL_FN(tl_wgrad_scratch) {
     const TL_T *xq[TL_WGRAD_PAIRS], *dq[TL_WGRAD_PAIRS];
     TL_T *xp;
     tl_wgrad_lists lists;
+    int64_t *cur; /* over pair lists: each kernel row's next pair (k) */
 } TL_FN(tl_wgrad_scratch);
+
+/* Kernel row n's pairs among output rows below b1 from pair lists sorted by
+ * output row, starting at s->cur[n] (the first not yet taken): their x rows
+ * s->xq[] and dy rows s->dq[]; returns their count and moves the cursor past
+ * them.  Checked pairs never repeat an output row within a kernel row, so a
+ * block of at most TL_WGRAD_PAIRS rows has at most that many. */
+static int64_t TL_FN(tl_wgrad_pairs_run)(const tl_conv_desc *d, const tl_pairs *p, int64_t n,
+                                         int64_t b1, const TL_T *x, const TL_T *dy,
+                                         TL_FN(tl_wgrad_scratch) *s) {
+    const int64_t j0 = s->cur[n], end = p->offsets[n + 1];
+    int64_t c = 0;
+    for (; j0 + c < end && p->out[j0 + c] < b1; c++) {
+        s->xq[c] = x + (int64_t)p->in[j0 + c] * d->c_in;
+        s->dq[c] = dy + (int64_t)p->out[j0 + c] * d->c_out;
+    }
+    s->cur[n] = j0 + c;
+    return c;
+}
 
 /* Packs the c listed pairs' x rows s->xq[] into s->xp, strips of 4 input
  * channels side by side (the layout of tl_mk_ops.panel), so the
@@ -208,19 +227,28 @@ static void TL_FN(tl_wgrad_pack)(const tl_conv_desc *d, int64_t c, TL_FN(tl_wgra
 /* acc (k, c_in, c_out) += the contributions of output rows [o0, o1) through
  * kernel rows [n0, n1): blocks of TL_WGRAD_PAIRS rows, every kernel row per
  * block, so the block's nbr rows and the x and dy rows they name are reused
- * from cache across kernel rows.  Returns 1 at a block listing an entry
- * outside [-1, n_in) (see tl_wgrad_list_block), else 0. */
+ * from cache across kernel rows.  The pairs come from the table nbr, or
+ * (p non-NULL, fetch-on-demand) from pair lists sorted by output row, the
+ * same pairs in the same order, so both give the same sums.  Returns 1 at a
+ * block listing an entry outside [-1, n_in) (see tl_wgrad_list_block), else
+ * 0. */
 static int TL_FN(tl_wgrad_rows)(const tl_conv_desc *d, const TL_T *x, const TL_T *dy,
-                                const int32_t *nbr, int64_t o0, int64_t o1, int64_t n0,
-                                int64_t n1, TL_T *acc, TL_FN(tl_wgrad_scratch) *s) {
+                                const int32_t *nbr, const tl_pairs *p, int64_t o0, int64_t o1,
+                                int64_t n0, int64_t n1, TL_T *acc,
+                                TL_FN(tl_wgrad_scratch) *s) {
     const int64_t mat = d->c_in * d->c_out;
+    if (p)
+        for (int64_t n = n0; n < n1; n++) s->cur[n] = tl_pairs_first_at(p, n, o0);
     for (int64_t b0 = o0; b0 < o1; b0 += TL_WGRAD_PAIRS) {
         int64_t b1 = b0 + TL_WGRAD_PAIRS < o1 ? b0 + TL_WGRAD_PAIRS : o1;
-        if (tl_wgrad_list_block(&s->lists, nbr, d->k, b0, b1, d->n_in)) return 1;
+        if (!p && tl_wgrad_list_block(&s->lists, nbr, d->k, b0, b1, d->n_in)) return 1;
         for (int64_t n = n0; n < n1; n++) {
             int64_t c;
-            TL_WGRAD_PAIRS_OF(&s->lists, nbr, d->k, n, b0, b1, x, d->c_in, dy, d->c_out, s->xq,
-                              s->dq, c);
+            if (p)
+                c = TL_FN(tl_wgrad_pairs_run)(d, p, n, b1, x, dy, s);
+            else
+                TL_WGRAD_PAIRS_OF(&s->lists, nbr, d->k, n, b0, b1, x, d->c_in, dy, d->c_out,
+                                  s->xq, s->dq, c);
             if (c == 0) continue;
             if (d->c_in >= TL_WGRAD_PACK_MIN_CIN) {
                 TL_FN(tl_wgrad_pack)(d, c, s);
@@ -234,11 +262,14 @@ static int TL_FN(tl_wgrad_rows)(const tl_conv_desc *d, const TL_T *x, const TL_T
     return 0;
 }
 
+/* dw from the table nbr, or (nbr NULL) from checked pair lists p. */
 static tl_status TL_FN(tl_weight_grad)(const tl_ctx *ctx, const tl_conv_desc *d,
-                                       const TL_T *x, const TL_T *dy,
-                                       const int32_t *nbr, TL_T *dw) {
+                                       const TL_T *x, const TL_T *dy, const int32_t *nbr,
+                                       const tl_pairs *p, TL_T *dw) {
     const int64_t mat = d->c_in * d->c_out, all = d->k * mat;
     const tl_wgrad_split split = tl_wgrad_split_of(d);
+    tl_wgrad_split lists_split = split; /* pair lists need no listing */
+    if (p) lists_split.listed = 0;
     const int64_t parts = split.parts;
     TL_T *partial = dw;
     if (parts > 1) {
@@ -251,9 +282,10 @@ static tl_status TL_FN(tl_weight_grad)(const tl_ctx *ctx, const tl_conv_desc *d,
         TL_FN(tl_wgrad_scratch) s;
         s.mk = TL_FN(tl_mk_pick)(ctx);
         s.xp = malloc(sizeof(TL_T) * (size_t)(TL_WGRAD_PAIRS * ((d->c_in + 3) / 4 * 4)));
-        const int ok = tl_wgrad_lists_init(&s.lists, &split,
+        s.cur = p ? malloc(sizeof(int64_t) * (size_t)d->k) : NULL;
+        const int ok = tl_wgrad_lists_init(&s.lists, &lists_split,
                                            tl_simd_capped(ctx->simd_cap) >= TL_SIMD_V4, d->k) &&
-                       s.xp;
+                       s.xp && (s.cur || !p);
         failed |= !ok;
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < parts * split.groups; t++) {
@@ -262,9 +294,11 @@ static tl_status TL_FN(tl_weight_grad)(const tl_ctx *ctx, const tl_conv_desc *d,
             TL_T *acc = partial + w.part * all;
             memset(acc + w.n0 * mat, 0, sizeof(TL_T) * (size_t)((w.n1 - w.n0) * mat));
             if (w.o0 < w.o1)
-                invalid |= TL_FN(tl_wgrad_rows)(d, x, dy, nbr, w.o0, w.o1, w.n0, w.n1, acc, &s);
+                invalid |= TL_FN(tl_wgrad_rows)(d, x, dy, nbr, p, w.o0, w.o1, w.n0, w.n1, acc,
+                                                &s);
         }
         free(s.xp);
+        free(s.cur);
         tl_wgrad_lists_free(&s.lists);
     }
     if (parts > 1 && !failed && !invalid)

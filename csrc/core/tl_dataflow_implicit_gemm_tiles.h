@@ -176,6 +176,20 @@ static inline void tl_pair_starts(const tl_ctx *ctx, const tl_pairs *p, int64_t 
     }
 }
 
+/* The first pair of kernel row n of p (sorted by output row) whose output
+ * row is at least `row` (offsets[n + 1] if none): a binary search. */
+static inline int64_t tl_pairs_first_at(const tl_pairs *p, int64_t n, int64_t row) {
+    int64_t lo = p->offsets[n], hi = p->offsets[n + 1];
+    while (lo < hi) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        if (p->out[mid] < row)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
 /* tl_list_tile's lists from pair lists for the row tile of output rows [o0,
  * o0 + m): kernel row n's pairs in it are one run of its sorted list, copied
  * (8 bytes a pair, nothing read for absent ones). */

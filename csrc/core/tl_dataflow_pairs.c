@@ -7,7 +7,8 @@
 #include "tl_mem.h"
 #include "tl_simd.h"
 
-/* Pairs per block (forward) and per chunk (weight gradient): enough rows
+/* Pairs per block (gather-scatter's forward) and per chunk (its weight
+ * gradient): enough rows
  * for the 4-row micro-kernel and to amortize a parallel-for's scheduling;
  * small enough that the gather buffers stay in L2. */
 #define TL_PAIR_BLOCK 128
@@ -66,7 +67,8 @@ tl_status tl_pairs_weight_grad(const tl_ctx *ctx, tl_pairs_mode mode, const tl_c
     tl_status st = tl_pairs_args(ctx, mode, d, 1, x, dy, p, dw);
     if (st != TL_OK) return st;
     if (d->k * d->c_in * d->c_out == 0) return TL_OK;
-    int gather = mode == TL_PAIRS_GATHER_SCATTER;
-    if (d->dtype == TL_F32) return tl_pairs_wgrad_f32(ctx, gather, d, x, dy, p, dw);
-    return tl_pairs_wgrad_f64(ctx, gather, d, x, dy, p, dw);
+    if (mode == TL_PAIRS_FETCH_ON_DEMAND)
+        return tl_implicit_gemm_weight_grad_pairs(ctx, d, x, dy, p, dw);
+    if (d->dtype == TL_F32) return tl_pairs_wgrad_f32(ctx, d, x, dy, p, dw);
+    return tl_pairs_wgrad_f64(ctx, d, x, dy, p, dw);
 }

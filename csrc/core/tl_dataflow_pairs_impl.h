@@ -89,27 +89,27 @@ static tl_status TL_FN(tl_pairs_fwd)(const tl_ctx *ctx, const tl_conv_desc *d, c
     return failed ? TL_ERR_NOMEM : TL_OK;
 }
 
-/* acc += sum over pairs [j0, j1) of x[in]^T dy[out], in chunks of
- * TL_PAIR_BLOCK pairs; gather-scatter packs the chunk's dy rows first. */
-static void TL_FN(tl_pairs_wgrad_range)(const tl_conv_desc *d, int gather, const TL_T *x,
-                                        const TL_T *dy, const tl_pairs *p, int64_t j0,
-                                        int64_t j1, TL_FN(tl_pairs_scratch) *s, TL_T *acc) {
+/* Gather-scatter: acc += sum over pairs [j0, j1) of x[in]^T dy[out], in
+ * chunks of TL_PAIR_BLOCK pairs whose dy rows are gathered first.  (The
+ * fetch-on-demand weight gradient runs implicit GEMM's blocks over the pair
+ * lists: tl_implicit_gemm_weight_grad_pairs.) */
+static void TL_FN(tl_pairs_wgrad_range)(const tl_conv_desc *d, const TL_T *x, const TL_T *dy,
+                                        const tl_pairs *p, int64_t j0, int64_t j1,
+                                        TL_FN(tl_pairs_scratch) *s, TL_T *acc) {
     const int64_t cin = d->c_in, cout = d->c_out;
     for (int64_t j = j0; j < j1; j += TL_PAIR_BLOCK) {
         const int64_t m = j1 - j < TL_PAIR_BLOCK ? j1 - j : TL_PAIR_BLOCK;
         for (int64_t q = 0; q < m; q++) {
             s->xr[q] = x + (int64_t)p->in[j + q] * cin;
-            s->dr[q] = dy + (int64_t)p->out[j + q] * cout;
-            if (gather) {
-                memcpy(s->gd + q * cout, s->dr[q], sizeof(TL_T) * (size_t)cout);
-                s->dr[q] = s->gd + q * cout;
-            }
+            memcpy(s->gd + q * cout, dy + (int64_t)p->out[j + q] * cout,
+                   sizeof(TL_T) * (size_t)cout);
+            s->dr[q] = s->gd + q * cout;
         }
         TL_FN(tl_mk_outer_acc)(s->mk, cin, cout, m, s->xr, s->dr, acc);
     }
 }
 
-static tl_status TL_FN(tl_pairs_wgrad)(const tl_ctx *ctx, int gather, const tl_conv_desc *d,
+static tl_status TL_FN(tl_pairs_wgrad)(const tl_ctx *ctx, const tl_conv_desc *d,
                                        const TL_T *x, const TL_T *dy, const tl_pairs *p,
                                        TL_T *dw) {
     const int64_t k = p->k, mat = d->c_in * d->c_out, parts = tl_pairs_wgrad_parts(d);
@@ -130,7 +130,7 @@ static tl_status TL_FN(tl_pairs_wgrad)(const tl_ctx *ctx, int gather, const tl_c
             const int64_t j1 = p->offsets[n] + len * (part + 1) / parts;
             TL_T *acc = partial + (part * k + n) * mat; /* layout [part][n] */
             memset(acc, 0, sizeof(TL_T) * (size_t)mat);
-            if (ok) TL_FN(tl_pairs_wgrad_range)(d, gather, x, dy, p, j0, j1, &s, acc);
+            if (ok) TL_FN(tl_pairs_wgrad_range)(d, x, dy, p, j0, j1, &s, acc);
         }
         TL_FN(tl_scratch_free)(&s);
     }

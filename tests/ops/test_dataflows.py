@@ -142,12 +142,11 @@ def test_half_types_accumulate_in_fp32() -> None:
 
 @pytest.mark.parametrize("family", [subm, generated, inverse_transpose], ids=lambda f: f.__name__)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_cpu_fetch_on_demand_forward_is_implicit_gemm_bitwise(
-    family: Family, dtype: torch.dtype
-) -> None:
-    """On the CPU fetch-on-demand's forward runs implicit GEMM's tiles over the pair lists
-    (tl_implicit_gemm_forward_pairs), in the same order: the outputs and input gradients
-    (a forward over the reversed pairs) are bitwise implicit GEMM's, at any thread count."""
+def test_cpu_fetch_on_demand_is_implicit_gemm_bitwise(family: Family, dtype: torch.dtype) -> None:
+    """On the CPU fetch-on-demand runs implicit GEMM's tiles and weight-gradient blocks
+    over the pair lists (tl_implicit_gemm_forward_pairs, _weight_grad_pairs), in the same
+    order: the outputs, input gradients (a forward over the reversed pairs) and weight
+    gradients are bitwise implicit GEMM's, at any thread count."""
     before = torch.get_num_threads()
     try:
         for threads in (1, 2, 3):
@@ -157,11 +156,50 @@ def test_cpu_fetch_on_demand_forward_is_implicit_gemm_bitwise(
                 x = _input("cpu", seed=threads)
                 x = tl.SparseTensor(x.feats.detach().to(dtype).requires_grad_(), x.coords)
                 with F.conv_config(dataflow=dataflow):
-                    y, _ = family(x, F.ConvConfig())
-                    (dx,) = torch.autograd.grad(y.feats.sum(), [x.feats])
-                out.append((y.feats, dx))
-            (y_ig, dx_ig), (y_fod, dx_fod) = out
-            assert y_ig.dtype == dtype and y_ig.abs().sum() > 0
-            assert torch.equal(y_ig, y_fod) and torch.equal(dx_ig, dx_fod)
+                    y, mods = family(x, F.ConvConfig())
+                    dy = torch.randn(y.feats.shape, generator=torch.Generator().manual_seed(3))
+                    weights = [m.weight for m in mods]
+                    grads = torch.autograd.grad(y.feats, [x.feats, *weights], dy.to(dtype))
+                out.append((y.feats, *grads))
+            assert out[0][0].dtype == dtype and all(t.abs().sum() > 0 for t in out[0])
+            for ig, fod in zip(out[0], out[1], strict=True):
+                assert torch.equal(ig, fod)
     finally:
         torch.set_num_threads(before)
+
+
+def test_cpu_pair_backward_reuses_the_reversed_lists(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CPU's reversed pair lists (an argsort of the forward ones) are built once per
+    relation and kept with it, not in every backward (the op's own fallback, which sorts
+    per call, is never reached); a forward without a gradient builds none."""
+    import torch_lattice.ops.conv as conv_ops
+    import torch_lattice.ops.kmap as kmap_ops
+
+    calls: dict[str, int] = {"cached": 0, "per_backward": 0}
+
+    def counting(kind: str, original: Callable[..., kmap_ops.PairLists]):
+        def reverse(*lists: torch.Tensor) -> kmap_ops.PairLists:
+            calls[kind] += 1
+            return original(*lists)
+
+        return reverse
+
+    monkeypatch.setattr(kmap_ops, "reverse_pairs", counting("cached", kmap_ops.reverse_pairs))
+    monkeypatch.setattr(conv_ops, "reverse_pairs", counting("per_backward", conv_ops.reverse_pairs))
+    # subm runs a kernel map's pair lists; generative the pair lists of the support it
+    # generates (cached with that support, and built by a reversal themselves).
+    for family in (subm, generative):
+        for dataflow in (F.Dataflow.FetchOnDemand, F.Dataflow.GatherScatter):
+            calls.update(cached=0, per_backward=0)
+            x = _input("cpu", stride=INPUT_STRIDE.get(family, 1))
+            with F.conv_config(dataflow=dataflow), torch.no_grad():
+                family(x, F.ConvConfig())
+            built = calls["cached"]
+            assert built == (0 if family is subm else 1), (family.__name__, dataflow, built)
+            counts = []
+            for _ in range(3):
+                with F.conv_config(dataflow=dataflow):
+                    family(x, F.ConvConfig())[0].feats.sum().backward()
+                counts.append(dict(calls))
+            assert counts[0]["cached"] == built + 1, (family.__name__, dataflow, counts)
+            assert counts[-1] == counts[0] and calls["per_backward"] == 0, (family, counts)

@@ -16,7 +16,13 @@ import torch
 from torch_lattice.geometry import ConvGeometry
 from torch_lattice.nn.functional.config import ConvConfig, Dataflow, resolve_config
 from torch_lattice.nn.functional.conv import check_call, pointwise, target_support
-from torch_lattice.nn.functional.relation import apply_kernel_map, kernel_map, transpose_pairs
+from torch_lattice.nn.functional.relation import (
+    apply_kernel_map,
+    grad_pairs_needed,
+    kernel_map,
+    reversed_transpose_pairs,
+    transpose_pairs,
+)
 from torch_lattice.nn.functional.supports import cached_source_support, generative_support
 from torch_lattice.ops.conv import pair_conv
 from torch_lattice.ops.kmap import sparse_table
@@ -85,9 +91,12 @@ def generated_transpose(
     if config.dataflow is Dataflow.ImplicitGEMM and not sparse_table(n_in, n_out):
         return None
     pairs = transpose_pairs(target, src.support, geometry)
-    return pair_conv(
-        src.feats, weight, *pairs, None, None, None, n_out, gather, bool(config.allow_tf32)
+    back = (
+        tuple(reversed_transpose_pairs(target, src.support, geometry))
+        if grad_pairs_needed(src.feats)
+        else (None,) * 3
     )
+    return pair_conv(src.feats, weight, *pairs, *back, n_out, gather, bool(config.allow_tf32))
 
 
 def _finish(y: torch.Tensor, bias: torch.Tensor | None, target: Support) -> SparseTensor:

@@ -11,10 +11,13 @@ way round.
 from __future__ import annotations
 
 import functools
+import threading
+from dataclasses import dataclass, field
 
 import torch
 
 from torch_lattice.geometry import ConvGeometry
+from torch_lattice.locked_cache import get_or_build
 from torch_lattice.nn.functional.config import ConvConfig, Dataflow
 from torch_lattice.nn.functional.tuning import TuningKey, tuned_dataflow
 from torch_lattice.ops import kmap as km
@@ -42,6 +45,26 @@ def kernel_map(source: Support, target: Support, geometry: ConvGeometry) -> Kern
     return source.manager.cached("kernel_maps", (source, target, geometry), (source, target), build)
 
 
+@dataclass(frozen=True)
+class _TransposePairs:
+    """A cached entry of :func:`transpose_pairs`: the lists, and (built on first use)
+    their reversal, the lists an input gradient runs over."""
+
+    pairs: PairLists
+    _reversed: dict[bool, PairLists] = field(default_factory=dict, compare=False, repr=False)
+    _lock: threading.RLock = field(default_factory=threading.RLock, compare=False, repr=False)
+
+    def reversed(self) -> PairLists:
+        return get_or_build(self._reversed, True, self._lock, lambda: km.reverse_pairs(*self.pairs))
+
+
+def _transpose_entry(fine: Support, coarse: Support, geometry: ConvGeometry) -> _TransposePairs:
+    def build() -> _TransposePairs:
+        return _TransposePairs(km.build_transpose_pairs(fine.coords, coarse.coords, geometry))
+
+    return fine.manager.cached("transpose_pairs", (fine, coarse, geometry), (fine, coarse), build)
+
+
 def transpose_pairs(fine: Support, coarse: Support, geometry: ConvGeometry) -> PairLists:
     """Pair lists of the transposed relation coarse -> fine, cached like a kernel map,
     built from the ``(N_coarse, K)`` table only (``build_transpose_pairs``).
@@ -49,8 +72,21 @@ def transpose_pairs(fine: Support, coarse: Support, geometry: ConvGeometry) -> P
     Raises:
         ValueError: either support's rows were edited in place after it was made.
     """
-    build = functools.partial(km.build_transpose_pairs, fine.coords, coarse.coords, geometry)
-    return fine.manager.cached("transpose_pairs", (fine, coarse, geometry), (fine, coarse), build)
+    return _transpose_entry(fine, coarse, geometry).pairs
+
+
+def reversed_transpose_pairs(fine: Support, coarse: Support, geometry: ConvGeometry) -> PairLists:
+    """:func:`transpose_pairs` reversed (fine -> coarse, sorted by coarse row; built once,
+    kept with them): the lists a transpose's input gradient runs over."""
+    return _transpose_entry(fine, coarse, geometry).reversed()
+
+
+def grad_pairs_needed(feats: torch.Tensor) -> bool:
+    """Whether a pair-list convolution of ``feats`` should be given the reversed pair
+    lists for its backward: on the CPU, where an input gradient will be asked for. There
+    the reversed lists are an argsort (``reverse_pairs``), which a cached copy saves on
+    every later backward; on CUDA backward swaps the lists for free."""
+    return feats.device.type == "cpu" and feats.requires_grad and torch.is_grad_enabled()
 
 
 def apply_kernel_map(
@@ -97,9 +133,12 @@ def _run(
     tf32 = bool(config.allow_tf32)
     if dataflow is Dataflow.ImplicitGEMM:
         return sparse_conv(feats, weight, nbr, rev, tf32)
-    # One pair list serves forward, backward and the transposed relation:
-    # backward swaps pair_in and pair_out (rev pairs None), so nothing else
-    # is built, and no host sync happens beyond the one pair-count readback.
+    # One pair list serves forward, backward and the transposed relation. On CUDA
+    # backward swaps pair_in and pair_out (rev pairs None), so nothing else is built
+    # and no host sync happens beyond the one pair-count readback. On the CPU the
+    # reversed lists are sorted once and cached with the map, where a gradient will
+    # be asked for (an argsort per backward cost as much as a C = 16 convolution).
     fwd = kmap.relation_pairs(transposed)
+    back = tuple(kmap.relation_pairs(not transposed)) if grad_pairs_needed(feats) else None
     gather = dataflow is Dataflow.GatherScatter
-    return pair_conv(feats, weight, *fwd, None, None, None, nbr.shape[0], gather, tf32)
+    return pair_conv(feats, weight, *fwd, *(back or (None,) * 3), nbr.shape[0], gather, tf32)
