@@ -307,16 +307,18 @@ def test_backward_uses_the_same_pair_list(
     _assert_close(weight.grad, w.grad, tol)
 
 
-def test_relation_pairs_reuses_the_other_direction() -> None:
+def test_cpu_relation_pairs_are_each_tables_pairs() -> None:
+    """On the CPU each direction's lists come from its own table (kernel_pairs, faster than
+    sorting the other direction's), are cached, and equal the other direction reversed."""
     geometry = GEOMETRIES[2]
     coords, out, _, rev = _nbr(geometry, 500, 10, 5)
     kmap = build_kernel_map(coords, out, geometry)
     fwd = kmap.relation_pairs(False)
-    back = kmap.relation_pairs(True)  # derived on the CPU by an argsort, then cached
-    assert back.offsets is fwd.offsets
-    for a, b in zip(back, torch.ops.lattice.kernel_pairs(rev), strict=True):
-        assert torch.equal(a, b)
-    assert kmap.pairs(True) is back
+    back = kmap.relation_pairs(True)
+    reversed_fwd = torch_lattice.ops.kmap.reverse_pairs(*fwd)
+    for a, b, c in zip(back, torch.ops.lattice.kernel_pairs(rev), reversed_fwd, strict=True):
+        assert torch.equal(a, b) and torch.equal(a, c)
+    assert kmap.pairs(True) is back and kmap.relation_pairs(True) is back
 
 
 @needs_gpu

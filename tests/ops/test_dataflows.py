@@ -201,5 +201,8 @@ def test_cpu_pair_backward_reuses_the_reversed_lists(monkeypatch: pytest.MonkeyP
                 with F.conv_config(dataflow=dataflow):
                     family(x, F.ConvConfig())[0].feats.sum().backward()
                 counts.append(dict(calls))
-            assert counts[0]["cached"] == built + 1, (family.__name__, dataflow, counts)
+            # subm's reversed lists come from the map's other table; generative's are
+            # its own lists reversed, once.
+            extra = 0 if family is subm else 1
+            assert counts[0]["cached"] == built + extra, (family.__name__, dataflow, counts)
             assert counts[-1] == counts[0] and calls["per_backward"] == 0, (family, counts)

@@ -84,8 +84,9 @@ def reversed_transpose_pairs(fine: Support, coarse: Support, geometry: ConvGeome
 def grad_pairs_needed(feats: torch.Tensor) -> bool:
     """Whether a pair-list convolution of ``feats`` should be given the reversed pair
     lists for its backward: on the CPU, where an input gradient will be asked for. There
-    the reversed lists are an argsort (``reverse_pairs``), which a cached copy saves on
-    every later backward; on CUDA backward swaps the lists for free."""
+    the CPU kernels need them sorted (``pair_conv``'s backward would sort the swapped
+    lists on every call), so a cached copy is passed; on CUDA backward swaps the lists for
+    free."""
     return feats.device.type == "cpu" and feats.requires_grad and torch.is_grad_enabled()
 
 
@@ -133,11 +134,12 @@ def _run(
     tf32 = bool(config.allow_tf32)
     if dataflow is Dataflow.ImplicitGEMM:
         return sparse_conv(feats, weight, nbr, rev, tf32)
-    # One pair list serves forward, backward and the transposed relation. On CUDA
-    # backward swaps pair_in and pair_out (rev pairs None), so nothing else is built
-    # and no host sync happens beyond the one pair-count readback. On the CPU the
-    # reversed lists are sorted once and cached with the map, where a gradient will
-    # be asked for (an argsort per backward cost as much as a C = 16 convolution).
+    # On CUDA one pair list serves forward, backward and the transposed relation:
+    # backward swaps pair_in and pair_out (rev pairs None), so nothing else is built and
+    # no host sync happens beyond the one pair-count readback. On the CPU each direction
+    # comes from its own table, cached with the map, and the reversed one is passed where
+    # a gradient will be asked for (an argsort per backward cost as much as a C = 16
+    # convolution).
     fwd = kmap.relation_pairs(transposed)
     back = tuple(kmap.relation_pairs(not transposed)) if grad_pairs_needed(feats) else None
     gather = dataflow is Dataflow.GatherScatter
