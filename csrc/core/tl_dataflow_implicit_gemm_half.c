@@ -302,7 +302,7 @@ static int tl_half_wg_init(tl_half_wg_scratch *s, const tl_conv_desc *d,
     s->tmp = dot ? malloc(sizeof(uint16_t) * (size_t)(2 * cin4 + 1)) : NULL;
     s->stage = dot ? NULL
                    : malloc(sizeof(float) * (size_t)(TL_WGRAD_PAIRS * (d->c_in + d->c_out) + 1));
-    const int lists = tl_wgrad_lists_init(&s->lists, split, vec, d->k);
+    const int lists = tl_wgrad_lists_init(&s->lists, split->listed, vec, d->k);
     return lists && (dot ? s->xp && s->dp && s->tmp : s->stage != NULL);
 }
 

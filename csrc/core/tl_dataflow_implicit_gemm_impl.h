@@ -268,8 +268,6 @@ static tl_status TL_FN(tl_weight_grad)(const tl_ctx *ctx, const tl_conv_desc *d,
                                        const tl_pairs *p, TL_T *dw) {
     const int64_t mat = d->c_in * d->c_out, all = d->k * mat;
     const tl_wgrad_split split = tl_wgrad_split_of(d);
-    tl_wgrad_split lists_split = split; /* pair lists need no listing */
-    if (p) lists_split.listed = 0;
     const int64_t parts = split.parts;
     TL_T *partial = dw;
     if (parts > 1) {
@@ -283,7 +281,8 @@ static tl_status TL_FN(tl_weight_grad)(const tl_ctx *ctx, const tl_conv_desc *d,
         s.mk = TL_FN(tl_mk_pick)(ctx);
         s.xp = malloc(sizeof(TL_T) * (size_t)(TL_WGRAD_PAIRS * ((d->c_in + 3) / 4 * 4)));
         s.cur = p ? malloc(sizeof(int64_t) * (size_t)d->k) : NULL;
-        const int ok = tl_wgrad_lists_init(&s.lists, &lists_split,
+        /* Pair lists need no listing. */
+        const int ok = tl_wgrad_lists_init(&s.lists, split.listed && !p,
                                            tl_simd_capped(ctx->simd_cap) >= TL_SIMD_V4, d->k) &&
                        s.xp && (s.cur || !p);
         failed |= !ok;

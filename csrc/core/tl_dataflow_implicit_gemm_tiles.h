@@ -238,16 +238,15 @@ static inline int64_t tl_group_pad(int64_t c, int64_t *full) {
 
 /* A weight-gradient worker's lists of one block of output rows, for every
  * kernel row (tl_list_tile): li, lr k x TL_WGRAD_PAIRS, lc k; allocated only
- * for a listed split (tl_wgrad_split.listed). */
+ * where `listed` (a listed split, tl_wgrad_split.listed, over a table). */
 typedef struct tl_wgrad_lists {
     int listed, vec; /* vec: list with AVX-512 */
     int32_t *li, *lr;
     int64_t *lc;
 } tl_wgrad_lists;
 
-static inline int tl_wgrad_lists_init(tl_wgrad_lists *l, const tl_wgrad_split *split, int vec,
-                                      int64_t k) {
-    *l = (tl_wgrad_lists){split->listed, vec, NULL, NULL, NULL};
+static inline int tl_wgrad_lists_init(tl_wgrad_lists *l, int listed, int vec, int64_t k) {
+    *l = (tl_wgrad_lists){listed, vec, NULL, NULL, NULL};
     if (!l->listed) return 1;
     l->li = malloc(sizeof(int32_t) * (size_t)(TL_WGRAD_PAIRS * k));
     l->lr = malloc(sizeof(int32_t) * (size_t)(TL_WGRAD_PAIRS * k));

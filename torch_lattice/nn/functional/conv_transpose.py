@@ -18,7 +18,7 @@ from torch_lattice.nn.functional.config import ConvConfig, Dataflow, resolve_con
 from torch_lattice.nn.functional.conv import check_call, pointwise, target_support
 from torch_lattice.nn.functional.relation import (
     apply_kernel_map,
-    grad_pairs_needed,
+    backward_pairs,
     kernel_map,
     reversed_transpose_pairs,
     transpose_pairs,
@@ -91,10 +91,8 @@ def generated_transpose(
     if config.dataflow is Dataflow.ImplicitGEMM and not sparse_table(n_in, n_out):
         return None
     pairs = transpose_pairs(target, src.support, geometry)
-    back = (
-        tuple(reversed_transpose_pairs(target, src.support, geometry))
-        if grad_pairs_needed(src.feats)
-        else (None,) * 3
+    back = backward_pairs(
+        src.feats, lambda: reversed_transpose_pairs(target, src.support, geometry)
     )
     return pair_conv(src.feats, weight, *pairs, *back, n_out, gather, bool(config.allow_tf32))
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -81,13 +82,16 @@ def reversed_transpose_pairs(fine: Support, coarse: Support, geometry: ConvGeome
     return _transpose_entry(fine, coarse, geometry).reversed()
 
 
-def grad_pairs_needed(feats: torch.Tensor) -> bool:
-    """Whether a pair-list convolution of ``feats`` should be given the reversed pair
-    lists for its backward: on the CPU, where an input gradient will be asked for. There
-    the CPU kernels need them sorted (``pair_conv``'s backward would sort the swapped
-    lists on every call), so a cached copy is passed; on CUDA backward swaps the lists for
-    free."""
-    return feats.device.type == "cpu" and feats.requires_grad and torch.is_grad_enabled()
+def backward_pairs(
+    feats: torch.Tensor, reversed_lists: Callable[[], PairLists]
+) -> tuple[torch.Tensor | None, ...]:
+    """``pair_conv``'s ``rev_*`` arguments for a convolution of ``feats``: the cached
+    ``reversed_lists()`` on the CPU where an input gradient will be asked for (the CPU
+    kernels need them sorted, and ``pair_conv``'s backward would sort the swapped lists
+    on every call), else three Nones (on CUDA backward swaps the lists for free)."""
+    if feats.device.type == "cpu" and feats.requires_grad and torch.is_grad_enabled():
+        return tuple(reversed_lists())
+    return (None, None, None)
 
 
 def apply_kernel_map(
@@ -141,6 +145,6 @@ def _run(
     # a gradient will be asked for (an argsort per backward cost as much as a C = 16
     # convolution).
     fwd = kmap.relation_pairs(transposed)
-    back = tuple(kmap.relation_pairs(not transposed)) if grad_pairs_needed(feats) else None
+    back = backward_pairs(feats, lambda: kmap.relation_pairs(not transposed))
     gather = dataflow is Dataflow.GatherScatter
-    return pair_conv(feats, weight, *fwd, *(back or (None,) * 3), nbr.shape[0], gather, tf32)
+    return pair_conv(feats, weight, *fwd, *back, nbr.shape[0], gather, tf32)
