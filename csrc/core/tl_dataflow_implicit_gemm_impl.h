@@ -180,7 +180,7 @@ static tl_status TL_FN(tl_forward)(const tl_ctx *ctx, const tl_conv_desc *d, con
  * up to 4). */
 typedef struct TL_FN(tl_wgrad_scratch) {
     const TL_FN(tl_mk_ops) *mk;
-    const TL_T *xq[TL_WGRAD_PAIRS], *dq[TL_WGRAD_PAIRS];
+    const TL_T *xq[2][TL_WGRAD_PAIRS], *dq[2][TL_WGRAD_PAIRS]; /* this kernel row's, next's */
     TL_T *xp;
     tl_wgrad_lists lists;
     int64_t *cur; /* over pair lists: each kernel row's next pair (k) */
@@ -188,17 +188,18 @@ typedef struct TL_FN(tl_wgrad_scratch) {
 
 /* Kernel row n's pairs among output rows below b1 from pair lists sorted by
  * output row, starting at s->cur[n] (the first not yet taken): their x rows
- * s->xq[] and dy rows s->dq[]; returns their count and moves the cursor past
- * them.  Checked pairs never repeat an output row within a kernel row, so a
- * block of at most TL_WGRAD_PAIRS rows has at most that many. */
+ * xq[] and dy rows dq[]; returns their count and moves the cursor past them.
+ * Checked pairs never repeat an output row within a kernel row, so a block of
+ * at most TL_WGRAD_PAIRS rows has at most that many. */
 static int64_t TL_FN(tl_wgrad_pairs_run)(const tl_conv_desc *d, const tl_pairs *p, int64_t n,
                                          int64_t b1, const TL_T *x, const TL_T *dy,
-                                         TL_FN(tl_wgrad_scratch) *s) {
+                                         TL_FN(tl_wgrad_scratch) *s, const TL_T **xq,
+                                         const TL_T **dq) {
     const int64_t j0 = s->cur[n], end = p->offsets[n + 1];
     int64_t c = 0;
     for (; j0 + c < end && p->out[j0 + c] < b1; c++) {
-        s->xq[c] = x + (int64_t)p->in[j0 + c] * d->c_in;
-        s->dq[c] = dy + (int64_t)p->out[j0 + c] * d->c_out;
+        xq[c] = x + (int64_t)p->in[j0 + c] * d->c_in;
+        dq[c] = dy + (int64_t)p->out[j0 + c] * d->c_out;
     }
     s->cur[n] = j0 + c;
     return c;
@@ -209,19 +210,34 @@ static int64_t TL_FN(tl_wgrad_pairs_run)(const tl_conv_desc *d, const tl_pairs *
  * micro-kernel's broadcasts stream from one contiguous panel while the dy rows
  * are read in place.  The x rows are gathered from anywhere in x, so each is
  * asked for TL_WGRAD_AHEAD pairs ahead (1.0-1.3x; most on strided maps). */
-static void TL_FN(tl_wgrad_pack)(const tl_conv_desc *d, int64_t c, TL_FN(tl_wgrad_scratch) *s) {
+static void TL_FN(tl_wgrad_pack)(const tl_conv_desc *d, int64_t c, const TL_T *const *xq,
+                                 TL_FN(tl_wgrad_scratch) *s) {
     const int64_t cin = d->c_in, full = cin / 4, row_bytes = cin * (int64_t)sizeof(TL_T);
     for (int64_t q = 0; q < c; q++) {
         if (q + TL_WGRAD_AHEAD < c)
             for (int64_t b = 0; b < row_bytes; b += 64)
-                __builtin_prefetch((const char *)s->xq[q + TL_WGRAD_AHEAD] + b);
-        const TL_T *xr = s->xq[q];
+                __builtin_prefetch((const char *)xq[q + TL_WGRAD_AHEAD] + b);
+        const TL_T *xr = xq[q];
         TL_T *xs = s->xp + 4 * q;
         for (int64_t st = 0; st < full; st++) memcpy(xs + st * 4 * c, xr + st * 4, 4 * sizeof(TL_T));
         if (cin > full * 4)
             for (int64_t r = 0; r < 4; r++)
                 xs[full * 4 * c + r] = full * 4 + r < cin ? xr[full * 4 + r] : 0;
     }
+}
+
+/* Kernel row n's pairs of the block [b0, b1) into xq[], dq[]: from pair
+ * lists p (fetch-on-demand) or the table nbr (TL_WGRAD_PAIRS_OF); their
+ * count. */
+static inline int64_t TL_FN(tl_wgrad_pairs_of)(const tl_conv_desc *d, const TL_T *x,
+                                               const TL_T *dy, const int32_t *nbr,
+                                               const tl_pairs *p, int64_t n, int64_t b0,
+                                               int64_t b1, TL_FN(tl_wgrad_scratch) *s,
+                                               const TL_T **xq, const TL_T **dq) {
+    if (p) return TL_FN(tl_wgrad_pairs_run)(d, p, n, b1, x, dy, s, xq, dq);
+    int64_t c;
+    TL_WGRAD_PAIRS_OF(&s->lists, nbr, d->k, n, b0, b1, x, d->c_in, dy, d->c_out, xq, dq, c);
+    return c;
 }
 
 /* acc (k, c_in, c_out) += the contributions of output rows [o0, o1) through
@@ -239,24 +255,31 @@ static int TL_FN(tl_wgrad_rows)(const tl_conv_desc *d, const TL_T *x, const TL_T
     const int64_t mat = d->c_in * d->c_out;
     if (p)
         for (int64_t n = n0; n < n1; n++) s->cur[n] = tl_pairs_first_at(p, n, o0);
+    const int64_t row_lines = (d->c_in * (int64_t)sizeof(TL_T) + 63) / 64;
     for (int64_t b0 = o0; b0 < o1; b0 += TL_WGRAD_PAIRS) {
         int64_t b1 = b0 + TL_WGRAD_PAIRS < o1 ? b0 + TL_WGRAD_PAIRS : o1;
         if (!p && tl_wgrad_list_block(&s->lists, nbr, d->k, b0, b1, d->n_in)) return 1;
+        /* Kernel row n's pairs in slot n % 2, listed one kernel row ahead so
+         * that n's panel can ask for n + 1's x rows while it runs (strided
+         * maps read each x row once, from memory: the packing waited on
+         * them). */
+        int64_t c = 0, next = 0;
         for (int64_t n = n0; n < n1; n++) {
-            int64_t c;
-            if (p)
-                c = TL_FN(tl_wgrad_pairs_run)(d, p, n, b1, x, dy, s);
-            else
-                TL_WGRAD_PAIRS_OF(&s->lists, nbr, d->k, n, b0, b1, x, d->c_in, dy, d->c_out,
-                                  s->xq, s->dq, c);
-            if (c == 0) continue;
-            if (d->c_in >= TL_WGRAD_PACK_MIN_CIN) {
-                TL_FN(tl_wgrad_pack)(d, c, s);
-                s->mk->panel(d->c_out, c, d->c_in, s->xp, s->dq, acc + n * mat, d->c_out);
-            } else {
-                TL_FN(tl_mk_outer_acc)(s->mk, d->c_in, d->c_out, c, s->xq, s->dq,
-                                       acc + n * mat);
+            const TL_T **xq = s->xq[n % 2], **dq = s->dq[n % 2];
+            const TL_T **xn = s->xq[(n + 1) % 2], **dn = s->dq[(n + 1) % 2];
+            if (n == n0) c = TL_FN(tl_wgrad_pairs_of)(d, x, dy, nbr, p, n, b0, b1, s, xq, dq);
+            next = n + 1 < n1 ? TL_FN(tl_wgrad_pairs_of)(d, x, dy, nbr, p, n + 1, b0, b1, s, xn, dn)
+                              : 0;
+            if (c > 0) {
+                if (d->c_in >= TL_WGRAD_PACK_MIN_CIN) {
+                    TL_FN(tl_wgrad_pack)(d, c, xq, s);
+                    s->mk->panel(d->c_out, c, d->c_in, s->xp, dq, acc + n * mat, d->c_out, xn,
+                                 next, row_lines);
+                } else {
+                    TL_FN(tl_mk_outer_acc)(s->mk, d->c_in, d->c_out, c, xq, dq, acc + n * mat);
+                }
             }
+            c = next;
         }
     }
     return 0;

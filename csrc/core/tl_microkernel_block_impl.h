@@ -57,10 +57,11 @@ static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_BLOCK_FN(
  * where xp holds 4 input channels of nq pairs side by side (contiguous, so
  * the broadcasts stream) and dq[q] is the pair's dy row: each dy vector feeds
  * 4 FMAs.  Only rows r < valid are written (the last
- * strip of input channels may be padded with zeros). */
+ * strip of input channels may be padded with zeros).  While it runs, byte
+ * pf_byte of the rows pf[q], q < npf, is asked for (see tl_mk_ops.panel). */
 static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_BLOCK_PFN(
     int NV, int64_t j, int64_t nq, const TL_T *xp, const TL_T *const *dq, TL_T *out,
-    int64_t ldo, int64_t valid) {
+    int64_t ldo, int64_t valid, const TL_T *const *pf, int64_t npf, int64_t pf_byte) {
     const int64_t vl = (int64_t)(TL_BLOCK_BYTES / sizeof(TL_T));
     TL_BLOCK_VEC acc[4][TL_BLOCK_NV];
     for (int r = 0; r < 4; r++)
@@ -69,6 +70,7 @@ static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_BLOCK_PFN(
         /* Unrolled by hand: GCC leaves a 3-iteration loop rolled, and bv[]
          * then lives on the stack. */
         TL_BLOCK_VEC bv[TL_BLOCK_NV];
+        if (q < npf) __builtin_prefetch((const char *)pf[q] + pf_byte);
 #pragma GCC unroll 8
         for (int v = 0; v < NV; v++)
             memcpy(&bv[v], dq[q] + j + v * vl, sizeof(TL_BLOCK_VEC));
