@@ -348,7 +348,7 @@ static int tl_half_wg_rows(const tl_half_call *f, const uint16_t *x, const uint1
                 s->xf[q] = s->stage + q * cin;
                 s->df[q] = dyf + (s->dq[q] - (dy + b0 * cout));
             }
-            tl_mk_outer_acc_f32(f->mk, cin, cout, c, s->xf, s->df, acc + n * mat);
+            tl_mk_outer_acc_f32(f->mk, cin, cout, c, s->xf, s->df, acc + n * mat, NULL, 0);
         }
     }
     return 0;

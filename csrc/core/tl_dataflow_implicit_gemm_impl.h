@@ -276,7 +276,8 @@ static int TL_FN(tl_wgrad_rows)(const tl_conv_desc *d, const TL_T *x, const TL_T
                     s->mk->panel(d->c_out, c, d->c_in, s->xp, dq, acc + n * mat, d->c_out, xn,
                                  next, row_lines);
                 } else {
-                    TL_FN(tl_mk_outer_acc)(s->mk, d->c_in, d->c_out, c, xq, dq, acc + n * mat);
+                    TL_FN(tl_mk_outer_acc)(s->mk, d->c_in, d->c_out, c, xq, dq, acc + n * mat, xn,
+                                           next);
                 }
             }
             c = next;

@@ -11,7 +11,8 @@
  * forward, q = input channel, a[r] = x row, weight rows ldb apart, no pointer
  * to load per row) or a(r, q) is a[q][c0 + r] (transposed == 1: weight
  * gradient, q = pair, a[q] = x row, b[q] = dy row, so no transposed copy of
- * the x rows is needed).  Always inlined with constant R, NV and transposed,
+ * the x rows is needed; byte pf_byte of each row pf[q], q < npf, is asked
+ * for on the way, as in TL_BLOCK_PFN).  Always inlined with constant R, NV and transposed,
  * so acc[][] lives in registers.  TL_BLOCK_PFN is the same update over
  * packed panels (below). */
 #if !defined(TL_BLOCK_FN) || !defined(TL_BLOCK_PFN) || !defined(TL_BLOCK_BYTES)
@@ -23,7 +24,7 @@ typedef TL_T TL_BLOCK_VEC __attribute__((vector_size(TL_BLOCK_BYTES)));
 static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_BLOCK_FN(
     int R, int NV, int transposed, int64_t j, int64_t nq, int64_t c0,
     const TL_T *const *a, const TL_T *const *b, const TL_T *bp, int64_t ldb,
-    TL_T *const *out) {
+    TL_T *const *out, const TL_T *const *pf, int64_t npf, int64_t pf_byte) {
     const int64_t vl = (int64_t)(TL_BLOCK_BYTES / sizeof(TL_T));
     TL_BLOCK_VEC acc[8][TL_BLOCK_NV];
     for (int r = 0; r < R; r++)
@@ -32,6 +33,7 @@ static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_BLOCK_FN(
     for (int64_t q = 0; q < nq; q++) {
         /* Unrolled by pragma, as in TL_BLOCK_PFN below (NV = 3 spills otherwise). */
         TL_BLOCK_VEC bv[TL_BLOCK_NV];
+        if (transposed && q < npf) __builtin_prefetch((const char *)pf[q] + pf_byte);
 #pragma GCC unroll 8
         for (int v = 0; v < NV; v++) {
             const TL_T *bq = transposed ? b[q] : bp + q * ldb;

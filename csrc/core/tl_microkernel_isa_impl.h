@@ -120,9 +120,12 @@
  * contraction off.) */
 static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_MKI(columns)(
     int R, int transposed, int64_t cw, int64_t nq, int64_t c0, const TL_T *const *a,
-    const TL_T *const *b, const TL_T *bp, int64_t ldb, TL_T *const *out) {
+    const TL_T *const *b, const TL_T *bp, int64_t ldb, TL_T *const *out,
+    const TL_T *const *pf, int64_t npf, int64_t pf_byte) {
     int64_t j = 0;
-#define TL_COLUMNS_CALL(W, NV) TL_MKI(block##W)(R, NV, transposed, j, nq, c0, a, b, bp, ldb, out)
+#define TL_COLUMNS_CALL(W, NV)                                                              \
+    TL_MKI(block##W)(R, NV, transposed, j, nq, c0, a, b, bp, ldb, out, pf, j == 0 ? npf : 0, \
+                     pf_byte)
     TL_COLUMN_BLOCKS(R == 8 ? TL_ISA_NV8 : TL_ISA_NV, 0, TL_COLUMNS_CALL);
 #undef TL_COLUMNS_CALL
     for (int r = 0; r < R; r++)
@@ -138,7 +141,7 @@ static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_MKI(columns)(
 #define TL_DEFINE_ROWS(R)                                                                 \
     static TL_ISA_ATTR void TL_MKI(rows_##R)(int64_t cw, int64_t nq, const TL_T *const *a, \
                                              const TL_T *b, int64_t ldb, TL_T *const *out) { \
-        TL_MKI(columns)(R, 0, cw, nq, 0, a, NULL, b, ldb, out);                          \
+        TL_MKI(columns)(R, 0, cw, nq, 0, a, NULL, b, ldb, out, NULL, 0, 0);                          \
     }
 TL_DEFINE_ROWS(4)
 TL_DEFINE_ROWS(2)
@@ -187,16 +190,17 @@ static TL_ISA_ATTR void TL_MKI(rows_8)(int64_t cw, int64_t nq, int64_t c, const 
         if (oc == 0 && p + 8 < c) TL_PREFETCH_ROWS(a + p + 8, 8, nq * (int64_t)sizeof(TL_T));
         TL_T *o[8];
         for (int r = 0; r < 8; r++) o[r] = out[p + r] + oc;
-        TL_MKI(columns)(8, 0, cw, nq, 0, a + p, NULL, b, ldb, o);
+        TL_MKI(columns)(8, 0, cw, nq, 0, a + p, NULL, b, ldb, o, NULL, 0, 0);
     }
 }
 
-/* out[r][0:cw) += sum_q xr[q][c0 + r] * b[q][0:cw), for 4 or 1 rows. */
+/* out[r][0:cw) += sum_q xr[q][c0 + r] * b[q][0:cw), for 4 or 1 rows, asking
+ * for byte pf_byte of each row pf[q], q < npf, on the way. */
 #define TL_DEFINE_ROWS_T(R)                                                               \
-    static TL_ISA_ATTR void TL_MKI(rows_t_##R)(int64_t cw, int64_t nq, int64_t c0,        \
-                                               const TL_T *const *xr, const TL_T *const *b, \
-                                               TL_T *const *out) {                        \
-        TL_MKI(columns)(R, 1, cw, nq, c0, xr, b, NULL, 0, out);                          \
+    static TL_ISA_ATTR void TL_MKI(rows_t_##R)(                                           \
+        int64_t cw, int64_t nq, int64_t c0, const TL_T *const *xr, const TL_T *const *b,  \
+        TL_T *const *out, const TL_T *const *pf, int64_t npf, int64_t pf_byte) {          \
+        TL_MKI(columns)(R, 1, cw, nq, c0, xr, b, NULL, 0, out, pf, npf, pf_byte);         \
     }
 TL_DEFINE_ROWS_T(4)
 TL_DEFINE_ROWS_T(1)
