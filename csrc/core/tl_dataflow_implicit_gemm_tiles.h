@@ -293,15 +293,18 @@ static inline int tl_wgrad_list_block(tl_wgrad_lists *l, const int32_t *nbr, int
 /* Kernel row N's pairs among output rows [B0, B1) of the (n_out, K) table
  * NBR (entries already checked), for the weight gradient: the c-th present
  * one's x row XQ[c] = X + i * XSTRIDE and dy row DQ[c] = DY + o * DSTRIDE;
- * leaves the count in C. */
+ * leaves the count in C.  Branch-free: every entry is written at slot C
+ * (an absent one as row 0) and C advances only past present ones, so a
+ * sparse map's scattered entries cost no mispredicted branch (XQ and DQ hold
+ * B1 - B0 slots). */
 #define TL_WGRAD_LIST(NBR, K, N, B0, B1, X, XSTRIDE, DY, DSTRIDE, XQ, DQ, C)                 \
     do {                                                                                     \
         (C) = 0;                                                                             \
         for (int64_t o_ = (B0); o_ < (B1); o_++) {                                           \
             const int32_t i_ = (NBR)[o_ * (K) + (N)];                                        \
-            if (i_ < 0) continue;                                                            \
-            (XQ)[C] = (X) + (int64_t)i_ * (XSTRIDE);                                         \
-            (DQ)[(C)++] = (DY) + o_ * (DSTRIDE);                                             \
+            (XQ)[C] = (X) + (int64_t)(i_ < 0 ? 0 : i_) * (XSTRIDE);                          \
+            (DQ)[C] = (DY) + o_ * (DSTRIDE);                                                 \
+            (C) += i_ >= 0;                                                                  \
         }                                                                                    \
     } while (0)
 
