@@ -175,12 +175,12 @@ static tl_status TL_FN(tl_forward)(const tl_ctx *ctx, const tl_conv_desc *d, con
 }
 
 /* Scratch of one weight-gradient worker: the x and dy row pointers of a
- * block's pairs through one kernel row (up to TL_WGRAD_PAIRS), and their x
- * values packed as strips of 4 input channels (TL_WGRAD_PAIRS x c_in rounded
- * up to 4). */
+ * block's pairs through one kernel row and through the next (up to
+ * TL_WGRAD_PAIRS each), and the x values of one kernel row's pairs packed as
+ * strips of 4 input channels (TL_WGRAD_PAIRS x c_in rounded up to 4). */
 typedef struct TL_FN(tl_wgrad_scratch) {
     const TL_FN(tl_mk_ops) *mk;
-    const TL_T *xq[2][TL_WGRAD_PAIRS], *dq[2][TL_WGRAD_PAIRS]; /* this kernel row's, next's */
+    const TL_T *xq[2][TL_WGRAD_PAIRS], *dq[2][TL_WGRAD_PAIRS]; /* slot n % 2: kernel row n */
     TL_T *xp;
     tl_wgrad_lists lists;
     int64_t *cur; /* over pair lists: each kernel row's next pair (k) */
@@ -205,7 +205,7 @@ static int64_t TL_FN(tl_wgrad_pairs_run)(const tl_conv_desc *d, const tl_pairs *
     return c;
 }
 
-/* Packs the c listed pairs' x rows s->xq[] into s->xp, strips of 4 input
+/* Packs the c listed pairs' x rows xq[] into s->xp, strips of 4 input
  * channels side by side (the layout of tl_mk_ops.panel), so the
  * micro-kernel's broadcasts stream from one contiguous panel while the dy rows
  * are read in place.  The x rows are gathered from anywhere in x, so each is
@@ -268,16 +268,17 @@ static int TL_FN(tl_wgrad_rows)(const tl_conv_desc *d, const TL_T *x, const TL_T
             const TL_T **xq = s->xq[n % 2], **dq = s->dq[n % 2];
             const TL_T **xn = s->xq[(n + 1) % 2], **dn = s->dq[(n + 1) % 2];
             if (n == n0) c = TL_FN(tl_wgrad_pairs_of)(d, x, dy, nbr, p, n, b0, b1, s, xq, dq);
-            next = n + 1 < n1 ? TL_FN(tl_wgrad_pairs_of)(d, x, dy, nbr, p, n + 1, b0, b1, s, xn, dn)
-                              : 0;
+            next = n + 1 < n1
+                       ? TL_FN(tl_wgrad_pairs_of)(d, x, dy, nbr, p, n + 1, b0, b1, s, xn, dn)
+                       : 0;
             if (c > 0) {
                 if (d->c_in >= TL_WGRAD_PACK_MIN_CIN) {
                     TL_FN(tl_wgrad_pack)(d, c, xq, s);
                     s->mk->panel(d->c_out, c, d->c_in, s->xp, dq, acc + n * mat, d->c_out, xn,
                                  next, row_lines);
                 } else {
-                    TL_FN(tl_mk_outer_acc)(s->mk, d->c_in, d->c_out, c, xq, dq, acc + n * mat, xn,
-                                           next);
+                    TL_FN(tl_mk_outer_acc)(s->mk, d->c_in, d->c_out, c, xq, dq, acc + n * mat,
+                                           xn, next);
                 }
             }
             c = next;

@@ -12,9 +12,9 @@
  * to load per row) or a(r, q) is a[q][c0 + r] (transposed == 1: weight
  * gradient, q = pair, a[q] = x row, b[q] = dy row, so no transposed copy of
  * the x rows is needed; byte pf_byte of each row pf[q], q < npf, is asked
- * for on the way, as in TL_BLOCK_PFN).  Always inlined with constant R, NV and transposed,
- * so acc[][] lives in registers.  TL_BLOCK_PFN is the same update over
- * packed panels (below). */
+ * for on the way, as in TL_BLOCK_PFN).  Always inlined with constant R, NV
+ * and transposed, so acc[][] lives in registers.  TL_BLOCK_PFN is the same
+ * update over packed panels (below). */
 #if !defined(TL_BLOCK_FN) || !defined(TL_BLOCK_PFN) || !defined(TL_BLOCK_BYTES)
 #error "define TL_BLOCK_FN, TL_BLOCK_PFN, TL_BLOCK_VEC, TL_BLOCK_BYTES and TL_BLOCK_NV first"
 #endif

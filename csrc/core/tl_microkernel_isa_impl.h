@@ -141,7 +141,7 @@ static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_MKI(columns)(
 #define TL_DEFINE_ROWS(R)                                                                 \
     static TL_ISA_ATTR void TL_MKI(rows_##R)(int64_t cw, int64_t nq, const TL_T *const *a, \
                                              const TL_T *b, int64_t ldb, TL_T *const *out) { \
-        TL_MKI(columns)(R, 0, cw, nq, 0, a, NULL, b, ldb, out, NULL, 0, 0);                          \
+        TL_MKI(columns)(R, 0, cw, nq, 0, a, NULL, b, ldb, out, NULL, 0, 0);              \
     }
 TL_DEFINE_ROWS(4)
 TL_DEFINE_ROWS(2)
