@@ -89,16 +89,21 @@ static inline int64_t tl_fwd_tile_rows(const tl_ctx *ctx, const tl_conv_desc *d,
  * about TL_WGRAD_TASKS tasks.  Few parts keep the final reduction of the
  * partial sums small.  Where TL_WGRAD_TASKS parts have enough rows and their
  * partial sums stay within TL_WGRAD_SMALL_PARTIAL elements (narrow layers),
- * there are that many parts and no groups: a task with every kernel row lists
- * each block of its rows once for all of them (tl_list_tile, which also
- * checks the entries) instead of each kernel row's column of the table
- * (1.2-1.8x at C = 16-32).  The split depends only on the problem size, never
- * on the thread count, so the result is the same for any thread count. */
+ * or within TL_WGRAD_MAX_PARTIAL on maps of TL_WGRAD_WIDE_K or more kernel
+ * rows, there are that many parts and no groups: a task with every kernel row
+ * lists each block of its rows once for all of them (tl_list_tile, which also
+ * checks the entries) instead of each kernel row's column of the table, and
+ * reuses the block's x rows across all of them (1.2-1.8x at C = 16-32;
+ * 1.02-1.35x at C = 48-64 on 3x3x3 maps, where reading a column touches one
+ * cache line per entry; on k2 s2 maps the larger reduction cost as much as the
+ * listing saved).  The split depends only on the problem size, never on the
+ * thread count, so the result is the same for any thread count. */
 #define TL_WGRAD_PARTS 8
 #define TL_WGRAD_TASKS 32
 #define TL_WGRAD_MIN_ROWS 1024
 #define TL_WGRAD_MAX_PARTIAL (1 << 22)
 #define TL_WGRAD_SMALL_PARTIAL (1 << 20)
+#define TL_WGRAD_WIDE_K 16
 /* Weight-gradient output rows per block: for each kernel row, a block's pairs
  * are reduced in register-blocked passes while their x and dy rows stay in
  * L1/L2 across the passes.  1024 rather than 256: each kernel row of a
@@ -123,7 +128,9 @@ static inline tl_wgrad_split tl_wgrad_split_of(const tl_conv_desc *d) {
     const int64_t by_rows = (d->n_out + TL_WGRAD_MIN_ROWS - 1) / TL_WGRAD_MIN_ROWS;
     const int64_t all = d->k * d->c_in * d->c_out;
     const int fits = d->k * TL_WGRAD_PAIRS * 8 <= TL_LIST_BYTES;
-    if (fits && by_rows >= TL_WGRAD_TASKS && TL_WGRAD_TASKS * all <= TL_WGRAD_SMALL_PARTIAL)
+    const int64_t small =
+        d->k >= TL_WGRAD_WIDE_K ? TL_WGRAD_MAX_PARTIAL : TL_WGRAD_SMALL_PARTIAL;
+    if (fits && by_rows >= TL_WGRAD_TASKS && TL_WGRAD_TASKS * all <= small)
         return (tl_wgrad_split){TL_WGRAD_TASKS, 1, (d->n_out + TL_WGRAD_TASKS - 1) / TL_WGRAD_TASKS,
                                 1};
     int64_t parts = TL_WGRAD_PARTS;

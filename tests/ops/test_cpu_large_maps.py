@@ -2,7 +2,7 @@
 
 Narrow layers get forward tiles of up to 1024 output rows and, from 32 * 1024 output
 rows, a weight gradient split into 32 parts that list each block for every kernel row
-(wider ones: 8 parts, each cut into groups of kernel rows);
+(wider ones: 8 parts, each cut into groups of kernel rows; tiles.h says where);
 kernels of many offsets get fewer rows per tile and per listed block, so that the lists
 stay small (csrc/core/tl_dataflow_implicit_gemm_tiles.h). The small scenes of the other
 tests reach none of these. Checked against a float64 gather-matmul reference, at 1 and 2
@@ -46,10 +46,11 @@ def _reference(
 @pytest.mark.parametrize("dtype", list(TOL), ids=str)
 @pytest.mark.parametrize(
     ("cin", "cout", "fill"),
-    # The last two: weight gradients split into groups of kernel rows (each kernel row's
-    # column read from the table), through the packed panels (c_in >= 64, 72 columns:
-    # a partial vector left over) and through x rows read in place (c_in < 64).
-    [(16, 16, 0.2), (32, 32, 0.05), (16, 24, 0.9), (64, 72, 0.2), (48, 40, 0.3)],
+    # (64, 72): 32 listed parts through the packed panels (c_in >= 64; 72 columns leave a
+    # partial vector). The last two: weight gradients split into groups of kernel rows
+    # (each kernel row's column read from the table), through the packed panels and
+    # through x rows read in place (c_in < 64).
+    [(16, 16, 0.2), (32, 32, 0.05), (16, 24, 0.9), (64, 72, 0.2), (72, 72, 0.2), (48, 104, 0.3)],
 )
 def test_large_table_matches_reference(
     threads: int, dtype: torch.dtype, cin: int, cout: int, fill: float
