@@ -255,31 +255,29 @@ static int TL_FN(tl_wgrad_rows)(const tl_conv_desc *d, const TL_T *x, const TL_T
     const int64_t mat = d->c_in * d->c_out;
     if (p)
         for (int64_t n = n0; n < n1; n++) s->cur[n] = tl_pairs_first_at(p, n, o0);
-    const int64_t row_lines = (d->c_in * (int64_t)sizeof(TL_T) + 63) / 64;
     for (int64_t b0 = o0; b0 < o1; b0 += TL_WGRAD_PAIRS) {
         int64_t b1 = b0 + TL_WGRAD_PAIRS < o1 ? b0 + TL_WGRAD_PAIRS : o1;
         if (!p && tl_wgrad_list_block(&s->lists, nbr, d->k, b0, b1, d->n_in)) return 1;
         /* Kernel row n's pairs in slot n % 2, listed one kernel row ahead so
-         * that n's panel can ask for n + 1's x rows while it runs (strided
-         * maps read each x row once, from memory: the packing waited on
-         * them). */
-        int64_t c = 0, next = 0;
+         * that n's micro-kernel can ask for n + 1's x rows while it runs
+         * (strided maps read each x row once, from memory: the packing
+         * waited on them). */
+        int64_t c = n0 < n1 ? TL_FN(tl_wgrad_pairs_of)(d, x, dy, nbr, p, n0, b0, b1, s,
+                                                       s->xq[n0 % 2], s->dq[n0 % 2])
+                            : 0;
         for (int64_t n = n0; n < n1; n++) {
-            const TL_T **xq = s->xq[n % 2], **dq = s->dq[n % 2];
-            const TL_T **xn = s->xq[(n + 1) % 2], **dn = s->dq[(n + 1) % 2];
-            if (n == n0) c = TL_FN(tl_wgrad_pairs_of)(d, x, dy, nbr, p, n, b0, b1, s, xq, dq);
-            next = n + 1 < n1
-                       ? TL_FN(tl_wgrad_pairs_of)(d, x, dy, nbr, p, n + 1, b0, b1, s, xn, dn)
-                       : 0;
-            if (c > 0) {
-                if (d->c_in >= TL_WGRAD_PACK_MIN_CIN) {
-                    TL_FN(tl_wgrad_pack)(d, c, xq, s);
-                    s->mk->panel(d->c_out, c, d->c_in, s->xp, dq, acc + n * mat, d->c_out, xn,
-                                 next, row_lines);
-                } else {
-                    TL_FN(tl_mk_outer_acc)(s->mk, d->c_in, d->c_out, c, xq, dq, acc + n * mat,
-                                           xn, next);
-                }
+            const TL_T **xq = s->xq[n % 2], **dq = s->dq[n % 2], **xn = s->xq[(n + 1) % 2];
+            const int64_t next = n + 1 < n1 ? TL_FN(tl_wgrad_pairs_of)(d, x, dy, nbr, p, n + 1,
+                                                                       b0, b1, s, xn,
+                                                                       s->dq[(n + 1) % 2])
+                                            : 0;
+            if (c > 0 && d->c_in >= TL_WGRAD_PACK_MIN_CIN) {
+                TL_FN(tl_wgrad_pack)(d, c, xq, s);
+                s->mk->panel(d->c_out, c, d->c_in, s->xp, dq, acc + n * mat, d->c_out, xn,
+                             next);
+            } else if (c > 0) {
+                TL_FN(tl_mk_outer_acc)(s->mk, d->c_in, d->c_out, c, xq, dq, acc + n * mat, xn,
+                                       next);
             }
             c = next;
         }

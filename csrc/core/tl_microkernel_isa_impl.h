@@ -211,12 +211,14 @@ TL_DEFINE_ROWS_T(1)
  * columns (nq rows x up to TL_ISA_NV_WG vectors) stay in L1 while the x strips
  * stream past them.  Column blocks: TL_COLUMN_BLOCKS of TL_ISA_NV_WG vectors,
  * never leaving a single vector behind; then scalars.  The first column
- * block's strip s asks for cache line s of each row pf[q] (q < npf, lines <
- * pf_lines), one per pair, spread over the multiply-adds. */
+ * block's strip s asks for cache line s of each row pf[q] (q < npf; rows of
+ * `rows` values, as the x rows packed here), one per pair, spread over the
+ * multiply-adds. */
 static TL_ISA_ATTR void TL_MKI(panel)(int64_t cw, int64_t nq, int64_t rows, const TL_T *xp,
                                       const TL_T *const *dq, TL_T *out, int64_t ldo,
-                                      const TL_T *const *pf, int64_t npf, int64_t pf_lines) {
+                                      const TL_T *const *pf, int64_t npf) {
     const int64_t strips = (rows + 3) / 4;
+    const int64_t pf_lines = (rows * (int64_t)sizeof(TL_T) + 63) / 64;
     int64_t j = 0;
 #define TL_PANEL_CALL(W, NV)                                                                \
     for (int64_t s = 0; s < strips; s++)                                                    \
