@@ -39,8 +39,13 @@ static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_BLOCK_FN(
             const TL_T *bq = transposed ? b[q] : bp + q * ldb;
             memcpy(&bv[v], bq + j + v * vl, sizeof(TL_BLOCK_VEC));
         }
+        /* One base pointer per pair, opaque to the compiler, so that the R
+         * broadcasts take constant offsets: GCC otherwise hoists each
+         * (c0 + r) as an index register, and at R = 8 spills them. */
+        const TL_T *aq = transposed ? a[q] + c0 : NULL;
+        if (transposed) __asm__("" : "+r"(aq));
         for (int r = 0; r < R; r++) {
-            TL_T s = transposed ? a[q][c0 + r] : a[r][q];
+            TL_T s = transposed ? aq[r] : a[r][q];
 #pragma GCC unroll 8
             for (int v = 0; v < NV; v++) acc[r][v] += s * bv[v];
         }

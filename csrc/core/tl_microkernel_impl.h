@@ -36,7 +36,10 @@ typedef struct TL_MK(ops) {
     void (*rows_1)(int64_t cw, int64_t nq, const TL_T *const *a, const TL_T *b, int64_t ldb,
                    TL_T *const *out);
     /* rows_t_R also ask for byte pf_byte of each row pf[q], q < npf (see
-     * outer_acc). */
+     * outer_acc); rows_t_8 only for cw <= rows8_cols. */
+    void (*rows_t_8)(int64_t cw, int64_t nq, int64_t c0, const TL_T *const *xr,
+                     const TL_T *const *b, TL_T *const *out, const TL_T *const *pf,
+                     int64_t npf, int64_t pf_byte);
     void (*rows_t_4)(int64_t cw, int64_t nq, int64_t c0, const TL_T *const *xr,
                      const TL_T *const *b, TL_T *const *out, const TL_T *const *pf,
                      int64_t npf, int64_t pf_byte);
@@ -126,28 +129,39 @@ __attribute__((unused)) static void TL_MK(rows)(const TL_MK(ops) *mk, int64_t cw
     if (p < m) mk->rows_1(cw, nq, a + p, b, ldb, out + p);
 }
 
-/* acc (cin x cout) += sum over c row pairs of xr[p]^T dq[p], four input
- * channels (rows of acc) per register-blocked pass.  Pass s asks for cache
- * line s of each row pf[q], q < npf (the x rows the caller reads next; npf
- * = 0 for none), so that rows from memory arrive while this one computes;
- * not below 32 output columns, where a pass has too few multiply-adds per
- * pair to hide the extra instruction (0.93x at C = 16, 1.05-1.11x at 32). */
+/* acc (cin x cout) += sum over c row pairs of xr[p]^T dq[p], register-blocked
+ * passes over input channels (rows of acc): four at a time, or, where cout
+ * is at most rows8_cols (two fp32 vectors with AVX-512), eight after the
+ * first pass: 4 x 2 accumulators let each dy vector feed 4 FMAs, 8 x 2 feed
+ * 8 (1.1-1.35x at C = 24 and 32 on the surface).  The first pass stays at
+ * four: it is the one that waits on x rows from memory, and with half the
+ * work per pair more pairs' loads are in flight (eight there lost 0.89-0.94x
+ * on the LiDAR scan's strided maps).  Each element still adds its pairs in
+ * pair order, so the passes' widths do not change the sums.  Pass s asks for
+ * cache line s of each row pf[q], q < npf (the x rows the caller reads next;
+ * npf = 0 for none), so that rows from memory arrive while this one
+ * computes; not below 32 output columns, where a pass has too few
+ * multiply-adds per pair to hide the extra instruction (0.93x at C = 16,
+ * 1.05-1.11x at 32). */
 __attribute__((unused)) static void TL_MK(outer_acc)(const TL_MK(ops) *mk, int64_t cin,
                                                     int64_t cout, int64_t c,
                                                     const TL_T *const *xr,
                                                     const TL_T *const *dq, TL_T *acc,
                                                     const TL_T *const *pf, int64_t npf) {
     const int64_t lines = cout >= 32 ? (cin * (int64_t)sizeof(TL_T) + 63) / 64 : 0;
-    int64_t ci = 0;
-    for (; ci + 4 <= cin; ci += 4) {
-        TL_T *o[4] = {acc + ci * cout, acc + (ci + 1) * cout, acc + (ci + 2) * cout,
-                      acc + (ci + 3) * cout};
-        const int64_t s = ci / 4;
-        mk->rows_t_4(cout, c, ci, xr, dq, o, pf, s < lines ? npf : 0, s * 64);
+    const int eight = cout <= mk->rows8_cols;
+    int64_t ci = 0, s = 0;
+    while (ci + 4 <= cin) {
+        const int64_t rows = eight && s > 0 && ci + 8 <= cin ? 8 : 4;
+        TL_T *o[8];
+        for (int64_t r = 0; r < rows; r++) o[r] = acc + (ci + r) * cout;
+        (rows == 8 ? mk->rows_t_8 : mk->rows_t_4)(cout, c, ci, xr, dq, o, pf,
+                                                  s < lines ? npf : 0, s * 64);
+        ci += rows;
+        s++;
     }
-    for (; ci < cin; ci++) {
+    for (; ci < cin; ci++, s++) {
         TL_T *o[1] = {acc + ci * cout};
-        const int64_t s = ci / 4;
         mk->rows_t_1(cout, c, ci, xr, dq, o, pf, s < lines ? npf : 0, s * 64);
     }
 }

@@ -194,7 +194,7 @@ static TL_ISA_ATTR void TL_MKI(rows_8)(int64_t cw, int64_t nq, int64_t c, const 
     }
 }
 
-/* out[r][0:cw) += sum_q xr[q][c0 + r] * b[q][0:cw), for 4 or 1 rows, asking
+/* out[r][0:cw) += sum_q xr[q][c0 + r] * b[q][0:cw), for 8, 4 or 1 rows, asking
  * for byte pf_byte of each row pf[q], q < npf, on the way. */
 #define TL_DEFINE_ROWS_T(R)                                                               \
     static TL_ISA_ATTR void TL_MKI(rows_t_##R)(                                           \
@@ -202,6 +202,7 @@ static TL_ISA_ATTR void TL_MKI(rows_8)(int64_t cw, int64_t nq, int64_t c, const 
         TL_T *const *out, const TL_T *const *pf, int64_t npf, int64_t pf_byte) {          \
         TL_MKI(columns)(R, 1, cw, nq, c0, xr, b, NULL, 0, out, pf, npf, pf_byte);         \
     }
+TL_DEFINE_ROWS_T(8)
 TL_DEFINE_ROWS_T(4)
 TL_DEFINE_ROWS_T(1)
 #undef TL_DEFINE_ROWS_T
@@ -237,7 +238,7 @@ static TL_ISA_ATTR void TL_MKI(panel)(int64_t cw, int64_t nq, int64_t rows, cons
 
 static const TL_MK(ops) TL_MKI(ops) = {
     TL_ISA_NV * TL_VL, TL_ISA_NV8 * TL_VL, TL_MKI(rows_8),
-    TL_MKI(rows_4),   TL_MKI(rows_2),   TL_MKI(rows_1),
+    TL_MKI(rows_4),   TL_MKI(rows_2),   TL_MKI(rows_1),   TL_MKI(rows_t_8),
     TL_MKI(rows_t_4), TL_MKI(rows_t_1), TL_MKI(panel),
 };
 

@@ -49,8 +49,17 @@ def _reference(
     # (64, 72): 32 listed parts through the packed panels (c_in >= 64; 72 columns leave a
     # partial vector). The last two: weight gradients split into groups of kernel rows
     # (each kernel row's column read from the table), through the packed panels and
-    # through x rows read in place (c_in < 64).
-    [(16, 16, 0.2), (32, 32, 0.05), (16, 24, 0.9), (64, 72, 0.2), (72, 72, 0.2), (48, 104, 0.3)],
+    # through x rows read in place (c_in < 64). (15, 20): the weight gradient's 8-channel
+    # passes (c_out <= 32) between a first 4-channel one and single channels.
+    [
+        (16, 16, 0.2),
+        (32, 32, 0.05),
+        (16, 24, 0.9),
+        (15, 20, 0.3),
+        (64, 72, 0.2),
+        (72, 72, 0.2),
+        (48, 104, 0.3),
+    ],
 )
 def test_large_table_matches_reference(
     threads: int, dtype: torch.dtype, cin: int, cout: int, fill: float
