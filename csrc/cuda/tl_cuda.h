@@ -114,6 +114,22 @@ typedef struct tl_cuda_pairs {
 tl_status tl_cuda_conv_workspace_size(tl_cuda_dataflow df, int weight_grad,
                                       const tl_conv_desc *d, int64_t n_pairs, size_t *bytes);
 
+/* Data a dataflow call derives from its map alone before it multiplies:
+ * implicit GEMM's order of output rows (a forward of at least 4096 output
+ * rows and 2..32 kernel rows: n_out (mask, row) pairs of int32) and
+ * fetch-on-demand's per-kernel-row tile starts (k + 1 int64, per direction).
+ * Each call computes it in its workspace when passed derived == NULL; a
+ * caller that keeps its map can compute it once with tl_cuda_conv_derive
+ * (enqueued on ctx->stream, no synchronization; workspace as for the call)
+ * into tl_cuda_conv_derived_size bytes (0: nothing to derive) and pass it to
+ * every later call of the same dataflow, direction, desc and map on the same
+ * device. */
+tl_status tl_cuda_conv_derived_size(tl_cuda_dataflow df, int weight_grad, const tl_conv_desc *d,
+                                    size_t *bytes);
+tl_status tl_cuda_conv_derive(const tl_ctx *ctx, tl_cuda_dataflow df, int weight_grad,
+                              const tl_conv_desc *d, const int32_t *nbr, const tl_cuda_pairs *p,
+                              void *workspace, void *derived);
+
 /* Forward: y (n_out, c_out) = sum_n x[rows of n] @ w[n], overwritten.
  * Weight gradient: dw (k, c_in, c_out) = sum_n x[in]^T dy[out], overwritten.
  * dtype TL_F32, TL_F16 or TL_BF16 (TL_ERR_UNSUPPORTED otherwise), products
@@ -122,17 +138,19 @@ tl_status tl_cuda_conv_workspace_size(tl_cuda_dataflow df, int weight_grad,
  * fp32 FMA otherwise.  Map entries outside their row range are skipped. */
 tl_status tl_cuda_implicit_gemm_forward(const tl_ctx *ctx, const tl_conv_desc *d, int allow_tf32,
                                         const void *x, const void *w, const int32_t *nbr,
-                                        void *workspace, void *y);
+                                        const void *derived, void *workspace, void *y);
 tl_status tl_cuda_implicit_gemm_weight_grad(const tl_ctx *ctx, const tl_conv_desc *d,
                                             int allow_tf32, const void *x, const void *dy,
-                                            const int32_t *nbr, void *workspace, void *dw);
+                                            const int32_t *nbr, const void *derived,
+                                            void *workspace, void *dw);
 tl_status tl_cuda_fetch_on_demand_forward(const tl_ctx *ctx, const tl_conv_desc *d,
                                           int allow_tf32, const void *x, const void *w,
-                                          const tl_cuda_pairs *p, void *workspace, void *y);
+                                          const tl_cuda_pairs *p, const void *derived,
+                                          void *workspace, void *y);
 tl_status tl_cuda_fetch_on_demand_weight_grad(const tl_ctx *ctx, const tl_conv_desc *d,
                                               int allow_tf32, const void *x, const void *dy,
-                                              const tl_cuda_pairs *p, void *workspace,
-                                              void *dw);
+                                              const tl_cuda_pairs *p, const void *derived,
+                                              void *workspace, void *dw);
 
 /* ---- gather-scatter (tl_cuda_gather_scatter.cu) ----
  *

@@ -12,9 +12,7 @@
  *    8 bits per pass, stable (warp match ranks within a block, block order
  *    across blocks), so any coordinate range works without packing. */
 #include "tl_cuda_hash.cuh"
-
-#define TL_RADIX_BITS 8
-#define TL_RADIX_DIGITS (1 << TL_RADIX_BITS)
+#include "tl_cuda_radix.cuh"
 
 /* Per-axis candidate layout, passed by value to the kernels. */
 struct tl_gen_axes {
@@ -78,7 +76,7 @@ static tl_cuda_ws tl_gen_layout_of(void *base, int64_t n_cand, tl_gen_layout *l)
     tl_cuda_ws w = tl_cuda_ws_begin(base);
     l->n_cand = n_cand;
     l->cap = tl_cuda_hash_capacity(n_cand);
-    l->hist_len = TL_RADIX_DIGITS * tl_cuda_ceil_div(n_cand, TL_CUDA_THREADS);
+    l->hist_len = tl_radix_hist_len(n_cand);
     int64_t scratch = tl_cuda_scan_scratch(n_cand);
     int64_t scratch_hist = tl_cuda_scan_scratch(l->hist_len);
     if (scratch_hist > scratch) scratch = scratch_hist;
@@ -193,90 +191,6 @@ __global__ void __launch_bounds__(TL_CUDA_THREADS)
     }
 }
 
-__device__ __forceinline__ int tl_radix_digit(const tl_coord &c, int field, int shift) {
-    const int v = field == 0 ? c.b : field == 1 ? c.x : field == 2 ? c.y : c.z;
-    return (int)(((unsigned)v >> shift) & (TL_RADIX_DIGITS - 1));
-}
-
-/* hist[d * blocks + block] = rows of digit d in the block's 256-row tile. */
-__global__ void __launch_bounds__(TL_CUDA_THREADS)
-    tl_radix_hist_kernel(const tl_coord *src, long long n, int field, int shift,
-                         long long *hist) {
-    __shared__ int count[TL_RADIX_DIGITS];
-    count[threadIdx.x] = 0; /* TL_CUDA_THREADS == TL_RADIX_DIGITS */
-    __syncthreads();
-    const long long j = (long long)blockIdx.x * TL_CUDA_THREADS + threadIdx.x;
-    if (j < n) atomicAdd(&count[tl_radix_digit(src[j], field, shift)], 1);
-    __syncthreads();
-    hist[(long long)threadIdx.x * gridDim.x + blockIdx.x] = count[threadIdx.x];
-}
-
-/* Stable scatter: a row's destination is the scanned offset of its digit for
- * this block, plus rows of that digit in earlier warps, plus earlier lanes
- * of its own warp with the same digit. */
-__global__ void __launch_bounds__(TL_CUDA_THREADS)
-    tl_radix_scatter_kernel(const tl_coord *src, tl_coord *dst, long long n, int field,
-                            int shift, const long long *offsets) {
-    __shared__ int warp_count[TL_CUDA_WARPS][TL_RADIX_DIGITS];
-    for (int w = 0; w < TL_CUDA_WARPS; w++) warp_count[w][threadIdx.x] = 0;
-    __syncthreads();
-    const long long j = (long long)blockIdx.x * TL_CUDA_THREADS + threadIdx.x;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    tl_coord c = {0, 0, 0, 0};
-    /* Rows past the end get digit TL_RADIX_DIGITS, matching only each other. */
-    int d = TL_RADIX_DIGITS;
-    if (j < n) {
-        c = src[j];
-        d = tl_radix_digit(c, field, shift);
-    }
-    const unsigned peers = __match_any_sync(0xffffffffu, d);
-    const int rank = __popc(peers & ((1u << lane) - 1u));
-    if (j < n && lane == __ffs(peers) - 1) warp_count[warp][d] = __popc(peers);
-    __syncthreads();
-    if (j < n) {
-        long long at = offsets[(long long)d * gridDim.x + blockIdx.x] + rank;
-        for (int w = 0; w < warp; w++) at += warp_count[w][d];
-        dst[at] = c;
-    }
-}
-
-static int tl_bytes_of(unsigned mask) {
-    int b = 0;
-    while (mask) {
-        b++;
-        mask >>= TL_RADIX_BITS;
-    }
-    return b;
-}
-
-/* Sorts l->keys[0, n) by (b, x, y, z); *sorted receives the buffer holding
- * the result (keys or cand). */
-static tl_status tl_gen_sort(tl_gen_layout *l, int64_t n, const unsigned mask[4],
-                             cudaStream_t stream, tl_coord **sorted) {
-    tl_coord *src = l->keys, *dst = l->cand;
-    const int64_t blocks = tl_cuda_ceil_div(n, TL_CUDA_THREADS);
-    if (blocks > INT32_MAX) return TL_ERR_OVERFLOW;
-    for (int field = 3; field >= 0; field--) { /* z is the least significant */
-        const int bytes = tl_bytes_of(mask[field]);
-        for (int byte = 0; byte < bytes; byte++) {
-            const int shift = byte * TL_RADIX_BITS;
-            tl_radix_hist_kernel<<<(unsigned)blocks, TL_CUDA_THREADS, 0, stream>>>(
-                src, n, field, shift, l->hist);
-            TL_CUDA_LAUNCHED();
-            TL_CUDA_RETURN_IF(tl_cuda_scan(l->hist, l->hist, TL_RADIX_DIGITS * blocks,
-                                           l->scratch, NULL, stream));
-            tl_radix_scatter_kernel<<<(unsigned)blocks, TL_CUDA_THREADS, 0, stream>>>(
-                src, dst, n, field, shift, l->hist);
-            TL_CUDA_LAUNCHED();
-            tl_coord *t = src;
-            src = dst;
-            dst = t;
-        }
-    }
-    *sorted = src;
-    return TL_OK;
-}
-
 /* Steps 1-3; *info receives the read-back results. */
 static tl_status tl_gen_unique(const tl_coord *in, const tl_gen_axes &ax, tl_gen_layout *l,
                                cudaStream_t stream, tl_gen_info *info) {
@@ -322,7 +236,8 @@ extern "C" tl_status tl_cuda_generate(const tl_ctx *ctx, const tl_coord *in, int
         l.cand, l.pos, n_cand, info.count, l.keys);
     TL_CUDA_LAUNCHED();
     tl_coord *sorted;
-    TL_CUDA_RETURN_IF(tl_gen_sort(&l, info.count, info.mask, stream, &sorted));
+    TL_CUDA_RETURN_IF(tl_radix_sort_coords(l.keys, l.cand, info.count, info.mask, l.hist,
+                                           l.scratch, stream, &sorted));
     TL_CUDA_TRY(cudaMemcpyAsync(out, sorted, sizeof(tl_coord) * (size_t)info.count,
                                 cudaMemcpyDeviceToDevice, stream));
     *n_out = info.count;

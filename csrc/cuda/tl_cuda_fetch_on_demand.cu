@@ -3,12 +3,14 @@
  * Block (kernel row n, 64 pairs, 64 channels) reads its input rows straight
  * from x through pair_in, multiplies by w[n] and adds the tile into the fp32
  * accumulator rows pair_out with atomics (different kernel rows hit the same
- * output rows concurrently).  The pair counts stay on the device, so each
- * call first turns offsets into a prefix of per-row tile counts (a tiny
- * kernel and tl_cuda_scan) and launches one flat grid over those tiles.  Its
- * size is the tight bound sum_n ceil(P_n / B) <= P / B + K, known on the
- * host without a synchronization; blocks past the real total exit at once.
- * The weight gradient does the same over chunks of a kernel row's pairs. */
+ * output rows concurrently).  The pair counts stay on the device, so the
+ * per-kernel-row tile counts are turned into a prefix on the device (a tiny
+ * kernel and tl_cuda_scan) and one flat grid covers those tiles.  Its size
+ * is the tight bound sum_n ceil(P_n / B) <= P / B + K, known on the host
+ * without a synchronization; blocks past the real total exit at once.  The
+ * weight gradient does the same over chunks of a kernel row's pairs.  The
+ * prefix depends on the pair lists alone: a caller that keeps them computes
+ * it once (tl_fod_derive) and passes it to later calls. */
 #include "tl_cuda_pair_gemm.cuh"
 
 /* tiles[n] = ceil(P_n / per) for kernel row n < k (P_n from offsets). */
@@ -22,24 +24,72 @@ __global__ void __launch_bounds__(TL_CUDA_THREADS)
     }
 }
 
-namespace {
+/* Pairs per tile of one call: TL_BM for the forward; for the weight
+ * gradient, chunks sized over all P pairs for about TL_SPLIT_BLOCKS_PER_SM
+ * blocks per SM (each kernel row is cut into chunks of that size). */
+static tl_status tl_fod_per(const tl_ctx *ctx, bool weight_grad, const tl_conv_desc *d,
+                            int64_t n_pairs, int64_t *per) {
+    if (!weight_grad) {
+        *per = TL_BM;
+        return TL_OK;
+    }
+    int64_t chunks;
+    return tl_split_chunks(ctx->device, n_pairs,
+                           tl_cuda_ceil_div(d->c_in, TL_BM) * tl_cuda_ceil_div(d->c_out, TL_BN),
+                           per, &chunks);
+}
 
-/* Fills tiles[0..k] with the exclusive prefix of per-row tile counts (units
- * of `per` pairs), tiles[k] the total; returns in *bound a host-side upper
- * bound of that total: min(P / per + k, k * ceil(rows_cap / per)). */
-static tl_status tl_fod_tiles(const tl_conv_layout &l, const tl_conv_desc *d,
-                              const tl_cuda_pairs *p, int64_t per, cudaStream_t stream,
-                              int64_t *bound) {
+/* Enqueues tiles[0..k] = the exclusive prefix of per-row tile counts (units
+ * of `per` pairs), tiles[k] the total; scan: tl_cuda_scan scratch for k. */
+static tl_status tl_fod_tile_starts(const tl_conv_desc *d, const tl_cuda_pairs *p, int64_t per,
+                                    long long *tiles, long long *scan, cudaStream_t stream) {
     tl_fod_tile_counts_kernel<<<tl_cuda_blocks(d->k), TL_CUDA_THREADS, 0, stream>>>(
-        (const long long *)p->offsets, d->k, per, l.tiles);
+        (const long long *)p->offsets, d->k, per, tiles);
     TL_CUDA_LAUNCHED();
-    TL_CUDA_RETURN_IF(tl_cuda_scan(l.tiles, l.tiles, d->k, l.scan, l.tiles + d->k, stream));
+    return tl_cuda_scan(tiles, tiles, d->k, scan, tiles + d->k, stream);
+}
+
+/* A host-side upper bound of the tile total: min(P / per + k,
+ * k * ceil(rows_cap / per)). */
+static int64_t tl_fod_tile_bound(const tl_conv_layout &l, const tl_conv_desc *d,
+                                 const tl_cuda_pairs *p, int64_t per) {
     int64_t b = p->n_pairs / per + d->k;
     const int64_t per_row = tl_cuda_ceil_div(l.rows_cap, per);
     if (per_row <= INT64_MAX / d->k && per_row * d->k < b) b = per_row * d->k;
-    *bound = b;
-    return TL_OK;
+    return b;
 }
+
+/* The tile prefix of a call: `derived` where the caller kept it, else
+ * computed into the workspace. */
+static tl_status tl_fod_tiles(const tl_conv_layout &l, const tl_conv_desc *d,
+                              const tl_cuda_pairs *p, int64_t per, const void *derived,
+                              cudaStream_t stream, const long long **tiles) {
+    if (derived) {
+        *tiles = (const long long *)derived;
+        return TL_OK;
+    }
+    *tiles = l.tiles;
+    return tl_fod_tile_starts(d, p, per, l.tiles, l.scan, stream);
+}
+
+tl_status tl_fod_derive(const tl_ctx *ctx, bool weight_grad, const tl_conv_desc *d,
+                        const tl_cuda_pairs *p, void *workspace, void *derived) {
+    TL_CUDA_RETURN_IF(tl_pairs_args_check(d, p));
+    if (!derived) return TL_ERR_INVALID;
+    tl_conv_layout l;
+    tl_cuda_ws ws = tl_conv_layout_of(workspace, TL_CUDA_FETCH_ON_DEMAND, weight_grad, d,
+                                      p->n_pairs, &l);
+    if (ws.overflow) return TL_ERR_OVERFLOW;
+    if (!tl_cuda_ws_ok(workspace, ws.used)) return TL_ERR_INVALID;
+    cudaStream_t stream;
+    tl_cuda_scope scope;
+    TL_CUDA_RETURN_IF(scope.enter(ctx, &stream));
+    int64_t per;
+    TL_CUDA_RETURN_IF(tl_fod_per(ctx, weight_grad, d, p->n_pairs, &per));
+    return tl_fod_tile_starts(d, p, per, (long long *)derived, l.scan, stream);
+}
+
+namespace {
 
 struct tl_fod_forward_call {
     const void *x, *w;
@@ -77,7 +127,8 @@ struct tl_fod_wgrad_call {
 
 extern "C" tl_status tl_cuda_fetch_on_demand_forward(const tl_ctx *ctx, const tl_conv_desc *d,
                                                      int allow_tf32, const void *x, const void *w,
-                                                     const tl_cuda_pairs *p, void *workspace,
+                                                     const tl_cuda_pairs *p,
+                                                     const void *derived, void *workspace,
                                                      void *y) {
     TL_CUDA_RETURN_IF(tl_conv_check(d, x, w, y, false));
     TL_CUDA_RETURN_IF(tl_pairs_args_check(d, p));
@@ -89,12 +140,13 @@ extern "C" tl_status tl_cuda_fetch_on_demand_forward(const tl_ctx *ctx, const tl
         call.x = x;
         call.w = w;
         call.stream = f.stream;
-        int64_t tiles;
-        TL_CUDA_RETURN_IF(tl_fod_tiles(f.l, d, p, TL_BM, f.stream, &tiles));
+        const long long *starts;
+        TL_CUDA_RETURN_IF(tl_fod_tiles(f.l, d, p, TL_BM, derived, f.stream, &starts));
+        const int64_t tiles = tl_fod_tile_bound(f.l, d, p, TL_BM);
         const int64_t col_tiles = tl_cuda_ceil_div(d->c_out, TL_BN);
         const int64_t es = tl_dtype_bytes(d->dtype);
         call.args = {(const long long *)p->offsets, p->in, p->out, f.acc, d->n_in, d->n_out,
-                     d->c_in, d->c_out, 0, col_tiles, 0, f.l.tiles, d->k, 0};
+                     d->c_in, d->c_out, 0, col_tiles, 0, starts, d->k, 0};
         call.args.vec = (tl_vec_ok(x, d->c_in, es) ? TL_VEC_A : 0) |
                         (tl_vec_ok(w, d->c_out, es) ? TL_VEC_B : 0) |
                         (tl_vec_ok(f.acc, d->c_out, sizeof(float)) ? TL_VEC_C : 0);
@@ -108,7 +160,8 @@ extern "C" tl_status tl_cuda_fetch_on_demand_forward(const tl_ctx *ctx, const tl
 extern "C" tl_status tl_cuda_fetch_on_demand_weight_grad(const tl_ctx *ctx,
                                                          const tl_conv_desc *d, int allow_tf32,
                                                          const void *x, const void *dy,
-                                                         const tl_cuda_pairs *p, void *workspace,
+                                                         const tl_cuda_pairs *p,
+                                                         const void *derived, void *workspace,
                                                          void *dw) {
     TL_CUDA_RETURN_IF(tl_conv_check(d, x, dy, dw, true));
     TL_CUDA_RETURN_IF(tl_pairs_args_check(d, p));
@@ -122,20 +175,18 @@ extern "C" tl_status tl_cuda_fetch_on_demand_weight_grad(const tl_ctx *ctx,
         call.stream = f.stream;
         tl_pairs_wgrad_args &a = call.args;
         const int64_t es = tl_dtype_bytes(d->dtype);
+        int64_t chunk_rows;
+        TL_CUDA_RETURN_IF(tl_fod_per(ctx, true, d, p->n_pairs, &chunk_rows));
+        const long long *starts;
+        TL_CUDA_RETURN_IF(tl_fod_tiles(f.l, d, p, chunk_rows, derived, f.stream, &starts));
         a = {(const long long *)p->offsets, p->in, p->out, f.acc, d->n_in, d->n_out,
-             d->c_in, d->c_out, 0, 0, 0, 0, 0, f.l.tiles, d->k, 0};
+             d->c_in, d->c_out, 0, 0, 0, 0, 0, starts, d->k, 0};
         a.vec = (tl_vec_ok(x, d->c_in, es) ? TL_VEC_A : 0) |
                 (tl_vec_ok(dy, d->c_out, es) ? TL_VEC_B : 0);
         a.ci_tiles = tl_cuda_ceil_div(d->c_in, TL_BM);
         a.co_tiles = tl_cuda_ceil_div(d->c_out, TL_BN);
-        /* Chunks sized over all P pairs for about TL_SPLIT_BLOCKS_PER_SM
-         * blocks per SM; each kernel row is cut into chunks of that size. */
-        int64_t chunk_rows, chunks;
-        TL_CUDA_RETURN_IF(tl_split_chunks(ctx->device, p->n_pairs, a.ci_tiles * a.co_tiles,
-                                          &chunk_rows, &chunks));
         a.chunk_rows = chunk_rows;
-        int64_t tiles;
-        TL_CUDA_RETURN_IF(tl_fod_tiles(f.l, d, p, chunk_rows, f.stream, &tiles));
+        const int64_t tiles = tl_fod_tile_bound(f.l, d, p, chunk_rows);
         a.chunks = tiles;
         if (tiles > INT32_MAX / a.ci_tiles / a.co_tiles) return TL_ERR_OVERFLOW;
         call.blocks = tiles * a.ci_tiles * a.co_tiles;

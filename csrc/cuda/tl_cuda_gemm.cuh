@@ -27,6 +27,7 @@
 #include <mma.h>
 
 #include "tl_cuda_common.cuh"
+#include "tl_cuda_radix.cuh"
 
 #define TL_BM 64
 #define TL_BN 64
@@ -324,10 +325,9 @@ static inline tl_status tl_conv_check(const tl_conv_desc *d, const void *a, cons
 
 /* Implicit-GEMM forward: output rows are reordered by their neighbour
  * bitmask (bit n: a neighbour through kernel row n) when there are enough of
- * them to fill many tiles and the mask fits 32 bits; perm is int32. */
+ * them to fill many tiles and the mask fits 32 bits: the order is n_out
+ * tl_kv items (mask, output row), sorted by mask. */
 #define TL_IG_SORT_MIN_ROWS 4096
-/* Digits per pass of that sort (8 bits, one per thread of a block). */
-#define TL_IG_SORT_DIGITS TL_CUDA_THREADS
 
 static inline bool tl_ig_sorted(tl_cuda_dataflow df, bool weight_grad, const tl_conv_desc *d) {
     return df == TL_CUDA_IMPLICIT_GEMM && !weight_grad && d->n_out >= TL_IG_SORT_MIN_ROWS &&
@@ -343,13 +343,11 @@ struct tl_conv_layout {
     int64_t rows_cap; /* most pairs one kernel row can hold: min(n_in, n_out, P) */
     long long *tiles; /* fetch-on-demand: (k + 1) tile starts per kernel row */
     long long *scan;  /* fetch-on-demand: tl_cuda_scan scratch for k values */
-    /* Sorted implicit-GEMM forward (tl_ig_sorted): masks and output rows,
-     * double-buffered by the radix passes, the per-block digit counts
-     * (TL_IG_SORT_DIGITS x sort_blocks) and their tl_cuda_scan scratch. */
-    unsigned *sort_keys[2];
-    int32_t *sort_rows[2];
+    /* Sorted implicit-GEMM forward (tl_ig_sorted): the order's items,
+     * double-buffered by the radix passes, their per-block digit counts
+     * (tl_radix_hist_len) and the counts' tl_cuda_scan scratch. */
+    tl_kv *sort_items[2];
     long long *sort_hist, *sort_scan;
-    int64_t sort_blocks;
 };
 
 static inline tl_cuda_ws tl_conv_layout_of(void *base, tl_cuda_dataflow df, bool weight_grad,
@@ -375,24 +373,26 @@ static inline tl_cuda_ws tl_conv_layout_of(void *base, tl_cuda_dataflow df, bool
         l->gather_x = tl_cuda_ws_take(&w, l->rows_cap * d->c_in, es);
         if (weight_grad) l->gather_y = tl_cuda_ws_take(&w, l->rows_cap * d->c_out, es);
     }
-    l->sort_keys[0] = l->sort_keys[1] = NULL;
-    l->sort_rows[0] = l->sort_rows[1] = NULL;
+    l->sort_items[0] = l->sort_items[1] = NULL;
     l->sort_hist = l->sort_scan = NULL;
-    l->sort_blocks = 0;
     if (tl_ig_sorted(df, weight_grad, d)) {
-        const int64_t n = d->n_out;
-        l->sort_blocks = tl_cuda_ceil_div(n, TL_CUDA_THREADS);
-        const int64_t hist = TL_IG_SORT_DIGITS * l->sort_blocks;
-        for (int b = 0; b < 2; b++) {
-            l->sort_keys[b] = (unsigned *)tl_cuda_ws_take(&w, n, sizeof(unsigned));
-            l->sort_rows[b] = (int32_t *)tl_cuda_ws_take(&w, n, sizeof(int32_t));
-        }
+        const int64_t hist = tl_radix_hist_len(d->n_out);
+        for (int b = 0; b < 2; b++)
+            l->sort_items[b] = (tl_kv *)tl_cuda_ws_take(&w, d->n_out, sizeof(tl_kv));
         l->sort_hist = (long long *)tl_cuda_ws_take(&w, hist, sizeof(long long));
         l->sort_scan =
             (long long *)tl_cuda_ws_take(&w, tl_cuda_scan_scratch(hist), sizeof(long long));
     }
     return w;
 }
+
+/* Data derived from a map (tl_cuda_conv_derive): implicit GEMM's order of
+ * output rows (tl_cuda_implicit_gemm.cu), fetch-on-demand's tile prefix
+ * (tl_cuda_fetch_on_demand.cu), computed into `derived` on ctx's stream. */
+tl_status tl_ig_derive(const tl_ctx *ctx, const tl_conv_desc *d, const int32_t *nbr,
+                       void *workspace, void *derived);
+tl_status tl_fod_derive(const tl_ctx *ctx, bool weight_grad, const tl_conv_desc *d,
+                        const tl_cuda_pairs *p, void *workspace, void *derived);
 
 /* Launch of a 1-D grid of `blocks` tile blocks (at most INT32_MAX). */
 static inline tl_status tl_tile_grid(int64_t blocks, unsigned *grid) {

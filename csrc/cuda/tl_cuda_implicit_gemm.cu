@@ -9,27 +9,28 @@
  *
  * Row reordering (tl_ig_sorted): a tile in output-row order computes every
  * kernel row that any of its 64 rows uses, several times the useful work on
- * sparse surfaces.  So the forward first computes each output row's
- * neighbour bitmask (bit n: nbr[o, n] names an input row), sorts the rows
- * by it (stable LSD radix sort, 8 bits per pass, on the device, no host
- * synchronization) and lets tile t cover rows perm[64 t .. 64 t + 63]: rows
- * with equal masks share tiles, and a tile runs only the kernel rows in the
- * union of its rows' masks.  Each output row is still written exactly once. */
+ * sparse surfaces.  So the forward orders the output rows by their
+ * neighbour bitmask (bit n: nbr[o, n] names an input row; the stable radix
+ * sort of tl_cuda_radix.cuh, on the device, no host synchronization) and
+ * lets tile t cover rows order[64 t .. 64 t + 63]: rows with equal masks
+ * share tiles, and a tile runs only the kernel rows in the union of its
+ * rows' masks.  Each output row is still written exactly once.  The order
+ * depends on the map alone: a caller that keeps the map computes it once
+ * (tl_ig_derive) and passes it to later calls. */
 #include "tl_cuda_gemm.cuh"
 
 static_assert(TL_BM % 32 == 0, "tile rows are whole warps");
-static_assert(TL_IG_SORT_DIGITS == TL_CUDA_THREADS, "one digit per thread");
 
 __device__ __forceinline__ unsigned tl_ig_warp_or(unsigned v) {
     for (int d = 16; d > 0; d >>= 1) v |= __shfl_xor_sync(0xffffffffu, v, d);
     return v;
 }
 
-/* keys[o] = neighbour bitmask of output row o (bit n iff 0 <= nbr[o, n] <
- * n_in, the same test the forward uses to skip an entry), rows[o] = o. */
+/* items[o] = (neighbour bitmask of output row o, o): bit n iff
+ * 0 <= nbr[o, n] < n_in, the same test the forward uses to skip an entry. */
 __global__ void __launch_bounds__(TL_CUDA_THREADS)
     tl_ig_mask_kernel(const int *nbr, long long n_out, long long k, long long n_in,
-                      unsigned *keys, int *rows) {
+                      tl_kv *items) {
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < n_out;
          o += stride) {
@@ -39,91 +40,34 @@ __global__ void __launch_bounds__(TL_CUDA_THREADS)
             const int i = r[n];
             if (i >= 0 && i < n_in) m |= 1u << n;
         }
-        keys[o] = m;
-        rows[o] = (int)o;
+        items[o] = {m, (int)o};
     }
 }
 
-/* hist[d * gridDim.x + block] = keys of digit d in the block's 256 keys. */
-__global__ void __launch_bounds__(TL_CUDA_THREADS)
-    tl_ig_hist_kernel(const unsigned *keys, long long n, int shift, long long *hist) {
-    __shared__ int count[TL_IG_SORT_DIGITS];
-    count[threadIdx.x] = 0;
-    __syncthreads();
-    const long long j = (long long)blockIdx.x * TL_CUDA_THREADS + threadIdx.x;
-    if (j < n) atomicAdd(&count[(keys[j] >> shift) & (TL_IG_SORT_DIGITS - 1)], 1);
-    __syncthreads();
-    hist[(long long)threadIdx.x * gridDim.x + blockIdx.x] = count[threadIdx.x];
-}
-
-/* Stable scatter of (key, row): destination = scanned offset of the digit
- * for this block + keys of that digit in earlier warps of the block +
- * earlier lanes of the same warp with that digit. */
-__global__ void __launch_bounds__(TL_CUDA_THREADS)
-    tl_ig_scatter_kernel(const unsigned *keys, const int *rows, unsigned *keys_out,
-                         int *rows_out, long long n, int shift, const long long *offsets) {
-    __shared__ int warp_count[TL_CUDA_WARPS][TL_IG_SORT_DIGITS];
-    for (int w = 0; w < TL_CUDA_WARPS; w++) warp_count[w][threadIdx.x] = 0;
-    __syncthreads();
-    const long long j = (long long)blockIdx.x * TL_CUDA_THREADS + threadIdx.x;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    unsigned key = 0;
-    int row = 0;
-    int d = TL_IG_SORT_DIGITS; /* past the end: matches only other such lanes */
-    if (j < n) {
-        key = keys[j];
-        row = rows[j];
-        d = (int)((key >> shift) & (TL_IG_SORT_DIGITS - 1));
-    }
-    const unsigned peers = __match_any_sync(0xffffffffu, d);
-    const int rank = __popc(peers & ((1u << lane) - 1u));
-    if (j < n && lane == __ffs(peers) - 1) warp_count[warp][d] = __popc(peers);
-    __syncthreads();
-    if (j < n) {
-        long long at = offsets[(long long)d * gridDim.x + blockIdx.x] + rank;
-        for (int w = 0; w < warp; w++) at += warp_count[w][d];
-        keys_out[at] = key;
-        rows_out[at] = row;
-    }
-}
-
-/* Sorts the output rows by neighbour mask into l's buffers; *perm and
- * *masks receive the buffers holding the result (masks[j] is the mask of
- * row perm[j]).  Enqueued on `stream`, no synchronization. */
+/* Sorts the output rows by neighbour mask in l's buffers; *order receives
+ * the buffer holding the result.  Enqueued on `stream`, no synchronization. */
 static tl_status tl_ig_sort(const tl_conv_layout &l, const tl_conv_desc *d, const int32_t *nbr,
-                            cudaStream_t stream, const int **perm, const unsigned **masks) {
+                            cudaStream_t stream, const tl_kv **order) {
     const long long n = d->n_out;
-    const int64_t blocks = l.sort_blocks;
-    if (blocks < 1 || blocks > INT32_MAX) return TL_ERR_OVERFLOW;
-    tl_ig_mask_kernel<<<tl_cuda_blocks(n), TL_CUDA_THREADS, 0, stream>>>(
-        nbr, n, d->k, d->n_in, l.sort_keys[0], l.sort_rows[0]);
+    tl_ig_mask_kernel<<<tl_cuda_blocks(n), TL_CUDA_THREADS, 0, stream>>>(nbr, n, d->k, d->n_in,
+                                                                       l.sort_items[0]);
     TL_CUDA_LAUNCHED();
     int src = 0;
-    for (int shift = 0; shift < (int)d->k; shift += 8, src ^= 1) { /* bits k.. are 0 */
-        tl_ig_hist_kernel<<<(unsigned)blocks, TL_CUDA_THREADS, 0, stream>>>(
-            l.sort_keys[src], n, shift, l.sort_hist);
-        TL_CUDA_LAUNCHED();
-        TL_CUDA_RETURN_IF(tl_cuda_scan(l.sort_hist, l.sort_hist, TL_IG_SORT_DIGITS * blocks,
-                                       l.sort_scan, NULL, stream));
-        tl_ig_scatter_kernel<<<(unsigned)blocks, TL_CUDA_THREADS, 0, stream>>>(
-            l.sort_keys[src], l.sort_rows[src], l.sort_keys[src ^ 1], l.sort_rows[src ^ 1], n,
-            shift, l.sort_hist);
-        TL_CUDA_LAUNCHED();
-    }
-    *perm = l.sort_rows[src];
-    *masks = l.sort_keys[src];
+    for (int shift = 0; shift < (int)d->k; shift += TL_RADIX_BITS, src ^= 1) /* bits k.. are 0 */
+        TL_CUDA_RETURN_IF(tl_radix_pass<tl_kv>(l.sort_items[src], l.sort_items[src ^ 1], n, 0,
+                                               shift, l.sort_hist, l.sort_scan, stream));
+    *order = l.sort_items[src];
     return TL_OK;
 }
 
-/* perm == NULL: tile t covers output rows 64 t .. 64 t + 63.  Otherwise it
- * covers rows perm[64 t + i], whose masks are masks[64 t + i] (k <= 32), and
- * runs only the kernel rows in their union. */
+/* order == NULL: tile t covers output rows 64 t .. 64 t + 63.  Otherwise it
+ * covers rows order[64 t + i].val, whose masks are order[64 t + i].key
+ * (k <= 32), and runs only the kernel rows in their union. */
 template <typename T, bool TF32>
 __global__ void __launch_bounds__(TL_CUDA_THREADS)
-    tl_ig_forward_kernel(const T *x, const T *w, const int *nbr, const int *perm,
-                         const unsigned *masks, T *y, long long n_in, long long n_out,
-                         long long k, long long cin, long long cout, long long col_tiles,
-                         int vec) {
+    tl_ig_forward_kernel(const T *x, const T *w, const int *nbr, const tl_kv *order, T *y,
+                         long long n_in, long long n_out, long long k, long long cin,
+                         long long cout, long long col_tiles, int vec) {
     __shared__ tl_tile_smem<T, false> s;
     __shared__ long long rows[TL_BM], outs[TL_BM];
     __shared__ unsigned used_part[TL_BM / 32];
@@ -135,8 +79,8 @@ __global__ void __launch_bounds__(TL_CUDA_THREADS)
         long long o = -1;
         unsigned m = 0;
         if (j < n_out) {
-            o = perm ? (long long)perm[j] : j;
-            if (perm) m = masks[j];
+            o = order ? (long long)order[j].val : j;
+            if (order) m = order[j].key;
         }
         outs[threadIdx.x] = o;
         m = tl_ig_warp_or(m);
@@ -150,7 +94,7 @@ __global__ void __launch_bounds__(TL_CUDA_THREADS)
     tl_tile_load<T, TL_BM, TL_BK> la;
     tl_tile_load<T, TL_BK, TL_BN> lb;
     for (long long n = 0; n < k; n++) {
-        if (perm && !((used >> (int)n) & 1u)) continue; /* uniform across the block */
+        if (order && !((used >> (int)n) & 1u)) continue; /* uniform across the block */
         int valid = 0;
         if (threadIdx.x < TL_BM) {
             const long long o = outs[threadIdx.x];
@@ -266,8 +210,8 @@ namespace {
 struct tl_ig_forward_call {
     const tl_conv_desc *d;
     const void *x, *w;
-    const int32_t *nbr, *perm; /* perm, masks: NULL when unsorted */
-    const unsigned *masks;
+    const int32_t *nbr;
+    const tl_kv *order; /* NULL when unsorted */
     void *y;
     cudaStream_t stream;
     int vec;
@@ -277,8 +221,8 @@ struct tl_ig_forward_call {
         unsigned grid;
         TL_CUDA_RETURN_IF(tl_tile_grid(tl_cuda_ceil_div(d->n_out, TL_BM) * col_tiles, &grid));
         tl_ig_forward_kernel<T, TF32><<<grid, TL_CUDA_THREADS, 0, stream>>>(
-            (const T *)x, (const T *)w, nbr, perm, masks, (T *)y, d->n_in, d->n_out, d->k,
-            d->c_in, d->c_out, col_tiles, vec);
+            (const T *)x, (const T *)w, nbr, order, (T *)y, d->n_in, d->n_out, d->k, d->c_in,
+            d->c_out, col_tiles, vec);
         TL_CUDA_LAUNCHED();
         return TL_OK;
     }
@@ -302,10 +246,28 @@ struct tl_ig_wgrad_call {
 
 } // namespace
 
+tl_status tl_ig_derive(const tl_ctx *ctx, const tl_conv_desc *d, const int32_t *nbr,
+                       void *workspace, void *derived) {
+    if (!tl_ig_sorted(TL_CUDA_IMPLICIT_GEMM, false, d)) return TL_OK; /* nothing derived */
+    if (!nbr || !derived) return TL_ERR_INVALID;
+    tl_conv_layout l;
+    tl_cuda_ws ws = tl_conv_layout_of(workspace, TL_CUDA_IMPLICIT_GEMM, false, d, 0, &l);
+    if (ws.overflow) return TL_ERR_OVERFLOW;
+    if (!tl_cuda_ws_ok(workspace, ws.used)) return TL_ERR_INVALID;
+    cudaStream_t stream;
+    tl_cuda_scope scope;
+    TL_CUDA_RETURN_IF(scope.enter(ctx, &stream));
+    const tl_kv *order;
+    TL_CUDA_RETURN_IF(tl_ig_sort(l, d, nbr, stream, &order));
+    TL_CUDA_TRY(cudaMemcpyAsync(derived, order, sizeof(tl_kv) * (size_t)d->n_out,
+                                cudaMemcpyDeviceToDevice, stream));
+    return TL_OK;
+}
+
 extern "C" tl_status tl_cuda_implicit_gemm_forward(const tl_ctx *ctx, const tl_conv_desc *d,
                                                    int allow_tf32, const void *x, const void *w,
-                                                   const int32_t *nbr, void *workspace,
-                                                   void *y) {
+                                                   const int32_t *nbr, const void *derived,
+                                                   void *workspace, void *y) {
     TL_CUDA_RETURN_IF(tl_conv_check(d, x, w, y, false));
     if (!nbr && d->n_out > 0) return TL_ERR_INVALID;
     /* Scratch only for the row sort: the forward writes each tile once. */
@@ -317,21 +279,26 @@ extern "C" tl_status tl_cuda_implicit_gemm_forward(const tl_ctx *ctx, const tl_c
     tl_cuda_scope scope;
     TL_CUDA_RETURN_IF(scope.enter(ctx, &stream));
     if (d->n_out == 0 || d->c_out == 0) return TL_OK;
-    const int32_t *perm = NULL;
-    const unsigned *masks = NULL;
-    if (tl_ig_sorted(TL_CUDA_IMPLICIT_GEMM, false, d))
-        TL_CUDA_RETURN_IF(tl_ig_sort(l, d, nbr, stream, &perm, &masks));
+    const tl_kv *order = NULL;
+    if (tl_ig_sorted(TL_CUDA_IMPLICIT_GEMM, false, d)) {
+        if (derived)
+            order = (const tl_kv *)derived;
+        else
+            TL_CUDA_RETURN_IF(tl_ig_sort(l, d, nbr, stream, &order));
+    }
     const int64_t es = tl_dtype_bytes(d->dtype);
     const int vec = (tl_vec_ok(x, d->c_in, es) ? TL_VEC_A : 0) |
                     (tl_vec_ok(w, d->c_out, es) ? TL_VEC_B : 0);
-    tl_ig_forward_call call = {d, x, w, nbr, perm, masks, y, stream, vec};
+    tl_ig_forward_call call = {d, x, w, nbr, order, y, stream, vec};
     return tl_dispatch_dtype(d->dtype, allow_tf32, call);
 }
 
 extern "C" tl_status tl_cuda_implicit_gemm_weight_grad(const tl_ctx *ctx, const tl_conv_desc *d,
                                                        int allow_tf32, const void *x,
                                                        const void *dy, const int32_t *nbr,
-                                                       void *workspace, void *dw) {
+                                                       const void *derived, void *workspace,
+                                                       void *dw) {
+    (void)derived; /* nothing derived: the weight gradient runs in row order */
     TL_CUDA_RETURN_IF(tl_conv_check(d, x, dy, dw, true));
     if (!nbr && d->n_out > 0) return TL_ERR_INVALID;
     tl_conv_frame f;

@@ -1,13 +1,8 @@
 /* Device helpers for coordinate rows and features, shared by tl_cuda_voxel.cu,
  * tl_cuda_pool.cu, tl_cuda_generative.cu: feature loads and stores in fp32
- * (fp64 for double), a stable LSD radix sort (coordinate rows or 32-bit keys
- * with a payload), and deduplication of coordinate rows through the hash
- * table of tl_cuda_hash.cuh.
- *
- * The sort is the one of tl_cuda_coords.cu (whose kernels are file-static),
- * written as templates over the item type: 8 bits per pass, block histograms
- * scanned digit-major across blocks, ranks within a warp from
- * __match_any_sync, so it is stable and needs no atomics on the order. */
+ * (fp64 for double), the read-back record, and deduplication of coordinate
+ * rows through the hash table of tl_cuda_hash.cuh, sorted by the radix sort
+ * of tl_cuda_radix.cuh. */
 #ifndef TL_CUDA_ROWS_CUH
 #define TL_CUDA_ROWS_CUH
 
@@ -15,9 +10,8 @@
 #include <cuda_fp16.h>
 
 #include "tl_cuda_hash.cuh"
+#include "tl_cuda_radix.cuh"
 
-#define TL_ROWS_RADIX_BITS 8
-#define TL_ROWS_DIGITS (1 << TL_ROWS_RADIX_BITS)
 /* Codes of rejected items, packed as (index << 2 | code) and min-reduced,
  * so the first rejected index wins whatever the thread order. */
 #define TL_ROWS_BAD_INVALID 1ull
@@ -64,119 +58,6 @@ struct tl_rows_info {
 static inline tl_status tl_rows_info_clear(tl_rows_info *info, cudaStream_t stream) {
     TL_CUDA_TRY(cudaMemsetAsync(info, 0, sizeof(tl_rows_info), stream));
     TL_CUDA_TRY(cudaMemsetAsync(&info->bad, 0xFF, sizeof(unsigned long long), stream));
-    return TL_OK;
-}
-
-/* ---- radix sort ---- */
-
-/* A 32-bit key with its payload (the sort of tl_cuda_voxel_reduce). */
-struct tl_kv {
-    unsigned key;
-    int val;
-};
-
-__device__ __forceinline__ int tl_rows_digit(const tl_coord &c, int field, int shift) {
-    const int v = field == 0 ? c.b : field == 1 ? c.x : field == 2 ? c.y : c.z;
-    return (int)(((unsigned)v >> shift) & (TL_ROWS_DIGITS - 1));
-}
-
-__device__ __forceinline__ int tl_rows_digit(const tl_kv &e, int field, int shift) {
-    (void)field;
-    return (int)((e.key >> shift) & (TL_ROWS_DIGITS - 1));
-}
-
-/* hist[d * blocks + block] = items of digit d in the block's tile. */
-template <class Item>
-static __global__ void __launch_bounds__(TL_CUDA_THREADS)
-    tl_rows_hist_kernel(const Item *src, long long n, int field, int shift, long long *hist) {
-    __shared__ int count[TL_ROWS_DIGITS];
-    count[threadIdx.x] = 0; /* TL_CUDA_THREADS == TL_ROWS_DIGITS */
-    __syncthreads();
-    const long long j = (long long)blockIdx.x * TL_CUDA_THREADS + threadIdx.x;
-    if (j < n) atomicAdd(&count[tl_rows_digit(src[j], field, shift)], 1);
-    __syncthreads();
-    hist[(long long)threadIdx.x * gridDim.x + blockIdx.x] = count[threadIdx.x];
-}
-
-/* Stable scatter: scanned offset of the digit for this block, plus items of
- * that digit in earlier warps, plus earlier lanes with the same digit. */
-template <class Item>
-static __global__ void __launch_bounds__(TL_CUDA_THREADS)
-    tl_rows_scatter_kernel(const Item *src, Item *dst, long long n, int field, int shift,
-                          const long long *offsets) {
-    __shared__ int warp_count[TL_CUDA_WARPS][TL_ROWS_DIGITS];
-    for (int w = 0; w < TL_CUDA_WARPS; w++) warp_count[w][threadIdx.x] = 0;
-    __syncthreads();
-    const long long j = (long long)blockIdx.x * TL_CUDA_THREADS + threadIdx.x;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    Item c;
-    int d = TL_ROWS_DIGITS; /* past the end: matches only other lanes past the end */
-    if (j < n) {
-        c = src[j];
-        d = tl_rows_digit(c, field, shift);
-    }
-    const unsigned peers = __match_any_sync(0xffffffffu, d);
-    const int rank = __popc(peers & ((1u << lane) - 1u));
-    if (j < n && lane == __ffs(peers) - 1) warp_count[warp][d] = __popc(peers);
-    __syncthreads();
-    if (j < n) {
-        long long at = offsets[(long long)d * gridDim.x + blockIdx.x] + rank;
-        for (int w = 0; w < warp; w++) at += warp_count[w][d];
-        dst[at] = c;
-    }
-}
-
-/* Histogram entries (and so scan length) of a sort of n items. */
-static inline int64_t tl_rows_hist_len(int64_t n) {
-    return TL_ROWS_DIGITS * tl_cuda_ceil_div(n, TL_CUDA_THREADS);
-}
-
-static inline int tl_rows_bytes_of(unsigned mask) {
-    int b = 0;
-    while (mask) {
-        b++;
-        mask >>= TL_ROWS_RADIX_BITS;
-    }
-    return b;
-}
-
-/* One stable pass on digit (field, shift) from src to dst. */
-template <class Item>
-static tl_status tl_rows_radix_pass(const Item *src, Item *dst, int64_t n, int field, int shift,
-                                   long long *hist, long long *scratch, cudaStream_t stream) {
-    const int64_t blocks = tl_cuda_ceil_div(n, TL_CUDA_THREADS);
-    if (blocks > INT32_MAX) return TL_ERR_OVERFLOW;
-    tl_rows_hist_kernel<Item><<<(unsigned)blocks, TL_CUDA_THREADS, 0, stream>>>(src, n, field,
-                                                                               shift, hist);
-    TL_CUDA_LAUNCHED();
-    TL_CUDA_RETURN_IF(
-        tl_cuda_scan(hist, hist, TL_ROWS_DIGITS * blocks, scratch, NULL, stream));
-    tl_rows_scatter_kernel<Item><<<(unsigned)blocks, TL_CUDA_THREADS, 0, stream>>>(
-        src, dst, n, field, shift, hist);
-    TL_CUDA_LAUNCHED();
-    return TL_OK;
-}
-
-/* Sorts rows a[0, n) by (b, x, y, z) over the bytes that carry bits (mask:
- * OR of each field, all rows non-negative), ping-ponging with b; *sorted
- * receives the buffer holding the result. */
-static inline tl_status tl_rows_sort_coords(tl_coord *a, tl_coord *b, int64_t n,
-                                           const unsigned mask[4], long long *hist,
-                                           long long *scratch, cudaStream_t stream,
-                                           tl_coord **sorted) {
-    tl_coord *src = a, *dst = b;
-    for (int field = 3; field >= 0; field--) { /* z is the least significant */
-        const int bytes = tl_rows_bytes_of(mask[field]);
-        for (int byte = 0; byte < bytes; byte++) {
-            TL_CUDA_RETURN_IF(tl_rows_radix_pass<tl_coord>(src, dst, n, field,
-                                                          byte * TL_ROWS_RADIX_BITS, hist,
-                                                          scratch, stream));
-            tl_coord *t = src;
-            src = dst;
-            dst = t;
-        }
-    }
-    *sorted = src;
     return TL_OK;
 }
 
@@ -247,7 +128,7 @@ struct tl_rows_unique {
 static inline void tl_rows_unique_layout(tl_cuda_ws *w, int64_t n, tl_rows_unique *u) {
     u->n = n;
     u->cap = tl_cuda_hash_capacity(n);
-    const int64_t hist = tl_rows_hist_len(n);
+    const int64_t hist = tl_radix_hist_len(n);
     int64_t scratch = tl_cuda_scan_scratch(n);
     if (tl_cuda_scan_scratch(hist) > scratch) scratch = tl_cuda_scan_scratch(hist);
     u->info = (tl_rows_info *)tl_cuda_ws_take(w, 1, sizeof(tl_rows_info));
@@ -281,7 +162,7 @@ static inline tl_status tl_rows_unique_sort(tl_rows_unique *u, const tl_rows_inf
         u->rows, u->pos, u->n, info->count, u->keys);
     TL_CUDA_LAUNCHED();
     tl_coord *sorted;
-    TL_CUDA_RETURN_IF(tl_rows_sort_coords(u->keys, u->tmp, info->count, info->mask, u->hist,
+    TL_CUDA_RETURN_IF(tl_radix_sort_coords(u->keys, u->tmp, info->count, info->mask, u->hist,
                                          u->scratch, stream, &sorted));
     TL_CUDA_TRY(cudaMemcpyAsync(out, sorted, sizeof(tl_coord) * (size_t)info->count,
                                 cudaMemcpyDeviceToDevice, stream));

@@ -159,7 +159,7 @@ struct tl_vx_reduce_layout {
 static tl_cuda_ws tl_vx_reduce_layout_of(void *base, int64_t n, int64_t m,
                                          tl_vx_reduce_layout *l) {
     tl_cuda_ws w = tl_cuda_ws_begin(base);
-    const int64_t hist = tl_rows_hist_len(n);
+    const int64_t hist = tl_radix_hist_len(n);
     int64_t scratch = tl_cuda_scan_scratch(m);
     if (tl_cuda_scan_scratch(hist) > scratch) scratch = tl_cuda_scan_scratch(hist);
     l->a = (tl_kv *)tl_cuda_ws_take(&w, n, sizeof(tl_kv));
@@ -244,9 +244,9 @@ static tl_status tl_vx_launch_reduce(const void *x, int64_t c, const tl_vx_reduc
 static tl_status tl_vx_sort_pairs(tl_vx_reduce_layout *l, int64_t n, int64_t m,
                                   cudaStream_t stream, tl_kv **sorted) {
     tl_kv *src = l->a, *dst = l->b;
-    const int bytes = tl_rows_bytes_of((unsigned)m);
+    const int bytes = tl_radix_bytes_of((unsigned)m);
     for (int byte = 0; byte < bytes; byte++) {
-        TL_CUDA_RETURN_IF(tl_rows_radix_pass<tl_kv>(src, dst, n, 0, byte * TL_ROWS_RADIX_BITS,
+        TL_CUDA_RETURN_IF(tl_radix_pass<tl_kv>(src, dst, n, 0, byte * TL_RADIX_BITS,
                                                    l->hist, l->scratch, stream));
         tl_kv *t = src;
         src = dst;

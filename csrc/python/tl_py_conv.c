@@ -104,14 +104,14 @@ static const char *tl_cuda_conv_entry(int df, int wgrad) {
  * for the weight gradient.  Gather-scatter is not one (see cuda_gather_rows). */
 static tl_status tl_cuda_conv_call(int df, int wgrad, const tl_ctx *ctx, const tl_conv_desc *d,
                                    int tf32, const void *a, const void *b, const int32_t *nbr,
-                                   const tl_cuda_pairs *p, void *ws, void *out) {
+                                   const tl_cuda_pairs *p, const void *der, void *ws, void *out) {
     switch (df) {
     case TL_CUDA_IMPLICIT_GEMM:
-        return wgrad ? tl_cuda_implicit_gemm_weight_grad(ctx, d, tf32, a, b, nbr, ws, out)
-                     : tl_cuda_implicit_gemm_forward(ctx, d, tf32, a, b, nbr, ws, out);
+        return wgrad ? tl_cuda_implicit_gemm_weight_grad(ctx, d, tf32, a, b, nbr, der, ws, out)
+                     : tl_cuda_implicit_gemm_forward(ctx, d, tf32, a, b, nbr, der, ws, out);
     case TL_CUDA_FETCH_ON_DEMAND:
-        return wgrad ? tl_cuda_fetch_on_demand_weight_grad(ctx, d, tf32, a, b, p, ws, out)
-                     : tl_cuda_fetch_on_demand_forward(ctx, d, tf32, a, b, p, ws, out);
+        return wgrad ? tl_cuda_fetch_on_demand_weight_grad(ctx, d, tf32, a, b, p, der, ws, out)
+                     : tl_cuda_fetch_on_demand_forward(ctx, d, tf32, a, b, p, der, ws, out);
     default: return TL_ERR_INVALID;
     }
 }
@@ -119,22 +119,23 @@ static tl_status tl_cuda_conv_call(int df, int wgrad, const tl_ctx *ctx, const t
 PyDoc_STRVAR(cuda_conv_doc,
              "cuda_conv(device, stream, dataflow, weight_grad, dtype, n_in, n_out, k, c_in, "
              "c_out, allow_tf32, a_ptr, b_ptr, nbr_ptr, offsets_ptr, pair_in_ptr, "
-             "pair_out_ptr, n_pairs, alloc, out_ptr)\n\n"
+             "pair_out_ptr, n_pairs, derived_ptr, alloc, out_ptr)\n\n"
              "Forward (a = x, b = w) or weight gradient (a = x, b = dy) of one dataflow; "
-             "dataflow 0 implicit GEMM (nbr), 1 fetch-on-demand (pairs).  alloc(nbytes) -> "
-             "int gives the workspace.");
+             "dataflow 0 implicit GEMM (nbr), 1 fetch-on-demand (pairs).  derived_ptr: what "
+             "cuda_conv_derive computed for this call's map, or 0 to compute it here.  "
+             "alloc(nbytes) -> int gives the workspace.");
 static PyObject *py_cuda_conv(PyObject *self, PyObject *args) {
     (void)self;
     tl_py_call c;
     int df, wgrad, dtype, tf32;
-    unsigned long long pa, pb, pnbr, poff, ppin, ppout, pout;
+    unsigned long long pa, pb, pnbr, poff, ppin, ppout, pder, pout;
     long long n_in, n_out, k, cin, cout, n_pairs;
     PyObject *alloc;
     size_t bytes = 0;
     void *ws;
-    if (!tl_py_parse(args, 1, &c, "ii" TL_CONV_DESC_FMT "pKKKKKKLOK", &df, &wgrad, &dtype, &n_in,
-                     &n_out, &k, &cin, &cout, &tf32, &pa, &pb, &pnbr, &poff, &ppin, &ppout,
-                     &n_pairs, &alloc, &pout))
+    if (!tl_py_parse(args, 1, &c, "ii" TL_CONV_DESC_FMT "pKKKKKKLKOK", &df, &wgrad, &dtype,
+                     &n_in, &n_out, &k, &cin, &cout, &tf32, &pa, &pb, &pnbr, &poff, &ppin,
+                     &ppout, &n_pairs, &pder, &alloc, &pout))
         return NULL;
     tl_conv_desc d = {(tl_dtype)dtype, n_in, n_out, k, cin, cout};
     tl_cuda_pairs p = {n_pairs, tl_ptr(poff), tl_ptr(ppin), tl_ptr(ppout)};
@@ -142,10 +143,59 @@ static PyObject *py_cuda_conv(PyObject *self, PyObject *args) {
     if (!tl_py_workspace(&c, "cuda_conv", st, bytes, alloc, &ws)) return NULL;
     Py_BEGIN_ALLOW_THREADS
     st = tl_cuda_conv_call(df, wgrad, &c.ctx, &d, tf32, tl_ptr(pa), tl_ptr(pb), tl_ptr(pnbr), &p,
-                           ws, tl_ptr(pout));
+                           tl_ptr(pder), ws, tl_ptr(pout));
     Py_END_ALLOW_THREADS
     if (st != TL_OK)
         return tl_py_fail(&c, st, "cuda_conv", tl_cuda_conv_entry(df, wgrad), NULL, NULL);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(cuda_conv_derived_size_doc,
+             "cuda_conv_derived_size(dataflow, weight_grad, dtype, n_in, n_out, k, c_in, c_out)"
+             " -> int\n\nBytes of the data a cuda_conv call derives from its map alone "
+             "(0: none).");
+static PyObject *py_cuda_conv_derived_size(PyObject *self, PyObject *args) {
+    (void)self;
+    int df, wgrad, dtype;
+    long long n_in, n_out, k, cin, cout;
+    if (!PyArg_ParseTuple(args, "ii" TL_CONV_DESC_FMT, &df, &wgrad, &dtype, &n_in, &n_out, &k,
+                          &cin, &cout))
+        return NULL;
+    tl_conv_desc d = {(tl_dtype)dtype, n_in, n_out, k, cin, cout};
+    size_t bytes = 0;
+    tl_status st = tl_cuda_conv_derived_size((tl_cuda_dataflow)df, wgrad, &d, &bytes);
+    if (st != TL_OK) return tl_raise("cuda_conv_derived_size", st);
+    return PyLong_FromSize_t(bytes);
+}
+
+PyDoc_STRVAR(cuda_conv_derive_doc,
+             "cuda_conv_derive(device, stream, dataflow, weight_grad, dtype, n_in, n_out, k, "
+             "c_in, c_out, nbr_ptr, offsets_ptr, pair_in_ptr, pair_out_ptr, n_pairs, alloc, "
+             "derived_ptr)\n\nComputes what cuda_conv would derive from the map into "
+             "derived_ptr (cuda_conv_derived_size bytes), for later calls to pass.");
+static PyObject *py_cuda_conv_derive(PyObject *self, PyObject *args) {
+    (void)self;
+    tl_py_call c;
+    int df, wgrad, dtype;
+    unsigned long long pnbr, poff, ppin, ppout, pder;
+    long long n_in, n_out, k, cin, cout, n_pairs;
+    PyObject *alloc;
+    size_t bytes = 0;
+    void *ws;
+    if (!tl_py_parse(args, 1, &c, "ii" TL_CONV_DESC_FMT "KKKKLOK", &df, &wgrad, &dtype, &n_in,
+                     &n_out, &k, &cin, &cout, &pnbr, &poff, &ppin, &ppout, &n_pairs, &alloc,
+                     &pder))
+        return NULL;
+    tl_conv_desc d = {(tl_dtype)dtype, n_in, n_out, k, cin, cout};
+    tl_cuda_pairs p = {n_pairs, tl_ptr(poff), tl_ptr(ppin), tl_ptr(ppout)};
+    tl_status st = tl_cuda_conv_workspace_size((tl_cuda_dataflow)df, wgrad, &d, n_pairs, &bytes);
+    if (!tl_py_workspace(&c, "cuda_conv_derive", st, bytes, alloc, &ws)) return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    st = tl_cuda_conv_derive(&c.ctx, (tl_cuda_dataflow)df, wgrad, &d, tl_ptr(pnbr), &p, ws,
+                             tl_ptr(pder));
+    Py_END_ALLOW_THREADS
+    if (st != TL_OK)
+        return tl_py_fail(&c, st, "cuda_conv_derive", "tl_cuda_conv_derive", NULL, NULL);
     Py_RETURN_NONE;
 }
 
@@ -198,6 +248,8 @@ PyMethodDef tl_py_conv_methods[] = {
     TL_PY_METHOD(pairs_weight_grad),
 #ifdef TL_WITH_CUDA
     TL_PY_METHOD(cuda_conv),
+    TL_PY_METHOD(cuda_conv_derived_size),
+    TL_PY_METHOD(cuda_conv_derive),
     TL_PY_METHOD(cuda_gather_rows),
     TL_PY_METHOD(cuda_scatter_add_rows),
 #endif

@@ -45,3 +45,50 @@ def test_cached_map_forward_and_backward_make_no_host_sync(
     syncs, launches = syncs_and_launches(step, cuda=True)
     assert launches > 0, "the profiler records no runtime calls here: nothing was counted"
     assert syncs == [], f"host synchronisations in a cached-map step: {syncs}"
+
+
+@needs_gpu
+@pytest.mark.parametrize("dataflow", [Dataflow.ImplicitGEMM, Dataflow.FetchOnDemand],
+                         ids=lambda d: d.value)
+def test_map_derived_data_is_computed_once(
+    dataflow: Dataflow, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the pending CUDA changes on (TORCH_LATTICE_CUDA_PENDING=1), what a dataflow
+    derives from its map alone (implicit GEMM's order of output rows, fetch-on-demand's
+    tile starts) is computed on the first call and kept with the map: later calls launch
+    fewer kernels and give bitwise the same outputs and gradients as calls that derive it
+    each time. 6000 output rows: implicit GEMM orders rows from 4096."""
+    from torch_lattice.ops import conv_cuda
+
+    coords = random_coords(6000, 28, 3).cuda()
+    conv = tl.nn.SubmConv3d(32, 32, 3, config=ConvConfig(dataflow=dataflow)).cuda()
+    feats = torch.randn(coords.shape[0], 32, device="cuda", requires_grad=True)
+    x = tl.SparseTensor(feats, coords)
+    grad = torch.randn(coords.shape[0], 32, device="cuda")
+
+    def step() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        feats.grad, conv.weight.grad = None, None
+        y = conv(x)
+        y.feats.backward(grad)
+        return y.feats.detach().clone(), feats.grad.clone(), conv.weight.grad.clone()
+
+    def forward() -> None:
+        with torch.no_grad():
+            conv(x)
+
+    monkeypatch.delenv(conv_cuda.PENDING_ENV, raising=False)
+    assert not conv_cuda.pending()
+    want = step()
+    torch.cuda.synchronize()
+    _, launches_each_call = syncs_and_launches(forward, cuda=True)
+
+    monkeypatch.setenv(conv_cuda.PENDING_ENV, "1")
+    first = step()  # derives and keeps it
+    torch.cuda.synchronize()
+    syncs, launches_kept = syncs_and_launches(forward, cuda=True)
+    again = step()
+    assert syncs == []
+    assert launches_kept < launches_each_call, (launches_kept, launches_each_call)
+    for got in (first, again):
+        for a, b in zip(got, want, strict=True):
+            assert torch.equal(a, b)

@@ -245,7 +245,7 @@ def _conv_workspace(dataflow: int, weight_grad: int, code: int, n_out: int, k: i
     sizes = (1000, n_out, k, 64, 64)
     return workspace_request(
         lambda alloc: _C.cuda_conv(
-            0, 0, dataflow, weight_grad, code, *sizes, False, 0, 0, 0, 0, 0, 0, 0, alloc, 0
+            0, 0, dataflow, weight_grad, code, *sizes, False, 0, 0, 0, 0, 0, 0, 0, 0, alloc, 0
         )
     )
 
@@ -264,8 +264,9 @@ def _conv_workspace(dataflow: int, weight_grad: int, code: int, n_out: int, k: i
 )
 def test_sorted_forward_workspace(n_out: int, k: int, sorted_: bool) -> None:
     """The sorted forward reserves exactly its sort buffers (host-only: no GPU needed):
-    two (mask, row) buffers of n_out, 256 digit counts per 256 rows and their scan
-    scratch. The unsorted forward needs nothing; the weight gradient is unchanged."""
+    two buffers of n_out (mask, row) int32 pairs, 256 digit counts per 256 rows and their
+    scan scratch. The unsorted forward needs nothing; the weight gradient is unchanged.
+    The order a caller may keep instead (cuda_conv_derived_size) is one such buffer."""
     ig = conv_cuda.DATAFLOWS["implicit_gemm"]
     for dtype in (torch.float32, torch.float16):
         code = DTYPE_CODES[dtype]
@@ -273,9 +274,12 @@ def test_sorted_forward_workspace(n_out: int, k: int, sorted_: bool) -> None:
         expected = 0
         if sorted_:
             hist = 256 * ((n_out + 255) // 256)
-            expected = 4 * _ws_bytes(n_out, 4) + _ws_bytes(hist, 8)
+            expected = 2 * _ws_bytes(n_out, 8) + _ws_bytes(hist, 8)
             expected += _ws_bytes(_scan_scratch(hist), 8)
         assert fwd == expected, (dtype, fwd, expected)
+        derived = _C.cuda_conv_derived_size(ig, 0, code, 1000, n_out, k, 64, 64)
+        assert derived == (8 * n_out if sorted_ else 0)
+        assert _C.cuda_conv_derived_size(ig, 1, code, 1000, n_out, k, 64, 64) == 0
         wgrad = _conv_workspace(ig, 1, code, n_out, k)
         assert wgrad == (0 if dtype == torch.float32 else _ws_bytes(k * 64 * 64, 4))
 
@@ -367,3 +371,37 @@ def test_sorted_forward_on_a_surface(precision: str) -> None:
     )
     assert dx.shape == (n, 64)
     _assert_close(dx, dx_ref, tol, f"implicit_gemm {precision} input gradient on rev")
+
+
+@needs_cuda_build
+@pytest.mark.parametrize("weight_grad", [0, 1])
+def test_fetch_on_demand_derived_size(weight_grad: int) -> None:
+    """Fetch-on-demand keeps one tile start per kernel row and the total (k + 1 int64),
+    whatever the rows; gather-scatter derives nothing through cuda_conv (host-only)."""
+    fod = conv_cuda.DATAFLOWS["fetch_on_demand"]
+    for k in (1, 8, 27, 343):
+        size = _C.cuda_conv_derived_size(fod, weight_grad, 1, 1000, 5000, k, 64, 64)
+        assert size == 8 * (k + 1)
+    with pytest.raises(ValueError, match="invalid argument"):
+        _C.cuda_conv_derived_size(conv_cuda.DATAFLOWS["gather_scatter"], 0, 1, 10, 10, 8, 4, 4)
+
+
+@needs_gpu
+@pytest.mark.parametrize("precision", list(PRECISIONS))
+def test_sorted_forward_with_kept_order(precision: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The order kept with the table (TORCH_LATTICE_CUDA_PENDING=1) gives bitwise the
+    forward that sorts in each call, on its first call and on later ones."""
+    n_in, n_out = 3000, SORT_MIN_ROWS + 37
+    nbr = _patterned_nbr(n_in, n_out, K, 11)
+    monkeypatch.delenv(conv_cuda.PENDING_ENV, raising=False)
+    want = _forward_only(precision, nbr, n_in, 48, 40, 5)
+    monkeypatch.setenv(conv_cuda.PENDING_ENV, "1")
+    table = nbr.cuda()
+    dtype, tf32, _ = PRECISIONS[precision]
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(n_in, 48, generator=g).to(dtype).cuda()
+    w = (torch.randn(K, 48, 40, generator=g) / 48**0.5).to(dtype).cuda()
+    for _ in range(2):
+        y = conv_cuda.conv_forward("implicit_gemm", x, w, nbr=table, allow_tf32=tf32)
+        assert torch.equal(y, want)
+    assert any(v is not None for v in table._tl_derived[1].values())

@@ -12,6 +12,10 @@ Gather-scatter is orchestrated here: one gather launch, one cuBLAS GEMM per non-
 kernel row through ``torch.mm``, one scatter-add launch (docs/cuda.md, Gather-scatter),
 under cuBLAS precision settings restored on exit (:func:`_gemm_precision`); the kernel
 rows' ranges are read back once per pair list (:func:`_row_ranges`).
+
+With ``TORCH_LATTICE_CUDA_PENDING=1`` (:data:`PENDING_ENV`), what implicit GEMM and
+fetch-on-demand derive from a map alone is computed once per map tensor and kept on it
+(:func:`_derived`); that change waits for a device run (docs/gpu-validation.md).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
+import os
 from collections.abc import Iterator
 
 import torch
@@ -70,6 +75,18 @@ def _maps(
     return None, (offsets.contiguous(), pair_in.contiguous(), pair_out.contiguous())
 
 
+# Changes that are built and compiled but not yet verified by a device run stay off the
+# default path until one passes (docs/gpu-validation.md, "Waiting for a GPU run"): this
+# environment variable, "1", turns them on; scripts/device-check.sh sets it for its tests
+# and benchmark, so that the run verifies them.
+PENDING_ENV = "TORCH_LATTICE_CUDA_PENDING"
+
+
+def pending() -> bool:
+    """Whether the CUDA changes that wait for a device run are on (:data:`PENDING_ENV`)."""
+    return os.environ.get(PENDING_ENV) == "1"
+
+
 def _check_dtype(op: str, a: torch.Tensor, b: torch.Tensor | None = None) -> None:
     """The kernels' dtypes: float32, float16 or bfloat16, and (``b`` given) one dtype for
     both operands, which the weight-gradient ops leave to the device (the CPU casts)."""
@@ -81,6 +98,66 @@ def _check_dtype(op: str, a: torch.Tensor, b: torch.Tensor | None = None) -> Non
         raise TypeError(
             f"{op}: feats ({a.dtype}) and grad_out ({b.dtype}) must have the same dtype"
         )
+
+
+def _derived(
+    dataflow: str,
+    weight_grad: bool,
+    code: int,
+    sizes: tuple[int, int, int, int, int],
+    nbr: torch.Tensor | None,
+    pairs: Pairs | None,
+    n_pairs: int,
+) -> torch.Tensor | None:
+    """What this call derives from its map alone (implicit GEMM's order of output rows,
+    fetch-on-demand's per-kernel-row tile starts), or None to let the call compute it.
+
+    Computed once per map tensor (``nbr``, or the pair lists' offsets) and kept on it
+    (``_tl_derived``, with the tensor's version, so an in-place change computes it again),
+    so a forward or backward on a cached map enqueues its multiply alone.  Only where
+    :func:`pending` holds, and never during CUDA graph capture, whose allocations belong to
+    the graph."""
+    if not pending() or torch.cuda.is_current_stream_capturing():
+        return None
+    n_in, n_out, k, cin, cout = sizes
+    df = DATAFLOWS[dataflow]
+    owner = nbr if nbr is not None else pairs[0] if pairs is not None else None
+    if owner is None:
+        return None
+    # The order depends on the map and n_in; the weight gradient's tile starts also on the
+    # channel tiles (its chunk size).
+    key = (df, weight_grad, n_in, n_out, k, n_pairs) + ((cin, cout) if weight_grad else ())
+    cache = getattr(owner, "_tl_derived", None)
+    if cache is None or cache[0] != owner._version:
+        cache = (owner._version, {})
+        owner._tl_derived = cache  # type: ignore[attr-defined]
+    if key in cache[1]:
+        return cache[1][key]
+    nbytes = _C.cuda_conv_derived_size(df, int(weight_grad), code, n_in, n_out, k, cin, cout)
+    derived = None
+    if nbytes > 0:
+        derived = torch.empty(nbytes, dtype=torch.uint8, device=owner.device)
+        index, stream = call_args(owner.device)
+        pair_ptrs = [ptr(t) for t in pairs] if pairs is not None else [0, 0, 0]
+        _C.cuda_conv_derive(
+            index,
+            stream,
+            df,
+            int(weight_grad),
+            code,
+            n_in,
+            n_out,
+            k,
+            cin,
+            cout,
+            ptr(nbr) if nbr is not None else 0,
+            *pair_ptrs,
+            n_pairs,
+            workspace_alloc(owner.device),
+            ptr(derived),
+        )
+    cache[1][key] = derived
+    return derived
 
 
 def _run(
@@ -101,6 +178,7 @@ def _run(
     index, stream = call_args(a.device)
     pair_ptrs = [ptr(t) for t in pairs] if pairs is not None else [0, 0, 0]
     tf32 = a.dtype == torch.float32 and allow_tf32
+    derived = _derived(dataflow, weight_grad, code, sizes, nbr, pairs, n_pairs)
     _C.cuda_conv(
         index,
         stream,
@@ -118,6 +196,7 @@ def _run(
         ptr(nbr) if nbr is not None else 0,
         *pair_ptrs,
         n_pairs,
+        ptr(derived) if derived is not None else 0,
         alloc,
         ptr(out),
     )
