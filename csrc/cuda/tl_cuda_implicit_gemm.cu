@@ -246,17 +246,24 @@ struct tl_ig_wgrad_call {
 
 } // namespace
 
+/* The forward's workspace (scratch only for the row sort: the forward writes
+ * each tile once), checked, and the call's device made current. */
+static tl_status tl_ig_enter(const tl_ctx *ctx, const tl_conv_desc *d, void *workspace,
+                             tl_conv_layout *l, tl_cuda_scope &scope, cudaStream_t *stream) {
+    tl_cuda_ws ws = tl_conv_layout_of(workspace, TL_CUDA_IMPLICIT_GEMM, false, d, 0, l);
+    if (ws.overflow) return TL_ERR_OVERFLOW;
+    if (!tl_cuda_ws_ok(workspace, ws.used)) return TL_ERR_INVALID;
+    return scope.enter(ctx, stream);
+}
+
 tl_status tl_ig_derive(const tl_ctx *ctx, const tl_conv_desc *d, const int32_t *nbr,
                        void *workspace, void *derived) {
     if (!tl_ig_sorted(TL_CUDA_IMPLICIT_GEMM, false, d)) return TL_OK; /* nothing derived */
     if (!nbr || !derived) return TL_ERR_INVALID;
     tl_conv_layout l;
-    tl_cuda_ws ws = tl_conv_layout_of(workspace, TL_CUDA_IMPLICIT_GEMM, false, d, 0, &l);
-    if (ws.overflow) return TL_ERR_OVERFLOW;
-    if (!tl_cuda_ws_ok(workspace, ws.used)) return TL_ERR_INVALID;
     cudaStream_t stream;
     tl_cuda_scope scope;
-    TL_CUDA_RETURN_IF(scope.enter(ctx, &stream));
+    TL_CUDA_RETURN_IF(tl_ig_enter(ctx, d, workspace, &l, scope, &stream));
     const tl_kv *order;
     TL_CUDA_RETURN_IF(tl_ig_sort(l, d, nbr, stream, &order));
     TL_CUDA_TRY(cudaMemcpyAsync(derived, order, sizeof(tl_kv) * (size_t)d->n_out,
@@ -270,14 +277,10 @@ extern "C" tl_status tl_cuda_implicit_gemm_forward(const tl_ctx *ctx, const tl_c
                                                    void *workspace, void *y) {
     TL_CUDA_RETURN_IF(tl_conv_check(d, x, w, y, false));
     if (!nbr && d->n_out > 0) return TL_ERR_INVALID;
-    /* Scratch only for the row sort: the forward writes each tile once. */
     tl_conv_layout l;
-    tl_cuda_ws ws = tl_conv_layout_of(workspace, TL_CUDA_IMPLICIT_GEMM, false, d, 0, &l);
-    if (ws.overflow) return TL_ERR_OVERFLOW;
-    if (!tl_cuda_ws_ok(workspace, ws.used)) return TL_ERR_INVALID;
     cudaStream_t stream;
     tl_cuda_scope scope;
-    TL_CUDA_RETURN_IF(scope.enter(ctx, &stream));
+    TL_CUDA_RETURN_IF(tl_ig_enter(ctx, d, workspace, &l, scope, &stream));
     if (d->n_out == 0 || d->c_out == 0) return TL_OK;
     const tl_kv *order = NULL;
     if (tl_ig_sorted(TL_CUDA_IMPLICIT_GEMM, false, d)) {

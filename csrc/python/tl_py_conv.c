@@ -116,6 +116,16 @@ static tl_status tl_cuda_conv_call(int df, int wgrad, const tl_ctx *ctx, const t
     }
 }
 
+/* The workspace of one cuda_conv or cuda_conv_derive call (the same size:
+ * deriving runs the part of the call that derives). */
+static int tl_cuda_conv_workspace(const tl_py_call *c, const char *fn, int df, int wgrad,
+                                  const tl_conv_desc *d, long long n_pairs, PyObject *alloc,
+                                  void **ws) {
+    size_t bytes = 0;
+    tl_status st = tl_cuda_conv_workspace_size((tl_cuda_dataflow)df, wgrad, d, n_pairs, &bytes);
+    return tl_py_workspace(c, fn, st, bytes, alloc, ws);
+}
+
 PyDoc_STRVAR(cuda_conv_doc,
              "cuda_conv(device, stream, dataflow, weight_grad, dtype, n_in, n_out, k, c_in, "
              "c_out, allow_tf32, a_ptr, b_ptr, nbr_ptr, offsets_ptr, pair_in_ptr, "
@@ -131,7 +141,6 @@ static PyObject *py_cuda_conv(PyObject *self, PyObject *args) {
     unsigned long long pa, pb, pnbr, poff, ppin, ppout, pder, pout;
     long long n_in, n_out, k, cin, cout, n_pairs;
     PyObject *alloc;
-    size_t bytes = 0;
     void *ws;
     if (!tl_py_parse(args, 1, &c, "ii" TL_CONV_DESC_FMT "pKKKKKKLKOK", &df, &wgrad, &dtype,
                      &n_in, &n_out, &k, &cin, &cout, &tf32, &pa, &pb, &pnbr, &poff, &ppin,
@@ -139,8 +148,8 @@ static PyObject *py_cuda_conv(PyObject *self, PyObject *args) {
         return NULL;
     tl_conv_desc d = {(tl_dtype)dtype, n_in, n_out, k, cin, cout};
     tl_cuda_pairs p = {n_pairs, tl_ptr(poff), tl_ptr(ppin), tl_ptr(ppout)};
-    tl_status st = tl_cuda_conv_workspace_size((tl_cuda_dataflow)df, wgrad, &d, n_pairs, &bytes);
-    if (!tl_py_workspace(&c, "cuda_conv", st, bytes, alloc, &ws)) return NULL;
+    if (!tl_cuda_conv_workspace(&c, "cuda_conv", df, wgrad, &d, n_pairs, alloc, &ws)) return NULL;
+    tl_status st;
     Py_BEGIN_ALLOW_THREADS
     st = tl_cuda_conv_call(df, wgrad, &c.ctx, &d, tf32, tl_ptr(pa), tl_ptr(pb), tl_ptr(pnbr), &p,
                            tl_ptr(pder), ws, tl_ptr(pout));
@@ -180,7 +189,6 @@ static PyObject *py_cuda_conv_derive(PyObject *self, PyObject *args) {
     unsigned long long pnbr, poff, ppin, ppout, pder;
     long long n_in, n_out, k, cin, cout, n_pairs;
     PyObject *alloc;
-    size_t bytes = 0;
     void *ws;
     if (!tl_py_parse(args, 1, &c, "ii" TL_CONV_DESC_FMT "KKKKLOK", &df, &wgrad, &dtype, &n_in,
                      &n_out, &k, &cin, &cout, &pnbr, &poff, &ppin, &ppout, &n_pairs, &alloc,
@@ -188,8 +196,9 @@ static PyObject *py_cuda_conv_derive(PyObject *self, PyObject *args) {
         return NULL;
     tl_conv_desc d = {(tl_dtype)dtype, n_in, n_out, k, cin, cout};
     tl_cuda_pairs p = {n_pairs, tl_ptr(poff), tl_ptr(ppin), tl_ptr(ppout)};
-    tl_status st = tl_cuda_conv_workspace_size((tl_cuda_dataflow)df, wgrad, &d, n_pairs, &bytes);
-    if (!tl_py_workspace(&c, "cuda_conv_derive", st, bytes, alloc, &ws)) return NULL;
+    if (!tl_cuda_conv_workspace(&c, "cuda_conv_derive", df, wgrad, &d, n_pairs, alloc, &ws))
+        return NULL;
+    tl_status st;
     Py_BEGIN_ALLOW_THREADS
     st = tl_cuda_conv_derive(&c.ctx, (tl_cuda_dataflow)df, wgrad, &d, tl_ptr(pnbr), &p, ws,
                              tl_ptr(pder));

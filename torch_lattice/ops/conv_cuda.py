@@ -133,31 +133,35 @@ def _derived(
         owner._tl_derived = cache  # type: ignore[attr-defined]
     if key in cache[1]:
         return cache[1][key]
-    nbytes = _C.cuda_conv_derived_size(df, int(weight_grad), code, n_in, n_out, k, cin, cout)
+    nbytes = _C.cuda_conv_derived_size(df, int(weight_grad), code, *sizes)
     derived = None
     if nbytes > 0:
         derived = torch.empty(nbytes, dtype=torch.uint8, device=owner.device)
-        index, stream = call_args(owner.device)
-        pair_ptrs = [ptr(t) for t in pairs] if pairs is not None else [0, 0, 0]
-        _C.cuda_conv_derive(
-            index,
-            stream,
-            df,
-            int(weight_grad),
-            code,
-            n_in,
-            n_out,
-            k,
-            cin,
-            cout,
-            ptr(nbr) if nbr is not None else 0,
-            *pair_ptrs,
-            n_pairs,
-            workspace_alloc(owner.device),
-            ptr(derived),
-        )
+        head = _call_head(owner.device, dataflow, weight_grad, code, sizes)
+        map_ptrs = _map_ptrs(nbr, pairs)
+        alloc = workspace_alloc(owner.device)
+        _C.cuda_conv_derive(*head, *map_ptrs, n_pairs, alloc, ptr(derived))
     cache[1][key] = derived
     return derived
+
+
+def _call_head(
+    device: torch.device,
+    dataflow: str,
+    weight_grad: bool,
+    code: int,
+    sizes: tuple[int, int, int, int, int],
+) -> tuple[int, ...]:
+    """The arguments ``cuda_conv`` and ``cuda_conv_derive`` start with: device index,
+    stream, dataflow, direction, dtype code and the five sizes."""
+    index, stream = call_args(device)
+    return (index, stream, DATAFLOWS[dataflow], int(weight_grad), code, *sizes)
+
+
+def _map_ptrs(nbr: torch.Tensor | None, pairs: Pairs | None) -> list[int]:
+    """Pointers of the map: ``nbr``, then offsets, pair_in and pair_out (0 where absent)."""
+    pair_ptrs = [ptr(t) for t in pairs] if pairs is not None else [0, 0, 0]
+    return [ptr(nbr) if nbr is not None else 0, *pair_ptrs]
 
 
 def _run(
@@ -171,33 +175,20 @@ def _run(
     out: torch.Tensor,
     allow_tf32: bool,
 ) -> None:
-    n_in, n_out, k, cin, cout = sizes
     code = DTYPE_CODES[a.dtype]
     n_pairs = pairs[1].shape[0] if pairs is not None else 0
-    alloc = workspace_alloc(a.device)
-    index, stream = call_args(a.device)
-    pair_ptrs = [ptr(t) for t in pairs] if pairs is not None else [0, 0, 0]
     tf32 = a.dtype == torch.float32 and allow_tf32
     derived = _derived(dataflow, weight_grad, code, sizes, nbr, pairs, n_pairs)
+    head = _call_head(a.device, dataflow, weight_grad, code, sizes)
     _C.cuda_conv(
-        index,
-        stream,
-        DATAFLOWS[dataflow],
-        int(weight_grad),
-        code,
-        n_in,
-        n_out,
-        k,
-        cin,
-        cout,
+        *head,
         tf32,
         ptr(a),
         ptr(b),
-        ptr(nbr) if nbr is not None else 0,
-        *pair_ptrs,
+        *_map_ptrs(nbr, pairs),
         n_pairs,
         ptr(derived) if derived is not None else 0,
-        alloc,
+        workspace_alloc(a.device),
         ptr(out),
     )
 
