@@ -176,8 +176,8 @@ static tl_status TL_FN(tl_forward)(const tl_ctx *ctx, const tl_conv_desc *d, con
 
 /* Scratch of one weight-gradient worker: the x and dy row pointers of a
  * block's pairs through one kernel row and through the next (up to
- * TL_WGRAD_PAIRS each), and the x values of one kernel row's pairs packed as
- * strips of 4 input channels (TL_WGRAD_PAIRS x c_in rounded up to 4). */
+ * TL_WGRAD_PAIRS each), and the x rows of one kernel row's pairs packed
+ * (TL_WGRAD_PAIRS rows of c_in rounded up to 4). */
 typedef struct TL_FN(tl_wgrad_scratch) {
     const TL_FN(tl_mk_ops) *mk;
     const TL_T *xq[2][TL_WGRAD_PAIRS], *dq[2][TL_WGRAD_PAIRS]; /* slot n % 2: kernel row n */
@@ -205,24 +205,24 @@ static int64_t TL_FN(tl_wgrad_pairs_run)(const tl_conv_desc *d, const tl_pairs *
     return c;
 }
 
-/* Packs the c listed pairs' x rows xq[] into s->xp, strips of 4 input
- * channels side by side (the layout of tl_mk_ops.panel), so the
- * micro-kernel's broadcasts stream from one contiguous panel while the dy rows
- * are read in place.  The x rows are gathered from anywhere in x, so each is
- * asked for TL_WGRAD_AHEAD pairs ahead (1.0-1.3x; most on strided maps). */
+/* Packs the c listed pairs' x rows xq[] into s->xp, one after another, each
+ * zero-padded to a multiple of 4 values (the layout of tl_mk_ops.panel), so
+ * the micro-kernel's broadcasts read at a fixed stride, with no pointer
+ * load per pair, while the dy rows are read in place.  Whole rows: strips of
+ * 4 input channels side by side (before round nine) stored 16 bytes into
+ * each of c_in / 4 places per pair and waited on the stores (0.97-1.11x at
+ * C >= 64).  The x rows are gathered from anywhere in x, so each is asked
+ * for TL_WGRAD_AHEAD pairs ahead (1.0-1.3x; most on strided maps). */
 static void TL_FN(tl_wgrad_pack)(const tl_conv_desc *d, int64_t c, const TL_T *const *xq,
                                  TL_FN(tl_wgrad_scratch) *s) {
-    const int64_t cin = d->c_in, full = cin / 4, row_bytes = cin * (int64_t)sizeof(TL_T);
+    const int64_t cin = d->c_in, ldx = (cin + 3) / 4 * 4, row_bytes = cin * (int64_t)sizeof(TL_T);
     for (int64_t q = 0; q < c; q++) {
         if (q + TL_WGRAD_AHEAD < c)
             for (int64_t b = 0; b < row_bytes; b += 64)
                 __builtin_prefetch((const char *)xq[q + TL_WGRAD_AHEAD] + b);
-        const TL_T *xr = xq[q];
-        TL_T *xs = s->xp + 4 * q;
-        for (int64_t st = 0; st < full; st++) memcpy(xs + st * 4 * c, xr + st * 4, 4 * sizeof(TL_T));
-        if (cin > full * 4)
-            for (int64_t r = 0; r < 4; r++)
-                xs[full * 4 * c + r] = full * 4 + r < cin ? xr[full * 4 + r] : 0;
+        TL_T *xs = s->xp + q * ldx;
+        memcpy(xs, xq[q], (size_t)row_bytes);
+        for (int64_t r = cin; r < ldx; r++) xs[r] = 0;
     }
 }
 
@@ -253,6 +253,8 @@ static int TL_FN(tl_wgrad_rows)(const tl_conv_desc *d, const TL_T *x, const TL_T
                                 int64_t n0, int64_t n1, TL_T *acc,
                                 TL_FN(tl_wgrad_scratch) *s) {
     const int64_t mat = d->c_in * d->c_out;
+    const int packs = d->c_in >= TL_WGRAD_PACK_MIN_CIN ||
+                      (d->c_in >= TL_WGRAD_PACK_WIDE_MIN_CIN && d->c_out > s->mk->rows8_cols);
     if (p)
         for (int64_t n = n0; n < n1; n++) s->cur[n] = tl_pairs_first_at(p, n, o0);
     for (int64_t b0 = o0; b0 < o1; b0 += TL_WGRAD_PAIRS) {
@@ -271,7 +273,7 @@ static int TL_FN(tl_wgrad_rows)(const tl_conv_desc *d, const TL_T *x, const TL_T
                                                                        b0, b1, s, xn,
                                                                        s->dq[(n + 1) % 2])
                                             : 0;
-            if (c > 0 && d->c_in >= TL_WGRAD_PACK_MIN_CIN) {
+            if (c > 0 && packs) {
                 TL_FN(tl_wgrad_pack)(d, c, xq, s);
                 s->mk->panel(d->c_out, c, d->c_in, s->xp, dq, acc + n * mat, d->c_out, xn,
                              next);

@@ -59,16 +59,17 @@ static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_BLOCK_FN(
         }
 }
 
-/* The weight gradient's update over packed panels:
- *   out[r * ldo + j + :] += sum_q xp[4 * q + r] * dq[q][j + :],  r < 4,
- * where xp holds 4 input channels of nq pairs side by side (contiguous, so
- * the broadcasts stream) and dq[q] is the pair's dy row: each dy vector feeds
- * 4 FMAs.  Only rows r < valid are written (the last
- * strip of input channels may be padded with zeros).  While it runs, byte
- * pf_byte of the rows pf[q], q < npf, is asked for (see tl_mk_ops.panel). */
+/* The weight gradient's update over packed x rows:
+ *   out[r * ldo + j + :] += sum_q xp[q * ldx + r] * dq[q][j + :],  r < 4,
+ * where xp + q * ldx holds 4 input channels of pair q (packed rows ldx
+ * apart: a fixed stride, no pointer load per pair) and dq[q] is the pair's
+ * dy row: each dy vector feeds 4 FMAs.  Only rows r < valid are written (the
+ * last 4 input channels may be padding zeros).  While it runs, byte pf_byte
+ * of the rows pf[q], q < npf, is asked for (see tl_mk_ops.panel). */
 static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_BLOCK_PFN(
-    int NV, int64_t j, int64_t nq, const TL_T *xp, const TL_T *const *dq, TL_T *out,
-    int64_t ldo, int64_t valid, const TL_T *const *pf, int64_t npf, int64_t pf_byte) {
+    int NV, int64_t j, int64_t nq, const TL_T *xp, int64_t ldx, const TL_T *const *dq,
+    TL_T *out, int64_t ldo, int64_t valid, const TL_T *const *pf, int64_t npf,
+    int64_t pf_byte) {
     const int64_t vl = (int64_t)(TL_BLOCK_BYTES / sizeof(TL_T));
     TL_BLOCK_VEC acc[4][TL_BLOCK_NV];
     for (int r = 0; r < 4; r++)
@@ -83,7 +84,7 @@ static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_BLOCK_PFN(
             memcpy(&bv[v], dq[q] + j + v * vl, sizeof(TL_BLOCK_VEC));
 #pragma GCC unroll 4
         for (int r = 0; r < 4; r++) {
-            TL_T s = xp[4 * q + r];
+            TL_T s = xp[q * ldx + r];
 #pragma GCC unroll 8
             for (int v = 0; v < NV; v++) acc[r][v] += s * bv[v];
         }

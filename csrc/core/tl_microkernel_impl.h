@@ -46,13 +46,12 @@ typedef struct TL_MK(ops) {
     void (*rows_t_1)(int64_t cw, int64_t nq, int64_t c0, const TL_T *const *xr,
                      const TL_T *const *b, TL_T *const *out, const TL_T *const *pf,
                      int64_t npf, int64_t pf_byte);
-    /* Weight gradient over packed panels of nq pairs:
-     *   out[c * ldo + j] += sum_q xp(q, c) * dq[q][j],  c < rows, j < cw,
-     * xp(q, c) = xp[(c / 4) * 4 * nq + 4 * q + c % 4]: strips of 4 input
-     * channels, each nq x 4 (zero-padded past rows); dq[q]: the pair's dy
-     * row (from the block's first column).  While it runs it asks for each
-     * row pf[q], q < npf, of `rows` values (the next kernel row's x rows,
-     * which the weight gradient packs next). */
+    /* Weight gradient over the packed x rows of nq pairs:
+     *   out[c * ldo + j] += sum_q xp[q * ldx + c] * dq[q][j],  c < rows, j < cw,
+     * ldx = rows rounded up to 4 (each packed row zero-padded past rows);
+     * dq[q]: the pair's dy row (from the block's first column).  While it
+     * runs it asks for each row pf[q], q < npf, of `rows` values (the next
+     * kernel row's x rows, which the weight gradient packs next). */
     void (*panel)(int64_t cw, int64_t nq, int64_t rows, const TL_T *xp,
                   const TL_T *const *dq, TL_T *out, int64_t ldo, const TL_T *const *pf,
                   int64_t npf);

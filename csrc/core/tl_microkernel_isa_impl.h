@@ -207,10 +207,10 @@ TL_DEFINE_ROWS_T(4)
 TL_DEFINE_ROWS_T(1)
 #undef TL_DEFINE_ROWS_T
 
-/* All strips of one packed weight-gradient panel (see tl_mk_ops): for each
- * block of columns, every strip of 4 input channels, so the block's dy
- * columns (nq rows x up to TL_ISA_NV_WG vectors) stay in L1 while the x strips
- * stream past them.  Column blocks: TL_COLUMN_BLOCKS of TL_ISA_NV_WG vectors,
+/* One kernel row of the weight gradient over packed x rows (see tl_mk_ops):
+ * for each block of columns, every strip of 4 input channels, so the block's
+ * dy columns (nq rows x up to TL_ISA_NV_WG vectors) stay in L1 while the x
+ * strips pass them.  Column blocks: TL_COLUMN_BLOCKS of TL_ISA_NV_WG vectors,
  * never leaving a single vector behind; then scalars.  The first column
  * block's strip s asks for cache line s of each row pf[q] (q < npf; rows of
  * `rows` values, as the x rows packed here), one per pair, spread over the
@@ -218,20 +218,19 @@ TL_DEFINE_ROWS_T(1)
 static TL_ISA_ATTR void TL_MKI(panel)(int64_t cw, int64_t nq, int64_t rows, const TL_T *xp,
                                       const TL_T *const *dq, TL_T *out, int64_t ldo,
                                       const TL_T *const *pf, int64_t npf) {
-    const int64_t strips = (rows + 3) / 4;
+    const int64_t strips = (rows + 3) / 4, ldx = strips * 4;
     const int64_t pf_lines = (rows * (int64_t)sizeof(TL_T) + 63) / 64;
     int64_t j = 0;
 #define TL_PANEL_CALL(W, NV)                                                                \
     for (int64_t s = 0; s < strips; s++)                                                    \
-    TL_MKI(pblock##W)(NV, j, nq, xp + s * 4 * nq, dq, out + s * 4 * ldo, ldo, rows - s * 4, \
+    TL_MKI(pblock##W)(NV, j, nq, xp + s * 4, ldx, dq, out + s * 4 * ldo, ldo, rows - s * 4, \
                       pf, j == 0 && s < pf_lines ? npf : 0, s * 64)
     TL_COLUMN_BLOCKS(TL_ISA_NV_WG, 1, TL_PANEL_CALL);
 #undef TL_PANEL_CALL
     for (int64_t r = 0; r < rows; r++)
         for (int64_t jj = j; jj < cw; jj++) {
-            const TL_T *xs = xp + r / 4 * 4 * nq + r % 4;
             TL_T s = 0;
-            for (int64_t q = 0; q < nq; q++) s += xs[4 * q] * dq[q][jj];
+            for (int64_t q = 0; q < nq; q++) s += xp[q * ldx + r] * dq[q][jj];
             out[r * ldo + jj] += s;
         }
 }

@@ -46,19 +46,22 @@ def _reference(
 @pytest.mark.parametrize("dtype", list(TOL), ids=str)
 @pytest.mark.parametrize(
     ("cin", "cout", "fill"),
-    # (64, 72): 32 listed parts through the packed panels (c_in >= 64; 72 columns leave a
-    # partial vector). The last two: weight gradients split into groups of kernel rows
-    # (each kernel row's column read from the table), through the packed panels and
-    # through x rows read in place (c_in < 64). (15, 20): the weight gradient's 8-channel
-    # passes (c_out <= 32) between a first 4-channel one and single channels.
+    # (64, 72): 32 listed parts through the packed x rows (c_in >= 64; 72 columns leave a
+    # partial vector). (72, 72), (46, 108) and (36, 140): weight gradients split into groups
+    # of kernel rows (each kernel row's column read from the table), through packed x rows
+    # (c_in >= 64, and c_in >= 40 with c_out > 32; 46 values pad to 48) and through x rows
+    # read in place. (15, 20) and (40, 20): the weight gradient's 8-channel passes (c_out
+    # <= 32, read in place) between a first 4-channel one and single channels.
     [
         (16, 16, 0.2),
         (32, 32, 0.05),
         (16, 24, 0.9),
         (15, 20, 0.3),
+        (40, 20, 0.3),
         (64, 72, 0.2),
         (72, 72, 0.2),
-        (48, 104, 0.3),
+        (46, 108, 0.3),
+        (36, 140, 0.3),
     ],
 )
 def test_large_table_matches_reference(
