@@ -215,7 +215,8 @@ static int64_t TL_FN(tl_wgrad_pairs_run)(const tl_conv_desc *d, const tl_pairs *
  * for TL_WGRAD_AHEAD pairs ahead (1.0-1.3x; most on strided maps). */
 static void TL_FN(tl_wgrad_pack)(const tl_conv_desc *d, int64_t c, const TL_T *const *xq,
                                  TL_FN(tl_wgrad_scratch) *s) {
-    const int64_t cin = d->c_in, ldx = (cin + 3) / 4 * 4, row_bytes = cin * (int64_t)sizeof(TL_T);
+    const int64_t cin = d->c_in, ldx = TL_FN(tl_mk_packed_ld)(cin);
+    const int64_t row_bytes = cin * (int64_t)sizeof(TL_T);
     for (int64_t q = 0; q < c; q++) {
         if (q + TL_WGRAD_AHEAD < c)
             for (int64_t b = 0; b < row_bytes; b += 64)
@@ -304,7 +305,7 @@ static tl_status TL_FN(tl_weight_grad)(const tl_ctx *ctx, const tl_conv_desc *d,
     {
         TL_FN(tl_wgrad_scratch) s;
         s.mk = TL_FN(tl_mk_pick)(ctx);
-        s.xp = malloc(sizeof(TL_T) * (size_t)(TL_WGRAD_PAIRS * ((d->c_in + 3) / 4 * 4)));
+        s.xp = malloc(sizeof(TL_T) * (size_t)(TL_WGRAD_PAIRS * TL_FN(tl_mk_packed_ld)(d->c_in)));
         s.cur = p ? malloc(sizeof(int64_t) * (size_t)d->k) : NULL;
         /* Pair lists need no listing. */
         const int ok = tl_wgrad_lists_init(&s.lists, split.listed && !p,

@@ -48,7 +48,7 @@ typedef struct TL_MK(ops) {
                      int64_t npf, int64_t pf_byte);
     /* Weight gradient over the packed x rows of nq pairs:
      *   out[c * ldo + j] += sum_q xp[q * ldx + c] * dq[q][j],  c < rows, j < cw,
-     * ldx = rows rounded up to 4 (each packed row zero-padded past rows);
+     * ldx = packed_ld(rows) (each packed row zero-padded past rows);
      * dq[q]: the pair's dy row (from the block's first column).  While it
      * runs it asks for each row pf[q], q < npf, of `rows` values (the next
      * kernel row's x rows, which the weight gradient packs next). */
@@ -56,6 +56,11 @@ typedef struct TL_MK(ops) {
                   const TL_T *const *dq, TL_T *out, int64_t ldo, const TL_T *const *pf,
                   int64_t npf);
 } TL_MK(ops);
+
+/* Values per packed x row of the weight gradient (tl_mk_ops.panel): `rows`
+ * input channels zero-padded to a multiple of 4, one register-blocked strip
+ * each. */
+static inline int64_t TL_MK(packed_ld)(int64_t rows) { return (rows + 3) / 4 * 4; }
 
 /* One set per instruction set (see tl_simd.h): AVX-512, AVX2 + FMA, and the
  * baseline of the target. */

@@ -218,7 +218,7 @@ TL_DEFINE_ROWS_T(1)
 static TL_ISA_ATTR void TL_MKI(panel)(int64_t cw, int64_t nq, int64_t rows, const TL_T *xp,
                                       const TL_T *const *dq, TL_T *out, int64_t ldo,
                                       const TL_T *const *pf, int64_t npf) {
-    const int64_t strips = (rows + 3) / 4, ldx = strips * 4;
+    const int64_t ldx = TL_MK(packed_ld)(rows), strips = ldx / 4;
     const int64_t pf_lines = (rows * (int64_t)sizeof(TL_T) + 63) / 64;
     int64_t j = 0;
 #define TL_PANEL_CALL(W, NV)                                                                \

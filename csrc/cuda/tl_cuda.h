@@ -110,9 +110,13 @@ typedef struct tl_cuda_pairs {
 
 /* Workspace bytes of one tile-GEMM dataflow call (forward when weight_grad
  * is 0): TL_CUDA_IMPLICIT_GEMM or TL_CUDA_FETCH_ON_DEMAND (TL_ERR_INVALID
- * for TL_CUDA_GATHER_SCATTER, which runs through torch; see below). */
+ * for TL_CUDA_GATHER_SCATTER, which runs through torch; see below).
+ * derived != 0: the call will be passed its map-derived data (below), which
+ * it then needs no scratch to compute; tl_cuda_conv_derive takes the
+ * workspace of derived == 0. */
 tl_status tl_cuda_conv_workspace_size(tl_cuda_dataflow df, int weight_grad,
-                                      const tl_conv_desc *d, int64_t n_pairs, size_t *bytes);
+                                      const tl_conv_desc *d, int64_t n_pairs, int derived,
+                                      size_t *bytes);
 
 /* Data a dataflow call derives from its map alone before it multiplies:
  * implicit GEMM's order of output rows (a forward of at least 4096 output
@@ -120,7 +124,8 @@ tl_status tl_cuda_conv_workspace_size(tl_cuda_dataflow df, int weight_grad,
  * fetch-on-demand's per-kernel-row tile starts (k + 1 int64, per direction).
  * Each call computes it in its workspace when passed derived == NULL; a
  * caller that keeps its map can compute it once with tl_cuda_conv_derive
- * (enqueued on ctx->stream, no synchronization; workspace as for the call)
+ * (enqueued on ctx->stream, no synchronization; the call's workspace for
+ * derived == 0)
  * into tl_cuda_conv_derived_size bytes (0: nothing to derive) and pass it to
  * every later call of the same dataflow, direction, desc and map on the same
  * device. */

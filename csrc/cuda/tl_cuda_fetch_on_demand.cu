@@ -78,7 +78,7 @@ tl_status tl_fod_derive(const tl_ctx *ctx, bool weight_grad, const tl_conv_desc 
     if (!derived) return TL_ERR_INVALID;
     tl_conv_layout l;
     tl_cuda_ws ws = tl_conv_layout_of(workspace, TL_CUDA_FETCH_ON_DEMAND, weight_grad, d,
-                                      p->n_pairs, &l);
+                                      p->n_pairs, false, &l);
     if (ws.overflow) return TL_ERR_OVERFLOW;
     if (!tl_cuda_ws_ok(workspace, ws.used)) return TL_ERR_INVALID;
     cudaStream_t stream;
@@ -133,7 +133,8 @@ extern "C" tl_status tl_cuda_fetch_on_demand_forward(const tl_ctx *ctx, const tl
     TL_CUDA_RETURN_IF(tl_conv_check(d, x, w, y, false));
     TL_CUDA_RETURN_IF(tl_pairs_args_check(d, p));
     tl_conv_frame f;
-    TL_CUDA_RETURN_IF(f.begin(ctx, TL_CUDA_FETCH_ON_DEMAND, false, d, p->n_pairs, workspace, y));
+    TL_CUDA_RETURN_IF(f.begin(ctx, TL_CUDA_FETCH_ON_DEMAND, false, d, p->n_pairs, derived != NULL,
+                              workspace, y));
     if (f.size == 0) return TL_OK;
     if (f.l.rows_cap > 0 && d->c_in > 0) {
         tl_fod_forward_call call;
@@ -166,7 +167,8 @@ extern "C" tl_status tl_cuda_fetch_on_demand_weight_grad(const tl_ctx *ctx,
     TL_CUDA_RETURN_IF(tl_conv_check(d, x, dy, dw, true));
     TL_CUDA_RETURN_IF(tl_pairs_args_check(d, p));
     tl_conv_frame f;
-    TL_CUDA_RETURN_IF(f.begin(ctx, TL_CUDA_FETCH_ON_DEMAND, true, d, p->n_pairs, workspace, dw));
+    TL_CUDA_RETURN_IF(f.begin(ctx, TL_CUDA_FETCH_ON_DEMAND, true, d, p->n_pairs, derived != NULL,
+                              workspace, dw));
     if (f.size == 0) return TL_OK;
     if (f.l.rows_cap > 0) {
         tl_fod_wgrad_call call;

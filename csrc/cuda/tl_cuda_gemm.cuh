@@ -335,7 +335,9 @@ static inline bool tl_ig_sorted(tl_cuda_dataflow df, bool weight_grad, const tl_
 }
 
 /* Workspace of one dataflow call.  fp32 calls accumulate straight into their
- * output (acc == NULL here); half calls accumulate in fp32 and cast once. */
+ * output (acc == NULL here); half calls accumulate in fp32 and cast once.
+ * A call given its map-derived data (`kept`: tl_cuda_conv_derive) needs no
+ * scratch to derive it. */
 struct tl_conv_layout {
     float *acc;       /* (n_out, c_out) or (k, c_in, c_out) fp32, half dtypes only */
     void *gather_x;   /* gather-scatter: (rows_cap, c_in) */
@@ -351,7 +353,7 @@ struct tl_conv_layout {
 };
 
 static inline tl_cuda_ws tl_conv_layout_of(void *base, tl_cuda_dataflow df, bool weight_grad,
-                                           const tl_conv_desc *d, int64_t n_pairs,
+                                           const tl_conv_desc *d, int64_t n_pairs, bool kept,
                                            tl_conv_layout *l) {
     tl_cuda_ws w = tl_cuda_ws_begin(base);
     int64_t cap = d->n_in < d->n_out ? d->n_in : d->n_out;
@@ -364,7 +366,7 @@ static inline tl_cuda_ws tl_conv_layout_of(void *base, tl_cuda_dataflow df, bool
     l->acc = acc ? (float *)tl_cuda_ws_take(&w, acc, sizeof(float)) : NULL;
     l->gather_x = l->gather_y = NULL;
     l->tiles = l->scan = NULL;
-    if (df == TL_CUDA_FETCH_ON_DEMAND) {
+    if (df == TL_CUDA_FETCH_ON_DEMAND && !kept) {
         l->tiles = (long long *)tl_cuda_ws_take(&w, d->k + 1, sizeof(long long));
         l->scan = (long long *)tl_cuda_ws_take(&w, tl_cuda_scan_scratch(d->k), sizeof(long long));
     }
@@ -375,7 +377,7 @@ static inline tl_cuda_ws tl_conv_layout_of(void *base, tl_cuda_dataflow df, bool
     }
     l->sort_items[0] = l->sort_items[1] = NULL;
     l->sort_hist = l->sort_scan = NULL;
-    if (tl_ig_sorted(df, weight_grad, d)) {
+    if (tl_ig_sorted(df, weight_grad, d) && !kept) {
         const int64_t hist = tl_radix_hist_len(d->n_out);
         for (int b = 0; b < 2; b++)
             l->sort_items[b] = (tl_kv *)tl_cuda_ws_take(&w, d->n_out, sizeof(tl_kv));
@@ -417,8 +419,9 @@ struct tl_conv_frame {
     tl_dtype dtype;
 
     tl_status begin(const tl_ctx *ctx, tl_cuda_dataflow df, bool weight_grad,
-                    const tl_conv_desc *d, int64_t n_pairs, void *workspace, void *out_) {
-        tl_cuda_ws ws = tl_conv_layout_of(workspace, df, weight_grad, d, n_pairs, &l);
+                    const tl_conv_desc *d, int64_t n_pairs, bool kept, void *workspace,
+                    void *out_) {
+        tl_cuda_ws ws = tl_conv_layout_of(workspace, df, weight_grad, d, n_pairs, kept, &l);
         if (ws.overflow) return TL_ERR_OVERFLOW;
         if (!tl_cuda_ws_ok(workspace, ws.used)) return TL_ERR_INVALID;
         TL_CUDA_RETURN_IF(scope.enter(ctx, &stream));

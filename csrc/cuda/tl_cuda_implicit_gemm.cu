@@ -52,11 +52,10 @@ static tl_status tl_ig_sort(const tl_conv_layout &l, const tl_conv_desc *d, cons
     tl_ig_mask_kernel<<<tl_cuda_blocks(n), TL_CUDA_THREADS, 0, stream>>>(nbr, n, d->k, d->n_in,
                                                                        l.sort_items[0]);
     TL_CUDA_LAUNCHED();
-    int src = 0;
-    for (int shift = 0; shift < (int)d->k; shift += TL_RADIX_BITS, src ^= 1) /* bits k.. are 0 */
-        TL_CUDA_RETURN_IF(tl_radix_pass<tl_kv>(l.sort_items[src], l.sort_items[src ^ 1], n, 0,
-                                               shift, l.sort_hist, l.sort_scan, stream));
-    *order = l.sort_items[src];
+    tl_kv *sorted;
+    TL_CUDA_RETURN_IF(tl_radix_sort_kv(l.sort_items[0], l.sort_items[1], n, (int)d->k,
+                                       l.sort_hist, l.sort_scan, stream, &sorted));
+    *order = sorted;
     return TL_OK;
 }
 
@@ -246,11 +245,13 @@ struct tl_ig_wgrad_call {
 
 } // namespace
 
-/* The forward's workspace (scratch only for the row sort: the forward writes
- * each tile once), checked, and the call's device made current. */
-static tl_status tl_ig_enter(const tl_ctx *ctx, const tl_conv_desc *d, void *workspace,
-                             tl_conv_layout *l, tl_cuda_scope &scope, cudaStream_t *stream) {
-    tl_cuda_ws ws = tl_conv_layout_of(workspace, TL_CUDA_IMPLICIT_GEMM, false, d, 0, l);
+/* The forward's workspace (scratch only for the row sort, none when the order
+ * is kept: the forward writes each tile once), checked, and the call's device
+ * made current. */
+static tl_status tl_ig_enter(const tl_ctx *ctx, const tl_conv_desc *d, bool kept,
+                             void *workspace, tl_conv_layout *l, tl_cuda_scope &scope,
+                             cudaStream_t *stream) {
+    tl_cuda_ws ws = tl_conv_layout_of(workspace, TL_CUDA_IMPLICIT_GEMM, false, d, 0, kept, l);
     if (ws.overflow) return TL_ERR_OVERFLOW;
     if (!tl_cuda_ws_ok(workspace, ws.used)) return TL_ERR_INVALID;
     return scope.enter(ctx, stream);
@@ -263,7 +264,7 @@ tl_status tl_ig_derive(const tl_ctx *ctx, const tl_conv_desc *d, const int32_t *
     tl_conv_layout l;
     cudaStream_t stream;
     tl_cuda_scope scope;
-    TL_CUDA_RETURN_IF(tl_ig_enter(ctx, d, workspace, &l, scope, &stream));
+    TL_CUDA_RETURN_IF(tl_ig_enter(ctx, d, false, workspace, &l, scope, &stream));
     const tl_kv *order;
     TL_CUDA_RETURN_IF(tl_ig_sort(l, d, nbr, stream, &order));
     TL_CUDA_TRY(cudaMemcpyAsync(derived, order, sizeof(tl_kv) * (size_t)d->n_out,
@@ -280,7 +281,7 @@ extern "C" tl_status tl_cuda_implicit_gemm_forward(const tl_ctx *ctx, const tl_c
     tl_conv_layout l;
     cudaStream_t stream;
     tl_cuda_scope scope;
-    TL_CUDA_RETURN_IF(tl_ig_enter(ctx, d, workspace, &l, scope, &stream));
+    TL_CUDA_RETURN_IF(tl_ig_enter(ctx, d, derived != NULL, workspace, &l, scope, &stream));
     if (d->n_out == 0 || d->c_out == 0) return TL_OK;
     const tl_kv *order = NULL;
     if (tl_ig_sorted(TL_CUDA_IMPLICIT_GEMM, false, d)) {
@@ -305,7 +306,7 @@ extern "C" tl_status tl_cuda_implicit_gemm_weight_grad(const tl_ctx *ctx, const 
     TL_CUDA_RETURN_IF(tl_conv_check(d, x, dy, dw, true));
     if (!nbr && d->n_out > 0) return TL_ERR_INVALID;
     tl_conv_frame f;
-    TL_CUDA_RETURN_IF(f.begin(ctx, TL_CUDA_IMPLICIT_GEMM, true, d, 0, workspace, dw));
+    TL_CUDA_RETURN_IF(f.begin(ctx, TL_CUDA_IMPLICIT_GEMM, true, d, 0, false, workspace, dw));
     if (f.size == 0) return TL_OK;
     if (d->n_out > 0 && d->n_in > 0) {
         tl_ig_wgrad_call call;

@@ -48,7 +48,7 @@ static __global__ void __launch_bounds__(TL_CUDA_THREADS)
 template <class Item>
 static __global__ void __launch_bounds__(TL_CUDA_THREADS)
     tl_radix_scatter_kernel(const Item *src, Item *dst, long long n, int field, int shift,
-                          const long long *offsets) {
+                            const long long *offsets) {
     __shared__ int warp_count[TL_CUDA_WARPS][TL_RADIX_DIGITS];
     for (int w = 0; w < TL_CUDA_WARPS; w++) warp_count[w][threadIdx.x] = 0;
     __syncthreads();
@@ -88,17 +88,33 @@ static inline int tl_radix_bytes_of(unsigned mask) {
 /* One stable pass on digit (field, shift) from src to dst. */
 template <class Item>
 static tl_status tl_radix_pass(const Item *src, Item *dst, int64_t n, int field, int shift,
-                                   long long *hist, long long *scratch, cudaStream_t stream) {
+                               long long *hist, long long *scratch, cudaStream_t stream) {
     const int64_t blocks = tl_cuda_ceil_div(n, TL_CUDA_THREADS);
     if (blocks > INT32_MAX) return TL_ERR_OVERFLOW;
     tl_radix_hist_kernel<Item><<<(unsigned)blocks, TL_CUDA_THREADS, 0, stream>>>(src, n, field,
-                                                                               shift, hist);
+                                                                                shift, hist);
     TL_CUDA_LAUNCHED();
-    TL_CUDA_RETURN_IF(
-        tl_cuda_scan(hist, hist, TL_RADIX_DIGITS * blocks, scratch, NULL, stream));
+    TL_CUDA_RETURN_IF(tl_cuda_scan(hist, hist, tl_radix_hist_len(n), scratch, NULL, stream));
     tl_radix_scatter_kernel<Item><<<(unsigned)blocks, TL_CUDA_THREADS, 0, stream>>>(
         src, dst, n, field, shift, hist);
     TL_CUDA_LAUNCHED();
+    return TL_OK;
+}
+
+/* Sorts the items a[0, n) by the low `bits` bits of their keys (higher bits
+ * must be 0), ping-ponging with b; *sorted receives the buffer holding the
+ * result. */
+static inline tl_status tl_radix_sort_kv(tl_kv *a, tl_kv *b, int64_t n, int bits,
+                                         long long *hist, long long *scratch,
+                                         cudaStream_t stream, tl_kv **sorted) {
+    tl_kv *src = a, *dst = b;
+    for (int shift = 0; shift < bits; shift += TL_RADIX_BITS) {
+        TL_CUDA_RETURN_IF(tl_radix_pass<tl_kv>(src, dst, n, 0, shift, hist, scratch, stream));
+        tl_kv *t = src;
+        src = dst;
+        dst = t;
+    }
+    *sorted = src;
     return TL_OK;
 }
 
@@ -106,16 +122,15 @@ static tl_status tl_radix_pass(const Item *src, Item *dst, int64_t n, int field,
  * OR of each field, all rows non-negative), ping-ponging with b; *sorted
  * receives the buffer holding the result. */
 static inline tl_status tl_radix_sort_coords(tl_coord *a, tl_coord *b, int64_t n,
-                                           const unsigned mask[4], long long *hist,
-                                           long long *scratch, cudaStream_t stream,
-                                           tl_coord **sorted) {
+                                            const unsigned mask[4], long long *hist,
+                                            long long *scratch, cudaStream_t stream,
+                                            tl_coord **sorted) {
     tl_coord *src = a, *dst = b;
     for (int field = 3; field >= 0; field--) { /* z is the least significant */
         const int bytes = tl_radix_bytes_of(mask[field]);
         for (int byte = 0; byte < bytes; byte++) {
-            TL_CUDA_RETURN_IF(tl_radix_pass<tl_coord>(src, dst, n, field,
-                                                          byte * TL_RADIX_BITS, hist,
-                                                          scratch, stream));
+            TL_CUDA_RETURN_IF(tl_radix_pass<tl_coord>(src, dst, n, field, byte * TL_RADIX_BITS,
+                                                      hist, scratch, stream));
             tl_coord *t = src;
             src = dst;
             dst = t;

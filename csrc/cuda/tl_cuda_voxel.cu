@@ -243,17 +243,8 @@ static tl_status tl_vx_launch_reduce(const void *x, int64_t c, const tl_vx_reduc
  * receives the buffer holding the result. */
 static tl_status tl_vx_sort_pairs(tl_vx_reduce_layout *l, int64_t n, int64_t m,
                                   cudaStream_t stream, tl_kv **sorted) {
-    tl_kv *src = l->a, *dst = l->b;
-    const int bytes = tl_radix_bytes_of((unsigned)m);
-    for (int byte = 0; byte < bytes; byte++) {
-        TL_CUDA_RETURN_IF(tl_radix_pass<tl_kv>(src, dst, n, 0, byte * TL_RADIX_BITS,
-                                                   l->hist, l->scratch, stream));
-        tl_kv *t = src;
-        src = dst;
-        dst = t;
-    }
-    *sorted = src;
-    return TL_OK;
+    return tl_radix_sort_kv(l->a, l->b, n, TL_RADIX_BITS * tl_radix_bytes_of((unsigned)m),
+                            l->hist, l->scratch, stream, sorted);
 }
 
 extern "C" tl_status tl_cuda_voxel_reduce(const tl_ctx *ctx, tl_dtype dtype,

@@ -116,13 +116,15 @@ static tl_status tl_cuda_conv_call(int df, int wgrad, const tl_ctx *ctx, const t
     }
 }
 
-/* The workspace of one cuda_conv or cuda_conv_derive call (the same size:
- * deriving runs the part of the call that derives). */
+/* The workspace of one cuda_conv call (derived: it is passed its map-derived
+ * data) or cuda_conv_derive call (derived 0: deriving runs the part of the
+ * call that derives). */
 static int tl_cuda_conv_workspace(const tl_py_call *c, const char *fn, int df, int wgrad,
-                                  const tl_conv_desc *d, long long n_pairs, PyObject *alloc,
-                                  void **ws) {
+                                  const tl_conv_desc *d, long long n_pairs, int derived,
+                                  PyObject *alloc, void **ws) {
     size_t bytes = 0;
-    tl_status st = tl_cuda_conv_workspace_size((tl_cuda_dataflow)df, wgrad, d, n_pairs, &bytes);
+    tl_status st =
+        tl_cuda_conv_workspace_size((tl_cuda_dataflow)df, wgrad, d, n_pairs, derived, &bytes);
     return tl_py_workspace(c, fn, st, bytes, alloc, ws);
 }
 
@@ -148,7 +150,8 @@ static PyObject *py_cuda_conv(PyObject *self, PyObject *args) {
         return NULL;
     tl_conv_desc d = {(tl_dtype)dtype, n_in, n_out, k, cin, cout};
     tl_cuda_pairs p = {n_pairs, tl_ptr(poff), tl_ptr(ppin), tl_ptr(ppout)};
-    if (!tl_cuda_conv_workspace(&c, "cuda_conv", df, wgrad, &d, n_pairs, alloc, &ws)) return NULL;
+    if (!tl_cuda_conv_workspace(&c, "cuda_conv", df, wgrad, &d, n_pairs, pder != 0, alloc, &ws))
+        return NULL;
     tl_status st;
     Py_BEGIN_ALLOW_THREADS
     st = tl_cuda_conv_call(df, wgrad, &c.ctx, &d, tf32, tl_ptr(pa), tl_ptr(pb), tl_ptr(pnbr), &p,
@@ -196,7 +199,7 @@ static PyObject *py_cuda_conv_derive(PyObject *self, PyObject *args) {
         return NULL;
     tl_conv_desc d = {(tl_dtype)dtype, n_in, n_out, k, cin, cout};
     tl_cuda_pairs p = {n_pairs, tl_ptr(poff), tl_ptr(ppin), tl_ptr(ppout)};
-    if (!tl_cuda_conv_workspace(&c, "cuda_conv_derive", df, wgrad, &d, n_pairs, alloc, &ws))
+    if (!tl_cuda_conv_workspace(&c, "cuda_conv_derive", df, wgrad, &d, n_pairs, 0, alloc, &ws))
         return NULL;
     tl_status st;
     Py_BEGIN_ALLOW_THREADS

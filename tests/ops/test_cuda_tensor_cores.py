@@ -240,12 +240,16 @@ def _scan_scratch(n: int) -> int:
     return total
 
 
-def _conv_workspace(dataflow: int, weight_grad: int, code: int, n_out: int, k: int) -> int:
-    """Workspace bytes cuda_conv asks for: 1000 input rows, 64 channels in and out."""
+def _conv_workspace(
+    dataflow: int, weight_grad: int, code: int, n_out: int, k: int, derived: int = 0
+) -> int:
+    """Workspace bytes cuda_conv asks for: 1000 input rows, 64 channels in and out;
+    ``derived``: the pointer passed for the map-derived data."""
     sizes = (1000, n_out, k, 64, 64)
     return workspace_request(
         lambda alloc: _C.cuda_conv(
-            0, 0, dataflow, weight_grad, code, *sizes, False, 0, 0, 0, 0, 0, 0, 0, 0, alloc, 0
+            0, 0, dataflow, weight_grad, code, *sizes, False, 0, 0, 0, 0, 0, 0, 0, derived,
+            alloc, 0,
         )
     )
 
@@ -277,6 +281,9 @@ def test_sorted_forward_workspace(n_out: int, k: int, sorted_: bool) -> None:
             expected = 2 * _ws_bytes(n_out, 8) + _ws_bytes(hist, 8)
             expected += _ws_bytes(_scan_scratch(hist), 8)
         assert fwd == expected, (dtype, fwd, expected)
+        # given the kept order, the forward needs no sort scratch (a fake pointer: the
+        # host checks refuse the call before anything runs)
+        assert _conv_workspace(ig, 0, code, n_out, k, derived=256) == 0
         derived = _C.cuda_conv_derived_size(ig, 0, code, 1000, n_out, k, 64, 64)
         assert derived == (8 * n_out if sorted_ else 0)
         assert _C.cuda_conv_derived_size(ig, 1, code, 1000, n_out, k, 64, 64) == 0
