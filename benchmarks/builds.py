@@ -122,7 +122,7 @@ def _maps(scene: Scene) -> dict[str, tuple[torch.Tensor, int]]:
 
 
 def layers(base: ModuleType, scenes: list[str], channels: list[int], repeats: int,
-           maps: list[str]) -> None:
+           maps: list[str], kernels: tuple[str, ...] = CONV_KERNELS) -> None:
     print("| scene | map | C | kernel | base GFLOP/s | this GFLOP/s | this / base | outputs |")
     print("|---|---|---|---|---|---|---|---|")
     for name in scenes:
@@ -132,7 +132,7 @@ def layers(base: ModuleType, scenes: list[str], channels: list[int], repeats: in
             nbr, n_in = every[map_name]
             pairs = int((nbr >= 0).sum())
             for c in channels:
-                for kernel in CONV_KERNELS:
+                for kernel in kernels:
                     med, agree = _layer_case(base, kernel, nbr, n_in, c, repeats)
                     gf = {k: 2 * pairs * c * c / v / 1e9 for k, v in med.items()}
                     print(
@@ -234,6 +234,10 @@ def main() -> int:
     )
     parser.add_argument("--channels", type=int, nargs="+", default=[16, 32, 64, 128, 256])
     parser.add_argument("--maps", nargs="+", default=["subm3"], choices=MAPS)
+    parser.add_argument(
+        "--kernels", nargs="+", default=list(CONV_KERNELS), choices=CONV_KERNELS,
+        help="layers group: which kernels to time",
+    )
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()
     base = load_build(args.base)
@@ -242,7 +246,7 @@ def main() -> int:
         f"{args.repeats} interleaved calls; 'this' is {_C.__file__}\n"
     )
     if "layers" in args.groups:
-        layers(base, args.scenes, args.channels, args.repeats, args.maps)
+        layers(base, args.scenes, args.channels, args.repeats, args.maps, tuple(args.kernels))
         print()
     if "kmap" in args.groups:
         kmaps(base, args.scenes, args.repeats)

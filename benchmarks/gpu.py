@@ -25,10 +25,12 @@ tests use); prints a Markdown report.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -238,6 +240,36 @@ def _baseline_rows(timer: Timer, case: gl.LayerCase, name: str, prec: str,
     return rows
 
 
+@contextlib.contextmanager
+def _without_pending(change: str) -> Iterator[None]:
+    """The pending CUDA changes that are on (``conv_cuda.pending``) less ``change``,
+    restored on exit: the previous kernel timed beside the pending one in one run."""
+    from torch_lattice.ops import conv_cuda
+
+    before = os.environ.get(conv_cuda.PENDING_ENV)
+    keep = [c for c in conv_cuda.PENDING_CHANGES if c != change and conv_cuda.pending(c)]
+    os.environ[conv_cuda.PENDING_ENV] = ",".join(keep) or "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(conv_cuda.PENDING_ENV, None)
+        else:
+            os.environ[conv_cuda.PENDING_ENV] = before
+
+
+def _layer_variants(prec: str) -> list[tuple[str, str, str | None]]:
+    """(row label, dataflow, pending change to leave off) of our layer rows: each
+    dataflow, and where the pipelined half-precision implicit-GEMM forward is on, the
+    previous implicit-GEMM kernel beside it."""
+    from torch_lattice.ops import conv_cuda
+
+    rows: list[tuple[str, str, str | None]] = [(df, df, None) for df in DATAFLOWS]
+    if prec in ("fp16", "bf16") and conv_cuda.pending("pipelined"):
+        rows.insert(1, ("implicit_gemm (previous kernel)", "implicit_gemm", "pipelined"))
+    return rows
+
+
 def _our_layer_rows(timer: Timer, case: gl.LayerCase, name: str, prec: str,
                     grad: torch.Tensor,
                     reference: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -246,21 +278,22 @@ def _our_layer_rows(timer: Timer, case: gl.LayerCase, name: str, prec: str,
     from torch_lattice.nn.functional import ConvConfig, Dataflow, conv_config
 
     rows = []
-    for df in DATAFLOWS:
+    for label, df, off in _layer_variants(prec):
         if case.target is not None and df != "gather_scatter":
             continue  # target transposes run gather-scatter only (docs/dataflows)
         config = ConvConfig(dataflow=Dataflow(df), allow_tf32=prec == "tf32")
+        pending = _without_pending(off) if off else contextlib.nullcontext()
         try:
-            with conv_config(config):
+            with conv_config(config), pending:
                 err = gl.check(case, reference)
                 with torch.no_grad():
-                    rows.append(Row("layer", name, prec, df, *timer(case.ours), case.flops,
-                                    err))
-                rows.append(Row("layer", name + " fwd+bwd", prec, df,
+                    rows.append(Row("layer", name, prec, label, *timer(case.ours),
+                                    case.flops, err))
+                rows.append(Row("layer", name + " fwd+bwd", prec, label,
                                 *timer(case.ours_train(grad)), 3 * case.flops, err))
         except Exception as exc:  # a failing kernel is a row, not a crash
-            print(f"{name} {prec} {df}: {exc!r}", file=sys.stderr)
-            rows.append(Row("layer", name, prec, df, float("nan"),
+            print(f"{name} {prec} {label}: {exc!r}", file=sys.stderr)
+            rows.append(Row("layer", name, prec, label, float("nan"),
                             note=f"FAILED: {type(exc).__name__}"))
     return rows
 

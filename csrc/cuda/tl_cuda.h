@@ -138,22 +138,30 @@ tl_status tl_cuda_conv_derive(const tl_ctx *ctx, tl_cuda_dataflow df, int weight
 /* Forward: y (n_out, c_out) = sum_n x[rows of n] @ w[n], overwritten.
  * Weight gradient: dw (k, c_in, c_out) = sum_n x[in]^T dy[out], overwritten.
  * dtype TL_F32, TL_F16 or TL_BF16 (TL_ERR_UNSUPPORTED otherwise), products
- * accumulated in fp32.  allow_tf32 != 0 lets fp32 products run on TF32
- * tensor cores (the user's torch.backends.cuda.matmul.allow_tf32); plain
- * fp32 FMA otherwise.  Map entries outside their row range are skipped. */
-tl_status tl_cuda_implicit_gemm_forward(const tl_ctx *ctx, const tl_conv_desc *d, int allow_tf32,
+ * accumulated in fp32.  opts holds TL_CUDA_* option bits (below); the other
+ * bits are ignored.  Map entries outside their row range are skipped. */
+/* fp32 products may run on TF32 tensor cores (the user's
+ * torch.backends.cuda.matmul.allow_tf32); plain fp32 FMA otherwise. */
+#define TL_CUDA_TF32 1
+/* An fp16 / bf16 implicit-GEMM forward whose rows are sorted (as above) may
+ * run the multi-stage cp.async kernel of tl_cuda_ig_pipelined.cu where the
+ * device (sm_80), its channel counts and pointers allow; the other kernel
+ * otherwise.  Waits for a device run before it becomes the default
+ * (docs/gpu-validation.md). */
+#define TL_CUDA_PIPELINED 2
+tl_status tl_cuda_implicit_gemm_forward(const tl_ctx *ctx, const tl_conv_desc *d, int opts,
                                         const void *x, const void *w, const int32_t *nbr,
                                         const void *derived, void *workspace, void *y);
 tl_status tl_cuda_implicit_gemm_weight_grad(const tl_ctx *ctx, const tl_conv_desc *d,
-                                            int allow_tf32, const void *x, const void *dy,
+                                            int opts, const void *x, const void *dy,
                                             const int32_t *nbr, const void *derived,
                                             void *workspace, void *dw);
 tl_status tl_cuda_fetch_on_demand_forward(const tl_ctx *ctx, const tl_conv_desc *d,
-                                          int allow_tf32, const void *x, const void *w,
+                                          int opts, const void *x, const void *w,
                                           const tl_cuda_pairs *p, const void *derived,
                                           void *workspace, void *y);
 tl_status tl_cuda_fetch_on_demand_weight_grad(const tl_ctx *ctx, const tl_conv_desc *d,
-                                              int allow_tf32, const void *x, const void *dy,
+                                              int opts, const void *x, const void *dy,
                                               const tl_cuda_pairs *p, const void *derived,
                                               void *workspace, void *dw);
 

@@ -126,7 +126,7 @@ struct tl_fod_wgrad_call {
 } // namespace
 
 extern "C" tl_status tl_cuda_fetch_on_demand_forward(const tl_ctx *ctx, const tl_conv_desc *d,
-                                                     int allow_tf32, const void *x, const void *w,
+                                                     int opts, const void *x, const void *w,
                                                      const tl_cuda_pairs *p,
                                                      const void *derived, void *workspace,
                                                      void *y) {
@@ -153,13 +153,13 @@ extern "C" tl_status tl_cuda_fetch_on_demand_forward(const tl_ctx *ctx, const tl
                         (tl_vec_ok(f.acc, d->c_out, sizeof(float)) ? TL_VEC_C : 0);
         if (tiles > INT32_MAX / col_tiles) return TL_ERR_OVERFLOW;
         call.blocks = tiles * col_tiles;
-        TL_CUDA_RETURN_IF(tl_dispatch_dtype(d->dtype, allow_tf32, call));
+        TL_CUDA_RETURN_IF(tl_dispatch_dtype(d->dtype, opts & TL_CUDA_TF32, call));
     }
     return f.finish();
 }
 
 extern "C" tl_status tl_cuda_fetch_on_demand_weight_grad(const tl_ctx *ctx,
-                                                         const tl_conv_desc *d, int allow_tf32,
+                                                         const tl_conv_desc *d, int opts,
                                                          const void *x, const void *dy,
                                                          const tl_cuda_pairs *p,
                                                          const void *derived, void *workspace,
@@ -192,7 +192,7 @@ extern "C" tl_status tl_cuda_fetch_on_demand_weight_grad(const tl_ctx *ctx,
         a.chunks = tiles;
         if (tiles > INT32_MAX / a.ci_tiles / a.co_tiles) return TL_ERR_OVERFLOW;
         call.blocks = tiles * a.ci_tiles * a.co_tiles;
-        TL_CUDA_RETURN_IF(tl_dispatch_dtype(d->dtype, allow_tf32, call));
+        TL_CUDA_RETURN_IF(tl_dispatch_dtype(d->dtype, opts & TL_CUDA_TF32, call));
     }
     return f.finish();
 }

@@ -298,7 +298,7 @@ static inline tl_status tl_split_chunks(int device, int64_t rows, int64_t tiles,
 /* Dtype of a conv call as a template argument: F is a functor template whose
  * run<T, TF32>() does the work. */
 template <typename F>
-static inline tl_status tl_dispatch_dtype(tl_dtype dtype, int allow_tf32, F &f) {
+static inline tl_status tl_dispatch_dtype(tl_dtype dtype, bool allow_tf32, F &f) {
     switch (dtype) {
     case TL_F32: return allow_tf32 ? f.template run<float, true>() : f.template run<float, false>();
     case TL_F16: return f.template run<__half, false>();
@@ -395,6 +395,15 @@ tl_status tl_ig_derive(const tl_ctx *ctx, const tl_conv_desc *d, const int32_t *
                        void *workspace, void *derived);
 tl_status tl_fod_derive(const tl_ctx *ctx, bool weight_grad, const tl_conv_desc *d,
                         const tl_cuda_pairs *p, void *workspace, void *derived);
+
+/* The pipelined fp16 / bf16 forward (tl_cuda_ig_pipelined.cu): whether a
+ * sorted implicit-GEMM forward on the current device qualifies (half dtype,
+ * sm_80 code for it, channel counts and pointers 16-byte aligned), and the
+ * call itself, given the order of its output rows. */
+bool tl_ig_pipelined_ok(const tl_conv_desc *d, const void *x, const void *w, const void *y);
+tl_status tl_ig_pipelined_forward(const tl_conv_desc *d, const void *x, const void *w,
+                                  const int32_t *nbr, const tl_kv *order, void *y,
+                                  cudaStream_t stream);
 
 /* Launch of a 1-D grid of `blocks` tile blocks (at most INT32_MAX). */
 static inline tl_status tl_tile_grid(int64_t blocks, unsigned *grid) {

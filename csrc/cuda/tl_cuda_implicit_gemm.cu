@@ -273,7 +273,7 @@ tl_status tl_ig_derive(const tl_ctx *ctx, const tl_conv_desc *d, const int32_t *
 }
 
 extern "C" tl_status tl_cuda_implicit_gemm_forward(const tl_ctx *ctx, const tl_conv_desc *d,
-                                                   int allow_tf32, const void *x, const void *w,
+                                                   int opts, const void *x, const void *w,
                                                    const int32_t *nbr, const void *derived,
                                                    void *workspace, void *y) {
     TL_CUDA_RETURN_IF(tl_conv_check(d, x, w, y, false));
@@ -290,15 +290,17 @@ extern "C" tl_status tl_cuda_implicit_gemm_forward(const tl_ctx *ctx, const tl_c
         else
             TL_CUDA_RETURN_IF(tl_ig_sort(l, d, nbr, stream, &order));
     }
+    if ((opts & TL_CUDA_PIPELINED) && order && tl_ig_pipelined_ok(d, x, w, y))
+        return tl_ig_pipelined_forward(d, x, w, nbr, order, y, stream);
     const int64_t es = tl_dtype_bytes(d->dtype);
     const int vec = (tl_vec_ok(x, d->c_in, es) ? TL_VEC_A : 0) |
                     (tl_vec_ok(w, d->c_out, es) ? TL_VEC_B : 0);
     tl_ig_forward_call call = {d, x, w, nbr, order, y, stream, vec};
-    return tl_dispatch_dtype(d->dtype, allow_tf32, call);
+    return tl_dispatch_dtype(d->dtype, opts & TL_CUDA_TF32, call);
 }
 
 extern "C" tl_status tl_cuda_implicit_gemm_weight_grad(const tl_ctx *ctx, const tl_conv_desc *d,
-                                                       int allow_tf32, const void *x,
+                                                       int opts, const void *x,
                                                        const void *dy, const int32_t *nbr,
                                                        const void *derived, void *workspace,
                                                        void *dw) {
@@ -327,7 +329,7 @@ extern "C" tl_status tl_cuda_implicit_gemm_weight_grad(const tl_ctx *ctx, const 
         a.chunk_rows = chunk_rows;
         if (d->k > INT32_MAX / chunks / a.ci_tiles / a.co_tiles) return TL_ERR_OVERFLOW;
         call.blocks = d->k * chunks * a.ci_tiles * a.co_tiles;
-        TL_CUDA_RETURN_IF(tl_dispatch_dtype(d->dtype, allow_tf32, call));
+        TL_CUDA_RETURN_IF(tl_dispatch_dtype(d->dtype, opts & TL_CUDA_TF32, call));
     }
     return f.finish();
 }

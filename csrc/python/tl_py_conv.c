@@ -103,15 +103,15 @@ static const char *tl_cuda_conv_entry(int df, int wgrad) {
 /* One tile-GEMM dataflow call; a and b are (x, w) for the forward, (x, dy)
  * for the weight gradient.  Gather-scatter is not one (see cuda_gather_rows). */
 static tl_status tl_cuda_conv_call(int df, int wgrad, const tl_ctx *ctx, const tl_conv_desc *d,
-                                   int tf32, const void *a, const void *b, const int32_t *nbr,
+                                   int opts, const void *a, const void *b, const int32_t *nbr,
                                    const tl_cuda_pairs *p, const void *der, void *ws, void *out) {
     switch (df) {
     case TL_CUDA_IMPLICIT_GEMM:
-        return wgrad ? tl_cuda_implicit_gemm_weight_grad(ctx, d, tf32, a, b, nbr, der, ws, out)
-                     : tl_cuda_implicit_gemm_forward(ctx, d, tf32, a, b, nbr, der, ws, out);
+        return wgrad ? tl_cuda_implicit_gemm_weight_grad(ctx, d, opts, a, b, nbr, der, ws, out)
+                     : tl_cuda_implicit_gemm_forward(ctx, d, opts, a, b, nbr, der, ws, out);
     case TL_CUDA_FETCH_ON_DEMAND:
-        return wgrad ? tl_cuda_fetch_on_demand_weight_grad(ctx, d, tf32, a, b, p, der, ws, out)
-                     : tl_cuda_fetch_on_demand_forward(ctx, d, tf32, a, b, p, der, ws, out);
+        return wgrad ? tl_cuda_fetch_on_demand_weight_grad(ctx, d, opts, a, b, p, der, ws, out)
+                     : tl_cuda_fetch_on_demand_forward(ctx, d, opts, a, b, p, der, ws, out);
     default: return TL_ERR_INVALID;
     }
 }
@@ -130,22 +130,23 @@ static int tl_cuda_conv_workspace(const tl_py_call *c, const char *fn, int df, i
 
 PyDoc_STRVAR(cuda_conv_doc,
              "cuda_conv(device, stream, dataflow, weight_grad, dtype, n_in, n_out, k, c_in, "
-             "c_out, allow_tf32, a_ptr, b_ptr, nbr_ptr, offsets_ptr, pair_in_ptr, "
+             "c_out, opts, a_ptr, b_ptr, nbr_ptr, offsets_ptr, pair_in_ptr, "
              "pair_out_ptr, n_pairs, derived_ptr, alloc, out_ptr)\n\n"
              "Forward (a = x, b = w) or weight gradient (a = x, b = dy) of one dataflow; "
-             "dataflow 0 implicit GEMM (nbr), 1 fetch-on-demand (pairs).  derived_ptr: what "
+             "dataflow 0 implicit GEMM (nbr), 1 fetch-on-demand (pairs).  opts: bit 1 TF32 for "
+             "float32, bit 2 the pipelined half forward (see tl_cuda.h).  derived_ptr: what "
              "cuda_conv_derive computed for this call's map, or 0 to compute it here.  "
              "alloc(nbytes) -> int gives the workspace.");
 static PyObject *py_cuda_conv(PyObject *self, PyObject *args) {
     (void)self;
     tl_py_call c;
-    int df, wgrad, dtype, tf32;
+    int df, wgrad, dtype, opts;
     unsigned long long pa, pb, pnbr, poff, ppin, ppout, pder, pout;
     long long n_in, n_out, k, cin, cout, n_pairs;
     PyObject *alloc;
     void *ws;
-    if (!tl_py_parse(args, 1, &c, "ii" TL_CONV_DESC_FMT "pKKKKKKLKOK", &df, &wgrad, &dtype,
-                     &n_in, &n_out, &k, &cin, &cout, &tf32, &pa, &pb, &pnbr, &poff, &ppin,
+    if (!tl_py_parse(args, 1, &c, "ii" TL_CONV_DESC_FMT "iKKKKKKLKOK", &df, &wgrad, &dtype,
+                     &n_in, &n_out, &k, &cin, &cout, &opts, &pa, &pb, &pnbr, &poff, &ppin,
                      &ppout, &n_pairs, &pder, &alloc, &pout))
         return NULL;
     tl_conv_desc d = {(tl_dtype)dtype, n_in, n_out, k, cin, cout};
@@ -154,7 +155,7 @@ static PyObject *py_cuda_conv(PyObject *self, PyObject *args) {
         return NULL;
     tl_status st;
     Py_BEGIN_ALLOW_THREADS
-    st = tl_cuda_conv_call(df, wgrad, &c.ctx, &d, tf32, tl_ptr(pa), tl_ptr(pb), tl_ptr(pnbr), &p,
+    st = tl_cuda_conv_call(df, wgrad, &c.ctx, &d, opts, tl_ptr(pa), tl_ptr(pb), tl_ptr(pnbr), &p,
                            tl_ptr(pder), ws, tl_ptr(pout));
     Py_END_ALLOW_THREADS
     if (st != TL_OK)

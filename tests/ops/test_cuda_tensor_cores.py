@@ -248,7 +248,7 @@ def _conv_workspace(
     sizes = (1000, n_out, k, 64, 64)
     return workspace_request(
         lambda alloc: _C.cuda_conv(
-            0, 0, dataflow, weight_grad, code, *sizes, False, 0, 0, 0, 0, 0, 0, 0, derived,
+            0, 0, dataflow, weight_grad, code, *sizes, 0, 0, 0, 0, 0, 0, 0, 0, derived,
             alloc, 0,
         )
     )
@@ -396,8 +396,11 @@ def test_fetch_on_demand_derived_size(weight_grad: int) -> None:
 @needs_gpu
 @pytest.mark.parametrize("precision", list(PRECISIONS))
 def test_sorted_forward_with_kept_order(precision: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The order kept with the table (TORCH_LATTICE_CUDA_PENDING=1) gives bitwise the
-    forward that sorts in each call, on its first call and on later ones."""
+    """The order kept with the table (TORCH_LATTICE_CUDA_PENDING=1) gives the forward
+    that sorts in each call, on its first call and on later ones: bitwise in float32; in
+    float16 and bfloat16 the pending setting also runs the pipelined kernel
+    (test_cuda_pipelined.py), checked to the precision's tolerance and bitwise across
+    calls."""
     n_in, n_out = 3000, SORT_MIN_ROWS + 37
     nbr = _patterned_nbr(n_in, n_out, K, 11)
     monkeypatch.delenv(conv_cuda.PENDING_ENV, raising=False)
@@ -408,7 +411,11 @@ def test_sorted_forward_with_kept_order(precision: str, monkeypatch: pytest.Monk
     g = torch.Generator().manual_seed(5)
     x = torch.randn(n_in, 48, generator=g).to(dtype).cuda()
     w = (torch.randn(K, 48, 40, generator=g) / 48**0.5).to(dtype).cuda()
-    for _ in range(2):
-        y = conv_cuda.conv_forward("implicit_gemm", x, w, nbr=table, allow_tf32=tf32)
-        assert torch.equal(y, want)
+    got = [conv_cuda.conv_forward("implicit_gemm", x, w, nbr=table, allow_tf32=tf32)
+           for _ in range(2)]
+    assert torch.equal(got[0], got[1])
+    if dtype == torch.float32:
+        assert torch.equal(got[0], want)
+    else:
+        _assert_close(got[0], want.cpu().double(), PRECISIONS[precision][2], precision)
     assert any(v is not None for v in table._tl_derived[1].values())

@@ -15,7 +15,8 @@ rows' ranges are read back once per pair list (:func:`_row_ranges`).
 
 With ``TORCH_LATTICE_CUDA_PENDING=1`` (:data:`PENDING_ENV`), what implicit GEMM and
 fetch-on-demand derive from a map alone is computed once per map tensor and kept on it
-(:func:`_derived`); that change waits for a device run (docs/gpu-validation.md).
+(:func:`_derived`), and half-precision implicit-GEMM forwards may run the pipelined kernel
+(:data:`OPT_PIPELINED`); both changes wait for a device run (docs/gpu-validation.md).
 """
 
 from __future__ import annotations
@@ -77,14 +78,29 @@ def _maps(
 
 # Changes that are built and compiled but not yet verified by a device run stay off the
 # default path until one passes (docs/gpu-validation.md, "Waiting for a GPU run"): this
-# environment variable, "1", turns them on; scripts/device-check.sh sets it for its tests
+# environment variable, "1", turns them all on, or a comma-separated list of their names
+# (:data:`PENDING_CHANGES`) some of them; scripts/device-check.sh sets it for its tests
 # and benchmark, so that the run verifies them.
 PENDING_ENV = "TORCH_LATTICE_CUDA_PENDING"
+# The pending changes by name: map-derived data kept with the map, the pipelined
+# half-precision implicit-GEMM forward.
+PENDING_CHANGES = ("kept_map_data", "pipelined")
 
 
-def pending() -> bool:
-    """Whether the CUDA changes that wait for a device run are on (:data:`PENDING_ENV`)."""
-    return os.environ.get(PENDING_ENV) == "1"
+# Option bits of a ``cuda_conv`` call (csrc/cuda/tl_cuda.h, TL_CUDA_*): TF32 tensor cores
+# for float32, and the pipelined half-precision implicit-GEMM forward, which is pending.
+OPT_TF32 = 1
+OPT_PIPELINED = 2
+
+
+def pending(change: str | None = None) -> bool:
+    """Whether the CUDA changes that wait for a device run are on (:data:`PENDING_ENV`):
+    all of them (``change`` None: the variable is ``1``), or the one named (``1``, or a
+    comma-separated list naming it)."""
+    value = os.environ.get(PENDING_ENV, "")
+    if value == "1":
+        return True
+    return change is not None and change in (v.strip() for v in value.split(","))
 
 
 def _check_dtype(op: str, a: torch.Tensor, b: torch.Tensor | None = None) -> None:
@@ -115,9 +131,9 @@ def _derived(
     Computed once per map tensor (``nbr``, or the pair lists' offsets) and kept on it
     (``_tl_derived``, with the tensor's version, so an in-place change computes it again),
     so a forward or backward on a cached map enqueues its multiply alone.  Only where
-    :func:`pending` holds, and never during CUDA graph capture, whose allocations belong to
-    the graph."""
-    if not pending() or torch.cuda.is_current_stream_capturing():
+    ``pending("kept_map_data")`` holds, and never during CUDA graph capture, whose
+    allocations belong to the graph."""
+    if not pending("kept_map_data") or torch.cuda.is_current_stream_capturing():
         return None
     n_in, n_out, k, cin, cout = sizes
     df = DATAFLOWS[dataflow]
@@ -177,12 +193,14 @@ def _run(
 ) -> None:
     code = DTYPE_CODES[a.dtype]
     n_pairs = pairs[1].shape[0] if pairs is not None else 0
-    tf32 = a.dtype == torch.float32 and allow_tf32
+    opts = OPT_TF32 if a.dtype == torch.float32 and allow_tf32 else 0
+    if pending("pipelined"):
+        opts |= OPT_PIPELINED
     derived = _derived(dataflow, weight_grad, code, sizes, nbr, pairs, n_pairs)
     head = _call_head(a.device, dataflow, weight_grad, code, sizes)
     _C.cuda_conv(
         *head,
-        tf32,
+        opts,
         ptr(a),
         ptr(b),
         *_map_ptrs(nbr, pairs),

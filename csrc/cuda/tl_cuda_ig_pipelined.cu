@@ -1,0 +1,327 @@
+/* Pipelined implicit-GEMM forward for fp16 and bf16 (issue 23, item 4),
+ * used where the caller asks for it (TL_CUDA_PIPELINED) until a device run
+ * has verified it.
+ *
+ * Same tiles and row order as tl_ig_forward_kernel (tl_cuda_implicit_gemm.cu):
+ * a block computes TL_PIPE_BM output rows of the mask-sorted order times BN
+ * output channels and runs only the kernel rows in the union of its rows'
+ * masks; every output row is written once.  What differs is how the
+ * reduction is fed.  The (used kernel row, C_in slice) steps form one
+ * sequence, and TL_PIPE_STAGES - 1 slices of it are in flight while the
+ * tensor cores multiply the oldest (mma.m16n8k16 on fragments loaded by
+ * ldmatrix, fp16 and bf16 alike): each slice is copied from global to
+ * shared memory by cp.async, 16 bytes a copy, with absent neighbours and
+ * channels past C_in zero-filled by the copy itself (no registers hold the
+ * data on the way, no branch around a load, no refill at a kernel row's
+ * start).  One barrier per slice.  The tiles are 64 rows by 64 or 128
+ * channels (128 where C_out > 64: each warp then multiplies 32 x 32, twice
+ * the work per fragment load of the 64-wide tile), on 8 warps.  (WMMA's
+ * bf16 fragment loads from shared memory compile to generic loads and
+ * shuffles, its fp16 ones to ldmatrix; hence the explicit instructions.)
+ *
+ * Requires sm_80 (cp.async), C_in and C_out multiples of 8 and x, w and y
+ * 16-byte aligned (every copy is a whole 16-byte run, in or out of range);
+ * tl_ig_pipelined_ok says whether a call qualifies. */
+#include <type_traits>
+
+#include "tl_cuda_gemm.cuh"
+
+#define TL_PIPE_BM 64
+#define TL_PIPE_BK 32
+/* Shared memory of one block stays under the 48 KiB that needs no opt-in:
+ * 3 stages of 64-row x 32 and 32 x 128 slices (41 KiB), or 4 at 64 wide. */
+#define TL_PIPE_STAGES(BN) ((BN) > 64 ? 3 : 4)
+
+static_assert(TL_CUDA_THREADS == 256, "8 warps: 2 x 4 warp tiles");
+static_assert(TL_PIPE_BM * TL_PIPE_BK / 8 == TL_CUDA_THREADS, "one A copy per thread");
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define TL_PIPE_DEVICE 1
+#endif
+
+/* 16 bytes from global src to shared dst, or 16 zero bytes when !valid
+ * (src is then not read: its source size is 0). */
+__device__ __forceinline__ void tl_cp_async16(void *dst, const void *src, bool valid) {
+#ifdef TL_PIPE_DEVICE
+    const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src),
+                 "r"(valid ? 16 : 0));
+#else
+    (void)dst, (void)src, (void)valid;
+#endif
+}
+
+__device__ __forceinline__ void tl_cp_commit() {
+#ifdef TL_PIPE_DEVICE
+    asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+
+/* Waits until at most N of this thread's committed copy groups are pending. */
+template <int N> __device__ __forceinline__ void tl_cp_wait() {
+#ifdef TL_PIPE_DEVICE
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+#endif
+}
+
+/* Four 8 x 8 matrices of 16-bit values from shared memory, lane l giving
+ * the address of row l % 8 of matrix l / 8; r[i] receives matrix i's
+ * (row lane / 4, columns 2 (lane % 4) + 0, 1), or with TRANS its
+ * (rows 2 (lane % 4) + 0, 1, column lane / 4). */
+template <bool TRANS> __device__ __forceinline__ void tl_ldmatrix4(unsigned r[4], const void *row) {
+#ifdef TL_PIPE_DEVICE
+    const unsigned a = (unsigned)__cvta_generic_to_shared(row);
+    if (TRANS)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(a));
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(a));
+#else
+    (void)row;
+    r[0] = r[1] = r[2] = r[3] = 0;
+#endif
+}
+
+/* c (16 x 8 fp32) += a (16 x 16) b (16 x 8), fp16 or bf16 operands in the
+ * register layouts of PTX's mma.m16n8k16 (row.col). */
+template <typename T>
+__device__ __forceinline__ void tl_mma16816(float c[4], const unsigned a[4], const unsigned b[2]) {
+#ifdef TL_PIPE_DEVICE
+    if (std::is_same<T, __half>::value)
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    else
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+    (void)c, (void)a, (void)b;
+#endif
+}
+
+/* The stages of slices and, after the last one, the finished fp32 tile.
+ * Rows are skewed by 16 bytes (8 halves) so the 8 rows an ldmatrix phase
+ * reads fall in different banks (rows 80 and 272 or 144 bytes apart); every
+ * row starts 16-byte aligned, as ldmatrix and cp.async need. */
+template <typename T, int BN> struct tl_pipe_smem {
+    static constexpr int STAGES = TL_PIPE_STAGES(BN);
+    static constexpr int LDA = TL_PIPE_BK + 8, LDB = BN + 8, LDC = BN + 4;
+    struct stage {
+        T a[TL_PIPE_BM][LDA];  /* gathered x rows: a[m][kk] */
+        T b[TL_PIPE_BK][LDB];  /* w[n] rows k0 + kk, columns c0 .. c0 + BN */
+    };
+    union {
+        stage s[STAGES];
+        float c[TL_PIPE_BM][LDC];
+    } u;
+    static_assert(sizeof(stage) % 16 == 0, "stages keep 16-byte rows aligned");
+};
+
+struct tl_pipe_args {
+    const int *nbr;
+    const tl_kv *order; /* mask-sorted rows (tl_ig_sort / tl_ig_derive) */
+    long long n_in, n_out, k, cin, cout, col_tiles;
+};
+
+template <typename T, int BN>
+__global__ void __launch_bounds__(TL_CUDA_THREADS)
+    tl_ig_pipelined_kernel(const T *x, const T *w, T *y, tl_pipe_args p) {
+#ifdef TL_PIPE_DEVICE
+    typedef tl_pipe_smem<T, BN> sm;
+    constexpr int STAGES = sm::STAGES, BCOPIES = TL_PIPE_BK * BN / 8 / TL_CUDA_THREADS;
+    constexpr int NB = BN / 4 / 8; /* 8-column mma blocks per warp: 2 or 4 */
+    static_assert(BCOPIES >= 1 && TL_PIPE_BK * BN / 8 % TL_CUDA_THREADS == 0, "whole passes");
+    __shared__ __align__(128) sm s;
+    __shared__ long long outs[TL_PIPE_BM];
+    __shared__ unsigned used_part[TL_PIPE_BM / 32];
+    __shared__ int used_n[32];
+    const int t = threadIdx.x, warp = t / 32;
+    const long long o0 = (blockIdx.x / p.col_tiles) * TL_PIPE_BM;
+    const long long c0 = (blockIdx.x % p.col_tiles) * BN;
+    if (t < TL_PIPE_BM) { /* whole warps: the OR has every lane */
+        const long long j = o0 + t;
+        unsigned m = 0;
+        long long o = -1;
+        if (j < p.n_out) {
+            o = p.order[j].val;
+            m = p.order[j].key;
+        }
+        outs[t] = o;
+        for (int d = 16; d > 0; d >>= 1) m |= __shfl_xor_sync(0xffffffffu, m, d);
+        if ((t & 31) == 0) used_part[t / 32] = m;
+    }
+    __syncthreads();
+    unsigned used = 0;
+    for (int i = 0; i < TL_PIPE_BM / 32; i++) used |= used_part[i];
+    if (t == 0)
+        for (int n = 0, u = 0; n < 32; n++)
+            if ((used >> n) & 1u) used_n[u++] = n;
+    __syncthreads();
+    const int slices = (int)((p.cin + TL_PIPE_BK - 1) / TL_PIPE_BK);
+    const int steps = __popc(used) * slices;
+
+    /* This thread's copies: A row ar, 8 channels from ac; B (row, column)
+     * pairs e = t + i * threads. */
+    const int ar = t / (TL_PIPE_BK / 8), ac = (t % (TL_PIPE_BK / 8)) * 8;
+    const long long a_out = outs[ar];
+    auto issue = [&](int step, int st) {
+        const int n = used_n[step / slices];
+        const long long k0 = (long long)(step % slices) * TL_PIPE_BK;
+        long long i = a_out >= 0 ? p.nbr[a_out * p.k + n] : -1;
+        const bool av = i >= 0 && i < p.n_in && k0 + ac < p.cin;
+        tl_cp_async16(&s.u.s[st].a[ar][ac], av ? x + i * p.cin + k0 + ac : x, av);
+        const T *wrow = w + n * p.cin * p.cout;
+#pragma unroll
+        for (int c = 0; c < BCOPIES; c++) {
+            const int e = t + c * TL_CUDA_THREADS, kk = e / (BN / 8), j = (e % (BN / 8)) * 8;
+            const bool bv = k0 + kk < p.cin && c0 + j < p.cout;
+            tl_cp_async16(&s.u.s[st].b[kk][j], bv ? wrow + (k0 + kk) * p.cout + c0 + j : w, bv);
+        }
+    };
+
+    /* Warp (wm, wn) owns rows wm * 32 .. + 32 and columns wn * BN / 4 ..,
+     * as 2 x NB mma tiles of 16 x 8. */
+    const int wm = warp / 4, wn = warp % 4, lane = t % 32;
+    float acc[2][NB][4];
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < NB; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f;
+
+#pragma unroll
+    for (int st = 0; st < STAGES - 1; st++) {
+        if (st < steps) issue(st, st);
+        tl_cp_commit(); /* one group per stage, empty or not, so the count below holds */
+    }
+    /* ldmatrix rows of this lane: A row lane % 16 at column (lane / 16) * 8
+     * (matrices 0..3 = the a0..a3 registers of mma); B (k) row lane % 8 +
+     * ((lane / 8) % 2) * 8 at column (lane / 16) * 8, transposed (matrices
+     * 0, 1: k 0-7 and 8-15 of one 8-column block; 2, 3: of the next). */
+    const int a_row = lane % 16, a_col = (lane / 16) * 8;
+    const int b_row = lane % 8 + ((lane / 8) % 2) * 8, b_col = (lane / 16) * 8;
+    for (int step = 0; step < steps; step++) {
+        tl_cp_wait<STAGES - 2>(); /* this thread's copies of `step` have landed */
+        /* Everyone's have, and everyone has finished multiplying step - 1,
+         * whose stage the next issue overwrites. */
+        __syncthreads();
+        const int next = step + STAGES - 1;
+        if (next < steps) issue(next, next % STAGES);
+        tl_cp_commit();
+        const typename sm::stage &g = s.u.s[step % STAGES];
+#pragma unroll
+        for (int kk = 0; kk < TL_PIPE_BK; kk += 16) {
+            unsigned a[2][4], b[NB][2];
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+                tl_ldmatrix4<false>(a[i], &g.a[wm * 32 + i * 16 + a_row][kk + a_col]);
+#pragma unroll
+            for (int j = 0; j < NB; j += 2) {
+                unsigned r[4];
+                tl_ldmatrix4<true>(r, &g.b[kk + b_row][wn * (BN / 4) + j * 8 + b_col]);
+                b[j][0] = r[0], b[j][1] = r[1], b[j + 1][0] = r[2], b[j + 1][1] = r[3];
+            }
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int j = 0; j < NB; j++) tl_mma16816<T>(acc[i][j], a[i], b[j]);
+        }
+    }
+    tl_cp_wait<0>();
+    __syncthreads(); /* the stages are free: the finished tile takes their place */
+    /* Accumulator e of tile (i, j): row lane / 4 (+ 8 for e >= 2), column
+     * 2 (lane % 4) + e % 2. */
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < NB; j++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int m = wm * 32 + i * 16 + lane / 4 + h * 8;
+                const int col = wn * (BN / 4) + j * 8 + (lane % 4) * 2;
+                *reinterpret_cast<float2 *>(&s.u.c[m][col]) =
+                    make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+            }
+    __syncthreads();
+    /* 8 channels (16 bytes) of one output row per store. */
+    for (int e = t; e < TL_PIPE_BM * BN / 8; e += TL_CUDA_THREADS) {
+        const int m = e / (BN / 8), j = (e % (BN / 8)) * 8;
+        const long long o = outs[m], col = c0 + j;
+        if (o < 0 || col >= p.cout) continue;
+        union {
+            uint4 u;
+            T h[8];
+        } v;
+#pragma unroll
+        for (int q = 0; q < 8; q++) v.h[q] = tl_from_f32<T>(s.u.c[m][j + q]);
+        *reinterpret_cast<uint4 *>(y + o * p.cout + col) = v.u;
+    }
+#else
+    (void)x, (void)w, (void)y, (void)p;
+    __trap(); /* never launched: tl_ig_pipelined_ok asks for sm_80 code */
+#endif
+}
+
+bool tl_ig_pipelined_ok(const tl_conv_desc *d, const void *x, const void *w, const void *y) {
+    if (d->dtype != TL_F16 && d->dtype != TL_BF16) return false;
+    if (!tl_ig_sorted(TL_CUDA_IMPLICIT_GEMM, false, d)) return false;
+    if (!tl_vec_ok(x, d->c_in, 2) || !tl_vec_ok(w, d->c_out, 2) || !tl_vec_ok(y, d->c_out, 2))
+        return false;
+    /* The code the device would run must come from sm_80 or later sources:
+     * a build whose only image for this device is older PTX (JIT-compiled)
+     * has the trapping body. */
+    cudaFuncAttributes fa;
+    if (cudaFuncGetAttributes(&fa, tl_ig_pipelined_kernel<__half, 64>) != cudaSuccess) {
+        (void)cudaGetLastError(); /* not this call's failure: the other kernel runs */
+        return false;
+    }
+    return fa.ptxVersion >= 80;
+}
+
+namespace {
+
+template <typename T, int BN>
+tl_status tl_pipe_launch(const tl_conv_desc *d, const void *x, const void *w, void *y,
+                         tl_pipe_args p, cudaStream_t stream) {
+    p.col_tiles = tl_cuda_ceil_div(d->c_out, BN);
+    unsigned grid;
+    TL_CUDA_RETURN_IF(tl_tile_grid(tl_cuda_ceil_div(d->n_out, TL_PIPE_BM) * p.col_tiles, &grid));
+    tl_ig_pipelined_kernel<T, BN>
+        <<<grid, TL_CUDA_THREADS, 0, stream>>>((const T *)x, (const T *)w, (T *)y, p);
+    TL_CUDA_LAUNCHED();
+    return TL_OK;
+}
+
+struct tl_pipe_call { /* for tl_dispatch_dtype */
+    const tl_conv_desc *d;
+    const void *x, *w;
+    void *y;
+    tl_pipe_args p;
+    cudaStream_t stream;
+
+    template <typename T, bool TF32> tl_status run() {
+        if constexpr (std::is_same<T, float>::value) {
+            return TL_ERR_UNSUPPORTED; /* tl_ig_pipelined_ok rules fp32 out */
+        } else {
+            return d->c_out > 64 ? tl_pipe_launch<T, 128>(d, x, w, y, p, stream)
+                                 : tl_pipe_launch<T, 64>(d, x, w, y, p, stream);
+        }
+    }
+};
+
+} // namespace
+
+tl_status tl_ig_pipelined_forward(const tl_conv_desc *d, const void *x, const void *w,
+                                  const int32_t *nbr, const tl_kv *order, void *y,
+                                  cudaStream_t stream) {
+    tl_pipe_call call = {d, x, w, y, {nbr, order, d->n_in, d->n_out, d->k, d->c_in, d->c_out, 0},
+                         stream};
+    return tl_dispatch_dtype(d->dtype, 0, call);
+}

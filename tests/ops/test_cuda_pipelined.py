@@ -1,0 +1,175 @@
+"""The pipelined fp16 / bf16 implicit-GEMM forward (csrc/cuda/tl_cuda_ig_pipelined.cu).
+
+It serves sorted implicit-GEMM forwards (at least 4096 output rows, 2..32 kernel rows) in
+float16 and bfloat16 whose channel counts are multiples of 8 and whose pointers are 16-byte
+aligned, on sm_80 and newer, where ``TORCH_LATTICE_CUDA_PENDING`` names it (``1`` or a list
+with ``pipelined``); every other call runs the previous kernel. Each case is checked against
+a float64 CPU reference on the storage-rounded inputs, and the kernel that ran is read from
+torch.profiler, so a case meant for the new kernel cannot pass on the old one. The option's
+parsing is host-only; the rest needs a GPU.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import torch_lattice.ops  # noqa: F401  (registers the lattice ops)
+from torch_lattice.ops import conv_cuda
+
+pytestmark = pytest.mark.cuda
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+KERNEL = "tl_ig_pipelined_kernel"
+SORT_MIN_ROWS = 4096
+# rtol = atol / max|ref|: one final rounding of an fp32 sum (test_cuda_tensor_cores.py).
+TOL = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+def test_pending_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``1`` turns every pending change on; a comma-separated list only those it names."""
+    for value, on in [
+        ("1", {"kept_map_data", "pipelined"}),
+        ("pipelined", {"pipelined"}),
+        ("kept_map_data, pipelined", {"kept_map_data", "pipelined"}),
+        ("kept_map_data", {"kept_map_data"}),
+        ("0", set()),
+        ("", set()),
+        ("pipe", set()),
+    ]:
+        monkeypatch.setenv(conv_cuda.PENDING_ENV, value)
+        assert {c for c in conv_cuda.PENDING_CHANGES if conv_cuda.pending(c)} == on, value
+        assert conv_cuda.pending() == (value == "1"), value
+    monkeypatch.delenv(conv_cuda.PENDING_ENV)
+    assert not any(conv_cuda.pending(c) for c in conv_cuda.PENDING_CHANGES)
+
+
+def _table(n_in: int, n_out: int, k: int, seed: int) -> torch.Tensor:
+    """(n_out, k) int32: neighbour masks from a few dozen patterns, plus rows with none
+    and rows with all k, so tiles share few or many kernel rows."""
+    g = torch.Generator().manual_seed(seed)
+    patterns = torch.rand(30, k, generator=g) < 0.3
+    keep = patterns[torch.randint(0, 30, (n_out,), generator=g)]
+    kind = torch.randint(0, 10, (n_out,), generator=g)
+    keep[kind == 0] = False
+    keep[kind == 1] = True
+    nbr = torch.randint(0, n_in, (n_out, k), generator=g, dtype=torch.int32)
+    return torch.where(keep, nbr, torch.full_like(nbr, -1))
+
+
+def _reference(x: torch.Tensor, w: torch.Tensor, nbr: torch.Tensor) -> torch.Tensor:
+    xd, wd = x.double(), w.double()
+    y = torch.zeros(nbr.shape[0], w.shape[2], dtype=torch.float64)
+    for n in range(nbr.shape[1]):
+        rows = nbr[:, n].long()
+        hit = rows >= 0
+        y[hit] += xd[rows[hit]] @ wd[n]
+    return y
+
+
+def _run(x: torch.Tensor, w: torch.Tensor, nbr: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """The forward on the GPU and whether the pipelined kernel ran."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        y = conv_cuda.conv_forward("implicit_gemm", x, w, nbr=nbr)
+        torch.cuda.synchronize()
+    return y, any(KERNEL in e.name for e in prof.events())
+
+
+def _check(y: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, what: str) -> None:
+    tol = TOL[dtype]
+    assert y.dtype == dtype
+    err = (y.double().cpu() - ref).abs().max().item()
+    scale = max(ref.abs().max().item(), 1e-30)
+    assert err <= tol * scale, f"{what}: max error {err:.3g}, allowed {tol * scale:.3g}"
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize(
+    ("cin", "cout", "k"),
+    [
+        (8, 8, 27),
+        (16, 24, 27),
+        (32, 32, 27),
+        (40, 72, 27),  # C_in not a multiple of the 32-wide slice; C_out past 64: 128-wide
+        (64, 64, 8),
+        (64, 128, 27),
+        (128, 136, 2),  # a second, partial 128-wide column tile
+        (256, 256, 27),
+        (24, 200, 32),
+    ],
+)
+def test_pipelined_forward(
+    dtype: torch.dtype, cin: int, cout: int, k: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pipelined kernel runs and agrees with the float64 reference and with the
+    previous kernel, in every tile shape, with and without the kept row order."""
+    if torch.cuda.get_device_capability()[0] < 8:
+        pytest.skip("the pipelined kernel needs sm_80")
+    n_in, n_out = 3000, SORT_MIN_ROWS + 101  # a last, partial row tile
+    nbr = _table(n_in, n_out, k, seed=cin + cout + k)
+    g = torch.Generator().manual_seed(cin * cout)
+    x = torch.randn(n_in, cin, generator=g).to(dtype)
+    w = (torch.randn(k, cin, cout, generator=g) / cin**0.5).to(dtype)
+    ref = _reference(x, w, nbr)
+    xc, wc, table = x.cuda(), w.cuda(), nbr.cuda()
+
+    monkeypatch.delenv(conv_cuda.PENDING_ENV, raising=False)
+    before, ran = _run(xc, wc, table)
+    assert not ran
+    _check(before, ref, dtype, "previous kernel")
+
+    for value in ("pipelined", "1"):  # sorting in the call, then the kept order
+        monkeypatch.setenv(conv_cuda.PENDING_ENV, value)
+        for _ in range(2):
+            y, ran = _run(xc, wc, table)
+            assert ran, value
+            _check(y, ref, dtype, f"pipelined, PENDING={value}")
+            empty = (nbr < 0).all(dim=1).cuda()
+            assert (y[empty] == 0).all(), "rows without neighbours are written as zeros"
+            _check(y, before.double().cpu(), dtype, "pipelined against the previous kernel")
+
+
+@needs_gpu
+@pytest.mark.parametrize(
+    ("case", "cin", "cout", "n_out", "k"),
+    [
+        ("unsorted: fewer rows than the sort needs", 32, 32, SORT_MIN_ROWS - 1, 27),
+        ("unsorted: more than 32 kernel rows", 32, 32, SORT_MIN_ROWS, 33),
+        ("C_in not a multiple of 8", 12, 32, SORT_MIN_ROWS, 27),
+        ("C_out not a multiple of 8", 32, 20, SORT_MIN_ROWS, 27),
+        ("x not 16-byte aligned", 32, 32, SORT_MIN_ROWS, 27),
+    ],
+)
+def test_other_calls_keep_the_previous_kernel(
+    case: str, cin: int, cout: int, n_out: int, k: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Calls the pipelined kernel does not serve run the previous one, right."""
+    monkeypatch.setenv(conv_cuda.PENDING_ENV, "pipelined")
+    n_in = 2000
+    nbr = _table(n_in, n_out, k, seed=n_out + k + cin)
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(n_in, cin, generator=g).half()
+    w = (torch.randn(k, cin, cout, generator=g) / cin**0.5).half()
+    xc = x.cuda()
+    if case.startswith("x not"):
+        flat = torch.empty(n_in * cin + 1, dtype=torch.float16, device="cuda")
+        xc = flat[1:].view(n_in, cin)
+        xc.copy_(x.cuda())
+        assert xc.data_ptr() % 16 != 0 and xc.is_contiguous()
+    y, ran = _run(xc, w.cuda(), nbr.cuda())
+    assert not ran, case
+    _check(y, _reference(x, w, nbr), torch.float16, case)
+
+
+@needs_gpu
+def test_float32_keeps_the_previous_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """float32 (FMA or TF32) is not the pipelined kernel's: the option changes nothing."""
+    monkeypatch.setenv(conv_cuda.PENDING_ENV, "pipelined")
+    nbr = _table(1000, SORT_MIN_ROWS, 27, seed=3).cuda()
+    x = torch.randn(1000, 32, device="cuda")
+    w = torch.randn(27, 32, 32, device="cuda")
+    _, ran = _run(x, w, nbr)
+    assert not ran
