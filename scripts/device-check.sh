@@ -10,7 +10,8 @@
 # The fast mode (under 90 s) builds, imports and runs one group of the benchmark:
 # DEVICE_CHECK_GROUP (kmap, layers, overhead or unet; default layers) at
 # DEVICE_CHECK_CHANNELS (default 64,256) and DEVICE_CHECK_PRECISIONS (default fp16,fp32);
-# no tests, no accuracy table, so a kernel it times has not been verified by it
+# no tests (DEVICE_CHECK_TESTS="tests/ops/test_cuda_pipelined.py ..." runs those, up to 60 s
+# more), no accuracy table, so a kernel it times has not been verified by it
 # (docs/gpu-validation.md).
 #
 # Steps of the full check (each under its own time limit; they add up to 555 s, about 9 minutes):
@@ -111,8 +112,15 @@ if step build "$build_limit" env TORCH_LATTICE_CUDA=1 TORCH_LATTICE_CUDA_ARCHS=9
 print('cuda_compiled', C.cuda_compiled(), 'devices', C.cuda_device_count(), \
 'torch sees', torch.cuda.device_count()); \
 assert C.cuda_compiled(), 'built without CUDA'"
-    if [ "$FAST" = 1 ]; then
+    if [ "$FAST" = 1 ] && [ -z "${DEVICE_CHECK_TESTS:-}" ]; then
         skip test "fast mode"
+    elif [ "$FAST" = 1 ]; then
+        # Tuning a kernel: its own tests first (DEVICE_CHECK_TESTS, pytest paths or ids).
+        read -ra fast_tests <<< "$DEVICE_CHECK_TESTS"
+        step test 60 env OMP_NUM_THREADS=2 python3 -m pytest -v -n 8 -p no:cacheprovider -rfEs --tb=short \
+            "${fast_tests[@]}" --junitxml="$OUT/test-junit.xml"
+        grep -E "^\[gw[0-9]+\].* (FAILED|ERROR) " "$OUT/test.log" | sed 's/^.*\(FAILED\|ERROR\) /    \1 /' \
+            | sort | uniq | tee -a "$BODY" > /dev/null
     else
         # -v: each test's name and verdict is logged as it finishes, so a run cut short by its
         # limit still says which tests failed.
@@ -179,7 +187,7 @@ log "done in $SECONDS s"
 SUMMARY="$OUT/summary.txt"
 {
     if [ ${#FAILED[@]} -eq 0 ]; then
-        echo "PASS: device check$([ "$FAST" = 1 ] && echo " (fast mode: $GROUP only, no tests)")$([ "$DRY" = 1 ] && echo ' (dry rehearsal, no GPU)'); tests: ${counts:-none}; $SECONDS s"
+        echo "PASS: device check$([ "$FAST" = 1 ] && echo " (fast mode: $GROUP only, ${DEVICE_CHECK_TESTS:-no tests})")$([ "$DRY" = 1 ] && echo ' (dry rehearsal, no GPU)'); tests: ${counts:-none}; $SECONDS s"
     else
         echo "FAIL: ${FAILED[*]}; tests: ${counts:-none}; $SECONDS s"
     fi
