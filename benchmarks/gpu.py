@@ -260,13 +260,16 @@ def _without_pending(change: str) -> Iterator[None]:
 
 def _layer_variants(prec: str) -> list[tuple[str, str, str | None]]:
     """(row label, dataflow, pending change to leave off) of our layer rows: each
-    dataflow, and where the pipelined half-precision implicit-GEMM forward is on, the
-    previous implicit-GEMM kernel beside it."""
+    dataflow, and where the pipelined half-precision kernels are on (the implicit-GEMM
+    forward, the fetch-on-demand weight gradient), the previous kernels beside them."""
     from torch_lattice.ops import conv_cuda
 
-    rows: list[tuple[str, str, str | None]] = [(df, df, None) for df in DATAFLOWS]
-    if prec in ("fp16", "bf16") and conv_cuda.pending("pipelined"):
-        rows.insert(1, ("implicit_gemm (previous kernel)", "implicit_gemm", "pipelined"))
+    rows: list[tuple[str, str, str | None]] = []
+    for df in DATAFLOWS:
+        rows.append((df, df, None))
+        if (prec in ("fp16", "bf16") and conv_cuda.pending("pipelined")
+                and df in ("implicit_gemm", "fetch_on_demand")):
+            rows.append((f"{df} (previous kernel)", df, "pipelined"))
     return rows
 
 

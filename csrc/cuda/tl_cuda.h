@@ -143,11 +143,12 @@ tl_status tl_cuda_conv_derive(const tl_ctx *ctx, tl_cuda_dataflow df, int weight
 /* fp32 products may run on TF32 tensor cores (the user's
  * torch.backends.cuda.matmul.allow_tf32); plain fp32 FMA otherwise. */
 #define TL_CUDA_TF32 1
-/* An fp16 / bf16 implicit-GEMM forward whose rows are sorted (as above) may
- * run the multi-stage cp.async kernel of tl_cuda_ig_pipelined.cu where the
- * device (sm_80), its channel counts and pointers allow; the other kernel
- * otherwise.  Waits for a device run before it becomes the default
- * (docs/gpu-validation.md). */
+/* fp16 / bf16 calls may run the multi-stage cp.async kernels where the
+ * device (sm_80 code), the channel counts (multiples of 8) and the pointers
+ * (16-byte aligned) allow: an implicit-GEMM forward whose rows are sorted
+ * (as above; tl_cuda_ig_pipelined.cu) and a fetch-on-demand weight gradient
+ * (tl_cuda_fod_pipelined.cu); the other kernels otherwise.  Waits for a
+ * device run before it becomes the default (docs/gpu-validation.md). */
 #define TL_CUDA_PIPELINED 2
 tl_status tl_cuda_implicit_gemm_forward(const tl_ctx *ctx, const tl_conv_desc *d, int opts,
                                         const void *x, const void *w, const int32_t *nbr,

@@ -22,9 +22,8 @@
  * Requires sm_80 (cp.async), C_in and C_out multiples of 8 and x, w and y
  * 16-byte aligned (every copy is a whole 16-byte run, in or out of range);
  * tl_ig_pipelined_ok says whether a call qualifies. */
-#include <type_traits>
-
 #include "tl_cuda_gemm.cuh"
+#include "tl_cuda_mma.cuh"
 
 #define TL_PIPE_BM 64
 #define TL_PIPE_BK 32
@@ -34,76 +33,6 @@
 
 static_assert(TL_CUDA_THREADS == 256, "8 warps: 2 x 4 warp tiles");
 static_assert(TL_PIPE_BM * TL_PIPE_BK / 8 == TL_CUDA_THREADS, "one A copy per thread");
-
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-#define TL_PIPE_DEVICE 1
-#endif
-
-/* 16 bytes from global src to shared dst, or 16 zero bytes when !valid
- * (src is then not read: its source size is 0). */
-__device__ __forceinline__ void tl_cp_async16(void *dst, const void *src, bool valid) {
-#ifdef TL_PIPE_DEVICE
-    const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src),
-                 "r"(valid ? 16 : 0));
-#else
-    (void)dst, (void)src, (void)valid;
-#endif
-}
-
-__device__ __forceinline__ void tl_cp_commit() {
-#ifdef TL_PIPE_DEVICE
-    asm volatile("cp.async.commit_group;\n" ::);
-#endif
-}
-
-/* Waits until at most N of this thread's committed copy groups are pending. */
-template <int N> __device__ __forceinline__ void tl_cp_wait() {
-#ifdef TL_PIPE_DEVICE
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-#endif
-}
-
-/* Four 8 x 8 matrices of 16-bit values from shared memory, lane l giving
- * the address of row l % 8 of matrix l / 8; r[i] receives matrix i's
- * (row lane / 4, columns 2 (lane % 4) + 0, 1), or with TRANS its
- * (rows 2 (lane % 4) + 0, 1, column lane / 4). */
-template <bool TRANS> __device__ __forceinline__ void tl_ldmatrix4(unsigned r[4], const void *row) {
-#ifdef TL_PIPE_DEVICE
-    const unsigned a = (unsigned)__cvta_generic_to_shared(row);
-    if (TRANS)
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                     : "r"(a));
-    else
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                     : "r"(a));
-#else
-    (void)row;
-    r[0] = r[1] = r[2] = r[3] = 0;
-#endif
-}
-
-/* c (16 x 8 fp32) += a (16 x 16) b (16 x 8), fp16 or bf16 operands in the
- * register layouts of PTX's mma.m16n8k16 (row.col). */
-template <typename T>
-__device__ __forceinline__ void tl_mma16816(float c[4], const unsigned a[4], const unsigned b[2]) {
-#ifdef TL_PIPE_DEVICE
-    if (std::is_same<T, __half>::value)
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-    else
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-#else
-    (void)c, (void)a, (void)b;
-#endif
-}
 
 /* The stages of slices and, after the last one, the finished fp32 tile.
  * Rows are skewed by 16 bytes (8 halves) so the 8 rows an ldmatrix phase
@@ -274,15 +203,7 @@ bool tl_ig_pipelined_ok(const tl_conv_desc *d, const void *x, const void *w, con
     if (!tl_ig_sorted(TL_CUDA_IMPLICIT_GEMM, false, d)) return false;
     if (!tl_vec_ok(x, d->c_in, 2) || !tl_vec_ok(w, d->c_out, 2) || !tl_vec_ok(y, d->c_out, 2))
         return false;
-    /* The code the device would run must come from sm_80 or later sources:
-     * a build whose only image for this device is older PTX (JIT-compiled)
-     * has the trapping body. */
-    cudaFuncAttributes fa;
-    if (cudaFuncGetAttributes(&fa, tl_ig_pipelined_kernel<__half, 64>) != cudaSuccess) {
-        (void)cudaGetLastError(); /* not this call's failure: the other kernel runs */
-        return false;
-    }
-    return fa.ptxVersion >= 80;
+    return tl_pipe_code_ok((const void *)tl_ig_pipelined_kernel<__half, 64>);
 }
 
 namespace {

@@ -227,6 +227,16 @@ __global__ void __launch_bounds__(TL_CUDA_THREADS)
     }
 }
 
+/* The pipelined fp16 / bf16 fetch-on-demand weight gradient
+ * (tl_cuda_fod_pipelined.cu): whether a call qualifies (half dtype, sm_80
+ * code on the current device, channel counts and pointers 16-byte aligned),
+ * and the call itself: tl_pairs_wgrad_kernel's grid and arguments (with the
+ * tile prefix) in its place. */
+bool tl_fod_pipelined_ok(const tl_conv_desc *d, const void *x, const void *dy);
+tl_status tl_fod_pipelined_wgrad(tl_dtype dtype, const void *x, const void *dy,
+                                 const tl_pairs_wgrad_args &args, int64_t blocks,
+                                 cudaStream_t stream);
+
 /* Shared checks of the pair-list entry points. */
 static inline tl_status tl_pairs_args_check(const tl_conv_desc *d, const tl_cuda_pairs *p) {
     if (!p || p->n_pairs < 0 || !p->offsets) return TL_ERR_INVALID;

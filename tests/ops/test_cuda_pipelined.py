@@ -1,12 +1,15 @@
-"""The pipelined fp16 / bf16 implicit-GEMM forward (csrc/cuda/tl_cuda_ig_pipelined.cu).
+"""The pipelined fp16 / bf16 kernels: the implicit-GEMM forward
+(csrc/cuda/tl_cuda_ig_pipelined.cu) and the fetch-on-demand weight gradient
+(csrc/cuda/tl_cuda_fod_pipelined.cu).
 
-It serves sorted implicit-GEMM forwards (at least 4096 output rows, 2..32 kernel rows) in
-float16 and bfloat16 whose channel counts are multiples of 8 and whose pointers are 16-byte
-aligned, on sm_80 and newer, where ``TORCH_LATTICE_CUDA_PENDING`` names it (``1`` or a list
-with ``pipelined``); every other call runs the previous kernel. Each case is checked against
-a float64 CPU reference on the storage-rounded inputs, and the kernel that ran is read from
-torch.profiler, so a case meant for the new kernel cannot pass on the old one. The option's
-parsing is host-only; the rest needs a GPU.
+The forward serves sorted implicit-GEMM forwards (at least 4096 output rows, 2..32 kernel
+rows), the weight gradient every fetch-on-demand one, in float16 and bfloat16 whose channel
+counts are multiples of 8 and whose pointers are 16-byte aligned, on sm_80 and newer, where
+``TORCH_LATTICE_CUDA_PENDING`` names them (``1`` or a list with ``pipelined``); every other
+call runs the previous kernel. Each case is checked against a float64 CPU reference on the
+storage-rounded inputs, and the kernel that ran is read from torch.profiler, so a case meant
+for a new kernel cannot pass on the old one. The option's parsing is host-only; the rest
+needs a GPU.
 """
 
 from __future__ import annotations
@@ -15,12 +18,13 @@ import pytest
 import torch
 
 import torch_lattice.ops  # noqa: F401  (registers the lattice ops)
-from torch_lattice.ops import conv_cuda
+from torch_lattice.ops import conv_cuda, kmap_cuda
 
 pytestmark = pytest.mark.cuda
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 KERNEL = "tl_ig_pipelined_kernel"
+WGRAD_KERNEL = "tl_fod_pipelined_wgrad_kernel"
 SORT_MIN_ROWS = 4096
 # rtol = atol / max|ref|: one final rounding of an fp32 sum (test_cuda_tensor_cores.py).
 TOL = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
@@ -67,18 +71,40 @@ def _reference(x: torch.Tensor, w: torch.Tensor, nbr: torch.Tensor) -> torch.Ten
     return y
 
 
-def _run(x: torch.Tensor, w: torch.Tensor, nbr: torch.Tensor) -> tuple[torch.Tensor, bool]:
-    """The forward on the GPU and whether the pipelined kernel ran."""
+def _ran(fn, kernel: str) -> tuple[torch.Tensor, bool]:
+    """``fn()`` on the GPU and whether ``kernel`` ran in it (torch.profiler)."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        y = conv_cuda.conv_forward("implicit_gemm", x, w, nbr=nbr)
+        out = fn()
         torch.cuda.synchronize()
-    return y, any(KERNEL in e.name for e in prof.events())
+    return out, any(kernel in e.name for e in prof.events())
 
 
-def _check(y: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, what: str) -> None:
-    tol = TOL[dtype]
+def _run(x: torch.Tensor, w: torch.Tensor, nbr: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """The forward on the GPU and whether the pipelined kernel ran."""
+    return _ran(lambda: conv_cuda.conv_forward("implicit_gemm", x, w, nbr=nbr), KERNEL)
+
+
+def _wgrad(x: torch.Tensor, dy: torch.Tensor, pairs) -> tuple[torch.Tensor, bool]:
+    """The fetch-on-demand weight gradient and whether the pipelined kernel ran."""
+    return _ran(lambda: conv_cuda.conv_weight_grad("fetch_on_demand", x, dy, pairs=pairs),
+                WGRAD_KERNEL)
+
+
+def _wgrad_reference(x: torch.Tensor, dy: torch.Tensor, nbr: torch.Tensor) -> torch.Tensor:
+    xd, dyd = x.double(), dy.double()
+    dw = torch.zeros(nbr.shape[1], x.shape[1], dy.shape[1], dtype=torch.float64)
+    for n in range(nbr.shape[1]):
+        rows = nbr[:, n].long()
+        hit = rows >= 0
+        dw[n] = xd[rows[hit]].T @ dyd[hit]
+    return dw
+
+
+def _check(y: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, what: str,
+           tol: float | None = None) -> None:
+    tol = TOL[dtype] if tol is None else tol
     assert y.dtype == dtype
     err = (y.double().cpu() - ref).abs().max().item()
     scale = max(ref.abs().max().item(), 1e-30)
@@ -173,3 +199,79 @@ def test_float32_keeps_the_previous_kernel(monkeypatch: pytest.MonkeyPatch) -> N
     w = torch.randn(27, 32, 32, device="cuda")
     _, ran = _run(x, w, nbr)
     assert not ran
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize(
+    ("cin", "cout", "k", "n_out"),
+    [
+        (8, 8, 27, 3000),
+        (16, 24, 27, 5000),
+        (32, 32, 8, 20000),  # long kernel rows: chunks of many 32-pair slices
+        (40, 72, 27, 3000),  # partial 64-channel tiles on both sides
+        (64, 64, 27, 6000),
+        (128, 96, 2, 4000),
+        (8, 200, 27, 300),  # kernel rows of a few pairs, some empty
+    ],
+)
+def test_pipelined_weight_grad(
+    dtype: torch.dtype, cin: int, cout: int, k: int, n_out: int,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The pipelined fetch-on-demand weight gradient runs and agrees with the float64
+    reference and with the previous kernel, with and without the kept tile prefix."""
+    if torch.cuda.get_device_capability()[0] < 8:
+        pytest.skip("the pipelined kernel needs sm_80")
+    n_in = 2500
+    nbr = _table(n_in, n_out, k, seed=cin * 7 + cout + k)
+    g = torch.Generator().manual_seed(cin + 3 * cout)
+    x = torch.randn(n_in, cin, generator=g).to(dtype)
+    dy = torch.randn(n_out, cout, generator=g).to(dtype)
+    ref = _wgrad_reference(x, dy, nbr)
+    xc, dyc = x.cuda(), dy.cuda()
+    pairs = kmap_cuda.kernel_pairs(nbr.cuda())
+    # Sums of up to thousands of products, rounded once to the dtype, in an order the
+    # atomics do not fix: the forward's tolerance, twice.
+    tol = 2 * TOL[dtype]
+
+    monkeypatch.delenv(conv_cuda.PENDING_ENV, raising=False)
+    before, ran = _wgrad(xc, dyc, pairs)
+    assert not ran
+    _check(before, ref, dtype, "previous kernel", tol)
+
+    for value in ("pipelined", "1"):  # the tile prefix computed in the call, then kept
+        monkeypatch.setenv(conv_cuda.PENDING_ENV, value)
+        for _ in range(2):
+            dw, ran = _wgrad(xc, dyc, pairs)
+            assert ran, value
+            assert dw.shape == (k, cin, cout)
+            _check(dw, ref, dtype, f"pipelined, PENDING={value}", tol)
+            _check(dw, before.double().cpu(), dtype, "pipelined against the previous", tol)
+
+
+@needs_gpu
+@pytest.mark.parametrize(
+    ("case", "cin", "cout"),
+    [("C_in not a multiple of 8", 12, 32), ("C_out not a multiple of 8", 32, 20),
+     ("dy not 16-byte aligned", 32, 32)],
+)
+def test_other_weight_grads_keep_the_previous_kernel(
+    case: str, cin: int, cout: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Weight gradients the pipelined kernel does not serve run the previous one, right."""
+    monkeypatch.setenv(conv_cuda.PENDING_ENV, "pipelined")
+    n_in, n_out = 1500, 2000
+    nbr = _table(n_in, n_out, 27, seed=cin + cout)
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(n_in, cin, generator=g).half()
+    dy = torch.randn(n_out, cout, generator=g).half()
+    dyc = dy.cuda()
+    if case.startswith("dy not"):
+        flat = torch.empty(n_out * cout + 1, dtype=torch.float16, device="cuda")
+        dyc = flat[1:].view(n_out, cout)
+        dyc.copy_(dy.cuda())
+        assert dyc.data_ptr() % 16 != 0 and dyc.is_contiguous()
+    dw, ran = _wgrad(x.cuda(), dyc, kmap_cuda.kernel_pairs(nbr.cuda()))
+    assert not ran, case
+    _check(dw, _wgrad_reference(x, dy, nbr), torch.float16, case, 2 * TOL[torch.float16])
