@@ -143,12 +143,13 @@ tl_status tl_cuda_conv_derive(const tl_ctx *ctx, tl_cuda_dataflow df, int weight
 /* fp32 products may run on TF32 tensor cores (the user's
  * torch.backends.cuda.matmul.allow_tf32); plain fp32 FMA otherwise. */
 #define TL_CUDA_TF32 1
-/* fp16 / bf16 calls may run the multi-stage cp.async kernels where the
- * device (sm_80 code), the channel counts (multiples of 8) and the pointers
- * (16-byte aligned) allow: an implicit-GEMM forward whose rows are sorted
- * (as above; tl_cuda_ig_pipelined.cu) and a fetch-on-demand weight gradient
- * (tl_cuda_fod_pipelined.cu); the other kernels otherwise.  Waits for a
- * device run before it becomes the default (docs/gpu-validation.md). */
+/* Calls may run the multi-stage cp.async kernels where the device (sm_80
+ * code), the channel rows (whole 16-byte runs) and the pointers (16-byte
+ * aligned) allow: an fp16, bf16 or TF32 implicit-GEMM forward whose rows are
+ * sorted (as above; tl_cuda_ig_pipelined.cu) and an fp16 / bf16
+ * fetch-on-demand weight gradient (tl_cuda_fod_pipelined.cu); the other
+ * kernels otherwise.  Waits for a device run before it becomes the default
+ * (docs/gpu-validation.md). */
 #define TL_CUDA_PIPELINED 2
 tl_status tl_cuda_implicit_gemm_forward(const tl_ctx *ctx, const tl_conv_desc *d, int opts,
                                         const void *x, const void *w, const int32_t *nbr,

@@ -396,12 +396,14 @@ tl_status tl_ig_derive(const tl_ctx *ctx, const tl_conv_desc *d, const int32_t *
 tl_status tl_fod_derive(const tl_ctx *ctx, bool weight_grad, const tl_conv_desc *d,
                         const tl_cuda_pairs *p, void *workspace, void *derived);
 
-/* The pipelined fp16 / bf16 forward (tl_cuda_ig_pipelined.cu): whether a
- * sorted implicit-GEMM forward on the current device qualifies (half dtype,
- * sm_80 code for it, channel counts and pointers 16-byte aligned), and the
- * call itself, given the order of its output rows. */
-bool tl_ig_pipelined_ok(const tl_conv_desc *d, const void *x, const void *w, const void *y);
-tl_status tl_ig_pipelined_forward(const tl_conv_desc *d, const void *x, const void *w,
+/* The pipelined fp16 / bf16 / TF32 forward (tl_cuda_ig_pipelined.cu):
+ * whether a sorted implicit-GEMM forward with option bits `opts` qualifies
+ * on the current device (a half dtype, or fp32 with TL_CUDA_TF32; sm_80 code
+ * for it; channel counts and pointers 16-byte aligned), and the call itself,
+ * given the order of its output rows. */
+bool tl_ig_pipelined_ok(const tl_conv_desc *d, int opts, const void *x, const void *w,
+                        const void *y);
+tl_status tl_ig_pipelined_forward(const tl_conv_desc *d, int opts, const void *x, const void *w,
                                   const int32_t *nbr, const tl_kv *order, void *y,
                                   cudaStream_t stream);
 

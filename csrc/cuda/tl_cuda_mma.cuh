@@ -1,7 +1,7 @@
 /* The instructions of the pipelined tile kernels (tl_cuda_ig_pipelined.cu,
  * tl_cuda_fod_pipelined.cu), sm_80 and later: cp.async copies from global to
- * shared memory, ldmatrix fragment loads and the m16n8k16 tensor-core
- * multiply-add in fp16 and bf16.  TL_PIPE_DEVICE is defined where they
+ * shared memory, ldmatrix fragment loads, the m16n8k16 tensor-core
+ * multiply-add in fp16 and bf16 and the m16n8k8 one in TF32.  TL_PIPE_DEVICE is defined where they
  * exist; elsewhere each compiles to nothing (the kernels then trap, and
  * their host checks never launch them there). */
 #ifndef TL_CUDA_MMA_CUH
@@ -79,6 +79,40 @@ __device__ __forceinline__ void tl_mma16816(float c[4], const unsigned a[4], con
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 #else
     (void)c, (void)a, (void)b;
+#endif
+}
+
+/* c (16 x 8 fp32) += a (16 x 8) b (8 x 8), TF32 operands (already rounded)
+ * in the register layouts of PTX's mma.m16n8k8 (row.col): a0..a3 at (row
+ * lane / 4, + 8, + 0, + 8; column lane % 4, + 0, + 4, + 4), b0, b1 at
+ * (k lane % 4, + 4; column lane / 4); c as mma.m16n8k16's. */
+__device__ __forceinline__ void tl_mma1688_tf32(float c[4], const unsigned a[4],
+                                                const unsigned b[2]) {
+#ifdef TL_PIPE_DEVICE
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+    (void)c, (void)a, (void)b;
+#endif
+}
+
+/* The 4 floats at p (16-byte aligned, shared memory) rounded to TF32 in
+ * place (round to nearest, ties away: cvt.rna, as the tensor cores expect). */
+__device__ __forceinline__ void tl_round_tf32x4(float *p) {
+#ifdef TL_PIPE_DEVICE
+    float4 v = *reinterpret_cast<float4 *>(p);
+    float *e = &v.x;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        unsigned u;
+        asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(u) : "f"(e[i]));
+        e[i] = __uint_as_float(u);
+    }
+    *reinterpret_cast<float4 *>(p) = v;
+#else
+    (void)p;
 #endif
 }
 

@@ -1,10 +1,11 @@
-"""The pipelined fp16 / bf16 kernels: the implicit-GEMM forward
-(csrc/cuda/tl_cuda_ig_pipelined.cu) and the fetch-on-demand weight gradient
-(csrc/cuda/tl_cuda_fod_pipelined.cu).
+"""The pipelined kernels: the implicit-GEMM forward (csrc/cuda/tl_cuda_ig_pipelined.cu:
+float16, bfloat16, and float32 with TF32 allowed) and the fetch-on-demand weight gradient
+(csrc/cuda/tl_cuda_fod_pipelined.cu: float16, bfloat16).
 
 The forward serves sorted implicit-GEMM forwards (at least 4096 output rows, 2..32 kernel
-rows), the weight gradient every fetch-on-demand one, in float16 and bfloat16 whose channel
-counts are multiples of 8 and whose pointers are 16-byte aligned, on sm_80 and newer, where
+rows), the weight gradient every fetch-on-demand one, whose channel rows are whole 16-byte
+runs (multiples of 8 halves or 4 floats) and whose pointers are 16-byte aligned, on sm_80
+and newer, where
 ``TORCH_LATTICE_CUDA_PENDING`` names them (``1`` or a list with ``pipelined``); every other
 call runs the previous kernel. Each case is checked against a float64 CPU reference on the
 storage-rounded inputs, and the kernel that ran is read from torch.profiler, so a case meant
@@ -28,6 +29,7 @@ WGRAD_KERNEL = "tl_fod_pipelined_wgrad_kernel"
 SORT_MIN_ROWS = 4096
 # rtol = atol / max|ref|: one final rounding of an fp32 sum (test_cuda_tensor_cores.py).
 TOL = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+TF32_TOL = 1e-2  # inputs rounded to 10 mantissa bits
 
 
 def test_pending_names(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -81,9 +83,11 @@ def _ran(fn, kernel: str) -> tuple[torch.Tensor, bool]:
     return out, any(kernel in e.name for e in prof.events())
 
 
-def _run(x: torch.Tensor, w: torch.Tensor, nbr: torch.Tensor) -> tuple[torch.Tensor, bool]:
+def _run(x: torch.Tensor, w: torch.Tensor, nbr: torch.Tensor,
+         tf32: bool = False) -> tuple[torch.Tensor, bool]:
     """The forward on the GPU and whether the pipelined kernel ran."""
-    return _ran(lambda: conv_cuda.conv_forward("implicit_gemm", x, w, nbr=nbr), KERNEL)
+    return _ran(lambda: conv_cuda.conv_forward("implicit_gemm", x, w, nbr=nbr,
+                                               allow_tf32=tf32), KERNEL)
 
 
 def _wgrad(x: torch.Tensor, dy: torch.Tensor, pairs) -> tuple[torch.Tensor, bool]:
@@ -112,7 +116,11 @@ def _check(y: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, what: str,
 
 
 @needs_gpu
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize(
+    ("dtype", "tf32"),
+    [(torch.float16, False), (torch.bfloat16, False), (torch.float32, True)],
+    ids=["fp16", "bf16", "tf32"],
+)
 @pytest.mark.parametrize(
     ("cin", "cout", "k"),
     [
@@ -128,10 +136,12 @@ def _check(y: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, what: str,
     ],
 )
 def test_pipelined_forward(
-    dtype: torch.dtype, cin: int, cout: int, k: int, monkeypatch: pytest.MonkeyPatch
+    dtype: torch.dtype, tf32: bool, cin: int, cout: int, k: int,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The pipelined kernel runs and agrees with the float64 reference and with the
-    previous kernel, in every tile shape, with and without the kept row order."""
+    previous kernel, in every tile shape, with and without the kept row order. float32
+    with TF32 allowed runs it too (inputs rounded to TF32 once, when staged)."""
     if torch.cuda.get_device_capability()[0] < 8:
         pytest.skip("the pipelined kernel needs sm_80")
     n_in, n_out = 3000, SORT_MIN_ROWS + 101  # a last, partial row tile
@@ -142,20 +152,21 @@ def test_pipelined_forward(
     ref = _reference(x, w, nbr)
     xc, wc, table = x.cuda(), w.cuda(), nbr.cuda()
 
+    tol = TF32_TOL if tf32 else None
     monkeypatch.delenv(conv_cuda.PENDING_ENV, raising=False)
-    before, ran = _run(xc, wc, table)
+    before, ran = _run(xc, wc, table, tf32)
     assert not ran
-    _check(before, ref, dtype, "previous kernel")
+    _check(before, ref, dtype, "previous kernel", tol)
 
     for value in ("pipelined", "1"):  # sorting in the call, then the kept order
         monkeypatch.setenv(conv_cuda.PENDING_ENV, value)
         for _ in range(2):
-            y, ran = _run(xc, wc, table)
+            y, ran = _run(xc, wc, table, tf32)
             assert ran, value
-            _check(y, ref, dtype, f"pipelined, PENDING={value}")
+            _check(y, ref, dtype, f"pipelined, PENDING={value}", tol)
             empty = (nbr < 0).all(dim=1).cuda()
             assert (y[empty] == 0).all(), "rows without neighbours are written as zeros"
-            _check(y, before.double().cpu(), dtype, "pipelined against the previous kernel")
+            _check(y, before.double().cpu(), dtype, "pipelined against the previous", tol)
 
 
 @needs_gpu
@@ -191,14 +202,19 @@ def test_other_calls_keep_the_previous_kernel(
 
 
 @needs_gpu
-def test_float32_keeps_the_previous_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
-    """float32 (FMA or TF32) is not the pipelined kernel's: the option changes nothing."""
+def test_plain_float32_keeps_the_previous_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """float32 without TF32 (FMA) is not the pipelined kernel's: the option changes
+    nothing there."""
     monkeypatch.setenv(conv_cuda.PENDING_ENV, "pipelined")
-    nbr = _table(1000, SORT_MIN_ROWS, 27, seed=3).cuda()
-    x = torch.randn(1000, 32, device="cuda")
-    w = torch.randn(27, 32, 32, device="cuda")
-    _, ran = _run(x, w, nbr)
+    nbr = _table(1000, SORT_MIN_ROWS, 27, seed=3)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(1000, 32, generator=g)
+    w = torch.randn(27, 32, 32, generator=g) / 32**0.5
+    y, ran = _run(x.cuda(), w.cuda(), nbr.cuda())
     assert not ran
+    ref = _reference(x, w, nbr)
+    err = (y.double().cpu() - ref).abs().max().item()
+    assert err <= 1e-4 * ref.abs().max().item()
 
 
 @needs_gpu
