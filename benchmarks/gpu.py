@@ -260,15 +260,16 @@ def _without_pending(change: str) -> Iterator[None]:
 
 def _layer_variants(prec: str) -> list[tuple[str, str, str | None]]:
     """(row label, dataflow, pending change to leave off) of our layer rows: each
-    dataflow, and where the pipelined half-precision kernels are on (the implicit-GEMM
-    forward, the fetch-on-demand weight gradient), the previous kernels beside them."""
+    dataflow, and where the pipelined kernels are on (the implicit-GEMM forward in fp16,
+    bf16 and TF32, the fetch-on-demand weight gradient in fp16 and bf16), the previous
+    kernels beside them."""
     from torch_lattice.ops import conv_cuda
 
+    piped = {"implicit_gemm": ("fp16", "bf16", "tf32"), "fetch_on_demand": ("fp16", "bf16")}
     rows: list[tuple[str, str, str | None]] = []
     for df in DATAFLOWS:
         rows.append((df, df, None))
-        if (prec in ("fp16", "bf16") and conv_cuda.pending("pipelined")
-                and df in ("implicit_gemm", "fetch_on_demand")):
+        if prec in piped.get(df, ()) and conv_cuda.pending("pipelined"):
             rows.append((f"{df} (previous kernel)", df, "pipelined"))
     return rows
 
