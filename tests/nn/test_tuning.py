@@ -101,6 +101,53 @@ def test_first_call_times_every_dataflow_and_later_calls_run_the_fastest(
     assert timed == [] and ran == ["pair_conv:gather"]
 
 
+def test_training_calls_are_keyed_apart_and_time_forward_and_backward(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A call that will be differentiated times each dataflow's forward and backward (the
+    backward runs the dataflow its forward ran) on detached copies; an inference call
+    times forwards alone, under its own key."""
+    x = _input()
+    conv = tl.nn.SubmConv3d(5, 7, 3, config=TUNE)
+    ms = {F.Dataflow.ImplicitGEMM: 3.0, F.Dataflow.FetchOnDemand: 1.0,
+          F.Dataflow.GatherScatter: 2.0}
+
+    def seconds(run, device):
+        run()  # the candidate itself, so what it runs is seen
+        return ms[run.args[3]] * 1e-3
+
+    monkeypatch.setattr(tuning, "_seconds", seconds)
+    backward: list[int] = []
+    real_grad = torch.autograd.grad
+
+    def grad(outputs, inputs, grad_outputs=None, **kw):
+        backward.append(len(inputs))
+        return real_grad(outputs, inputs, grad_outputs, **kw)
+
+    monkeypatch.setattr(relation.torch.autograd, "grad", grad)
+    y = conv(x)  # the weight requires a gradient: a training call
+    assert backward == [1, 1, 1]  # each dataflow's backward, to the weight only
+    assert conv.weight.grad is None  # the caller's .grad fields are untouched
+    assert y.feats.requires_grad
+    (key,) = tuning.tuning_choices()
+    assert key.training and tuning.tuning_choices()[key] is F.Dataflow.FetchOnDemand
+    assert F.resolved_dataflow(conv, input=x) is F.Dataflow.FetchOnDemand
+
+    backward.clear()
+    ms[F.Dataflow.ImplicitGEMM] = 0.5
+    with torch.no_grad():
+        conv(x)  # inference: a key of its own, forwards alone
+        assert F.resolved_dataflow(conv, input=x) is F.Dataflow.ImplicitGEMM
+    assert backward == []
+    assert sorted(k.training for k in tuning.tuning_choices()) == [False, True]
+
+    tuning.clear_tuning()
+    xg = tl.SparseTensor(x.feats.clone().requires_grad_(True), x.coords)
+    conv(xg)
+    assert backward == [2, 2, 2]  # to the features and the weight
+    assert xg.feats.grad is None and conv.weight.grad is None
+
+
 def test_the_real_clock_chooses_a_dataflow_and_the_result_is_the_relation() -> None:
     x = _input(rows=900, channels=8)
     conv = tl.nn.Conv3d(8, 6, 2, stride=2, config=TUNE)
@@ -221,8 +268,25 @@ def test_choices_round_trip_through_a_file(tmp_path: Path,
 
 def _doc(**entry: object) -> dict:
     base = {"device": "cpu", "dtype": "float32", "c_in": 4, "c_out": 4, "kernel_volume": 27,
-            "size_class": 10, "transposed": False, "dataflow": "implicit_gemm"}
-    return {"format": "torch_lattice.tuning", "version": 1, "choices": [{**base, **entry}]}
+            "size_class": 10, "transposed": False, "training": True,
+            "dataflow": "implicit_gemm"}
+    return {"format": "torch_lattice.tuning", "version": 2, "choices": [{**base, **entry}]}
+
+
+def test_a_version_1_file_loads_as_inference_choices(tmp_path: Path) -> None:
+    """Files saved before the key had ``training`` hold forward-timed choices."""
+    doc = _doc()
+    del doc["choices"][0]["training"]
+    doc["version"] = 1
+    path = tmp_path / "v1.json"
+    path.write_text(json.dumps(doc))
+    assert tuning.load_tuning(path) == 1
+    (key,) = tuning.tuning_choices()
+    assert key.training is False and key.c_in == 4
+    doc["choices"][0]["training"] = False  # version 1 has no such key
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match="exactly the keys"):
+        tuning.load_tuning(path)
 
 
 @pytest.mark.parametrize(
@@ -230,7 +294,9 @@ def _doc(**entry: object) -> dict:
     [
         (b"\xff\xfe not json", "is not JSON"),
         (b"[1, 2]", '"format" must be'),
-        (json.dumps({**_doc(), "version": 2}).encode(), '"version" must be 1'),
+        (json.dumps({**_doc(), "version": 3}).encode(), '"version" must be 1 or 2'),
+        (json.dumps({**_doc(), "version": True}).encode(), '"version" must be 1 or 2'),
+        (json.dumps(_doc(training=1)).encode(), "training must be true or false"),
         (json.dumps({**_doc(), "choices": {}}).encode(), '"choices" must be a list'),
         (json.dumps({**_doc(), "choices": [None] * 5000}).encode(), "at most 4096"),
         (json.dumps(_doc(c_in=0)).encode(), r"choices\[0\]\.c_in must be an int in \[1, "),

@@ -231,7 +231,8 @@ def resolved_dataflow(
 
     Where the call is autotuned (the CUDA default, or ``autotune=True``), the dataflow
     depends on the layer's shape: pass the convolution module as ``module_config`` and
-    its ``input`` (a SparseTensor) to get the choice made for that shape; before the
+    its ``input`` (a SparseTensor) to get the choice made for that shape, in the current
+    autograd mode (training and inference calls keep their own choices); before the
     shape's first call (or without ``input``) this is the untuned fallback,
     fetch-on-demand on CUDA.
 

@@ -117,13 +117,33 @@ def apply_kernel_map(
     dataflow = config.dataflow
     assert dataflow is not None  # resolve_config sets it
     if config.autotune:
+        key = TuningKey.of(feats, weight, transposed)
+        step = _timed_training_step if key.training else _timed_forward
         candidates = {
-            d: functools.partial(_run, feats, weight, kmap, d, transposed, config)
+            d: functools.partial(step, feats, weight, kmap, d, transposed, config)
             for d in Dataflow
         }
-        key = TuningKey.of(feats, weight, transposed)
         dataflow = tuned_dataflow(key, feats.device, candidates, dataflow)
     return _run(feats, weight, kmap, dataflow, transposed, config)
+
+
+def _timed_forward(feats: torch.Tensor, weight: torch.Tensor, kmap: KernelMap,
+                   dataflow: Dataflow, transposed: bool, config: ConvConfig) -> None:
+    """What an inference call runs with ``dataflow``: its forward, without autograd."""
+    with torch.no_grad():
+        _run(feats, weight, kmap, dataflow, transposed, config)
+
+
+def _timed_training_step(feats: torch.Tensor, weight: torch.Tensor, kmap: KernelMap,
+                         dataflow: Dataflow, transposed: bool, config: ConvConfig) -> None:
+    """What a training call runs with ``dataflow``: its forward and the backward to the
+    inputs that require a gradient, on detached copies (same storage), so the caller's
+    graph and ``.grad`` fields are untouched."""
+    f = feats.detach().requires_grad_(feats.requires_grad)
+    w = weight.detach().requires_grad_(weight.requires_grad)
+    with torch.enable_grad():
+        y = _run(f, w, kmap, dataflow, transposed, config)
+        torch.autograd.grad(y, [t for t in (f, w) if t.requires_grad], torch.ones_like(y))
 
 
 def _run(

@@ -4,16 +4,21 @@ Where a call's configuration asks for it (``ConvConfig.autotune``; the CUDA defa
 first call of each *layer shape* times the candidate dataflows on its own inputs and
 every later call of that shape runs the fastest. A shape is a :class:`TuningKey`: the
 device model, the feature dtype, ``C_in``, ``C_out``, the kernel volume, whether the
-relation runs transposed, and the input's size class (rows within a factor of two share
-a choice). Choices live for the process; :func:`save_tuning` and :func:`load_tuning` keep
-them in a file, opt-in. Dataflows compute the same relation, so a choice changes speed
-and floating-point ordering only.
+relation runs transposed, the input's size class (rows within a factor of two share a
+choice) and whether the call trains (autograd on and the features or the weight
+requiring a gradient). Choices live for the process; :func:`save_tuning` and
+:func:`load_tuning` keep them in a file, opt-in. Dataflows compute the same relation, so
+a choice changes speed and floating-point ordering only.
 
-Timing runs forward passes without autograd: one warm-up and the best of
-``REPEATS`` per candidate, with the device synchronised around each. A candidate that
-raises (out of memory, say) is left out; when all do, the call keeps its configured
-dataflow. Nothing is timed while torch compiles or a CUDA graph is being captured: such a
-call uses a choice made earlier or the configured dataflow.
+Timing runs what the call will run: for an inference call a forward pass without
+autograd, for a training call a forward and its backward (on detached copies of the
+inputs, so the caller's graph and ``.grad`` fields are untouched), since the backward
+runs the dataflow its forward ran and the dataflows' backward passes differ more than
+their forwards. One warm-up and the best of ``REPEATS`` per candidate, with the device
+synchronised around each. A candidate that raises (out of memory, say) is left out; when
+all do, the call keeps its configured dataflow. Nothing is timed while torch compiles or
+a CUDA graph is being captured: such a call uses a choice made earlier or the configured
+dataflow.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ __all__ = [
     "REPEATS",
     "TuningKey",
     "clear_tuning",
+    "is_training",
     "load_tuning",
     "save_tuning",
     "tuned_dataflow",
@@ -49,7 +55,9 @@ log = logging.getLogger("torch_lattice.tuning")
 
 REPEATS = 3
 FORMAT = "torch_lattice.tuning"
-VERSION = 1
+# Version 2 added TuningKey.training; version-1 files load as inference choices.
+VERSION = 2
+_VERSIONS = (1, 2)
 # A tuning file holds one small record per layer shape: a few hundred bytes each.
 MAX_FILE_BYTES = 1 << 20
 MAX_ENTRIES = 4096
@@ -73,6 +81,7 @@ class TuningKey:
     kernel_volume: int
     size_class: int  # bit length of the input's row count
     transposed: bool
+    training: bool = False  # a backward will follow: forward and backward are timed
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -80,11 +89,18 @@ class TuningKey:
 
     @classmethod
     def of(cls, feats: torch.Tensor, weight: torch.Tensor, transposed: bool) -> TuningKey:
-        """The key of a call on ``(N_in, C_in)`` ``feats`` with a ``(K, C_in, C_out)`` weight."""
+        """The key of a call on ``(N_in, C_in)`` ``feats`` with a ``(K, C_in, C_out)`` weight,
+        in the current autograd mode (``is_training``)."""
         k, c_in, c_out = weight.shape
         return cls(_device_kind(feats.device), str(feats.dtype).removeprefix("torch."),
                    int(c_in), int(c_out), int(k), int(feats.shape[0]).bit_length(),
-                   bool(transposed))
+                   bool(transposed), is_training(feats, weight))
+
+
+def is_training(feats: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether a call on these tensors, now, will be differentiated: autograd is on and the
+    features or the weight require a gradient."""
+    return torch.is_grad_enabled() and (feats.requires_grad or weight.requires_grad)
 
 
 def _device_kind(device: torch.device) -> str:
@@ -144,7 +160,9 @@ def tuned_dataflow(key: TuningKey, device: torch.device,
                    candidates: Mapping[Dataflow, Callable[[], object]], fallback: Dataflow
                    ) -> Dataflow:
     """The dataflow for ``key``: its recorded choice, else the fastest of ``candidates``
-    (each a forward of this call), recorded; ``fallback`` when none can be timed."""
+    (each what this call runs with that dataflow: its forward, and for a training key its
+    backward too, each candidate in charge of its own autograd mode), recorded;
+    ``fallback`` when none can be timed."""
     with _LOCK:
         made = _CHOICES.get(key)
     if made is not None:
@@ -152,12 +170,11 @@ def tuned_dataflow(key: TuningKey, device: torch.device,
     if not _can_time(device):
         return fallback
     times: dict[Dataflow, float] = {}
-    with torch.no_grad():
-        for dataflow, run in candidates.items():
-            try:
-                times[dataflow] = _seconds(run, device)
-            except Exception as exc:  # a candidate that cannot run is not chosen
-                log.info("autotune %s: %s left out (%s)", key, dataflow.value, exc)
+    for dataflow, run in candidates.items():
+        try:
+            times[dataflow] = _seconds(run, device)
+        except Exception as exc:  # a candidate that cannot run is not chosen
+            log.info("autotune %s: %s left out (%s)", key, dataflow.value, exc)
     if not times:
         return fallback
     best = min(times, key=times.__getitem__)
@@ -201,9 +218,9 @@ def _check_field(name: str, value: object) -> None:
     elif name == "dtype":
         if value not in _DTYPES:
             raise ValueError(f"dtype must be one of {list(_DTYPES)}, got {value!r}"[:300])
-    elif name == "transposed":
+    elif name in ("transposed", "training"):
         if not isinstance(value, bool):
-            raise TypeError(f"transposed must be true or false (a bool), got {value!r}"[:300])
+            raise TypeError(f"{name} must be true or false (a bool), got {value!r}"[:300])
     else:
         low, high = (0, 63) if name == "size_class" else (1, _INT_MAX)
         if not isinstance(value, int) or isinstance(value, bool):
@@ -212,9 +229,10 @@ def _check_field(name: str, value: object) -> None:
             raise ValueError(f"{name} must be an int in [{low}, {high}], got {value!r}")
 
 
-def _entry(i: int, raw: object) -> tuple[TuningKey, Dataflow]:
+def _entry(i: int, raw: object, version: int) -> tuple[TuningKey, Dataflow]:
     where = f"choices[{i}]"
-    names = [f.name for f in fields(TuningKey)] + ["dataflow"]
+    names = [f.name for f in fields(TuningKey)
+             if version > 1 or f.name != "training"] + ["dataflow"]
     if not isinstance(raw, dict) or sorted(raw) != sorted(names):
         raise ValueError(f"{where} must be an object with exactly the keys {names}")
     try:
@@ -236,7 +254,8 @@ def load_tuning(path: str | os.PathLike[str]) -> int:
 
     Raises:
         ValueError: ``path`` is not a regular file of at most 1 MiB, or not a tuning
-            file of this version (the message names the entry and the rule).
+            file of version 1 or 2 (the message names the entry and the rule; version 1,
+            without ``training``, holds inference choices).
     """
     data = read_regular_file(path, "tuning file", max_bytes=MAX_FILE_BYTES)
     name = f"tuning file {str(path)!r}"
@@ -246,14 +265,14 @@ def load_tuning(path: str | os.PathLike[str]) -> int:
         raise ValueError(f"{name} is not JSON: {exc}") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise ValueError(f"{name}: \"format\" must be {FORMAT!r}")
-    if doc.get("version") != VERSION:
-        raise ValueError(f"{name}: \"version\" must be {VERSION}, got {doc.get('version')!r}"
-                         [:300])
+    version = doc.get("version")
+    if isinstance(version, bool) or version not in _VERSIONS:
+        raise ValueError(f"{name}: \"version\" must be 1 or 2, got {version!r}"[:300])
     raw = doc.get("choices")
     if not isinstance(raw, list) or len(raw) > MAX_ENTRIES:
         raise ValueError(f"{name}: \"choices\" must be a list of at most {MAX_ENTRIES} entries")
     try:
-        entries = dict(_entry(i, e) for i, e in enumerate(raw))
+        entries = dict(_entry(i, e, version) for i, e in enumerate(raw))
     except ValueError as exc:
         raise ValueError(f"{name}: {exc}") from None
     with _LOCK:
