@@ -167,22 +167,6 @@ typedef struct tl_fwd_rel {
     int64_t tile_rows;
 } tl_fwd_rel;
 
-/* starts (see tl_fwd_rel) for row tiles of `rows` output rows: one walk
- * through each kernel row's sorted output rows (kernel rows in parallel). */
-static inline void tl_pair_starts(const tl_ctx *ctx, const tl_pairs *p, int64_t rows,
-                                  int64_t row_tiles, int64_t *starts) {
-    const int64_t k = p->k;
-#pragma omp parallel for num_threads(ctx->threads) schedule(dynamic, 1)
-    for (int64_t n = 0; n < k; n++) {
-        int64_t j = p->offsets[n];
-        const int64_t end = p->offsets[n + 1];
-        for (int64_t t = 0; t <= row_tiles; t++) {
-            while (j < end && p->out[j] < t * rows) j++;
-            starts[t * k + n] = j;
-        }
-    }
-}
-
 /* The first pair of kernel row n of p (sorted by output row) whose output
  * row is at least `row` (offsets[n + 1] if none): a binary search. */
 static inline int64_t tl_pairs_first_at(const tl_pairs *p, int64_t n, int64_t row) {
@@ -195,6 +179,19 @@ static inline int64_t tl_pairs_first_at(const tl_pairs *p, int64_t n, int64_t ro
             hi = mid;
     }
     return lo;
+}
+
+/* starts (see tl_fwd_rel) for row tiles of `rows` output rows: a binary
+ * search per tile and kernel row, (row_tiles + 1) k log P steps.  A walk
+ * through every pair (O(P), with a branch per pair) cost about as much as
+ * listing a C = 16 forward's table. */
+static inline void tl_pair_starts(const tl_ctx *ctx, const tl_pairs *p, int64_t rows,
+                                  int64_t row_tiles, int64_t *starts) {
+    const int64_t k = p->k;
+#pragma omp parallel for num_threads(tl_threads_for(ctx, (row_tiles + 1) * k * 32)) \
+    schedule(static)
+    for (int64_t t = 0; t <= row_tiles; t++)
+        for (int64_t n = 0; n < k; n++) starts[t * k + n] = tl_pairs_first_at(p, n, t * rows);
 }
 
 /* tl_list_tile's lists from pair lists for the row tile of output rows [o0,
