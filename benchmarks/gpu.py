@@ -265,12 +265,14 @@ def _layer_variants(prec: str) -> list[tuple[str, str, str | None]]:
     kernels beside them."""
     from torch_lattice.ops import conv_cuda
 
-    piped = {"implicit_gemm": ("fp16", "bf16", "tf32"), "fetch_on_demand": ("fp16", "bf16")}
+    piped = {"implicit_gemm": (("fp16", "bf16", "tf32"), "pipelined_forward"),
+             "fetch_on_demand": (("fp16", "bf16"), "pipelined_wgrad")}
     rows: list[tuple[str, str, str | None]] = []
     for df in DATAFLOWS:
         rows.append((df, df, None))
-        if prec in piped.get(df, ()) and conv_cuda.pending("pipelined"):
-            rows.append((f"{df} (previous kernel)", df, "pipelined"))
+        precisions, change = piped.get(df, ((), ""))
+        if prec in precisions and conv_cuda.pending(change):
+            rows.append((f"{df} (previous kernel)", df, change))
     return rows
 
 

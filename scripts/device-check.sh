@@ -36,7 +36,7 @@ cd "$(dirname "$0")/.." || exit 1
 # The CUDA changes that wait for a device run (docs/gpu-validation.md) are off by default;
 # the check turns them on for its tests, benchmark and accuracy table, so that a passing run
 # verifies them (TORCH_LATTICE_CUDA_PENDING=0 checks the default path instead; a list such
-# as "pipelined" or "kept_map_data" turns on only those).
+# such as "pipelined_forward,kept_map_data" turns on only those: conv_cuda.PENDING_CHANGES).
 export TORCH_LATTICE_CUDA_PENDING="${TORCH_LATTICE_CUDA_PENDING:-1}"
 OUT="${OUT:-/tmp/device-check}"
 DRY="${DEVICE_CHECK_DRY:-0}"

@@ -12,7 +12,7 @@
  * prefix depends on the pair lists alone: a caller that keeps them computes
  * it once (tl_fod_derive) and passes it to later calls.  The fp16 / bf16
  * weight gradient has a pipelined kernel (tl_cuda_fod_pipelined.cu) that
- * callers may ask for (TL_CUDA_PIPELINED). */
+ * callers may ask for (TL_CUDA_PIPELINED_WGRAD). */
 #include "tl_cuda_pair_gemm.cuh"
 
 /* tiles[n] = ceil(P_n / per) for kernel row n < k (P_n from offsets). */
@@ -194,7 +194,7 @@ extern "C" tl_status tl_cuda_fetch_on_demand_weight_grad(const tl_ctx *ctx,
         a.chunks = tiles;
         if (tiles > INT32_MAX / a.ci_tiles / a.co_tiles) return TL_ERR_OVERFLOW;
         call.blocks = tiles * a.ci_tiles * a.co_tiles;
-        if ((opts & TL_CUDA_PIPELINED) && tl_fod_pipelined_ok(d, x, dy))
+        if ((opts & TL_CUDA_PIPELINED_WGRAD) && tl_fod_pipelined_ok(d, x, dy))
             TL_CUDA_RETURN_IF(tl_fod_pipelined_wgrad(d->dtype, x, dy, a, call.blocks, f.stream));
         else
             TL_CUDA_RETURN_IF(tl_dispatch_dtype(d->dtype, opts & TL_CUDA_TF32, call));

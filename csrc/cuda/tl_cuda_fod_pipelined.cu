@@ -1,5 +1,5 @@
 /* Pipelined fetch-on-demand weight gradient for fp16 and bf16 (issue 23,
- * item 4), used where the caller asks for it (TL_CUDA_PIPELINED) until a
+ * item 4), used where the caller asks for it (TL_CUDA_PIPELINED_WGRAD) until a
  * device run has verified it.
  *
  * Same blocks, chunks and atomics as tl_pairs_wgrad_kernel

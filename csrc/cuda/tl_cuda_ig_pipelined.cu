@@ -1,5 +1,5 @@
 /* Pipelined implicit-GEMM forward for fp16, bf16 and TF32 (issue 23, item
- * 4), used where the caller asks for it (TL_CUDA_PIPELINED) until a device
+ * 4), used where the caller asks for it (TL_CUDA_PIPELINED_FORWARD) until a device
  * run has verified it.
  *
  * Same tiles and row order as tl_ig_forward_kernel (tl_cuda_implicit_gemm.cu):

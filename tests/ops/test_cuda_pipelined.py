@@ -6,7 +6,8 @@ The forward serves sorted implicit-GEMM forwards (at least 4096 output rows, 2..
 rows), the weight gradient every fetch-on-demand one, whose channel rows are whole 16-byte
 runs (multiples of 8 halves or 4 floats) and whose pointers are 16-byte aligned, on sm_80
 and newer, where
-``TORCH_LATTICE_CUDA_PENDING`` names them (``1`` or a list with ``pipelined``); every other
+``TORCH_LATTICE_CUDA_PENDING`` names them (``1``, or a list with ``pipelined_forward`` and
+``pipelined_wgrad``); every other
 call runs the previous kernel. Each case is checked against a float64 CPU reference on the
 storage-rounded inputs, and the kernel that ran is read from torch.profiler, so a case meant
 for a new kernel cannot pass on the old one. The option's parsing is host-only; the rest
@@ -35,9 +36,9 @@ TF32_TOL = 1e-2  # inputs rounded to 10 mantissa bits
 def test_pending_names(monkeypatch: pytest.MonkeyPatch) -> None:
     """``1`` turns every pending change on; a comma-separated list only those it names."""
     for value, on in [
-        ("1", {"kept_map_data", "pipelined"}),
-        ("pipelined", {"pipelined"}),
-        ("kept_map_data, pipelined", {"kept_map_data", "pipelined"}),
+        ("1", {"kept_map_data", "pipelined_forward", "pipelined_wgrad"}),
+        ("pipelined_forward", {"pipelined_forward"}),
+        ("kept_map_data, pipelined_wgrad", {"kept_map_data", "pipelined_wgrad"}),
         ("kept_map_data", {"kept_map_data"}),
         ("0", set()),
         ("", set()),
@@ -158,7 +159,7 @@ def test_pipelined_forward(
     assert not ran
     _check(before, ref, dtype, "previous kernel", tol)
 
-    for value in ("pipelined", "1"):  # sorting in the call, then the kept order
+    for value in ("pipelined_forward", "1"):  # sorting in the call, then the kept order
         monkeypatch.setenv(conv_cuda.PENDING_ENV, value)
         for _ in range(2):
             y, ran = _run(xc, wc, table, tf32)
@@ -184,7 +185,7 @@ def test_other_calls_keep_the_previous_kernel(
     case: str, cin: int, cout: int, n_out: int, k: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Calls the pipelined kernel does not serve run the previous one, right."""
-    monkeypatch.setenv(conv_cuda.PENDING_ENV, "pipelined")
+    monkeypatch.setenv(conv_cuda.PENDING_ENV, "pipelined_forward")
     n_in = 2000
     nbr = _table(n_in, n_out, k, seed=n_out + k + cin)
     g = torch.Generator().manual_seed(7)
@@ -205,7 +206,7 @@ def test_other_calls_keep_the_previous_kernel(
 def test_plain_float32_keeps_the_previous_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     """float32 without TF32 (FMA) is not the pipelined kernel's: the option changes
     nothing there."""
-    monkeypatch.setenv(conv_cuda.PENDING_ENV, "pipelined")
+    monkeypatch.setenv(conv_cuda.PENDING_ENV, "pipelined_forward")
     nbr = _table(1000, SORT_MIN_ROWS, 27, seed=3)
     g = torch.Generator().manual_seed(3)
     x = torch.randn(1000, 32, generator=g)
@@ -256,7 +257,7 @@ def test_pipelined_weight_grad(
     assert not ran
     _check(before, ref, dtype, "previous kernel", tol)
 
-    for value in ("pipelined", "1"):  # the tile prefix computed in the call, then kept
+    for value in ("pipelined_wgrad", "1"):  # the tile prefix computed in the call, then kept
         monkeypatch.setenv(conv_cuda.PENDING_ENV, value)
         for _ in range(2):
             dw, ran = _wgrad(xc, dyc, pairs)
@@ -276,7 +277,7 @@ def test_other_weight_grads_keep_the_previous_kernel(
     case: str, cin: int, cout: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Weight gradients the pipelined kernel does not serve run the previous one, right."""
-    monkeypatch.setenv(conv_cuda.PENDING_ENV, "pipelined")
+    monkeypatch.setenv(conv_cuda.PENDING_ENV, "pipelined_wgrad")
     n_in, n_out = 1500, 2000
     nbr = _table(n_in, n_out, 27, seed=cin + cout)
     g = torch.Generator().manual_seed(11)

@@ -15,8 +15,9 @@ rows' ranges are read back once per pair list (:func:`_row_ranges`).
 
 With ``TORCH_LATTICE_CUDA_PENDING=1`` (:data:`PENDING_ENV`), what implicit GEMM and
 fetch-on-demand derive from a map alone is computed once per map tensor and kept on it
-(:func:`_derived`), and half-precision implicit-GEMM forwards may run the pipelined kernel
-(:data:`OPT_PIPELINED`); both changes wait for a device run (docs/gpu-validation.md).
+(:func:`_derived`), and the pipelined kernels may run (:data:`OPT_PIPELINED_FORWARD`,
+:data:`OPT_PIPELINED_WGRAD`); these changes wait for a device run
+(docs/gpu-validation.md).
 """
 
 from __future__ import annotations
@@ -83,14 +84,17 @@ def _maps(
 # and benchmark, so that the run verifies them.
 PENDING_ENV = "TORCH_LATTICE_CUDA_PENDING"
 # The pending changes by name: map-derived data kept with the map, the pipelined
-# half-precision implicit-GEMM forward.
-PENDING_CHANGES = ("kept_map_data", "pipelined")
+# implicit-GEMM forward (fp16, bf16, TF32), the pipelined fetch-on-demand weight gradient
+# (fp16, bf16).
+PENDING_CHANGES = ("kept_map_data", "pipelined_forward", "pipelined_wgrad")
 
 
 # Option bits of a ``cuda_conv`` call (csrc/cuda/tl_cuda.h, TL_CUDA_*): TF32 tensor cores
-# for float32, and the pipelined half-precision implicit-GEMM forward, which is pending.
+# for float32, and the pipelined kernels, which are pending: the implicit-GEMM forward and
+# the fetch-on-demand weight gradient.
 OPT_TF32 = 1
-OPT_PIPELINED = 2
+OPT_PIPELINED_FORWARD = 2
+OPT_PIPELINED_WGRAD = 4
 
 
 def pending(change: str | None = None) -> bool:
@@ -194,8 +198,10 @@ def _run(
     code = DTYPE_CODES[a.dtype]
     n_pairs = pairs[1].shape[0] if pairs is not None else 0
     opts = OPT_TF32 if a.dtype == torch.float32 and allow_tf32 else 0
-    if pending("pipelined"):
-        opts |= OPT_PIPELINED
+    if pending("pipelined_forward"):
+        opts |= OPT_PIPELINED_FORWARD
+    if pending("pipelined_wgrad"):
+        opts |= OPT_PIPELINED_WGRAD
     derived = _derived(dataflow, weight_grad, code, sizes, nbr, pairs, n_pairs)
     head = _call_head(a.device, dataflow, weight_grad, code, sizes)
     _C.cuda_conv(
