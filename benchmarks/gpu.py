@@ -241,13 +241,13 @@ def _baseline_rows(timer: Timer, case: gl.LayerCase, name: str, prec: str,
 
 
 @contextlib.contextmanager
-def _without_pending(change: str) -> Iterator[None]:
-    """The pending CUDA changes that are on (``conv_cuda.pending``) less ``change``,
-    restored on exit: the previous kernel timed beside the pending one in one run."""
+def _without_pending(changes: tuple[str, ...]) -> Iterator[None]:
+    """The pending CUDA changes that are on (``conv_cuda.pending``) less ``changes``,
+    restored on exit: the previous kernels timed beside the pending ones in one run."""
     from torch_lattice.ops import conv_cuda
 
     before = os.environ.get(conv_cuda.PENDING_ENV)
-    keep = [c for c in conv_cuda.PENDING_CHANGES if c != change and conv_cuda.pending(c)]
+    keep = [c for c in conv_cuda.PENDING_CHANGES if c not in changes and conv_cuda.pending(c)]
     os.environ[conv_cuda.PENDING_ENV] = ",".join(keep) or "0"
     try:
         yield
@@ -258,21 +258,23 @@ def _without_pending(change: str) -> Iterator[None]:
             os.environ[conv_cuda.PENDING_ENV] = before
 
 
-def _layer_variants(prec: str) -> list[tuple[str, str, str | None]]:
-    """(row label, dataflow, pending change to leave off) of our layer rows: each
-    dataflow, and where the pipelined kernels are on (the implicit-GEMM forward in fp16,
-    bf16 and TF32, the fetch-on-demand weight gradient in fp16 and bf16), the previous
-    kernels beside them."""
+def _layer_variants(prec: str) -> list[tuple[str, str, tuple[str, ...]]]:
+    """(row label, dataflow, pending changes to leave off) of our layer rows: each
+    dataflow, and where its pipelined kernels are on (the implicit-GEMM forward in fp16,
+    bf16 and TF32; the fetch-on-demand forward in the same and its weight gradient in
+    fp16 and bf16), the previous kernels beside them."""
     from torch_lattice.ops import conv_cuda
 
-    piped = {"implicit_gemm": (("fp16", "bf16", "tf32"), "pipelined_forward"),
-             "fetch_on_demand": (("fp16", "bf16"), "pipelined_wgrad")}
-    rows: list[tuple[str, str, str | None]] = []
+    piped = {"implicit_gemm": {"pipelined_forward": ("fp16", "bf16", "tf32")},
+             "fetch_on_demand": {"pipelined_fod_forward": ("fp16", "bf16", "tf32"),
+                                 "pipelined_wgrad": ("fp16", "bf16")}}
+    rows: list[tuple[str, str, tuple[str, ...]]] = []
     for df in DATAFLOWS:
-        rows.append((df, df, None))
-        precisions, change = piped.get(df, ((), ""))
-        if prec in precisions and conv_cuda.pending(change):
-            rows.append((f"{df} (previous kernel)", df, change))
+        rows.append((df, df, ()))
+        changes = tuple(c for c, precs in piped.get(df, {}).items()
+                        if prec in precs and conv_cuda.pending(c))
+        if changes:
+            rows.append((f"{df} (previous kernel)", df, changes))
     return rows
 
 

@@ -10,9 +10,10 @@
  * without a synchronization; blocks past the real total exit at once.  The
  * weight gradient does the same over chunks of a kernel row's pairs.  The
  * prefix depends on the pair lists alone: a caller that keeps them computes
- * it once (tl_fod_derive) and passes it to later calls.  The fp16 / bf16
- * weight gradient has a pipelined kernel (tl_cuda_fod_pipelined.cu) that
- * callers may ask for (TL_CUDA_PIPELINED_WGRAD). */
+ * it once (tl_fod_derive) and passes it to later calls.  The forward
+ * and the fp16 / bf16 weight gradient have pipelined kernels
+ * (tl_cuda_fod_pipelined.cu) that callers may ask for
+ * (TL_CUDA_PIPELINED_FOD_FORWARD, TL_CUDA_PIPELINED_WGRAD). */
 #include "tl_cuda_pair_gemm.cuh"
 
 /* tiles[n] = ceil(P_n / per) for kernel row n < k (P_n from offsets). */
@@ -146,6 +147,11 @@ extern "C" tl_status tl_cuda_fetch_on_demand_forward(const tl_ctx *ctx, const tl
         const long long *starts;
         TL_CUDA_RETURN_IF(tl_fod_tiles(f.l, d, p, TL_BM, derived, f.stream, &starts));
         const int64_t tiles = tl_fod_tile_bound(f.l, d, p, TL_BM);
+        if ((opts & TL_CUDA_PIPELINED_FOD_FORWARD) && tl_fod_pipelined_forward_ok(d, opts, x, w)) {
+            TL_CUDA_RETURN_IF(
+                tl_fod_pipelined_forward(d, opts, x, w, p, starts, tiles, f.acc, f.stream));
+            return f.finish();
+        }
         const int64_t col_tiles = tl_cuda_ceil_div(d->c_out, TL_BN);
         const int64_t es = tl_dtype_bytes(d->dtype);
         call.args = {(const long long *)p->offsets, p->in, p->out, f.acc, d->n_in, d->n_out,

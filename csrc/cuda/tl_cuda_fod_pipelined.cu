@@ -1,7 +1,16 @@
-/* Pipelined fetch-on-demand weight gradient for fp16 and bf16 (issue 23,
- * item 4), used where the caller asks for it (TL_CUDA_PIPELINED_WGRAD) until a
- * device run has verified it.
+/* Pipelined fetch-on-demand kernels (issue 23, item 4), used where the
+ * caller asks for them until a device run has verified them: the forward
+ * (fp16, bf16, TF32; TL_CUDA_PIPELINED_FOD_FORWARD) and the weight gradient
+ * (fp16, bf16; TL_CUDA_PIPELINED_WGRAD).
  *
+ * Forward: the blocks and atomics of tl_pairs_forward_kernel
+ * (tl_cuda_pair_gemm.cuh), block (kernel row n, 64 pairs, 64 or 128 output
+ * channels), with the slices of C_in run through the pipelined tile of
+ * tl_cuda_pipe_tile.cuh: x rows through pair_in and w[n]'s rows copied by
+ * cp.async, multiplied with mma, the tile added into the fp32 accumulator
+ * rows pair_out with atomics.
+ *
+ * Weight gradient:
  * Same blocks, chunks and atomics as tl_pairs_wgrad_kernel
  * (tl_cuda_pair_gemm.cuh): block (kernel row n, chunk of its pairs, 64 input
  * channels, 64 output channels) adds X^T DY over the chunk's pairs into the
@@ -17,7 +26,125 @@
  * Requires sm_80 code, C_in and C_out multiples of 8 and x and dy 16-byte
  * aligned; tl_fod_pipelined_ok says whether a call qualifies. */
 #include "tl_cuda_pair_gemm.cuh"
-#include "tl_cuda_mma.cuh"
+#include "tl_cuda_pipe_tile.cuh"
+
+static_assert(TL_PIPE_BM == TL_BM, "the forward's tiles are the tile prefix's (TL_BM pairs)");
+
+struct tl_fodp_fwd_args {
+    const long long *offsets;
+    const int *pair_in, *pair_out;
+    float *acc; /* (n_out, c_out) fp32 accumulator */
+    long long n_in, n_out, cin, cout, col_tiles;
+    const long long *tiles; /* (k + 1) prefix of TL_PIPE_BM-pair tiles */
+    long long k;
+    int vec4; /* acc rows may take 16-byte vector atomics (sm_90) */
+};
+
+template <typename T, int BN>
+__global__ void __launch_bounds__(TL_CUDA_THREADS)
+    tl_fod_pipelined_forward_kernel(const T *x, const T *w, tl_fodp_fwd_args p) {
+#ifdef TL_PIPE_DEVICE
+    typedef tl_pipe_shape<T> sh;
+    constexpr int V = sh::V, BK = sh::BK;
+    __shared__ __align__(128) tl_pipe_smem<T, BN> s;
+    __shared__ long long rows[TL_PIPE_BM], outs[TL_PIPE_BM];
+    const int t = threadIdx.x;
+    long long b = blockIdx.x;
+    const long long c0 = (b % p.col_tiles) * BN;
+    b /= p.col_tiles;
+    if (b >= p.tiles[p.k]) return; /* past the real work: whole block */
+    const long long n = tl_pair_tile_row(p.tiles, p.k, b);
+    const long long j0 = (b - p.tiles[n]) * TL_PIPE_BM;
+    const long long off = p.offsets[n], count = p.offsets[n + 1] - off;
+    if (j0 >= count) return; /* the whole block: no barrier passed yet */
+    if (t < TL_PIPE_BM) {
+        const long long j = j0 + t;
+        long long r = -1, o = -1;
+        if (j < count) {
+            r = p.pair_in[off + j];
+            o = p.pair_out[off + j];
+            if (r < 0 || r >= p.n_in || o < 0 || o >= p.n_out) r = o = -1;
+        }
+        rows[t] = r;
+        outs[t] = o;
+    }
+    __syncthreads();
+    const long long a_row = rows[t / (BK / V)]; /* this thread's A row (tl_pipe_issue) */
+    const T *wn = w + n * p.cin * p.cout;
+    tl_pipe_run<T, BN>(s, (int)((p.cin + BK - 1) / BK), [&](int step, int st) {
+        tl_pipe_issue<T, BN>(s.u.s[st], t, x, a_row, p.cin, wn, p.cout, (long long)step * BK,
+                             c0);
+    });
+    /* 4 channels of one output row per thread and pass: other kernel rows'
+     * blocks add into the same rows concurrently. */
+    for (int e = t; e < TL_PIPE_BM * BN / 4; e += TL_CUDA_THREADS) {
+        const int m = e / (BN / 4), jj = (e % (BN / 4)) * 4;
+        const long long o = outs[m], col = c0 + jj;
+        if (o < 0 || col >= p.cout) continue;
+        float *dst = p.acc + o * p.cout + col;
+#if __CUDA_ARCH__ >= 900
+        if (p.vec4 && col + 4 <= p.cout) {
+            atomicAdd(reinterpret_cast<float4 *>(dst),
+                      make_float4(s.u.c[m][jj], s.u.c[m][jj + 1], s.u.c[m][jj + 2],
+                                  s.u.c[m][jj + 3]));
+            continue;
+        }
+#endif
+        for (int q = 0; q < 4 && col + q < p.cout; q++) atomicAdd(dst + q, s.u.c[m][jj + q]);
+    }
+#else
+    (void)x, (void)w, (void)p;
+    __trap(); /* never launched: tl_fod_pipelined_forward_ok asks for sm_80 code */
+#endif
+}
+
+bool tl_fod_pipelined_forward_ok(const tl_conv_desc *d, int opts, const void *x,
+                                 const void *w) {
+    return tl_pipe_rows_ok(d->dtype, opts & TL_CUDA_TF32, d, x, w, NULL) &&
+           tl_pipe_code_ok((const void *)tl_fod_pipelined_forward_kernel<__half, 64>);
+}
+
+namespace {
+
+struct tl_fodp_fwd_call { /* for tl_dispatch_dtype */
+    const void *x, *w;
+    tl_fodp_fwd_args p;
+    int64_t tiles; /* the host's bound of the tile total (tl_fod_tile_bound) */
+    cudaStream_t stream;
+
+    template <typename T, int BN> tl_status launch() {
+        p.col_tiles = tl_cuda_ceil_div(p.cout, BN);
+        if (tiles > INT32_MAX / p.col_tiles) return TL_ERR_OVERFLOW;
+        unsigned grid;
+        TL_CUDA_RETURN_IF(tl_tile_grid(tiles * p.col_tiles, &grid));
+        tl_fod_pipelined_forward_kernel<T, BN>
+            <<<grid, TL_CUDA_THREADS, 0, stream>>>((const T *)x, (const T *)w, p);
+        TL_CUDA_LAUNCHED();
+        return TL_OK;
+    }
+
+    template <typename T, bool TF32> tl_status run() {
+        if constexpr (std::is_same<T, float>::value && !TF32) {
+            return TL_ERR_UNSUPPORTED; /* tl_fod_pipelined_forward_ok rules plain fp32 out */
+        } else {
+            return p.cout > 64 ? launch<T, 128>() : launch<T, 64>();
+        }
+    }
+};
+
+} // namespace
+
+tl_status tl_fod_pipelined_forward(const tl_conv_desc *d, int opts, const void *x,
+                                   const void *w, const tl_cuda_pairs *pairs,
+                                   const long long *tiles, int64_t tile_bound, float *acc,
+                                   cudaStream_t stream) {
+    tl_fodp_fwd_call call = {x, w,
+                             {(const long long *)pairs->offsets, pairs->in, pairs->out, acc,
+                              d->n_in, d->n_out, d->c_in, d->c_out, 0, tiles, d->k,
+                              tl_vec_ok(acc, d->c_out, sizeof(float))},
+                             tile_bound, stream};
+    return tl_dispatch_dtype(d->dtype, (opts & TL_CUDA_TF32) != 0, call);
+}
 
 #define TL_FODP_BK 32
 #define TL_FODP_STAGES 4

@@ -227,6 +227,19 @@ __global__ void __launch_bounds__(TL_CUDA_THREADS)
     }
 }
 
+/* The pipelined fetch-on-demand forward (tl_cuda_fod_pipelined.cu): whether
+ * a call with option bits `opts` qualifies (fp16, bf16, or fp32 with
+ * TL_CUDA_TF32; sm_80 code on the current device; x and w rows of whole
+ * 16-byte runs, 16-byte aligned), and the call itself: the tile prefix of
+ * TL_BM pairs (`tiles`, on the device) and the host's bound of its total,
+ * adding into the zeroed fp32 accumulator. */
+bool tl_fod_pipelined_forward_ok(const tl_conv_desc *d, int opts, const void *x,
+                                 const void *w);
+tl_status tl_fod_pipelined_forward(const tl_conv_desc *d, int opts, const void *x,
+                                   const void *w, const tl_cuda_pairs *pairs,
+                                   const long long *tiles, int64_t tile_bound, float *acc,
+                                   cudaStream_t stream);
+
 /* The pipelined fp16 / bf16 fetch-on-demand weight gradient
  * (tl_cuda_fod_pipelined.cu): whether a call qualifies (half dtype, sm_80
  * code on the current device, channel counts and pointers 16-byte aligned),

@@ -134,8 +134,8 @@ PyDoc_STRVAR(cuda_conv_doc,
              "pair_out_ptr, n_pairs, derived_ptr, alloc, out_ptr)\n\n"
              "Forward (a = x, b = w) or weight gradient (a = x, b = dy) of one dataflow; "
              "dataflow 0 implicit GEMM (nbr), 1 fetch-on-demand (pairs).  opts: bit 1 TF32 for "
-             "float32, 2 the pipelined implicit-GEMM forward, 4 the pipelined weight gradient "
-             "(see tl_cuda.h).  derived_ptr: what "
+             "float32, 2 the pipelined implicit-GEMM forward, 4 the pipelined weight gradient, "
+             "8 the pipelined fetch-on-demand forward (see tl_cuda.h).  derived_ptr: what "
              "cuda_conv_derive computed for this call's map, or 0 to compute it here.  "
              "alloc(nbytes) -> int gives the workspace.");
 static PyObject *py_cuda_conv(PyObject *self, PyObject *args) {

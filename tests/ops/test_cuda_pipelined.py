@@ -1,13 +1,12 @@
 """The pipelined kernels: the implicit-GEMM forward (csrc/cuda/tl_cuda_ig_pipelined.cu:
-float16, bfloat16, and float32 with TF32 allowed) and the fetch-on-demand weight gradient
-(csrc/cuda/tl_cuda_fod_pipelined.cu: float16, bfloat16).
+float16, bfloat16, and float32 with TF32 allowed), the fetch-on-demand forward (the same
+types) and weight gradient (float16, bfloat16; csrc/cuda/tl_cuda_fod_pipelined.cu).
 
-The forward serves sorted implicit-GEMM forwards (at least 4096 output rows, 2..32 kernel
-rows), the weight gradient every fetch-on-demand one, whose channel rows are whole 16-byte
-runs (multiples of 8 halves or 4 floats) and whose pointers are 16-byte aligned, on sm_80
-and newer, where
-``TORCH_LATTICE_CUDA_PENDING`` names them (``1``, or a list with ``pipelined_forward`` and
-``pipelined_wgrad``); every other
+The implicit-GEMM forward serves sorted calls (at least 4096 output rows, 2..32 kernel
+rows), the fetch-on-demand kernels every call, whose channel rows are whole 16-byte runs
+(multiples of 8 halves or 4 floats) and whose pointers are 16-byte aligned, on sm_80 and
+newer, where ``TORCH_LATTICE_CUDA_PENDING`` names them (``1``, or a list with
+``pipelined_forward``, ``pipelined_fod_forward``, ``pipelined_wgrad``); every other
 call runs the previous kernel. Each case is checked against a float64 CPU reference on the
 storage-rounded inputs, and the kernel that ran is read from torch.profiler, so a case meant
 for a new kernel cannot pass on the old one. The option's parsing is host-only; the rest
@@ -27,6 +26,7 @@ needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CU
 
 KERNEL = "tl_ig_pipelined_kernel"
 WGRAD_KERNEL = "tl_fod_pipelined_wgrad_kernel"
+FOD_KERNEL = "tl_fod_pipelined_forward_kernel"
 SORT_MIN_ROWS = 4096
 # rtol = atol / max|ref|: one final rounding of an fp32 sum (test_cuda_tensor_cores.py).
 TOL = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
@@ -36,7 +36,8 @@ TF32_TOL = 1e-2  # inputs rounded to 10 mantissa bits
 def test_pending_names(monkeypatch: pytest.MonkeyPatch) -> None:
     """``1`` turns every pending change on; a comma-separated list only those it names."""
     for value, on in [
-        ("1", {"kept_map_data", "pipelined_forward", "pipelined_wgrad"}),
+        ("1", {"kept_map_data", "pipelined_forward", "pipelined_wgrad",
+               "pipelined_fod_forward"}),
         ("pipelined_forward", {"pipelined_forward"}),
         ("kept_map_data, pipelined_wgrad", {"kept_map_data", "pipelined_wgrad"}),
         ("kept_map_data", {"kept_map_data"}),
@@ -292,3 +293,77 @@ def test_other_weight_grads_keep_the_previous_kernel(
     dw, ran = _wgrad(x.cuda(), dyc, kmap_cuda.kernel_pairs(nbr.cuda()))
     assert not ran, case
     _check(dw, _wgrad_reference(x, dy, nbr), torch.float16, case, 2 * TOL[torch.float16])
+
+
+@needs_gpu
+@pytest.mark.parametrize(
+    ("dtype", "tf32"),
+    [(torch.float16, False), (torch.bfloat16, False), (torch.float32, True)],
+    ids=["fp16", "bf16", "tf32"],
+)
+@pytest.mark.parametrize(
+    ("cin", "cout", "k", "n_out"),
+    [
+        (8, 8, 27, 3000),
+        (40, 72, 27, 2000),  # a partial slice of C_in; a 128-wide tile, partly used
+        (64, 64, 8, 5000),
+        (128, 136, 27, 1500),  # a second, partial 128-wide column tile
+        (256, 32, 2, 4000),  # eight slices of C_in per tile
+        (16, 200, 27, 300),  # kernel rows of a few pairs, some empty
+    ],
+)
+def test_pipelined_fod_forward(
+    dtype: torch.dtype, tf32: bool, cin: int, cout: int, k: int, n_out: int,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The pipelined fetch-on-demand forward runs and agrees with the float64 reference
+    and with the previous kernel, with and without the kept tile prefix."""
+    if torch.cuda.get_device_capability()[0] < 8:
+        pytest.skip("the pipelined kernel needs sm_80")
+    n_in = 2500
+    nbr = _table(n_in, n_out, k, seed=cin + 5 * cout + k)
+    g = torch.Generator().manual_seed(cout * 3 + cin)
+    x = torch.randn(n_in, cin, generator=g).to(dtype)
+    w = (torch.randn(k, cin, cout, generator=g) / cin**0.5).to(dtype)
+    ref = _reference(x, w, nbr)
+    xc, wc = x.cuda(), w.cuda()
+    pairs = kmap_cuda.kernel_pairs(nbr.cuda())
+    tol = TF32_TOL if tf32 else None
+
+    def run() -> tuple[torch.Tensor, bool]:
+        return _ran(lambda: conv_cuda.conv_forward("fetch_on_demand", xc, wc, pairs=pairs,
+                                                   n_out=n_out, allow_tf32=tf32), FOD_KERNEL)
+
+    monkeypatch.delenv(conv_cuda.PENDING_ENV, raising=False)
+    before, ran = run()
+    assert not ran
+    _check(before, ref, dtype, "previous kernel", tol)
+    for value in ("pipelined_fod_forward", "1"):  # the tile prefix in the call, then kept
+        monkeypatch.setenv(conv_cuda.PENDING_ENV, value)
+        for _ in range(2):
+            y, ran = run()
+            assert ran, value
+            _check(y, ref, dtype, f"pipelined, PENDING={value}", tol)
+            _check(y, before.double().cpu(), dtype, "pipelined against the previous", tol)
+            empty = (nbr < 0).all(dim=1).cuda()
+            assert (y[empty] == 0).all(), "rows without pairs stay zero"
+
+
+@needs_gpu
+def test_other_fod_forwards_keep_the_previous_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Plain float32 and channel rows that are not whole 16-byte runs run the previous
+    fetch-on-demand forward, right."""
+    monkeypatch.setenv(conv_cuda.PENDING_ENV, "pipelined_fod_forward")
+    n_in, n_out = 1500, 2000
+    nbr = _table(n_in, n_out, 27, seed=21)
+    pairs = kmap_cuda.kernel_pairs(nbr.cuda())
+    g = torch.Generator().manual_seed(21)
+    for dtype, cin, cout in ((torch.float32, 32, 32), (torch.float16, 12, 32),
+                             (torch.float16, 32, 20)):
+        x = torch.randn(n_in, cin, generator=g).to(dtype)
+        w = (torch.randn(27, cin, cout, generator=g) / cin**0.5).to(dtype)
+        y, ran = _ran(lambda x=x, w=w: conv_cuda.conv_forward(
+            "fetch_on_demand", x.cuda(), w.cuda(), pairs=pairs, n_out=n_out), FOD_KERNEL)
+        assert not ran, (dtype, cin, cout)
+        tol = 1e-4 if dtype == torch.float32 else None
+        _check(y, _reference(x, w, nbr), dtype, f"{dtype} {cin} {cout}", tol)

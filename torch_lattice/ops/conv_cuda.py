@@ -16,7 +16,8 @@ rows' ranges are read back once per pair list (:func:`_row_ranges`).
 With ``TORCH_LATTICE_CUDA_PENDING=1`` (:data:`PENDING_ENV`), what implicit GEMM and
 fetch-on-demand derive from a map alone is computed once per map tensor and kept on it
 (:func:`_derived`), and the pipelined kernels may run (:data:`OPT_PIPELINED_FORWARD`,
-:data:`OPT_PIPELINED_WGRAD`); these changes wait for a device run
+:data:`OPT_PIPELINED_WGRAD`, :data:`OPT_PIPELINED_FOD_FORWARD`); these changes wait for a
+device run
 (docs/gpu-validation.md).
 """
 
@@ -83,18 +84,20 @@ def _maps(
 # (:data:`PENDING_CHANGES`) some of them; scripts/device-check.sh sets it for its tests
 # and benchmark, so that the run verifies them.
 PENDING_ENV = "TORCH_LATTICE_CUDA_PENDING"
-# The pending changes by name: map-derived data kept with the map, the pipelined
-# implicit-GEMM forward (fp16, bf16, TF32), the pipelined fetch-on-demand weight gradient
-# (fp16, bf16).
-PENDING_CHANGES = ("kept_map_data", "pipelined_forward", "pipelined_wgrad")
+# The pending changes by name: map-derived data kept with the map, and the pipelined
+# kernels: the implicit-GEMM forward (fp16, bf16, TF32), the fetch-on-demand weight
+# gradient (fp16, bf16) and the fetch-on-demand forward (fp16, bf16, TF32).
+PENDING_CHANGES = ("kept_map_data", "pipelined_forward", "pipelined_wgrad",
+                   "pipelined_fod_forward")
 
 
 # Option bits of a ``cuda_conv`` call (csrc/cuda/tl_cuda.h, TL_CUDA_*): TF32 tensor cores
-# for float32, and the pipelined kernels, which are pending: the implicit-GEMM forward and
-# the fetch-on-demand weight gradient.
+# for float32, and the pipelined kernels, which are pending: the implicit-GEMM forward, the
+# fetch-on-demand weight gradient and the fetch-on-demand forward.
 OPT_TF32 = 1
 OPT_PIPELINED_FORWARD = 2
 OPT_PIPELINED_WGRAD = 4
+OPT_PIPELINED_FOD_FORWARD = 8
 
 
 def pending(change: str | None = None) -> bool:
@@ -202,6 +205,8 @@ def _run(
         opts |= OPT_PIPELINED_FORWARD
     if pending("pipelined_wgrad"):
         opts |= OPT_PIPELINED_WGRAD
+    if pending("pipelined_fod_forward"):
+        opts |= OPT_PIPELINED_FOD_FORWARD
     derived = _derived(dataflow, weight_grad, code, sizes, nbr, pairs, n_pairs)
     head = _call_head(a.device, dataflow, weight_grad, code, sizes)
     _C.cuda_conv(

@@ -1,0 +1,206 @@
+/* The tile of the pipelined forward kernels (tl_cuda_ig_pipelined.cu,
+ * tl_cuda_fod_pipelined.cu): a block of TL_CUDA_THREADS threads multiplies
+ * TL_PIPE_BM gathered x rows by BN output channels of one weight matrix per
+ * step, a step being one 64-byte slice of C_in (32 halves, 16 floats), with
+ * TL_PIPE_STAGES(BN) - 1 slices in flight (cp.async) while the tensor cores
+ * multiply the oldest (mma.m16n8k16, m16n8k8 in TF32, fragments by ldmatrix).
+ * The kernels differ in where a step's x rows and weights come from (one
+ * `issue` each) and where the finished tile goes. */
+#ifndef TL_CUDA_PIPE_TILE_CUH
+#define TL_CUDA_PIPE_TILE_CUH
+
+#include "tl_cuda_gemm.cuh"
+#include "tl_cuda_mma.cuh"
+
+#define TL_PIPE_BM 64
+/* Shared memory of one block stays under the 48 KiB that needs no opt-in:
+ * 3 stages of 64-row x 64-byte and 64-byte-deep x 128-column slices
+ * (41 KiB in halves), or 4 at 64 columns. */
+#define TL_PIPE_STAGES(BN) ((BN) > 64 ? 3 : 4)
+
+static_assert(TL_CUDA_THREADS == 256, "8 warps: 2 x 4 warp tiles");
+
+/* Slice shape of a storage type: V values per 16-byte copy, BK values of
+ * C_in per slice (64 bytes: 32 halves, 16 floats; one A copy per thread),
+ * KF the depth of one mma (16 for fp16 / bf16, 8 for TF32). */
+template <typename T> struct tl_pipe_shape {
+    static constexpr int V = 16 / (int)sizeof(T), BK = 64 / (int)sizeof(T);
+    static constexpr int KF = sizeof(T) == 2 ? 16 : 8;
+    static_assert(TL_PIPE_BM * BK / V == TL_CUDA_THREADS, "one A copy per thread");
+};
+
+/* The stages of slices and, after the last one, the finished fp32 tile.
+ * A's rows are skewed by 16 bytes so the 8 rows an ldmatrix phase reads fall
+ * in different banks (80 bytes apart); B's by 8 values: 272 or 144 bytes in
+ * halves (ldmatrix), 8 words modulo 32 in floats, where the 4 rows of one
+ * TF32 fragment load are read word by word.  Every row starts 16-byte
+ * aligned, as ldmatrix and cp.async need. */
+template <typename T, int BN> struct tl_pipe_smem {
+    typedef tl_pipe_shape<T> sh;
+    static constexpr int STAGES = TL_PIPE_STAGES(BN);
+    static constexpr int LDA = sh::BK + sh::V, LDB = BN + 8, LDC = BN + 4;
+    struct stage {
+        T a[TL_PIPE_BM][LDA]; /* gathered x rows: a[m][kk] */
+        T b[sh::BK][LDB];     /* w[n] rows k0 + kk, columns c0 .. c0 + BN */
+    };
+    union {
+        stage s[STAGES];
+        float c[TL_PIPE_BM][LDC];
+    } u;
+    static_assert(sizeof(stage) % 16 == 0, "stages keep 16-byte rows aligned");
+};
+
+/* fp16 / bf16 (T) or TF32 (T = float) tensor cores: acc[i][j] += the warp's
+ * rows wm * 32 + 16 i .. and columns n0 + 8 j .. of the stage's slice. */
+template <typename T, int BN>
+__device__ __forceinline__ void tl_pipe_multiply(const typename tl_pipe_smem<T, BN>::stage &g,
+                                                 int wm, int n0, int lane,
+                                                 float (&acc)[2][BN / 32][4]) {
+    typedef tl_pipe_shape<T> sh;
+    constexpr int NB = BN / 32;
+    /* A: lane gives row lane % 16 at column (lane / 16) * V, 16 bytes on:
+     * matrices 0..3 are the a0..a3 registers of either mma (in floats each
+     * 8 x 8 matrix of 16-bit values is 8 rows of 4 floats). */
+    const int a_row = lane % 16, a_col = (lane / 16) * sh::V;
+#pragma unroll
+    for (int kk = 0; kk < sh::BK; kk += sh::KF) {
+        unsigned a[2][4], b[NB][2];
+#pragma unroll
+        for (int i = 0; i < 2; i++)
+            tl_ldmatrix4<false>(a[i], &g.a[wm * 32 + i * 16 + a_row][kk + a_col]);
+        if constexpr (sizeof(T) == 2) {
+            /* B (k) row lane % 8 + ((lane / 8) % 2) * 8 at column (lane / 16) * 8,
+             * transposed: matrices 0, 1 are k 0-7 and 8-15 of one 8-column block,
+             * 2, 3 of the next. */
+            const int b_row = lane % 8 + ((lane / 8) % 2) * 8, b_col = (lane / 16) * 8;
+#pragma unroll
+            for (int j = 0; j < NB; j += 2) {
+                unsigned r[4];
+                tl_ldmatrix4<true>(r, &g.b[kk + b_row][n0 + j * 8 + b_col]);
+                b[j][0] = r[0], b[j][1] = r[1], b[j + 1][0] = r[2], b[j + 1][1] = r[3];
+            }
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int j = 0; j < NB; j++) tl_mma16816<T>(acc[i][j], a[i], b[j]);
+        } else {
+            /* TF32's b0, b1: k = lane % 4 (+ 4), column lane / 4, rounded when
+             * staged. */
+#pragma unroll
+            for (int j = 0; j < NB; j++) {
+                b[j][0] = __float_as_uint(g.b[kk + lane % 4][n0 + j * 8 + lane / 4]);
+                b[j][1] = __float_as_uint(g.b[kk + lane % 4 + 4][n0 + j * 8 + lane / 4]);
+            }
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int j = 0; j < NB; j++) tl_mma1688_tf32(acc[i][j], a[i], b[j]);
+        }
+    }
+}
+
+/* One slice's copies by thread t: the A row ar = t / (BK / V), V channels
+ * from k0 + ac of x row `row` (< 0: zeros), and the B rows k0 .. k0 + BK of
+ * the (cin, cout) weights wn, columns c0 .. c0 + BN (past cin or cout:
+ * zeros).  Every copy is a whole 16-byte run (cin, cout multiples of V;
+ * x and wn 16-byte aligned), or zeros without a read. */
+template <typename T, int BN>
+__device__ __forceinline__ void tl_pipe_issue(typename tl_pipe_smem<T, BN>::stage &g, int t,
+                                              const T *x, long long row, long long cin,
+                                              const T *wn, long long cout, long long k0,
+                                              long long c0) {
+    typedef tl_pipe_shape<T> sh;
+    constexpr int V = sh::V, BK = sh::BK, BCOPIES = BK * BN / V / TL_CUDA_THREADS;
+    static_assert(BCOPIES >= 1 && BK * BN / V % TL_CUDA_THREADS == 0, "whole passes");
+    const int ar = t / (BK / V), ac = (t % (BK / V)) * V;
+    const bool av = row >= 0 && k0 + ac < cin;
+    tl_cp_async16(&g.a[ar][ac], av ? x + row * cin + k0 + ac : x, av);
+#pragma unroll
+    for (int c = 0; c < BCOPIES; c++) {
+        const int e = t + c * TL_CUDA_THREADS, kk = e / (BN / V), j = (e % (BN / V)) * V;
+        const bool bv = k0 + kk < cin && c0 + j < cout;
+        tl_cp_async16(&g.b[kk][j], bv ? wn + (k0 + kk) * cout + c0 + j : wn, bv);
+    }
+}
+
+/* TF32: thread t's copies of a slice (tl_pipe_issue) rounded in place, once,
+ * after they landed and before the barrier that shows them to the others;
+ * nothing for halves. */
+template <typename T, int BN>
+__device__ __forceinline__ void tl_pipe_round(typename tl_pipe_smem<T, BN>::stage &g, int t) {
+    if constexpr (sizeof(T) == 4) {
+        typedef tl_pipe_shape<T> sh;
+        constexpr int V = sh::V, BK = sh::BK, BCOPIES = BK * BN / V / TL_CUDA_THREADS;
+        tl_round_tf32x4(&g.a[t / (BK / V)][(t % (BK / V)) * V]);
+#pragma unroll
+        for (int c = 0; c < BCOPIES; c++) {
+            const int e = t + c * TL_CUDA_THREADS;
+            tl_round_tf32x4(&g.b[e / (BN / V)][(e % (BN / V)) * V]);
+        }
+    } else {
+        (void)g, (void)t;
+    }
+}
+
+/* The pipeline: `steps` slices, issue(step, stage) copying each (with
+ * tl_pipe_issue), multiplied into per-warp accumulators; then the finished
+ * fp32 tile in s.u.c[m][j] (m < TL_PIPE_BM, j < BN), visible to the whole
+ * block.  Warp (wm, wn) owns rows wm * 32 .. + 32 and columns wn * BN / 4 ..,
+ * as 2 x BN / 32 mma tiles of 16 x 8. */
+template <typename T, int BN, typename Issue>
+__device__ __forceinline__ void tl_pipe_run(tl_pipe_smem<T, BN> &s, int steps, Issue issue) {
+    constexpr int STAGES = tl_pipe_smem<T, BN>::STAGES, NB = BN / 32;
+    const int t = threadIdx.x, warp = t / 32, wm = warp / 4, wn = warp % 4, lane = t % 32;
+    float acc[2][NB][4];
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < NB; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f;
+#pragma unroll
+    for (int st = 0; st < STAGES - 1; st++) {
+        if (st < steps) issue(st, st);
+        tl_cp_commit(); /* one group per stage, empty or not, so the count below holds */
+    }
+    for (int step = 0; step < steps; step++) {
+        tl_cp_wait<STAGES - 2>(); /* this thread's copies of `step` have landed */
+        tl_pipe_round<T, BN>(s.u.s[step % STAGES], t);
+        /* Everyone's have, and everyone has finished multiplying step - 1,
+         * whose stage the next issue overwrites. */
+        __syncthreads();
+        const int next = step + STAGES - 1;
+        if (next < steps) issue(next, next % STAGES);
+        tl_cp_commit();
+        tl_pipe_multiply<T, BN>(s.u.s[step % STAGES], wm, wn * (BN / 4), lane, acc);
+    }
+    tl_cp_wait<0>();
+    __syncthreads(); /* the stages are free: the finished tile takes their place */
+    /* Accumulator e of tile (i, j): row lane / 4 (+ 8 for e >= 2), column
+     * 2 (lane % 4) + e % 2. */
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < NB; j++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int m = wm * 32 + i * 16 + lane / 4 + h * 8;
+                const int col = wn * (BN / 4) + j * 8 + (lane % 4) * 2;
+                *reinterpret_cast<float2 *>(&s.u.c[m][col]) =
+                    make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+            }
+    __syncthreads();
+}
+
+/* Host side: whether x (c_in), w (c_out) and y (c_out; NULL: not read as
+ * rows here) qualify for the pipelined tiles in `dtype`: fp16, bf16, or fp32
+ * where `tf32`, with rows of whole 16-byte runs, 16-byte aligned. */
+static inline bool tl_pipe_rows_ok(tl_dtype dtype, bool tf32, const tl_conv_desc *d,
+                                   const void *x, const void *w, const void *y) {
+    if (dtype != TL_F16 && dtype != TL_BF16 && !(dtype == TL_F32 && tf32)) return false;
+    const int64_t es = tl_dtype_bytes(dtype);
+    return tl_vec_ok(x, d->c_in, es) && tl_vec_ok(w, d->c_out, es) &&
+           (!y || tl_vec_ok(y, d->c_out, es));
+}
+
+#endif
