@@ -206,17 +206,7 @@ __global__ void __launch_bounds__(TL_CUDA_THREADS)
      * wn * 16 .. + 16: 2 x 2 mma tiles of 16 x 8. */
     const int warp = t / 32, wm = warp / 4, wn = warp % 4, lane = t % 32;
     float acc[2][2][4];
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int j = 0; j < 2; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f;
-#pragma unroll
-    for (int st = 0; st < STAGES - 1; st++) {
-        if (st < steps) issue(st, st);
-        tl_cp_commit(); /* one group per stage, empty or not, so the count below holds */
-    }
+    tl_pipe_zero(acc);
     /* ldmatrix rows of this lane, both transposed: X^T's matrix lane / 8 is
      * pairs ((lane / 16) * 8 ..) x channels (((lane / 8) % 2) * 8 ..), so
      * matrices 0..3 are the a0..a3 registers of mma; DY's are pairs
@@ -224,15 +214,8 @@ __global__ void __launch_bounds__(TL_CUDA_THREADS)
      * registers of two 8-column blocks. */
     const int a_row = lane % 8 + (lane / 16) * 8, a_col = ((lane / 8) % 2) * 8;
     const int b_row = lane % 8 + ((lane / 8) % 2) * 8, b_col = (lane / 16) * 8;
-    for (int step = 0; step < steps; step++) {
-        tl_cp_wait<STAGES - 2>(); /* this thread's copies of `step` have landed */
-        /* Everyone's have, and everyone has finished multiplying step - 1,
-         * whose stage the next issue overwrites. */
-        __syncthreads();
-        const int next = step + STAGES - 1;
-        if (next < steps) issue(next, next % STAGES);
-        tl_cp_commit();
-        const typename sm::stage &g = s.u.s[step % STAGES];
+    auto multiply = [&](int st) {
+        const typename sm::stage &g = s.u.s[st];
 #pragma unroll
         for (int k0 = 0; k0 < BK; k0 += 16) {
             unsigned a[2][4], bf[2][2], r[4];
@@ -246,22 +229,11 @@ __global__ void __launch_bounds__(TL_CUDA_THREADS)
 #pragma unroll
                 for (int j = 0; j < 2; j++) tl_mma16816<T>(acc[i][j], a[i], bf[j]);
         }
-    }
-    tl_cp_wait<0>();
-    __syncthreads(); /* the stages are free: the finished tile takes their place */
-    /* Accumulator e of tile (i, j): input channel lane / 4 (+ 8 for e >= 2),
-     * output channel 2 (lane % 4) + e % 2. */
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int j = 0; j < 2; j++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int m = wm * 32 + i * 16 + lane / 4 + h * 8;
-                const int jj = wn * 16 + j * 8 + (lane % 4) * 2;
-                *reinterpret_cast<float2 *>(&s.u.c[m][jj]) =
-                    make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
-            }
+    };
+    tl_pipe_loop<STAGES>(steps, issue, [](int) {}, multiply);
+    /* The stages are free: the finished tile (input channel, output channel)
+     * takes their place. */
+    tl_pipe_store(s.u.c, acc, wm, wn * 16, lane);
     __syncthreads();
     for (int e = t; e < TL_BM * TL_BN; e += TL_CUDA_THREADS) {
         const int m = e / TL_BN, jj = e % TL_BN;

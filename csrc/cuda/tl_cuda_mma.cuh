@@ -62,21 +62,23 @@ template <bool TRANS> __device__ __forceinline__ void tl_ldmatrix4(unsigned r[4]
 #endif
 }
 
+/* One mma.sync of SHAPE_TYPES ("m16n8k16.row.col.f32.f16.f16.f32", ...):
+ * c[0..3] += a[0..3] b[0..1], in place. */
+#define TL_MMA_SYNC(SHAPE_TYPES, c, a, b)                                                    \
+    asm volatile("mma.sync.aligned." SHAPE_TYPES                                             \
+                 " {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"                  \
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                            \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]))
+
 /* c (16 x 8 fp32) += a (16 x 16) b (16 x 8), fp16 or bf16 operands in the
  * register layouts of PTX's mma.m16n8k16 (row.col). */
 template <typename T>
 __device__ __forceinline__ void tl_mma16816(float c[4], const unsigned a[4], const unsigned b[2]) {
 #ifdef TL_PIPE_DEVICE
     if (std::is_same<T, __half>::value)
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+        TL_MMA_SYNC("m16n8k16.row.col.f32.f16.f16.f32", c, a, b);
     else
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+        TL_MMA_SYNC("m16n8k16.row.col.f32.bf16.bf16.f32", c, a, b);
 #else
     (void)c, (void)a, (void)b;
 #endif
@@ -89,10 +91,7 @@ __device__ __forceinline__ void tl_mma16816(float c[4], const unsigned a[4], con
 __device__ __forceinline__ void tl_mma1688_tf32(float c[4], const unsigned a[4],
                                                 const unsigned b[2]) {
 #ifdef TL_PIPE_DEVICE
-    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
-                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    TL_MMA_SYNC("m16n8k8.row.col.f32.tf32.tf32.f32", c, a, b);
 #else
     (void)c, (void)a, (void)b;
 #endif

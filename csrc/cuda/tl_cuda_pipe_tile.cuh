@@ -142,22 +142,21 @@ __device__ __forceinline__ void tl_pipe_round(typename tl_pipe_smem<T, BN>::stag
     }
 }
 
-/* The pipeline: `steps` slices, issue(step, stage) copying each (with
- * tl_pipe_issue), multiplied into per-warp accumulators; then the finished
- * fp32 tile in s.u.c[m][j] (m < TL_PIPE_BM, j < BN), visible to the whole
- * block.  Warp (wm, wn) owns rows wm * 32 .. + 32 and columns wn * BN / 4 ..,
- * as 2 x BN / 32 mma tiles of 16 x 8. */
-template <typename T, int BN, typename Issue>
-__device__ __forceinline__ void tl_pipe_run(tl_pipe_smem<T, BN> &s, int steps, Issue issue) {
-    constexpr int STAGES = tl_pipe_smem<T, BN>::STAGES, NB = BN / 32;
-    const int t = threadIdx.x, warp = t / 32, wm = warp / 4, wn = warp % 4, lane = t % 32;
-    float acc[2][NB][4];
+/* acc[...] = 0 for a per-warp accumulator array of any shape. */
+template <typename A> __device__ __forceinline__ void tl_pipe_zero(A &acc) {
+    float *f = &acc[0][0][0];
 #pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int j = 0; j < NB; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f;
+    for (int e = 0; e < (int)(sizeof(A) / sizeof(float)); e++) f[e] = 0.0f;
+}
+
+/* The pipeline over `steps` slices in STAGES stages: issue(step, stage)
+ * starts a slice's copies (cp.async), landed(stage) runs once this thread's
+ * copies of a slice have landed and before the barrier that shows them to
+ * the others, multiply(stage) consumes it.  Returns with every copy landed
+ * and the block past a barrier, so the stages may be reused. */
+template <int STAGES, typename Issue, typename Landed, typename Multiply>
+__device__ __forceinline__ void tl_pipe_loop(int steps, Issue issue, Landed landed,
+                                             Multiply multiply) {
 #pragma unroll
     for (int st = 0; st < STAGES - 1; st++) {
         if (st < steps) issue(st, st);
@@ -165,19 +164,25 @@ __device__ __forceinline__ void tl_pipe_run(tl_pipe_smem<T, BN> &s, int steps, I
     }
     for (int step = 0; step < steps; step++) {
         tl_cp_wait<STAGES - 2>(); /* this thread's copies of `step` have landed */
-        tl_pipe_round<T, BN>(s.u.s[step % STAGES], t);
+        landed(step % STAGES);
         /* Everyone's have, and everyone has finished multiplying step - 1,
          * whose stage the next issue overwrites. */
         __syncthreads();
         const int next = step + STAGES - 1;
         if (next < steps) issue(next, next % STAGES);
         tl_cp_commit();
-        tl_pipe_multiply<T, BN>(s.u.s[step % STAGES], wm, wn * (BN / 4), lane, acc);
+        multiply(step % STAGES);
     }
     tl_cp_wait<0>();
-    __syncthreads(); /* the stages are free: the finished tile takes their place */
-    /* Accumulator e of tile (i, j): row lane / 4 (+ 8 for e >= 2), column
-     * 2 (lane % 4) + e % 2. */
+    __syncthreads();
+}
+
+/* A warp's accumulators (rows wm * 32 .., columns n0 ..) into the fp32 tile
+ * c: accumulator e of mma tile (i, j) is row wm * 32 + 16 i + lane / 4 (+ 8
+ * for e >= 2), column n0 + 8 j + 2 (lane % 4) + e % 2. */
+template <int NB, int LDC>
+__device__ __forceinline__ void tl_pipe_store(float (*c)[LDC], const float (&acc)[2][NB][4],
+                                              int wm, int n0, int lane) {
 #pragma unroll
     for (int i = 0; i < 2; i++)
 #pragma unroll
@@ -185,10 +190,27 @@ __device__ __forceinline__ void tl_pipe_run(tl_pipe_smem<T, BN> &s, int steps, I
 #pragma unroll
             for (int h = 0; h < 2; h++) {
                 const int m = wm * 32 + i * 16 + lane / 4 + h * 8;
-                const int col = wn * (BN / 4) + j * 8 + (lane % 4) * 2;
-                *reinterpret_cast<float2 *>(&s.u.c[m][col]) =
+                const int col = n0 + j * 8 + (lane % 4) * 2;
+                *reinterpret_cast<float2 *>(&c[m][col]) =
                     make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
             }
+}
+
+/* The forward tile: `steps` slices, issue(step, stage) copying each (with
+ * tl_pipe_issue), multiplied into per-warp accumulators; then the finished
+ * fp32 tile in s.u.c[m][j] (m < TL_PIPE_BM, j < BN), visible to the whole
+ * block.  Warp (wm, wn) owns rows wm * 32 .. + 32 and columns wn * BN / 4 ..,
+ * as 2 x BN / 32 mma tiles of 16 x 8. */
+template <typename T, int BN, typename Issue>
+__device__ __forceinline__ void tl_pipe_run(tl_pipe_smem<T, BN> &s, int steps, Issue issue) {
+    constexpr int NB = BN / 32;
+    const int t = threadIdx.x, warp = t / 32, wm = warp / 4, wn = warp % 4, lane = t % 32;
+    float acc[2][NB][4];
+    tl_pipe_zero(acc);
+    tl_pipe_loop<tl_pipe_smem<T, BN>::STAGES>(
+        steps, issue, [&](int st) { tl_pipe_round<T, BN>(s.u.s[st], t); },
+        [&](int st) { tl_pipe_multiply<T, BN>(s.u.s[st], wm, wn * (BN / 4), lane, acc); });
+    tl_pipe_store(s.u.c, acc, wm, wn * (BN / 4), lane); /* the stages are free */
     __syncthreads();
 }
 

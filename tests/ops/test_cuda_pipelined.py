@@ -31,6 +31,12 @@ SORT_MIN_ROWS = 4096
 # rtol = atol / max|ref|: one final rounding of an fp32 sum (test_cuda_tensor_cores.py).
 TOL = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 TF32_TOL = 1e-2  # inputs rounded to 10 mantissa bits
+# The pipelined forwards' types: (storage dtype, allow_tf32).
+FORWARD_TYPES = pytest.mark.parametrize(
+    ("dtype", "tf32"),
+    [(torch.float16, False), (torch.bfloat16, False), (torch.float32, True)],
+    ids=["fp16", "bf16", "tf32"],
+)
 
 
 def test_pending_names(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -108,6 +114,15 @@ def _wgrad_reference(x: torch.Tensor, dy: torch.Tensor, nbr: torch.Tensor) -> to
     return dw
 
 
+def _misaligned(t: torch.Tensor) -> torch.Tensor:
+    """``t`` on the GPU, contiguous, at an address that is not 16-byte aligned."""
+    flat = torch.empty(t.numel() + 1, dtype=t.dtype, device="cuda")
+    out = flat[1:].view(t.shape)
+    out.copy_(t.cuda())
+    assert out.data_ptr() % 16 != 0 and out.is_contiguous()
+    return out
+
+
 def _check(y: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, what: str,
            tol: float | None = None) -> None:
     tol = TOL[dtype] if tol is None else tol
@@ -118,11 +133,7 @@ def _check(y: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, what: str,
 
 
 @needs_gpu
-@pytest.mark.parametrize(
-    ("dtype", "tf32"),
-    [(torch.float16, False), (torch.bfloat16, False), (torch.float32, True)],
-    ids=["fp16", "bf16", "tf32"],
-)
+@FORWARD_TYPES
 @pytest.mark.parametrize(
     ("cin", "cout", "k"),
     [
@@ -192,12 +203,7 @@ def test_other_calls_keep_the_previous_kernel(
     g = torch.Generator().manual_seed(7)
     x = torch.randn(n_in, cin, generator=g).half()
     w = (torch.randn(k, cin, cout, generator=g) / cin**0.5).half()
-    xc = x.cuda()
-    if case.startswith("x not"):
-        flat = torch.empty(n_in * cin + 1, dtype=torch.float16, device="cuda")
-        xc = flat[1:].view(n_in, cin)
-        xc.copy_(x.cuda())
-        assert xc.data_ptr() % 16 != 0 and xc.is_contiguous()
+    xc = _misaligned(x) if case.startswith("x not") else x.cuda()
     y, ran = _run(xc, w.cuda(), nbr.cuda())
     assert not ran, case
     _check(y, _reference(x, w, nbr), torch.float16, case)
@@ -284,23 +290,14 @@ def test_other_weight_grads_keep_the_previous_kernel(
     g = torch.Generator().manual_seed(11)
     x = torch.randn(n_in, cin, generator=g).half()
     dy = torch.randn(n_out, cout, generator=g).half()
-    dyc = dy.cuda()
-    if case.startswith("dy not"):
-        flat = torch.empty(n_out * cout + 1, dtype=torch.float16, device="cuda")
-        dyc = flat[1:].view(n_out, cout)
-        dyc.copy_(dy.cuda())
-        assert dyc.data_ptr() % 16 != 0 and dyc.is_contiguous()
+    dyc = _misaligned(dy) if case.startswith("dy not") else dy.cuda()
     dw, ran = _wgrad(x.cuda(), dyc, kmap_cuda.kernel_pairs(nbr.cuda()))
     assert not ran, case
     _check(dw, _wgrad_reference(x, dy, nbr), torch.float16, case, 2 * TOL[torch.float16])
 
 
 @needs_gpu
-@pytest.mark.parametrize(
-    ("dtype", "tf32"),
-    [(torch.float16, False), (torch.bfloat16, False), (torch.float32, True)],
-    ids=["fp16", "bf16", "tf32"],
-)
+@FORWARD_TYPES
 @pytest.mark.parametrize(
     ("cin", "cout", "k", "n_out"),
     [
