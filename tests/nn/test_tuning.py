@@ -296,6 +296,7 @@ def test_a_version_1_file_loads_as_inference_choices(tmp_path: Path) -> None:
         (b"[1, 2]", '"format" must be'),
         (json.dumps({**_doc(), "version": 3}).encode(), '"version" must be 1 or 2'),
         (json.dumps({**_doc(), "version": True}).encode(), '"version" must be 1 or 2'),
+        (json.dumps({**_doc(), "version": 2.0}).encode(), '"version" must be 1 or 2'),
         (json.dumps(_doc(training=1)).encode(), "training must be true or false"),
         (json.dumps({**_doc(), "choices": {}}).encode(), '"choices" must be a list'),
         (json.dumps({**_doc(), "choices": [None] * 5000}).encode(), "at most 4096"),

@@ -17,8 +17,7 @@ With ``TORCH_LATTICE_CUDA_PENDING=1`` (:data:`PENDING_ENV`), what implicit GEMM 
 fetch-on-demand derive from a map alone is computed once per map tensor and kept on it
 (:func:`_derived`), and the pipelined kernels may run (:data:`OPT_PIPELINED_FORWARD`,
 :data:`OPT_PIPELINED_WGRAD`, :data:`OPT_PIPELINED_FOD_FORWARD`); these changes wait for a
-device run
-(docs/gpu-validation.md).
+device run (docs/gpu-validation.md).
 """
 
 from __future__ import annotations
@@ -98,6 +97,12 @@ OPT_TF32 = 1
 OPT_PIPELINED_FORWARD = 2
 OPT_PIPELINED_WGRAD = 4
 OPT_PIPELINED_FOD_FORWARD = 8
+# The option bit of each pending pipelined kernel, by its name in PENDING_CHANGES.
+_PIPELINED_OPTS = {
+    "pipelined_forward": OPT_PIPELINED_FORWARD,
+    "pipelined_wgrad": OPT_PIPELINED_WGRAD,
+    "pipelined_fod_forward": OPT_PIPELINED_FOD_FORWARD,
+}
 
 
 def pending(change: str | None = None) -> bool:
@@ -201,12 +206,9 @@ def _run(
     code = DTYPE_CODES[a.dtype]
     n_pairs = pairs[1].shape[0] if pairs is not None else 0
     opts = OPT_TF32 if a.dtype == torch.float32 and allow_tf32 else 0
-    if pending("pipelined_forward"):
-        opts |= OPT_PIPELINED_FORWARD
-    if pending("pipelined_wgrad"):
-        opts |= OPT_PIPELINED_WGRAD
-    if pending("pipelined_fod_forward"):
-        opts |= OPT_PIPELINED_FOD_FORWARD
+    for change, bit in _PIPELINED_OPTS.items():
+        if pending(change):
+            opts |= bit
     derived = _derived(dataflow, weight_grad, code, sizes, nbr, pairs, n_pairs)
     head = _call_head(a.device, dataflow, weight_grad, code, sizes)
     _C.cuda_conv(

@@ -266,7 +266,7 @@ def load_tuning(path: str | os.PathLike[str]) -> int:
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise ValueError(f"{name}: \"format\" must be {FORMAT!r}")
     version = doc.get("version")
-    if isinstance(version, bool) or version not in _VERSIONS:
+    if type(version) is not int or version not in _VERSIONS:
         raise ValueError(f"{name}: \"version\" must be 1 or 2, got {version!r}"[:300])
     raw = doc.get("choices")
     if not isinstance(raw, list) or len(raw) > MAX_ENTRIES:
