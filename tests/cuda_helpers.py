@@ -21,8 +21,10 @@ from benchmarks.gpu_accuracy import smooth_activations  # noqa: E402
 __all__ = [
     "cpu_support",
     "geometry_lists",
+    "patterned_nbr",
     "random_coords",
     "smooth_activations",
+    "table_reference",
     "workspace_request",
 ]
 
@@ -73,3 +75,34 @@ def workspace_request(call: Callable[[Callable[[int], int]], object]) -> int:
     except ValueError:
         return 0
     raise AssertionError("the entry point ran: pass null data pointers")
+
+
+def patterned_nbr(n_in: int, n_out: int, k: int, seed: int) -> torch.Tensor:
+    """(n_out, k) table whose rows draw their neighbour masks from a few dozen patterns,
+    shuffled, plus random rows, rows with no neighbour and rows with all k neighbours."""
+    g = torch.Generator().manual_seed(seed)
+    patterns = torch.rand(40, k, generator=g) < 0.3
+    patterns[:, k // 2] = True  # the centre, as in a submanifold convolution
+    keep = patterns[torch.randint(0, 40, (n_out,), generator=g)]
+    kind = torch.randint(0, 8, (n_out,), generator=g)
+    keep[kind == 0] = False  # mask 0: y row must be zero
+    keep[kind == 1] = True  # every kernel row
+    noisy = kind == 2
+    keep[noisy] = torch.rand(int(noisy.sum()), k, generator=g) < 0.5
+    nbr = torch.randint(0, n_in, (n_out, k), generator=g, dtype=torch.int32)
+    return torch.where(keep, nbr, torch.full_like(nbr, -1))
+
+
+def table_reference(x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor, nbr: torch.Tensor):
+    """float64 forward and weight gradient from nbr (inputs already storage-rounded)."""
+    x, w, dy = x.double(), w.double(), dy.double()
+    y = torch.zeros(nbr.shape[0], w.shape[2], dtype=torch.float64)
+    dw = torch.zeros_like(w)
+    for n in range(nbr.shape[1]):
+        rows = torch.nonzero(nbr[:, n] >= 0).flatten()
+        if rows.numel() == 0:
+            continue
+        xi = x[nbr[rows, n].long()]
+        y[rows] += xi @ w[n]
+        dw[n] = xi.T @ dy[rows]
+    return y, dw

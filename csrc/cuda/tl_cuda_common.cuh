@@ -163,6 +163,12 @@ int64_t tl_cuda_scan_scratch(int64_t n);
 tl_status tl_cuda_scan(const long long *in, long long *out, int64_t n, long long *scratch,
                        long long *total, cudaStream_t stream);
 
+/* The OR of v over the 32 lanes of a full warp, in every lane. */
+__device__ __forceinline__ unsigned tl_warp_or(unsigned v) {
+    for (int d = 16; d > 0; d >>= 1) v |= __shfl_xor_sync(0xffffffffu, v, d);
+    return v;
+}
+
 /* Exclusive scan across one block of TL_CUDA_THREADS threads; every thread
  * must call it.  Returns the thread's exclusive prefix; *total receives the
  * block total in every thread. */

@@ -142,11 +142,6 @@ __global__ void __launch_bounds__(TL_CUDA_THREADS)
     }
 }
 
-__device__ __forceinline__ unsigned tl_warp_or(unsigned v) {
-    for (int d = 16; d > 0; d >>= 1) v |= __shfl_xor_sync(0xffffffffu, v, d);
-    return v;
-}
-
 /* flag[j] = 1 for the one candidate of each distinct row that claims a
  * slot; also ORs every field into info->mask for the radix passes. */
 __global__ void __launch_bounds__(TL_CUDA_THREADS)

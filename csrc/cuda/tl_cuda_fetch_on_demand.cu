@@ -147,11 +147,6 @@ extern "C" tl_status tl_cuda_fetch_on_demand_forward(const tl_ctx *ctx, const tl
         const long long *starts;
         TL_CUDA_RETURN_IF(tl_fod_tiles(f.l, d, p, TL_BM, derived, f.stream, &starts));
         const int64_t tiles = tl_fod_tile_bound(f.l, d, p, TL_BM);
-        if ((opts & TL_CUDA_PIPELINED_FOD_FORWARD) && tl_fod_pipelined_forward_ok(d, opts, x, w)) {
-            TL_CUDA_RETURN_IF(
-                tl_fod_pipelined_forward(d, opts, x, w, p, starts, tiles, f.acc, f.stream));
-            return f.finish();
-        }
         const int64_t col_tiles = tl_cuda_ceil_div(d->c_out, TL_BN);
         const int64_t es = tl_dtype_bytes(d->dtype);
         call.args = {(const long long *)p->offsets, p->in, p->out, f.acc, d->n_in, d->n_out,
@@ -159,9 +154,14 @@ extern "C" tl_status tl_cuda_fetch_on_demand_forward(const tl_ctx *ctx, const tl
         call.args.vec = (tl_vec_ok(x, d->c_in, es) ? TL_VEC_A : 0) |
                         (tl_vec_ok(w, d->c_out, es) ? TL_VEC_B : 0) |
                         (tl_vec_ok(f.acc, d->c_out, sizeof(float)) ? TL_VEC_C : 0);
-        if (tiles > INT32_MAX / col_tiles) return TL_ERR_OVERFLOW;
-        call.blocks = tiles * col_tiles;
-        TL_CUDA_RETURN_IF(tl_dispatch_dtype(d->dtype, opts & TL_CUDA_TF32, call));
+        if ((opts & TL_CUDA_PIPELINED_FOD_FORWARD) && tl_fod_pipelined_forward_ok(d, opts, x, w)) {
+            TL_CUDA_RETURN_IF(
+                tl_fod_pipelined_forward(d->dtype, opts, x, w, call.args, tiles, f.stream));
+        } else {
+            if (tiles > INT32_MAX / col_tiles) return TL_ERR_OVERFLOW;
+            call.blocks = tiles * col_tiles;
+            TL_CUDA_RETURN_IF(tl_dispatch_dtype(d->dtype, opts & TL_CUDA_TF32, call));
+        }
     }
     return f.finish();
 }

@@ -30,68 +30,28 @@
 
 static_assert(TL_PIPE_BM == TL_BM, "the forward's tiles are the tile prefix's (TL_BM pairs)");
 
-struct tl_fodp_fwd_args {
-    const long long *offsets;
-    const int *pair_in, *pair_out;
-    float *acc; /* (n_out, c_out) fp32 accumulator */
-    long long n_in, n_out, cin, cout, col_tiles;
-    const long long *tiles; /* (k + 1) prefix of TL_PIPE_BM-pair tiles */
-    long long k;
-    int vec4; /* acc rows may take 16-byte vector atomics (sm_90) */
-};
-
 template <typename T, int BN>
 __global__ void __launch_bounds__(TL_CUDA_THREADS)
-    tl_fod_pipelined_forward_kernel(const T *x, const T *w, tl_fodp_fwd_args p) {
+    tl_fod_pipelined_forward_kernel(const T *x, const T *w, tl_pairs_fwd_args p) {
 #ifdef TL_PIPE_DEVICE
     typedef tl_pipe_shape<T> sh;
     constexpr int V = sh::V, BK = sh::BK;
     __shared__ __align__(128) tl_pipe_smem<T, BN> s;
     __shared__ long long rows[TL_PIPE_BM], outs[TL_PIPE_BM];
     const int t = threadIdx.x;
-    long long b = blockIdx.x;
-    const long long c0 = (b % p.col_tiles) * BN;
-    b /= p.col_tiles;
-    if (b >= p.tiles[p.k]) return; /* past the real work: whole block */
-    const long long n = tl_pair_tile_row(p.tiles, p.k, b);
-    const long long j0 = (b - p.tiles[n]) * TL_PIPE_BM;
-    const long long off = p.offsets[n], count = p.offsets[n + 1] - off;
-    if (j0 >= count) return; /* the whole block: no barrier passed yet */
-    if (t < TL_PIPE_BM) {
-        const long long j = j0 + t;
-        long long r = -1, o = -1;
-        if (j < count) {
-            r = p.pair_in[off + j];
-            o = p.pair_out[off + j];
-            if (r < 0 || r >= p.n_in || o < 0 || o >= p.n_out) r = o = -1;
-        }
-        rows[t] = r;
-        outs[t] = o;
-    }
+    const long long c0 = (blockIdx.x % p.col_tiles) * BN;
+    long long n, j0;
+    if (!tl_pairs_fwd_block(p, blockIdx.x / p.col_tiles, &n, &j0)) return; /* whole block */
+    tl_pairs_tile_rows<true>(p, n, j0, rows, outs);
     __syncthreads();
     const long long a_row = rows[t / (BK / V)]; /* this thread's A row (tl_pipe_issue) */
-    const T *wn = w + n * p.cin * p.cout;
-    tl_pipe_run<T, BN>(s, (int)((p.cin + BK - 1) / BK), [&](int step, int st) {
-        tl_pipe_issue<T, BN>(s.u.s[st], t, x, a_row, p.cin, wn, p.cout, (long long)step * BK,
+    const T *wn = w + n * p.c_in * p.c_out;
+    tl_pipe_run<T, BN>(s, (int)((p.c_in + BK - 1) / BK), [&](int step, int st) {
+        tl_pipe_issue<T, BN>(s.u.s[st], t, x, a_row, p.c_in, wn, p.c_out, (long long)step * BK,
                              c0);
     });
-    /* 4 channels of one output row per thread and pass: other kernel rows'
-     * blocks add into the same rows concurrently. */
-    for (int e = t; e < TL_PIPE_BM * BN / 4; e += TL_CUDA_THREADS) {
-        const int m = e / (BN / 4), jj = (e % (BN / 4)) * 4;
-        const long long o = outs[m], col = c0 + jj;
-        if (o < 0 || col >= p.cout) continue;
-        float *dst = p.acc + o * p.cout + col;
-#if __CUDA_ARCH__ >= 900
-        if (p.vec4 && col + 4 <= p.cout) {
-            atomicAdd(reinterpret_cast<float4 *>(dst),
-                      make_float4(s.u.c[m][jj], s.u.c[m][jj + 1], s.u.c[m][jj + 2],
-                                  s.u.c[m][jj + 3]));
-            continue;
-        }
-#endif
-        for (int q = 0; q < 4 && col + q < p.cout; q++) atomicAdd(dst + q, s.u.c[m][jj + q]);
-    }
+    /* Other kernel rows' blocks add into the same output rows concurrently. */
+    tl_pairs_add_tile<true, BN>(s.u.c, outs, p.acc, c0, p.c_out, p.vec & TL_VEC_C);
 #else
     (void)x, (void)w, (void)p;
     __trap(); /* never launched: tl_fod_pipelined_forward_ok asks for sm_80 code */
@@ -108,12 +68,12 @@ namespace {
 
 struct tl_fodp_fwd_call { /* for tl_dispatch_dtype */
     const void *x, *w;
-    tl_fodp_fwd_args p;
+    tl_pairs_fwd_args p;
     int64_t tiles; /* the host's bound of the tile total (tl_fod_tile_bound) */
     cudaStream_t stream;
 
     template <typename T, int BN> tl_status launch() {
-        p.col_tiles = tl_cuda_ceil_div(p.cout, BN);
+        p.col_tiles = tl_cuda_ceil_div(p.c_out, BN);
         if (tiles > INT32_MAX / p.col_tiles) return TL_ERR_OVERFLOW;
         unsigned grid;
         TL_CUDA_RETURN_IF(tl_tile_grid(tiles * p.col_tiles, &grid));
@@ -122,28 +82,18 @@ struct tl_fodp_fwd_call { /* for tl_dispatch_dtype */
         TL_CUDA_LAUNCHED();
         return TL_OK;
     }
-
     template <typename T, bool TF32> tl_status run() {
-        if constexpr (std::is_same<T, float>::value && !TF32) {
-            return TL_ERR_UNSUPPORTED; /* tl_fod_pipelined_forward_ok rules plain fp32 out */
-        } else {
-            return p.cout > 64 ? launch<T, 128>() : launch<T, 64>();
-        }
+        return tl_pipe_by_width<T, TF32>(*this, p.c_out);
     }
 };
 
 } // namespace
 
-tl_status tl_fod_pipelined_forward(const tl_conv_desc *d, int opts, const void *x,
-                                   const void *w, const tl_cuda_pairs *pairs,
-                                   const long long *tiles, int64_t tile_bound, float *acc,
+tl_status tl_fod_pipelined_forward(tl_dtype dtype, int opts, const void *x, const void *w,
+                                   const tl_pairs_fwd_args &args, int64_t tile_bound,
                                    cudaStream_t stream) {
-    tl_fodp_fwd_call call = {x, w,
-                             {(const long long *)pairs->offsets, pairs->in, pairs->out, acc,
-                              d->n_in, d->n_out, d->c_in, d->c_out, 0, tiles, d->k,
-                              tl_vec_ok(acc, d->c_out, sizeof(float))},
-                             tile_bound, stream};
-    return tl_dispatch_dtype(d->dtype, (opts & TL_CUDA_TF32) != 0, call);
+    tl_fodp_fwd_call call = {x, w, args, tile_bound, stream};
+    return tl_dispatch_dtype(dtype, (opts & TL_CUDA_TF32) != 0, call);
 }
 
 #define TL_FODP_BK 32
@@ -174,32 +124,18 @@ __global__ void __launch_bounds__(TL_CUDA_THREADS)
     typedef tl_fodp_smem<T> sm;
     constexpr int STAGES = TL_FODP_STAGES, BK = TL_FODP_BK;
     __shared__ __align__(128) sm s;
-    long long b = blockIdx.x;
-    const long long co0 = (b % p.co_tiles) * TL_BN;
-    b /= p.co_tiles;
-    const long long ci0 = (b % p.ci_tiles) * TL_BM;
-    b /= p.ci_tiles;
-    if (b >= p.tiles[p.k]) return; /* past the real work: whole block */
-    const long long n = tl_pair_tile_row(p.tiles, p.k, b);
-    const long long begin = (b - p.tiles[n]) * p.chunk_rows;
-    const long long off = p.offsets[n], count = p.offsets[n + 1] - off;
-    if (begin >= count) return; /* the whole block: no barrier passed yet */
-    const long long end = begin + p.chunk_rows < count ? begin + p.chunk_rows : count;
-    const int steps = (int)((end - begin + BK - 1) / BK);
+    tl_pairs_wgrad_block k;
+    if (!tl_pairs_wgrad_block_of(p, blockIdx.x, &k)) return; /* the whole block */
+    const int steps = (int)((k.end - k.begin + BK - 1) / BK);
 
     /* This thread copies 8 channels from `col` of pair kk's x and dy rows. */
     const int t = threadIdx.x, kk = t / 8, col = (t % 8) * 8;
     auto issue = [&](int step, int st) {
-        const long long r = begin + (long long)step * BK + kk;
-        long long a = -1, c = -1;
-        if (r < end) {
-            a = p.pair_in[off + r];
-            c = p.pair_out[off + r];
-            if (a < 0 || a >= p.n_x || c < 0 || c >= p.n_y) a = c = -1;
-        }
-        const bool av = a >= 0 && ci0 + col < p.c_in, bv = c >= 0 && co0 + col < p.c_out;
-        tl_cp_async16(&s.u.s[st].a[kk][col], av ? xs + a * p.c_in + ci0 + col : xs, av);
-        tl_cp_async16(&s.u.s[st].b[kk][col], bv ? dys + c * p.c_out + co0 + col : dys, bv);
+        long long a, c;
+        tl_pairs_wgrad_pair<true>(p, k, k.begin + (long long)step * BK + kk, &a, &c);
+        const bool av = a >= 0 && k.ci0 + col < p.c_in, bv = c >= 0 && k.co0 + col < p.c_out;
+        tl_cp_async16(&s.u.s[st].a[kk][col], av ? xs + a * p.c_in + k.ci0 + col : xs, av);
+        tl_cp_async16(&s.u.s[st].b[kk][col], bv ? dys + c * p.c_out + k.co0 + col : dys, bv);
     };
 
     /* Warp (wm, wn) owns input channels wm * 32 .. + 32 and output channels
@@ -235,12 +171,7 @@ __global__ void __launch_bounds__(TL_CUDA_THREADS)
      * takes their place. */
     tl_pipe_store(s.u.c, acc, wm, wn * 16, lane);
     __syncthreads();
-    for (int e = t; e < TL_BM * TL_BN; e += TL_CUDA_THREADS) {
-        const int m = e / TL_BN, jj = e % TL_BN;
-        const long long ci = ci0 + m, co = co0 + jj;
-        if (ci < p.c_in && co < p.c_out)
-            atomicAdd(&p.dw[(n * p.c_in + ci) * p.c_out + co], s.u.c[m][jj]);
-    }
+    tl_pairs_wgrad_add(s.u.c, p, k);
 #else
     (void)xs, (void)dys, (void)p;
     __trap(); /* never launched: tl_fod_pipelined_ok asks for sm_80 code */
@@ -253,19 +184,33 @@ bool tl_fod_pipelined_ok(const tl_conv_desc *d, const void *x, const void *dy) {
     return tl_pipe_code_ok((const void *)tl_fod_pipelined_wgrad_kernel<__half>);
 }
 
+namespace {
+
+struct tl_fodp_wgrad_call { /* for tl_dispatch_dtype */
+    const void *x, *dy;
+    const tl_pairs_wgrad_args &args;
+    int64_t blocks;
+    cudaStream_t stream;
+
+    template <typename T, bool TF32> tl_status run() {
+        if constexpr (std::is_same<T, float>::value) {
+            return TL_ERR_UNSUPPORTED; /* tl_fod_pipelined_ok rules fp32 out */
+        } else {
+            unsigned grid;
+            TL_CUDA_RETURN_IF(tl_tile_grid(blocks, &grid));
+            tl_fod_pipelined_wgrad_kernel<T>
+                <<<grid, TL_CUDA_THREADS, 0, stream>>>((const T *)x, (const T *)dy, args);
+            TL_CUDA_LAUNCHED();
+            return TL_OK;
+        }
+    }
+};
+
+} // namespace
+
 tl_status tl_fod_pipelined_wgrad(tl_dtype dtype, const void *x, const void *dy,
                                  const tl_pairs_wgrad_args &args, int64_t blocks,
                                  cudaStream_t stream) {
-    unsigned grid;
-    TL_CUDA_RETURN_IF(tl_tile_grid(blocks, &grid));
-    if (dtype == TL_F16)
-        tl_fod_pipelined_wgrad_kernel<__half><<<grid, TL_CUDA_THREADS, 0, stream>>>(
-            (const __half *)x, (const __half *)dy, args);
-    else if (dtype == TL_BF16)
-        tl_fod_pipelined_wgrad_kernel<__nv_bfloat16><<<grid, TL_CUDA_THREADS, 0, stream>>>(
-            (const __nv_bfloat16 *)x, (const __nv_bfloat16 *)dy, args);
-    else
-        return TL_ERR_UNSUPPORTED;
-    TL_CUDA_LAUNCHED();
-    return TL_OK;
+    tl_fodp_wgrad_call call = {x, dy, args, blocks, stream};
+    return tl_dispatch_dtype(dtype, false, call);
 }

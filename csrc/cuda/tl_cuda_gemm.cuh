@@ -334,6 +334,32 @@ static inline bool tl_ig_sorted(tl_cuda_dataflow df, bool weight_grad, const tl_
            d->n_out <= INT32_MAX && d->k > 1 && d->k <= 32;
 }
 
+/* The output rows of implicit-GEMM forward tile o0 (TL_BM of them): outs[i]
+ * = order[o0 + i].val (sorted) or o0 + i (order NULL), -1 past n_out, written
+ * by threads < TL_BM (whole warps); returns to every thread, after a
+ * barrier, the union of their neighbour masks (0 unsorted).  parts: TL_BM /
+ * 32 shared words. */
+__device__ __forceinline__ unsigned tl_ig_tile_rows(const tl_kv *order, long long n_out,
+                                                    long long o0, long long *outs,
+                                                    unsigned *parts) {
+    if (threadIdx.x < TL_BM) { /* whole warps: the warp reduction has every lane */
+        const long long j = o0 + threadIdx.x;
+        long long o = -1;
+        unsigned m = 0;
+        if (j < n_out) {
+            o = order ? (long long)order[j].val : j;
+            if (order) m = order[j].key;
+        }
+        outs[threadIdx.x] = o;
+        m = tl_warp_or(m);
+        if ((threadIdx.x & 31) == 0) parts[threadIdx.x / 32] = m;
+    }
+    __syncthreads();
+    unsigned used = 0;
+    for (int i = 0; i < TL_BM / 32; i++) used |= parts[i];
+    return used;
+}
+
 /* Workspace of one dataflow call.  fp32 calls accumulate straight into their
  * output (acc == NULL here); half calls accumulate in fp32 and cast once.
  * A call given its map-derived data (`kept`: tl_cuda_conv_derive) needs no

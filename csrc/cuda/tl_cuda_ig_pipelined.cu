@@ -26,6 +26,8 @@
  * tl_ig_pipelined_ok says whether a call qualifies. */
 #include "tl_cuda_pipe_tile.cuh"
 
+static_assert(TL_PIPE_BM == TL_BM, "tiles of TL_BM rows (tl_ig_tile_rows)");
+
 struct tl_pipe_args {
     const int *nbr;
     const tl_kv *order; /* mask-sorted rows (tl_ig_sort / tl_ig_derive) */
@@ -45,21 +47,7 @@ __global__ void __launch_bounds__(TL_CUDA_THREADS)
     const int t = threadIdx.x;
     const long long o0 = (blockIdx.x / p.col_tiles) * TL_PIPE_BM;
     const long long c0 = (blockIdx.x % p.col_tiles) * BN;
-    if (t < TL_PIPE_BM) { /* whole warps: the OR has every lane */
-        const long long j = o0 + t;
-        unsigned m = 0;
-        long long o = -1;
-        if (j < p.n_out) {
-            o = p.order[j].val;
-            m = p.order[j].key;
-        }
-        outs[t] = o;
-        for (int d = 16; d > 0; d >>= 1) m |= __shfl_xor_sync(0xffffffffu, m, d);
-        if ((t & 31) == 0) used_part[t / 32] = m;
-    }
-    __syncthreads();
-    unsigned used = 0;
-    for (int i = 0; i < TL_PIPE_BM / 32; i++) used |= used_part[i];
+    const unsigned used = tl_ig_tile_rows(p.order, p.n_out, o0, outs, used_part);
     if (t == 0)
         for (int n = 0, u = 0; n < 32; n++)
             if ((used >> n) & 1u) used_n[u++] = n;
@@ -102,18 +90,6 @@ bool tl_ig_pipelined_ok(const tl_conv_desc *d, int opts, const void *x, const vo
 
 namespace {
 
-template <typename T, int BN>
-tl_status tl_pipe_launch(const tl_conv_desc *d, const void *x, const void *w, void *y,
-                         tl_pipe_args p, cudaStream_t stream) {
-    p.col_tiles = tl_cuda_ceil_div(d->c_out, BN);
-    unsigned grid;
-    TL_CUDA_RETURN_IF(tl_tile_grid(tl_cuda_ceil_div(d->n_out, TL_PIPE_BM) * p.col_tiles, &grid));
-    tl_ig_pipelined_kernel<T, BN>
-        <<<grid, TL_CUDA_THREADS, 0, stream>>>((const T *)x, (const T *)w, (T *)y, p);
-    TL_CUDA_LAUNCHED();
-    return TL_OK;
-}
-
 struct tl_pipe_call { /* for tl_dispatch_dtype */
     const tl_conv_desc *d;
     const void *x, *w;
@@ -121,13 +97,18 @@ struct tl_pipe_call { /* for tl_dispatch_dtype */
     tl_pipe_args p;
     cudaStream_t stream;
 
+    template <typename T, int BN> tl_status launch() {
+        p.col_tiles = tl_cuda_ceil_div(d->c_out, BN);
+        unsigned grid;
+        TL_CUDA_RETURN_IF(
+            tl_tile_grid(tl_cuda_ceil_div(d->n_out, TL_PIPE_BM) * p.col_tiles, &grid));
+        tl_ig_pipelined_kernel<T, BN>
+            <<<grid, TL_CUDA_THREADS, 0, stream>>>((const T *)x, (const T *)w, (T *)y, p);
+        TL_CUDA_LAUNCHED();
+        return TL_OK;
+    }
     template <typename T, bool TF32> tl_status run() {
-        if constexpr (std::is_same<T, float>::value && !TF32) {
-            return TL_ERR_UNSUPPORTED; /* tl_ig_pipelined_ok rules plain fp32 out */
-        } else {
-            return d->c_out > 64 ? tl_pipe_launch<T, 128>(d, x, w, y, p, stream)
-                                 : tl_pipe_launch<T, 64>(d, x, w, y, p, stream);
-        }
+        return tl_pipe_by_width<T, TF32>(*this, d->c_out);
     }
 };
 

@@ -21,11 +21,6 @@
 
 static_assert(TL_BM % 32 == 0, "tile rows are whole warps");
 
-__device__ __forceinline__ unsigned tl_ig_warp_or(unsigned v) {
-    for (int d = 16; d > 0; d >>= 1) v |= __shfl_xor_sync(0xffffffffu, v, d);
-    return v;
-}
-
 /* items[o] = (neighbour bitmask of output row o, o): bit n iff
  * 0 <= nbr[o, n] < n_in, the same test the forward uses to skip an entry. */
 __global__ void __launch_bounds__(TL_CUDA_THREADS)
@@ -73,21 +68,7 @@ __global__ void __launch_bounds__(TL_CUDA_THREADS)
     const long long o0 = (blockIdx.x / col_tiles) * TL_BM;
     const long long c0 = (blockIdx.x % col_tiles) * TL_BN;
     const bool va = vec & TL_VEC_A, vb = vec & TL_VEC_B;
-    if (threadIdx.x < TL_BM) { /* whole warps: the warp reduction has every lane */
-        const long long j = o0 + threadIdx.x;
-        long long o = -1;
-        unsigned m = 0;
-        if (j < n_out) {
-            o = order ? (long long)order[j].val : j;
-            if (order) m = order[j].key;
-        }
-        outs[threadIdx.x] = o;
-        m = tl_ig_warp_or(m);
-        if ((threadIdx.x & 31) == 0) used_part[threadIdx.x / 32] = m;
-    }
-    __syncthreads();
-    unsigned used = 0;
-    for (int i = 0; i < TL_BM / 32; i++) used |= used_part[i];
+    const unsigned used = tl_ig_tile_rows(order, n_out, o0, outs, used_part);
     typename tl_core<T, TF32, false>::acc acc;
     acc.zero();
     tl_tile_load<T, TL_BM, TL_BK> la;

@@ -214,6 +214,20 @@ __device__ __forceinline__ void tl_pipe_run(tl_pipe_smem<T, BN> &s, int steps, I
     __syncthreads();
 }
 
+/* For a dtype dispatch's run<T, TF32>() (tl_dispatch_dtype): the caller's
+ * f.launch<T, BN>() at the tile width for c_out, 128 columns where c_out >
+ * 64, else 64.  Plain fp32 has no pipelined tile (the callers' checks rule
+ * it out). */
+template <typename T, bool TF32, typename F>
+static inline tl_status tl_pipe_by_width(F &f, int64_t c_out) {
+    if constexpr (std::is_same<T, float>::value && !TF32) {
+        (void)f, (void)c_out;
+        return TL_ERR_UNSUPPORTED;
+    } else {
+        return c_out > 64 ? f.template launch<T, 128>() : f.template launch<T, 64>();
+    }
+}
+
 /* Host side: whether x (c_in), w (c_out) and y (c_out; NULL: not read as
  * rows here) qualify for the pipelined tiles in `dtype`: fp16, bf16, or fp32
  * where `tf32`, with rows of whole 16-byte runs, 16-byte aligned. */

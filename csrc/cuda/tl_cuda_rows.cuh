@@ -63,11 +63,6 @@ static inline tl_status tl_rows_info_clear(tl_rows_info *info, cudaStream_t stre
 
 /* ---- deduplication ---- */
 
-__device__ __forceinline__ unsigned tl_rows_warp_or(unsigned v) {
-    for (int d = 16; d > 0; d >>= 1) v |= __shfl_xor_sync(0xffffffffu, v, d);
-    return v;
-}
-
 /* flag[j] = 1 for the one row of each distinct value that claims a slot;
  * ORs every field into info->mask (rows must be non-negative). */
 static __global__ void __launch_bounds__(TL_CUDA_THREADS)
@@ -88,7 +83,7 @@ static __global__ void __launch_bounds__(TL_CUDA_THREADS)
             m[3] = (unsigned)q.z;
         }
         for (int a = 0; a < 4; a++) {
-            unsigned v = tl_rows_warp_or(m[a]);
+            unsigned v = tl_warp_or(m[a]);
             if ((threadIdx.x & 31) == 0 && v) atomicOr(&info->mask[a], v);
         }
     }

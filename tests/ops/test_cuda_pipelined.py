@@ -21,6 +21,11 @@ import torch
 import torch_lattice.ops  # noqa: F401  (registers the lattice ops)
 from torch_lattice.ops import conv_cuda, kmap_cuda
 
+try:
+    from cuda_helpers import patterned_nbr, table_reference
+except ImportError:  # tests/ may become a package; then it is imported through it
+    from tests.cuda_helpers import patterned_nbr, table_reference
+
 pytestmark = pytest.mark.cuda
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -58,27 +63,15 @@ def test_pending_names(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not any(conv_cuda.pending(c) for c in conv_cuda.PENDING_CHANGES)
 
 
-def _table(n_in: int, n_out: int, k: int, seed: int) -> torch.Tensor:
-    """(n_out, k) int32: neighbour masks from a few dozen patterns, plus rows with none
-    and rows with all k, so tiles share few or many kernel rows."""
-    g = torch.Generator().manual_seed(seed)
-    patterns = torch.rand(30, k, generator=g) < 0.3
-    keep = patterns[torch.randint(0, 30, (n_out,), generator=g)]
-    kind = torch.randint(0, 10, (n_out,), generator=g)
-    keep[kind == 0] = False
-    keep[kind == 1] = True
-    nbr = torch.randint(0, n_in, (n_out, k), generator=g, dtype=torch.int32)
-    return torch.where(keep, nbr, torch.full_like(nbr, -1))
+def _forward_reference(x: torch.Tensor, w: torch.Tensor, nbr: torch.Tensor) -> torch.Tensor:
+    """float64 forward from nbr (table_reference without a weight gradient)."""
+    return table_reference(x, w, torch.zeros(nbr.shape[0], w.shape[2]), nbr)[0]
 
 
-def _reference(x: torch.Tensor, w: torch.Tensor, nbr: torch.Tensor) -> torch.Tensor:
-    xd, wd = x.double(), w.double()
-    y = torch.zeros(nbr.shape[0], w.shape[2], dtype=torch.float64)
-    for n in range(nbr.shape[1]):
-        rows = nbr[:, n].long()
-        hit = rows >= 0
-        y[hit] += xd[rows[hit]] @ wd[n]
-    return y
+def _wgrad_reference(x: torch.Tensor, dy: torch.Tensor, nbr: torch.Tensor) -> torch.Tensor:
+    """float64 weight gradient from nbr (table_reference without a forward)."""
+    w = torch.zeros(nbr.shape[1], x.shape[1], dy.shape[1])
+    return table_reference(x, w, dy, nbr)[1]
 
 
 def _ran(fn, kernel: str) -> tuple[torch.Tensor, bool]:
@@ -102,16 +95,6 @@ def _wgrad(x: torch.Tensor, dy: torch.Tensor, pairs) -> tuple[torch.Tensor, bool
     """The fetch-on-demand weight gradient and whether the pipelined kernel ran."""
     return _ran(lambda: conv_cuda.conv_weight_grad("fetch_on_demand", x, dy, pairs=pairs),
                 WGRAD_KERNEL)
-
-
-def _wgrad_reference(x: torch.Tensor, dy: torch.Tensor, nbr: torch.Tensor) -> torch.Tensor:
-    xd, dyd = x.double(), dy.double()
-    dw = torch.zeros(nbr.shape[1], x.shape[1], dy.shape[1], dtype=torch.float64)
-    for n in range(nbr.shape[1]):
-        rows = nbr[:, n].long()
-        hit = rows >= 0
-        dw[n] = xd[rows[hit]].T @ dyd[hit]
-    return dw
 
 
 def _misaligned(t: torch.Tensor) -> torch.Tensor:
@@ -158,11 +141,11 @@ def test_pipelined_forward(
     if torch.cuda.get_device_capability()[0] < 8:
         pytest.skip("the pipelined kernel needs sm_80")
     n_in, n_out = 3000, SORT_MIN_ROWS + 101  # a last, partial row tile
-    nbr = _table(n_in, n_out, k, seed=cin + cout + k)
+    nbr = patterned_nbr(n_in, n_out, k, seed=cin + cout + k)
     g = torch.Generator().manual_seed(cin * cout)
     x = torch.randn(n_in, cin, generator=g).to(dtype)
     w = (torch.randn(k, cin, cout, generator=g) / cin**0.5).to(dtype)
-    ref = _reference(x, w, nbr)
+    ref = _forward_reference(x, w, nbr)
     xc, wc, table = x.cuda(), w.cuda(), nbr.cuda()
 
     tol = TF32_TOL if tf32 else None
@@ -199,14 +182,14 @@ def test_other_calls_keep_the_previous_kernel(
     """Calls the pipelined kernel does not serve run the previous one, right."""
     monkeypatch.setenv(conv_cuda.PENDING_ENV, "pipelined_forward")
     n_in = 2000
-    nbr = _table(n_in, n_out, k, seed=n_out + k + cin)
+    nbr = patterned_nbr(n_in, n_out, k, seed=n_out + k + cin)
     g = torch.Generator().manual_seed(7)
     x = torch.randn(n_in, cin, generator=g).half()
     w = (torch.randn(k, cin, cout, generator=g) / cin**0.5).half()
     xc = _misaligned(x) if case.startswith("x not") else x.cuda()
     y, ran = _run(xc, w.cuda(), nbr.cuda())
     assert not ran, case
-    _check(y, _reference(x, w, nbr), torch.float16, case)
+    _check(y, _forward_reference(x, w, nbr), torch.float16, case)
 
 
 @needs_gpu
@@ -214,13 +197,13 @@ def test_plain_float32_keeps_the_previous_kernel(monkeypatch: pytest.MonkeyPatch
     """float32 without TF32 (FMA) is not the pipelined kernel's: the option changes
     nothing there."""
     monkeypatch.setenv(conv_cuda.PENDING_ENV, "pipelined_forward")
-    nbr = _table(1000, SORT_MIN_ROWS, 27, seed=3)
+    nbr = patterned_nbr(1000, SORT_MIN_ROWS, 27, seed=3)
     g = torch.Generator().manual_seed(3)
     x = torch.randn(1000, 32, generator=g)
     w = torch.randn(27, 32, 32, generator=g) / 32**0.5
     y, ran = _run(x.cuda(), w.cuda(), nbr.cuda())
     assert not ran
-    ref = _reference(x, w, nbr)
+    ref = _forward_reference(x, w, nbr)
     err = (y.double().cpu() - ref).abs().max().item()
     assert err <= 1e-4 * ref.abs().max().item()
 
@@ -248,7 +231,7 @@ def test_pipelined_weight_grad(
     if torch.cuda.get_device_capability()[0] < 8:
         pytest.skip("the pipelined kernel needs sm_80")
     n_in = 2500
-    nbr = _table(n_in, n_out, k, seed=cin * 7 + cout + k)
+    nbr = patterned_nbr(n_in, n_out, k, seed=cin * 7 + cout + k)
     g = torch.Generator().manual_seed(cin + 3 * cout)
     x = torch.randn(n_in, cin, generator=g).to(dtype)
     dy = torch.randn(n_out, cout, generator=g).to(dtype)
@@ -286,7 +269,7 @@ def test_other_weight_grads_keep_the_previous_kernel(
     """Weight gradients the pipelined kernel does not serve run the previous one, right."""
     monkeypatch.setenv(conv_cuda.PENDING_ENV, "pipelined_wgrad")
     n_in, n_out = 1500, 2000
-    nbr = _table(n_in, n_out, 27, seed=cin + cout)
+    nbr = patterned_nbr(n_in, n_out, 27, seed=cin + cout)
     g = torch.Generator().manual_seed(11)
     x = torch.randn(n_in, cin, generator=g).half()
     dy = torch.randn(n_out, cout, generator=g).half()
@@ -318,11 +301,11 @@ def test_pipelined_fod_forward(
     if torch.cuda.get_device_capability()[0] < 8:
         pytest.skip("the pipelined kernel needs sm_80")
     n_in = 2500
-    nbr = _table(n_in, n_out, k, seed=cin + 5 * cout + k)
+    nbr = patterned_nbr(n_in, n_out, k, seed=cin + 5 * cout + k)
     g = torch.Generator().manual_seed(cout * 3 + cin)
     x = torch.randn(n_in, cin, generator=g).to(dtype)
     w = (torch.randn(k, cin, cout, generator=g) / cin**0.5).to(dtype)
-    ref = _reference(x, w, nbr)
+    ref = _forward_reference(x, w, nbr)
     xc, wc = x.cuda(), w.cuda()
     pairs = kmap_cuda.kernel_pairs(nbr.cuda())
     tol = TF32_TOL if tf32 else None
@@ -352,7 +335,7 @@ def test_other_fod_forwards_keep_the_previous_kernel(monkeypatch: pytest.MonkeyP
     fetch-on-demand forward, right."""
     monkeypatch.setenv(conv_cuda.PENDING_ENV, "pipelined_fod_forward")
     n_in, n_out = 1500, 2000
-    nbr = _table(n_in, n_out, 27, seed=21)
+    nbr = patterned_nbr(n_in, n_out, 27, seed=21)
     pairs = kmap_cuda.kernel_pairs(nbr.cuda())
     g = torch.Generator().manual_seed(21)
     for dtype, cin, cout in ((torch.float32, 32, 32), (torch.float16, 12, 32),
@@ -363,4 +346,4 @@ def test_other_fod_forwards_keep_the_previous_kernel(monkeypatch: pytest.MonkeyP
             "fetch_on_demand", x.cuda(), w.cuda(), pairs=pairs, n_out=n_out), FOD_KERNEL)
         assert not ran, (dtype, cin, cout)
         tol = 1e-4 if dtype == torch.float32 else None
-        _check(y, _reference(x, w, nbr), dtype, f"{dtype} {cin} {cout}", tol)
+        _check(y, _forward_reference(x, w, nbr), dtype, f"{dtype} {cin} {cout}", tol)

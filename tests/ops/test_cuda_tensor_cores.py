@@ -28,9 +28,9 @@ from torch_lattice.ops import conv_cuda, kmap_cuda
 from torch_lattice.ops._runtime import _C, DTYPE_CODES
 
 try:
-    from cuda_helpers import workspace_request
+    from cuda_helpers import patterned_nbr, table_reference, workspace_request
 except ImportError:  # tests/ may become a package; then it is imported through it
-    from tests.cuda_helpers import workspace_request
+    from tests.cuda_helpers import patterned_nbr, table_reference, workspace_request
 
 pytestmark = pytest.mark.cuda
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -55,21 +55,6 @@ def _nbr(n_in: int, n_out: int, density: list[float], seed: int) -> torch.Tensor
     return torch.where(keep, nbr, torch.full_like(nbr, -1))
 
 
-def _reference(x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor, nbr: torch.Tensor):
-    """float64 forward and weight gradient from nbr (inputs already storage-rounded)."""
-    x, w, dy = x.double(), w.double(), dy.double()
-    y = torch.zeros(nbr.shape[0], w.shape[2], dtype=torch.float64)
-    dw = torch.zeros_like(w)
-    for n in range(nbr.shape[1]):
-        rows = torch.nonzero(nbr[:, n] >= 0).flatten()
-        if rows.numel() == 0:
-            continue
-        xi = x[nbr[rows, n].long()]
-        y[rows] += xi @ w[n]
-        dw[n] = xi.T @ dy[rows]
-    return y, dw
-
-
 def _assert_close(actual: torch.Tensor, expected: torch.Tensor, tol: float, what: str) -> None:
     scale = max(expected.abs().max().item(), 1.0) if expected.numel() else 1.0
     torch.testing.assert_close(
@@ -92,7 +77,7 @@ def _run_case(
     x = torch.randn(n_in, cin, generator=g).to(dtype)
     w = (torch.randn(nbr.shape[1], cin, cout, generator=g) / max(cin, 1) ** 0.5).to(dtype)
     dy = torch.randn(nbr.shape[0], cout, generator=g).to(dtype)
-    y_ref, dw_ref = _reference(x, w, dy, nbr)
+    y_ref, dw_ref = table_reference(x, w, dy, nbr)
     xg, dyg = x.cuda(), dy.cuda()
     if misalign:
         # Same values, base pointer one element past a 16-byte boundary: the kernels
@@ -186,28 +171,12 @@ needs_cuda_build = pytest.mark.skipif(
 )
 
 
-def _patterned_nbr(n_in: int, n_out: int, k: int, seed: int) -> torch.Tensor:
-    """(n_out, k) table whose rows draw their neighbour masks from a few dozen patterns,
-    shuffled, plus random rows, rows with no neighbour and rows with all k neighbours."""
-    g = torch.Generator().manual_seed(seed)
-    patterns = torch.rand(40, k, generator=g) < 0.3
-    patterns[:, k // 2] = True  # the centre, as in a submanifold convolution
-    keep = patterns[torch.randint(0, 40, (n_out,), generator=g)]
-    kind = torch.randint(0, 8, (n_out,), generator=g)
-    keep[kind == 0] = False  # mask 0: y row must be zero
-    keep[kind == 1] = True  # every kernel row
-    noisy = kind == 2
-    keep[noisy] = torch.rand(int(noisy.sum()), k, generator=g) < 0.5
-    nbr = torch.randint(0, n_in, (n_out, k), generator=g, dtype=torch.int32)
-    return torch.where(keep, nbr, torch.full_like(nbr, -1))
-
-
 def _forward_only(precision: str, nbr: torch.Tensor, n_in: int, cin: int, cout: int, seed: int):
     dtype, tf32, tol = PRECISIONS[precision]
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(n_in, cin, generator=g).to(dtype)
     w = (torch.randn(nbr.shape[1], cin, cout, generator=g) / max(cin, 1) ** 0.5).to(dtype)
-    y_ref, _ = _reference(x, w, torch.zeros(nbr.shape[0], cout, dtype=dtype), nbr)
+    y_ref, _ = table_reference(x, w, torch.zeros(nbr.shape[0], cout, dtype=dtype), nbr)
     y = conv_cuda.conv_forward(
         "implicit_gemm",
         x.cuda(),
@@ -298,7 +267,7 @@ def test_sorted_forward_channels(precision: str, cin: int, cout: int) -> None:
     """Sorted rows (n_out >= 4096, K = 27, last tile partial) in every precision, with
     vector and masked scalar loads; the weight gradient of the same table too."""
     n_in, n_out = 3000, 5000
-    nbr = _patterned_nbr(n_in, n_out, K, cin * 7 + cout)
+    nbr = patterned_nbr(n_in, n_out, K, cin * 7 + cout)
     _run_case("implicit_gemm", precision, nbr, n_in, cin, cout, cin + 3 * cout)
 
 
@@ -326,7 +295,7 @@ def test_sorted_forward_empty_and_dense_rows(precision: str, n_out: int) -> None
 def test_sorted_forward_kernel_sizes(precision: str, k: int) -> None:
     """One radix pass (K <= 8) to four (K = 32, bit 31 in use), and K = 33 unsorted."""
     n_in, n_out = 2500, 4500
-    nbr = _patterned_nbr(n_in, n_out, k, 100 + k)
+    nbr = patterned_nbr(n_in, n_out, k, 100 + k)
     _forward_only(precision, nbr, n_in, 40, 24, k)
 
 
@@ -335,7 +304,7 @@ def test_sorted_forward_kernel_sizes(precision: str, k: int) -> None:
 def test_sorted_forward_is_deterministic(precision: str) -> None:
     """Each output row is written once (no atomics): two runs agree bit for bit."""
     n_in, n_out = 3000, 6000
-    nbr = _patterned_nbr(n_in, n_out, K, 77)
+    nbr = patterned_nbr(n_in, n_out, K, 77)
     y1 = _forward_only(precision, nbr, n_in, 64, 64, 3)
     y2 = _forward_only(precision, nbr, n_in, 64, 64, 3)
     assert torch.equal(y1, y2)
@@ -372,7 +341,7 @@ def test_sorted_forward_on_a_surface(precision: str) -> None:
     g = torch.Generator().manual_seed(22)
     wt = (torch.randn(K, 64, 96, generator=g) / 8).to(dtype).transpose(1, 2).contiguous()
     dy = torch.randn(n, 96, generator=g).to(dtype)
-    dx_ref, _ = _reference(dy, wt, torch.zeros(n, 64, dtype=dtype), rev)
+    dx_ref, _ = table_reference(dy, wt, torch.zeros(n, 64, dtype=dtype), rev)
     dx = conv_cuda.conv_forward(
         "implicit_gemm", dy.cuda(), wt.cuda(), nbr=rev.cuda(), n_out=n, allow_tf32=tf32
     )
@@ -402,7 +371,7 @@ def test_sorted_forward_with_kept_order(precision: str, monkeypatch: pytest.Monk
     (test_cuda_pipelined.py), checked to the precision's tolerance and bitwise across
     calls."""
     n_in, n_out = 3000, SORT_MIN_ROWS + 37
-    nbr = _patterned_nbr(n_in, n_out, K, 11)
+    nbr = patterned_nbr(n_in, n_out, K, 11)
     monkeypatch.delenv(conv_cuda.PENDING_ENV, raising=False)
     want = _forward_only(precision, nbr, n_in, 48, 40, 5)
     monkeypatch.setenv(conv_cuda.PENDING_ENV, "1")

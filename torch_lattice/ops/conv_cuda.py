@@ -105,14 +105,21 @@ _PIPELINED_OPTS = {
 }
 
 
+def _pending_now() -> frozenset[str]:
+    """The names of the pending changes :data:`PENDING_ENV` turns on now."""
+    value = os.environ.get(PENDING_ENV, "")
+    if value == "1":
+        return frozenset(PENDING_CHANGES)
+    return frozenset(v.strip() for v in value.split(",")) & frozenset(PENDING_CHANGES)
+
+
 def pending(change: str | None = None) -> bool:
     """Whether the CUDA changes that wait for a device run are on (:data:`PENDING_ENV`):
     all of them (``change`` None: the variable is ``1``), or the one named (``1``, or a
     comma-separated list naming it)."""
-    value = os.environ.get(PENDING_ENV, "")
-    if value == "1":
-        return True
-    return change is not None and change in (v.strip() for v in value.split(","))
+    if change is None:
+        return os.environ.get(PENDING_ENV) == "1"
+    return change in _pending_now()
 
 
 def _check_dtype(op: str, a: torch.Tensor, b: torch.Tensor | None = None) -> None:
@@ -206,8 +213,9 @@ def _run(
     code = DTYPE_CODES[a.dtype]
     n_pairs = pairs[1].shape[0] if pairs is not None else 0
     opts = OPT_TF32 if a.dtype == torch.float32 and allow_tf32 else 0
+    on = _pending_now()
     for change, bit in _PIPELINED_OPTS.items():
-        if pending(change):
+        if change in on:
             opts |= bit
     derived = _derived(dataflow, weight_grad, code, sizes, nbr, pairs, n_pairs)
     head = _call_head(a.device, dataflow, weight_grad, code, sizes)
