@@ -56,8 +56,11 @@ def test_map_derived_data_is_computed_once(
     """With the pending CUDA changes on (TORCH_LATTICE_CUDA_PENDING=1), what a dataflow
     derives from its map alone (implicit GEMM's order of output rows, fetch-on-demand's
     tile starts) is computed on the first call and kept with the map: later calls launch
-    fewer kernels and give bitwise the same outputs and gradients as calls that derive it
-    each time. 6000 output rows: implicit GEMM orders rows from 4096."""
+    fewer kernels and give the same outputs and gradients as calls that derive it each
+    time: bitwise where each value is written once (implicit GEMM's output and input
+    gradient), else to fp32 rounding, since fp32 atomics add in no fixed order
+    (fetch-on-demand, and every weight gradient). 6000 output rows: implicit GEMM orders
+    rows from 4096."""
     from torch_lattice.ops import conv_cuda
 
     coords = random_coords(6000, 28, 3).cuda()
@@ -89,6 +92,10 @@ def test_map_derived_data_is_computed_once(
     again = step()
     assert syncs == []
     assert launches_kept < launches_each_call, (launches_kept, launches_each_call)
+    written_once = (True, True, False) if dataflow == Dataflow.ImplicitGEMM else (False,) * 3
     for got in (first, again):
-        for a, b in zip(got, want, strict=True):
-            assert torch.equal(a, b)
+        for a, b, once in zip(got, want, written_once, strict=True):
+            if once:
+                assert torch.equal(a, b)
+            else:
+                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5 * b.abs().max().item())

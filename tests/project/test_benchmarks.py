@@ -658,6 +658,34 @@ def test_gpu_benchmark_rehearses_on_the_cpu(tmp_path: Path) -> None:
     assert text.count("| peak | mm 512^3 |") == 4
 
 
+@pytest.mark.parametrize(
+    ("pending", "prec", "previous"),
+    [
+        ("1", "fp32", {"implicit_gemm": ("pair_weight_grad",)}),
+        ("1", "fp16", {"implicit_gemm": ("pipelined_forward", "pair_weight_grad"),
+                       "fetch_on_demand": ("pipelined_wgrad", "pipelined_fod_forward")}),
+        ("pipelined_wgrad", "bf16", {"fetch_on_demand": ("pipelined_wgrad",)}),
+        ("pipelined_wgrad", "fp32", {}),
+        ("0", "fp16", {}),
+    ],
+)
+def test_gpu_benchmark_times_the_previous_kernels_beside_pending_ones(
+    pending: str, prec: str, previous: dict[str, tuple[str, ...]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A "(previous kernel)" row for each dataflow whose pending changes are on at this
+    precision, with exactly those changes left off."""
+    from benchmarks import gpu
+    from torch_lattice.ops import conv_cuda
+
+    monkeypatch.setenv(conv_cuda.PENDING_ENV, pending)
+    rows = gpu._layer_variants(prec)
+    assert [r for r in rows if r[2] == ()] == [(df, df, ()) for df in gpu.DATAFLOWS]
+    got = {df: set(off) for label, df, off in rows if off}
+    assert got == {df: set(off) for df, off in previous.items()}
+    assert all(label == f"{df} (previous kernel)" for label, df, off in rows if off)
+
+
 def test_gpu_benchmark_refuses_a_baseline_that_disagrees(monkeypatch: pytest.MonkeyPatch
                                                          ) -> None:
     from benchmarks import gpu, gpu_layers

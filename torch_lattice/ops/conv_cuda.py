@@ -83,11 +83,12 @@ def _maps(
 # (:data:`PENDING_CHANGES`) some of them; scripts/device-check.sh sets it for its tests
 # and benchmark, so that the run verifies them.
 PENDING_ENV = "TORCH_LATTICE_CUDA_PENDING"
-# The pending changes by name: map-derived data kept with the map, and the pipelined
-# kernels: the implicit-GEMM forward (fp16, bf16, TF32), the fetch-on-demand weight
-# gradient (fp16, bf16) and the fetch-on-demand forward (fp16, bf16, TF32).
+# The pending changes by name: map-derived data kept with the map, the pipelined
+# kernels (the implicit-GEMM forward in fp16, bf16, TF32; the fetch-on-demand weight
+# gradient in fp16, bf16; the fetch-on-demand forward in fp16, bf16, TF32), and the
+# implicit-GEMM op's weight gradient over the map's pair lists (:func:`_kept_pairs`).
 PENDING_CHANGES = ("kept_map_data", "pipelined_forward", "pipelined_wgrad",
-                   "pipelined_fod_forward")
+                   "pipelined_fod_forward", "pair_weight_grad")
 
 
 # Option bits of a ``cuda_conv`` call (csrc/cuda/tl_cuda.h, TL_CUDA_*): TF32 tensor cores
@@ -503,13 +504,37 @@ def sparse_conv(feats, weight, nbr, rev, allow_tf32=False):
     return conv_forward("implicit_gemm", feats, weight, nbr=nbr, allow_tf32=allow_tf32)
 
 
+def _kept_pairs(nbr: torch.Tensor) -> Pairs | None:
+    """The pair lists of ``nbr`` (:func:`kmap_cuda.kernel_pairs`), built on the first call
+    and kept on the table (``_tl_pairs``, with its version, as :func:`_derived` keeps its
+    data), or None during CUDA graph capture before they exist: counting the pairs reads
+    one number back to the host.  They cost 8 bytes a pair for as long as the map lives."""
+    kept = getattr(nbr, "_tl_pairs", None)
+    if kept is not None and kept[0] == nbr._version:
+        return kept[1]
+    if torch.cuda.is_current_stream_capturing():
+        return None
+    pairs = kmap_cuda.kernel_pairs(nbr)
+    nbr._tl_pairs = (nbr._version, pairs)  # type: ignore[attr-defined]
+    return pairs
+
+
 @conv.sparse_conv_weight_grad.register_kernel("cuda")
 def sparse_conv_weight_grad(feats, grad_out, nbr, allow_tf32=False):
     conv.check_sparse_conv_weight_grad(feats, grad_out, nbr)
     dataflow = weight_grad_dataflow()
+    nbr = nbr.contiguous()
+    # Pending: the map's pairs, built once, so that the weight gradient multiplies only
+    # the rows that have a neighbour; implicit GEMM's own kernel walks every output row
+    # of every kernel row (docs/cuda.md, Implicit GEMM).
+    pairs = _kept_pairs(nbr) if pending("pair_weight_grad") else None
     if dataflow == "gather_scatter":  # deterministic algorithms: no atomics (determinism.md)
-        pairs = kmap_cuda.kernel_pairs(nbr)
+        pairs = kmap_cuda.kernel_pairs(nbr) if pairs is None else pairs
         return conv_weight_grad(dataflow, feats, grad_out, pairs=pairs, allow_tf32=allow_tf32)
+    if pairs is not None:
+        return conv_weight_grad(
+            "fetch_on_demand", feats, grad_out, pairs=pairs, allow_tf32=allow_tf32
+        )
     return conv_weight_grad(dataflow, feats, grad_out, nbr=nbr, allow_tf32=allow_tf32)
 
 
