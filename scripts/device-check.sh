@@ -26,6 +26,8 @@
 #           own maps beside checked baselines and spconv, sync/launch counts,
 #           SparseResUNet42 ours and spconv's; dry: a CPU rehearsal)
 #   accuracy  python3 -m benchmarks.gpu_accuracy (SparseResUNet42 errors against the CPU)
+#   attribution  only where tests failed with pending changes on: those tests again with
+#           none and with each change alone (scripts/pending-attribution.sh), until 570 s
 # The dry mode skips only what needs a GPU: nvidia-smi, the bench and accuracy; the tests
 # still run (they skip themselves without a GPU, and the non-GPU checks among them run).
 # Logs go to $OUT (default /tmp/device-check).  $OUT/summary.txt starts with a one-line
@@ -163,6 +165,20 @@ assert C.cuda_compiled(), 'built without CUDA'"
             step bench 240 "${bench_env[@]}" python3 -m benchmarks.gpu --out "$OUT/bench.md"
             step accuracy 45 env PYTHONUNBUFFERED=1 python3 -m benchmarks.gpu_accuracy \
                 --out "$OUT/accuracy.md"
+        fi
+    fi
+    # Failed tests with pending changes on: each change alone and none, to say which change
+    # a failure comes from (scripts/pending-attribution.sh), in the time this call has left
+    # (the device tool stops a command at 600 s).
+    left=$((570 - SECONDS))
+    if [[ " ${FAILED[*]} " == *" test "* ]] && [ "$TORCH_LATTICE_CUDA_PENDING" != 0 ]; then
+        if [ $left -ge 30 ]; then
+            log "attribution: up to $left s"
+            timeout -s INT -k 10 "$left" bash scripts/pending-attribution.sh "$OUT/test.log" \
+                "$OUT/attribution" > /dev/null 2>&1
+            sed 's/^/    /' "$OUT/attribution/attribution.txt" | tee -a "$BODY"
+        else
+            skip attribution "$left s left"
         fi
     fi
 else
