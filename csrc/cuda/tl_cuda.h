@@ -154,6 +154,10 @@ tl_status tl_cuda_conv_derive(const tl_ctx *ctx, tl_cuda_dataflow df, int weight
 #define TL_CUDA_PIPELINED_FORWARD 2
 #define TL_CUDA_PIPELINED_WGRAD 4
 #define TL_CUDA_PIPELINED_FOD_FORWARD 8
+/* Plain fp32 (no TL_CUDA_TF32) forwards of both dataflows may run the same
+ * pipelined tiles, multiplied on the CUDA cores (FMA), under the same
+ * conditions; pending like the others. */
+#define TL_CUDA_PIPELINED_FP32 16
 tl_status tl_cuda_implicit_gemm_forward(const tl_ctx *ctx, const tl_conv_desc *d, int opts,
                                         const void *x, const void *w, const int32_t *nbr,
                                         const void *derived, void *workspace, void *y);

@@ -154,7 +154,7 @@ extern "C" tl_status tl_cuda_fetch_on_demand_forward(const tl_ctx *ctx, const tl
         call.args.vec = (tl_vec_ok(x, d->c_in, es) ? TL_VEC_A : 0) |
                         (tl_vec_ok(w, d->c_out, es) ? TL_VEC_B : 0) |
                         (tl_vec_ok(f.acc, d->c_out, sizeof(float)) ? TL_VEC_C : 0);
-        if ((opts & TL_CUDA_PIPELINED_FOD_FORWARD) && tl_fod_pipelined_forward_ok(d, opts, x, w)) {
+        if (tl_fod_pipelined_forward_ok(d, opts, x, w)) {
             TL_CUDA_RETURN_IF(
                 tl_fod_pipelined_forward(d->dtype, opts, x, w, call.args, tiles, f.stream));
         } else {

@@ -3,6 +3,9 @@
  * (fp16, bf16, TF32; TL_CUDA_PIPELINED_FOD_FORWARD) and the weight gradient
  * (fp16, bf16; TL_CUDA_PIPELINED_WGRAD).
  *
+ * Plain fp32 forwards run the same tile on the CUDA cores where
+ * TL_CUDA_PIPELINED_FP32 asks for it (tl_pipe_fma_multiply).
+ *
  * Forward: the blocks and atomics of tl_pairs_forward_kernel
  * (tl_cuda_pair_gemm.cuh), block (kernel row n, 64 pairs, 64 or 128 output
  * channels), with the slices of C_in run through the pipelined tile of
@@ -30,7 +33,7 @@
 
 static_assert(TL_PIPE_BM == TL_BM, "the forward's tiles are the tile prefix's (TL_BM pairs)");
 
-template <typename T, int BN>
+template <typename T, int BN, bool FMA>
 __global__ void __launch_bounds__(TL_CUDA_THREADS)
     tl_fod_pipelined_forward_kernel(const T *x, const T *w, tl_pairs_fwd_args p) {
 #ifdef TL_PIPE_DEVICE
@@ -46,7 +49,7 @@ __global__ void __launch_bounds__(TL_CUDA_THREADS)
     __syncthreads();
     const long long a_row = rows[t / (BK / V)]; /* this thread's A row (tl_pipe_issue) */
     const T *wn = w + n * p.c_in * p.c_out;
-    tl_pipe_run<T, BN>(s, (int)((p.c_in + BK - 1) / BK), [&](int step, int st) {
+    tl_pipe_run<T, BN, FMA>(s, (int)((p.c_in + BK - 1) / BK), [&](int step, int st) {
         tl_pipe_issue<T, BN>(s.u.s[st], t, x, a_row, p.c_in, wn, p.c_out, (long long)step * BK,
                              c0);
     });
@@ -60,8 +63,9 @@ __global__ void __launch_bounds__(TL_CUDA_THREADS)
 
 bool tl_fod_pipelined_forward_ok(const tl_conv_desc *d, int opts, const void *x,
                                  const void *w) {
-    return tl_pipe_rows_ok(d->dtype, opts & TL_CUDA_TF32, d, x, w, NULL) &&
-           tl_pipe_code_ok((const void *)tl_fod_pipelined_forward_kernel<__half, 64>);
+    return tl_pipe_asked(opts, TL_CUDA_PIPELINED_FOD_FORWARD, d->dtype) &&
+           tl_pipe_rows_ok(d->dtype, d, x, w, NULL) &&
+           tl_pipe_code_ok((const void *)tl_fod_pipelined_forward_kernel<__half, 64, false>);
 }
 
 namespace {
@@ -72,12 +76,12 @@ struct tl_fodp_fwd_call { /* for tl_dispatch_dtype */
     int64_t tiles; /* the host's bound of the tile total (tl_fod_tile_bound) */
     cudaStream_t stream;
 
-    template <typename T, int BN> tl_status launch() {
+    template <typename T, int BN, bool FMA> tl_status launch() {
         p.col_tiles = tl_cuda_ceil_div(p.c_out, BN);
         if (tiles > INT32_MAX / p.col_tiles) return TL_ERR_OVERFLOW;
         unsigned grid;
         TL_CUDA_RETURN_IF(tl_tile_grid(tiles * p.col_tiles, &grid));
-        tl_fod_pipelined_forward_kernel<T, BN>
+        tl_fod_pipelined_forward_kernel<T, BN, FMA>
             <<<grid, TL_CUDA_THREADS, 0, stream>>>((const T *)x, (const T *)w, p);
         TL_CUDA_LAUNCHED();
         return TL_OK;

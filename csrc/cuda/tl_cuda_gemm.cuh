@@ -422,11 +422,12 @@ tl_status tl_ig_derive(const tl_ctx *ctx, const tl_conv_desc *d, const int32_t *
 tl_status tl_fod_derive(const tl_ctx *ctx, bool weight_grad, const tl_conv_desc *d,
                         const tl_cuda_pairs *p, void *workspace, void *derived);
 
-/* The pipelined fp16 / bf16 / TF32 forward (tl_cuda_ig_pipelined.cu):
- * whether a sorted implicit-GEMM forward with option bits `opts` qualifies
- * on the current device (a half dtype, or fp32 with TL_CUDA_TF32; sm_80 code
- * for it; channel counts and pointers 16-byte aligned), and the call itself,
- * given the order of its output rows. */
+/* The pipelined forward (tl_cuda_ig_pipelined.cu): whether option bits
+ * `opts` ask for it and a sorted implicit-GEMM forward qualifies on the
+ * current device (fp16, bf16 or TF32 by TL_CUDA_PIPELINED_FORWARD, plain
+ * fp32 by TL_CUDA_PIPELINED_FP32; sm_80 code for it; channel counts and
+ * pointers 16-byte aligned), and the call itself, given the order of its
+ * output rows. */
 bool tl_ig_pipelined_ok(const tl_conv_desc *d, int opts, const void *x, const void *w,
                         const void *y);
 tl_status tl_ig_pipelined_forward(const tl_conv_desc *d, int opts, const void *x, const void *w,

@@ -1,6 +1,7 @@
 /* Pipelined implicit-GEMM forward for fp16, bf16 and TF32 (issue 23, item
  * 4), used where the caller asks for it (TL_CUDA_PIPELINED_FORWARD) until a device
- * run has verified it.
+ * run has verified it; plain fp32 runs the same tile on the CUDA cores
+ * (TL_CUDA_PIPELINED_FP32, tl_pipe_fma_multiply).
  *
  * Same tiles and row order as tl_ig_forward_kernel (tl_cuda_implicit_gemm.cu):
  * a block computes TL_PIPE_BM output rows of the mask-sorted order times BN
@@ -34,7 +35,7 @@ struct tl_pipe_args {
     long long n_in, n_out, k, cin, cout, col_tiles;
 };
 
-template <typename T, int BN>
+template <typename T, int BN, bool FMA>
 __global__ void __launch_bounds__(TL_CUDA_THREADS)
     tl_ig_pipelined_kernel(const T *x, const T *w, T *y, tl_pipe_args p) {
 #ifdef TL_PIPE_DEVICE
@@ -55,7 +56,7 @@ __global__ void __launch_bounds__(TL_CUDA_THREADS)
     const int slices = (int)((p.cin + BK - 1) / BK);
     /* This thread's A row (tl_pipe_issue) is output row a_out's neighbour. */
     const long long a_out = outs[t / (BK / V)];
-    tl_pipe_run<T, BN>(s, __popc(used) * slices, [&](int step, int st) {
+    tl_pipe_run<T, BN, FMA>(s, __popc(used) * slices, [&](int step, int st) {
         const int n = used_n[step / slices];
         long long i = a_out >= 0 ? p.nbr[a_out * p.k + n] : -1;
         if (i >= p.n_in) i = -1;
@@ -83,9 +84,9 @@ __global__ void __launch_bounds__(TL_CUDA_THREADS)
 
 bool tl_ig_pipelined_ok(const tl_conv_desc *d, int opts, const void *x, const void *w,
                         const void *y) {
-    return tl_ig_sorted(TL_CUDA_IMPLICIT_GEMM, false, d) &&
-           tl_pipe_rows_ok(d->dtype, opts & TL_CUDA_TF32, d, x, w, y) &&
-           tl_pipe_code_ok((const void *)tl_ig_pipelined_kernel<__half, 64>);
+    return tl_pipe_asked(opts, TL_CUDA_PIPELINED_FORWARD, d->dtype) &&
+           tl_ig_sorted(TL_CUDA_IMPLICIT_GEMM, false, d) && tl_pipe_rows_ok(d->dtype, d, x, w, y) &&
+           tl_pipe_code_ok((const void *)tl_ig_pipelined_kernel<__half, 64, false>);
 }
 
 namespace {
@@ -97,12 +98,12 @@ struct tl_pipe_call { /* for tl_dispatch_dtype */
     tl_pipe_args p;
     cudaStream_t stream;
 
-    template <typename T, int BN> tl_status launch() {
+    template <typename T, int BN, bool FMA> tl_status launch() {
         p.col_tiles = tl_cuda_ceil_div(d->c_out, BN);
         unsigned grid;
         TL_CUDA_RETURN_IF(
             tl_tile_grid(tl_cuda_ceil_div(d->n_out, TL_PIPE_BM) * p.col_tiles, &grid));
-        tl_ig_pipelined_kernel<T, BN>
+        tl_ig_pipelined_kernel<T, BN, FMA>
             <<<grid, TL_CUDA_THREADS, 0, stream>>>((const T *)x, (const T *)w, (T *)y, p);
         TL_CUDA_LAUNCHED();
         return TL_OK;

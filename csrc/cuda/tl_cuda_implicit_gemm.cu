@@ -271,7 +271,7 @@ extern "C" tl_status tl_cuda_implicit_gemm_forward(const tl_ctx *ctx, const tl_c
         else
             TL_CUDA_RETURN_IF(tl_ig_sort(l, d, nbr, stream, &order));
     }
-    if ((opts & TL_CUDA_PIPELINED_FORWARD) && order && tl_ig_pipelined_ok(d, opts, x, w, y))
+    if (order && tl_ig_pipelined_ok(d, opts, x, w, y))
         return tl_ig_pipelined_forward(d, opts, x, w, nbr, order, y, stream);
     const int64_t es = tl_dtype_bytes(d->dtype);
     const int vec = (tl_vec_ok(x, d->c_in, es) ? TL_VEC_A : 0) |

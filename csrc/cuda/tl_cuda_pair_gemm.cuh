@@ -273,9 +273,10 @@ __global__ void __launch_bounds__(TL_CUDA_THREADS)
 }
 
 /* The pipelined fetch-on-demand forward (tl_cuda_fod_pipelined.cu): whether
- * a call with option bits `opts` qualifies (fp16, bf16, or fp32 with
- * TL_CUDA_TF32; sm_80 code on the current device; x and w rows of whole
- * 16-byte runs, 16-byte aligned), and the call itself: tl_pairs_forward_kernel's
+ * option bits `opts` ask for it and a call qualifies (fp16, bf16 or TF32 by
+ * TL_CUDA_PIPELINED_FOD_FORWARD, plain fp32 by TL_CUDA_PIPELINED_FP32; sm_80
+ * code on the current device; x and w rows of whole 16-byte runs, 16-byte
+ * aligned), and the call itself: tl_pairs_forward_kernel's
  * arguments (with the tile prefix; col_tiles is its own) and the host's bound
  * of the tile total. */
 bool tl_fod_pipelined_forward_ok(const tl_conv_desc *d, int opts, const void *x,

@@ -3,7 +3,8 @@
  * TL_PIPE_BM gathered x rows by BN output channels of one weight matrix per
  * step, a step being one 64-byte slice of C_in (32 halves, 16 floats), with
  * TL_PIPE_STAGES(BN) - 1 slices in flight (cp.async) while the tensor cores
- * multiply the oldest (mma.m16n8k16, m16n8k8 in TF32, fragments by ldmatrix).
+ * multiply the oldest (mma.m16n8k16, m16n8k8 in TF32, fragments by ldmatrix),
+ * or, in plain fp32, the CUDA cores (FMA, float4 shared-memory reads).
  * The kernels differ in where a step's x rows and weights come from (one
  * `issue` each) and where the finished tile goes. */
 #ifndef TL_CUDA_PIPE_TILE_CUH
@@ -123,12 +124,55 @@ __device__ __forceinline__ void tl_pipe_issue(typename tl_pipe_smem<T, BN>::stag
     }
 }
 
+/* Plain fp32 (FMA: no TF32) on the CUDA cores, the same per-warp 32 x BN / 4
+ * tile and accumulator count as the tensor-core path: lane (lane / LC,
+ * lane % LC) owns rows wm * 32 + lane / LC + LR i (i < RM) and the 4
+ * columns n0 + 4 (lane % LC) ..; per 4 steps of C_in it reads a float4 of
+ * each of its rows (the LR rows a warp reads start 80 bytes apart: 20 floats,
+ * so their 16-byte runs fall in different banks) and a float4 of columns per
+ * step (a warp's LC lanes read one contiguous run), for RM x 16
+ * multiply-adds. */
+template <int BN> struct tl_pipe_fma_shape {
+    static constexpr int LC = BN / 16, LR = 32 / LC, RM = 32 / LR;
+    static_assert(LC * LR == 32 && RM == 2 * (BN / 32), "the tensor-core path's accumulators");
+};
+
+/* acc[i / NB][i % NB][q] holds row i, column q of the lane's FMA tile. */
+template <int BN>
+__device__ __forceinline__ void tl_pipe_fma_multiply(
+    const typename tl_pipe_smem<float, BN>::stage &g, int wm, int n0, int lane,
+    float (&acc)[2][BN / 32][4]) {
+    typedef tl_pipe_fma_shape<BN> f;
+    constexpr int NB = BN / 32, BK = tl_pipe_shape<float>::BK;
+    const int row = wm * 32 + lane / f::LC, col = n0 + 4 * (lane % f::LC);
+#pragma unroll
+    for (int kk = 0; kk < BK; kk += 4) {
+        float4 a[f::RM];
+#pragma unroll
+        for (int i = 0; i < f::RM; i++)
+            a[i] = *reinterpret_cast<const float4 *>(&g.a[row + f::LR * i][kk]);
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const float4 b = *reinterpret_cast<const float4 *>(&g.b[kk + q][col]);
+#pragma unroll
+            for (int i = 0; i < f::RM; i++) {
+                const float v = q == 0 ? a[i].x : q == 1 ? a[i].y : q == 2 ? a[i].z : a[i].w;
+                float *r = acc[i / NB][i % NB];
+                r[0] = fmaf(v, b.x, r[0]);
+                r[1] = fmaf(v, b.y, r[1]);
+                r[2] = fmaf(v, b.z, r[2]);
+                r[3] = fmaf(v, b.w, r[3]);
+            }
+        }
+    }
+}
+
 /* TF32: thread t's copies of a slice (tl_pipe_issue) rounded in place, once,
  * after they landed and before the barrier that shows them to the others;
- * nothing for halves. */
-template <typename T, int BN>
+ * nothing for halves and plain fp32 (FMA). */
+template <typename T, int BN, bool FMA>
 __device__ __forceinline__ void tl_pipe_round(typename tl_pipe_smem<T, BN>::stage &g, int t) {
-    if constexpr (sizeof(T) == 4) {
+    if constexpr (sizeof(T) == 4 && !FMA) {
         typedef tl_pipe_shape<T> sh;
         constexpr int V = sh::V, BK = sh::BK, BCOPIES = BK * BN / V / TL_CUDA_THREADS;
         tl_round_tf32x4(&g.a[t / (BK / V)][(t % (BK / V)) * V]);
@@ -196,44 +240,73 @@ __device__ __forceinline__ void tl_pipe_store(float (*c)[LDC], const float (&acc
             }
 }
 
+/* The FMA tile's accumulators (tl_pipe_fma_multiply) into the fp32 tile c. */
+template <int BN, int LDC>
+__device__ __forceinline__ void tl_pipe_fma_store(float (*c)[LDC],
+                                                  const float (&acc)[2][BN / 32][4], int wm,
+                                                  int n0, int lane) {
+    typedef tl_pipe_fma_shape<BN> f;
+    constexpr int NB = BN / 32;
+    const int row = wm * 32 + lane / f::LC, col = n0 + 4 * (lane % f::LC);
+#pragma unroll
+    for (int i = 0; i < f::RM; i++) {
+        const float *r = acc[i / NB][i % NB];
+        *reinterpret_cast<float4 *>(&c[row + f::LR * i][col]) = make_float4(r[0], r[1], r[2], r[3]);
+    }
+}
+
 /* The forward tile: `steps` slices, issue(step, stage) copying each (with
  * tl_pipe_issue), multiplied into per-warp accumulators; then the finished
  * fp32 tile in s.u.c[m][j] (m < TL_PIPE_BM, j < BN), visible to the whole
  * block.  Warp (wm, wn) owns rows wm * 32 .. + 32 and columns wn * BN / 4 ..,
- * as 2 x BN / 32 mma tiles of 16 x 8. */
-template <typename T, int BN, typename Issue>
+ * as 2 x BN / 32 mma tiles of 16 x 8, or with FMA (plain fp32) as
+ * tl_pipe_fma_multiply's lane tiles. */
+template <typename T, int BN, bool FMA, typename Issue>
 __device__ __forceinline__ void tl_pipe_run(tl_pipe_smem<T, BN> &s, int steps, Issue issue) {
+    static_assert(!FMA || std::is_same<T, float>::value, "FMA tiles are plain fp32");
     constexpr int NB = BN / 32;
     const int t = threadIdx.x, warp = t / 32, wm = warp / 4, wn = warp % 4, lane = t % 32;
     float acc[2][NB][4];
     tl_pipe_zero(acc);
     tl_pipe_loop<tl_pipe_smem<T, BN>::STAGES>(
-        steps, issue, [&](int st) { tl_pipe_round<T, BN>(s.u.s[st], t); },
-        [&](int st) { tl_pipe_multiply<T, BN>(s.u.s[st], wm, wn * (BN / 4), lane, acc); });
-    tl_pipe_store(s.u.c, acc, wm, wn * (BN / 4), lane); /* the stages are free */
+        steps, issue, [&](int st) { tl_pipe_round<T, BN, FMA>(s.u.s[st], t); },
+        [&](int st) {
+            if constexpr (FMA)
+                tl_pipe_fma_multiply<BN>(s.u.s[st], wm, wn * (BN / 4), lane, acc);
+            else
+                tl_pipe_multiply<T, BN>(s.u.s[st], wm, wn * (BN / 4), lane, acc);
+        });
+    /* the stages are free */
+    if constexpr (FMA)
+        tl_pipe_fma_store<BN>(s.u.c, acc, wm, wn * (BN / 4), lane);
+    else
+        tl_pipe_store(s.u.c, acc, wm, wn * (BN / 4), lane);
     __syncthreads();
 }
 
 /* For a dtype dispatch's run<T, TF32>() (tl_dispatch_dtype): the caller's
- * f.launch<T, BN>() at the tile width for c_out, 128 columns where c_out >
- * 64, else 64.  Plain fp32 has no pipelined tile (the callers' checks rule
- * it out). */
+ * f.launch<T, BN, FMA>() at the tile width for c_out, 128 columns where c_out
+ * > 64, else 64; FMA for plain fp32 (no TF32). */
 template <typename T, bool TF32, typename F>
 static inline tl_status tl_pipe_by_width(F &f, int64_t c_out) {
-    if constexpr (std::is_same<T, float>::value && !TF32) {
-        (void)f, (void)c_out;
-        return TL_ERR_UNSUPPORTED;
-    } else {
-        return c_out > 64 ? f.template launch<T, 128>() : f.template launch<T, 64>();
-    }
+    constexpr bool FMA = std::is_same<T, float>::value && !TF32;
+    return c_out > 64 ? f.template launch<T, 128, FMA>() : f.template launch<T, 64, FMA>();
+}
+
+/* Host side: whether option bits `opts` ask for the pipelined forward tile
+ * in `dtype`: plain fp32 (no TL_CUDA_TF32) by TL_CUDA_PIPELINED_FP32, the
+ * tensor-core types (fp16, bf16, TF32) by the kernel's own bit. */
+static inline bool tl_pipe_asked(int opts, int bit, tl_dtype dtype) {
+    const bool fma = dtype == TL_F32 && !(opts & TL_CUDA_TF32);
+    return (opts & (fma ? TL_CUDA_PIPELINED_FP32 : bit)) != 0;
 }
 
 /* Host side: whether x (c_in), w (c_out) and y (c_out; NULL: not read as
- * rows here) qualify for the pipelined tiles in `dtype`: fp16, bf16, or fp32
- * where `tf32`, with rows of whole 16-byte runs, 16-byte aligned. */
-static inline bool tl_pipe_rows_ok(tl_dtype dtype, bool tf32, const tl_conv_desc *d,
-                                   const void *x, const void *w, const void *y) {
-    if (dtype != TL_F16 && dtype != TL_BF16 && !(dtype == TL_F32 && tf32)) return false;
+ * rows here) qualify for the pipelined tiles in `dtype` (fp16, bf16, fp32),
+ * with rows of whole 16-byte runs, 16-byte aligned. */
+static inline bool tl_pipe_rows_ok(tl_dtype dtype, const tl_conv_desc *d, const void *x,
+                                   const void *w, const void *y) {
+    if (dtype != TL_F16 && dtype != TL_BF16 && dtype != TL_F32) return false;
     const int64_t es = tl_dtype_bytes(dtype);
     return tl_vec_ok(x, d->c_in, es) && tl_vec_ok(w, d->c_out, es) &&
            (!y || tl_vec_ok(y, d->c_out, es));

@@ -48,7 +48,7 @@ def test_pending_names(monkeypatch: pytest.MonkeyPatch) -> None:
     """``1`` turns every pending change on; a comma-separated list only those it names."""
     for value, on in [
         ("1", {"kept_map_data", "pipelined_forward", "pipelined_wgrad",
-               "pipelined_fod_forward", "pair_weight_grad"}),
+               "pipelined_fod_forward", "pair_weight_grad", "pipelined_fp32"}),
         ("pipelined_forward", {"pipelined_forward"}),
         ("kept_map_data, pipelined_wgrad", {"kept_map_data", "pipelined_wgrad"}),
         ("kept_map_data", {"kept_map_data"}),

@@ -1,0 +1,151 @@
+"""Plain float32 (no TF32) through the pipelined forward tiles, multiplied on the CUDA
+cores (csrc/cuda/tl_cuda_pipe_tile.cuh ``tl_pipe_fma_multiply``), pending
+``pipelined_fp32``: the sorted implicit-GEMM forward and the fetch-on-demand forward, where
+C_in and C_out are multiples of 4 and the tensors 16-byte aligned, on sm_80 and newer.
+
+Each case is checked against a float64 CPU reference and the previous kernel, and the
+kernel that ran is read from torch.profiler, so a case meant for the new tile cannot pass
+on the old one. The tensor-core switches (``pipelined_forward``,
+``pipelined_fod_forward``) leave plain float32 alone, and ``pipelined_fp32`` leaves the
+other types alone.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import torch_lattice.ops  # noqa: F401  (registers the lattice ops)
+from torch_lattice.ops import conv_cuda, kmap_cuda
+
+try:
+    from cuda_helpers import patterned_nbr, table_reference
+except ImportError:  # tests/ may become a package; then it is imported through it
+    from tests.cuda_helpers import patterned_nbr, table_reference
+
+pytestmark = pytest.mark.cuda
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+IG_KERNEL = "tl_ig_pipelined_kernel"
+FOD_KERNEL = "tl_fod_pipelined_forward_kernel"
+SORT_MIN_ROWS = 4096
+# fp32 products summed in fp32 (up to 27 x 256 of them), in another order than the
+# reference's float64: well inside 1e-5 of the largest value; the atomics of
+# fetch-on-demand add the kernel rows in no fixed order.
+TOL = 1e-5
+
+
+def _ran(fn, kernel: str) -> tuple[torch.Tensor, bool]:
+    """``fn()`` on the GPU and whether ``kernel`` ran in it (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        out = fn()
+        torch.cuda.synchronize()
+    return out, any(kernel in e.name for e in prof.events())
+
+
+def _check(y: torch.Tensor, ref: torch.Tensor, what: str) -> None:
+    assert y.dtype == torch.float32
+    err = (y.double().cpu() - ref).abs().max().item()
+    scale = max(ref.abs().max().item(), 1e-30)
+    assert err <= TOL * scale, f"{what}: max error {err:.3g}, allowed {TOL * scale:.3g}"
+
+
+def _inputs(n_in: int, n_out: int, cin: int, cout: int, k: int, seed: int):
+    nbr = patterned_nbr(n_in, n_out, k, seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n_in, cin, generator=g)
+    w = torch.randn(k, cin, cout, generator=g) / cin**0.5
+    ref = table_reference(x, w, torch.zeros(n_out, cout), nbr)[0]
+    return nbr, x, w, ref
+
+
+SHAPES = pytest.mark.parametrize(
+    ("cin", "cout", "k"),
+    [
+        (4, 4, 27),  # a slice of 16 channels, mostly zero-filled
+        (16, 32, 27),
+        (36, 68, 27),  # C_in past one slice, partly used; C_out past 64: the 128-wide tile
+        (64, 64, 8),
+        (128, 136, 2),  # a second, partial 128-wide column tile
+        (256, 256, 27),
+    ],
+)
+
+
+@needs_gpu
+@SHAPES
+def test_implicit_gemm_forward(cin: int, cout: int, k: int,
+                               monkeypatch: pytest.MonkeyPatch) -> None:
+    if torch.cuda.get_device_capability()[0] < 8:
+        pytest.skip("the pipelined tiles need sm_80")
+    n_in, n_out = 3000, SORT_MIN_ROWS + 101  # a last, partial row tile
+    nbr, x, w, ref = _inputs(n_in, n_out, cin, cout, k, seed=cin + 3 * cout + k)
+    xc, wc, table = x.cuda(), w.cuda(), nbr.cuda()
+
+    def run() -> tuple[torch.Tensor, bool]:
+        return _ran(lambda: conv_cuda.conv_forward("implicit_gemm", xc, wc, nbr=table),
+                    IG_KERNEL)
+
+    for off in ("0", "pipelined_forward"):  # the tensor-core switch leaves fp32 alone
+        monkeypatch.setenv(conv_cuda.PENDING_ENV, off)
+        before, ran = run()
+        assert not ran, off
+    _check(before, ref, "previous kernel")
+    for value in ("pipelined_fp32", "1"):  # the order sorted in the call, then kept
+        monkeypatch.setenv(conv_cuda.PENDING_ENV, value)
+        for _ in range(2):
+            y, ran = run()
+            assert ran, value
+            _check(y, ref, f"FMA tile, PENDING={value}")
+            _check(y, before.double().cpu(), "FMA tile against the previous kernel")
+            empty = (nbr < 0).all(dim=1).cuda()
+            assert (y[empty] == 0).all(), "rows without neighbours are written as zeros"
+
+
+@needs_gpu
+@SHAPES
+def test_fetch_on_demand_forward(cin: int, cout: int, k: int,
+                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    if torch.cuda.get_device_capability()[0] < 8:
+        pytest.skip("the pipelined tiles need sm_80")
+    n_in, n_out = 2500, 3000
+    nbr, x, w, ref = _inputs(n_in, n_out, cin, cout, k, seed=cin + 5 * cout + k)
+    xc, wc = x.cuda(), w.cuda()
+    pairs = kmap_cuda.kernel_pairs(nbr.cuda())
+
+    def run() -> tuple[torch.Tensor, bool]:
+        return _ran(lambda: conv_cuda.conv_forward("fetch_on_demand", xc, wc, pairs=pairs,
+                                                   n_out=n_out), FOD_KERNEL)
+
+    for off in ("0", "pipelined_fod_forward"):
+        monkeypatch.setenv(conv_cuda.PENDING_ENV, off)
+        before, ran = run()
+        assert not ran, off
+    _check(before, ref, "previous kernel")
+    for value in ("pipelined_fp32", "1"):
+        monkeypatch.setenv(conv_cuda.PENDING_ENV, value)
+        for _ in range(2):
+            y, ran = run()
+            assert ran, value
+            _check(y, ref, f"FMA tile, PENDING={value}")
+            _check(y, before.double().cpu(), "FMA tile against the previous kernel")
+
+
+@needs_gpu
+def test_other_calls_keep_the_previous_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With only ``pipelined_fp32`` on: TF32 and half precision keep the previous
+    kernels, and so does float32 whose channel rows are not whole 16-byte runs."""
+    monkeypatch.setenv(conv_cuda.PENDING_ENV, "pipelined_fp32")
+    n_in, n_out = 2000, SORT_MIN_ROWS
+    for dtype, tf32, cin, cout in ((torch.float32, True, 32, 32), (torch.float16, False, 32, 32),
+                                   (torch.float32, False, 6, 32), (torch.float32, False, 32, 10)):
+        nbr, x, w, _ = _inputs(n_in, n_out, cin, cout, 27, seed=cin + cout)
+        xc, wc, table = x.to(dtype).cuda(), w.to(dtype).cuda(), nbr.cuda()
+        pairs = kmap_cuda.kernel_pairs(table)
+        _, ran_ig = _ran(lambda xc=xc, wc=wc, table=table, tf32=tf32: conv_cuda.conv_forward(
+            "implicit_gemm", xc, wc, nbr=table, allow_tf32=tf32), IG_KERNEL)
+        _, ran_fod = _ran(lambda xc=xc, wc=wc, pairs=pairs, tf32=tf32: conv_cuda.conv_forward(
+            "fetch_on_demand", xc, wc, pairs=pairs, n_out=n_out, allow_tf32=tf32), FOD_KERNEL)
+        assert not ran_ig and not ran_fod, (dtype, tf32, cin, cout)
