@@ -10,6 +10,7 @@ import torch
 
 import torch_lattice.ops  # noqa: F401  (registers the lattice ops the helpers call)
 from torch_lattice.geometry import ConvGeometry
+from torch_lattice.ops import conv_cuda
 
 # benchmarks/ sits beside tests/; a plain `pytest` run does not put the root on sys.path.
 ROOT = str(Path(__file__).resolve().parent.parent)
@@ -22,6 +23,7 @@ __all__ = [
     "cpu_support",
     "geometry_lists",
     "patterned_nbr",
+    "pending_without",
     "random_coords",
     "smooth_activations",
     "table_reference",
@@ -75,6 +77,14 @@ def workspace_request(call: Callable[[Callable[[int], int]], object]) -> int:
     except ValueError:
         return 0
     raise AssertionError("the entry point ran: pass null data pointers")
+
+
+def pending_without(*changes: str) -> str:
+    """A ``TORCH_LATTICE_CUDA_PENDING`` value that turns on every pending change but
+    ``changes``: a baseline that runs the same kernels as ``1`` and differs from it only in
+    what ``changes`` do (the device check runs with ``1``, and pending kernels may differ
+    from the previous ones in rounding)."""
+    return ",".join(c for c in conv_cuda.PENDING_CHANGES if c not in changes)
 
 
 def patterned_nbr(n_in: int, n_out: int, k: int, seed: int) -> torch.Tensor:

@@ -9,6 +9,8 @@ gradient over them. The keeping is checked host-only; the rest needs a GPU.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -22,6 +24,12 @@ except ImportError:  # tests/ may become a package; then it is imported through 
 
 pytestmark = pytest.mark.cuda
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+if torch.cuda.is_available():
+    # Deterministic mode's weight gradient runs cuBLAS GEMMs, which torch versions that
+    # still check the cuBLAS workspace refuse in that mode without this (set before cuBLAS
+    # starts, as test_determinism.py does; a run of this file alone does not import that).
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 IG_WGRAD = "tl_ig_wgrad_kernel"
 # The previous fetch-on-demand weight gradient and the pipelined one (fp16 and bf16 where
