@@ -262,8 +262,8 @@ def _layer_variants(prec: str) -> list[tuple[str, str, tuple[str, ...]]]:
     """(row label, dataflow, pending changes to leave off) of our layer rows: each
     dataflow, and where its pending kernels are on (the implicit-GEMM forward in fp16,
     bf16 and TF32, its weight gradient over pair lists in every precision; the
-    fetch-on-demand forward in fp16, bf16 and TF32 and its weight gradient in fp16 and
-    bf16; both forwards' tiles in plain fp32), the previous kernels beside them."""
+    fetch-on-demand forward and weight gradient in fp16, bf16 and TF32; the same tiles
+    in plain fp32), the previous kernels beside them."""
     from torch_lattice.ops import conv_cuda
 
     piped = {"implicit_gemm": {"pipelined_forward": ("fp16", "bf16", "tf32"),
@@ -271,7 +271,7 @@ def _layer_variants(prec: str) -> list[tuple[str, str, tuple[str, ...]]]:
                                "pair_weight_grad": ("fp32", "tf32", "fp16", "bf16")},
              "fetch_on_demand": {"pipelined_fod_forward": ("fp16", "bf16", "tf32"),
                                  "pipelined_fp32": ("fp32",),
-                                 "pipelined_wgrad": ("fp16", "bf16")}}
+                                 "pipelined_wgrad": ("fp16", "bf16", "tf32")}}
     rows: list[tuple[str, str, tuple[str, ...]]] = []
     for df in DATAFLOWS:
         rows.append((df, df, ()))

@@ -147,16 +147,17 @@ tl_status tl_cuda_conv_derive(const tl_ctx *ctx, tl_cuda_dataflow df, int weight
  * code), the channel rows (whole 16-byte runs) and the pointers (16-byte
  * aligned) allow, the other kernels otherwise: an fp16, bf16 or TF32
  * implicit-GEMM forward whose rows are sorted (as above;
- * tl_cuda_ig_pipelined.cu), an fp16 / bf16 fetch-on-demand weight gradient
- * and an fp16, bf16 or TF32 fetch-on-demand forward
+ * tl_cuda_ig_pipelined.cu), an fp16, bf16 or TF32 fetch-on-demand weight
+ * gradient and an fp16, bf16 or TF32 fetch-on-demand forward
  * (tl_cuda_fod_pipelined.cu).  Each waits for a device run before it
  * becomes the default (docs/gpu-validation.md). */
 #define TL_CUDA_PIPELINED_FORWARD 2
 #define TL_CUDA_PIPELINED_WGRAD 4
 #define TL_CUDA_PIPELINED_FOD_FORWARD 8
-/* Plain fp32 (no TL_CUDA_TF32) forwards of both dataflows may run the same
- * pipelined tiles, multiplied on the CUDA cores (FMA), under the same
- * conditions; pending like the others. */
+/* Plain fp32 (no TL_CUDA_TF32) may run the same pipelined kernels (both
+ * forwards, the fetch-on-demand weight gradient), multiplied on the CUDA
+ * cores (FMA), under the same conditions; pending like the others.  The
+ * fetch-on-demand weight gradient's TF32 kernel is TL_CUDA_PIPELINED_WGRAD's. */
 #define TL_CUDA_PIPELINED_FP32 16
 tl_status tl_cuda_implicit_gemm_forward(const tl_ctx *ctx, const tl_conv_desc *d, int opts,
                                         const void *x, const void *w, const int32_t *nbr,

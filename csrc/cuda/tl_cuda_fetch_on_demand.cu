@@ -200,8 +200,9 @@ extern "C" tl_status tl_cuda_fetch_on_demand_weight_grad(const tl_ctx *ctx,
         a.chunks = tiles;
         if (tiles > INT32_MAX / a.ci_tiles / a.co_tiles) return TL_ERR_OVERFLOW;
         call.blocks = tiles * a.ci_tiles * a.co_tiles;
-        if ((opts & TL_CUDA_PIPELINED_WGRAD) && tl_fod_pipelined_ok(d, x, dy))
-            TL_CUDA_RETURN_IF(tl_fod_pipelined_wgrad(d->dtype, x, dy, a, call.blocks, f.stream));
+        if (tl_fod_pipelined_ok(d, opts, x, dy))
+            TL_CUDA_RETURN_IF(
+                tl_fod_pipelined_wgrad(d->dtype, opts, x, dy, a, call.blocks, f.stream));
         else
             TL_CUDA_RETURN_IF(tl_dispatch_dtype(d->dtype, opts & TL_CUDA_TF32, call));
     }

@@ -285,13 +285,14 @@ tl_status tl_fod_pipelined_forward(tl_dtype dtype, int opts, const void *x, cons
                                    const tl_pairs_fwd_args &args, int64_t tile_bound,
                                    cudaStream_t stream);
 
-/* The pipelined fp16 / bf16 fetch-on-demand weight gradient
- * (tl_cuda_fod_pipelined.cu): whether a call qualifies (half dtype, sm_80
- * code on the current device, channel counts and pointers 16-byte aligned),
- * and the call itself: tl_pairs_wgrad_kernel's grid and arguments (with the
- * tile prefix) in its place. */
-bool tl_fod_pipelined_ok(const tl_conv_desc *d, const void *x, const void *dy);
-tl_status tl_fod_pipelined_wgrad(tl_dtype dtype, const void *x, const void *dy,
+/* The pipelined fetch-on-demand weight gradient (tl_cuda_fod_pipelined.cu):
+ * whether option bits `opts` ask for it and a call qualifies (fp16, bf16 or
+ * TF32 by TL_CUDA_PIPELINED_WGRAD, plain fp32 by TL_CUDA_PIPELINED_FP32;
+ * sm_80 code on the current device; channel counts and pointers 16-byte
+ * aligned), and the call itself: tl_pairs_wgrad_kernel's grid and arguments
+ * (with the tile prefix) in its place. */
+bool tl_fod_pipelined_ok(const tl_conv_desc *d, int opts, const void *x, const void *dy);
+tl_status tl_fod_pipelined_wgrad(tl_dtype dtype, int opts, const void *x, const void *dy,
                                  const tl_pairs_wgrad_args &args, int64_t blocks,
                                  cudaStream_t stream);
 

@@ -1,7 +1,9 @@
-"""Plain float32 (no TF32) through the pipelined forward tiles, multiplied on the CUDA
-cores (csrc/cuda/tl_cuda_pipe_tile.cuh ``tl_pipe_fma_multiply``), pending
-``pipelined_fp32``: the sorted implicit-GEMM forward and the fetch-on-demand forward, where
-C_in and C_out are multiples of 4 and the tensors 16-byte aligned, on sm_80 and newer.
+"""Plain float32 (no TF32) through the pipelined tiles, multiplied on the CUDA cores
+(csrc/cuda/tl_cuda_pipe_tile.cuh ``tl_pipe_fma_multiply``, tl_cuda_fod_pipelined.cu
+``tl_fodp_multiply``), pending ``pipelined_fp32``: the sorted implicit-GEMM forward, the
+fetch-on-demand forward and weight gradient, where C_in and C_out are multiples of 4 and
+the tensors 16-byte aligned, on sm_80 and newer; and the fetch-on-demand weight gradient
+with TF32 allowed (tensor cores, pending ``pipelined_wgrad``).
 
 Each case is checked against a float64 CPU reference and the previous kernel, and the
 kernel that ran is read from torch.profiler, so a case meant for the new tile cannot pass
@@ -149,3 +151,69 @@ def test_other_calls_keep_the_previous_kernels(monkeypatch: pytest.MonkeyPatch) 
         _, ran_fod = _ran(lambda xc=xc, wc=wc, pairs=pairs, tf32=tf32: conv_cuda.conv_forward(
             "fetch_on_demand", xc, wc, pairs=pairs, n_out=n_out, allow_tf32=tf32), FOD_KERNEL)
         assert not ran_ig and not ran_fod, (dtype, tf32, cin, cout)
+
+
+WGRAD_KERNEL = "tl_fod_pipelined_wgrad_kernel"
+
+
+@needs_gpu
+@pytest.mark.parametrize(
+    ("tf32", "change", "tol"),
+    # TF32: inputs rounded to 10 mantissa bits, sums of thousands of products
+    # (test_cuda_pipelined.py's TF32 tolerance, twice, as for its weight gradients).
+    [(False, "pipelined_fp32", 1e-4), (True, "pipelined_wgrad", 2e-2)],
+    ids=["fp32", "tf32"],
+)
+@pytest.mark.parametrize(
+    ("cin", "cout", "k", "n_out"),
+    [
+        (4, 4, 27, 3000),
+        (16, 24, 27, 5000),
+        (32, 32, 8, 20000),  # long kernel rows: chunks of many 16-pair slices
+        (36, 68, 27, 3000),  # partial 64-channel tiles on both sides
+        (128, 96, 2, 4000),
+        (8, 200, 27, 300),  # kernel rows of a few pairs, some empty
+    ],
+)
+def test_fetch_on_demand_weight_grad(
+    tf32: bool, change: str, tol: float, cin: int, cout: int, k: int, n_out: int,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The pipelined weight gradient in float32: plain (FMA, ``pipelined_fp32``) and with
+    TF32 allowed (tensor cores, ``pipelined_wgrad``), against the float64 reference and
+    the previous kernel, with and without the kept tile prefix; each switch leaves the
+    other's calls to the previous kernel."""
+    if torch.cuda.get_device_capability()[0] < 8:
+        pytest.skip("the pipelined tiles need sm_80")
+    n_in = 2500
+    nbr = patterned_nbr(n_in, n_out, k, seed=cin * 7 + cout + k)
+    g = torch.Generator().manual_seed(cin + 3 * cout)
+    x = torch.randn(n_in, cin, generator=g)
+    dy = torch.randn(n_out, cout, generator=g)
+    ref = table_reference(x, torch.zeros(k, cin, cout), dy, nbr)[1]
+    xc, dyc = x.cuda(), dy.cuda()
+    pairs = kmap_cuda.kernel_pairs(nbr.cuda())
+
+    def run() -> tuple[torch.Tensor, bool]:
+        return _ran(lambda: conv_cuda.conv_weight_grad("fetch_on_demand", xc, dyc, pairs=pairs,
+                                                       allow_tf32=tf32), WGRAD_KERNEL)
+
+    def check(dw: torch.Tensor, want: torch.Tensor, what: str) -> None:
+        assert dw.dtype == torch.float32 and dw.shape == (k, cin, cout)
+        err = (dw.double().cpu() - want).abs().max().item()
+        scale = max(want.abs().max().item(), 1e-30)
+        assert err <= tol * scale, f"{what}: max error {err:.3g}, allowed {tol * scale:.3g}"
+
+    other = "pipelined_wgrad" if change == "pipelined_fp32" else "pipelined_fp32"
+    for off in ("0", other):
+        monkeypatch.setenv(conv_cuda.PENDING_ENV, off)
+        before, ran = run()
+        assert not ran, off
+    check(before, ref, "previous kernel")
+    for value in (change, "1"):  # the tile prefix computed in the call, then kept
+        monkeypatch.setenv(conv_cuda.PENDING_ENV, value)
+        for _ in range(2):
+            dw, ran = run()
+            assert ran, value
+            check(dw, ref, f"pipelined, PENDING={value}")
+            check(dw, before.double().cpu(), "pipelined against the previous kernel")

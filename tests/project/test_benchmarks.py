@@ -664,6 +664,8 @@ def test_gpu_benchmark_rehearses_on_the_cpu(tmp_path: Path) -> None:
         ("1", "fp32", {"implicit_gemm": ("pair_weight_grad", "pipelined_fp32"),
                        "fetch_on_demand": ("pipelined_fp32",)}),
         ("pipelined_fp32", "tf32", {}),
+        ("1", "tf32", {"implicit_gemm": ("pipelined_forward", "pair_weight_grad"),
+                       "fetch_on_demand": ("pipelined_wgrad", "pipelined_fod_forward")}),
         ("1", "fp16", {"implicit_gemm": ("pipelined_forward", "pair_weight_grad"),
                        "fetch_on_demand": ("pipelined_wgrad", "pipelined_fod_forward")}),
         ("pipelined_wgrad", "bf16", {"fetch_on_demand": ("pipelined_wgrad",)}),

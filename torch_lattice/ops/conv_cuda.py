@@ -86,21 +86,21 @@ def _maps(
 PENDING_ENV = "TORCH_LATTICE_CUDA_PENDING"
 # The pending changes by name: map-derived data kept with the map, the pipelined
 # kernels (the implicit-GEMM forward in fp16, bf16, TF32; the fetch-on-demand weight
-# gradient in fp16, bf16; the fetch-on-demand forward in fp16, bf16, TF32; both forwards'
-# tiles in plain fp32, on the CUDA cores), and the implicit-GEMM op's weight gradient over
-# the map's pair lists (:func:`_kept_pairs`).
+# gradient and forward in fp16, bf16, TF32; the same three in plain fp32, on the CUDA
+# cores), and the implicit-GEMM op's weight gradient over the map's pair lists
+# (:func:`_kept_pairs`).
 PENDING_CHANGES = ("kept_map_data", "pipelined_forward", "pipelined_wgrad",
                    "pipelined_fod_forward", "pair_weight_grad", "pipelined_fp32")
 
 
 # Option bits of a ``cuda_conv`` call (csrc/cuda/tl_cuda.h, TL_CUDA_*): TF32 tensor cores
 # for float32, and the pipelined kernels, which are pending: the implicit-GEMM forward, the
-# fetch-on-demand weight gradient, the fetch-on-demand forward, and plain float32 forwards.
+# fetch-on-demand weight gradient, the fetch-on-demand forward, and plain float32 in each.
 OPT_TF32 = 1
 OPT_PIPELINED_FORWARD = 2
 OPT_PIPELINED_WGRAD = 4
 OPT_PIPELINED_FOD_FORWARD = 8
-OPT_PIPELINED_FP32 = 16  # plain fp32 forwards of both dataflows through the same tiles
+OPT_PIPELINED_FP32 = 16  # plain fp32 through the same pipelined kernels (CUDA cores)
 # The option bit of each pending pipelined kernel, by its name in PENDING_CHANGES.
 _PIPELINED_OPTS = {
     "pipelined_forward": OPT_PIPELINED_FORWARD,
