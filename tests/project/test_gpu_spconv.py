@@ -5,15 +5,24 @@ before it times spconv there). The ``spconv`` extra is installed by scripts/setu
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
 
 import torch_lattice as tl
-from benchmarks import gpu, gpu_layers
-from benchmarks.gpu_layers import rel_error
-from torch_lattice.backbones import SparseResUNet42
+
+# benchmarks/ sits beside tests/; a plain `pytest` run of this file alone does not put the
+# repository root on sys.path.
+ROOT = str(Path(__file__).resolve().parents[2])
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from benchmarks import gpu, gpu_layers  # noqa: E402
+from benchmarks.gpu_layers import rel_error  # noqa: E402
+from torch_lattice.backbones import SparseResUNet42  # noqa: E402
 
 sp = pytest.importorskip("spconv.pytorch", reason="the spconv extra (scripts/setup-env.sh)")
 gs = pytest.importorskip("benchmarks.gpu_spconv")
