@@ -132,7 +132,7 @@ def peak_rows(timer: Timer, device: str) -> tuple[list[Row], dict[str, float]]:
     return rows, peak
 
 
-def kmap_rows(timer: Timer, coords: torch.Tensor) -> list[Row]:
+def kmap_rows(timer: Timer, coords: torch.Tensor, into: list[Row] | None = None) -> list[Row]:
     """Kernel-map construction from coordinates: submanifold k3 and strided k2 s2."""
     from torch_lattice.geometry import ConvGeometry
 
@@ -155,7 +155,8 @@ def kmap_rows(timer: Timer, coords: torch.Tensor) -> list[Row]:
         ("Conv3d k2s2: nbr", partial(lattice.kernel_map, coords, coarse, *args_k)),
         ("Conv3d k2s2: pairs", partial(lattice.kernel_pairs, nbr_k)),
     ]
-    rows = [Row("kernel map", name, "-", "lattice", *timer(fn)) for name, fn in cases]
+    rows = [] if into is None else into  # the caller keeps what ran if cut short
+    rows += [Row("kernel map", name, "-", "lattice", *timer(fn)) for name, fn in cases]
     if spconv_here(coords.device.type) is None:
         from benchmarks.gpu_spconv import check_indices, indice_rows
 
@@ -181,12 +182,12 @@ def spconv_here(device: str) -> str | None:
 
 
 def layer_rows(timer: Timer, coords: torch.Tensor, device: str, channels: Sequence[int],
-               precisions: Sequence[str]) -> list[Row]:
+               precisions: Sequence[str], into: list[Row] | None = None) -> list[Row]:
     """Single layers per channel count, precision and dataflow, beside the baselines:
     forward rows for every implementation, forward+backward rows for ours and spconv."""
     from benchmarks import gpu_layers as gl
 
-    rows = []
+    rows = [] if into is None else into  # the caller keeps what ran if cut short
     for c in channels:
         for base in gl.layer_cases(coords, c, device, seed=c):
             for prec in precisions:
@@ -341,7 +342,8 @@ def syncs_and_launches(fn: Callable[[], object], cuda: bool) -> tuple[list[str],
     return syncs, sum(n in LAUNCH_CALLS for n in names)
 
 
-def overhead_rows(coords: torch.Tensor, device: str, channels: int = 64) -> list[Row]:
+def overhead_rows(coords: torch.Tensor, device: str, channels: int = 64,
+                  into: list[Row] | None = None) -> list[Row]:
     """Host synchronisations and kernel launches of one SubmConv3d k3 forward and one
     forward+backward on a cached map, per dataflow (:func:`syncs_and_launches`; the
     issue's target: none, and few launches). On a CPU the counts are zero."""
@@ -352,7 +354,7 @@ def overhead_rows(coords: torch.Tensor, device: str, channels: int = 64) -> list
     dtype = torch.float16 if cuda else torch.float32
     case = gl.layer_cases(coords, channels, device, seed=channels)[0].at(dtype)
     grad = torch.randn(case.table.shape[0], channels, device=device, dtype=dtype)
-    rows = []
+    rows = [] if into is None else into  # the caller keeps what ran if cut short
     for df in DATAFLOWS:
         with conv_config(ConvConfig(dataflow=Dataflow(df))):
             train = case.ours_train(grad)
@@ -370,8 +372,8 @@ def overhead_rows(coords: torch.Tensor, device: str, channels: int = 64) -> list
 UNET_TOLERANCE = {"fp32": (1e-3, 1e-2), "fp16": (5e-2, 2e-1)}
 
 
-def unet_rows(timer: Timer, coords: torch.Tensor, device: str, precisions: Sequence[str]
-              ) -> list[Row]:
+def unet_rows(timer: Timer, coords: torch.Tensor, device: str, precisions: Sequence[str],
+              into: list[Row] | None = None) -> list[Row]:
     """SparseResUNet42 per dataflow: inference with cached maps (a fixed scan) and with the
     maps built inside the timing (a new scan), and a training step with the maps built;
     spconv's build of the same network with the same weights beside it (it builds its
@@ -390,7 +392,7 @@ def unet_rows(timer: Timer, coords: torch.Tensor, device: str, precisions: Seque
         model.zero_grad(set_to_none=True)  # a new SparseTensor: every map is built again
         model(SparseTensor(feats, coords)).feats.float().square().mean().backward()
 
-    rows = []
+    rows = [] if into is None else into  # the caller keeps what ran if cut short
     for prec in precisions:
         dtype = _DTYPE[prec]
         torch.manual_seed(0)
@@ -543,21 +545,41 @@ def main(argv: Sequence[str] | None = None) -> int:
     head += f"; spconv: {_spconv_version() if spconv is None else spconv}"
     print(head, flush=True)
     rows, peak = peak_rows(timer, args.device)
-    if "kmap" in groups:
-        rows += kmap_rows(timer, coords)
-    if "layers" in groups:
-        rows += layer_rows(timer, coords, args.device, channels, precisions)
-    if "overhead" in groups:
-        rows += overhead_rows(coords, args.device)
-    if "unet" in groups and not args.no_unet:
-        rows += unet_rows(timer, coords, args.device, [p for p in ("fp32", "fp16")
-                                                      if p in precisions])
-    lines = [head, "", *table(rows, peak, spec)]
+    runs = {
+        "kmap": lambda: kmap_rows(timer, coords, into=rows),
+        "layers": lambda: layer_rows(timer, coords, args.device, channels, precisions,
+                                     into=rows),
+        "overhead": lambda: overhead_rows(coords, args.device, into=rows),
+        "unet": lambda: None if args.no_unet else unet_rows(
+            timer, coords, args.device, [p for p in ("fp32", "fp16") if p in precisions],
+            into=rows),
+    }
+    # The report is rewritten after each group, and what ran is kept when the run is
+    # interrupted (the device check's time limit sends SIGINT): a lent GPU is rare.
+    cut, group = "", ""
+    try:
+        for group in GROUPS:
+            if group in groups:
+                runs[group]()
+                _report(args.out, head, rows, peak, spec)
+    except KeyboardInterrupt:
+        cut = f"cut short: interrupted during the {group} group; the rows above ran"
+    lines = _report(args.out, head + (f"; {cut}" if cut else ""), rows, peak, spec)
     print("\n".join(lines[2:]))
-    if args.out is not None:
-        args.out.write_text("\n".join(lines) + "\n")
+    if cut:
+        print(cut, file=sys.stderr)
+        return 130
     failed = [r for r in rows if r.note.startswith(("FAILED", "disagrees"))]
     return 1 if failed else 0
+
+
+def _report(out: Path | None, head: str, rows: Sequence[Row], peak: dict[str, float],
+            spec: dict[str, float] | None) -> list[str]:
+    """The report's lines, written to ``out`` where given."""
+    lines = [head, "", *table(rows, peak, spec)]
+    if out is not None:
+        out.write_text("\n".join(lines) + "\n")
+    return lines
 
 
 if __name__ == "__main__":

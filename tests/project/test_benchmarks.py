@@ -690,6 +690,30 @@ def test_gpu_benchmark_times_the_previous_kernels_beside_pending_ones(
     assert all(label == f"{df} (previous kernel)" for label, df, off in rows if off)
 
 
+def test_gpu_benchmark_keeps_what_ran_when_interrupted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The device check stops the benchmark at its time limit with SIGINT: the report then
+    holds every row that ran, says where it was cut, and the exit status is not 0."""
+    from benchmarks import gpu
+
+    def cut(timer, coords, device, channels, precisions, into):
+        into.append(gpu.Row("layer", "SubmConv3d k3 C=4", "fp32", "ran first", 1.0, 1.0,
+                            1.0, 8.0))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(gpu, "layer_rows", cut)
+    out = tmp_path / "bench.md"
+    args = ["--device", "cpu", "--scene", "tiny-10", "--channels", "4", "--precisions", "fp32",
+            "--reps", "1", "--groups", "kmap,layers,unet", "--out", str(out)]
+    assert gpu.main(args) == 130
+    text = out.read_text()
+    assert "cut short: interrupted during the layers group" in text.splitlines()[0]
+    assert "| kernel map | SubmConv3d k3: nbr | - | lattice |" in text
+    assert "| SubmConv3d k3 C=4 | fp32 | ran first |" in text
+    assert "ResUNet42" not in text  # the group after the cut did not run
+
+
 def test_gpu_benchmark_refuses_a_baseline_that_disagrees(monkeypatch: pytest.MonkeyPatch
                                                          ) -> None:
     from benchmarks import gpu, gpu_layers
