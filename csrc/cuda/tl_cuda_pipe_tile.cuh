@@ -293,9 +293,10 @@ static inline tl_status tl_pipe_by_width(F &f, int64_t c_out) {
     return c_out > 64 ? f.template launch<T, 128, FMA>() : f.template launch<T, 64, FMA>();
 }
 
-/* Host side: whether option bits `opts` ask for the pipelined forward tile
- * in `dtype`: plain fp32 (no TL_CUDA_TF32) by TL_CUDA_PIPELINED_FP32, the
- * tensor-core types (fp16, bf16, TF32) by the kernel's own bit. */
+/* Host side: whether option bits `opts` ask for a pipelined kernel (the
+ * forwards here, the fetch-on-demand weight gradient) in `dtype`: plain fp32
+ * (no TL_CUDA_TF32) by TL_CUDA_PIPELINED_FP32, the tensor-core types (fp16,
+ * bf16, TF32) by the kernel's own bit. */
 static inline bool tl_pipe_asked(int opts, int bit, tl_dtype dtype) {
     const bool fma = dtype == TL_F32 && !(opts & TL_CUDA_TF32);
     return (opts & (fma ? TL_CUDA_PIPELINED_FP32 : bit)) != 0;

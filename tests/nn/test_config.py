@@ -169,3 +169,34 @@ def test_cuda_default_is_the_verified_dataflow():
     assert resolve_config(device="cuda").allow_tf32 is False
     with pytest.raises(TypeError, match="device must be"):
         F.resolved_dataflow(device=3)
+
+
+def test_resolution_follows_every_setting_it_reads() -> None:
+    """resolve_config keeps one result per combination of what it reads (global, scoped
+    and module configurations, the transpose kind, the device and deterministic mode):
+    changing any of them between calls gives the new result, never a kept one."""
+    from torch_lattice.nn.functional.config import resolve_config
+
+    fod = F.ConvConfig(dataflow=F.Dataflow.FetchOnDemand)
+    assert resolve_config(None).dataflow is F.Dataflow.ImplicitGEMM
+    F.set_global_conv_config(fod)
+    assert resolve_config(None).dataflow is F.Dataflow.FetchOnDemand
+    with F.conv_config(dataflow=F.Dataflow.GatherScatter):
+        assert resolve_config(None).dataflow is F.Dataflow.GatherScatter
+        assert resolve_config(fod).dataflow is F.Dataflow.FetchOnDemand
+        assert resolve_config(None, target_transpose=True).dataflow is F.Dataflow.GatherScatter
+    assert resolve_config(None).dataflow is F.Dataflow.FetchOnDemand
+    with pytest.raises(ValueError, match="GatherScatter"):  # the global's explicit dataflow
+        resolve_config(None, target_transpose=True)
+    F.clear_global_conv_config()
+    assert resolve_config(None).dataflow is F.Dataflow.ImplicitGEMM
+    assert resolve_config(None, target_transpose=True).dataflow is F.Dataflow.GatherScatter
+    assert resolve_config(None, device="cuda").autotune is True
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert resolve_config(None, device="cuda").dataflow is F.Dataflow.ImplicitGEMM
+        assert resolve_config(None, device="cuda").autotune is False
+    finally:
+        torch.use_deterministic_algorithms(previous)
+    assert resolve_config(None, device="cuda").autotune is True

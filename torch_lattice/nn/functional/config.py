@@ -23,6 +23,7 @@ explicit request for another dataflow on them raises ``ValueError``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections.abc import Iterator
 from contextvars import ContextVar
@@ -191,6 +192,46 @@ def resolve_config(
         ValueError: a target-conditioned transpose with an explicit dataflow
             other than gather-scatter.
     """
+    kind = getattr(device, "type", device)
+    if (kind is None or isinstance(kind, str)) and (
+        module_config is None or isinstance(module_config, ConvConfig)
+    ):
+        # Every input is a hashable value: one resolution per combination, not one per call
+        # (each call of a layer resolves its configuration; on a GPU the Python time of a
+        # call is of the order of a small layer's kernels).
+        cfg = _resolved(
+            _GlobalConfig.value,
+            _scoped.get(),
+            module_config,
+            target_transpose,
+            kind,
+            torch.are_deterministic_algorithms_enabled(),
+        )
+    else:
+        cfg = _resolve(module_config, target_transpose, device)
+    log.debug("dataflow %s (target transpose: %s)", cfg.dataflow, target_transpose)
+    return cfg
+
+
+@functools.lru_cache(maxsize=512)
+def _resolved(
+    global_config: ConvConfig | None,
+    scoped: ConvConfig | None,
+    module_config: ConvConfig | None,
+    target_transpose: bool,
+    kind: str | None,
+    deterministic: bool,
+) -> ConvConfig:
+    """resolve_config's result for these values of everything it reads (the global and
+    scoped configurations and the deterministic-algorithms flag are arguments here so
+    that a change to any of them is a new key)."""
+    del global_config, scoped, deterministic  # read again by _resolve, equal by the key
+    return _resolve(module_config, target_transpose, kind)
+
+
+def _resolve(module_config: ConvConfig | None, target_transpose: bool,
+             device: object) -> ConvConfig:
+    """resolve_config, computed."""
     explicit = _explicit(module_config)
     if target_transpose:
         if explicit.dataflow not in (None, Dataflow.GatherScatter):
@@ -210,7 +251,6 @@ def resolve_config(
         # Only implicit GEMM has an atomic-free CUDA forward (docs/determinism.md).
         log.debug("dataflow %s -> ImplicitGEMM: deterministic algorithms on CUDA", cfg.dataflow)
         cfg = replace(cfg, dataflow=Dataflow.ImplicitGEMM)
-    log.debug("dataflow %s (target transpose: %s)", cfg.dataflow, target_transpose)
     return cfg
 
 
