@@ -22,6 +22,7 @@ from benchmarks.gpu_accuracy import smooth_activations  # noqa: E402
 __all__ = [
     "cpu_support",
     "geometry_lists",
+    "kernels_run",
     "patterned_nbr",
     "pending_without",
     "random_coords",
@@ -85,6 +86,17 @@ def pending_without(*changes: str) -> str:
     what ``changes`` do (the device check runs with ``1``, and pending kernels may differ
     from the previous ones in rounding)."""
     return ",".join(c for c in conv_cuda.PENDING_CHANGES if c not in changes)
+
+
+def kernels_run(fn: Callable[[], object]) -> tuple[object, set[str]]:
+    """``fn()`` on the GPU and the names of the CUDA kernels it launched (torch.profiler),
+    so that a test meant for one kernel cannot pass on another."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        out = fn()
+        torch.cuda.synchronize()
+    return out, {e.name for e in prof.events()}
 
 
 def patterned_nbr(n_in: int, n_out: int, k: int, seed: int) -> torch.Tensor:

@@ -18,9 +18,9 @@ import torch_lattice.ops  # noqa: F401  (registers the lattice ops)
 from torch_lattice.ops import conv_cuda
 
 try:
-    from cuda_helpers import patterned_nbr, table_reference
+    from cuda_helpers import kernels_run, patterned_nbr, table_reference
 except ImportError:  # tests/ may become a package; then it is imported through it
-    from tests.cuda_helpers import patterned_nbr, table_reference
+    from tests.cuda_helpers import kernels_run, patterned_nbr, table_reference
 
 pytestmark = pytest.mark.cuda
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -80,16 +80,6 @@ def test_no_pairs_are_built_during_graph_capture(monkeypatch: pytest.MonkeyPatch
     assert conv_cuda._kept_pairs(nbr) is kept and len(built) == 1
 
 
-def _kernels(fn) -> tuple[torch.Tensor, set[str]]:
-    """``fn()`` on the GPU and the names of the kernels it launched (torch.profiler)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        out = fn()
-        torch.cuda.synchronize()
-    return out, {e.name for e in prof.events()}
-
-
 def _has(names: set[str], kernel: str) -> bool:
     return any(kernel in n for n in names)
 
@@ -122,7 +112,7 @@ def test_weight_grad_runs_over_the_pairs(
     xc, dyc, table = x.cuda(), dy.cuda(), nbr.cuda()
 
     def run() -> tuple[torch.Tensor, set[str]]:
-        return _kernels(lambda: torch.ops.lattice.sparse_conv_weight_grad(xc, dyc, table, tf32))
+        return kernels_run(lambda: torch.ops.lattice.sparse_conv_weight_grad(xc, dyc, table, tf32))
 
     def check(dw: torch.Tensor, what: str) -> None:
         assert dw.dtype == dtype and dw.shape == (k, cin, cout)
@@ -177,11 +167,14 @@ def test_deterministic_mode_uses_the_kept_pairs(monkeypatch: pytest.MonkeyPatch)
     g = torch.Generator().manual_seed(9)
     x, dy = torch.randn(1000, 16, generator=g).cuda(), torch.randn(1500, 8, generator=g).cuda()
     table = nbr.cuda()
+    def wgrad() -> torch.Tensor:
+        return torch.ops.lattice.sparse_conv_weight_grad(x, dy, table)
+
     previous = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)
     try:
-        first, names = _kernels(lambda: torch.ops.lattice.sparse_conv_weight_grad(x, dy, table))
-        second, names2 = _kernels(lambda: torch.ops.lattice.sparse_conv_weight_grad(x, dy, table))
+        first, names = kernels_run(wgrad)
+        second, names2 = kernels_run(wgrad)
     finally:
         torch.use_deterministic_algorithms(previous)
     assert not any(_has(names | names2, n) for n in (IG_WGRAD, *PAIR_WGRADS))

@@ -22,9 +22,9 @@ import torch_lattice.ops  # noqa: F401  (registers the lattice ops)
 from torch_lattice.ops import conv_cuda, kmap_cuda
 
 try:
-    from cuda_helpers import patterned_nbr, table_reference
+    from cuda_helpers import kernels_run, patterned_nbr, table_reference
 except ImportError:  # tests/ may become a package; then it is imported through it
-    from tests.cuda_helpers import patterned_nbr, table_reference
+    from tests.cuda_helpers import kernels_run, patterned_nbr, table_reference
 
 pytestmark = pytest.mark.cuda
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -76,12 +76,8 @@ def _wgrad_reference(x: torch.Tensor, dy: torch.Tensor, nbr: torch.Tensor) -> to
 
 def _ran(fn, kernel: str) -> tuple[torch.Tensor, bool]:
     """``fn()`` on the GPU and whether ``kernel`` ran in it (torch.profiler)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        out = fn()
-        torch.cuda.synchronize()
-    return out, any(kernel in e.name for e in prof.events())
+    out, names = kernels_run(fn)
+    return out, any(kernel in n for n in names)
 
 
 def _run(x: torch.Tensor, w: torch.Tensor, nbr: torch.Tensor,
