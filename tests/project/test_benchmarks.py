@@ -746,6 +746,26 @@ def test_gpu_benchmark_network_rows_on_the_cpu() -> None:
     assert {r.impl for r in rows} == {*gpu.DATAFLOWS, "default"}  # no spconv on a CPU
 
 
+def test_cpu_targets_report_every_target(tmp_path: Path) -> None:
+    """benchmarks.cpu_targets: the issue's targets, each with its threshold and verdict,
+    against the peak measured in the same run (times are not asserted)."""
+    from benchmarks import cpu_targets
+
+    out = tmp_path / "targets.md"
+    assert cpu_targets.main(["--scenes", "tiny", "--repeats", "1", "--widths", "16,64",
+                             "--strided-widths", "4", "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "fp32 FMA peak measured in this run:" in text
+    rows = [line for line in text.splitlines() if line.startswith("| tiny")]
+    assert any("forward, C = 16 |" in r and "| >= 40% |" in r for r in rows)
+    assert any("forward + backward, C = 64 |" in r and "| >= 70% |" in r for r in rows)
+    assert any("bf16 forward against fp32, C = 64" in r and "| >= 1.60x |" in r for r in rows)
+    assert sum("s2" in r for r in rows) == 3  # k2 s2, k3 s2 p1 and the inverse transpose
+    assert all(r.endswith(("| met |", "| not met |")) for r in rows)
+    target = cpu_targets.Target("x", 0.7, 0.7, "% of peak")
+    assert target.met and target.row() == "| x | 70% | >= 70% | met |"
+
+
 def test_weight_gradient_benchmark_checks_then_reports() -> None:
     """benchmarks.wgrad: the weight gradient is checked against its gather-mm reference
     before the two ops are timed; a row reports both rates and their ratio."""

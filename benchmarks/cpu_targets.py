@@ -1,0 +1,239 @@
+"""Issue 24's CPU targets measured in one run, beside the peak measured in the same run.
+
+Every target of the issue that one build can measure alone, as the issue states it, with
+the kernels alone (``torch_lattice._C``, implicit GEMM, fp32 unless said, the thread count
+of this process): each row gives the measured figure, the target and whether it is met.
+Each row's kernels are timed interleaved (medians), and each kernel's output is checked
+against a float64 product of the same map first. Not here: SparseResUNet42's 1.5x (a
+ratio to an older build: ``python -m benchmarks.builds --groups unet --base OLD``), the
+kernel maps against spconv (``python -m benchmarks run --suite targets --only kmap_subm3
+--threads 1`` with spconv installed) and 5M voxels (``python -m benchmarks large``)::
+
+    .venv/bin/python -m benchmarks.cpu_targets [--repeats 7] [--out docs/benchmarks/cpu-targets.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+import torch_lattice as tl
+from benchmarks.builds import SUBM3, _maps, _scene
+from benchmarks.peak import measure_peak
+from benchmarks.timing import time_side_by_side
+from torch_lattice.nn.functional.relation import kernel_map
+from torch_lattice.ops._runtime import _C, DTYPE_CODES, ptr
+
+__all__ = ["Target", "main", "measure"]
+
+SUBM_WIDTHS = (16, 32, 64, 128, 256)
+STRIDED = ("k2s2", "k3s2p1", "k2s2_inverse")
+# The issue's thresholds: fraction of the measured fp32 peak.
+FORWARD = {"surface": 0.75, "lidar": 0.65}
+FORWARD_C16 = 0.40
+STRIDED_MIN = 0.65
+FWD_BWD = 0.70
+BF16_SPEEDUP = 1.6
+THREAD_SCALING = 1.8
+
+
+@dataclass(frozen=True)
+class Target:
+    """One measured target."""
+
+    what: str
+    measured: float
+    wanted: float
+    unit: str  # "% of peak" or "x"
+
+    @property
+    def met(self) -> bool:
+        return self.measured >= self.wanted
+
+    def row(self) -> str:
+        if self.unit == "x":
+            got, want = f"{self.measured:.2f}x", f">= {self.wanted:.2f}x"
+        else:
+            got, want = f"{100 * self.measured:.0f}%", f">= {100 * self.wanted:.0f}%"
+        return f"| {self.what} | {got} | {want} | {'met' if self.met else 'not met'} |"
+
+
+class _Layer:
+    """The kernels of one map and width, on fixed random operands (x, w, dy)."""
+
+    def __init__(self, nbr: torch.Tensor, n_in: int, c: int, dtype: torch.dtype,
+                 rev: torch.Tensor | None = None) -> None:
+        g = torch.Generator().manual_seed(c)
+        self.nbr, self.n_in, self.c, self.dtype, self.rev = nbr, n_in, c, dtype, rev
+        self.n, self.k = nbr.shape
+        self.x = torch.randn(n_in, c, generator=g).to(dtype)
+        self.w = (torch.randn(self.k, c, c, generator=g) / c**0.5).to(dtype)
+        self.dy = torch.randn(self.n, c, generator=g).to(dtype)
+        self.y = torch.empty(self.n, c, dtype=dtype)
+        self.dw = torch.empty(self.k, c, c, dtype=dtype)
+        self.wt = self.w.transpose(1, 2).contiguous()  # the input gradient's weights
+        self.dx = torch.empty(n_in, c, dtype=dtype)
+        self.pairs = int((nbr >= 0).sum())
+        self.flops = 2 * self.pairs * c * c
+
+    def forward(self, threads: int) -> None:
+        _C.conv_forward(DTYPE_CODES[self.dtype], self.n_in, self.n, self.k, self.c, self.c,
+                        ptr(self.x), ptr(self.w), ptr(self.nbr), ptr(self.y), threads)
+
+    def input_grad(self, threads: int) -> None:
+        """The forward over the reversed map (``rev``), as the op's backward runs it."""
+        assert self.rev is not None
+        _C.conv_forward(DTYPE_CODES[self.dtype], self.n, self.n_in, self.k, self.c, self.c,
+                        ptr(self.dy), ptr(self.wt), ptr(self.rev), ptr(self.dx), threads)
+
+    def weight_grad(self, threads: int) -> None:
+        _C.conv_weight_grad(DTYPE_CODES[self.dtype], self.n_in, self.n, self.k, self.c,
+                            self.c, ptr(self.x), ptr(self.dy), ptr(self.nbr), ptr(self.dw),
+                            threads)
+
+    def check(self, threads: int) -> float:
+        """Worst relative error of the forward and the weight gradient against float64."""
+        self.forward(threads)
+        self.weight_grad(threads)
+        x, w, dy = self.x.double(), self.w.double(), self.dy.double()
+        y = torch.zeros(self.n, self.c, dtype=torch.float64)
+        dw = torch.zeros_like(w)
+        for n in range(self.k):
+            rows = torch.nonzero(self.nbr[:, n] >= 0).flatten()
+            xi = x[self.nbr[rows, n].long()]
+            y[rows] += xi @ w[n]
+            dw[n] = xi.T @ dy[rows]
+        return max(float((a.double() - b).abs().max() / b.abs().max().clamp(min=1e-30))
+                   for a, b in ((self.y, y), (self.dw, dw)))
+
+
+def _gflops(layer: _Layer, seconds: float) -> float:
+    return layer.flops / seconds / 1e9
+
+
+def _medians(calls: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+    timings = time_side_by_side(calls, repeats, warmup=1, memory=False)
+    return {name: t.median_ms / 1e3 for name, t in timings.items()}
+
+
+def _checked(layer: _Layer, threads: int, tol: float) -> None:
+    err = layer.check(threads)
+    if err > tol:
+        raise SystemExit(f"{layer.c} channels: the kernels differ from float64 by {err:.2e}")
+
+
+def measure(scenes: Sequence[str], repeats: int, widths: Sequence[int] = SUBM_WIDTHS,
+            strided_widths: Sequence[int] = (64, 128)) -> tuple[list[Target], float]:
+    """Every target on ``scenes``; returns the rows and the fp32 peak they divide by."""
+    threads = torch.get_num_threads()
+    peak = measure_peak(threads).fp32_gflops
+    if not peak:
+        raise SystemExit("no fp32 peak on this CPU (benchmarks/peak_probe.c found no FMA)")
+    rows: list[Target] = []
+    for name in scenes:
+        scene = _scene(name)
+        maps = _maps(scene)
+        support = tl.SparseTensor(torch.zeros(scene.voxels, 1), scene.coords).support
+        subm = kernel_map(support, support, SUBM3)
+        nbr, rev, n_in = subm.nbr, subm.rev, scene.voxels
+        forward_min = FORWARD.get(scene.name, FORWARD["lidar"])
+        for c in widths:
+            layer = _Layer(nbr, n_in, c, torch.float32, rev)
+            _checked(layer, threads, 1e-5)
+            med = _medians({"fwd": lambda layer=layer: layer.forward(threads),
+                            "dx": lambda layer=layer: layer.input_grad(threads),
+                            "wgrad": lambda layer=layer: layer.weight_grad(threads)}, repeats)
+            fwd = _gflops(layer, med["fwd"]) / peak
+            both = 3 * layer.flops / (med["fwd"] + med["dx"] + med["wgrad"]) / 1e9 / peak
+            rows.append(Target(f"{scene.name}: SubmConv3d forward, C = {c}", fwd,
+                               FORWARD_C16 if c == 16 else forward_min, "% of peak"))
+            rows.append(Target(f"{scene.name}: SubmConv3d forward + backward, C = {c}", both,
+                               FWD_BWD, "% of peak"))
+            if c >= 64:
+                half = _Layer(nbr, n_in, c, torch.bfloat16)
+                _checked(half, threads, 2e-2)
+                med = _medians({"fp32": lambda layer=layer: layer.forward(threads),
+                                "bf16": lambda half=half: half.forward(threads)}, repeats)
+                rows.append(Target(f"{scene.name}: bf16 forward against fp32, C = {c}",
+                                   med["fp32"] / med["bf16"], BF16_SPEEDUP, "x"))
+        for map_name in STRIDED:
+            strided, strided_in = maps[map_name]
+            for c in strided_widths:
+                layer = _Layer(strided, strided_in, c, torch.float32)
+                _checked(layer, threads, 1e-5)
+                med = _medians({"fwd": lambda layer=layer: layer.forward(threads)}, repeats)
+                label = {"k2s2": "Conv3d k2 s2", "k3s2p1": "Conv3d k3 s2 p1",
+                         "k2s2_inverse": "ConvTranspose3d k2 s2 (inverse)"}[map_name]
+                rows.append(Target(f"{scene.name}: {label} forward, C = {c}",
+                                   _gflops(layer, med["fwd"]) / peak, STRIDED_MIN, "% of peak"))
+        if threads >= 2:
+            wide = _Layer(nbr, n_in, 64, torch.float32)
+            med = _medians({"1": lambda wide=wide: wide.forward(1),
+                            "2": lambda wide=wide: wide.forward(2)}, repeats)
+            rows.append(Target(f"{scene.name}: thread scaling 1 -> 2, forward C = 64",
+                               med["1"] / med["2"], THREAD_SCALING, "x"))
+    return rows, peak
+
+
+def report(rows: Sequence[Target], peak: float, head: str) -> list[str]:
+    met = sum(r.met for r in rows)
+    return [
+        head,
+        "",
+        f"fp32 FMA peak measured in this run: {peak:.0f} GFLOP/s; {met} of {len(rows)} "
+        "targets met.",
+        "",
+        "| target | measured | issue 24 asks | verdict |",
+        "|---|---|---|---|",
+        *(r.row() for r in rows),
+    ]
+
+
+def _cpu_name() -> str:
+    """The CPU's model name (Linux: /proc/cpuinfo), else what platform says."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "CPU"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.cpu_targets",
+                                     description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--scenes", default="surface,lidar")
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--widths", default=",".join(map(str, SUBM_WIDTHS)),
+                        help="SubmConv3d widths")
+    parser.add_argument("--strided-widths", default="64,128")
+    parser.add_argument("--out", type=Path, help="also write the report here")
+    args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error(f"--repeats must be >= 1, got {args.repeats}")
+    widths = [int(c) for c in args.widths.split(",")]
+    strided = [int(c) for c in args.strided_widths.split(",")]
+    if any(c < 1 for c in widths + strided):
+        parser.error("--widths and --strided-widths must be positive")
+    start = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    rows, peak = measure(args.scenes.split(","), args.repeats, widths, strided)
+    head = (f"`python -m benchmarks.cpu_targets`, {start}, {_cpu_name()}, "
+            f"{torch.get_num_threads()} threads, cpu_isa {_C.cpu_isa()}, torch "
+            f"{torch.__version__}; kernels alone, medians of {args.repeats} interleaved calls")
+    lines = report(rows, peak, head)
+    print("\n".join(lines))
+    if args.out is not None:
+        args.out.write_text("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
