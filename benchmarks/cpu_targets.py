@@ -184,6 +184,8 @@ def measure(scenes: Sequence[str], repeats: int, widths: Sequence[int] = SUBM_WI
 def report(rows: Sequence[Target], peak: float, head: str) -> list[str]:
     met = sum(r.met for r in rows)
     return [
+        "# CPU targets of issue 24",
+        "",
         head,
         "",
         f"fp32 FMA peak measured in this run: {peak:.0f} GFLOP/s; {met} of {len(rows)} "
