@@ -100,9 +100,10 @@ def _layer_case(
 
 
 def _maps(scene: Scene) -> dict[str, tuple[torch.Tensor, int]]:
-    """The scene's layer maps, each with its input row count: the 3x3x3 submanifold map,
-    a k2 s2 Conv3d's (onto its generated coarse support), its inverse transpose's, and a
-    k3 s2 p1 Conv3d's (onto its own generated support)."""
+    """The scene's layer maps, each with its input row count: the 3x3x3 submanifold map
+    (and its reverse, the map its input gradient runs over), a k2 s2 Conv3d's (onto its
+    generated coarse support), its inverse transpose's, and a k3 s2 p1 Conv3d's (onto its
+    own generated support)."""
     x = tl.SparseTensor(torch.zeros(scene.voxels, 1), scene.coords)
     subm = kernel_map(x.support, x.support, SUBM3)
     down = tl.nn.Conv3d(1, 1, 2, stride=2, bias=False)
@@ -115,6 +116,7 @@ def _maps(scene: Scene) -> dict[str, tuple[torch.Tensor, int]]:
     n = scene.voxels
     return {
         "subm3": (subm.nbr, n),
+        "subm3_reverse": (subm.rev, n),
         "k2s2": (dmap.nbr, n),
         "k2s2_inverse": (dmap.rev, coarse.coords.shape[0]),
         "k3s2p1": (kernel_map(x.support, coarse3.support, DOWN3).nbr, n),

@@ -23,11 +23,10 @@ from pathlib import Path
 
 import torch
 
-import torch_lattice as tl
-from benchmarks.builds import SUBM3, _maps, _scene
+from benchmarks import baselines as bl
+from benchmarks.builds import _maps, _scene
 from benchmarks.peak import measure_peak
 from benchmarks.timing import time_side_by_side
-from torch_lattice.nn.functional.relation import kernel_map
 from torch_lattice.ops._runtime import _C, DTYPE_CODES, ptr
 
 __all__ = ["Target", "main", "measure"]
@@ -98,19 +97,15 @@ class _Layer:
                             threads)
 
     def check(self, threads: int) -> float:
-        """Worst relative error of the forward and the weight gradient against float64."""
+        """Worst relative error of the forward and the weight gradient against the
+        plain-PyTorch baseline in float64 (its gather-mm-scatter and autograd)."""
         self.forward(threads)
         self.weight_grad(threads)
-        x, w, dy = self.x.double(), self.w.double(), self.dy.double()
-        y = torch.zeros(self.n, self.c, dtype=torch.float64)
-        dw = torch.zeros_like(w)
-        for n in range(self.k):
-            rows = torch.nonzero(self.nbr[:, n] >= 0).flatten()
-            xi = x[self.nbr[rows, n].long()]
-            y[rows] += xi @ w[n]
-            dw[n] = xi.T @ dy[rows]
+        w = self.w.double().requires_grad_(True)
+        y = bl.gather_scatter_conv(self.x.double(), w, bl.pairs_from_nbr(self.nbr), self.n)
+        (dw,) = torch.autograd.grad(y, w, self.dy.double())
         return max(float((a.double() - b).abs().max() / b.abs().max().clamp(min=1e-30))
-                   for a, b in ((self.y, y), (self.dw, dw)))
+                   for a, b in ((self.y, y.detach()), (self.dw, dw)))
 
 
 def _gflops(layer: _Layer, seconds: float) -> float:
@@ -139,9 +134,7 @@ def measure(scenes: Sequence[str], repeats: int, widths: Sequence[int] = SUBM_WI
     for name in scenes:
         scene = _scene(name)
         maps = _maps(scene)
-        support = tl.SparseTensor(torch.zeros(scene.voxels, 1), scene.coords).support
-        subm = kernel_map(support, support, SUBM3)
-        nbr, rev, n_in = subm.nbr, subm.rev, scene.voxels
+        (nbr, n_in), (rev, _) = maps["subm3"], maps["subm3_reverse"]
         forward_min = FORWARD.get(scene.name, FORWARD["lidar"])
         for c in widths:
             layer = _Layer(nbr, n_in, c, torch.float32, rev)

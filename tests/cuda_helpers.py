@@ -22,6 +22,7 @@ from benchmarks.gpu_accuracy import smooth_activations  # noqa: E402
 __all__ = [
     "cpu_support",
     "geometry_lists",
+    "kernel_ran",
     "kernels_run",
     "patterned_nbr",
     "pending_without",
@@ -97,6 +98,12 @@ def kernels_run(fn: Callable[[], object]) -> tuple[object, set[str]]:
         out = fn()
         torch.cuda.synchronize()
     return out, {e.name for e in prof.events()}
+
+
+def kernel_ran(fn: Callable[[], torch.Tensor], kernel: str) -> tuple[torch.Tensor, bool]:
+    """``fn()`` on the GPU and whether a kernel whose name holds ``kernel`` ran in it."""
+    out, names = kernels_run(fn)
+    return out, any(kernel in n for n in names)  # type: ignore[return-value]
 
 
 def patterned_nbr(n_in: int, n_out: int, k: int, seed: int) -> torch.Tensor:

@@ -67,7 +67,7 @@ __global__ void __launch_bounds__(TL_CUDA_THREADS)
 bool tl_fod_pipelined_forward_ok(const tl_conv_desc *d, int opts, const void *x,
                                  const void *w) {
     return tl_pipe_asked(opts, TL_CUDA_PIPELINED_FOD_FORWARD, d->dtype) &&
-           tl_pipe_rows_ok(d->dtype, d, x, w, NULL) &&
+           tl_pipe_rows_ok(d, x, w, NULL) &&
            tl_pipe_code_ok((const void *)tl_fod_pipelined_forward_kernel<__half, 64, false>);
 }
 
@@ -227,8 +227,8 @@ __global__ void __launch_bounds__(TL_CUDA_THREADS)
     /* TF32: this thread's two copies rounded once, after they landed. */
     auto landed = [&](int st) {
         if constexpr (sizeof(T) == 4 && TF32) {
-            tl_round_tf32x4(reinterpret_cast<float *>(&s.u.s[st].a[kk][col]));
-            tl_round_tf32x4(reinterpret_cast<float *>(&s.u.s[st].b[kk][col]));
+            tl_round_tf32x4(&s.u.s[st].a[kk][col]);
+            tl_round_tf32x4(&s.u.s[st].b[kk][col]);
         } else {
             (void)st;
         }
@@ -260,11 +260,10 @@ __global__ void __launch_bounds__(TL_CUDA_THREADS)
 }
 
 bool tl_fod_pipelined_ok(const tl_conv_desc *d, int opts, const void *x, const void *dy) {
-    if (!tl_pipe_asked(opts, TL_CUDA_PIPELINED_WGRAD, d->dtype)) return false;
-    if (d->dtype != TL_F16 && d->dtype != TL_BF16 && d->dtype != TL_F32) return false;
-    const int64_t es = tl_dtype_bytes(d->dtype);
-    if (!tl_vec_ok(x, d->c_in, es) || !tl_vec_ok(dy, d->c_out, es)) return false;
-    return tl_pipe_code_ok((const void *)tl_fod_pipelined_wgrad_kernel<__half, false>);
+    /* dy's rows are C_out wide, as the forward's weight rows (tl_pipe_rows_ok's w). */
+    return tl_pipe_asked(opts, TL_CUDA_PIPELINED_WGRAD, d->dtype) &&
+           tl_pipe_rows_ok(d, x, dy, NULL) &&
+           tl_pipe_code_ok((const void *)tl_fod_pipelined_wgrad_kernel<__half, false>);
 }
 
 namespace {

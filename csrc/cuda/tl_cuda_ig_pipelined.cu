@@ -85,7 +85,7 @@ __global__ void __launch_bounds__(TL_CUDA_THREADS)
 bool tl_ig_pipelined_ok(const tl_conv_desc *d, int opts, const void *x, const void *w,
                         const void *y) {
     return tl_pipe_asked(opts, TL_CUDA_PIPELINED_FORWARD, d->dtype) &&
-           tl_ig_sorted(TL_CUDA_IMPLICIT_GEMM, false, d) && tl_pipe_rows_ok(d->dtype, d, x, w, y) &&
+           tl_ig_sorted(TL_CUDA_IMPLICIT_GEMM, false, d) && tl_pipe_rows_ok(d, x, w, y) &&
            tl_pipe_code_ok((const void *)tl_ig_pipelined_kernel<__half, 64, false>);
 }
 

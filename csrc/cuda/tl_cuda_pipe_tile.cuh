@@ -303,12 +303,12 @@ static inline bool tl_pipe_asked(int opts, int bit, tl_dtype dtype) {
 }
 
 /* Host side: whether x (c_in), w (c_out) and y (c_out; NULL: not read as
- * rows here) qualify for the pipelined tiles in `dtype` (fp16, bf16, fp32),
+ * rows here) qualify for the pipelined tiles in d's dtype (fp16, bf16, fp32),
  * with rows of whole 16-byte runs, 16-byte aligned. */
-static inline bool tl_pipe_rows_ok(tl_dtype dtype, const tl_conv_desc *d, const void *x,
-                                   const void *w, const void *y) {
-    if (dtype != TL_F16 && dtype != TL_BF16 && dtype != TL_F32) return false;
-    const int64_t es = tl_dtype_bytes(dtype);
+static inline bool tl_pipe_rows_ok(const tl_conv_desc *d, const void *x, const void *w,
+                                   const void *y) {
+    if (d->dtype != TL_F16 && d->dtype != TL_BF16 && d->dtype != TL_F32) return false;
+    const int64_t es = tl_dtype_bytes(d->dtype);
     return tl_vec_ok(x, d->c_in, es) && tl_vec_ok(w, d->c_out, es) &&
            (!y || tl_vec_ok(y, d->c_out, es));
 }

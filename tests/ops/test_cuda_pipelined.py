@@ -22,9 +22,9 @@ import torch_lattice.ops  # noqa: F401  (registers the lattice ops)
 from torch_lattice.ops import conv_cuda, kmap_cuda
 
 try:
-    from cuda_helpers import kernels_run, patterned_nbr, table_reference
+    from cuda_helpers import kernel_ran, patterned_nbr, table_reference
 except ImportError:  # tests/ may become a package; then it is imported through it
-    from tests.cuda_helpers import kernels_run, patterned_nbr, table_reference
+    from tests.cuda_helpers import kernel_ran, patterned_nbr, table_reference
 
 pytestmark = pytest.mark.cuda
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -74,22 +74,16 @@ def _wgrad_reference(x: torch.Tensor, dy: torch.Tensor, nbr: torch.Tensor) -> to
     return table_reference(x, w, dy, nbr)[1]
 
 
-def _ran(fn, kernel: str) -> tuple[torch.Tensor, bool]:
-    """``fn()`` on the GPU and whether ``kernel`` ran in it (torch.profiler)."""
-    out, names = kernels_run(fn)
-    return out, any(kernel in n for n in names)
-
-
 def _run(x: torch.Tensor, w: torch.Tensor, nbr: torch.Tensor,
          tf32: bool = False) -> tuple[torch.Tensor, bool]:
     """The forward on the GPU and whether the pipelined kernel ran."""
-    return _ran(lambda: conv_cuda.conv_forward("implicit_gemm", x, w, nbr=nbr,
+    return kernel_ran(lambda: conv_cuda.conv_forward("implicit_gemm", x, w, nbr=nbr,
                                                allow_tf32=tf32), KERNEL)
 
 
 def _wgrad(x: torch.Tensor, dy: torch.Tensor, pairs) -> tuple[torch.Tensor, bool]:
     """The fetch-on-demand weight gradient and whether the pipelined kernel ran."""
-    return _ran(lambda: conv_cuda.conv_weight_grad("fetch_on_demand", x, dy, pairs=pairs),
+    return kernel_ran(lambda: conv_cuda.conv_weight_grad("fetch_on_demand", x, dy, pairs=pairs),
                 WGRAD_KERNEL)
 
 
@@ -307,7 +301,7 @@ def test_pipelined_fod_forward(
     tol = TF32_TOL if tf32 else None
 
     def run() -> tuple[torch.Tensor, bool]:
-        return _ran(lambda: conv_cuda.conv_forward("fetch_on_demand", xc, wc, pairs=pairs,
+        return kernel_ran(lambda: conv_cuda.conv_forward("fetch_on_demand", xc, wc, pairs=pairs,
                                                    n_out=n_out, allow_tf32=tf32), FOD_KERNEL)
 
     monkeypatch.delenv(conv_cuda.PENDING_ENV, raising=False)
@@ -338,7 +332,7 @@ def test_other_fod_forwards_keep_the_previous_kernel(monkeypatch: pytest.MonkeyP
                              (torch.float16, 32, 20)):
         x = torch.randn(n_in, cin, generator=g).to(dtype)
         w = (torch.randn(27, cin, cout, generator=g) / cin**0.5).to(dtype)
-        y, ran = _ran(lambda x=x, w=w: conv_cuda.conv_forward(
+        y, ran = kernel_ran(lambda x=x, w=w: conv_cuda.conv_forward(
             "fetch_on_demand", x.cuda(), w.cuda(), pairs=pairs, n_out=n_out), FOD_KERNEL)
         assert not ran, (dtype, cin, cout)
         tol = 1e-4 if dtype == torch.float32 else None

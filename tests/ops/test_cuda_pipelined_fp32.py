@@ -23,9 +23,9 @@ import torch_lattice.ops  # noqa: F401  (registers the lattice ops)
 from torch_lattice.ops import conv_cuda, kmap_cuda
 
 try:
-    from cuda_helpers import kernels_run, patterned_nbr, table_reference
+    from cuda_helpers import kernel_ran, patterned_nbr, table_reference
 except ImportError:  # tests/ may become a package; then it is imported through it
-    from tests.cuda_helpers import kernels_run, patterned_nbr, table_reference
+    from tests.cuda_helpers import kernel_ran, patterned_nbr, table_reference
 
 pytestmark = pytest.mark.cuda
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -40,12 +40,6 @@ SORT_MIN_ROWS = 4096
 # bits (test_cuda_pipelined.py's tolerance, twice, as for its weight gradients).
 TOL = 1e-4
 TF32_TOL = 2e-2
-
-
-def _ran(fn: Callable[[], torch.Tensor], kernel: str) -> tuple[torch.Tensor, bool]:
-    """``fn()`` on the GPU and whether ``kernel`` ran in it."""
-    out, names = kernels_run(fn)
-    return out, any(kernel in n for n in names)  # type: ignore[return-value]
 
 
 def _check(y: torch.Tensor, ref: torch.Tensor, what: str, tol: float = TOL) -> None:
@@ -117,7 +111,7 @@ def test_implicit_gemm_forward(cin: int, cout: int, k: int,
     xc, wc, table = x.cuda(), w.cuda(), nbr.cuda()
     outs = _against_previous(
         monkeypatch,
-        lambda: _ran(lambda: conv_cuda.conv_forward("implicit_gemm", xc, wc, nbr=table),
+        lambda: kernel_ran(lambda: conv_cuda.conv_forward("implicit_gemm", xc, wc, nbr=table),
                      IG_KERNEL),
         ref,
         off=("0", "pipelined_forward"),  # the tensor-core switch leaves fp32 alone
@@ -138,7 +132,7 @@ def test_fetch_on_demand_forward(cin: int, cout: int, k: int,
     pairs = kmap_cuda.kernel_pairs(nbr.cuda())
     _against_previous(
         monkeypatch,
-        lambda: _ran(lambda: conv_cuda.conv_forward("fetch_on_demand", xc, wc, pairs=pairs,
+        lambda: kernel_ran(lambda: conv_cuda.conv_forward("fetch_on_demand", xc, wc, pairs=pairs,
                                                     n_out=n_out), FOD_KERNEL),
         ref,
         off=("0", "pipelined_fod_forward"),
@@ -182,7 +176,7 @@ def test_fetch_on_demand_weight_grad(
     other = "pipelined_wgrad" if change == "pipelined_fp32" else "pipelined_fp32"
     outs = _against_previous(
         monkeypatch,
-        lambda: _ran(lambda: conv_cuda.conv_weight_grad("fetch_on_demand", xc, dyc,
+        lambda: kernel_ran(lambda: conv_cuda.conv_weight_grad("fetch_on_demand", xc, dyc,
                                                         pairs=pairs, allow_tf32=tf32),
                      WGRAD_KERNEL),
         ref,
@@ -204,8 +198,8 @@ def test_other_calls_keep_the_previous_kernels(monkeypatch: pytest.MonkeyPatch) 
         nbr, x, w, _ = _inputs(n_in, n_out, cin, cout, 27, seed=cin + cout)
         xc, wc, table = x.to(dtype).cuda(), w.to(dtype).cuda(), nbr.cuda()
         pairs = kmap_cuda.kernel_pairs(table)
-        _, ran_ig = _ran(lambda xc=xc, wc=wc, table=table, tf32=tf32: conv_cuda.conv_forward(
+        _, ran_ig = kernel_ran(lambda xc=xc, wc=wc, table=table, tf32=tf32: conv_cuda.conv_forward(
             "implicit_gemm", xc, wc, nbr=table, allow_tf32=tf32), IG_KERNEL)
-        _, ran_fod = _ran(lambda xc=xc, wc=wc, pairs=pairs, tf32=tf32: conv_cuda.conv_forward(
+        _, ran_fod = kernel_ran(lambda xc=xc, wc=wc, pairs=pairs, tf32=tf32: conv_cuda.conv_forward(
             "fetch_on_demand", xc, wc, pairs=pairs, n_out=n_out, allow_tf32=tf32), FOD_KERNEL)
         assert not ran_ig and not ran_fod, (dtype, tf32, cin, cout)

@@ -27,7 +27,8 @@ import contextlib
 import functools
 import itertools
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import torch
 
@@ -54,6 +55,7 @@ __all__ = [
 ]
 
 Pairs = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+T = TypeVar("T")
 
 # enum tl_cuda_dataflow in csrc/cuda/tl_cuda.h; gather_scatter runs through torch here
 DATAFLOWS = {"implicit_gemm": 0, "fetch_on_demand": 1, "gather_scatter": 2}
@@ -140,6 +142,25 @@ def _check_dtype(op: str, a: torch.Tensor, b: torch.Tensor | None = None) -> Non
         )
 
 
+def _kept(t: torch.Tensor, name: str) -> object | None:
+    """What :func:`_keep` kept on ``t`` under ``name``, or None where nothing was or ``t``
+    changed in place since."""
+    kept = getattr(t, name, None)
+    return kept[1] if kept is not None and kept[0] == t._version else None
+
+
+def _keep(t: torch.Tensor, name: str, compute: Callable[[], T]) -> T:
+    """``compute()``, computed once per tensor ``t`` and kept on it (attribute ``name``,
+    with ``t``'s version, so an in-place change computes it again): what a map derives
+    is kept with the map tensor it comes from."""
+    kept = _kept(t, name)
+    if kept is not None:
+        return kept  # type: ignore[return-value]
+    value = compute()
+    setattr(t, name, (t._version, value))
+    return value
+
+
 def _derived(
     dataflow: str,
     weight_grad: bool,
@@ -167,12 +188,9 @@ def _derived(
     # The order depends on the map and n_in; the weight gradient's tile starts also on the
     # channel tiles (its chunk size).
     key = (df, weight_grad, n_in, n_out, k, n_pairs) + ((cin, cout) if weight_grad else ())
-    cache = getattr(owner, "_tl_derived", None)
-    if cache is None or cache[0] != owner._version:
-        cache = (owner._version, {})
-        owner._tl_derived = cache  # type: ignore[attr-defined]
-    if key in cache[1]:
-        return cache[1][key]
+    cache: dict[tuple, torch.Tensor | None] = _keep(owner, "_tl_derived", dict)
+    if key in cache:
+        return cache[key]
     nbytes = _C.cuda_conv_derived_size(df, int(weight_grad), code, *sizes)
     derived = None
     if nbytes > 0:
@@ -181,7 +199,7 @@ def _derived(
         map_ptrs = _map_ptrs(nbr, pairs)
         alloc = workspace_alloc(owner.device)
         _C.cuda_conv_derive(*head, *map_ptrs, n_pairs, alloc, ptr(derived))
-    cache[1][key] = derived
+    cache[key] = derived
     return derived
 
 
@@ -346,13 +364,11 @@ def _row_ranges(offsets: torch.Tensor) -> list[tuple[int, int, int]]:
     Read back from the device once per offsets tensor and kept on it (``_tl_row_ranges``,
     with the tensor's version, so an in-place change reads it again): a kernel map keeps
     its pair lists, so the forward and both gradients of later calls make no readback."""
-    cached = getattr(offsets, "_tl_row_ranges", None)
-    if cached is not None and cached[0] == offsets._version:
-        return cached[1]
-    host = offsets.tolist()
-    ranges = [(n, a, b) for n, (a, b) in enumerate(itertools.pairwise(host)) if b > a]
-    offsets._tl_row_ranges = (offsets._version, ranges)  # type: ignore[attr-defined]
-    return ranges
+    def read() -> list[tuple[int, int, int]]:
+        host = offsets.tolist()
+        return [(n, a, b) for n, (a, b) in enumerate(itertools.pairwise(host)) if b > a]
+
+    return _keep(offsets, "_tl_row_ranges", read)
 
 
 def _gather_scatter_forward(
@@ -510,17 +526,12 @@ def sparse_conv(feats, weight, nbr, rev, allow_tf32=False):
 
 def _kept_pairs(nbr: torch.Tensor) -> Pairs | None:
     """The pair lists of ``nbr`` (:func:`kmap_cuda.kernel_pairs`), built on the first call
-    and kept on the table (``_tl_pairs``, with its version, as :func:`_derived` keeps its
-    data), or None during CUDA graph capture before they exist: counting the pairs reads
-    one number back to the host.  They cost 8 bytes a pair for as long as the map lives."""
-    kept = getattr(nbr, "_tl_pairs", None)
-    if kept is not None and kept[0] == nbr._version:
-        return kept[1]
-    if torch.cuda.is_current_stream_capturing():
+    and kept on the table (``_tl_pairs``, :func:`_keep`), or None during CUDA graph capture
+    before they exist: counting the pairs reads one number back to the host.  They cost 8 bytes a pair for as long as the map lives."""
+    kept = _kept(nbr, "_tl_pairs")
+    if kept is None and torch.cuda.is_current_stream_capturing():
         return None
-    pairs = kmap_cuda.kernel_pairs(nbr)
-    nbr._tl_pairs = (nbr._version, pairs)  # type: ignore[attr-defined]
-    return pairs
+    return _keep(nbr, "_tl_pairs", lambda: kmap_cuda.kernel_pairs(nbr))
 
 
 @conv.sparse_conv_weight_grad.register_kernel("cuda")
