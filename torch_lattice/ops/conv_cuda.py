@@ -527,7 +527,8 @@ def sparse_conv(feats, weight, nbr, rev, allow_tf32=False):
 def _kept_pairs(nbr: torch.Tensor) -> Pairs | None:
     """The pair lists of ``nbr`` (:func:`kmap_cuda.kernel_pairs`), built on the first call
     and kept on the table (``_tl_pairs``, :func:`_keep`), or None during CUDA graph capture
-    before they exist: counting the pairs reads one number back to the host.  They cost 8 bytes a pair for as long as the map lives."""
+    before they exist: counting the pairs reads one number back to the host.  They cost 8
+    bytes a pair for as long as the map lives."""
     kept = _kept(nbr, "_tl_pairs")
     if kept is None and torch.cuda.is_current_stream_capturing():
         return None
