@@ -152,15 +152,46 @@ static int tl_coord_cmp(const void *pa, const void *pb) {
 static tl_status tl_radix_sort_u64(uint64_t *keys, int64_t n, int bits) {
     uint64_t *tmp = malloc(sizeof(uint64_t) * (size_t)n);
     if (!tmp) return TL_ERR_NOMEM;
+    uint64_t *src = keys, *dst = tmp;
     for (int shift = 0; shift < bits; shift += 8) {
         int64_t count[257] = {0};
-        for (int64_t i = 0; i < n; i++) count[((keys[i] >> shift) & 0xFF) + 1]++;
+        for (int64_t i = 0; i < n; i++) count[((src[i] >> shift) & 0xFF) + 1]++;
         for (int d = 0; d < 256; d++) count[d + 1] += count[d];
-        for (int64_t i = 0; i < n; i++) tmp[count[(keys[i] >> shift) & 0xFF]++] = keys[i];
-        memcpy(keys, tmp, sizeof(uint64_t) * (size_t)n);
+        for (int64_t i = 0; i < n; i++) dst[count[(src[i] >> shift) & 0xFF]++] = src[i];
+        uint64_t *t = src;
+        src = dst;
+        dst = t;
     }
+    if (src != keys) memcpy(keys, src, sizeof(uint64_t) * (size_t)n);
     free(tmp);
     return TL_OK;
+}
+
+/* Bits each field of non-negative rows needs (b, x, y, z: the OR of all
+ * rows); returns their sum. */
+static int tl_key_bits(const tl_coord *rows, int64_t n, int bits[4]) {
+    uint32_t m[4] = {0, 0, 0, 0};
+    for (int64_t i = 0; i < n; i++) {
+        m[0] |= (uint32_t)rows[i].b;
+        m[1] |= (uint32_t)rows[i].x;
+        m[2] |= (uint32_t)rows[i].y;
+        m[3] |= (uint32_t)rows[i].z;
+    }
+    int total = 0;
+    for (int a = 0; a < 4; a++) total += bits[a] = tl_bits(m[a]);
+    return total;
+}
+
+/* Each row as one key, b in the high bits down to z (sum of bits <= 64), so
+ * keys order like the rows and are equal exactly when the rows are. */
+static void tl_pack_keys(const tl_coord *rows, int64_t n, const int bits[4], uint64_t *keys) {
+    for (int64_t i = 0; i < n; i++) {
+        uint64_t k = (uint64_t)(uint32_t)rows[i].b;
+        k = (bits[1] ? k << bits[1] : k) | (uint32_t)rows[i].x;
+        k = (bits[2] ? k << bits[2] : k) | (uint32_t)rows[i].y;
+        k = (bits[3] ? k << bits[3] : k) | (uint32_t)rows[i].z;
+        keys[i] = k;
+    }
 }
 
 tl_status tl_coords_sort(tl_coord *rows, int64_t n) {
@@ -169,15 +200,8 @@ tl_status tl_coords_sort(tl_coord *rows, int64_t n) {
     for (int64_t i = 0; i < n; i++)
         if ((rows[i].b | rows[i].x | rows[i].y | rows[i].z) < 0) return TL_ERR_INVALID;
     if (n < 2) return TL_OK;
-    uint32_t mb = 0, mx = 0, my = 0, mz = 0;
-    for (int64_t i = 0; i < n; i++) {
-        mb |= (uint32_t)rows[i].b;
-        mx |= (uint32_t)rows[i].x;
-        my |= (uint32_t)rows[i].y;
-        mz |= (uint32_t)rows[i].z;
-    }
-    int bz = tl_bits(mz), by = tl_bits(my), bx = tl_bits(mx), bb = tl_bits(mb);
-    int total = bb + bx + by + bz;
+    int bits[4];
+    int total = tl_key_bits(rows, n, bits);
     if (total > 64) {
         /* Wide coordinates do not pack into one word: plain comparison sort. */
         qsort(rows, (size_t)n, sizeof(tl_coord), tl_coord_cmp);
@@ -185,15 +209,10 @@ tl_status tl_coords_sort(tl_coord *rows, int64_t n) {
     }
     uint64_t *keys = malloc(sizeof(uint64_t) * (size_t)n);
     if (!keys) return TL_ERR_NOMEM;
-    for (int64_t i = 0; i < n; i++) {
-        uint64_t k = (uint64_t)(uint32_t)rows[i].b;
-        k = (bx ? k << bx : k) | (uint32_t)rows[i].x;
-        k = (by ? k << by : k) | (uint32_t)rows[i].y;
-        k = (bz ? k << bz : k) | (uint32_t)rows[i].z;
-        keys[i] = k;
-    }
+    tl_pack_keys(rows, n, bits, keys);
     tl_status st = tl_radix_sort_u64(keys, n, total);
     if (st == TL_OK) {
+        const int bz = bits[3], by = bits[2], bx = bits[1];
         for (int64_t i = 0; i < n; i++) {
             uint64_t k = keys[i];
             rows[i].z = (int32_t)(k & ((1ULL << bz) - 1));
@@ -209,15 +228,50 @@ tl_status tl_coords_sort(tl_coord *rows, int64_t n) {
     return st;
 }
 
+int tl_coords_ascending(const tl_coord *rows, int64_t n, int strict) {
+    for (int64_t i = 1; i < n; i++) {
+        const int c = tl_coord_cmp(&rows[i - 1], &rows[i]);
+        if (c > 0 || (strict && c == 0)) return 0;
+    }
+    return 1;
+}
+
+/* Whether non-negative rows repeat, from their packed keys sorted (equal
+ * rows become neighbours): *repeats 0 or 1; TL_ERR_UNSUPPORTED where the
+ * fields need more than 64 bits. */
+static tl_status tl_coords_repeat(const tl_coord *rows, int64_t n, int *repeats) {
+    *repeats = 0;
+    int bits[4];
+    const int total = tl_key_bits(rows, n, bits);
+    if (total > 64) return TL_ERR_UNSUPPORTED;
+    uint64_t *keys = malloc(sizeof(uint64_t) * (size_t)(n > 0 ? n : 1));
+    if (!keys) return TL_ERR_NOMEM;
+    tl_pack_keys(rows, n, bits, keys);
+    tl_status st = tl_radix_sort_u64(keys, n, total);
+    for (int64_t i = 1; st == TL_OK && i < n && !*repeats; i++) *repeats = keys[i] == keys[i - 1];
+    free(keys);
+    return st;
+}
+
 tl_status tl_coords_find_duplicate(const tl_coord *rows, int64_t n,
                                    int64_t *first_dup) {
     *first_dup = -1;
     if (n < 0 || (n > 0 && !rows)) return TL_ERR_INVALID;
     for (int64_t i = 0; i < n; i++)
         if ((rows[i].b | rows[i].x | rows[i].y | rows[i].z) < 0) return TL_ERR_INVALID;
+    /* Voxelization and generated supports list rows strictly ascending, so
+     * unique: one pass.  Other orders sort their packed keys (sequential
+     * passes, 8 bytes a row, where the hash table probes 48 bytes a row at
+     * random: 114 ns a row at 1M rows); only rows that do repeat, or do not
+     * pack, go through the hash, which names the first repeat. */
+    if (tl_coords_ascending(rows, n, 1)) return TL_OK;
+    int repeats = 1;
+    tl_status st = tl_coords_repeat(rows, n, &repeats);
+    if (st != TL_OK && st != TL_ERR_UNSUPPORTED) return st;
+    if (st == TL_OK && !repeats) return TL_OK;
     tl_hash h;
     int64_t dup;
-    tl_status st = tl_hash_build(&h, rows, n, &dup);
+    st = tl_hash_build(&h, rows, n, &dup);
     if (st == TL_ERR_DUPLICATE) {
         *first_dup = dup;
         return TL_OK;

@@ -68,6 +68,10 @@ tl_status tl_coords_generate_bound(int64_t n_in, const tl_geom *g,
 /* Sorts rows by (b, x, y, z) in place.  Rows must be non-negative. */
 tl_status tl_coords_sort(tl_coord *rows, int64_t n);
 
+/* 1 if rows[0..n) ascend in (b, x, y, z) order (strictly when `strict`:
+ * then they are also unique), else 0. */
+int tl_coords_ascending(const tl_coord *rows, int64_t n, int strict);
+
 /* Finds a repeated row: *first_dup = index of the second occurrence of the
  * earliest repeated row, or -1 when all rows are unique.  Also rejects
  * negative coordinates (TL_ERR_INVALID). */

@@ -231,20 +231,6 @@ static void tl_pk_fill_nbr(const tl_ctx *ctx, const tl_pk *t, const tl_coord *ou
  * forward through the sorted input keys: sequential reads, no table, no
  * random probe.  Strictly ascending input rows are also unique. */
 
-/* 1 if rows[0..n) ascend in (b, x, y, z) order, strictly when `strict`. */
-static int tl_rows_ascending(const tl_coord *rows, int64_t n, int strict) {
-    for (int64_t i = 1; i < n; i++) {
-        const tl_coord *a = &rows[i - 1], *b = &rows[i];
-        int c = a->b != b->b ? (a->b < b->b ? -1 : 1)
-              : a->x != b->x ? (a->x < b->x ? -1 : 1)
-              : a->y != b->y ? (a->y < b->y ? -1 : 1)
-              : a->z != b->z ? (a->z < b->z ? -1 : 1)
-                             : 0;
-        if (c > 0 || (strict && c == 0)) return 0;
-    }
-    return 1;
-}
-
 /* First index in keys[0..n) whose key is >= q. */
 static int64_t tl_lower_bound(const uint64_t *keys, int64_t n, uint64_t q) {
     int64_t lo = 0, hi = n;
@@ -376,7 +362,7 @@ tl_status tl_kmap_build(const tl_ctx *ctx, const tl_coord *in, int64_t n_in,
     tl_pk t = {0};
     st = tl_pk_layout(&t, in, n_in);
     const int packed = st == TL_OK && tl_rows_nonneg(out, n_out);
-    if (packed && tl_rows_ascending(in, n_in, 1) && tl_rows_ascending(out, n_out, 0)) {
+    if (packed && tl_coords_ascending(in, n_in, 1) && tl_coords_ascending(out, n_out, 0)) {
         st = tl_merge_fill_nbr(ctx, &t, in, n_in, out, n_out, g, off, k,
                                tl_is_self_subm(in, n_in, out, n_out, g), nbr);
     } else if (packed) {

@@ -121,6 +121,41 @@ def test_duplicate_rows_rejected() -> None:
         tl.SparseTensor(feats, coords)
 
 
+def _first_repeat(coords: torch.Tensor) -> int:
+    """The index the duplicate check names: the first row equal to an earlier one."""
+    seen: set[tuple[int, ...]] = set()
+    for i, row in enumerate(coords.tolist()):
+        if tuple(row) in seen:
+            return i
+        seen.add(tuple(row))
+    return -1
+
+
+@pytest.mark.parametrize("order", ["ascending", "shuffled"])
+@pytest.mark.parametrize("top", [50, 2**31 - 1], ids=["packed", "wider-than-64-bits"])
+@pytest.mark.parametrize("repeat", [None, (0, 1), (7, 300), (299, 3)])
+def test_duplicate_check_every_path(order: str, top: int, repeat: tuple[int, int] | None) -> None:
+    """Rows in ascending order are checked in one pass, other orders by sorting packed
+    keys, and coordinates too wide to pack (4 x 31 bits) by the hash table; each path
+    accepts unique rows and names the same repeated row as a plain scan."""
+    g = torch.Generator().manual_seed(top + len(order))
+    coords = torch.unique(torch.randint(0, top, (400, 4), generator=g), dim=0)[:300]
+    coords[:, 0] = coords[:, 0] % 3
+    coords = torch.unique(coords, dim=0)
+    if order == "shuffled":
+        coords = coords[torch.randperm(coords.shape[0], generator=g)]
+    if repeat is not None:
+        dst, src = repeat
+        coords[min(dst, coords.shape[0] - 1)] = coords[min(src, coords.shape[0] - 1)]
+    feats = torch.zeros(coords.shape[0], 2)
+    want = _first_repeat(coords)
+    if want < 0:
+        assert tl.SparseTensor(feats, coords).coords.shape[0] == coords.shape[0]
+        return
+    with pytest.raises(ValueError, match=rf"unique, row {want} repeats"):
+        tl.SparseTensor(feats, coords)
+
+
 @pytest.mark.parametrize("value", [2**31, 2**40, -(2**31) - 1])
 def test_int64_coords_beyond_int32_rejected(value: int) -> None:
     feats, coords = sample()
