@@ -10,9 +10,13 @@ compared before anything is timed (a change that is meant to keep results bitwis
 * ``layers``: ``conv_forward`` and ``conv_weight_grad`` (implicit GEMM, fp32) on the
   3x3x3 submanifold map of each scene (``--maps``: also a k2 s2 Conv3d's map, its
   inverse transpose's and a k3 s2 p1 Conv3d's), per width;
-* ``kmap``: the kernel map (``nbr`` + ``rev``) of each scene;
-* ``unet``: SparseResUNet42 eval forward and training step, every sparse convolution
-  kernel (forward, input and weight gradient) taken from one build or the other.
+* ``kmap``: what a new scan costs before any convolution, per scene: the tensor's
+  duplicate check (``tl.SparseTensor``), the 3x3x3 submanifold kernel map (``nbr`` +
+  ``rev``) and the generated supports of a k2 s2 and a k3 s2 p1 Conv3d;
+* ``unet``: SparseResUNet42 eval forward and training step on a new tensor (so its maps
+  are built inside), every sparse convolution kernel (forward, input and weight
+  gradient), kernel map, generated support and duplicate check taken from one build or
+  the other.
 
 Usage (from the repository root)::
 
@@ -170,22 +174,50 @@ def _kmap(coords: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.ops.lattice.kernel_map(coords, coords, [3, 3, 3], one, one, one)
 
 
+MAP_ENTRY_POINTS = ("kmap_build", "kmap_reverse", "find_duplicate", "generate_bound", "generate")
+
+
+def _support(coords: torch.Tensor, g: ConvGeometry) -> torch.Tensor:
+    """The output support a strided ``g`` generates from ``coords`` (one batch)."""
+    extent = (coords[:, 1:].max(0).values + 1).tolist()
+    out_range = [max(0, r) for r in g.output_range(extent)]
+    batches = int(coords[:, 0].max()) + 1
+    return torch.ops.lattice.generate_support(coords, *map(list, g.as_c()), out_range, batches)
+
+
+def _map_steps(coords: torch.Tensor) -> dict[str, Callable[[], Any]]:
+    """What a new scan costs before its first convolution, step by step."""
+    feats = torch.zeros(coords.shape[0], 1)
+    return {
+        "duplicate check": lambda: tl.SparseTensor(feats, coords).coords,
+        "subm3 nbr + rev": partial(_kmap, coords),
+        "k2 s2 support": partial(_support, coords, DOWN2),
+        "k3 s2 p1 support": partial(_support, coords, DOWN3),
+    }
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor):
+        return torch.equal(a, b)
+    return all(map(torch.equal, a, b))
+
+
 def kmaps(base: ModuleType, scenes: list[str], repeats: int) -> None:
-    swap = Swap(base, ("kmap_build", "kmap_reverse"))
-    print("| scene | voxels | base ms | this ms | this / base | tables |")
-    print("|---|---|---|---|---|---|")
+    swap = Swap(base, MAP_ENTRY_POINTS)
+    print("| scene | voxels | step | base ms | this ms | this / base | outputs |")
+    print("|---|---|---|---|---|---|---|")
     for name in scenes:
         coords = _scene(name).coords
-        build = partial(_kmap, coords)
-        got = {side: swap.run(side, build) for side in SIDES}
-        if not all(map(torch.equal, got["base"], got["this"])):
-            raise SystemExit(f"{name}: the two builds' kernel maps differ")
-        med = interleaved({side: partial(swap.run, side, build) for side in SIDES}, repeats)
-        print(
-            f"| {name} | {coords.shape[0]} | {med['base'] * 1e3:.1f} | "
-            f"{med['this'] * 1e3:.1f} | {med['base'] / med['this']:.2f}x | equal |",
-            flush=True,
-        )
+        for label, step in _map_steps(coords).items():
+            got = {side: swap.run(side, step) for side in SIDES}
+            if not _same(got["base"], got["this"]):
+                raise SystemExit(f"{name}, {label}: the two builds' outputs differ")
+            med = interleaved({side: partial(swap.run, side, step) for side in SIDES}, repeats)
+            print(
+                f"| {name} | {coords.shape[0]} | {label} | {med['base'] * 1e3:.1f} | "
+                f"{med['this'] * 1e3:.1f} | {med['base'] / med['this']:.2f}x | equal |",
+                flush=True,
+            )
 
 
 def _unet_step(
@@ -202,7 +234,7 @@ def _unet_step(
 
 
 def unet(base: ModuleType, scenes: list[str], repeats: int) -> None:
-    swap = Swap(base, CONV_KERNELS)
+    swap = Swap(base, CONV_KERNELS + MAP_ENTRY_POINTS)
     print("| scene | step | base s | this s | this / base | outputs |")
     print("|---|---|---|---|---|---|")
     for name in scenes:
