@@ -139,15 +139,71 @@ static int tl_axis_targets(int64_t c, const tl_geom *g, int a, int64_t range,
     return m;
 }
 
+/* Most stride whose residues get a plan (tl_axis_plan); wider strides take
+ * tl_axis_targets' division per kernel position. */
+#define TL_PLAN_MAX_STRIDE 64
+
+/* Where inputs land along one axis without a division per kernel position
+ * (those divisions were most of a k2 s2 generation's time): with c + p =
+ * Q s + rho (0 <= rho < s), kernel position r lands on a multiple of s
+ * exactly when rho - r d is one, at q = Q + (rho - r d) / s.  dq[rho * w ..]
+ * holds those offsets for residue rho, r ascending as tl_axis_targets lists
+ * them, n[rho] how many; n == NULL where the stride gets no plan.  shift:
+ * log2(s) where s is a power of two (Q and rho without a division), else
+ * -1. */
+typedef struct tl_axis_plan {
+    int64_t s, p, range;
+    int w, shift;
+    int *n;
+    int64_t *dq;
+} tl_axis_plan;
+
+static tl_status tl_axis_plan_init(tl_axis_plan *pl, const tl_geom *g, int a, int64_t range) {
+    *pl = (tl_axis_plan){g->stride[a], g->padding[a], range, g->kernel_size[a], -1, NULL, NULL};
+    if (pl->s > TL_PLAN_MAX_STRIDE) return TL_OK;
+    for (int b = 0; b < 7; b++)
+        if (pl->s == (int64_t)1 << b) pl->shift = b;
+    pl->n = calloc((size_t)pl->s, sizeof(int));
+    pl->dq = malloc(sizeof(int64_t) * (size_t)(pl->s * pl->w));
+    if (!pl->n || !pl->dq) return TL_ERR_NOMEM;
+    for (int64_t rho = 0; rho < pl->s; rho++)
+        for (int32_t r = 0; r < g->kernel_size[a]; r++) {
+            const int64_t v = rho - (int64_t)r * g->dilation[a];
+            if (v % pl->s == 0) pl->dq[rho * pl->w + pl->n[rho]++] = v / pl->s;
+        }
+    return TL_OK;
+}
+
+static void tl_axis_plan_free(tl_axis_plan *pl) {
+    free(pl->n);
+    free(pl->dq);
+}
+
+/* tl_axis_targets through the axis's plan where it has one: the same
+ * targets in the same order. */
+static int tl_axis_hits(const tl_axis_plan *pl, const tl_geom *g, int a, int64_t c,
+                        int32_t *q) {
+    const int64_t v = c + pl->p;
+    if (!pl->n || v < 0) return tl_axis_targets(c, g, a, pl->range, q);
+    const int64_t Q = pl->shift >= 0 ? v >> pl->shift : v / pl->s;
+    const int64_t rho = v - Q * pl->s;
+    int m = 0;
+    for (int j = 0; j < pl->n[rho]; j++) {
+        const int64_t t = Q + pl->dq[rho * pl->w + j];
+        if (t >= 0 && t < pl->range) q[m++] = (int32_t)t;
+    }
+    return m;
+}
+
 static tl_status tl_generate_into(const tl_coord *in, int64_t n_in, const tl_geom *g,
-                                  const int64_t out_range[3], tl_hash *seen,
+                                  const tl_axis_plan plan[3], tl_hash *seen,
                                   int32_t *qbuf) {
     int32_t *qx = qbuf, *qy = qbuf + g->kernel_size[0],
             *qz = qy + g->kernel_size[1];
     for (int64_t i = 0; i < n_in; i++) {
-        int mx = tl_axis_targets(in[i].x, g, 0, out_range[0], qx);
-        int my = tl_axis_targets(in[i].y, g, 1, out_range[1], qy);
-        int mz = tl_axis_targets(in[i].z, g, 2, out_range[2], qz);
+        int mx = tl_axis_hits(&plan[0], g, 0, in[i].x, qx);
+        int my = tl_axis_hits(&plan[1], g, 1, in[i].y, qy);
+        int mz = tl_axis_hits(&plan[2], g, 2, in[i].z, qz);
         for (int a = 0; a < mx; a++)
             for (int b = 0; b < my; b++)
                 for (int c = 0; c < mz; c++) {
@@ -179,7 +235,8 @@ static tl_status tl_generate_into(const tl_coord *in, int64_t n_in, const tl_geo
  * negative batch (tl_coords_sort decides those), keys wider than 64 bits or
  * kernels reaching more than TL_GENERATE_SORT_MAX_REACH outputs. */
 static tl_status tl_generate_sorted(const tl_coord *in, int64_t n_in, const tl_geom *g,
-                                    const int64_t out_range[3], tl_coord *out,
+                                    const tl_axis_plan plan[3], const int64_t out_range[3],
+                                    tl_coord *out,
                                     int64_t capacity, int64_t *n_out) {
     int64_t reach = 1;
     for (int a = 0; a < 3; a++) { /* each axis too: q holds its targets */
@@ -202,9 +259,9 @@ static tl_status tl_generate_sorted(const tl_coord *in, int64_t n_in, const tl_g
     if (!keys) return TL_ERR_NOMEM;
     int64_t c = 0;
     for (int64_t i = 0; i < n_in; i++) {
-        const int mx = tl_axis_targets(in[i].x, g, 0, out_range[0], q[0]);
-        const int my = tl_axis_targets(in[i].y, g, 1, out_range[1], q[1]);
-        const int mz = tl_axis_targets(in[i].z, g, 2, out_range[2], q[2]);
+        const int mx = tl_axis_hits(&plan[0], g, 0, in[i].x, q[0]);
+        const int my = tl_axis_hits(&plan[1], g, 1, in[i].y, q[1]);
+        const int mz = tl_axis_hits(&plan[2], g, 2, in[i].z, q[2]);
         for (int x = 0; x < mx; x++)
             for (int y = 0; y < my; y++)
                 for (int z = 0; z < mz; z++) {
@@ -244,15 +301,18 @@ tl_status tl_coords_generate(const tl_coord *in, int64_t n_in, const tl_geom *g,
     for (int a = 0; a < 3; a++)
         if (out_range[a] < 0 || out_range[a] > (int64_t)TL_COORD_MAX + 1)
             return TL_ERR_INVALID;
-    st = tl_generate_sorted(in, n_in, g, out_range, out, capacity, n_out);
-    if (st != TL_ERR_UNSUPPORTED) return st;
-    tl_hash seen;
-    int32_t *qbuf = malloc(sizeof(int32_t) * ((size_t)g->kernel_size[0] +
-                                              g->kernel_size[1] + g->kernel_size[2]));
-    if (!qbuf) return TL_ERR_NOMEM;
-    st = tl_hash_init(&seen, n_in);
+    tl_axis_plan plan[3] = {{0}, {0}, {0}};
+    tl_hash seen = {0};
+    int32_t *qbuf = NULL;
+    for (int a = 0; a < 3 && st == TL_OK; a++) st = tl_axis_plan_init(&plan[a], g, a, out_range[a]);
     if (st != TL_OK) goto done;
-    st = tl_generate_into(in, n_in, g, out_range, &seen, qbuf);
+    st = tl_generate_sorted(in, n_in, g, plan, out_range, out, capacity, n_out);
+    if (st != TL_ERR_UNSUPPORTED) goto done;
+    qbuf = malloc(sizeof(int32_t) * ((size_t)g->kernel_size[0] + g->kernel_size[1] +
+                                     g->kernel_size[2]));
+    st = qbuf ? tl_hash_init(&seen, n_in) : TL_ERR_NOMEM;
+    if (st != TL_OK) goto done;
+    st = tl_generate_into(in, n_in, g, plan, &seen, qbuf);
     if (st != TL_OK) goto done;
     if (seen.size > capacity) {
         st = TL_ERR_CAPACITY;
@@ -266,6 +326,7 @@ tl_status tl_coords_generate(const tl_coord *in, int64_t n_in, const tl_geom *g,
 done:
     tl_hash_free(&seen);
     free(qbuf);
+    for (int a = 0; a < 3; a++) tl_axis_plan_free(&plan[a]);
     return st;
 }
 
