@@ -11,9 +11,10 @@
  * weight gradient does the same over chunks of a kernel row's pairs.  The
  * prefix depends on the pair lists alone: a caller that keeps them computes
  * it once (tl_fod_derive) and passes it to later calls.  The forward
- * and the fp16 / bf16 weight gradient have pipelined kernels
+ * and the fp16 / bf16 / TF32 weight gradient have pipelined kernels
  * (tl_cuda_fod_pipelined.cu) that callers may ask for
- * (TL_CUDA_PIPELINED_FOD_FORWARD, TL_CUDA_PIPELINED_WGRAD). */
+ * (TL_CUDA_PIPELINED_FOD_FORWARD, TL_CUDA_PIPELINED_WGRAD; plain fp32 through
+ * them with TL_CUDA_PIPELINED_FP32). */
 #include "tl_cuda_pair_gemm.cuh"
 
 /* tiles[n] = ceil(P_n / per) for kernel row n < k (P_n from offsets). */

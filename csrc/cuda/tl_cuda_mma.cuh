@@ -22,7 +22,8 @@ __device__ __forceinline__ void tl_cp_async16(void *dst, const void *src, bool v
 #ifdef TL_PIPE_DEVICE
     const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src),
-                 "r"(valid ? 16 : 0));
+                 "r"(valid ? 16 : 0)
+                 : "memory");
 #else
     (void)dst, (void)src, (void)valid;
 #endif
@@ -30,14 +31,17 @@ __device__ __forceinline__ void tl_cp_async16(void *dst, const void *src, bool v
 
 __device__ __forceinline__ void tl_cp_commit() {
 #ifdef TL_PIPE_DEVICE
-    asm volatile("cp.async.commit_group;\n" ::);
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
 #endif
 }
 
-/* Waits until at most N of this thread's committed copy groups are pending. */
+/* Waits until at most N of this thread's committed copy groups are pending.
+ * The "memory" clobbers keep the compiler from moving a plain shared-memory
+ * access (TF32 rounding reads its own copies right after this wait, before
+ * any barrier) across the copy instructions. */
 template <int N> __device__ __forceinline__ void tl_cp_wait() {
 #ifdef TL_PIPE_DEVICE
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 #endif
 }
 
