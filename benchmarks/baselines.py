@@ -254,6 +254,42 @@ def spconv_subm_indices(coords: torch.Tensor) -> Callable[[], object]:
     )
 
 
+def spconv_strided_indices(
+    coords: torch.Tensor, geometry: ConvGeometry
+) -> Callable[[], object]:
+    """spconv 2.x's index generation for a strided (support-generating) map, its CPU
+    ``Native`` algorithm: the output rows and the pairs in one call."""
+    import spconv.pytorch.ops as sops
+    from spconv.core import ConvAlgo
+
+    c = coords.int().contiguous()
+    ext = (c.long().amax(dim=0) + 1).tolist()
+    g = geometry
+    return lambda: sops.get_indice_pairs(
+        c, ext[0], ext[1:], ConvAlgo.Native, list(g.kernel_size), list(g.stride),
+        list(g.padding), list(g.dilation), [0, 0, 0], False, False,
+    )
+
+
+def coord_pair_keys(out_coords: torch.Tensor, out_rows: torch.Tensor,
+                    in_rows: torch.Tensor, n_in: int) -> torch.Tensor:
+    """Sorted int64 keys ``pack(output coordinate) * n_in + input row`` of a relation's
+    pairs: the relation without either side's numbering of output rows or kernel rows
+    (a generated support is numbered in each library's own order)."""
+    oc = out_coords.long()[out_rows.long()]
+    ext = [int(v) + 1 for v in out_coords.long().amax(dim=0).tolist()] if oc.numel() else [1] * 4
+    return torch.sort(_pack(oc[:, 0], oc[:, 1:], ext) * n_in + in_rows.long()).values
+
+
+def spconv_strided_pair_keys(result: tuple, n_in: int) -> torch.Tensor:
+    """:func:`coord_pair_keys` of spconv's strided result ``(out_coords, pairs, counts)``;
+    ``pairs[0, k]`` are input rows, ``pairs[1, k]`` output rows."""
+    out_coords, pairs, counts = result
+    kept = [pairs[:, k, : int(m)] for k, m in enumerate(counts.tolist()) if m > 0]
+    both = torch.cat(kept, dim=1).long() if kept else torch.empty(2, 0, dtype=torch.long)
+    return coord_pair_keys(out_coords, both[1], both[0], n_in)
+
+
 def spconv_pair_keys(result: tuple, n: int) -> torch.Tensor:
     """:func:`pair_keys` of spconv's submanifold result: it lists one pair of each mirror
     pair (``i`` feeds ``o`` through r iff ``o`` feeds ``i`` through -r) and not the

@@ -12,7 +12,8 @@ compared before anything is timed (a change that is meant to keep results bitwis
   inverse transpose's and a k3 s2 p1 Conv3d's), per width;
 * ``kmap``: what a new scan costs before any convolution, per scene: the tensor's
   duplicate check (``tl.SparseTensor``), the 3x3x3 submanifold kernel map (``nbr`` +
-  ``rev``) and the generated supports of a k2 s2 and a k3 s2 p1 Conv3d;
+  ``rev``), and the generated support of a k2 s2 and a k3 s2 p1 Conv3d and the map onto
+  it;
 * ``unet``: SparseResUNet42 eval forward and training step on a new tensor (so its maps
   are built inside), every sparse convolution kernel (forward, input and weight
   gradient), kernel map, generated support and duplicate check taken from one build or
@@ -188,12 +189,17 @@ def _support(coords: torch.Tensor, g: ConvGeometry) -> torch.Tensor:
 def _map_steps(coords: torch.Tensor) -> dict[str, Callable[[], Any]]:
     """What a new scan costs before its first convolution, step by step."""
     feats = torch.zeros(coords.shape[0], 1)
-    return {
+    steps: dict[str, Callable[[], Any]] = {
         "duplicate check": lambda: tl.SparseTensor(feats, coords).coords,
         "subm3 nbr + rev": partial(_kmap, coords),
-        "k2 s2 support": partial(_support, coords, DOWN2),
-        "k3 s2 p1 support": partial(_support, coords, DOWN3),
     }
+    for name, g in (("k2 s2", DOWN2), ("k3 s2 p1", DOWN3)):
+        support = _support(coords, g)
+        steps[f"{name} support"] = partial(_support, coords, g)
+        steps[f"{name} nbr + rev"] = partial(
+            torch.ops.lattice.kernel_map, coords, support, *map(list, g.as_c())
+        )
+    return steps
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -212,6 +218,7 @@ def kmaps(base: ModuleType, scenes: list[str], repeats: int) -> None:
             got = {side: swap.run(side, step) for side in SIDES}
             if not _same(got["base"], got["this"]):
                 raise SystemExit(f"{name}, {label}: the two builds' outputs differ")
+            del got  # not held while timing: tens of MB that would move the allocator
             med = interleaved({side: partial(swap.run, side, step) for side in SIDES}, repeats)
             print(
                 f"| {name} | {coords.shape[0]} | {label} | {med['base'] * 1e3:.1f} | "

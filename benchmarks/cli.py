@@ -40,6 +40,8 @@ Plan = tuple[tuple[str, tuple[int, ...]], ...]
 
 _ALL: Plan = (
     ("kmap_subm3", (0,)),
+    ("kmap_k2s2", (0,)),
+    ("kmap_k3s2p1", (0,)),
     ("subm3_fwd", (16, 32, 64, 128)),
     ("subm3_fwdbwd", (64,)),
     ("subm3_fwd_bf16", (32, 64, 128, 256)),

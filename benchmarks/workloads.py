@@ -51,6 +51,7 @@ LATTICE_FP32 = "torch_lattice_fp32"
 
 SUBM3 = ConvGeometry.submanifold((3, 3, 3), (1, 1, 1))
 DOWN2 = ConvGeometry.create(2, 2)
+DOWN3 = ConvGeometry.create(3, 2, 1)
 
 Row = dict[str, Any]
 
@@ -220,6 +221,43 @@ def kmap_subm3(scene: Scene, c: int, opts: Options) -> list[Row]:
     else:
         notes.append(_missing("kmap_subm3", scene, 0, SPCONV, why))
     return _measure("kmap_subm3", scene, 0, opts, fns, {}, checks) + notes
+
+
+def _kmap_strided(name: str, geometry: ConvGeometry) -> Callable[[Scene, int, Options], list[Row]]:
+    """A strided Conv3d's map on a new scan: the generated output support and the map onto
+    it (``nbr`` and ``rev``), as the layer's first call builds them, vs spconv's index
+    generation (output rows and pairs in one call, at its thread count), checked as the
+    set of (output coordinate, input row) pairs."""
+
+    def run(scene: Scene, c: int, opts: Options) -> list[Row]:
+        coords, n = scene.coords, scene.voxels
+        extent = (coords[:, 1:].amax(dim=0) + 1).tolist()
+        out_range = [max(0, r) for r in geometry.output_range(extent)]
+        batches = int(coords[:, 0].amax()) + 1 if n else 0
+        geo = [list(v) for v in geometry.as_c()]
+
+        def lattice() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            support = torch.ops.lattice.generate_support(coords, *geo, out_range, batches)
+            return (support, *kernel_map(coords, support, *geo))
+
+        def keys_of(result: tuple[torch.Tensor, ...]) -> torch.Tensor:
+            support, nbr = result[0], result[1]
+            out_rows, k = torch.nonzero(nbr >= 0, as_tuple=True)
+            return bl.coord_pair_keys(support, out_rows, nbr[out_rows, k], n)
+
+        fns: dict[str, Callable[[], object]] = {LATTICE: lattice}
+        checks: dict[str, Callable[[], object]] = {LATTICE: lambda: {"pairs": keys_of(lattice())}}
+        notes: list[Row] = []
+        why = bl.spconv_status() if opts.spconv else "disabled"
+        if why is None:
+            sp = bl.with_threads(bl.spconv_strided_indices(coords, geometry), opts.spconv_threads)
+            fns[SPCONV] = sp
+            checks[SPCONV] = lambda: {"pairs": bl.spconv_strided_pair_keys(sp(), n)}
+        else:
+            notes.append(_missing(name, scene, 0, SPCONV, why))
+        return _measure(name, scene, 0, opts, fns, {}, checks) + notes
+
+    return run
 
 
 # --------------------------------------------------------------------------------------
@@ -454,6 +492,16 @@ WORKLOADS: dict[str, Workload] = {
     w.name: w
     for w in (
         Workload("kmap_subm3", "3x3x3 submanifold kernel map (nbr + rev)", kmap_subm3),
+        Workload(
+            "kmap_k2s2",
+            "Conv3d k2 s2 generated support + kernel map (nbr + rev)",
+            _kmap_strided("kmap_k2s2", DOWN2),
+        ),
+        Workload(
+            "kmap_k3s2p1",
+            "Conv3d k3 s2 p1 generated support + kernel map (nbr + rev)",
+            _kmap_strided("kmap_k3s2p1", DOWN3),
+        ),
         Workload("subm3_fwd", "SubmConv3d 3x3x3 forward", _subm("subm3_fwd", False)),
         Workload(
             "subm3_fwdbwd", "SubmConv3d 3x3x3 forward + backward", _subm("subm3_fwdbwd", True)

@@ -1,7 +1,9 @@
 """Fuzz target: kernel maps of every family (_C.kmap_build, _C.kmap_reverse).
 
 Families: submanifold (input and output are the same buffer, so the C core's
-self-relation fast path runs), strided (output = the generated support),
+self-relation fast path runs), strided (output = the generated support), each
+with the input rows in ascending order half the time (the C core's merge and
+input-side paths),
 transposed / generative (input = the generative support of the output),
 arbitrary (two unrelated supports, any geometry), and malformed tables for
 kmap_reverse.  Reference: dictionary lookup of every output row through
@@ -157,10 +159,14 @@ def check(data: bytes) -> None:
     nulls = d.int_in(0, 3) if d.chance(10) else 0
     if family == 0:  # submanifold: the same buffer on both sides
         inp = d.coords(200)
+        if d.chance(2) and len(inp):  # ascending rows: the C core's merge path
+            inp = np.ascontiguousarray(np.unique(inp, axis=0))
         geom = subm_geometry(d)
         nbr = run_kmap(inp, None, geom, threads, nulls)
     elif family == 1:  # strided: output = the generated support
         inp = d.coords(150, allow_negative=False)
+        if d.chance(2) and len(inp):  # ascending rows: the merge, or the input-side fill
+            inp = np.ascontiguousarray(np.unique(inp, axis=0))
         geom = d.geometry(allow_bad=False)
         out = generated_support(np.unique(inp, axis=0) if len(inp) else inp, geom)
         if out is None:

@@ -139,60 +139,56 @@ static int tl_axis_targets(int64_t c, const tl_geom *g, int a, int64_t range,
     return m;
 }
 
-/* Most stride whose residues get a plan (tl_axis_plan); wider strides take
- * tl_axis_targets' division per kernel position. */
-#define TL_PLAN_MAX_STRIDE 64
-
-/* Where inputs land along one axis without a division per kernel position
- * (those divisions were most of a k2 s2 generation's time): with c + p =
- * Q s + rho (0 <= rho < s), kernel position r lands on a multiple of s
- * exactly when rho - r d is one, at q = Q + (rho - r d) / s.  dq[rho * w ..]
- * holds those offsets for residue rho, r ascending as tl_axis_targets lists
- * them, n[rho] how many; n == NULL where the stride gets no plan.  shift:
- * log2(s) where s is a power of two (Q and rho without a division), else
- * -1. */
-typedef struct tl_axis_plan {
-    int64_t s, p, range;
-    int w, shift;
-    int *n;
-    int64_t *dq;
-} tl_axis_plan;
-
-static tl_status tl_axis_plan_init(tl_axis_plan *pl, const tl_geom *g, int a, int64_t range) {
-    *pl = (tl_axis_plan){g->stride[a], g->padding[a], range, g->kernel_size[a], -1, NULL, NULL};
-    if (pl->s > TL_PLAN_MAX_STRIDE) return TL_OK;
+tl_status tl_axis_plan_init(tl_axis_plan *pl, const tl_geom *g, int a, int64_t range) {
+    *pl = (tl_axis_plan){g->stride[a], g->padding[a], range, 0, -1, NULL, NULL};
+    if (pl->s > TL_PLAN_MAX_STRIDE || g->kernel_size[a] > TL_PLAN_MAX_W) return TL_OK;
     for (int b = 0; b < 7; b++)
         if (pl->s == (int64_t)1 << b) pl->shift = b;
-    pl->n = calloc((size_t)pl->s, sizeof(int));
-    pl->dq = malloc(sizeof(int64_t) * (size_t)(pl->s * pl->w));
-    if (!pl->n || !pl->dq) return TL_ERR_NOMEM;
-    for (int64_t rho = 0; rho < pl->s; rho++)
-        for (int32_t r = 0; r < g->kernel_size[a]; r++) {
+    const int k = g->kernel_size[a];
+    pl->dq = malloc(sizeof(int64_t) * (size_t)(pl->s * k));
+    pl->r = malloc(sizeof(int32_t) * (size_t)(pl->s * k));
+    if (!pl->dq || !pl->r) {
+        tl_axis_plan_free(pl);
+        return TL_ERR_NOMEM;
+    }
+    for (int64_t rho = 0; rho < pl->s; rho++) {
+        int n = 0;
+        for (int32_t r = 0; r < k; r++) {
             const int64_t v = rho - (int64_t)r * g->dilation[a];
-            if (v % pl->s == 0) pl->dq[rho * pl->w + pl->n[rho]++] = v / pl->s;
+            if (v % pl->s) continue;
+            pl->dq[rho * k + n] = v / pl->s;
+            pl->r[rho * k + n++] = r;
+        }
+        for (int j = n; j < k; j++) {
+            pl->dq[rho * k + j] = TL_PLAN_NONE;
+            pl->r[rho * k + j] = 0;
+        }
+        pl->w = n > pl->w ? n : pl->w;
+    }
+    /* Rows of w: the table is read with stride w (each row moves down). */
+    for (int64_t rho = 0; rho < pl->s; rho++)
+        for (int j = 0; j < pl->w; j++) {
+            pl->dq[rho * pl->w + j] = pl->dq[rho * k + j];
+            pl->r[rho * pl->w + j] = pl->r[rho * k + j];
         }
     return TL_OK;
 }
 
-static void tl_axis_plan_free(tl_axis_plan *pl) {
-    free(pl->n);
+void tl_axis_plan_free(tl_axis_plan *pl) {
     free(pl->dq);
+    free(pl->r);
+    pl->dq = NULL;
+    pl->r = NULL;
 }
 
 /* tl_axis_targets through the axis's plan where it has one: the same
- * targets in the same order. */
-static int tl_axis_hits(const tl_axis_plan *pl, const tl_geom *g, int a, int64_t c,
-                        int32_t *q) {
-    const int64_t v = c + pl->p;
-    if (!pl->n || v < 0) return tl_axis_targets(c, g, a, pl->range, q);
-    const int64_t Q = pl->shift >= 0 ? v >> pl->shift : v / pl->s;
-    const int64_t rho = v - Q * pl->s;
-    int m = 0;
-    for (int j = 0; j < pl->n[rho]; j++) {
-        const int64_t t = Q + pl->dq[rho * pl->w + j];
-        if (t >= 0 && t < pl->range) q[m++] = (int32_t)t;
-    }
-    return m;
+ * targets in the same order (q holds at least the plan's w entries). */
+static inline __attribute__((always_inline)) int tl_axis_hits(const tl_axis_plan *pl,
+                                                              const tl_geom *g, int a,
+                                                              int64_t c, int32_t *q) {
+    if (!pl->dq || c + pl->p < 0) return tl_axis_targets(c, g, a, pl->range, q);
+    int32_t r[TL_PLAN_MAX_W];
+    return tl_axis_plan_hits(pl, c, q, r);
 }
 
 static tl_status tl_generate_into(const tl_coord *in, int64_t n_in, const tl_geom *g,
@@ -241,7 +237,8 @@ static tl_status tl_generate_sorted(const tl_coord *in, int64_t n_in, const tl_g
     int64_t reach = 1;
     for (int a = 0; a < 3; a++) { /* each axis too: q holds its targets */
         const int64_t r = tl_axis_reach(g, a, out_range[a]);
-        if (r > TL_GENERATE_SORT_MAX_REACH) return TL_ERR_UNSUPPORTED;
+        if (r > TL_GENERATE_SORT_MAX_REACH || plan[a].w > TL_GENERATE_SORT_MAX_REACH)
+            return TL_ERR_UNSUPPORTED;
         reach *= r;
     }
     if (reach > TL_GENERATE_SORT_MAX_REACH) return TL_ERR_UNSUPPORTED;

@@ -65,6 +65,53 @@ tl_status tl_coords_generate_bound(int64_t n_in, const tl_geom *g,
                                    const int64_t out_range[3], int64_t n_batches,
                                    int64_t *bound);
 
+/* Most stride whose residues get a plan (tl_axis_plan_init); wider strides
+ * go without one. */
+#define TL_PLAN_MAX_STRIDE 64
+/* Most targets per input and axis a caller's buffers need for a plan of
+ * this width or less (tl_axis_plan_hits writes w entries). */
+#define TL_PLAN_MAX_W 64
+/* An offset that puts any q below 0 (|Q| < 2^33), so it is never a target. */
+#define TL_PLAN_NONE (-((int64_t)1 << 40))
+
+/* Where inputs land along axis a of a geometry, without a division per
+ * kernel position: with c + p = Q s + rho (0 <= rho < s), kernel position
+ * r lands on a multiple of s exactly when rho - r d is one, at
+ * q = Q + (rho - r d) / s.  dq[rho * w ..] holds those offsets for residue
+ * rho and r[rho * w ..] their kernel positions, r ascending, then
+ * TL_PLAN_NONE up to w, the most any residue has: every input runs the same
+ * w steps, without a branch on its residue.  dq == NULL where the axis
+ * gets no plan (a stride above TL_PLAN_MAX_STRIDE or a kernel size above
+ * TL_PLAN_MAX_W).  shift: log2(s) where s is a
+ * power of two (Q and rho without a division), else -1.  Targets are kept
+ * below `range`. */
+typedef struct tl_axis_plan {
+    int64_t s, p, range;
+    int w, shift;
+    int64_t *dq;
+    int32_t *r;
+} tl_axis_plan;
+
+tl_status tl_axis_plan_init(tl_axis_plan *pl, const tl_geom *g, int a, int64_t range);
+void tl_axis_plan_free(tl_axis_plan *pl);
+
+/* The targets q of coordinate c (c + p >= 0, a plan with dq) and their
+ * kernel positions r, in r order; returns how many.  q and r hold w
+ * entries (a miss is written and then overwritten: no branch). */
+static inline int tl_axis_plan_hits(const tl_axis_plan *pl, int64_t c, int32_t *q, int32_t *r) {
+    const int64_t v = c + pl->p;
+    const int64_t Q = pl->shift >= 0 ? v >> pl->shift : v / pl->s;
+    const int64_t off = (v - Q * pl->s) * pl->w;
+    int m = 0;
+    for (int j = 0; j < pl->w; j++) {
+        const int64_t t = Q + pl->dq[off + j];
+        q[m] = (int32_t)t;
+        r[m] = pl->r[off + j];
+        m += (t >= 0) & (t < pl->range);
+    }
+    return m;
+}
+
 /* Sorts rows by (b, x, y, z) in place.  Rows must be non-negative. */
 tl_status tl_coords_sort(tl_coord *rows, int64_t n);
 

@@ -300,6 +300,91 @@ static tl_status tl_merge_fill_nbr(const tl_ctx *ctx, const tl_pk *t, const tl_c
     return TL_OK;
 }
 
+/* ---- Strided maps from the inputs' side -----------------------------------
+ *
+ * With a stride above 1 each input reaches a few of the K kernel rows (a
+ * 2x2x2 kernel at stride 2: one of 8), which the axis plans
+ * (tl_axis_plan_hits) list without a search.  For a fixed kernel row the
+ * outputs that ascending inputs reach ascend too (q = (c + p - r d) / s
+ * grows with c on every axis), so one cursor per kernel row walks the sorted
+ * output keys forward: the pairs plus K walks over the outputs, where the
+ * output-side merge makes K queries per output and K walks over the inputs
+ * (k2 s2: about a third of the steps).  Each (output, kernel row) has at
+ * most one input, so threads, each given a contiguous range of inputs,
+ * never write the same entry. */
+
+/* Whether tl_fill_by_input serves a map: a stride above 1, every axis
+ * planned with at most TL_PLAN_MAX_W targets an input, and at least 2
+ * outputs per 5 inputs.  Measured against the output-side merge (1 and 2
+ * threads, interleaved): 1.06-1.82x where outputs are 0.45-1.16 of the
+ * inputs (a LiDAR scan's and a surface's k3 s2 p1 map, the scan's k2 s2),
+ * 0.72-0.85x at 0.29 (a dense surface's k2 s2 map, where each output's 8
+ * queries find most of their inputs in order). */
+static int tl_by_input_fits(const tl_geom *g, const tl_axis_plan plan[3], int64_t n_in,
+                            int64_t n_out) {
+    int strided = 0;
+    for (int a = 0; a < 3; a++) {
+        if (!plan[a].dq || plan[a].w > TL_PLAN_MAX_W) return 0;
+        strided |= g->stride[a] > 1;
+    }
+    return strided && 5 * n_out >= 2 * n_in;
+}
+
+/* Fills nbr (n_out x k) from strictly ascending non-negative inputs and
+ * ascending outputs (repeated output rows each get the entry), t the packed
+ * layout of the outputs. */
+static tl_status tl_fill_by_input(const tl_ctx *ctx, const tl_pk *t, const tl_axis_plan plan[3],
+                                  const tl_coord *in, int64_t n_in, const tl_coord *out,
+                                  int64_t n_out, const tl_geom *g, int64_t k, int32_t *nbr) {
+    uint64_t *keys = malloc(sizeof(uint64_t) * (size_t)(n_out + 1));
+    int64_t *cursors = malloc(sizeof(int64_t) * (size_t)(k * ctx->threads));
+    if (!keys || !cursors) {
+        free(keys);
+        free(cursors);
+        return TL_ERR_NOMEM;
+    }
+    const int64_t ky = g->kernel_size[1], kz = g->kernel_size[2];
+#pragma omp parallel num_threads(ctx->threads)
+    {
+#pragma omp for schedule(static)
+        for (int64_t o = 0; o < n_out; o++)
+            keys[o] = tl_pk_key(t, (uint32_t)out[o].b, (uint32_t)out[o].x, (uint32_t)out[o].y,
+                                (uint32_t)out[o].z);
+#pragma omp single
+        keys[n_out] = UINT64_MAX; /* a sentinel above every query */
+#pragma omp for schedule(static)
+        for (int64_t j = 0; j < n_out * k; j++) nbr[j] = TL_NO_ROW;
+        int64_t *cur = cursors + (int64_t)omp_get_thread_num() * k;
+        for (int64_t n = 0; n < k; n++) cur[n] = -1; /* not placed yet */
+        int32_t q[3][TL_PLAN_MAX_W], r[3][TL_PLAN_MAX_W];
+        /* Static: each thread's inputs are one contiguous ascending run. */
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < n_in; i++) {
+            if ((uint32_t)in[i].b >= t->lim[0]) continue;
+            const int mx = tl_axis_plan_hits(&plan[0], in[i].x, q[0], r[0]);
+            const int my = tl_axis_plan_hits(&plan[1], in[i].y, q[1], r[1]);
+            const int mz = tl_axis_plan_hits(&plan[2], in[i].z, q[2], r[2]);
+            for (int a = 0; a < mx; a++)
+                for (int b = 0; b < my; b++)
+                    for (int c = 0; c < mz; c++) {
+                        const uint32_t f[3] = {(uint32_t)q[0][a], (uint32_t)q[1][b],
+                                               (uint32_t)q[2][c]};
+                        if (f[0] >= t->lim[1] || f[1] >= t->lim[2] || f[2] >= t->lim[3])
+                            continue; /* past every output row's bits */
+                        const uint64_t key = tl_pk_key(t, (uint32_t)in[i].b, f[0], f[1], f[2]);
+                        const int64_t n = (r[0][a] * ky + r[1][b]) * kz + r[2][c];
+                        int64_t j = cur[n] < 0 ? tl_lower_bound(keys, n_out, key) : cur[n];
+                        while (keys[j] < key) j++;
+                        cur[n] = j;
+                        for (; keys[j] == key; j++) nbr[j * k + n] = (int32_t)i;
+                    }
+        }
+    }
+    free(keys);
+    free(cursors);
+    return TL_OK;
+}
+
 /* ---- Generic path: tl_hash, for coordinates wider than 32 key bits -------- */
 
 static tl_status tl_kmap_build_wide(const tl_ctx *ctx, const tl_coord *in, int64_t n_in,
@@ -362,7 +447,17 @@ tl_status tl_kmap_build(const tl_ctx *ctx, const tl_coord *in, int64_t n_in,
     tl_pk t = {0};
     st = tl_pk_layout(&t, in, n_in);
     const int packed = st == TL_OK && tl_rows_nonneg(out, n_out);
-    if (packed && tl_coords_ascending(in, n_in, 1) && tl_coords_ascending(out, n_out, 0)) {
+    const int merge =
+        packed && tl_coords_ascending(in, n_in, 1) && tl_coords_ascending(out, n_out, 0);
+    tl_axis_plan plan[3] = {{0}, {0}, {0}};
+    for (int a = 0; a < 3 && merge && st == TL_OK; a++)
+        st = tl_axis_plan_init(&plan[a], g, a, (int64_t)TL_COORD_MAX + 1);
+    tl_pk outs = {0};
+    if (merge && st != TL_OK) {
+        /* st: no memory for the plans */
+    } else if (merge && tl_by_input_fits(g, plan, n_in, n_out) && tl_pk_layout(&outs, out, n_out) == TL_OK) {
+        st = tl_fill_by_input(ctx, &outs, plan, in, n_in, out, n_out, g, k, nbr);
+    } else if (merge) {
         st = tl_merge_fill_nbr(ctx, &t, in, n_in, out, n_out, g, off, k,
                                tl_is_self_subm(in, n_in, out, n_out, g), nbr);
     } else if (packed) {
@@ -378,6 +473,7 @@ tl_status tl_kmap_build(const tl_ctx *ctx, const tl_coord *in, int64_t n_in,
     } else if (st == TL_OK || st == TL_ERR_UNSUPPORTED) {
         st = tl_kmap_build_wide(ctx, in, n_in, out, n_out, g, k, pos, nbr);
     }
+    for (int a = 0; a < 3; a++) tl_axis_plan_free(&plan[a]);
     free(t.slots);
     free(t.rows);
     free(pos);

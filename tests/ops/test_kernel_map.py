@@ -73,6 +73,25 @@ def test_neighbour_tables_match_brute_force(g: ConvGeometry, order: str) -> None
     assert torch.equal(kmap.rev, rev)
 
 
+@pytest.mark.parametrize("g", CASES[2:])
+@pytest.mark.parametrize("fill", [1.0, 0.05], ids=["dense", "sparse"])
+def test_strided_map_onto_generated_support(g: ConvGeometry, fill: float) -> None:
+    """A strided layer's map onto its own generated support, inputs ascending: a dense
+    block (few outputs per input, so the C core merges from the outputs' side) and a
+    sparse one (many, so it fills the table from the inputs' side) give the brute-force
+    table."""
+    side = 12
+    axes = [torch.arange(side)] * 3
+    grid = torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1).reshape(-1, 3)
+    keep = torch.rand(grid.shape[0], generator=torch.Generator().manual_seed(3)) < fill
+    inp = torch.cat([torch.zeros(int(keep.sum()), 1, dtype=torch.long), grid[keep]], 1).int()
+    out = generate_support(inp, *map(list, g.as_c()), list(g.output_range((side,) * 3)), 1)
+    assert out.shape[0] > 0
+    kmap = build_kernel_map(inp, out, g)
+    assert torch.equal(kmap.nbr, _brute_nbr(inp, out, g))
+    assert torch.equal(kmap.rev, _transpose(kmap.nbr, inp.shape[0]))
+
+
 def _transpose(nbr: torch.Tensor, n_in: int) -> torch.Tensor:
     rev = torch.full((n_in, nbr.shape[1]), -1, dtype=torch.int32)
     o, n = torch.nonzero(nbr >= 0, as_tuple=True)
