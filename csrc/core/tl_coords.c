@@ -222,6 +222,58 @@ static tl_status tl_generate_into(const tl_coord *in, int64_t n_in, const tl_geo
  * outputs instead of the candidates. */
 #define TL_GENERATE_SORT_MAX_REACH 8
 
+/* The candidates of tl_generate_sorted as packed keys (bits per field) into
+ * keys, a candidate equal to the one before skipped; returns their count.
+ * Branch-free: a repeat is written and then overwritten. */
+static int64_t tl_candidates_any(const tl_coord *in, int64_t n_in, const tl_geom *g,
+                                 const tl_axis_plan plan[3], const int bits[4], uint64_t *keys) {
+    int32_t q[3][TL_GENERATE_SORT_MAX_REACH];
+    int64_t c = 0;
+    uint64_t last = 0;
+    for (int64_t i = 0; i < n_in; i++) {
+        const int mx = tl_axis_hits(&plan[0], g, 0, in[i].x, q[0]);
+        const int my = tl_axis_hits(&plan[1], g, 1, in[i].y, q[1]);
+        const int mz = tl_axis_hits(&plan[2], g, 2, in[i].z, q[2]);
+        for (int x = 0; x < mx; x++)
+            for (int y = 0; y < my; y++)
+                for (int z = 0; z < mz; z++) {
+                    const tl_coord r = {in[i].b, q[0][x], q[1][y], q[2][z]};
+                    tl_pack_keys(&r, 1, bits, &keys[c]);
+                    const uint64_t key = keys[c];
+                    c += (c == 0) | (key != last);
+                    last = key;
+                }
+    }
+    return c;
+}
+
+/* tl_candidates_any where every axis plan has one target per residue (a
+ * kernel no larger than its stride, as k2 s2) and no coordinate is
+ * negative: one candidate or none per input, no loop over targets (2x on
+ * a k2 s2 support). */
+static int64_t tl_candidates_single(const tl_coord *in, int64_t n_in, const tl_axis_plan plan[3],
+                                    const int bits[4], uint64_t *keys) {
+    int64_t c = 0;
+    uint64_t last = 0;
+    for (int64_t i = 0; i < n_in; i++) {
+        const int32_t f[3] = {in[i].x, in[i].y, in[i].z};
+        uint64_t key = (uint64_t)(uint32_t)in[i].b;
+        int ok = 1;
+        for (int a = 0; a < 3; a++) {
+            const tl_axis_plan *pl = &plan[a];
+            const int64_t v = (int64_t)f[a] + pl->p;
+            const int64_t Q = pl->shift >= 0 ? v >> pl->shift : v / pl->s;
+            const int64_t t = Q + pl->dq[v - Q * pl->s];
+            ok &= (t >= 0) & (t < pl->range);
+            key = (bits[a + 1] ? key << bits[a + 1] : key) | (uint64_t)(t & 0x7FFFFFFF);
+        }
+        keys[c] = key;
+        c += ok & ((c == 0) | (key != last));
+        last = ok ? key : last;
+    }
+    return c;
+}
+
 /* The generated support through packed keys: each input's candidates as
  * keys (b, qx, qy, qz high to low; a candidate equal to the one before is
  * skipped, as neighbouring inputs often share theirs), sorted, unique ones
@@ -243,30 +295,21 @@ static tl_status tl_generate_sorted(const tl_coord *in, int64_t n_in, const tl_g
     }
     if (reach > TL_GENERATE_SORT_MAX_REACH) return TL_ERR_UNSUPPORTED;
     uint32_t mb = 0;
+    int32_t xyz = 0;
     for (int64_t i = 0; i < n_in; i++) {
         if (in[i].b < 0) return TL_ERR_UNSUPPORTED;
         mb |= (uint32_t)in[i].b;
+        xyz |= in[i].x | in[i].y | in[i].z;
     }
     int bits[4] = {tl_bits(mb), 0, 0, 0}, total = bits[0];
     for (int a = 0; a < 3; a++)
         total += bits[a + 1] = out_range[a] > 0 ? tl_bits((uint32_t)(out_range[a] - 1)) : 0;
     if (total > 64) return TL_ERR_UNSUPPORTED;
     uint64_t *keys = malloc(sizeof(uint64_t) * (size_t)(n_in * reach > 0 ? n_in * reach : 1));
-    int32_t q[3][TL_GENERATE_SORT_MAX_REACH];
     if (!keys) return TL_ERR_NOMEM;
-    int64_t c = 0;
-    for (int64_t i = 0; i < n_in; i++) {
-        const int mx = tl_axis_hits(&plan[0], g, 0, in[i].x, q[0]);
-        const int my = tl_axis_hits(&plan[1], g, 1, in[i].y, q[1]);
-        const int mz = tl_axis_hits(&plan[2], g, 2, in[i].z, q[2]);
-        for (int x = 0; x < mx; x++)
-            for (int y = 0; y < my; y++)
-                for (int z = 0; z < mz; z++) {
-                    const tl_coord r = {in[i].b, q[0][x], q[1][y], q[2][z]};
-                    tl_pack_keys(&r, 1, bits, &keys[c]);
-                    c += c == 0 || keys[c] != keys[c - 1];
-                }
-    }
+    const int64_t c = xyz >= 0 && plan[0].w == 1 && plan[1].w == 1 && plan[2].w == 1
+                          ? tl_candidates_single(in, n_in, plan, bits, keys)
+                          : tl_candidates_any(in, n_in, g, plan, bits, keys);
     tl_status st = tl_radix_sort_u64(keys, c, total);
     int64_t m = 0;
     for (int64_t j = 0; st == TL_OK && j < c; j++)

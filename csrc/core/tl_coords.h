@@ -99,15 +99,19 @@ void tl_axis_plan_free(tl_axis_plan *pl);
  * kernel positions r, in r order; returns how many.  q and r hold w
  * entries (a miss is written and then overwritten: no branch). */
 static inline int tl_axis_plan_hits(const tl_axis_plan *pl, int64_t c, int32_t *q, int32_t *r) {
-    const int64_t v = c + pl->p;
-    const int64_t Q = pl->shift >= 0 ? v >> pl->shift : v / pl->s;
-    const int64_t off = (v - Q * pl->s) * pl->w;
+    /* Locals: stores through q and r (int32) may alias the plan's int
+     * fields, which the loop would otherwise reload on every step. */
+    const int64_t s = pl->s, range = pl->range, v = c + pl->p;
+    const int w = pl->w;
+    const int64_t Q = pl->shift >= 0 ? v >> pl->shift : v / s;
+    const int64_t *dq = pl->dq + (v - Q * s) * w;
+    const int32_t *rr = pl->r + (v - Q * s) * w;
     int m = 0;
-    for (int j = 0; j < pl->w; j++) {
-        const int64_t t = Q + pl->dq[off + j];
+    for (int j = 0; j < w; j++) {
+        const int64_t t = Q + dq[j];
         q[m] = (int32_t)t;
-        r[m] = pl->r[off + j];
-        m += (t >= 0) & (t < pl->range);
+        r[m] = rr[j];
+        m += (t >= 0) & (t < range);
     }
     return m;
 }
