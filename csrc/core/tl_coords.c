@@ -222,14 +222,38 @@ static tl_status tl_generate_into(const tl_coord *in, int64_t n_in, const tl_geo
  * outputs instead of the candidates. */
 #define TL_GENERATE_SORT_MAX_REACH 8
 
+/* Candidates recently kept, by a hash of their key: neighbouring inputs
+ * reach mostly the same outputs (a surface's k3 s2 p1 support: 7 inputs an
+ * output), so most repeats are dropped here, before the sort, instead of
+ * after it.  Keys stay below 2^63 (tl_generate_sorted), so the empty value
+ * UINT64_MAX matches none. */
+#define TL_RECENT_KEYS 256
+
+typedef struct tl_recent {
+    uint64_t key[TL_RECENT_KEYS];
+} tl_recent;
+
+static void tl_recent_init(tl_recent *r) {
+    for (int j = 0; j < TL_RECENT_KEYS; j++) r->key[j] = UINT64_MAX;
+}
+
+/* 1 if key was not among the recent ones (it is now), else 0. */
+static inline int tl_recent_new(tl_recent *r, uint64_t key) {
+    uint64_t *slot = &r->key[(key * 0x9E3779B97F4A7C15ULL) >> 56];
+    const int fresh = *slot != key;
+    *slot = key;
+    return fresh;
+}
+
 /* The candidates of tl_generate_sorted as packed keys (bits per field) into
- * keys, a candidate equal to the one before skipped; returns their count.
- * Branch-free: a repeat is written and then overwritten. */
+ * keys, recent repeats skipped (tl_recent); returns their count.
+ * Branch-free: a skipped key is written and then overwritten. */
 static int64_t tl_candidates_any(const tl_coord *in, int64_t n_in, const tl_geom *g,
                                  const tl_axis_plan plan[3], const int bits[4], uint64_t *keys) {
     int32_t q[3][TL_GENERATE_SORT_MAX_REACH];
     int64_t c = 0;
-    uint64_t last = 0;
+    tl_recent recent;
+    tl_recent_init(&recent);
     for (int64_t i = 0; i < n_in; i++) {
         const int mx = tl_axis_hits(&plan[0], g, 0, in[i].x, q[0]);
         const int my = tl_axis_hits(&plan[1], g, 1, in[i].y, q[1]);
@@ -239,9 +263,7 @@ static int64_t tl_candidates_any(const tl_coord *in, int64_t n_in, const tl_geom
                 for (int z = 0; z < mz; z++) {
                     const tl_coord r = {in[i].b, q[0][x], q[1][y], q[2][z]};
                     tl_pack_keys(&r, 1, bits, &keys[c]);
-                    const uint64_t key = keys[c];
-                    c += (c == 0) | (key != last);
-                    last = key;
+                    c += tl_recent_new(&recent, keys[c]);
                 }
     }
     return c;
@@ -254,7 +276,8 @@ static int64_t tl_candidates_any(const tl_coord *in, int64_t n_in, const tl_geom
 static int64_t tl_candidates_single(const tl_coord *in, int64_t n_in, const tl_axis_plan plan[3],
                                     const int bits[4], uint64_t *keys) {
     int64_t c = 0;
-    uint64_t last = 0;
+    tl_recent recent;
+    tl_recent_init(&recent);
     for (int64_t i = 0; i < n_in; i++) {
         const int32_t f[3] = {in[i].x, in[i].y, in[i].z};
         uint64_t key = (uint64_t)(uint32_t)in[i].b;
@@ -268,15 +291,14 @@ static int64_t tl_candidates_single(const tl_coord *in, int64_t n_in, const tl_a
             key = (bits[a + 1] ? key << bits[a + 1] : key) | (uint64_t)(t & 0x7FFFFFFF);
         }
         keys[c] = key;
-        c += ok & ((c == 0) | (key != last));
-        last = ok ? key : last;
+        c += ok && tl_recent_new(&recent, key);
     }
     return c;
 }
 
 /* The generated support through packed keys: each input's candidates as
- * keys (b, qx, qy, qz high to low; a candidate equal to the one before is
- * skipped, as neighbouring inputs often share theirs), sorted, unique ones
+ * keys (b, qx, qy, qz high to low; recent repeats skipped, as neighbouring
+ * inputs often share theirs: tl_recent), sorted, unique ones
  * unpacked into out.  At 1M inputs of a height field 7-10x faster than
  * inserting each candidate into tl_hash (48 bytes a slot probed at random).
  * TL_ERR_UNSUPPORTED (nothing written) where the rows do not suit it: a
@@ -304,7 +326,7 @@ static tl_status tl_generate_sorted(const tl_coord *in, int64_t n_in, const tl_g
     int bits[4] = {tl_bits(mb), 0, 0, 0}, total = bits[0];
     for (int a = 0; a < 3; a++)
         total += bits[a + 1] = out_range[a] > 0 ? tl_bits((uint32_t)(out_range[a] - 1)) : 0;
-    if (total > 64) return TL_ERR_UNSUPPORTED;
+    if (total > 63) return TL_ERR_UNSUPPORTED; /* UINT64_MAX: tl_recent's empty slot */
     uint64_t *keys = malloc(sizeof(uint64_t) * (size_t)(n_in * reach > 0 ? n_in * reach : 1));
     if (!keys) return TL_ERR_NOMEM;
     const int64_t c = xyz >= 0 && plan[0].w == 1 && plan[1].w == 1 && plan[2].w == 1
