@@ -231,6 +231,21 @@ static void tl_pk_fill_nbr(const tl_ctx *ctx, const tl_pk *t, const tl_coord *ou
  * forward through the sorted input keys: sequential reads, no table, no
  * random probe.  Strictly ascending input rows are also unique. */
 
+/* The packed keys (layout t) of ascending rows[0..n), and at keys[n] a
+ * sentinel above every query (queries fit 63 bits) that stops a merge's
+ * cursors; NULL when out of memory. */
+static uint64_t *tl_sorted_keys(const tl_ctx *ctx, const tl_pk *t, const tl_coord *rows,
+                                int64_t n) {
+    uint64_t *keys = malloc(sizeof(uint64_t) * (size_t)(n + 1));
+    if (!keys) return NULL;
+#pragma omp parallel for num_threads(ctx->threads) schedule(static)
+    for (int64_t i = 0; i < n; i++)
+        keys[i] = tl_pk_key(t, (uint32_t)rows[i].b, (uint32_t)rows[i].x, (uint32_t)rows[i].y,
+                            (uint32_t)rows[i].z);
+    keys[n] = UINT64_MAX;
+    return keys;
+}
+
 /* First index in keys[0..n) whose key is >= q. */
 static int64_t tl_lower_bound(const uint64_t *keys, int64_t n, uint64_t q) {
     int64_t lo = 0, hi = n;
@@ -252,8 +267,7 @@ static tl_status tl_merge_fill_nbr(const tl_ctx *ctx, const tl_pk *t, const tl_c
                                    const tl_geom *g, const int64_t *off, int64_t k, int self,
                                    int32_t *nbr) {
     const int64_t half = self ? (k - 1) / 2 : k;
-    /* keys[n_in] is a sentinel above every query (queries fit 63 bits). */
-    uint64_t *keys = malloc(sizeof(uint64_t) * (size_t)(n_in + 1));
+    uint64_t *keys = tl_sorted_keys(ctx, t, in, n_in);
     int64_t *cursors = malloc(sizeof(int64_t) * (size_t)(k * ctx->threads));
     if (!keys || !cursors) {
         free(keys);
@@ -262,12 +276,6 @@ static tl_status tl_merge_fill_nbr(const tl_ctx *ctx, const tl_pk *t, const tl_c
     }
 #pragma omp parallel num_threads(ctx->threads)
     {
-#pragma omp for schedule(static)
-        for (int64_t i = 0; i < n_in; i++)
-            keys[i] = tl_pk_key(t, (uint32_t)in[i].b, (uint32_t)in[i].x, (uint32_t)in[i].y,
-                                (uint32_t)in[i].z);
-#pragma omp single
-        keys[n_in] = UINT64_MAX;
         if (self) {
 #pragma omp for schedule(static)
             for (int64_t j = 0; j < n_out * k; j++) nbr[j] = TL_NO_ROW;
@@ -336,7 +344,7 @@ static int tl_by_input_fits(const tl_geom *g, const tl_axis_plan plan[3], int64_
 static tl_status tl_fill_by_input(const tl_ctx *ctx, const tl_pk *t, const tl_axis_plan plan[3],
                                   const tl_coord *in, int64_t n_in, const tl_coord *out,
                                   int64_t n_out, const tl_geom *g, int64_t k, int32_t *nbr) {
-    uint64_t *keys = malloc(sizeof(uint64_t) * (size_t)(n_out + 1));
+    uint64_t *keys = tl_sorted_keys(ctx, t, out, n_out);
     int64_t *cursors = malloc(sizeof(int64_t) * (size_t)(k * ctx->threads));
     if (!keys || !cursors) {
         free(keys);
@@ -346,12 +354,6 @@ static tl_status tl_fill_by_input(const tl_ctx *ctx, const tl_pk *t, const tl_ax
     const int64_t ky = g->kernel_size[1], kz = g->kernel_size[2];
 #pragma omp parallel num_threads(ctx->threads)
     {
-#pragma omp for schedule(static)
-        for (int64_t o = 0; o < n_out; o++)
-            keys[o] = tl_pk_key(t, (uint32_t)out[o].b, (uint32_t)out[o].x, (uint32_t)out[o].y,
-                                (uint32_t)out[o].z);
-#pragma omp single
-        keys[n_out] = UINT64_MAX; /* a sentinel above every query */
 #pragma omp for schedule(static)
         for (int64_t j = 0; j < n_out * k; j++) nbr[j] = TL_NO_ROW;
         int64_t *cur = cursors + (int64_t)omp_get_thread_num() * k;
