@@ -166,6 +166,28 @@ def test_a_raised_budget_lets_a_big_map_through() -> None:
         tl.set_memory_budget(previous)
 
 
+def test_cpu_support_generation_counts_its_sorting_scratch() -> None:
+    """The CPU sorts up to 8 candidates per input row (128 bytes a row) beside the output
+    rows (16 bytes each): a budget that holds the outputs but not the scratch refuses the
+    generation before it starts, and one that holds both runs it."""
+    from torch_lattice.ops.kmap import CPU_GENERATE_SCRATCH, generate_support
+
+    coords = torch.stack(
+        torch.meshgrid(torch.zeros(1, dtype=torch.long), *[torch.arange(10)] * 3, indexing="ij"),
+        dim=-1,
+    ).reshape(-1, 4).int()
+    n = coords.shape[0]
+    args = ([2, 2, 2], [2, 2, 2], [0, 0, 0], [1, 1, 1], [5, 5, 5], 1)
+    previous = tl.set_memory_budget(n * 16 + n * CPU_GENERATE_SCRATCH // 2)
+    try:
+        with pytest.raises(MemoryBudgetError, match=r"strided support generation \(1000 input"):
+            generate_support(coords, *args)
+        tl.set_memory_budget(n * 16 + n * CPU_GENERATE_SCRATCH)
+        assert generate_support(coords, *args).shape == (125, 4)
+    finally:
+        tl.set_memory_budget(previous)
+
+
 def test_a_pooling_window_over_a_huge_range_is_refused(budget_1gib: None) -> None:
     """One row, a 1000^3 window at stride 1: 10^9 generated output rows (16 GB)."""
     x = tl.SparseTensor(torch.ones(1, 1), torch.tensor([[0, 5, 5, 5]], dtype=torch.int32),

@@ -162,15 +162,23 @@ def conv_geom(
     return (tuple(kernel_size), tuple(stride), tuple(padding), tuple(dilation))
 
 
-def generate_bound_within_budget(n: int, geom: tuple, rng: tuple, num_batches: int) -> int:
+# Scratch of the CPU's support generation per input row: up to 8 candidates (kernels
+# reaching more take the hash table, whose size follows the outputs) as 8-byte keys,
+# and as many again while they are radix-sorted.
+CPU_GENERATE_SCRATCH = 8 * 8 * 2
+
+
+def generate_bound_within_budget(
+    n: int, geom: tuple, rng: tuple, num_batches: int, scratch_per_row: int = 0
+) -> int:
     """The output-row bound of a strided support, checked against the memory budget:
     it is allocated (int32 x 4 per row; committed at once on a GPU) before the rows
-    are known."""
+    are known, with ``scratch_per_row`` bytes per input row beside it."""
     bound = int(_C.generate_bound(n, geom, rng, num_batches))
     check_allocation(
         f"strided support generation ({n} input rows, kernel_size {geom[0]}, "
         f"stride {geom[1]}: up to {bound} output rows)",
-        bound * 16,
+        bound * 16 + n * scratch_per_row,
     )
     return bound
 
@@ -195,7 +203,7 @@ def generate_support(
     rng = tuple(max(0, r) for r in out_range)
     coords = coords.contiguous()
     n = coords.shape[0]
-    bound = generate_bound_within_budget(n, geom, rng, num_batches)
+    bound = generate_bound_within_budget(n, geom, rng, num_batches, CPU_GENERATE_SCRATCH)
     # Pages of an untouched allocation are never committed, so a loose upper
     # bound costs address space only; the result is copied out compactly.
     out = torch.empty((bound, 4), dtype=torch.int32)
