@@ -6,8 +6,9 @@ of this process): each row gives the measured figure, the target and whether it 
 Each row's kernels are timed interleaved (medians), and each kernel's output is checked
 against a float64 product of the same map first. Not here: SparseResUNet42's 1.5x (a
 ratio to an older build: ``python -m benchmarks.builds --groups unet --base OLD``), the
-kernel maps against spconv (``python -m benchmarks run --suite targets --only kmap_subm3
---threads 1`` with spconv installed) and 5M voxels (``python -m benchmarks large``)::
+kernel maps against spconv (``python -m benchmarks run --suite targets --only
+kmap_subm3,kmap_k2s2,kmap_k3s2p1 --threads 1`` with spconv installed) and 5M voxels
+(``python -m benchmarks large``)::
 
     .venv/bin/python -m benchmarks.cpu_targets [--repeats 7] [--out docs/benchmarks/cpu-targets.md]
 """
