@@ -40,13 +40,10 @@ import torch
 import torch_lattice as tl
 from benchmarks.scenes import Scene, make_scene, scene_names, tiny_scene
 from benchmarks.timing import time_side_by_side
-from torch_lattice.geometry import ConvGeometry
+from benchmarks.workloads import DOWN2, DOWN3, SUBM3, support_args
 from torch_lattice.nn.functional.relation import kernel_map
 from torch_lattice.ops._runtime import _C, ptr
 
-SUBM3 = ConvGeometry.submanifold((3, 3, 3), (1, 1, 1))
-DOWN2 = ConvGeometry.create(2, 2)
-DOWN3 = ConvGeometry.create(3, 2, 1)
 MAPS = ("subm3", "k2s2", "k2s2_inverse", "k3s2p1")
 CONV_KERNELS = ("conv_forward", "conv_weight_grad")
 SIDES = ("base", "this")
@@ -178,13 +175,6 @@ def _kmap(coords: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 MAP_ENTRY_POINTS = ("kmap_build", "kmap_reverse", "find_duplicate", "generate_bound", "generate")
 
 
-def _support(coords: torch.Tensor, g: ConvGeometry) -> torch.Tensor:
-    """The output support a strided ``g`` generates from ``coords`` (one batch)."""
-    extent = (coords[:, 1:].max(0).values + 1).tolist()
-    out_range = [max(0, r) for r in g.output_range(extent)]
-    batches = int(coords[:, 0].max()) + 1
-    return torch.ops.lattice.generate_support(coords, *map(list, g.as_c()), out_range, batches)
-
 
 def _map_steps(coords: torch.Tensor) -> dict[str, Callable[[], Any]]:
     """What a new scan costs before its first convolution, step by step."""
@@ -194,10 +184,11 @@ def _map_steps(coords: torch.Tensor) -> dict[str, Callable[[], Any]]:
         "subm3 nbr + rev": partial(_kmap, coords),
     }
     for name, g in (("k2 s2", DOWN2), ("k3 s2 p1", DOWN3)):
-        support = _support(coords, g)
-        steps[f"{name} support"] = partial(_support, coords, g)
+        args = support_args(coords, g)
+        generate = partial(torch.ops.lattice.generate_support, coords, *args)
+        steps[f"{name} support"] = generate
         steps[f"{name} nbr + rev"] = partial(
-            torch.ops.lattice.kernel_map, coords, support, *map(list, g.as_c())
+            torch.ops.lattice.kernel_map, coords, generate(), *args[:4]
         )
     return steps
 

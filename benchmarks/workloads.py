@@ -223,6 +223,16 @@ def kmap_subm3(scene: Scene, c: int, opts: Options) -> list[Row]:
     return _measure("kmap_subm3", scene, 0, opts, fns, {}, checks) + notes
 
 
+def support_args(coords: torch.Tensor, geometry: ConvGeometry) -> tuple[Any, ...]:
+    """The arguments after ``coords`` of ``lattice::generate_support`` for a strided
+    ``geometry`` over the extent and batches of ``coords``."""
+    n = coords.shape[0]
+    extent = (coords[:, 1:].amax(dim=0) + 1).tolist() if n else [0, 0, 0]
+    out_range = [max(0, r) for r in geometry.output_range(extent)]
+    batches = int(coords[:, 0].amax()) + 1 if n else 0
+    return (*[list(v) for v in geometry.as_c()], out_range, batches)
+
+
 def _kmap_strided(name: str, geometry: ConvGeometry) -> Callable[[Scene, int, Options], list[Row]]:
     """A strided Conv3d's map on a new scan: the generated output support and the map onto
     it (``nbr`` and ``rev``), as the layer's first call builds them, vs spconv's index
@@ -231,14 +241,11 @@ def _kmap_strided(name: str, geometry: ConvGeometry) -> Callable[[Scene, int, Op
 
     def run(scene: Scene, c: int, opts: Options) -> list[Row]:
         coords, n = scene.coords, scene.voxels
-        extent = (coords[:, 1:].amax(dim=0) + 1).tolist()
-        out_range = [max(0, r) for r in geometry.output_range(extent)]
-        batches = int(coords[:, 0].amax()) + 1 if n else 0
-        geo = [list(v) for v in geometry.as_c()]
+        args = support_args(coords, geometry)
 
         def lattice() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-            support = torch.ops.lattice.generate_support(coords, *geo, out_range, batches)
-            return (support, *kernel_map(coords, support, *geo))
+            support = torch.ops.lattice.generate_support(coords, *args)
+            return (support, *kernel_map(coords, support, *args[:4]))
 
         def keys_of(result: tuple[torch.Tensor, ...]) -> torch.Tensor:
             support, nbr = result[0], result[1]

@@ -126,6 +126,29 @@ static void tl_pack_keys(const tl_coord *rows, int64_t n, const int bits[4], uin
     }
 }
 
+/* The row a packed key (tl_pack_keys, bits per field) stands for. */
+static tl_coord tl_unpack_key(uint64_t k, const int bits[4]) {
+    int32_t f[4];
+    for (int a = 3; a >= 0; a--) {
+        f[a] = (int32_t)(k & ((1ULL << bits[a]) - 1)); /* each field < 2^31 */
+        k = bits[a] ? k >> bits[a] : k;
+    }
+    return (tl_coord){f[0], f[1], f[2], f[3]};
+}
+
+/* Non-negative rows[0..n) (n >= 1) as packed keys, sorted: *keys (the
+ * caller frees it) and their layout bits[4]; TL_ERR_UNSUPPORTED (nothing
+ * allocated) where the fields need more than 64 bits. */
+static tl_status tl_sorted_packed(const tl_coord *rows, int64_t n, int bits[4], uint64_t **keys) {
+    const int total = tl_key_bits(rows, n, bits);
+    *keys = NULL;
+    if (total > 64) return TL_ERR_UNSUPPORTED;
+    *keys = malloc(sizeof(uint64_t) * (size_t)n);
+    if (!*keys) return TL_ERR_NOMEM;
+    tl_pack_keys(rows, n, bits, *keys);
+    return tl_radix_sort_u64(*keys, n, total);
+}
+
 /* Output positions one input coordinate reaches along one axis. */
 static int tl_axis_targets(int64_t c, const tl_geom *g, int a, int64_t range,
                            int32_t *q) {
@@ -338,15 +361,7 @@ static tl_status tl_generate_sorted(const tl_coord *in, int64_t n_in, const tl_g
     for (int64_t j = 0; st == TL_OK && j < c; j++)
         if (j == 0 || keys[j] != keys[j - 1]) keys[m++] = keys[j];
     if (st == TL_OK && m > capacity) st = TL_ERR_CAPACITY;
-    for (int64_t j = 0; st == TL_OK && j < m; j++) {
-        uint64_t k = keys[j];
-        int32_t f[4];
-        for (int a = 3; a >= 0; a--) {
-            f[a] = (int32_t)(k & ((1ULL << bits[a]) - 1)); /* each field < 2^31 */
-            k = bits[a] ? k >> bits[a] : k;
-        }
-        out[j] = (tl_coord){f[0], f[1], f[2], f[3]};
-    }
+    for (int64_t j = 0; st == TL_OK && j < m; j++) out[j] = tl_unpack_key(keys[j], bits);
     if (st == TL_OK) *n_out = m;
     free(keys);
     return st;
@@ -400,29 +415,14 @@ tl_status tl_coords_sort(tl_coord *rows, int64_t n) {
         if ((rows[i].b | rows[i].x | rows[i].y | rows[i].z) < 0) return TL_ERR_INVALID;
     if (n < 2) return TL_OK;
     int bits[4];
-    int total = tl_key_bits(rows, n, bits);
-    if (total > 64) {
+    uint64_t *keys;
+    tl_status st = tl_sorted_packed(rows, n, bits, &keys);
+    if (st == TL_ERR_UNSUPPORTED) {
         /* Wide coordinates do not pack into one word: plain comparison sort. */
         qsort(rows, (size_t)n, sizeof(tl_coord), tl_coord_cmp);
         return TL_OK;
     }
-    uint64_t *keys = malloc(sizeof(uint64_t) * (size_t)n);
-    if (!keys) return TL_ERR_NOMEM;
-    tl_pack_keys(rows, n, bits, keys);
-    tl_status st = tl_radix_sort_u64(keys, n, total);
-    if (st == TL_OK) {
-        const int bz = bits[3], by = bits[2], bx = bits[1];
-        for (int64_t i = 0; i < n; i++) {
-            uint64_t k = keys[i];
-            rows[i].z = (int32_t)(k & ((1ULL << bz) - 1));
-            k = bz ? k >> bz : k;
-            rows[i].y = (int32_t)(k & ((1ULL << by) - 1));
-            k = by ? k >> by : k;
-            rows[i].x = (int32_t)(k & ((1ULL << bx) - 1));
-            k = bx ? k >> bx : k;
-            rows[i].b = (int32_t)k;
-        }
-    }
+    for (int64_t i = 0; st == TL_OK && i < n; i++) rows[i] = tl_unpack_key(keys[i], bits);
     free(keys);
     return st;
 }
@@ -441,12 +441,8 @@ int tl_coords_ascending(const tl_coord *rows, int64_t n, int strict) {
 static tl_status tl_coords_repeat(const tl_coord *rows, int64_t n, int *repeats) {
     *repeats = 0;
     int bits[4];
-    const int total = tl_key_bits(rows, n, bits);
-    if (total > 64) return TL_ERR_UNSUPPORTED;
-    uint64_t *keys = malloc(sizeof(uint64_t) * (size_t)(n > 0 ? n : 1));
-    if (!keys) return TL_ERR_NOMEM;
-    tl_pack_keys(rows, n, bits, keys);
-    tl_status st = tl_radix_sort_u64(keys, n, total);
+    uint64_t *keys;
+    tl_status st = tl_sorted_packed(rows, n, bits, &keys);
     for (int64_t i = 1; st == TL_OK && i < n && !*repeats; i++) *repeats = keys[i] == keys[i - 1];
     free(keys);
     return st;

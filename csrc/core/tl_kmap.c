@@ -321,21 +321,27 @@ static tl_status tl_merge_fill_nbr(const tl_ctx *ctx, const tl_pk *t, const tl_c
  * most one input, so threads, each given a contiguous range of inputs,
  * never write the same entry. */
 
-/* Whether tl_fill_by_input serves a map: a stride above 1, every axis
- * planned with at most TL_PLAN_MAX_W targets an input, and at least 2
- * outputs per 5 inputs.  Measured against the output-side merge (1 and 2
- * threads, interleaved): 1.06-1.82x where outputs are 0.45-1.16 of the
- * inputs (a LiDAR scan's and a surface's k3 s2 p1 map, the scan's k2 s2),
- * 0.72-0.85x at 0.29 (a dense surface's k2 s2 map, where each output's 8
- * queries find most of their inputs in order). */
-static int tl_by_input_fits(const tl_geom *g, const tl_axis_plan plan[3], int64_t n_in,
-                            int64_t n_out) {
-    int strided = 0;
-    for (int a = 0; a < 3; a++) {
-        if (!plan[a].dq || plan[a].w > TL_PLAN_MAX_W) return 0;
-        strided |= g->stride[a] > 1;
-    }
+/* Whether tl_fill_by_input should serve a map: a stride above 1 and at
+ * least 2 outputs per 5 inputs (its axes also need plans).  Measured against
+ * the output-side merge (1 and 2 threads, interleaved): 1.06-1.82x where
+ * outputs are 0.45-1.16 of the inputs (a LiDAR scan's and a surface's
+ * k3 s2 p1 map, the scan's k2 s2), 0.72-0.85x at 0.29 (a dense surface's
+ * k2 s2 map, where each output's 8 queries find most of their inputs in
+ * order). */
+static int tl_by_input_wanted(const tl_geom *g, int64_t n_in, int64_t n_out) {
+    const int strided = g->stride[0] > 1 || g->stride[1] > 1 || g->stride[2] > 1;
     return strided && 5 * n_out >= 2 * n_in;
+}
+
+/* Plans for every axis (tl_axis_plan_init, targets below 2^31) into plan;
+ * *all: whether each axis got one.  TL_ERR_NOMEM if one could not be
+ * allocated. */
+static tl_status tl_plan_axes(const tl_geom *g, tl_axis_plan plan[3], int *all) {
+    tl_status st = TL_OK;
+    for (int a = 0; a < 3 && st == TL_OK; a++)
+        st = tl_axis_plan_init(&plan[a], g, a, (int64_t)TL_COORD_MAX + 1);
+    *all = st == TL_OK && plan[0].dq && plan[1].dq && plan[2].dq;
+    return st;
 }
 
 /* Fills nbr (n_out x k) from strictly ascending non-negative inputs and
@@ -451,13 +457,15 @@ tl_status tl_kmap_build(const tl_ctx *ctx, const tl_coord *in, int64_t n_in,
     const int packed = st == TL_OK && tl_rows_nonneg(out, n_out);
     const int merge =
         packed && tl_coords_ascending(in, n_in, 1) && tl_coords_ascending(out, n_out, 0);
+    /* Only strided maps are planned: submanifold ones (most maps) skip it. */
     tl_axis_plan plan[3] = {{0}, {0}, {0}};
-    for (int a = 0; a < 3 && merge && st == TL_OK; a++)
-        st = tl_axis_plan_init(&plan[a], g, a, (int64_t)TL_COORD_MAX + 1);
+    int planned = 0;
+    const tl_status plan_st =
+        merge && tl_by_input_wanted(g, n_in, n_out) ? tl_plan_axes(g, plan, &planned) : TL_OK;
     tl_pk outs = {0};
-    if (merge && st != TL_OK) {
-        /* st: no memory for the plans */
-    } else if (merge && tl_by_input_fits(g, plan, n_in, n_out) && tl_pk_layout(&outs, out, n_out) == TL_OK) {
+    if (plan_st != TL_OK) {
+        st = plan_st; /* no memory for the plans */
+    } else if (planned && tl_pk_layout(&outs, out, n_out) == TL_OK) {
         st = tl_fill_by_input(ctx, &outs, plan, in, n_in, out, n_out, g, k, nbr);
     } else if (merge) {
         st = tl_merge_fill_nbr(ctx, &t, in, n_in, out, n_out, g, off, k,
