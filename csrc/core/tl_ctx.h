@@ -12,7 +12,7 @@ typedef struct tl_ctx {
     int device;   /* CUDA device index; unused on CPU */
     void *stream; /* cudaStream_t of torch's current stream; unused on CPU */
     int simd_cap; /* CPU: widest micro-kernel instruction set allowed (a tl_simd
-                     value; TL_SIMD_V4_BF16 = whatever the CPU has) */
+                     value; TL_SIMD_V4_AMX = whatever the CPU has) */
     /* CUDA: the caller's buffer (err_size bytes, starting as "") where the
      * first failing CUDA call of an entry point describes itself: its file
      * and line, the call and the runtime's error name and string.  NULL/0

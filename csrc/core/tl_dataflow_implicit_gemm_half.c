@@ -1,7 +1,9 @@
 /* The implicit GEMM (forward and weight gradient) for bfloat16 and float16
  * features and weights: products summed in float, each output rounded once to
  * the input's type.
- * Two ways, chosen per call by the CPU's instruction set:
+ * Three ways, chosen per call by the CPU's instruction set:
+ *   - the bfloat16 forward on CPUs with AMX: each kernel row's listed x rows,
+ *     16 at a time, through the tile unit (tl_microkernel_amx.c);
  *   - bfloat16 on AVX512_BF16: the x rows are read as they are and multiplied
  *     by channel pairs with vdpbf16ps (tl_microkernel_bf16.c);
  *   - otherwise (float16 anywhere, bfloat16 without AVX512_BF16): each tile's
@@ -19,6 +21,7 @@
 #include "tl_dataflow_implicit_gemm.h"
 #include "tl_dataflow_implicit_gemm_tiles.h"
 #include "tl_half.h"
+#include "tl_microkernel_amx.h"
 #include "tl_microkernel_bf16.h"
 #include "tl_simd.h"
 
@@ -42,10 +45,12 @@ typedef struct tl_half_call {
     const tl_conv_desc *d;
     tl_simd level;
     int dot;                 /* bfloat16 dot-product kernels; else staged through float */
+    int amx;                 /* the bfloat16 forward through AMX tiles (dot is set too) */
     const tl_mk_ops_f32 *mk; /* the float micro-kernels (staged) */
     int64_t rows;            /* output rows per tile */
     int64_t panel_cols;      /* see tl_panel_cols */
     const uint16_t *pw_dot;  /* packed pair panels (dot) */
+    const uint16_t *pw_amx;  /* packed tile weights (amx, tl_amx_pack) */
     const float *pw_f32;     /* packed float panels (staged) */
     int64_t window_rows;     /* staged: most x rows a tile converts as one span */
 } tl_half_call;
@@ -65,6 +70,8 @@ typedef struct tl_half_scratch {
     float *window;       /* window_rows x c_in, staged only */
     float *zero;         /* c_in + 2 zero floats, also read as bfloat16 zeros */
     float *sink;         /* TL_TILE_COLS values, never read */
+    uint16_t *abuf;      /* amx: 16 x tl_amx_depth(c_in), 64-byte aligned */
+    float *cbuf;         /* amx: 16 x 64, 64-byte aligned */
 } tl_half_scratch;
 
 static int tl_half_scratch_init(tl_half_scratch *s, const tl_half_call *f) {
@@ -81,8 +88,10 @@ static int tl_half_scratch_init(tl_half_scratch *s, const tl_half_call *f) {
     s->window = f->dot ? NULL : malloc(sizeof(float) * (size_t)(f->window_rows * cin + 1));
     s->zero = calloc((size_t)(cin + 2 + TL_TILE_COLS), sizeof(float));
     s->sink = s->zero ? s->zero + cin + 2 : NULL;
+    s->abuf = f->amx ? aligned_alloc(64, sizeof(uint16_t) * (size_t)(16 * tl_amx_depth(cin))) : NULL;
+    s->cbuf = f->amx ? aligned_alloc(64, sizeof(float) * 16 * 64) : NULL;
     return s->li && s->lr && s->lc && s->xh && s->xf && s->yr && s->acc &&
-           (f->dot || (s->stage && s->window)) && s->zero;
+           (f->dot || (s->stage && s->window)) && s->zero && (!f->amx || (s->abuf && s->cbuf));
 }
 
 static void tl_half_scratch_free(tl_half_scratch *s) {
@@ -96,6 +105,8 @@ static void tl_half_scratch_free(tl_half_scratch *s) {
     free(s->stage);
     free(s->window);
     free(s->zero);
+    free(s->abuf);
+    free(s->cbuf);
 }
 
 /* Listed rows [p, p + R) (R = 4 or 2; or a multiple of 8: all of a
@@ -175,6 +186,14 @@ static int tl_half_tile(const tl_half_call *f, const uint16_t *x, const int32_t 
         TL_POINT_ROWS(s->li + n * m, s->lr + n * m, c, x, cin * (int64_t)sizeof(uint16_t),
                       s->xh, const uint16_t *, s->yr, TL_YROW);
 #undef TL_YROW
+        if (f->amx) {
+#if TL_SIMD_X86
+            const int64_t blocks = (cout + 15) / 16, kp = tl_amx_depth(cin);
+            tl_amx_rows(c, cin, co0, cw, cout, s->xh, f->pw_amx + n * blocks * kp * 16, s->yr,
+                        s->abuf, s->cbuf);
+#endif
+            continue;
+        }
         if (lo >= 0) { /* rows of the converted span (row stride c_in in both) */
             for (int64_t t = 0; t < c; t++) s->xf[t] = s->window + (s->xh[t] - x - lo * cin);
         } else if (!f->dot) {
@@ -218,6 +237,14 @@ static int tl_half_tile(const tl_half_call *f, const uint16_t *x, const int32_t 
 static tl_status tl_half_pack(tl_half_call *f, const uint16_t *w, void **packed) {
     const tl_conv_desc *d = f->d;
     const int64_t all = d->k * d->c_in * d->c_out;
+    if (f->amx) {
+        uint16_t *pw = malloc(sizeof(uint16_t) * (size_t)(tl_amx_panel_elems(d) + 1));
+        if (!pw) return TL_ERR_NOMEM;
+        tl_amx_pack(d, w, pw);
+        f->pw_amx = pw;
+        *packed = pw;
+        return TL_OK;
+    }
     if (f->dot) {
         uint16_t *pw = malloc(sizeof(uint16_t) * (size_t)(tl_bf16_panel_elems(d) + 1));
         if (!pw) return TL_ERR_NOMEM;
@@ -246,6 +273,7 @@ tl_status tl_implicit_gemm_forward_half(const tl_ctx *ctx, const tl_conv_desc *d
                                         const int32_t *nbr, uint16_t *y) {
     tl_half_call f = {.d = d, .level = tl_simd_capped(ctx->simd_cap), .mk = tl_mk_pick_f32(ctx)};
     f.dot = f.level >= TL_SIMD_V4_BF16 && d->dtype == TL_BF16;
+    f.amx = f.level >= TL_SIMD_V4_AMX && d->dtype == TL_BF16;
     f.rows = tl_fwd_tile_rows(ctx, d, (int64_t)sizeof(float));
     f.window_rows = TL_HALF_WINDOW_BYTES / ((d->c_in > 0 ? d->c_in : 1) * (int64_t)sizeof(float));
     if (f.window_rows > TL_HALF_WINDOW * f.rows) f.window_rows = TL_HALF_WINDOW * f.rows;
@@ -264,6 +292,9 @@ tl_status tl_implicit_gemm_forward_half(const tl_ctx *ctx, const tl_conv_desc *d
         tl_half_scratch s;
         int ok = tl_half_scratch_init(&s, &f);
         failed |= !ok;
+#if TL_SIMD_X86
+        if (f.amx) tl_amx_start();
+#endif
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < row_tiles * col_tiles; t++) {
             if (!ok || invalid) continue;
@@ -273,6 +304,9 @@ tl_status tl_implicit_gemm_forward_half(const tl_ctx *ctx, const tl_conv_desc *d
             int64_t cw = d->c_out - co0 < TL_TILE_COLS ? d->c_out - co0 : TL_TILE_COLS;
             invalid |= tl_half_tile(&f, x, nbr, y, o0, m, co0, cw, &s);
         }
+#if TL_SIMD_X86
+        if (f.amx) tl_amx_stop();
+#endif
         tl_half_scratch_free(&s);
     }
     free(packed);

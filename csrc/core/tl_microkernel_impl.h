@@ -108,6 +108,7 @@ static inline int64_t TL_MK(packed_ld)(int64_t rows) { return (rows + 3) / 4 * 4
 __attribute__((unused)) static const TL_MK(ops) *TL_MK(pick)(const tl_ctx *ctx) {
     switch (tl_simd_capped(ctx->simd_cap)) {
 #if TL_SIMD_X86
+    case TL_SIMD_V4_AMX:
     case TL_SIMD_V4_BF16:
     case TL_SIMD_V4:
         return &TL_MK_CAT(TL_MK(ops), v4);

@@ -3,8 +3,10 @@
  * (x86-64-v4), AVX2 + FMA (x86-64-v3) and the baseline; each is compiled
  * with its own target attribute, so the rest of the library stays baseline
  * x86-64.  AVX-512 CPUs with AVX512_BF16 (a level of its own) also run the
- * bfloat16 dot-product kernels (tl_microkernel_bf16.c).  Other targets and
- * compilers get the baseline kernels only. */
+ * bfloat16 dot-product kernels (tl_microkernel_bf16.c), and those with AMX
+ * tiles too (the level above) the bfloat16 forward's tile kernel
+ * (tl_microkernel_amx.c).  Other targets and compilers get the baseline
+ * kernels only. */
 #ifndef TL_SIMD_H
 #define TL_SIMD_H
 
@@ -21,15 +23,24 @@ typedef enum tl_simd {
     TL_SIMD_BASE = 0,
     TL_SIMD_V3 = 3,
     TL_SIMD_V4 = 4,
-    TL_SIMD_V4_BF16 = 5
+    TL_SIMD_V4_BF16 = 5,
+    TL_SIMD_V4_AMX = 6
 } tl_simd;
+
+/* Whether this process may use the AMX tile registers: the CPU has AMX-TILE
+ * and AMX-BF16 and the operating system grants the tile data state (Linux
+ * asks each process to request it; asking again is harmless).
+ * tl_microkernel_amx.c. */
+int tl_amx_usable(void);
 
 /* The widest instruction set of this CPU (libgcc reads CPUID once). */
 static inline tl_simd tl_simd_level(void) {
 #if TL_SIMD_X86
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("x86-64-v4"))
-        return __builtin_cpu_supports("avx512bf16") ? TL_SIMD_V4_BF16 : TL_SIMD_V4;
+    if (__builtin_cpu_supports("x86-64-v4")) {
+        if (!__builtin_cpu_supports("avx512bf16")) return TL_SIMD_V4;
+        return tl_amx_usable() ? TL_SIMD_V4_AMX : TL_SIMD_V4_BF16;
+    }
     if (__builtin_cpu_supports("x86-64-v3")) return TL_SIMD_V3;
 #endif
     return TL_SIMD_BASE;

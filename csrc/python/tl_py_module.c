@@ -84,9 +84,10 @@ PyObject *tl_raise_generative(tl_status st) {
 static const struct {
     const char *name;
     tl_simd level;
-} tl_isa_names[] = {{"avx512_bf16", TL_SIMD_V4_BF16}, {"avx512", TL_SIMD_V4},
-                    {"avx2", TL_SIMD_V3},              {"baseline", TL_SIMD_BASE},
-                    {"auto", TL_SIMD_V4_BF16},         {"", TL_SIMD_V4_BF16}};
+} tl_isa_names[] = {{"amx_bf16", TL_SIMD_V4_AMX}, {"avx512_bf16", TL_SIMD_V4_BF16},
+                    {"avx512", TL_SIMD_V4},         {"avx2", TL_SIMD_V3},
+                    {"baseline", TL_SIMD_BASE},     {"auto", TL_SIMD_V4_AMX},
+                    {"", TL_SIMD_V4_AMX}};
 #define TL_ISA_NAMES (sizeof tl_isa_names / sizeof tl_isa_names[0])
 
 int tl_cpu_ctx(int threads, tl_ctx *ctx) {
@@ -94,7 +95,7 @@ int tl_cpu_ctx(int threads, tl_ctx *ctx) {
     ctx->threads = threads < 1 ? 1 : threads;
     ctx->device = -1;
     ctx->stream = NULL;
-    ctx->simd_cap = TL_SIMD_V4_BF16;
+    ctx->simd_cap = TL_SIMD_V4_AMX;
     if (!want) return 0;
     for (size_t i = 0; i < TL_ISA_NAMES; i++)
         if (strcmp(want, tl_isa_names[i].name) == 0) {
@@ -102,7 +103,7 @@ int tl_cpu_ctx(int threads, tl_ctx *ctx) {
             return 0;
         }
     PyErr_Format(PyExc_ValueError,
-                 "TORCH_LATTICE_CPU_ISA must be auto, avx512_bf16, avx512, avx2 or baseline "
+                 "TORCH_LATTICE_CPU_ISA must be auto, amx_bf16, avx512_bf16, avx512, avx2 or baseline "
                  "(or unset); "
                  "got '%s'",
                  want);
@@ -111,8 +112,8 @@ int tl_cpu_ctx(int threads, tl_ctx *ctx) {
 
 PyDoc_STRVAR(cpu_isa_doc,
              "cpu_isa() -> str\n\n"
-             "Instruction set the CPU micro-kernels run with now: 'avx512_bf16',\n"
-             "'avx512', 'avx2' or 'baseline' (this CPU's widest, capped by\n"
+             "Instruction set the CPU micro-kernels run with now: 'amx_bf16',\n"
+             "'avx512_bf16', 'avx512', 'avx2' or 'baseline' (this CPU's widest, capped by\n"
              "TORCH_LATTICE_CPU_ISA).");
 static PyObject *py_cpu_isa(PyObject *self, PyObject *args) {
     (void)self;

@@ -473,7 +473,7 @@ static void test_half_conv(void) {
     double *ref = xmalloc(sizeof(double) * (size_t)(k * ci * co + n_out * co));
     for (int64_t i = 0; i < n_out * k; i++) nbr[i] = (int32_t)rnd((uint32_t)n_in + 1) - 1;
     const tl_dtype types[2] = {TL_BF16, TL_F16};
-    const int levels[4] = {TL_SIMD_V4_BF16, TL_SIMD_V4, TL_SIMD_V3, TL_SIMD_BASE};
+    const int levels[5] = {TL_SIMD_V4_AMX, TL_SIMD_V4_BF16, TL_SIMD_V4, TL_SIMD_V3, TL_SIMD_BASE};
     for (int t = 0; t < 2; t++) {
         const tl_dtype type = types[t];
         const double unit = type == TL_BF16 ? 0x1p-8 : 0x1p-11;
@@ -491,7 +491,7 @@ static void test_half_conv(void) {
                                            half_value(type, w[(n * ci + a) * co + b]);
             }
         tl_conv_desc d = {type, n_in, n_out, k, ci, co};
-        for (int v = 0; v < 8; v++) {
+        for (int v = 0; v < 10; v++) {
             tl_ctx ctx = make_ctx(1 + v % 2, levels[v / 2]);
             memset(y, 0xff, sizeof(uint16_t) * (size_t)(n_out * co));
             CHECK(tl_implicit_gemm_forward(&ctx, &d, x, w, nbr, y) == TL_OK);
@@ -510,7 +510,7 @@ static void test_half_conv(void) {
                             half_value(type, x[i * ci + a]) * half_value(type, y[o * co + b]);
             }
         uint16_t *dw = xmalloc(sizeof(uint16_t) * (size_t)(k * ci * co));
-        for (int v = 0; v < 8; v++) {
+        for (int v = 0; v < 10; v++) {
             tl_ctx ctx = make_ctx(1 + v % 2, levels[v / 2]);
             CHECK(tl_implicit_gemm_weight_grad(&ctx, &d, x, y, nbr, dw) == TL_OK);
             for (int64_t i = 0; i < k * ci * co; i++) {
@@ -518,7 +518,7 @@ static void test_half_conv(void) {
             }
         }
         free(dw);
-        tl_ctx c1 = make_ctx(1, TL_SIMD_V4_BF16);
+        tl_ctx c1 = make_ctx(1, TL_SIMD_V4_AMX);
         nbr[7] = (int32_t)n_in;
         CHECK(tl_implicit_gemm_forward(&c1, &d, x, w, nbr, y) == TL_ERR_INVALID);
         nbr[7] = -1;

@@ -2,8 +2,9 @@
 rounding per output, for every instruction set.
 
 Implicit GEMM's forward, input gradient (the same kernel on the transposed map) and
-weight gradient read half-type features and weights as they are: bfloat16 through
-vdpbf16ps dot products where the CPU has AVX512_BF16 (``avx512_bf16``), otherwise both
+weight gradient read half-type features and weights as they are: the bfloat16 forward
+through AMX tiles where the CPU has them (``amx_bf16``), bfloat16 through vdpbf16ps dot
+products where the CPU has AVX512_BF16 (``avx512_bf16``), otherwise both
 types through float rows converted in registers (F16C for float16).  TORCH_LATTICE_CPU_ISA
 caps the instruction set, so this machine runs the narrower paths too.  The reference
 is the float64 dense oracle of the same half-valued inputs: every output must be that
@@ -24,7 +25,10 @@ from torch_lattice.ops._runtime import _C
 from torch_lattice.ops.conv import sparse_conv
 
 HALF = [torch.bfloat16, torch.float16]
-ISAS = ["avx512_bf16", "avx512", "avx2", "baseline"]
+ISAS = ["amx_bf16", "avx512_bf16", "avx512", "avx2", "baseline"]
+# The levels whose bfloat16 kernels read subnormal inputs and products as 0 (the rule of
+# both vdpbf16ps and tdpbf16ps).
+FLUSHING = ("amx_bf16", "avx512_bf16")
 # (c_in, c_out): odd c_in (a lone last channel for the pair kernels), single
 # columns, partial 16-column vectors, 4+2+1 vector blocks (112 = 64 + 32 + 16),
 # panels (260x72: wider than one L1 panel) and two column tiles (40x400).
@@ -103,8 +107,8 @@ def test_half_values_convert_exactly(isa: str, dtype: torch.dtype,
                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """A 1x1x1 convolution by 1 returns every half value (all 65,536 bit patterns)
     as it was: the conversions to float and back lose nothing, infinities stay, NaN
-    stays NaN.  bfloat16 dot products treat subnormal inputs as 0 (AVX512_BF16's
-    rule), an error below the smallest normal."""
+    stays NaN.  bfloat16 dot products and tiles treat subnormal inputs as 0
+    (AVX512_BF16's and AMX-BF16's rule), an error below the smallest normal."""
     if not _runnable(isa):
         pytest.skip(f"this CPU has no {isa} kernels (widest: {widest_isa()})")
     monkeypatch.setenv("TORCH_LATTICE_CPU_ISA", isa)
@@ -114,7 +118,7 @@ def test_half_values_convert_exactly(isa: str, dtype: torch.dtype,
     nan = torch.isnan(x)
     assert torch.equal(torch.isnan(y), nan)
     xf, yf = x[~nan].double(), y[~nan].double()
-    if isa == "avx512_bf16" and dtype is torch.bfloat16:
+    if isa in FLUSHING and dtype is torch.bfloat16:
         sub = xf.abs() < torch.finfo(dtype).smallest_normal
         assert torch.equal(yf[~sub], xf[~sub])
         assert bool((yf[sub] == 0).all())
@@ -138,14 +142,14 @@ def test_half_outputs_round_like_torch(isa: str, dtype: torch.dtype,
     mag = torch.exp2(lo + (hi - lo) * torch.rand(20000, generator=g))
     x = (mag * torch.randn(20000, generator=g).sign()).to(dtype).reshape(-1, 1)
     x = x[torch.isfinite(x.float()).squeeze(1)]
-    if isa == "avx512_bf16" and dtype is torch.bfloat16:  # subnormal inputs read as 0
+    if isa in FLUSHING and dtype is torch.bfloat16:  # subnormal inputs read as 0
         x = x[(x.float().abs() >= info.smallest_normal).squeeze(1)]
     for w in (1.0, 0.3, 1.7, 3.1, 1e-3, 2.0**-7, 300.0):
         wt = torch.tensor(w, dtype=dtype).reshape(1, 1, 1)
         y = _pointwise(x, wt)
         product = x.float() * wt.float().reshape(())
         expect = product.to(dtype)
-        if isa == "avx512_bf16" and dtype is torch.bfloat16:  # subnormal products: 0
+        if isa in FLUSHING and dtype is torch.bfloat16:  # subnormal products: 0
             small = product.abs() < info.smallest_normal
             expect = torch.where(small, torch.zeros_like(expect), expect)
             y = torch.where(small, torch.zeros_like(y), y)
@@ -163,7 +167,7 @@ def test_bf16_cap_selects_the_dot_product_kernels(monkeypatch: pytest.MonkeyPatc
     """avx512_bf16 runs other kernels than avx512 (dot products of channel pairs, whose
     sums round differently in the last float bits); both stay within bfloat16's
     rounding of each other."""
-    if widest_isa() != "avx512_bf16":
+    if not _runnable("avx512_bf16"):
         pytest.skip(f"this CPU has no AVX512_BF16 (widest: {widest_isa()})")
     feats, coords = _scene(64, torch.bfloat16)
     torch.manual_seed(0)
@@ -176,3 +180,27 @@ def test_bf16_cap_selects_the_dot_product_kernels(monkeypatch: pytest.MonkeyPatc
             out[isa] = conv(tl.SparseTensor(feats, coords)).feats
     assert not torch.equal(out["avx512_bf16"], out["avx512"])
     torch.testing.assert_close(out["avx512_bf16"], out["avx512"], rtol=2**-7, atol=1e-2)
+
+
+def test_amx_cap_selects_the_tile_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """amx_bf16 runs the bfloat16 forward through AMX tiles, other kernels than
+    avx512_bf16's dot products (the tile unit sums the channels in its own order);
+    both stay within bfloat16's rounding of each other, for the forward and for the
+    input gradient (the same kernel on the transposed map)."""
+    if widest_isa() != "amx_bf16":
+        pytest.skip(f"this CPU has no AMX tiles (widest: {widest_isa()})")
+    feats, coords = _scene(64, torch.bfloat16)
+    torch.manual_seed(0)
+    conv = tl.nn.SubmConv3d(64, 96, 3, bias=False).to(torch.bfloat16)
+    conv.config = F.ConvConfig(dataflow=F.Dataflow.ImplicitGEMM)
+    gy = torch.randn(feats.shape[0], 96, generator=torch.Generator().manual_seed(1))
+    out, grad = {}, {}
+    for isa in ("amx_bf16", "avx512_bf16"):
+        monkeypatch.setenv("TORCH_LATTICE_CPU_ISA", isa)
+        assert _C.cpu_isa() == isa
+        x = feats.clone().requires_grad_()
+        out[isa] = conv(tl.SparseTensor(x, coords)).feats
+        (grad[isa],) = torch.autograd.grad(out[isa], [x], gy.to(torch.bfloat16))
+    assert not torch.equal(out["amx_bf16"], out["avx512_bf16"])
+    for got in (out, grad):
+        torch.testing.assert_close(got["amx_bf16"], got["avx512_bf16"], rtol=2**-7, atol=1e-2)

@@ -20,8 +20,9 @@ from torch_lattice.ops._runtime import _C
 
 ISAS = ["avx512", "avx2", "baseline"]
 # Every level TORCH_LATTICE_CPU_ISA names, widest first: avx512_bf16 adds the
-# bfloat16 dot-product kernels (tests/ops/test_cpu_half.py) to avx512's float ones.
-LEVELS = ["avx512_bf16", *ISAS]
+# bfloat16 dot-product kernels (tests/ops/test_cpu_half.py) to avx512's float ones,
+# amx_bf16 the bfloat16 forward's AMX tile kernel.
+LEVELS = ["amx_bf16", "avx512_bf16", *ISAS]
 # (c_in, c_out): a 1-column output, tails only, one full AVX-512 block of
 # float32 (64), and every narrower remainder: 130 = 64 + 64 + 2 floats;
 # 37 = 32 + 4 + 1 floats; 24 = 16 + 8 floats (a 32-byte leftover block);
@@ -104,6 +105,6 @@ def test_unknown_isa_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TORCH_LATTICE_CPU_ISA", "sse9")
     feats, coords = _scene(4, torch.float32)
     conv = tl.nn.SubmConv3d(4, 4, 3)
-    rule = "TORCH_LATTICE_CPU_ISA must be auto, avx512_bf16, avx512, avx2"
+    rule = "TORCH_LATTICE_CPU_ISA must be auto, amx_bf16, avx512_bf16, avx512, avx2"
     with pytest.raises(ValueError, match=rule):
         conv(tl.SparseTensor(feats, coords))

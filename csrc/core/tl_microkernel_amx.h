@@ -1,0 +1,55 @@
+/* The bfloat16 forward micro-kernel for CPUs with AMX (tl_simd level
+ * TL_SIMD_V4_AMX: AMX-TILE and AMX-BF16, and the kernel's leave to use the
+ * tile registers).  One tdpbf16ps multiplies a 16 x 32 bfloat16 tile by a
+ * 32 x 16 one into 16 x 16 float sums: 8,192 multiply-adds, where a float
+ * FMA does 16, so on such CPUs (Intel Xeon from Sapphire Rapids on) it runs
+ * several times the float rate, which vdpbf16ps does not (it issues on one
+ * port there, half the float FMA rate).
+ *
+ * Each group of 16 listed x rows is copied into a dense tile (channels padded
+ * to 32 with zeros), multiplied by the kernel row's packed weights, and the
+ * 16 x 16 float blocks are added to the listed rows' float sums.  Each sum
+ * starts from zero per kernel row, so as in the other kernels an output adds
+ * its kernel rows' products in kernel-row order, whichever group a row falls
+ * in; within a kernel row the tile unit sums the channels. */
+#ifndef TL_MICROKERNEL_AMX_H
+#define TL_MICROKERNEL_AMX_H
+
+#include <stdint.h>
+
+#include "tl_conv.h"
+#include "tl_simd.h"
+
+/* Channels of a packed kernel row: c_in rounded up to 32 (one tile's depth). */
+static inline int64_t tl_amx_depth(int64_t cin) { return (cin + 31) / 32 * 32; }
+
+/* Elements of the packed weights: k x tl_amx_depth(c_in) x c_out rounded up
+ * to 16. */
+int64_t tl_amx_panel_elems(const tl_conv_desc *d);
+
+/* Packs w (k, c_in, c_out) for tl_amx_rows: kernel row n, block b of 16
+ * output columns and channel pair p (kp = tl_amx_depth(c_in), nb = c_out / 16
+ * rounded up) hold 32 values at pw + ((n * nb + b) * kp / 2 + p) * 32:
+ * w[n][2p][16b + j] then w[n][2p + 1][16b + j] for j < 16 (0 past c_in and
+ * c_out), the pair-interleaved layout a tile's right operand takes. */
+void tl_amx_pack(const tl_conv_desc *d, const uint16_t *w, uint16_t *pw);
+
+#if TL_SIMD_X86
+/* Loads this thread's tile configuration; call before tl_amx_rows on a
+ * thread, and tl_amx_stop after its last call. */
+void tl_amx_start(void);
+
+/* Releases this thread's tile state. */
+void tl_amx_stop(void);
+
+/* out[q][0:cw) += a[q] (c_in bfloat16 channels) times the columns
+ * [co0, co0 + cw) of one kernel row's packed weights pw_n (tl_amx_pack;
+ * co0 a multiple of 16), for q < c, 16 rows per group.  abuf: 16 x
+ * tl_amx_depth(c_in) bfloat16 values, cbuf: 16 x 64 floats, both 64-byte
+ * aligned scratch. */
+void tl_amx_rows(int64_t c, int64_t cin, int64_t co0, int64_t cw, int64_t cout,
+                 const uint16_t *const *a, const uint16_t *pw_n, float *const *out,
+                 uint16_t *abuf, float *cbuf);
+#endif
+
+#endif
