@@ -74,6 +74,12 @@ typedef struct tl_half_scratch {
     float *cbuf;         /* amx: 16 x 64, 64-byte aligned */
 } tl_half_scratch;
 
+/* 64-byte aligned room for n values of `size` bytes (n * size rounded up to
+ * 64, as aligned_alloc asks). */
+static void *tl_half_aligned(int64_t n, size_t size) {
+    return aligned_alloc(64, ((size_t)n * size + 63) / 64 * 64);
+}
+
 static int tl_half_scratch_init(tl_half_scratch *s, const tl_half_call *f) {
     const int64_t rows = f->rows + 3, cin = f->d->c_in;
     const int64_t k = f->d->k > 0 ? f->d->k : 1;
@@ -88,8 +94,8 @@ static int tl_half_scratch_init(tl_half_scratch *s, const tl_half_call *f) {
     s->window = f->dot ? NULL : malloc(sizeof(float) * (size_t)(f->window_rows * cin + 1));
     s->zero = calloc((size_t)(cin + 2 + TL_TILE_COLS), sizeof(float));
     s->sink = s->zero ? s->zero + cin + 2 : NULL;
-    s->abuf = f->amx ? aligned_alloc(64, sizeof(uint16_t) * (size_t)(16 * tl_amx_depth(cin))) : NULL;
-    s->cbuf = f->amx ? aligned_alloc(64, sizeof(float) * 16 * 64) : NULL;
+    s->abuf = f->amx ? tl_half_aligned(16 * tl_amx_depth(cin), sizeof(uint16_t)) : NULL;
+    s->cbuf = f->amx ? tl_half_aligned(16 * 64, sizeof(float)) : NULL;
     return s->li && s->lr && s->lc && s->xh && s->xf && s->yr && s->acc &&
            (f->dot || (s->stage && s->window)) && s->zero && (!f->amx || (s->abuf && s->cbuf));
 }
@@ -325,19 +331,26 @@ typedef struct tl_half_wg_scratch {
     uint16_t *dp;  /* dot: TL_WGRAD_PAIRS x c_out */
     uint16_t *tmp; /* dot: 2 x (c_in rounded up to 4) */
     float *stage;  /* staged: TL_WGRAD_PAIRS x rows of c_in, then the block's dy rows */
+    uint32_t *xt;  /* amx: tl_amx_wgrad_x_units(TL_WGRAD_PAIRS, c_in), 64-byte aligned */
+    uint16_t *dt;  /* amx: tl_amx_wgrad_dy_elems(TL_WGRAD_PAIRS, c_out), the same */
+    float *cbuf;   /* amx: 16 x 64, the same */
     tl_wgrad_lists lists;
 } tl_half_wg_scratch;
 
 static int tl_half_wg_init(tl_half_wg_scratch *s, const tl_conv_desc *d,
-                           const tl_wgrad_split *split, int dot, int vec) {
+                           const tl_wgrad_split *split, int dot, int amx, int vec) {
     const int64_t cin4 = (d->c_in + 3) / 4 * 4;
+    s->xt = amx ? tl_half_aligned(tl_amx_wgrad_x_units(TL_WGRAD_PAIRS, d->c_in), 4) : NULL;
+    s->dt = amx ? tl_half_aligned(tl_amx_wgrad_dy_elems(TL_WGRAD_PAIRS, d->c_out), 2) : NULL;
+    s->cbuf = amx ? tl_half_aligned(16 * 64, sizeof(float)) : NULL;
     s->xp = dot ? malloc(sizeof(uint32_t) * (size_t)(cin4 * TL_WGRAD_PAIRS / 2 + 1)) : NULL;
     s->dp = dot ? malloc(sizeof(uint16_t) * (size_t)(TL_WGRAD_PAIRS * d->c_out + 1)) : NULL;
     s->tmp = dot ? malloc(sizeof(uint16_t) * (size_t)(2 * cin4 + 1)) : NULL;
     s->stage = dot ? NULL
                    : malloc(sizeof(float) * (size_t)(TL_WGRAD_PAIRS * (d->c_in + d->c_out) + 1));
     const int lists = tl_wgrad_lists_init(&s->lists, split->listed, vec, d->k);
-    return lists && (dot ? s->xp && s->dp && s->tmp : s->stage != NULL);
+    return lists && (dot ? s->xp && s->dp && s->tmp : s->stage != NULL) &&
+           (!amx || (s->xt && s->dt && s->cbuf));
 }
 
 static void tl_half_wg_free(tl_half_wg_scratch *s) {
@@ -345,6 +358,9 @@ static void tl_half_wg_free(tl_half_wg_scratch *s) {
     free(s->dp);
     free(s->tmp);
     free(s->stage);
+    free(s->xt);
+    free(s->dt);
+    free(s->cbuf);
     tl_wgrad_lists_free(&s->lists);
 }
 
@@ -366,6 +382,12 @@ static int tl_half_wg_rows(const tl_half_call *f, const uint16_t *x, const uint1
             int64_t c;
             TL_WGRAD_PAIRS_OF(&s->lists, nbr, k, n, b0, b1, x, cin, dy, cout, s->xq, s->dq, c);
             if (c == 0) continue;
+            if (f->amx) {
+#if TL_SIMD_X86
+                tl_amx_wgrad(c, cin, cout, s->xq, s->dq, s->xt, s->dt, s->cbuf, acc + n * mat, cout);
+#endif
+                continue;
+            }
             if (f->dot) {
 #if TL_SIMD_X86
                 tl_bf16_wgrad_pack(c, cin, cout, s->xq, s->dq, s->xp, s->dp, s->tmp);
@@ -393,6 +415,7 @@ tl_status tl_implicit_gemm_weight_grad_half(const tl_ctx *ctx, const tl_conv_des
                                             const int32_t *nbr, uint16_t *dw) {
     tl_half_call f = {.d = d, .level = tl_simd_capped(ctx->simd_cap), .mk = tl_mk_pick_f32(ctx)};
     f.dot = f.level >= TL_SIMD_V4_BF16 && d->dtype == TL_BF16;
+    f.amx = f.level >= TL_SIMD_V4_AMX && d->dtype == TL_BF16;
     const int64_t mat = d->c_in * d->c_out, all = d->k * mat;
     const tl_wgrad_split split = tl_wgrad_split_of(d);
     const int64_t parts = split.parts;
@@ -403,8 +426,11 @@ tl_status tl_implicit_gemm_weight_grad_half(const tl_ctx *ctx, const tl_conv_des
 #pragma omp parallel num_threads(ctx->threads) reduction(| : failed, invalid)
     {
         tl_half_wg_scratch s;
-        int ok = tl_half_wg_init(&s, d, &split, f.dot, f.level >= TL_SIMD_V4);
+        int ok = tl_half_wg_init(&s, d, &split, f.dot, f.amx, f.level >= TL_SIMD_V4);
         failed |= !ok;
+#if TL_SIMD_X86
+        if (f.amx) tl_amx_start();
+#endif
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < parts * split.groups; t++) {
             if (!ok || invalid) continue;
@@ -414,6 +440,9 @@ tl_status tl_implicit_gemm_weight_grad_half(const tl_ctx *ctx, const tl_conv_des
             if (w.o0 < w.o1)
                 invalid |= tl_half_wg_rows(&f, x, dy, nbr, w.o0, w.o1, w.n0, w.n1, acc, &s);
         }
+#if TL_SIMD_X86
+        if (f.amx) tl_amx_stop();
+#endif
         tl_half_wg_free(&s);
     }
     if (!failed && !invalid) {

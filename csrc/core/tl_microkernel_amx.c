@@ -12,6 +12,19 @@
 #include <unistd.h>
 #endif
 
+/* The weight gradient's tile shapes: pairs rounded up to 32 (one tile's
+ * depth), channels and columns to 16. */
+static int64_t tl_amx_units(int64_t pairs) { return (pairs + 31) / 32 * 16; }
+static int64_t tl_amx_round16(int64_t n) { return (n + 15) / 16 * 16; }
+
+int64_t tl_amx_wgrad_x_units(int64_t pairs, int64_t cin) {
+    return tl_amx_units(pairs) * tl_amx_round16(cin);
+}
+
+int64_t tl_amx_wgrad_dy_elems(int64_t pairs, int64_t cout) {
+    return tl_amx_units(pairs) * 2 * tl_amx_round16(cout);
+}
+
 int64_t tl_amx_panel_elems(const tl_conv_desc *d) {
     return d->k * tl_amx_depth(d->c_in) * ((d->c_out + 15) / 16 * 16);
 }
@@ -147,5 +160,123 @@ TL_TARGET_AMX void tl_amx_rows(int64_t c, int64_t cin, int64_t co0, int64_t cw, 
             }
         }
     }
+}
+
+/* dst[2i] = a[i], dst[2i + 1] = b[i] (0 without b or past n), i < m (m a
+ * multiple of 16): two rows as one of 32-bit units.  Masked loads read
+ * nothing past n, so a (never NULL) may be any row when n is 0. */
+static inline __attribute__((always_inline)) TL_TARGET_AMX void tl_amx_interleave(
+    const uint16_t *a, const uint16_t *b, int64_t n, int64_t m, uint16_t *dst) {
+    const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9,
+                                        40, 8, 39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1,
+                                        32, 0);
+    const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+    for (int64_t i = 0; i < m; i += 32) {
+        const int64_t left = n - i;
+        const __mmask32 m32 = (__mmask32)(left >= 32 ? 0xffffffffu
+                                          : left <= 0 ? 0u
+                                                      : (1u << left) - 1u);
+        const __m512i va = _mm512_maskz_loadu_epi16(m32, a + i);
+        const __m512i vb = b ? _mm512_maskz_loadu_epi16(m32, b + i) : _mm512_setzero_si512();
+        _mm512_storeu_si512(dst + 2 * i, _mm512_permutex2var_epi16(va, lo, vb));
+        if (i + 16 < m) _mm512_storeu_si512(dst + 2 * i + 32, _mm512_permutex2var_epi16(va, hi, vb));
+    }
+}
+
+/* 16 x 16 32-bit units: dst[c * ld + t] = src[t * 16 + c]. */
+static inline __attribute__((always_inline)) TL_TARGET_AMX void tl_amx_transpose16(
+    const uint32_t *src, uint32_t *dst, int64_t ld) {
+    __m512i r[16], u[16];
+    for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_si512(src + 16 * i);
+    /* 32-bit, then 64-bit interleaves, then 128-bit lanes twice. */
+    for (int i = 0; i < 16; i += 2) {
+        u[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        u[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        r[i] = _mm512_unpacklo_epi64(u[i], u[i + 2]);
+        r[i + 1] = _mm512_unpackhi_epi64(u[i], u[i + 2]);
+        r[i + 2] = _mm512_unpacklo_epi64(u[i + 1], u[i + 3]);
+        r[i + 3] = _mm512_unpackhi_epi64(u[i + 1], u[i + 3]);
+    }
+    for (int i = 0; i < 8; i++) {
+        const int a = (i / 4) * 8 + i % 4; /* rows a and a + 4 */
+        u[a] = _mm512_shuffle_i32x4(r[a], r[a + 4], 0x88);
+        u[a + 4] = _mm512_shuffle_i32x4(r[a], r[a + 4], 0xdd);
+    }
+    for (int i = 0; i < 8; i++) {
+        r[i] = _mm512_shuffle_i32x4(u[i], u[i + 8], 0x88);
+        r[i + 8] = _mm512_shuffle_i32x4(u[i], u[i + 8], 0xdd);
+    }
+    for (int j = 0; j < 16; j++) _mm512_storeu_si512(dst + j * ld, r[j]);
+}
+
+TL_TARGET_AMX void tl_amx_wgrad(int64_t c, int64_t cin, int64_t cout, const uint16_t *const *xq,
+                                const uint16_t *const *dq, uint32_t *xt, uint16_t *dt,
+                                float *cbuf, float *out, int64_t ldo) {
+    const int64_t units = tl_amx_units(c), cinp = tl_amx_round16(cin);
+    const int64_t coutp = tl_amx_round16(cout);
+    /* dy: unit row t holds pairs 2t and 2t + 1 side by side. */
+    for (int64_t t = 0; t < units; t++) {
+        const int64_t q = 2 * t;
+        tl_amx_interleave(dq[q < c ? q : 0], q + 1 < c ? dq[q + 1] : NULL, q < c ? cout : 0,
+                          coutp, dt + t * 2 * coutp);
+    }
+    /* x: the same units, 16 unit rows at a time, transposed into xt (row per
+     * channel, `units` apart); the interleaved block goes through cbuf. */
+    uint32_t *blk = (uint32_t *)(void *)cbuf;
+    for (int64_t t0 = 0; t0 < units; t0 += 16)
+        for (int64_t c0 = 0; c0 < cinp; c0 += 16) {
+            for (int64_t t = 0; t < 16; t++) {
+                const int64_t q = 2 * (t0 + t);
+                const int64_t n = q < c ? (cin - c0 < 16 ? cin - c0 : 16) : 0;
+                tl_amx_interleave(xq[q < c ? q : 0] + c0, q + 1 < c ? xq[q + 1] + c0 : NULL, n,
+                                  16, (uint16_t *)(blk + 16 * t));
+            }
+            tl_amx_transpose16(blk, xt + c0 * units + t0, units);
+        }
+    const int64_t ustride = units * 4, dstride = coutp * 4;
+    for (int64_t c0 = 0; c0 < cinp; c0 += 16)
+        for (int64_t j = 0; j < coutp; j += 64) {
+            const int nv = (int)((coutp - j < 64 ? coutp - j : 64) / 16);
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_zero(2);
+            _tile_zero(3);
+            for (int64_t u = 0; u < units; u += 16) {
+                const uint16_t *db = dt + u * 2 * coutp + 2 * j;
+                _tile_loadd(4, xt + c0 * units + u, ustride);
+                _tile_loadd(5, db, dstride);
+                _tile_dpbf16ps(0, 4, 5);
+                if (nv > 1) {
+                    _tile_loadd(6, db + 32, dstride);
+                    _tile_dpbf16ps(1, 4, 6);
+                }
+                if (nv > 2) {
+                    _tile_loadd(5, db + 64, dstride);
+                    _tile_dpbf16ps(2, 4, 5);
+                }
+                if (nv > 3) {
+                    _tile_loadd(6, db + 96, dstride);
+                    _tile_dpbf16ps(3, 4, 6);
+                }
+            }
+            _tile_stored(0, cbuf, 256);
+            _tile_stored(1, cbuf + 16, 256);
+            _tile_stored(2, cbuf + 32, 256);
+            _tile_stored(3, cbuf + 48, 256);
+            const int64_t rows = cin - c0 < 16 ? cin - c0 : 16;
+            const int64_t w = cout - j < 64 ? cout - j : 64;
+            for (int64_t r = 0; r < rows; r++) {
+                float *o = out + (c0 + r) * ldo + j;
+                for (int64_t v = 0; v < w; v += 16) {
+                    const int64_t left = w - v;
+                    const __mmask16 m = (__mmask16)(left >= 16 ? 0xffffu : (1u << left) - 1u);
+                    _mm512_mask_storeu_ps(o + v, m,
+                                          _mm512_add_ps(_mm512_maskz_loadu_ps(m, o + v),
+                                                        _mm512_load_ps(cbuf + r * 64 + v)));
+                }
+            }
+        }
 }
 #endif

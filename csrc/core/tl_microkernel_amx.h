@@ -50,6 +50,21 @@ void tl_amx_stop(void);
 void tl_amx_rows(int64_t c, int64_t cin, int64_t co0, int64_t cw, int64_t cout,
                  const uint16_t *const *a, const uint16_t *pw_n, float *const *out,
                  uint16_t *abuf, float *cbuf);
+
+/* Scratch values tl_amx_wgrad needs for at most `pairs` pairs: its x tile
+ * (uint32 units) and its dy tile (bfloat16 values), each 64-byte aligned. */
+int64_t tl_amx_wgrad_x_units(int64_t pairs, int64_t cin);
+int64_t tl_amx_wgrad_dy_elems(int64_t pairs, int64_t cout);
+
+/* out[ci * ldo + j] += sum_q xq[q][ci] * dq[q][j] over the c pairs (x row
+ * xq[q], dy row dq[q]), ci < cin, j < cout, in float.  The pairs are the
+ * tiles' depth: dy rows interleaved two by two (the right operand's layout),
+ * x rows interleaved the same way and transposed so each channel's pairs are
+ * a row (the left operand).  xt, dt: scratch of tl_amx_wgrad_x_units and
+ * tl_amx_wgrad_dy_elems; cbuf 16 x 64 floats; all 64-byte aligned. */
+void tl_amx_wgrad(int64_t c, int64_t cin, int64_t cout, const uint16_t *const *xq,
+                  const uint16_t *const *dq, uint32_t *xt, uint16_t *dt, float *cbuf,
+                  float *out, int64_t ldo);
 #endif
 
 #endif
