@@ -193,7 +193,7 @@ static int tl_half_tile(const tl_half_call *f, const uint16_t *x, const int32_t 
                       s->xh, const uint16_t *, s->yr, TL_YROW);
 #undef TL_YROW
         if (f->amx) {
-#if TL_SIMD_X86
+#if TL_SIMD_AMX
             const int64_t blocks = (cout + 15) / 16, kp = tl_amx_depth(cin);
             tl_amx_rows(c, cin, co0, cw, cout, s->xh, f->pw_amx + n * blocks * kp * 16, s->yr,
                         s->abuf, s->cbuf);
@@ -298,7 +298,7 @@ tl_status tl_implicit_gemm_forward_half(const tl_ctx *ctx, const tl_conv_desc *d
         tl_half_scratch s;
         int ok = tl_half_scratch_init(&s, &f);
         failed |= !ok;
-#if TL_SIMD_X86
+#if TL_SIMD_AMX
         if (f.amx) tl_amx_start();
 #endif
 #pragma omp for schedule(dynamic, 1)
@@ -310,7 +310,7 @@ tl_status tl_implicit_gemm_forward_half(const tl_ctx *ctx, const tl_conv_desc *d
             int64_t cw = d->c_out - co0 < TL_TILE_COLS ? d->c_out - co0 : TL_TILE_COLS;
             invalid |= tl_half_tile(&f, x, nbr, y, o0, m, co0, cw, &s);
         }
-#if TL_SIMD_X86
+#if TL_SIMD_AMX
         if (f.amx) tl_amx_stop();
 #endif
         tl_half_scratch_free(&s);
@@ -383,7 +383,7 @@ static int tl_half_wg_rows(const tl_half_call *f, const uint16_t *x, const uint1
             TL_WGRAD_PAIRS_OF(&s->lists, nbr, k, n, b0, b1, x, cin, dy, cout, s->xq, s->dq, c);
             if (c == 0) continue;
             if (f->amx) {
-#if TL_SIMD_X86
+#if TL_SIMD_AMX
                 tl_amx_wgrad(c, cin, cout, s->xq, s->dq, s->xt, s->dt, s->cbuf, acc + n * mat, cout);
 #endif
                 continue;

@@ -4,10 +4,8 @@
 
 #include <string.h>
 
-#if TL_SIMD_X86
+#if TL_SIMD_AMX
 #include <immintrin.h>
-#endif
-#if TL_SIMD_X86 && defined(__linux__)
 #include <sys/syscall.h>
 #include <unistd.h>
 #endif
@@ -49,7 +47,7 @@ void tl_amx_pack(const tl_conv_desc *d, const uint16_t *w, uint16_t *pw) {
 #define TL_XFEATURE_XTILEDATA 18
 
 int tl_amx_usable(void) {
-#if TL_SIMD_X86 && defined(__linux__) && defined(SYS_arch_prctl)
+#if TL_SIMD_AMX && defined(SYS_arch_prctl)
     __builtin_cpu_init();
     if (!__builtin_cpu_supports("amx-tile") || !__builtin_cpu_supports("amx-bf16")) return 0;
     return syscall(SYS_arch_prctl, TL_ARCH_REQ_XCOMP_PERM, TL_XFEATURE_XTILEDATA) == 0;
@@ -58,7 +56,7 @@ int tl_amx_usable(void) {
 #endif
 }
 
-#if TL_SIMD_X86
+#if TL_SIMD_AMX
 #define TL_TARGET_AMX __attribute__((target("arch=x86-64-v4,avx512bf16,amx-tile,amx-bf16")))
 
 /* The tile configuration (palette 1): eight tiles of 16 rows x 64 bytes.

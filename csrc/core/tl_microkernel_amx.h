@@ -34,7 +34,7 @@ int64_t tl_amx_panel_elems(const tl_conv_desc *d);
  * c_out), the pair-interleaved layout a tile's right operand takes. */
 void tl_amx_pack(const tl_conv_desc *d, const uint16_t *w, uint16_t *pw);
 
-#if TL_SIMD_X86
+#if TL_SIMD_AMX
 /* Loads this thread's tile configuration; call before tl_amx_rows on a
  * thread, and tl_amx_stop after its last call. */
 void tl_amx_start(void);

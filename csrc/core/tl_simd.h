@@ -19,6 +19,14 @@
 #define TL_SIMD_X86 0
 #endif
 
+/* The AMX tile kernels: GCC 11 and later know the instructions, and only
+ * Linux is asked for the tile state (tl_amx_usable). */
+#if TL_SIMD_X86 && __GNUC__ >= 11 && defined(__linux__)
+#define TL_SIMD_AMX 1
+#else
+#define TL_SIMD_AMX 0
+#endif
+
 typedef enum tl_simd {
     TL_SIMD_BASE = 0,
     TL_SIMD_V3 = 3,
