@@ -74,12 +74,6 @@ typedef struct tl_half_scratch {
     float *cbuf;         /* amx: 16 x 64, 64-byte aligned */
 } tl_half_scratch;
 
-/* 64-byte aligned room for n values of `size` bytes (n * size rounded up to
- * 64, as aligned_alloc asks). */
-static void *tl_half_aligned(int64_t n, size_t size) {
-    return aligned_alloc(64, ((size_t)n * size + 63) / 64 * 64);
-}
-
 static int tl_half_scratch_init(tl_half_scratch *s, const tl_half_call *f) {
     const int64_t rows = f->rows + 3, cin = f->d->c_in;
     const int64_t k = f->d->k > 0 ? f->d->k : 1;
@@ -89,13 +83,13 @@ static int tl_half_scratch_init(tl_half_scratch *s, const tl_half_call *f) {
     s->xh = malloc(sizeof(*s->xh) * (size_t)rows);
     s->xf = malloc(sizeof(*s->xf) * (size_t)rows);
     s->yr = malloc(sizeof(*s->yr) * (size_t)rows);
-    s->acc = malloc(sizeof(float) * (size_t)(f->rows * TL_TILE_COLS));
+    s->acc = tl_mem_aligned(sizeof(float) * (size_t)(f->rows * TL_TILE_COLS));
     s->stage = f->dot ? NULL : malloc(sizeof(float) * (size_t)(rows * cin + 1));
     s->window = f->dot ? NULL : malloc(sizeof(float) * (size_t)(f->window_rows * cin + 1));
     s->zero = calloc((size_t)(cin + 2 + TL_TILE_COLS), sizeof(float));
     s->sink = s->zero ? s->zero + cin + 2 : NULL;
-    s->abuf = f->amx ? tl_half_aligned(16 * tl_amx_depth(cin), sizeof(uint16_t)) : NULL;
-    s->cbuf = f->amx ? tl_half_aligned(16 * 64, sizeof(float)) : NULL;
+    s->abuf = f->amx ? tl_mem_aligned(sizeof(uint16_t) * (size_t)(16 * tl_amx_depth(cin))) : NULL;
+    s->cbuf = f->amx ? tl_mem_aligned(sizeof(float) * 16 * 64) : NULL;
     return s->li && s->lr && s->lc && s->xh && s->xf && s->yr && s->acc &&
            (f->dot || (s->stage && s->window)) && s->zero && (!f->amx || (s->abuf && s->cbuf));
 }
@@ -244,7 +238,7 @@ static tl_status tl_half_pack(tl_half_call *f, const uint16_t *w, void **packed)
     const tl_conv_desc *d = f->d;
     const int64_t all = d->k * d->c_in * d->c_out;
     if (f->amx) {
-        uint16_t *pw = malloc(sizeof(uint16_t) * (size_t)(tl_amx_panel_elems(d) + 1));
+        uint16_t *pw = tl_mem_aligned(sizeof(uint16_t) * (size_t)tl_amx_panel_elems(d));
         if (!pw) return TL_ERR_NOMEM;
         tl_amx_pack(d, w, pw);
         f->pw_amx = pw;
@@ -252,7 +246,7 @@ static tl_status tl_half_pack(tl_half_call *f, const uint16_t *w, void **packed)
         return TL_OK;
     }
     if (f->dot) {
-        uint16_t *pw = malloc(sizeof(uint16_t) * (size_t)(tl_bf16_panel_elems(d) + 1));
+        uint16_t *pw = tl_mem_aligned(sizeof(uint16_t) * (size_t)tl_bf16_panel_elems(d));
         if (!pw) return TL_ERR_NOMEM;
         tl_bf16_pack_panels(d, f->panel_cols, w, pw);
         f->pw_dot = pw;
@@ -260,7 +254,7 @@ static tl_status tl_half_pack(tl_half_call *f, const uint16_t *w, void **packed)
         return TL_OK;
     }
     float *wf = malloc(sizeof(float) * (size_t)(all + 1));
-    float *pw = malloc(sizeof(float) * (size_t)(all + 1));
+    float *pw = tl_mem_aligned(sizeof(float) * (size_t)all);
     if (!wf || !pw) {
         free(wf);
         free(pw);
@@ -340,11 +334,13 @@ typedef struct tl_half_wg_scratch {
 static int tl_half_wg_init(tl_half_wg_scratch *s, const tl_conv_desc *d,
                            const tl_wgrad_split *split, int dot, int amx, int vec) {
     const int64_t cin4 = (d->c_in + 3) / 4 * 4;
-    s->xt = amx ? tl_half_aligned(tl_amx_wgrad_x_units(TL_WGRAD_PAIRS, d->c_in), 4) : NULL;
-    s->dt = amx ? tl_half_aligned(tl_amx_wgrad_dy_elems(TL_WGRAD_PAIRS, d->c_out), 2) : NULL;
-    s->cbuf = amx ? tl_half_aligned(16 * 64, sizeof(float)) : NULL;
+    const int64_t xt = amx ? tl_amx_wgrad_x_units(TL_WGRAD_PAIRS, d->c_in) : 0;
+    const int64_t dt = amx ? tl_amx_wgrad_dy_elems(TL_WGRAD_PAIRS, d->c_out) : 0;
+    s->xt = amx ? tl_mem_aligned(sizeof(uint32_t) * (size_t)xt) : NULL;
+    s->dt = amx ? tl_mem_aligned(sizeof(uint16_t) * (size_t)dt) : NULL;
+    s->cbuf = amx ? tl_mem_aligned(sizeof(float) * 16 * 64) : NULL;
     s->xp = dot ? malloc(sizeof(uint32_t) * (size_t)(cin4 * TL_WGRAD_PAIRS / 2 + 1)) : NULL;
-    s->dp = dot ? malloc(sizeof(uint16_t) * (size_t)(TL_WGRAD_PAIRS * d->c_out + 1)) : NULL;
+    s->dp = dot ? tl_mem_aligned(sizeof(uint16_t) * (size_t)(TL_WGRAD_PAIRS * d->c_out)) : NULL;
     s->tmp = dot ? malloc(sizeof(uint16_t) * (size_t)(2 * cin4 + 1)) : NULL;
     s->stage = dot ? NULL
                    : malloc(sizeof(float) * (size_t)(TL_WGRAD_PAIRS * (d->c_in + d->c_out) + 1));
@@ -384,7 +380,8 @@ static int tl_half_wg_rows(const tl_half_call *f, const uint16_t *x, const uint1
             if (c == 0) continue;
             if (f->amx) {
 #if TL_SIMD_AMX
-                tl_amx_wgrad(c, cin, cout, s->xq, s->dq, s->xt, s->dt, s->cbuf, acc + n * mat, cout);
+                tl_amx_wgrad(c, cin, cout, s->xq, s->dq, s->xt, s->dt, s->cbuf, acc + n * mat,
+                             cout);
 #endif
                 continue;
             }
@@ -420,7 +417,7 @@ tl_status tl_implicit_gemm_weight_grad_half(const tl_ctx *ctx, const tl_conv_des
     const tl_wgrad_split split = tl_wgrad_split_of(d);
     const int64_t parts = split.parts;
     /* Float partial sums, one set per part, then their sum (fixed order). */
-    float *partial = malloc(sizeof(float) * (size_t)((parts + 1) * all));
+    float *partial = tl_mem_aligned(sizeof(float) * (size_t)((parts + 1) * all));
     if (!partial) return TL_ERR_NOMEM;
     int failed = 0, invalid = 0;
 #pragma omp parallel num_threads(ctx->threads) reduction(| : failed, invalid)

@@ -137,7 +137,7 @@ static tl_status TL_FN(tl_forward)(const tl_ctx *ctx, const tl_conv_desc *d, con
     const int64_t panel = tl_panel_cols(d, mk->block_cols, (int64_t)sizeof(TL_T));
     TL_T *packed = NULL;
     if (panel < d->c_out) {
-        packed = malloc(sizeof(TL_T) * (size_t)(d->k * cin * d->c_out));
+        packed = tl_mem_aligned(sizeof(TL_T) * (size_t)(d->k * cin * d->c_out));
         if (!packed) return TL_ERR_NOMEM;
         tl_pack_panels(d, panel, (int64_t)sizeof(TL_T), w, packed);
     }
@@ -297,7 +297,7 @@ static tl_status TL_FN(tl_weight_grad)(const tl_ctx *ctx, const tl_conv_desc *d,
     const int64_t parts = split.parts;
     TL_T *partial = dw;
     if (parts > 1) {
-        partial = malloc(sizeof(TL_T) * (size_t)(parts * all));
+        partial = tl_mem_aligned(sizeof(TL_T) * (size_t)(parts * all));
         if (!partial) return TL_ERR_NOMEM;
     }
     int failed = 0, invalid = 0;

@@ -27,7 +27,7 @@ static int TL_FN(tl_scratch_init)(TL_FN(tl_pairs_scratch) *s, const tl_ctx *ctx,
                                   const tl_conv_desc *d) {
     s->mk = TL_FN(tl_mk_pick)(ctx);
     const size_t cin = (size_t)d->c_in, cout = (size_t)d->c_out, B = TL_PAIR_BLOCK;
-    s->gx = malloc(sizeof(TL_T) * (B * (cin + 2 * cout) + 1));
+    s->gx = tl_mem_aligned(sizeof(TL_T) * (B * (cin + 2 * cout)));
     s->gy = s->gx ? s->gx + B * cin : NULL;
     s->gd = s->gx ? s->gy + B * cout : NULL;
     return s->gx != NULL;
@@ -113,7 +113,7 @@ static tl_status TL_FN(tl_pairs_wgrad)(const tl_ctx *ctx, const tl_conv_desc *d,
                                        const TL_T *x, const TL_T *dy, const tl_pairs *p,
                                        TL_T *dw) {
     const int64_t k = p->k, mat = d->c_in * d->c_out, parts = tl_pairs_wgrad_parts(d);
-    TL_T *partial = parts > 1 ? malloc(sizeof(TL_T) * (size_t)(k * parts * mat)) : dw;
+    TL_T *partial = parts > 1 ? tl_mem_aligned(sizeof(TL_T) * (size_t)(k * parts * mat)) : dw;
     if (!partial) return TL_ERR_NOMEM;
     int failed = 0;
     const int threads = tl_threads_for(ctx, p->offsets[k] * mat);

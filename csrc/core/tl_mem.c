@@ -2,6 +2,7 @@
 #define _DEFAULT_SOURCE 1
 #include "tl_mem.h"
 
+#include <stdlib.h>
 #include <unistd.h>
 
 #if defined(__linux__)
@@ -28,4 +29,9 @@ int64_t tl_mem_l2_bytes(void) {
 #else
     return 0;
 #endif
+}
+
+void *tl_mem_aligned(size_t bytes) {
+    const size_t size = bytes == 0 ? 64 : (bytes + 63) / 64 * 64; /* aligned_alloc's rule */
+    return aligned_alloc(64, size);
 }

@@ -177,7 +177,8 @@ static inline __attribute__((always_inline)) TL_TARGET_AMX void tl_amx_interleav
         const __m512i va = _mm512_maskz_loadu_epi16(m32, a + i);
         const __m512i vb = b ? _mm512_maskz_loadu_epi16(m32, b + i) : _mm512_setzero_si512();
         _mm512_storeu_si512(dst + 2 * i, _mm512_permutex2var_epi16(va, lo, vb));
-        if (i + 16 < m) _mm512_storeu_si512(dst + 2 * i + 32, _mm512_permutex2var_epi16(va, hi, vb));
+        if (i + 16 < m)
+            _mm512_storeu_si512(dst + 2 * i + 32, _mm512_permutex2var_epi16(va, hi, vb));
     }
 }
 
