@@ -1,7 +1,8 @@
 """The CPU's arithmetic peak, measured: the denominator of every "% of peak".
 
 ``benchmarks/peak_probe.c`` holds register-only loops (FMA on AVX2 or AVX-512,
-``vdpbf16ps`` where the CPU has AVX512_BF16); this module compiles it with the
+``vdpbf16ps`` where the CPU has AVX512_BF16, ``tdpbf16ps`` on AMX tiles where it has
+AMX-BF16); this module compiles it with the
 system C compiler into a temporary folder, runs one loop per thread at once
 (ctypes releases the GIL during the call) and reports the best of a few tries in
 GFLOP/s. ``python -m benchmarks peak`` prints it for 1 .. N threads.
@@ -27,6 +28,7 @@ SOURCE = Path(__file__).with_name("peak_probe.c")
 # (function, flops per iteration, ISA bit of tl_probe_isa)
 _FP32 = (("tl_probe_fma_avx512", 768, 2, "avx512f"), ("tl_probe_fma_avx2", 192, 1, "avx2+fma"))
 _BF16 = ("tl_probe_dpbf16_avx512", 1536, 4, "avx512_bf16")
+_AMX = ("tl_probe_tdpbf16", 65536, 8, "amx_bf16")
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,7 @@ class Peak:
     fp32_isa: str | None
     fp32_gflops: float | None
     bf16_gflops: float | None
+    amx_bf16_gflops: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -55,7 +58,8 @@ def _library() -> ctypes.CDLL:
     )
     lib = ctypes.CDLL(str(out))
     shutil.rmtree(folder, ignore_errors=True)  # the mapping stays valid once loaded
-    for name in ("tl_probe_fma_avx2", "tl_probe_fma_avx512", "tl_probe_dpbf16_avx512"):
+    for name in ("tl_probe_fma_avx2", "tl_probe_fma_avx512", "tl_probe_dpbf16_avx512",
+                 "tl_probe_tdpbf16"):
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = [ctypes.c_int64], ctypes.c_double
     lib.tl_probe_isa.argtypes, lib.tl_probe_isa.restype = [], ctypes.c_int
@@ -93,8 +97,9 @@ def _rate(fn: Any, flops_per_iter: int, threads: int, seconds: float, tries: int
 
 
 def measure_peak(threads: int, seconds: float = 0.2, tries: int = 3) -> Peak:
-    """The fp32 FMA peak (widest vector ISA here) and, with AVX512_BF16, the bf16
-    dot-product peak, both in GFLOP/s at ``threads`` concurrent threads."""
+    """The fp32 FMA peak (widest vector ISA here), with AVX512_BF16 the bf16
+    dot-product peak and with AMX-BF16 the bf16 tile peak, in GFLOP/s at ``threads``
+    concurrent threads."""
     if threads < 1:
         raise ValueError(f"threads must be at least 1, got {threads}")
     lib = _library()
@@ -104,20 +109,25 @@ def measure_peak(threads: int, seconds: float = 0.2, tries: int = 3) -> Peak:
         if isa & bit:
             fp32_isa, fp32 = label, _rate(getattr(lib, name), flops, threads, seconds, tries)
             break
-    bf16 = None
+    bf16, amx = None, None
     name, flops, bit, _ = _BF16
     if isa & bit:
         bf16 = _rate(getattr(lib, name), flops, threads, seconds, tries)
-    return Peak(threads, fp32_isa, fp32, bf16)
+    name, flops, bit, _ = _AMX
+    if isa & bit:
+        amx = _rate(getattr(lib, name), flops, threads, seconds, tries)
+    return Peak(threads, fp32_isa, fp32, bf16, amx)
 
 
 def main(max_threads: int) -> int:
     """Prints the peak for 1 .. ``max_threads`` threads."""
-    print("| threads | fp32 ISA | fp32 FMA peak GFLOP/s | bf16 dot peak GFLOP/s |")
-    print("|---|---|---|---|")
+    print("| threads | fp32 ISA | fp32 FMA peak GFLOP/s | bf16 dot peak GFLOP/s |"
+          " bf16 AMX tile peak GFLOP/s |")
+    print("|---|---|---|---|---|")
     for n in range(1, max_threads + 1):
         p = measure_peak(n)
         fp32 = "-" if p.fp32_gflops is None else f"{p.fp32_gflops:.0f}"
         bf16 = "-" if p.bf16_gflops is None else f"{p.bf16_gflops:.0f}"
-        print(f"| {n} | {p.fp32_isa or '-'} | {fp32} | {bf16} |")
+        amx = "-" if p.amx_bf16_gflops is None else f"{p.amx_bf16_gflops:.0f}"
+        print(f"| {n} | {p.fp32_isa or '-'} | {fp32} | {bf16} | {amx} |")
     return 0

@@ -8,10 +8,23 @@
  *
  * Each function returns the sum of its accumulators so the compiler cannot drop
  * the work; flops per iteration are documented beside each loop. */
+#define _DEFAULT_SOURCE 1 /* syscall(): Linux grants the AMX tile state on request */
 #include <stdint.h>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+
+/* AMX tiles: GCC 11 / clang 12 know the instructions; only Linux is asked for
+ * the tile state. */
+#if defined(__linux__) && defined(__x86_64__) && \
+    ((defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && __GNUC__ >= 11))
+#define TL_PROBE_AMX 1
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#else
+#define TL_PROBE_AMX 0
+#endif
 
 /* 12 ymm chains x 8 lanes x 2 flops = 192 flops per iteration. */
 __attribute__((target("avx2,fma"))) double tl_probe_fma_avx2(int64_t iters) {
@@ -68,7 +81,58 @@ __attribute__((target("avx512f,avx512bf16"))) double tl_probe_dpbf16_avx512(int6
     return (double)_mm512_reduce_add_ps(sum);
 }
 
-/* Which loops this CPU runs: bit 0 AVX2+FMA, bit 1 AVX-512F, bit 2 AVX512_BF16. */
+#if TL_PROBE_AMX
+/* tdpbf16ps: a 16 x 32 bf16 tile times a 32 x 16 one into 16 x 16 float sums,
+ * 16 x 16 x 32 x 2 = 16384 flops; 4 accumulator tiles = 65536 flops per
+ * iteration.  The operands stay in tiles 4 and 5. */
+__attribute__((target("amx-tile,amx-bf16"))) double tl_probe_tdpbf16(int64_t iters) {
+    struct {
+        uint8_t palette, start_row, reserved[14];
+        uint16_t colsb[16];
+        uint8_t rows[16];
+    } cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 6; t++) {
+        cfg.colsb[t] = 64;
+        cfg.rows[t] = 16;
+    }
+    static uint16_t ab[16 * 32];
+    static float out[16 * 16];
+    for (int i = 0; i < 16 * 32; i++)
+        ab[i] = 0x3a83; /* about 1e-3 */
+    __asm__ volatile("" : : "r"(&cfg) : "memory"); /* ldtilecfg reads cfg */
+    _tile_loadconfig(&cfg);
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    _tile_loadd(4, ab, 64);
+    _tile_loadd(5, ab, 64);
+    for (int64_t i = 0; i < iters; i++) {
+        _tile_dpbf16ps(0, 4, 5);
+        _tile_dpbf16ps(1, 4, 5);
+        _tile_dpbf16ps(2, 4, 5);
+        _tile_dpbf16ps(3, 4, 5);
+    }
+    _tile_stored(0, out, 64);
+    _tile_release();
+    return (double)out[0];
+}
+
+/* Whether the CPU has AMX-BF16 and Linux grants this process the tile state. */
+static int tl_probe_amx(void) {
+    if (!__builtin_cpu_supports("amx-tile") || !__builtin_cpu_supports("amx-bf16"))
+        return 0;
+    return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+}
+#else
+double tl_probe_tdpbf16(int64_t iters) { (void)iters; return 0.0; }
+static int tl_probe_amx(void) { return 0; }
+#endif
+
+/* Which loops this CPU runs: bit 0 AVX2+FMA, bit 1 AVX-512F, bit 2 AVX512_BF16,
+ * bit 3 AMX-BF16 tiles. */
 int tl_probe_isa(void) {
     __builtin_cpu_init();
     int isa = 0;
@@ -78,11 +142,14 @@ int tl_probe_isa(void) {
         isa |= 2;
     if ((isa & 2) && __builtin_cpu_supports("avx512bf16"))
         isa |= 4;
+    if ((isa & 4) && tl_probe_amx())
+        isa |= 8;
     return isa;
 }
 #else
 double tl_probe_fma_avx2(int64_t iters) { (void)iters; return 0.0; }
 double tl_probe_fma_avx512(int64_t iters) { (void)iters; return 0.0; }
 double tl_probe_dpbf16_avx512(int64_t iters) { (void)iters; return 0.0; }
+double tl_probe_tdpbf16(int64_t iters) { (void)iters; return 0.0; }
 int tl_probe_isa(void) { return 0; }
 #endif

@@ -190,11 +190,15 @@ def _fmt(v: float | None, spec: str = ".1f", suffix: str = "") -> str:
     return "-" if v is None else f"{v:{spec}}{suffix}"
 
 
-def _row_peak(workload: str, peak: dict[str, Any]) -> float | None:
-    """The peak a workload's GFLOP/s is divided by: the bf16 dot-product peak for the
-    bfloat16 rows where the CPU has one (those kernels run on it), else fp32 FMA."""
-    if workload.endswith("_bf16") and peak.get("bf16_gflops"):
-        return peak["bf16_gflops"]
+def _row_peak(workload: str, peak: dict[str, Any], kernels: str | None = None) -> float | None:
+    """The peak a workload's GFLOP/s is divided by: for the bfloat16 rows, the peak of
+    the instruction their kernels ran on (AMX tiles where ``kernels`` is amx_bf16, else
+    the dot product, where measured); fp32 FMA for the rest."""
+    if workload.endswith("_bf16"):
+        if kernels == "amx_bf16" and peak.get("amx_bf16_gflops"):
+            return peak["amx_bf16_gflops"]
+        if peak.get("bf16_gflops"):
+            return peak["bf16_gflops"]
     return peak.get("fp32_gflops")
 
 
@@ -224,7 +228,7 @@ def _case_line(rows: list[Row], case: tuple[str, str, int], threads: Any = None,
 
 
 def _main_table(rows: list[Row], threads: Any = None,
-                peak: dict[str, Any] | None = None) -> list[str]:
+                peak: dict[str, Any] | None = None, kernels: str | None = None) -> list[str]:
     head = (
         "| workload | scene | voxels | C | lattice ms | torch ms (speed-up) | dense ms "
         "(speed-up) | spconv ms (speed-up) | lattice GFLOP/s | % of peak | "
@@ -232,7 +236,7 @@ def _main_table(rows: list[Row], threads: Any = None,
     )
     lines = [head, "|" + "---|" * 13]
     for case in _cases(rows):
-        line = _case_line(rows, case, threads, _row_peak(case[0], peak or {}))
+        line = _case_line(rows, case, threads, _row_peak(case[0], peak or {}, kernels))
         if line:
             lines.append(line)
     return lines
@@ -260,7 +264,7 @@ def _sweep_table(rows: list[Row]) -> list[str]:
     return lines
 
 
-def _half_table(rows: list[Row], peak: dict[str, Any]) -> list[str]:
+def _half_table(rows: list[Row], peak: dict[str, Any], kernels: str | None = None) -> list[str]:
     """bfloat16 / float16 layers beside the same layer in float32, run side by side."""
     lines = []
     for case in _cases(rows):
@@ -271,7 +275,7 @@ def _half_table(rows: list[Row], peak: dict[str, Any]) -> list[str]:
         fp32 = _find(rows, workload, scene, c, wl.LATTICE_FP32)
         if lat is None or fp32 is None:
             continue
-        top = _row_peak(workload, peak)
+        top = _row_peak(workload, peak, kernels)
         pct = 100 * lat["gflops"] / top if top and lat.get("gflops") else None
         lines.append(
             f"| {workload} | {scene} | {c} | "
@@ -327,18 +331,20 @@ def markdown(meta: dict[str, Any], rows: list[Row]) -> str:
     peak = meta.get("peak") or {}
     fp32_peak = peak.get("fp32_gflops")
     if fp32_peak:
-        bf16 = peak.get("bf16_gflops")
+        bf16, amx = peak.get("bf16_gflops"), peak.get("amx_bf16_gflops")
         out += ["", f"Measured peak in this run at {peak.get('threads')} threads "
                 f"(`python -m benchmarks peak`, register-only loops): fp32 FMA "
                 f"({peak.get('fp32_isa')}) {fp32_peak:.0f} GFLOP/s"
                 + (f", bf16 dot product {bf16:.0f} GFLOP/s" if bf16 else "")
-                + "; \"% of peak\" divides by the bf16 figure for bfloat16 rows (where"
-                " measured) and by the fp32 one for the rest."]
+                + (f", bf16 AMX tiles {amx:.0f} GFLOP/s" if amx else "")
+                + "; \"% of peak\" divides bfloat16 rows by the peak of the instruction"
+                " their kernels ran on (AMX tiles with kernels amx_bf16, else the dot"
+                " product, where measured) and the rest by the fp32 one."]
     else:
         out += ["", "No peak was measured in this run (it is older than the peak probe): "
                 "the \"% of peak\" column is empty."]
-    out += ["", "## All workloads", "", *_main_table(rows, threads, peak)]
-    half = _half_table(rows, peak)
+    out += ["", "## All workloads", "", *_main_table(rows, threads, peak, meta.get("kernels"))]
+    half = _half_table(rows, peak, meta.get("kernels"))
     if half:
         out += ["", "## Half precision beside float32", "", *half]
     sweep = _sweep_table(rows)

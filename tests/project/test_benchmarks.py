@@ -20,6 +20,7 @@ from typing import ClassVar
 
 import pytest
 import torch
+from cpu_isa_helpers import widest_isa
 
 import torch_lattice as tl
 from torch_lattice.geometry import ConvGeometry
@@ -623,6 +624,11 @@ def test_peak_probe_measures_the_widest_fma_this_cpu_runs() -> None:
     if p.fp32_isa is not None:
         assert p.fp32_gflops is not None and p.fp32_gflops > 0
     assert (p.bf16_gflops is not None) == ("avx512_bf16" in flags)
+    # The tile probe runs where the library's own AMX kernels would (the CPU has them
+    # and the operating system grants the tile state).
+    assert (p.amx_bf16_gflops is not None) == (widest_isa() == "amx_bf16")
+    if p.amx_bf16_gflops is not None:
+        assert p.amx_bf16_gflops > 0
     with pytest.raises(ValueError, match="threads"):
         measure_peak(0)
 
@@ -637,6 +643,20 @@ def test_report_divides_by_the_measured_peak() -> None:
     assert "| 50.0 | 25% |" in line
     old = report.markdown({"threads": 2, "checked": True}, [row])
     assert "older than the peak probe" in old
+
+
+def test_report_divides_bf16_rows_by_the_peak_their_kernels_ran_on() -> None:
+    row = {"workload": "subm3_fwd_bf16", "scene": "tiny-8", "channels": 4,
+           "impl": workloads.LATTICE, "status": "ok", "voxels": 8, "median_ms": 1.0,
+           "gflops": 100.0, "threads": 2}
+    peak = {"threads": 2, "fp32_isa": "avx512f", "fp32_gflops": 400.0, "bf16_gflops": 200.0,
+            "amx_bf16_gflops": 2000.0}
+    for kernels, share in (("amx_bf16", "5%"), ("avx512_bf16", "50%")):
+        meta = {"threads": 2, "checked": True, "peak": peak, "kernels": kernels}
+        text = report.markdown(meta, [row])
+        assert "bf16 AMX tiles 2000 GFLOP/s" in text
+        line = next(x for x in text.splitlines() if x.startswith("| subm3_fwd_bf16 | tiny-8 |"))
+        assert f"| 100.0 | {share} |" in line
 
 
 def test_gpu_benchmark_rehearses_on_the_cpu(tmp_path: Path) -> None:
