@@ -70,7 +70,7 @@ typedef struct tl_half_scratch {
     float *window;       /* window_rows x c_in, staged only */
     float *zero;         /* c_in + 2 zero floats, also read as bfloat16 zeros */
     float *sink;         /* TL_TILE_COLS values, never read */
-    uint16_t *abuf;      /* amx: 16 x tl_amx_depth(c_in), 64-byte aligned */
+    uint16_t *abuf;      /* amx: 32 x tl_amx_depth(c_in), 64-byte aligned */
     float *cbuf;         /* amx: 16 x 64, 64-byte aligned */
 } tl_half_scratch;
 
@@ -88,7 +88,7 @@ static int tl_half_scratch_init(tl_half_scratch *s, const tl_half_call *f) {
     s->window = f->dot ? NULL : malloc(sizeof(float) * (size_t)(f->window_rows * cin + 1));
     s->zero = calloc((size_t)(cin + 2 + TL_TILE_COLS), sizeof(float));
     s->sink = s->zero ? s->zero + cin + 2 : NULL;
-    s->abuf = f->amx ? tl_mem_aligned(sizeof(uint16_t) * (size_t)(16 * tl_amx_depth(cin))) : NULL;
+    s->abuf = f->amx ? tl_mem_aligned(sizeof(uint16_t) * (size_t)(32 * tl_amx_depth(cin))) : NULL;
     s->cbuf = f->amx ? tl_mem_aligned(sizeof(float) * 16 * 64) : NULL;
     return s->li && s->lr && s->lc && s->xh && s->xf && s->yr && s->acc &&
            (f->dot || (s->stage && s->window)) && s->zero && (!f->amx || (s->abuf && s->cbuf));

@@ -60,9 +60,10 @@ int tl_amx_usable(void) {
 #define TL_TARGET_AMX __attribute__((target("arch=x86-64-v4,avx512bf16,amx-tile,amx-bf16")))
 
 /* The tile configuration (palette 1): eight tiles of 16 rows x 64 bytes.
- * Tiles 0-3 hold float sums (16 x 16), 4 the x rows (16 x 32 bfloat16), 5
- * and 6 weight blocks (16 channel pairs x 16 columns), so one weight block
- * loads while the other multiplies. */
+ * Tiles 0-3 hold float sums (16 x 16); the others x rows (16 x 32 bfloat16)
+ * or weight blocks (16 channel pairs x 16 columns): one group of x rows in 4
+ * against weight blocks alternating in 5 and 6 (tl_amx_blocks, the weight
+ * gradient), or two groups in 4 and 5 against 6 and 7 (tl_amx_pair). */
 typedef struct {
     uint8_t palette, start_row;
     uint8_t reserved[14];
@@ -74,8 +75,8 @@ typedef struct {
  * stores that built a copy on the stack. */
 static const tl_amx_config tl_amx_tiles = {
     .palette = 1,
-    .colsb = {64, 64, 64, 64, 64, 64, 64},
-    .rows = {16, 16, 16, 16, 16, 16, 16},
+    .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
+    .rows = {16, 16, 16, 16, 16, 16, 16, 16},
 };
 
 TL_TARGET_AMX void tl_amx_start(void) { _tile_loadconfig(&tl_amx_tiles); }
@@ -128,13 +129,78 @@ static inline __attribute__((always_inline)) TL_TARGET_AMX void tl_amx_blocks(
 }
 #undef TL_AMX_STEP
 
+/* out[r][j + :w) += src[r * 64 + :w) for r < rows (a group's stored sums). */
+static inline __attribute__((always_inline)) TL_TARGET_AMX void tl_amx_add(
+    int64_t rows, int64_t w, const float *src, float *const *out, int64_t j) {
+    for (int64_t r = 0; r < rows; r++) {
+        float *o = out[r] + j;
+        for (int64_t v = 0; v < w; v += 16) {
+            const int64_t left = w - v;
+            const __mmask16 m = (__mmask16)(left >= 16 ? 0xffffu : (1u << left) - 1u);
+            _mm512_mask_storeu_ps(o + v, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, o + v),
+                                                          _mm512_load_ps(src + r * 64 + v)));
+        }
+    }
+}
+
+/* Two groups (x rows at abuf and abuf + 16 * kp) x NV (1 or 2) column blocks
+ * from block pw_b: tiles 0-1 sum the first group, 2-3 the second, so each
+ * weight block loaded feeds two products (the weights come from L2 at C >= 64,
+ * and loading them per group of 16 cost as much as the products).  Stored
+ * into cbuf: the first group at columns 0-31, the second at 32-63. */
+static inline __attribute__((always_inline)) TL_TARGET_AMX void tl_amx_pair(
+    int NV, int64_t kp, const uint16_t *abuf, const uint16_t *pw_b, float *cbuf) {
+    const int64_t blk = kp / 2 * 32;
+    _tile_zero(0);
+    _tile_zero(2);
+    if (NV > 1) {
+        _tile_zero(1);
+        _tile_zero(3);
+    }
+    for (int64_t c = 0; c < kp; c += 32) {
+        const uint16_t *wb = pw_b + c / 2 * 32;
+        _tile_loadd(4, abuf + c, kp * 2);
+        _tile_loadd(5, abuf + 16 * kp + c, kp * 2);
+        _tile_loadd(6, wb, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(2, 5, 6);
+        if (NV > 1) {
+            _tile_loadd(7, wb + blk, 64);
+            _tile_dpbf16ps(1, 4, 7);
+            _tile_dpbf16ps(3, 5, 7);
+        }
+    }
+    _tile_stored(0, cbuf, 256);
+    _tile_stored(2, cbuf + 32, 256);
+    if (NV > 1) {
+        _tile_stored(1, cbuf + 16, 256);
+        _tile_stored(3, cbuf + 48, 256);
+    }
+}
+
 TL_TARGET_AMX void tl_amx_rows(int64_t c, int64_t cin, int64_t co0, int64_t cw, int64_t cout,
                                const uint16_t *const *a, const uint16_t *pw_n,
                                float *const *out, uint16_t *abuf, float *cbuf) {
     const int64_t kp = tl_amx_depth(cin), blk = kp / 2 * 32;
     (void)cout;
-    for (int64_t g = 0; g < c; g += 16) {
-        const int64_t rows = c - g < 16 ? c - g : 16;
+    int64_t g = 0;
+    for (; g + 16 < c; g += 32) { /* two groups, the second possibly short */
+        const int64_t rows = c - g - 16 < 16 ? c - g - 16 : 16;
+        tl_amx_gather(16, cin, kp, a + g, abuf);
+        tl_amx_gather(rows, cin, kp, a + g + 16, abuf + 16 * kp);
+        for (int64_t j = 0; j < cw; j += 32) {
+            const int64_t w = cw - j < 32 ? cw - j : 32;
+            const uint16_t *pw_b = pw_n + (co0 + j) / 16 * blk;
+            if (w > 16)
+                tl_amx_pair(2, kp, abuf, pw_b, cbuf);
+            else
+                tl_amx_pair(1, kp, abuf, pw_b, cbuf);
+            tl_amx_add(16, w, cbuf, out + g, j);
+            tl_amx_add(rows, w, cbuf + 32, out + g + 16, j);
+        }
+    }
+    if (g < c) { /* one group left */
+        const int64_t rows = c - g;
         tl_amx_gather(rows, cin, kp, a + g, abuf);
         for (int64_t j = 0; j < cw; j += 64) {
             const int64_t w = cw - j < 64 ? cw - j : 64;
@@ -146,16 +212,7 @@ TL_TARGET_AMX void tl_amx_rows(int64_t c, int64_t cin, int64_t co0, int64_t cw, 
             case 3: tl_amx_blocks(3, kp, abuf, pw_b, cbuf); break;
             default: tl_amx_blocks(4, kp, abuf, pw_b, cbuf); break;
             }
-            for (int64_t r = 0; r < rows; r++) {
-                float *o = out[g + r] + j;
-                for (int64_t v = 0; v < w; v += 16) {
-                    const int64_t left = w - v;
-                    const __mmask16 m = (__mmask16)(left >= 16 ? 0xffffu : (1u << left) - 1u);
-                    _mm512_mask_storeu_ps(o + v, m,
-                                          _mm512_add_ps(_mm512_maskz_loadu_ps(m, o + v),
-                                                        _mm512_load_ps(cbuf + r * 64 + v)));
-                }
-            }
+            tl_amx_add(rows, w, cbuf, out + g, j);
         }
     }
 }
