@@ -189,8 +189,8 @@ static int tl_half_tile(const tl_half_call *f, const uint16_t *x, const int32_t 
         if (f->amx) {
 #if TL_SIMD_AMX
             const int64_t blocks = (cout + 15) / 16, kp = tl_amx_depth(cin);
-            tl_amx_rows(c, cin, co0, cw, cout, s->xh, f->pw_amx + n * blocks * kp * 16, s->yr,
-                        s->abuf, s->cbuf);
+            tl_amx_rows(c, cin, co0, cw, s->xh, f->pw_amx + n * blocks * kp * 16, s->yr, s->abuf,
+                        s->cbuf);
 #endif
             continue;
         }

@@ -99,8 +99,9 @@ static inline __attribute__((always_inline)) TL_TARGET_AMX void tl_amx_gather(
     }
 }
 
-/* NV (1 to 4) column blocks from block b: sums over every 32-channel step
- * into tiles 0..NV-1, then stored into cbuf (row stride 64 floats). */
+/* One group (x rows in abuf) x NV (1 to 4) column blocks from block pw_b:
+ * sums over every 32-channel step in tiles 0..NV-1, then stored into cbuf
+ * (row stride 64 floats). */
 #define TL_AMX_STEP(T, B)                                                                  \
     do {                                                                                   \
         _tile_loadd(B, wb + (int64_t)(T) * blk, 64);                                       \
@@ -178,11 +179,10 @@ static inline __attribute__((always_inline)) TL_TARGET_AMX void tl_amx_pair(
     }
 }
 
-TL_TARGET_AMX void tl_amx_rows(int64_t c, int64_t cin, int64_t co0, int64_t cw, int64_t cout,
+TL_TARGET_AMX void tl_amx_rows(int64_t c, int64_t cin, int64_t co0, int64_t cw,
                                const uint16_t *const *a, const uint16_t *pw_n,
                                float *const *out, uint16_t *abuf, float *cbuf) {
     const int64_t kp = tl_amx_depth(cin), blk = kp / 2 * 32;
-    (void)cout;
     int64_t g = 0;
     for (; g + 16 < c; g += 32) { /* two groups, the second possibly short */
         const int64_t rows = c - g - 16 < 16 ? c - g - 16 : 16;

@@ -47,9 +47,8 @@ void tl_amx_stop(void);
  * co0 a multiple of 16), for q < c, two groups of 16 rows at a time.  abuf:
  * 32 x tl_amx_depth(c_in) bfloat16 values, cbuf: 16 x 64 floats, both
  * 64-byte aligned scratch. */
-void tl_amx_rows(int64_t c, int64_t cin, int64_t co0, int64_t cw, int64_t cout,
-                 const uint16_t *const *a, const uint16_t *pw_n, float *const *out,
-                 uint16_t *abuf, float *cbuf);
+void tl_amx_rows(int64_t c, int64_t cin, int64_t co0, int64_t cw, const uint16_t *const *a,
+                 const uint16_t *pw_n, float *const *out, uint16_t *abuf, float *cbuf);
 
 /* Scratch values tl_amx_wgrad needs for at most `pairs` pairs: its x tile
  * (uint32 units) and its dy tile (bfloat16 values), each 64-byte aligned. */
