@@ -99,25 +99,35 @@ static inline __attribute__((always_inline)) TL_TARGET_AMX void tl_amx_gather(
     }
 }
 
-/* One group (x rows in abuf) x NV (1 to 4) column blocks from block pw_b:
- * sums over every 32-channel step in tiles 0..NV-1, then stored into cbuf
- * (row stride 64 floats). */
+/* Where a tile product's operands lie, in bytes: the left operand's rows at
+ * a, `as` apart, each 32-deep step `ak` further; the right operand's rows at
+ * b, `bs` apart, each step `bk` further and each block of 16 columns `bj`
+ * further; `steps` steps. */
+typedef struct {
+    const char *a;
+    int64_t as, ak;
+    const char *b;
+    int64_t bs, bk, bj, steps;
+} tl_amx_operands;
+
+/* One left operand x NV (1 to 4) column blocks: sums over every step in
+ * tiles 0..NV-1 (the left operand in tile 4, the column blocks alternating in
+ * 5 and 6), stored into cbuf (16 rows of 64 floats, block v at column 16v). */
 #define TL_AMX_STEP(T, B)                                                                  \
     do {                                                                                   \
-        _tile_loadd(B, wb + (int64_t)(T) * blk, 64);                                       \
+        _tile_loadd(B, b + (T) * o->bj, o->bs);                                            \
         _tile_dpbf16ps(T, 4, B);                                                           \
     } while (0)
 
 static inline __attribute__((always_inline)) TL_TARGET_AMX void tl_amx_blocks(
-    int NV, int64_t kp, const uint16_t *abuf, const uint16_t *pw_b, float *cbuf) {
-    const int64_t blk = kp / 2 * 32; /* values per packed column block */
+    int NV, const tl_amx_operands *o, float *cbuf) {
     _tile_zero(0);
     if (NV > 1) _tile_zero(1);
     if (NV > 2) _tile_zero(2);
     if (NV > 3) _tile_zero(3);
-    for (int64_t c = 0; c < kp; c += 32) {
-        const uint16_t *wb = pw_b + c / 2 * 32;
-        _tile_loadd(4, abuf + c, kp * 2);
+    for (int64_t s = 0; s < o->steps; s++) {
+        const char *b = o->b + s * o->bk;
+        _tile_loadd(4, o->a + s * o->ak, o->as);
         TL_AMX_STEP(0, 5);
         if (NV > 1) TL_AMX_STEP(1, 6);
         if (NV > 2) TL_AMX_STEP(2, 5);
@@ -130,43 +140,39 @@ static inline __attribute__((always_inline)) TL_TARGET_AMX void tl_amx_blocks(
 }
 #undef TL_AMX_STEP
 
-/* out[r][j + :w) += src[r * 64 + :w) for r < rows (a group's stored sums). */
-static inline __attribute__((always_inline)) TL_TARGET_AMX void tl_amx_add(
-    int64_t rows, int64_t w, const float *src, float *const *out, int64_t j) {
-    for (int64_t r = 0; r < rows; r++) {
-        float *o = out[r] + j;
-        for (int64_t v = 0; v < w; v += 16) {
-            const int64_t left = w - v;
-            const __mmask16 m = (__mmask16)(left >= 16 ? 0xffffu : (1u << left) - 1u);
-            _mm512_mask_storeu_ps(o + v, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, o + v),
-                                                          _mm512_load_ps(src + r * 64 + v)));
-        }
+/* tl_amx_blocks for NV up to 4, chosen at run time. */
+static inline __attribute__((always_inline)) TL_TARGET_AMX void tl_amx_blocks_n(
+    int64_t nv, const tl_amx_operands *o, float *cbuf) {
+    switch (nv) {
+    case 1: tl_amx_blocks(1, o, cbuf); break;
+    case 2: tl_amx_blocks(2, o, cbuf); break;
+    case 3: tl_amx_blocks(3, o, cbuf); break;
+    default: tl_amx_blocks(4, o, cbuf); break;
     }
 }
 
-/* Two groups (x rows at abuf and abuf + 16 * kp) x NV (1 or 2) column blocks
- * from block pw_b: tiles 0-1 sum the first group, 2-3 the second, so each
- * weight block loaded feeds two products (the weights come from L2 at C >= 64,
- * and loading them per group of 16 cost as much as the products).  Stored
- * into cbuf: the first group at columns 0-31, the second at 32-63. */
+/* Two left operands (the second at o->a + a1 bytes) x NV (1 or 2) column
+ * blocks: tiles 0-1 sum the first, 2-3 the second, so each right block
+ * loaded feeds two products (the forward's weights come from L2 at C >= 64,
+ * and loading them per group of 16 rows cost as much as the products).
+ * Stored into cbuf: the first at columns 0-31, the second at 32-63. */
 static inline __attribute__((always_inline)) TL_TARGET_AMX void tl_amx_pair(
-    int NV, int64_t kp, const uint16_t *abuf, const uint16_t *pw_b, float *cbuf) {
-    const int64_t blk = kp / 2 * 32;
+    int NV, const tl_amx_operands *o, int64_t a1, float *cbuf) {
     _tile_zero(0);
     _tile_zero(2);
     if (NV > 1) {
         _tile_zero(1);
         _tile_zero(3);
     }
-    for (int64_t c = 0; c < kp; c += 32) {
-        const uint16_t *wb = pw_b + c / 2 * 32;
-        _tile_loadd(4, abuf + c, kp * 2);
-        _tile_loadd(5, abuf + 16 * kp + c, kp * 2);
-        _tile_loadd(6, wb, 64);
+    for (int64_t s = 0; s < o->steps; s++) {
+        const char *a = o->a + s * o->ak, *b = o->b + s * o->bk;
+        _tile_loadd(4, a, o->as);
+        _tile_loadd(5, a + a1, o->as);
+        _tile_loadd(6, b, o->bs);
         _tile_dpbf16ps(0, 4, 6);
         _tile_dpbf16ps(2, 5, 6);
         if (NV > 1) {
-            _tile_loadd(7, wb + blk, 64);
+            _tile_loadd(7, b + o->bj, o->bs);
             _tile_dpbf16ps(1, 4, 7);
             _tile_dpbf16ps(3, 5, 7);
         }
@@ -179,10 +185,31 @@ static inline __attribute__((always_inline)) TL_TARGET_AMX void tl_amx_pair(
     }
 }
 
+/* o[0:w) += src[0:w): one row of a stored tile's sums into its output. */
+static inline __attribute__((always_inline)) TL_TARGET_AMX void tl_amx_add_row(
+    int64_t w, const float *src, float *o) {
+    for (int64_t v = 0; v < w; v += 16) {
+        const int64_t left = w - v;
+        const __mmask16 m = (__mmask16)(left >= 16 ? 0xffffu : (1u << left) - 1u);
+        const __m512 sum = _mm512_add_ps(_mm512_maskz_loadu_ps(m, o + v), _mm512_load_ps(src + v));
+        _mm512_mask_storeu_ps(o + v, m, sum);
+    }
+}
+
+/* out[r][j + :w) += src[r * 64 + :w) for r < rows (a group's stored sums). */
+static inline __attribute__((always_inline)) TL_TARGET_AMX void tl_amx_add(
+    int64_t rows, int64_t w, const float *src, float *const *out, int64_t j) {
+    for (int64_t r = 0; r < rows; r++) tl_amx_add_row(w, src + r * 64, out[r] + j);
+}
+
 TL_TARGET_AMX void tl_amx_rows(int64_t c, int64_t cin, int64_t co0, int64_t cw,
                                const uint16_t *const *a, const uint16_t *pw_n,
                                float *const *out, uint16_t *abuf, float *cbuf) {
     const int64_t kp = tl_amx_depth(cin), blk = kp / 2 * 32;
+    /* x rows kp values apart, 32 channels a step; weight blocks of kp / 2
+     * pair rows of 64 bytes, 16 pair rows a step. */
+    tl_amx_operands o = {.a = (const char *)abuf, .as = kp * 2, .ak = 64,
+                         .bs = 64, .bk = 16 * 64, .bj = blk * 2, .steps = kp / 32};
     int64_t g = 0;
     for (; g + 16 < c; g += 32) { /* two groups, the second possibly short */
         const int64_t rows = c - g - 16 < 16 ? c - g - 16 : 16;
@@ -190,11 +217,11 @@ TL_TARGET_AMX void tl_amx_rows(int64_t c, int64_t cin, int64_t co0, int64_t cw,
         tl_amx_gather(rows, cin, kp, a + g + 16, abuf + 16 * kp);
         for (int64_t j = 0; j < cw; j += 32) {
             const int64_t w = cw - j < 32 ? cw - j : 32;
-            const uint16_t *pw_b = pw_n + (co0 + j) / 16 * blk;
+            o.b = (const char *)(pw_n + (co0 + j) / 16 * blk);
             if (w > 16)
-                tl_amx_pair(2, kp, abuf, pw_b, cbuf);
+                tl_amx_pair(2, &o, 16 * kp * 2, cbuf);
             else
-                tl_amx_pair(1, kp, abuf, pw_b, cbuf);
+                tl_amx_pair(1, &o, 16 * kp * 2, cbuf);
             tl_amx_add(16, w, cbuf, out + g, j);
             tl_amx_add(rows, w, cbuf + 32, out + g + 16, j);
         }
@@ -204,14 +231,8 @@ TL_TARGET_AMX void tl_amx_rows(int64_t c, int64_t cin, int64_t co0, int64_t cw,
         tl_amx_gather(rows, cin, kp, a + g, abuf);
         for (int64_t j = 0; j < cw; j += 64) {
             const int64_t w = cw - j < 64 ? cw - j : 64;
-            const int nv = (int)((w + 15) / 16);
-            const uint16_t *pw_b = pw_n + (co0 + j) / 16 * blk;
-            switch (nv) {
-            case 1: tl_amx_blocks(1, kp, abuf, pw_b, cbuf); break;
-            case 2: tl_amx_blocks(2, kp, abuf, pw_b, cbuf); break;
-            case 3: tl_amx_blocks(3, kp, abuf, pw_b, cbuf); break;
-            default: tl_amx_blocks(4, kp, abuf, pw_b, cbuf); break;
-            }
+            o.b = (const char *)(pw_n + (co0 + j) / 16 * blk);
+            tl_amx_blocks_n((w + 15) / 16, &o, cbuf);
             tl_amx_add(rows, w, cbuf, out + g, j);
         }
     }
@@ -239,11 +260,10 @@ static inline __attribute__((always_inline)) TL_TARGET_AMX void tl_amx_interleav
     }
 }
 
-/* 16 x 16 32-bit units: dst[c * ld + t] = src[t * 16 + c]. */
+/* The 16 x 16 32-bit units r[t][c] stored transposed: dst[c * ld + t]. */
 static inline __attribute__((always_inline)) TL_TARGET_AMX void tl_amx_transpose16(
-    const uint32_t *src, uint32_t *dst, int64_t ld) {
-    __m512i r[16], u[16];
-    for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_si512(src + 16 * i);
+    __m512i r[16], uint32_t *dst, int64_t ld) {
+    __m512i u[16];
     /* 32-bit, then 64-bit interleaves, then 128-bit lanes twice. */
     for (int i = 0; i < 16; i += 2) {
         u[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
@@ -267,6 +287,12 @@ static inline __attribute__((always_inline)) TL_TARGET_AMX void tl_amx_transpose
     for (int j = 0; j < 16; j++) _mm512_storeu_si512(dst + j * ld, r[j]);
 }
 
+/* o[r * ldo + :w) += src[r * 64 + :w) for r < rows. */
+static inline __attribute__((always_inline)) TL_TARGET_AMX void tl_amx_add_rows(
+    int64_t rows, int64_t w, const float *src, float *o, int64_t ldo) {
+    for (int64_t r = 0; r < rows; r++) tl_amx_add_row(w, src + r * 64, o + r * ldo);
+}
+
 TL_TARGET_AMX void tl_amx_wgrad(int64_t c, int64_t cin, int64_t cout, const uint16_t *const *xq,
                                 const uint16_t *const *dq, uint32_t *xt, uint16_t *dt,
                                 float *cbuf, float *out, int64_t ldo) {
@@ -278,61 +304,53 @@ TL_TARGET_AMX void tl_amx_wgrad(int64_t c, int64_t cin, int64_t cout, const uint
         tl_amx_interleave(dq[q < c ? q : 0], q + 1 < c ? dq[q + 1] : NULL, q < c ? cout : 0,
                           coutp, dt + t * 2 * coutp);
     }
-    /* x: the same units, 16 unit rows at a time, transposed into xt (row per
-     * channel, `units` apart); the interleaved block goes through cbuf. */
-    uint32_t *blk = (uint32_t *)(void *)cbuf;
+    /* x: the same units, 16 unit rows x 16 channels at a time, interleaved
+     * and transposed in registers into xt (a row per channel, `units` apart). */
+    const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9,
+                                        40, 8, 39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1,
+                                        32, 0);
     for (int64_t t0 = 0; t0 < units; t0 += 16)
         for (int64_t c0 = 0; c0 < cinp; c0 += 16) {
+            const int64_t width = cin - c0 < 16 ? cin - c0 : 16;
+            __m512i r[16];
             for (int64_t t = 0; t < 16; t++) {
                 const int64_t q = 2 * (t0 + t);
-                const int64_t n = q < c ? (cin - c0 < 16 ? cin - c0 : 16) : 0;
-                tl_amx_interleave(xq[q < c ? q : 0] + c0, q + 1 < c ? xq[q + 1] + c0 : NULL, n,
-                                  16, (uint16_t *)(blk + 16 * t));
+                const __mmask32 m = q < c ? (__mmask32)((1u << width) - 1u) : 0u;
+                const __mmask32 m1 = q + 1 < c ? m : 0u;
+                const __m512i va = _mm512_maskz_loadu_epi16(m, xq[q < c ? q : 0] + c0);
+                const __m512i vb = _mm512_maskz_loadu_epi16(m1, xq[q + 1 < c ? q + 1 : 0] + c0);
+                r[t] = _mm512_permutex2var_epi16(va, lo, vb);
             }
-            tl_amx_transpose16(blk, xt + c0 * units + t0, units);
+            tl_amx_transpose16(r, xt + c0 * units + t0, units);
         }
-    const int64_t ustride = units * 4, dstride = coutp * 4;
-    for (int64_t c0 = 0; c0 < cinp; c0 += 16)
+    /* Two channel blocks x two column blocks at a time (tl_amx_pair), so each
+     * x and dy block loaded feeds two products; a last lone channel block takes
+     * up to four column blocks (tl_amx_blocks).  x: a row per channel, units
+     * apart, 16 units a step; dy: unit rows of coutp pairs, 16 a step. */
+    tl_amx_operands o = {.as = units * 4, .ak = 64, .bs = coutp * 4, .bk = 16 * coutp * 4,
+                         .bj = 64, .steps = units / 16};
+    int64_t c0 = 0;
+    for (; c0 + 16 < cinp; c0 += 32) {
+        const int64_t rows1 = cin - c0 - 16 < 16 ? cin - c0 - 16 : 16;
+        o.a = (const char *)(xt + c0 * units);
+        for (int64_t j = 0; j < coutp; j += 32) {
+            const int64_t w = cout - j < 32 ? cout - j : 32;
+            o.b = (const char *)(dt + 2 * j);
+            if (coutp - j > 16)
+                tl_amx_pair(2, &o, 16 * units * 4, cbuf);
+            else
+                tl_amx_pair(1, &o, 16 * units * 4, cbuf);
+            tl_amx_add_rows(16, w, cbuf, out + c0 * ldo + j, ldo);
+            tl_amx_add_rows(rows1, w, cbuf + 32, out + (c0 + 16) * ldo + j, ldo);
+        }
+    }
+    if (c0 < cinp) {
+        o.a = (const char *)(xt + c0 * units);
         for (int64_t j = 0; j < coutp; j += 64) {
-            const int nv = (int)((coutp - j < 64 ? coutp - j : 64) / 16);
-            _tile_zero(0);
-            _tile_zero(1);
-            _tile_zero(2);
-            _tile_zero(3);
-            for (int64_t u = 0; u < units; u += 16) {
-                const uint16_t *db = dt + u * 2 * coutp + 2 * j;
-                _tile_loadd(4, xt + c0 * units + u, ustride);
-                _tile_loadd(5, db, dstride);
-                _tile_dpbf16ps(0, 4, 5);
-                if (nv > 1) {
-                    _tile_loadd(6, db + 32, dstride);
-                    _tile_dpbf16ps(1, 4, 6);
-                }
-                if (nv > 2) {
-                    _tile_loadd(5, db + 64, dstride);
-                    _tile_dpbf16ps(2, 4, 5);
-                }
-                if (nv > 3) {
-                    _tile_loadd(6, db + 96, dstride);
-                    _tile_dpbf16ps(3, 4, 6);
-                }
-            }
-            _tile_stored(0, cbuf, 256);
-            _tile_stored(1, cbuf + 16, 256);
-            _tile_stored(2, cbuf + 32, 256);
-            _tile_stored(3, cbuf + 48, 256);
-            const int64_t rows = cin - c0 < 16 ? cin - c0 : 16;
-            const int64_t w = cout - j < 64 ? cout - j : 64;
-            for (int64_t r = 0; r < rows; r++) {
-                float *o = out + (c0 + r) * ldo + j;
-                for (int64_t v = 0; v < w; v += 16) {
-                    const int64_t left = w - v;
-                    const __mmask16 m = (__mmask16)(left >= 16 ? 0xffffu : (1u << left) - 1u);
-                    _mm512_mask_storeu_ps(o + v, m,
-                                          _mm512_add_ps(_mm512_maskz_loadu_ps(m, o + v),
-                                                        _mm512_load_ps(cbuf + r * 64 + v)));
-                }
-            }
+            o.b = (const char *)(dt + 2 * j);
+            tl_amx_blocks_n((coutp - j < 64 ? coutp - j : 64) / 16, &o, cbuf);
+            tl_amx_add_rows(cin - c0, cout - j < 64 ? cout - j : 64, cbuf, out + c0 * ldo + j, ldo);
         }
+    }
 }
 #endif
