@@ -22,6 +22,7 @@
 #include "tl_hash.h"
 #include "tl_kmap.h"
 #include "tl_list.h"
+#include "tl_mem.h"
 #include "tl_pairs.h"
 #include "tl_pool.h"
 #include "tl_simd.h"
@@ -803,7 +804,21 @@ static void test_list_tile(void) {
             }
 }
 
+/* tl_mem_aligned: 64-byte aligned, usable to the last byte asked for, for
+ * sizes that are not multiples of 64 (aligned_alloc's rule) and for 0. */
+static void test_mem_aligned(void) {
+    current = "mem aligned";
+    const size_t sizes[5] = {0, 1, 63, 65, 4097};
+    for (int i = 0; i < 5; i++) {
+        unsigned char *p = tl_mem_aligned(sizes[i]);
+        CHECK(p != NULL && (uintptr_t)p % 64 == 0);
+        if (p && sizes[i]) memset(p, 0xab, sizes[i]);
+        free(p);
+    }
+}
+
 int main(void) {
+    test_mem_aligned();
     test_hash();
     test_kmaps();
     test_list_tile();
