@@ -124,7 +124,8 @@ def _machine() -> dict[str, Any]:
                 if line.startswith("flags"):
                     have = set(line.split(":", 1)[1].split())
                     flags = " ".join(
-                        x for x in ("avx2", "fma", "avx512f", "avx512_bf16") if x in have
+                        x for x in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16")
+                        if x in have
                     )
                     break
     except OSError:
