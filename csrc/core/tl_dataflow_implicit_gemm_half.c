@@ -2,8 +2,9 @@
  * features and weights: products summed in float, each output rounded once to
  * the input's type.
  * Three ways, chosen per call by the CPU's instruction set:
- *   - the bfloat16 forward on CPUs with AMX: each kernel row's listed x rows,
- *     16 at a time, through the tile unit (tl_microkernel_amx.c);
+ *   - bfloat16 on CPUs with AMX: the forward's listed x rows, 16 at a time,
+ *     and the weight gradient's pairs through the tile unit
+ *     (tl_microkernel_amx.c);
  *   - bfloat16 on AVX512_BF16: the x rows are read as they are and multiplied
  *     by channel pairs with vdpbf16ps (tl_microkernel_bf16.c);
  *   - otherwise (float16 anywhere, bfloat16 without AVX512_BF16): each tile's
@@ -45,7 +46,7 @@ typedef struct tl_half_call {
     const tl_conv_desc *d;
     tl_simd level;
     int dot;                 /* bfloat16 dot-product kernels; else staged through float */
-    int amx;                 /* the bfloat16 forward through AMX tiles (dot is set too) */
+    int amx;                 /* bfloat16 through AMX tiles (dot is set too) */
     const tl_mk_ops_f32 *mk; /* the float micro-kernels (staged) */
     int64_t rows;            /* output rows per tile */
     int64_t panel_cols;      /* see tl_panel_cols */
@@ -273,7 +274,7 @@ tl_status tl_implicit_gemm_forward_half(const tl_ctx *ctx, const tl_conv_desc *d
                                         const int32_t *nbr, uint16_t *y) {
     tl_half_call f = {.d = d, .level = tl_simd_capped(ctx->simd_cap), .mk = tl_mk_pick_f32(ctx)};
     f.dot = f.level >= TL_SIMD_V4_BF16 && d->dtype == TL_BF16;
-    f.amx = f.level >= TL_SIMD_V4_AMX && d->dtype == TL_BF16;
+    f.amx = TL_SIMD_AMX && f.level >= TL_SIMD_V4_AMX && d->dtype == TL_BF16;
     f.rows = tl_fwd_tile_rows(ctx, d, (int64_t)sizeof(float));
     f.window_rows = TL_HALF_WINDOW_BYTES / ((d->c_in > 0 ? d->c_in : 1) * (int64_t)sizeof(float));
     if (f.window_rows > TL_HALF_WINDOW * f.rows) f.window_rows = TL_HALF_WINDOW * f.rows;
@@ -412,7 +413,7 @@ tl_status tl_implicit_gemm_weight_grad_half(const tl_ctx *ctx, const tl_conv_des
                                             const int32_t *nbr, uint16_t *dw) {
     tl_half_call f = {.d = d, .level = tl_simd_capped(ctx->simd_cap), .mk = tl_mk_pick_f32(ctx)};
     f.dot = f.level >= TL_SIMD_V4_BF16 && d->dtype == TL_BF16;
-    f.amx = f.level >= TL_SIMD_V4_AMX && d->dtype == TL_BF16;
+    f.amx = TL_SIMD_AMX && f.level >= TL_SIMD_V4_AMX && d->dtype == TL_BF16;
     const int64_t mat = d->c_in * d->c_out, all = d->k * mat;
     const tl_wgrad_split split = tl_wgrad_split_of(d);
     const int64_t parts = split.parts;

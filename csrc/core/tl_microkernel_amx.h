@@ -1,17 +1,18 @@
-/* The bfloat16 forward micro-kernel for CPUs with AMX (tl_simd level
- * TL_SIMD_V4_AMX: AMX-TILE and AMX-BF16, and the kernel's leave to use the
- * tile registers).  One tdpbf16ps multiplies a 16 x 32 bfloat16 tile by a
+/* The bfloat16 micro-kernels (forward and weight gradient) for CPUs with AMX
+ * (tl_simd level TL_SIMD_V4_AMX: AMX-TILE and AMX-BF16, and the operating
+ * system's leave to use the tile registers).  One tdpbf16ps multiplies a 16 x 32 bfloat16 tile by a
  * 32 x 16 one into 16 x 16 float sums: 8,192 multiply-adds, where a float
  * FMA does 16, so on such CPUs (Intel Xeon from Sapphire Rapids on) it runs
  * several times the float rate, which vdpbf16ps does not (it issues on one
  * port there, half the float FMA rate).
  *
- * Each group of 16 listed x rows is copied into a dense tile (channels padded
- * to 32 with zeros), multiplied by the kernel row's packed weights, and the
- * 16 x 16 float blocks are added to the listed rows' float sums.  Each sum
- * starts from zero per kernel row, so as in the other kernels an output adds
- * its kernel rows' products in kernel-row order, whichever group a row falls
- * in; within a kernel row the tile unit sums the channels. */
+ * Forward: each group of 16 listed x rows is copied into a dense tile
+ * (channels padded to 32 with zeros), multiplied by the kernel row's packed
+ * weights, and the 16 x 16 float blocks are added to the listed rows' float
+ * sums.  Each sum starts from zero per kernel row, so as in the other kernels
+ * an output adds its kernel rows' products in kernel-row order, whichever
+ * group a row falls in; within a kernel row the tile unit sums the channels.
+ * Weight gradient: tl_amx_wgrad below. */
 #ifndef TL_MICROKERNEL_AMX_H
 #define TL_MICROKERNEL_AMX_H
 
