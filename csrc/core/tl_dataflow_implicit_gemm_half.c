@@ -189,9 +189,8 @@ static int tl_half_tile(const tl_half_call *f, const uint16_t *x, const int32_t 
 #undef TL_YROW
         if (f->amx) {
 #if TL_SIMD_AMX
-            const int64_t blocks = (cout + 15) / 16, kp = tl_amx_depth(cin);
-            tl_amx_rows(c, cin, co0, cw, s->xh, f->pw_amx + n * blocks * kp * 16, s->yr, s->abuf,
-                        s->cbuf);
+            tl_amx_rows(c, cin, co0, cw, s->xh, f->pw_amx + n * tl_amx_row_elems(cin, cout), s->yr,
+                        s->abuf, s->cbuf);
 #endif
             continue;
         }
@@ -239,7 +238,8 @@ static tl_status tl_half_pack(tl_half_call *f, const uint16_t *w, void **packed)
     const tl_conv_desc *d = f->d;
     const int64_t all = d->k * d->c_in * d->c_out;
     if (f->amx) {
-        uint16_t *pw = tl_mem_aligned(sizeof(uint16_t) * (size_t)tl_amx_panel_elems(d));
+        const int64_t elems = d->k * tl_amx_row_elems(d->c_in, d->c_out);
+        uint16_t *pw = tl_mem_aligned(sizeof(uint16_t) * (size_t)elems);
         if (!pw) return TL_ERR_NOMEM;
         tl_amx_pack(d, w, pw);
         f->pw_amx = pw;
@@ -335,19 +335,21 @@ typedef struct tl_half_wg_scratch {
 static int tl_half_wg_init(tl_half_wg_scratch *s, const tl_conv_desc *d,
                            const tl_wgrad_split *split, int dot, int amx, int vec) {
     const int64_t cin4 = (d->c_in + 3) / 4 * 4;
+    const int pack = dot && !amx; /* the dot-product kernels' packed pairs */
     const int64_t xt = amx ? tl_amx_wgrad_x_units(TL_WGRAD_PAIRS, d->c_in) : 0;
     const int64_t dt = amx ? tl_amx_wgrad_dy_elems(TL_WGRAD_PAIRS, d->c_out) : 0;
     s->xt = amx ? tl_mem_aligned(sizeof(uint32_t) * (size_t)xt) : NULL;
     s->dt = amx ? tl_mem_aligned(sizeof(uint16_t) * (size_t)dt) : NULL;
     s->cbuf = amx ? tl_mem_aligned(sizeof(float) * 16 * 64) : NULL;
-    s->xp = dot ? malloc(sizeof(uint32_t) * (size_t)(cin4 * TL_WGRAD_PAIRS / 2 + 1)) : NULL;
-    s->dp = dot ? tl_mem_aligned(sizeof(uint16_t) * (size_t)(TL_WGRAD_PAIRS * d->c_out)) : NULL;
-    s->tmp = dot ? malloc(sizeof(uint16_t) * (size_t)(2 * cin4 + 1)) : NULL;
+    s->xp = pack ? malloc(sizeof(uint32_t) * (size_t)(cin4 * TL_WGRAD_PAIRS / 2 + 1)) : NULL;
+    s->dp = pack ? tl_mem_aligned(sizeof(uint16_t) * (size_t)(TL_WGRAD_PAIRS * d->c_out)) : NULL;
+    s->tmp = pack ? malloc(sizeof(uint16_t) * (size_t)(2 * cin4 + 1)) : NULL;
     s->stage = dot ? NULL
                    : malloc(sizeof(float) * (size_t)(TL_WGRAD_PAIRS * (d->c_in + d->c_out) + 1));
     const int lists = tl_wgrad_lists_init(&s->lists, split->listed, vec, d->k);
-    return lists && (dot ? s->xp && s->dp && s->tmp : s->stage != NULL) &&
-           (!amx || (s->xt && s->dt && s->cbuf));
+    return lists && (amx    ? s->xt && s->dt && s->cbuf
+                     : pack ? s->xp && s->dp && s->tmp
+                            : s->stage != NULL);
 }
 
 static void tl_half_wg_free(tl_half_wg_scratch *s) {
@@ -426,7 +428,7 @@ tl_status tl_implicit_gemm_weight_grad_half(const tl_ctx *ctx, const tl_conv_des
         tl_half_wg_scratch s;
         int ok = tl_half_wg_init(&s, d, &split, f.dot, f.amx, f.level >= TL_SIMD_V4);
         failed |= !ok;
-#if TL_SIMD_X86
+#if TL_SIMD_AMX
         if (f.amx) tl_amx_start();
 #endif
 #pragma omp for schedule(dynamic, 1)
@@ -438,7 +440,7 @@ tl_status tl_implicit_gemm_weight_grad_half(const tl_ctx *ctx, const tl_conv_des
             if (w.o0 < w.o1)
                 invalid |= tl_half_wg_rows(&f, x, dy, nbr, w.o0, w.o1, w.n0, w.n1, acc, &s);
         }
-#if TL_SIMD_X86
+#if TL_SIMD_AMX
         if (f.amx) tl_amx_stop();
 #endif
         tl_half_wg_free(&s);

@@ -38,7 +38,7 @@ static int TL_FN(tl_fwd_scratch_init)(TL_FN(tl_fwd_scratch) *s, const tl_ctx *ct
     s->mk = mk;
     s->cin = cin;
     s->panel_cols = panel_cols;
-    s->vec = tl_simd_capped(ctx->simd_cap) >= TL_SIMD_V4;
+    s->vec = tl_simd_vector_capped(ctx->simd_cap) >= TL_SIMD_V4;
     s->li = malloc(sizeof(int32_t) * (size_t)(rows * k));
     s->lr = malloc(sizeof(int32_t) * (size_t)(rows * k));
     s->lc = malloc(sizeof(int64_t) * (size_t)k);
@@ -308,9 +308,9 @@ static tl_status TL_FN(tl_weight_grad)(const tl_ctx *ctx, const tl_conv_desc *d,
         s.xp = malloc(sizeof(TL_T) * (size_t)(TL_WGRAD_PAIRS * TL_FN(tl_mk_packed_ld)(d->c_in)));
         s.cur = p ? malloc(sizeof(int64_t) * (size_t)d->k) : NULL;
         /* Pair lists need no listing. */
-        const int ok = tl_wgrad_lists_init(&s.lists, split.listed && !p,
-                                           tl_simd_capped(ctx->simd_cap) >= TL_SIMD_V4, d->k) &&
-                       s.xp && (s.cur || !p);
+        const int vec = tl_simd_vector_capped(ctx->simd_cap) >= TL_SIMD_V4;
+        const int ok = tl_wgrad_lists_init(&s.lists, split.listed && !p, vec, d->k) && s.xp &&
+                       (s.cur || !p);
         failed |= !ok;
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < parts * split.groups; t++) {

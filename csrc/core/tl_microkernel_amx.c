@@ -2,7 +2,7 @@
 #define _DEFAULT_SOURCE
 #include "tl_microkernel_amx.h"
 
-#include <string.h>
+#include "tl_microkernel_bf16.h"
 
 #if TL_SIMD_AMX
 #include <immintrin.h>
@@ -23,16 +23,13 @@ int64_t tl_amx_wgrad_dy_elems(int64_t pairs, int64_t cout) {
     return tl_amx_units(pairs) * 2 * tl_amx_round16(cout);
 }
 
-int64_t tl_amx_panel_elems(const tl_conv_desc *d) {
-    return d->k * tl_amx_depth(d->c_in) * ((d->c_out + 15) / 16 * 16);
-}
-
 void tl_amx_pack(const tl_conv_desc *d, const uint16_t *w, uint16_t *pw) {
-    const int64_t cin = d->c_in, cout = d->c_out, kp = tl_amx_depth(cin), nb = (cout + 15) / 16;
+    const int64_t cin = d->c_in, cout = d->c_out, kp = tl_amx_depth(cin);
+    const int64_t nb = tl_amx_round16(cout) / 16;
     for (int64_t n = 0; n < d->k; n++)
         for (int64_t b = 0; b < nb; b++)
             for (int64_t p = 0; p < kp / 2; p++) {
-                uint16_t *dst = pw + ((n * nb + b) * (kp / 2) + p) * 32;
+                uint16_t *dst = pw + n * tl_amx_row_elems(cin, cout) + (b * (kp / 2) + p) * 32;
                 for (int64_t j = 0; j < 16; j++)
                     for (int64_t u = 0; u < 2; u++) {
                         const int64_t c = 2 * p + u, col = 16 * b + j;
@@ -238,28 +235,6 @@ TL_TARGET_AMX void tl_amx_rows(int64_t c, int64_t cin, int64_t co0, int64_t cw,
     }
 }
 
-/* dst[2i] = a[i], dst[2i + 1] = b[i] (0 without b or past n), i < m (m a
- * multiple of 16): two rows as one of 32-bit units.  Masked loads read
- * nothing past n, so a (never NULL) may be any row when n is 0. */
-static inline __attribute__((always_inline)) TL_TARGET_AMX void tl_amx_interleave(
-    const uint16_t *a, const uint16_t *b, int64_t n, int64_t m, uint16_t *dst) {
-    const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9,
-                                        40, 8, 39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1,
-                                        32, 0);
-    const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
-    for (int64_t i = 0; i < m; i += 32) {
-        const int64_t left = n - i;
-        const __mmask32 m32 = (__mmask32)(left >= 32 ? 0xffffffffu
-                                          : left <= 0 ? 0u
-                                                      : (1u << left) - 1u);
-        const __m512i va = _mm512_maskz_loadu_epi16(m32, a + i);
-        const __m512i vb = b ? _mm512_maskz_loadu_epi16(m32, b + i) : _mm512_setzero_si512();
-        _mm512_storeu_si512(dst + 2 * i, _mm512_permutex2var_epi16(va, lo, vb));
-        if (i + 16 < m)
-            _mm512_storeu_si512(dst + 2 * i + 32, _mm512_permutex2var_epi16(va, hi, vb));
-    }
-}
-
 /* The 16 x 16 32-bit units r[t][c] stored transposed: dst[c * ld + t]. */
 static inline __attribute__((always_inline)) TL_TARGET_AMX void tl_amx_transpose16(
     __m512i r[16], uint32_t *dst, int64_t ld) {
@@ -301,11 +276,12 @@ TL_TARGET_AMX void tl_amx_wgrad(int64_t c, int64_t cin, int64_t cout, const uint
     /* dy: unit row t holds pairs 2t and 2t + 1 side by side. */
     for (int64_t t = 0; t < units; t++) {
         const int64_t q = 2 * t;
-        tl_amx_interleave(dq[q < c ? q : 0], q + 1 < c ? dq[q + 1] : NULL, q < c ? cout : 0,
-                          coutp, dt + t * 2 * coutp);
+        tl_bf16_interleave(dq[q < c ? q : 0], q + 1 < c ? dq[q + 1] : NULL, q < c ? cout : 0,
+                           coutp, dt + t * 2 * coutp);
     }
     /* x: the same units, 16 unit rows x 16 channels at a time, interleaved
-     * and transposed in registers into xt (a row per channel, `units` apart). */
+     * (as tl_bf16_interleave, in registers) and transposed into xt (a row per
+     * channel, `units` apart). */
     const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9,
                                         40, 8, 39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1,
                                         32, 0);

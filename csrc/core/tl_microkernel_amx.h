@@ -24,9 +24,11 @@
 /* Channels of a packed kernel row: c_in rounded up to 32 (one tile's depth). */
 static inline int64_t tl_amx_depth(int64_t cin) { return (cin + 31) / 32 * 32; }
 
-/* Elements of the packed weights: k x tl_amx_depth(c_in) x c_out rounded up
- * to 16. */
-int64_t tl_amx_panel_elems(const tl_conv_desc *d);
+/* Elements of one kernel row's packed weights (tl_amx_pack): tl_amx_depth(c_in)
+ * x c_out rounded up to 16; all k rows hold k times as many. */
+static inline int64_t tl_amx_row_elems(int64_t cin, int64_t cout) {
+    return tl_amx_depth(cin) * ((cout + 15) / 16 * 16);
+}
 
 /* Packs w (k, c_in, c_out) for tl_amx_rows: kernel row n, block b of 16
  * output columns and channel pair p (kp = tl_amx_depth(c_in), nb = c_out / 16

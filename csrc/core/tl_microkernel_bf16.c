@@ -27,20 +27,19 @@ void tl_bf16_pack_panels(const tl_conv_desc *d, int64_t width, const uint16_t *w
 }
 
 #if TL_SIMD_X86
-/* out[2i] = a[i], out[2i + 1] = b[i] (0 without b), i < n: 32 values of
- * each per two-source permutes. */
-static TL_TARGET_BF16 void tl_bf16_interleave(const uint16_t *a, const uint16_t *b, int64_t n,
-                                              uint16_t *out) {
+TL_TARGET_BF16 void tl_bf16_interleave(const uint16_t *a, const uint16_t *b, int64_t n, int64_t m,
+                                       uint16_t *out) {
     static const uint16_t lo_idx[32] = {0,  32, 1,  33, 2,  34, 3,  35, 4,  36, 5,
                                         37, 6,  38, 7,  39, 8,  40, 9,  41, 10, 42,
                                         11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
     const __m512i lo = _mm512_loadu_si512(lo_idx);
     const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
-    for (int64_t i = 0; i < n; i += 32) {
-        const int64_t left = n - i < 32 ? n - i : 32;
-        const __mmask32 m = (__mmask32)(left == 32 ? 0xffffffffu : (1u << left) - 1u);
-        const __m512i va = _mm512_maskz_loadu_epi16(m, a + i);
-        const __m512i vb = b ? _mm512_maskz_loadu_epi16(m, b + i) : _mm512_setzero_si512();
+    for (int64_t i = 0; i < m; i += 32) {
+        const int64_t read = n - i < 0 ? 0 : n - i < 32 ? n - i : 32;
+        const int64_t left = m - i < 32 ? m - i : 32; /* values of each written */
+        const __mmask32 mr = (__mmask32)(read == 32 ? 0xffffffffu : (1u << read) - 1u);
+        const __m512i va = _mm512_maskz_loadu_epi16(mr, a + i);
+        const __m512i vb = b ? _mm512_maskz_loadu_epi16(mr, b + i) : _mm512_setzero_si512();
         const __mmask32 m0 = (__mmask32)(left >= 16 ? 0xffffffffu : (1u << (2 * left)) - 1u);
         const __mmask32 m1 =
             (__mmask32)(left >= 32 ? 0xffffffffu : left <= 16 ? 0u : (1u << (2 * (left - 16))) - 1u);
@@ -55,10 +54,10 @@ TL_TARGET_BF16 void tl_bf16_wgrad_pack(int64_t c, int64_t cin, int64_t cout,
     const int64_t tp = (c + 1) / 2, strips = (cin + 3) / 4;
     for (int64_t t = 0; t < tp; t++) {
         const int pair = 2 * t + 1 < c;
-        tl_bf16_interleave(dq[2 * t], pair ? dq[2 * t + 1] : NULL, cout, dp + t * cout * 2);
+        tl_bf16_interleave(dq[2 * t], pair ? dq[2 * t + 1] : NULL, cout, cout, dp + t * cout * 2);
         /* The x pair interleaved, then cut into strips of 4 channels (the
          * last one padded with zeros). */
-        tl_bf16_interleave(xq[2 * t], pair ? xq[2 * t + 1] : NULL, cin, tmp);
+        tl_bf16_interleave(xq[2 * t], pair ? xq[2 * t + 1] : NULL, cin, cin, tmp);
         memset(tmp + 2 * cin, 0, sizeof(uint16_t) * (size_t)(2 * (strips * 4 - cin)));
         for (int64_t st = 0; st < strips; st++)
             memcpy(xp + (st * tp + t) * 4, tmp + 8 * st, 4 * sizeof(uint32_t));

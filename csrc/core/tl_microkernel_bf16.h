@@ -24,6 +24,13 @@ int64_t tl_bf16_panel_elems(const tl_conv_desc *d);
 void tl_bf16_pack_panels(const tl_conv_desc *d, int64_t width, const uint16_t *w, uint16_t *pw);
 
 #if TL_SIMD_X86
+/* Two bfloat16 rows as one row of 32-bit pairs: out[2i] = a[i], out[2i + 1] =
+ * b[i] (0 without b) for i < n, and 0 for n <= i < m (m >= n).  Masked loads
+ * read nothing past n, so a may be any row when n is 0.  Only on CPUs of level
+ * TL_SIMD_V4_BF16 or above. */
+void tl_bf16_interleave(const uint16_t *a, const uint16_t *b, int64_t n, int64_t m,
+                        uint16_t *out);
+
 /* out[r][0:cw) += sum_c a[r][c] * w(c, 0:cw) for r < R (4 or 2), where
  * a[r] is a bfloat16 row of cin channels and w one packed panel of cw
  * columns.  Only on CPUs of level TL_SIMD_V4_BF16. */

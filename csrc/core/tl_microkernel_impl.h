@@ -106,9 +106,8 @@ static inline int64_t TL_MK(packed_ld)(int64_t rows) { return (rows + 3) / 4 * 4
  * of an entry point (libgcc caches the CPU's answer), so there is no state of
  * ours to initialize. */
 __attribute__((unused)) static const TL_MK(ops) *TL_MK(pick)(const tl_ctx *ctx) {
-    switch (tl_simd_capped(ctx->simd_cap)) {
+    switch (tl_simd_vector_capped(ctx->simd_cap)) {
 #if TL_SIMD_X86
-    case TL_SIMD_V4_AMX:
     case TL_SIMD_V4_BF16:
     case TL_SIMD_V4:
         return &TL_MK_CAT(TL_MK(ops), v4);

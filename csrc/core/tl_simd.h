@@ -4,7 +4,7 @@
  * with its own target attribute, so the rest of the library stays baseline
  * x86-64.  AVX-512 CPUs with AVX512_BF16 (a level of its own) also run the
  * bfloat16 dot-product kernels (tl_microkernel_bf16.c), and those with AMX
- * tiles too (the level above) the bfloat16 forward's tile kernel
+ * tiles too (the level above) the bfloat16 tile kernels
  * (tl_microkernel_amx.c).  Other targets and compilers get the baseline
  * kernels only. */
 #ifndef TL_SIMD_H
@@ -41,17 +41,23 @@ typedef enum tl_simd {
  * tl_microkernel_amx.c. */
 int tl_amx_usable(void);
 
-/* The widest instruction set of this CPU (libgcc reads CPUID once). */
-static inline tl_simd tl_simd_level(void) {
+/* The widest vector instruction set of this CPU, tiles aside (libgcc reads
+ * CPUID once). */
+static inline tl_simd tl_simd_vector_level(void) {
 #if TL_SIMD_X86
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("x86-64-v4")) {
-        if (!__builtin_cpu_supports("avx512bf16")) return TL_SIMD_V4;
-        return tl_amx_usable() ? TL_SIMD_V4_AMX : TL_SIMD_V4_BF16;
-    }
+    if (__builtin_cpu_supports("x86-64-v4"))
+        return __builtin_cpu_supports("avx512bf16") ? TL_SIMD_V4_BF16 : TL_SIMD_V4;
     if (__builtin_cpu_supports("x86-64-v3")) return TL_SIMD_V3;
 #endif
     return TL_SIMD_BASE;
+}
+
+/* The widest instruction set of this CPU, AMX tiles included (which asks the
+ * operating system, a system call). */
+static inline tl_simd tl_simd_level(void) {
+    const tl_simd level = tl_simd_vector_level();
+    return level == TL_SIMD_V4_BF16 && tl_amx_usable() ? TL_SIMD_V4_AMX : level;
 }
 
 /* Asks for the cache lines of the rows ROWS[0..N), ROW_BYTES each: the
@@ -64,10 +70,17 @@ static inline tl_simd tl_simd_level(void) {
     } while (0)
 
 /* The set the kernels run with: the CPU's widest, at most `cap` (tl_ctx's
- * simd_cap). */
+ * simd_cap); the operating system is asked about tiles only where the cap
+ * allows them. */
 static inline tl_simd tl_simd_capped(int cap) {
-    tl_simd level = tl_simd_level();
+    const tl_simd level = cap >= TL_SIMD_V4_AMX ? tl_simd_level() : tl_simd_vector_level();
     return (int)level < cap ? level : (tl_simd)cap;
+}
+
+/* The same for kernels that never use tiles (the float micro-kernels, the
+ * listing): no system call on their every call. */
+static inline tl_simd tl_simd_vector_capped(int cap) {
+    return tl_simd_capped(cap < TL_SIMD_V4_BF16 ? cap : TL_SIMD_V4_BF16);
 }
 
 #endif
