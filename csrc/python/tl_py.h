@@ -89,6 +89,7 @@ int tl_py_workspace(const tl_py_call *c, const char *fn, tl_status sized, size_t
 extern PyMethodDef tl_py_kmap_methods[];  /* tl_py_kmap.c: supports, kernel maps, pairs */
 extern PyMethodDef tl_py_conv_methods[];  /* tl_py_conv.c: convolution dataflows */
 extern PyMethodDef tl_py_pool_methods[];  /* tl_py_pool.c: pooling */
+extern PyMethodDef tl_py_norm_methods[];  /* tl_py_norm.c: batch normalization */
 extern PyMethodDef tl_py_voxel_methods[]; /* tl_py_voxel.c: voxelize, devoxelize */
 
 #define TL_PY_METHOD(name) {#name, py_##name, METH_VARARGS, name##_doc}

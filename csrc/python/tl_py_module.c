@@ -6,7 +6,7 @@
  * the GIL around C work and turns a tl_status into a Python exception in
  * exactly one place, tl_raise().  This file holds the module, its error type,
  * the CPU context and the device queries; the op families bind themselves in
- * tl_py_kmap.c, tl_py_conv.c, tl_py_pool.c and tl_py_voxel.c. */
+ * tl_py_kmap.c, tl_py_conv.c, tl_py_pool.c, tl_py_norm.c and tl_py_voxel.c. */
 #include "tl_py.h"
 
 #include <stddef.h>
@@ -259,7 +259,7 @@ PyMODINIT_FUNC PyInit__C(void) {
         return NULL;
     }
     PyMethodDef *tables[] = {tl_py_module_methods, tl_py_kmap_methods, tl_py_conv_methods,
-                             tl_py_pool_methods, tl_py_voxel_methods};
+                             tl_py_pool_methods, tl_py_norm_methods, tl_py_voxel_methods};
     for (size_t i = 0; i < sizeof(tables) / sizeof(tables[0]); i++) {
         if (PyModule_AddFunctions(m, tables[i]) < 0) {
             Py_DECREF(m);

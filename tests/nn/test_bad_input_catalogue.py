@@ -613,6 +613,50 @@ add(
 )
 add("batchnorm-wrong-channels", ValueError, r"num_features=8", lambda: nn.BatchNorm(8)(_x()))
 add(
+    "batchnorm-relu-wrong-channels",
+    ValueError,
+    r"num_features=8",
+    lambda: nn.BatchNormReLU(8)(_x()),
+)
+add(
+    "f-batch-norm-one-row-training",
+    ValueError,
+    r"batch_norm: training needs more than 1 row per channel",
+    lambda: F.batch_norm(torch.randn(1, C), None, None, training=True),
+)
+add(
+    "f-batch-norm-eval-without-statistics",
+    ValueError,
+    r"batch_norm: eval mode \(training=False\) needs running statistics",
+    lambda: F.batch_norm(torch.randn(3, C), None, None),
+)
+add(
+    "f-batch-norm-one-running-buffer",
+    ValueError,
+    r"batch_norm: give both running_mean and running_var, or neither",
+    lambda: F.batch_norm(torch.randn(3, C), torch.zeros(C), None, training=True),
+)
+add(
+    "f-batch-norm-weight-shape",
+    ValueError,
+    r"batch_norm: weight must have shape \(4,\), got \(3,\)",
+    lambda: F.batch_norm(torch.randn(3, C), None, None, torch.ones(3), training=True),
+)
+add(
+    "f-batch-norm-dense-3d",
+    ValueError,
+    r"batch_norm: input must be \(N, C\) features, got \(2, 3, 4\)",
+    lambda: F.batch_norm(torch.randn(2, 3, C), None, None, training=True),
+)
+add(
+    "f-batch-norm-parameter-dtype",
+    TypeError,
+    r"batch_norm: parameters of dtype torch.bfloat16 do not mix with torch.float32 features",
+    lambda: F.batch_norm(
+        torch.randn(3, C), None, None, torch.ones(C, dtype=torch.bfloat16), training=True
+    ),
+)
+add(
     "fold-batch-norm-training-mode",
     ValueError,
     r"fold_batch_norm: model is in training mode; call model.eval\(\) first",

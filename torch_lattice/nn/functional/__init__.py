@@ -14,6 +14,7 @@ from torch_lattice.nn.functional.conv_transpose import (
     conv_transpose3d,
     generative_conv_transpose3d,
 )
+from torch_lattice.nn.functional.norm import batch_norm
 from torch_lattice.nn.functional.normalized import normalized
 from torch_lattice.nn.functional.pooling import (
     avg_pool3d,
@@ -38,6 +39,7 @@ __all__ = [
     "Dataflow",
     "TuningKey",
     "avg_pool3d",
+    "batch_norm",
     "clear_global_conv_config",
     "clear_tuning",
     "conv3d",

@@ -4,7 +4,7 @@ from torch_lattice.nn.modules.activation import GELU, LeakyReLU, ReLU, SiLU
 from torch_lattice.nn.modules.conv import Conv3d, SubmConv3d
 from torch_lattice.nn.modules.conv_transpose import ConvTranspose3d, GenerativeConvTranspose3d
 from torch_lattice.nn.modules.fold import fold_batch_norm
-from torch_lattice.nn.modules.norm import BatchNorm
+from torch_lattice.nn.modules.norm import BatchNorm, BatchNormReLU
 from torch_lattice.nn.modules.normalized import (
     NormalizedConvTranspose3d,
     NormalizedGenerativeConvTranspose3d,
@@ -22,6 +22,7 @@ __all__ = [
     "GELU",
     "AvgPool3d",
     "BatchNorm",
+    "BatchNormReLU",
     "Conv3d",
     "ConvTranspose3d",
     "GenerativeConvTranspose3d",

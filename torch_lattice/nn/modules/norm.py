@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
+from torch_lattice.nn.functional.norm import batch_norm
 from torch_lattice.tensor import SparseTensor
 
-__all__ = ["BatchNorm"]
+__all__ = ["BatchNorm", "BatchNormReLU"]
 
 
 class BatchNorm(nn.BatchNorm1d):
@@ -15,8 +17,34 @@ class BatchNorm(nn.BatchNorm1d):
     Same arguments and state-dict keys as ``BatchNorm1d`` (``weight``,
     ``bias``, ``running_mean``, ``running_var``, ``num_batches_tracked``), so
     legacy checkpoints load unchanged.  Statistics are over all rows of the
-    batch; the support is kept.
+    batch; the support is kept.  On the CPU it runs the library's own passes
+    (:func:`torch_lattice.nn.functional.norm.batch_norm`), elsewhere torch's.
     """
+
+    # max(., 0) after the normalization, in the same pass (BatchNormReLU).
+    _relu = False
+
+    def _normalize(self, feats: torch.Tensor) -> torch.Tensor:
+        """``nn.BatchNorm1d.forward``'s bookkeeping (batch counter, momentum, which
+        statistics) around the library's batch norm."""
+        factor = 0.0 if self.momentum is None else self.momentum
+        if self.training and self.track_running_stats and self.num_batches_tracked is not None:
+            self.num_batches_tracked.add_(1)
+            if self.momentum is None:  # cumulative moving average
+                factor = 1.0 / float(self.num_batches_tracked)
+        use_batch = self.training or (self.running_mean is None and self.running_var is None)
+        keep = not self.training or self.track_running_stats
+        return batch_norm(
+            feats,
+            self.running_mean if keep else None,
+            self.running_var if keep else None,
+            self.weight,
+            self.bias,
+            use_batch,
+            factor,
+            self.eps,
+            relu=self._relu,
+        )
 
     def forward(self, input: SparseTensor) -> SparseTensor:  # type: ignore[override]
         """Batch normalization of ``input``'s ``(N, C)`` features.
@@ -41,8 +69,9 @@ class BatchNorm(nn.BatchNorm1d):
                 f"num_features={self.num_features}"
             )
         try:
-            out = super().forward(input.feats)
-        except RuntimeError as exc:
+            out = self._normalize(input.feats)
+        except (RuntimeError, TypeError) as exc:
+            # torch's kernels (CUDA) raise RuntimeError, the library's TypeError.
             if "dtype" not in str(exc) and "scalar type" not in str(exc):
                 raise
             raise TypeError(
@@ -51,3 +80,15 @@ class BatchNorm(nn.BatchNorm1d):
                 f"{exc}; convert the layer or the features"
             ) from exc
         return input.replace(out)
+
+
+class BatchNormReLU(BatchNorm):
+    """``BatchNorm`` then ``ReLU``, in one pass forward and without the ReLU's own
+    tensor and pass backward.
+
+    Same arguments and state-dict keys as ``BatchNorm`` (so ``Sequential(conv,
+    BatchNormReLU(c))`` loads a ``Sequential(conv, BatchNorm(c), ReLU())`` checkpoint);
+    exported artifacts hold a batch norm and a ReLU.
+    """
+
+    _relu = True

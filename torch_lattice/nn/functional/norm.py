@@ -1,0 +1,194 @@
+"""Batch normalization of ``(N, C)`` features with an optional fused ReLU.
+
+``batch_norm`` computes what ``torch.nn.functional.batch_norm`` (then
+``torch.relu`` when ``relu``) computes, with the same running-statistics
+update.  On the CPU, for float32, bfloat16 and float16 features, it runs the
+C passes of :mod:`torch_lattice.ops.norm`: two passes over the features
+forward (statistics, then normalize + ReLU), two backward (sums, then the
+input gradient), float64 sums, the ReLU mask recomputed from the saved input
+instead of a separate ReLU pass and tensor.  Elsewhere (CUDA, float64, empty
+inputs) it calls torch's own kernels.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as torch_f
+
+from torch_lattice.ops import norm as norm_ops
+
+__all__ = ["batch_norm"]
+
+
+def batch_norm(
+    input: torch.Tensor,
+    running_mean: torch.Tensor | None,
+    running_var: torch.Tensor | None,
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    training: bool = False,
+    momentum: float = 0.1,
+    eps: float = 1e-5,
+    relu: bool = False,
+) -> torch.Tensor:
+    """``torch.nn.functional.batch_norm`` of ``(N, C)`` features, then ``max(., 0)``
+    when ``relu``.
+
+    ``training`` normalizes with the batch's statistics (biased variance) and, where
+    running buffers are given, updates them in place (``(1 - momentum) * running +
+    momentum * batch``, the variance unbiased); otherwise the running statistics
+    normalize.
+
+    Args:
+        input: ``(N, C)`` features.
+        running_mean, running_var: ``(C,)`` buffers, or both None (batch statistics).
+        weight, bias: ``(C,)`` affine parameters, or None.
+        training: use (and fold into the running buffers) the batch statistics.
+        momentum: weight of the batch in the running update.
+        eps: added to the variance.
+        relu: apply ``max(., 0)`` to the result (fused: one pass, no extra tensor).
+
+    Returns:
+        torch.Tensor: ``(N, C)``, ``input``'s dtype.
+
+    Raises:
+        ValueError: ``input`` is not 2-D, a per-channel tensor is not ``(C,)``, only
+            one running buffer is given, eval mode without running statistics, or
+            ``training`` with a single row.
+        TypeError: the parameters' dtype is neither ``input``'s nor float32 for
+            float16 / bfloat16 features.
+    """
+    if input.dim() != 2:
+        raise ValueError(f"batch_norm: input must be (N, C) features, got {tuple(input.shape)}")
+    n, c = input.shape
+    for name, t in (("running_mean", running_mean), ("running_var", running_var),
+                    ("weight", weight), ("bias", bias)):  # fmt: skip
+        if t is not None and tuple(t.shape) != (c,):
+            raise ValueError(f"batch_norm: {name} must have shape ({c},), got {tuple(t.shape)}")
+    if (running_mean is None) != (running_var is None):
+        raise ValueError("batch_norm: give both running_mean and running_var, or neither")
+    if not training and running_mean is None:
+        raise ValueError("batch_norm: eval mode (training=False) needs running statistics")
+    if training and n == 1:
+        raise ValueError(
+            "batch_norm: training needs more than 1 row per channel (the batch variance of "
+            f"one row is 0), got input of shape {tuple(input.shape)}"
+        )
+    params = [t for t in (weight, bias, running_mean, running_var) if t is not None]
+    for t in params:
+        if t.dtype != input.dtype and not (
+            input.dtype in (torch.float16, torch.bfloat16) and t.dtype == torch.float32
+        ):
+            raise TypeError(
+                f"batch_norm: parameters of dtype {t.dtype} do not mix with {input.dtype} "
+                "features (they must match, or be float32 for float16 / bfloat16 features)"
+            )
+    if input.device.type != "cpu" or input.dtype not in norm_ops.NORM_DTYPES or n == 0:
+        out = torch_f.batch_norm(
+            input, running_mean, running_var, weight, bias, training, momentum, eps
+        )
+        return torch.relu(out) if relu else out
+    return _BatchNorm.apply(
+        input, weight, bias, running_mean, running_var, training, momentum, eps, relu
+    )
+
+
+def _reference(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    mean: torch.Tensor | None,
+    invstd: torch.Tensor | None,
+    eps: float,
+    relu: bool,
+) -> torch.Tensor:
+    """The layer in differentiable torch ops (batch statistics when ``mean`` is None),
+    for gradients of gradients."""
+    xf = x.float()
+    if mean is None:
+        m = xf.mean(0)
+        scale = torch.rsqrt(xf.var(0, unbiased=False) + eps)
+    else:
+        m, scale = mean.float(), invstd.float()  # type: ignore[union-attr]
+    y = (xf - m) * scale
+    if weight is not None:
+        y = y * weight.float()
+    if bias is not None:
+        y = y + bias.float()
+    return (torch.relu(y) if relu else y).to(x.dtype)
+
+
+class _BatchNorm(torch.autograd.Function):
+    """The C passes with their coefficients; double backward through :func:`_reference`."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        x: torch.Tensor,
+        weight: torch.Tensor | None,
+        bias: torch.Tensor | None,
+        running_mean: torch.Tensor | None,
+        running_var: torch.Tensor | None,
+        training: bool,
+        momentum: float,
+        eps: float,
+        relu: bool,
+    ) -> torch.Tensor:
+        n, c = x.shape
+        if training:
+            mean, var = norm_ops.batch_norm_stats(x)
+            if running_mean is not None and running_var is not None:
+                unbiased = var * (n / (n - 1))
+                running_mean.copy_(running_mean.double() * (1 - momentum) + mean * momentum)
+                running_var.copy_(running_var.double() * (1 - momentum) + unbiased * momentum)
+        else:
+            assert running_mean is not None and running_var is not None  # by batch_norm
+            mean, var = running_mean.double(), running_var.double()
+        invstd = torch.rsqrt(var + eps)
+        scale = invstd * weight.double() if weight is not None else invstd
+        shift = -mean * scale
+        if bias is not None:
+            shift = shift + bias.double()
+        scale32, shift32 = scale.float(), shift.float()
+        ctx.save_for_backward(x, weight, bias, mean, invstd, scale32, shift32)
+        ctx.training, ctx.eps, ctx.relu = training, eps, relu
+        return norm_ops.batch_norm_apply(x, scale32, shift32, relu)
+
+    @staticmethod
+    def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+        x, weight, bias, mean, invstd, scale32, shift32 = ctx.saved_tensors
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        none = (None,) * 6
+        if torch.is_grad_enabled():
+            # create_graph: differentiable torch ops, so the gradient has a gradient.
+            wanted = [t for t, need in ((x, need_x), (weight, need_w), (bias, need_b)) if need]
+            with torch.enable_grad():
+                y = _reference(
+                    x, weight, bias,
+                    None if ctx.training else mean, None if ctx.training else invstd,
+                    ctx.eps, ctx.relu,
+                )  # fmt: skip
+            grads = iter(torch.autograd.grad(y, wanted, dy, create_graph=True))
+            return tuple(next(grads) if need else None for need in (need_x, need_w, need_b)) + none
+        dy = dy.to(x.dtype)
+        sum_g = sum_gx = None
+        if ctx.training or need_w or need_b:
+            sum_g, sum_gx = norm_ops.batch_norm_backward_reduce(
+                dy, x, scale32, shift32, mean, ctx.relu
+            )
+        dx = None
+        if need_x:
+            scale = scale32.double()
+            if ctx.training:
+                assert sum_g is not None and sum_gx is not None
+                n = x.shape[0]
+                b = -scale * invstd * invstd * sum_gx / n
+                k = -scale * sum_g / n - mean * b
+            else:
+                b = k = torch.zeros_like(scale)
+            dx = norm_ops.batch_norm_backward_apply(dy, x, scale32, shift32, scale32, b, k, ctx.relu)
+        dw = (sum_gx * invstd).to(weight.dtype) if need_w else None  # type: ignore[operator]
+        db = sum_g.to(bias.dtype) if need_b else None  # type: ignore[union-attr]
+        return (dx, dw, db) + none

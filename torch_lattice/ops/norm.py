@@ -1,0 +1,161 @@
+"""Batch normalization passes on the CPU, with an optional fused ReLU:
+``lattice::batch_norm_stats``, ``lattice::batch_norm_apply``,
+``lattice::batch_norm_backward_reduce`` and ``lattice::batch_norm_backward_apply``
+(csrc/core/tl_norm.h).
+
+They are the passes over the ``(N, C)`` features only; the per-channel
+coefficients between them, the running statistics and autograd live in
+:mod:`torch_lattice.nn.functional.norm`.  Features are float32, bfloat16 or
+float16; sums are float64, outputs rounded once to the features' dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from torch_lattice.ops._runtime import _C, DTYPE_CODES, ptr, require_cpu, threads
+
+__all__ = [
+    "NORM_DTYPES",
+    "batch_norm_apply",
+    "batch_norm_backward_apply",
+    "batch_norm_backward_reduce",
+    "batch_norm_stats",
+]
+
+# Feature dtypes the C passes take.
+NORM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _check(op: str, feats: torch.Tensor, *others: torch.Tensor) -> None:
+    """``feats`` is an (N, C) tensor of a dtype the passes take; ``others`` are
+    features of its shape and dtype."""
+    if feats.dim() != 2:
+        raise ValueError(f"lattice::{op}: features must be (N, C), got {tuple(feats.shape)}")
+    if feats.dtype not in NORM_DTYPES:
+        raise TypeError(
+            f"lattice::{op}: features must be float32, bfloat16 or float16, got {feats.dtype}"
+        )
+    for t in others:
+        if t.shape != feats.shape or t.dtype != feats.dtype:
+            raise ValueError(
+                f"lattice::{op}: gradient and features must match, got {tuple(t.shape)} "
+                f"{t.dtype} and {tuple(feats.shape)} {feats.dtype}"
+            )
+
+
+def _vec(t: torch.Tensor, c: int, dtype: torch.dtype) -> torch.Tensor:
+    """A per-channel coefficient as the contiguous (C,) vector the C passes read."""
+    if t.shape != (c,):
+        raise ValueError(f"internal error: per-channel vector of shape {tuple(t.shape)}, C={c}")
+    return t.to(dtype).contiguous()
+
+
+def _call(fn: str, x: torch.Tensor, relu: bool, *pointers: int) -> None:
+    n, c = x.shape
+    args = list(pointers) + [0] * (9 - len(pointers))
+    getattr(_C, fn)(DTYPE_CODES[x.dtype], n, c, int(relu), *args, threads())
+
+
+@torch.library.custom_op("lattice::batch_norm_stats", mutates_args=())
+def batch_norm_stats(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 ``(C,)`` mean and biased variance of the ``N >= 1`` rows of ``x``."""
+    require_cpu("batch_norm_stats", x)
+    _check("batch_norm_stats", x)
+    if x.shape[0] < 1:
+        raise ValueError("lattice::batch_norm_stats: needs at least one row")
+    x = x.contiguous()
+    mean = torch.empty(x.shape[1], dtype=torch.float64)
+    var = torch.empty_like(mean)
+    _call("batch_norm_stats", x, False, ptr(x), ptr(mean), ptr(var))
+    return mean, var
+
+
+@batch_norm_stats.register_fake
+def _(x):
+    return x.new_empty(x.shape[1], dtype=torch.float64), x.new_empty(
+        x.shape[1], dtype=torch.float64
+    )
+
+
+@torch.library.custom_op("lattice::batch_norm_apply", mutates_args=())
+def batch_norm_apply(
+    x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, relu: bool
+) -> torch.Tensor:
+    """``x * scale + shift`` per channel, then ``max(., 0)`` when ``relu``; in ``x``'s dtype."""
+    require_cpu("batch_norm_apply", x, scale, shift)
+    _check("batch_norm_apply", x)
+    x = x.contiguous()
+    c = x.shape[1]
+    s, t = _vec(scale, c, torch.float32), _vec(shift, c, torch.float32)
+    y = torch.empty_like(x)
+    _call("batch_norm_apply", x, relu, ptr(x), ptr(s), ptr(t), ptr(y))
+    return y
+
+
+@batch_norm_apply.register_fake
+def _(x, scale, shift, relu):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("lattice::batch_norm_backward_reduce", mutates_args=())
+def batch_norm_backward_reduce(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    scale: torch.Tensor,
+    shift: torch.Tensor,
+    mean: torch.Tensor,
+    relu: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 ``(C,)`` sums of ``g`` and ``g * (x - mean)``, ``g`` being ``dy`` where
+    the fused ReLU passed (``x * scale + shift > 0``), or all of ``dy`` without it."""
+    require_cpu("batch_norm_backward_reduce", dy, x, scale, shift, mean)
+    _check("batch_norm_backward_reduce", x, dy)
+    x, dy = x.contiguous(), dy.contiguous()
+    c = x.shape[1]
+    s, t = _vec(scale, c, torch.float32), _vec(shift, c, torch.float32)
+    m = _vec(mean, c, torch.float64)
+    sum_g = torch.empty(c, dtype=torch.float64)
+    sum_gx = torch.empty_like(sum_g)
+    _call(
+        "batch_norm_backward_reduce", x, relu,
+        ptr(dy), ptr(x), ptr(s), ptr(t), ptr(m), ptr(sum_g), ptr(sum_gx),
+    )  # fmt: skip
+    return sum_g, sum_gx
+
+
+@batch_norm_backward_reduce.register_fake
+def _(dy, x, scale, shift, mean, relu):
+    c = x.shape[1]
+    return x.new_empty(c, dtype=torch.float64), x.new_empty(c, dtype=torch.float64)
+
+
+@torch.library.custom_op("lattice::batch_norm_backward_apply", mutates_args=())
+def batch_norm_backward_apply(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    scale: torch.Tensor,
+    shift: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    k: torch.Tensor,
+    relu: bool,
+) -> torch.Tensor:
+    """``g * a + x * b + k`` per channel (``g`` as in the reduction), in ``x``'s dtype."""
+    require_cpu("batch_norm_backward_apply", dy, x, scale, shift, a, b, k)
+    _check("batch_norm_backward_apply", x, dy)
+    x, dy = x.contiguous(), dy.contiguous()
+    c = x.shape[1]
+    s, t = _vec(scale, c, torch.float32), _vec(shift, c, torch.float32)
+    va, vb, vk = (_vec(v, c, torch.float32) for v in (a, b, k))
+    dx = torch.empty_like(x)
+    _call(
+        "batch_norm_backward_apply", x, relu,
+        ptr(dy), ptr(x), ptr(s), ptr(t), ptr(va), ptr(vb), ptr(vk), ptr(dx),
+    )  # fmt: skip
+    return dx
+
+
+@batch_norm_backward_apply.register_fake
+def _(dy, x, scale, shift, a, b, k, relu):
+    return torch.empty_like(x)
