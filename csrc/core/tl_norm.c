@@ -253,7 +253,7 @@ tl_status tl_norm_backward_apply(const tl_ctx *ctx, const tl_norm_desc *d, const
     if (st != TL_OK) return st;
     const int64_t n = d->n, c = d->c;
     if (n * c == 0) return TL_OK;
-    if (!dy || !x || !scale || !shift || !a || !b || !k || !dx) return TL_ERR_INVALID;
+    if (!dy || !x || !scale || !shift || !a || !b != !k || !dx) return TL_ERR_INVALID;
     if (dx != dy) tl_mem_prefer_huge(dx, n * c * tl_dtype_bytes(d->dtype));
     int nomem = 0;
 #pragma omp parallel num_threads(run.threads) reduction(| : nomem)

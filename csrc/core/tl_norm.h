@@ -10,7 +10,7 @@
  *   apply            y = act(x * scale + shift)
  *   backward_reduce  sum_g[j] = sum g, sum_gx[j] = sum g * (x - mean[j]),
  *                    g = dy, or 0 where the fused ReLU cut x * scale + shift <= 0
- *   backward_apply   dx = g * a[j] + x * b[j] + k[j]
+ *   backward_apply   dx = g * a[j] + x * b[j] + k[j], or g * a[j] (eval: b, k NULL)
  *
  * Features are float32, bfloat16 or float16 (TL_F32, TL_BF16, TL_F16); half
  * types are widened to float in blocks and y / dx rounded once.  Sums are in
@@ -43,7 +43,8 @@ tl_status tl_norm_backward_reduce(const tl_ctx *ctx, const tl_norm_desc *d, cons
                                   const void *x, const float *scale, const float *shift,
                                   const double *mean, double *sum_g, double *sum_gx);
 
-/* dx (n, c) = g * a + x * b + k (see the top); dx may be dy. */
+/* dx (n, c) = g * a + x * b + k, or g * a when b and k are both NULL (see the
+ * top); dx may be dy. */
 tl_status tl_norm_backward_apply(const tl_ctx *ctx, const tl_norm_desc *d, const void *dy,
                                  const void *x, const float *scale, const float *shift,
                                  const float *a, const float *b, const float *k, void *dx);

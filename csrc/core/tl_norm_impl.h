@@ -75,6 +75,11 @@ static TL_NORM_ATTR void TL_NI(bapply)(const float *g, const float *x, int64_t r
     for (int64_t r = 0; r < rows; r++) {
         const float *gr = g + r * c, *xr = x + r * c;
         float *dr = dx + r * c;
+        if (!b) { /* eval: no x term, so a NaN input the ReLU cut gives 0 */
+            for (int64_t j = 0; j < c; j++)
+                dr[j] = TL_NI(grad)(gr[j], xr[j], scale[j], shift[j], relu) * a[j];
+            continue;
+        }
         for (int64_t j = 0; j < c; j++) {
             const float gv = TL_NI(grad)(gr[j], xr[j], scale[j], shift[j], relu);
             dr[j] = gv * a[j] + xr[j] * b[j] + k[j];

@@ -23,6 +23,7 @@
 #include "tl_kmap.h"
 #include "tl_list.h"
 #include "tl_mem.h"
+#include "tl_norm.h"
 #include "tl_pairs.h"
 #include "tl_pool.h"
 #include "tl_simd.h"
@@ -817,6 +818,98 @@ static void test_mem_aligned(void) {
     }
 }
 
+/* Batch norm's passes against float64 loops, at every level, both thread
+ * counts, float32 and bfloat16; sums equal bit for bit across thread counts. */
+static void test_norm(void) {
+    current = "norm";
+    enum { N = 3000, C = 37 };
+    float *x = xmalloc(sizeof(float) * N * C), *dy = xmalloc(sizeof(float) * N * C);
+    float *y = xmalloc(sizeof(float) * N * C), *dx = xmalloc(sizeof(float) * N * C);
+    uint16_t *xh = xmalloc(2 * N * C), *dyh = xmalloc(2 * N * C), *yh = xmalloc(2 * N * C);
+    float scale[C], shift[C], a[C], b[C], k[C];
+    double mean[C], var[C], mean1[C], var1[C], sg[C], sgx[C], want_m[C], want_v[C];
+    for (int64_t i = 0; i < N * C; i++) {
+        /* bf16-exact values, so both dtypes see the same numbers */
+        xh[i] = tl_f32_to_bf16(rndf() * 4.0f + (float)(i % C) * 8.0f);
+        dyh[i] = tl_f32_to_bf16(rndf());
+        x[i] = tl_bf16_to_f32(xh[i]);
+        dy[i] = tl_bf16_to_f32(dyh[i]);
+    }
+    for (int j = 0; j < C; j++) {
+        double s = 0, q = 0;
+        for (int i = 0; i < N; i++) s += x[i * C + j];
+        want_m[j] = s / N;
+        for (int i = 0; i < N; i++) q += (x[i * C + j] - want_m[j]) * (x[i * C + j] - want_m[j]);
+        want_v[j] = q / N;
+        scale[j] = 0.5f + (float)j / C;
+        shift[j] = (float)(-want_m[j] * scale[j]) + rndf(); /* the ReLU cuts about half */
+        a[j] = scale[j];
+        b[j] = rndf();
+        k[j] = rndf();
+    }
+    const tl_simd levels[3] = {TL_SIMD_BASE, TL_SIMD_V3, TL_SIMD_V4};
+    for (int li = 0; li < 3; li++) {
+        for (int threads = 1; threads <= 2; threads++) {
+            tl_ctx ctx = make_ctx(threads, levels[li]);
+            for (int half = 0; half < 2; half++) {
+                for (int relu = 0; relu < 2; relu++) {
+                    tl_norm_desc d = {half ? TL_BF16 : TL_F32, N, C, relu};
+                    const void *xs = half ? (const void *)xh : x, *dys = half ? (const void *)dyh : dy;
+                    CHECK(tl_norm_stats(&ctx, &d, xs, mean, var) == TL_OK);
+                    if (threads == 1) memcpy(mean1, mean, sizeof mean), memcpy(var1, var, sizeof var);
+                    CHECK(memcmp(mean, mean1, sizeof mean) == 0 && memcmp(var, var1, sizeof var) == 0);
+                    for (int j = 0; j < C; j++) {
+                        CHECK(fabs(mean[j] - want_m[j]) < 1e-9 * (1 + fabs(want_m[j])));
+                        CHECK(fabs(var[j] - want_v[j]) < 1e-9 * (1 + want_v[j]));
+                    }
+                    CHECK(tl_norm_apply(&ctx, &d, xs, scale, shift, half ? (void *)yh : y) == TL_OK);
+                    CHECK(tl_norm_backward_reduce(&ctx, &d, dys, xs, scale, shift, mean, sg, sgx) == TL_OK);
+                    for (int j = 0; j < C; j++) {
+                        double s = 0, sx = 0;
+                        for (int i = 0; i < N; i++) {
+                            const float pre = x[i * C + j] * scale[j] + shift[j];
+                            const double g = relu && !(pre > 0) ? 0 : dy[i * C + j];
+                            s += g;
+                            sx += g * (x[i * C + j] - mean[j]);
+                            const double want_y = relu && pre < 0 ? 0 : (double)x[i * C + j] * scale[j] + shift[j];
+                            const double got_y = half ? tl_bf16_to_f32(yh[i * C + j]) : y[i * C + j];
+                            /* float rounds x * scale before shift cancels it */
+                            CHECK(fabs(got_y - want_y) <= (half ? 8e-3 : 1e-6) * (1 + fabs(x[i * C + j] * scale[j]) + fabs(shift[j])));
+                        }
+                        CHECK(fabs(sg[j] - s) < 1e-9 * (1 + fabs(s)) && fabs(sgx[j] - sx) < 1e-9 * (1 + fabs(sx)));
+                    }
+                    for (int eval = 0; eval < 2; eval++) {
+                        CHECK(tl_norm_backward_apply(&ctx, &d, dys, xs, scale, shift, a, eval ? NULL : b,
+                                                     eval ? NULL : k, half ? (void *)yh : dx) == TL_OK);
+                        for (int64_t i = 0; i < N * C; i++) {
+                            const int j = (int)(i % C);
+                            const float pre = x[i] * scale[j] + shift[j];
+                            const double g = relu && !(pre > 0) ? 0 : dy[i];
+                            const double want = g * a[j] + (eval ? 0 : (double)x[i] * b[j] + k[j]);
+                            const double got = half ? tl_bf16_to_f32(yh[i]) : dx[i];
+                            CHECK(fabs(got - want) <= (half ? 8e-3 : 1e-6) * (1 + fabs(want) + fabs(x[i] * b[j]) + fabs(k[j])));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    tl_ctx ctx = make_ctx(1, TL_SIMD_V4);
+    tl_norm_desc bad = {TL_F64, N, C, 0};
+    CHECK(tl_norm_apply(&ctx, &bad, x, scale, shift, y) == TL_ERR_UNSUPPORTED);
+    bad.dtype = TL_F32;
+    bad.relu = 2;
+    CHECK(tl_norm_apply(&ctx, &bad, x, scale, shift, y) == TL_ERR_INVALID);
+    bad.relu = 0;
+    bad.n = 0;
+    CHECK(tl_norm_stats(&ctx, &bad, x, mean, var) == TL_ERR_INVALID);
+    bad.n = N;
+    CHECK(tl_norm_backward_apply(&ctx, &bad, dy, x, scale, shift, a, NULL, k, dx) == TL_ERR_INVALID);
+    bad.n = INT64_MAX;
+    CHECK(tl_norm_apply(&ctx, &bad, x, scale, shift, y) == TL_ERR_OVERFLOW);
+    free(x), free(dy), free(y), free(dx), free(xh), free(dyh), free(yh);
+}
+
 int main(void) {
     test_mem_aligned();
     test_hash();
@@ -826,6 +919,7 @@ int main(void) {
     test_half_conversions();
     test_half_conv();
     test_pool();
+    test_norm();
     test_voxel();
     test_int_limits();
     if (failures) {

@@ -511,9 +511,14 @@ def _feature_op(
     return low.with_features(x, out, call.real, stem)
 
 
-def _activation(low: Lowering, call: Call, stem: str, kind: str, **params: Any) -> Sym:
+def _activation_attrs(kind: str, **params: Any) -> dict[str, Any]:
     attrs = {"kind": kind, "approximate": "none", "alpha": 0.01, "beta": 1.0, "threshold": 20.0}
     attrs.update(params)
+    return attrs
+
+
+def _activation(low: Lowering, call: Call, stem: str, kind: str, **params: Any) -> Sym:
+    attrs = _activation_attrs(kind, **params)
 
     def emit(feats: Value, type_: str) -> Value:
         return low.text.op("activation", {"input": feats}, attrs, type_, f"{stem}_features")
@@ -602,7 +607,12 @@ def _lower_batch_norm(low: Lowering, call: Call, module: nn.Module, qualname: st
             "var": low.weights.declare(f"{qualname}.running_var", module.running_var, "channel"),
         }
         attrs = {"eps": float(module.eps)}
-        return low.text.op("batch_norm", operands, attrs, type_, f"{qualname}_features")
+        if not isinstance(module, M.BatchNormReLU):
+            return low.text.op("batch_norm", operands, attrs, type_, f"{qualname}_features")
+        # The fused module is the two artifact ops it computes.
+        normalized = low.text.op("batch_norm", operands, attrs, type_, f"{qualname}_normalized")
+        relu = _activation_attrs("relu")
+        return low.text.op("activation", {"input": normalized}, relu, type_, f"{qualname}_features")
 
     return _feature_op(low, call, qualname, emit)
 

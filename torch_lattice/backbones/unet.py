@@ -25,7 +25,7 @@ from torch_lattice.export_hints import export_as_relabel, export_as_same_rows
 from torch_lattice.nn.modules.activation import ReLU
 from torch_lattice.nn.modules.conv import Conv3d, SubmConv3d
 from torch_lattice.nn.modules.conv_transpose import ConvTranspose3d
-from torch_lattice.nn.modules.norm import BatchNorm
+from torch_lattice.nn.modules.norm import BatchNorm, BatchNormReLU
 from torch_lattice.sparse_ops import add, cat
 from torch_lattice.tensor import SparseTensor
 
@@ -37,10 +37,11 @@ DECODER = (256, 128, 96, 96)
 
 
 class ConvBlock(nn.Sequential):
-    """Convolution -> BatchNorm -> ReLU."""
+    """Convolution -> BatchNorm -> ReLU (one fused module, so the state-dict keys are
+    those of ``Sequential(conv, BatchNorm, ReLU)``)."""
 
     def __init__(self, conv: nn.Module, channels: int) -> None:
-        super().__init__(conv, BatchNorm(channels), ReLU(inplace=True))
+        super().__init__(conv, BatchNormReLU(channels))
 
 
 class ResidualBlock(nn.Module):

@@ -137,21 +137,30 @@ def batch_norm_backward_apply(
     scale: torch.Tensor,
     shift: torch.Tensor,
     a: torch.Tensor,
-    b: torch.Tensor,
-    k: torch.Tensor,
+    b: torch.Tensor | None,
+    k: torch.Tensor | None,
     relu: bool,
 ) -> torch.Tensor:
-    """``g * a + x * b + k`` per channel (``g`` as in the reduction), in ``x``'s dtype."""
-    require_cpu("batch_norm_backward_apply", dy, x, scale, shift, a, b, k)
+    """``g * a + x * b + k`` per channel (``g`` as in the reduction), or ``g * a`` when
+    ``b`` and ``k`` are None (eval: no ``x`` term, so a NaN the ReLU cut gives 0); in
+    ``x``'s dtype."""
+    optional = [t for t in (b, k) if t is not None]
+    require_cpu("batch_norm_backward_apply", dy, x, scale, shift, a, *optional)
     _check("batch_norm_backward_apply", x, dy)
     x, dy = x.contiguous(), dy.contiguous()
     c = x.shape[1]
     s, t = _vec(scale, c, torch.float32), _vec(shift, c, torch.float32)
-    va, vb, vk = (_vec(v, c, torch.float32) for v in (a, b, k))
+    if (b is None) != (k is None):
+        raise ValueError("lattice::batch_norm_backward_apply: give both b and k, or neither")
+    va = _vec(a, c, torch.float32)
+    pb = pk = 0
+    if b is not None and k is not None:
+        vb, vk = _vec(b, c, torch.float32), _vec(k, c, torch.float32)
+        pb, pk = ptr(vb), ptr(vk)
     dx = torch.empty_like(x)
     _call(
         "batch_norm_backward_apply", x, relu,
-        ptr(dy), ptr(x), ptr(s), ptr(t), ptr(va), ptr(vb), ptr(vk), ptr(dx),
+        ptr(dy), ptr(x), ptr(s), ptr(t), ptr(va), pb, pk, ptr(dx),
     )  # fmt: skip
     return dx
 

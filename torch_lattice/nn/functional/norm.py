@@ -136,7 +136,7 @@ class _BatchNorm(torch.autograd.Function):
         eps: float,
         relu: bool,
     ) -> torch.Tensor:
-        n, c = x.shape
+        n = x.shape[0]
         if training:
             mean, var = norm_ops.batch_norm_stats(x)
             if running_mean is not None and running_var is not None:
@@ -171,7 +171,7 @@ class _BatchNorm(torch.autograd.Function):
                     ctx.eps, ctx.relu,
                 )  # fmt: skip
             grads = iter(torch.autograd.grad(y, wanted, dy, create_graph=True))
-            return tuple(next(grads) if need else None for need in (need_x, need_w, need_b)) + none
+            return (*(next(grads) if need else None for need in (need_x, need_w, need_b)), *none)
         dy = dy.to(x.dtype)
         sum_g = sum_gx = None
         if ctx.training or need_w or need_b:
@@ -180,15 +180,17 @@ class _BatchNorm(torch.autograd.Function):
             )
         dx = None
         if need_x:
-            scale = scale32.double()
+            b: torch.Tensor | None = None
+            k: torch.Tensor | None = None
             if ctx.training:
                 assert sum_g is not None and sum_gx is not None
                 n = x.shape[0]
+                scale = invstd * weight.double() if weight is not None else invstd
                 b = -scale * invstd * invstd * sum_gx / n
                 k = -scale * sum_g / n - mean * b
-            else:
-                b = k = torch.zeros_like(scale)
-            dx = norm_ops.batch_norm_backward_apply(dy, x, scale32, shift32, scale32, b, k, ctx.relu)
+            dx = norm_ops.batch_norm_backward_apply(
+                dy, x, scale32, shift32, scale32, b, k, ctx.relu
+            )
         dw = (sum_gx * invstd).to(weight.dtype) if need_w else None  # type: ignore[operator]
         db = sum_g.to(bias.dtype) if need_b else None  # type: ignore[union-attr]
-        return (dx, dw, db) + none
+        return (dx, dw, db, *none)

@@ -15,8 +15,9 @@ import itertools
 import torch
 from torch import nn
 
+from torch_lattice.nn.modules.activation import ReLU
 from torch_lattice.nn.modules.conv import ConvBase
-from torch_lattice.nn.modules.norm import BatchNorm
+from torch_lattice.nn.modules.norm import BatchNorm, BatchNormReLU
 from torch_lattice.nn.modules.normalized import NormalizedConvBase
 
 __all__ = ["fold_batch_norm"]
@@ -24,7 +25,8 @@ __all__ = ["fold_batch_norm"]
 
 def fold_batch_norm(model: torch.nn.Module) -> torch.nn.Module:
     """A copy of ``model`` with each ``BatchNorm`` that directly follows a convolution in
-    an ``nn.Sequential`` folded into that convolution (replaced by ``nn.Identity``).
+    an ``nn.Sequential`` folded into that convolution (replaced by ``nn.Identity``; a
+    ``BatchNormReLU`` by ``ReLU``).
 
     The copy computes what ``model`` computes in eval mode, to float rounding (the
     folding is done in float64 and stored in the parameters' dtype), and is returned in
@@ -54,7 +56,8 @@ def fold_batch_norm(model: torch.nn.Module) -> torch.nn.Module:
             conv, bn = seq._modules[conv_name], seq._modules[bn_name]
             if _foldable(conv, bn):
                 _fold(conv, bn)  # type: ignore[arg-type]
-                seq._modules[bn_name] = nn.Identity()
+                # What is left of BatchNormReLU is its ReLU.
+                seq._modules[bn_name] = ReLU() if isinstance(bn, BatchNormReLU) else nn.Identity()
     return folded.eval()
 
 
