@@ -49,10 +49,17 @@ static TL_NORM_ATTR void TL_NI(apply)(const float *x, int64_t rows, int64_t c,
 }
 
 /* The gradient through the fused ReLU: dy where the pre-activation was
- * positive (torch's threshold_backward of relu's output), else 0. */
-static TL_NORM_ATTR inline float TL_NI(grad)(float g, float x, float scale, float shift,
-                                             int relu) {
-    return relu && !(TL_NI(pre)(x, scale, shift) > 0.0f) ? 0.0f : g;
+ * positive (torch's threshold_backward of relu's output), else 0.  A select,
+ * not a branch, so the loops below stay vectorized; each loop is written
+ * once per ReLU setting for the same reason. */
+static TL_NORM_ATTR inline float TL_NI(cut)(float g, float x, float scale, float shift) {
+    /* g AND an all-ones or all-zeros mask: GCC does not if-convert the reduction's
+     * select, but vectorizes this */
+    uint32_t u;
+    memcpy(&u, &g, sizeof u);
+    u &= -(uint32_t)(TL_NI(pre)(x, scale, shift) > 0.0f);
+    memcpy(&g, &u, sizeof g);
+    return g;
 }
 
 static TL_NORM_ATTR void TL_NI(reduce)(const float *g, const float *x, int64_t rows, int64_t c,
@@ -60,14 +67,24 @@ static TL_NORM_ATTR void TL_NI(reduce)(const float *g, const float *x, int64_t r
                                        const double *mean, double *sg, double *sgx) {
     for (int64_t r = 0; r < rows; r++) {
         const float *gr = g + r * c, *xr = x + r * c;
-        for (int64_t j = 0; j < c; j++) {
-            const double gv = (double)TL_NI(grad)(gr[j], xr[j], scale[j], shift[j], relu);
-            sg[j] += gv;
-            sgx[j] += gv * ((double)xr[j] - mean[j]);
+        if (relu) {
+            for (int64_t j = 0; j < c; j++) {
+                const double gv = (double)TL_NI(cut)(gr[j], xr[j], scale[j], shift[j]);
+                sg[j] += gv;
+                sgx[j] += gv * ((double)xr[j] - mean[j]);
+            }
+        } else {
+            for (int64_t j = 0; j < c; j++) {
+                const double gv = (double)gr[j];
+                sg[j] += gv;
+                sgx[j] += gv * ((double)xr[j] - mean[j]);
+            }
         }
     }
 }
 
+/* dx = g * a + x * b + k; b and k NULL (eval) leave out the x term, so a NaN
+ * input the ReLU cut gives 0. */
 static TL_NORM_ATTR void TL_NI(bapply)(const float *g, const float *x, int64_t rows, int64_t c,
                                        const float *scale, const float *shift, int relu,
                                        const float *a, const float *b, const float *k,
@@ -75,14 +92,16 @@ static TL_NORM_ATTR void TL_NI(bapply)(const float *g, const float *x, int64_t r
     for (int64_t r = 0; r < rows; r++) {
         const float *gr = g + r * c, *xr = x + r * c;
         float *dr = dx + r * c;
-        if (!b) { /* eval: no x term, so a NaN input the ReLU cut gives 0 */
+        if (relu && b) {
             for (int64_t j = 0; j < c; j++)
-                dr[j] = TL_NI(grad)(gr[j], xr[j], scale[j], shift[j], relu) * a[j];
-            continue;
-        }
-        for (int64_t j = 0; j < c; j++) {
-            const float gv = TL_NI(grad)(gr[j], xr[j], scale[j], shift[j], relu);
-            dr[j] = gv * a[j] + xr[j] * b[j] + k[j];
+                dr[j] = TL_NI(cut)(gr[j], xr[j], scale[j], shift[j]) * a[j] + xr[j] * b[j] + k[j];
+        } else if (relu) {
+            for (int64_t j = 0; j < c; j++)
+                dr[j] = TL_NI(cut)(gr[j], xr[j], scale[j], shift[j]) * a[j];
+        } else if (b) {
+            for (int64_t j = 0; j < c; j++) dr[j] = gr[j] * a[j] + xr[j] * b[j] + k[j];
+        } else {
+            for (int64_t j = 0; j < c; j++) dr[j] = gr[j] * a[j];
         }
     }
 }
