@@ -12,6 +12,7 @@ import torch
 import torch_lattice as tl
 from torch_lattice import nn
 from torch_lattice.nn import functional as F
+from torch_lattice.nn.functional import norm as norm_functional
 
 # float32 and the half types: the C passes; float64: torch's kernels.
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64]
@@ -26,6 +27,12 @@ TOL_PARAM = {**{t: 1e-6 for t in TOL}, torch.float64: 1e-10}
 # 16 KiB block of half rows (4096 floats), more rows than 256 chunks of 64.
 SHAPES = [(2, 3), (65, 37), (1000, 64), (7, 4100), (20000, 8)]
 ISAS = ["avx512", "avx2", "baseline"]
+
+
+@pytest.fixture(autouse=True)
+def _c_passes_at_every_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tests' shapes are small: run them through the C passes, not torch's kernels."""
+    monkeypatch.setattr(norm_functional, "C_PASSES_MIN_ELEMENTS", 0)
 
 
 def _features(n: int, c: int, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
@@ -261,3 +268,24 @@ def test_fold_leaves_the_relu_of_batch_norm_relu() -> None:
     want = model(st).feats
     assert (want == 0).any()  # the ReLU cut something
     torch.testing.assert_close(folded(st).feats, want, rtol=1e-5, atol=1e-5)
+
+
+def _lattice_ops_run(fn) -> set[str]:
+    with torch.profiler.profile() as prof:
+        fn()
+    return {e.key for e in prof.key_averages() if e.key.startswith("lattice::batch_norm")}
+
+
+def test_small_inputs_run_torch_kernels_and_large_ones_the_c_passes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(norm_functional, "C_PASSES_MIN_ELEMENTS", 1 << 18)
+    w, b = torch.ones(64, requires_grad=True), torch.zeros(64, requires_grad=True)
+    for n, c_passes in ((4095, False), (4096, True)):
+        x = _features(n, 64, torch.float32).requires_grad_()
+        ops = _lattice_ops_run(lambda x=x: F.batch_norm(x, None, None, w, b, True, relu=True))
+        assert ("lattice::batch_norm_stats" in ops) == c_passes, (n, ops)
+        y = F.batch_norm(x, None, None, w, b, True, relu=True)
+        w64, b64 = w.double(), b.double()
+        want_y = torch.relu(torch.nn.functional.batch_norm(x.double(), None, None, w64, b64, True))
+        _close(y.detach(), want_y.detach(), 1e-4, f"output at {n} rows")  # torch: 2.4e-5
