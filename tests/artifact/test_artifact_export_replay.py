@@ -164,6 +164,18 @@ def test_batch_norm_with_running_statistics(tmp_path: Path) -> None:
     roundtrip(tmp_path, Seq(affine_free), (scene(3, seed=3),))
 
 
+def test_batch_norm_relu_is_a_batch_norm_then_a_relu(tmp_path: Path) -> None:
+    bn = tl.nn.BatchNormReLU(3)
+    with torch.no_grad():
+        bn.running_mean.uniform_(-1, 1)
+        bn.bias.uniform_(-1, 1)
+    x = scene(3, seed=2)
+    assert (bn.eval()(x).feats == 0).any()  # the ReLU cuts something
+    text = roundtrip(tmp_path, Seq(tl.nn.SubmConv3d(3, 3, 3), bn), (x,))
+    norm, act = text.index("lattice.batch_norm"), text.index("lattice.activation")
+    assert norm < act and 'kind = "relu"' in text[act:]
+
+
 def test_down_up_inverse_transposes(tmp_path: Path) -> None:
     def fn(self: Lambda, x: tl.SparseTensor) -> tl.SparseTensor:
         down, up, nup = self.mods
