@@ -8,6 +8,10 @@
 #include "tl_mem.h"
 #include "tl_simd.h"
 
+/* Rows summed in float before each addition to the double sums: 16 roundings
+ * of float stay far below the data's own (see tl_norm_impl.h). */
+#define TL_NORM_SUM_ROWS 16
+
 #define TL_NORM_ISA base
 #define TL_NORM_ATTR
 #include "tl_norm_impl.h"
@@ -35,10 +39,11 @@
 #define TL_NORM_CHUNKS 256
 
 typedef struct tl_norm_loops {
-    void (*stats)(const float *, int64_t, int64_t, const double *, double *, double *);
+    void (*stats)(const float *, int64_t, int64_t, const float *, double *, double *, float *,
+                  float *);
     void (*apply)(const float *, int64_t, int64_t, const float *, const float *, int, float *);
     void (*reduce)(const float *, const float *, int64_t, int64_t, const float *, const float *,
-                   int, const double *, double *, double *);
+                   int, const float *, double *, double *, float *, float *, float *);
     void (*bapply)(const float *, const float *, int64_t, int64_t, const float *, const float *,
                    int, const float *, const float *, const float *, float *);
 } tl_norm_loops;
@@ -103,11 +108,19 @@ static void tl_norm_store(const tl_norm_run *run, tl_dtype t, void *p, int64_t c
         tl_f32_row_to_half(run->level, t, buf, rows * c, (uint16_t *)p + r * c);
 }
 
-/* Per-thread scratch of `blocks` widened blocks (none for float32). */
-static float *tl_norm_scratch(const tl_norm_run *run, const tl_norm_desc *d, int blocks) {
-    if (d->dtype == TL_F32) return NULL;
-    const int64_t floats = run->block_rows * (d->c ? d->c : 1);
-    return tl_mem_aligned((size_t)(blocks * floats) * sizeof(float));
+/* Per-thread scratch: `blocks` widened blocks (none for float32), then
+ * `sums` rows of c floats for the float partial sums. */
+static float *tl_norm_scratch(const tl_norm_run *run, const tl_norm_desc *d, int blocks,
+                              int sums) {
+    const int64_t c = d->c ? d->c : 1;
+    const int64_t floats = (d->dtype == TL_F32 ? 0 : blocks * run->block_rows * c) + sums * c;
+    return floats ? tl_mem_aligned((size_t)floats * sizeof(float)) : NULL;
+}
+
+/* Where the sums' scratch starts in a tl_norm_scratch of `blocks` blocks. */
+static float *tl_norm_sums(const tl_norm_run *run, const tl_norm_desc *d, float *scratch,
+                           int blocks) {
+    return scratch + (d->dtype == TL_F32 ? 0 : blocks * run->block_rows * d->c);
 }
 
 tl_status tl_norm_stats(const tl_ctx *ctx, const tl_norm_desc *d, const void *x, double *mean,
@@ -118,23 +131,22 @@ tl_status tl_norm_stats(const tl_ctx *ctx, const tl_norm_desc *d, const void *x,
     const int64_t n = d->n, c = d->c;
     if (n < 1 || !x || (c && (!mean || !var))) return TL_ERR_INVALID;
     if (!c) return TL_OK;
-    /* Sums are shifted by the first row; partial[chunk] holds (s, q). */
-    double *ref = malloc((size_t)c * sizeof(double));
+    /* Sums are shifted by the first row (ref); partial[chunk] holds (s, q). */
+    float *ref = malloc((size_t)c * sizeof(float));
     double *partial = calloc((size_t)(run.chunks * 2 * c), sizeof(double));
-    float *first = malloc((size_t)c * sizeof(float));
-    if (!ref || !partial || !first) {
+    if (!ref || !partial) {
         free(ref);
         free(partial);
-        free(first);
         return TL_ERR_NOMEM;
     }
-    const float *row0 = tl_norm_rows(&run, d->dtype, x, c, 0, 1, first);
-    for (int64_t j = 0; j < c; j++) ref[j] = row0[j];
+    const float *row0 = tl_norm_rows(&run, d->dtype, x, c, 0, 1, ref);
+    if (row0 != ref) memcpy(ref, row0, (size_t)c * sizeof(float));
     int nomem = 0;
 #pragma omp parallel num_threads(run.threads) reduction(| : nomem)
     {
-        float *buf = tl_norm_scratch(&run, d, 1);
-        nomem = d->dtype != TL_F32 && !buf;
+        float *buf = tl_norm_scratch(&run, d, 1, 2);
+        nomem = !buf;
+        float *fs = buf ? tl_norm_sums(&run, d, buf, 1) : NULL, *fq = fs ? fs + c : NULL;
 #pragma omp for schedule(static)
         for (int64_t k = 0; k < run.chunks; k++) {
             if (nomem) continue;
@@ -143,7 +155,7 @@ tl_status tl_norm_stats(const tl_ctx *ctx, const tl_norm_desc *d, const void *x,
             for (int64_t r = k * run.chunk_rows; r < end; r += run.block_rows) {
                 const int64_t rows = end - r < run.block_rows ? end - r : run.block_rows;
                 run.loops->stats(tl_norm_rows(&run, d->dtype, x, c, r, rows, buf), rows, c, ref,
-                                 s, q);
+                                 s, q, fs, fq);
             }
         }
         free(buf);
@@ -156,13 +168,12 @@ tl_status tl_norm_stats(const tl_ctx *ctx, const tl_norm_desc *d, const void *x,
                 q += partial[k * 2 * c + c + j];
             }
             const double m = s / (double)n, v = q / (double)n - m * m;
-            mean[j] = ref[j] + m;
+            mean[j] = (double)ref[j] + m;
             var[j] = v > 0.0 ? v : 0.0;
         }
     }
     free(ref);
     free(partial);
-    free(first);
     return nomem ? TL_ERR_NOMEM : TL_OK;
 }
 
@@ -178,7 +189,7 @@ tl_status tl_norm_apply(const tl_ctx *ctx, const tl_norm_desc *d, const void *x,
     int nomem = 0;
 #pragma omp parallel num_threads(run.threads) reduction(| : nomem)
     {
-        float *buf = tl_norm_scratch(&run, d, 2);
+        float *buf = tl_norm_scratch(&run, d, 2, 0);
         nomem = d->dtype != TL_F32 && !buf;
         float *out_buf = buf ? buf + run.block_rows * c : NULL;
 #pragma omp for schedule(static)
@@ -208,14 +219,23 @@ tl_status tl_norm_backward_reduce(const tl_ctx *ctx, const tl_norm_desc *d, cons
     if (!c) return TL_OK;
     if (!scale || !shift || !mean || !sum_g || !sum_gx || (n && (!dy || !x)))
         return TL_ERR_INVALID;
+    /* The loops sum g * (x - ref) with ref the mean in float; the end adds back
+     * (ref - mean) * sum g, exactly the difference. */
+    float *ref = malloc((size_t)c * sizeof(float));
     double *partial = calloc((size_t)((run.chunks ? run.chunks : 1) * 2 * c), sizeof(double));
-    if (!partial) return TL_ERR_NOMEM;
+    if (!ref || !partial) {
+        free(ref);
+        free(partial);
+        return TL_ERR_NOMEM;
+    }
+    for (int64_t j = 0; j < c; j++) ref[j] = (float)mean[j];
     int nomem = 0;
 #pragma omp parallel num_threads(run.threads) reduction(| : nomem)
     {
-        float *buf = tl_norm_scratch(&run, d, 2);
-        nomem = d->dtype != TL_F32 && !buf;
-        float *xbuf = buf ? buf + run.block_rows * c : NULL;
+        float *buf = tl_norm_scratch(&run, d, 2, 3);
+        nomem = !buf;
+        float *xbuf = buf && d->dtype != TL_F32 ? buf + run.block_rows * c : NULL;
+        float *fg = buf ? tl_norm_sums(&run, d, buf, 2) : NULL, *fgx = fg ? fg + c : NULL;
 #pragma omp for schedule(static)
         for (int64_t k = 0; k < run.chunks; k++) {
             if (nomem) continue;
@@ -225,7 +245,7 @@ tl_status tl_norm_backward_reduce(const tl_ctx *ctx, const tl_norm_desc *d, cons
                 const int64_t rows = end - r < run.block_rows ? end - r : run.block_rows;
                 run.loops->reduce(tl_norm_rows(&run, d->dtype, dy, c, r, rows, buf),
                                   tl_norm_rows(&run, d->dtype, x, c, r, rows, xbuf), rows, c,
-                                  scale, shift, d->relu, mean, sg, sgx);
+                                  scale, shift, d->relu, ref, sg, sgx, fg, fgx, fgx + c);
             }
         }
         free(buf);
@@ -238,9 +258,10 @@ tl_status tl_norm_backward_reduce(const tl_ctx *ctx, const tl_norm_desc *d, cons
                 sgx += partial[k * 2 * c + c + j];
             }
             sum_g[j] = sg;
-            sum_gx[j] = sgx;
+            sum_gx[j] = sgx + ((double)ref[j] - mean[j]) * sg;
         }
     }
+    free(ref);
     free(partial);
     return nomem ? TL_ERR_NOMEM : TL_OK;
 }
@@ -258,7 +279,7 @@ tl_status tl_norm_backward_apply(const tl_ctx *ctx, const tl_norm_desc *d, const
     int nomem = 0;
 #pragma omp parallel num_threads(run.threads) reduction(| : nomem)
     {
-        float *buf = tl_norm_scratch(&run, d, 3);
+        float *buf = tl_norm_scratch(&run, d, 3, 0);
         nomem = d->dtype != TL_F32 && !buf;
         float *xbuf = buf ? buf + run.block_rows * c : NULL;
         float *out_buf = buf ? buf + 2 * run.block_rows * c : NULL;

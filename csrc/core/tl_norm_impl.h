@@ -17,16 +17,28 @@ static TL_NORM_ATTR inline float TL_NI(pre)(float x, float scale, float shift) {
     return x * scale + shift;
 }
 
-/* s[j] += x - ref[j] and q[j] += (x - ref[j])^2 over `rows` rows: sums shifted
- * by one row of the data keep the variance accurate when the mean is large. */
-static TL_NORM_ATTR void TL_NI(stats)(const float *x, int64_t rows, int64_t c,
-                                      const double *ref, double *s, double *q) {
-    for (int64_t r = 0; r < rows; r++) {
-        const float *xr = x + r * c;
+/* s[j] += x - ref[j] and q[j] += (x - ref[j])^2 over `rows` rows, ref being one
+ * row of the data, so the shifted values are small and exact to float rounding
+ * even when the mean is large.  Each TL_NORM_SUM_ROWS rows are summed in float
+ * (fs, fq: c floats of scratch), then added to the double sums: float vectors
+ * hold twice the lanes, which half types, read at twice the rows per byte, need
+ * to keep up with memory. */
+static TL_NORM_ATTR void TL_NI(stats)(const float *x, int64_t rows, int64_t c, const float *ref,
+                                      double *s, double *q, float *fs, float *fq) {
+    for (int64_t r0 = 0; r0 < rows; r0 += TL_NORM_SUM_ROWS) {
+        const int64_t r1 = r0 + TL_NORM_SUM_ROWS < rows ? r0 + TL_NORM_SUM_ROWS : rows;
+        for (int64_t j = 0; j < c; j++) fs[j] = fq[j] = 0.0f;
+        for (int64_t r = r0; r < r1; r++) {
+            const float *xr = x + r * c;
+            for (int64_t j = 0; j < c; j++) {
+                const float v = xr[j] - ref[j];
+                fs[j] += v;
+                fq[j] += v * v;
+            }
+        }
         for (int64_t j = 0; j < c; j++) {
-            const double v = (double)xr[j] - ref[j];
-            s[j] += v;
-            q[j] += v * v;
+            s[j] += fs[j];
+            q[j] += fq[j];
         }
     }
 }
@@ -55,30 +67,44 @@ static TL_NORM_ATTR void TL_NI(apply)(const float *x, int64_t rows, int64_t c,
 static TL_NORM_ATTR inline float TL_NI(cut)(float g, float x, float scale, float shift) {
     /* g AND an all-ones or all-zeros mask: GCC does not if-convert the reduction's
      * select, but vectorizes this */
-    uint32_t u;
-    memcpy(&u, &g, sizeof u);
-    u &= -(uint32_t)(TL_NI(pre)(x, scale, shift) > 0.0f);
-    memcpy(&g, &u, sizeof g);
-    return g;
+    union {
+        float f;
+        uint32_t u;
+    } v = {g};
+    v.u &= -(uint32_t)(TL_NI(pre)(x, scale, shift) > 0.0f);
+    return v.f;
 }
 
+/* sg[j] += g and sgx[j] += g * (x - ref[j]) (ref: the mean rounded to float,
+ * which tl_norm.c corrects for), summed in float over TL_NORM_SUM_ROWS rows as
+ * in stats; fg, fgx and cut are c floats of scratch each. */
 static TL_NORM_ATTR void TL_NI(reduce)(const float *g, const float *x, int64_t rows, int64_t c,
                                        const float *scale, const float *shift, int relu,
-                                       const double *mean, double *sg, double *sgx) {
-    for (int64_t r = 0; r < rows; r++) {
-        const float *gr = g + r * c, *xr = x + r * c;
-        if (relu) {
-            for (int64_t j = 0; j < c; j++) {
-                const double gv = (double)TL_NI(cut)(gr[j], xr[j], scale[j], shift[j]);
-                sg[j] += gv;
-                sgx[j] += gv * ((double)xr[j] - mean[j]);
+                                       const float *ref, double *sg, double *sgx, float *fg,
+                                       float *fgx, float *cut) {
+    for (int64_t r0 = 0; r0 < rows; r0 += TL_NORM_SUM_ROWS) {
+        const int64_t r1 = r0 + TL_NORM_SUM_ROWS < rows ? r0 + TL_NORM_SUM_ROWS : rows;
+        for (int64_t j = 0; j < c; j++) fg[j] = fgx[j] = 0.0f;
+        for (int64_t r = r0; r < r1; r++) {
+            const float *gr = g + r * c, *xr = x + r * c;
+            if (relu) {
+                /* the cut row first: GCC vectorizes the two loops, not one */
+                for (int64_t j = 0; j < c; j++)
+                    cut[j] = TL_NI(cut)(gr[j], xr[j], scale[j], shift[j]);
+                for (int64_t j = 0; j < c; j++) {
+                    fg[j] += cut[j];
+                    fgx[j] += cut[j] * (xr[j] - ref[j]);
+                }
+            } else {
+                for (int64_t j = 0; j < c; j++) {
+                    fg[j] += gr[j];
+                    fgx[j] += gr[j] * (xr[j] - ref[j]);
+                }
             }
-        } else {
-            for (int64_t j = 0; j < c; j++) {
-                const double gv = (double)gr[j];
-                sg[j] += gv;
-                sgx[j] += gv * ((double)xr[j] - mean[j]);
-            }
+        }
+        for (int64_t j = 0; j < c; j++) {
+            sg[j] += fg[j];
+            sgx[j] += fgx[j];
         }
     }
 }

@@ -860,23 +860,26 @@ static void test_norm(void) {
                     CHECK(memcmp(mean, mean1, sizeof mean) == 0 && memcmp(var, var1, sizeof var) == 0);
                     for (int j = 0; j < C; j++) {
                         CHECK(fabs(mean[j] - want_m[j]) < 1e-9 * (1 + fabs(want_m[j])));
-                        CHECK(fabs(var[j] - want_v[j]) < 1e-9 * (1 + want_v[j]));
+                        CHECK(fabs(var[j] - want_v[j]) < 2e-6 * (1 + want_v[j])); /* float partial sums */
                     }
                     CHECK(tl_norm_apply(&ctx, &d, xs, scale, shift, half ? (void *)yh : y) == TL_OK);
                     CHECK(tl_norm_backward_reduce(&ctx, &d, dys, xs, scale, shift, mean, sg, sgx) == TL_OK);
                     for (int j = 0; j < C; j++) {
-                        double s = 0, sx = 0;
+                        double s = 0, sx = 0, abs_s = 0, abs_sx = 0;
                         for (int i = 0; i < N; i++) {
                             const float pre = x[i * C + j] * scale[j] + shift[j];
                             const double g = relu && !(pre > 0) ? 0 : dy[i * C + j];
                             s += g;
                             sx += g * (x[i * C + j] - mean[j]);
+                            abs_s += fabs(g);
+                            abs_sx += fabs(g * (x[i * C + j] - mean[j]));
                             const double want_y = relu && pre < 0 ? 0 : (double)x[i * C + j] * scale[j] + shift[j];
                             const double got_y = half ? tl_bf16_to_f32(yh[i * C + j]) : y[i * C + j];
                             /* float rounds x * scale before shift cancels it */
                             CHECK(fabs(got_y - want_y) <= (half ? 8e-3 : 1e-6) * (1 + fabs(x[i * C + j] * scale[j]) + fabs(shift[j])));
                         }
-                        CHECK(fabs(sg[j] - s) < 1e-9 * (1 + fabs(s)) && fabs(sgx[j] - sx) < 1e-9 * (1 + fabs(sx)));
+                        /* float sums of 16 rows: about 16 float roundings of the terms */
+                        CHECK(fabs(sg[j] - s) < 2e-6 * abs_s && fabs(sgx[j] - sx) < 2e-6 * abs_sx);
                     }
                     for (int eval = 0; eval < 2; eval++) {
                         CHECK(tl_norm_backward_apply(&ctx, &d, dys, xs, scale, shift, a, eval ? NULL : b,
