@@ -13,11 +13,15 @@ at rounding.
 from __future__ import annotations
 
 import argparse
+import copy
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
+
+from torch_lattice.nn.modules.norm import BatchNorm
+from torch_lattice.tensor import SparseTensor
 
 DATAFLOWS = ("implicit_gemm", "fetch_on_demand", "gather_scatter")
 PRECISIONS = {
@@ -40,8 +44,6 @@ def crop(coords: torch.Tensor, rows: int) -> torch.Tensor:
 
 def run(model: torch.nn.Module, feats: torch.Tensor, coords: torch.Tensor):
     """(output, input gradient, {name: parameter gradient}) of one forward and backward."""
-    from torch_lattice import SparseTensor
-
     model.zero_grad(set_to_none=True)
     x = SparseTensor(feats.clone().requires_grad_(True), coords)
     y = model(x)
@@ -55,7 +57,8 @@ def run(model: torch.nn.Module, feats: torch.Tensor, coords: torch.Tensor):
 
 
 def smooth_activations(model: torch.nn.Module) -> torch.nn.Module:
-    """``model`` with every ReLU replaced by SiLU, in place; returns it.
+    """``model`` with every ReLU replaced by SiLU, in place; returns it (a
+    ``BatchNormReLU`` becomes a :class:`BatchNormSiLU` with the same state).
 
     For comparing gradients across devices or precisions (this tool and the CUDA tests).
     ReLU's gradient jumps where rounding moves a pre-activation across zero, so a
@@ -65,12 +68,27 @@ def smooth_activations(model: torch.nn.Module) -> torch.nn.Module:
     rounding (about 1e-6 there).
     """
     from torch_lattice.nn.modules.activation import ReLU, SiLU
+    from torch_lattice.nn.modules.norm import BatchNormReLU
 
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
             if isinstance(child, ReLU):
                 setattr(module, name, SiLU())
+            elif isinstance(child, BatchNormReLU):
+                # The same parameters and buffers, on their device, under the smooth class.
+                smooth = copy.copy(child)
+                smooth.__class__ = BatchNormSiLU
+                setattr(module, name, smooth)
     return model
+
+
+class BatchNormSiLU(BatchNorm):
+    """``BatchNorm`` then SiLU, with ``BatchNorm``'s state-dict keys: what
+    :func:`smooth_activations` makes of a ``BatchNormReLU``."""
+
+    def forward(self, input: SparseTensor) -> SparseTensor:  # type: ignore[override]
+        out = super().forward(input)
+        return out.replace(torch.nn.functional.silu(out.feats))
 
 
 def rel(a: torch.Tensor, ref: torch.Tensor) -> float:

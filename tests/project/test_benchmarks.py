@@ -566,16 +566,17 @@ def test_python_m_benchmarks_uses_an_installed_package_over_unbuilt_source(
 
 
 def test_smooth_activations_swaps_every_relu_and_nothing_else() -> None:
-    from benchmarks.gpu_accuracy import smooth_activations
+    from benchmarks.gpu_accuracy import BatchNormSiLU, smooth_activations
     from torch_lattice.nn.modules.activation import ReLU, SiLU
 
     net = tl.backbones.SparseResUNet42(3, 5, width=0.25)
     keys = list(net.state_dict())
-    relus = sum(isinstance(m, ReLU) for m in net.modules())
-    assert relus > 20
+    relu_types = (ReLU, tl.nn.BatchNormReLU)
+    relus = sum(isinstance(m, relu_types) for m in net.modules())
+    assert relus > 40 and any(isinstance(m, tl.nn.BatchNormReLU) for m in net.modules())
     assert smooth_activations(net) is net
-    assert not any(isinstance(m, ReLU) for m in net.modules())
-    assert sum(isinstance(m, SiLU) for m in net.modules()) == relus
+    assert not any(isinstance(m, relu_types) for m in net.modules())
+    assert sum(isinstance(m, (SiLU, BatchNormSiLU)) for m in net.modules()) == relus
     assert list(net.state_dict()) == keys
     coords = scenes.tiny_scene(12).coords
     y = net.eval()(tl.SparseTensor(torch.randn(coords.shape[0], 3), coords))

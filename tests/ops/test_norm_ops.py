@@ -1,0 +1,65 @@
+"""The ``lattice::batch_norm_*`` ops on their own: torch.library's opcheck (schema,
+fake kernels) and their argument checks.  Their numbers are tested through
+``nn.functional.batch_norm`` in tests/nn/test_batch_norm.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from torch_lattice.ops import norm as ops
+
+
+def _args(dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(50, 6, generator=g).to(dtype)
+    dy = torch.randn(50, 6, generator=g).to(dtype)
+    scale, shift = torch.rand(6, generator=g) + 0.5, torch.randn(6, generator=g)
+    return x, dy, scale, shift
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_opcheck(dtype: torch.dtype) -> None:
+    x, dy, scale, shift = _args(dtype)
+    mean = x.double().mean(0)
+    torch.library.opcheck(ops.batch_norm_stats, (x,))
+    torch.library.opcheck(ops.batch_norm_apply, (x, scale, shift, True))
+    torch.library.opcheck(ops.batch_norm_backward_reduce, (dy, x, scale, shift, mean, True))
+    torch.library.opcheck(
+        ops.batch_norm_backward_apply, (dy, x, scale, shift, scale, shift, scale, False)
+    )
+    torch.library.opcheck(
+        ops.batch_norm_backward_apply, (dy, x, scale, shift, scale, None, None, True)
+    )
+
+
+def test_the_passes_compute_their_formulas() -> None:
+    x, dy, scale, shift = _args()
+    mean, var = ops.batch_norm_stats(x)
+    # float partial sums over 16 rows, then float64: float rounding of the sums
+    sums = {"rtol": 1e-6, "atol": 1e-6}
+    torch.testing.assert_close(mean, x.double().mean(0), **sums)
+    torch.testing.assert_close(var, x.double().var(0, unbiased=False), **sums)
+    pre = x * scale + shift
+    torch.testing.assert_close(ops.batch_norm_apply(x, scale, shift, True), pre.clamp_min(0))
+    g = torch.where(pre > 0, dy, 0.0).double()
+    sum_g, sum_gx = ops.batch_norm_backward_reduce(dy, x, scale, shift, mean, True)
+    torch.testing.assert_close(sum_g, g.sum(0), **sums)
+    torch.testing.assert_close(sum_gx, (g * (x.double() - mean)).sum(0), **sums)
+    a, b, k = scale, shift, scale * 2
+    dx = ops.batch_norm_backward_apply(dy, x, scale, shift, a, b, k, True)
+    torch.testing.assert_close(dx, g.float() * a + x * b + k)
+
+
+def test_bad_arguments() -> None:
+    x, dy, scale, shift = _args()
+    with pytest.raises(ValueError, match=r"batch_norm_stats: features must be \(N, C\)"):
+        ops.batch_norm_stats(x[0])
+    with pytest.raises(TypeError, match="batch_norm_apply: features must be float32, bfloat16"):
+        ops.batch_norm_apply(x.double(), scale, shift, False)
+    with pytest.raises(ValueError, match="batch_norm_backward_reduce: gradient and features"):
+        ops.batch_norm_backward_reduce(dy[:10], x, scale, shift, scale.double(), False)
+    with pytest.raises(ValueError, match="batch_norm_stats: needs at least one row"):
+        ops.batch_norm_stats(x[:0])
+    with pytest.raises(ValueError, match="give both b and k, or neither"):
+        ops.batch_norm_backward_apply(dy, x, scale, shift, scale, shift, None, False)
