@@ -30,6 +30,12 @@
 #undef TL_NORM_ATTR
 #endif
 
+/* The outputs get no huge-page hint (tl_mem_prefer_huge), unlike the
+ * convolutions': where Linux defragments on demand for hinted memory, the hint
+ * on these outputs made a SparseResUNet42 float32 training step 0.71x as fast
+ * as without it (compaction stalls on fresh tensors; docs/benchmarks, round
+ * fourteen), although the layer alone ran faster with it. */
+
 /* Floats per widened block of half-type rows: 16 KiB, so the three blocks of
  * the backward (dy, x, dx) stay in L1 together. */
 #define TL_NORM_BLOCK 4096
@@ -185,7 +191,6 @@ tl_status tl_norm_apply(const tl_ctx *ctx, const tl_norm_desc *d, const void *x,
     const int64_t n = d->n, c = d->c;
     if (n * c == 0) return TL_OK;
     if (!x || !scale || !shift || !y) return TL_ERR_INVALID;
-    if (y != x) tl_mem_prefer_huge(y, n * c * tl_dtype_bytes(d->dtype));
     int nomem = 0;
 #pragma omp parallel num_threads(run.threads) reduction(| : nomem)
     {
@@ -275,7 +280,6 @@ tl_status tl_norm_backward_apply(const tl_ctx *ctx, const tl_norm_desc *d, const
     const int64_t n = d->n, c = d->c;
     if (n * c == 0) return TL_OK;
     if (!dy || !x || !scale || !shift || !a || !b != !k || !dx) return TL_ERR_INVALID;
-    if (dx != dy) tl_mem_prefer_huge(dx, n * c * tl_dtype_bytes(d->dtype));
     int nomem = 0;
 #pragma omp parallel num_threads(run.threads) reduction(| : nomem)
     {
