@@ -57,7 +57,6 @@ tl_status tl_implicit_gemm_forward(const tl_ctx *ctx, const tl_conv_desc *d,
     tl_status st = tl_check_args(ctx, d, 0, x, w, nbr, y, 0);
     if (st != TL_OK) return st;
     if (d->n_out * d->c_out == 0) return tl_check_nbr(ctx, nbr, d->n_out * d->k, d->n_in);
-    tl_mem_prefer_huge(y, d->n_out * d->c_out * tl_dtype_bytes(d->dtype));
     const tl_fwd_rel rel = {nbr, NULL, NULL, 0};
     if (d->dtype == TL_F32) return tl_forward_f32(ctx, d, x, w, &rel, y);
     if (d->dtype == TL_F64) return tl_forward_f64(ctx, d, x, w, &rel, y);

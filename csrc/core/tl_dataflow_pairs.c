@@ -56,7 +56,6 @@ tl_status tl_pairs_forward(const tl_ctx *ctx, tl_pairs_mode mode, const tl_conv_
     tl_status st = tl_pairs_args(ctx, mode, d, 0, x, w, p, y);
     if (st != TL_OK) return st;
     if (d->n_out * d->c_out == 0) return TL_OK;
-    tl_mem_prefer_huge(y, d->n_out * d->c_out * tl_dtype_bytes(d->dtype));
     if (mode == TL_PAIRS_FETCH_ON_DEMAND) return tl_implicit_gemm_forward_pairs(ctx, d, x, w, p, y);
     if (d->dtype == TL_F32) return tl_pairs_fwd_f32(ctx, d, x, w, p, y);
     return tl_pairs_fwd_f64(ctx, d, x, w, p, y);

@@ -1,20 +1,14 @@
-/* Memory hints for large output buffers, and the cache size that sizes the
- * CPU kernels' tiles. */
+/* Aligned scratch for the CPU kernels, and the cache size that sizes their
+ * tiles.  Outputs get no huge-page hint (MADV_HUGEPAGE): where Linux
+ * defragments on demand for hinted memory (transparent_hugepage/defrag
+ * "madvise", the kernel's default) a hinted fault can compact memory on the
+ * spot, and SparseResUNet42 ran 1.1-1.3x faster without the hint
+ * (docs/benchmarks, round fourteen). */
 #ifndef TL_MEM_H
 #define TL_MEM_H
 
 #include <stddef.h>
 #include <stdint.h>
-
-/* Asks the OS to back the 2 MiB-aligned interior of [p, p + bytes) with huge
- * pages when it is first touched (Linux MADV_HUGEPAGE; nothing elsewhere).
- * A large output tensor is usually a fresh mapping, and a 4 KiB page fault
- * per 4 KiB of it costs as much as a fifth of a convolution's arithmetic;
- * huge pages cut the faults 512-fold.  Only a hint: it cannot fail, changes
- * no data, and is skipped for buffers under TL_MEM_HUGE_MIN bytes. */
-void tl_mem_prefer_huge(void *p, int64_t bytes);
-
-#define TL_MEM_HUGE_MIN (8 << 20)
 
 /* malloc for buffers the kernels read and write as whole vectors: at least
  * `bytes` (0 counts as 1), 64-byte aligned, released with free().  A

@@ -30,12 +30,6 @@
 #undef TL_NORM_ATTR
 #endif
 
-/* The outputs get no huge-page hint (tl_mem_prefer_huge), unlike the
- * convolutions': where Linux defragments on demand for hinted memory, the hint
- * on these outputs made a SparseResUNet42 float32 training step 0.71x as fast
- * as without it (compaction stalls on fresh tensors; docs/benchmarks, round
- * fourteen), although the layer alone ran faster with it. */
-
 /* Floats per widened block of half-type rows: 16 KiB, so the three blocks of
  * the backward (dy, x, dx) stay in L1 together. */
 #define TL_NORM_BLOCK 4096

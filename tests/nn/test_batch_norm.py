@@ -293,3 +293,11 @@ def test_small_inputs_run_torch_kernels_and_large_ones_the_c_passes(
         w64, b64 = w.double(), b.double()
         want_y = torch.relu(torch.nn.functional.batch_norm(x.double(), None, None, w64, b64, True))
         _close(y.detach(), want_y.detach(), 1e-4, f"output at {n} rows")  # torch: 2.4e-5
+
+
+def test_bad_momentum_and_eps() -> None:
+    x = _features(10, 3, torch.float32)
+    with pytest.raises(TypeError, match="batch_norm: momentum must be a number, got NoneType"):
+        F.batch_norm(x, torch.zeros(3), torch.ones(3), training=True, momentum=None)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="batch_norm: eps must be non-negative, got -1"):
+        F.batch_norm(x, None, None, training=True, eps=-1.0)

@@ -61,10 +61,10 @@ def batch_norm(
 
     Raises:
         ValueError: ``input`` is not 2-D, a per-channel tensor is not ``(C,)``, only
-            one running buffer is given, eval mode without running statistics, or
-            ``training`` with a single row.
+            one running buffer is given, eval mode without running statistics,
+            ``training`` with a single row, or ``eps`` is negative.
         TypeError: the parameters' dtype is neither ``input``'s nor float32 for
-            float16 / bfloat16 features.
+            float16 / bfloat16 features, or ``momentum`` / ``eps`` is not a number.
     """
     if input.dim() != 2:
         raise ValueError(f"batch_norm: input must be (N, C) features, got {tuple(input.shape)}")
@@ -73,6 +73,11 @@ def batch_norm(
                     ("weight", weight), ("bias", bias)):  # fmt: skip
         if t is not None and tuple(t.shape) != (c,):
             raise ValueError(f"batch_norm: {name} must have shape ({c},), got {tuple(t.shape)}")
+    for name, value in (("momentum", momentum), ("eps", eps)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"batch_norm: {name} must be a number, got {type(value).__name__}")
+    if not eps >= 0:
+        raise ValueError(f"batch_norm: eps must be non-negative, got {eps}")
     if (running_mean is None) != (running_var is None):
         raise ValueError("batch_norm: give both running_mean and running_var, or neither")
     if not training and running_mean is None:
