@@ -18,7 +18,7 @@ class BatchNorm(nn.BatchNorm1d):
     ``bias``, ``running_mean``, ``running_var``, ``num_batches_tracked``), so
     legacy checkpoints load unchanged.  Statistics are over all rows of the
     batch; the support is kept.  On the CPU it runs the library's own passes
-    (:func:`torch_lattice.nn.functional.norm.batch_norm`), elsewhere torch's.
+    (:func:`torch_lattice.nn.functional.batch_norm`), elsewhere torch's.
     """
 
     # max(., 0) after the normalization, in the same pass (BatchNormReLU).
