@@ -123,6 +123,30 @@ static float *tl_norm_sums(const tl_norm_run *run, const tl_norm_desc *d, float 
     return scratch + (d->dtype == TL_F32 ? 0 : blocks * run->block_rows * d->c);
 }
 
+/* The row after chunk k, and the rows of the block at row r of a chunk ending at end. */
+static int64_t tl_norm_chunk_end(const tl_norm_run *run, int64_t k, int64_t n) {
+    return (k + 1) * run->chunk_rows < n ? (k + 1) * run->chunk_rows : n;
+}
+
+static int64_t tl_norm_block(const tl_norm_run *run, int64_t r, int64_t end) {
+    return end - r < run->block_rows ? end - r : run->block_rows;
+}
+
+/* a[j], b[j] = the sums over chunks, in chunk order, of partial's two rows of c
+ * per chunk. */
+static void tl_norm_add_chunks(const tl_norm_run *run, const double *partial, int64_t c,
+                               double *a, double *b) {
+    for (int64_t j = 0; j < c; j++) {
+        double sa = 0.0, sb = 0.0;
+        for (int64_t k = 0; k < run->chunks; k++) {
+            sa += partial[k * 2 * c + j];
+            sb += partial[k * 2 * c + c + j];
+        }
+        a[j] = sa;
+        b[j] = sb;
+    }
+}
+
 tl_status tl_norm_stats(const tl_ctx *ctx, const tl_norm_desc *d, const void *x, double *mean,
                         double *var) {
     tl_norm_run run;
@@ -151,9 +175,9 @@ tl_status tl_norm_stats(const tl_ctx *ctx, const tl_norm_desc *d, const void *x,
         for (int64_t k = 0; k < run.chunks; k++) {
             if (nomem) continue;
             double *s = partial + k * 2 * c, *q = s + c;
-            const int64_t end = (k + 1) * run.chunk_rows < n ? (k + 1) * run.chunk_rows : n;
+            const int64_t end = tl_norm_chunk_end(&run, k, n);
             for (int64_t r = k * run.chunk_rows; r < end; r += run.block_rows) {
-                const int64_t rows = end - r < run.block_rows ? end - r : run.block_rows;
+                const int64_t rows = tl_norm_block(&run, r, end);
                 run.loops->stats(tl_norm_rows(&run, d->dtype, x, c, r, rows, buf), rows, c, ref,
                                  s, q, fs, fq);
             }
@@ -161,13 +185,9 @@ tl_status tl_norm_stats(const tl_ctx *ctx, const tl_norm_desc *d, const void *x,
         free(buf);
     }
     if (!nomem) {
+        tl_norm_add_chunks(&run, partial, c, mean, var); /* the shifted sums, then: */
         for (int64_t j = 0; j < c; j++) {
-            double s = 0.0, q = 0.0;
-            for (int64_t k = 0; k < run.chunks; k++) {
-                s += partial[k * 2 * c + j];
-                q += partial[k * 2 * c + c + j];
-            }
-            const double m = s / (double)n, v = q / (double)n - m * m;
+            const double m = mean[j] / (double)n, v = var[j] / (double)n - m * m;
             mean[j] = (double)ref[j] + m;
             var[j] = v > 0.0 ? v : 0.0;
         }
@@ -194,9 +214,9 @@ tl_status tl_norm_apply(const tl_ctx *ctx, const tl_norm_desc *d, const void *x,
 #pragma omp for schedule(static)
         for (int64_t k = 0; k < run.chunks; k++) {
             if (nomem) continue;
-            const int64_t end = (k + 1) * run.chunk_rows < n ? (k + 1) * run.chunk_rows : n;
+            const int64_t end = tl_norm_chunk_end(&run, k, n);
             for (int64_t r = k * run.chunk_rows; r < end; r += run.block_rows) {
-                const int64_t rows = end - r < run.block_rows ? end - r : run.block_rows;
+                const int64_t rows = tl_norm_block(&run, r, end);
                 float *out = tl_norm_out(d->dtype, y, c, r, out_buf);
                 run.loops->apply(tl_norm_rows(&run, d->dtype, x, c, r, rows, buf), rows, c, scale,
                                  shift, d->relu, out);
@@ -239,9 +259,9 @@ tl_status tl_norm_backward_reduce(const tl_ctx *ctx, const tl_norm_desc *d, cons
         for (int64_t k = 0; k < run.chunks; k++) {
             if (nomem) continue;
             double *sg = partial + k * 2 * c, *sgx = sg + c;
-            const int64_t end = (k + 1) * run.chunk_rows < n ? (k + 1) * run.chunk_rows : n;
+            const int64_t end = tl_norm_chunk_end(&run, k, n);
             for (int64_t r = k * run.chunk_rows; r < end; r += run.block_rows) {
-                const int64_t rows = end - r < run.block_rows ? end - r : run.block_rows;
+                const int64_t rows = tl_norm_block(&run, r, end);
                 run.loops->reduce(tl_norm_rows(&run, d->dtype, dy, c, r, rows, buf),
                                   tl_norm_rows(&run, d->dtype, x, c, r, rows, xbuf), rows, c,
                                   scale, shift, d->relu, ref, sg, sgx, fg, fgx, fgx + c);
@@ -250,15 +270,8 @@ tl_status tl_norm_backward_reduce(const tl_ctx *ctx, const tl_norm_desc *d, cons
         free(buf);
     }
     if (!nomem) {
-        for (int64_t j = 0; j < c; j++) {
-            double sg = 0.0, sgx = 0.0;
-            for (int64_t k = 0; k < run.chunks; k++) {
-                sg += partial[k * 2 * c + j];
-                sgx += partial[k * 2 * c + c + j];
-            }
-            sum_g[j] = sg;
-            sum_gx[j] = sgx + ((double)ref[j] - mean[j]) * sg;
-        }
+        tl_norm_add_chunks(&run, partial, c, sum_g, sum_gx);
+        for (int64_t j = 0; j < c; j++) sum_gx[j] += ((double)ref[j] - mean[j]) * sum_g[j];
     }
     free(ref);
     free(partial);
@@ -284,9 +297,9 @@ tl_status tl_norm_backward_apply(const tl_ctx *ctx, const tl_norm_desc *d, const
 #pragma omp for schedule(static)
         for (int64_t q = 0; q < run.chunks; q++) {
             if (nomem) continue;
-            const int64_t end = (q + 1) * run.chunk_rows < n ? (q + 1) * run.chunk_rows : n;
+            const int64_t end = tl_norm_chunk_end(&run, q, n);
             for (int64_t r = q * run.chunk_rows; r < end; r += run.block_rows) {
-                const int64_t rows = end - r < run.block_rows ? end - r : run.block_rows;
+                const int64_t rows = tl_norm_block(&run, r, end);
                 float *out = tl_norm_out(d->dtype, dx, c, r, out_buf);
                 run.loops->bapply(tl_norm_rows(&run, d->dtype, dy, c, r, rows, buf),
                                   tl_norm_rows(&run, d->dtype, x, c, r, rows, xbuf), rows, c,

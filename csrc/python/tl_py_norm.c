@@ -32,7 +32,9 @@ static PyObject *tl_norm_call(tl_norm_op op, PyObject *args) {
     tl_status st = TL_ERR_INVALID;
     Py_BEGIN_ALLOW_THREADS
     switch (op) {
-    case TL_NORM_STATS: st = tl_norm_stats(&c.ctx, &d, tl_ptr(p[0]), tl_ptr(p[1]), tl_ptr(p[2])); break;
+    case TL_NORM_STATS:
+        st = tl_norm_stats(&c.ctx, &d, tl_ptr(p[0]), tl_ptr(p[1]), tl_ptr(p[2]));
+        break;
     case TL_NORM_APPLY:
         st = tl_norm_apply(&c.ctx, &d, tl_ptr(p[0]), tl_ptr(p[1]), tl_ptr(p[2]), tl_ptr(p[3]));
         break;

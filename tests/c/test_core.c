@@ -820,97 +820,133 @@ static void test_mem_aligned(void) {
 
 /* Batch norm's passes against float64 loops, at every level, both thread
  * counts, float32 and bfloat16; sums equal bit for bit across thread counts. */
+enum { NORM_N = 3000, NORM_C = 37 };
+
+/* One test's data: features as float and as their bf16 patterns (the values
+ * are bf16-exact, so both dtypes see the same numbers), coefficients, and the
+ * float64 mean and biased variance. */
+typedef struct norm_data {
+    float *x, *dy;
+    uint16_t *xh, *dyh;
+    float scale[NORM_C], shift[NORM_C], a[NORM_C], b[NORM_C], k[NORM_C];
+    double mean[NORM_C], var[NORM_C];
+} norm_data;
+
+/* The pre-activation and the ReLU-cut gradient of element i, as the passes define them. */
+static float norm_pre(const norm_data *t, int64_t i) {
+    const int64_t j = i % NORM_C;
+    return t->x[i] * t->scale[j] + t->shift[j];
+}
+
+static double norm_g(const norm_data *t, int64_t i, int relu) {
+    return relu && !(norm_pre(t, i) > 0) ? 0 : t->dy[i];
+}
+
+/* Checks one call of each pass; mean_first holds the first thread count's
+ * statistics (filled when threads == 1). */
+static void norm_case(const norm_data *t, int threads, tl_simd level, int half, int relu,
+                      double *mean_first) {
+    enum { N = NORM_N, C = NORM_C };
+    tl_ctx ctx = make_ctx(threads, level);
+    tl_norm_desc d = {half ? TL_BF16 : TL_F32, N, C, relu};
+    const void *xs = half ? (const void *)t->xh : t->x, *dys = half ? (const void *)t->dyh : t->dy;
+    double mean[C], var[C], sg[C], sgx[C];
+    float *y = xmalloc(sizeof(float) * N * C);
+    uint16_t *yh = xmalloc(2 * N * C);
+    void *out = half ? (void *)yh : y;
+    CHECK(tl_norm_stats(&ctx, &d, xs, mean, var) == TL_OK);
+    if (threads == 1) memcpy(mean_first, mean, sizeof mean);
+    CHECK(memcmp(mean, mean_first, sizeof mean) == 0);
+    for (int j = 0; j < C; j++) {
+        CHECK(fabs(mean[j] - t->mean[j]) < 1e-9 * (1 + fabs(t->mean[j])));
+        CHECK(fabs(var[j] - t->var[j]) < 2e-6 * (1 + t->var[j])); /* float partial sums */
+    }
+    const double tol = half ? 8e-3 : 1e-6;
+    CHECK(tl_norm_apply(&ctx, &d, xs, t->scale, t->shift, out) == TL_OK);
+    for (int64_t i = 0; i < N * C; i++) {
+        const int64_t j = i % C;
+        const float pre = norm_pre(t, i);
+        const double want = relu && pre < 0 ? 0 : (double)t->x[i] * t->scale[j] + t->shift[j];
+        const double got = half ? tl_bf16_to_f32(yh[i]) : y[i];
+        /* float rounds x * scale before shift cancels it */
+        CHECK(fabs(got - want) <= tol * (1 + fabs(t->x[i] * t->scale[j]) + fabs(t->shift[j])));
+    }
+    CHECK(tl_norm_backward_reduce(&ctx, &d, dys, xs, t->scale, t->shift, mean, sg, sgx) == TL_OK);
+    for (int j = 0; j < C; j++) {
+        double s = 0, sx = 0, abs_s = 0, abs_sx = 0;
+        for (int64_t i = j; i < N * C; i += C) {
+            const double g = norm_g(t, i, relu), gx = g * (t->x[i] - mean[j]);
+            s += g, sx += gx, abs_s += fabs(g), abs_sx += fabs(gx);
+        }
+        /* float sums of 16 rows: about 16 float roundings of the terms */
+        CHECK(fabs(sg[j] - s) < 2e-6 * abs_s && fabs(sgx[j] - sx) < 2e-6 * abs_sx);
+    }
+    for (int eval = 0; eval < 2; eval++) {
+        const float *b = eval ? NULL : t->b, *k = eval ? NULL : t->k;
+        CHECK(tl_norm_backward_apply(&ctx, &d, dys, xs, t->scale, t->shift, t->a, b, k, out) ==
+              TL_OK);
+        for (int64_t i = 0; i < N * C; i++) {
+            const int64_t j = i % C;
+            const double xb = eval ? 0 : (double)t->x[i] * t->b[j] + t->k[j];
+            const double want = norm_g(t, i, relu) * t->a[j] + xb;
+            const double got = half ? tl_bf16_to_f32(yh[i]) : y[i];
+            CHECK(fabs(got - want) <= tol * (1 + fabs(want) + 2 * fabs(xb)));
+        }
+    }
+    free(y), free(yh);
+}
+
 static void test_norm(void) {
     current = "norm";
-    enum { N = 3000, C = 37 };
-    float *x = xmalloc(sizeof(float) * N * C), *dy = xmalloc(sizeof(float) * N * C);
-    float *y = xmalloc(sizeof(float) * N * C), *dx = xmalloc(sizeof(float) * N * C);
-    uint16_t *xh = xmalloc(2 * N * C), *dyh = xmalloc(2 * N * C), *yh = xmalloc(2 * N * C);
-    float scale[C], shift[C], a[C], b[C], k[C];
-    double mean[C], var[C], mean1[C], var1[C], sg[C], sgx[C], want_m[C], want_v[C];
+    enum { N = NORM_N, C = NORM_C };
+    norm_data t;
+    t.x = xmalloc(sizeof(float) * N * C), t.dy = xmalloc(sizeof(float) * N * C);
+    t.xh = xmalloc(2 * N * C), t.dyh = xmalloc(2 * N * C);
     for (int64_t i = 0; i < N * C; i++) {
-        /* bf16-exact values, so both dtypes see the same numbers */
-        xh[i] = tl_f32_to_bf16(rndf() * 4.0f + (float)(i % C) * 8.0f);
-        dyh[i] = tl_f32_to_bf16(rndf());
-        x[i] = tl_bf16_to_f32(xh[i]);
-        dy[i] = tl_bf16_to_f32(dyh[i]);
+        t.xh[i] = tl_f32_to_bf16(rndf() * 4.0f + (float)(i % C) * 8.0f);
+        t.dyh[i] = tl_f32_to_bf16(rndf());
+        t.x[i] = tl_bf16_to_f32(t.xh[i]);
+        t.dy[i] = tl_bf16_to_f32(t.dyh[i]);
     }
     for (int j = 0; j < C; j++) {
         double s = 0, q = 0;
-        for (int i = 0; i < N; i++) s += x[i * C + j];
-        want_m[j] = s / N;
-        for (int i = 0; i < N; i++) q += (x[i * C + j] - want_m[j]) * (x[i * C + j] - want_m[j]);
-        want_v[j] = q / N;
-        scale[j] = 0.5f + (float)j / C;
-        shift[j] = (float)(-want_m[j] * scale[j]) + rndf(); /* the ReLU cuts about half */
-        a[j] = scale[j];
-        b[j] = rndf();
-        k[j] = rndf();
+        for (int i = 0; i < N; i++) s += t.x[i * C + j];
+        t.mean[j] = s / N;
+        for (int i = 0; i < N; i++) {
+            const double v = t.x[i * C + j] - t.mean[j];
+            q += v * v;
+        }
+        t.var[j] = q / N;
+        t.scale[j] = 0.5f + (float)j / C;
+        t.shift[j] = (float)(-t.mean[j] * t.scale[j]) + rndf(); /* the ReLU cuts about half */
+        t.a[j] = t.scale[j];
+        t.b[j] = rndf();
+        t.k[j] = rndf();
     }
     const tl_simd levels[3] = {TL_SIMD_BASE, TL_SIMD_V3, TL_SIMD_V4};
-    for (int li = 0; li < 3; li++) {
-        for (int threads = 1; threads <= 2; threads++) {
-            tl_ctx ctx = make_ctx(threads, levels[li]);
-            for (int half = 0; half < 2; half++) {
-                for (int relu = 0; relu < 2; relu++) {
-                    tl_norm_desc d = {half ? TL_BF16 : TL_F32, N, C, relu};
-                    const void *xs = half ? (const void *)xh : x, *dys = half ? (const void *)dyh : dy;
-                    CHECK(tl_norm_stats(&ctx, &d, xs, mean, var) == TL_OK);
-                    if (threads == 1) memcpy(mean1, mean, sizeof mean), memcpy(var1, var, sizeof var);
-                    CHECK(memcmp(mean, mean1, sizeof mean) == 0 && memcmp(var, var1, sizeof var) == 0);
-                    for (int j = 0; j < C; j++) {
-                        CHECK(fabs(mean[j] - want_m[j]) < 1e-9 * (1 + fabs(want_m[j])));
-                        CHECK(fabs(var[j] - want_v[j]) < 2e-6 * (1 + want_v[j])); /* float partial sums */
-                    }
-                    CHECK(tl_norm_apply(&ctx, &d, xs, scale, shift, half ? (void *)yh : y) == TL_OK);
-                    CHECK(tl_norm_backward_reduce(&ctx, &d, dys, xs, scale, shift, mean, sg, sgx) == TL_OK);
-                    for (int j = 0; j < C; j++) {
-                        double s = 0, sx = 0, abs_s = 0, abs_sx = 0;
-                        for (int i = 0; i < N; i++) {
-                            const float pre = x[i * C + j] * scale[j] + shift[j];
-                            const double g = relu && !(pre > 0) ? 0 : dy[i * C + j];
-                            s += g;
-                            sx += g * (x[i * C + j] - mean[j]);
-                            abs_s += fabs(g);
-                            abs_sx += fabs(g * (x[i * C + j] - mean[j]));
-                            const double want_y = relu && pre < 0 ? 0 : (double)x[i * C + j] * scale[j] + shift[j];
-                            const double got_y = half ? tl_bf16_to_f32(yh[i * C + j]) : y[i * C + j];
-                            /* float rounds x * scale before shift cancels it */
-                            CHECK(fabs(got_y - want_y) <= (half ? 8e-3 : 1e-6) * (1 + fabs(x[i * C + j] * scale[j]) + fabs(shift[j])));
-                        }
-                        /* float sums of 16 rows: about 16 float roundings of the terms */
-                        CHECK(fabs(sg[j] - s) < 2e-6 * abs_s && fabs(sgx[j] - sx) < 2e-6 * abs_sx);
-                    }
-                    for (int eval = 0; eval < 2; eval++) {
-                        CHECK(tl_norm_backward_apply(&ctx, &d, dys, xs, scale, shift, a, eval ? NULL : b,
-                                                     eval ? NULL : k, half ? (void *)yh : dx) == TL_OK);
-                        for (int64_t i = 0; i < N * C; i++) {
-                            const int j = (int)(i % C);
-                            const float pre = x[i] * scale[j] + shift[j];
-                            const double g = relu && !(pre > 0) ? 0 : dy[i];
-                            const double want = g * a[j] + (eval ? 0 : (double)x[i] * b[j] + k[j]);
-                            const double got = half ? tl_bf16_to_f32(yh[i]) : dx[i];
-                            CHECK(fabs(got - want) <= (half ? 8e-3 : 1e-6) * (1 + fabs(want) + fabs(x[i] * b[j]) + fabs(k[j])));
-                        }
-                    }
-                }
-            }
-        }
-    }
+    double mean_first[C];
+    for (int li = 0; li < 3; li++)
+        for (int half = 0; half < 2; half++)
+            for (int relu = 0; relu < 2; relu++)
+                for (int threads = 1; threads <= 2; threads++)
+                    norm_case(&t, threads, levels[li], half, relu, mean_first);
     tl_ctx ctx = make_ctx(1, TL_SIMD_V4);
+    float *y = xmalloc(sizeof(float) * N * C);
+    double mean[C], var[C];
     tl_norm_desc bad = {TL_F64, N, C, 0};
-    CHECK(tl_norm_apply(&ctx, &bad, x, scale, shift, y) == TL_ERR_UNSUPPORTED);
+    CHECK(tl_norm_apply(&ctx, &bad, t.x, t.scale, t.shift, y) == TL_ERR_UNSUPPORTED);
     bad.dtype = TL_F32;
     bad.relu = 2;
-    CHECK(tl_norm_apply(&ctx, &bad, x, scale, shift, y) == TL_ERR_INVALID);
+    CHECK(tl_norm_apply(&ctx, &bad, t.x, t.scale, t.shift, y) == TL_ERR_INVALID);
     bad.relu = 0;
     bad.n = 0;
-    CHECK(tl_norm_stats(&ctx, &bad, x, mean, var) == TL_ERR_INVALID);
+    CHECK(tl_norm_stats(&ctx, &bad, t.x, mean, var) == TL_ERR_INVALID);
     bad.n = N;
-    CHECK(tl_norm_backward_apply(&ctx, &bad, dy, x, scale, shift, a, NULL, k, dx) == TL_ERR_INVALID);
+    CHECK(tl_norm_backward_apply(&ctx, &bad, t.dy, t.x, t.scale, t.shift, t.a, NULL, t.k, y) ==
+          TL_ERR_INVALID);
     bad.n = INT64_MAX;
-    CHECK(tl_norm_apply(&ctx, &bad, x, scale, shift, y) == TL_ERR_OVERFLOW);
-    free(x), free(dy), free(y), free(dx), free(xh), free(dyh), free(yh);
+    CHECK(tl_norm_apply(&ctx, &bad, t.x, t.scale, t.shift, y) == TL_ERR_OVERFLOW);
+    free(y), free(t.x), free(t.dy), free(t.xh), free(t.dyh);
 }
 
 int main(void) {
