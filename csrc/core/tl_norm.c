@@ -96,40 +96,77 @@ static const float *tl_norm_rows(const tl_norm_run *run, tl_dtype t, const void 
     return buf;
 }
 
-/* Where rows [r, r + rows) of an output are computed: the output itself for
- * float32, else buf, stored by tl_norm_store. */
-static float *tl_norm_out(tl_dtype t, void *p, int64_t c, int64_t r, float *buf) {
-    return t == TL_F32 ? (float *)p + r * c : buf;
-}
+/* The passes over the rows; every entry point is one of them. */
+typedef enum tl_norm_kind {
+    TL_NORM_PASS_STATS,
+    TL_NORM_PASS_APPLY,
+    TL_NORM_PASS_REDUCE,
+    TL_NORM_PASS_BAPPLY
+} tl_norm_kind;
 
-static void tl_norm_store(const tl_norm_run *run, tl_dtype t, void *p, int64_t c, int64_t r,
-                          int64_t rows, const float *buf) {
-    if (t != TL_F32)
-        tl_f32_row_to_half(run->level, t, buf, rows * c, (uint16_t *)p + r * c);
-}
+/* One pass's operands, NULL where the pass has none: features x, gradient dy
+ * (reduce, bapply), the loops' per-channel vectors, the output (y or dx), and
+ * the sums (stats, reduce: two rows of c doubles per chunk). */
+typedef struct tl_norm_pass {
+    tl_norm_kind kind;
+    const void *x, *dy;
+    const float *scale, *shift, *ref, *a, *b, *k;
+    void *out;
+    double *partial;
+} tl_norm_pass;
 
-/* Per-thread scratch: `blocks` widened blocks (none for float32), then
- * `sums` rows of c floats for the float partial sums. */
-static float *tl_norm_scratch(const tl_norm_run *run, const tl_norm_desc *d, int blocks,
-                              int sums) {
-    const int64_t c = d->c ? d->c : 1;
-    const int64_t floats = (d->dtype == TL_F32 ? 0 : blocks * run->block_rows * c) + sums * c;
-    return floats ? tl_mem_aligned((size_t)floats * sizeof(float)) : NULL;
-}
-
-/* Where the sums' scratch starts in a tl_norm_scratch of `blocks` blocks. */
-static float *tl_norm_sums(const tl_norm_run *run, const tl_norm_desc *d, float *scratch,
-                           int blocks) {
-    return scratch + (d->dtype == TL_F32 ? 0 : blocks * run->block_rows * d->c);
-}
-
-/* The row after chunk k, and the rows of the block at row r of a chunk ending at end. */
-static int64_t tl_norm_chunk_end(const tl_norm_run *run, int64_t k, int64_t n) {
-    return (k + 1) * run->chunk_rows < n ? (k + 1) * run->chunk_rows : n;
-}
-
-static int64_t tl_norm_block(const tl_norm_run *run, int64_t r, int64_t end) {
-    return end - r < run->block_rows ? end - r : run->block_rows;
+/* Runs pass p over the chunks of rows, block by block: half types are widened
+ * into per-thread blocks (x, dy, the output), sums go through 3 rows of c
+ * floats of scratch into the chunk's partial sums. */
+static tl_status tl_norm_run_pass(const tl_norm_run *run, const tl_norm_desc *d,
+                                  const tl_norm_pass *p) {
+    const int64_t n = d->n, c = d->c;
+    const int64_t blk = d->dtype == TL_F32 ? 0 : run->block_rows * c;
+    const int64_t blocks = 1 + (p->dy != NULL) + (p->out != NULL);
+    const int64_t floats = blocks * blk + (p->partial ? 3 * c : 0);
+    int nomem = 0;
+#pragma omp parallel num_threads(run->threads) reduction(| : nomem)
+    {
+        float *buf = tl_mem_aligned((size_t)floats * sizeof(float));
+        nomem = !buf;
+#pragma omp for schedule(static)
+        for (int64_t q = 0; q < run->chunks; q++) {
+            if (nomem) continue;
+            /* x's block, dy's, the output's (the last), then the float sums */
+            float *gbuf = buf + blk, *obuf = buf + (blocks - 1) * blk;
+            float *fs = buf + blocks * blk, *fq = fs + c, *cut = fq + c;
+            double *s = p->partial ? p->partial + q * 2 * c : NULL, *sq = s ? s + c : NULL;
+            const int64_t end = (q + 1) * run->chunk_rows < n ? (q + 1) * run->chunk_rows : n;
+            for (int64_t r = q * run->chunk_rows; r < end; r += run->block_rows) {
+                const int64_t rows = end - r < run->block_rows ? end - r : run->block_rows;
+                const float *x = tl_norm_rows(run, d->dtype, p->x, c, r, rows, buf);
+                const float *g =
+                    p->dy ? tl_norm_rows(run, d->dtype, p->dy, c, r, rows, gbuf) : NULL;
+                float *out = !p->out ? NULL : blk ? obuf : (float *)p->out + r * c;
+                switch (p->kind) {
+                case TL_NORM_PASS_STATS:
+                    run->loops->stats(x, rows, c, p->ref, s, sq, fs, fq);
+                    break;
+                case TL_NORM_PASS_APPLY:
+                    run->loops->apply(x, rows, c, p->scale, p->shift, d->relu, out);
+                    break;
+                case TL_NORM_PASS_REDUCE:
+                    run->loops->reduce(g, x, rows, c, p->scale, p->shift, d->relu, p->ref, s, sq,
+                                       fs, fq, cut);
+                    break;
+                case TL_NORM_PASS_BAPPLY:
+                    run->loops->bapply(g, x, rows, c, p->scale, p->shift, d->relu, p->a, p->b,
+                                       p->k, out);
+                    break;
+                }
+                if (out && blk)
+                    tl_f32_row_to_half(run->level, d->dtype, out, rows * c,
+                                       (uint16_t *)p->out + r * c);
+            }
+        }
+        free(buf);
+    }
+    return nomem ? TL_ERR_NOMEM : TL_OK;
 }
 
 /* a[j], b[j] = the sums over chunks, in chunk order, of partial's two rows of c
@@ -155,36 +192,18 @@ tl_status tl_norm_stats(const tl_ctx *ctx, const tl_norm_desc *d, const void *x,
     const int64_t n = d->n, c = d->c;
     if (n < 1 || !x || (c && (!mean || !var))) return TL_ERR_INVALID;
     if (!c) return TL_OK;
-    /* Sums are shifted by the first row (ref); partial[chunk] holds (s, q). */
+    /* Sums are shifted by the first row (ref). */
     float *ref = malloc((size_t)c * sizeof(float));
     double *partial = calloc((size_t)(run.chunks * 2 * c), sizeof(double));
-    if (!ref || !partial) {
-        free(ref);
-        free(partial);
-        return TL_ERR_NOMEM;
+    if (ref && partial) {
+        const float *row0 = tl_norm_rows(&run, d->dtype, x, c, 0, 1, ref);
+        if (row0 != ref) memcpy(ref, row0, (size_t)c * sizeof(float));
+        const tl_norm_pass p = {.kind = TL_NORM_PASS_STATS, .x = x, .ref = ref, .partial = partial};
+        st = tl_norm_run_pass(&run, d, &p);
+    } else {
+        st = TL_ERR_NOMEM;
     }
-    const float *row0 = tl_norm_rows(&run, d->dtype, x, c, 0, 1, ref);
-    if (row0 != ref) memcpy(ref, row0, (size_t)c * sizeof(float));
-    int nomem = 0;
-#pragma omp parallel num_threads(run.threads) reduction(| : nomem)
-    {
-        float *buf = tl_norm_scratch(&run, d, 1, 2);
-        nomem = !buf;
-        float *fs = buf ? tl_norm_sums(&run, d, buf, 1) : NULL, *fq = fs ? fs + c : NULL;
-#pragma omp for schedule(static)
-        for (int64_t k = 0; k < run.chunks; k++) {
-            if (nomem) continue;
-            double *s = partial + k * 2 * c, *q = s + c;
-            const int64_t end = tl_norm_chunk_end(&run, k, n);
-            for (int64_t r = k * run.chunk_rows; r < end; r += run.block_rows) {
-                const int64_t rows = tl_norm_block(&run, r, end);
-                run.loops->stats(tl_norm_rows(&run, d->dtype, x, c, r, rows, buf), rows, c, ref,
-                                 s, q, fs, fq);
-            }
-        }
-        free(buf);
-    }
-    if (!nomem) {
+    if (st == TL_OK) {
         tl_norm_add_chunks(&run, partial, c, mean, var); /* the shifted sums, then: */
         for (int64_t j = 0; j < c; j++) {
             const double m = mean[j] / (double)n, v = var[j] / (double)n - m * m;
@@ -194,7 +213,7 @@ tl_status tl_norm_stats(const tl_ctx *ctx, const tl_norm_desc *d, const void *x,
     }
     free(ref);
     free(partial);
-    return nomem ? TL_ERR_NOMEM : TL_OK;
+    return st;
 }
 
 tl_status tl_norm_apply(const tl_ctx *ctx, const tl_norm_desc *d, const void *x,
@@ -202,30 +221,11 @@ tl_status tl_norm_apply(const tl_ctx *ctx, const tl_norm_desc *d, const void *x,
     tl_norm_run run;
     tl_status st = tl_norm_begin(ctx, d, &run);
     if (st != TL_OK) return st;
-    const int64_t n = d->n, c = d->c;
-    if (n * c == 0) return TL_OK;
+    if (d->n * d->c == 0) return TL_OK;
     if (!x || !scale || !shift || !y) return TL_ERR_INVALID;
-    int nomem = 0;
-#pragma omp parallel num_threads(run.threads) reduction(| : nomem)
-    {
-        float *buf = tl_norm_scratch(&run, d, 2, 0);
-        nomem = d->dtype != TL_F32 && !buf;
-        float *out_buf = buf ? buf + run.block_rows * c : NULL;
-#pragma omp for schedule(static)
-        for (int64_t k = 0; k < run.chunks; k++) {
-            if (nomem) continue;
-            const int64_t end = tl_norm_chunk_end(&run, k, n);
-            for (int64_t r = k * run.chunk_rows; r < end; r += run.block_rows) {
-                const int64_t rows = tl_norm_block(&run, r, end);
-                float *out = tl_norm_out(d->dtype, y, c, r, out_buf);
-                run.loops->apply(tl_norm_rows(&run, d->dtype, x, c, r, rows, buf), rows, c, scale,
-                                 shift, d->relu, out);
-                tl_norm_store(&run, d->dtype, y, c, r, rows, out);
-            }
-        }
-        free(buf);
-    }
-    return nomem ? TL_ERR_NOMEM : TL_OK;
+    const tl_norm_pass p = {.kind = TL_NORM_PASS_APPLY, .x = x, .scale = scale, .shift = shift,
+                            .out = y};
+    return tl_norm_run_pass(&run, d, &p);
 }
 
 tl_status tl_norm_backward_reduce(const tl_ctx *ctx, const tl_norm_desc *d, const void *dy,
@@ -242,40 +242,21 @@ tl_status tl_norm_backward_reduce(const tl_ctx *ctx, const tl_norm_desc *d, cons
      * (ref - mean) * sum g, exactly the difference. */
     float *ref = malloc((size_t)c * sizeof(float));
     double *partial = calloc((size_t)((run.chunks ? run.chunks : 1) * 2 * c), sizeof(double));
-    if (!ref || !partial) {
-        free(ref);
-        free(partial);
-        return TL_ERR_NOMEM;
+    if (ref && partial) {
+        for (int64_t j = 0; j < c; j++) ref[j] = (float)mean[j];
+        const tl_norm_pass p = {.kind = TL_NORM_PASS_REDUCE, .x = x, .dy = dy, .scale = scale,
+                                .shift = shift, .ref = ref, .partial = partial};
+        st = tl_norm_run_pass(&run, d, &p);
+    } else {
+        st = TL_ERR_NOMEM;
     }
-    for (int64_t j = 0; j < c; j++) ref[j] = (float)mean[j];
-    int nomem = 0;
-#pragma omp parallel num_threads(run.threads) reduction(| : nomem)
-    {
-        float *buf = tl_norm_scratch(&run, d, 2, 3);
-        nomem = !buf;
-        float *xbuf = buf && d->dtype != TL_F32 ? buf + run.block_rows * c : NULL;
-        float *fg = buf ? tl_norm_sums(&run, d, buf, 2) : NULL, *fgx = fg ? fg + c : NULL;
-#pragma omp for schedule(static)
-        for (int64_t k = 0; k < run.chunks; k++) {
-            if (nomem) continue;
-            double *sg = partial + k * 2 * c, *sgx = sg + c;
-            const int64_t end = tl_norm_chunk_end(&run, k, n);
-            for (int64_t r = k * run.chunk_rows; r < end; r += run.block_rows) {
-                const int64_t rows = tl_norm_block(&run, r, end);
-                run.loops->reduce(tl_norm_rows(&run, d->dtype, dy, c, r, rows, buf),
-                                  tl_norm_rows(&run, d->dtype, x, c, r, rows, xbuf), rows, c,
-                                  scale, shift, d->relu, ref, sg, sgx, fg, fgx, fgx + c);
-            }
-        }
-        free(buf);
-    }
-    if (!nomem) {
+    if (st == TL_OK) {
         tl_norm_add_chunks(&run, partial, c, sum_g, sum_gx);
         for (int64_t j = 0; j < c; j++) sum_gx[j] += ((double)ref[j] - mean[j]) * sum_g[j];
     }
     free(ref);
     free(partial);
-    return nomem ? TL_ERR_NOMEM : TL_OK;
+    return st;
 }
 
 tl_status tl_norm_backward_apply(const tl_ctx *ctx, const tl_norm_desc *d, const void *dy,
@@ -284,30 +265,9 @@ tl_status tl_norm_backward_apply(const tl_ctx *ctx, const tl_norm_desc *d, const
     tl_norm_run run;
     tl_status st = tl_norm_begin(ctx, d, &run);
     if (st != TL_OK) return st;
-    const int64_t n = d->n, c = d->c;
-    if (n * c == 0) return TL_OK;
+    if (d->n * d->c == 0) return TL_OK;
     if (!dy || !x || !scale || !shift || !a || !b != !k || !dx) return TL_ERR_INVALID;
-    int nomem = 0;
-#pragma omp parallel num_threads(run.threads) reduction(| : nomem)
-    {
-        float *buf = tl_norm_scratch(&run, d, 3, 0);
-        nomem = d->dtype != TL_F32 && !buf;
-        float *xbuf = buf ? buf + run.block_rows * c : NULL;
-        float *out_buf = buf ? buf + 2 * run.block_rows * c : NULL;
-#pragma omp for schedule(static)
-        for (int64_t q = 0; q < run.chunks; q++) {
-            if (nomem) continue;
-            const int64_t end = tl_norm_chunk_end(&run, q, n);
-            for (int64_t r = q * run.chunk_rows; r < end; r += run.block_rows) {
-                const int64_t rows = tl_norm_block(&run, r, end);
-                float *out = tl_norm_out(d->dtype, dx, c, r, out_buf);
-                run.loops->bapply(tl_norm_rows(&run, d->dtype, dy, c, r, rows, buf),
-                                  tl_norm_rows(&run, d->dtype, x, c, r, rows, xbuf), rows, c,
-                                  scale, shift, d->relu, a, b, k, out);
-                tl_norm_store(&run, d->dtype, dx, c, r, rows, out);
-            }
-        }
-        free(buf);
-    }
-    return nomem ? TL_ERR_NOMEM : TL_OK;
+    const tl_norm_pass p = {.kind = TL_NORM_PASS_BAPPLY, .x = x, .dy = dy, .scale = scale,
+                            .shift = shift, .a = a, .b = b, .k = k, .out = dx};
+    return tl_norm_run_pass(&run, d, &p);
 }

@@ -167,13 +167,13 @@ class _BatchNorm(torch.autograd.Function):
         if bias is not None:
             shift = shift + bias.double()
         scale32, shift32 = scale.float(), shift.float()
-        ctx.save_for_backward(x, weight, bias, mean, invstd, scale32, shift32)
+        ctx.save_for_backward(x, weight, bias, mean, invstd, scale, scale32, shift32)
         ctx.training, ctx.eps, ctx.relu = training, eps, relu
         return norm_ops.batch_norm_apply(x, scale32, shift32, relu)
 
     @staticmethod
     def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
-        x, weight, bias, mean, invstd, scale32, shift32 = ctx.saved_tensors
+        x, weight, bias, mean, invstd, scale, scale32, shift32 = ctx.saved_tensors
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
         none = (None,) * 6
         if torch.is_grad_enabled():
@@ -200,7 +200,6 @@ class _BatchNorm(torch.autograd.Function):
             if ctx.training:
                 assert sum_g is not None and sum_gx is not None
                 n = x.shape[0]
-                scale = invstd * weight.double() if weight is not None else invstd
                 b = -scale * invstd * invstd * sum_gx / n
                 k = -scale * sum_g / n - mean * b
             dx = norm_ops.batch_norm_backward_apply(
