@@ -315,15 +315,15 @@ static inline int tl_wgrad_list_block(tl_wgrad_lists *l, const int32_t *nbr, int
 /* The x and y row pointers of the c rows that tl_list_tile listed for one
  * kernel row (idx: their x rows, XROW_BYTES apart from X, cast to XTYPE;
  * rows: their output rows r, YROW(r)), after the caller checked every idx is
- * below n_in.  Each listed x row's first two cache lines are asked for here,
- * well before its group runs (1.0-1.4x; most on sparse and strided maps,
- * where x rows come from memory). */
+ * below n_in.  Nothing is asked for here: the groups ask for the next
+ * group's x rows as they run (rows_8, TL_RUN_GROUPS).  Asking for every
+ * listed row at once (a C = 16 tile lists hundreds per kernel row) filled the
+ * core's miss buffers and stalled the listing; without it, 0.96-1.23x on the
+ * Intel Xeon of round fifteen (most at C <= 32 and on strided maps). */
 #define TL_POINT_ROWS(IDX, ROWS, C, X, XROW_BYTES, XR, XTYPE, YR, YROW)                        \
     do {                                                                                     \
         for (int64_t q_ = 0; q_ < (C); q_++) {                                               \
             (XR)[q_] = (XTYPE)((const char *)(X) + (int64_t)(IDX)[q_] * (XROW_BYTES));       \
-            __builtin_prefetch((const void *)(XR)[q_]);                                      \
-            if ((XROW_BYTES) > 64) __builtin_prefetch((const char *)(XR)[q_] + 64);          \
             (YR)[q_] = YROW((ROWS)[q_]);                                                     \
         }                                                                                    \
     } while (0)
