@@ -1,12 +1,11 @@
 /* Which output rows of a tile have a neighbour through each kernel row: the
  * first step of each implicit GEMM tile (tl_dataflow_implicit_gemm_impl.h and
  * _half.c), which then runs only the rows listed here.  The tile's rows of
- * the (n_out, k) table are contiguous.  With AVX-512, where k >= 16 each
- * kernel row's column of a chunk of them is gathered 16 entries at a time
- * from L1 and its present entries (a LiDAR scan has about 5.6 of 27 per row)
- * compressed onto the end of its list; where 4 <= k < 16 the rows are read in
- * order 16 entries a vector and the present ones sorted into the lists.
- * Otherwise one entry at a time, branch-free. */
+ * the (n_out, k) table are contiguous.  With AVX-512 (and k >= 4), 16 rows at
+ * a time are transposed in registers, so each kernel row's entries of them
+ * are one vector, and its present entries (a LiDAR scan has about 5.6 of 27
+ * per row) compressed onto the end of its list.  Otherwise one entry at a
+ * time, branch-free. */
 #ifndef TL_LIST_H
 #define TL_LIST_H
 

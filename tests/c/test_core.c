@@ -758,12 +758,13 @@ static void test_int_limits(void) {
 /* ---- the implicit GEMM's per-tile neighbour lists ------------------------ */
 
 /* tl_list_tile against a direct reading of the table, by both paths where
- * the CPU has AVX-512 (row-major for 4 <= k < 16, gathered for k >= 16):
- * every kernel row's present entries in row order, and the largest entry + 1
- * (wrapping for entries below -1).  A table with every entry present fills
- * each list to its end, where the gathered path's stores must stop. */
+ * the CPU has AVX-512 (transposed 16 x 16 for k >= 4): every kernel row's
+ * present entries in row order, and the largest entry + 1 (wrapping for
+ * entries below -1).  A table with every entry present fills each list to
+ * its end, where the vector path's stores must stop; m and k not multiples
+ * of 16 leave partial steps. */
 static void test_list_tile(void) {
-    static const int64_t ks[] = {1, 2, 3, 4, 8, 15, 16, 17, 27, 125};
+    static const int64_t ks[] = {1, 2, 3, 4, 8, 15, 16, 17, 27, 32, 33, 125};
     static const int64_t ms[] = {1, 5, 16, 17, 100, 256, 1000};
     const int paths = tl_simd_level() >= TL_SIMD_V4 ? 2 : 1;
     current = "list_tile";
