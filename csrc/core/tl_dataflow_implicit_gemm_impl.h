@@ -102,10 +102,9 @@ static int TL_FN(tl_forward_tile)(const tl_conv_desc *d, const TL_T *x, const TL
     for (int64_t n = 0; n < k; n++) {
         int64_t c = s->lc[n];
         if (c == 0) continue;
-#define TL_YROW(r) (y + (o0 + (r)) * cout + co0)
-        TL_POINT_ROWS(s->li + n * m, s->lr + n * m, c, x, cin * (int64_t)sizeof(TL_T), xr,
-                      const TL_T *, yr, TL_YROW);
-#undef TL_YROW
+        TL_POINT_ROWS(s->vec, s->li + n * m, s->lr + n * m, c, x, cin * (int64_t)sizeof(TL_T),
+                      xr, const TL_T *, y + o0 * cout + co0, cout * (int64_t)sizeof(TL_T), yr,
+                      TL_T *);
         int64_t full;
         const int64_t pad = tl_group_pad(c, &full);
         for (; c < full + pad; c++) {

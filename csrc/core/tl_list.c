@@ -126,3 +126,25 @@ uint32_t tl_list_tile(int vec, const int32_t *nbr, int64_t o0, int64_t m, int64_
 #endif
     return tl_list_scalar(nbr, o0, m, k, idx, rows, cnt);
 }
+
+#if TL_SIMD_X86
+/* An index widened to 64 bits times the row stride (one unsigned 32 x 32 ->
+ * 64-bit multiply) plus the base, 8 rows a step.  Per row the plain loop
+ * spent a load, a multiply, an add and a store on each pointer: about 14% of
+ * a C = 16 forward's time. */
+TL_TARGET_V4 void tl_point_rows_v4(const int32_t *idx, const int32_t *rows, int64_t c,
+                                   const void *x, int64_t x_bytes, void *xr, void *y,
+                                   int64_t y_bytes, void *yr) {
+    const __m512i xb = _mm512_set1_epi64(x_bytes), yb = _mm512_set1_epi64(y_bytes);
+    const __m512i x0 = _mm512_set1_epi64((int64_t)(uintptr_t)x);
+    const __m512i y0 = _mm512_set1_epi64((int64_t)(uintptr_t)y);
+    char *xo = xr, *yo = yr;
+    for (int64_t q = 0; q < c; q += 8) {
+        const __mmask8 live = c - q >= 8 ? (__mmask8)0xff : (__mmask8)((1u << (c - q)) - 1);
+        const __m512i i = _mm512_cvtepu32_epi64(_mm256_maskz_loadu_epi32(live, idx + q));
+        const __m512i r = _mm512_cvtepu32_epi64(_mm256_maskz_loadu_epi32(live, rows + q));
+        _mm512_mask_storeu_epi64(xo + q * 8, live, _mm512_add_epi64(x0, _mm512_mul_epu32(i, xb)));
+        _mm512_mask_storeu_epi64(yo + q * 8, live, _mm512_add_epi64(y0, _mm512_mul_epu32(r, yb)));
+    }
+}
+#endif
