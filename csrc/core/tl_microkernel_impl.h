@@ -62,6 +62,18 @@ typedef struct TL_MK(ops) {
  * each. */
 static inline int64_t TL_MK(packed_ld)(int64_t rows) { return (rows + 3) / 4 * 4; }
 
+/* Pairs per chunk of the weight gradient's panel (tl_mk_ops.panel): the
+ * chunk's packed x rows (ldx values each) and its dy rows of one column block
+ * (at most 256 bytes each) within 48 KiB of L1, a multiple of 16 from 16 to
+ * 64.  The same on every instruction set, so the chunks' sums are too.  Of
+ * fixed chunks, 64 pairs ran best at C_in <= 128 (32 lost 0.97-0.99x at
+ * C = 64) and 32 at C_in = 256 (1.04-1.07x over 64, whose x rows outgrew
+ * L1). */
+static inline int64_t TL_MK(panel_pairs)(int64_t ldx) {
+    const int64_t c = 48 * 1024 / (ldx * (int64_t)sizeof(TL_T) + 256) / 16 * 16;
+    return c < 16 ? 16 : c > 64 ? 64 : c;
+}
+
 /* One set per instruction set (see tl_simd.h): AVX-512, AVX2 + FMA, and the
  * baseline of the target. */
 #if TL_SIMD_X86

@@ -207,32 +207,43 @@ TL_DEFINE_ROWS_T(4)
 TL_DEFINE_ROWS_T(1)
 #undef TL_DEFINE_ROWS_T
 
-/* One kernel row of the weight gradient over packed x rows (see tl_mk_ops):
- * for each block of columns, every strip of 4 input channels, so the block's
- * dy columns (nq rows x up to TL_ISA_NV_WG vectors) stay in L1 while the x
- * strips pass them.  Column blocks: TL_COLUMN_BLOCKS of TL_ISA_NV_WG vectors,
- * never leaving a single vector behind; then scalars.  The first column
- * block's strip s asks for cache line s of each row pf[q] (q < npf; rows of
- * `rows` values, as the x rows packed here), one per pair, spread over the
+/* One kernel row of the weight gradient over packed x rows (see tl_mk_ops),
+ * in chunks of pairs (tl_mk_panel_pairs): for each chunk, for each block of
+ * columns, every strip of 4 input channels, so the chunk's dy columns (up to
+ * 64 rows x TL_ISA_NV_WG vectors, 16 KiB) and x rows stay in L1 while the x
+ * strips pass them; a whole block's pairs (up to TL_WGRAD_PAIRS) were
+ * streamed from L2 for each strip (1.01-1.19x at C >= 64).  Each chunk's sums are added to out in
+ * chunk order, a fixed order whatever the instruction set or the thread
+ * count.  Column blocks: TL_COLUMN_BLOCKS of TL_ISA_NV_WG vectors, never
+ * leaving a single vector behind; then scalars.  The first column block's
+ * strip s asks for cache line s of each row pf[q] (q < npf; rows of `rows`
+ * values, as the x rows packed here), one per pair, spread over the
  * multiply-adds. */
 static TL_ISA_ATTR void TL_MKI(panel)(int64_t cw, int64_t nq, int64_t rows, const TL_T *xp,
                                       const TL_T *const *dq, TL_T *out, int64_t ldo,
                                       const TL_T *const *pf, int64_t npf) {
     const int64_t ldx = TL_MK(packed_ld)(rows), strips = ldx / 4;
     const int64_t pf_lines = (rows * (int64_t)sizeof(TL_T) + 63) / 64;
-    int64_t j = 0;
+    const int64_t chunk = TL_MK(panel_pairs)(ldx);
+    for (int64_t q0 = 0; q0 < nq; q0 += chunk) {
+        const int64_t cq = nq - q0 < chunk ? nq - q0 : chunk;
+        const int64_t cpf = npf - q0 < 0 ? 0 : npf - q0 < cq ? npf - q0 : cq;
+        const TL_T *xc = xp + q0 * ldx;
+        const TL_T *const *dc = dq + q0, *const *pc = cpf > 0 ? pf + q0 : pf;
+        int64_t j = 0;
 #define TL_PANEL_CALL(W, NV)                                                                \
     for (int64_t s = 0; s < strips; s++)                                                    \
-    TL_MKI(pblock##W)(NV, j, nq, xp + s * 4, ldx, dq, out + s * 4 * ldo, ldo, rows - s * 4, \
-                      pf, j == 0 && s < pf_lines ? npf : 0, s * 64)
-    TL_COLUMN_BLOCKS(TL_ISA_NV_WG, 1, TL_PANEL_CALL);
+    TL_MKI(pblock##W)(NV, j, cq, xc + s * 4, ldx, dc, out + s * 4 * ldo, ldo, rows - s * 4, \
+                      pc, j == 0 && s < pf_lines ? cpf : 0, s * 64)
+        TL_COLUMN_BLOCKS(TL_ISA_NV_WG, 1, TL_PANEL_CALL);
 #undef TL_PANEL_CALL
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t jj = j; jj < cw; jj++) {
-            TL_T s = 0;
-            for (int64_t q = 0; q < nq; q++) s += xp[q * ldx + r] * dq[q][jj];
-            out[r * ldo + jj] += s;
-        }
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t jj = j; jj < cw; jj++) {
+                TL_T sum = 0;
+                for (int64_t q = 0; q < cq; q++) sum += xc[q * ldx + r] * dc[q][jj];
+                out[r * ldo + jj] += sum;
+            }
+    }
 }
 
 static const TL_MK(ops) TL_MKI(ops) = {
