@@ -14,7 +14,7 @@ process and handed to every side. ``--base`` adds a side that imports ``torch_la
 from another checkout (built in place, e.g. a ``git worktree`` of an older commit) with
 glibc's default malloc: the whole network of that build against this one's, its Python
 layer included. This build's two sides must compute the same loss to the bit, the base
-within 1e-5 of it, before any time is reported.
+within ``BASE_RTOL`` of it, before any time is reported.
 """
 
 from __future__ import annotations
@@ -32,6 +32,13 @@ SIDES = ("default", "reuse")
 STEPS = ("eval", "train")
 # A side's process runs this file; the repository root holds benchmarks/.
 ROOT = Path(__file__).resolve().parents[1]
+
+
+# How far the base checkout's loss may be from this build's.  Builds before round fourteen
+# ran torch's float32 batch norm: on the LiDAR scan their training loss (0.6013839) is
+# 6.8e-5 from the float64 network's (0.6013430), which this build's float32 loss matches to
+# 1e-7; eval forwards agree within 1e-5.
+BASE_RTOL = 2e-4
 
 
 def _child(inputs: str, step_name: str, side: str, steps: int, checkout: str | None) -> dict:
@@ -97,10 +104,10 @@ def _row(scene: str, step: str, got: dict[str, list[dict]]) -> str:
     if len(losses) != 1:
         raise SystemExit(f"{scene} {step}: default and reuse computed different losses")
     (loss,) = losses
-    far = [r["loss"] for r in got.get("base", []) if abs(r["loss"] - loss) > 1e-5 * abs(loss)]
+    far = [r["loss"] for r in got.get("base", []) if abs(r["loss"] - loss) > BASE_RTOL * abs(loss)]
     if far:
         raise SystemExit(f"{scene} {step}: the base checkout's loss {far[0]!r} differs from "
-                         f"this build's {loss!r} by more than 1e-5 (relative)")
+                         f"this build's {loss!r} by more than {BASE_RTOL:g} (relative)")
     med = {side: statistics.median(r["median_s"] for r in got[side]) for side in sides}
     rss = " / ".join(f"{max(r['peak_rss_mib'] for r in got[side]):.0f}" for side in sides)
     ratios = " | ".join(f"{med[sides[0]] / med[side]:.2f}x" for side in sides[1:])
