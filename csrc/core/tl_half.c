@@ -66,10 +66,56 @@ static TL_TARGET_V3 void tl_from_f32_v3(tl_dtype t, const float *src, int64_t n,
                              _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
     tl_from_f32_v3_loop(t, src + i, n - i, dst + i);
 }
+
+/* 16 values per step with AVX-512: the same conversions as tl_to_f32_v3 and
+ * tl_from_f32_v3, bfloat16's rounding (tl_f32_to_bf16: ties to even, NaN
+ * kept quiet, subnormals kept) in integer lanes, so results equal the
+ * portable loop's bit for bit (AVX512_BF16's vcvtneps2bf16 flushes
+ * subnormals, so it is not used); the AVX2 loop for the tail. */
+static TL_TARGET_V4 void tl_to_f32_v4(tl_dtype t, const uint16_t *src, int64_t n, float *dst) {
+    int64_t i = 0;
+    if (t == TL_F16)
+        for (; i + 16 <= n; i += 16)
+            _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + i))));
+    else
+        for (; i + 16 <= n; i += 16)
+            _mm512_storeu_si512(
+                (void *)(dst + i),
+                _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(src + i))),
+                                  16));
+    if (i < n) tl_to_f32_v3(t, src + i, n - i, dst + i);
+}
+
+static TL_TARGET_V4 void tl_from_f32_v4(tl_dtype t, const float *src, int64_t n, uint16_t *dst) {
+    int64_t i = 0;
+    if (t == TL_F16) {
+        for (; i + 16 <= n; i += 16)
+            _mm256_storeu_si256((__m256i *)(dst + i),
+                                _mm512_cvtps_ph(_mm512_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+    } else {
+        const __m512i abs = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
+        const __m512i half = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
+        const __m512i quiet = _mm512_set1_epi32(0x40);
+        for (; i + 16 <= n; i += 16) {
+            const __m512i u = _mm512_loadu_si512((const void *)(src + i));
+            const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs), inf);
+            const __m512i hi = _mm512_srli_epi32(u, 16);
+            const __m512i even = _mm512_add_epi32(half, _mm512_and_si512(hi, one));
+            __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, even), 16);
+            r = _mm512_mask_or_epi32(r, nan, hi, quiet);
+            _mm256_storeu_si256((__m256i *)(dst + i), _mm512_cvtepi32_epi16(r));
+        }
+    }
+    if (i < n) tl_from_f32_v3(t, src + i, n - i, dst + i);
+}
 #endif
 
 void tl_half_row_to_f32(tl_simd level, tl_dtype t, const uint16_t *src, int64_t n, float *dst) {
 #if TL_SIMD_X86
+    if (level >= TL_SIMD_V4) {
+        tl_to_f32_v4(t, src, n, dst);
+        return;
+    }
     if (level >= TL_SIMD_V3) {
         tl_to_f32_v3(t, src, n, dst);
         return;
@@ -93,6 +139,10 @@ void tl_half_rows_to_f32(tl_simd level, tl_dtype t, const uint16_t *const *rows,
 
 void tl_f32_row_to_half(tl_simd level, tl_dtype t, const float *src, int64_t n, uint16_t *dst) {
 #if TL_SIMD_X86
+    if (level >= TL_SIMD_V4) {
+        tl_from_f32_v4(t, src, n, dst);
+        return;
+    }
     if (level >= TL_SIMD_V3) {
         tl_from_f32_v3(t, src, n, dst);
         return;

@@ -64,22 +64,24 @@ static TL_TARGET_V4 uint32_t tl_list_v4_columns(const int32_t *nbr, int64_t o0, 
     for (int64_t r0 = 0; r0 < m; r0 += 16) {
         const int64_t live = m - r0 < 16 ? m - r0 : 16;
         const __m512i rv = _mm512_add_epi32(lane, _mm512_set1_epi32((int32_t)r0));
+        /* 16 rows are k cache lines, asked for one per kernel row, steps
+         * ahead (a prefetch past the table does not fault). */
+        const uintptr_t ahead = (uintptr_t)t + (uintptr_t)((r0 + 16 * TL_LIST_STEPS_AHEAD) * k) *
+                                                   sizeof(int32_t);
         for (int64_t n0 = 0; n0 < k; n0 += 16) {
             const int64_t nk = k - n0 < 16 ? k - n0 : 16;
             const __mmask16 cols = nk == 16 ? (__mmask16)0xffff : (__mmask16)((1u << nk) - 1);
             __m512i v[16];
             /* Rows past the tile and columns past k read as absent (-1). */
-            for (int i = 0; i < 16; i++) /* (a masked-off lane is never read) */
+            for (int i = 0; i < 16; i++) /* (nothing is read under a zero mask) */
                 v[i] = _mm512_mask_loadu_epi32(none, i < live ? cols : 0,
-                                               t + (r0 + i) * k + n0);
+                                               i < live ? t + (r0 + i) * k + n0 : t);
             tl_transpose16(v);
 #pragma GCC unroll 16
             for (int j = 0; j < 16; j++) {
                 if (j >= nk) break;
                 const int64_t n = n0 + j;
-                /* 16 rows are k cache lines: one per kernel row, steps ahead
-                 * (a prefetch past the table does not fault). */
-                __builtin_prefetch((const char *)(t + (r0 + 16 * TL_LIST_STEPS_AHEAD) * k) + n * 64);
+                __builtin_prefetch((const void *)(ahead + (uintptr_t)n * 64));
                 most = _mm512_max_epu32(most, _mm512_add_epi32(v[j], one));
                 const __mmask16 here = _mm512_cmpge_epi32_mask(v[j], zero);
                 const __mmask16 first = (__mmask16)((1u << __builtin_popcount(here)) - 1);

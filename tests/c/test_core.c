@@ -425,6 +425,46 @@ static void test_conv(void) {
     free(offsets), free(pin), free(pout), free(nbr), free(out), free(in);
 }
 
+/* The row conversions at every level this CPU runs (vector bodies and their
+ * tails) against the scalar ones, bit for bit: float bit patterns of every
+ * kind (ties, subnormals, infinities, NaN; a NaN to fp16 need only stay a
+ * NaN, as F16C chooses its payload), and every half pattern back to float. */
+static void test_half_rows(void) {
+    enum { N = 65536 + 13 };
+    float *src = xmalloc(sizeof(float) * N), *back = xmalloc(sizeof(float) * N);
+    uint16_t *half = xmalloc(sizeof(uint16_t) * N), *all = xmalloc(sizeof(uint16_t) * N);
+    for (int i = 0; i < N; i++) {
+        uint32_t u = (rnd(65536) << 16) | rnd(65536);
+        if (i % 4 == 1) u = (u & 0xffff0000u) | 0x8000u;  /* a bf16 tie */
+        if (i % 4 == 2) u &= 0x807fffffu;                 /* a subnormal */
+        memcpy(&src[i], &u, sizeof u);
+        all[i] = (uint16_t)i;
+    }
+    const tl_simd levels[] = {TL_SIMD_BASE, TL_SIMD_V3, TL_SIMD_V4};
+    for (size_t l = 0; l < sizeof(levels) / sizeof(levels[0]); l++) {
+        if (levels[l] > tl_simd_level()) continue;
+        for (int bf = 0; bf < 2; bf++) {
+            const tl_dtype t = bf ? TL_BF16 : TL_F16;
+            tl_f32_row_to_half(levels[l], t, src, N, half);
+            for (int i = 0; i < N; i++) {
+                if (bf) {
+                    CHECK(half[i] == tl_f32_to_bf16(src[i]));
+                } else if (src[i] != src[i]) {
+                    CHECK((half[i] & 0x7c00u) == 0x7c00u && (half[i] & 0x3ffu) != 0);
+                } else {
+                    CHECK(half[i] == tl_f32_to_f16(src[i]));
+                }
+            }
+            tl_half_row_to_f32(levels[l], t, all, N, back);
+            for (int i = 0; i < N; i++) {
+                const float want = bf ? tl_bf16_to_f32(all[i]) : tl_f16_to_f32(all[i]);
+                CHECK(memcmp(&back[i], &want, sizeof want) == 0 || (want != want && back[i] != back[i]));
+            }
+        }
+    }
+    free(src), free(back), free(half), free(all);
+}
+
 /* Every bf16 and fp16 bit pattern survives the trip to float and back (NaN
  * as a NaN); float values between two halves round to the nearer, ties to
  * the even one. */
@@ -450,6 +490,7 @@ static void test_half_conversions(void) {
     CHECK(tl_f32_to_f16(0x1.8p-25f) == 0x0001);
     CHECK(tl_f32_to_bf16(1.0f + 0x1p-8f) == 0x3f80);            /* tie: to even (1.0) */
     CHECK(tl_f32_to_bf16(1.0f + 3 * 0x1p-8f) == 0x3f82);
+    test_half_rows();
 }
 
 /* The float value of a bf16 or fp16 pattern, and a float rounded to one. */
