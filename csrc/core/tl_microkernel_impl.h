@@ -149,10 +149,14 @@ __attribute__((unused)) static void TL_MK(rows)(const TL_MK(ops) *mk, int64_t cw
  * passes over input channels (rows of acc): four at a time, or, where cout
  * is at most rows8_cols (two fp32 vectors with AVX-512), eight after the
  * first pass: 4 x 2 accumulators let each dy vector feed 4 FMAs, 8 x 2 feed
- * 8 (1.1-1.35x at C = 24 and 32 on the surface).  The first pass stays at
- * four: it is the one that waits on x rows from memory, and with half the
- * work per pair more pairs' loads are in flight (eight there lost 0.89-0.94x
- * on the LiDAR scan's strided maps).  Each element still adds its pairs in
+ * 8 (1.1-1.35x at C = 24 and 32 on the surface).  The first pass is four
+ * where cin is not a multiple of 8: it is the one that waits on x rows from
+ * memory, and with half the work per pair more pairs' loads are in flight
+ * (eight there lost 0.89-0.94x on the LiDAR scan's strided maps, on an AMD
+ * core, before the forward's prefetch changes of round fifteen).  Where cin
+ * is a multiple of 8, eight from the start leaves no 4-row pass at the end
+ * (C = 32: 8 + 8 + 8 + 8 instead of 4 + 8 + 8 + 8 + 4): 1.01-1.23x at
+ * C = 8-32 on every map on the Intel Xeon of round fifteen.  Each element still adds its pairs in
  * pair order, so the passes' widths do not change the sums.  Pass s asks for
  * cache line s of each row pf[q], q < npf (the x rows the caller reads next;
  * npf = 0 for none), so that rows from memory arrive while this one
@@ -168,7 +172,7 @@ __attribute__((unused)) static void TL_MK(outer_acc)(const TL_MK(ops) *mk, int64
     const int eight = cout <= mk->rows8_cols;
     int64_t ci = 0, s = 0;
     while (ci + 4 <= cin) {
-        const int64_t rows = eight && s > 0 && ci + 8 <= cin ? 8 : 4;
+        const int64_t rows = eight && (s > 0 || cin % 8 == 0) && ci + 8 <= cin ? 8 : 4;
         TL_T *o[8];
         for (int64_t r = 0; r < rows; r++) o[r] = acc + (ci + r) * cout;
         (rows == 8 ? mk->rows_t_8 : mk->rows_t_4)(cout, c, ci, xr, dq, o, pf,
