@@ -183,9 +183,9 @@ static int tl_half_tile(const tl_half_call *f, const uint16_t *x, const int32_t 
     for (int64_t n = 0; n < k; n++) {
         int64_t c = s->lc[n];
         if (c == 0) continue;
-        TL_POINT_ROWS(f->level >= TL_SIMD_V4, s->li + n * m, s->lr + n * m, c, x,
-                      cin * (int64_t)sizeof(uint16_t), s->xh, const uint16_t *, s->acc,
-                      cw * (int64_t)sizeof(float), s->yr, float *);
+        tl_point_rows(f->level >= TL_SIMD_V4, s->li + n * m, s->lr + n * m, c, x,
+                      cin * (int64_t)sizeof(uint16_t), (void *)s->xh, s->acc,
+                      cw * (int64_t)sizeof(float), (void *)s->yr);
         if (f->amx) {
 #if TL_SIMD_AMX
             tl_amx_rows(c, cin, co0, cw, s->xh, f->pw_amx + n * tl_amx_row_elems(cin, cout), s->yr,

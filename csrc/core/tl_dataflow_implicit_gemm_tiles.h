@@ -312,35 +312,6 @@ static inline int tl_wgrad_list_block(tl_wgrad_lists *l, const int32_t *nbr, int
         }                                                                                    \
     } while (0)
 
-/* The x and y row pointers of the c rows that tl_list_tile listed for one
- * kernel row (idx: their x rows, XROW_BYTES apart from X, cast to XTYPE;
- * rows: their output rows r, YROW_BYTES apart from Y0), after the caller
- * checked every idx is below n_in; 8 a step where VEC (AVX-512,
- * tl_point_rows_v4).  Nothing is asked for here: the groups ask for the next
- * group's x rows as they run (rows_8, TL_RUN_GROUPS).  Asking for every
- * listed row at once (a C = 16 tile lists hundreds per kernel row) filled the
- * core's miss buffers and stalled the listing; without it, 0.96-1.23x on the
- * Intel Xeon of round fifteen (most at C <= 32 and on strided maps). */
-#if TL_SIMD_X86
-#define TL_POINT_ROWS_V4(IDX, ROWS, C, X, XROW_BYTES, XR, Y0, YROW_BYTES, YR)                  \
-    tl_point_rows_v4((IDX), (ROWS), (C), (X), (XROW_BYTES), (void *)(XR), (Y0), (YROW_BYTES),  \
-                     (void *)(YR))
-#else
-#define TL_POINT_ROWS_V4(IDX, ROWS, C, X, XROW_BYTES, XR, Y0, YROW_BYTES, YR) ((void)0)
-#endif
-#define TL_POINT_ROWS(VEC, IDX, ROWS, C, X, XROW_BYTES, XR, XTYPE, Y0, YROW_BYTES, YR, YTYPE)    \
-    do {                                                                                     \
-        if ((VEC) && TL_SIMD_X86 && (XROW_BYTES) <= (int64_t)UINT32_MAX &&                   \
-            (YROW_BYTES) <= (int64_t)UINT32_MAX) {                                           \
-            TL_POINT_ROWS_V4(IDX, ROWS, C, X, XROW_BYTES, XR, Y0, YROW_BYTES, YR);           \
-            break;                                                                           \
-        }                                                                                    \
-        for (int64_t q_ = 0; q_ < (C); q_++) {                                               \
-            (XR)[q_] = (XTYPE)((const char *)(X) + (int64_t)(IDX)[q_] * (XROW_BYTES));       \
-            (YR)[q_] = (YTYPE)((char *)(Y0) + (int64_t)(ROWS)[q_] * (YROW_BYTES));           \
-        }                                                                                    \
-    } while (0)
-
 /* The weights (k, c_in, c_out) of elem_bytes each as panels: for each kernel
  * row n and each block of `width` output columns starting at j (narrower at
  * the end), the block's c_in x width values contiguous at

@@ -5,43 +5,13 @@
 #include "tl_simd.h"
 
 #if TL_SIMD_X86
-#include <immintrin.h>
+#include "tl_transpose.h"
 
 /* 16-row steps ahead that tl_list_v4_columns asks for the table. */
 #define TL_LIST_STEPS_AHEAD 4
 /* Smallest kernel volume listed by vectors: a step transposes 16 columns
  * whatever k is, so below this most of its work would be padding. */
 #define TL_LIST_VEC_MIN_K 4
-
-/* r[i] lane j -> r[j] lane i: a 16 x 16 transpose of int32 in registers
- * (pairs of rows interleaved by 32 bits, then by 64, then 128-bit lanes
- * exchanged twice: 64 shuffles for 256 entries). */
-static inline __attribute__((always_inline)) TL_TARGET_V4 void tl_transpose16(__m512i r[16]) {
-    __m512i t[16];
-    for (int i = 0; i < 16; i += 2) {
-        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-    }
-    /* r[4g + c], 128-bit lane l: rows 4g..4g+3 of column 4l + c */
-    for (int g = 0; g < 16; g += 4) {
-        r[g] = _mm512_unpacklo_epi64(t[g], t[g + 2]);
-        r[g + 1] = _mm512_unpackhi_epi64(t[g], t[g + 2]);
-        r[g + 2] = _mm512_unpacklo_epi64(t[g + 1], t[g + 3]);
-        r[g + 3] = _mm512_unpackhi_epi64(t[g + 1], t[g + 3]);
-    }
-    /* column 4l + c, lane g = r[4g + c] lane l: a 4 x 4 transpose of lanes */
-    for (int c = 0; c < 4; c++) {
-        const __m512i p0 = _mm512_shuffle_i32x4(r[c], r[4 + c], 0x88);
-        const __m512i p1 = _mm512_shuffle_i32x4(r[c], r[4 + c], 0xdd);
-        const __m512i q0 = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0x88);
-        const __m512i q1 = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0xdd);
-        t[c] = _mm512_shuffle_i32x4(p0, q0, 0x88);
-        t[4 + c] = _mm512_shuffle_i32x4(p1, q1, 0x88);
-        t[8 + c] = _mm512_shuffle_i32x4(p0, q0, 0xdd);
-        t[12 + c] = _mm512_shuffle_i32x4(p1, q1, 0xdd);
-    }
-    for (int i = 0; i < 16; i++) r[i] = t[i];
-}
 
 /* 16 rows at a time: each block of 16 kernel rows' entries of the 16 rows
  * loaded in order and transposed in registers, so each kernel row's 16
@@ -76,7 +46,7 @@ static TL_TARGET_V4 uint32_t tl_list_v4_columns(const int32_t *nbr, int64_t o0, 
             for (int i = 0; i < 16; i++) /* (nothing is read under a zero mask) */
                 v[i] = _mm512_mask_loadu_epi32(none, i < live ? cols : 0,
                                                i < live ? t + (r0 + i) * k + n0 : t);
-            tl_transpose16(v);
+            tl_transpose16_epi32(v);
 #pragma GCC unroll 16
             for (int j = 0; j < 16; j++) {
                 if (j >= nk) break;
@@ -134,13 +104,12 @@ uint32_t tl_list_tile(int vec, const int32_t *nbr, int64_t o0, int64_t m, int64_
  * 64-bit multiply) plus the base, 8 rows a step.  Per row the plain loop
  * spent a load, a multiply, an add and a store on each pointer: about 14% of
  * a C = 16 forward's time. */
-TL_TARGET_V4 void tl_point_rows_v4(const int32_t *idx, const int32_t *rows, int64_t c,
-                                   const void *x, int64_t x_bytes, void *xr, void *y,
-                                   int64_t y_bytes, void *yr) {
+static TL_TARGET_V4 void tl_point_rows_v4(const int32_t *idx, const int32_t *rows, int64_t c,
+                                          const void *x, int64_t x_bytes, char *xo, void *y,
+                                          int64_t y_bytes, char *yo) {
     const __m512i xb = _mm512_set1_epi64(x_bytes), yb = _mm512_set1_epi64(y_bytes);
     const __m512i x0 = _mm512_set1_epi64((int64_t)(uintptr_t)x);
     const __m512i y0 = _mm512_set1_epi64((int64_t)(uintptr_t)y);
-    char *xo = xr, *yo = yr;
     for (int64_t q = 0; q < c; q += 8) {
         const __mmask8 live = c - q >= 8 ? (__mmask8)0xff : (__mmask8)((1u << (c - q)) - 1);
         const __m512i i = _mm512_cvtepu32_epi64(_mm256_maskz_loadu_epi32(live, idx + q));
@@ -150,3 +119,22 @@ TL_TARGET_V4 void tl_point_rows_v4(const int32_t *idx, const int32_t *rows, int6
     }
 }
 #endif
+
+void tl_point_rows(int vec, const int32_t *idx, const int32_t *rows, int64_t c, const void *x,
+                   int64_t x_bytes, void *xr, void *y, int64_t y_bytes, void *yr) {
+#if TL_SIMD_X86
+    if (vec && x_bytes <= (int64_t)UINT32_MAX && y_bytes <= (int64_t)UINT32_MAX) {
+        tl_point_rows_v4(idx, rows, c, x, x_bytes, xr, y, y_bytes, yr);
+        return;
+    }
+#else
+    (void)vec;
+#endif
+    /* A pointer-sized store that may alias the caller's pointer type. */
+    typedef uintptr_t __attribute__((may_alias)) tl_any_ptr;
+    tl_any_ptr *xo = xr, *yo = yr;
+    for (int64_t q = 0; q < c; q++) {
+        xo[q] = (uintptr_t)x + (uintptr_t)((int64_t)idx[q] * x_bytes);
+        yo[q] = (uintptr_t)y + (uintptr_t)((int64_t)rows[q] * y_bytes);
+    }
+}

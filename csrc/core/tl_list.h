@@ -22,12 +22,13 @@
 uint32_t tl_list_tile(int vec, const int32_t *nbr, int64_t o0, int64_t m, int64_t k,
                       int32_t *idx, int32_t *rows, int64_t *cnt);
 
-/* With AVX-512 (the caller checked the CPU has it): the row pointers of c
- * listed rows, xr[q] = x + idx[q] * x_bytes and yr[q] = y + rows[q] * y_bytes
- * (byte strides below 2^32; idx[] and rows[] >= 0, checked by the caller), 8
- * a step.  xr and yr are arrays of c pointers, written by vector stores
- * (which may alias pointers of any type). */
-void tl_point_rows_v4(const int32_t *idx, const int32_t *rows, int64_t c, const void *x,
-                      int64_t x_bytes, void *xr, void *y, int64_t y_bytes, void *yr);
+/* The row pointers of c listed rows for the micro-kernels: xr[q] = x +
+ * idx[q] * x_bytes and yr[q] = y + rows[q] * y_bytes (byte strides; idx[] and
+ * rows[] >= 0, checked by the caller).  xr and yr are arrays of c pointers of
+ * the caller's element type, written through types that may alias any
+ * pointer.  vec: 8 rows a step with AVX-512 (the caller checked the CPU has
+ * it). */
+void tl_point_rows(int vec, const int32_t *idx, const int32_t *rows, int64_t c, const void *x,
+                   int64_t x_bytes, void *xr, void *y, int64_t y_bytes, void *yr);
 
 #endif

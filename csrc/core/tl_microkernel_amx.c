@@ -8,6 +8,8 @@
 #include <immintrin.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+
+#include "tl_transpose.h"
 #endif
 
 /* The weight gradient's tile shapes: pairs rounded up to 32 (one tile's
@@ -238,27 +240,7 @@ TL_TARGET_AMX void tl_amx_rows(int64_t c, int64_t cin, int64_t co0, int64_t cw,
 /* The 16 x 16 32-bit units r[t][c] stored transposed: dst[c * ld + t]. */
 static inline __attribute__((always_inline)) TL_TARGET_AMX void tl_amx_transpose16(
     __m512i r[16], uint32_t *dst, int64_t ld) {
-    __m512i u[16];
-    /* 32-bit, then 64-bit interleaves, then 128-bit lanes twice. */
-    for (int i = 0; i < 16; i += 2) {
-        u[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-        u[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-    }
-    for (int i = 0; i < 16; i += 4) {
-        r[i] = _mm512_unpacklo_epi64(u[i], u[i + 2]);
-        r[i + 1] = _mm512_unpackhi_epi64(u[i], u[i + 2]);
-        r[i + 2] = _mm512_unpacklo_epi64(u[i + 1], u[i + 3]);
-        r[i + 3] = _mm512_unpackhi_epi64(u[i + 1], u[i + 3]);
-    }
-    for (int i = 0; i < 8; i++) {
-        const int a = (i / 4) * 8 + i % 4; /* rows a and a + 4 */
-        u[a] = _mm512_shuffle_i32x4(r[a], r[a + 4], 0x88);
-        u[a + 4] = _mm512_shuffle_i32x4(r[a], r[a + 4], 0xdd);
-    }
-    for (int i = 0; i < 8; i++) {
-        r[i] = _mm512_shuffle_i32x4(u[i], u[i + 8], 0x88);
-        r[i + 8] = _mm512_shuffle_i32x4(u[i], u[i + 8], 0xdd);
-    }
+    tl_transpose16_epi32(r);
     for (int j = 0; j < 16; j++) _mm512_storeu_si512(dst + j * ld, r[j]);
 }
 
