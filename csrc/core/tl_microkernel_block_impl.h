@@ -60,19 +60,20 @@ static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_BLOCK_FN(
 }
 
 /* The weight gradient's update over packed x rows:
- *   out[r * ldo + j + :] += sum_q xp[q * ldx + r] * dq[q][j + :],  r < 4,
- * where xp + q * ldx holds 4 input channels of pair q (packed rows ldx
+ *   out[r * ldo + j + :] += sum_q xp[q * ldx + r] * dq[q][j + :],  r < R,
+ * where xp + q * ldx holds R input channels of pair q (packed rows ldx
  * apart: a fixed stride, no pointer load per pair) and dq[q] is the pair's
- * dy row: each dy vector feeds 4 FMAs.  Only rows r < valid are written (the
- * last 4 input channels may be padding zeros).  While it runs, byte pf_byte
- * of the rows pf[q], q < npf, is asked for (see tl_mk_ops.panel). */
+ * dy row: each dy vector feeds R FMAs (R = 4, 6 or 8, R * NV <= 24
+ * accumulators).  Only rows r < valid are written (the last input channels
+ * may be padding zeros).  While it runs, byte pf_byte of the rows pf[q],
+ * q < npf, is asked for (see tl_mk_ops.panel). */
 static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_BLOCK_PFN(
-    int NV, int64_t j, int64_t nq, const TL_T *xp, int64_t ldx, const TL_T *const *dq,
+    int R, int NV, int64_t j, int64_t nq, const TL_T *xp, int64_t ldx, const TL_T *const *dq,
     TL_T *out, int64_t ldo, int64_t valid, const TL_T *const *pf, int64_t npf,
     int64_t pf_byte) {
     const int64_t vl = (int64_t)(TL_BLOCK_BYTES / sizeof(TL_T));
-    TL_BLOCK_VEC acc[4][TL_BLOCK_NV];
-    for (int r = 0; r < 4; r++)
+    TL_BLOCK_VEC acc[8][TL_BLOCK_NV];
+    for (int r = 0; r < R; r++)
         for (int v = 0; v < NV; v++) acc[r][v] = (TL_BLOCK_VEC){0};
     for (int64_t q = 0; q < nq; q++) {
         /* Unrolled by hand: GCC leaves a 3-iteration loop rolled, and bv[]
@@ -82,14 +83,14 @@ static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_BLOCK_PFN(
 #pragma GCC unroll 8
         for (int v = 0; v < NV; v++)
             memcpy(&bv[v], dq[q] + j + v * vl, sizeof(TL_BLOCK_VEC));
-#pragma GCC unroll 4
-        for (int r = 0; r < 4; r++) {
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
             TL_T s = xp[q * ldx + r];
 #pragma GCC unroll 8
             for (int v = 0; v < NV; v++) acc[r][v] += s * bv[v];
         }
     }
-    for (int r = 0; r < 4; r++) {
+    for (int r = 0; r < R; r++) {
         if (r >= valid) break;
         for (int v = 0; v < NV; v++) {
             TL_BLOCK_VEC o;

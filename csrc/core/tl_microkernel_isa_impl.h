@@ -209,7 +209,8 @@ TL_DEFINE_ROWS_T(1)
 
 /* One kernel row of the weight gradient over packed x rows (see tl_mk_ops),
  * in chunks of pairs (tl_mk_panel_pairs): for each chunk, for each block of
- * columns, every strip of 4 input channels, so the chunk's dy columns (up to
+ * columns, every strip of input channels (TL_ISA_WG_ROWS(NV) wide, then 4;
+ * see tl_mk_panel_strips), so the chunk's dy columns (up to
  * 64 rows x TL_ISA_NV_WG vectors, 16 KiB) and x rows stay in L1 while the x
  * strips pass them; a whole block's pairs (up to TL_WGRAD_PAIRS) were
  * streamed from L2 for each strip (1.01-1.19x at C >= 64).  Each chunk's sums are added to out in
@@ -222,7 +223,7 @@ TL_DEFINE_ROWS_T(1)
 static TL_ISA_ATTR void TL_MKI(panel)(int64_t cw, int64_t nq, int64_t rows, const TL_T *xp,
                                       const TL_T *const *dq, TL_T *out, int64_t ldo,
                                       const TL_T *const *pf, int64_t npf) {
-    const int64_t ldx = TL_MK(packed_ld)(rows), strips = ldx / 4;
+    const int64_t ldx = TL_MK(packed_ld)(rows);
     const int64_t pf_lines = (rows * (int64_t)sizeof(TL_T) + 63) / 64;
     const int64_t chunk = TL_MK(panel_pairs)(ldx);
     for (int64_t q0 = 0; q0 < nq; q0 += chunk) {
@@ -232,9 +233,17 @@ static TL_ISA_ATTR void TL_MKI(panel)(int64_t cw, int64_t nq, int64_t rows, cons
         const TL_T *const *dc = dq + q0, *const *pc = cpf > 0 ? pf + q0 : pf;
         int64_t j = 0;
 #define TL_PANEL_CALL(W, NV)                                                                \
-    for (int64_t s = 0; s < strips; s++)                                                    \
-    TL_MKI(pblock##W)(NV, j, cq, xc + s * 4, ldx, dc, out + s * 4 * ldo, ldo, rows - s * 4, \
-                      pc, j == 0 && s < pf_lines ? cpf : 0, s * 64)
+    do {                                                                                    \
+        const int r_ = TL_ISA_WG_ROWS(NV);                                                  \
+        const int64_t wide_ = TL_MK(panel_strips)(ldx, r_);                                 \
+        int64_t c_ = 0, s = 0;                                                              \
+        for (; s < wide_; s++, c_ += r_)                                                    \
+            TL_MKI(pblock##W)(r_, NV, j, cq, xc + c_, ldx, dc, out + c_ * ldo, ldo,         \
+                              rows - c_, pc, j == 0 && s < pf_lines ? cpf : 0, s * 64);     \
+        for (; c_ < ldx; s++, c_ += 4)                                                      \
+            TL_MKI(pblock##W)(4, NV, j, cq, xc + c_, ldx, dc, out + c_ * ldo, ldo,          \
+                              rows - c_, pc, j == 0 && s < pf_lines ? cpf : 0, s * 64);     \
+    } while (0)
         TL_COLUMN_BLOCKS(TL_ISA_NV_WG, 1, TL_PANEL_CALL);
 #undef TL_PANEL_CALL
         for (int64_t r = 0; r < rows; r++)
