@@ -7,9 +7,10 @@ operands, so both see the same machine state; on a shared machine, single timing
 compared before anything is timed (a change that is meant to keep results bitwise reports
 ``bitwise``). Three groups:
 
-* ``layers``: ``conv_forward`` and ``conv_weight_grad`` (implicit GEMM, fp32) on the
-  3x3x3 submanifold map of each scene (``--maps``: also a k2 s2 Conv3d's map, its
-  inverse transpose's and a k3 s2 p1 Conv3d's), per width;
+* ``layers``: ``conv_forward`` and ``conv_weight_grad`` (implicit GEMM; fp32, or
+  ``--dtype bfloat16`` / ``float16``) on the 3x3x3 submanifold map of each scene
+  (``--maps``: also a k2 s2 Conv3d's map, its inverse transpose's and a k3 s2 p1
+  Conv3d's), per width;
 * ``kmap``: what a new scan costs before any convolution, per scene: the tensor's
   duplicate check (``tl.SparseTensor``), the 3x3x3 submanifold kernel map (``nbr`` +
   ``rev``), and the generated support of a k2 s2 and a k3 s2 p1 Conv3d and the map onto
@@ -42,7 +43,7 @@ from benchmarks.scenes import Scene, make_scene, scene_names, tiny_scene
 from benchmarks.timing import time_side_by_side
 from benchmarks.workloads import DOWN2, DOWN3, SUBM3, support_args
 from torch_lattice.nn.functional.relation import kernel_map
-from torch_lattice.ops._runtime import _C, ptr
+from torch_lattice.ops._runtime import _C, DTYPE_CODES, ptr
 
 MAPS = ("subm3", "k2s2", "k2s2_inverse", "k3s2p1")
 CONV_KERNELS = ("conv_forward", "conv_weight_grad")
@@ -70,34 +71,40 @@ def _scene(name: str) -> Scene:
     return tiny_scene() if name == "tiny" else make_scene(name)
 
 
-def _agreement(a: torch.Tensor, b: torch.Tensor) -> str:
+def _agreement(a: torch.Tensor, b: torch.Tensor, rtol: float = 1e-5) -> str:
     if torch.equal(a, b):
         return "bitwise"
     err = float((a.double() - b.double()).abs().max() / b.double().abs().max().clamp(min=1e-30))
-    if err > 1e-5:
+    if err > rtol:
         raise SystemExit(f"the two builds disagree: max relative difference {err:.2e}")
     return f"rel {err:.1e}"
 
 
 def _layer_case(
-    base: ModuleType, kernel: str, nbr: torch.Tensor, n_in: int, c: int, repeats: int
-) -> tuple[dict[str, float], str]:
-    """One kernel of both builds on one map and width: median seconds, and agreement."""
+    base: ModuleType, kernel: str, nbr: torch.Tensor, n_in: int, c: int, repeats: int,
+    dtype: torch.dtype = torch.float32,
+) -> tuple[dict[str, float], str]:  # fmt: skip
+    """One kernel of both builds on one map and width, in ``dtype``: median seconds, and
+    agreement."""
     n, k, threads = nbr.shape[0], nbr.shape[1], torch.get_num_threads()
     g = torch.Generator().manual_seed(c)
-    x = torch.randn(n_in, c, generator=g)
+    x = torch.randn(n_in, c, generator=g).to(dtype)
     b = torch.randn(k, c, c, generator=g) if kernel == "conv_forward" else torch.randn(n, c)
+    b = b.to(dtype)
     shape = (n, c) if kernel == "conv_forward" else (k, c, c)
-    outs = {side: torch.empty(shape) for side in ("base", "this")}
+    outs = {side: torch.empty(shape, dtype=dtype) for side in ("base", "this")}
     modules = {"base": base, "this": _C}
+    code = DTYPE_CODES[dtype]
 
     def call(side: str) -> None:
         fn = getattr(modules[side], kernel)
-        fn(0, n_in, n, k, c, c, ptr(x), ptr(b), ptr(nbr), ptr(outs[side]), threads)
+        fn(code, n_in, n, k, c, c, ptr(x), ptr(b), ptr(nbr), ptr(outs[side]), threads)
 
     call("base")
     call("this")
-    agree = _agreement(outs["this"], outs["base"])
+    # Half-precision outputs are rounded once from float sums: builds that add the same
+    # products in another order may land one unit of the last place apart.
+    agree = _agreement(outs["this"], outs["base"], 1e-5 if dtype == torch.float32 else 1e-2)
     return interleaved({side: partial(call, side) for side in modules}, repeats), agree
 
 
@@ -125,8 +132,15 @@ def _maps(scene: Scene) -> dict[str, tuple[torch.Tensor, int]]:
     }
 
 
-def layers(base: ModuleType, scenes: list[str], channels: list[int], repeats: int,
-           maps: list[str], kernels: tuple[str, ...] = CONV_KERNELS) -> None:
+def layers(
+    base: ModuleType,
+    scenes: list[str],
+    channels: list[int],
+    repeats: int,
+    maps: list[str],
+    kernels: tuple[str, ...] = CONV_KERNELS,
+    dtype: torch.dtype = torch.float32,
+) -> None:
     print("| scene | map | C | kernel | base GFLOP/s | this GFLOP/s | this / base | outputs |")
     print("|---|---|---|---|---|---|---|---|")
     for name in scenes:
@@ -137,7 +151,7 @@ def layers(base: ModuleType, scenes: list[str], channels: list[int], repeats: in
             pairs = int((nbr >= 0).sum())
             for c in channels:
                 for kernel in kernels:
-                    med, agree = _layer_case(base, kernel, nbr, n_in, c, repeats)
+                    med, agree = _layer_case(base, kernel, nbr, n_in, c, repeats, dtype)
                     gf = {k: 2 * pairs * c * c / v / 1e9 for k, v in med.items()}
                     print(
                         f"| {scene.name} | {map_name} | {c} | {kernel} | {gf['base']:.1f} | "
@@ -173,7 +187,6 @@ def _kmap(coords: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 MAP_ENTRY_POINTS = ("kmap_build", "kmap_reverse", "find_duplicate", "generate_bound", "generate")
-
 
 
 def _map_steps(coords: torch.Tensor) -> dict[str, Callable[[], Any]]:
@@ -267,18 +280,28 @@ def main() -> int:
     parser.add_argument("--channels", type=int, nargs="+", default=[16, 32, 64, 128, 256])
     parser.add_argument("--maps", nargs="+", default=["subm3"], choices=MAPS)
     parser.add_argument(
-        "--kernels", nargs="+", default=list(CONV_KERNELS), choices=CONV_KERNELS,
+        "--kernels",
+        nargs="+",
+        default=list(CONV_KERNELS),
+        choices=CONV_KERNELS,
         help="layers group: which kernels to time",
     )
+    parser.add_argument(
+        "--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+        help="layers group: the features' and weights' dtype",
+    )  # fmt: skip
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()
     base = load_build(args.base)
     print(
-        f"{torch.get_num_threads()} threads, cpu_isa {_C.cpu_isa()}; medians of "
+        f"{torch.get_num_threads()} threads, cpu_isa {_C.cpu_isa()}, {args.dtype}; medians of "
         f"{args.repeats} interleaved calls; 'this' is {_C.__file__}\n"
     )
     if "layers" in args.groups:
-        layers(base, args.scenes, args.channels, args.repeats, args.maps, tuple(args.kernels))
+        layers(
+            base, args.scenes, args.channels, args.repeats, args.maps, tuple(args.kernels),
+            getattr(torch, args.dtype),
+        )  # fmt: skip
         print()
     if "kmap" in args.groups:
         kmaps(base, args.scenes, args.repeats)

@@ -44,19 +44,8 @@ static inline TL_TARGET_V3 void tl_to_f32_v3(tl_dtype t, const uint16_t *src, in
     if (i < n) tl_to_f32_v3_loop(t, src + i, n - i, dst + i);
 }
 
-/* Rows of n values each, gathered from anywhere: each row's cache lines are
- * asked for TL_HALF_AHEAD rows before it is converted, so the misses of
- * several rows overlap (one call per listed kernel row, not per x row). */
+/* Gathered rows ahead of the one converted that tl_half_rows_to_f32 asks for. */
 #define TL_HALF_AHEAD 8
-static TL_TARGET_V3 void tl_rows_to_f32_v3(tl_dtype t, const uint16_t *const *rows, int64_t count,
-                                           int64_t n, float *dst) {
-    const int64_t bytes = n * (int64_t)sizeof(uint16_t);
-    TL_PREFETCH_ROWS(rows, count < TL_HALF_AHEAD ? count : TL_HALF_AHEAD, bytes);
-    for (int64_t r = 0; r < count; r++) {
-        if (r + TL_HALF_AHEAD < count) TL_PREFETCH_ROWS(rows + r + TL_HALF_AHEAD, 1, bytes);
-        tl_to_f32_v3(t, rows[r], n, dst + r * n);
-    }
-}
 
 static TL_TARGET_V3 void tl_from_f32_v3(tl_dtype t, const float *src, int64_t n, uint16_t *dst) {
     int64_t i = 0;
@@ -125,16 +114,43 @@ void tl_half_row_to_f32(tl_simd level, tl_dtype t, const uint16_t *src, int64_t 
     tl_to_f32_base(t, src, n, dst);
 }
 
-void tl_half_rows_to_f32(tl_simd level, tl_dtype t, const uint16_t *const *rows, int64_t count,
-                         int64_t n, float *dst) {
+/* The gathered rows one after another, ld floats apart, each asked for
+ * TL_HALF_AHEAD rows before it is converted, so the misses of several rows
+ * overlap (one call per listed kernel row, not per x row). */
 #if TL_SIMD_X86
+#define TL_ROWS_TO_F32(ISA, ATTR)                                                           \
+    static ATTR void tl_rows_to_f32_##ISA(tl_dtype t, const uint16_t *const *rows,          \
+                                          int64_t count, int64_t n, int64_t ld, float *dst) { \
+        const int64_t bytes = n * (int64_t)sizeof(uint16_t);                                \
+        TL_PREFETCH_ROWS(rows, count < TL_HALF_AHEAD ? count : TL_HALF_AHEAD, bytes);       \
+        for (int64_t r = 0; r < count; r++) {                                               \
+            if (r + TL_HALF_AHEAD < count) TL_PREFETCH_ROWS(rows + r + TL_HALF_AHEAD, 1, bytes); \
+            tl_to_f32_##ISA(t, rows[r], n, dst + r * ld);                                   \
+            for (int64_t i = n; i < ld; i++) dst[r * ld + i] = 0;                           \
+        }                                                                                   \
+    }
+TL_ROWS_TO_F32(v4, TL_TARGET_V4)
+TL_ROWS_TO_F32(v3, TL_TARGET_V3)
+#undef TL_ROWS_TO_F32
+#endif
+
+void tl_half_rows_to_f32(tl_simd level, tl_dtype t, const uint16_t *const *rows, int64_t count,
+                         int64_t n, int64_t ld, float *dst) {
+#if TL_SIMD_X86
+    if (level >= TL_SIMD_V4) {
+        tl_rows_to_f32_v4(t, rows, count, n, ld, dst);
+        return;
+    }
     if (level >= TL_SIMD_V3) {
-        tl_rows_to_f32_v3(t, rows, count, n, dst);
+        tl_rows_to_f32_v3(t, rows, count, n, ld, dst);
         return;
     }
 #endif
     (void)level;
-    for (int64_t r = 0; r < count; r++) tl_to_f32_base(t, rows[r], n, dst + r * n);
+    for (int64_t r = 0; r < count; r++) {
+        tl_to_f32_base(t, rows[r], n, dst + r * ld);
+        for (int64_t i = n; i < ld; i++) dst[r * ld + i] = 0;
+    }
 }
 
 void tl_f32_row_to_half(tl_simd level, tl_dtype t, const float *src, int64_t n, uint16_t *dst) {

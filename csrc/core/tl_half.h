@@ -69,10 +69,11 @@ static inline uint16_t tl_f32_to_f16(float f) {
 /* dst[0..n) = the float values of src[0..n) (t is TL_BF16 or TL_F16). */
 void tl_half_row_to_f32(tl_simd level, tl_dtype t, const uint16_t *src, int64_t n, float *dst);
 
-/* dst + r * n = the float values of rows[r][0..n), r < count (t is TL_BF16 or
- * TL_F16): tl_half_row_to_f32 over gathered rows, each asked for ahead. */
+/* dst + r * ld = the float values of rows[r][0..n), then zeros up to ld
+ * (ld >= n), r < count (t is TL_BF16 or TL_F16): tl_half_row_to_f32 over
+ * gathered rows, each asked for ahead. */
 void tl_half_rows_to_f32(tl_simd level, tl_dtype t, const uint16_t *const *rows, int64_t count,
-                         int64_t n, float *dst);
+                         int64_t n, int64_t ld, float *dst);
 
 /* dst[0..n) = src[0..n) rounded to t (TL_BF16 or TL_F16). */
 void tl_f32_row_to_half(tl_simd level, tl_dtype t, const float *src, int64_t n, uint16_t *dst);

@@ -460,6 +460,18 @@ static void test_half_rows(void) {
                 const float want = bf ? tl_bf16_to_f32(all[i]) : tl_f16_to_f32(all[i]);
                 CHECK(memcmp(&back[i], &want, sizeof want) == 0 || (want != want && back[i] != back[i]));
             }
+            /* Gathered rows of 37 values, converted 40 apart with zeros after. */
+            const uint16_t *rows[3] = {all + 1000, all + 7, all + 50000};
+            for (int i = 0; i < 120; i++) back[i] = -1;
+            tl_half_rows_to_f32(levels[l], t, rows, 3, 37, 40, back);
+            for (int r = 0; r < 3; r++)
+                for (int i = 0; i < 40; i++) {
+                    const float got = back[r * 40 + i];
+                    const float want = i >= 37 ? 0.0f
+                                       : bf    ? tl_bf16_to_f32(rows[r][i])
+                                               : tl_f16_to_f32(rows[r][i]);
+                    CHECK(memcmp(&got, &want, sizeof want) == 0 || (want != want && got != got));
+                }
         }
     }
     free(src), free(back), free(half), free(all);
@@ -506,9 +518,8 @@ static uint16_t half_of(tl_dtype t, float f) {
  * and thread count,
  * against a double reference of the same half-valued inputs: within one
  * rounding of the half type; and a bad neighbour entry is refused. */
-static void test_half_conv(void) {
-    current = "half conv";
-    const int64_t n_in = 60, n_out = 50, k = 5, ci = 19, co = 37;
+static void test_half_conv_shape(int64_t ci, int64_t co) {
+    const int64_t n_in = 60, n_out = 50, k = 5;
     uint16_t *x = xmalloc(sizeof(uint16_t) * (size_t)(n_in * ci));
     uint16_t *w = xmalloc(sizeof(uint16_t) * (size_t)(k * ci * co));
     uint16_t *y = xmalloc(sizeof(uint16_t) * (size_t)(n_out * co));
@@ -567,6 +578,14 @@ static void test_half_conv(void) {
         nbr[7] = -1;
     }
     free(x), free(w), free(y), free(nbr), free(ref);
+}
+
+/* C_in 19: the staged weight gradient's in-place passes; 27: its panel over
+ * converted rows zero-padded to 28. */
+static void test_half_conv(void) {
+    current = "half conv";
+    test_half_conv_shape(19, 37);
+    test_half_conv_shape(27, 37);
 }
 
 /* ---- pooling --------------------------------------------------------------- */
