@@ -344,7 +344,8 @@ static int tl_half_wg_init(tl_half_wg_scratch *s, const tl_conv_desc *d,
     s->xp = pack ? malloc(sizeof(uint32_t) * (size_t)(cin4 * TL_WGRAD_PAIRS / 2 + 1)) : NULL;
     s->dp = pack ? tl_mem_aligned(sizeof(uint16_t) * (size_t)(TL_WGRAD_PAIRS * d->c_out)) : NULL;
     s->tmp = pack ? malloc(sizeof(uint16_t) * (size_t)(2 * cin4 + 1)) : NULL;
-    s->stage = dot ? NULL : malloc(sizeof(float) * (size_t)(TL_WGRAD_PAIRS * (cin4 + d->c_out) + 1));
+    s->stage =
+        dot ? NULL : malloc(sizeof(float) * (size_t)(TL_WGRAD_PAIRS * (cin4 + d->c_out) + 1));
     const int lists = tl_wgrad_lists_init(&s->lists, split->listed, vec, d->k);
     return lists && (amx    ? s->xt && s->dt && s->cbuf
                      : pack ? s->xp && s->dp && s->tmp

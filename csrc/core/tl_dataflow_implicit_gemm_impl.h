@@ -29,6 +29,7 @@ typedef struct TL_FN(tl_fwd_scratch) {
     TL_T **yr;          /* tile rows + 3 */
     TL_T *zero;         /* c_in zeros */
     TL_T *sink;         /* TL_TILE_COLS values, never read */
+    uint8_t *hit;       /* tile rows: listed once (tl_fwd_single) */
 } TL_FN(tl_fwd_scratch);
 
 static int TL_FN(tl_fwd_scratch_init)(TL_FN(tl_fwd_scratch) *s, const tl_ctx *ctx,
@@ -46,7 +47,8 @@ static int TL_FN(tl_fwd_scratch_init)(TL_FN(tl_fwd_scratch) *s, const tl_ctx *ct
     s->yr = malloc(sizeof(TL_T *) * (size_t)(rows + 3));
     s->zero = calloc((size_t)(cin + TL_TILE_COLS), sizeof(TL_T));
     s->sink = s->zero ? s->zero + cin : NULL;
-    return s->li && s->lr && s->lc && s->xr && s->yr && s->zero;
+    s->hit = malloc((size_t)rows);
+    return s->li && s->lr && s->lc && s->xr && s->yr && s->zero && s->hit;
 }
 
 static void TL_FN(tl_fwd_scratch_free)(TL_FN(tl_fwd_scratch) *s) {
@@ -56,11 +58,12 @@ static void TL_FN(tl_fwd_scratch_free)(TL_FN(tl_fwd_scratch) *s) {
     free(s->xr);
     free(s->yr);
     free(s->zero);
+    free(s->hit);
 }
 
 /* Output rows out[0..R) (R = 4 or 2), columns [j, j + wb), += their listed
- * x rows times the c_in x wb panel. */
-static inline void TL_FN(tl_fwd_group)(TL_FN(tl_fwd_scratch) *s, int R, int64_t wb,
+ * x rows times the c_in x wb panel (= where `set`, see tl_fwd_single). */
+static inline void TL_FN(tl_fwd_group)(TL_FN(tl_fwd_scratch) *s, int set, int R, int64_t wb,
                                        const TL_T *panel, const TL_T *const *xr,
                                        TL_T *const *yr, int64_t j) {
     TL_T *o[8];
@@ -69,9 +72,31 @@ static inline void TL_FN(tl_fwd_group)(TL_FN(tl_fwd_scratch) *s, int R, int64_t 
         yr = o;
     }
     if (R == 2)
-        s->mk->rows_2(wb, s->cin, xr, panel, wb, yr);
+        (set ? s->mk->rows_2_set : s->mk->rows_2)(wb, s->cin, xr, panel, wb, yr);
     else
-        s->mk->rows_4(wb, s->cin, xr, panel, wb, yr);
+        (set ? s->mk->rows_4_set : s->mk->rows_4)(wb, s->cin, xr, panel, wb, yr);
+}
+
+/* Whether the tile's m rows are each listed by at most one kernel row (the
+ * inverse map of a transposed convolution whose stride is its kernel size, a
+ * 1x1x1 map, the input gradient of such a strided one): then each listed
+ * row's sums are written once instead of added to a zeroed row, and only the
+ * rows no kernel row lists are zeroed (1.13-1.26x on the k2 s2 inverse maps,
+ * whose output is read and written once where it was written three times).
+ * Counts first, so a map with more pairs than rows costs nothing more. */
+static int TL_FN(tl_fwd_single)(TL_FN(tl_fwd_scratch) *s, int64_t k, int64_t m) {
+    int64_t listed = 0;
+    for (int64_t n = 0; n < k; n++) listed += s->lc[n];
+    if (listed > m) return 0;
+    memset(s->hit, 0, (size_t)m);
+    for (int64_t n = 0; n < k; n++) {
+        const int32_t *lr = s->lr + n * m;
+        for (int64_t t = 0; t < s->lc[n]; t++) {
+            if (s->hit[lr[t]]) return 0;
+            s->hit[lr[t]] = 1;
+        }
+    }
+    return 1;
 }
 
 /* One tile: output rows [o0, o0+m), columns [co0, co0+cw).  For each kernel
@@ -95,10 +120,13 @@ static int TL_FN(tl_forward_tile)(const tl_conv_desc *d, const TL_T *x, const TL
         tl_list_pairs(rel, o0, m, s->li, s->lr, s->lc);
     else if ((int64_t)tl_list_tile(s->vec, rel->nbr, o0, m, k, s->li, s->lr, s->lc) > d->n_in)
         return 1; /* below -1 wraps to above n_in */
-    if (cw == cout)
+    const int set = TL_FN(tl_fwd_single)(s, k, m);
+    if (cw == cout && !set)
         memset(y + o0 * cout, 0, sizeof(TL_T) * (size_t)(m * cout));
     else
-        for (int64_t r = 0; r < m; r++) memset(y + (o0 + r) * cout + co0, 0, sizeof(TL_T) * (size_t)cw);
+        for (int64_t r = 0; r < m; r++)
+            if (!set || !s->hit[r])
+                memset(y + (o0 + r) * cout + co0, 0, sizeof(TL_T) * (size_t)cw);
     for (int64_t n = 0; n < k; n++) {
         int64_t c = s->lc[n];
         if (c == 0) continue;
@@ -118,8 +146,8 @@ static int TL_FN(tl_forward_tile)(const tl_conv_desc *d, const TL_T *x, const TL
         for (int64_t j = 0; j < cw; j += width) {
             const int64_t wb = cw - j < width ? cw - j : width;
             const TL_T *panel = pw + n * cin * cout + (co0 + j) * cin;
-#define TL_GROUP8(c8) s->mk->rows_8(wb, cin, (c8), xr, panel, wb, yr, j)
-#define TL_GROUP(p, R) TL_FN(tl_fwd_group)(s, (int)(R), wb, panel, xr + (p), yr + (p), j)
+#define TL_GROUP8(c8) (set ? s->mk->rows_8_set : s->mk->rows_8)(wb, cin, (c8), xr, panel, wb, yr, j)
+#define TL_GROUP(p, R) TL_FN(tl_fwd_group)(s, set, (int)(R), wb, panel, xr + (p), yr + (p), j)
             TL_RUN_GROUPS(full, pad, narrow, j == 0, xr, cin * (int64_t)sizeof(TL_T), TL_GROUP8,
                           TL_GROUP);
 #undef TL_GROUP

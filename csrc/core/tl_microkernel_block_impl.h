@@ -12,8 +12,10 @@
  * to load per row) or a(r, q) is a[q][c0 + r] (transposed == 1: weight
  * gradient, q = pair, a[q] = x row, b[q] = dy row, so no transposed copy of
  * the x rows is needed; byte pf_byte of each row pf[q], q < npf, is asked
- * for on the way, as in TL_BLOCK_PFN).  Always inlined with constant R, NV
- * and transposed, so acc[][] lives in registers.  TL_BLOCK_PFN is the same
+ * for on the way, as in TL_BLOCK_PFN).  Where `set` (forward only), the sums
+ * replace out instead (out = sum + 0, bit for bit what adding them to a
+ * zeroed out gives, -0 included), so out is not read.  Always inlined with
+ * constant R, NV, transposed and set, so acc[][] lives in registers.  TL_BLOCK_PFN is the same
  * update over packed panels (below). */
 #if !defined(TL_BLOCK_FN) || !defined(TL_BLOCK_PFN) || !defined(TL_BLOCK_BYTES)
 #error "define TL_BLOCK_FN, TL_BLOCK_PFN, TL_BLOCK_VEC, TL_BLOCK_BYTES and TL_BLOCK_NV first"
@@ -22,7 +24,7 @@
 typedef TL_T TL_BLOCK_VEC __attribute__((vector_size(TL_BLOCK_BYTES)));
 
 static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_BLOCK_FN(
-    int R, int NV, int transposed, int64_t j, int64_t nq, int64_t c0,
+    int R, int NV, int transposed, int set, int64_t j, int64_t nq, int64_t c0,
     const TL_T *const *a, const TL_T *const *b, const TL_T *bp, int64_t ldb,
     TL_T *const *out, const TL_T *const *pf, int64_t npf, int64_t pf_byte) {
     const int64_t vl = (int64_t)(TL_BLOCK_BYTES / sizeof(TL_T));
@@ -52,8 +54,8 @@ static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_BLOCK_FN(
     }
     for (int r = 0; r < R; r++)
         for (int v = 0; v < NV; v++) {
-            TL_BLOCK_VEC o;
-            memcpy(&o, out[r] + j + v * vl, sizeof(TL_BLOCK_VEC));
+            TL_BLOCK_VEC o = (TL_BLOCK_VEC){0};
+            if (!set) memcpy(&o, out[r] + j + v * vl, sizeof(TL_BLOCK_VEC));
             o += acc[r][v];
             memcpy(out[r] + j + v * vl, &o, sizeof(TL_BLOCK_VEC));
         }

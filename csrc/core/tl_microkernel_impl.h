@@ -35,6 +35,17 @@ typedef struct TL_MK(ops) {
                    TL_T *const *out);
     void (*rows_1)(int64_t cw, int64_t nq, const TL_T *const *a, const TL_T *b, int64_t ldb,
                    TL_T *const *out);
+    /* rows_8, rows_4 and rows_2 that replace out[r][0:cw) by the sums (plus
+     * zero, so bit for bit what adding to zeroed rows gives) instead of
+     * adding to it: the forward's tiles where every output row has at most
+     * one neighbour (see tl_forward_tile), whose rows are then neither
+     * zeroed first nor read. */
+    void (*rows_8_set)(int64_t cw, int64_t nq, int64_t c, const TL_T *const *a, const TL_T *b,
+                       int64_t ldb, TL_T *const *out, int64_t oc);
+    void (*rows_4_set)(int64_t cw, int64_t nq, const TL_T *const *a, const TL_T *b,
+                       int64_t ldb, TL_T *const *out);
+    void (*rows_2_set)(int64_t cw, int64_t nq, const TL_T *const *a, const TL_T *b,
+                       int64_t ldb, TL_T *const *out);
     /* rows_t_R also ask for byte pf_byte of each row pf[q], q < npf (see
      * outer_acc); rows_t_8 only for cw <= rows8_cols. */
     void (*rows_t_8)(int64_t cw, int64_t nq, int64_t c0, const TL_T *const *xr,

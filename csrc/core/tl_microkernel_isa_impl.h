@@ -119,13 +119,13 @@
  * instructions where the target has them; -std=c11 alone would turn
  * contraction off.) */
 static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_MKI(columns)(
-    int R, int transposed, int64_t cw, int64_t nq, int64_t c0, const TL_T *const *a,
+    int R, int transposed, int set, int64_t cw, int64_t nq, int64_t c0, const TL_T *const *a,
     const TL_T *const *b, const TL_T *bp, int64_t ldb, TL_T *const *out,
     const TL_T *const *pf, int64_t npf, int64_t pf_byte) {
     int64_t j = 0;
 #define TL_COLUMNS_CALL(W, NV)                                                              \
-    TL_MKI(block##W)(R, NV, transposed, j, nq, c0, a, b, bp, ldb, out, pf, j == 0 ? npf : 0, \
-                     pf_byte)
+    TL_MKI(block##W)(R, NV, transposed, set, j, nq, c0, a, b, bp, ldb, out, pf,               \
+                     j == 0 ? npf : 0, pf_byte)
     TL_COLUMN_BLOCKS(R == 8 ? TL_ISA_NV8 : TL_ISA_NV, 0, TL_COLUMNS_CALL);
 #undef TL_COLUMNS_CALL
     for (int r = 0; r < R; r++)
@@ -133,19 +133,22 @@ static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_MKI(columns)(
             TL_T s = 0;
             for (int64_t q = 0; q < nq; q++)
                 s += transposed ? a[q][c0 + r] * b[q][jj] : a[r][q] * bp[q * ldb + jj];
-            out[r][jj] += s;
+            out[r][jj] = (set ? (TL_T)0 : out[r][jj]) + s;
         }
 }
 
-/* out[r][0:cw) += sum_q a[r][q] * b[q * ldb + 0:cw), for 4, 2 or 1 rows. */
-#define TL_DEFINE_ROWS(R)                                                                 \
-    static TL_ISA_ATTR void TL_MKI(rows_##R)(int64_t cw, int64_t nq, const TL_T *const *a, \
-                                             const TL_T *b, int64_t ldb, TL_T *const *out) { \
-        TL_MKI(columns)(R, 0, cw, nq, 0, a, NULL, b, ldb, out, NULL, 0, 0);              \
+/* out[r][0:cw) += sum_q a[r][q] * b[q * ldb + 0:cw), for 4, 2 or 1 rows
+ * (rows_R), or = it (rows_R_set, SET 1: see TL_BLOCK_FN). */
+#define TL_DEFINE_ROWS(R, NAME, SET)                                                       \
+    static TL_ISA_ATTR void TL_MKI(NAME)(int64_t cw, int64_t nq, const TL_T *const *a,     \
+                                         const TL_T *b, int64_t ldb, TL_T *const *out) {   \
+        TL_MKI(columns)(R, 0, SET, cw, nq, 0, a, NULL, b, ldb, out, NULL, 0, 0);           \
     }
-TL_DEFINE_ROWS(4)
-TL_DEFINE_ROWS(2)
-TL_DEFINE_ROWS(1)
+TL_DEFINE_ROWS(4, rows_4, 0)
+TL_DEFINE_ROWS(2, rows_2, 0)
+TL_DEFINE_ROWS(1, rows_1, 0)
+TL_DEFINE_ROWS(4, rows_4_set, 1)
+TL_DEFINE_ROWS(2, rows_2_set, 1)
 #undef TL_DEFINE_ROWS
 
 /* rows_8 for a layer one vector wide and one vector deep (cw = nq = TL_VL:
@@ -153,7 +156,8 @@ TL_DEFINE_ROWS(1)
  * registers for every group, beside the 8 accumulators.  Same sums in the
  * same order as TL_MKI(columns). */
 static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_MKI(rows_8_vv)(
-    int64_t c, const TL_T *const *a, const TL_T *b, int64_t ldb, TL_T *const *out, int64_t oc) {
+    int set, int64_t c, const TL_T *const *a, const TL_T *b, int64_t ldb, TL_T *const *out,
+    int64_t oc) {
     TL_MKI(vec) w[TL_VL];
 #pragma GCC unroll 16
     for (int q = 0; q < TL_VL; q++) memcpy(&w[q], b + q * ldb, sizeof(w[q]));
@@ -166,8 +170,8 @@ static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_MKI(rows_8_vv)(
 #pragma GCC unroll 8
             for (int r = 0; r < 8; r++) acc[r] += a[p + r][q] * w[q];
         for (int r = 0; r < 8; r++) {
-            TL_MKI(vec) o;
-            memcpy(&o, out[p + r] + oc, sizeof(o));
+            TL_MKI(vec) o = (TL_MKI(vec)){0};
+            if (!set) memcpy(&o, out[p + r] + oc, sizeof(o));
             o += acc[r];
             memcpy(out[p + r] + oc, &o, sizeof(o));
         }
@@ -179,19 +183,31 @@ static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_MKI(rows_8_vv)(
  * row in one call, so no group pays a call and its set-up.  Where oc = 0 (a
  * tile's first panel, whose x rows come from memory) each group asks for
  * the next group's x rows. */
-static TL_ISA_ATTR void TL_MKI(rows_8)(int64_t cw, int64_t nq, int64_t c, const TL_T *const *a,
-                                       const TL_T *b, int64_t ldb, TL_T *const *out,
-                                       int64_t oc) {
+static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_MKI(rows_8_body)(
+    int set, int64_t cw, int64_t nq, int64_t c, const TL_T *const *a, const TL_T *b,
+    int64_t ldb, TL_T *const *out, int64_t oc) {
     if (cw == TL_VL && nq == TL_VL) {
-        TL_MKI(rows_8_vv)(c, a, b, ldb, out, oc);
+        TL_MKI(rows_8_vv)(set, c, a, b, ldb, out, oc);
         return;
     }
     for (int64_t p = 0; p < c; p += 8) {
         if (oc == 0 && p + 8 < c) TL_PREFETCH_ROWS(a + p + 8, 8, nq * (int64_t)sizeof(TL_T));
         TL_T *o[8];
         for (int r = 0; r < 8; r++) o[r] = out[p + r] + oc;
-        TL_MKI(columns)(8, 0, cw, nq, 0, a + p, NULL, b, ldb, o, NULL, 0, 0);
+        TL_MKI(columns)(8, 0, set, cw, nq, 0, a + p, NULL, b, ldb, o, NULL, 0, 0);
     }
+}
+
+static TL_ISA_ATTR void TL_MKI(rows_8)(int64_t cw, int64_t nq, int64_t c, const TL_T *const *a,
+                                       const TL_T *b, int64_t ldb, TL_T *const *out,
+                                       int64_t oc) {
+    TL_MKI(rows_8_body)(0, cw, nq, c, a, b, ldb, out, oc);
+}
+
+static TL_ISA_ATTR void TL_MKI(rows_8_set)(int64_t cw, int64_t nq, int64_t c,
+                                           const TL_T *const *a, const TL_T *b, int64_t ldb,
+                                           TL_T *const *out, int64_t oc) {
+    TL_MKI(rows_8_body)(1, cw, nq, c, a, b, ldb, out, oc);
 }
 
 /* out[r][0:cw) += sum_q xr[q][c0 + r] * b[q][0:cw), for 8, 4 or 1 rows, asking
@@ -200,7 +216,7 @@ static TL_ISA_ATTR void TL_MKI(rows_8)(int64_t cw, int64_t nq, int64_t c, const 
     static TL_ISA_ATTR void TL_MKI(rows_t_##R)(                                           \
         int64_t cw, int64_t nq, int64_t c0, const TL_T *const *xr, const TL_T *const *b,  \
         TL_T *const *out, const TL_T *const *pf, int64_t npf, int64_t pf_byte) {          \
-        TL_MKI(columns)(R, 1, cw, nq, c0, xr, b, NULL, 0, out, pf, npf, pf_byte);         \
+        TL_MKI(columns)(R, 1, 0, cw, nq, c0, xr, b, NULL, 0, out, pf, npf, pf_byte);      \
     }
 TL_DEFINE_ROWS_T(8)
 TL_DEFINE_ROWS_T(4)
@@ -256,9 +272,19 @@ static TL_ISA_ATTR void TL_MKI(panel)(int64_t cw, int64_t nq, int64_t rows, cons
 }
 
 static const TL_MK(ops) TL_MKI(ops) = {
-    TL_ISA_NV * TL_VL, TL_ISA_NV8 * TL_VL, TL_MKI(rows_8),
-    TL_MKI(rows_4),   TL_MKI(rows_2),   TL_MKI(rows_1),   TL_MKI(rows_t_8),
-    TL_MKI(rows_t_4), TL_MKI(rows_t_1), TL_MKI(panel),
+    .block_cols = TL_ISA_NV * TL_VL,
+    .rows8_cols = TL_ISA_NV8 * TL_VL,
+    .rows_8 = TL_MKI(rows_8),
+    .rows_4 = TL_MKI(rows_4),
+    .rows_2 = TL_MKI(rows_2),
+    .rows_1 = TL_MKI(rows_1),
+    .rows_8_set = TL_MKI(rows_8_set),
+    .rows_4_set = TL_MKI(rows_4_set),
+    .rows_2_set = TL_MKI(rows_2_set),
+    .rows_t_8 = TL_MKI(rows_t_8),
+    .rows_t_4 = TL_MKI(rows_t_4),
+    .rows_t_1 = TL_MKI(rows_t_1),
+    .panel = TL_MKI(panel),
 };
 
 #undef TL_COLUMN_BLOCKS

@@ -425,6 +425,62 @@ static void test_conv(void) {
     free(offsets), free(pin), free(pout), free(nbr), free(out), free(in);
 }
 
+/* Maps whose output rows each have at most one neighbour (an inverse
+ * transposed map), where the forward writes each listed row once instead of
+ * adding to a zeroed one: against a double reference, the rows no kernel row
+ * lists zero although y starts as NaN bytes, and, against the same map with
+ * one row given a second neighbour (the adding path), bit for bit the same
+ * on every other row.  Widths: 8-row groups (16, 32), 4-row groups and
+ * scalar columns (37), several panels (300). */
+static void test_conv_single(void) {
+    current = "conv single";
+    const int64_t n_in = 40, n_out = 301, k = 8, ci = 6;
+    const int64_t widths[4] = {16, 32, 37, 300};
+    int32_t *nbr = xmalloc(sizeof(int32_t) * (size_t)(n_out * k));
+    for (int64_t o = 0; o < n_out; o++) {
+        for (int64_t n = 0; n < k; n++) nbr[o * k + n] = -1;
+        if (o % 7 != 3) nbr[o * k + (int64_t)rnd((uint32_t)k)] = (int32_t)rnd((uint32_t)n_in);
+    }
+    for (int wi = 0; wi < 4; wi++) {
+        const int64_t co = widths[wi];
+        float *x = xmalloc(sizeof(float) * (size_t)(n_in * ci));
+        float *w = xmalloc(sizeof(float) * (size_t)(k * ci * co));
+        float *y = xmalloc(sizeof(float) * (size_t)(n_out * co));
+        float *y2 = xmalloc(sizeof(float) * (size_t)(n_out * co));
+        for (int64_t i = 0; i < n_in * ci; i++) x[i] = rndf();
+        for (int64_t i = 0; i < k * ci * co; i++) w[i] = rndf();
+        tl_conv_desc d = {TL_F32, n_in, n_out, k, ci, co};
+        for (int variant = 0; variant < 6; variant++) {
+            tl_ctx ctx = make_ctx(1 + variant % 2, variant < 2   ? TL_SIMD_BASE
+                                                   : variant < 4 ? TL_SIMD_V3
+                                                                 : TL_SIMD_V4);
+            memset(y, 0xff, sizeof(float) * (size_t)(n_out * co));
+            CHECK(tl_implicit_gemm_forward(&ctx, &d, x, w, nbr, y) == TL_OK);
+            for (int64_t o = 0; o < n_out; o++)
+                for (int64_t b = 0; b < co; b++) {
+                    double want = 0;
+                    for (int64_t n = 0; n < k; n++) {
+                        const int32_t i = nbr[o * k + n];
+                        for (int64_t a = 0; i >= 0 && a < ci; a++)
+                            want += (double)x[i * ci + a] * w[(n * ci + a) * co + b];
+                    }
+                    CHECK(fabs(y[o * co + b] - want) < 1e-4);
+                }
+            /* Row 3 (unlisted) given a neighbour at kernel row 0: every tile
+             * holding it adds instead; the other rows must not change. */
+            nbr[3 * k] = 5;
+            memset(y2, 0xff, sizeof(float) * (size_t)(n_out * co));
+            CHECK(tl_implicit_gemm_forward(&ctx, &d, x, w, nbr, y2) == TL_OK);
+            nbr[3 * k] = -1;
+            for (int64_t o = 0; o < n_out; o++)
+                if (o != 3)
+                    CHECK(memcmp(y + o * co, y2 + o * co, sizeof(float) * (size_t)co) == 0);
+        }
+        free(x), free(w), free(y), free(y2);
+    }
+    free(nbr);
+}
+
 /* The row conversions at every level this CPU runs (vector bodies and their
  * tails) against the scalar ones, bit for bit: float bit patterns of every
  * kind (ties, subnormals, infinities, NaN; a NaN to fp16 need only stay a
@@ -1016,6 +1072,7 @@ int main(void) {
     test_kmaps();
     test_list_tile();
     test_conv();
+    test_conv_single();
     test_half_conversions();
     test_half_conv();
     test_pool();
