@@ -29,7 +29,9 @@ typedef struct TL_FN(tl_fwd_scratch) {
     TL_T **yr;          /* tile rows + 3 */
     TL_T *zero;         /* c_in zeros */
     TL_T *sink;         /* TL_TILE_COLS values, never read */
-    uint8_t *hit;       /* tile rows: listed once (tl_fwd_single) */
+    int64_t *lf;        /* k: first entries per kernel row (tl_list_tile_split) */
+    int32_t *zr;        /* tile rows: rows without a neighbour (the same) */
+    uint8_t *hit;       /* tile rows: listed yet (tl_fwd_single) */
 } TL_FN(tl_fwd_scratch);
 
 static int TL_FN(tl_fwd_scratch_init)(TL_FN(tl_fwd_scratch) *s, const tl_ctx *ctx,
@@ -47,8 +49,10 @@ static int TL_FN(tl_fwd_scratch_init)(TL_FN(tl_fwd_scratch) *s, const tl_ctx *ct
     s->yr = malloc(sizeof(TL_T *) * (size_t)(rows + 3));
     s->zero = calloc((size_t)(cin + TL_TILE_COLS), sizeof(TL_T));
     s->sink = s->zero ? s->zero + cin : NULL;
+    s->lf = malloc(sizeof(int64_t) * (size_t)k);
+    s->zr = malloc(sizeof(int32_t) * (size_t)rows);
     s->hit = malloc((size_t)rows);
-    return s->li && s->lr && s->lc && s->xr && s->yr && s->zero && s->hit;
+    return s->li && s->lr && s->lc && s->xr && s->yr && s->zero && s->lf && s->zr && s->hit;
 }
 
 static void TL_FN(tl_fwd_scratch_free)(TL_FN(tl_fwd_scratch) *s) {
@@ -58,11 +62,14 @@ static void TL_FN(tl_fwd_scratch_free)(TL_FN(tl_fwd_scratch) *s) {
     free(s->xr);
     free(s->yr);
     free(s->zero);
+    free(s->lf);
+    free(s->zr);
     free(s->hit);
 }
 
 /* Output rows out[0..R) (R = 4 or 2), columns [j, j + wb), += their listed
- * x rows times the c_in x wb panel (= where `set`, see tl_fwd_single). */
+ * x rows times the c_in x wb panel (= where `set`: rows listed for the first
+ * time, see tl_forward_tile). */
 static inline void TL_FN(tl_fwd_group)(TL_FN(tl_fwd_scratch) *s, int set, int R, int64_t wb,
                                        const TL_T *panel, const TL_T *const *xr,
                                        TL_T *const *yr, int64_t j) {
@@ -77,82 +84,119 @@ static inline void TL_FN(tl_fwd_group)(TL_FN(tl_fwd_scratch) *s, int set, int R,
         (set ? s->mk->rows_4_set : s->mk->rows_4)(wb, s->cin, xr, panel, wb, yr);
 }
 
-/* Whether the tile's m rows are each listed by at most one kernel row (the
- * inverse map of a transposed convolution whose stride is its kernel size, a
- * 1x1x1 map, the input gradient of such a strided one): then each listed
- * row's sums are written once instead of added to a zeroed row, and only the
- * rows no kernel row lists are zeroed (1.13-1.26x on the k2 s2 inverse maps,
- * whose output is read and written once where it was written three times).
- * Counts first, so a map with more pairs than rows costs nothing more. */
-static int TL_FN(tl_fwd_single)(TL_FN(tl_fwd_scratch) *s, int64_t k, int64_t m) {
+/* For a tile listed by tl_list_tile: whether each of its m rows is listed by
+ * at most one kernel row (the inverse map of a transposed convolution whose
+ * stride is its kernel size, a 1x1x1 map, the input gradient of such a
+ * strided one).  If so, every list becomes that kernel row's first entries
+ * (lf[n] = lc[n], lc[n] = 0, moved to the back of the slot as
+ * tl_list_tile_split leaves them) and the rows without any go to zr (*nz of
+ * them).  Counts first, so a map with more pairs than rows costs nothing
+ * more. */
+static int TL_FN(tl_fwd_single)(TL_FN(tl_fwd_scratch) *s, int64_t k, int64_t m, int64_t *nz) {
     int64_t listed = 0;
     for (int64_t n = 0; n < k; n++) listed += s->lc[n];
     if (listed > m) return 0;
-    memset(s->hit, 0, (size_t)m);
+    uint8_t *hit = s->hit;
+    memset(hit, 0, (size_t)m);
     for (int64_t n = 0; n < k; n++) {
         const int32_t *lr = s->lr + n * m;
         for (int64_t t = 0; t < s->lc[n]; t++) {
-            if (s->hit[lr[t]]) return 0;
-            s->hit[lr[t]] = 1;
+            if (hit[lr[t]]) return 0;
+            hit[lr[t]] = 1;
         }
+    }
+    int64_t z = 0;
+    for (int64_t r = 0; r < m; r++)
+        if (!hit[r]) s->zr[z++] = (int32_t)r;
+    *nz = z;
+    for (int64_t n = 0; n < k; n++) {
+        const int64_t c = s->lc[n];
+        memmove(s->li + n * m + m - c, s->li + n * m, sizeof(int32_t) * (size_t)c);
+        memmove(s->lr + n * m + m - c, s->lr + n * m, sizeof(int32_t) * (size_t)c);
+        s->lf[n] = c;
+        s->lc[n] = 0;
     }
     return 1;
 }
 
-/* One tile: output rows [o0, o0+m), columns [co0, co0+cw).  For each kernel
- * row the tile's neighbours are listed, then for each weight panel (see
- * tl_pack_panels) handled 4 output rows at a time.  Each output
- * element adds its kernel rows' products in kernel-row order, and within a
- * kernel row in input-channel order, whatever the tiling and the panel width,
- * so the result does not depend on the tile size, the thread count or the
- * instruction set's block width.  The listing also checks every entry is in
- * [-1, n_in) before any row it names is read (one pass over nbr instead of
- * two); returns 0, or 1 at the first entry that is not. */
-static int TL_FN(tl_forward_tile)(const tl_conv_desc *d, const TL_T *x, const TL_T *pw,
-                                  const tl_fwd_rel *rel, TL_T *y, int64_t o0, int64_t m,
-                                  int64_t co0, int64_t cw, TL_FN(tl_fwd_scratch) *s) {
-    const int64_t k = d->k, cin = d->c_in, cout = d->c_out, width = s->panel_cols;
+/* Kernel row n's c listed rows at li/lr + at: each group of rows += its x
+ * rows times the row's weight panels (= where `set`). */
+static void TL_FN(tl_fwd_rows)(const tl_conv_desc *d, const TL_T *x, const TL_T *pw, TL_T *y,
+                               int64_t o0, int64_t co0, int64_t cw, int64_t n, int64_t at,
+                               int64_t c, int set, TL_FN(tl_fwd_scratch) *s) {
+    const int64_t cin = d->c_in, cout = d->c_out, width = s->panel_cols;
     /* Groups of 8 rows on narrow tiles (see tl_mk_ops.rows8_cols), else 4. */
     const int narrow = cw <= s->mk->rows8_cols;
     const TL_T **xr = s->xr;
     TL_T **yr = s->yr;
-    if (rel->pairs)
-        tl_list_pairs(rel, o0, m, s->li, s->lr, s->lc);
-    else if ((int64_t)tl_list_tile(s->vec, rel->nbr, o0, m, k, s->li, s->lr, s->lc) > d->n_in)
-        return 1; /* below -1 wraps to above n_in */
-    const int set = TL_FN(tl_fwd_single)(s, k, m);
-    if (cw == cout && !set)
-        memset(y + o0 * cout, 0, sizeof(TL_T) * (size_t)(m * cout));
-    else
-        for (int64_t r = 0; r < m; r++)
-            if (!set || !s->hit[r])
-                memset(y + (o0 + r) * cout + co0, 0, sizeof(TL_T) * (size_t)cw);
-    for (int64_t n = 0; n < k; n++) {
-        int64_t c = s->lc[n];
-        if (c == 0) continue;
-        /* No x row is asked for here: the groups ask for the next group's
-         * rows as they run (rows_8, TL_RUN_GROUPS).  Asking for every listed
-         * row at once (hundreds per kernel row on a C = 16 tile) filled the
-         * core's miss buffers: without it, 0.96-1.23x on the Intel Xeon of
-         * round fifteen. */
-        tl_point_rows(s->vec, s->li + n * m, s->lr + n * m, c, x, cin * (int64_t)sizeof(TL_T),
-                      (void *)xr, y + o0 * cout + co0, cout * (int64_t)sizeof(TL_T), (void *)yr);
-        int64_t full;
-        const int64_t pad = tl_group_pad(c, &full);
-        for (; c < full + pad; c++) {
-            xr[c] = s->zero;
-            yr[c] = s->sink;
-        }
-        for (int64_t j = 0; j < cw; j += width) {
-            const int64_t wb = cw - j < width ? cw - j : width;
-            const TL_T *panel = pw + n * cin * cout + (co0 + j) * cin;
-#define TL_GROUP8(c8) (set ? s->mk->rows_8_set : s->mk->rows_8)(wb, cin, (c8), xr, panel, wb, yr, j)
+    /* No x row is asked for here: the groups ask for the next group's rows
+     * as they run (rows_8, TL_RUN_GROUPS).  Asking for every listed row at
+     * once (hundreds per kernel row on a C = 16 tile) filled the core's miss
+     * buffers: without it, 0.96-1.23x on the Intel Xeon of round fifteen. */
+    tl_point_rows(s->vec, s->li + at, s->lr + at, c, x, cin * (int64_t)sizeof(TL_T), (void *)xr,
+                  y + o0 * cout + co0, cout * (int64_t)sizeof(TL_T), (void *)yr);
+    int64_t full;
+    const int64_t pad = tl_group_pad(c, &full);
+    for (; c < full + pad; c++) {
+        xr[c] = s->zero;
+        yr[c] = s->sink;
+    }
+    for (int64_t j = 0; j < cw; j += width) {
+        const int64_t wb = cw - j < width ? cw - j : width;
+        const TL_T *panel = pw + n * cin * cout + (co0 + j) * cin;
+#define TL_GROUP8(c8) \
+    (set ? s->mk->rows_8_set : s->mk->rows_8)(wb, cin, (c8), xr, panel, wb, yr, j)
 #define TL_GROUP(p, R) TL_FN(tl_fwd_group)(s, set, (int)(R), wb, panel, xr + (p), yr + (p), j)
-            TL_RUN_GROUPS(full, pad, narrow, j == 0, xr, cin * (int64_t)sizeof(TL_T), TL_GROUP8,
-                          TL_GROUP);
+        TL_RUN_GROUPS(full, pad, narrow, j == 0, xr, cin * (int64_t)sizeof(TL_T), TL_GROUP8,
+                      TL_GROUP);
 #undef TL_GROUP
 #undef TL_GROUP8
-        }
+    }
+}
+
+/* One tile: output rows [o0, o0+m), columns [co0, co0+cw).  For each kernel
+ * row the tile's neighbours are listed, then for each weight panel (see
+ * tl_pack_panels) handled 4 or 8 output rows at a time.  Each output
+ * element adds its kernel rows' products in kernel-row order, and within a
+ * kernel row in input-channel order, whatever the tiling and the panel width,
+ * so the result does not depend on the tile size, the thread count or the
+ * instruction set's block width.  From a table, each row's first kernel row
+ * writes its sums (plus zero) instead of adding them to a zeroed row: the
+ * same bits, without zeroing the tile first or reading the row back (only
+ * rows with no neighbour are zeroed); 1.05-1.24x on k2 s2 inverse maps,
+ * whose rows have one neighbour each.  The listing also checks every entry
+ * is in [-1, n_in) before any row it names is read (one pass over nbr instead
+ * of two); returns 0, or 1 at the first entry that is not. */
+static int TL_FN(tl_forward_tile)(const tl_conv_desc *d, const TL_T *x, const TL_T *pw,
+                                  const tl_fwd_rel *rel, TL_T *y, int64_t o0, int64_t m,
+                                  int64_t co0, int64_t cw, TL_FN(tl_fwd_scratch) *s) {
+    const int64_t k = d->k, cout = d->c_out;
+    /* Narrow tiles split only where no row has two neighbours (tl_fwd_single):
+     * there a kernel row's groups are cheap enough that running its first
+     * entries and its others as two sets of groups, and the split listing,
+     * cost more than they save (0.87-0.96x at C = 16-32 on the LiDAR scan). */
+    const int split = !rel->pairs && cw > s->mk->rows8_cols;
+    int64_t nz = m; /* rows to zero: all of them, where there are no first entries */
+    if (rel->pairs) {
+        tl_list_pairs(rel, o0, m, s->li, s->lr, s->lc);
+    } else if ((int64_t)(split ? tl_list_tile_split(s->vec, rel->nbr, o0, m, k, s->li, s->lr,
+                                                    s->lc, s->lf, s->zr, &nz)
+                               : tl_list_tile(s->vec, rel->nbr, o0, m, k, s->li, s->lr, s->lc)) >
+               d->n_in) {
+        return 1; /* below -1 wraps to above n_in */
+    }
+    if (!split && !TL_FN(tl_fwd_single)(s, k, m, &nz))
+        memset(s->lf, 0, sizeof(int64_t) * (size_t)k);
+    if (nz == m && cw == cout)
+        memset(y + o0 * cout, 0, sizeof(TL_T) * (size_t)(m * cout));
+    else
+        for (int64_t r = 0; r < nz; r++)
+            memset(y + (o0 + (nz == m ? r : s->zr[r])) * cout + co0, 0,
+                   sizeof(TL_T) * (size_t)cw);
+    for (int64_t n = 0; n < k; n++) {
+        if (s->lf[n] > 0)
+            TL_FN(tl_fwd_rows)(d, x, pw, y, o0, co0, cw, n, n * m + m - s->lf[n], s->lf[n], 1, s);
+        if (s->lc[n] > 0) TL_FN(tl_fwd_rows)(d, x, pw, y, o0, co0, cw, n, n * m, s->lc[n], 0, s);
     }
     return 0;
 }

@@ -22,6 +22,17 @@
 uint32_t tl_list_tile(int vec, const int32_t *nbr, int64_t o0, int64_t m, int64_t k,
                       int32_t *idx, int32_t *rows, int64_t *cnt);
 
+/* tl_list_tile with each output row's first entry (its lowest kernel row)
+ * kept apart, so the forward can write the row there instead of zeroing it
+ * and adding: kernel row n's first entries, fc[n] of them, at
+ * idx/rows[n * m + m - fc[n] .. n * m + m) (the back of its slot, in no
+ * particular order), its other cnt[n] at the front as in tl_list_tile; the
+ * *nz rows with no entry at all in zr[0..*nz) (zr holds m).  A row's entries
+ * come one per kernel row, so the two lists never overlap.  Same return. */
+uint32_t tl_list_tile_split(int vec, const int32_t *nbr, int64_t o0, int64_t m, int64_t k,
+                            int32_t *idx, int32_t *rows, int64_t *cnt, int64_t *fc, int32_t *zr,
+                            int64_t *nz);
+
 /* The row pointers of c listed rows for the micro-kernels: xr[q] = x +
  * idx[q] * x_bytes and yr[q] = y + rows[q] * y_bytes (byte strides; idx[] and
  * rows[] >= 0, checked by the caller).  xr and yr are arrays of c pointers of

@@ -429,8 +429,8 @@ static void test_conv(void) {
  * transposed map), where the forward writes each listed row once instead of
  * adding to a zeroed one: against a double reference, the rows no kernel row
  * lists zero although y starts as NaN bytes, and, against the same map with
- * one row given a second neighbour (the adding path), bit for bit the same
- * on every other row.  Widths: 8-row groups (16, 32), 4-row groups and
+ * one row given a second neighbour (narrow tiles: the zeroing and adding
+ * path; wide ones: split lists), bit for bit the same on every other row.  Widths: 8-row groups (16, 32), 4-row groups and
  * scalar columns (37), several panels (300). */
 static void test_conv_single(void) {
     current = "conv single";
@@ -466,15 +466,24 @@ static void test_conv_single(void) {
                     }
                     CHECK(fabs(y[o * co + b] - want) < 1e-4);
                 }
-            /* Row 3 (unlisted) given a neighbour at kernel row 0: every tile
-             * holding it adds instead; the other rows must not change. */
-            nbr[3 * k] = 5;
+            /* Row 1 given a second neighbour: its tile lists a row twice, so
+             * it takes the path that zeroes and adds (narrow tiles) or
+             * splits its lists (wide ones); the other rows must not change. */
+            int64_t second = 0;
+            while (nbr[1 * k + second] >= 0) second++;
+            nbr[1 * k + second] = 5;
             memset(y2, 0xff, sizeof(float) * (size_t)(n_out * co));
             CHECK(tl_implicit_gemm_forward(&ctx, &d, x, w, nbr, y2) == TL_OK);
-            nbr[3 * k] = -1;
+            nbr[1 * k + second] = -1;
             for (int64_t o = 0; o < n_out; o++)
-                if (o != 3)
+                if (o != 1)
                     CHECK(memcmp(y + o * co, y2 + o * co, sizeof(float) * (size_t)co) == 0);
+            for (int64_t b = 0; b < co; b++) { /* and row 1 has both */
+                double want = 0;
+                for (int64_t a = 0; a < ci; a++)
+                    want += (double)x[5 * ci + a] * w[(second * ci + a) * co + b];
+                CHECK(fabs(y2[co + b] - y[co + b] - want) < 1e-4);
+            }
         }
         free(x), free(w), free(y), free(y2);
     }
@@ -891,7 +900,7 @@ static void test_list_tile(void) {
                 const int full = bad == 2;
                 int32_t *nbr = xmalloc(sizeof(int32_t) * (size_t)(n_out * k));
                 for (int64_t e = 0; e < n_out * k; e++)
-                    nbr[e] = full || rnd(3) == 0 ? (int32_t)rnd(1000) : -1;
+                    nbr[e] = full || (rnd(3) == 0 && (e / k) % 5 != 2) ? (int32_t)rnd(1000) : -1;
                 if (bad == 1) nbr[(o0 + m - 1) * k + k / 2] = -7; /* wraps above any count */
                 uint32_t want_worst = 0;
                 for (int64_t e = o0 * k; e < (o0 + m) * k; e++) {
@@ -901,6 +910,8 @@ static void test_list_tile(void) {
                 int32_t *idx = xmalloc(sizeof(int32_t) * (size_t)(m * k));
                 int32_t *rows = xmalloc(sizeof(int32_t) * (size_t)(m * k));
                 int64_t *cnt = xmalloc(sizeof(int64_t) * (size_t)k);
+                int64_t *fc = xmalloc(sizeof(int64_t) * (size_t)k), nz = 0;
+                int32_t *zr = xmalloc(sizeof(int32_t) * (size_t)m);
                 for (int vec = 0; vec < paths; vec++) {
                     CHECK(tl_list_tile(vec, nbr, o0, m, k, idx, rows, cnt) == want_worst);
                     if (bad == 1) continue;
@@ -914,11 +925,48 @@ static void test_list_tile(void) {
                         }
                         CHECK(c == cnt[n]);
                     }
+                    /* Split: each row's first entry at the back of its kernel
+                     * row's slot (any order), the rest in order at the front,
+                     * the rows with none in zr, in order. */
+                    CHECK(tl_list_tile_split(vec, nbr, o0, m, k, idx, rows, cnt, fc, zr, &nz) ==
+                          want_worst);
+                    int64_t z = 0;
+                    for (int64_t n = 0; n < k; n++) {
+                        int64_t c = 0, f = 0;
+                        for (int64_t r = 0; r < m; r++) {
+                            const int32_t e = nbr[(o0 + r) * k + n];
+                            if (e < 0) continue;
+                            int64_t lower = 0; /* entries of this row in kernel rows below n */
+                            for (int64_t p = 0; p < n; p++) lower += nbr[(o0 + r) * k + p] >= 0;
+                            if (lower > 0) {
+                                CHECK(c < cnt[n] && idx[n * m + c] == e && rows[n * m + c] == r);
+                                c++;
+                                continue;
+                            }
+                            int found = 0;
+                            for (int64_t q = m - fc[n]; q < m; q++)
+                                found |= rows[n * m + q] == r && idx[n * m + q] == e;
+                            CHECK(found);
+                            f++;
+                        }
+                        CHECK(c == cnt[n] && f == fc[n]);
+                    }
+                    for (int64_t r = 0; r < m; r++) {
+                        int none = 1;
+                        for (int64_t n = 0; n < k; n++) none &= nbr[(o0 + r) * k + n] < 0;
+                        if (none) {
+                            CHECK(z < nz && zr[z] == r);
+                            z++;
+                        }
+                    }
+                    CHECK(z == nz);
                 }
                 free(nbr);
                 free(idx);
                 free(rows);
                 free(cnt);
+                free(fc);
+                free(zr);
             }
 }
 
