@@ -430,8 +430,9 @@ static void test_conv(void) {
  * adding to a zeroed one: against a double reference, the rows no kernel row
  * lists zero although y starts as NaN bytes, and, against the same map with
  * one row given a second neighbour (narrow tiles: the zeroing and adding
- * path; wide ones: split lists), bit for bit the same on every other row.  Widths: 8-row groups (16, 32), 4-row groups and
- * scalar columns (37), several panels (300). */
+ * path; wide ones: split lists), bit for bit the same on every other row.
+ * Widths: 8-row groups (16, 32), 4-row groups and scalar columns (37),
+ * several panels (300). */
 static void test_conv_single(void) {
     current = "conv single";
     const int64_t n_in = 40, n_out = 301, k = 8, ci = 6;
