@@ -84,31 +84,11 @@ static inline void TL_FN(tl_fwd_group)(TL_FN(tl_fwd_scratch) *s, int set, int R,
         (set ? s->mk->rows_4_set : s->mk->rows_4)(wb, s->cin, xr, panel, wb, yr);
 }
 
-/* For a tile listed by tl_list_tile: whether each of its m rows is listed by
- * at most one kernel row (the inverse map of a transposed convolution whose
- * stride is its kernel size, a 1x1x1 map, the input gradient of such a
- * strided one).  If so, every list becomes that kernel row's first entries
- * (lf[n] = lc[n], lc[n] = 0, moved to the back of the slot as
- * tl_list_tile_split leaves them) and the rows without any go to zr (*nz of
- * them).  Counts first, so a map with more pairs than rows costs nothing
- * more. */
+/* tl_tile_single for a tile listed by tl_list_tile; if so, every list becomes
+ * that kernel row's first entries (lf[n] = lc[n], lc[n] = 0, moved to the
+ * back of the slot, where tl_list_tile_split leaves them). */
 static int TL_FN(tl_fwd_single)(TL_FN(tl_fwd_scratch) *s, int64_t k, int64_t m, int64_t *nz) {
-    int64_t listed = 0;
-    for (int64_t n = 0; n < k; n++) listed += s->lc[n];
-    if (listed > m) return 0;
-    uint8_t *hit = s->hit;
-    memset(hit, 0, (size_t)m);
-    for (int64_t n = 0; n < k; n++) {
-        const int32_t *lr = s->lr + n * m;
-        for (int64_t t = 0; t < s->lc[n]; t++) {
-            if (hit[lr[t]]) return 0;
-            hit[lr[t]] = 1;
-        }
-    }
-    int64_t z = 0;
-    for (int64_t r = 0; r < m; r++)
-        if (!hit[r]) s->zr[z++] = (int32_t)r;
-    *nz = z;
+    if (!tl_tile_single(s->lr, s->lc, k, m, s->hit, s->zr, nz)) return 0;
     for (int64_t n = 0; n < k; n++) {
         const int64_t c = s->lc[n];
         memmove(s->li + n * m + m - c, s->li + n * m, sizeof(int32_t) * (size_t)c);

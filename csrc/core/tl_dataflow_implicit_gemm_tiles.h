@@ -220,6 +220,33 @@ static inline int64_t tl_group_pad(int64_t c, int64_t *full) {
     return c - *full == 3 ? 4 : (c - *full + 1) / 2 * 2;
 }
 
+/* Whether each of a tile's m rows is listed by at most one kernel row
+ * (tl_list_tile's rows and cnt for k kernel rows): the inverse map of a
+ * transposed convolution whose stride is its kernel size, a 1x1x1 map, the
+ * input gradient of such a strided one.  Then the forwards write each listed
+ * row's sums once instead of adding them to a zeroed row, and zero only the
+ * *nz rows no kernel row lists, which go to zr (hit: m bytes of scratch).
+ * Counts first, so a map with more pairs than rows costs nothing more. */
+static inline int tl_tile_single(const int32_t *rows, const int64_t *cnt, int64_t k, int64_t m,
+                                 uint8_t *hit, int32_t *zr, int64_t *nz) {
+    int64_t listed = 0;
+    for (int64_t n = 0; n < k; n++) listed += cnt[n];
+    if (listed > m) return 0;
+    memset(hit, 0, (size_t)m);
+    for (int64_t n = 0; n < k; n++) {
+        const int32_t *lr = rows + n * m;
+        for (int64_t t = 0; t < cnt[n]; t++) {
+            if (hit[lr[t]]) return 0;
+            hit[lr[t]] = 1;
+        }
+    }
+    int64_t z = 0;
+    for (int64_t r = 0; r < m; r++)
+        if (!hit[r]) zr[z++] = (int32_t)r;
+    *nz = z;
+    return 1;
+}
+
 /* Runs the groups of rows [0, FULL + PAD) (tl_group_pad): where EIGHT
  * (narrow tiles), the groups of 8 first, all in one GROUP8(c8) call (c8 =
  * FULL / 8 * 8 rows: rows_8, which asks for its next group's rows itself);

@@ -184,26 +184,27 @@ static inline __attribute__((always_inline)) TL_TARGET_AMX void tl_amx_pair(
     }
 }
 
-/* o[0:w) += src[0:w): one row of a stored tile's sums into its output. */
+/* o[0:w) += src[0:w): one row of a stored tile's sums into its output (where
+ * `set`, o = src + 0, what adding to a zeroed row gives, and o is not read). */
 static inline __attribute__((always_inline)) TL_TARGET_AMX void tl_amx_add_row(
-    int64_t w, const float *src, float *o) {
+    int set, int64_t w, const float *src, float *o) {
     for (int64_t v = 0; v < w; v += 16) {
         const int64_t left = w - v;
         const __mmask16 m = (__mmask16)(left >= 16 ? 0xffffu : (1u << left) - 1u);
-        const __m512 sum = _mm512_add_ps(_mm512_maskz_loadu_ps(m, o + v), _mm512_load_ps(src + v));
-        _mm512_mask_storeu_ps(o + v, m, sum);
+        const __m512 old = set ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m, o + v);
+        _mm512_mask_storeu_ps(o + v, m, _mm512_add_ps(old, _mm512_load_ps(src + v)));
     }
 }
 
 /* out[r][j + :w) += src[r * 64 + :w) for r < rows (a group's stored sums). */
 static inline __attribute__((always_inline)) TL_TARGET_AMX void tl_amx_add(
-    int64_t rows, int64_t w, const float *src, float *const *out, int64_t j) {
-    for (int64_t r = 0; r < rows; r++) tl_amx_add_row(w, src + r * 64, out[r] + j);
+    int set, int64_t rows, int64_t w, const float *src, float *const *out, int64_t j) {
+    for (int64_t r = 0; r < rows; r++) tl_amx_add_row(set, w, src + r * 64, out[r] + j);
 }
 
-TL_TARGET_AMX void tl_amx_rows(int64_t c, int64_t cin, int64_t co0, int64_t cw,
-                               const uint16_t *const *a, const uint16_t *pw_n,
-                               float *const *out, uint16_t *abuf, float *cbuf) {
+static inline __attribute__((always_inline)) TL_TARGET_AMX void tl_amx_rows_body(
+    int set, int64_t c, int64_t cin, int64_t co0, int64_t cw, const uint16_t *const *a,
+    const uint16_t *pw_n, float *const *out, uint16_t *abuf, float *cbuf) {
     const int64_t kp = tl_amx_depth(cin), blk = kp / 2 * 32;
     /* x rows kp values apart, 32 channels a step; weight blocks of kp / 2
      * pair rows of 64 bytes, 16 pair rows a step. */
@@ -221,8 +222,8 @@ TL_TARGET_AMX void tl_amx_rows(int64_t c, int64_t cin, int64_t co0, int64_t cw,
                 tl_amx_pair(2, &o, 16 * kp * 2, cbuf);
             else
                 tl_amx_pair(1, &o, 16 * kp * 2, cbuf);
-            tl_amx_add(16, w, cbuf, out + g, j);
-            tl_amx_add(rows, w, cbuf + 32, out + g + 16, j);
+            tl_amx_add(set, 16, w, cbuf, out + g, j);
+            tl_amx_add(set, rows, w, cbuf + 32, out + g + 16, j);
         }
     }
     if (g < c) { /* one group left */
@@ -232,9 +233,19 @@ TL_TARGET_AMX void tl_amx_rows(int64_t c, int64_t cin, int64_t co0, int64_t cw,
             const int64_t w = cw - j < 64 ? cw - j : 64;
             o.b = (const char *)(pw_n + (co0 + j) / 16 * blk);
             tl_amx_blocks_n((w + 15) / 16, &o, cbuf);
-            tl_amx_add(rows, w, cbuf, out + g, j);
+            tl_amx_add(set, rows, w, cbuf, out + g, j);
         }
     }
+}
+
+/* One body per `set`, so no output row tests it. */
+TL_TARGET_AMX void tl_amx_rows(int set, int64_t c, int64_t cin, int64_t co0, int64_t cw,
+                               const uint16_t *const *a, const uint16_t *pw_n,
+                               float *const *out, uint16_t *abuf, float *cbuf) {
+    if (set)
+        tl_amx_rows_body(1, c, cin, co0, cw, a, pw_n, out, abuf, cbuf);
+    else
+        tl_amx_rows_body(0, c, cin, co0, cw, a, pw_n, out, abuf, cbuf);
 }
 
 /* The 16 x 16 32-bit units r[t][c] stored transposed: dst[c * ld + t]. */
@@ -247,7 +258,7 @@ static inline __attribute__((always_inline)) TL_TARGET_AMX void tl_amx_transpose
 /* o[r * ldo + :w) += src[r * 64 + :w) for r < rows. */
 static inline __attribute__((always_inline)) TL_TARGET_AMX void tl_amx_add_rows(
     int64_t rows, int64_t w, const float *src, float *o, int64_t ldo) {
-    for (int64_t r = 0; r < rows; r++) tl_amx_add_row(w, src + r * 64, o + r * ldo);
+    for (int64_t r = 0; r < rows; r++) tl_amx_add_row(0, w, src + r * 64, o + r * ldo);
 }
 
 TL_TARGET_AMX void tl_amx_wgrad(int64_t c, int64_t cin, int64_t cout, const uint16_t *const *xq,

@@ -47,11 +47,13 @@ void tl_amx_stop(void);
 
 /* out[q][0:cw) += a[q] (c_in bfloat16 channels) times the columns
  * [co0, co0 + cw) of one kernel row's packed weights pw_n (tl_amx_pack;
- * co0 a multiple of 16), for q < c, two groups of 16 rows at a time.  abuf:
- * 32 x tl_amx_depth(c_in) bfloat16 values, cbuf: 16 x 64 floats, both
- * 64-byte aligned scratch. */
-void tl_amx_rows(int64_t c, int64_t cin, int64_t co0, int64_t cw, const uint16_t *const *a,
-                 const uint16_t *pw_n, float *const *out, uint16_t *abuf, float *cbuf);
+ * co0 a multiple of 16), for q < c, two groups of 16 rows at a time (where
+ * `set`, = the products plus zero: out is not read).  abuf: 32 x
+ * tl_amx_depth(c_in) bfloat16 values, cbuf: 16 x 64 floats, both 64-byte
+ * aligned scratch. */
+void tl_amx_rows(int set, int64_t c, int64_t cin, int64_t co0, int64_t cw,
+                 const uint16_t *const *a, const uint16_t *pw_n, float *const *out,
+                 uint16_t *abuf, float *cbuf);
 
 /* Scratch values tl_amx_wgrad needs for at most `pairs` pairs: its x tile
  * (uint32 units) and its dy tile (bfloat16 values), each 64-byte aligned. */

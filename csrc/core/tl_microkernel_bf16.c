@@ -89,7 +89,7 @@ static inline __attribute__((always_inline)) TL_TARGET_BF16 void tl_bf16_step(
  * registers (16 of the 32) over all channel pairs; each weight vector feeds R
  * dot products and each broadcast x pair NV. */
 static inline __attribute__((always_inline)) TL_TARGET_BF16 void tl_bf16_block(
-    int R, int NV, __mmask16 mask, int64_t j, int64_t cin, const uint16_t *const *a,
+    int set, int R, int NV, __mmask16 mask, int64_t j, int64_t cin, const uint16_t *const *a,
     const uint16_t *panel, int64_t wb, float *const *out) {
     __m512 acc[8][4];
     for (int r = 0; r < R; r++)
@@ -110,56 +110,61 @@ static inline __attribute__((always_inline)) TL_TARGET_BF16 void tl_bf16_block(
         for (int v = 0; v < NV; v++) {
             float *o = out[r] + j + 16 * v;
             const __mmask16 m = v == NV - 1 ? mask : 0xffff;
-            _mm512_mask_storeu_ps(o, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, o), acc[r][v]));
+            /* set: the sums plus zero, what adding them to a zeroed row gives */
+            const __m512 old = set ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m, o);
+            _mm512_mask_storeu_ps(o, m, _mm512_add_ps(old, acc[r][v]));
         }
 }
 
 /* All cw columns: blocks of 4 vectors, then 2, then 1, then one partial. */
 static inline __attribute__((always_inline)) TL_TARGET_BF16 void tl_bf16_columns(
-    int R, int64_t cw, int64_t cin, const uint16_t *const *a, const uint16_t *panel,
+    int set, int R, int64_t cw, int64_t cin, const uint16_t *const *a, const uint16_t *panel,
     float *const *out) {
     int64_t j = 0, vecs = cw / 16;
-    for (; vecs >= 4; vecs -= 4, j += 64) tl_bf16_block(R, 4, 0xffff, j, cin, a, panel, cw, out);
+    for (; vecs >= 4; vecs -= 4, j += 64)
+        tl_bf16_block(set, R, 4, 0xffff, j, cin, a, panel, cw, out);
     if (vecs >= 2) {
-        tl_bf16_block(R, 2, 0xffff, j, cin, a, panel, cw, out);
+        tl_bf16_block(set, R, 2, 0xffff, j, cin, a, panel, cw, out);
         vecs -= 2;
         j += 32;
     }
     if (vecs) {
-        tl_bf16_block(R, 1, 0xffff, j, cin, a, panel, cw, out);
+        tl_bf16_block(set, R, 1, 0xffff, j, cin, a, panel, cw, out);
         j += 16;
     }
     if (j < cw)
-        tl_bf16_block(R, 1, (__mmask16)((1u << (cw - j)) - 1u), j, cin, a, panel, cw, out);
+        tl_bf16_block(set, R, 1, (__mmask16)((1u << (cw - j)) - 1u), j, cin, a, panel, cw, out);
 }
 
 /* 8 rows x at most 2 vectors (16 accumulators): narrow layers, where 4 rows of
  * one or two vectors leave the dot products' latency exposed. */
 static inline __attribute__((always_inline)) TL_TARGET_BF16 void tl_bf16_group_8(
-    int64_t cw, int64_t cin, const uint16_t *const *a, const uint16_t *panel, float *const *out) {
+    int set, int64_t cw, int64_t cin, const uint16_t *const *a, const uint16_t *panel,
+    float *const *out) {
     int64_t j = 0, vecs = cw / 16;
     if (vecs >= 2) {
-        tl_bf16_block(8, 2, 0xffff, j, cin, a, panel, cw, out);
+        tl_bf16_block(set, 8, 2, 0xffff, j, cin, a, panel, cw, out);
         vecs -= 2;
         j += 32;
     }
     if (vecs) {
-        tl_bf16_block(8, 1, 0xffff, j, cin, a, panel, cw, out);
+        tl_bf16_block(set, 8, 1, 0xffff, j, cin, a, panel, cw, out);
         j += 16;
     }
     if (j < cw)
-        tl_bf16_block(8, 1, (__mmask16)((1u << (cw - j)) - 1u), j, cin, a, panel, cw, out);
+        tl_bf16_block(set, 8, 1, (__mmask16)((1u << (cw - j)) - 1u), j, cin, a, panel, cw, out);
 }
 
-static TL_TARGET_BF16 void tl_bf16_rows_4(int64_t cw, int64_t cin, const uint16_t *const *a,
-                                          const uint16_t *panel, float *const *out) {
-    tl_bf16_columns(4, cw, cin, a, panel, out);
-}
-
-static TL_TARGET_BF16 void tl_bf16_rows_2(int64_t cw, int64_t cin, const uint16_t *const *a,
-                                          const uint16_t *panel, float *const *out) {
-    tl_bf16_columns(2, cw, cin, a, panel, out);
-}
+#define TL_BF16_ROWS(NAME, R, SET)                                                          \
+    static TL_TARGET_BF16 void NAME(int64_t cw, int64_t cin, const uint16_t *const *a,        \
+                                    const uint16_t *panel, float *const *out) {               \
+        tl_bf16_columns(SET, R, cw, cin, a, panel, out);                                      \
+    }
+TL_BF16_ROWS(tl_bf16_rows_4, 4, 0)
+TL_BF16_ROWS(tl_bf16_rows_2, 2, 0)
+TL_BF16_ROWS(tl_bf16_rows_4_set, 4, 1)
+TL_BF16_ROWS(tl_bf16_rows_2_set, 2, 1)
+#undef TL_BF16_ROWS
 
 /* One weight-gradient block: input channels 4s..4s+3 (rows < valid
  * written) x NV vectors of 16 columns from column j, over all tp pair pairs;
@@ -211,21 +216,33 @@ TL_TARGET_BF16 void tl_bf16_wgrad_panel(int64_t cin, int64_t cout, int64_t tp,
                              out, ldo);
 }
 
-void tl_bf16_rows(int R, int64_t cw, int64_t cin, const uint16_t *const *a,
+/* One body per (R, set), so no output vector tests `set`. */
+void tl_bf16_rows(int set, int R, int64_t cw, int64_t cin, const uint16_t *const *a,
                   const uint16_t *panel, float *const *out) {
     if (R == 4)
-        tl_bf16_rows_4(cw, cin, a, panel, out);
+        (set ? tl_bf16_rows_4_set : tl_bf16_rows_4)(cw, cin, a, panel, out);
     else
-        tl_bf16_rows_2(cw, cin, a, panel, out);
+        (set ? tl_bf16_rows_2_set : tl_bf16_rows_2)(cw, cin, a, panel, out);
 }
 
-TL_TARGET_BF16 void tl_bf16_rows_8(int64_t cw, int64_t cin, int64_t c, const uint16_t *const *a,
-                                   const uint16_t *panel, float *const *out, int64_t oc) {
+static inline __attribute__((always_inline)) TL_TARGET_BF16 void tl_bf16_rows_8_body(
+    int set, int64_t cw, int64_t cin, int64_t c, const uint16_t *const *a,
+    const uint16_t *panel, float *const *out, int64_t oc) {
     for (int64_t p = 0; p < c; p += 8) {
         if (oc == 0 && p + 8 < c) TL_PREFETCH_ROWS(a + p + 8, 8, cin * 2);
         float *o[8];
         for (int r = 0; r < 8; r++) o[r] = out[p + r] + oc;
-        tl_bf16_group_8(cw, cin, a + p, panel, o);
+        tl_bf16_group_8(set, cw, cin, a + p, panel, o);
     }
+}
+
+/* One body per `set`, as tl_bf16_rows. */
+TL_TARGET_BF16 void tl_bf16_rows_8(int set, int64_t cw, int64_t cin, int64_t c,
+                                   const uint16_t *const *a, const uint16_t *panel,
+                                   float *const *out, int64_t oc) {
+    if (set)
+        tl_bf16_rows_8_body(1, cw, cin, c, a, panel, out, oc);
+    else
+        tl_bf16_rows_8_body(0, cw, cin, c, a, panel, out, oc);
 }
 #endif

@@ -33,15 +33,16 @@ void tl_bf16_interleave(const uint16_t *a, const uint16_t *b, int64_t n, int64_t
 
 /* out[r][0:cw) += sum_c a[r][c] * w(c, 0:cw) for r < R (4 or 2), where
  * a[r] is a bfloat16 row of cin channels and w one packed panel of cw
- * columns.  Only on CPUs of level TL_SIMD_V4_BF16. */
-void tl_bf16_rows(int R, int64_t cw, int64_t cin, const uint16_t *const *a,
+ * columns (where `set`, = the sum plus zero: out is not read).  Only on CPUs
+ * of level TL_SIMD_V4_BF16. */
+void tl_bf16_rows(int set, int R, int64_t cw, int64_t cin, const uint16_t *const *a,
                   const uint16_t *panel, float *const *out);
 
 /* The same for the c rows a[0..c) (a multiple of 8), 8 per pass, into
  * out[p] + oc (cw at most 32): a narrow tile's full groups of one kernel
  * row in one call.  Where oc = 0 each group asks for the next group's x
  * rows. */
-void tl_bf16_rows_8(int64_t cw, int64_t cin, int64_t c, const uint16_t *const *a,
+void tl_bf16_rows_8(int set, int64_t cw, int64_t cin, int64_t c, const uint16_t *const *a,
                     const uint16_t *panel, float *const *out, int64_t oc);
 
 /* The weight gradient over c pairs (x row xq[q], dy row dq[q]) runs the dot

@@ -425,72 +425,6 @@ static void test_conv(void) {
     free(offsets), free(pin), free(pout), free(nbr), free(out), free(in);
 }
 
-/* Maps whose output rows each have at most one neighbour (an inverse
- * transposed map), where the forward writes each listed row once instead of
- * adding to a zeroed one: against a double reference, the rows no kernel row
- * lists zero although y starts as NaN bytes, and, against the same map with
- * one row given a second neighbour (narrow tiles: the zeroing and adding
- * path; wide ones: split lists), bit for bit the same on every other row.
- * Widths: 8-row groups (16, 32), 4-row groups and scalar columns (37),
- * several panels (300). */
-static void test_conv_single(void) {
-    current = "conv single";
-    const int64_t n_in = 40, n_out = 301, k = 8, ci = 6;
-    const int64_t widths[4] = {16, 32, 37, 300};
-    int32_t *nbr = xmalloc(sizeof(int32_t) * (size_t)(n_out * k));
-    for (int64_t o = 0; o < n_out; o++) {
-        for (int64_t n = 0; n < k; n++) nbr[o * k + n] = -1;
-        if (o % 7 != 3) nbr[o * k + (int64_t)rnd((uint32_t)k)] = (int32_t)rnd((uint32_t)n_in);
-    }
-    for (int wi = 0; wi < 4; wi++) {
-        const int64_t co = widths[wi];
-        float *x = xmalloc(sizeof(float) * (size_t)(n_in * ci));
-        float *w = xmalloc(sizeof(float) * (size_t)(k * ci * co));
-        float *y = xmalloc(sizeof(float) * (size_t)(n_out * co));
-        float *y2 = xmalloc(sizeof(float) * (size_t)(n_out * co));
-        for (int64_t i = 0; i < n_in * ci; i++) x[i] = rndf();
-        for (int64_t i = 0; i < k * ci * co; i++) w[i] = rndf();
-        tl_conv_desc d = {TL_F32, n_in, n_out, k, ci, co};
-        for (int variant = 0; variant < 6; variant++) {
-            tl_ctx ctx = make_ctx(1 + variant % 2, variant < 2   ? TL_SIMD_BASE
-                                                   : variant < 4 ? TL_SIMD_V3
-                                                                 : TL_SIMD_V4);
-            memset(y, 0xff, sizeof(float) * (size_t)(n_out * co));
-            CHECK(tl_implicit_gemm_forward(&ctx, &d, x, w, nbr, y) == TL_OK);
-            for (int64_t o = 0; o < n_out; o++)
-                for (int64_t b = 0; b < co; b++) {
-                    double want = 0;
-                    for (int64_t n = 0; n < k; n++) {
-                        const int32_t i = nbr[o * k + n];
-                        for (int64_t a = 0; i >= 0 && a < ci; a++)
-                            want += (double)x[i * ci + a] * w[(n * ci + a) * co + b];
-                    }
-                    CHECK(fabs(y[o * co + b] - want) < 1e-4);
-                }
-            /* Row 1 given a second neighbour: its tile lists a row twice, so
-             * it takes the path that zeroes and adds (narrow tiles) or
-             * splits its lists (wide ones); the other rows must not change. */
-            int64_t second = 0;
-            while (nbr[1 * k + second] >= 0) second++;
-            nbr[1 * k + second] = 5;
-            memset(y2, 0xff, sizeof(float) * (size_t)(n_out * co));
-            CHECK(tl_implicit_gemm_forward(&ctx, &d, x, w, nbr, y2) == TL_OK);
-            nbr[1 * k + second] = -1;
-            for (int64_t o = 0; o < n_out; o++)
-                if (o != 1)
-                    CHECK(memcmp(y + o * co, y2 + o * co, sizeof(float) * (size_t)co) == 0);
-            for (int64_t b = 0; b < co; b++) { /* and row 1 has both */
-                double want = 0;
-                for (int64_t a = 0; a < ci; a++)
-                    want += (double)x[5 * ci + a] * w[(second * ci + a) * co + b];
-                CHECK(fabs(y2[co + b] - y[co + b] - want) < 1e-4);
-            }
-        }
-        free(x), free(w), free(y), free(y2);
-    }
-    free(nbr);
-}
-
 /* The row conversions at every level this CPU runs (vector bodies and their
  * tails) against the scalar ones, bit for bit: float bit patterns of every
  * kind (ties, subnormals, infinities, NaN; a NaN to fp16 need only stay a
@@ -652,6 +586,104 @@ static void test_half_conv(void) {
     current = "half conv";
     test_half_conv_shape(19, 37);
     test_half_conv_shape(27, 37);
+}
+
+/* Maps whose output rows each have at most one neighbour (an inverse
+ * transposed map), where the forward writes each listed row once instead of
+ * adding to a zeroed one: against a double reference, the rows no kernel row
+ * lists zero although y starts as NaN bytes, and, against the same map with
+ * one row given a second neighbour (narrow tiles: the zeroing and adding
+ * path; wide ones: split lists), bit for bit the same on every other row.
+ * Widths: 8-row groups (16, 32), 4-row groups and scalar columns (37),
+ * several panels (300). */
+static void test_conv_single(void) {
+    current = "conv single";
+    const int64_t n_in = 40, n_out = 301, k = 8, ci = 6;
+    const int64_t widths[4] = {16, 32, 37, 300};
+    int32_t *nbr = xmalloc(sizeof(int32_t) * (size_t)(n_out * k));
+    for (int64_t o = 0; o < n_out; o++) {
+        for (int64_t n = 0; n < k; n++) nbr[o * k + n] = -1;
+        if (o % 7 != 3) nbr[o * k + (int64_t)rnd((uint32_t)k)] = (int32_t)rnd((uint32_t)n_in);
+    }
+    for (int wi = 0; wi < 4; wi++) {
+        const int64_t co = widths[wi];
+        float *x = xmalloc(sizeof(float) * (size_t)(n_in * ci));
+        float *w = xmalloc(sizeof(float) * (size_t)(k * ci * co));
+        float *y = xmalloc(sizeof(float) * (size_t)(n_out * co));
+        float *y2 = xmalloc(sizeof(float) * (size_t)(n_out * co));
+        for (int64_t i = 0; i < n_in * ci; i++) x[i] = rndf();
+        for (int64_t i = 0; i < k * ci * co; i++) w[i] = rndf();
+        tl_conv_desc d = {TL_F32, n_in, n_out, k, ci, co};
+        for (int variant = 0; variant < 6; variant++) {
+            tl_ctx ctx = make_ctx(1 + variant % 2, variant < 2   ? TL_SIMD_BASE
+                                                   : variant < 4 ? TL_SIMD_V3
+                                                                 : TL_SIMD_V4);
+            memset(y, 0xff, sizeof(float) * (size_t)(n_out * co));
+            CHECK(tl_implicit_gemm_forward(&ctx, &d, x, w, nbr, y) == TL_OK);
+            for (int64_t o = 0; o < n_out; o++)
+                for (int64_t b = 0; b < co; b++) {
+                    double want = 0;
+                    for (int64_t n = 0; n < k; n++) {
+                        const int32_t i = nbr[o * k + n];
+                        for (int64_t a = 0; i >= 0 && a < ci; a++)
+                            want += (double)x[i * ci + a] * w[(n * ci + a) * co + b];
+                    }
+                    CHECK(fabs(y[o * co + b] - want) < 1e-4);
+                }
+            /* Row 1 given a second neighbour: its tile lists a row twice, so
+             * it takes the path that zeroes and adds (narrow tiles) or
+             * splits its lists (wide ones); the other rows must not change. */
+            int64_t second = 0;
+            while (nbr[1 * k + second] >= 0) second++;
+            nbr[1 * k + second] = 5;
+            memset(y2, 0xff, sizeof(float) * (size_t)(n_out * co));
+            CHECK(tl_implicit_gemm_forward(&ctx, &d, x, w, nbr, y2) == TL_OK);
+            nbr[1 * k + second] = -1;
+            for (int64_t o = 0; o < n_out; o++)
+                if (o != 1)
+                    CHECK(memcmp(y + o * co, y2 + o * co, sizeof(float) * (size_t)co) == 0);
+            for (int64_t b = 0; b < co; b++) { /* and row 1 has both */
+                double want = 0;
+                for (int64_t a = 0; a < ci; a++)
+                    want += (double)x[5 * ci + a] * w[(second * ci + a) * co + b];
+                CHECK(fabs(y2[co + b] - y[co + b] - want) < 1e-4);
+            }
+        }
+        /* The half forwards (AMX tiles, dot products, float staging) on the
+         * same map: within one rounding of the half type, unlisted rows 0. */
+        uint16_t *xh = xmalloc(sizeof(uint16_t) * (size_t)(n_in * ci));
+        uint16_t *wh = xmalloc(sizeof(uint16_t) * (size_t)(k * ci * co));
+        uint16_t *yh = xmalloc(sizeof(uint16_t) * (size_t)(n_out * co));
+        const int levels[5] = {TL_SIMD_V4_AMX, TL_SIMD_V4_BF16, TL_SIMD_V4, TL_SIMD_V3,
+                               TL_SIMD_BASE};
+        for (int bf = 0; bf < 2; bf++) {
+            const tl_dtype type = bf ? TL_BF16 : TL_F16;
+            const double unit = bf ? 0x1p-8 : 0x1p-11;
+            for (int64_t i = 0; i < n_in * ci; i++) xh[i] = half_of(type, x[i]);
+            for (int64_t i = 0; i < k * ci * co; i++) wh[i] = half_of(type, w[i]);
+            tl_conv_desc dh = {type, n_in, n_out, k, ci, co};
+            for (int v = 0; v < 5; v++) {
+                tl_ctx ctx = make_ctx(1 + v % 2, levels[v]);
+                memset(yh, 0xff, sizeof(uint16_t) * (size_t)(n_out * co));
+                CHECK(tl_implicit_gemm_forward(&ctx, &dh, xh, wh, nbr, yh) == TL_OK);
+                for (int64_t o = 0; o < n_out; o++)
+                    for (int64_t b = 0; b < co; b++) {
+                        double want = 0;
+                        for (int64_t n = 0; n < k; n++) {
+                            const int32_t i = nbr[o * k + n];
+                            for (int64_t a = 0; i >= 0 && a < ci; a++)
+                                want += half_value(type, xh[i * ci + a]) *
+                                        half_value(type, wh[(n * ci + a) * co + b]);
+                        }
+                        CHECK(fabs(half_value(type, yh[o * co + b]) - want) <=
+                              unit * fabs(want) + 1e-5);
+                    }
+            }
+        }
+        free(xh), free(wh), free(yh);
+        free(x), free(w), free(y), free(y2);
+    }
+    free(nbr);
 }
 
 /* ---- pooling --------------------------------------------------------------- */
