@@ -596,6 +596,21 @@ static void test_half_conv(void) {
  * path; wide ones: split lists), bit for bit the same on every other row.
  * Widths: 8-row groups (16, 32), 4-row groups and scalar columns (37),
  * several panels (300). */
+/* ref = the convolution of x by w over the table nbr, in double. */
+static void single_ref(const int32_t *nbr, int64_t n_out, int64_t k, int64_t ci, int64_t co,
+                       const double *x, const double *w, double *ref) {
+    for (int64_t o = 0; o < n_out; o++)
+        for (int64_t b = 0; b < co; b++) {
+            double want = 0;
+            for (int64_t n = 0; n < k; n++) {
+                const int32_t i = nbr[o * k + n];
+                for (int64_t a = 0; i >= 0 && a < ci; a++)
+                    want += x[i * ci + a] * w[(n * ci + a) * co + b];
+            }
+            ref[o * co + b] = want;
+        }
+}
+
 static void test_conv_single(void) {
     current = "conv single";
     const int64_t n_in = 40, n_out = 301, k = 8, ci = 6;
@@ -613,6 +628,12 @@ static void test_conv_single(void) {
         float *y2 = xmalloc(sizeof(float) * (size_t)(n_out * co));
         for (int64_t i = 0; i < n_in * ci; i++) x[i] = rndf();
         for (int64_t i = 0; i < k * ci * co; i++) w[i] = rndf();
+        double *xd = xmalloc(sizeof(double) * (size_t)(n_in * ci));
+        double *wd = xmalloc(sizeof(double) * (size_t)(k * ci * co));
+        double *ref = xmalloc(sizeof(double) * (size_t)(n_out * co));
+        for (int64_t i = 0; i < n_in * ci; i++) xd[i] = x[i];
+        for (int64_t i = 0; i < k * ci * co; i++) wd[i] = w[i];
+        single_ref(nbr, n_out, k, ci, co, xd, wd, ref);
         tl_conv_desc d = {TL_F32, n_in, n_out, k, ci, co};
         for (int variant = 0; variant < 6; variant++) {
             tl_ctx ctx = make_ctx(1 + variant % 2, variant < 2   ? TL_SIMD_BASE
@@ -620,16 +641,7 @@ static void test_conv_single(void) {
                                                                  : TL_SIMD_V4);
             memset(y, 0xff, sizeof(float) * (size_t)(n_out * co));
             CHECK(tl_implicit_gemm_forward(&ctx, &d, x, w, nbr, y) == TL_OK);
-            for (int64_t o = 0; o < n_out; o++)
-                for (int64_t b = 0; b < co; b++) {
-                    double want = 0;
-                    for (int64_t n = 0; n < k; n++) {
-                        const int32_t i = nbr[o * k + n];
-                        for (int64_t a = 0; i >= 0 && a < ci; a++)
-                            want += (double)x[i * ci + a] * w[(n * ci + a) * co + b];
-                    }
-                    CHECK(fabs(y[o * co + b] - want) < 1e-4);
-                }
+            for (int64_t e = 0; e < n_out * co; e++) CHECK(fabs(y[e] - ref[e]) < 1e-4);
             /* Row 1 given a second neighbour: its tile lists a row twice, so
              * it takes the path that zeroes and adds (narrow tiles) or
              * splits its lists (wide ones); the other rows must not change. */
@@ -661,26 +673,19 @@ static void test_conv_single(void) {
             const double unit = bf ? 0x1p-8 : 0x1p-11;
             for (int64_t i = 0; i < n_in * ci; i++) xh[i] = half_of(type, x[i]);
             for (int64_t i = 0; i < k * ci * co; i++) wh[i] = half_of(type, w[i]);
+            for (int64_t i = 0; i < n_in * ci; i++) xd[i] = half_value(type, xh[i]);
+            for (int64_t i = 0; i < k * ci * co; i++) wd[i] = half_value(type, wh[i]);
+            single_ref(nbr, n_out, k, ci, co, xd, wd, ref);
             tl_conv_desc dh = {type, n_in, n_out, k, ci, co};
             for (int v = 0; v < 5; v++) {
                 tl_ctx ctx = make_ctx(1 + v % 2, levels[v]);
                 memset(yh, 0xff, sizeof(uint16_t) * (size_t)(n_out * co));
                 CHECK(tl_implicit_gemm_forward(&ctx, &dh, xh, wh, nbr, yh) == TL_OK);
-                for (int64_t o = 0; o < n_out; o++)
-                    for (int64_t b = 0; b < co; b++) {
-                        double want = 0;
-                        for (int64_t n = 0; n < k; n++) {
-                            const int32_t i = nbr[o * k + n];
-                            for (int64_t a = 0; i >= 0 && a < ci; a++)
-                                want += half_value(type, xh[i * ci + a]) *
-                                        half_value(type, wh[(n * ci + a) * co + b]);
-                        }
-                        CHECK(fabs(half_value(type, yh[o * co + b]) - want) <=
-                              unit * fabs(want) + 1e-5);
-                    }
+                for (int64_t e = 0; e < n_out * co; e++)
+                    CHECK(fabs(half_value(type, yh[e]) - ref[e]) <= unit * fabs(ref[e]) + 1e-5);
             }
         }
-        free(xh), free(wh), free(yh);
+        free(xh), free(wh), free(yh), free(xd), free(wd), free(ref);
         free(x), free(w), free(y), free(y2);
     }
     free(nbr);
