@@ -140,11 +140,12 @@ static void TL_FN(tl_fwd_rows)(const tl_conv_desc *d, const TL_T *x, const TL_T 
  * element adds its kernel rows' products in kernel-row order, and within a
  * kernel row in input-channel order, whatever the tiling and the panel width,
  * so the result does not depend on the tile size, the thread count or the
- * instruction set's block width.  From a table, each row's first kernel row
- * writes its sums (plus zero) instead of adding them to a zeroed row: the
- * same bits, without zeroing the tile first or reading the row back (only
- * rows with no neighbour are zeroed); 1.05-1.24x on k2 s2 inverse maps,
- * whose rows have one neighbour each.  The listing also checks every entry
+ * instruction set's block width.  Each row's first kernel row writes its
+ * sums (plus zero) instead of adding them to a zeroed row: the same bits,
+ * without zeroing the tile first or reading the row back (only rows with no
+ * neighbour are zeroed); on tiles listed from a table wider than rows8_cols,
+ * and on the others where no row has two neighbours.  1.05-1.24x on k2 s2
+ * inverse maps, whose rows have one neighbour each.  The listing also checks every entry
  * is in [-1, n_in) before any row it names is read (one pass over nbr instead
  * of two); returns 0, or 1 at the first entry that is not. */
 static int TL_FN(tl_forward_tile)(const tl_conv_desc *d, const TL_T *x, const TL_T *pw,

@@ -69,8 +69,8 @@ typedef struct TL_MK(ops) {
 } TL_MK(ops);
 
 /* Values per packed x row of the weight gradient (tl_mk_ops.panel): `rows`
- * input channels zero-padded to a multiple of 4, one register-blocked strip
- * each. */
+ * input channels zero-padded to a multiple of 4, so register-blocked strips
+ * of 4, 6 or 8 of them cover it (tl_mk_panel_strips). */
 static inline int64_t TL_MK(packed_ld)(int64_t rows) { return (rows + 3) / 4 * 4; }
 
 /* Strips of r input channels (r = 4, 6 or 8) that the weight gradient's

@@ -10,8 +10,9 @@
  * over the whole reduction, so each loaded weight or gradient vector feeds 4
  * FMAs and outputs are read and written once per block instead of once per
  * channel.  The shape is per instruction set because the register files
- * differ: AVX-512 has 32 vector registers (16 accumulators of 64 bytes fit),
- * AVX2 and SSE2 have 16 (8 accumulators of 32 or 16 bytes).  The vector type
+ * differ: AVX-512 has 32 vector registers (16 accumulators of 64 bytes fit,
+ * 24 in the weight gradient's panel: TL_ISA_WG_ROWS), AVX2 and SSE2 have 16
+ * (8 accumulators of 32 or 16 bytes).  The vector type
  * is GCC's generic vector extension at the target's register width (a wider
  * one would be split through memory) or narrower, for leftover columns. */
 #if !defined(TL_T) || !defined(TL_ISA)
