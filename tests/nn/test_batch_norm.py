@@ -25,7 +25,8 @@ TOL_DX = {**TOL, torch.float32: 1e-4}
 TOL_PARAM = {**{t: 1e-6 for t in TOL}, torch.float64: 1e-10}
 # (rows, channels): two rows, an odd width, rows past one chunk of 64, a width past a
 # 16 KiB block of half rows (4096 floats), more rows than 256 chunks of 64.
-SHAPES = [(2, 3), (65, 37), (1000, 64), (7, 4100), (20000, 8)]
+# 32 and 64 channels also take the passes' fixed-width loops (tl_norm_impl.h).
+SHAPES = [(2, 3), (65, 37), (300, 32), (1000, 64), (7, 4100), (20000, 8)]
 ISAS = ["avx512", "avx2", "baseline"]
 
 
@@ -165,10 +166,11 @@ def test_options_match_torch(kwargs: dict, training: bool) -> None:
 def test_every_instruction_set(isa: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TORCH_LATTICE_CPU_ISA", isa)
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
-        ours, ref = _pair(37, True)
-        y, yr, dx, dxr = _run(ours, ref, _features(1000, 37, dtype), True)
-        _close(y, yr, TOL[dtype], f"{isa} {dtype} output")
-        _close(dx, dxr, TOL_DX[dtype], f"{isa} {dtype} input gradient")
+        for c in (37, 32):
+            ours, ref = _pair(c, True)
+            y, yr, dx, dxr = _run(ours, ref, _features(1000, c, dtype), True)
+            _close(y, yr, TOL[dtype], f"{isa} {dtype} C={c} output")
+            _close(dx, dxr, TOL_DX[dtype], f"{isa} {dtype} C={c} input gradient")
 
 
 def test_results_do_not_depend_on_threads() -> None:
