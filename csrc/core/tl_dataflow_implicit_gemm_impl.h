@@ -31,7 +31,7 @@ typedef struct TL_FN(tl_fwd_scratch) {
     TL_T *sink;         /* TL_TILE_COLS values, never read */
     int64_t *lf;        /* k: first entries per kernel row (tl_list_tile_split) */
     int32_t *zr;        /* tile rows: rows without a neighbour (the same) */
-    uint8_t *hit;       /* tile rows: listed yet (tl_fwd_single) */
+    uint8_t *hit;       /* tile rows: scratch of tl_tile_single */
 } TL_FN(tl_fwd_scratch);
 
 static int TL_FN(tl_fwd_scratch_init)(TL_FN(tl_fwd_scratch) *s, const tl_ctx *ctx,
@@ -84,21 +84,6 @@ static inline void TL_FN(tl_fwd_group)(TL_FN(tl_fwd_scratch) *s, int set, int R,
         (set ? s->mk->rows_4_set : s->mk->rows_4)(wb, s->cin, xr, panel, wb, yr);
 }
 
-/* tl_tile_single for a tile listed by tl_list_tile; if so, every list becomes
- * that kernel row's first entries (lf[n] = lc[n], lc[n] = 0, moved to the
- * back of the slot, where tl_list_tile_split leaves them). */
-static int TL_FN(tl_fwd_single)(TL_FN(tl_fwd_scratch) *s, int64_t k, int64_t m, int64_t *nz) {
-    if (!tl_tile_single(s->lr, s->lc, k, m, s->hit, s->zr, nz)) return 0;
-    for (int64_t n = 0; n < k; n++) {
-        const int64_t c = s->lc[n];
-        memmove(s->li + n * m + m - c, s->li + n * m, sizeof(int32_t) * (size_t)c);
-        memmove(s->lr + n * m + m - c, s->lr + n * m, sizeof(int32_t) * (size_t)c);
-        s->lf[n] = c;
-        s->lc[n] = 0;
-    }
-    return 1;
-}
-
 /* Kernel row n's c listed rows at li/lr + at: each group of rows += its x
  * rows times the row's weight panels (= where `set`). */
 static void TL_FN(tl_fwd_rows)(const tl_conv_desc *d, const TL_T *x, const TL_T *pw, TL_T *y,
@@ -145,19 +130,19 @@ static void TL_FN(tl_fwd_rows)(const tl_conv_desc *d, const TL_T *x, const TL_T 
  * without zeroing the tile first or reading the row back (only rows with no
  * neighbour are zeroed); on tiles listed from a table wider than rows8_cols,
  * and on the others where no row has two neighbours.  1.05-1.24x on k2 s2
- * inverse maps, whose rows have one neighbour each.  The listing also checks every entry
- * is in [-1, n_in) before any row it names is read (one pass over nbr instead
- * of two); returns 0, or 1 at the first entry that is not. */
+ * inverse maps, whose rows have one neighbour each.  The listing also checks
+ * every entry is in [-1, n_in) before any row it names is read (one pass over
+ * nbr instead of two); returns 0, or 1 at the first entry that is not. */
 static int TL_FN(tl_forward_tile)(const tl_conv_desc *d, const TL_T *x, const TL_T *pw,
                                   const tl_fwd_rel *rel, TL_T *y, int64_t o0, int64_t m,
                                   int64_t co0, int64_t cw, TL_FN(tl_fwd_scratch) *s) {
     const int64_t k = d->k, cout = d->c_out;
-    /* Narrow tiles split only where no row has two neighbours (tl_fwd_single):
+    /* Narrow tiles split only where no row has two neighbours (tl_tile_single):
      * there a kernel row's groups are cheap enough that running its first
      * entries and its others as two sets of groups, and the split listing,
      * cost more than they save (0.87-0.96x at C = 16-32 on the LiDAR scan). */
     const int split = !rel->pairs && cw > s->mk->rows8_cols;
-    int64_t nz = m; /* rows to zero: all of them, where there are no first entries */
+    int64_t nz = 0; /* rows to zero, in zr, where first entries are written */
     if (rel->pairs) {
         tl_list_pairs(rel, o0, m, s->li, s->lr, s->lc);
     } else if ((int64_t)(split ? tl_list_tile_split(s->vec, rel->nbr, o0, m, k, s->li, s->lr,
@@ -166,18 +151,21 @@ static int TL_FN(tl_forward_tile)(const tl_conv_desc *d, const TL_T *x, const TL
                d->n_in) {
         return 1; /* below -1 wraps to above n_in */
     }
-    if (!split && !TL_FN(tl_fwd_single)(s, k, m, &nz))
-        memset(s->lf, 0, sizeof(int64_t) * (size_t)k);
-    if (nz == m && cw == cout)
+    /* single: every entry of the unsplit lists is its row's first */
+    const int single = !split && tl_tile_single(s->lr, s->lc, k, m, s->hit, s->zr, &nz);
+    if (!split && !single && cw == cout)
         memset(y + o0 * cout, 0, sizeof(TL_T) * (size_t)(m * cout));
+    else if (!split && !single)
+        for (int64_t r = 0; r < m; r++)
+            memset(y + (o0 + r) * cout + co0, 0, sizeof(TL_T) * (size_t)cw);
     else
         for (int64_t r = 0; r < nz; r++)
-            memset(y + (o0 + (nz == m ? r : s->zr[r])) * cout + co0, 0,
-                   sizeof(TL_T) * (size_t)cw);
+            memset(y + (o0 + s->zr[r]) * cout + co0, 0, sizeof(TL_T) * (size_t)cw);
     for (int64_t n = 0; n < k; n++) {
-        if (s->lf[n] > 0)
-            TL_FN(tl_fwd_rows)(d, x, pw, y, o0, co0, cw, n, n * m + m - s->lf[n], s->lf[n], 1, s);
-        if (s->lc[n] > 0) TL_FN(tl_fwd_rows)(d, x, pw, y, o0, co0, cw, n, n * m, s->lc[n], 0, s);
+        const int64_t f = split ? s->lf[n] : 0;
+        if (f > 0) TL_FN(tl_fwd_rows)(d, x, pw, y, o0, co0, cw, n, n * m + m - f, f, 1, s);
+        if (s->lc[n] > 0)
+            TL_FN(tl_fwd_rows)(d, x, pw, y, o0, co0, cw, n, n * m, s->lc[n], single, s);
     }
     return 0;
 }

@@ -106,28 +106,12 @@ static TL_TARGET_V4 uint32_t tl_list_v4_split(const int32_t *nbr, int64_t o0, in
 
 /* Branch-free: whether an entry is present is close to random on sparse
  * scenes, so a branch would be mispredicted often (an absent entry is
- * written past the list's end and then overwritten). */
-static uint32_t tl_list_scalar(const int32_t *nbr, int64_t o0, int64_t m, int64_t k,
-                               int32_t *idx, int32_t *rows, int64_t *cnt) {
-    uint32_t most = 0;
-    for (int64_t r = 0; r < m; r++)
-        for (int64_t n = 0; n < k; n++) {
-            const int32_t e = nbr[(o0 + r) * k + n];
-            const uint32_t u = (uint32_t)e + 1u;
-            most = u > most ? u : most;
-            const int64_t at = n * m + cnt[n];
-            idx[at] = e;
-            rows[at] = (int32_t)r;
-            cnt[n] += e >= 0;
-        }
-    return most;
-}
-
-/* tl_list_scalar with each row's first entry at the back of its kernel row's
- * slot (descending), and the rows without any entry in zr. */
-static uint32_t tl_list_scalar_split(const int32_t *nbr, int64_t o0, int64_t m, int64_t k,
-                                     int32_t *idx, int32_t *rows, int64_t *cnt, int64_t *fc,
-                                     int32_t *zr, int64_t *nz) {
+ * written past the list's end and then overwritten).  Where `split`, each
+ * row's first entry goes to the back of its kernel row's slot (descending)
+ * and the rows without any entry to zr. */
+static inline __attribute__((always_inline)) uint32_t tl_list_scalar_body(
+    int split, const int32_t *nbr, int64_t o0, int64_t m, int64_t k, int32_t *idx,
+    int32_t *rows, int64_t *cnt, int64_t *fc, int32_t *zr, int64_t *nz) {
     uint32_t most = 0;
     for (int64_t r = 0; r < m; r++) {
         int seen = 0;
@@ -135,17 +119,17 @@ static uint32_t tl_list_scalar_split(const int32_t *nbr, int64_t o0, int64_t m, 
             const int32_t e = nbr[(o0 + r) * k + n];
             const uint32_t u = (uint32_t)e + 1u;
             most = u > most ? u : most;
-            const int here = e >= 0, fst = here && !seen;
+            const int here = e >= 0, fst = split && here && !seen;
             /* rows before r filled at most r of the slot's m places, so the
              * absent entry's write lands between the two lists */
             const int64_t at = fst ? n * m + m - 1 - fc[n] : n * m + cnt[n];
             idx[at] = e;
             rows[at] = (int32_t)r;
             cnt[n] += here && !fst;
-            fc[n] += fst;
+            if (split) fc[n] += fst;
             seen |= here;
         }
-        if (!seen) zr[(*nz)++] = (int32_t)r;
+        if (split && !seen) zr[(*nz)++] = (int32_t)r;
     }
     return most;
 }
@@ -162,7 +146,7 @@ uint32_t tl_list_tile_split(int vec, const int32_t *nbr, int64_t o0, int64_t m, 
 #else
     (void)vec;
 #endif
-    return tl_list_scalar_split(nbr, o0, m, k, idx, rows, cnt, fc, zr, nz);
+    return tl_list_scalar_body(1, nbr, o0, m, k, idx, rows, cnt, fc, zr, nz);
 }
 
 uint32_t tl_list_tile(int vec, const int32_t *nbr, int64_t o0, int64_t m, int64_t k,
@@ -173,7 +157,7 @@ uint32_t tl_list_tile(int vec, const int32_t *nbr, int64_t o0, int64_t m, int64_
 #else
     (void)vec;
 #endif
-    return tl_list_scalar(nbr, o0, m, k, idx, rows, cnt);
+    return tl_list_scalar_body(0, nbr, o0, m, k, idx, rows, cnt, NULL, NULL, NULL);
 }
 
 #if TL_SIMD_X86

@@ -15,8 +15,8 @@
  * for on the way, as in TL_BLOCK_PFN).  Where `set` (forward only), the sums
  * replace out instead (out = sum + 0, bit for bit what adding them to a
  * zeroed out gives, -0 included), so out is not read.  Always inlined with
- * constant R, NV, transposed and set, so acc[][] lives in registers.  TL_BLOCK_PFN is the same
- * update over packed panels (below). */
+ * constant R, NV, transposed and set, so acc[][] lives in registers.
+ * TL_BLOCK_PFN is the same update over packed panels (below). */
 #if !defined(TL_BLOCK_FN) || !defined(TL_BLOCK_PFN) || !defined(TL_BLOCK_BYTES)
 #error "define TL_BLOCK_FN, TL_BLOCK_PFN, TL_BLOCK_VEC, TL_BLOCK_BYTES and TL_BLOCK_NV first"
 #endif

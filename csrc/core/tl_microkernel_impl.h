@@ -37,9 +37,8 @@ typedef struct TL_MK(ops) {
                    TL_T *const *out);
     /* rows_8, rows_4 and rows_2 that replace out[r][0:cw) by the sums (plus
      * zero, so bit for bit what adding to zeroed rows gives) instead of
-     * adding to it: the forward's tiles where every output row has at most
-     * one neighbour (see tl_forward_tile), whose rows are then neither
-     * zeroed first nor read. */
+     * adding to it: the forward's rows listed for the first time (see
+     * tl_forward_tile), which are then neither zeroed first nor read. */
     void (*rows_8_set)(int64_t cw, int64_t nq, int64_t c, const TL_T *const *a, const TL_T *b,
                        int64_t ldb, TL_T *const *out, int64_t oc);
     void (*rows_4_set)(int64_t cw, int64_t nq, const TL_T *const *a, const TL_T *b,
@@ -186,8 +185,9 @@ __attribute__((unused)) static void TL_MK(rows)(const TL_MK(ops) *mk, int64_t cw
  * core, before the forward's prefetch changes of round fifteen).  Where cin
  * is a multiple of 8, eight from the start leaves no 4-row pass at the end
  * (C = 32: 8 + 8 + 8 + 8 instead of 4 + 8 + 8 + 8 + 4): 1.01-1.23x at
- * C = 8-32 on every map on the Intel Xeon of round fifteen.  Each element still adds its pairs in
- * pair order, so the passes' widths do not change the sums.  Pass s asks for
+ * C = 8-32 on every map on the Intel Xeon of round fifteen.  Each element
+ * still adds its pairs in pair order, so the passes' widths do not change
+ * the sums.  Pass s asks for
  * cache line s of each row pf[q], q < npf (the x rows the caller reads next;
  * npf = 0 for none), so that rows from memory arrive while this one
  * computes; not below 32 output columns, where a pass has too few
