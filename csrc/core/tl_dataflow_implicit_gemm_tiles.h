@@ -43,6 +43,14 @@
 /* Bytes of weights a forward panel holds (see tl_pack_panels): about
  * half of a 32 KiB L1, leaving room for the x and y rows of a group. */
 #define TL_PANEL_BYTES (16 * 1024)
+/* Input channels per pass of a forward group over its weight panel: wider
+ * layers run the panel in blocks of this many rows, adding each block's sums
+ * to the output rows in turn, so the block (64 columns x 128 channels of
+ * fp32, 32 KiB) stays in L1 while a group's rows pass it; a whole panel of
+ * C_in = 256 (64 KiB) was read from L2 for every group (1.06-1.10x at
+ * C = 256).  A constant, not a function of the instruction set's panel width,
+ * so every instruction set adds the same partial sums. */
+#define TL_FWD_CIN_BLOCK 128
 
 /* Output columns per forward weight panel: all of them when the kernel row's
  * weights fit in TL_PANEL_BYTES (and one column tile); otherwise the widest

@@ -691,6 +691,56 @@ static void test_conv_single(void) {
     free(nbr);
 }
 
+/* Forwards with more input channels than one L1 weight panel holds
+ * (TL_FWD_CIN_BLOCK): each kernel row's sums run over the input channels in
+ * blocks added to the row one after another.  Against a double reference,
+ * and bit for bit the same at every thread count and FMA instruction set
+ * (AVX2 and AVX-512 cut the output columns differently, never the input
+ * channels); c_out = 130 gives every tile several panels, whose x rows must
+ * start again at channel 0. */
+static void test_conv_wide_cin(void) {
+    current = "conv wide c_in";
+    const int64_t n_in = 50, n_out = 70, k = 27;
+    const int64_t shapes[3][2] = {{129, 130}, {300, 17}, {256, 64}};
+    int32_t *nbr = xmalloc(sizeof(int32_t) * (size_t)(n_out * k));
+    for (int64_t e = 0; e < n_out * k; e++)
+        nbr[e] = rnd(5) < 2 ? (int32_t)rnd((uint32_t)n_in) : -1;
+    for (int si = 0; si < 3; si++) {
+        const int64_t ci = shapes[si][0], co = shapes[si][1];
+        float *x = xmalloc(sizeof(float) * (size_t)(n_in * ci));
+        float *w = xmalloc(sizeof(float) * (size_t)(k * ci * co));
+        float *y = xmalloc(sizeof(float) * (size_t)(n_out * co));
+        float *y4 = xmalloc(sizeof(float) * (size_t)(n_out * co));
+        double *ref = xmalloc(sizeof(double) * (size_t)(n_out * co));
+        for (int64_t i = 0; i < n_in * ci; i++) x[i] = rndf();
+        for (int64_t i = 0; i < k * ci * co; i++) w[i] = rndf();
+        for (int64_t o = 0; o < n_out; o++)
+            for (int64_t b = 0; b < co; b++) {
+                double want = 0;
+                for (int64_t n = 0; n < k; n++) {
+                    const int32_t i = nbr[o * k + n];
+                    for (int64_t a = 0; i >= 0 && a < ci; a++)
+                        want += (double)x[i * ci + a] * w[(n * ci + a) * co + b];
+                }
+                ref[o * co + b] = want;
+            }
+        tl_conv_desc d = {TL_F32, n_in, n_out, k, ci, co};
+        const int levels[3] = {TL_SIMD_V4, TL_SIMD_V3, TL_SIMD_BASE};
+        for (int v = 0; v < 6; v++) {
+            tl_ctx ctx = make_ctx(1 + v % 2, levels[v / 2]);
+            float *out = v == 0 ? y4 : y;
+            memset(out, 0xff, sizeof(float) * (size_t)(n_out * co));
+            CHECK(tl_implicit_gemm_forward(&ctx, &d, x, w, nbr, out) == TL_OK);
+            for (int64_t e = 0; e < n_out * co; e++)
+                CHECK(fabs(out[e] - ref[e]) < 1e-3 * (1 + fabs(ref[e])));
+            if (v > 0 && v < 4)
+                CHECK(memcmp(y, y4, sizeof(float) * (size_t)(n_out * co)) == 0);
+        }
+        free(x), free(w), free(y), free(y4), free(ref);
+    }
+    free(nbr);
+}
+
 /* ---- pooling --------------------------------------------------------------- */
 
 static void test_pool(void) {
@@ -1159,6 +1209,7 @@ int main(void) {
     test_list_tile();
     test_conv();
     test_conv_single();
+    test_conv_wide_cin();
     test_half_conversions();
     test_half_conv();
     test_pool();
