@@ -8,7 +8,7 @@
 #include "tl_simd.h"
 
 /* Input channels from which the weight gradient packs each kernel row's x
- * rows (tl_wgrad_pack + the panel micro-kernel) instead of reading them in
+ * rows (packed by the panel micro-kernel) instead of reading them in
  * place (tl_mk_outer_acc): from C_in = 64, and from TL_WGRAD_PACK_WIDE_MIN_CIN
  * where C_out is wider than outer_acc's 8-channel passes take (rows8_cols).
  * Since the x rows are copied whole (round nine), packing runs 1.0-1.26x the

@@ -230,8 +230,8 @@ static tl_status TL_FN(tl_forward)(const tl_ctx *ctx, const tl_conv_desc *d, con
 
 /* Scratch of one weight-gradient worker: the x and dy row pointers of a
  * block's pairs through one kernel row and through the next (up to
- * TL_WGRAD_PAIRS each), and the x rows of one kernel row's pairs packed
- * (TL_WGRAD_PAIRS rows of c_in rounded up to 4). */
+ * TL_WGRAD_PAIRS each), and the packed x rows of one chunk of the panel's
+ * pairs (tl_mk_panel_pairs rows of c_in rounded up to 4). */
 typedef struct TL_FN(tl_wgrad_scratch) {
     const TL_FN(tl_mk_ops) *mk;
     const TL_T *xq[2][TL_WGRAD_PAIRS], *dq[2][TL_WGRAD_PAIRS]; /* slot n % 2: kernel row n */
@@ -257,34 +257,6 @@ static int64_t TL_FN(tl_wgrad_pairs_run)(const tl_conv_desc *d, const tl_pairs *
     }
     s->cur[n] = j0 + c;
     return c;
-}
-
-/* Packs the c listed pairs' x rows xq[] into s->xp, one after another, each
- * zero-padded to a multiple of 4 values (the layout of tl_mk_ops.panel), so
- * the micro-kernel's broadcasts read at a fixed stride, with no pointer
- * load per pair, while the dy rows are read in place.  Whole rows: strips of
- * 4 input channels side by side (before round nine) stored 16 bytes into
- * each of c_in / 4 places per pair and waited on the stores (0.97-1.11x at
- * C >= 64).  The x rows are gathered from anywhere in x, so each is asked
- * for TL_WGRAD_AHEAD pairs ahead (1.0-1.3x; most on strided maps). */
-static void TL_FN(tl_wgrad_pack)(const tl_conv_desc *d, int64_t c, const TL_T *const *xq,
-                                 TL_FN(tl_wgrad_scratch) *s) {
-    const int64_t cin = d->c_in, ldx = TL_FN(tl_mk_packed_ld)(cin);
-    const int64_t row_bytes = cin * (int64_t)sizeof(TL_T);
-    for (int64_t q = 0; q < c; q++) {
-        if (q + TL_WGRAD_AHEAD < c)
-            for (int64_t b = 0; b < row_bytes; b += 64)
-                __builtin_prefetch((const char *)xq[q + TL_WGRAD_AHEAD] + b);
-        /* In 64-byte pieces the compiler inlines: memcpy's call and size
-         * dispatch per row of 256 bytes cost 1.0-1.05x at C = 64. */
-        TL_T *xs = s->xp + q * ldx;
-        const char *src = (const char *)xq[q];
-        char *dst = (char *)xs;
-        int64_t b = 0;
-        for (; b + 64 <= row_bytes; b += 64) memcpy(dst + b, src + b, 64);
-        if (b < row_bytes) memcpy(dst + b, src + b, (size_t)(row_bytes - b));
-        for (int64_t r = cin; r < ldx; r++) xs[r] = 0;
-    }
 }
 
 /* Kernel row n's pairs of the block [b0, b1) into xq[], dq[]: from pair
@@ -335,8 +307,14 @@ static int TL_FN(tl_wgrad_rows)(const tl_conv_desc *d, const TL_T *x, const TL_T
                                                                        s->dq[(n + 1) % 2])
                                             : 0;
             if (c > 0 && packs) {
-                TL_FN(tl_wgrad_pack)(d, c, xq, s);
-                s->mk->panel(d->c_out, c, d->c_in, s->xp, dq, acc + n * mat, d->c_out, xn,
+                /* The pairs' x rows packed one after another a chunk at a
+                 * time (tl_mk_ops.panel), so the panel's broadcasts read at a
+                 * fixed stride, with no pointer load per pair, while the dy
+                 * rows are read in place.  Whole rows: strips of 4 input
+                 * channels side by side (before round nine) stored 16 bytes
+                 * into each of c_in / 4 places per pair and waited on the
+                 * stores (0.97-1.11x at C >= 64). */
+                s->mk->panel(d->c_out, c, d->c_in, xq, s->xp, dq, acc + n * mat, d->c_out, xn,
                              next);
             } else if (c > 0) {
                 TL_FN(tl_mk_outer_acc)(s->mk, d->c_in, d->c_out, c, xq, dq, acc + n * mat, xn,
@@ -354,7 +332,7 @@ static tl_status TL_FN(tl_weight_grad)(const tl_ctx *ctx, const tl_conv_desc *d,
                                        const tl_pairs *p, TL_T *dw) {
     const int64_t mat = d->c_in * d->c_out, all = d->k * mat;
     const tl_wgrad_split split = tl_wgrad_split_of(d);
-    const int64_t parts = split.parts;
+    const int64_t parts = split.parts, ldx = TL_FN(tl_mk_packed_ld)(d->c_in);
     TL_T *partial = dw;
     if (parts > 1) {
         partial = tl_mem_aligned(sizeof(TL_T) * (size_t)(parts * all));
@@ -365,7 +343,7 @@ static tl_status TL_FN(tl_weight_grad)(const tl_ctx *ctx, const tl_conv_desc *d,
     {
         TL_FN(tl_wgrad_scratch) s;
         s.mk = TL_FN(tl_mk_pick)(ctx);
-        s.xp = malloc(sizeof(TL_T) * (size_t)(TL_WGRAD_PAIRS * TL_FN(tl_mk_packed_ld)(d->c_in)));
+        s.xp = malloc(sizeof(TL_T) * (size_t)(TL_FN(tl_mk_panel_pairs)(ldx) * ldx));
         s.cur = p ? malloc(sizeof(int64_t) * (size_t)d->k) : NULL;
         /* Pair lists need no listing. */
         const int vec = tl_simd_vector_capped(ctx->simd_cap) >= TL_SIMD_V4;

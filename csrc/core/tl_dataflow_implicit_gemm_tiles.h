@@ -118,8 +118,6 @@ static inline int64_t tl_fwd_tile_rows(const tl_ctx *ctx, const tl_conv_desc *d,
  * sparse map gets more pairs per pass (1.0-1.1x at C <= 64, unchanged wider;
  * a part has at least TL_WGRAD_MIN_ROWS rows, so one block or more). */
 #define TL_WGRAD_PAIRS 1024
-/* Pairs ahead that the weight gradient asks for an x row while packing. */
-#define TL_WGRAD_AHEAD 8
 /* The weight gradient's tasks (see TL_WGRAD_PARTS): `parts` output-row parts
  * of rows_per rows, each cut into `groups` groups of kernel rows (so large
  * layers, with few parts, still give every thread work; groups write disjoint

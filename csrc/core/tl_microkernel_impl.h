@@ -56,13 +56,15 @@ typedef struct TL_MK(ops) {
     void (*rows_t_1)(int64_t cw, int64_t nq, int64_t c0, const TL_T *const *xr,
                      const TL_T *const *b, TL_T *const *out, const TL_T *const *pf,
                      int64_t npf, int64_t pf_byte);
-    /* Weight gradient over the packed x rows of nq pairs:
-     *   out[c * ldo + j] += sum_q xp[q * ldx + c] * dq[q][j],  c < rows, j < cw,
-     * ldx = packed_ld(rows) (each packed row zero-padded past rows);
-     * dq[q]: the pair's dy row (from the block's first column).  While it
-     * runs it asks for each row pf[q], q < npf, of `rows` values (the next
-     * kernel row's x rows, which the weight gradient packs next). */
-    void (*panel)(int64_t cw, int64_t nq, int64_t rows, const TL_T *xp,
+    /* Weight gradient over the x rows of nq pairs:
+     *   out[c * ldo + j] += sum_q x_q[c] * dq[q][j],  c < rows, j < cw,
+     * x_q = xq[q] (rows values), packed a chunk of pairs at a time into the
+     * scratch xp (packed_ld(rows) values per pair, zero-padded past rows,
+     * at least panel_pairs rows); or, xq NULL, x_q = xp + q * packed_ld(rows)
+     * already packed for all nq pairs.  dq[q]: the pair's dy row (from the
+     * block's first column).  While it runs it asks for each row pf[q],
+     * q < npf, of `rows` values (the next kernel row's x rows). */
+    void (*panel)(int64_t cw, int64_t nq, int64_t rows, const TL_T *const *xq, TL_T *xp,
                   const TL_T *const *dq, TL_T *out, int64_t ldo, const TL_T *const *pf,
                   int64_t npf);
 } TL_MK(ops);
@@ -71,6 +73,10 @@ typedef struct TL_MK(ops) {
  * input channels zero-padded to a multiple of 4, so register-blocked strips
  * of 4, 6 or 8 of them cover it (tl_mk_panel_strips). */
 static inline int64_t TL_MK(packed_ld)(int64_t rows) { return (rows + 3) / 4 * 4; }
+
+/* Pairs ahead that the panel asks for an x row while packing a chunk: the
+ * rows are gathered from anywhere in x (1.0-1.3x; most on strided maps). */
+#define TL_MK_PACK_AHEAD 8
 
 /* Strips of r input channels (r = 4, 6 or 8) that the weight gradient's
  * panel runs over a packed row of ldx values (a multiple of 4) before strips

@@ -224,8 +224,33 @@ TL_DEFINE_ROWS_T(4)
 TL_DEFINE_ROWS_T(1)
 #undef TL_DEFINE_ROWS_T
 
+/* Packs rows xq[0..nq) of `rows` values into xp, packed_ld(rows) apart and
+ * zero-padded (the panel's layout), in whole vectors of this set's width;
+ * rows up to xq[avail - 1] (avail >= nq) are asked for `ahead` rows before
+ * their turn. */
+static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_MKI(pack)(
+    int64_t nq, int64_t avail, int64_t rows, const TL_T *const *xq, TL_T *xp, int64_t ahead) {
+    const int64_t ldx = TL_MK(packed_ld)(rows), row_bytes = rows * (int64_t)sizeof(TL_T);
+    const int64_t vl = TL_ISA_VBYTES / (int64_t)sizeof(TL_T);
+    for (int64_t q = 0; q < nq; q++) {
+        if (q + ahead < avail)
+            for (int64_t b = 0; b < row_bytes; b += 64)
+                __builtin_prefetch((const char *)xq[q + ahead] + b);
+        const TL_T *src = xq[q];
+        TL_T *dst = xp + q * ldx;
+        int64_t r = 0;
+        for (; r + vl <= rows; r += vl) memcpy(dst + r, src + r, TL_ISA_VBYTES);
+        for (; r < rows; r++) dst[r] = src[r];
+        for (; r < ldx; r++) dst[r] = 0;
+    }
+}
+
 /* One kernel row of the weight gradient over packed x rows (see tl_mk_ops),
- * in chunks of pairs (tl_mk_panel_pairs): for each chunk, for each block of
+ * in chunks of pairs (tl_mk_panel_pairs): each chunk's x rows are packed
+ * just before its strips run, so they are read from L1 (packing a kernel
+ * row's pairs at once left the first chunks' rows in L2 by the time they
+ * ran), and the strips that ask for no x row of the next kernel row ask for
+ * the next chunk's dy rows, a line per strip; then, for each block of
  * columns, every strip of input channels (TL_ISA_WG_ROWS(NV) wide, then 4;
  * see tl_mk_panel_strips), so the chunk's dy columns (up to
  * 64 rows x TL_ISA_NV_WG vectors, 16 KiB) and x rows stay in L1 while the x
@@ -237,7 +262,8 @@ TL_DEFINE_ROWS_T(1)
  * strip s asks for cache line s of each row pf[q] (q < npf; rows of `rows`
  * values, as the x rows packed here), one per pair, spread over the
  * multiply-adds. */
-static TL_ISA_ATTR void TL_MKI(panel)(int64_t cw, int64_t nq, int64_t rows, const TL_T *xp,
+static TL_ISA_ATTR void TL_MKI(panel)(int64_t cw, int64_t nq, int64_t rows,
+                                      const TL_T *const *xq, TL_T *xp,
                                       const TL_T *const *dq, TL_T *out, int64_t ldo,
                                       const TL_T *const *pf, int64_t npf) {
     const int64_t ldx = TL_MK(packed_ld)(rows);
@@ -247,22 +273,42 @@ static TL_ISA_ATTR void TL_MKI(panel)(int64_t cw, int64_t nq, int64_t rows, cons
         const int64_t cq = nq - q0 < chunk ? nq - q0 : chunk;
         const int64_t cpf = npf - q0 < 0 ? 0 : npf - q0 < cq ? npf - q0 : cq;
         const TL_T *xc = xp + q0 * ldx;
+        if (xq) {
+            TL_MKI(pack)(cq, nq - q0, rows, xq + q0, xp, TL_MK_PACK_AHEAD);
+            xc = xp;
+        }
         const TL_T *const *dc = dq + q0, *const *pc = cpf > 0 ? pf + q0 : pf;
+        /* The next chunk's dy rows, asked for by the strips that do not ask
+         * for x rows: a line of the column block per strip. */
+        const TL_T *const *dn = dq + q0 + cq;
+        const int64_t cdn = nq - q0 - cq < chunk ? nq - q0 - cq : chunk;
         int64_t j = 0;
+#define TL_PANEL_PF(W, NV, s)                                                               \
+    const int64_t xl_ = j == 0 ? pf_lines : 0;                                              \
+    const int64_t dl_ = ((NV) * (int64_t)sizeof(TL_MKI(vec##W)) + 63) / 64;                 \
+    const int x_ = (s) < xl_, d_ = !x_ && (s) - xl_ < dl_;                                  \
+    const TL_T *const *pq_ = x_ ? pc : dn;                                                  \
+    const int64_t npq_ = x_ ? cpf : d_ ? cdn : 0;                                           \
+    const int64_t pb_ = x_ ? (s) * 64 : j * (int64_t)sizeof(TL_T) + ((s) - xl_) * 64
 #define TL_PANEL_CALL(W, NV)                                                                \
     do {                                                                                    \
         const int r_ = TL_ISA_WG_ROWS(NV);                                                  \
         const int64_t wide_ = TL_MK(panel_strips)(ldx, r_);                                 \
         int64_t c_ = 0, s = 0;                                                              \
-        for (; s < wide_; s++, c_ += r_)                                                    \
+        for (; s < wide_; s++, c_ += r_) {                                                  \
+            TL_PANEL_PF(W, NV, s);                                                          \
             TL_MKI(pblock##W)(r_, NV, j, cq, xc + c_, ldx, dc, out + c_ * ldo, ldo,         \
-                              rows - c_, pc, j == 0 && s < pf_lines ? cpf : 0, s * 64);     \
-        for (; c_ < ldx; s++, c_ += 4)                                                      \
+                              rows - c_, pq_, npq_, pb_);                                   \
+        }                                                                                   \
+        for (; c_ < ldx; s++, c_ += 4) {                                                    \
+            TL_PANEL_PF(W, NV, s);                                                          \
             TL_MKI(pblock##W)(4, NV, j, cq, xc + c_, ldx, dc, out + c_ * ldo, ldo,          \
-                              rows - c_, pc, j == 0 && s < pf_lines ? cpf : 0, s * 64);     \
+                              rows - c_, pq_, npq_, pb_);                                   \
+        }                                                                                   \
     } while (0)
         TL_COLUMN_BLOCKS(TL_ISA_NV_WG, 1, TL_PANEL_CALL);
 #undef TL_PANEL_CALL
+#undef TL_PANEL_PF
         for (int64_t r = 0; r < rows; r++)
             for (int64_t jj = j; jj < cw; jj++) {
                 TL_T sum = 0;

@@ -741,6 +741,52 @@ static void test_conv_wide_cin(void) {
     free(nbr);
 }
 
+/* Weight gradients wide enough for the packed panel (C_in >= 64, or 40 with
+ * wide C_out), with more pairs per kernel row than one chunk of the panel
+ * packs (tl_mk_panel_pairs), C_in not a multiple of 4 (padded packed rows):
+ * against a double reference, bit for bit the same at every thread count
+ * and FMA instruction set. */
+static void test_wgrad_panel(void) {
+    current = "wgrad panel";
+    const int64_t n_in = 300, n_out = 400, k = 27;
+    const int64_t shapes[3][2] = {{66, 70}, {129, 20}, {44, 100}};
+    int32_t *nbr = xmalloc(sizeof(int32_t) * (size_t)(n_out * k));
+    for (int64_t e = 0; e < n_out * k; e++)
+        nbr[e] = rnd(5) < 2 ? (int32_t)rnd((uint32_t)n_in) : -1;
+    for (int si = 0; si < 3; si++) {
+        const int64_t ci = shapes[si][0], co = shapes[si][1];
+        float *x = xmalloc(sizeof(float) * (size_t)(n_in * ci));
+        float *dy = xmalloc(sizeof(float) * (size_t)(n_out * co));
+        float *dw = xmalloc(sizeof(float) * (size_t)(k * ci * co));
+        float *dw4 = xmalloc(sizeof(float) * (size_t)(k * ci * co));
+        double *ref = xmalloc(sizeof(double) * (size_t)(k * ci * co));
+        for (int64_t i = 0; i < n_in * ci; i++) x[i] = rndf();
+        for (int64_t i = 0; i < n_out * co; i++) dy[i] = rndf();
+        memset(ref, 0, sizeof(double) * (size_t)(k * ci * co));
+        for (int64_t o = 0; o < n_out; o++)
+            for (int64_t n = 0; n < k; n++) {
+                const int32_t i = nbr[o * k + n];
+                for (int64_t a = 0; i >= 0 && a < ci; a++)
+                    for (int64_t b = 0; b < co; b++)
+                        ref[(n * ci + a) * co + b] += (double)x[i * ci + a] * dy[o * co + b];
+            }
+        tl_conv_desc d = {TL_F32, n_in, n_out, k, ci, co};
+        const int levels[3] = {TL_SIMD_V4, TL_SIMD_V3, TL_SIMD_BASE};
+        for (int v = 0; v < 6; v++) {
+            tl_ctx ctx = make_ctx(1 + v % 2, levels[v / 2]);
+            float *out = v == 0 ? dw4 : dw;
+            memset(out, 0xff, sizeof(float) * (size_t)(k * ci * co));
+            CHECK(tl_implicit_gemm_weight_grad(&ctx, &d, x, dy, nbr, out) == TL_OK);
+            for (int64_t e = 0; e < k * ci * co; e++)
+                CHECK(fabs(out[e] - ref[e]) < 1e-3 * (1 + fabs(ref[e])));
+            if (v > 0 && v < 4)
+                CHECK(memcmp(dw, dw4, sizeof(float) * (size_t)(k * ci * co)) == 0);
+        }
+        free(x), free(dy), free(dw), free(dw4), free(ref);
+    }
+    free(nbr);
+}
+
 /* ---- pooling --------------------------------------------------------------- */
 
 static void test_pool(void) {
@@ -1210,6 +1256,7 @@ int main(void) {
     test_conv();
     test_conv_single();
     test_conv_wide_cin();
+    test_wgrad_panel();
     test_half_conversions();
     test_half_conv();
     test_pool();
