@@ -82,6 +82,16 @@ static inline void TL_FN(tl_fwd_group)(TL_FN(tl_fwd_scratch) *s, int set, int R,
         (set ? s->mk->rows_4_set : s->mk->rows_4)(wb, kb, xr, panel, wb, yr);
 }
 
+/* Asks to write the 4 output rows yr[0..4) (their first wb values): rows
+ * written first (`set`) are seldom in cache (on transposed maps every row is
+ * written once), so the next group's rows are fetched while a group computes
+ * instead of stalling its stores (1.02-1.07x on k2 s2 inverse maps). */
+static inline void TL_FN(tl_fwd_ask_y)(TL_T *const *yr, int64_t wb) {
+    for (int r = 0; r < 4; r++)
+        for (int64_t b = 0; b < wb * (int64_t)sizeof(TL_T); b += 64)
+            __builtin_prefetch((const char *)yr[r] + b, 1);
+}
+
 /* Kernel row n's c listed rows at li/lr + at: each group of rows += its x
  * rows times the row's weight panels (= where `set`), a block of
  * TL_FWD_CIN_BLOCK input channels at a time (the x row pointers move along
@@ -117,7 +127,11 @@ static void TL_FN(tl_fwd_rows)(const tl_conv_desc *d, const TL_T *x, const TL_T 
                 for (int64_t r = 0; r < full + pad; r++) xr[r] += kc;
 #define TL_GROUP8(c8) \
     (first ? s->mk->rows_8_set : s->mk->rows_8)(wb, kb, (c8), xr, panel, wb, yr, j)
-#define TL_GROUP(p, R) TL_FN(tl_fwd_group)(s, first, (int)(R), wb, kb, panel, xr + (p), yr + (p), j)
+#define TL_GROUP(p, R)                                                                       \
+    do {                                                                                     \
+        if (first && j == 0 && (p) + 8 <= full) TL_FN(tl_fwd_ask_y)(yr + (p) + 4, wb);       \
+        TL_FN(tl_fwd_group)(s, first, (int)(R), wb, kb, panel, xr + (p), yr + (p), j);       \
+    } while (0)
             TL_RUN_GROUPS(full, pad, narrow, j == 0, xr, kb * (int64_t)sizeof(TL_T), TL_GROUP8,
                           TL_GROUP);
 #undef TL_GROUP
