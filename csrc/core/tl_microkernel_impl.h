@@ -56,6 +56,10 @@ typedef struct TL_MK(ops) {
     void (*rows_t_1)(int64_t cw, int64_t nq, int64_t c0, const TL_T *const *xr,
                      const TL_T *const *b, TL_T *const *out, const TL_T *const *pf,
                      int64_t npf, int64_t pf_byte);
+    /* rows_t_R for 16 rows one vector wide (cw = 64 bytes), nothing asked
+     * for; NULL but with AVX-512. */
+    void (*rows_t_16)(int64_t nq, int64_t c0, const TL_T *const *xr, const TL_T *const *b,
+                      TL_T *const *out);
     /* Weight gradient over the x rows of nq pairs:
      *   out[c * ldo + j] += sum_q x_q[c] * dq[q][j],  c < rows, j < cw,
      * x_q = xq[q] (rows values), packed a chunk of pairs at a time into the
@@ -207,6 +211,12 @@ __attribute__((unused)) static void TL_MK(outer_acc)(const TL_MK(ops) *mk, int64
     const int64_t lines = cout >= 32 ? (cin * (int64_t)sizeof(TL_T) + 63) / 64 : 0;
     const int eight = cout <= mk->rows8_cols;
     int64_t ci = 0, s = 0;
+    if (mk->rows_t_16 && cout * (int64_t)sizeof(TL_T) == 64 && lines == 0)
+        for (; ci + 16 <= cin; ci += 16) {
+            TL_T *o[16];
+            for (int64_t r = 0; r < 16; r++) o[r] = acc + (ci + r) * cout;
+            mk->rows_t_16(c, ci, xr, dq, o);
+        }
     while (ci + 4 <= cin) {
         const int64_t rows = eight && (s > 0 || cin % 8 == 0) && ci + 8 <= cin ? 8 : 4;
         TL_T *o[8];
