@@ -119,9 +119,13 @@ static void tl_half_scratch_free(tl_half_scratch *s) {
 /* Listed rows [p, p + R) (R = 4 or 2; or a multiple of 8: all of a
  * narrow tile's groups of 8, in one call) += their x rows times the kernel
  * row n's panel of wb columns starting at tile column j (tile columns start
- * at co0); = where `set` (tl_tile_single). */
+ * at co0); = where `set` (tl_tile_single).  The float kernels take the kb
+ * input channels from c0 on (blocks of TL_FWD_CIN_BLOCK, as the float
+ * forward; the caller moves the float x rows s->xf to channel c0); the dot
+ * products all of them (c0 = 0, kb = c_in). */
 static void tl_half_group(const tl_half_call *f, tl_half_scratch *s, int set, int R, int64_t p,
-                          int64_t n, int64_t co0, int64_t j, int64_t wb) {
+                          int64_t n, int64_t co0, int64_t j, int64_t wb, int64_t c0,
+                          int64_t kb) {
     const tl_conv_desc *d = f->d;
     if (R >= 8) {
         if (f->dot) {
@@ -132,8 +136,9 @@ static void tl_half_group(const tl_half_call *f, tl_half_scratch *s, int set, in
 #endif
         } else {
             (set ? f->mk->rows_8_set : f->mk->rows_8)(
-                wb, d->c_in, R, s->xf + p, f->pw_f32 + n * d->c_in * d->c_out + (co0 + j) * d->c_in,
-                wb, s->yr + p, j);
+                wb, kb, R, s->xf + p,
+                f->pw_f32 + n * d->c_in * d->c_out + (co0 + j) * d->c_in + c0 * wb, wb, s->yr + p,
+                j);
         }
         return;
     }
@@ -147,11 +152,11 @@ static void tl_half_group(const tl_half_call *f, tl_half_scratch *s, int set, in
 #endif
         return;
     }
-    const float *panel = f->pw_f32 + n * d->c_in * d->c_out + (co0 + j) * d->c_in;
+    const float *panel = f->pw_f32 + n * d->c_in * d->c_out + (co0 + j) * d->c_in + c0 * wb;
     if (R == 2)
-        (set ? f->mk->rows_2_set : f->mk->rows_2)(wb, d->c_in, s->xf + p, panel, wb, o);
+        (set ? f->mk->rows_2_set : f->mk->rows_2)(wb, kb, s->xf + p, panel, wb, o);
     else
-        (set ? f->mk->rows_4_set : f->mk->rows_4)(wb, d->c_in, s->xf + p, panel, wb, o);
+        (set ? f->mk->rows_4_set : f->mk->rows_4)(wb, kb, s->xf + p, panel, wb, o);
 }
 
 /* One tile: output rows [o0, o0+m), columns [co0, co0+cw), as the float
@@ -237,14 +242,23 @@ static int tl_half_tile(const tl_half_call *f, const uint16_t *x, const int32_t 
             s->xf[c] = s->zero;
             s->yr[c] = s->sink;
         }
+        const int64_t kc = !f->dot && cin > TL_FWD_CIN_BLOCK ? TL_FWD_CIN_BLOCK : cin;
         for (int64_t j = 0; j < cw; j += width) {
             const int64_t wb = cw - j < width ? cw - j : width;
-#define TL_GROUP8(c8) tl_half_group(f, s, set, (int)(c8), 0, n, co0, j, wb)
-#define TL_GROUP(p, R) tl_half_group(f, s, set, (int)(R), (p), n, co0, j, wb)
-            TL_RUN_GROUPS(full, pad, narrow, f->dot && j == 0, s->xh,
-                          cin * (int64_t)sizeof(uint16_t), TL_GROUP8, TL_GROUP);
+            for (int64_t c0 = 0; c0 < cin; c0 += kc) {
+                const int64_t kb = cin - c0 < kc ? cin - c0 : kc;
+                const int first = set && c0 == 0;
+                if (c0 > 0)
+                    for (int64_t r = 0; r < full + pad; r++) s->xf[r] += kc;
+#define TL_GROUP8(c8) tl_half_group(f, s, first, (int)(c8), 0, n, co0, j, wb, c0, kb)
+#define TL_GROUP(p, R) tl_half_group(f, s, first, (int)(R), (p), n, co0, j, wb, c0, kb)
+                TL_RUN_GROUPS(full, pad, narrow, f->dot && j == 0, s->xh,
+                              cin * (int64_t)sizeof(uint16_t), TL_GROUP8, TL_GROUP);
 #undef TL_GROUP
 #undef TL_GROUP8
+            }
+            if (kc < cin)
+                for (int64_t r = 0; r < full + pad; r++) s->xf[r] -= (cin - 1) / kc * kc;
         }
     }
     for (int64_t r = 0; r < m; r++)

@@ -697,16 +697,24 @@ static void test_conv_single(void) {
  * and bit for bit the same at every thread count and FMA instruction set
  * (AVX2 and AVX-512 cut the output columns differently, never the input
  * channels); c_out = 130 gives every tile several panels, whose x rows must
- * start again at channel 0. */
+ * start again at channel 0.  On a map with many neighbours per row and on
+ * one with at most one (whose rows are written by their first block, not
+ * added to); the half forwards too. */
 static void test_conv_wide_cin(void) {
     current = "conv wide c_in";
     const int64_t n_in = 50, n_out = 70, k = 27;
     const int64_t shapes[3][2] = {{129, 130}, {300, 17}, {256, 64}};
     int32_t *nbr = xmalloc(sizeof(int32_t) * (size_t)(n_out * k));
-    for (int64_t e = 0; e < n_out * k; e++)
-        nbr[e] = rnd(5) < 2 ? (int32_t)rnd((uint32_t)n_in) : -1;
-    for (int si = 0; si < 3; si++) {
-        const int64_t ci = shapes[si][0], co = shapes[si][1];
+    /* map 0: about 11 of 27 entries per row; map 1: at most one (rows that
+     * write their sums instead of adding them, tl_tile_single) */
+    for (int si = 0; si < 6; si++) {
+        if (si % 3 == 0)
+            for (int64_t o = 0; o < n_out; o++)
+                for (int64_t n = 0; n < k; n++)
+                    nbr[o * k + n] = (si == 0 ? rnd(5) < 2 : n == o % k && o % 5 != 2)
+                                         ? (int32_t)rnd((uint32_t)n_in)
+                                         : -1;
+        const int64_t ci = shapes[si % 3][0], co = shapes[si % 3][1];
         float *x = xmalloc(sizeof(float) * (size_t)(n_in * ci));
         float *w = xmalloc(sizeof(float) * (size_t)(k * ci * co));
         float *y = xmalloc(sizeof(float) * (size_t)(n_out * co));
@@ -736,6 +744,40 @@ static void test_conv_wide_cin(void) {
             if (v > 0 && v < 4)
                 CHECK(memcmp(y, y4, sizeof(float) * (size_t)(n_out * co)) == 0);
         }
+        /* The half forwards at every level (the float-staged ones block the
+         * input channels as the float forward does): within one rounding of
+         * the half type of the sums of the rounded operands. */
+        uint16_t *xh = xmalloc(sizeof(uint16_t) * (size_t)(n_in * ci));
+        uint16_t *wh = xmalloc(sizeof(uint16_t) * (size_t)(k * ci * co));
+        uint16_t *yh = xmalloc(sizeof(uint16_t) * (size_t)(n_out * co));
+        const int half_levels[5] = {TL_SIMD_V4_AMX, TL_SIMD_V4_BF16, TL_SIMD_V4, TL_SIMD_V3,
+                                    TL_SIMD_BASE};
+        for (int bf = 0; bf < 2; bf++) {
+            const tl_dtype type = bf ? TL_BF16 : TL_F16;
+            const double unit = bf ? 0x1p-8 : 0x1p-11;
+            for (int64_t i = 0; i < n_in * ci; i++) xh[i] = half_of(type, x[i]);
+            for (int64_t i = 0; i < k * ci * co; i++) wh[i] = half_of(type, w[i]);
+            for (int64_t o = 0; o < n_out; o++)
+                for (int64_t b = 0; b < co; b++) {
+                    double want = 0;
+                    for (int64_t n = 0; n < k; n++) {
+                        const int32_t i = nbr[o * k + n];
+                        for (int64_t a = 0; i >= 0 && a < ci; a++)
+                            want += half_value(type, xh[i * ci + a]) *
+                                    half_value(type, wh[(n * ci + a) * co + b]);
+                    }
+                    ref[o * co + b] = want;
+                }
+            tl_conv_desc dh = {type, n_in, n_out, k, ci, co};
+            for (int v = 0; v < 5; v++) {
+                tl_ctx ctx = make_ctx(1 + v % 2, half_levels[v]);
+                memset(yh, 0xff, sizeof(uint16_t) * (size_t)(n_out * co));
+                CHECK(tl_implicit_gemm_forward(&ctx, &dh, xh, wh, nbr, yh) == TL_OK);
+                for (int64_t e = 0; e < n_out * co; e++)
+                    CHECK(fabs(half_value(type, yh[e]) - ref[e]) <= unit * fabs(ref[e]) + 1e-3);
+            }
+        }
+        free(xh), free(wh), free(yh);
         free(x), free(w), free(y), free(y4), free(ref);
     }
     free(nbr);
