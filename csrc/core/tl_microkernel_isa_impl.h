@@ -226,8 +226,8 @@ TL_DEFINE_ROWS_T(1)
 
 #if TL_ISA_VBYTES == 64
 /* out[r][0:TL_VL) += sum_q xr[q][c0 + r] * b[q][0:TL_VL) for 16 rows: the
- * weight gradient of a layer one vector wide (C_out = 16 in fp32 with
- * AVX-512) in one pass over the pairs instead of two of 8 rows, so each dy
+ * weight gradient of a layer one vector wide (C_out = 16 in fp32, 8 in
+ * fp64, with AVX-512) in one pass over the pairs instead of two of 8 rows, so each dy
  * row and x row pointer is loaded once for 16 multiply-adds.  Same sums in
  * the same order as rows_t_8. */
 static TL_ISA_ATTR void TL_MKI(rows_t_16)(int64_t nq, int64_t c0, const TL_T *const *xr,

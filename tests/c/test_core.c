@@ -836,6 +836,38 @@ static void test_wgrad_panel(void) {
     free(nbr);
 }
 
+/* The float64 weight gradient one vector wide (C_out = 8 doubles: the
+ * 16-row passes of AVX-512), against a double reference of the same sums. */
+static void test_wgrad_f64(void) {
+    current = "wgrad f64";
+    const int64_t n_in = 120, n_out = 150, k = 27, ci = 21, co = 8;
+    int32_t *nbr = xmalloc(sizeof(int32_t) * (size_t)(n_out * k));
+    for (int64_t e = 0; e < n_out * k; e++)
+        nbr[e] = rnd(3) == 0 ? (int32_t)rnd((uint32_t)n_in) : -1;
+    double *x = xmalloc(sizeof(double) * (size_t)(n_in * ci));
+    double *dy = xmalloc(sizeof(double) * (size_t)(n_out * co));
+    double *dw = xmalloc(sizeof(double) * (size_t)(k * ci * co));
+    double *ref = xmalloc(sizeof(double) * (size_t)(k * ci * co));
+    for (int64_t i = 0; i < n_in * ci; i++) x[i] = rndf();
+    for (int64_t i = 0; i < n_out * co; i++) dy[i] = rndf();
+    memset(ref, 0, sizeof(double) * (size_t)(k * ci * co));
+    for (int64_t o = 0; o < n_out; o++)
+        for (int64_t n = 0; n < k; n++) {
+            const int32_t i = nbr[o * k + n];
+            for (int64_t a = 0; i >= 0 && a < ci; a++)
+                for (int64_t b = 0; b < co; b++)
+                    ref[(n * ci + a) * co + b] += x[i * ci + a] * dy[o * co + b];
+        }
+    tl_conv_desc d = {TL_F64, n_in, n_out, k, ci, co};
+    for (int v = 0; v < 4; v++) {
+        tl_ctx ctx = make_ctx(1 + v % 2, v < 2 ? TL_SIMD_V4 : TL_SIMD_V3);
+        memset(dw, 0xff, sizeof(double) * (size_t)(k * ci * co));
+        CHECK(tl_implicit_gemm_weight_grad(&ctx, &d, x, dy, nbr, dw) == TL_OK);
+        for (int64_t e = 0; e < k * ci * co; e++) CHECK(fabs(dw[e] - ref[e]) < 1e-9);
+    }
+    free(x), free(dy), free(dw), free(ref), free(nbr);
+}
+
 /* ---- pooling --------------------------------------------------------------- */
 
 static void test_pool(void) {
@@ -1306,6 +1338,7 @@ int main(void) {
     test_conv_single();
     test_conv_wide_cin();
     test_wgrad_panel();
+    test_wgrad_f64();
     test_half_conversions();
     test_half_conv();
     test_pool();
