@@ -596,6 +596,21 @@ static void test_half_conv(void) {
  * path; wide ones: split lists), bit for bit the same on every other row.
  * Widths: 8-row groups (16, 32), 4-row groups and scalar columns (37),
  * several panels (300). */
+/* Variant v < 6 of a kernel check: 1 or 2 threads (v % 2) at AVX-512, AVX2
+ * and the baseline (v / 2). */
+static tl_ctx level_ctx(int v) {
+    const int levels[3] = {TL_SIMD_V4, TL_SIMD_V3, TL_SIMD_BASE};
+    return make_ctx(1 + v % 2, levels[v / 2]);
+}
+
+/* Fills f[0..n) with rndf() values; returns them as doubles (freed by the
+ * caller), for the double references. */
+static double *rnd_fill(float *f, int64_t n) {
+    double *d = xmalloc(sizeof(double) * (size_t)n);
+    for (int64_t i = 0; i < n; i++) d[i] = f[i] = rndf();
+    return d;
+}
+
 /* ref = the convolution of x by w over the table nbr, in double. */
 static void single_ref(const int32_t *nbr, int64_t n_out, int64_t k, int64_t ci, int64_t co,
                        const double *x, const double *w, double *ref) {
@@ -609,6 +624,41 @@ static void single_ref(const int32_t *nbr, int64_t n_out, int64_t k, int64_t ci,
             }
             ref[o * co + b] = want;
         }
+}
+
+/* The half forwards of x and w (float values, rounded to each half type) over
+ * the table nbr at every level (AMX tiles, dot products, float staging; 1
+ * and 2 threads): within one rounding of the half type (plus tol) of the
+ * double sums of the rounded operands. */
+static void check_half_forwards(const int32_t *nbr, int64_t n_in, int64_t n_out, int64_t k,
+                                int64_t ci, int64_t co, const float *x, const float *w,
+                                double tol) {
+    uint16_t *xh = xmalloc(sizeof(uint16_t) * (size_t)(n_in * ci));
+    uint16_t *wh = xmalloc(sizeof(uint16_t) * (size_t)(k * ci * co));
+    uint16_t *yh = xmalloc(sizeof(uint16_t) * (size_t)(n_out * co));
+    double *xd = xmalloc(sizeof(double) * (size_t)(n_in * ci));
+    double *wd = xmalloc(sizeof(double) * (size_t)(k * ci * co));
+    double *ref = xmalloc(sizeof(double) * (size_t)(n_out * co));
+    const int levels[5] = {TL_SIMD_V4_AMX, TL_SIMD_V4_BF16, TL_SIMD_V4, TL_SIMD_V3,
+                           TL_SIMD_BASE};
+    for (int bf = 0; bf < 2; bf++) {
+        const tl_dtype type = bf ? TL_BF16 : TL_F16;
+        const double unit = bf ? 0x1p-8 : 0x1p-11;
+        for (int64_t i = 0; i < n_in * ci; i++) xh[i] = half_of(type, x[i]);
+        for (int64_t i = 0; i < k * ci * co; i++) wh[i] = half_of(type, w[i]);
+        for (int64_t i = 0; i < n_in * ci; i++) xd[i] = half_value(type, xh[i]);
+        for (int64_t i = 0; i < k * ci * co; i++) wd[i] = half_value(type, wh[i]);
+        single_ref(nbr, n_out, k, ci, co, xd, wd, ref);
+        tl_conv_desc dh = {type, n_in, n_out, k, ci, co};
+        for (int v = 0; v < 5; v++) {
+            tl_ctx ctx = make_ctx(1 + v % 2, levels[v]);
+            memset(yh, 0xff, sizeof(uint16_t) * (size_t)(n_out * co));
+            CHECK(tl_implicit_gemm_forward(&ctx, &dh, xh, wh, nbr, yh) == TL_OK);
+            for (int64_t e = 0; e < n_out * co; e++)
+                CHECK(fabs(half_value(type, yh[e]) - ref[e]) <= unit * fabs(ref[e]) + tol);
+        }
+    }
+    free(xh), free(wh), free(yh), free(xd), free(wd), free(ref);
 }
 
 static void test_conv_single(void) {
@@ -661,31 +711,9 @@ static void test_conv_single(void) {
                 CHECK(fabs(y2[co + b] - y[co + b] - want) < 1e-4);
             }
         }
-        /* The half forwards (AMX tiles, dot products, float staging) on the
-         * same map: within one rounding of the half type, unlisted rows 0. */
-        uint16_t *xh = xmalloc(sizeof(uint16_t) * (size_t)(n_in * ci));
-        uint16_t *wh = xmalloc(sizeof(uint16_t) * (size_t)(k * ci * co));
-        uint16_t *yh = xmalloc(sizeof(uint16_t) * (size_t)(n_out * co));
-        const int levels[5] = {TL_SIMD_V4_AMX, TL_SIMD_V4_BF16, TL_SIMD_V4, TL_SIMD_V3,
-                               TL_SIMD_BASE};
-        for (int bf = 0; bf < 2; bf++) {
-            const tl_dtype type = bf ? TL_BF16 : TL_F16;
-            const double unit = bf ? 0x1p-8 : 0x1p-11;
-            for (int64_t i = 0; i < n_in * ci; i++) xh[i] = half_of(type, x[i]);
-            for (int64_t i = 0; i < k * ci * co; i++) wh[i] = half_of(type, w[i]);
-            for (int64_t i = 0; i < n_in * ci; i++) xd[i] = half_value(type, xh[i]);
-            for (int64_t i = 0; i < k * ci * co; i++) wd[i] = half_value(type, wh[i]);
-            single_ref(nbr, n_out, k, ci, co, xd, wd, ref);
-            tl_conv_desc dh = {type, n_in, n_out, k, ci, co};
-            for (int v = 0; v < 5; v++) {
-                tl_ctx ctx = make_ctx(1 + v % 2, levels[v]);
-                memset(yh, 0xff, sizeof(uint16_t) * (size_t)(n_out * co));
-                CHECK(tl_implicit_gemm_forward(&ctx, &dh, xh, wh, nbr, yh) == TL_OK);
-                for (int64_t e = 0; e < n_out * co; e++)
-                    CHECK(fabs(half_value(type, yh[e]) - ref[e]) <= unit * fabs(ref[e]) + 1e-5);
-            }
-        }
-        free(xh), free(wh), free(yh), free(xd), free(wd), free(ref);
+        /* The half forwards on the same map (unlisted rows 0). */
+        check_half_forwards(nbr, n_in, n_out, k, ci, co, x, w, 1e-5);
+        free(xd), free(wd), free(ref);
         free(x), free(w), free(y), free(y2);
     }
     free(nbr);
@@ -720,22 +748,11 @@ static void test_conv_wide_cin(void) {
         float *y = xmalloc(sizeof(float) * (size_t)(n_out * co));
         float *y4 = xmalloc(sizeof(float) * (size_t)(n_out * co));
         double *ref = xmalloc(sizeof(double) * (size_t)(n_out * co));
-        for (int64_t i = 0; i < n_in * ci; i++) x[i] = rndf();
-        for (int64_t i = 0; i < k * ci * co; i++) w[i] = rndf();
-        for (int64_t o = 0; o < n_out; o++)
-            for (int64_t b = 0; b < co; b++) {
-                double want = 0;
-                for (int64_t n = 0; n < k; n++) {
-                    const int32_t i = nbr[o * k + n];
-                    for (int64_t a = 0; i >= 0 && a < ci; a++)
-                        want += (double)x[i * ci + a] * w[(n * ci + a) * co + b];
-                }
-                ref[o * co + b] = want;
-            }
+        double *xd = rnd_fill(x, n_in * ci), *wd = rnd_fill(w, k * ci * co);
+        single_ref(nbr, n_out, k, ci, co, xd, wd, ref);
         tl_conv_desc d = {TL_F32, n_in, n_out, k, ci, co};
-        const int levels[3] = {TL_SIMD_V4, TL_SIMD_V3, TL_SIMD_BASE};
         for (int v = 0; v < 6; v++) {
-            tl_ctx ctx = make_ctx(1 + v % 2, levels[v / 2]);
+            tl_ctx ctx = level_ctx(v);
             float *out = v == 0 ? y4 : y;
             memset(out, 0xff, sizeof(float) * (size_t)(n_out * co));
             CHECK(tl_implicit_gemm_forward(&ctx, &d, x, w, nbr, out) == TL_OK);
@@ -744,43 +761,25 @@ static void test_conv_wide_cin(void) {
             if (v > 0 && v < 4)
                 CHECK(memcmp(y, y4, sizeof(float) * (size_t)(n_out * co)) == 0);
         }
-        /* The half forwards at every level (the float-staged ones block the
-         * input channels as the float forward does): within one rounding of
-         * the half type of the sums of the rounded operands. */
-        uint16_t *xh = xmalloc(sizeof(uint16_t) * (size_t)(n_in * ci));
-        uint16_t *wh = xmalloc(sizeof(uint16_t) * (size_t)(k * ci * co));
-        uint16_t *yh = xmalloc(sizeof(uint16_t) * (size_t)(n_out * co));
-        const int half_levels[5] = {TL_SIMD_V4_AMX, TL_SIMD_V4_BF16, TL_SIMD_V4, TL_SIMD_V3,
-                                    TL_SIMD_BASE};
-        for (int bf = 0; bf < 2; bf++) {
-            const tl_dtype type = bf ? TL_BF16 : TL_F16;
-            const double unit = bf ? 0x1p-8 : 0x1p-11;
-            for (int64_t i = 0; i < n_in * ci; i++) xh[i] = half_of(type, x[i]);
-            for (int64_t i = 0; i < k * ci * co; i++) wh[i] = half_of(type, w[i]);
-            for (int64_t o = 0; o < n_out; o++)
-                for (int64_t b = 0; b < co; b++) {
-                    double want = 0;
-                    for (int64_t n = 0; n < k; n++) {
-                        const int32_t i = nbr[o * k + n];
-                        for (int64_t a = 0; i >= 0 && a < ci; a++)
-                            want += half_value(type, xh[i * ci + a]) *
-                                    half_value(type, wh[(n * ci + a) * co + b]);
-                    }
-                    ref[o * co + b] = want;
-                }
-            tl_conv_desc dh = {type, n_in, n_out, k, ci, co};
-            for (int v = 0; v < 5; v++) {
-                tl_ctx ctx = make_ctx(1 + v % 2, half_levels[v]);
-                memset(yh, 0xff, sizeof(uint16_t) * (size_t)(n_out * co));
-                CHECK(tl_implicit_gemm_forward(&ctx, &dh, xh, wh, nbr, yh) == TL_OK);
-                for (int64_t e = 0; e < n_out * co; e++)
-                    CHECK(fabs(half_value(type, yh[e]) - ref[e]) <= unit * fabs(ref[e]) + 1e-3);
-            }
-        }
-        free(xh), free(wh), free(yh);
-        free(x), free(w), free(y), free(y4), free(ref);
+        /* The half forwards (the float-staged ones block the input channels
+         * as the float forward does). */
+        check_half_forwards(nbr, n_in, n_out, k, ci, co, x, w, 1e-3);
+        free(x), free(w), free(y), free(y4), free(ref), free(xd), free(wd);
     }
     free(nbr);
+}
+
+/* ref = the weight gradient of x and dy over the table nbr, in double. */
+static void wgrad_ref(const int32_t *nbr, int64_t n_out, int64_t k, int64_t ci, int64_t co,
+                      const double *x, const double *dy, double *ref) {
+    memset(ref, 0, sizeof(double) * (size_t)(k * ci * co));
+    for (int64_t o = 0; o < n_out; o++)
+        for (int64_t n = 0; n < k; n++) {
+            const int32_t i = nbr[o * k + n];
+            for (int64_t a = 0; i >= 0 && a < ci; a++)
+                for (int64_t b = 0; b < co; b++)
+                    ref[(n * ci + a) * co + b] += x[i * ci + a] * dy[o * co + b];
+        }
 }
 
 /* Weight gradients wide enough for the packed panel (C_in >= 64, or 40 with
@@ -806,20 +805,11 @@ static void test_wgrad_panel(void) {
         float *dw = xmalloc(sizeof(float) * (size_t)(k * ci * co));
         float *dw4 = xmalloc(sizeof(float) * (size_t)(k * ci * co));
         double *ref = xmalloc(sizeof(double) * (size_t)(k * ci * co));
-        for (int64_t i = 0; i < n_in * ci; i++) x[i] = rndf();
-        for (int64_t i = 0; i < n_out * co; i++) dy[i] = rndf();
-        memset(ref, 0, sizeof(double) * (size_t)(k * ci * co));
-        for (int64_t o = 0; o < n_out; o++)
-            for (int64_t n = 0; n < k; n++) {
-                const int32_t i = nbr[o * k + n];
-                for (int64_t a = 0; i >= 0 && a < ci; a++)
-                    for (int64_t b = 0; b < co; b++)
-                        ref[(n * ci + a) * co + b] += (double)x[i * ci + a] * dy[o * co + b];
-            }
+        double *xd = rnd_fill(x, n_in * ci), *dyd = rnd_fill(dy, n_out * co);
+        wgrad_ref(nbr, n_out, k, ci, co, xd, dyd, ref);
         tl_conv_desc d = {TL_F32, n_in, n_out, k, ci, co};
-        const int levels[3] = {TL_SIMD_V4, TL_SIMD_V3, TL_SIMD_BASE};
         for (int v = 0; v < 6; v++) {
-            tl_ctx ctx = make_ctx(1 + v % 2, levels[v / 2]);
+            tl_ctx ctx = level_ctx(v);
             float *out = v == 0 ? dw4 : dw;
             memset(out, 0xff, sizeof(float) * (size_t)(k * ci * co));
             CHECK(tl_implicit_gemm_weight_grad(&ctx, &d, x, dy, nbr, out) == TL_OK);
@@ -831,7 +821,7 @@ static void test_wgrad_panel(void) {
                 CHECK(memcmp(dw, dw4, sizeof(float) * (size_t)(k * ci * co)) == 0);
             if (v == 2) memcpy(dw4, dw, sizeof(float) * (size_t)(k * ci * co));
         }
-        free(x), free(dy), free(dw), free(dw4), free(ref);
+        free(x), free(dy), free(dw), free(dw4), free(ref), free(xd), free(dyd);
     }
     free(nbr);
 }
@@ -850,14 +840,7 @@ static void test_wgrad_f64(void) {
     double *ref = xmalloc(sizeof(double) * (size_t)(k * ci * co));
     for (int64_t i = 0; i < n_in * ci; i++) x[i] = rndf();
     for (int64_t i = 0; i < n_out * co; i++) dy[i] = rndf();
-    memset(ref, 0, sizeof(double) * (size_t)(k * ci * co));
-    for (int64_t o = 0; o < n_out; o++)
-        for (int64_t n = 0; n < k; n++) {
-            const int32_t i = nbr[o * k + n];
-            for (int64_t a = 0; i >= 0 && a < ci; a++)
-                for (int64_t b = 0; b < co; b++)
-                    ref[(n * ci + a) * co + b] += x[i * ci + a] * dy[o * co + b];
-        }
+    wgrad_ref(nbr, n_out, k, ci, co, x, dy, ref);
     tl_conv_desc d = {TL_F64, n_in, n_out, k, ci, co};
     for (int v = 0; v < 4; v++) {
         tl_ctx ctx = make_ctx(1 + v % 2, v < 2 ? TL_SIMD_V4 : TL_SIMD_V3);
