@@ -252,7 +252,9 @@ static int tl_half_tile(const tl_half_call *f, const uint16_t *x, const int32_t 
                     for (int64_t r = 0; r < full + pad; r++) s->xf[r] += kc;
 #define TL_GROUP8(c8) tl_half_group(f, s, first, (int)(c8), 0, n, co0, j, wb, c0, kb)
 #define TL_GROUP(p, R) tl_half_group(f, s, first, (int)(R), (p), n, co0, j, wb, c0, kb)
-                TL_RUN_GROUPS(full, pad, narrow || (wb <= 32 && f->level >= TL_SIMD_V4),
+                TL_RUN_GROUPS(full, pad,
+                              narrow || (wb <= (f->dot ? 32 : f->mk->rows8_max_cols) &&
+                                         f->level >= TL_SIMD_V4),
                               f->dot && j == 0, s->xh,
                               cin * (int64_t)sizeof(uint16_t), TL_GROUP8, TL_GROUP);
 #undef TL_GROUP

@@ -55,7 +55,9 @@
 /* Output columns per forward weight panel: all of them when the kernel row's
  * weights fit in TL_PANEL_BYTES (and one column tile); otherwise the widest
  * multiple of the micro-kernel's block width that divides TL_TILE_COLS and
- * fits (at least one block), so every tile starts on a panel. */
+ * fits (at least one block), so every tile starts on a panel.  (Halving
+ * C = 96 into two panels of 48 columns, each 8 rows of 3 vectors, ran
+ * 0.96-1.02x of 64 + 32.) */
 static inline int64_t tl_panel_cols(const tl_conv_desc *d, int64_t block_cols, int64_t elem_bytes) {
     const int64_t row_bytes = (d->c_in > 0 ? d->c_in : 1) * elem_bytes;
     if (d->c_out <= TL_TILE_COLS && d->c_out * row_bytes <= TL_PANEL_BYTES) return d->c_out;

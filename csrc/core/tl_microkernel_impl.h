@@ -25,6 +25,10 @@ typedef struct TL_MK(ops) {
      * this wide runs 8 output rows per pass, so 8 x (block) accumulators hide
      * the FMA latency that 4 rows of one or two vectors cannot. */
     int64_t rows8_cols;
+    /* Widest columns rows_8 runs as one block (3 vectors with AVX-512, else
+     * rows8_cols): the forward's panels at most this wide run 8 rows a pass
+     * (tl_fwd_rows). */
+    int64_t rows8_max_cols;
     /* rows_8: c rows (a multiple of 8), 8 per pass, out[p] + oc (see
      * tl_microkernel_isa_impl.h). */
     void (*rows_8)(int64_t cw, int64_t nq, int64_t c, const TL_T *const *a, const TL_T *b,

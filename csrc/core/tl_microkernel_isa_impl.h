@@ -113,6 +113,11 @@
  * must leave registers for the weight vectors and broadcasts (16 of AVX-512's
  * 32; 8 of AVX2's or SSE2's 16). */
 #define TL_ISA_NV8 (TL_ISA_NV / 2)
+/* Most vectors of an 8-row block where a caller asks for wider ones
+ * (rows8_max_cols): 8 x 3 accumulators with AVX-512 (plus 3 weight vectors
+ * and a broadcast: 28 of 32 registers), one weight or x load for every 2.2
+ * multiply-adds where 4 rows of 3 vectors load one for every 1.7. */
+#define TL_ISA_NV8_MAX (TL_ISA_VBYTES == 64 ? 3 : TL_ISA_NV8)
 
 /* All cw columns for R rows: the column blocks of TL_COLUMN_BLOCKS (at most
  * TL_ISA_NV vectors wide, TL_ISA_NV8 for 8 rows), then scalars.  (setup.py
@@ -127,7 +132,7 @@ static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_MKI(columns)(
 #define TL_COLUMNS_CALL(W, NV)                                                              \
     TL_MKI(block##W)(R, NV, transposed, set, j, nq, c0, a, b, bp, ldb, out, pf,               \
                      j == 0 ? npf : 0, pf_byte)
-    TL_COLUMN_BLOCKS(R == 8 ? TL_ISA_NV8 : TL_ISA_NV, 0, TL_COLUMNS_CALL);
+    TL_COLUMN_BLOCKS(R == 8 ? TL_ISA_NV8_MAX : TL_ISA_NV, 0, TL_COLUMNS_CALL);
 #undef TL_COLUMNS_CALL
     for (int r = 0; r < R; r++)
         for (int64_t jj = j; jj < cw; jj++) {
@@ -351,6 +356,7 @@ static TL_ISA_ATTR void TL_MKI(panel)(int64_t cw, int64_t nq, int64_t rows,
 static const TL_MK(ops) TL_MKI(ops) = {
     .block_cols = TL_ISA_NV * TL_VL,
     .rows8_cols = TL_ISA_NV8 * TL_VL,
+    .rows8_max_cols = TL_ISA_NV8_MAX * TL_VL,
     .rows_8 = TL_MKI(rows_8),
     .rows_4 = TL_MKI(rows_4),
     .rows_2 = TL_MKI(rows_2),
@@ -368,6 +374,7 @@ static const TL_MK(ops) TL_MKI(ops) = {
 
 #undef TL_COLUMN_BLOCKS
 #undef TL_ISA_NV8
+#undef TL_ISA_NV8_MAX
 #undef TL_COLUMN_NARROW
 #undef TL_COLUMN_NARROW_32
 #undef TL_COLUMN_NARROW_16

@@ -731,18 +731,20 @@ static void test_conv_single(void) {
 static void test_conv_wide_cin(void) {
     current = "conv wide c_in";
     const int64_t n_in = 50, n_out = 70, k = 27;
-    const int64_t shapes[3][2] = {{129, 130}, {300, 17}, {256, 64}};
+    /* the last two: groups of 8 rows on a 32-column last panel (C_out = 96)
+     * and on a 48-column tile (8 rows of 3 vectors) */
+    const int64_t shapes[5][2] = {{129, 130}, {300, 17}, {256, 64}, {60, 96}, {50, 48}};
     int32_t *nbr = xmalloc(sizeof(int32_t) * (size_t)(n_out * k));
     /* map 0: about 11 of 27 entries per row; map 1: at most one (rows that
      * write their sums instead of adding them, tl_tile_single) */
-    for (int si = 0; si < 6; si++) {
-        if (si % 3 == 0)
+    for (int si = 0; si < 10; si++) {
+        if (si % 5 == 0)
             for (int64_t o = 0; o < n_out; o++)
                 for (int64_t n = 0; n < k; n++)
-                    nbr[o * k + n] = (si == 0 ? rnd(5) < 2 : n == o % k && o % 5 != 2)
+                    nbr[o * k + n] = (si < 5 ? rnd(5) < 2 : n == o % k && o % 5 != 2)
                                          ? (int32_t)rnd((uint32_t)n_in)
                                          : -1;
-        const int64_t ci = shapes[si % 3][0], co = shapes[si % 3][1];
+        const int64_t ci = shapes[si % 5][0], co = shapes[si % 5][1];
         float *x = xmalloc(sizeof(float) * (size_t)(n_in * ci));
         float *w = xmalloc(sizeof(float) * (size_t)(k * ci * co));
         float *y = xmalloc(sizeof(float) * (size_t)(n_out * co));
