@@ -115,11 +115,12 @@ static inline int64_t TL_MK(panel_pairs)(int64_t ldx) {
 #define TL_ISA_VBYTES 64
 #define TL_ISA_NV 4
 #define TL_ISA_NV_WG 4
-/* Rows of the panel's strips for a block of NV vectors: 6 x 4 and 8 x 2
- * accumulators of AVX-512's 32 registers, where 4 x 4 and 4 x 2 loaded one
- * value of x and one of dy for every 2 or 1.3 multiply-adds (in L1, 1 thread:
- * 4 x 4 150-163 GFLOP/s, 6 x 4 166-178, 4 x 2 144-153, 8 x 2 162-168). */
-#define TL_ISA_WG_ROWS(NV) ((NV) >= 3 ? 6 : 8)
+/* Rows of the panel's strips for a block of NV vectors: 6 x 4, 8 x 3 and
+ * 8 x 2 accumulators of AVX-512's 32 registers, where 4 x 4 and 4 x 2 loaded
+ * one value of x and one of dy for every 2 or 1.3 multiply-adds (in L1, 1
+ * thread: 4 x 4 150-163 GFLOP/s, 6 x 4 166-178, 4 x 2 144-153, 8 x 2
+ * 162-168). */
+#define TL_ISA_WG_ROWS(NV) ((NV) >= 4 ? 6 : 8)
 #include "tl_microkernel_isa_impl.h"
 #undef TL_ISA_WG_ROWS
 #undef TL_ISA_NV_WG

@@ -280,6 +280,32 @@ static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_MKI(pack)(
     }
 }
 
+/* The panel's column blocks: TL_COLUMN_BLOCKS of TL_ISA_NV_WG vectors, never
+ * leaving a single vector behind; with AVX-512 (4 vectors) a block of 3 where
+ * 3 or 5 are left (C_out = 48 ran 2 + 1, 80 ran 2 + 2 + 1, 8 rows of 1 vector
+ * loading a dy vector or x value for every 0.9 multiply-adds). */
+#if TL_ISA_NV_WG == 4
+#define TL_PANEL_BLOCKS(CALL)                                                               \
+    do {                                                                                    \
+        int64_t vecs_ = cw / TL_VL;                                                         \
+        for (; vecs_ >= 4 && vecs_ != 5; vecs_ -= 4, j += 4 * TL_VL) CALL(, 4);             \
+        if (vecs_ == 3 || vecs_ == 5) {                                                     \
+            CALL(, 3);                                                                      \
+            vecs_ -= 3;                                                                     \
+            j += 3 * TL_VL;                                                                 \
+        }                                                                                   \
+        for (; vecs_ >= 2; vecs_ -= 2, j += 2 * TL_VL) CALL(, 2);                           \
+        if (vecs_ >= 1) {                                                                   \
+            CALL(, 1);                                                                      \
+            j += TL_VL;                                                                     \
+        }                                                                                   \
+        TL_COLUMN_NARROW(32, CALL);                                                         \
+        TL_COLUMN_NARROW(16, CALL);                                                         \
+    } while (0)
+#else
+#define TL_PANEL_BLOCKS(CALL) TL_COLUMN_BLOCKS(TL_ISA_NV_WG, 1, CALL)
+#endif
+
 /* One kernel row of the weight gradient over packed x rows (see tl_mk_ops),
  * in chunks of pairs (tl_mk_panel_pairs): each chunk's x rows are packed
  * just before its strips run, so they are read from L1 (packing a kernel
@@ -341,7 +367,7 @@ static TL_ISA_ATTR void TL_MKI(panel)(int64_t cw, int64_t nq, int64_t rows,
                               rows - c_, pq_, npq_, pb_);                                   \
         }                                                                                   \
     } while (0)
-        TL_COLUMN_BLOCKS(TL_ISA_NV_WG, 1, TL_PANEL_CALL);
+        TL_PANEL_BLOCKS(TL_PANEL_CALL);
 #undef TL_PANEL_CALL
 #undef TL_PANEL_PF
         for (int64_t r = 0; r < rows; r++)
@@ -373,6 +399,7 @@ static const TL_MK(ops) TL_MKI(ops) = {
 #undef TL_ISA_ROWS_T_16
 
 #undef TL_COLUMN_BLOCKS
+#undef TL_PANEL_BLOCKS
 #undef TL_ISA_NV8
 #undef TL_ISA_NV8_MAX
 #undef TL_COLUMN_NARROW

@@ -787,8 +787,8 @@ static void wgrad_ref(const int32_t *nbr, int64_t n_out, int64_t k, int64_t ci, 
 /* Weight gradients wide enough for the packed panel (C_in >= 64, or 40 with
  * wide C_out), with more pairs per kernel row than one chunk of the panel
  * packs (tl_mk_panel_pairs), C_in not a multiple of 4 (padded packed rows);
- * and one vector wide (C_out = 16: 16 input channels a pass with AVX-512,
- * then 8, 4 and 1): against a double reference, bit for bit the same at
+ * C_out of 3 and 5 vectors (blocks of 3 with AVX-512); and one vector wide
+ * (C_out = 16: 16 input channels a pass with AVX-512, then 8, 4 and 1): against a double reference, bit for bit the same at
  * every thread count, and at both FMA instruction sets where both take the
  * same path (C_in = 45, C_out = 16 runs the panel with AVX2, whose passes
  * are 8 columns wide, and the 8-row passes with AVX-512). */
@@ -796,11 +796,12 @@ static void test_wgrad_panel(void) {
     current = "wgrad panel";
     const int64_t n_in = 300, n_out = 400, k = 27;
     /* c_in, c_out, whether AVX2 and AVX-512 add in the same order */
-    const int64_t shapes[5][3] = {{66, 70, 1}, {129, 20, 1}, {44, 100, 1}, {16, 16, 1}, {45, 16, 0}};
+    const int64_t shapes[7][3] = {{66, 70, 1},  {129, 20, 1}, {44, 100, 1}, {16, 16, 1},
+                                  {45, 16, 0},  {64, 48, 1},  {70, 80, 1}};
     int32_t *nbr = xmalloc(sizeof(int32_t) * (size_t)(n_out * k));
     for (int64_t e = 0; e < n_out * k; e++)
         nbr[e] = rnd(5) < 2 ? (int32_t)rnd((uint32_t)n_in) : -1;
-    for (int si = 0; si < 5; si++) {
+    for (int si = 0; si < 7; si++) {
         const int64_t ci = shapes[si][0], co = shapes[si][1];
         float *x = xmalloc(sizeof(float) * (size_t)(n_in * ci));
         float *dy = xmalloc(sizeof(float) * (size_t)(n_out * co));
