@@ -81,14 +81,18 @@
                (((NVMAX) % 2 == 0 && !(SPLIT_LAST)) || vecs_ - (NVMAX) != 1);               \
              vecs_ -= (NVMAX), j += (NVMAX) * TL_VL)                                        \
             CALL(, NVMAX);                                                                  \
-        for (; vecs_ >= 2; vecs_ -= 2, j += 2 * TL_VL) CALL(, 2);                           \
-        if (vecs_ >= 1) {                                                                   \
-            CALL(, 1);                                                                      \
-            j += TL_VL;                                                                     \
-        }                                                                                   \
-        TL_COLUMN_NARROW(32, CALL);                                                         \
-        TL_COLUMN_NARROW(16, CALL);                                                         \
+        TL_COLUMN_TAIL(CALL);                                                               \
     } while (0)
+/* The vecs_ vectors left after the widest blocks: pairs, then 1; then the
+ * narrower vectors where they fit (inside TL_COLUMN_BLOCKS and the like). */
+#define TL_COLUMN_TAIL(CALL)                                                                \
+    for (; vecs_ >= 2; vecs_ -= 2, j += 2 * TL_VL) CALL(, 2);                               \
+    if (vecs_ >= 1) {                                                                       \
+        CALL(, 1);                                                                          \
+        j += TL_VL;                                                                         \
+    }                                                                                       \
+    TL_COLUMN_NARROW(32, CALL);                                                             \
+    TL_COLUMN_NARROW(16, CALL)
 #if TL_ISA_VBYTES > 32
 #define TL_COLUMN_NARROW_32(CALL)                                                           \
     if (j + (int64_t)(32 / sizeof(TL_T)) <= cw) {                                           \
@@ -294,13 +298,7 @@ static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_MKI(pack)(
             vecs_ -= 3;                                                                     \
             j += 3 * TL_VL;                                                                 \
         }                                                                                   \
-        for (; vecs_ >= 2; vecs_ -= 2, j += 2 * TL_VL) CALL(, 2);                           \
-        if (vecs_ >= 1) {                                                                   \
-            CALL(, 1);                                                                      \
-            j += TL_VL;                                                                     \
-        }                                                                                   \
-        TL_COLUMN_NARROW(32, CALL);                                                         \
-        TL_COLUMN_NARROW(16, CALL);                                                         \
+        TL_COLUMN_TAIL(CALL);                                                               \
     } while (0)
 #else
 #define TL_PANEL_BLOCKS(CALL) TL_COLUMN_BLOCKS(TL_ISA_NV_WG, 1, CALL)
@@ -399,6 +397,7 @@ static const TL_MK(ops) TL_MKI(ops) = {
 #undef TL_ISA_ROWS_T_16
 
 #undef TL_COLUMN_BLOCKS
+#undef TL_COLUMN_TAIL
 #undef TL_PANEL_BLOCKS
 #undef TL_ISA_NV8
 #undef TL_ISA_NV8_MAX
