@@ -169,9 +169,10 @@ static int tl_half_tile(const tl_half_call *f, const uint16_t *x, const int32_t 
                         int64_t o0, int64_t m, int64_t co0, int64_t cw, tl_half_scratch *s) {
     const tl_conv_desc *d = f->d;
     const int64_t k = d->k, cin = d->c_in, cout = d->c_out, width = f->panel_cols;
-    /* Groups of 8 rows on tiles at most 32 floats wide with AVX-512 (both
-     * kernels' 8-row blocks hold 2 vectors of 16), else 4. */
-    const int narrow = cw <= 32 && f->level >= TL_SIMD_V4;
+    /* Groups of 8 rows on panels at most 32 floats wide with AVX-512 (the dot
+     * products' 8-row blocks hold 2 vectors of 16), or rows8_max_cols (the
+     * float kernels', 3), else 4. */
+    const int64_t eight_cols = f->level < TL_SIMD_V4 ? 0 : f->dot ? 32 : f->mk->rows8_max_cols;
     /* Below 1024 multiply-adds per row (C = 16) the check costs more than the
      * zeroing it saves (bfloat16 0.90x on the LiDAR scan's inverse map); there
      * the block is zeroed before the listing, as before the check existed
@@ -252,10 +253,7 @@ static int tl_half_tile(const tl_half_call *f, const uint16_t *x, const int32_t 
                     for (int64_t r = 0; r < full + pad; r++) s->xf[r] += kc;
 #define TL_GROUP8(c8) tl_half_group(f, s, first, (int)(c8), 0, n, co0, j, wb, c0, kb)
 #define TL_GROUP(p, R) tl_half_group(f, s, first, (int)(R), (p), n, co0, j, wb, c0, kb)
-                TL_RUN_GROUPS(full, pad,
-                              narrow || (wb <= (f->dot ? 32 : f->mk->rows8_max_cols) &&
-                                         f->level >= TL_SIMD_V4),
-                              f->dot && j == 0, s->xh,
+                TL_RUN_GROUPS(full, pad, wb <= eight_cols, f->dot && j == 0, s->xh,
                               cin * (int64_t)sizeof(uint16_t), TL_GROUP8, TL_GROUP);
 #undef TL_GROUP
 #undef TL_GROUP8

@@ -100,14 +100,13 @@ static void TL_FN(tl_fwd_rows)(const tl_conv_desc *d, const TL_T *x, const TL_T 
                                int64_t o0, int64_t co0, int64_t cw, int64_t n, int64_t at,
                                int64_t c, int set, TL_FN(tl_fwd_scratch) *s) {
     const int64_t cin = d->c_in, cout = d->c_out, width = s->panel_cols;
-    /* Groups of 8 rows on narrow tiles (see tl_mk_ops.rows8_cols), else 4;
-     * and on panels at most rows8_max_cols wide (3 vectors with AVX-512): a
-     * wide tile's last panel (C = 96: 64 + 32 columns, whose 4 rows of 2
-     * vectors loaded a weight or x value for every 1.3 multiply-adds;
-     * 1.00-1.05x at C = 96 and 160) and tiles of 3 vectors (C = 48, 8 rows
-     * of 3 where 4 rows of 3 loaded one for every 1.7; 1.06-1.20x at C = 48,
-     * 1.07-1.15x at C = 112). */
-    const int narrow = cw <= s->mk->rows8_cols;
+    /* Groups of 8 rows on panels at most rows8_max_cols wide (narrow tiles,
+     * 3 vectors with AVX-512), else 4: besides narrow tiles, a wide tile's
+     * last panel (C = 96: 64 + 32 columns, whose 4 rows of 2 vectors loaded a
+     * weight or x value for every 1.3 multiply-adds; 1.00-1.05x at C = 96 and
+     * 160) and tiles of 3 vectors (C = 48, 8 rows of 3 where 4 rows of 3
+     * loaded one for every 1.7; 1.06-1.20x at C = 48, 1.07-1.15x at
+     * C = 112). */
     const TL_T **xr = s->xr;
     TL_T **yr = s->yr;
     /* No x row is asked for here: the groups ask for the next group's rows
@@ -138,7 +137,7 @@ static void TL_FN(tl_fwd_rows)(const tl_conv_desc *d, const TL_T *x, const TL_T 
         if (first && j == 0 && (p) + 8 <= full) TL_FN(tl_fwd_ask_y)(yr + (p) + 4, wb);       \
         TL_FN(tl_fwd_group)(s, first, (int)(R), wb, kb, panel, xr + (p), yr + (p), j);       \
     } while (0)
-            TL_RUN_GROUPS(full, pad, narrow || wb <= s->mk->rows8_max_cols, j == 0, xr,
+            TL_RUN_GROUPS(full, pad, wb <= s->mk->rows8_max_cols, j == 0, xr,
                           kb * (int64_t)sizeof(TL_T), TL_GROUP8, TL_GROUP);
 #undef TL_GROUP
 #undef TL_GROUP8

@@ -216,7 +216,7 @@ __attribute__((unused)) static void TL_MK(outer_acc)(const TL_MK(ops) *mk, int64
     const int64_t lines = cout >= 32 ? (cin * (int64_t)sizeof(TL_T) + 63) / 64 : 0;
     const int eight = cout <= mk->rows8_cols;
     int64_t ci = 0, s = 0;
-    if (mk->rows_t_16 && cout * (int64_t)sizeof(TL_T) == 64 && lines == 0)
+    if (mk->rows_t_16 && cout * (int64_t)sizeof(TL_T) == 64) /* nothing to ask for: lines 0 */
         for (; ci + 16 <= cin; ci += 16) {
             TL_T *o[16];
             for (int64_t r = 0; r < 16; r++) o[r] = acc + (ci + r) * cout;

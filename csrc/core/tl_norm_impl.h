@@ -49,22 +49,22 @@ static inline __attribute__((always_inline)) TL_NORM_ATTR void TL_NI(stats_rows)
  * of a row of scratch loaded and stored at every row.  The same operations in
  * the same order, so the same bits (each pass 1.05-1.42x in float32,
  * 1.36-1.89x in the half types, whose rows arrive twice as fast; at C = 16 GCC
- * unrolled it into slower code).  CALL(C, A, B): the pass at width C with
- * sums A and B. */
+ * unrolled it into slower code).  CALL(C, A, B, FIXED): the pass at width C
+ * with sums A and B, FIXED where C is a compile-time width. */
 #define TL_NORM_WIDTHS(c, CALL, A, B)                                                       \
     do {                                                                                    \
         float a_[64], b_[64];                                                               \
         if ((c) == 32)                                                                      \
-            CALL(32, a_, b_);                                                               \
+            CALL(32, a_, b_, 1);                                                            \
         else if ((c) == 64)                                                                 \
-            CALL(64, a_, b_);                                                               \
+            CALL(64, a_, b_, 1);                                                            \
         else                                                                                \
-            CALL((c), (A), (B));                                                            \
+            CALL((c), (A), (B), 0);                                                         \
     } while (0)
 
 static TL_NORM_ATTR void TL_NI(stats)(const float *x, int64_t rows, int64_t c, const float *ref,
                                       double *s, double *q, float *fs, float *fq) {
-#define TL_STATS(C, A, B) TL_NI(stats_rows)(x, rows, C, ref, s, q, A, B)
+#define TL_STATS(C, A, B, FIXED) TL_NI(stats_rows)(x, rows, C, ref, s, q, A, B)
     TL_NORM_WIDTHS(c, TL_STATS, fs, fq);
 #undef TL_STATS
 }
@@ -148,8 +148,8 @@ static TL_NORM_ATTR void TL_NI(reduce)(const float *g, const float *x, int64_t r
                                        const float *scale, const float *shift, int relu,
                                        const float *ref, double *sg, double *sgx, float *fg,
                                        float *fgx, float *cut) {
-#define TL_REDUCE(C, A, B)                                                                  \
-    TL_NI(reduce_rows)((A) != fg, g, x, rows, C, scale, shift, relu, ref, sg, sgx, A, B, cut)
+#define TL_REDUCE(C, A, B, FIXED)                                                           \
+    TL_NI(reduce_rows)(FIXED, g, x, rows, C, scale, shift, relu, ref, sg, sgx, A, B, cut)
     TL_NORM_WIDTHS(c, TL_REDUCE, fg, fgx);
 #undef TL_REDUCE
 }
