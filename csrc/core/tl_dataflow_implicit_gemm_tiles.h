@@ -30,6 +30,12 @@
 #define TL_TILE_ROWS_MIN 32
 #define TL_TILE_ROWS_MAX 1024
 #define TL_TILES_PER_THREAD 8
+/* Tiles per thread where a tile's weights outgrow half the L2 (C = 128 and
+ * up on 3x3x3 maps): every tile streams all of them from L3, so on coarse
+ * levels of a network (a few thousand rows) 8 tiles a thread read them 16
+ * times over for little work each (1.05-1.11x at 300-1,700 rows, C = 128 and
+ * 256; one tile a thread lost 0.92x at 1,700 rows to load imbalance). */
+#define TL_TILES_PER_THREAD_WIDE 2
 /* Most bytes of neighbour lists (8 a listed pair: k x rows of them) that a
  * forward tile or a weight-gradient block may need per thread: kernels of
  * many offsets (a 7x7x7 kernel has 343, a generative 32^3 one 32768) get
@@ -79,12 +85,16 @@ static inline int64_t tl_fwd_tile_bytes(void) {
  * as many as keep the tile's output block near tl_fwd_tile_bytes() (more rows give
  * each kernel row more neighbours per tile, so fewer padded groups), within
  * [TL_TILE_ROWS_MIN, TL_TILE_ROWS_MAX], few enough that every thread gets
- * several tiles and that the tile's lists fit TL_LIST_BYTES. */
+ * several tiles (TL_TILES_PER_THREAD, or TL_TILES_PER_THREAD_WIDE for wide
+ * weights) and that the tile's lists fit TL_LIST_BYTES. */
 static inline int64_t tl_fwd_tile_rows(const tl_ctx *ctx, const tl_conv_desc *d,
                                        int64_t acc_bytes) {
     int64_t cw = d->c_out < TL_TILE_COLS ? d->c_out : TL_TILE_COLS;
     int64_t rows = tl_fwd_tile_bytes() / ((cw > 0 ? cw : 1) * acc_bytes);
-    int64_t spread = d->n_out / (TL_TILES_PER_THREAD * (int64_t)ctx->threads);
+    const int64_t weights = d->k * d->c_in * cw * acc_bytes; /* read by every tile */
+    const int64_t per =
+        weights > tl_mem_l2_bytes() / 2 ? TL_TILES_PER_THREAD_WIDE : TL_TILES_PER_THREAD;
+    int64_t spread = d->n_out / (per * (int64_t)ctx->threads);
     int64_t listed = TL_LIST_BYTES / (8 * (d->k > 0 ? d->k : 1));
     if (rows > spread) rows = spread;
     if (rows > listed) rows = listed;
