@@ -74,9 +74,9 @@ tl_status tl_implicit_gemm_forward_pairs(const tl_ctx *ctx, const tl_conv_desc *
 tl_status tl_implicit_gemm_weight_grad(const tl_ctx *ctx, const tl_conv_desc *d,
                                        const void *x, const void *dy,
                                        const int32_t *nbr, void *dw) {
-    /* A listed split checks the table as it lists it. */
-    const int listed = tl_wgrad_split_of(d).listed && d->k * d->c_in * d->c_out > 0;
-    tl_status st = tl_check_args(ctx, d, 1, x, dy, nbr, dw, !listed);
+    /* The kernels check the table as they read it (tl_wgrad_list_block,
+     * TL_WGRAD_LIST); an empty product reads none of it. */
+    tl_status st = tl_check_args(ctx, d, 1, x, dy, nbr, dw, d->k * d->c_in * d->c_out == 0);
     if (st != TL_OK) return st;
     if (d->k * d->c_in * d->c_out == 0) return TL_OK;
     if (d->dtype == TL_F32) return tl_weight_grad_f32(ctx, d, x, dy, nbr, NULL, dw);

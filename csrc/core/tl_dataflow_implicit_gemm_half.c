@@ -422,7 +422,9 @@ static int tl_half_wg_rows(const tl_half_call *f, const uint16_t *x, const uint1
         int dy_staged = 0;
         for (int64_t n = n0; n < n1; n++) {
             int64_t c;
-            TL_WGRAD_PAIRS_OF(&s->lists, nbr, k, n, b0, b1, x, cin, dy, cout, s->xq, s->dq, c);
+            TL_WGRAD_PAIRS_OF(&s->lists, nbr, k, n, b0, b1, d->n_in, x, cin, dy, cout, s->xq,
+                              s->dq, c);
+            if (c < 0) return 1;
             if (c == 0) continue;
             if (f->amx) {
 #if TL_SIMD_AMX

@@ -280,7 +280,7 @@ static int64_t TL_FN(tl_wgrad_pairs_run)(const tl_conv_desc *d, const tl_pairs *
 
 /* Kernel row n's pairs of the block [b0, b1) into xq[], dq[]: from pair
  * lists p (fetch-on-demand) or the table nbr (TL_WGRAD_PAIRS_OF); their
- * count. */
+ * count, or -1 where the table names a row outside [-1, n_in). */
 static inline int64_t TL_FN(tl_wgrad_pairs_of)(const tl_conv_desc *d, const TL_T *x,
                                                const TL_T *dy, const int32_t *nbr,
                                                const tl_pairs *p, int64_t n, int64_t b0,
@@ -288,7 +288,8 @@ static inline int64_t TL_FN(tl_wgrad_pairs_of)(const tl_conv_desc *d, const TL_T
                                                const TL_T **xq, const TL_T **dq) {
     if (p) return TL_FN(tl_wgrad_pairs_run)(d, p, n, b1, x, dy, s, xq, dq);
     int64_t c;
-    TL_WGRAD_PAIRS_OF(&s->lists, nbr, d->k, n, b0, b1, x, d->c_in, dy, d->c_out, xq, dq, c);
+    TL_WGRAD_PAIRS_OF(&s->lists, nbr, d->k, n, b0, b1, d->n_in, x, d->c_in, dy, d->c_out, xq,
+                      dq, c);
     return c;
 }
 
@@ -298,8 +299,9 @@ static inline int64_t TL_FN(tl_wgrad_pairs_of)(const tl_conv_desc *d, const TL_T
  * from cache across kernel rows.  The pairs come from the table nbr, or
  * (p non-NULL, fetch-on-demand) from pair lists sorted by output row, the
  * same pairs in the same order, so both give the same sums.  Returns 1 at a
- * block listing an entry outside [-1, n_in) (see tl_wgrad_list_block), else
- * 0. */
+ * block or kernel row naming an entry outside [-1, n_in) (see
+ * tl_wgrad_list_block and TL_WGRAD_LIST), before any row it names is read,
+ * else 0. */
 static int TL_FN(tl_wgrad_rows)(const tl_conv_desc *d, const TL_T *x, const TL_T *dy,
                                 const int32_t *nbr, const tl_pairs *p, int64_t o0, int64_t o1,
                                 int64_t n0, int64_t n1, TL_T *acc,
@@ -319,12 +321,14 @@ static int TL_FN(tl_wgrad_rows)(const tl_conv_desc *d, const TL_T *x, const TL_T
         int64_t c = n0 < n1 ? TL_FN(tl_wgrad_pairs_of)(d, x, dy, nbr, p, n0, b0, b1, s,
                                                        s->xq[n0 % 2], s->dq[n0 % 2])
                             : 0;
+        if (c < 0) return 1;
         for (int64_t n = n0; n < n1; n++) {
             const TL_T **xq = s->xq[n % 2], **dq = s->dq[n % 2], **xn = s->xq[(n + 1) % 2];
             const int64_t next = n + 1 < n1 ? TL_FN(tl_wgrad_pairs_of)(d, x, dy, nbr, p, n + 1,
                                                                        b0, b1, s, xn,
                                                                        s->dq[(n + 1) % 2])
                                             : 0;
+            if (next < 0) return 1; /* before n's kernels ask for its rows */
             if (c > 0 && packs) {
                 /* The pairs' x rows packed one after another a chunk at a
                  * time (tl_mk_ops.panel), so the panel's broadcasts read at a
