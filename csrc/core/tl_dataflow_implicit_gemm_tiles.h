@@ -112,11 +112,12 @@ static inline int64_t tl_fwd_tile_rows(const tl_ctx *ctx, const tl_conv_desc *d,
  * or within TL_WGRAD_MAX_PARTIAL on maps of TL_WGRAD_WIDE_K or more kernel
  * rows, there are that many parts and no groups: a task with every kernel row
  * lists each block of its rows once for all of them (tl_list_tile, which also
- * checks the entries) instead of each kernel row's column of the table, and
- * reuses the block's x rows across all of them (1.2-1.8x at C = 16-32;
- * 1.02-1.35x at C = 48-64 on 3x3x3 maps, where reading a column touches one
- * cache line per entry; on k2 s2 maps the larger reduction cost as much as the
- * listing saved).  The split depends only on the problem size, never on the
+ * checks the entries; a group's task lists the same block for its own few,
+ * see tl_wgrad_split.listed), and reuses the block's x rows across all of
+ * them (1.2-1.8x at C = 16-32; 1.02-1.35x at C = 48-64 on 3x3x3 maps, when
+ * groups still read a column of the table per kernel row, a cache line per
+ * entry; on k2 s2 maps the larger reduction cost as much as the listing
+ * saved).  The split depends only on the problem size, never on the
  * thread count, so the result is the same for any thread count. */
 #define TL_WGRAD_PARTS 8
 #define TL_WGRAD_TASKS 32
@@ -136,9 +137,14 @@ static inline int64_t tl_fwd_tile_rows(const tl_ctx *ctx, const tl_conv_desc *d,
  * slices of a part's partial sum). */
 typedef struct tl_wgrad_split {
     int64_t parts, groups, rows_per;
-    /* Every task has every kernel row (one group) and a block's lists fit
-     * TL_LIST_BYTES: blocks are listed once (tl_wgrad_list_block), which
-     * checks the table's entries. */
+    /* A block's lists fit TL_LIST_BYTES: each task lists a block of its
+     * rows once for every kernel row (tl_wgrad_list_block, which checks the
+     * table's entries), also where its group takes only some of them: the
+     * listing reads the block's table rows once, contiguous, where reading a
+     * kernel row's column touched a cache line per entry for each kernel row
+     * (1.00-1.05x at C = 96-128 in fp32, 1.02-1.10x in bf16 on AMX).
+     * Otherwise (over 256 kernel rows) the columns are read, and checked, one
+     * kernel row at a time (TL_WGRAD_LIST). */
     int listed;
 } tl_wgrad_split;
 
@@ -157,7 +163,7 @@ static inline tl_wgrad_split tl_wgrad_split_of(const tl_conv_desc *d) {
     if (parts < 1) parts = 1;
     int64_t groups = (TL_WGRAD_TASKS + parts - 1) / parts;
     if (groups > d->k) groups = d->k;
-    return (tl_wgrad_split){parts, groups, (d->n_out + parts - 1) / parts, fits && groups == 1};
+    return (tl_wgrad_split){parts, groups, (d->n_out + parts - 1) / parts, fits};
 }
 
 /* Task t of parts x groups: its part, output rows [o0, o1) and kernel rows

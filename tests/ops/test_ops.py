@@ -104,20 +104,23 @@ def test_sparse_conv_rejects_bad_entry_anywhere(bad: int, cout: int) -> None:
 
 @pytest.mark.parametrize("bad", [-2, -(2**31), 300, 2**31 - 1])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
-@pytest.mark.parametrize(("rows", "c"), [(40000, 16), (40000, 130), (5000, 16)])
+@pytest.mark.parametrize(
+    ("rows", "c", "k"), [(40000, 16, 27), (40000, 130, 27), (5000, 16, 27), (3000, 8, 343)]
+)
 @pytest.mark.parametrize("column", [0, 17])
 def test_sparse_conv_weight_grad_rejects_bad_entry_anywhere(
-    bad: int, dtype: torch.dtype, rows: int, c: int, column: int
+    bad: int, dtype: torch.dtype, rows: int, c: int, k: int, column: int
 ) -> None:
-    """The weight gradient refuses one bad entry deep in a large table: where its
-    tasks hold every kernel row (40000 rows at C = 16) they check the entries while
-    they list them, otherwise (C = 130, or 5000 rows) each task checks a kernel row's
-    column as it reads it: column 0 is a task's first kernel row, 17 one read ahead
-    while the kernel row before it runs."""
+    """The weight gradient refuses one bad entry deep in a large table, checked as the
+    table is read: 3x3x3 maps are listed a block of rows at a time for every kernel row,
+    whatever share of the kernel rows a task takes (all of them at C = 16 and 40000
+    rows, a few otherwise); a 7x7x7 map's lists would not fit, so each task reads a
+    kernel row's column at a time: column 0 is a task's first kernel row, 17 one read
+    ahead while the kernel row before it runs."""
     g = torch.Generator().manual_seed(1)
     feats = torch.randn(300, c, generator=g).to(dtype)
     grad = torch.randn(rows, c, generator=g).to(dtype)
-    nbr = torch.randint(-1, 300, (rows, 27), generator=g, dtype=torch.int32)
+    nbr = torch.randint(-1, 300, (rows, k), generator=g, dtype=torch.int32)
     nbr[rows - 679, column] = bad
     with pytest.raises(ValueError, match="invalid argument"):
         torch.ops.lattice.sparse_conv_weight_grad(feats, grad, nbr)
