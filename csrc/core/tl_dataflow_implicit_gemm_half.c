@@ -416,7 +416,7 @@ static int tl_half_wg_rows(const tl_half_call *f, const uint16_t *x, const uint1
     const int64_t ldx = packs ? tl_mk_packed_ld_f32(cin) : cin;
     for (int64_t b0 = o0; b0 < o1; b0 += TL_WGRAD_PAIRS) {
         const int64_t b1 = b0 + TL_WGRAD_PAIRS < o1 ? b0 + TL_WGRAD_PAIRS : o1;
-        if (tl_wgrad_list_block(&s->lists, nbr, k, b0, b1, d->n_in)) return 1;
+        if (tl_wgrad_list_block(&s->lists, nbr, k, b0, b1, n0, n1, d->n_in)) return 1;
         /* staged: the block's dy rows as float, after its x rows' room */
         float *dyf = f->dot ? NULL : s->stage + TL_WGRAD_PAIRS * ldx;
         int dy_staged = 0;

@@ -313,7 +313,7 @@ static int TL_FN(tl_wgrad_rows)(const tl_conv_desc *d, const TL_T *x, const TL_T
         for (int64_t n = n0; n < n1; n++) s->cur[n] = tl_pairs_first_at(p, n, o0);
     for (int64_t b0 = o0; b0 < o1; b0 += TL_WGRAD_PAIRS) {
         int64_t b1 = b0 + TL_WGRAD_PAIRS < o1 ? b0 + TL_WGRAD_PAIRS : o1;
-        if (!p && tl_wgrad_list_block(&s->lists, nbr, d->k, b0, b1, d->n_in)) return 1;
+        if (!p && tl_wgrad_list_block(&s->lists, nbr, d->k, b0, b1, n0, n1, d->n_in)) return 1;
         /* Kernel row n's pairs in slot n % 2, listed one kernel row ahead so
          * that n's micro-kernel can ask for n + 1's x rows while it runs
          * (strided maps read each x row once, from memory: the packing

@@ -315,14 +315,18 @@ static inline void tl_wgrad_lists_free(tl_wgrad_lists *l) {
     free(l->lc);
 }
 
-/* Lists output rows [b0, b1) of the (n_out, k) table nbr for every kernel
- * row into l where the split is listed; returns 1 if an entry is outside
- * [-1, n_in) (nothing it names may be read), else 0.  Otherwise each kernel
- * row's column is read, and checked, as its turn comes (TL_WGRAD_LIST). */
+/* Lists output rows [b0, b1) of the (n_out, k) table nbr for the task's
+ * kernel rows [n0, n1) into l where the split is listed; returns 1 if one of
+ * their entries is outside [-1, n_in) (nothing it names may be read), else
+ * 0.  Otherwise each kernel row's column is read, and checked, as its turn
+ * comes (TL_WGRAD_LIST).  The tasks' rows and kernel rows cover the table
+ * once, so every entry is checked. */
 static inline int tl_wgrad_list_block(tl_wgrad_lists *l, const int32_t *nbr, int64_t k,
-                                      int64_t b0, int64_t b1, int64_t n_in) {
+                                      int64_t b0, int64_t b1, int64_t n0, int64_t n1,
+                                      int64_t n_in) {
     if (!l->listed) return 0;
-    return (int64_t)tl_list_tile(l->vec, nbr, b0, b1 - b0, k, l->li, l->lr, l->lc) > n_in;
+    return (int64_t)tl_list_tile_range(l->vec, nbr, b0, b1 - b0, k, n0, n1, l->li, l->lr,
+                                       l->lc) > n_in;
 }
 
 /* Kernel row N's pairs of the block [B0, B1) for the weight gradient: from

@@ -26,8 +26,8 @@
  * the rows seen so far sends each row's first entry to the back of its
  * kernel row's slot instead, and the rows never seen to zr. */
 static inline __attribute__((always_inline)) TL_TARGET_V4 uint32_t tl_list_v4_body(
-    int split, const int32_t *nbr, int64_t o0, int64_t m, int64_t k, int32_t *idx,
-    int32_t *rows, int64_t *cnt, int64_t *fc, int32_t *zr, int64_t *nz) {
+    int split, const int32_t *nbr, int64_t o0, int64_t m, int64_t k, int64_t lo, int64_t hi,
+    int32_t *idx, int32_t *rows, int64_t *cnt, int64_t *fc, int32_t *zr, int64_t *nz) {
     const int32_t *t = nbr + o0 * k;
     const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     const __m512i one = _mm512_set1_epi32(1), none = _mm512_set1_epi32(-1);
@@ -41,8 +41,8 @@ static inline __attribute__((always_inline)) TL_TARGET_V4 uint32_t tl_list_v4_bo
          * ahead (a prefetch past the table does not fault). */
         const uintptr_t ahead = (uintptr_t)t + (uintptr_t)((r0 + 16 * TL_LIST_STEPS_AHEAD) * k) *
                                                    sizeof(int32_t);
-        for (int64_t n0 = 0; n0 < k; n0 += 16) {
-            const int64_t nk = k - n0 < 16 ? k - n0 : 16;
+        for (int64_t n0 = lo; n0 < hi; n0 += 16) {
+            const int64_t nk = hi - n0 < 16 ? hi - n0 : 16;
             const __mmask16 cols = nk == 16 ? (__mmask16)0xffff : (__mmask16)((1u << nk) - 1);
             __m512i v[16];
             /* Rows past the tile and columns past k read as absent (-1). */
@@ -54,7 +54,7 @@ static inline __attribute__((always_inline)) TL_TARGET_V4 uint32_t tl_list_v4_bo
             for (int j = 0; j < 16; j++) {
                 if (j >= nk) break;
                 const int64_t n = n0 + j;
-                __builtin_prefetch((const void *)(ahead + (uintptr_t)n * 64));
+                __builtin_prefetch((const void *)(ahead + (uintptr_t)(n - lo) * 64));
                 most = _mm512_max_epu32(most, _mm512_add_epi32(v[j], one));
                 __mmask16 here = _mm512_cmpge_epi32_mask(v[j], zero);
                 if (split) {
@@ -78,6 +78,8 @@ static inline __attribute__((always_inline)) TL_TARGET_V4 uint32_t tl_list_v4_bo
                 cnt[n] = c + __builtin_popcount(here);
             }
         }
+        for (int64_t j = hi - lo; j < k; j++) /* the step's other lines (a range of columns) */
+            __builtin_prefetch((const void *)(ahead + (uintptr_t)j * 64));
         if (split) {
             const __mmask16 lonely =
                 (__mmask16)(~seen & (live == 16 ? 0xffffu : (1u << live) - 1u));
@@ -90,16 +92,16 @@ static inline __attribute__((always_inline)) TL_TARGET_V4 uint32_t tl_list_v4_bo
 }
 
 static TL_TARGET_V4 uint32_t tl_list_v4_columns(const int32_t *nbr, int64_t o0, int64_t m,
-                                                int64_t k, int32_t *idx, int32_t *rows,
-                                                int64_t *cnt) {
-    return tl_list_v4_body(0, nbr, o0, m, k, idx, rows, cnt, NULL, NULL, NULL);
+                                                int64_t k, int64_t lo, int64_t hi, int32_t *idx,
+                                                int32_t *rows, int64_t *cnt) {
+    return tl_list_v4_body(0, nbr, o0, m, k, lo, hi, idx, rows, cnt, NULL, NULL, NULL);
 }
 
 static TL_TARGET_V4 uint32_t tl_list_v4_split(const int32_t *nbr, int64_t o0, int64_t m,
                                               int64_t k, int32_t *idx, int32_t *rows,
                                               int64_t *cnt, int64_t *fc, int32_t *zr,
                                               int64_t *nz) {
-    return tl_list_v4_body(1, nbr, o0, m, k, idx, rows, cnt, fc, zr, nz);
+    return tl_list_v4_body(1, nbr, o0, m, k, 0, k, idx, rows, cnt, fc, zr, nz);
 }
 
 #endif
@@ -110,12 +112,12 @@ static TL_TARGET_V4 uint32_t tl_list_v4_split(const int32_t *nbr, int64_t o0, in
  * row's first entry goes to the back of its kernel row's slot (descending)
  * and the rows without any entry to zr. */
 static inline __attribute__((always_inline)) uint32_t tl_list_scalar_body(
-    int split, const int32_t *nbr, int64_t o0, int64_t m, int64_t k, int32_t *idx,
-    int32_t *rows, int64_t *cnt, int64_t *fc, int32_t *zr, int64_t *nz) {
+    int split, const int32_t *nbr, int64_t o0, int64_t m, int64_t k, int64_t lo, int64_t hi,
+    int32_t *idx, int32_t *rows, int64_t *cnt, int64_t *fc, int32_t *zr, int64_t *nz) {
     uint32_t most = 0;
     for (int64_t r = 0; r < m; r++) {
         int seen = 0;
-        for (int64_t n = 0; n < k; n++) {
+        for (int64_t n = lo; n < hi; n++) {
             const int32_t e = nbr[(o0 + r) * k + n];
             const uint32_t u = (uint32_t)e + 1u;
             most = u > most ? u : most;
@@ -146,18 +148,24 @@ uint32_t tl_list_tile_split(int vec, const int32_t *nbr, int64_t o0, int64_t m, 
 #else
     (void)vec;
 #endif
-    return tl_list_scalar_body(1, nbr, o0, m, k, idx, rows, cnt, fc, zr, nz);
+    return tl_list_scalar_body(1, nbr, o0, m, k, 0, k, idx, rows, cnt, fc, zr, nz);
+}
+
+uint32_t tl_list_tile_range(int vec, const int32_t *nbr, int64_t o0, int64_t m, int64_t k,
+                            int64_t lo, int64_t hi, int32_t *idx, int32_t *rows, int64_t *cnt) {
+    memset(cnt, 0, sizeof(int64_t) * (size_t)k);
+#if TL_SIMD_X86
+    if (vec && k >= TL_LIST_VEC_MIN_K)
+        return tl_list_v4_columns(nbr, o0, m, k, lo, hi, idx, rows, cnt);
+#else
+    (void)vec;
+#endif
+    return tl_list_scalar_body(0, nbr, o0, m, k, lo, hi, idx, rows, cnt, NULL, NULL, NULL);
 }
 
 uint32_t tl_list_tile(int vec, const int32_t *nbr, int64_t o0, int64_t m, int64_t k,
                       int32_t *idx, int32_t *rows, int64_t *cnt) {
-    memset(cnt, 0, sizeof(int64_t) * (size_t)k);
-#if TL_SIMD_X86
-    if (vec && k >= TL_LIST_VEC_MIN_K) return tl_list_v4_columns(nbr, o0, m, k, idx, rows, cnt);
-#else
-    (void)vec;
-#endif
-    return tl_list_scalar_body(0, nbr, o0, m, k, idx, rows, cnt, NULL, NULL, NULL);
+    return tl_list_tile_range(vec, nbr, o0, m, k, 0, k, idx, rows, cnt);
 }
 
 #if TL_SIMD_X86

@@ -22,6 +22,12 @@
 uint32_t tl_list_tile(int vec, const int32_t *nbr, int64_t o0, int64_t m, int64_t k,
                       int32_t *idx, int32_t *rows, int64_t *cnt);
 
+/* tl_list_tile for kernel rows [lo, hi) only (the others' counts 0): a
+ * weight-gradient task that takes a few kernel rows lists no other.  The
+ * return covers those kernel rows' entries only. */
+uint32_t tl_list_tile_range(int vec, const int32_t *nbr, int64_t o0, int64_t m, int64_t k,
+                            int64_t lo, int64_t hi, int32_t *idx, int32_t *rows, int64_t *cnt);
+
 /* tl_list_tile with each output row's first entry (its lowest kernel row)
  * kept apart, so the forward can write the row there instead of zeroing it
  * and adding: kernel row n's first entries, fc[n] of them, at
