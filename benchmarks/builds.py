@@ -18,7 +18,7 @@ compared before anything is timed (a change that is meant to keep results bitwis
 * ``unet``: SparseResUNet42 eval forward and training step on a new tensor (so its maps
   are built inside), every sparse convolution kernel (forward, input and weight
   gradient), kernel map, generated support and duplicate check taken from one build or
-  the other.
+  the other (``--dtype``: the network's features and weights; the loss in float32).
 
 Usage (from the repository root)::
 
@@ -234,29 +234,32 @@ def kmaps(base: ModuleType, scenes: list[str], repeats: int) -> None:
 def _unet_step(
     net: torch.nn.Module, feats: torch.Tensor, coords: torch.Tensor, train: bool
 ) -> torch.Tensor:
-    """Eval forward, or a training step (forward + backward of a squared-mean loss)."""
+    """Eval forward, or a training step (forward + backward of a float32 squared-mean
+    loss)."""
     net.train(train)
     net.zero_grad()
     with torch.set_grad_enabled(train):
         y = net(tl.SparseTensor(feats, coords.clone())).feats
         if train:
-            y.square().mean().backward()
+            y.float().square().mean().backward()
     return y.detach()
 
 
-def unet(base: ModuleType, scenes: list[str], repeats: int) -> None:
+def unet(
+    base: ModuleType, scenes: list[str], repeats: int, dtype: torch.dtype = torch.float32
+) -> None:
     swap = Swap(base, CONV_KERNELS + MAP_ENTRY_POINTS)
     print("| scene | step | base s | this s | this / base | outputs |")
     print("|---|---|---|---|---|---|")
     for name in scenes:
         scene = _scene(name)
         torch.manual_seed(0)
-        net = tl.backbones.SparseResUNet42(4, 20)
-        feats = torch.randn(scene.voxels, 4)
+        net = tl.backbones.SparseResUNet42(4, 20).to(dtype)
+        feats = torch.randn(scene.voxels, 4).to(dtype)
         for label, train in (("eval forward", False), ("forward + backward", True)):
             step = partial(_unet_step, net, feats, scene.coords, train)
             got = {side: swap.run(side, step) for side in SIDES}
-            agree = _agreement(got["this"], got["base"])
+            agree = _agreement(got["this"], got["base"], 1e-5 if dtype == torch.float32 else 1e-2)
             med = interleaved({side: partial(swap.run, side, step) for side in SIDES}, repeats)
             print(
                 f"| {name} | {label} | {med['base']:.3f} | {med['this']:.3f} | "
@@ -288,7 +291,7 @@ def main() -> int:
     )
     parser.add_argument(
         "--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
-        help="layers group: the features' and weights' dtype",
+        help="layers and unet groups: the features' and weights' dtype",
     )  # fmt: skip
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()
@@ -307,7 +310,7 @@ def main() -> int:
         kmaps(base, args.scenes, args.repeats)
         print()
     if "unet" in args.groups:
-        unet(base, args.scenes, max(3, args.repeats // 2))
+        unet(base, args.scenes, max(3, args.repeats // 2), getattr(torch, args.dtype))
     return 0
 
 

@@ -234,8 +234,9 @@ def test_spconv_pair_lists_are_compared_as_the_library_relation() -> None:
 
 def test_two_builds_side_by_side(capsys: pytest.CaptureFixture[str]) -> None:
     """``python -m benchmarks.builds`` against a second copy of this very build: every
-    group runs on the tiny scene and reports bitwise-equal outputs; a build that computes
-    other numbers stops the run before anything is timed."""
+    group runs on the tiny scene (the network in bfloat16 too) and reports bitwise-equal
+    outputs; a build that computes other numbers stops the run before anything is
+    timed."""
     from benchmarks import builds
     from torch_lattice.ops._runtime import _C
 
@@ -255,6 +256,12 @@ def test_two_builds_side_by_side(capsys: pytest.CaptureFixture[str]) -> None:
     for name in ("| k2s2 |", "| k2s2_inverse |", "| k3s2p1 |"):
         assert out.count(name) == 2  # forward and weight gradient
     assert out.count("| bitwise |") == 6
+    half = [*args, "--groups", "unet", "--dtype", "bfloat16"]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("sys.argv", ["builds", *half])
+        assert builds.main() == 0
+    out = capsys.readouterr().out
+    assert "bfloat16" in out and out.count("| bitwise |") == 2  # eval, training step
     with pytest.raises(SystemExit, match="disagree"):
         builds._agreement(torch.ones(3), torch.ones(3) * 1.01)
 
