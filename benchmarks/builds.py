@@ -45,7 +45,7 @@ from benchmarks.workloads import DOWN2, DOWN3, SUBM3, support_args
 from torch_lattice.nn.functional.relation import kernel_map
 from torch_lattice.ops._runtime import _C, DTYPE_CODES, ptr
 
-MAPS = ("subm3", "k2s2", "k2s2_inverse", "k3s2p1")
+MAPS = ("subm3", "k2s2", "k2s2_inverse", "k3s2p1", "subm3_l2", "subm3_l3", "subm3_l4")
 CONV_KERNELS = ("conv_forward", "conv_weight_grad")
 SIDES = ("base", "this")
 
@@ -111,8 +111,10 @@ def _layer_case(
 def _maps(scene: Scene) -> dict[str, tuple[torch.Tensor, int]]:
     """The scene's layer maps, each with its input row count: the 3x3x3 submanifold map
     (and its reverse, the map its input gradient runs over), a k2 s2 Conv3d's (onto its
-    generated coarse support), its inverse transpose's, and a k3 s2 p1 Conv3d's (onto its
-    own generated support)."""
+    generated coarse support), its inverse transpose's, a k3 s2 p1 Conv3d's (onto its
+    own generated support), and the 3x3x3 submanifold maps of the coarse levels a U-Net
+    reaches after 2, 3 and 4 k2 s2 Conv3d's (``subm3_l2`` .. ``subm3_l4``: a few thousand
+    rows down to a few hundred, where C = 128-256 weights outweigh the rows)."""
     x = tl.SparseTensor(torch.zeros(scene.voxels, 1), scene.coords)
     subm = kernel_map(x.support, x.support, SUBM3)
     down = tl.nn.Conv3d(1, 1, 2, stride=2, bias=False)
@@ -123,13 +125,20 @@ def _maps(scene: Scene) -> dict[str, tuple[torch.Tensor, int]]:
     with torch.no_grad():
         coarse3 = down3(x)
     n = scene.voxels
-    return {
+    maps = {
         "subm3": (subm.nbr, n),
         "subm3_reverse": (subm.rev, n),
         "k2s2": (dmap.nbr, n),
         "k2s2_inverse": (dmap.rev, coarse.coords.shape[0]),
         "k3s2p1": (kernel_map(x.support, coarse3.support, DOWN3).nbr, n),
     }
+    for depth in (2, 3, 4):  # the voxels k2 s2 Conv3d's generate, depth of them in turn
+        coords = scene.coords.clone()
+        coords[:, 1:] = torch.div(coords[:, 1:], 2**depth, rounding_mode="floor")
+        coords = coords.unique(dim=0)
+        level = tl.SparseTensor(torch.zeros(coords.shape[0], 1), coords).support
+        maps[f"subm3_l{depth}"] = (kernel_map(level, level, SUBM3).nbr, coords.shape[0])
+    return maps
 
 
 def layers(
