@@ -31,10 +31,12 @@
 #define TL_TILE_ROWS_MAX 1024
 #define TL_TILES_PER_THREAD 8
 /* Tiles per thread where a tile's weights outgrow half the L2 (C = 128 and
- * up on 3x3x3 maps): every tile streams all of them from L3, so on coarse
- * levels of a network (a few thousand rows) 8 tiles a thread read them 16
- * times over for little work each (1.05-1.11x at 300-1,700 rows, C = 128 and
- * 256; one tile a thread lost 0.92x at 1,700 rows to load imbalance). */
+ * up on 3x3x3 maps; the half types count 4 bytes a weight, as staged): every
+ * tile streams all of them from L3, so on coarse levels of a network (a few
+ * hundred to a few thousand rows) 8 tiles a thread read them 16 times over
+ * for little work each (fp32 1.04-1.46x at 457-1,817 rows, C = 128 and 256;
+ * bf16 1.05-1.37x; one tile a thread lost 0.92x at 1,700 rows to load
+ * imbalance). */
 #define TL_TILES_PER_THREAD_WIDE 2
 /* Most bytes of neighbour lists (8 a listed pair: k x rows of them) that a
  * forward tile or a weight-gradient block may need per thread: kernels of
