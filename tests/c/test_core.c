@@ -1083,10 +1083,10 @@ static void test_int_limits(void) {
 
 /* ---- the implicit GEMM's per-tile neighbour lists ------------------------ */
 
-/* tl_list_tile against a direct reading of the table, by both paths where
- * the CPU has AVX-512 (transposed 16 x 16 for k >= 4): every kernel row's
- * present entries in row order, and the largest entry + 1 (wrapping for
- * entries below -1).  A table with every entry present fills each list to
+/* tl_list_tile (and over a range of kernel rows, tl_list_tile_range) against
+ * a direct reading of the table, by both paths where the CPU has AVX-512
+ * (transposed 16 x 16 for k >= 4): every kernel row's present entries in row
+ * order, and the largest entry + 1 (wrapping for entries below -1).  A table with every entry present fills each list to
  * its end, where the vector path's stores must stop; m and k not multiples
  * of 16 leave partial steps. */
 static void test_list_tile(void) {
@@ -1114,6 +1114,32 @@ static void test_list_tile(void) {
                 int64_t *fc = xmalloc(sizeof(int64_t) * (size_t)k), nz = 0;
                 int32_t *zr = xmalloc(sizeof(int32_t) * (size_t)m);
                 for (int vec = 0; vec < paths; vec++) {
+                    /* A range of kernel rows (tl_list_tile_range): theirs
+                     * listed as below, the others' counts 0, the return over
+                     * their entries only. */
+                    const int64_t los[3] = {0, k / 3, k - 1}, his[3] = {1, k - k / 4, k};
+                    for (int g = 0; g < 3; g++) {
+                        const int64_t lo = los[g], hi = his[g];
+                        uint32_t want = 0;
+                        for (int64_t r = 0; r < m; r++)
+                            for (int64_t n = lo; n < hi; n++) {
+                                const uint32_t u = (uint32_t)nbr[(o0 + r) * k + n] + 1u;
+                                if (u > want) want = u;
+                            }
+                        CHECK(tl_list_tile_range(vec, nbr, o0, m, k, lo, hi, idx, rows, cnt) ==
+                              want);
+                        if (bad == 1) continue;
+                        for (int64_t n = 0; n < k; n++) {
+                            int64_t c = 0;
+                            for (int64_t r = 0; n >= lo && n < hi && r < m; r++) {
+                                const int32_t e = nbr[(o0 + r) * k + n];
+                                if (e < 0) continue;
+                                CHECK(c < cnt[n] && idx[n * m + c] == e && rows[n * m + c] == r);
+                                c++;
+                            }
+                            CHECK(c == cnt[n]);
+                        }
+                    }
                     CHECK(tl_list_tile(vec, nbr, o0, m, k, idx, rows, cnt) == want_worst);
                     if (bad == 1) continue;
                     for (int64_t n = 0; n < k; n++) {
