@@ -76,9 +76,9 @@ tl_status tl_implicit_gemm_weight_grad(const tl_ctx *ctx, const tl_conv_desc *d,
                                        const int32_t *nbr, void *dw) {
     /* The kernels check the table as they read it (tl_wgrad_list_block,
      * TL_WGRAD_LIST); an empty product reads none of it. */
-    tl_status st = tl_check_args(ctx, d, 1, x, dy, nbr, dw, d->k * d->c_in * d->c_out == 0);
-    if (st != TL_OK) return st;
-    if (d->k * d->c_in * d->c_out == 0) return TL_OK;
+    const int empty = d->k * d->c_in * d->c_out == 0;
+    tl_status st = tl_check_args(ctx, d, 1, x, dy, nbr, dw, empty);
+    if (st != TL_OK || empty) return st;
     if (d->dtype == TL_F32) return tl_weight_grad_f32(ctx, d, x, dy, nbr, NULL, dw);
     if (d->dtype == TL_F64) return tl_weight_grad_f64(ctx, d, x, dy, nbr, NULL, dw);
     return tl_implicit_gemm_weight_grad_half(ctx, d, x, dy, nbr, dw);
