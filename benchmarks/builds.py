@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from functools import partial
 from types import ModuleType
 from typing import Any
@@ -111,7 +111,7 @@ def _layer_case(
     return interleaved({side: partial(call, side) for side in modules}, repeats), agree
 
 
-def _maps(scene: Scene, names: list[str]) -> dict[str, tuple[torch.Tensor, int]]:
+def _maps(scene: Scene, names: Collection[str] = ()) -> dict[str, tuple[torch.Tensor, int]]:
     """The scene's layer maps, each with its input row count: the 3x3x3 submanifold map
     (and its reverse, the map its input gradient runs over), a k2 s2 Conv3d's (onto its
     generated coarse support), its inverse transpose's, a k3 s2 p1 Conv3d's (onto its
