@@ -5,7 +5,7 @@ built in a worktree) into the same process and calling the two alternately on th
 operands, so both see the same machine state; on a shared machine, single timings move by
 10-30% between runs, ratios from interleaved calls much less. Outputs of the two builds are
 compared before anything is timed (a change that is meant to keep results bitwise reports
-``bitwise``). Three groups:
+``bitwise``). Four groups:
 
 * ``layers``: ``conv_forward`` and ``conv_weight_grad`` (implicit GEMM; fp32, or
   ``--dtype bfloat16`` / ``float16``) on the 3x3x3 submanifold map of each scene
@@ -17,8 +17,12 @@ compared before anything is timed (a change that is meant to keep results bitwis
   it;
 * ``unet``: SparseResUNet42 eval forward and training step on a new tensor (so its maps
   are built inside), every sparse convolution kernel (forward, input and weight
-  gradient), kernel map, generated support and duplicate check taken from one build or
-  the other (``--dtype``: the network's features and weights; the loss in float32).
+  gradient), kernel map, generated support, duplicate check and batch-norm pass taken
+  from one build or the other (``--dtype``: the network's features and weights; the
+  loss in float32);
+* ``norm`` (only when named): the four passes of a training ``BatchNormReLU`` (statistics,
+  normalize + ReLU, the backward's reduction and its input gradient) on each scene's row
+  count, per width (``--channels``) and ``--dtype``.
 
 Usage (from the repository root)::
 
@@ -246,6 +250,56 @@ def kmaps(base: ModuleType, scenes: list[str], repeats: int) -> None:
             )
 
 
+NORM_ENTRY_POINTS = (
+    "batch_norm_stats", "batch_norm_apply", "batch_norm_backward_reduce",
+    "batch_norm_backward_apply",
+)  # fmt: skip
+
+
+def _norm_passes(n: int, c: int, dtype: torch.dtype) -> dict[str, Callable[[], Any]]:
+    """The four passes of a training ``BatchNormReLU`` over ``n`` rows of ``c`` channels
+    of ``dtype`` (through the library's ops, so either build's entry points serve them)."""
+    g = torch.Generator().manual_seed(c)
+    x = torch.randn(n, c, generator=g).to(dtype)
+    dy = torch.randn(n, c, generator=g).to(dtype)
+    scale, shift = torch.rand(c, generator=g) + 0.5, torch.randn(c, generator=g)
+    a, b, k = (torch.randn(c, generator=g) for _ in range(3))
+    mean = x.double().mean(0)
+    ops = torch.ops.lattice
+    return {
+        "stats": partial(ops.batch_norm_stats, x),
+        "apply + ReLU": partial(ops.batch_norm_apply, x, scale, shift, True),
+        "backward reduce": partial(ops.batch_norm_backward_reduce, dy, x, scale, shift, mean, True),
+        "backward apply": partial(
+            ops.batch_norm_backward_apply, dy, x, scale, shift, a, b, k, True
+        ),
+    }
+
+
+def norms(
+    base: ModuleType, scenes: list[str], channels: list[int], repeats: int, dtype: torch.dtype
+) -> None:
+    """Batch norm's passes of both builds on each scene's row count, outputs compared
+    bit for bit first."""
+    swap = Swap(base, NORM_ENTRY_POINTS)
+    print("| scene | rows | C | pass | base ms | this ms | this / base | outputs |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name in scenes:
+        n = _scene(name).voxels
+        for c in channels:
+            for label, step in _norm_passes(n, c, dtype).items():
+                got = {side: swap.run(side, step) for side in SIDES}
+                if not _same(got["base"], got["this"]):
+                    raise SystemExit(f"{name}, C = {c}, {label}: the two builds' outputs differ")
+                del got
+                med = interleaved({side: partial(swap.run, side, step) for side in SIDES}, repeats)
+                print(
+                    f"| {name} | {n} | {c} | {label} | {med['base'] * 1e3:.2f} | "
+                    f"{med['this'] * 1e3:.2f} | {med['base'] / med['this']:.2f}x | bitwise |",
+                    flush=True,
+                )
+
+
 def _unet_step(
     net: torch.nn.Module, feats: torch.Tensor, coords: torch.Tensor, train: bool
 ) -> torch.Tensor:
@@ -263,7 +317,7 @@ def _unet_step(
 def unet(
     base: ModuleType, scenes: list[str], repeats: int, dtype: torch.dtype = torch.float32
 ) -> None:
-    swap = Swap(base, CONV_KERNELS + MAP_ENTRY_POINTS)
+    swap = Swap(base, CONV_KERNELS + MAP_ENTRY_POINTS + NORM_ENTRY_POINTS)
     print("| scene | step | base s | this s | this / base | outputs |")
     print("|---|---|---|---|---|---|")
     for name in scenes:
@@ -290,7 +344,7 @@ def main() -> int:
         "--groups",
         nargs="+",
         default=["layers", "kmap", "unet"],
-        choices=["layers", "kmap", "unet"],
+        choices=["layers", "kmap", "unet", "norm"],
     )
     parser.add_argument(
         "--scenes", nargs="+", default=["surface", "lidar"], choices=[*scene_names(), "tiny"]
@@ -306,7 +360,7 @@ def main() -> int:
     )
     parser.add_argument(
         "--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
-        help="layers and unet groups: the features' and weights' dtype",
+        help="layers, unet and norm groups: the features' (and weights') dtype",
     )  # fmt: skip
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()
@@ -326,6 +380,9 @@ def main() -> int:
         print()
     if "unet" in args.groups:
         unet(base, args.scenes, max(3, args.repeats // 2), getattr(torch, args.dtype))
+        print()
+    if "norm" in args.groups:
+        norms(base, args.scenes, args.channels, args.repeats, getattr(torch, args.dtype))
     return 0
 
 

@@ -17,20 +17,20 @@ static TL_NORM_ATTR inline float TL_NI(pre)(float x, float scale, float shift) {
     return x * scale + shift;
 }
 
-/* s[j] += x - ref[j] and q[j] += (x - ref[j])^2 over `rows` rows, ref being one
- * row of the data, so the shifted values are small and exact to float rounding
+/* s[j] += x - ref[j] and q[j] += (x - ref[j])^2 over `rows` rows (ld values
+ * apart) of c channels, ref being one row of the data, so the shifted values are small and exact to float rounding
  * even when the mean is large.  Each TL_NORM_SUM_ROWS rows are summed in float
  * (fs, fq: c floats), then added to the double sums: float vectors hold twice
  * the lanes, which half types, read at twice the rows per byte, need to keep
  * up with memory. */
 static inline __attribute__((always_inline)) TL_NORM_ATTR void TL_NI(stats_rows)(
-    const float *x, int64_t rows, int64_t c, const float *ref, double *s, double *q, float *fs,
-    float *fq) {
+    const float *x, int64_t rows, int64_t c, int64_t ld, const float *ref, double *s, double *q,
+    float *fs, float *fq) {
     for (int64_t r0 = 0; r0 < rows; r0 += TL_NORM_SUM_ROWS) {
         const int64_t r1 = r0 + TL_NORM_SUM_ROWS < rows ? r0 + TL_NORM_SUM_ROWS : rows;
         for (int64_t j = 0; j < c; j++) fs[j] = fq[j] = 0.0f;
         for (int64_t r = r0; r < r1; r++) {
-            const float *xr = x + r * c;
+            const float *xr = x + r * ld;
             for (int64_t j = 0; j < c; j++) {
                 const float v = xr[j] - ref[j];
                 fs[j] += v;
@@ -44,27 +44,50 @@ static inline __attribute__((always_inline)) TL_NORM_ATTR void TL_NI(stats_rows)
     }
 }
 
-/* The summing passes at C = 32 and 64: the loops run at a width fixed when
- * compiled, their float sums in local arrays, which stay in registers instead
- * of a row of scratch loaded and stored at every row.  The same operations in
- * the same order, so the same bits (each pass 1.05-1.42x in float32,
- * 1.36-1.89x in the half types, whose rows arrive twice as fast; at C = 16 GCC
- * unrolled it into slower code).  CALL(C, A, B, FIXED): the pass at width C
- * with sums A and B, FIXED where C is a compile-time width. */
+/* The summing passes where C is a multiple of 32: blocks of at most 128
+ * channels (the last 32, 64 or 96), each over the rows in turn, at a width
+ * fixed when compiled, their float sums in local arrays, which stay in
+ * registers instead of a row of scratch loaded and stored at every row.  Each
+ * channel's sums take the same operations in the same order, so the same bits
+ * (at C = 32 and 64 each pass 1.05-1.42x in float32, 1.36-1.89x in the half
+ * types, whose rows arrive twice as fast; C = 96 and 128 1.04-1.24x and
+ * 1.25-1.39x; at C = 16 GCC unrolled it into slower code).  A block of rows is
+ * at most TL_NORM_BLOCK values, in L1 for the next channel block.
+ * CALL(C, J, LD, A, B, FIXED): the pass over channels [J, J + C) of rows LD
+ * values apart with sums A and B, FIXED where C is a compile-time width (and
+ * LD too where one block is the whole row: a run-time row stride cost the
+ * backward's reduction 0.85-0.91x at C = 32 in the half types). */
 #define TL_NORM_WIDTHS(c, CALL, A, B)                                                       \
     do {                                                                                    \
-        float a_[64], b_[64];                                                               \
+        float a_[128], b_[128];                                                             \
         if ((c) == 32)                                                                      \
-            CALL(32, a_, b_, 1);                                                            \
+            CALL(32, 0, 32, a_, b_, 1);                                                     \
         else if ((c) == 64)                                                                 \
-            CALL(64, a_, b_, 1);                                                            \
+            CALL(64, 0, 64, a_, b_, 1);                                                     \
+        else if ((c) == 96)                                                                 \
+            CALL(96, 0, 96, a_, b_, 1);                                                     \
+        else if ((c) == 128)                                                                \
+            CALL(128, 0, 128, a_, b_, 1);                                                   \
+        else if ((c) % 32)                                                                  \
+            CALL((c), 0, (c), (A), (B), 0);                                                 \
         else                                                                                \
-            CALL((c), (A), (B), 0);                                                         \
+            for (int64_t j_ = 0; j_ < (c); j_ += 128) {                                     \
+                const int64_t w_ = (c) - j_ < 128 ? (c) - j_ : 128;                         \
+                if (w_ == 32)                                                               \
+                    CALL(32, j_, (c), a_, b_, 1);                                           \
+                else if (w_ == 64)                                                          \
+                    CALL(64, j_, (c), a_, b_, 1);                                           \
+                else if (w_ == 96)                                                          \
+                    CALL(96, j_, (c), a_, b_, 1);                                           \
+                else                                                                        \
+                    CALL(128, j_, (c), a_, b_, 1);                                          \
+            }                                                                               \
     } while (0)
 
 static TL_NORM_ATTR void TL_NI(stats)(const float *x, int64_t rows, int64_t c, const float *ref,
                                       double *s, double *q, float *fs, float *fq) {
-#define TL_STATS(C, A, B, FIXED) TL_NI(stats_rows)(x, rows, C, ref, s, q, A, B)
+#define TL_STATS(C, J, LD, A, B, FIXED)                                                     \
+    TL_NI(stats_rows)(x + (J), rows, C, LD, ref + (J), s + (J), q + (J), A, B)
     TL_NORM_WIDTHS(c, TL_STATS, fs, fq);
 #undef TL_STATS
 }
@@ -108,14 +131,14 @@ static TL_NORM_ATTR inline float TL_NI(cut)(float g, float x, float scale, float
  * vectorizes either way), in the same loop (through scratch: 0.77-0.80x at
  * C = 32 and 64 in the half types). */
 static inline __attribute__((always_inline)) TL_NORM_ATTR void TL_NI(reduce_rows)(
-    int fused, const float *g, const float *x, int64_t rows, int64_t c, const float *scale,
-    const float *shift, int relu, const float *ref, double *sg, double *sgx, float *fg,
-    float *fgx, float *cut) {
+    int fused, const float *g, const float *x, int64_t rows, int64_t c, int64_t ld,
+    const float *scale, const float *shift, int relu, const float *ref, double *sg, double *sgx,
+    float *fg, float *fgx, float *cut) {
     for (int64_t r0 = 0; r0 < rows; r0 += TL_NORM_SUM_ROWS) {
         const int64_t r1 = r0 + TL_NORM_SUM_ROWS < rows ? r0 + TL_NORM_SUM_ROWS : rows;
         for (int64_t j = 0; j < c; j++) fg[j] = fgx[j] = 0.0f;
         for (int64_t r = r0; r < r1; r++) {
-            const float *gr = g + r * c, *xr = x + r * c;
+            const float *gr = g + r * ld, *xr = x + r * ld;
             if (relu && fused) {
                 for (int64_t j = 0; j < c; j++) {
                     const float v = TL_NI(cut)(gr[j], xr[j], scale[j], shift[j]);
@@ -148,8 +171,9 @@ static TL_NORM_ATTR void TL_NI(reduce)(const float *g, const float *x, int64_t r
                                        const float *scale, const float *shift, int relu,
                                        const float *ref, double *sg, double *sgx, float *fg,
                                        float *fgx, float *cut) {
-#define TL_REDUCE(C, A, B, FIXED)                                                           \
-    TL_NI(reduce_rows)(FIXED, g, x, rows, C, scale, shift, relu, ref, sg, sgx, A, B, cut)
+#define TL_REDUCE(C, J, LD, A, B, FIXED)                                                    \
+    TL_NI(reduce_rows)(FIXED, g + (J), x + (J), rows, C, LD, scale + (J), shift + (J), relu,   \
+                       ref + (J), sg + (J), sgx + (J), A, B, cut)
     TL_NORM_WIDTHS(c, TL_REDUCE, fg, fgx);
 #undef TL_REDUCE
 }

@@ -25,8 +25,10 @@ TOL_DX = {**TOL, torch.float32: 1e-4}
 TOL_PARAM = {**{t: 1e-6 for t in TOL}, torch.float64: 1e-10}
 # (rows, channels): two rows, an odd width, rows past one chunk of 64, a width past a
 # 16 KiB block of half rows (4096 floats), more rows than 256 chunks of 64.
-# 32 and 64 channels also take the passes' fixed-width loops (tl_norm_impl.h).
-SHAPES = [(2, 3), (65, 37), (300, 32), (1000, 64), (7, 4100), (20000, 8)]
+# Multiples of 32 take the passes' fixed-width loops (tl_norm_impl.h): 32 to 128 in one
+# block of channels, 160 as 128 + 32, 448 as three blocks of 128 and one of 64.
+SHAPES = [(2, 3), (65, 37), (300, 32), (1000, 64), (500, 96), (300, 128), (200, 160),
+          (40, 448), (7, 4100), (20000, 8)]  # fmt: skip
 ISAS = ["avx512", "avx2", "baseline"]
 
 
