@@ -363,11 +363,18 @@ def main() -> int:
         help="layers, unet and norm groups: the features' (and weights') dtype",
     )  # fmt: skip
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument(
+        "--reuse-cpu-memory", action="store_true",
+        help="tl.reuse_cpu_memory() first: outputs of 32 MiB and more reuse faulted-in "
+        "pages instead of timing the kernel's page faults",
+    )  # fmt: skip
     args = parser.parse_args()
     base = load_build(args.base)
+    reuse = args.reuse_cpu_memory and tl.reuse_cpu_memory()
     print(
         f"{torch.get_num_threads()} threads, cpu_isa {_C.cpu_isa()}, {args.dtype}; medians of "
-        f"{args.repeats} interleaved calls; 'this' is {_C.__file__}\n"
+        f"{args.repeats} interleaved calls; reuse_cpu_memory {reuse}; 'this' is "
+        f"{_C.__file__}\n"
     )
     if "layers" in args.groups:
         layers(

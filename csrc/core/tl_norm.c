@@ -33,12 +33,12 @@
 /* Floats per widened block of half-type rows in the summing passes (stats,
  * reduce): 16 KiB.  The block's rows fix their float partial sums. */
 #define TL_NORM_BLOCK 4096
-/* Rows per block in the passes that write (apply, bapply; no sums, so any
- * block gives the same bits): half the summing passes', so their x, dy and
- * output blocks (24 KiB) leave room in a 48 KiB L1 for the rows streaming in
- * and out (the input gradient in the half types 1.08-1.25x, normalize + ReLU
- * 0.94-1.17x against full blocks). */
-#define TL_NORM_APPLY_ROWS(b) ((b) / 2 > 0 ? (b) / 2 : 1)
+/* Rows per block of the backward's input gradient (bapply; no sums, so any
+ * block gives the same bits): half the other passes', so its three blocks (x,
+ * dy, dx: 24 KiB) leave room in a 48 KiB L1 for the rows streaming in and
+ * out (1.06-1.34x in the half types against full blocks; normalize + ReLU,
+ * with two blocks, measured 0.84-1.27x and keeps full ones). */
+#define TL_NORM_BAPPLY_ROWS(b) ((b) / 2 > 0 ? (b) / 2 : 1)
 /* Rows of a chunk: at least TL_NORM_CHUNK_MIN, at most TL_NORM_CHUNKS chunks.
  * Chunks depend only on n, which fixes the order of every sum. */
 #define TL_NORM_CHUNK_MIN 64
@@ -121,14 +121,15 @@ typedef struct tl_norm_pass {
     double *partial;
 } tl_norm_pass;
 
-/* Runs pass p over the chunks of rows, block by block (TL_NORM_BLOCK values,
- * or TL_NORM_APPLY_ROWS of those rows where the pass sums nothing): half types
- * are widened into per-thread blocks (x, dy, the output), sums go through 3
- * rows of c floats of scratch into the chunk's partial sums. */
+/* Runs pass p over the chunks of rows, block by block (TL_NORM_BLOCK values;
+ * TL_NORM_BAPPLY_ROWS of those rows in bapply): half types are widened into
+ * per-thread blocks (x, dy, the output), sums go through 3 rows of c floats of
+ * scratch into the chunk's partial sums. */
 static tl_status tl_norm_run_pass(const tl_norm_run *run, const tl_norm_desc *d,
                                   const tl_norm_pass *p) {
     const int64_t n = d->n, c = d->c;
-    const int64_t step = p->partial ? run->block_rows : TL_NORM_APPLY_ROWS(run->block_rows);
+    const int64_t step = p->kind == TL_NORM_PASS_BAPPLY ? TL_NORM_BAPPLY_ROWS(run->block_rows)
+                                                        : run->block_rows;
     const int64_t blk = d->dtype == TL_F32 ? 0 : step * c;
     const int64_t blocks = 1 + (p->dy != NULL) + (p->out != NULL);
     const int64_t floats = blocks * blk + (p->partial ? 3 * c : 0);

@@ -16,6 +16,7 @@ import stat
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import ClassVar
 
 import pytest
@@ -264,6 +265,31 @@ def test_two_builds_side_by_side(capsys: pytest.CaptureFixture[str]) -> None:
     assert "bfloat16" in out and out.count("| bitwise |") == 2  # eval, training step
     with pytest.raises(SystemExit, match="disagree"):
         builds._agreement(torch.ones(3), torch.ones(3) * 1.01)
+    norm = [*args[:4], "--channels", "4", "96", "--repeats", "1", "--groups", "norm"]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("sys.argv", ["builds", *norm, "--reuse-cpu-memory"])
+        assert builds.main() == 0
+    out = capsys.readouterr().out
+    assert out.count("| bitwise |") == 8  # four passes at two widths
+    assert builds._C.batch_norm_apply is _C.batch_norm_apply
+
+
+def test_two_builds_norm_group_stops_on_other_numbers() -> None:
+    """A base whose normalize + ReLU leaves out the ReLU computes other numbers: the
+    norm group stops before timing it."""
+    from benchmarks import builds
+    from torch_lattice.ops._runtime import _C
+
+    apply = _C.batch_norm_apply  # the swap points _C's name at the base's
+
+    def no_relu(code: int, n: int, c: int, relu: int, *rest: int) -> None:
+        apply(code, n, c, 0, *rest)
+
+    base = SimpleNamespace(**{k: getattr(_C, k) for k in builds.NORM_ENTRY_POINTS})
+    base.batch_norm_apply = no_relu
+    with pytest.raises(SystemExit, match="apply \\+ ReLU: the two builds' outputs differ"):
+        builds.norms(base, ["tiny"], [8], 1, torch.float32)  # type: ignore[arg-type]
+    assert builds._C.batch_norm_apply is _C.batch_norm_apply
 
 
 @pytest.mark.parametrize("mask", [0o022, 0o077])
