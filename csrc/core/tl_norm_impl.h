@@ -18,8 +18,8 @@ static TL_NORM_ATTR inline float TL_NI(pre)(float x, float scale, float shift) {
 }
 
 /* s[j] += x - ref[j] and q[j] += (x - ref[j])^2 over `rows` rows (ld values
- * apart) of c channels, ref being one row of the data, so the shifted values are small and exact to float rounding
- * even when the mean is large.  Each TL_NORM_SUM_ROWS rows are summed in float
+ * apart) of c channels, ref being one row of the data, so the shifted values
+ * are small and exact to float rounding even when the mean is large.  Each TL_NORM_SUM_ROWS rows are summed in float
  * (fs, fq: c floats), then added to the double sums: float vectors hold twice
  * the lanes, which half types, read at twice the rows per byte, need to keep
  * up with memory. */
@@ -49,14 +49,15 @@ static inline __attribute__((always_inline)) TL_NORM_ATTR void TL_NI(stats_rows)
  * fixed when compiled, their float sums in local arrays, which stay in
  * registers instead of a row of scratch loaded and stored at every row.  Each
  * channel's sums take the same operations in the same order, so the same bits
- * (at C = 32 and 64 each pass 1.05-1.42x in float32, 1.36-1.89x in the half
- * types, whose rows arrive twice as fast; C = 96 and 128 1.04-1.24x and
- * 1.25-1.39x; at C = 16 GCC unrolled it into slower code).  A block of rows is
- * at most TL_NORM_BLOCK values, in L1 for the next channel block.
- * CALL(C, J, LD, A, B, FIXED): the pass over channels [J, J + C) of rows LD
- * values apart with sums A and B, FIXED where C is a compile-time width (and
- * LD too where one block is the whole row: a run-time row stride cost the
- * backward's reduction 0.85-0.91x at C = 32 in the half types). */
+ * (each pass against a row of scratch: at C = 32 and 64 1.05-1.42x in float32
+ * and 1.36-1.89x in the half types, whose rows arrive twice as fast; at
+ * C = 96-256 0.97-1.28x and 1.12-1.39x; at C = 16 GCC unrolled it into slower
+ * code).  A block of rows is at most TL_NORM_BLOCK values, in L1 for the next
+ * channel block.  CALL(C, J, LD, A, B, FIXED): the pass over channels
+ * [J, J + C) of rows LD values apart with sums A and B, FIXED where C is a
+ * compile-time width (and LD too where one block is the whole row: a run-time
+ * row stride cost the backward's reduction 0.85-0.99x at C = 32 in the half
+ * types). */
 #define TL_NORM_WIDTHS(c, CALL, A, B)                                                       \
     do {                                                                                    \
         float a_[128], b_[128];                                                             \
