@@ -231,6 +231,18 @@ def _same(a: Any, b: Any) -> bool:
     return all(map(torch.equal, a, b))
 
 
+def _equal_then_timed(
+    swap: Swap, step: Callable[[], Any], what: str, repeats: int
+) -> dict[str, float]:
+    """Both builds' median seconds for ``step``, after checking that they return the same
+    outputs bit for bit (else the run stops, naming ``what``)."""
+    got = {side: swap.run(side, step) for side in SIDES}
+    if not _same(got["base"], got["this"]):
+        raise SystemExit(f"{what}: the two builds' outputs differ")
+    del got  # not held while timing: tens of MB that would move the allocator
+    return interleaved({side: partial(swap.run, side, step) for side in SIDES}, repeats)
+
+
 def kmaps(base: ModuleType, scenes: list[str], repeats: int) -> None:
     swap = Swap(base, MAP_ENTRY_POINTS)
     print("| scene | voxels | step | base ms | this ms | this / base | outputs |")
@@ -238,11 +250,7 @@ def kmaps(base: ModuleType, scenes: list[str], repeats: int) -> None:
     for name in scenes:
         coords = _scene(name).coords
         for label, step in _map_steps(coords).items():
-            got = {side: swap.run(side, step) for side in SIDES}
-            if not _same(got["base"], got["this"]):
-                raise SystemExit(f"{name}, {label}: the two builds' outputs differ")
-            del got  # not held while timing: tens of MB that would move the allocator
-            med = interleaved({side: partial(swap.run, side, step) for side in SIDES}, repeats)
+            med = _equal_then_timed(swap, step, f"{name}, {label}", repeats)
             print(
                 f"| {name} | {coords.shape[0]} | {label} | {med['base'] * 1e3:.1f} | "
                 f"{med['this'] * 1e3:.1f} | {med['base'] / med['this']:.2f}x | equal |",
@@ -288,11 +296,7 @@ def norms(
         n = _scene(name).voxels
         for c in channels:
             for label, step in _norm_passes(n, c, dtype).items():
-                got = {side: swap.run(side, step) for side in SIDES}
-                if not _same(got["base"], got["this"]):
-                    raise SystemExit(f"{name}, C = {c}, {label}: the two builds' outputs differ")
-                del got
-                med = interleaved({side: partial(swap.run, side, step) for side in SIDES}, repeats)
+                med = _equal_then_timed(swap, step, f"{name}, C = {c}, {label}", repeats)
                 print(
                     f"| {name} | {n} | {c} | {label} | {med['base'] * 1e3:.2f} | "
                     f"{med['this'] * 1e3:.2f} | {med['base'] / med['this']:.2f}x | bitwise |",

@@ -122,15 +122,17 @@ typedef struct tl_norm_pass {
 } tl_norm_pass;
 
 /* Runs pass p over the chunks of rows, block by block (TL_NORM_BLOCK values;
- * TL_NORM_BAPPLY_ROWS of those rows in bapply): half types are widened into
- * per-thread blocks (x, dy, the output), sums go through 3 rows of c floats of
- * scratch into the chunk's partial sums. */
+ * TL_NORM_BAPPLY_ROWS of those rows in a half type's bapply): half types are
+ * widened into per-thread blocks (x, dy, the output), sums go through 3 rows
+ * of c floats of scratch into the chunk's partial sums. */
 static tl_status tl_norm_run_pass(const tl_norm_run *run, const tl_norm_desc *d,
                                   const tl_norm_pass *p) {
     const int64_t n = d->n, c = d->c;
-    const int64_t step = p->kind == TL_NORM_PASS_BAPPLY ? TL_NORM_BAPPLY_ROWS(run->block_rows)
-                                                        : run->block_rows;
-    const int64_t blk = d->dtype == TL_F32 ? 0 : step * c;
+    const int widen = d->dtype != TL_F32; /* float32 rows are read in place */
+    const int64_t step = widen && p->kind == TL_NORM_PASS_BAPPLY
+                             ? TL_NORM_BAPPLY_ROWS(run->block_rows)
+                             : run->block_rows;
+    const int64_t blk = widen ? step * c : 0;
     const int64_t blocks = 1 + (p->dy != NULL) + (p->out != NULL);
     const int64_t floats = blocks * blk + (p->partial ? 3 * c : 0);
     int nomem = 0;

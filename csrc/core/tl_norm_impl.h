@@ -19,10 +19,10 @@ static TL_NORM_ATTR inline float TL_NI(pre)(float x, float scale, float shift) {
 
 /* s[j] += x - ref[j] and q[j] += (x - ref[j])^2 over `rows` rows (ld values
  * apart) of c channels, ref being one row of the data, so the shifted values
- * are small and exact to float rounding even when the mean is large.  Each TL_NORM_SUM_ROWS rows are summed in float
- * (fs, fq: c floats), then added to the double sums: float vectors hold twice
- * the lanes, which half types, read at twice the rows per byte, need to keep
- * up with memory. */
+ * are small and exact to float rounding even when the mean is large.  Each
+ * TL_NORM_SUM_ROWS rows are summed in float (fs, fq: c floats), then added to
+ * the double sums: float vectors hold twice the lanes, which half types, read
+ * at twice the rows per byte, need to keep up with memory. */
 static inline __attribute__((always_inline)) TL_NORM_ATTR void TL_NI(stats_rows)(
     const float *x, int64_t rows, int64_t c, int64_t ld, const float *ref, double *s, double *q,
     float *fs, float *fq) {
@@ -55,34 +55,32 @@ static inline __attribute__((always_inline)) TL_NORM_ATTR void TL_NI(stats_rows)
  * code).  A block of rows is at most TL_NORM_BLOCK values, in L1 for the next
  * channel block.  CALL(C, J, LD, A, B, FIXED): the pass over channels
  * [J, J + C) of rows LD values apart with sums A and B, FIXED where C is a
- * compile-time width (and LD too where one block is the whole row: a run-time
- * row stride cost the backward's reduction 0.85-0.99x at C = 32 in the half
- * types). */
+ * compile-time width (and LD too where one block is the whole row, WHOLE a
+ * literal 1: a run-time row stride cost the backward's reduction 0.85-0.99x
+ * at C = 32 in the half types).  TL_NORM_FIXED, used only inside
+ * TL_NORM_WIDTHS, picks the compiled width W and passes that macro's sums a_
+ * and b_. */
+#define TL_NORM_FIXED(CALL, W, J, c, WHOLE)                                                 \
+    do {                                                                                    \
+        if ((W) == 32)                                                                      \
+            CALL(32, J, (WHOLE) ? 32 : (c), a_, b_, 1);                                     \
+        else if ((W) == 64)                                                                 \
+            CALL(64, J, (WHOLE) ? 64 : (c), a_, b_, 1);                                     \
+        else if ((W) == 96)                                                                 \
+            CALL(96, J, (WHOLE) ? 96 : (c), a_, b_, 1);                                     \
+        else                                                                                \
+            CALL(128, J, (WHOLE) ? 128 : (c), a_, b_, 1);                                   \
+    } while (0)
 #define TL_NORM_WIDTHS(c, CALL, A, B)                                                       \
     do {                                                                                    \
         float a_[128], b_[128];                                                             \
-        if ((c) == 32)                                                                      \
-            CALL(32, 0, 32, a_, b_, 1);                                                     \
-        else if ((c) == 64)                                                                 \
-            CALL(64, 0, 64, a_, b_, 1);                                                     \
-        else if ((c) == 96)                                                                 \
-            CALL(96, 0, 96, a_, b_, 1);                                                     \
-        else if ((c) == 128)                                                                \
-            CALL(128, 0, 128, a_, b_, 1);                                                   \
-        else if ((c) % 32)                                                                  \
+        if ((c) % 32 || (c) == 0)                                                           \
             CALL((c), 0, (c), (A), (B), 0);                                                 \
+        else if ((c) <= 128)                                                                \
+            TL_NORM_FIXED(CALL, (c), 0, (c), 1);                                            \
         else                                                                                \
-            for (int64_t j_ = 0; j_ < (c); j_ += 128) {                                     \
-                const int64_t w_ = (c) - j_ < 128 ? (c) - j_ : 128;                         \
-                if (w_ == 32)                                                               \
-                    CALL(32, j_, (c), a_, b_, 1);                                           \
-                else if (w_ == 64)                                                          \
-                    CALL(64, j_, (c), a_, b_, 1);                                           \
-                else if (w_ == 96)                                                          \
-                    CALL(96, j_, (c), a_, b_, 1);                                           \
-                else                                                                        \
-                    CALL(128, j_, (c), a_, b_, 1);                                          \
-            }                                                                               \
+            for (int64_t j_ = 0; j_ < (c); j_ += 128)                                       \
+                TL_NORM_FIXED(CALL, (c) - j_ < 128 ? (c) - j_ : 128, j_, (c), 0);           \
     } while (0)
 
 static TL_NORM_ATTR void TL_NI(stats)(const float *x, int64_t rows, int64_t c, const float *ref,
@@ -203,6 +201,7 @@ static TL_NORM_ATTR void TL_NI(bapply)(const float *g, const float *x, int64_t r
 }
 
 #undef TL_NORM_WIDTHS
+#undef TL_NORM_FIXED
 #undef TL_NI
 #undef TL_NI_CAT
 #undef TL_NI_CAT2
