@@ -47,14 +47,37 @@ typedef struct tl_half_call {
     tl_simd level;
     int dot;                 /* bfloat16 dot-product kernels; else staged through float */
     int amx;                 /* bfloat16 through AMX tiles (dot is set too) */
+    int f16_amx;             /* float16 split through AMX tiles (amx and dot are set too) */
     const tl_mk_ops_f32 *mk; /* the float micro-kernels (staged) */
     int64_t rows;            /* output rows per tile */
     int64_t panel_cols;      /* see tl_panel_cols */
     const uint16_t *pw_dot;  /* packed pair panels (dot) */
-    const uint16_t *pw_amx;  /* packed tile weights (amx, tl_amx_pack) */
+    const uint16_t *pw_amx;  /* packed tile weights (amx: tl_amx_pack, tl_amx_pack_f16) */
     const float *pw_f32;     /* packed float panels (staged) */
     int64_t window_rows;     /* staged: most x rows a tile converts as one span */
 } tl_half_call;
+
+/* float16 runs through the tiles (tl_amx_pack_f16) where c_in x c_out is at
+ * least this, in the forward and in the weight gradient: below, four tile
+ * products per block (and, in the weight gradient, two transposed copies of
+ * the x rows) cost more than the float kernels' conversions save.  Measured
+ * on the Intel Xeon of round twenty (docs/benchmarks/README.md): forward
+ * 0.82-0.89x at 16 x 16, 1.00-1.02x at 16 x 32, 1.09-1.43x at 24 x 24, up
+ * to 1.87x at 128; weight gradient 0.81-0.94x at 32, 0.93-1.23x at 64,
+ * 1.12-1.39x at 96, 1.63-1.85x at 256. */
+#define TL_F16_AMX_FORWARD_MIN (16 * 32)
+#define TL_F16_AMX_WGRAD_MIN (96 * 64)
+
+/* Chooses f's kernels from the CPU's level and the dtype; `tiles`: float16
+ * may run through the tiles from `least` multiply-adds per pair on (0 for a
+ * call's rerun after an infinity or NaN). */
+static void tl_half_kernels(tl_half_call *f, int tiles, int64_t least) {
+    const tl_conv_desc *d = f->d;
+    const int amx = TL_SIMD_AMX && f->level >= TL_SIMD_V4_AMX;
+    f->f16_amx = amx && tiles && d->dtype == TL_F16 && d->c_in * d->c_out >= least;
+    f->dot = (f->level >= TL_SIMD_V4_BF16 && d->dtype == TL_BF16) || f->f16_amx;
+    f->amx = (amx && d->dtype == TL_BF16) || f->f16_amx;
+}
 
 /* Scratch of one worker: the tile's listed x rows (as stored, and staged as
  * float), their output rows in the tile's float block, a zero x row and a sink
@@ -71,7 +94,7 @@ typedef struct tl_half_scratch {
     float *window;       /* window_rows x c_in, staged only */
     float *zero;         /* c_in + 2 zero floats, also read as bfloat16 zeros */
     float *sink;         /* TL_TILE_COLS values, never read */
-    uint16_t *abuf;      /* amx: 32 x tl_amx_depth(c_in), 64-byte aligned */
+    uint16_t *abuf;      /* amx: 32 x tl_amx_depth(c_in) (f16_amx: twice), 64-byte aligned */
     float *cbuf;         /* amx: 16 x 64, 64-byte aligned */
     int32_t *zr;         /* tile rows: rows without a neighbour (tl_tile_single) */
     uint8_t *hit;        /* tile rows: scratch of tl_tile_single */
@@ -91,7 +114,9 @@ static int tl_half_scratch_init(tl_half_scratch *s, const tl_half_call *f) {
     s->window = f->dot ? NULL : malloc(sizeof(float) * (size_t)(f->window_rows * cin + 1));
     s->zero = calloc((size_t)(cin + 2 + TL_TILE_COLS), sizeof(float));
     s->sink = s->zero ? s->zero + cin + 2 : NULL;
-    s->abuf = f->amx ? tl_mem_aligned(sizeof(uint16_t) * (size_t)(32 * tl_amx_depth(cin))) : NULL;
+    const int64_t parts = f->f16_amx ? 2 : 1;
+    s->abuf = f->amx ? tl_mem_aligned(sizeof(uint16_t) * (size_t)(32 * parts * tl_amx_depth(cin)))
+                     : NULL;
     s->cbuf = f->amx ? tl_mem_aligned(sizeof(float) * 16 * 64) : NULL;
     s->zr = malloc(sizeof(int32_t) * (size_t)f->rows);
     s->hit = malloc((size_t)f->rows);
@@ -164,7 +189,8 @@ static void tl_half_group(const tl_half_call *f, tl_half_scratch *s, int set, in
  * then rounded into y.  Where no row has two neighbours (tl_tile_single),
  * each listed row's sums are written into the block instead of added to a
  * zeroed row, and only the others zeroed.  Returns 1 at the first nbr entry
- * outside [-1, n_in), before any row it names is read; else 0. */
+ * outside [-1, n_in), before any row it names is read; 2 where f16_amx read
+ * an infinity or NaN (the tile's outputs are then not written); else 0. */
 static int tl_half_tile(const tl_half_call *f, const uint16_t *x, const int32_t *nbr, uint16_t *y,
                         int64_t o0, int64_t m, int64_t co0, int64_t cw, tl_half_scratch *s) {
     const tl_conv_desc *d = f->d;
@@ -213,6 +239,15 @@ static int tl_half_tile(const tl_half_call *f, const uint16_t *x, const int32_t 
         tl_point_rows(f->level >= TL_SIMD_V4, s->li + n * m, s->lr + n * m, c, x,
                       cin * (int64_t)sizeof(uint16_t), (void *)s->xh, s->acc,
                       cw * (int64_t)sizeof(float), (void *)s->yr);
+        if (f->f16_amx) {
+#if TL_SIMD_AMX
+            if (tl_amx_rows_f16(set, c, cin, cout, co0, cw, s->xh,
+                                f->pw_amx + 2 * n * tl_amx_row_elems(cin, cout), s->yr, s->abuf,
+                                s->cbuf))
+                return 2;
+#endif
+            continue;
+        }
         if (f->amx) {
 #if TL_SIMD_AMX
             tl_amx_rows(set, c, cin, co0, cw, s->xh, f->pw_amx + n * tl_amx_row_elems(cin, cout),
@@ -268,18 +303,23 @@ static int tl_half_tile(const tl_half_call *f, const uint16_t *x, const int32_t 
 }
 
 /* Packs the weights for the chosen kernels into *packed (freed by the
- * caller): bfloat16 pair panels, or float panels of the converted weights. */
-static tl_status tl_half_pack(tl_half_call *f, const uint16_t *w, void **packed) {
+ * caller): tile blocks, bfloat16 pair panels, or float panels of the
+ * converted weights.  *finite: 0 where f16_amx met an infinite or NaN weight
+ * (tl_amx_pack_f16). */
+static tl_status tl_half_pack(tl_half_call *f, const uint16_t *w, void **packed, int *finite) {
     const tl_conv_desc *d = f->d;
     const int64_t all = d->k * d->c_in * d->c_out;
     if (f->amx) {
-        const int64_t elems = d->k * tl_amx_row_elems(d->c_in, d->c_out);
+        const int64_t elems = d->k * tl_amx_row_elems(d->c_in, d->c_out) * (f->f16_amx ? 2 : 1);
         uint16_t *pw = tl_mem_aligned(sizeof(uint16_t) * (size_t)elems);
         if (!pw) return TL_ERR_NOMEM;
-        tl_amx_pack(d, w, pw);
-        f->pw_amx = pw;
         *packed = pw;
-        return TL_OK;
+        f->pw_amx = pw;
+        if (!f->f16_amx) {
+            tl_amx_pack(d, w, pw);
+            return TL_OK;
+        }
+        return tl_amx_pack_f16(d, w, pw, finite);
     }
     if (f->dot) {
         uint16_t *pw = tl_mem_aligned(sizeof(uint16_t) * (size_t)tl_bf16_panel_elems(d));
@@ -304,12 +344,11 @@ static tl_status tl_half_pack(tl_half_call *f, const uint16_t *w, void **packed)
     return TL_OK;
 }
 
-tl_status tl_implicit_gemm_forward_half(const tl_ctx *ctx, const tl_conv_desc *d,
-                                        const uint16_t *x, const uint16_t *w,
-                                        const int32_t *nbr, uint16_t *y) {
+/* The forward; `tiles`: float16 may run through the tiles. */
+static tl_status tl_half_forward(const tl_ctx *ctx, const tl_conv_desc *d, const uint16_t *x,
+                                 const uint16_t *w, const int32_t *nbr, uint16_t *y, int tiles) {
     tl_half_call f = {.d = d, .level = tl_simd_capped(ctx->simd_cap), .mk = tl_mk_pick_f32(ctx)};
-    f.dot = f.level >= TL_SIMD_V4_BF16 && d->dtype == TL_BF16;
-    f.amx = TL_SIMD_AMX && f.level >= TL_SIMD_V4_AMX && d->dtype == TL_BF16;
+    tl_half_kernels(&f, tiles, TL_F16_AMX_FORWARD_MIN);
     f.rows = tl_fwd_tile_rows(ctx, d, (int64_t)sizeof(float));
     f.window_rows = TL_HALF_WINDOW_BYTES / ((d->c_in > 0 ? d->c_in : 1) * (int64_t)sizeof(float));
     if (f.window_rows > TL_HALF_WINDOW * f.rows) f.window_rows = TL_HALF_WINDOW * f.rows;
@@ -318,12 +357,16 @@ tl_status tl_implicit_gemm_forward_half(const tl_ctx *ctx, const tl_conv_desc *d
     f.panel_cols = f.dot ? tl_panel_cols(d, 64, (int64_t)sizeof(uint16_t))
                          : tl_panel_cols(d, f.mk->block_cols, (int64_t)sizeof(float));
     void *packed = NULL;
-    tl_status st = tl_half_pack(&f, w, &packed);
-    if (st != TL_OK) return st;
+    int finite = 1;
+    tl_status st = tl_half_pack(&f, w, &packed, &finite);
+    if (st != TL_OK || !finite) {
+        free(packed);
+        return st != TL_OK ? st : tl_half_forward(ctx, d, x, w, nbr, y, 0);
+    }
     const int64_t row_tiles = (d->n_out + f.rows - 1) / f.rows;
     const int64_t col_tiles = (d->c_out + TL_TILE_COLS - 1) / TL_TILE_COLS;
-    int failed = 0, invalid = 0;
-#pragma omp parallel num_threads(ctx->threads) reduction(| : failed, invalid)
+    int failed = 0, invalid = 0, nonfinite = 0;
+#pragma omp parallel num_threads(ctx->threads) reduction(| : failed, invalid, nonfinite)
     {
         tl_half_scratch s;
         int ok = tl_half_scratch_init(&s, &f);
@@ -333,12 +376,14 @@ tl_status tl_implicit_gemm_forward_half(const tl_ctx *ctx, const tl_conv_desc *d
 #endif
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < row_tiles * col_tiles; t++) {
-            if (!ok || invalid) continue;
+            if (!ok || invalid || nonfinite) continue;
             int64_t o0 = (t / col_tiles) * f.rows;
             int64_t co0 = (t % col_tiles) * TL_TILE_COLS;
             int64_t m = d->n_out - o0 < f.rows ? d->n_out - o0 : f.rows;
             int64_t cw = d->c_out - co0 < TL_TILE_COLS ? d->c_out - co0 : TL_TILE_COLS;
-            invalid |= tl_half_tile(&f, x, nbr, y, o0, m, co0, cw, &s);
+            const int r = tl_half_tile(&f, x, nbr, y, o0, m, co0, cw, &s);
+            invalid |= r == 1;
+            nonfinite |= r == 2;
         }
 #if TL_SIMD_AMX
         if (f.amx) tl_amx_stop();
@@ -346,7 +391,16 @@ tl_status tl_implicit_gemm_forward_half(const tl_ctx *ctx, const tl_conv_desc *d
         tl_half_scratch_free(&s);
     }
     free(packed);
-    return invalid ? TL_ERR_INVALID : failed ? TL_ERR_NOMEM : TL_OK;
+    if (invalid) return TL_ERR_INVALID;
+    if (failed) return TL_ERR_NOMEM;
+    /* an infinity or NaN in x: every output again, through the float kernels */
+    return nonfinite ? tl_half_forward(ctx, d, x, w, nbr, y, 0) : TL_OK;
+}
+
+tl_status tl_implicit_gemm_forward_half(const tl_ctx *ctx, const tl_conv_desc *d,
+                                        const uint16_t *x, const uint16_t *w,
+                                        const int32_t *nbr, uint16_t *y) {
+    return tl_half_forward(ctx, d, x, w, nbr, y, 1);
 }
 
 /* ---- weight gradient ---------------------------------------------------------- */
@@ -362,18 +416,20 @@ typedef struct tl_half_wg_scratch {
     uint16_t *tmp; /* dot: 2 x (c_in rounded up to 4) */
     float *stage;  /* staged: TL_WGRAD_PAIRS x rows of c_in rounded up to 4, then the
                     * block's dy rows */
-    uint32_t *xt;  /* amx: tl_amx_wgrad_x_units(TL_WGRAD_PAIRS, c_in), 64-byte aligned */
+    uint32_t *xt;  /* amx: tl_amx_wgrad_x_units(TL_WGRAD_PAIRS, c_in) (f16_amx: twice),
+                    * 64-byte aligned */
     uint16_t *dt;  /* amx: tl_amx_wgrad_dy_elems(TL_WGRAD_PAIRS, c_out), the same */
     float *cbuf;   /* amx: 16 x 64, the same */
     tl_wgrad_lists lists;
 } tl_half_wg_scratch;
 
 static int tl_half_wg_init(tl_half_wg_scratch *s, const tl_conv_desc *d,
-                           const tl_wgrad_split *split, int dot, int amx, int vec) {
+                           const tl_wgrad_split *split, const tl_half_call *f, int vec) {
+    const int dot = f->dot, amx = f->amx, parts = f->f16_amx ? 2 : 1;
     const int64_t cin4 = (d->c_in + 3) / 4 * 4;
     const int pack = dot && !amx; /* the dot-product kernels' packed pairs */
-    const int64_t xt = amx ? tl_amx_wgrad_x_units(TL_WGRAD_PAIRS, d->c_in) : 0;
-    const int64_t dt = amx ? tl_amx_wgrad_dy_elems(TL_WGRAD_PAIRS, d->c_out) : 0;
+    const int64_t xt = amx ? parts * tl_amx_wgrad_x_units(TL_WGRAD_PAIRS, d->c_in) : 0;
+    const int64_t dt = amx ? parts * tl_amx_wgrad_dy_elems(TL_WGRAD_PAIRS, d->c_out) : 0;
     s->xt = amx ? tl_mem_aligned(sizeof(uint32_t) * (size_t)xt) : NULL;
     s->dt = amx ? tl_mem_aligned(sizeof(uint16_t) * (size_t)dt) : NULL;
     s->cbuf = amx ? tl_mem_aligned(sizeof(float) * 16 * 64) : NULL;
@@ -401,7 +457,8 @@ static void tl_half_wg_free(tl_half_wg_scratch *s) {
 
 /* acc (k, c_in, c_out) += the contributions of output rows [o0, o1) through
  * kernel rows [n0, n1), blocks of TL_WGRAD_PAIRS rows as in the float
- * weight gradient (tl_wgrad_rows); returns 1 as it does. */
+ * weight gradient (tl_wgrad_rows); returns 1 as it does, 2 where f16_amx
+ * read an infinity or NaN. */
 static int tl_half_wg_rows(const tl_half_call *f, const uint16_t *x, const uint16_t *dy,
                            const int32_t *nbr, int64_t o0, int64_t o1, int64_t n0, int64_t n1,
                            float *acc, tl_half_wg_scratch *s) {
@@ -426,6 +483,14 @@ static int tl_half_wg_rows(const tl_half_call *f, const uint16_t *x, const uint1
                               s->dq, c);
             if (c < 0) return 1;
             if (c == 0) continue;
+            if (f->f16_amx) {
+#if TL_SIMD_AMX
+                if (tl_amx_wgrad_f16(c, cin, cout, s->xq, s->dq, s->xt, s->dt, s->cbuf,
+                                     acc + n * mat, cout))
+                    return 2;
+#endif
+                continue;
+            }
             if (f->amx) {
 #if TL_SIMD_AMX
                 tl_amx_wgrad(c, cin, cout, s->xq, s->dq, s->xt, s->dt, s->cbuf, acc + n * mat,
@@ -458,46 +523,57 @@ static int tl_half_wg_rows(const tl_half_call *f, const uint16_t *x, const uint1
     return 0;
 }
 
-tl_status tl_implicit_gemm_weight_grad_half(const tl_ctx *ctx, const tl_conv_desc *d,
-                                            const uint16_t *x, const uint16_t *dy,
-                                            const int32_t *nbr, uint16_t *dw) {
+/* The weight gradient; `tiles` as in tl_half_forward. */
+static tl_status tl_half_weight_grad(const tl_ctx *ctx, const tl_conv_desc *d, const uint16_t *x,
+                                     const uint16_t *dy, const int32_t *nbr, uint16_t *dw,
+                                     int tiles) {
     tl_half_call f = {.d = d, .level = tl_simd_capped(ctx->simd_cap), .mk = tl_mk_pick_f32(ctx)};
-    f.dot = f.level >= TL_SIMD_V4_BF16 && d->dtype == TL_BF16;
-    f.amx = TL_SIMD_AMX && f.level >= TL_SIMD_V4_AMX && d->dtype == TL_BF16;
+    tl_half_kernels(&f, tiles, TL_F16_AMX_WGRAD_MIN);
     const int64_t mat = d->c_in * d->c_out, all = d->k * mat;
     const tl_wgrad_split split = tl_wgrad_split_of(d);
     const int64_t parts = split.parts;
     /* Float partial sums, one set per part, then their sum (fixed order). */
     float *partial = tl_mem_aligned(sizeof(float) * (size_t)((parts + 1) * all));
     if (!partial) return TL_ERR_NOMEM;
-    int failed = 0, invalid = 0;
-#pragma omp parallel num_threads(ctx->threads) reduction(| : failed, invalid)
+    int failed = 0, invalid = 0, nonfinite = 0;
+#pragma omp parallel num_threads(ctx->threads) reduction(| : failed, invalid, nonfinite)
     {
         tl_half_wg_scratch s;
-        int ok = tl_half_wg_init(&s, d, &split, f.dot, f.amx, f.level >= TL_SIMD_V4);
+        int ok = tl_half_wg_init(&s, d, &split, &f, f.level >= TL_SIMD_V4);
         failed |= !ok;
 #if TL_SIMD_AMX
         if (f.amx) tl_amx_start();
 #endif
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < parts * split.groups; t++) {
-            if (!ok || invalid) continue;
+            if (!ok || invalid || nonfinite) continue;
             const tl_wgrad_task w = tl_wgrad_task_of(&split, d, t);
             float *acc = partial + w.part * all;
             memset(acc + w.n0 * mat, 0, sizeof(float) * (size_t)((w.n1 - w.n0) * mat));
-            if (w.o0 < w.o1)
-                invalid |= tl_half_wg_rows(&f, x, dy, nbr, w.o0, w.o1, w.n0, w.n1, acc, &s);
+            const int r =
+                w.o0 < w.o1 ? tl_half_wg_rows(&f, x, dy, nbr, w.o0, w.o1, w.n0, w.n1, acc, &s) : 0;
+            invalid |= r == 1;
+            nonfinite |= r == 2;
         }
 #if TL_SIMD_AMX
         if (f.amx) tl_amx_stop();
 #endif
         tl_half_wg_free(&s);
     }
-    if (!failed && !invalid) {
+    if (!failed && !invalid && !nonfinite) {
         float *sum = partial + parts * all;
         tl_mk_sum_parts_f32(ctx->threads, partial, parts, all, sum);
         tl_f32_row_to_half(f.level, d->dtype, sum, all, dw);
     }
     free(partial);
-    return invalid ? TL_ERR_INVALID : failed ? TL_ERR_NOMEM : TL_OK;
+    if (invalid) return TL_ERR_INVALID;
+    if (failed) return TL_ERR_NOMEM;
+    /* an infinity or NaN in x or dy: again, through the float kernels */
+    return nonfinite ? tl_half_weight_grad(ctx, d, x, dy, nbr, dw, 0) : TL_OK;
+}
+
+tl_status tl_implicit_gemm_weight_grad_half(const tl_ctx *ctx, const tl_conv_desc *d,
+                                            const uint16_t *x, const uint16_t *dy,
+                                            const int32_t *nbr, uint16_t *dw) {
+    return tl_half_weight_grad(ctx, d, x, dy, nbr, dw, 1);
 }

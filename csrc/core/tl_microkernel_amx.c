@@ -2,6 +2,9 @@
 #define _DEFAULT_SOURCE
 #include "tl_microkernel_amx.h"
 
+#include <stdlib.h>
+
+#include "tl_half.h"
 #include "tl_microkernel_bf16.h"
 
 #if TL_SIMD_AMX
@@ -17,6 +20,12 @@
 static int64_t tl_amx_units(int64_t pairs) { return (pairs + 31) / 32 * 16; }
 static int64_t tl_amx_round16(int64_t n) { return (n + 15) / 16 * 16; }
 
+static uint32_t tl_f32_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
 int64_t tl_amx_wgrad_x_units(int64_t pairs, int64_t cin) {
     return tl_amx_units(pairs) * tl_amx_round16(cin);
 }
@@ -25,19 +34,43 @@ int64_t tl_amx_wgrad_dy_elems(int64_t pairs, int64_t cout) {
     return tl_amx_units(pairs) * 2 * tl_amx_round16(cout);
 }
 
-void tl_amx_pack(const tl_conv_desc *d, const uint16_t *w, uint16_t *pw) {
+/* tl_amx_pack with kernel row n at pw + n * stride. */
+static void tl_amx_pack_rows(const tl_conv_desc *d, const uint16_t *w, uint16_t *pw,
+                             int64_t stride) {
     const int64_t cin = d->c_in, cout = d->c_out, kp = tl_amx_depth(cin);
     const int64_t nb = tl_amx_round16(cout) / 16;
     for (int64_t n = 0; n < d->k; n++)
         for (int64_t b = 0; b < nb; b++)
             for (int64_t p = 0; p < kp / 2; p++) {
-                uint16_t *dst = pw + n * tl_amx_row_elems(cin, cout) + (b * (kp / 2) + p) * 32;
+                uint16_t *dst = pw + n * stride + (b * (kp / 2) + p) * 32;
                 for (int64_t j = 0; j < 16; j++)
                     for (int64_t u = 0; u < 2; u++) {
                         const int64_t c = 2 * p + u, col = 16 * b + j;
                         dst[2 * j + u] = c < cin && col < cout ? w[(n * cin + c) * cout + col] : 0;
                     }
             }
+}
+
+void tl_amx_pack(const tl_conv_desc *d, const uint16_t *w, uint16_t *pw) {
+    tl_amx_pack_rows(d, w, pw, tl_amx_row_elems(d->c_in, d->c_out));
+}
+
+tl_status tl_amx_pack_f16(const tl_conv_desc *d, const uint16_t *w, uint16_t *pw, int *finite) {
+    const int64_t all = d->k * d->c_in * d->c_out, elems = tl_amx_row_elems(d->c_in, d->c_out);
+    uint16_t *hi = malloc(sizeof(uint16_t) * (size_t)(2 * all + 1));
+    if (!hi) return TL_ERR_NOMEM;
+    uint16_t *lo = hi + all;
+    *finite = 1;
+    for (int64_t i = 0; i < all; i++) {
+        const float f = tl_f16_to_f32(w[i]);
+        *finite &= (w[i] & 0x7c00u) != 0x7c00u;
+        hi[i] = (uint16_t)(tl_f32_bits(f) >> 16);
+        lo[i] = (uint16_t)(tl_f32_bits(f - tl_bf16_to_f32(hi[i])) >> 16);
+    }
+    tl_amx_pack_rows(d, hi, pw, 2 * elems);
+    tl_amx_pack_rows(d, lo, pw + elems, 2 * elems);
+    free(hi);
+    return TL_OK;
 }
 
 /* Linux's arch_prctl requests: the extended states this process may use, and
@@ -101,13 +134,22 @@ static inline __attribute__((always_inline)) TL_TARGET_AMX void tl_amx_gather(
 /* Where a tile product's operands lie, in bytes: the left operand's rows at
  * a, `as` apart, each 32-deep step `ak` further; the right operand's rows at
  * b, `bs` apart, each step `bk` further and each block of 16 columns `bj`
- * further; `steps` steps. */
+ * further; `steps` steps.  Split float16 operands (tl_amx_split) hold their
+ * low parts a_lo and b_lo bytes after the high ones. */
 typedef struct {
     const char *a;
     int64_t as, ak;
     const char *b;
     int64_t bs, bk, bj, steps;
+    int64_t a_lo, b_lo;
 } tl_amx_operands;
+
+/* Products a tile sum takes: one, or for split float16 operands four (high
+ * and low parts of each side, largest first), so every float16 product is
+ * summed exactly (tl_amx_split). */
+#define TL_AMX_PASSES(split) ((split) ? 4 : 1)
+#define TL_AMX_PASS_A(o, p) (((p) >> 1) * (o)->a_lo)
+#define TL_AMX_PASS_B(o, p) (((p) & 1) * (o)->b_lo)
 
 /* One left operand x NV (1 to 4) column blocks: sums over every step in
  * tiles 0..NV-1 (the left operand in tile 4, the column blocks alternating in
@@ -119,19 +161,20 @@ typedef struct {
     } while (0)
 
 static inline __attribute__((always_inline)) TL_TARGET_AMX void tl_amx_blocks(
-    int NV, const tl_amx_operands *o, float *cbuf) {
+    int split, int NV, const tl_amx_operands *o, float *cbuf) {
     _tile_zero(0);
     if (NV > 1) _tile_zero(1);
     if (NV > 2) _tile_zero(2);
     if (NV > 3) _tile_zero(3);
-    for (int64_t s = 0; s < o->steps; s++) {
-        const char *b = o->b + s * o->bk;
-        _tile_loadd(4, o->a + s * o->ak, o->as);
-        TL_AMX_STEP(0, 5);
-        if (NV > 1) TL_AMX_STEP(1, 6);
-        if (NV > 2) TL_AMX_STEP(2, 5);
-        if (NV > 3) TL_AMX_STEP(3, 6);
-    }
+    for (int p = 0; p < TL_AMX_PASSES(split); p++)
+        for (int64_t s = 0; s < o->steps; s++) {
+            const char *b = o->b + TL_AMX_PASS_B(o, p) + s * o->bk;
+            _tile_loadd(4, o->a + TL_AMX_PASS_A(o, p) + s * o->ak, o->as);
+            TL_AMX_STEP(0, 5);
+            if (NV > 1) TL_AMX_STEP(1, 6);
+            if (NV > 2) TL_AMX_STEP(2, 5);
+            if (NV > 3) TL_AMX_STEP(3, 6);
+        }
     _tile_stored(0, cbuf, 256);
     if (NV > 1) _tile_stored(1, cbuf + 16, 256);
     if (NV > 2) _tile_stored(2, cbuf + 32, 256);
@@ -141,12 +184,12 @@ static inline __attribute__((always_inline)) TL_TARGET_AMX void tl_amx_blocks(
 
 /* tl_amx_blocks for NV up to 4, chosen at run time. */
 static inline __attribute__((always_inline)) TL_TARGET_AMX void tl_amx_blocks_n(
-    int64_t nv, const tl_amx_operands *o, float *cbuf) {
+    int split, int64_t nv, const tl_amx_operands *o, float *cbuf) {
     switch (nv) {
-    case 1: tl_amx_blocks(1, o, cbuf); break;
-    case 2: tl_amx_blocks(2, o, cbuf); break;
-    case 3: tl_amx_blocks(3, o, cbuf); break;
-    default: tl_amx_blocks(4, o, cbuf); break;
+    case 1: tl_amx_blocks(split, 1, o, cbuf); break;
+    case 2: tl_amx_blocks(split, 2, o, cbuf); break;
+    case 3: tl_amx_blocks(split, 3, o, cbuf); break;
+    default: tl_amx_blocks(split, 4, o, cbuf); break;
     }
 }
 
@@ -156,26 +199,28 @@ static inline __attribute__((always_inline)) TL_TARGET_AMX void tl_amx_blocks_n(
  * and loading them per group of 16 rows cost as much as the products).
  * Stored into cbuf: the first at columns 0-31, the second at 32-63. */
 static inline __attribute__((always_inline)) TL_TARGET_AMX void tl_amx_pair(
-    int NV, const tl_amx_operands *o, int64_t a1, float *cbuf) {
+    int split, int NV, const tl_amx_operands *o, int64_t a1, float *cbuf) {
     _tile_zero(0);
     _tile_zero(2);
     if (NV > 1) {
         _tile_zero(1);
         _tile_zero(3);
     }
-    for (int64_t s = 0; s < o->steps; s++) {
-        const char *a = o->a + s * o->ak, *b = o->b + s * o->bk;
-        _tile_loadd(4, a, o->as);
-        _tile_loadd(5, a + a1, o->as);
-        _tile_loadd(6, b, o->bs);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(2, 5, 6);
-        if (NV > 1) {
-            _tile_loadd(7, b + o->bj, o->bs);
-            _tile_dpbf16ps(1, 4, 7);
-            _tile_dpbf16ps(3, 5, 7);
+    for (int p = 0; p < TL_AMX_PASSES(split); p++)
+        for (int64_t s = 0; s < o->steps; s++) {
+            const char *a = o->a + TL_AMX_PASS_A(o, p) + s * o->ak;
+            const char *b = o->b + TL_AMX_PASS_B(o, p) + s * o->bk;
+            _tile_loadd(4, a, o->as);
+            _tile_loadd(5, a + a1, o->as);
+            _tile_loadd(6, b, o->bs);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_dpbf16ps(2, 5, 6);
+            if (NV > 1) {
+                _tile_loadd(7, b + o->bj, o->bs);
+                _tile_dpbf16ps(1, 4, 7);
+                _tile_dpbf16ps(3, 5, 7);
+            }
         }
-    }
     _tile_stored(0, cbuf, 256);
     _tile_stored(2, cbuf + 32, 256);
     if (NV > 1) {
@@ -202,40 +247,95 @@ static inline __attribute__((always_inline)) TL_TARGET_AMX void tl_amx_add(
     for (int64_t r = 0; r < rows; r++) tl_amx_add_row(set, w, src + r * 64, out[r] + j);
 }
 
-static inline __attribute__((always_inline)) TL_TARGET_AMX void tl_amx_rows_body(
-    int set, int64_t c, int64_t cin, int64_t co0, int64_t cw, const uint16_t *const *a,
-    const uint16_t *pw_n, float *const *out, uint16_t *abuf, float *cbuf) {
-    const int64_t kp = tl_amx_depth(cin), blk = kp / 2 * 32;
-    /* x rows kp values apart, 32 channels a step; weight blocks of kp / 2
-     * pair rows of 64 bytes, 16 pair rows a step. */
-    tl_amx_operands o = {.a = (const char *)abuf, .as = kp * 2, .ak = 64,
-                         .bs = 64, .bk = 16 * 64, .bj = blk * 2, .steps = kp / 32};
+/* float16 values h (32 lanes) as bfloat16 high and low parts (tl_amx_split):
+ * the high part keeps the top 8 of the 11 significant bits, the low part,
+ * h minus that, the other 3; both exact in bfloat16. */
+static inline __attribute__((always_inline)) TL_TARGET_AMX void tl_amx_split32(
+    __m512i h, __m512i *hi, __m512i *lo) {
+    const __m512 top = _mm512_castsi512_ps(_mm512_set1_epi32((int)0xffff0000u));
+    const __m512 f0 = _mm512_cvtph_ps(_mm512_castsi512_si256(h));
+    const __m512 f1 = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
+    const __m512 h0 = _mm512_and_ps(f0, top), h1 = _mm512_and_ps(f1, top);
+    *hi = (__m512i)_mm512_cvtne2ps_pbh(h1, h0);
+    *lo = (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(f1, h1), _mm512_sub_ps(f0, h0));
+}
+
+/* The lanes of 32 float16 values that are infinite or NaN (all exponent bits set). */
+static inline __attribute__((always_inline)) TL_TARGET_AMX __mmask32 tl_amx_nonfinite(__m512i h) {
+    const __m512i expo = _mm512_set1_epi16(0x7c00);
+    return _mm512_cmpeq_epi16_mask(_mm512_and_si512(h, expo), expo);
+}
+
+/* tl_amx_gather for float16 rows: each row's high parts then its low parts,
+ * kp values each (rows 2 kp apart).  Returns the lanes that held an infinity
+ * or NaN (whose parts do not sum back to it). */
+static inline __attribute__((always_inline)) TL_TARGET_AMX __mmask32 tl_amx_gather_f16(
+    int64_t rows, int64_t cin, int64_t kp, const uint16_t *const *a, uint16_t *abuf) {
+    __mmask32 bad = 0;
+    for (int64_t r = 0; r < 16; r++) {
+        uint16_t *dst = abuf + r * 2 * kp;
+        for (int64_t c = 0; c < kp; c += 32) {
+            const int64_t left = r < rows ? cin - c : 0;
+            const __mmask32 m = (__mmask32)(left >= 32 ? 0xffffffffu
+                                            : left <= 0 ? 0u
+                                                        : (1u << left) - 1u);
+            const __m512i h = _mm512_maskz_loadu_epi16(m, r < rows ? a[r] + c : a[0]);
+            bad |= tl_amx_nonfinite(h);
+            __m512i hi, lo;
+            tl_amx_split32(h, &hi, &lo);
+            _mm512_store_si512(dst + c, hi);
+            _mm512_store_si512(dst + kp + c, lo);
+        }
+    }
+    return bad;
+}
+
+/* One group's rows into abuf: bfloat16 as they are, float16 split. */
+static inline __attribute__((always_inline)) TL_TARGET_AMX __mmask32 tl_amx_gather_any(
+    int split, int64_t rows, int64_t cin, int64_t kp, const uint16_t *const *a, uint16_t *abuf) {
+    if (split) return tl_amx_gather_f16(rows, cin, kp, a, abuf);
+    tl_amx_gather(rows, cin, kp, a, abuf);
+    return 0;
+}
+
+static inline __attribute__((always_inline)) TL_TARGET_AMX __mmask32 tl_amx_rows_body(
+    int set, int split, int64_t c, int64_t cin, int64_t co0, int64_t cw, const uint16_t *const *a,
+    const uint16_t *pw_n, int64_t pw_lo, float *const *out, uint16_t *abuf, float *cbuf) {
+    const int64_t kp = tl_amx_depth(cin), blk = kp / 2 * 32, row = split ? 2 * kp : kp;
+    /* x rows `row` values apart, 32 channels a step; weight blocks of kp / 2
+     * pair rows of 64 bytes, 16 pair rows a step; split: the low parts kp
+     * values after the high ones, the weights' pw_lo values after theirs. */
+    tl_amx_operands o = {.a = (const char *)abuf, .as = row * 2, .ak = 64,
+                         .bs = 64, .bk = 16 * 64, .bj = blk * 2, .steps = kp / 32,
+                         .a_lo = kp * 2, .b_lo = pw_lo * 2};
+    __mmask32 bad = 0;
     int64_t g = 0;
     for (; g + 16 < c; g += 32) { /* two groups, the second possibly short */
         const int64_t rows = c - g - 16 < 16 ? c - g - 16 : 16;
-        tl_amx_gather(16, cin, kp, a + g, abuf);
-        tl_amx_gather(rows, cin, kp, a + g + 16, abuf + 16 * kp);
+        bad |= tl_amx_gather_any(split, 16, cin, kp, a + g, abuf);
+        bad |= tl_amx_gather_any(split, rows, cin, kp, a + g + 16, abuf + 16 * row);
         for (int64_t j = 0; j < cw; j += 32) {
             const int64_t w = cw - j < 32 ? cw - j : 32;
             o.b = (const char *)(pw_n + (co0 + j) / 16 * blk);
             if (w > 16)
-                tl_amx_pair(2, &o, 16 * kp * 2, cbuf);
+                tl_amx_pair(split, 2, &o, 16 * row * 2, cbuf);
             else
-                tl_amx_pair(1, &o, 16 * kp * 2, cbuf);
+                tl_amx_pair(split, 1, &o, 16 * row * 2, cbuf);
             tl_amx_add(set, 16, w, cbuf, out + g, j);
             tl_amx_add(set, rows, w, cbuf + 32, out + g + 16, j);
         }
     }
     if (g < c) { /* one group left */
         const int64_t rows = c - g;
-        tl_amx_gather(rows, cin, kp, a + g, abuf);
+        bad |= tl_amx_gather_any(split, rows, cin, kp, a + g, abuf);
         for (int64_t j = 0; j < cw; j += 64) {
             const int64_t w = cw - j < 64 ? cw - j : 64;
             o.b = (const char *)(pw_n + (co0 + j) / 16 * blk);
-            tl_amx_blocks_n((w + 15) / 16, &o, cbuf);
+            tl_amx_blocks_n(split, (w + 15) / 16, &o, cbuf);
             tl_amx_add(set, rows, w, cbuf, out + g, j);
         }
     }
+    return bad;
 }
 
 /* One body per `set`, so no output row tests it. */
@@ -243,9 +343,17 @@ TL_TARGET_AMX void tl_amx_rows(int set, int64_t c, int64_t cin, int64_t co0, int
                                const uint16_t *const *a, const uint16_t *pw_n,
                                float *const *out, uint16_t *abuf, float *cbuf) {
     if (set)
-        tl_amx_rows_body(1, c, cin, co0, cw, a, pw_n, out, abuf, cbuf);
+        tl_amx_rows_body(1, 0, c, cin, co0, cw, a, pw_n, 0, out, abuf, cbuf);
     else
-        tl_amx_rows_body(0, c, cin, co0, cw, a, pw_n, out, abuf, cbuf);
+        tl_amx_rows_body(0, 0, c, cin, co0, cw, a, pw_n, 0, out, abuf, cbuf);
+}
+
+TL_TARGET_AMX int tl_amx_rows_f16(int set, int64_t c, int64_t cin, int64_t cout, int64_t co0,
+                                  int64_t cw, const uint16_t *const *a, const uint16_t *pw_n,
+                                  float *const *out, uint16_t *abuf, float *cbuf) {
+    const int64_t lo = tl_amx_row_elems(cin, cout);
+    if (set) return tl_amx_rows_body(1, 1, c, cin, co0, cw, a, pw_n, lo, out, abuf, cbuf) != 0;
+    return tl_amx_rows_body(0, 1, c, cin, co0, cw, a, pw_n, lo, out, abuf, cbuf) != 0;
 }
 
 /* The 16 x 16 32-bit units r[t][c] stored transposed: dst[c * ld + t]. */
@@ -261,43 +369,109 @@ static inline __attribute__((always_inline)) TL_TARGET_AMX void tl_amx_add_rows(
     for (int64_t r = 0; r < rows; r++) tl_amx_add_row(0, w, src + r * 64, o + r * ldo);
 }
 
-TL_TARGET_AMX void tl_amx_wgrad(int64_t c, int64_t cin, int64_t cout, const uint16_t *const *xq,
-                                const uint16_t *const *dq, uint32_t *xt, uint16_t *dt,
-                                float *cbuf, float *out, int64_t ldo) {
+/* tl_bf16_interleave for float16 rows: a[i] and b[i] side by side for
+ * i < m (0 past n, and for a missing b), the high parts at hi, the low parts
+ * at lo (tl_amx_split32).  Returns the lanes that held an infinity or NaN. */
+static inline __attribute__((always_inline)) TL_TARGET_AMX __mmask32 tl_amx_interleave_f16(
+    const uint16_t *a, const uint16_t *b, int64_t n, int64_t m, uint16_t *hi, uint16_t *lo) {
+    const __m512i first = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9,
+                                           40, 8, 39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33,
+                                           1, 32, 0);
+    const __m512i second = _mm512_add_epi16(first, _mm512_set1_epi16(16));
+    __mmask32 bad = 0;
+    for (int64_t i = 0; i < m; i += 32) {
+        const int64_t read = n - i < 0 ? 0 : n - i < 32 ? n - i : 32;
+        const int64_t left = m - i < 32 ? m - i : 32; /* values of each written */
+        const __mmask32 mr = (__mmask32)(read == 32 ? 0xffffffffu : (1u << read) - 1u);
+        const __m512i va = _mm512_maskz_loadu_epi16(mr, a + i);
+        const __m512i vb = b ? _mm512_maskz_loadu_epi16(mr, b + i) : _mm512_setzero_si512();
+        bad |= tl_amx_nonfinite(va) | tl_amx_nonfinite(vb);
+        __m512i ah, al, bh, bl;
+        tl_amx_split32(va, &ah, &al);
+        tl_amx_split32(vb, &bh, &bl);
+        const __mmask32 m0 = (__mmask32)(left >= 16 ? 0xffffffffu : (1u << (2 * left)) - 1u);
+        const __mmask32 m1 =
+            (__mmask32)(left >= 32 ? 0xffffffffu : left <= 16 ? 0u : (1u << (2 * (left - 16))) - 1u);
+        _mm512_mask_storeu_epi16(hi + 2 * i, m0, _mm512_permutex2var_epi16(ah, first, bh));
+        _mm512_mask_storeu_epi16(hi + 2 * i + 32, m1, _mm512_permutex2var_epi16(ah, second, bh));
+        _mm512_mask_storeu_epi16(lo + 2 * i, m0, _mm512_permutex2var_epi16(al, first, bl));
+        _mm512_mask_storeu_epi16(lo + 2 * i + 32, m1, _mm512_permutex2var_epi16(al, second, bl));
+    }
+    return bad;
+}
+
+/* 16 float16 values as bfloat16 high and low parts (tl_amx_split32's split),
+ * in the low 16 lanes of *hi and *lo. */
+static inline __attribute__((always_inline)) TL_TARGET_AMX void tl_amx_split16(
+    __m256i h, __m512i *hi, __m512i *lo) {
+    const __m512 top = _mm512_castsi512_ps(_mm512_set1_epi32((int)0xffff0000u));
+    const __m512 f = _mm512_cvtph_ps(h), fh = _mm512_and_ps(f, top);
+    *hi = _mm512_castsi256_si512((__m256i)_mm512_cvtneps_pbh(fh));
+    *lo = _mm512_castsi256_si512((__m256i)_mm512_cvtneps_pbh(_mm512_sub_ps(f, fh)));
+}
+
+/* 16 channels [c0, c0 + width) of x rows q and q + 1 (zeros past c), as
+ * 16 pair units in *r; split float16: the high parts' units in *r, the low
+ * parts' in *r_lo. */
+static inline __attribute__((always_inline)) TL_TARGET_AMX void tl_amx_x_units(
+    int split, const uint16_t *const *xq, int64_t q, int64_t c, int64_t c0, int64_t width,
+    __m512i *r, __m512i *r_lo, __mmask32 *bad) {
+    const __m512i idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9,
+                                         40, 8, 39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1,
+                                         32, 0);
+    const __mmask32 m = q < c ? (__mmask32)((1u << width) - 1u) : 0u;
+    const __mmask32 m1 = q + 1 < c ? m : 0u;
+    const __m512i va = _mm512_maskz_loadu_epi16(m, xq[q < c ? q : 0] + c0);
+    const __m512i vb = _mm512_maskz_loadu_epi16(m1, xq[q + 1 < c ? q + 1 : 0] + c0);
+    if (!split) {
+        *r = _mm512_permutex2var_epi16(va, idx, vb);
+        return;
+    }
+    *bad |= tl_amx_nonfinite(va) | tl_amx_nonfinite(vb);
+    __m512i ah, al, bh, bl;
+    tl_amx_split16(_mm512_castsi512_si256(va), &ah, &al);
+    tl_amx_split16(_mm512_castsi512_si256(vb), &bh, &bl);
+    *r = _mm512_permutex2var_epi16(ah, idx, bh);
+    *r_lo = _mm512_permutex2var_epi16(al, idx, bl);
+}
+
+static inline __attribute__((always_inline)) TL_TARGET_AMX __mmask32 tl_amx_wgrad_body(
+    int split, int64_t c, int64_t cin, int64_t cout, const uint16_t *const *xq,
+    const uint16_t *const *dq, uint32_t *xt, uint16_t *dt, float *cbuf, float *out, int64_t ldo) {
     const int64_t units = tl_amx_units(c), cinp = tl_amx_round16(cin);
     const int64_t coutp = tl_amx_round16(cout);
-    /* dy: unit row t holds pairs 2t and 2t + 1 side by side. */
+    __mmask32 bad = 0;
+    /* dy: unit row t holds pairs 2t and 2t + 1 side by side (split: the low
+     * parts' rows after the high ones'). */
     for (int64_t t = 0; t < units; t++) {
         const int64_t q = 2 * t;
-        tl_bf16_interleave(dq[q < c ? q : 0], q + 1 < c ? dq[q + 1] : NULL, q < c ? cout : 0,
-                           coutp, dt + t * 2 * coutp);
+        const uint16_t *a = dq[q < c ? q : 0], *b = q + 1 < c ? dq[q + 1] : NULL;
+        uint16_t *row = dt + t * 2 * coutp;
+        if (split)
+            bad |= tl_amx_interleave_f16(a, b, q < c ? cout : 0, coutp, row,
+                                         row + units * 2 * coutp);
+        else
+            tl_bf16_interleave(a, b, q < c ? cout : 0, coutp, row);
     }
     /* x: the same units, 16 unit rows x 16 channels at a time, interleaved
      * (as tl_bf16_interleave, in registers) and transposed into xt (a row per
-     * channel, `units` apart). */
-    const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9,
-                                        40, 8, 39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1,
-                                        32, 0);
+     * channel, `units` apart; split: the low parts' cinp rows after). */
     for (int64_t t0 = 0; t0 < units; t0 += 16)
         for (int64_t c0 = 0; c0 < cinp; c0 += 16) {
             const int64_t width = cin - c0 < 16 ? cin - c0 : 16;
-            __m512i r[16];
-            for (int64_t t = 0; t < 16; t++) {
-                const int64_t q = 2 * (t0 + t);
-                const __mmask32 m = q < c ? (__mmask32)((1u << width) - 1u) : 0u;
-                const __mmask32 m1 = q + 1 < c ? m : 0u;
-                const __m512i va = _mm512_maskz_loadu_epi16(m, xq[q < c ? q : 0] + c0);
-                const __m512i vb = _mm512_maskz_loadu_epi16(m1, xq[q + 1 < c ? q + 1 : 0] + c0);
-                r[t] = _mm512_permutex2var_epi16(va, lo, vb);
-            }
+            __m512i r[16], r_lo[16];
+            for (int64_t t = 0; t < 16; t++)
+                tl_amx_x_units(split, xq, 2 * (t0 + t), c, c0, width, &r[t], &r_lo[t], &bad);
             tl_amx_transpose16(r, xt + c0 * units + t0, units);
+            if (split) tl_amx_transpose16(r_lo, xt + (cinp + c0) * units + t0, units);
         }
     /* Two channel blocks x two column blocks at a time (tl_amx_pair), so each
      * x and dy block loaded feeds two products; a last lone channel block takes
      * up to four column blocks (tl_amx_blocks).  x: a row per channel, units
      * apart, 16 units a step; dy: unit rows of coutp pairs, 16 a step. */
     tl_amx_operands o = {.as = units * 4, .ak = 64, .bs = coutp * 4, .bk = 16 * coutp * 4,
-                         .bj = 64, .steps = units / 16};
+                         .bj = 64, .steps = units / 16, .a_lo = cinp * units * 4,
+                         .b_lo = units * coutp * 4};
     int64_t c0 = 0;
     for (; c0 + 16 < cinp; c0 += 32) {
         const int64_t rows1 = cin - c0 - 16 < 16 ? cin - c0 - 16 : 16;
@@ -306,9 +480,9 @@ TL_TARGET_AMX void tl_amx_wgrad(int64_t c, int64_t cin, int64_t cout, const uint
             const int64_t w = cout - j < 32 ? cout - j : 32;
             o.b = (const char *)(dt + 2 * j);
             if (coutp - j > 16)
-                tl_amx_pair(2, &o, 16 * units * 4, cbuf);
+                tl_amx_pair(split, 2, &o, 16 * units * 4, cbuf);
             else
-                tl_amx_pair(1, &o, 16 * units * 4, cbuf);
+                tl_amx_pair(split, 1, &o, 16 * units * 4, cbuf);
             tl_amx_add_rows(16, w, cbuf, out + c0 * ldo + j, ldo);
             tl_amx_add_rows(rows1, w, cbuf + 32, out + (c0 + 16) * ldo + j, ldo);
         }
@@ -317,9 +491,23 @@ TL_TARGET_AMX void tl_amx_wgrad(int64_t c, int64_t cin, int64_t cout, const uint
         o.a = (const char *)(xt + c0 * units);
         for (int64_t j = 0; j < coutp; j += 64) {
             o.b = (const char *)(dt + 2 * j);
-            tl_amx_blocks_n((coutp - j < 64 ? coutp - j : 64) / 16, &o, cbuf);
+            tl_amx_blocks_n(split, (coutp - j < 64 ? coutp - j : 64) / 16, &o, cbuf);
             tl_amx_add_rows(cin - c0, cout - j < 64 ? cout - j : 64, cbuf, out + c0 * ldo + j, ldo);
         }
     }
+    return bad;
+}
+
+TL_TARGET_AMX void tl_amx_wgrad(int64_t c, int64_t cin, int64_t cout, const uint16_t *const *xq,
+                                const uint16_t *const *dq, uint32_t *xt, uint16_t *dt,
+                                float *cbuf, float *out, int64_t ldo) {
+    tl_amx_wgrad_body(0, c, cin, cout, xq, dq, xt, dt, cbuf, out, ldo);
+}
+
+TL_TARGET_AMX int tl_amx_wgrad_f16(int64_t c, int64_t cin, int64_t cout,
+                                   const uint16_t *const *xq, const uint16_t *const *dq,
+                                   uint32_t *xt, uint16_t *dt, float *cbuf, float *out,
+                                   int64_t ldo) {
+    return tl_amx_wgrad_body(1, c, cin, cout, xq, dq, xt, dt, cbuf, out, ldo) != 0;
 }
 #endif

@@ -37,6 +37,20 @@ static inline int64_t tl_amx_row_elems(int64_t cin, int64_t cout) {
  * c_out), the pair-interleaved layout a tile's right operand takes. */
 void tl_amx_pack(const tl_conv_desc *d, const uint16_t *w, uint16_t *pw);
 
+/* float16 through the same tiles: a float16 value has 11 significant bits,
+ * bfloat16 8, so each is split into two bfloat16 values whose sum it is
+ * exactly (high part: the top 8 bits; low part: the other 3), and a product
+ * of two float16 values is the sum of the four products of their parts, each
+ * exact in float.  Four tile products per block of sums, where a float FMA
+ * kernel does one product per multiply-add; infinities and NaN do not split
+ * (inf - inf), so the caller takes another kernel where one occurs. */
+
+/* Packs float16 weights w (k, c_in, c_out): kernel row n's high parts as
+ * tl_amx_pack lays them out at pw + 2 n E, its low parts at pw + (2 n + 1) E
+ * (E = tl_amx_row_elems(c_in, c_out)).  *finite: 0 where a weight is
+ * infinite or NaN. */
+tl_status tl_amx_pack_f16(const tl_conv_desc *d, const uint16_t *w, uint16_t *pw, int *finite);
+
 #if TL_SIMD_AMX
 /* Loads this thread's tile configuration; call before tl_amx_rows on a
  * thread, and tl_amx_stop after its last call. */
@@ -55,6 +69,14 @@ void tl_amx_rows(int set, int64_t c, int64_t cin, int64_t co0, int64_t cw,
                  const uint16_t *const *a, const uint16_t *pw_n, float *const *out,
                  uint16_t *abuf, float *cbuf);
 
+/* tl_amx_rows for float16 rows and weights packed by tl_amx_pack_f16 (its
+ * cout: the layer's c_out); abuf: 32 x 2 tl_amx_depth(c_in) values.  Returns
+ * 1 where a row read holds an infinity or NaN: its sums are then wrong, and
+ * the caller runs the call through another kernel. */
+int tl_amx_rows_f16(int set, int64_t c, int64_t cin, int64_t cout, int64_t co0, int64_t cw,
+                    const uint16_t *const *a, const uint16_t *pw_n, float *const *out,
+                    uint16_t *abuf, float *cbuf);
+
 /* Scratch values tl_amx_wgrad needs for at most `pairs` pairs: its x tile
  * (uint32 units) and its dy tile (bfloat16 values), each 64-byte aligned. */
 int64_t tl_amx_wgrad_x_units(int64_t pairs, int64_t cin);
@@ -69,6 +91,13 @@ int64_t tl_amx_wgrad_dy_elems(int64_t pairs, int64_t cout);
 void tl_amx_wgrad(int64_t c, int64_t cin, int64_t cout, const uint16_t *const *xq,
                   const uint16_t *const *dq, uint32_t *xt, uint16_t *dt, float *cbuf,
                   float *out, int64_t ldo);
+
+/* tl_amx_wgrad for float16 rows (split as tl_amx_pack_f16 splits weights):
+ * xt and dt twice the size.  Returns 1 where a row read holds an infinity or
+ * NaN (out is then wrong). */
+int tl_amx_wgrad_f16(int64_t c, int64_t cin, int64_t cout, const uint16_t *const *xq,
+                     const uint16_t *const *dq, uint32_t *xt, uint16_t *dt, float *cbuf,
+                     float *out, int64_t ldo);
 #endif
 
 #endif

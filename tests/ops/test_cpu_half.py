@@ -204,3 +204,83 @@ def test_amx_cap_selects_the_tile_kernels(monkeypatch: pytest.MonkeyPatch) -> No
     assert not torch.equal(out["amx_bf16"], out["avx512_bf16"])
     for got in (out, grad):
         torch.testing.assert_close(got["amx_bf16"], got["avx512_bf16"], rtol=2**-7, atol=1e-2)
+
+
+def _amx_only() -> None:
+    if widest_isa() != "amx_bf16":
+        pytest.skip(f"this CPU has no AMX tiles (widest: {widest_isa()})")
+
+
+def test_amx_float16_products_are_exact(monkeypatch: pytest.MonkeyPatch) -> None:
+    """float16 layers of 16 x 32 multiply-adds per pair and more run through the AMX
+    tiles as sums of four bfloat16 products (each value split into a high and a low
+    part).  With one nonzero channel per row each output is one product, so it must be
+    torch's rounding of the exact product, bit for bit; dropping any of the four
+    products (the low parts' 2^-16-relative one included) shows up here."""
+    _amx_only()
+    monkeypatch.setenv("TORCH_LATTICE_CPU_ISA", "amx_bf16")
+    g = torch.Generator().manual_seed(11)
+    n, cin, cout = 4000, 32, 48
+    info = torch.finfo(torch.float16)
+    mag = torch.exp2(torch.empty(n).uniform_(-20.0, 7.0, generator=g))
+    x = torch.zeros(n, cin, dtype=torch.float16)
+    x[:, 5] = (mag * torch.randn(n, generator=g).sign()).to(torch.float16)
+    w = (torch.randn(1, cin, cout, generator=g) * 3).to(torch.float16)
+    y = _pointwise(x, w)
+    expect = (x[:, 5:6].float() * w[0, 5:6].float()).to(torch.float16)
+    assert bool((expect.float().abs() < info.max).all())
+    assert torch.equal(y, expect)
+
+
+@pytest.mark.parametrize("where", ["x", "weight", "dy"])
+def test_amx_float16_infinities_and_nan_take_the_float_kernels(
+    where: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An infinity or NaN does not split into two finite parts, so a call that meets
+    one (in x, the weights, or dy) reruns through the float kernels: the two results
+    that read it have the same bits as the float kernels' (cap avx512), infinities and
+    NaN where they have them, not NaN from infinity minus infinity."""
+    _amx_only()
+    cin = cout = 128  # the tiles for the forward and for the weight gradient
+    feats, coords = _scene(cin, torch.float16)
+    torch.manual_seed(3)
+    conv = tl.nn.SubmConv3d(cin, cout, 3, bias=False).to(torch.float16)
+    conv.config = F.ConvConfig(dataflow=F.Dataflow.ImplicitGEMM)
+    gy = torch.randn(feats.shape[0], cout, generator=torch.Generator().manual_seed(2))
+    gy = gy.to(torch.float16)
+    special = {"x": feats, "weight": conv.weight.data, "dy": gy}[where]
+    special.view(-1)[[7, 900]] = torch.tensor([float("inf"), float("nan")], dtype=torch.float16)
+    got = {}
+    for isa in ("amx_bf16", "avx512"):
+        monkeypatch.setenv("TORCH_LATTICE_CPU_ISA", isa)
+        x = feats.clone().requires_grad_()
+        y = conv(tl.SparseTensor(x, coords)).feats
+        got[isa] = (y, *torch.autograd.grad(y, [x, conv.weight], gy))
+    reads = {"x": ("y", "dw"), "weight": ("y", "dx"), "dy": ("dx", "dw")}[where]
+    for name, a, b in zip(("y", "dx", "dw"), got["amx_bf16"], got["avx512"], strict=True):
+        assert torch.equal(a.isnan(), b.isnan())
+        if name in reads:
+            assert torch.equal(a.nan_to_num(), b.nan_to_num()), name
+            assert not bool(a.isfinite().all()), name
+
+
+def test_amx_float16_matches_the_float_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The float16 tile path and the float kernels (F16C) both sum exact float16
+    products in float: their forwards, input and weight gradients agree within one
+    float16 rounding, and the tiles are taken (the bits differ)."""
+    _amx_only()
+    feats, coords = _scene(96, torch.float16)
+    torch.manual_seed(4)
+    conv = tl.nn.SubmConv3d(96, 80, 3, bias=False).to(torch.float16)
+    conv.config = F.ConvConfig(dataflow=F.Dataflow.ImplicitGEMM)
+    gy = torch.randn(feats.shape[0], 80, generator=torch.Generator().manual_seed(6))
+    got = {}
+    for isa in ("amx_bf16", "avx512"):
+        monkeypatch.setenv("TORCH_LATTICE_CPU_ISA", isa)
+        x = feats.clone().requires_grad_()
+        y = conv(tl.SparseTensor(x, coords)).feats
+        got[isa] = (y, *torch.autograd.grad(y, [x, conv.weight], gy.to(torch.float16)))
+    for a, b in zip(got["amx_bf16"], got["avx512"], strict=True):
+        assert not torch.equal(a, b)
+        scale = float(b.detach().abs().max())  # float sums' own error: far below 1e-3
+        torch.testing.assert_close(a, b, rtol=2**-10, atol=1e-3 * scale)
