@@ -54,6 +54,8 @@ _ALL: Plan = (
     ("resunet42_fwdbwd", (4,)),
     ("resunet42_fwd_bf16", (4,)),
     ("resunet42_fwdbwd_bf16", (4,)),
+    ("resunet42_fwd_fp16", (4,)),
+    ("resunet42_fwdbwd_fp16", (4,)),
 )
 _CORE: Plan = (("kmap_subm3", (0,)), ("subm3_fwd", (64,)), ("subm3_fwdbwd", (64,)))
 # The targets' scenes also time the strided maps (issue 24: 2x spconv's index generation).

@@ -555,5 +555,15 @@ WORKLOADS: dict[str, Workload] = {
             "SparseResUNet42 forward + backward in bfloat16",
             _resunet("resunet42_fwdbwd_bf16", True, torch.bfloat16),
         ),
+        Workload(
+            "resunet42_fwd_fp16",
+            "SparseResUNet42 forward in float16 (maps built)",
+            _resunet("resunet42_fwd_fp16", False, torch.float16),
+        ),
+        Workload(
+            "resunet42_fwdbwd_fp16",
+            "SparseResUNet42 forward + backward in float16",
+            _resunet("resunet42_fwdbwd_fp16", True, torch.float16),
+        ),
     )
 }

@@ -4,18 +4,24 @@
  * Three ways, chosen per call by the CPU's instruction set:
  *   - bfloat16 on CPUs with AMX: the forward's listed x rows, 16 at a time,
  *     and the weight gradient's pairs through the tile unit
- *     (tl_microkernel_amx.c);
+ *     (tl_microkernel_amx.c); float16 there too where the layer is wide
+ *     enough (TL_F16_AMX_FORWARD_MIN, TL_F16_AMX_WGRAD_MIN), each value split
+ *     into two bfloat16 parts and each block of sums four tile products
+ *     (tl_amx_pack_f16), so every float16 product is summed exactly; a call
+ *     that meets an infinity or NaN runs again through the float kernels;
  *   - bfloat16 on AVX512_BF16: the x rows are read as they are and multiplied
  *     by channel pairs with vdpbf16ps (tl_microkernel_bf16.c);
- *   - otherwise (float16 anywhere, bfloat16 without AVX512_BF16): each tile's
+ *   - otherwise (float16 without AMX or in narrow layers, bfloat16 without
+ *     AVX512_BF16): each tile's
  *     x rows are converted to float in a small staging buffer (F16C for
  *     float16; the span its lists name where rows are reused, else each kernel
  *     row's listed rows) and run through the float micro-kernels against float
  *     panels.
- * The weight gradient (below) runs the same two ways, its dot products along
- * pairs of pairs; staged, a block's dy rows are converted once.  Tiles, panels, parts and the order of each output's sums
- * are those of the float kernels (tl_dataflow_implicit_gemm_impl.h); a
- * forward tile's sums live in a float block until its last kernel row. */
+ * The weight gradient (below) runs the same three ways, its dot products
+ * along pairs of pairs; staged, a block's dy rows are converted once.  Tiles,
+ * panels, parts and the order of each output's sums are those of the float
+ * kernels (tl_dataflow_implicit_gemm_impl.h); a forward tile's sums live in a
+ * float block until its last kernel row. */
 #include <stdlib.h>
 #include <string.h>
 

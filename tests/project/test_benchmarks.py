@@ -814,6 +814,7 @@ def test_cpu_targets_report_every_target(tmp_path: Path) -> None:
     assert any("forward, C = 16 |" in r and "| >= 40% |" in r for r in rows)
     assert any("forward + backward, C = 64 |" in r and "| >= 70% |" in r for r in rows)
     assert any("bf16 forward against fp32, C = 64" in r and "| >= 1.60x |" in r for r in rows)
+    assert any("fp16 forward against fp32, C = 64" in r and "| >= 1.00x |" in r for r in rows)
     assert sum("s2" in r for r in rows) == 3  # k2 s2, k3 s2 p1 and the inverse transpose
     assert all(r.endswith(("| met |", "| not met |")) for r in rows)
     target = cpu_targets.Target("x", 0.7, 0.7, "% of peak")
