@@ -284,3 +284,18 @@ def test_amx_float16_matches_the_float_kernels(monkeypatch: pytest.MonkeyPatch) 
         assert not torch.equal(a, b)
         scale = float(b.detach().abs().max())  # float sums' own error: far below 1e-3
         torch.testing.assert_close(a, b, rtol=2**-10, atol=1e-3 * scale)
+
+
+def test_amx_float16_values_convert_exactly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every finite float16 bit pattern (subnormals and the largest values included)
+    through a 32 -> 32 identity layer on the tile path comes back as it was: the split
+    into bfloat16 parts and their products lose nothing.  (-0 comes back as +0, as from
+    any sum with a +0 term: x * 1 + 0 * 0.)"""
+    _amx_only()
+    monkeypatch.setenv("TORCH_LATTICE_CPU_ISA", "amx_bf16")
+    bits = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16)
+    values = bits.view(torch.float16)
+    values = values[torch.isfinite(values)]
+    x = values.reshape(-1, 32)
+    y = _pointwise(x, torch.eye(32, dtype=torch.float16).reshape(1, 32, 32))
+    assert torch.equal(y.float(), x.float())
