@@ -70,9 +70,13 @@ typedef struct tl_half_call {
  * on the Intel Xeon of round twenty (docs/benchmarks/README.md): forward
  * 0.82-0.89x at 16 x 16, 1.00-1.02x at 16 x 32, 1.09-1.43x at 24 x 24, up
  * to 1.87x at 128; weight gradient 0.81-0.94x at 32, 0.93-1.23x at 64,
- * 1.12-1.39x at 96, 1.63-1.85x at 256. */
+ * 1.12-1.39x at 96, 1.63-1.85x at 256.  The forward also needs
+ * TL_F16_AMX_MIN_ROWS output rows: it splits and packs every weight per call,
+ * which a level of 457 rows (5,039 pairs) did not repay (0.70-0.84x at
+ * C = 64-256; 1,817 rows: 1.23-1.29x). */
 #define TL_F16_AMX_FORWARD_MIN (16 * 32)
 #define TL_F16_AMX_WGRAD_MIN (96 * 64)
+#define TL_F16_AMX_MIN_ROWS 1024
 
 /* Chooses f's kernels from the CPU's level and the dtype; `tiles`: float16
  * may run through the tiles from `least` multiply-adds per pair on (0 for a
@@ -325,7 +329,7 @@ static tl_status tl_half_pack(tl_half_call *f, const uint16_t *w, void **packed,
             tl_amx_pack(d, w, pw);
             return TL_OK;
         }
-        return tl_amx_pack_f16(d, w, pw, finite);
+        return tl_amx_pack_f16(f->level, d, w, pw, finite);
     }
     if (f->dot) {
         uint16_t *pw = tl_mem_aligned(sizeof(uint16_t) * (size_t)tl_bf16_panel_elems(d));
@@ -354,7 +358,7 @@ static tl_status tl_half_pack(tl_half_call *f, const uint16_t *w, void **packed,
 static tl_status tl_half_forward(const tl_ctx *ctx, const tl_conv_desc *d, const uint16_t *x,
                                  const uint16_t *w, const int32_t *nbr, uint16_t *y, int tiles) {
     tl_half_call f = {.d = d, .level = tl_simd_capped(ctx->simd_cap), .mk = tl_mk_pick_f32(ctx)};
-    tl_half_kernels(&f, tiles, TL_F16_AMX_FORWARD_MIN);
+    tl_half_kernels(&f, tiles && d->n_out >= TL_F16_AMX_MIN_ROWS, TL_F16_AMX_FORWARD_MIN);
     f.rows = tl_fwd_tile_rows(ctx, d, (int64_t)sizeof(float));
     f.window_rows = TL_HALF_WINDOW_BYTES / ((d->c_in > 0 ? d->c_in : 1) * (int64_t)sizeof(float));
     if (f.window_rows > TL_HALF_WINDOW * f.rows) f.window_rows = TL_HALF_WINDOW * f.rows;

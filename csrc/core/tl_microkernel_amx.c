@@ -55,21 +55,39 @@ void tl_amx_pack(const tl_conv_desc *d, const uint16_t *w, uint16_t *pw) {
     tl_amx_pack_rows(d, w, pw, tl_amx_row_elems(d->c_in, d->c_out));
 }
 
-tl_status tl_amx_pack_f16(const tl_conv_desc *d, const uint16_t *w, uint16_t *pw, int *finite) {
-    const int64_t all = d->k * d->c_in * d->c_out, elems = tl_amx_row_elems(d->c_in, d->c_out);
-    uint16_t *hi = malloc(sizeof(uint16_t) * (size_t)(2 * all + 1));
-    if (!hi) return TL_ERR_NOMEM;
-    uint16_t *lo = hi + all;
-    *finite = 1;
-    for (int64_t i = 0; i < all; i++) {
-        const float f = tl_f16_to_f32(w[i]);
-        *finite &= (w[i] & 0x7c00u) != 0x7c00u;
-        hi[i] = (uint16_t)(tl_f32_bits(f) >> 16);
-        lo[i] = (uint16_t)(tl_f32_bits(f - tl_bf16_to_f32(hi[i])) >> 16);
+tl_status tl_amx_pack_f16(tl_simd level, const tl_conv_desc *d, const uint16_t *w, uint16_t *pw,
+                          int *finite) {
+    /* One kernel row at a time, so the scratch is one row's (fresh memory of
+     * the whole layer's size cost a C = 256 layer about 5 ms in page faults). */
+    const int64_t mat = d->c_in * d->c_out, elems = tl_amx_row_elems(d->c_in, d->c_out);
+    float *f = malloc(sizeof(float) * (size_t)(mat + 1));
+    uint16_t *hi = malloc(sizeof(uint16_t) * (size_t)(2 * mat + 1));
+    if (!f || !hi) {
+        free(f);
+        free(hi);
+        return TL_ERR_NOMEM;
     }
-    tl_amx_pack_rows(d, hi, pw, 2 * elems);
-    tl_amx_pack_rows(d, lo, pw + elems, 2 * elems);
+    uint16_t *lo = hi + mat;
+    tl_conv_desc row = *d;
+    row.k = 1;
+    int bad = 0;
+    for (int64_t n = 0; n < d->k; n++) {
+        const uint16_t *wn = w + n * mat;
+        tl_half_row_to_f32(level, TL_F16, wn, mat, f); /* vector conversions */
+        for (int64_t i = 0; i < mat; i++) {
+            const uint32_t u = tl_f32_bits(f[i]) & 0xffff0000u;
+            float h;
+            memcpy(&h, &u, sizeof h);
+            bad |= (wn[i] & 0x7c00u) == 0x7c00u;
+            hi[i] = (uint16_t)(u >> 16);
+            lo[i] = (uint16_t)(tl_f32_bits(f[i] - h) >> 16);
+        }
+        tl_amx_pack_rows(&row, hi, pw + 2 * n * elems, elems);
+        tl_amx_pack_rows(&row, lo, pw + (2 * n + 1) * elems, elems);
+    }
+    free(f);
     free(hi);
+    *finite = !bad;
     return TL_OK;
 }
 
@@ -380,18 +398,14 @@ static inline __attribute__((always_inline)) TL_TARGET_AMX __mmask32 tl_amx_inte
     const __m512i second = _mm512_add_epi16(first, _mm512_set1_epi16(16));
     __mmask32 bad = 0;
     for (int64_t i = 0; i < m; i += 32) {
-        const int64_t read = n - i < 0 ? 0 : n - i < 32 ? n - i : 32;
-        const int64_t left = m - i < 32 ? m - i : 32; /* values of each written */
-        const __mmask32 mr = (__mmask32)(read == 32 ? 0xffffffffu : (1u << read) - 1u);
+        uint32_t mr, m0, m1;
+        tl_bf16_interleave_masks(n, m, i, &mr, &m0, &m1);
         const __m512i va = _mm512_maskz_loadu_epi16(mr, a + i);
         const __m512i vb = b ? _mm512_maskz_loadu_epi16(mr, b + i) : _mm512_setzero_si512();
         bad |= tl_amx_nonfinite(va) | tl_amx_nonfinite(vb);
         __m512i ah, al, bh, bl;
         tl_amx_split32(va, &ah, &al);
         tl_amx_split32(vb, &bh, &bl);
-        const __mmask32 m0 = (__mmask32)(left >= 16 ? 0xffffffffu : (1u << (2 * left)) - 1u);
-        const __mmask32 m1 =
-            (__mmask32)(left >= 32 ? 0xffffffffu : left <= 16 ? 0u : (1u << (2 * (left - 16))) - 1u);
         _mm512_mask_storeu_epi16(hi + 2 * i, m0, _mm512_permutex2var_epi16(ah, first, bh));
         _mm512_mask_storeu_epi16(hi + 2 * i + 32, m1, _mm512_permutex2var_epi16(ah, second, bh));
         _mm512_mask_storeu_epi16(lo + 2 * i, m0, _mm512_permutex2var_epi16(al, first, bl));

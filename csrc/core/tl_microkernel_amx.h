@@ -47,9 +47,10 @@ void tl_amx_pack(const tl_conv_desc *d, const uint16_t *w, uint16_t *pw);
 
 /* Packs float16 weights w (k, c_in, c_out): kernel row n's high parts as
  * tl_amx_pack lays them out at pw + 2 n E, its low parts at pw + (2 n + 1) E
- * (E = tl_amx_row_elems(c_in, c_out)).  *finite: 0 where a weight is
- * infinite or NaN. */
-tl_status tl_amx_pack_f16(const tl_conv_desc *d, const uint16_t *w, uint16_t *pw, int *finite);
+ * (E = tl_amx_row_elems(c_in, c_out)); converted at `level`.  *finite: 0
+ * where a weight is infinite or NaN. */
+tl_status tl_amx_pack_f16(tl_simd level, const tl_conv_desc *d, const uint16_t *w, uint16_t *pw,
+                          int *finite);
 
 #if TL_SIMD_AMX
 /* Loads this thread's tile configuration; call before tl_amx_rows on a

@@ -41,9 +41,10 @@ def _runnable(isa: str) -> bool:
     return ISAS.index(isa) >= ISAS.index(widest_isa())
 
 
-def _scene(cin: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def _scene(cin: int, dtype: torch.dtype, points: int = 700,
+           extent: int = 9) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(cin)
-    coords = torch.unique(torch.randint(0, 9, (700, 4), generator=g), dim=0)
+    coords = torch.unique(torch.randint(0, extent, (points, 4), generator=g), dim=0)
     coords[:, 0] %= 2
     coords = torch.unique(coords, dim=0)
     return torch.randn(coords.shape[0], cin, generator=g).to(dtype), coords
@@ -68,6 +69,11 @@ def _assert_rounded_once(y: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype,
     assert worst <= 0, f"an output is off by more than its rounding ({worst:.3g} beyond)"
 
 
+def _amx_only() -> None:
+    if widest_isa() != "amx_bf16":
+        pytest.skip(f"this CPU has no AMX tiles (widest: {widest_isa()})")
+
+
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("dtype", HALF, ids=["bf16", "fp16"])
 @pytest.mark.parametrize("channels", CHANNELS, ids=lambda c: f"{c[0]}x{c[1]}")
@@ -77,8 +83,33 @@ def test_half_forward_and_gradients_are_rounded_once(
     if not _runnable(isa):
         pytest.skip(f"this CPU has no {isa} kernels (widest: {widest_isa()})")
     monkeypatch.setenv("TORCH_LATTICE_CPU_ISA", isa)
+    _check_rounded_once(dtype, channels, _scene(channels[0], dtype))
+
+
+# float16 shapes on the tiles: the forward only (16 x 32 up to 96 x 64), both (from
+# 96 x 64), odd c_in, partial 16-column blocks, two column tiles.
+AMX_F16_CHANNELS = [(16, 32), (33, 112), (5, 130), (64, 64), (96, 96), (260, 72), (40, 400)]
+
+
+@pytest.mark.parametrize("channels", AMX_F16_CHANNELS, ids=lambda c: f"{c[0]}x{c[1]}")
+def test_amx_float16_is_rounded_once(channels: tuple[int, int],
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """float16 through the AMX tiles, on a scene of enough rows for the forward to take
+    them (at least 1024): as the other kernels, each output within half a float16 ulp of
+    the float64 oracle plus the float sums' own error."""
+    _amx_only()
+    monkeypatch.setenv("TORCH_LATTICE_CPU_ISA", "amx_bf16")
+    feats, coords = _scene(channels[0], torch.float16, 3000, 16)
+    assert feats.shape[0] >= 1024
+    _check_rounded_once(torch.float16, channels, (feats, coords))
+
+
+def _check_rounded_once(dtype: torch.dtype, channels: tuple[int, int],
+                        scene: tuple[torch.Tensor, torch.Tensor]) -> None:
+    """A SubmConv3d's forward, input and weight gradients in ``dtype`` against the
+    float64 dense oracle of the same half-valued inputs."""
     cin, cout = channels
-    feats, coords = _scene(cin, dtype)
+    feats, coords = scene
     torch.manual_seed(cout)
     conv = tl.nn.SubmConv3d(cin, cout, 3, bias=False).to(dtype)
     conv.config = F.ConvConfig(dataflow=F.Dataflow.ImplicitGEMM)
@@ -206,11 +237,6 @@ def test_amx_cap_selects_the_tile_kernels(monkeypatch: pytest.MonkeyPatch) -> No
         torch.testing.assert_close(got["amx_bf16"], got["avx512_bf16"], rtol=2**-7, atol=1e-2)
 
 
-def _amx_only() -> None:
-    if widest_isa() != "amx_bf16":
-        pytest.skip(f"this CPU has no AMX tiles (widest: {widest_isa()})")
-
-
 def test_amx_float16_products_are_exact(monkeypatch: pytest.MonkeyPatch) -> None:
     """float16 layers of 16 x 32 multiply-adds per pair and more run through the AMX
     tiles as sums of four bfloat16 products (each value split into a high and a low
@@ -242,7 +268,7 @@ def test_amx_float16_infinities_and_nan_take_the_float_kernels(
     NaN where they have them, not NaN from infinity minus infinity."""
     _amx_only()
     cin = cout = 128  # the tiles for the forward and for the weight gradient
-    feats, coords = _scene(cin, torch.float16)
+    feats, coords = _scene(cin, torch.float16, 3000, 16)
     torch.manual_seed(3)
     conv = tl.nn.SubmConv3d(cin, cout, 3, bias=False).to(torch.float16)
     conv.config = F.ConvConfig(dataflow=F.Dataflow.ImplicitGEMM)
@@ -269,7 +295,7 @@ def test_amx_float16_matches_the_float_kernels(monkeypatch: pytest.MonkeyPatch) 
     products in float: their forwards, input and weight gradients agree within one
     float16 rounding, and the tiles are taken (the bits differ)."""
     _amx_only()
-    feats, coords = _scene(96, torch.float16)
+    feats, coords = _scene(96, torch.float16, 3000, 16)
     torch.manual_seed(4)
     conv = tl.nn.SubmConv3d(96, 80, 3, bias=False).to(torch.float16)
     conv.config = F.ConvConfig(dataflow=F.Dataflow.ImplicitGEMM)
