@@ -5,10 +5,11 @@
  *   - bfloat16 on CPUs with AMX: the forward's listed x rows, 16 at a time,
  *     and the weight gradient's pairs through the tile unit
  *     (tl_microkernel_amx.c); float16 there too where the layer is wide
- *     enough (TL_F16_AMX_FORWARD_MIN, TL_F16_AMX_WGRAD_MIN), each value split
- *     into two bfloat16 parts and each block of sums four tile products
- *     (tl_amx_pack_f16), so every float16 product is summed exactly; a call
- *     that meets an infinity or NaN runs again through the float kernels;
+ *     enough (TL_F16_AMX_FORWARD_MIN and _MIN_ROWS, TL_F16_AMX_WGRAD_MIN),
+ *     each value split into two bfloat16 parts and each block of sums four
+ *     tile products (tl_amx_pack_f16), so every float16 product is summed
+ *     exactly; a call that meets an infinity or NaN runs again through the
+ *     float kernels;
  *   - bfloat16 on AVX512_BF16: the x rows are read as they are and multiplied
  *     by channel pairs with vdpbf16ps (tl_microkernel_bf16.c);
  *   - otherwise (float16 without AMX or in narrow layers, bfloat16 without
@@ -71,12 +72,12 @@ typedef struct tl_half_call {
  * 0.82-0.89x at 16 x 16, 1.00-1.02x at 16 x 32, 1.09-1.43x at 24 x 24, up
  * to 1.87x at 128; weight gradient 0.81-0.94x at 32, 0.93-1.23x at 64,
  * 1.12-1.39x at 96, 1.63-1.85x at 256.  The forward also needs
- * TL_F16_AMX_MIN_ROWS output rows: it splits and packs every weight per call,
- * which a level of 457 rows (5,039 pairs) did not repay (0.70-0.84x at
- * C = 64-256; 1,817 rows: 1.23-1.29x). */
+ * TL_F16_AMX_MIN_ROWS output rows: it splits and packs every weight per call
+ * (a level of 457 rows, 5,039 pairs: 0.95x at C = 64, 1.14-1.17x at 128-256;
+ * 1,817 rows: 1.51-1.55x). */
 #define TL_F16_AMX_FORWARD_MIN (16 * 32)
 #define TL_F16_AMX_WGRAD_MIN (96 * 64)
-#define TL_F16_AMX_MIN_ROWS 1024
+#define TL_F16_AMX_MIN_ROWS 256
 
 /* Chooses f's kernels from the CPU's level and the dtype; `tiles`: float16
  * may run through the tiles from `least` multiply-adds per pair on (0 for a

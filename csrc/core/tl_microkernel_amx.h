@@ -1,6 +1,7 @@
 /* The bfloat16 micro-kernels (forward and weight gradient) for CPUs with AMX
  * (tl_simd level TL_SIMD_V4_AMX: AMX-TILE and AMX-BF16, and the operating
- * system's leave to use the tile registers).  One tdpbf16ps multiplies a 16 x 32 bfloat16 tile by a
+ * system's leave to use the tile registers), and float16 through the same
+ * tiles (below, tl_amx_pack_f16).  One tdpbf16ps multiplies a 16 x 32 bfloat16 tile by a
  * 32 x 16 one into 16 x 16 float sums: 8,192 multiply-adds, where a float
  * FMA does 16, so on such CPUs (Intel Xeon from Sapphire Rapids on) it runs
  * several times the float rate, which vdpbf16ps does not (it issues on one

@@ -95,8 +95,8 @@ AMX_F16_CHANNELS = [(16, 32), (33, 112), (5, 130), (64, 64), (96, 96), (260, 72)
 def test_amx_float16_is_rounded_once(channels: tuple[int, int],
                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """float16 through the AMX tiles, on a scene of enough rows for the forward to take
-    them (at least 1024): as the other kernels, each output within half a float16 ulp of
-    the float64 oracle plus the float sums' own error."""
+    them (256; 1024 here): as the other kernels, each output within half a float16 ulp
+    of the float64 oracle plus the float sums' own error."""
     _amx_only()
     monkeypatch.setenv("TORCH_LATTICE_CPU_ISA", "amx_bf16")
     feats, coords = _scene(channels[0], torch.float16, 3000, 16)
