@@ -66,17 +66,17 @@ typedef struct tl_half_call {
 
 /* float16 runs through the tiles (tl_amx_pack_f16) where c_in x c_out is at
  * least this, in the forward and in the weight gradient: below, four tile
- * products per block (and, in the weight gradient, two transposed copies of
- * the x rows) cost more than the float kernels' conversions save.  Measured
- * on the Intel Xeon of round twenty (docs/benchmarks/README.md): forward
- * 0.82-0.89x at 16 x 16, 1.00-1.02x at 16 x 32, 1.09-1.43x at 24 x 24, up
- * to 1.87x at 128; weight gradient 0.81-0.94x at 32, 0.93-1.23x at 64,
- * 1.12-1.39x at 96, 1.63-1.85x at 256.  The forward also needs
+ * products per block (and, in the weight gradient, the split of the
+ * transposed x rows) cost more than the float kernels' conversions save.
+ * Measured on the Intel Xeon of round twenty (docs/benchmarks/README.md):
+ * forward 0.82-0.89x at 16 x 16, 1.00-1.02x at 16 x 32, 1.09-1.43x at
+ * 24 x 24, up to 1.87x at 128; weight gradient 0.92-1.11x at 32, 0.97-1.20x
+ * at 48, 1.07-1.33x at 64, up to 1.9x at 256.  The forward also needs
  * TL_F16_AMX_MIN_ROWS output rows: it splits and packs every weight per call
  * (a level of 457 rows, 5,039 pairs: 0.95x at C = 64, 1.14-1.17x at 128-256;
  * 1,817 rows: 1.51-1.55x). */
 #define TL_F16_AMX_FORWARD_MIN (16 * 32)
-#define TL_F16_AMX_WGRAD_MIN (96 * 64)
+#define TL_F16_AMX_WGRAD_MIN (64 * 64)
 #define TL_F16_AMX_MIN_ROWS 256
 
 /* Chooses f's kernels from the CPU's level and the dtype; `tiles`: float16

@@ -163,7 +163,7 @@ static inline __attribute__((always_inline)) TL_TARGET_AMX void tl_amx_gather(
 /* Where a tile product's operands lie, in bytes: the left operand's rows at
  * a, `as` apart, each 32-deep step `ak` further; the right operand's rows at
  * b, `bs` apart, each step `bk` further and each block of 16 columns `bj`
- * further; `steps` steps.  Split float16 operands (tl_amx_split) hold their
+ * further; `steps` steps.  Split float16 operands (tl_amx_pack_f16) hold their
  * low parts a_lo and b_lo bytes after the high ones. */
 typedef struct {
     const char *a;
@@ -175,7 +175,7 @@ typedef struct {
 
 /* Products a tile sum takes: one, or for split float16 operands four (high
  * and low parts of each side, largest first), so every float16 product is
- * summed exactly (tl_amx_split). */
+ * summed exactly (tl_amx_pack_f16). */
 #define TL_AMX_PASSES(split) ((split) ? 4 : 1)
 #define TL_AMX_PASS_A(o, p) (((p) >> 1) * (o)->a_lo)
 #define TL_AMX_PASS_B(o, p) (((p) & 1) * (o)->b_lo)
@@ -276,9 +276,10 @@ static inline __attribute__((always_inline)) TL_TARGET_AMX void tl_amx_add(
     for (int64_t r = 0; r < rows; r++) tl_amx_add_row(set, w, src + r * 64, out[r] + j);
 }
 
-/* float16 values h (32 lanes) as bfloat16 high and low parts (tl_amx_split):
- * the high part keeps the top 8 of the 11 significant bits, the low part,
- * h minus that, the other 3; both exact in bfloat16. */
+/* float16 values h (32 lanes) as bfloat16 high and low parts, as
+ * tl_amx_pack_f16 splits weights: the high part keeps the top 8 of the 11
+ * significant bits, the low part, h minus that, the other 3; both exact in
+ * bfloat16. */
 static inline __attribute__((always_inline)) TL_TARGET_AMX void tl_amx_split32(
     __m512i h, __m512i *hi, __m512i *lo) {
     const __m512 top = _mm512_castsi512_ps(_mm512_set1_epi32((int)0xffff0000u));
@@ -425,22 +426,10 @@ static inline __attribute__((always_inline)) TL_TARGET_AMX __mmask32 tl_amx_inte
     return bad;
 }
 
-/* 16 float16 values as bfloat16 high and low parts (tl_amx_split32's split),
- * in the low 16 lanes of *hi and *lo. */
-static inline __attribute__((always_inline)) TL_TARGET_AMX void tl_amx_split16(
-    __m256i h, __m512i *hi, __m512i *lo) {
-    const __m512 top = _mm512_castsi512_ps(_mm512_set1_epi32((int)0xffff0000u));
-    const __m512 f = _mm512_cvtph_ps(h), fh = _mm512_and_ps(f, top);
-    *hi = _mm512_castsi256_si512((__m256i)_mm512_cvtneps_pbh(fh));
-    *lo = _mm512_castsi256_si512((__m256i)_mm512_cvtneps_pbh(_mm512_sub_ps(f, fh)));
-}
-
 /* 16 channels [c0, c0 + width) of x rows q and q + 1 (zeros past c), as
- * 16 pair units in *r; split float16: the high parts' units in *r, the low
- * parts' in *r_lo. */
-static inline __attribute__((always_inline)) TL_TARGET_AMX void tl_amx_x_units(
-    int split, const uint16_t *const *xq, int64_t q, int64_t c, int64_t c0, int64_t width,
-    __m512i *r, __m512i *r_lo, __mmask32 *bad) {
+ * 16 pair units. */
+static inline __attribute__((always_inline)) TL_TARGET_AMX __m512i tl_amx_x_units(
+    const uint16_t *const *xq, int64_t q, int64_t c, int64_t c0, int64_t width) {
     const __m512i idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9,
                                          40, 8, 39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1,
                                          32, 0);
@@ -448,16 +437,23 @@ static inline __attribute__((always_inline)) TL_TARGET_AMX void tl_amx_x_units(
     const __mmask32 m1 = q + 1 < c ? m : 0u;
     const __m512i va = _mm512_maskz_loadu_epi16(m, xq[q < c ? q : 0] + c0);
     const __m512i vb = _mm512_maskz_loadu_epi16(m1, xq[q + 1 < c ? q + 1 : 0] + c0);
-    if (!split) {
-        *r = _mm512_permutex2var_epi16(va, idx, vb);
-        return;
+    return _mm512_permutex2var_epi16(va, idx, vb);
+}
+
+/* n float16 values (a multiple of 32) split in place: the high parts stay,
+ * the low parts go to lo.  Returns the lanes that held an infinity or NaN. */
+static inline __attribute__((always_inline)) TL_TARGET_AMX __mmask32 tl_amx_split_run(
+    uint16_t *v, int64_t n, uint16_t *lo) {
+    __mmask32 bad = 0;
+    for (int64_t i = 0; i < n; i += 32) {
+        const __m512i h = _mm512_loadu_si512(v + i);
+        bad |= tl_amx_nonfinite(h);
+        __m512i hi, low;
+        tl_amx_split32(h, &hi, &low);
+        _mm512_storeu_si512(v + i, hi);
+        _mm512_storeu_si512(lo + i, low);
     }
-    *bad |= tl_amx_nonfinite(va) | tl_amx_nonfinite(vb);
-    __m512i ah, al, bh, bl;
-    tl_amx_split16(_mm512_castsi512_si256(va), &ah, &al);
-    tl_amx_split16(_mm512_castsi512_si256(vb), &bh, &bl);
-    *r = _mm512_permutex2var_epi16(ah, idx, bh);
-    *r_lo = _mm512_permutex2var_epi16(al, idx, bl);
+    return bad;
 }
 
 static inline __attribute__((always_inline)) TL_TARGET_AMX __mmask32 tl_amx_wgrad_body(
@@ -480,16 +476,18 @@ static inline __attribute__((always_inline)) TL_TARGET_AMX __mmask32 tl_amx_wgra
     }
     /* x: the same units, 16 unit rows x 16 channels at a time, interleaved
      * (as tl_bf16_interleave, in registers) and transposed into xt (a row per
-     * channel, `units` apart; split: the low parts' cinp rows after). */
+     * channel, `units` apart).  Split: transposed as float16, then each value
+     * split where it lies, the low parts' cinp rows after (the split is per
+     * value, so it commutes with the transposition, which runs once). */
     for (int64_t t0 = 0; t0 < units; t0 += 16)
         for (int64_t c0 = 0; c0 < cinp; c0 += 16) {
             const int64_t width = cin - c0 < 16 ? cin - c0 : 16;
-            __m512i r[16], r_lo[16];
-            for (int64_t t = 0; t < 16; t++)
-                tl_amx_x_units(split, xq, 2 * (t0 + t), c, c0, width, &r[t], &r_lo[t], &bad);
+            __m512i r[16];
+            for (int64_t t = 0; t < 16; t++) r[t] = tl_amx_x_units(xq, 2 * (t0 + t), c, c0, width);
             tl_amx_transpose16(r, xt + c0 * units + t0, units);
-            if (split) tl_amx_transpose16(r_lo, xt + (cinp + c0) * units + t0, units);
         }
+    if (split)
+        bad |= tl_amx_split_run((uint16_t *)xt, cinp * units * 2, (uint16_t *)(xt + cinp * units));
     /* Two channel blocks x two column blocks at a time (tl_amx_pair), so each
      * x and dy block loaded feeds two products; a last lone channel block takes
      * up to four column blocks (tl_amx_blocks).  x: a row per channel, units

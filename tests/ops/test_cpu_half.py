@@ -86,8 +86,8 @@ def test_half_forward_and_gradients_are_rounded_once(
     _check_rounded_once(dtype, channels, _scene(channels[0], dtype))
 
 
-# float16 shapes on the tiles: the forward only (16 x 32 up to 96 x 64), both (from
-# 96 x 64), odd c_in, partial 16-column blocks, two column tiles.
+# float16 shapes on the tiles: the forward only (16 x 32 up to 64 x 64), both (from
+# 64 x 64), odd c_in, partial 16-column blocks, two column tiles.
 AMX_F16_CHANNELS = [(16, 32), (33, 112), (5, 130), (64, 64), (96, 96), (260, 72), (40, 400)]
 
 
