@@ -399,33 +399,6 @@ static inline __attribute__((always_inline)) TL_TARGET_AMX void tl_amx_add_rows(
     for (int64_t r = 0; r < rows; r++) tl_amx_add_row(0, w, src + r * 64, o + r * ldo);
 }
 
-/* tl_bf16_interleave for float16 rows: a[i] and b[i] side by side for
- * i < m (0 past n, and for a missing b), the high parts at hi, the low parts
- * at lo (tl_amx_split32).  Returns the lanes that held an infinity or NaN. */
-static inline __attribute__((always_inline)) TL_TARGET_AMX __mmask32 tl_amx_interleave_f16(
-    const uint16_t *a, const uint16_t *b, int64_t n, int64_t m, uint16_t *hi, uint16_t *lo) {
-    const __m512i first = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9,
-                                           40, 8, 39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33,
-                                           1, 32, 0);
-    const __m512i second = _mm512_add_epi16(first, _mm512_set1_epi16(16));
-    __mmask32 bad = 0;
-    for (int64_t i = 0; i < m; i += 32) {
-        uint32_t mr, m0, m1;
-        tl_bf16_interleave_masks(n, m, i, &mr, &m0, &m1);
-        const __m512i va = _mm512_maskz_loadu_epi16(mr, a + i);
-        const __m512i vb = b ? _mm512_maskz_loadu_epi16(mr, b + i) : _mm512_setzero_si512();
-        bad |= tl_amx_nonfinite(va) | tl_amx_nonfinite(vb);
-        __m512i ah, al, bh, bl;
-        tl_amx_split32(va, &ah, &al);
-        tl_amx_split32(vb, &bh, &bl);
-        _mm512_mask_storeu_epi16(hi + 2 * i, m0, _mm512_permutex2var_epi16(ah, first, bh));
-        _mm512_mask_storeu_epi16(hi + 2 * i + 32, m1, _mm512_permutex2var_epi16(ah, second, bh));
-        _mm512_mask_storeu_epi16(lo + 2 * i, m0, _mm512_permutex2var_epi16(al, first, bl));
-        _mm512_mask_storeu_epi16(lo + 2 * i + 32, m1, _mm512_permutex2var_epi16(al, second, bl));
-    }
-    return bad;
-}
-
 /* 16 channels [c0, c0 + width) of x rows q and q + 1 (zeros past c), as
  * 16 pair units. */
 static inline __attribute__((always_inline)) TL_TARGET_AMX __m512i tl_amx_x_units(
@@ -462,18 +435,14 @@ static inline __attribute__((always_inline)) TL_TARGET_AMX __mmask32 tl_amx_wgra
     const int64_t units = tl_amx_units(c), cinp = tl_amx_round16(cin);
     const int64_t coutp = tl_amx_round16(cout);
     __mmask32 bad = 0;
-    /* dy: unit row t holds pairs 2t and 2t + 1 side by side (split: the low
-     * parts' rows after the high ones'). */
+    /* dy: unit row t holds pairs 2t and 2t + 1 side by side (split: as
+     * float16, then split where they lie, the low parts' rows after). */
     for (int64_t t = 0; t < units; t++) {
         const int64_t q = 2 * t;
-        const uint16_t *a = dq[q < c ? q : 0], *b = q + 1 < c ? dq[q + 1] : NULL;
-        uint16_t *row = dt + t * 2 * coutp;
-        if (split)
-            bad |= tl_amx_interleave_f16(a, b, q < c ? cout : 0, coutp, row,
-                                         row + units * 2 * coutp);
-        else
-            tl_bf16_interleave(a, b, q < c ? cout : 0, coutp, row);
+        tl_bf16_interleave(dq[q < c ? q : 0], q + 1 < c ? dq[q + 1] : NULL, q < c ? cout : 0,
+                           coutp, dt + t * 2 * coutp);
     }
+    if (split) bad |= tl_amx_split_run(dt, units * 2 * coutp, dt + units * 2 * coutp);
     /* x: the same units, 16 unit rows x 16 channels at a time, interleaved
      * (as tl_bf16_interleave, in registers) and transposed into xt (a row per
      * channel, `units` apart).  Split: transposed as float16, then each value

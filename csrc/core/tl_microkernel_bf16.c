@@ -35,10 +35,14 @@ TL_TARGET_BF16 void tl_bf16_interleave(const uint16_t *a, const uint16_t *b, int
     const __m512i lo = _mm512_loadu_si512(lo_idx);
     const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
     for (int64_t i = 0; i < m; i += 32) {
-        uint32_t mr, m0, m1;
-        tl_bf16_interleave_masks(n, m, i, &mr, &m0, &m1);
+        const int64_t read = n - i < 0 ? 0 : n - i < 32 ? n - i : 32;
+        const int64_t left = m - i < 32 ? m - i : 32; /* values of each written */
+        const __mmask32 mr = (__mmask32)(read == 32 ? 0xffffffffu : (1u << read) - 1u);
         const __m512i va = _mm512_maskz_loadu_epi16(mr, a + i);
         const __m512i vb = b ? _mm512_maskz_loadu_epi16(mr, b + i) : _mm512_setzero_si512();
+        const __mmask32 m0 = (__mmask32)(left >= 16 ? 0xffffffffu : (1u << (2 * left)) - 1u);
+        const __mmask32 m1 =
+            (__mmask32)(left >= 32 ? 0xffffffffu : left <= 16 ? 0u : (1u << (2 * (left - 16))) - 1u);
         _mm512_mask_storeu_epi16(out + 2 * i, m0, _mm512_permutex2var_epi16(va, lo, vb));
         _mm512_mask_storeu_epi16(out + 2 * i + 32, m1, _mm512_permutex2var_epi16(va, hi, vb));
     }

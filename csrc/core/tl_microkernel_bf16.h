@@ -31,18 +31,6 @@ void tl_bf16_pack_panels(const tl_conv_desc *d, int64_t width, const uint16_t *w
 void tl_bf16_interleave(const uint16_t *a, const uint16_t *b, int64_t n, int64_t m,
                         uint16_t *out);
 
-/* Step i (a multiple of 32) of such an interleave, as 32-lane masks: the
- * values read from each row (*read), and the lanes written of the first and
- * the second 32 output values (*first, *second). */
-static inline void tl_bf16_interleave_masks(int64_t n, int64_t m, int64_t i, uint32_t *read,
-                                            uint32_t *first, uint32_t *second) {
-    const int64_t r = n - i < 0 ? 0 : n - i < 32 ? n - i : 32;
-    const int64_t left = m - i < 32 ? m - i : 32; /* values of each written */
-    *read = r == 32 ? 0xffffffffu : (1u << r) - 1u;
-    *first = left >= 16 ? 0xffffffffu : (1u << (2 * left)) - 1u;
-    *second = left >= 32 ? 0xffffffffu : left <= 16 ? 0u : (1u << (2 * (left - 16))) - 1u;
-}
-
 /* out[r][0:cw) += sum_c a[r][c] * w(c, 0:cw) for r < R (4 or 2), where
  * a[r] is a bfloat16 row of cin channels and w one packed panel of cw
  * columns (where `set`, = the sum plus zero: out is not read).  Only on CPUs
