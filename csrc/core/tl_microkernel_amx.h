@@ -53,6 +53,11 @@ void tl_amx_pack(const tl_conv_desc *d, const uint16_t *w, uint16_t *pw);
 tl_status tl_amx_pack_f16(tl_simd level, const tl_conv_desc *d, const uint16_t *w, uint16_t *pw,
                           int *finite);
 
+/* Scratch values tl_amx_wgrad needs for at most `pairs` pairs: its x tile
+ * (uint32 units) and its dy tile (bfloat16 values), each 64-byte aligned. */
+int64_t tl_amx_wgrad_x_units(int64_t pairs, int64_t cin);
+int64_t tl_amx_wgrad_dy_elems(int64_t pairs, int64_t cout);
+
 #if TL_SIMD_AMX
 /* Loads this thread's tile configuration; call before tl_amx_rows on a
  * thread, and tl_amx_stop after its last call. */
@@ -79,10 +84,6 @@ int tl_amx_rows_f16(int set, int64_t c, int64_t cin, int64_t cout, int64_t co0, 
                     const uint16_t *const *a, const uint16_t *pw_n, float *const *out,
                     uint16_t *abuf, float *cbuf);
 
-/* Scratch values tl_amx_wgrad needs for at most `pairs` pairs: its x tile
- * (uint32 units) and its dy tile (bfloat16 values), each 64-byte aligned. */
-int64_t tl_amx_wgrad_x_units(int64_t pairs, int64_t cin);
-int64_t tl_amx_wgrad_dy_elems(int64_t pairs, int64_t cout);
 
 /* out[ci * ldo + j] += sum_q xq[q][ci] * dq[q][j] over the c pairs (x row
  * xq[q], dy row dq[q]), ci < cin, j < cout, in float.  The pairs are the

@@ -10,7 +10,10 @@
 #ifndef TL_SIMD_H
 #define TL_SIMD_H
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+/* TL_SIMD_PORTABLE compiles the baseline alone on x86 too, as other targets
+ * and compilers build it (tests/ops/test_c_core.py keeps that build
+ * compiling and passing). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(TL_SIMD_PORTABLE)
 #define TL_SIMD_X86 1
 #define TL_TARGET_V4 __attribute__((target("arch=x86-64-v4")))
 #define TL_TARGET_V3 __attribute__((target("arch=x86-64-v3")))

@@ -42,7 +42,10 @@ def test_core_includes_only_itself_and_the_c_library() -> None:
 
 
 @pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed")
-def test_c_core(tmp_path: Path) -> None:
+@pytest.mark.parametrize("portable", [False, True], ids=["native", "portable"])
+def test_c_core(tmp_path: Path, portable: bool) -> None:
+    """The core as this machine builds it, and as a build without the x86 vector code
+    (ARM, clang: TL_SIMD_PORTABLE) builds it, which nothing else here compiles."""
     exe = tmp_path / "test_core"
     cmd = [
         "gcc",
@@ -52,6 +55,7 @@ def test_c_core(tmp_path: Path) -> None:
         "-Wextra",
         "-Werror",
         "-fopenmp",
+        *(["-DTL_SIMD_PORTABLE"] if portable else []),
         f"-I{CORE}",
         str(ROOT / "tests" / "c" / "test_core.c"),
         *core_sources(),
