@@ -144,22 +144,6 @@ TL_TARGET_AMX void tl_amx_start(void) { _tile_loadconfig(&tl_amx_tiles); }
 
 TL_TARGET_AMX void tl_amx_stop(void) { _tile_release(); }
 
-/* The group's rows a[0..rows) into abuf (stride kp values), channels past
- * c_in and rows past `rows` zero. */
-static inline __attribute__((always_inline)) TL_TARGET_AMX void tl_amx_gather(
-    int64_t rows, int64_t cin, int64_t kp, const uint16_t *const *a, uint16_t *abuf) {
-    for (int64_t r = 0; r < 16; r++) {
-        uint16_t *dst = abuf + r * kp;
-        for (int64_t c = 0; c < kp; c += 32) {
-            const int64_t left = r < rows ? cin - c : 0;
-            const __mmask32 m = (__mmask32)(left >= 32 ? 0xffffffffu
-                                            : left <= 0 ? 0u
-                                                        : (1u << left) - 1u);
-            _mm512_store_si512(dst + c, _mm512_maskz_loadu_epi16(m, r < rows ? a[r] + c : a[0]));
-        }
-    }
-}
-
 /* Where a tile product's operands lie, in bytes: the left operand's rows at
  * a, `as` apart, each 32-deep step `ak` further; the right operand's rows at
  * b, `bs` apart, each step `bk` further and each block of 16 columns `bj`
@@ -296,20 +280,26 @@ static inline __attribute__((always_inline)) TL_TARGET_AMX __mmask32 tl_amx_nonf
     return _mm512_cmpeq_epi16_mask(_mm512_and_si512(h, expo), expo);
 }
 
-/* tl_amx_gather for float16 rows: each row's high parts then its low parts,
- * kp values each (rows 2 kp apart).  Returns the lanes that held an infinity
- * or NaN (whose parts do not sum back to it). */
-static inline __attribute__((always_inline)) TL_TARGET_AMX __mmask32 tl_amx_gather_f16(
-    int64_t rows, int64_t cin, int64_t kp, const uint16_t *const *a, uint16_t *abuf) {
+/* The group's rows a[0..rows) into abuf, channels past c_in and rows past
+ * `rows` zero: bfloat16 as they are (rows kp values apart), or float16 split,
+ * each row's high parts then its low parts (rows 2 kp apart).  Returns the
+ * lanes that held an infinity or NaN (split only: their parts do not sum back
+ * to them). */
+static inline __attribute__((always_inline)) TL_TARGET_AMX __mmask32 tl_amx_gather(
+    int split, int64_t rows, int64_t cin, int64_t kp, const uint16_t *const *a, uint16_t *abuf) {
     __mmask32 bad = 0;
     for (int64_t r = 0; r < 16; r++) {
-        uint16_t *dst = abuf + r * 2 * kp;
+        uint16_t *dst = abuf + r * (split ? 2 * kp : kp);
         for (int64_t c = 0; c < kp; c += 32) {
             const int64_t left = r < rows ? cin - c : 0;
             const __mmask32 m = (__mmask32)(left >= 32 ? 0xffffffffu
                                             : left <= 0 ? 0u
                                                         : (1u << left) - 1u);
             const __m512i h = _mm512_maskz_loadu_epi16(m, r < rows ? a[r] + c : a[0]);
+            if (!split) {
+                _mm512_store_si512(dst + c, h);
+                continue;
+            }
             bad |= tl_amx_nonfinite(h);
             __m512i hi, lo;
             tl_amx_split32(h, &hi, &lo);
@@ -318,14 +308,6 @@ static inline __attribute__((always_inline)) TL_TARGET_AMX __mmask32 tl_amx_gath
         }
     }
     return bad;
-}
-
-/* One group's rows into abuf: bfloat16 as they are, float16 split. */
-static inline __attribute__((always_inline)) TL_TARGET_AMX __mmask32 tl_amx_gather_any(
-    int split, int64_t rows, int64_t cin, int64_t kp, const uint16_t *const *a, uint16_t *abuf) {
-    if (split) return tl_amx_gather_f16(rows, cin, kp, a, abuf);
-    tl_amx_gather(rows, cin, kp, a, abuf);
-    return 0;
 }
 
 static inline __attribute__((always_inline)) TL_TARGET_AMX __mmask32 tl_amx_rows_body(
@@ -342,8 +324,8 @@ static inline __attribute__((always_inline)) TL_TARGET_AMX __mmask32 tl_amx_rows
     int64_t g = 0;
     for (; g + 16 < c; g += 32) { /* two groups, the second possibly short */
         const int64_t rows = c - g - 16 < 16 ? c - g - 16 : 16;
-        bad |= tl_amx_gather_any(split, 16, cin, kp, a + g, abuf);
-        bad |= tl_amx_gather_any(split, rows, cin, kp, a + g + 16, abuf + 16 * row);
+        bad |= tl_amx_gather(split, 16, cin, kp, a + g, abuf);
+        bad |= tl_amx_gather(split, rows, cin, kp, a + g + 16, abuf + 16 * row);
         for (int64_t j = 0; j < cw; j += 32) {
             const int64_t w = cw - j < 32 ? cw - j : 32;
             o.b = (const char *)(pw_n + (co0 + j) / 16 * blk);
@@ -357,7 +339,7 @@ static inline __attribute__((always_inline)) TL_TARGET_AMX __mmask32 tl_amx_rows
     }
     if (g < c) { /* one group left */
         const int64_t rows = c - g;
-        bad |= tl_amx_gather_any(split, rows, cin, kp, a + g, abuf);
+        bad |= tl_amx_gather(split, rows, cin, kp, a + g, abuf);
         for (int64_t j = 0; j < cw; j += 64) {
             const int64_t w = cw - j < 64 ? cw - j : 64;
             o.b = (const char *)(pw_n + (co0 + j) / 16 * blk);
