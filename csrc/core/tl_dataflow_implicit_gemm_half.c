@@ -171,10 +171,10 @@ static void tl_half_group(const tl_half_call *f, tl_half_scratch *s, int set, in
                            f->pw_dot + n * cp * d->c_out + (co0 + j) * cp, s->yr + p, j);
 #endif
         } else {
+            const int64_t ld = tl_panel_ld(wb, f->mk->pad_cols);
             (set ? f->mk->rows_8_set : f->mk->rows_8)(
-                wb, kb, R, s->xf + p,
-                f->pw_f32 + n * d->c_in * d->c_out + (co0 + j) * d->c_in + c0 * wb, wb, s->yr + p,
-                j);
+                wb, kb, R, s->xf + p, f->pw_f32 + tl_panel_at(d, f->mk->pad_cols, n, co0 + j, c0, ld),
+                ld, s->yr + p, j);
         }
         return;
     }
@@ -188,11 +188,12 @@ static void tl_half_group(const tl_half_call *f, tl_half_scratch *s, int set, in
 #endif
         return;
     }
-    const float *panel = f->pw_f32 + n * d->c_in * d->c_out + (co0 + j) * d->c_in + c0 * wb;
+    const int64_t ld = tl_panel_ld(wb, f->mk->pad_cols);
+    const float *panel = f->pw_f32 + tl_panel_at(d, f->mk->pad_cols, n, co0 + j, c0, ld);
     if (R == 2)
-        (set ? f->mk->rows_2_set : f->mk->rows_2)(wb, kb, s->xf + p, panel, wb, o);
+        (set ? f->mk->rows_2_set : f->mk->rows_2)(wb, kb, s->xf + p, panel, ld, o);
     else
-        (set ? f->mk->rows_4_set : f->mk->rows_4)(wb, kb, s->xf + p, panel, wb, o);
+        (set ? f->mk->rows_4_set : f->mk->rows_4)(wb, kb, s->xf + p, panel, ld, o);
 }
 
 /* One tile: output rows [o0, o0+m), columns [co0, co0+cw), as the float
@@ -299,7 +300,9 @@ static int tl_half_tile(const tl_half_call *f, const uint16_t *x, const int32_t 
                     for (int64_t r = 0; r < full + pad; r++) s->xf[r] += kc;
 #define TL_GROUP8(c8) tl_half_group(f, s, first, (int)(c8), 0, n, co0, j, wb, c0, kb)
 #define TL_GROUP(p, R) tl_half_group(f, s, first, (int)(R), (p), n, co0, j, wb, c0, kb)
-                TL_RUN_GROUPS(full, pad, wb <= eight_cols, f->dot && j == 0, s->xh,
+                TL_RUN_GROUPS(full, pad,
+                              (f->dot ? wb : tl_panel_ld(wb, f->mk->pad_cols)) <= eight_cols,
+                              f->dot && j == 0, s->xh,
                               cin * (int64_t)sizeof(uint16_t), TL_GROUP8, TL_GROUP);
 #undef TL_GROUP
 #undef TL_GROUP8
@@ -341,14 +344,14 @@ static tl_status tl_half_pack(tl_half_call *f, const uint16_t *w, void **packed,
         return TL_OK;
     }
     float *wf = malloc(sizeof(float) * (size_t)(all + 1));
-    float *pw = tl_mem_aligned(sizeof(float) * (size_t)all);
+    float *pw = tl_mem_aligned(sizeof(float) * (size_t)tl_packed_elems(d, f->mk->pad_cols));
     if (!wf || !pw) {
         free(wf);
         free(pw);
         return TL_ERR_NOMEM;
     }
     tl_half_row_to_f32(f->level, d->dtype, w, all, wf);
-    tl_pack_panels(d, f->panel_cols, (int64_t)sizeof(float), wf, pw);
+    tl_pack_panels(d, f->panel_cols, f->mk->pad_cols, (int64_t)sizeof(float), wf, pw);
     free(wf);
     f->pw_f32 = pw;
     *packed = pw;

@@ -21,6 +21,7 @@
 typedef struct TL_FN(tl_fwd_scratch) {
     const TL_FN(tl_mk_ops) *mk;
     int64_t panel_cols; /* see tl_panel_cols */
+    int packed;         /* panels packed (tl_pack_panels), not the weights */
     int vec;            /* list with AVX-512 (see tl_list_tile) */
     int32_t *li, *lr;   /* k x tile rows: listed x rows, tile rows (tl_list_tile) */
     int64_t *lc;        /* k: listed per kernel row */
@@ -35,10 +36,11 @@ typedef struct TL_FN(tl_fwd_scratch) {
 
 static int TL_FN(tl_fwd_scratch_init)(TL_FN(tl_fwd_scratch) *s, const tl_ctx *ctx,
                                       const TL_FN(tl_mk_ops) *mk,
-                                      int64_t panel_cols, int64_t rows, int64_t k,
+                                      int64_t panel_cols, int packed, int64_t rows, int64_t k,
                                       int64_t cin) {
     s->mk = mk;
     s->panel_cols = panel_cols;
+    s->packed = packed;
     s->vec = tl_simd_vector_capped(ctx->simd_cap) >= TL_SIMD_V4;
     s->li = malloc(sizeof(int32_t) * (size_t)(rows * k));
     s->lr = malloc(sizeof(int32_t) * (size_t)(rows * k));
@@ -66,20 +68,20 @@ static void TL_FN(tl_fwd_scratch_free)(TL_FN(tl_fwd_scratch) *s) {
 }
 
 /* Output rows out[0..R) (R = 4 or 2), columns [j, j + wb), += their listed
- * x rows times the c_in x wb panel (= where `set`: rows listed for the first
- * time, see tl_forward_tile). */
+ * x rows times the c_in x wb panel, rows ld apart (= where `set`: rows listed
+ * for the first time, see tl_forward_tile). */
 static inline void TL_FN(tl_fwd_group)(TL_FN(tl_fwd_scratch) *s, int set, int R, int64_t wb,
-                                       int64_t kb, const TL_T *panel, const TL_T *const *xr,
-                                       TL_T *const *yr, int64_t j) {
+                                       int64_t ld, int64_t kb, const TL_T *panel,
+                                       const TL_T *const *xr, TL_T *const *yr, int64_t j) {
     TL_T *o[8];
     if (j > 0) { /* a later panel: its columns of the rows */
         for (int r = 0; r < R; r++) o[r] = yr[r] + j;
         yr = o;
     }
     if (R == 2)
-        (set ? s->mk->rows_2_set : s->mk->rows_2)(wb, kb, xr, panel, wb, yr);
+        (set ? s->mk->rows_2_set : s->mk->rows_2)(wb, kb, xr, panel, ld, yr);
     else
-        (set ? s->mk->rows_4_set : s->mk->rows_4)(wb, kb, xr, panel, wb, yr);
+        (set ? s->mk->rows_4_set : s->mk->rows_4)(wb, kb, xr, panel, ld, yr);
 }
 
 /* Asks to write the 4 output rows yr[0..4) (their first wb values): rows
@@ -124,20 +126,24 @@ static void TL_FN(tl_fwd_rows)(const tl_conv_desc *d, const TL_T *x, const TL_T 
     const int64_t kc = cin > TL_FWD_CIN_BLOCK ? TL_FWD_CIN_BLOCK : cin;
     for (int64_t j = 0; j < cw; j += width) {
         const int64_t wb = cw - j < width ? cw - j : width;
+        /* packed (tl_panels_packed): rows padded to pad_cols; else the weights */
+        const int64_t ld = s->packed ? tl_panel_ld(wb, s->mk->pad_cols) : wb;
         for (int64_t c0 = 0; c0 < cin; c0 += kc) {
             const int64_t kb = cin - c0 < kc ? cin - c0 : kc;
             const int first = set && c0 == 0;
-            const TL_T *panel = pw + n * cin * cout + (co0 + j) * cin + c0 * wb;
+            const TL_T *panel =
+                pw + (s->packed ? tl_panel_at(d, s->mk->pad_cols, n, co0 + j, c0, ld)
+                                : n * cin * cout + c0 * wb);
             if (c0 > 0)
                 for (int64_t r = 0; r < full + pad; r++) xr[r] += kc;
 #define TL_GROUP8(c8) \
-    (first ? s->mk->rows_8_set : s->mk->rows_8)(wb, kb, (c8), xr, panel, wb, yr, j)
+    (first ? s->mk->rows_8_set : s->mk->rows_8)(wb, kb, (c8), xr, panel, ld, yr, j)
 #define TL_GROUP(p, R)                                                                       \
     do {                                                                                     \
         if (first && j == 0 && (p) + 8 <= full) TL_FN(tl_fwd_ask_y)(yr + (p) + 4, wb);       \
-        TL_FN(tl_fwd_group)(s, first, (int)(R), wb, kb, panel, xr + (p), yr + (p), j);       \
+        TL_FN(tl_fwd_group)(s, first, (int)(R), wb, ld, kb, panel, xr + (p), yr + (p), j);   \
     } while (0)
-            TL_RUN_GROUPS(full, pad, wb <= s->mk->rows8_max_cols, j == 0, xr,
+            TL_RUN_GROUPS(full, pad, ld <= s->mk->rows8_max_cols, j == 0, xr,
                           kb * (int64_t)sizeof(TL_T), TL_GROUP8, TL_GROUP);
 #undef TL_GROUP
 #undef TL_GROUP8
@@ -209,10 +215,10 @@ static tl_status TL_FN(tl_forward)(const tl_ctx *ctx, const tl_conv_desc *d, con
     /* One panel as wide as the layer is the weights' own layout. */
     const int64_t panel = tl_panel_cols(d, mk->block_cols, (int64_t)sizeof(TL_T));
     TL_T *packed = NULL;
-    if (panel < d->c_out) {
-        packed = tl_mem_aligned(sizeof(TL_T) * (size_t)(d->k * cin * d->c_out));
+    if (tl_panels_packed(d, panel, mk->pad_cols)) {
+        packed = tl_mem_aligned(sizeof(TL_T) * (size_t)tl_packed_elems(d, mk->pad_cols));
         if (!packed) return TL_ERR_NOMEM;
-        tl_pack_panels(d, panel, (int64_t)sizeof(TL_T), w, packed);
+        tl_pack_panels(d, panel, mk->pad_cols, (int64_t)sizeof(TL_T), w, packed);
     }
     const TL_T *pw = packed ? packed : w;
     tl_fwd_rel rel_v = *rel_in, *rel = &rel_v;
@@ -229,7 +235,8 @@ static tl_status TL_FN(tl_forward)(const tl_ctx *ctx, const tl_conv_desc *d, con
 #pragma omp parallel num_threads(ctx->threads) reduction(| : failed, invalid)
     {
         TL_FN(tl_fwd_scratch) s;
-        int ok = TL_FN(tl_fwd_scratch_init)(&s, ctx, mk, panel, rows, d->k > 0 ? d->k : 1, cin);
+        int ok = TL_FN(tl_fwd_scratch_init)(&s, ctx, mk, panel, packed != NULL, rows,
+                                            d->k > 0 ? d->k : 1, cin);
         failed |= !ok;
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < row_tiles * col_tiles; t++) {

@@ -376,27 +376,56 @@ static inline int tl_wgrad_list_block(tl_wgrad_lists *l, const int32_t *nbr, int
         if ((int64_t)top_ > (N_IN)) (C) = -1;                                                \
     } while (0)
 
+/* Values per weight row of a packed panel of wb columns: wb rounded up to a
+ * multiple of pad (the kernels' tl_mk_ops.pad_cols; 1: wb). */
+static inline int64_t tl_panel_ld(int64_t wb, int64_t pad) { return (wb + pad - 1) / pad * pad; }
+
+/* Whether the forward packs its weights into panels of `width` columns
+ * padded to `pad`, rather than reading them where they are (one panel as
+ * wide as the layer, whose rows are then the weights' own). */
+static inline int tl_panels_packed(const tl_conv_desc *d, int64_t width, int64_t pad) {
+    return width < d->c_out || tl_panel_ld(d->c_out, pad) != d->c_out;
+}
+
+/* Elements from the start of the packed weights to input channel c0 of the
+ * panel of kernel row n starting at output column col, whose rows are ld
+ * values (tl_panel_ld of its width) apart: every panel but a row's last is
+ * `width` wide, a multiple of pad, so a kernel row holds
+ * tl_panel_ld(c_out, pad) columns. */
+static inline int64_t tl_panel_at(const tl_conv_desc *d, int64_t pad, int64_t n, int64_t col,
+                                  int64_t c0, int64_t ld) {
+    return (n * tl_panel_ld(d->c_out, pad) + col) * d->c_in + c0 * ld;
+}
+
 /* The weights (k, c_in, c_out) of elem_bytes each as panels: for each kernel
  * row n and each block of `width` output columns starting at j (narrower at
- * the end), the block's c_in x width values contiguous at
- * pw + (n * c_in * c_out + j * c_in) elements.  A panel (width from
- * tl_panel_cols) stays in L1 while every group of output rows of a tile runs
- * against it; wider weight rows would be streamed from L2 or beyond for each
- * group (at C = 256 their 1 KiB stride also maps them onto a fraction of the
- * cache's sets). */
-static inline void tl_pack_panels(const tl_conv_desc *d, int64_t width, int64_t elem_bytes,
-                                  const void *w, void *pw) {
+ * the end), the block's c_in rows of its columns, each padded with zeros to
+ * tl_panel_ld(columns, pad) values, contiguous at tl_panel_at(d, pad, n, j,
+ * 0, ...).  A panel (width from tl_panel_cols, a multiple of pad) stays in L1
+ * while every group of output rows of a tile runs against it; wider weight
+ * rows would be streamed from L2 or beyond for each group (at C = 256 their
+ * 1 KiB stride also maps them onto a fraction of the cache's sets).  pw holds
+ * tl_packed_elems(d, pad) elements. */
+static inline void tl_pack_panels(const tl_conv_desc *d, int64_t width, int64_t pad,
+                                  int64_t elem_bytes, const void *w, void *pw) {
     const int64_t cin = d->c_in, cout = d->c_out;
     const char *src = w;
     char *dst = pw;
     for (int64_t n = 0; n < d->k; n++)
         for (int64_t j = 0; j < cout; j += width) {
-            const int64_t wb = cout - j < width ? cout - j : width;
-            char *panel = dst + (n * cin * cout + j * cin) * elem_bytes;
-            for (int64_t ci = 0; ci < cin; ci++)
-                memcpy(panel + ci * wb * elem_bytes, src + ((n * cin + ci) * cout + j) * elem_bytes,
+            const int64_t wb = cout - j < width ? cout - j : width, ld = tl_panel_ld(wb, pad);
+            char *panel = dst + tl_panel_at(d, pad, n, j, 0, ld) * elem_bytes;
+            for (int64_t ci = 0; ci < cin; ci++) {
+                memcpy(panel + ci * ld * elem_bytes, src + ((n * cin + ci) * cout + j) * elem_bytes,
                        (size_t)(wb * elem_bytes));
+                memset(panel + (ci * ld + wb) * elem_bytes, 0, (size_t)((ld - wb) * elem_bytes));
+            }
         }
+}
+
+/* Elements of tl_pack_panels' packed weights. */
+static inline int64_t tl_packed_elems(const tl_conv_desc *d, int64_t pad) {
+    return d->k * d->c_in * tl_panel_ld(d->c_out, pad);
 }
 
 #endif

@@ -14,11 +14,15 @@
  * the x rows is needed; byte pf_byte of each row pf[q], q < npf, is asked
  * for on the way, as in TL_BLOCK_PFN).  Where `set` (forward only), the sums
  * replace out instead (out = sum + 0, bit for bit what adding them to a
- * zeroed out gives, -0 included), so out is not read.  Always inlined with
+ * zeroed out gives, -0 included), so out is not read.  Only the columns of
+ * out below cv are written: a forward over weight rows padded to whole
+ * vectors (see TL_MKI(columns)) computes its last vector whole and reads
+ * and writes only its first cv - j - (NV - 1) * vl lanes.  Always inlined with
  * constant R, NV, transposed and set, so acc[][] lives in registers.
  * TL_BLOCK_PFN is the same update over packed panels (below). */
-#if !defined(TL_BLOCK_FN) || !defined(TL_BLOCK_PFN) || !defined(TL_BLOCK_BYTES)
-#error "define TL_BLOCK_FN, TL_BLOCK_PFN, TL_BLOCK_VEC, TL_BLOCK_BYTES and TL_BLOCK_NV first"
+#if !defined(TL_BLOCK_FN) || !defined(TL_BLOCK_PFN) || !defined(TL_BLOCK_BYTES) || \
+    !defined(TL_BLOCK_LOAD_PART) || !defined(TL_BLOCK_STORE_PART)
+#error "define TL_BLOCK_FN, TL_BLOCK_PFN, TL_BLOCK_VEC, TL_BLOCK_BYTES, TL_BLOCK_NV and TL_BLOCK_*_PART first"
 #endif
 
 typedef TL_T TL_BLOCK_VEC __attribute__((vector_size(TL_BLOCK_BYTES)));
@@ -26,8 +30,11 @@ typedef TL_T TL_BLOCK_VEC __attribute__((vector_size(TL_BLOCK_BYTES)));
 static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_BLOCK_FN(
     int R, int NV, int transposed, int set, int64_t j, int64_t nq, int64_t c0,
     const TL_T *const *a, const TL_T *const *b, const TL_T *bp, int64_t ldb,
-    TL_T *const *out, const TL_T *const *pf, int64_t npf, int64_t pf_byte) {
+    TL_T *const *out, const TL_T *const *pf, int64_t npf, int64_t pf_byte, int64_t cv) {
     const int64_t vl = (int64_t)(TL_BLOCK_BYTES / sizeof(TL_T));
+    /* Lanes of the last vector that are columns of out (and of the dy rows):
+     * all but where the caller computes padding columns. */
+    const int64_t left = cv - j - (NV - 1) * vl;
     TL_BLOCK_VEC acc[8][TL_BLOCK_NV];
     for (int r = 0; r < R; r++)
         for (int v = 0; v < NV; v++) acc[r][v] = (TL_BLOCK_VEC){0};
@@ -39,7 +46,10 @@ static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_BLOCK_FN(
 #pragma GCC unroll 8
         for (int v = 0; v < NV; v++) {
             const TL_T *bq = transposed ? b[q] : bp + q * ldb;
-            memcpy(&bv[v], bq + j + v * vl, sizeof(TL_BLOCK_VEC));
+            if (TL_BLOCK_BYTES == 64 && transposed && v == NV - 1 && left < vl) /* row ends */
+                bv[v] = TL_BLOCK_LOAD_PART(bq + j + v * vl, left);
+            else
+                memcpy(&bv[v], bq + j + v * vl, sizeof(TL_BLOCK_VEC));
         }
         /* One base pointer per pair, opaque to the compiler, so that the R
          * broadcasts take constant offsets: GCC otherwise hoists each
@@ -52,7 +62,38 @@ static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_BLOCK_FN(
             for (int v = 0; v < NV; v++) acc[r][v] += s * bv[v];
         }
     }
+    /* Where the last vector is partial, the rows read their columns
+     * (TL_BLOCK_LOAD_PART) before any is written (TL_BLOCK_STORE_PART): a
+     * masked store spans the next row's first columns, and a load after it
+     * waits for it to reach the cache (C = 24 ran at 0.5x of C = 32 per
+     * multiply-add when each row was read just after the previous one was
+     * written).  Unrolled, so that acc[][] stays in registers. */
+    if (TL_BLOCK_BYTES == 64 && left < vl) { /* only AVX-512's blocks are padded */
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++)
+#pragma GCC unroll 8
+            for (int v = 0; v < NV; v++) {
+                const TL_T *p = out[r] + j + v * vl;
+                TL_BLOCK_VEC o = (TL_BLOCK_VEC){0};
+                if (!set && v < NV - 1) memcpy(&o, p, sizeof(TL_BLOCK_VEC));
+                if (!set && v == NV - 1) o = TL_BLOCK_LOAD_PART(p, left);
+                acc[r][v] = o + acc[r][v];
+            }
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++)
+#pragma GCC unroll 8
+            for (int v = 0; v < NV; v++) {
+                TL_T *p = out[r] + j + v * vl;
+                if (v < NV - 1)
+                    memcpy(p, &acc[r][v], sizeof(TL_BLOCK_VEC));
+                else
+                    TL_BLOCK_STORE_PART(p, acc[r][v], left);
+            }
+        return;
+    }
+#pragma GCC unroll 8
     for (int r = 0; r < R; r++)
+#pragma GCC unroll 8
         for (int v = 0; v < NV; v++) {
             TL_BLOCK_VEC o = (TL_BLOCK_VEC){0};
             if (!set) memcpy(&o, out[r] + j + v * vl, sizeof(TL_BLOCK_VEC));

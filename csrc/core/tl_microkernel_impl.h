@@ -8,6 +8,10 @@
 #error "define TL_T and TL_SFX before including this file"
 #endif
 
+#if TL_SIMD_X86
+#include <immintrin.h> /* AVX-512's masked loads and stores (TL_BLOCK_PART) */
+#endif
+
 #define TL_MK_CAT2(a, b) a##_##b
 #define TL_MK_CAT(a, b) TL_MK_CAT2(a, b)
 #define TL_MK(name) TL_MK_CAT(tl_mk_##name, TL_SFX)
@@ -29,6 +33,10 @@ typedef struct TL_MK(ops) {
      * rows8_cols): the forward's panels at most this wide run 8 rows a pass
      * (tl_fwd_rows). */
     int64_t rows8_max_cols;
+    /* Columns the forward's packed weight panels are padded to (whole
+     * vectors with AVX-512, else 1: none), so the kernels compute a panel's
+     * last vector whole (see TL_MKI(padded), tl_panel_ld). */
+    int64_t pad_cols;
     /* rows_8: c rows (a multiple of 8), 8 per pass, out[p] + oc (see
      * tl_microkernel_isa_impl.h). */
     void (*rows_8)(int64_t cw, int64_t nq, int64_t c, const TL_T *const *a, const TL_T *b,

@@ -34,9 +34,14 @@ LEVELS = ["amx_bf16", "avx512_bf16", *ISAS]
 # (or more) panels; 40x400 runs two column tiles (384 + 16), the first in
 # several panels, the second in a narrow one.  Layers one vector wide and
 # deep keep their weights in registers (rows_8_vv): 16x16 floats on AVX-512,
-# 8x8 (AVX2 floats, AVX-512 doubles), 4x4 and 2x2 below that.
+# 8x8 (AVX2 floats, AVX-512 doubles), 4x4 and 2x2 below that.  With AVX-512 a
+# forward whose c_out leaves a partial vector computes it whole over weight panels
+# padded with zeros and writes only its columns (masked), and the weight gradient's
+# row passes read the dy rows' partial vector masked: 24, 20, 37, 23, 72 and 130
+# above, 9x40 (8 rows of 3 vectors, the last half used) and 48x56 (4 rows of 4).
 CHANNELS = [(3, 1), (7, 37), (64, 64), (19, 130), (33, 23), (5, 24), (6, 20), (66, 17),
-            (67, 33), (128, 3), (260, 72), (40, 400), (16, 16), (8, 8), (4, 4), (2, 2)]
+            (67, 33), (128, 3), (260, 72), (40, 400), (16, 16), (8, 8), (4, 4), (2, 2),
+            (9, 40), (48, 56)]
 TOL = {torch.float32: 2e-5, torch.float64: 1e-12}
 
 
