@@ -60,42 +60,46 @@ static TL_TARGET_V3 void tl_from_f32_v3(tl_dtype t, const float *src, int64_t n,
  * tl_from_f32_v3, bfloat16's rounding (tl_f32_to_bf16: ties to even, NaN
  * kept quiet, subnormals kept) in integer lanes, so results equal the
  * portable loop's bit for bit (AVX512_BF16's vcvtneps2bf16 flushes
- * subnormals, so it is not used); the AVX2 loop for the tail. */
+ * subnormals, so it is not used).  The last 1 to 15 values take the same
+ * step under a mask (the AVX2 and portable loops took them one at a time for
+ * bfloat16: 4% of a bfloat16 C = 24 forward, in the outputs' rounding). */
+static inline TL_TARGET_V4 __m512 tl_to_f32_16(tl_dtype t, __m256i h) {
+    if (t == TL_F16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+static inline TL_TARGET_V4 __m256i tl_from_f32_16(tl_dtype t, __m512 f) {
+    if (t == TL_F16) return _mm512_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT);
+    const __m512i abs = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
+    const __m512i half = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
+    const __m512i quiet = _mm512_set1_epi32(0x40);
+    const __m512i u = _mm512_castps_si512(f);
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs), inf);
+    const __m512i hi = _mm512_srli_epi32(u, 16);
+    const __m512i even = _mm512_add_epi32(half, _mm512_and_si512(hi, one));
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, even), 16);
+    r = _mm512_mask_or_epi32(r, nan, hi, quiet);
+    return _mm512_cvtepi32_epi16(r);
+}
+
 static TL_TARGET_V4 void tl_to_f32_v4(tl_dtype t, const uint16_t *src, int64_t n, float *dst) {
     int64_t i = 0;
-    if (t == TL_F16)
-        for (; i + 16 <= n; i += 16)
-            _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + i))));
-    else
-        for (; i + 16 <= n; i += 16)
-            _mm512_storeu_si512(
-                (void *)(dst + i),
-                _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(src + i))),
-                                  16));
-    if (i < n) tl_to_f32_v3(t, src + i, n - i, dst + i);
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(dst + i, tl_to_f32_16(t, _mm256_loadu_si256((const __m256i *)(src + i))));
+    if (i < n) {
+        const __mmask16 m = (__mmask16)((1u << (n - i)) - 1u);
+        _mm512_mask_storeu_ps(dst + i, m, tl_to_f32_16(t, _mm256_maskz_loadu_epi16(m, src + i)));
+    }
 }
 
 static TL_TARGET_V4 void tl_from_f32_v4(tl_dtype t, const float *src, int64_t n, uint16_t *dst) {
     int64_t i = 0;
-    if (t == TL_F16) {
-        for (; i + 16 <= n; i += 16)
-            _mm256_storeu_si256((__m256i *)(dst + i),
-                                _mm512_cvtps_ph(_mm512_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
-    } else {
-        const __m512i abs = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
-        const __m512i half = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
-        const __m512i quiet = _mm512_set1_epi32(0x40);
-        for (; i + 16 <= n; i += 16) {
-            const __m512i u = _mm512_loadu_si512((const void *)(src + i));
-            const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs), inf);
-            const __m512i hi = _mm512_srli_epi32(u, 16);
-            const __m512i even = _mm512_add_epi32(half, _mm512_and_si512(hi, one));
-            __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, even), 16);
-            r = _mm512_mask_or_epi32(r, nan, hi, quiet);
-            _mm256_storeu_si256((__m256i *)(dst + i), _mm512_cvtepi32_epi16(r));
-        }
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256((__m256i *)(dst + i), tl_from_f32_16(t, _mm512_loadu_ps(src + i)));
+    if (i < n) {
+        const __mmask16 m = (__mmask16)((1u << (n - i)) - 1u);
+        _mm256_mask_storeu_epi16(dst + i, m, tl_from_f32_16(t, _mm512_maskz_loadu_ps(m, src + i)));
     }
-    if (i < n) tl_from_f32_v3(t, src + i, n - i, dst + i);
 }
 #endif
 
