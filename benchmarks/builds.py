@@ -19,7 +19,7 @@ compared before anything is timed (a change that is meant to keep results bitwis
   are built inside), every sparse convolution kernel (forward, input and weight
   gradient), kernel map, generated support, duplicate check and batch-norm pass taken
   from one build or the other (``--dtype``: the network's features and weights; the
-  loss in float32);
+  loss in float32; ``--width``: its width multiplier);
 * ``norm`` (only when named): the four passes of a training ``BatchNormReLU`` (statistics,
   normalize + ReLU, the backward's reduction and its input gradient) on each scene's row
   count, per width (``--channels``) and ``--dtype``.
@@ -319,15 +319,16 @@ def _unet_step(
 
 
 def unet(
-    base: ModuleType, scenes: list[str], repeats: int, dtype: torch.dtype = torch.float32
-) -> None:
+    base: ModuleType, scenes: list[str], repeats: int, dtype: torch.dtype = torch.float32,
+    width: float = 1.0,
+) -> None:  # fmt: skip
     swap = Swap(base, CONV_KERNELS + MAP_ENTRY_POINTS + NORM_ENTRY_POINTS)
     print("| scene | step | base s | this s | this / base | outputs |")
     print("|---|---|---|---|---|---|")
     for name in scenes:
         scene = _scene(name)
         torch.manual_seed(0)
-        net = tl.backbones.SparseResUNet42(4, 20).to(dtype)
+        net = tl.backbones.SparseResUNet42(4, 20, width=width).to(dtype)
         feats = torch.randn(scene.voxels, 4).to(dtype)
         for label, train in (("eval forward", False), ("forward + backward", True)):
             step = partial(_unet_step, net, feats, scene.coords, train)
@@ -366,6 +367,10 @@ def main() -> int:
         "--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
         help="layers, unet and norm groups: the features' (and weights') dtype",
     )  # fmt: skip
+    parser.add_argument(
+        "--width", type=float, default=1.0,
+        help="unet group: SparseResUNet42's width multiplier (0.75: hidden widths 24-192)",
+    )  # fmt: skip
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument(
         "--reuse-cpu-memory", action="store_true",
@@ -390,7 +395,8 @@ def main() -> int:
         kmaps(base, args.scenes, args.repeats)
         print()
     if "unet" in args.groups:
-        unet(base, args.scenes, max(3, args.repeats // 2), getattr(torch, args.dtype))
+        unet(base, args.scenes, max(3, args.repeats // 2), getattr(torch, args.dtype),
+             args.width)
         print()
     if "norm" in args.groups:
         norms(base, args.scenes, args.channels, args.repeats, getattr(torch, args.dtype))
