@@ -15,9 +15,11 @@
  * for on the way, as in TL_BLOCK_PFN).  Where `set` (forward only), the sums
  * replace out instead (out = sum + 0, bit for bit what adding them to a
  * zeroed out gives, -0 included), so out is not read.  Only the columns of
- * out below cv are written: a forward over weight rows padded to whole
- * vectors (see TL_MKI(columns)) computes its last vector whole and reads
- * and writes only its first cv - j - (NV - 1) * vl lanes.  Always inlined with
+ * out below cv are read and written: with AVX-512 a block may compute its
+ * last vector whole where fewer of its lanes are columns (see
+ * TL_MKI(padded): a forward over weight rows padded with zeros, or a weight
+ * gradient that reads the dy rows' last vector masked), and then reads and
+ * writes only its first cv - j - (NV - 1) * vl lanes.  Always inlined with
  * constant R, NV, transposed and set, so acc[][] lives in registers.
  * TL_BLOCK_PFN is the same update over packed panels (below). */
 #if !defined(TL_BLOCK_FN) || !defined(TL_BLOCK_PFN) || !defined(TL_BLOCK_BYTES) || \
