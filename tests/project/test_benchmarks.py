@@ -807,7 +807,8 @@ def test_cpu_targets_report_every_target(tmp_path: Path) -> None:
 
     out = tmp_path / "targets.md"
     assert cpu_targets.main(["--scenes", "tiny", "--repeats", "1", "--widths", "16,64",
-                             "--strided-widths", "4", "--out", str(out)]) == 0
+                             "--strided-widths", "4", "--odd-widths", "24,32",
+                             "--out", str(out)]) == 0
     text = out.read_text()
     assert "fp32 FMA peak measured in this run:" in text
     rows = [line for line in text.splitlines() if line.startswith("| tiny")]
@@ -816,6 +817,9 @@ def test_cpu_targets_report_every_target(tmp_path: Path) -> None:
     assert any("bf16 forward against fp32, C = 64" in r and "| >= 1.60x |" in r for r in rows)
     assert any("fp16 forward against fp32, C = 64" in r and "| >= 1.00x |" in r for r in rows)
     assert sum("s2" in r for r in rows) == 3  # k2 s2, k3 s2 p1 and the inverse transpose
+    # 24 against 32, forward and weight gradient; 32 is a multiple of 16 and is skipped
+    odd = [r for r in rows if "against C = 32 (item 2" in r]
+    assert len(odd) == 2 and all("C = 24 against" in r and "| >= 1.00x |" in r for r in odd)
     assert all(r.endswith(("| met |", "| not met |")) for r in rows)
     target = cpu_targets.Target("x", 0.7, 0.7, "% of peak")
     assert target.met and target.row() == "| x | 70% | >= 70% | met |"
