@@ -172,9 +172,9 @@ static void tl_half_group(const tl_half_call *f, tl_half_scratch *s, int set, in
 #endif
         } else {
             const int64_t ld = tl_panel_ld(wb, f->mk->pad_cols);
-            (set ? f->mk->rows_8_set : f->mk->rows_8)(
-                wb, kb, R, s->xf + p, f->pw_f32 + tl_panel_at(d, f->mk->pad_cols, n, co0 + j, c0, ld),
-                ld, s->yr + p, j);
+            const float *panel = f->pw_f32 + tl_panel_at(d, f->mk->pad_cols, n, co0 + j, c0, ld);
+            (set ? f->mk->rows_8_set : f->mk->rows_8)(wb, kb, R, s->xf + p, panel, ld,
+                                                      s->yr + p, j);
         }
         return;
     }

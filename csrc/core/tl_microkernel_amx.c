@@ -245,14 +245,6 @@ static inline __attribute__((always_inline)) TL_TARGET_AMX void tl_amx_pair(
 /* Row r's output: out[r] + j, or (out NULL) o + r * ldo. */
 #define TL_AMX_ROW(out, j, o, ldo, r) ((out) ? (out)[r] + (j) : (o) + (r) * (ldo))
 
-/* Row r of a group's stored sums (src, rows 64 apart) added to its output,
- * w <= 64 columns (where `set`, the output is src + 0, what adding to a
- * zeroed row gives, and is not read), rows < 16 of them (the tiles' rows).
- * Each row is read before the previous one is written: a row's last vector
- * is stored masked where w is not a multiple of 16, and that store spans the
- * next row's first columns, so a load after it waits for it to reach the
- * cache (bfloat16 C = 24 forwards spent 59% of their time in the two loads
- * after such stores, 0.55x the time of C = 32 per product). */
 /* Row r's sums of NV vectors (the last partial: w < 16 NV) into registers. */
 static inline __attribute__((always_inline)) TL_TARGET_AMX void tl_amx_sum_row(
     int NV, int set, __mmask16 last, const float *row, const float *src, __m512 *sum) {
@@ -275,7 +267,8 @@ static inline __attribute__((always_inline)) TL_TARGET_AMX void tl_amx_add_piped
     if (rows <= 0) return;
     tl_amx_sum_row(NV, set, last, TL_AMX_ROW(out, j, o, ldo, 0), src, held);
     for (int64_t r = 1; r <= rows; r++) {
-        if (r < rows) tl_amx_sum_row(NV, set, last, TL_AMX_ROW(out, j, o, ldo, r), src + r * 64, sum);
+        if (r < rows)
+            tl_amx_sum_row(NV, set, last, TL_AMX_ROW(out, j, o, ldo, r), src + r * 64, sum);
         float *prev = TL_AMX_ROW(out, j, o, ldo, r - 1);
 #pragma GCC unroll 4
         for (int v = 0; v < NV; v++) {
@@ -285,20 +278,29 @@ static inline __attribute__((always_inline)) TL_TARGET_AMX void tl_amx_add_piped
     }
 }
 
+/* A group's stored sums (src, rows 64 apart) added to the rows' outputs, w <= 64
+ * columns, at most 16 rows (a tile's); where `set`, each output is src + 0, what
+ * adding to a zeroed row gives, and is not read.  A masked store of a row's
+ * partial last vector spans the next row's first columns, and a load after it
+ * waits for it to reach the cache (bfloat16 C = 24 forwards spent 59% of their
+ * time in the two loads after such stores, 0.55x the time of C = 32 per
+ * product), so where the block's partial vector follows a whole one each row
+ * is read before the previous one is written (tl_amx_add_piped). */
 static inline __attribute__((always_inline)) TL_TARGET_AMX void tl_amx_add_rows_of(
     int set, int64_t rows, int64_t w, const float *src, float *const *out, int64_t j, float *o,
     int64_t ldo) {
     if (w % 16 == 0 || w < 16) {
-        /* No store spans the next row's columns of this block: whole vectors,
-         * or one partial vector, whose row is then a later block's or at
-         * least 16 wide (the pipelined loop ran 0.85x and 0.95x there). */
+        /* Whole vectors, or one partial one, whose store reaches the next row
+         * only where rows are narrower than 16 columns: row by row (the
+         * pipelined loop ran 0.85x and 0.95x here). */
         for (int64_t r = 0; r < rows; r++) {
             float *row = TL_AMX_ROW(out, j, o, ldo, r);
+            const float *sr = src + r * 64;
             for (int64_t v = 0; v < w; v += 16) {
                 const int64_t left = w - v;
                 const __mmask16 m = (__mmask16)(left >= 16 ? 0xffffu : (1u << left) - 1u);
                 const __m512 old = set ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m, row + v);
-                _mm512_mask_storeu_ps(row + v, m, _mm512_add_ps(old, _mm512_load_ps(src + r * 64 + v)));
+                _mm512_mask_storeu_ps(row + v, m, _mm512_add_ps(old, _mm512_load_ps(sr + v)));
             }
         }
         return;

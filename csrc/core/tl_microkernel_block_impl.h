@@ -24,7 +24,7 @@
  * TL_BLOCK_PFN is the same update over packed panels (below). */
 #if !defined(TL_BLOCK_FN) || !defined(TL_BLOCK_PFN) || !defined(TL_BLOCK_BYTES) || \
     !defined(TL_BLOCK_LOAD_PART) || !defined(TL_BLOCK_STORE_PART)
-#error "define TL_BLOCK_FN, TL_BLOCK_PFN, TL_BLOCK_VEC, TL_BLOCK_BYTES, TL_BLOCK_NV and TL_BLOCK_*_PART first"
+#error "define TL_BLOCK_FN, _PFN, _VEC, _BYTES, _NV, _LOAD_PART and _STORE_PART first"
 #endif
 
 typedef TL_T TL_BLOCK_VEC __attribute__((vector_size(TL_BLOCK_BYTES)));
