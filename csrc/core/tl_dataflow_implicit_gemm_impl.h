@@ -21,7 +21,7 @@
 typedef struct TL_FN(tl_fwd_scratch) {
     const TL_FN(tl_mk_ops) *mk;
     int64_t panel_cols; /* see tl_panel_cols */
-    int packed;         /* panels packed (tl_pack_panels), not the weights */
+    int64_t pad;        /* the panels' padding (tl_panel_ld): pad_cols if packed, else 1 */
     int vec;            /* list with AVX-512 (see tl_list_tile) */
     int32_t *li, *lr;   /* k x tile rows: listed x rows, tile rows (tl_list_tile) */
     int64_t *lc;        /* k: listed per kernel row */
@@ -36,11 +36,11 @@ typedef struct TL_FN(tl_fwd_scratch) {
 
 static int TL_FN(tl_fwd_scratch_init)(TL_FN(tl_fwd_scratch) *s, const tl_ctx *ctx,
                                       const TL_FN(tl_mk_ops) *mk,
-                                      int64_t panel_cols, int packed, int64_t rows, int64_t k,
+                                      int64_t panel_cols, int64_t pad, int64_t rows, int64_t k,
                                       int64_t cin) {
     s->mk = mk;
     s->panel_cols = panel_cols;
-    s->packed = packed;
+    s->pad = pad;
     s->vec = tl_simd_vector_capped(ctx->simd_cap) >= TL_SIMD_V4;
     s->li = malloc(sizeof(int32_t) * (size_t)(rows * k));
     s->lr = malloc(sizeof(int32_t) * (size_t)(rows * k));
@@ -126,14 +126,11 @@ static void TL_FN(tl_fwd_rows)(const tl_conv_desc *d, const TL_T *x, const TL_T 
     const int64_t kc = cin > TL_FWD_CIN_BLOCK ? TL_FWD_CIN_BLOCK : cin;
     for (int64_t j = 0; j < cw; j += width) {
         const int64_t wb = cw - j < width ? cw - j : width;
-        /* packed (tl_panels_packed): rows padded to pad_cols; else the weights */
-        const int64_t ld = s->packed ? tl_panel_ld(wb, s->mk->pad_cols) : wb;
+        const int64_t ld = tl_panel_ld(wb, s->pad);
         for (int64_t c0 = 0; c0 < cin; c0 += kc) {
             const int64_t kb = cin - c0 < kc ? cin - c0 : kc;
             const int first = set && c0 == 0;
-            const TL_T *panel =
-                pw + (s->packed ? tl_panel_at(d, s->mk->pad_cols, n, co0 + j, c0, ld)
-                                : n * cin * cout + c0 * wb);
+            const TL_T *panel = pw + tl_panel_at(d, s->pad, n, co0 + j, c0, ld);
             if (c0 > 0)
                 for (int64_t r = 0; r < full + pad; r++) xr[r] += kc;
 #define TL_GROUP8(c8) \
@@ -235,7 +232,8 @@ static tl_status TL_FN(tl_forward)(const tl_ctx *ctx, const tl_conv_desc *d, con
 #pragma omp parallel num_threads(ctx->threads) reduction(| : failed, invalid)
     {
         TL_FN(tl_fwd_scratch) s;
-        int ok = TL_FN(tl_fwd_scratch_init)(&s, ctx, mk, panel, packed != NULL, rows,
+        /* the weights in place are one panel, unpadded */
+        int ok = TL_FN(tl_fwd_scratch_init)(&s, ctx, mk, panel, packed ? mk->pad_cols : 1, rows,
                                             d->k > 0 ? d->k : 1, cin);
         failed |= !ok;
 #pragma omp for schedule(dynamic, 1)

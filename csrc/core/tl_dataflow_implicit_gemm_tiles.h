@@ -382,7 +382,8 @@ static inline int64_t tl_panel_ld(int64_t wb, int64_t pad) { return (wb + pad - 
 
 /* Whether the forward packs its weights into panels of `width` columns
  * padded to `pad`, rather than reading them where they are (one panel as
- * wide as the layer, whose rows are then the weights' own). */
+ * wide as the layer, whose rows are then the weights' own: the layout of
+ * tl_panel_at with pad 1). */
 static inline int tl_panels_packed(const tl_conv_desc *d, int64_t width, int64_t pad) {
     return width < d->c_out || tl_panel_ld(d->c_out, pad) != d->c_out;
 }

@@ -23,9 +23,12 @@
  * constant R, NV, transposed and set, so acc[][] lives in registers.
  * TL_BLOCK_PFN is the same update over packed panels (below). */
 #if !defined(TL_BLOCK_FN) || !defined(TL_BLOCK_PFN) || !defined(TL_BLOCK_BYTES) || \
-    !defined(TL_BLOCK_LOAD_PART) || !defined(TL_BLOCK_STORE_PART)
-#error "define TL_BLOCK_FN, _PFN, _VEC, _BYTES, _NV, _LOAD_PART and _STORE_PART first"
+    !defined(TL_BLOCK_PARTS)
+#error "define TL_BLOCK_FN, _PFN, _VEC, _BYTES, _NV and _PARTS first"
 #endif
+/* TL_BLOCK_PARTS: 1 where the block may be padded (AVX-512's full width), with
+ * TL_BLOCK_LOAD_PART(p, left) (the first `left` lanes at p, the others zero)
+ * and TL_BLOCK_STORE_PART(p, v, left) (v's first `left` lanes to p) defined. */
 
 typedef TL_T TL_BLOCK_VEC __attribute__((vector_size(TL_BLOCK_BYTES)));
 
@@ -34,9 +37,13 @@ static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_BLOCK_FN(
     const TL_T *const *a, const TL_T *const *b, const TL_T *bp, int64_t ldb,
     TL_T *const *out, const TL_T *const *pf, int64_t npf, int64_t pf_byte, int64_t cv) {
     const int64_t vl = (int64_t)(TL_BLOCK_BYTES / sizeof(TL_T));
+#if TL_BLOCK_PARTS
     /* Lanes of the last vector that are columns of out (and of the dy rows):
      * all but where the caller computes padding columns. */
     const int64_t left = cv - j - (NV - 1) * vl;
+#else
+    (void)cv; /* never padded: cv >= j + NV * vl */
+#endif
     TL_BLOCK_VEC acc[8][TL_BLOCK_NV];
     for (int r = 0; r < R; r++)
         for (int v = 0; v < NV; v++) acc[r][v] = (TL_BLOCK_VEC){0};
@@ -48,10 +55,13 @@ static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_BLOCK_FN(
 #pragma GCC unroll 8
         for (int v = 0; v < NV; v++) {
             const TL_T *bq = transposed ? b[q] : bp + q * ldb;
-            if (TL_BLOCK_BYTES == 64 && transposed && v == NV - 1 && left < vl) /* row ends */
+#if TL_BLOCK_PARTS
+            if (transposed && v == NV - 1 && left < vl) { /* the dy row ends inside it */
                 bv[v] = TL_BLOCK_LOAD_PART(bq + j + v * vl, left);
-            else
-                memcpy(&bv[v], bq + j + v * vl, sizeof(TL_BLOCK_VEC));
+                continue;
+            }
+#endif
+            memcpy(&bv[v], bq + j + v * vl, sizeof(TL_BLOCK_VEC));
         }
         /* One base pointer per pair, opaque to the compiler, so that the R
          * broadcasts take constant offsets: GCC otherwise hoists each
@@ -70,7 +80,8 @@ static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_BLOCK_FN(
      * waits for it to reach the cache (C = 24 ran at 0.5x of C = 32 per
      * multiply-add when each row was read just after the previous one was
      * written).  Unrolled, so that acc[][] stays in registers. */
-    if (TL_BLOCK_BYTES == 64 && left < vl) { /* only AVX-512's blocks are padded */
+#if TL_BLOCK_PARTS
+    if (left < vl) {
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++)
 #pragma GCC unroll 8
@@ -93,6 +104,7 @@ static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_BLOCK_FN(
             }
         return;
     }
+#endif
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 8

@@ -24,18 +24,8 @@
 #define TL_MKI(name) TL_MKI_CAT(tl_mk_##name, TL_SFX, TL_ISA)
 
 /* A block's last vector where only its first `left` lanes are columns of
- * the output: TL_BLOCK_LOAD_PART(p, left) reads them (the other lanes zero),
- * TL_BLOCK_STORE_PART(p, v, left) writes them.  With AVX-512 masked loads
- * and stores; lane by lane at the narrower widths, which never get one (see
- * TL_MKI(columns)). */
-#define TL_BLOCK_LOAD_LANES(P, LEFT)                                                        \
-    ({                                                                                      \
-        TL_BLOCK_VEC v_ = (TL_BLOCK_VEC){0};                                                \
-        for (int64_t i_ = 0; i_ < (LEFT); i_++) v_[i_] = (P)[i_];                           \
-        v_;                                                                                 \
-    })
-#define TL_BLOCK_STORE_LANES(P, V, LEFT)                                                    \
-    for (int64_t i_ = 0; i_ < (LEFT); i_++) (P)[i_] = (V)[i_]
+ * the output (see TL_MKI(columns)), read and written with AVX-512's masked
+ * loads and stores; the narrower blocks never get one (TL_BLOCK_PARTS 0). */
 #if TL_ISA_VBYTES == 64
 typedef TL_T TL_MKI(pvec) __attribute__((vector_size(64)));
 static inline __attribute__((always_inline)) TL_ISA_ATTR TL_MKI(pvec)
@@ -53,9 +43,9 @@ static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_MKI(store_part)
 }
 #define TL_BLOCK_LOAD_PART(P, LEFT) TL_MKI(load_part)(P, LEFT)
 #define TL_BLOCK_STORE_PART(P, V, LEFT) TL_MKI(store_part)(P, V, LEFT)
+#define TL_BLOCK_PARTS 1
 #else
-#define TL_BLOCK_LOAD_PART TL_BLOCK_LOAD_LANES
-#define TL_BLOCK_STORE_PART TL_BLOCK_STORE_LANES
+#define TL_BLOCK_PARTS 0
 #endif
 
 /* The register-blocked updates (tl_microkernel_block_impl.h): block at the
@@ -73,10 +63,8 @@ static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_MKI(store_part)
 #undef TL_BLOCK_VEC
 #undef TL_BLOCK_BYTES
 #undef TL_BLOCK_NV
-#undef TL_BLOCK_LOAD_PART
-#undef TL_BLOCK_STORE_PART
-#define TL_BLOCK_LOAD_PART TL_BLOCK_LOAD_LANES
-#define TL_BLOCK_STORE_PART TL_BLOCK_STORE_LANES
+#undef TL_BLOCK_PARTS
+#define TL_BLOCK_PARTS 0
 #if TL_ISA_VBYTES > 32
 #define TL_BLOCK_FN TL_MKI(block_32)
 #define TL_BLOCK_PFN TL_MKI(pblock_32)
@@ -103,10 +91,11 @@ static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_MKI(store_part)
 #undef TL_BLOCK_BYTES
 #undef TL_BLOCK_NV
 #endif
+#undef TL_BLOCK_PARTS
+#if TL_ISA_VBYTES == 64
 #undef TL_BLOCK_LOAD_PART
 #undef TL_BLOCK_STORE_PART
-#undef TL_BLOCK_LOAD_LANES
-#undef TL_BLOCK_STORE_LANES
+#endif
 
 #define TL_VL ((int64_t)(TL_ISA_VBYTES / sizeof(TL_T))) /* lanes per full vector */
 
