@@ -163,34 +163,25 @@ static void tl_half_group(const tl_half_call *f, tl_half_scratch *s, int set, in
                           int64_t n, int64_t co0, int64_t j, int64_t wb, int64_t c0,
                           int64_t kb) {
     const tl_conv_desc *d = f->d;
-    if (R >= 8) {
-        if (f->dot) {
-#if TL_SIMD_X86
-            const int64_t cp = (d->c_in + 1) / 2 * 2;
-            tl_bf16_rows_8(set, wb, d->c_in, R, s->xh + p,
-                           f->pw_dot + n * cp * d->c_out + (co0 + j) * cp, s->yr + p, j);
-#endif
-        } else {
-            const int64_t ld = tl_panel_ld(wb, f->mk->pad_cols);
-            const float *panel = f->pw_f32 + tl_panel_at(d, f->mk->pad_cols, n, co0 + j, c0, ld);
-            (set ? f->mk->rows_8_set : f->mk->rows_8)(wb, kb, R, s->xf + p, panel, ld,
-                                                      s->yr + p, j);
-        }
-        return;
-    }
-    float *o[4];
-    for (int r = 0; r < R; r++) o[r] = s->yr[p + r] + j;
+    float *o[4]; /* groups of 4 or 2: their rows' columns from j */
+    if (R < 8)
+        for (int r = 0; r < R; r++) o[r] = s->yr[p + r] + j;
     if (f->dot) {
 #if TL_SIMD_X86
         const int64_t cp = (d->c_in + 1) / 2 * 2;
-        tl_bf16_rows(set, R, wb, d->c_in, s->xh + p,
-                     f->pw_dot + n * cp * d->c_out + (co0 + j) * cp, o);
+        const uint16_t *panel = f->pw_dot + n * cp * d->c_out + (co0 + j) * cp;
+        if (R >= 8)
+            tl_bf16_rows_8(set, wb, d->c_in, R, s->xh + p, panel, s->yr + p, j);
+        else
+            tl_bf16_rows(set, R, wb, d->c_in, s->xh + p, panel, o);
 #endif
         return;
     }
     const int64_t ld = tl_panel_ld(wb, f->mk->pad_cols);
     const float *panel = f->pw_f32 + tl_panel_at(d, f->mk->pad_cols, n, co0 + j, c0, ld);
-    if (R == 2)
+    if (R >= 8)
+        (set ? f->mk->rows_8_set : f->mk->rows_8)(wb, kb, R, s->xf + p, panel, ld, s->yr + p, j);
+    else if (R == 2)
         (set ? f->mk->rows_2_set : f->mk->rows_2)(wb, kb, s->xf + p, panel, ld, o);
     else
         (set ? f->mk->rows_4_set : f->mk->rows_4)(wb, kb, s->xf + p, panel, ld, o);
