@@ -97,6 +97,7 @@ static void tl_half_kernels(tl_half_call *f, int tiles, int64_t least) {
 typedef struct tl_half_scratch {
     int32_t *li, *lr;    /* k x tile rows: listed x rows, tile rows (tl_list_tile) */
     int64_t *lc;         /* k: listed per kernel row */
+    const int32_t **rl;  /* k: kernel row n's tile rows (lr + n * tile rows) */
     const uint16_t **xh; /* tile rows + 3 */
     const float **xf;    /* tile rows + 3 */
     float **yr;          /* tile rows + 3 */
@@ -117,6 +118,7 @@ static int tl_half_scratch_init(tl_half_scratch *s, const tl_half_call *f) {
     s->li = malloc(sizeof(int32_t) * (size_t)(f->rows * k));
     s->lr = malloc(sizeof(int32_t) * (size_t)(f->rows * k));
     s->lc = malloc(sizeof(int64_t) * (size_t)k);
+    s->rl = malloc(sizeof(*s->rl) * (size_t)k);
     s->xh = malloc(sizeof(*s->xh) * (size_t)rows);
     s->xf = malloc(sizeof(*s->xf) * (size_t)rows);
     s->yr = malloc(sizeof(*s->yr) * (size_t)rows);
@@ -131,7 +133,7 @@ static int tl_half_scratch_init(tl_half_scratch *s, const tl_half_call *f) {
     s->cbuf = f->amx ? tl_mem_aligned(sizeof(float) * 16 * 64) : NULL;
     s->zr = malloc(sizeof(int32_t) * (size_t)f->rows);
     s->hit = malloc((size_t)f->rows);
-    return s->li && s->lr && s->lc && s->xh && s->xf && s->yr && s->acc && s->zr && s->hit &&
+    return s->li && s->lr && s->lc && s->rl && s->xh && s->xf && s->yr && s->acc && s->zr && s->hit &&
            (f->dot || (s->stage && s->window)) && s->zero && (!f->amx || (s->abuf && s->cbuf));
 }
 
@@ -139,6 +141,7 @@ static void tl_half_scratch_free(tl_half_scratch *s) {
     free(s->li);
     free(s->lr);
     free(s->lc);
+    free(s->rl);
     free(s->xh);
     free(s->xf);
     free(s->yr);
@@ -187,32 +190,109 @@ static void tl_half_group(const tl_half_call *f, tl_half_scratch *s, int set, in
         (set ? f->mk->rows_4_set : f->mk->rows_4)(wb, kb, s->xf + p, panel, ld, o);
 }
 
-/* One tile: output rows [o0, o0+m), columns [co0, co0+cw), as the float
- * forward's tl_forward_tile, into the float block s->acc (row stride cw),
- * then rounded into y.  Where no row has two neighbours (tl_tile_single),
- * each listed row's sums are written into the block instead of added to a
- * zeroed row, and only the others zeroed.  Returns 1 at the first nbr entry
- * outside [-1, n_in), before any row it names is read; 2 where f16_amx read
- * an infinity or NaN (the tile's outputs are then not written); else 0. */
-static int tl_half_tile(const tl_half_call *f, const uint16_t *x, const int32_t *nbr, uint16_t *y,
-                        int64_t o0, int64_t m, int64_t co0, int64_t cw, tl_half_scratch *s) {
+/* Kernel row n's c listed rows, x rows idx[] and tile rows rows[] (the
+ * float block's, row stride cw), += their x rows times n's panels (= where
+ * `set`); `lo`: the first x row of the converted span (s->window), or -1
+ * where the listed rows are converted (s->stage).  (nidx, nc): the next
+ * kernel row's x rows, asked for while this one computes where staged.
+ * Returns 2 where f16_amx read an infinity or NaN, else 0. */
+static int tl_half_run(const tl_half_call *f, tl_half_scratch *s, const uint16_t *x, int64_t n,
+                       const int32_t *idx, const int32_t *rows, int64_t c, int set,
+                       int64_t co0, int64_t cw, int64_t lo, const int32_t *nidx, int64_t nc) {
     const tl_conv_desc *d = f->d;
-    const int64_t k = d->k, cin = d->c_in, cout = d->c_out, width = f->panel_cols;
+    const int64_t cin = d->c_in, width = f->panel_cols;
     /* Groups of 8 rows on panels at most 32 floats wide with AVX-512 (the dot
      * products' 8-row blocks hold 2 vectors of 16), or rows8_max_cols (the
      * float kernels', 3), else 4. */
     const int64_t eight_cols = f->level < TL_SIMD_V4 ? 0 : f->dot ? 32 : f->mk->rows8_max_cols;
+    const int vec = f->level >= TL_SIMD_V4;
+    if (lo >= 0 && !f->dot) /* the float rows of the converted span, as rows of a float x */
+        tl_point_rows(vec, idx, rows, c,
+                      (const void *)((uintptr_t)s->window - (uintptr_t)(lo * cin * 4)),
+                      cin * (int64_t)sizeof(float), (void *)s->xf, s->acc,
+                      cw * (int64_t)sizeof(float), (void *)s->yr);
+    else
+        tl_point_rows(vec, idx, rows, c, x, cin * (int64_t)sizeof(uint16_t), (void *)s->xh,
+                      s->acc, cw * (int64_t)sizeof(float), (void *)s->yr);
+    if (f->f16_amx) {
+#if TL_SIMD_AMX
+        if (tl_amx_rows_f16(set, c, cin, d->c_out, co0, cw, s->xh,
+                            f->pw_amx + 2 * n * tl_amx_row_elems(cin, d->c_out), s->yr, s->abuf,
+                            s->cbuf))
+            return 2;
+#endif
+        return 0;
+    }
+    if (f->amx) {
+#if TL_SIMD_AMX
+        tl_amx_rows(set, c, cin, co0, cw, s->xh,
+                    f->pw_amx + n * tl_amx_row_elems(cin, d->c_out), s->yr, s->abuf, s->cbuf);
+#endif
+        return 0;
+    }
+    if (lo < 0 && !f->dot) {
+        tl_half_rows_to_f32(f->level, d->dtype, s->xh, c, cin, cin, s->stage);
+        for (int64_t t = 0; t < c; t++) s->xf[t] = s->stage + t * cin;
+        /* the next kernel row's x rows load while this one computes */
+        const int64_t bytes = cin * (int64_t)sizeof(uint16_t);
+        for (int64_t t = 0; t < nc; t++)
+            for (int64_t b = 0; b < bytes; b += 64)
+                __builtin_prefetch((const char *)(x + (int64_t)nidx[t] * cin) + b);
+    }
+    int64_t full;
+    const int64_t pad = tl_group_pad(c, &full);
+    for (; c < full + pad; c++) {
+        s->xh[c] = (const uint16_t *)(const void *)s->zero;
+        s->xf[c] = s->zero;
+        s->yr[c] = s->sink;
+    }
+    const int64_t kc = !f->dot && cin > TL_FWD_CIN_BLOCK ? TL_FWD_CIN_BLOCK : cin;
+    for (int64_t j = 0; j < cw; j += width) {
+        const int64_t wb = cw - j < width ? cw - j : width;
+        for (int64_t c0 = 0; c0 < cin; c0 += kc) {
+            const int64_t kb = cin - c0 < kc ? cin - c0 : kc;
+            const int first = set && c0 == 0;
+            if (c0 > 0)
+                for (int64_t r = 0; r < full + pad; r++) s->xf[r] += kc;
+#define TL_GROUP8(c8) tl_half_group(f, s, first, (int)(c8), 0, n, co0, j, wb, c0, kb)
+#define TL_GROUP(p, R) tl_half_group(f, s, first, (int)(R), (p), n, co0, j, wb, c0, kb)
+            TL_RUN_GROUPS(full, pad,
+                          (f->dot ? wb : tl_panel_ld(wb, f->mk->pad_cols)) <= eight_cols,
+                          f->dot && j == 0, s->xh, cin * (int64_t)sizeof(uint16_t), TL_GROUP8,
+                          TL_GROUP);
+#undef TL_GROUP
+#undef TL_GROUP8
+        }
+        if (kc < cin)
+            for (int64_t r = 0; r < full + pad; r++) s->xf[r] -= (cin - 1) / kc * kc;
+    }
+    return 0;
+}
+
+/* One tile: output rows [o0, o0+m), columns [co0, co0+cw), as the float
+ * forward's tl_forward_tile, into the float block s->acc (row stride cw),
+ * then rounded into y.  Where no row has two neighbours (tl_tile_single),
+ * each listed row's sums are written into the block instead of added to a
+ * zeroed row, and only the others zeroed.  (Writing each row's first kernel
+ * row's sums on every tile, as the float forward does on wide tiles, ran
+ * 0.98-1.01x here: the block stays in cache.)  Returns 1 at the first nbr
+ * entry outside [-1, n_in), before any row it names is read; 2 where f16_amx
+ * read an infinity or NaN (the tile's outputs are then not written); else 0. */
+static int tl_half_tile(const tl_half_call *f, const uint16_t *x, const int32_t *nbr, uint16_t *y,
+                        int64_t o0, int64_t m, int64_t co0, int64_t cw, tl_half_scratch *s) {
+    const tl_conv_desc *d = f->d;
+    const int64_t k = d->k, cin = d->c_in, cout = d->c_out;
+    const int vec = f->level >= TL_SIMD_V4;
     /* Below 1024 multiply-adds per row (C = 16) the check costs more than the
      * zeroing it saves (bfloat16 0.90x on the LiDAR scan's inverse map); there
      * the block is zeroed before the listing, as before the check existed
      * (after it: 0.95-0.97x). */
     const int check = cin * cw >= 1024;
     if (!check) memset(s->acc, 0, sizeof(float) * (size_t)(m * cw));
-    if ((int64_t)tl_list_tile(f->level >= TL_SIMD_V4, nbr, o0, m, k, s->li, s->lr, s->lc) >
-        d->n_in)
-        return 1;
+    if ((int64_t)tl_list_tile(vec, nbr, o0, m, k, s->li, s->lr, s->lc) > d->n_in) return 1;
+    for (int64_t n = 0; n < k; n++) s->rl[n] = s->lr + n * m;
     int64_t nz = 0;
-    const int set = check && tl_tile_single(s->lr, s->lc, k, m, s->hit, s->zr, &nz);
+    const int set = check && tl_tile_single(s->rl, s->lc, k, m, 0, s->hit, s->zr, &nz);
     if (set)
         for (int64_t r = 0; r < nz; r++)
             memset(s->acc + s->zr[r] * cw, 0, sizeof(float) * (size_t)cw);
@@ -224,86 +304,29 @@ static int tl_half_tile(const tl_half_call *f, const uint16_t *x, const int32_t 
     if (!f->dot) {
         int64_t listed = 0, a = d->n_in, b = -1;
         for (int64_t n = 0; n < k; n++) {
-            const int32_t *li = s->li + n * m;
             listed += s->lc[n];
-            for (int64_t t = 0; t < s->lc[n]; t++) {
-                a = li[t] < a ? li[t] : a;
-                b = li[t] > b ? li[t] : b;
-            }
+            tl_list_span(vec, s->li + n * m, s->lc[n], &a, &b);
         }
         if (b >= a && 2 * (b - a + 1) <= listed && b - a + 1 <= f->window_rows) {
             lo = a;
             tl_half_row_to_f32(f->level, d->dtype, x + a * cin, (b - a + 1) * cin, s->window);
         }
     }
-    for (int64_t n = 0; n < k; n++) {
-        int64_t c = s->lc[n];
-        if (c == 0) continue;
-        tl_point_rows(f->level >= TL_SIMD_V4, s->li + n * m, s->lr + n * m, c, x,
-                      cin * (int64_t)sizeof(uint16_t), (void *)s->xh, s->acc,
-                      cw * (int64_t)sizeof(float), (void *)s->yr);
-        if (f->f16_amx) {
-#if TL_SIMD_AMX
-            if (tl_amx_rows_f16(set, c, cin, cout, co0, cw, s->xh,
-                                f->pw_amx + 2 * n * tl_amx_row_elems(cin, cout), s->yr, s->abuf,
-                                s->cbuf))
-                return 2;
-#endif
-            continue;
-        }
-        if (f->amx) {
-#if TL_SIMD_AMX
-            tl_amx_rows(set, c, cin, co0, cw, s->xh, f->pw_amx + n * tl_amx_row_elems(cin, cout),
-                        s->yr, s->abuf, s->cbuf);
-#endif
-            continue;
-        }
-        if (lo >= 0) { /* rows of the converted span (row stride c_in in both) */
-            for (int64_t t = 0; t < c; t++) s->xf[t] = s->window + (s->xh[t] - x - lo * cin);
-        } else if (!f->dot) {
-            tl_half_rows_to_f32(f->level, d->dtype, s->xh, c, cin, cin, s->stage);
-            for (int64_t t = 0; t < c; t++) s->xf[t] = s->stage + t * cin;
-            /* the next listed kernel row's x rows load while this one computes */
-            int64_t nn = n + 1;
-            while (nn < k && s->lc[nn] == 0) nn++;
-            if (nn < k) {
-                const int32_t *li = s->li + nn * m;
-                const int64_t bytes = cin * (int64_t)sizeof(uint16_t);
-                for (int64_t t = 0; t < s->lc[nn]; t++)
-                    for (int64_t b = 0; b < bytes; b += 64)
-                        __builtin_prefetch((const char *)(x + (int64_t)li[t] * cin) + b);
-            }
-        }
-        int64_t full;
-        const int64_t pad = tl_group_pad(c, &full);
-        for (; c < full + pad; c++) {
-            s->xh[c] = (const uint16_t *)(const void *)s->zero;
-            s->xf[c] = s->zero;
-            s->yr[c] = s->sink;
-        }
-        const int64_t kc = !f->dot && cin > TL_FWD_CIN_BLOCK ? TL_FWD_CIN_BLOCK : cin;
-        for (int64_t j = 0; j < cw; j += width) {
-            const int64_t wb = cw - j < width ? cw - j : width;
-            for (int64_t c0 = 0; c0 < cin; c0 += kc) {
-                const int64_t kb = cin - c0 < kc ? cin - c0 : kc;
-                const int first = set && c0 == 0;
-                if (c0 > 0)
-                    for (int64_t r = 0; r < full + pad; r++) s->xf[r] += kc;
-#define TL_GROUP8(c8) tl_half_group(f, s, first, (int)(c8), 0, n, co0, j, wb, c0, kb)
-#define TL_GROUP(p, R) tl_half_group(f, s, first, (int)(R), (p), n, co0, j, wb, c0, kb)
-                TL_RUN_GROUPS(full, pad,
-                              (f->dot ? wb : tl_panel_ld(wb, f->mk->pad_cols)) <= eight_cols,
-                              f->dot && j == 0, s->xh,
-                              cin * (int64_t)sizeof(uint16_t), TL_GROUP8, TL_GROUP);
-#undef TL_GROUP
-#undef TL_GROUP8
-            }
-            if (kc < cin)
-                for (int64_t r = 0; r < full + pad; r++) s->xf[r] -= (cin - 1) / kc * kc;
-        }
+    int64_t n = 0;
+    while (n < k && s->lc[n] == 0) n++;
+    while (n < k) { /* each nonempty kernel row, asking for the next one's x rows */
+        int64_t nn = n + 1;
+        while (nn < k && s->lc[nn] == 0) nn++;
+        if (tl_half_run(f, s, x, n, s->li + n * m, s->lr + n * m, s->lc[n], set, co0, cw, lo,
+                        nn < k ? s->li + nn * m : NULL, nn < k ? s->lc[nn] : 0))
+            return 2;
+        n = nn;
     }
-    for (int64_t r = 0; r < m; r++)
-        tl_f32_row_to_half(f->level, d->dtype, s->acc + r * cw, cw, y + (o0 + r) * cout + co0);
+    if (cw == cout) /* the block's rows are y's, one after another */
+        tl_f32_row_to_half(f->level, d->dtype, s->acc, m * cw, y + o0 * cout);
+    else
+        for (int64_t q = 0; q < m; q++)
+            tl_f32_row_to_half(f->level, d->dtype, s->acc + q * cw, cw, y + (o0 + q) * cout + co0);
     return 0;
 }
 

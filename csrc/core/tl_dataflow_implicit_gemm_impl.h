@@ -25,6 +25,8 @@ typedef struct TL_FN(tl_fwd_scratch) {
     int vec;            /* list with AVX-512 (see tl_list_tile) */
     int32_t *li, *lr;   /* k x tile rows: listed x rows, tile rows (tl_list_tile) */
     int64_t *lc;        /* k: listed per kernel row */
+    const int32_t **il; /* k: kernel row n's x rows (in li, or in place in pair lists) */
+    const int32_t **rl; /* k: their output rows (lr, or the pair lists') */
     const TL_T **xr;    /* tile rows + 3 */
     TL_T **yr;          /* tile rows + 3 */
     TL_T *zero;         /* c_in zeros */
@@ -45,6 +47,8 @@ static int TL_FN(tl_fwd_scratch_init)(TL_FN(tl_fwd_scratch) *s, const tl_ctx *ct
     s->li = malloc(sizeof(int32_t) * (size_t)(rows * k));
     s->lr = malloc(sizeof(int32_t) * (size_t)(rows * k));
     s->lc = malloc(sizeof(int64_t) * (size_t)k);
+    s->il = malloc(sizeof(*s->il) * (size_t)k);
+    s->rl = malloc(sizeof(*s->rl) * (size_t)k);
     s->xr = malloc(sizeof(TL_T *) * (size_t)(rows + 3));
     s->yr = malloc(sizeof(TL_T *) * (size_t)(rows + 3));
     s->zero = calloc((size_t)(cin + TL_TILE_COLS), sizeof(TL_T));
@@ -52,13 +56,16 @@ static int TL_FN(tl_fwd_scratch_init)(TL_FN(tl_fwd_scratch) *s, const tl_ctx *ct
     s->lf = malloc(sizeof(int64_t) * (size_t)k);
     s->zr = malloc(sizeof(int32_t) * (size_t)rows);
     s->hit = malloc((size_t)rows);
-    return s->li && s->lr && s->lc && s->xr && s->yr && s->zero && s->lf && s->zr && s->hit;
+    return s->li && s->lr && s->lc && s->il && s->rl && s->xr && s->yr && s->zero && s->lf &&
+           s->zr && s->hit;
 }
 
 static void TL_FN(tl_fwd_scratch_free)(TL_FN(tl_fwd_scratch) *s) {
     free(s->li);
     free(s->lr);
     free(s->lc);
+    free(s->il);
+    free(s->rl);
     free(s->xr);
     free(s->yr);
     free(s->zero);
@@ -94,13 +101,15 @@ static inline void TL_FN(tl_fwd_ask_y)(TL_T *const *yr, int64_t wb) {
             __builtin_prefetch((const char *)yr[r] + b, 1);
 }
 
-/* Kernel row n's c listed rows at li/lr + at: each group of rows += its x
+/* Kernel row n's c listed rows, x rows idx[] and output rows rows[] (output
+ * row r at yb + r * c_out): each group of rows += its x
  * rows times the row's weight panels (= where `set`), a block of
  * TL_FWD_CIN_BLOCK input channels at a time (the x row pointers move along
  * the block, and back for the next panel). */
-static void TL_FN(tl_fwd_rows)(const tl_conv_desc *d, const TL_T *x, const TL_T *pw, TL_T *y,
-                               int64_t o0, int64_t co0, int64_t cw, int64_t n, int64_t at,
-                               int64_t c, int set, TL_FN(tl_fwd_scratch) *s) {
+static void TL_FN(tl_fwd_rows)(const tl_conv_desc *d, const TL_T *x, const TL_T *pw,
+                               TL_T *yb, int64_t co0, int64_t cw, int64_t n,
+                               const int32_t *idx, const int32_t *rows, int64_t c, int set,
+                               TL_FN(tl_fwd_scratch) *s) {
     const int64_t cin = d->c_in, cout = d->c_out, width = s->panel_cols;
     /* Groups of 8 rows on panels at most rows8_max_cols wide (narrow tiles,
      * 3 vectors with AVX-512), else 4: besides narrow tiles, a wide tile's
@@ -115,8 +124,8 @@ static void TL_FN(tl_fwd_rows)(const tl_conv_desc *d, const TL_T *x, const TL_T 
      * as they run (rows_8, TL_RUN_GROUPS).  Asking for every listed row at
      * once (hundreds per kernel row on a C = 16 tile) filled the core's miss
      * buffers: without it, 0.96-1.23x on the Intel Xeon of round fifteen. */
-    tl_point_rows(s->vec, s->li + at, s->lr + at, c, x, cin * (int64_t)sizeof(TL_T), (void *)xr,
-                  y + o0 * cout + co0, cout * (int64_t)sizeof(TL_T), (void *)yr);
+    tl_point_rows(s->vec, idx, rows, c, x, cin * (int64_t)sizeof(TL_T), (void *)xr, yb + co0,
+                  cout * (int64_t)sizeof(TL_T), (void *)yr);
     int64_t full;
     const int64_t pad = tl_group_pad(c, &full);
     for (; c < full + pad; c++) {
@@ -175,16 +184,27 @@ static int TL_FN(tl_forward_tile)(const tl_conv_desc *d, const TL_T *x, const TL
      * cost more than they save (0.87-0.96x at C = 16-32 on the LiDAR scan). */
     const int split = !rel->pairs && cw > s->mk->rows8_cols;
     int64_t nz = 0; /* rows to zero, in zr, where first entries are written */
+    /* Kernel row n's entries: x rows il[n][0..lc[n]) of output rows
+     * rl[n][..] - base (base o0 for pair lists, whose rows are the layer's,
+     * read in place; 0 for the tile's lists). */
+    const int32_t **il = s->il, **rl = s->rl;
+    int64_t base = 0;
     if (rel->pairs) {
-        tl_list_pairs(rel, o0, m, s->li, s->lr, s->lc);
-    } else if ((int64_t)(split ? tl_list_tile_split(s->vec, rel->nbr, o0, m, k, s->li, s->lr,
-                                                    s->lc, s->lf, s->zr, &nz)
-                               : tl_list_tile(s->vec, rel->nbr, o0, m, k, s->li, s->lr, s->lc)) >
-               d->n_in) {
-        return 1; /* below -1 wraps to above n_in */
+        tl_pairs_of_tile(rel, o0, il, rl, s->lc);
+        base = o0;
+    } else {
+        if ((int64_t)(split ? tl_list_tile_split(s->vec, rel->nbr, o0, m, k, s->li, s->lr, s->lc,
+                                                 s->lf, s->zr, &nz)
+                            : tl_list_tile(s->vec, rel->nbr, o0, m, k, s->li, s->lr, s->lc)) >
+            d->n_in)
+            return 1; /* below -1 wraps to above n_in */
+        for (int64_t n = 0; n < k; n++) {
+            il[n] = s->li + n * m;
+            rl[n] = s->lr + n * m;
+        }
     }
     /* single: every entry of the unsplit lists is its row's first */
-    const int single = !split && tl_tile_single(s->lr, s->lc, k, m, s->hit, s->zr, &nz);
+    const int single = !split && tl_tile_single(rl, s->lc, k, m, base, s->hit, s->zr, &nz);
     if (!split && !single && cw == cout)
         memset(y + o0 * cout, 0, sizeof(TL_T) * (size_t)(m * cout));
     else if (!split && !single)
@@ -193,11 +213,13 @@ static int TL_FN(tl_forward_tile)(const tl_conv_desc *d, const TL_T *x, const TL
     else
         for (int64_t r = 0; r < nz; r++)
             memset(y + (o0 + s->zr[r]) * cout + co0, 0, sizeof(TL_T) * (size_t)cw);
+    TL_T *yb = y + (o0 - base) * cout;
     for (int64_t n = 0; n < k; n++) {
         const int64_t f = split ? s->lf[n] : 0;
-        if (f > 0) TL_FN(tl_fwd_rows)(d, x, pw, y, o0, co0, cw, n, n * m + m - f, f, 1, s);
+        if (f > 0)
+            TL_FN(tl_fwd_rows)(d, x, pw, yb, co0, cw, n, il[n] + m - f, rl[n] + m - f, f, 1, s);
         if (s->lc[n] > 0)
-            TL_FN(tl_fwd_rows)(d, x, pw, y, o0, co0, cw, n, n * m, s->lc[n], single, s);
+            TL_FN(tl_fwd_rows)(d, x, pw, yb, co0, cw, n, il[n], rl[n], s->lc[n], single, s);
     }
     return 0;
 }

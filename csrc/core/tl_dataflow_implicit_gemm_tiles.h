@@ -220,19 +220,18 @@ static inline void tl_pair_starts(const tl_ctx *ctx, const tl_pairs *p, int64_t 
         for (int64_t n = 0; n < k; n++) starts[t * k + n] = tl_pairs_first_at(p, n, t * rows);
 }
 
-/* tl_list_tile's lists from pair lists for the row tile of output rows [o0,
- * o0 + m): kernel row n's pairs in it are one run of its sorted list, copied
- * (8 bytes a pair, nothing read for absent ones). */
-static inline void tl_list_pairs(const tl_fwd_rel *rel, int64_t o0, int64_t m, int32_t *idx,
-                                 int32_t *rows, int64_t *cnt) {
+/* The pairs of the row tile of output rows [o0, ...) from pair lists, read in
+ * place: kernel row n's are one run of its sorted list, cnt[n] of them, x rows
+ * at il[n] and (the layer's) output rows at rl[n].  Nothing is copied (a copy
+ * of 8 bytes a pair cost as much as listing the table at C = 16). */
+static inline void tl_pairs_of_tile(const tl_fwd_rel *rel, int64_t o0, const int32_t **il,
+                                    const int32_t **rl, int64_t *cnt) {
     const tl_pairs *p = rel->pairs;
     const int64_t k = p->k, *lo = rel->starts + o0 / rel->tile_rows * k, *hi = lo + k;
     for (int64_t n = 0; n < k; n++) {
         cnt[n] = hi[n] - lo[n];
-        for (int64_t j = lo[n]; j < hi[n]; j++) {
-            idx[n * m + j - lo[n]] = p->in[j];
-            rows[n * m + j - lo[n]] = (int32_t)(p->out[j] - o0);
-        }
+        il[n] = p->in + lo[n];
+        rl[n] = p->out + lo[n];
     }
 }
 
@@ -246,24 +245,26 @@ static inline int64_t tl_group_pad(int64_t c, int64_t *full) {
     return c - *full == 3 ? 4 : (c - *full + 1) / 2 * 2;
 }
 
-/* Whether each of a tile's m rows is listed by at most one kernel row
- * (tl_list_tile's rows and cnt for k kernel rows): the inverse map of a
- * transposed convolution whose stride is its kernel size, a 1x1x1 map, the
- * input gradient of such a strided one.  Then the forwards write each listed
- * row's sums once instead of adding them to a zeroed row, and zero only the
- * *nz rows no kernel row lists, which go to zr (hit: m bytes of scratch).
- * Counts first, so a map with more pairs than rows costs nothing more. */
-static inline int tl_tile_single(const int32_t *rows, const int64_t *cnt, int64_t k, int64_t m,
-                                 uint8_t *hit, int32_t *zr, int64_t *nz) {
+/* Whether each of a tile's m rows is listed by at most one kernel row (kernel
+ * row n's cnt[n] output rows at rl[n], each minus base in [0, m)): the
+ * inverse map of a transposed convolution whose stride is its kernel size, a
+ * 1x1x1 map, the input gradient of such a strided one.  Then the forwards
+ * write each listed row's sums once instead of adding them to a zeroed row,
+ * and zero only the *nz rows no kernel row lists, which go to zr (hit: m
+ * bytes of scratch).  Counts first, so a map with more pairs than rows costs
+ * nothing more. */
+static inline int tl_tile_single(const int32_t *const *rl, const int64_t *cnt, int64_t k,
+                                 int64_t m, int64_t base, uint8_t *hit, int32_t *zr,
+                                 int64_t *nz) {
     int64_t listed = 0;
     for (int64_t n = 0; n < k; n++) listed += cnt[n];
     if (listed > m) return 0;
     memset(hit, 0, (size_t)m);
     for (int64_t n = 0; n < k; n++) {
-        const int32_t *lr = rows + n * m;
+        const int32_t *lr = rl[n];
         for (int64_t t = 0; t < cnt[n]; t++) {
-            if (hit[lr[t]]) return 0;
-            hit[lr[t]] = 1;
+            if (hit[lr[t] - base]) return 0;
+            hit[lr[t] - base] = 1;
         }
     }
     int64_t z = 0;

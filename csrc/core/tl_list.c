@@ -1,5 +1,6 @@
 #include "tl_list.h"
 
+#include <stdint.h>
 #include <string.h>
 
 #include "tl_simd.h"
@@ -166,6 +167,35 @@ uint32_t tl_list_tile_range(int vec, const int32_t *nbr, int64_t o0, int64_t m, 
 uint32_t tl_list_tile(int vec, const int32_t *nbr, int64_t o0, int64_t m, int64_t k,
                       int32_t *idx, int32_t *rows, int64_t *cnt) {
     return tl_list_tile_range(vec, nbr, o0, m, k, 0, k, idx, rows, cnt);
+}
+
+#if TL_SIMD_X86
+static TL_TARGET_V4 void tl_list_span_v4(const int32_t *v, int64_t c, int64_t *lo, int64_t *hi) {
+    __m512i a = _mm512_set1_epi32(INT32_MAX), b = _mm512_set1_epi32(-1);
+    for (int64_t q = 0; q < c; q += 16) {
+        const __mmask16 live = c - q >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (c - q)) - 1);
+        a = _mm512_mask_min_epi32(a, live, a, _mm512_maskz_loadu_epi32(live, v + q));
+        b = _mm512_mask_max_epi32(b, live, b, _mm512_maskz_loadu_epi32(live, v + q));
+    }
+    const int64_t ra = _mm512_reduce_min_epi32(a), rb = _mm512_reduce_max_epi32(b);
+    *lo = ra < *lo ? ra : *lo;
+    *hi = rb > *hi ? rb : *hi;
+}
+#endif
+
+void tl_list_span(int vec, const int32_t *v, int64_t c, int64_t *lo, int64_t *hi) {
+#if TL_SIMD_X86
+    if (vec) {
+        if (c > 0) tl_list_span_v4(v, c, lo, hi);
+        return;
+    }
+#else
+    (void)vec;
+#endif
+    for (int64_t t = 0; t < c; t++) {
+        *lo = v[t] < *lo ? v[t] : *lo;
+        *hi = v[t] > *hi ? v[t] : *hi;
+    }
 }
 
 #if TL_SIMD_X86

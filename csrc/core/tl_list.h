@@ -39,6 +39,10 @@ uint32_t tl_list_tile_split(int vec, const int32_t *nbr, int64_t o0, int64_t m, 
                             int32_t *idx, int32_t *rows, int64_t *cnt, int64_t *fc, int32_t *zr,
                             int64_t *nz);
 
+/* Widens [*lo, *hi] to hold the c entries v[0..c) (all >= 0).  vec: 16
+ * entries a step with AVX-512 (the caller checked the CPU has it). */
+void tl_list_span(int vec, const int32_t *v, int64_t c, int64_t *lo, int64_t *hi);
+
 /* The row pointers of c listed rows for the micro-kernels: xr[q] = x +
  * idx[q] * x_bytes and yr[q] = y + rows[q] * y_bytes (byte strides; idx[] and
  * rows[] >= 0, checked by the caller).  xr and yr are arrays of c pointers of
