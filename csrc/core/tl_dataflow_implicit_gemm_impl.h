@@ -149,8 +149,9 @@ static void TL_FN(tl_fwd_rows)(const tl_conv_desc *d, const TL_T *x, const TL_T 
         if (first && j == 0 && (p) + 8 <= full) TL_FN(tl_fwd_ask_y)(yr + (p) + 4, wb);       \
         TL_FN(tl_fwd_group)(s, first, (int)(R), wb, ld, kb, panel, xr + (p), yr + (p), j);   \
     } while (0)
-            TL_RUN_GROUPS(full, pad, ld <= s->mk->rows8_max_cols, j == 0, xr,
-                          kb * (int64_t)sizeof(TL_T), TL_GROUP8, TL_GROUP);
+            TL_RUN_GROUPS(full, pad, ld <= s->mk->rows8_max_cols,
+                          j == 0 ? tl_rows_ahead(kb * wb) : 0, xr, kb * (int64_t)sizeof(TL_T),
+                          TL_GROUP8, TL_GROUP);
 #undef TL_GROUP
 #undef TL_GROUP8
         }

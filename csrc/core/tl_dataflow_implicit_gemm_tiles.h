@@ -274,21 +274,34 @@ static inline int tl_tile_single(const int32_t *const *rl, const int64_t *cnt, i
     return 1;
 }
 
+/* How many listed rows ahead of a group of 4 TL_RUN_GROUPS asks for x rows,
+ * for groups of `work` multiply-adds per row (input channels x panel columns,
+ * halved for the bf16 dot products, which do two per lane): two groups ahead
+ * where a group is short (C = 64 with fp32: 1.08-1.12x on k2 s2 maps of
+ * both scenes, 1.02-1.08x on their inverses; three ahead gained nothing
+ * more), one where it is long enough to hide the latency alone (C = 128: two
+ * ran 0.97-1.00x). */
+#define TL_AHEAD_LONG_WORK 8192
+static inline int64_t tl_rows_ahead(int64_t work) { return work < TL_AHEAD_LONG_WORK ? 8 : 4; }
+
 /* Runs the groups of rows [0, FULL + PAD) (tl_group_pad): where EIGHT
  * (narrow tiles), the groups of 8 first, all in one GROUP8(c8) call (c8 =
  * FULL / 8 * 8 rows: rows_8, which asks for its next group's rows itself);
  * then GROUP(p, 4) for each group of 4 left and GROUP(FULL, PAD) for the
- * padded one.  Where PREFETCH holds, the next group's x rows XR[] (ROW_BYTES
- * each) are asked for while a group of 4 computes: on strided and transposed
- * maps each x row is read once, so they come from memory (1.1-1.5x there;
- * subm 1.0-1.1x). */
-#define TL_RUN_GROUPS(FULL, PAD, EIGHT, PREFETCH, XR, ROW_BYTES, GROUP8, GROUP)                \
+ * padded one.  Where AHEAD is not 0 (tl_rows_ahead), x rows XR[] (ROW_BYTES
+ * each) are asked for AHEAD rows ahead while a group of 4 computes: on
+ * strided and transposed maps each x row is read once, so they come from
+ * memory (1.1-1.5x there; subm 1.0-1.1x). */
+#define TL_RUN_GROUPS(FULL, PAD, EIGHT, AHEAD, XR, ROW_BYTES, GROUP8, GROUP)                   \
     do {                                                                                     \
         int64_t p_ = (EIGHT) ? (FULL) / 8 * 8 : 0;                                           \
         if (p_) GROUP8(p_);                                                                  \
+        const int64_t ahead_ = (AHEAD);                                                      \
+        for (int64_t q_ = p_ + 4; ahead_ > 4 && q_ < p_ + ahead_ && q_ + 4 <= (FULL); q_ += 4) \
+            TL_PREFETCH_ROWS((XR) + q_, 4, (ROW_BYTES));                                     \
         for (; p_ + 4 <= (FULL); p_ += 4) {                                                  \
-            if ((PREFETCH) && p_ + 8 <= (FULL))                                              \
-                TL_PREFETCH_ROWS((XR) + p_ + 4, 4, (ROW_BYTES));                             \
+            if (ahead_ && p_ + ahead_ + 4 <= (FULL))                                         \
+                TL_PREFETCH_ROWS((XR) + p_ + ahead_, 4, (ROW_BYTES));                        \
             GROUP(p_, 4);                                                                    \
         }                                                                                    \
         if (PAD) GROUP((FULL), (PAD));                                                       \
