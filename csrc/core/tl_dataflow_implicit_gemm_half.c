@@ -543,7 +543,8 @@ static int tl_half_wg_rows(const tl_half_call *f, const uint16_t *x, const uint1
                 s->df[q] = dyf + (s->dq[q] - (dy + b0 * cout));
             }
             if (packs)
-                f->mk->panel(cout, c, cin, NULL, s->stage, s->df, acc + n * mat, cout, NULL, 0);
+                f->mk->panel(cout, c, cin, NULL, s->stage, s->df, acc + n * mat, cout, NULL, NULL,
+                             0);
             else
                 tl_mk_outer_acc_f32(f->mk, cin, cout, c, s->xf, s->df, acc + n * mat, NULL, 0);
         }

@@ -366,7 +366,7 @@ static int TL_FN(tl_wgrad_rows)(const tl_conv_desc *d, const TL_T *x, const TL_T
                  * into each of c_in / 4 places per pair and waited on the
                  * stores (0.97-1.11x at C >= 64). */
                 s->mk->panel(d->c_out, c, d->c_in, xq, s->xp, dq, acc + n * mat, d->c_out, xn,
-                             next);
+                             s->dq[(n + 1) % 2], next);
             } else if (c > 0) {
                 TL_FN(tl_mk_outer_acc)(s->mk, d->c_in, d->c_out, c, xq, dq, acc + n * mat, xn,
                                        next);

@@ -79,10 +79,12 @@ typedef struct TL_MK(ops) {
      * at least panel_pairs rows); or, xq NULL, x_q = xp + q * packed_ld(rows)
      * already packed for all nq pairs.  dq[q]: the pair's dy row (from the
      * block's first column).  While it runs it asks for each row pf[q],
-     * q < npf, of `rows` values (the next kernel row's x rows). */
+     * q < npf, of `rows` values (the next kernel row's x rows), and, during
+     * its last chunk, for the first chunk's dy rows pd[q] (pd NULL: none;
+     * the next kernel row's, npf of them). */
     void (*panel)(int64_t cw, int64_t nq, int64_t rows, const TL_T *const *xq, TL_T *xp,
                   const TL_T *const *dq, TL_T *out, int64_t ldo, const TL_T *const *pf,
-                  int64_t npf);
+                  const TL_T *const *pd, int64_t npf);
 } TL_MK(ops);
 
 /* Values per packed x row of the weight gradient (tl_mk_ops.panel): `rows`
