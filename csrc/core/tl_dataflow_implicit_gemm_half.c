@@ -546,7 +546,8 @@ static int tl_half_wg_rows(const tl_half_call *f, const uint16_t *x, const uint1
                 f->mk->panel(cout, c, cin, NULL, s->stage, s->df, acc + n * mat, cout, NULL, NULL,
                              0);
             else
-                tl_mk_outer_acc_f32(f->mk, cin, cout, c, s->xf, s->df, acc + n * mat, NULL, 0);
+                tl_mk_outer_acc_f32(f->mk, cin, cout, c, s->xf, s->df, acc + n * mat, NULL, NULL,
+                                    0);
         }
     }
     return 0;

@@ -369,7 +369,7 @@ static int TL_FN(tl_wgrad_rows)(const tl_conv_desc *d, const TL_T *x, const TL_T
                              s->dq[(n + 1) % 2], next);
             } else if (c > 0) {
                 TL_FN(tl_mk_outer_acc)(s->mk, d->c_in, d->c_out, c, xq, dq, acc + n * mat, xn,
-                                       next);
+                                       s->dq[(n + 1) % 2], next);
             }
             c = next;
         }

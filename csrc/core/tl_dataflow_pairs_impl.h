@@ -105,7 +105,7 @@ static void TL_FN(tl_pairs_wgrad_range)(const tl_conv_desc *d, const TL_T *x, co
                    sizeof(TL_T) * (size_t)cout);
             s->dr[q] = s->gd + q * cout;
         }
-        TL_FN(tl_mk_outer_acc)(s->mk, cin, cout, m, s->xr, s->dr, acc, NULL, 0);
+        TL_FN(tl_mk_outer_acc)(s->mk, cin, cout, m, s->xr, s->dr, acc, NULL, NULL, 0);
     }
 }
 

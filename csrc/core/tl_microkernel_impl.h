@@ -199,6 +199,11 @@ __attribute__((unused)) static void TL_MK(rows)(const TL_MK(ops) *mk, int64_t cw
     if (p < m) mk->rows_1(cw, nq, a + p, b, ldb, out + p);
 }
 
+/* Output columns from which outer_acc's passes ask for the next kernel row's
+ * rows (below them a pass has too few multiply-adds per pair to hide the
+ * extra instructions). */
+#define TL_OUTER_PF_MIN_COLS 24
+
 /* acc (cin x cout) += sum over c row pairs of xr[p]^T dq[p], register-blocked
  * passes over input channels (rows of acc): four at a time, or, where cout
  * is at most rows8_cols (two fp32 vectors with AVX-512), eight after the
@@ -214,16 +219,23 @@ __attribute__((unused)) static void TL_MK(rows)(const TL_MK(ops) *mk, int64_t cw
  * still adds its pairs in pair order, so the passes' widths do not change
  * the sums.  Pass s asks for
  * cache line s of each row pf[q], q < npf (the x rows the caller reads next;
- * npf = 0 for none), so that rows from memory arrive while this one
- * computes; not below 32 output columns, where a pass has too few
- * multiply-adds per pair to hide the extra instruction (0.93x at C = 16,
- * 1.05-1.11x at 32). */
+ * npf = 0 for none), and the passes after those for the lines of each dy
+ * row pd[q] (the next kernel row's, pd NULL for none), so that rows from
+ * memory arrive while this one computes; not below TL_OUTER_PF_MIN_COLS
+ * output columns (x rows alone: 0.93x at C = 16, 1.05-1.11x at 32; the dy
+ * rows too, against x rows from 32 only: 1.22-1.34x at C = 32 and 1.14-1.54x
+ * at 24-28 on the LiDAR scan's strided maps, 0.93-1.03x on the surface's,
+ * whose rows are more often in cache; 0.92-1.11x at 16-20). */
 __attribute__((unused)) static void TL_MK(outer_acc)(const TL_MK(ops) *mk, int64_t cin,
                                                     int64_t cout, int64_t c,
                                                     const TL_T *const *xr,
                                                     const TL_T *const *dq, TL_T *acc,
-                                                    const TL_T *const *pf, int64_t npf) {
-    const int64_t lines = cout >= 32 ? (cin * (int64_t)sizeof(TL_T) + 63) / 64 : 0;
+                                                    const TL_T *const *pf,
+                                                    const TL_T *const *pd, int64_t npf) {
+    const int64_t lines = cout >= TL_OUTER_PF_MIN_COLS ? (cin * (int64_t)sizeof(TL_T) + 63) / 64 : 0;
+    const int64_t dlines = cout >= TL_OUTER_PF_MIN_COLS && pd ? (cout * (int64_t)sizeof(TL_T) + 63) / 64 : 0;
+#define TL_PASS_PF(s) ((s) < lines ? pf : pd), ((s) < lines + dlines ? npf : 0), \
+                      (((s) < lines ? (s) : (s) - lines) * 64)
     const int eight = cout <= mk->rows8_cols;
     int64_t ci = 0, s = 0;
     if (mk->rows_t_16 && cout * (int64_t)sizeof(TL_T) == 64) /* nothing to ask for: lines 0 */
@@ -236,15 +248,15 @@ __attribute__((unused)) static void TL_MK(outer_acc)(const TL_MK(ops) *mk, int64
         const int64_t rows = eight && (s > 0 || cin % 8 == 0) && ci + 8 <= cin ? 8 : 4;
         TL_T *o[8];
         for (int64_t r = 0; r < rows; r++) o[r] = acc + (ci + r) * cout;
-        (rows == 8 ? mk->rows_t_8 : mk->rows_t_4)(cout, c, ci, xr, dq, o, pf,
-                                                  s < lines ? npf : 0, s * 64);
+        (rows == 8 ? mk->rows_t_8 : mk->rows_t_4)(cout, c, ci, xr, dq, o, TL_PASS_PF(s));
         ci += rows;
         s++;
     }
     for (; ci < cin; ci++, s++) {
         TL_T *o[1] = {acc + ci * cout};
-        mk->rows_t_1(cout, c, ci, xr, dq, o, pf, s < lines ? npf : 0, s * 64);
+        mk->rows_t_1(cout, c, ci, xr, dq, o, TL_PASS_PF(s));
     }
+#undef TL_PASS_PF
 }
 
 /* dw[e] = sum over p of partial[p * all + e], p in order 0..parts-1: the
