@@ -68,10 +68,12 @@ typedef struct TL_MK(ops) {
     void (*rows_t_1)(int64_t cw, int64_t nq, int64_t c0, const TL_T *const *xr,
                      const TL_T *const *b, TL_T *const *out, const TL_T *const *pf,
                      int64_t npf, int64_t pf_byte);
-    /* rows_t_R for 16 rows one vector wide (cw = 64 bytes), nothing asked
-     * for; NULL but with AVX-512. */
+    /* rows_t_R for 16 rows one vector wide (cw = 64 bytes), asking for byte
+     * pf_byte of each row pf[q] and the first of pd[q] (pd may be NULL),
+     * q < npf; NULL but with AVX-512. */
     void (*rows_t_16)(int64_t nq, int64_t c0, const TL_T *const *xr, const TL_T *const *b,
-                      TL_T *const *out);
+                      TL_T *const *out, const TL_T *const *pf, const TL_T *const *pd,
+                      int64_t npf, int64_t pf_byte);
     /* Weight gradient over the x rows of nq pairs:
      *   out[c * ldo + j] += sum_q x_q[c] * dq[q][j],  c < rows, j < cw,
      * x_q = xq[q] (rows values), packed a chunk of pairs at a time into the
@@ -238,11 +240,12 @@ __attribute__((unused)) static void TL_MK(outer_acc)(const TL_MK(ops) *mk, int64
                       (((s) < lines ? (s) : (s) - lines) * 64)
     const int eight = cout <= mk->rows8_cols;
     int64_t ci = 0, s = 0;
-    if (mk->rows_t_16 && cout * (int64_t)sizeof(TL_T) == 64) /* nothing to ask for: lines 0 */
-        for (; ci + 16 <= cin; ci += 16) {
+    if (mk->rows_t_16 && cout * (int64_t)sizeof(TL_T) == 64) /* pass s: x line s, dy first */
+        for (; ci + 16 <= cin; ci += 16, s++) {
             TL_T *o[16];
             for (int64_t r = 0; r < 16; r++) o[r] = acc + (ci + r) * cout;
-            mk->rows_t_16(c, ci, xr, dq, o);
+            mk->rows_t_16(c, ci, xr, dq, o, pf, s == 0 ? pd : NULL,
+                          s < (cin * (int64_t)sizeof(TL_T) + 63) / 64 ? npf : 0, s * 64);
         }
     while (ci + 4 <= cin) {
         const int64_t rows = eight && (s > 0 || cin % 8 == 0) && ci + 8 <= cin ? 8 : 4;
