@@ -27,8 +27,12 @@ TOL_PARAM = {**{t: 1e-6 for t in TOL}, torch.float64: 1e-10}
 # 16 KiB block of half rows (4096 floats), more rows than 256 chunks of 64.
 # Multiples of 32 take the passes' fixed-width loops (tl_norm_impl.h): 32 to 128 in one
 # block of channels, 160 as 128 + 32, 448 as three blocks of 128 and one of 64.
+# Widths of every kind of channel block (tl_norm_impl.h): run-time width (3, 37, 16),
+# fixed (8, 24, 32, 48, 64, 96, 128), a multiple of 32 then a fixed rest (72 = 64 + 8,
+# 80 = 32 + 48, 152 = 128 + 24, 200 = 128 + 64 + 8), blocks of 128 (160, 448).
 SHAPES = [(2, 3), (65, 37), (300, 32), (1000, 64), (500, 96), (300, 128), (200, 160),
-          (40, 448), (7, 4100), (20000, 8)]  # fmt: skip
+          (40, 448), (7, 4100), (20000, 8), (300, 16), (300, 24), (300, 48), (200, 72),
+          (200, 80), (100, 152), (100, 200)]  # fmt: skip
 ISAS = ["avx512", "avx2", "baseline"]
 
 
@@ -168,7 +172,7 @@ def test_options_match_torch(kwargs: dict, training: bool) -> None:
 def test_every_instruction_set(isa: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TORCH_LATTICE_CPU_ISA", isa)
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
-        for c in (37, 32):
+        for c in (37, 32, 48, 72):
             ours, ref = _pair(c, True)
             y, yr, dx, dxr = _run(ours, ref, _features(1000, c, dtype), True)
             _close(y, yr, TOL[dtype], f"{isa} {dtype} C={c} output")
