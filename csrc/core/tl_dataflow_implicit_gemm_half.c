@@ -137,8 +137,9 @@ static int tl_half_scratch_init(tl_half_scratch *s, const tl_half_call *f) {
     s->cbuf = f->amx ? tl_mem_aligned(sizeof(float) * 16 * 64) : NULL;
     s->zr = malloc(sizeof(int32_t) * (size_t)f->rows);
     s->hit = malloc((size_t)f->rows);
-    return s->li && s->lr && s->lc && s->rl && s->xh && s->xf && s->yr && s->acc && s->zr && s->hit &&
-           (f->dot || (s->stage && s->window)) && s->zero && (!f->amx || (s->abuf && s->cbuf));
+    return s->li && s->lr && s->lc && s->rl && s->xh && s->xf && s->yr && s->acc && s->zr &&
+           s->hit && (f->dot || (s->stage && s->window)) && s->zero &&
+           (!f->amx || (s->abuf && s->cbuf));
 }
 
 static void tl_half_scratch_free(tl_half_scratch *s) {
@@ -212,7 +213,8 @@ static int tl_half_run(const tl_half_call *f, tl_half_scratch *s, const uint16_t
     const int vec = f->level >= TL_SIMD_V4;
     if (lo >= 0 && !f->dot) /* the float rows of the converted span, as rows of a float x */
         tl_point_rows(vec, idx, rows, c,
-                      (const void *)((uintptr_t)s->window - (uintptr_t)(lo * cin * 4)),
+                      (const void *)((uintptr_t)s->window -
+                                     (uintptr_t)(lo * cin) * sizeof(float)),
                       cin * (int64_t)sizeof(float), (void *)s->xf, s->acc,
                       cw * (int64_t)sizeof(float), (void *)s->yr);
     else

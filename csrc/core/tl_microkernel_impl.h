@@ -234,8 +234,9 @@ __attribute__((unused)) static void TL_MK(outer_acc)(const TL_MK(ops) *mk, int64
                                                     const TL_T *const *dq, TL_T *acc,
                                                     const TL_T *const *pf,
                                                     const TL_T *const *pd, int64_t npf) {
-    const int64_t lines = cout >= TL_OUTER_PF_MIN_COLS ? (cin * (int64_t)sizeof(TL_T) + 63) / 64 : 0;
-    const int64_t dlines = cout >= TL_OUTER_PF_MIN_COLS && pd ? (cout * (int64_t)sizeof(TL_T) + 63) / 64 : 0;
+    const int asks = cout >= TL_OUTER_PF_MIN_COLS;
+    const int64_t lines = asks ? (cin * (int64_t)sizeof(TL_T) + 63) / 64 : 0;
+    const int64_t dlines = asks && pd ? (cout * (int64_t)sizeof(TL_T) + 63) / 64 : 0;
 #define TL_PASS_PF(s) ((s) < lines ? pf : pd), ((s) < lines + dlines ? npf : 0), \
                       (((s) < lines ? (s) : (s) - lines) * 64)
     const int eight = cout <= mk->rows8_cols;
