@@ -282,6 +282,9 @@ static inline int tl_tile_single(const int32_t *const *rl, const int64_t *cnt, i
  * more), one where it is long enough to hide the latency alone (C = 128: two
  * ran 0.97-1.00x). */
 #define TL_AHEAD_LONG_WORK 8192
+/* The next kernel row's x rows a forward tile asks for ahead of its groups
+ * (tl_forward_tile): two groups' worth, as tl_rows_ahead's short groups. */
+#define TL_FWD_NEXT_ROWS 8
 static inline int64_t tl_rows_ahead(int64_t work) { return work < TL_AHEAD_LONG_WORK ? 8 : 4; }
 
 /* Runs the groups of rows [0, FULL + PAD) (tl_group_pad): where EIGHT
