@@ -210,14 +210,6 @@ TL_DEFINE_ROWS(4, rows_4_set, 1)
 TL_DEFINE_ROWS(2, rows_2_set, 1)
 #undef TL_DEFINE_ROWS
 
-/* Groups of 8 ahead that rows_8 asks for x rows, for groups of `work`
- * multiply-adds per row (input channels x columns): a group of a narrow layer
- * computes too briefly to hide a row's trip from memory, so 4 ahead up to
- * C = 32 (C = 16-32: 1.02-1.31x on the LiDAR scan's maps and 0.95-1.19x on
- * the surface's against one ahead; 8 ran 0.93-1.01x of 4; C = 48 at 4 ran
- * 0.96-1.05x and C = 40 at 2 0.96-1.01x, so one there). */
-static inline int64_t TL_MKI(rows_8_ahead)(int64_t work) { return work <= 1024 ? 4 : 1; }
-
 /* rows_8 for a layer one vector wide and one vector deep (cw = nq = TL_VL:
  * C = 16 in fp32 with AVX-512): the panel's nq weight vectors stay in
  * registers for every group, beside the 8 accumulators.  Same sums in the
@@ -228,7 +220,7 @@ static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_MKI(rows_8_vv)(
     TL_MKI(vec) w[TL_VL];
 #pragma GCC unroll 16
     for (int q = 0; q < TL_VL; q++) memcpy(&w[q], b + q * ldb, sizeof(w[q]));
-    const int64_t ahead = 8 * TL_MKI(rows_8_ahead)(TL_VL * TL_VL);
+    const int64_t ahead = 8 * tl_rows8_ahead(TL_VL * TL_VL);
     if (oc == 0) /* the first groups' rows; then each group's, `ahead` rows before */
         for (int64_t p = 8; p < ahead && p < c; p += 8)
             TL_PREFETCH_ROWS(a + p, 8, TL_VL * (int64_t)sizeof(TL_T));
@@ -262,7 +254,7 @@ static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_MKI(rows_8_body
         TL_MKI(rows_8_vv)(set, c, a, b, ldb, out, oc);
         return;
     }
-    const int64_t ahead = 8 * TL_MKI(rows_8_ahead)(nq * cw);
+    const int64_t ahead = 8 * tl_rows8_ahead(nq * cw);
     if (oc == 0)
         for (int64_t p = 8; p < ahead && p < c; p += 8)
             TL_PREFETCH_ROWS(a + p, 8, nq * (int64_t)sizeof(TL_T));

@@ -65,6 +65,15 @@ static inline tl_simd tl_simd_level(void) {
 
 /* Asks for the cache lines of the rows ROWS[0..N), ROW_BYTES each: the
  * kernels ask for the next group's input rows while a group computes. */
+/* Groups of 8 ahead that the 8-row forward kernels ask for x rows, for
+ * groups of `work` multiply-adds per row (input channels x columns, halved
+ * for the bf16 dot products, which do two per lane): a group of a narrow
+ * layer computes too briefly to hide a row's trip from memory, so 4 ahead up
+ * to C = 32 (fp32 C = 16-32: 1.02-1.31x on the LiDAR scan's maps and
+ * 0.95-1.19x on the surface's against one ahead; 8 ran 0.93-1.01x of 4;
+ * C = 48 at 4 ran 0.96-1.05x and C = 40 at 2 0.96-1.01x, so one there). */
+static inline int64_t tl_rows8_ahead(int64_t work) { return work <= 1024 ? 4 : 1; }
+
 #define TL_PREFETCH_ROWS(ROWS, N, ROW_BYTES)                                                \
     do {                                                                                    \
         for (int r_ = 0; r_ < (N); r_++)                                                    \
