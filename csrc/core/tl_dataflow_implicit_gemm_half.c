@@ -241,9 +241,7 @@ static int tl_half_run(const tl_half_call *f, tl_half_scratch *s, const uint16_t
         for (int64_t t = 0; t < c; t++) s->xf[t] = s->stage + t * cin;
         /* the next kernel row's x rows load while this one computes */
         const int64_t bytes = cin * (int64_t)sizeof(uint16_t);
-        for (int64_t t = 0; t < nc; t++)
-            for (int64_t b = 0; b < bytes; b += 64)
-                __builtin_prefetch((const char *)(x + (int64_t)nidx[t] * cin) + b);
+        TL_PREFETCH_LISTED(x, nidx, nc, bytes, bytes);
     }
     int64_t full;
     const int64_t pad = tl_group_pad(c, &full);

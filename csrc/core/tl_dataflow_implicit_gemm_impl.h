@@ -229,9 +229,8 @@ static int TL_FN(tl_forward_tile)(const tl_conv_desc *d, const TL_T *x, const TL
             const int64_t fn = split ? s->lf[n + 1] : 0;
             const int32_t *ni = fn > 0 ? il[n + 1] + m - fn : il[n + 1];
             const int64_t nc = fn > 0 ? fn : s->lc[n + 1];
-            for (int64_t t = 0; t < nc && t < TL_FWD_NEXT_ROWS; t++)
-                for (int64_t b = 0; b < row_bytes; b += 64)
-                    __builtin_prefetch((const char *)(x + (int64_t)ni[t] * d->c_in) + b);
+            TL_PREFETCH_LISTED(x, ni, nc < TL_FWD_NEXT_ROWS ? nc : TL_FWD_NEXT_ROWS,
+                               d->c_in * (int64_t)sizeof(TL_T), row_bytes);
         }
         if (f > 0)
             TL_FN(tl_fwd_rows)(d, x, pw, yb, co0, cw, n, il[n] + m - f, rl[n] + m - f, f, 1, s);

@@ -274,18 +274,9 @@ static inline int tl_tile_single(const int32_t *const *rl, const int64_t *cnt, i
     return 1;
 }
 
-/* How many listed rows ahead of a group of 4 TL_RUN_GROUPS asks for x rows,
- * for groups of `work` multiply-adds per row (input channels x panel columns,
- * halved for the bf16 dot products, which do two per lane): two groups ahead
- * where a group is short (C = 64 with fp32: 1.08-1.12x on k2 s2 maps of
- * both scenes, 1.02-1.08x on their inverses; three ahead gained nothing
- * more), one where it is long enough to hide the latency alone (C = 128: two
- * ran 0.97-1.00x). */
-#define TL_AHEAD_LONG_WORK 8192
 /* The next kernel row's x rows a forward tile asks for ahead of its groups
  * (tl_forward_tile): two groups' worth, as tl_rows_ahead's short groups. */
 #define TL_FWD_NEXT_ROWS 8
-static inline int64_t tl_rows_ahead(int64_t work) { return work < TL_AHEAD_LONG_WORK ? 8 : 4; }
 
 /* Runs the groups of rows [0, FULL + PAD) (tl_group_pad): where EIGHT
  * (narrow tiles), the groups of 8 first, all in one GROUP8(c8) call (c8 =
@@ -299,12 +290,9 @@ static inline int64_t tl_rows_ahead(int64_t work) { return work < TL_AHEAD_LONG_
     do {                                                                                     \
         int64_t p_ = (EIGHT) ? (FULL) / 8 * 8 : 0;                                           \
         if (p_) GROUP8(p_);                                                                  \
-        const int64_t ahead_ = (AHEAD);                                                      \
-        for (int64_t q_ = p_ + 4; ahead_ > 4 && q_ < p_ + ahead_ && q_ + 4 <= (FULL); q_ += 4) \
-            TL_PREFETCH_ROWS((XR) + q_, 4, (ROW_BYTES));                                     \
+        const int64_t p0_ = p_, ahead_ = (AHEAD);                                            \
         for (; p_ + 4 <= (FULL); p_ += 4) {                                                  \
-            if (ahead_ && p_ + ahead_ + 4 <= (FULL))                                         \
-                TL_PREFETCH_ROWS((XR) + p_ + ahead_, 4, (ROW_BYTES));                        \
+            TL_PREFETCH_AHEAD((XR), p_, p0_, (FULL), 4, ahead_, (ROW_BYTES));               \
             GROUP(p_, 4);                                                                    \
         }                                                                                    \
         if (PAD) GROUP((FULL), (PAD));                                                       \

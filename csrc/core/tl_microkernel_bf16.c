@@ -228,11 +228,9 @@ void tl_bf16_rows(int set, int R, int64_t cw, int64_t cin, const uint16_t *const
 static inline __attribute__((always_inline)) TL_TARGET_BF16 void tl_bf16_rows_8_body(
     int set, int64_t cw, int64_t cin, int64_t c, const uint16_t *const *a,
     const uint16_t *panel, float *const *out, int64_t oc) {
-    const int64_t ahead = 8 * tl_rows8_ahead(cin * cw / 2);
-    if (oc == 0) /* the first groups' rows; then each group's, `ahead` rows before */
-        for (int64_t p = 8; p < ahead && p < c; p += 8) TL_PREFETCH_ROWS(a + p, 8, cin * 2);
+    const int64_t ahead = oc == 0 ? 8 * tl_rows8_ahead(cin * cw / 2) : 0;
     for (int64_t p = 0; p < c; p += 8) {
-        if (oc == 0 && p + ahead < c) TL_PREFETCH_ROWS(a + p + ahead, 8, cin * 2);
+        TL_PREFETCH_AHEAD(a, p, 0, c, 8, ahead, cin * 2);
         float *o[8];
         for (int r = 0; r < 8; r++) o[r] = out[p + r] + oc;
         tl_bf16_group_8(set, cw, cin, a + p, panel, o);

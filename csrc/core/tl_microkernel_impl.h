@@ -235,7 +235,7 @@ __attribute__((unused)) static void TL_MK(outer_acc)(const TL_MK(ops) *mk, int64
                                                     const TL_T *const *pf,
                                                     const TL_T *const *pd, int64_t npf) {
     const int asks = cout >= TL_OUTER_PF_MIN_COLS;
-    const int64_t lines = asks ? (cin * (int64_t)sizeof(TL_T) + 63) / 64 : 0;
+    const int64_t xlines = (cin * (int64_t)sizeof(TL_T) + 63) / 64, lines = asks ? xlines : 0;
     const int64_t dlines = asks && pd ? (cout * (int64_t)sizeof(TL_T) + 63) / 64 : 0;
 #define TL_PASS_PF(s) ((s) < lines ? pf : pd), ((s) < lines + dlines ? npf : 0), \
                       (((s) < lines ? (s) : (s) - lines) * 64)
@@ -245,8 +245,8 @@ __attribute__((unused)) static void TL_MK(outer_acc)(const TL_MK(ops) *mk, int64
         for (; ci + 16 <= cin; ci += 16, s++) {
             TL_T *o[16];
             for (int64_t r = 0; r < 16; r++) o[r] = acc + (ci + r) * cout;
-            mk->rows_t_16(c, ci, xr, dq, o, pf, s == 0 ? pd : NULL,
-                          s < (cin * (int64_t)sizeof(TL_T) + 63) / 64 ? npf : 0, s * 64);
+            mk->rows_t_16(c, ci, xr, dq, o, pf, s == 0 ? pd : NULL, s < xlines ? npf : 0,
+                          s * 64);
         }
     while (ci + 4 <= cin) {
         const int64_t rows = eight && (s > 0 || cin % 8 == 0) && ci + 8 <= cin ? 8 : 4;

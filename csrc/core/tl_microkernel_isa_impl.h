@@ -220,13 +220,9 @@ static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_MKI(rows_8_vv)(
     TL_MKI(vec) w[TL_VL];
 #pragma GCC unroll 16
     for (int q = 0; q < TL_VL; q++) memcpy(&w[q], b + q * ldb, sizeof(w[q]));
-    const int64_t ahead = 8 * tl_rows8_ahead(TL_VL * TL_VL);
-    if (oc == 0) /* the first groups' rows; then each group's, `ahead` rows before */
-        for (int64_t p = 8; p < ahead && p < c; p += 8)
-            TL_PREFETCH_ROWS(a + p, 8, TL_VL * (int64_t)sizeof(TL_T));
+    const int64_t ahead = oc == 0 ? 8 * tl_rows8_ahead(TL_VL * TL_VL) : 0;
     for (int64_t p = 0; p < c; p += 8) {
-        if (oc == 0 && p + ahead < c)
-            TL_PREFETCH_ROWS(a + p + ahead, 8, TL_VL * (int64_t)sizeof(TL_T));
+        TL_PREFETCH_AHEAD(a, p, 0, c, 8, ahead, TL_VL * (int64_t)sizeof(TL_T));
         TL_MKI(vec) acc[8];
         for (int r = 0; r < 8; r++) acc[r] = (TL_MKI(vec)){0};
 #pragma GCC unroll 16
@@ -254,13 +250,9 @@ static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_MKI(rows_8_body
         TL_MKI(rows_8_vv)(set, c, a, b, ldb, out, oc);
         return;
     }
-    const int64_t ahead = 8 * tl_rows8_ahead(nq * cw);
-    if (oc == 0)
-        for (int64_t p = 8; p < ahead && p < c; p += 8)
-            TL_PREFETCH_ROWS(a + p, 8, nq * (int64_t)sizeof(TL_T));
+    const int64_t ahead = oc == 0 ? 8 * tl_rows8_ahead(nq * cw) : 0;
     for (int64_t p = 0; p < c; p += 8) {
-        if (oc == 0 && p + ahead < c)
-            TL_PREFETCH_ROWS(a + p + ahead, 8, nq * (int64_t)sizeof(TL_T));
+        TL_PREFETCH_AHEAD(a, p, 0, c, 8, ahead, nq * (int64_t)sizeof(TL_T));
         TL_T *o[8];
         for (int r = 0; r < 8; r++) o[r] = out[p + r] + oc;
         TL_MKI(columns)(8, 0, set, cw, nq, 0, a + p, NULL, b, ldb, o, NULL, 0, 0);
