@@ -7,7 +7,8 @@ operands, so both see the same machine state; on a shared machine, single timing
 compared before anything is timed (a change that is meant to keep results bitwise reports
 ``bitwise``). Four groups:
 
-* ``layers``: ``conv_forward`` and ``conv_weight_grad`` (implicit GEMM; fp32, or
+* ``layers``: ``conv_forward`` and ``conv_weight_grad`` (implicit GEMM; or with
+  ``--kernels`` fetch-on-demand's ``pairs_forward`` and ``pairs_weight_grad``; fp32, or
   ``--dtype bfloat16`` / ``float16``) on the 3x3x3 submanifold map of each scene
   (``--maps``: also a k2 s2 Conv3d's map, its inverse transpose's and a k3 s2 p1
   Conv3d's), per width;
@@ -48,9 +49,13 @@ from benchmarks.timing import time_side_by_side
 from benchmarks.workloads import DOWN2, DOWN3, SUBM3, support_args
 from torch_lattice.nn.functional.relation import kernel_map
 from torch_lattice.ops._runtime import _C, DTYPE_CODES, ptr
+from torch_lattice.ops.conv import FETCH_ON_DEMAND
+from torch_lattice.ops.kmap import kernel_pairs
 
 MAPS = ("subm3", "k2s2", "k2s2_inverse", "k3s2p1", "subm3_l2", "subm3_l3", "subm3_l4")
 CONV_KERNELS = ("conv_forward", "conv_weight_grad")
+# Fetch-on-demand over the map's pair lists (kernel_pairs), named as in _C.
+PAIR_KERNELS = ("pairs_forward", "pairs_weight_grad")
 SIDES = ("base", "this")
 
 
@@ -98,16 +103,22 @@ def _layer_case(
     n, k, threads = nbr.shape[0], nbr.shape[1], torch.get_num_threads()
     g = torch.Generator().manual_seed(c)
     x = torch.randn(n_in, c, generator=g).to(dtype)
-    b = torch.randn(k, c, c, generator=g) if kernel == "conv_forward" else torch.randn(n, c)
+    fwd = kernel in ("conv_forward", "pairs_forward")
+    b = torch.randn(k, c, c, generator=g) if fwd else torch.randn(n, c)
     b = b.to(dtype)
-    shape = (n, c) if kernel == "conv_forward" else (k, c, c)
+    shape = (n, c) if fwd else (k, c, c)
     outs = {side: torch.empty(shape, dtype=dtype) for side in ("base", "this")}
     modules = {"base": base, "this": _C}
     code = DTYPE_CODES[dtype]
+    pairs = kernel_pairs(nbr) if kernel in PAIR_KERNELS else None
 
     def call(side: str) -> None:
         fn = getattr(modules[side], kernel)
-        fn(code, n_in, n, k, c, c, ptr(x), ptr(b), ptr(nbr), ptr(outs[side]), threads)
+        if pairs is None:
+            fn(code, n_in, n, k, c, c, ptr(x), ptr(b), ptr(nbr), ptr(outs[side]), threads)
+        else:
+            fn(FETCH_ON_DEMAND, code, n_in, n, k, c, c, ptr(x), ptr(b), *map(ptr, pairs),
+               ptr(outs[side]), threads)  # fmt: skip
 
     call("base")
     call("this")
@@ -360,7 +371,7 @@ def main() -> int:
         "--kernels",
         nargs="+",
         default=list(CONV_KERNELS),
-        choices=CONV_KERNELS,
+        choices=CONV_KERNELS + PAIR_KERNELS,
         help="layers group: which kernels to time",
     )
     parser.add_argument(

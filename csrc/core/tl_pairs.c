@@ -1,6 +1,9 @@
 #include "tl_pairs.h"
 
+#include <stdint.h>
+
 #include "tl_coords.h"
+#include "tl_simd.h"
 
 tl_status tl_pairs_count(const tl_ctx *ctx, const int32_t *nbr, int64_t n_out, int64_t k,
                          int64_t *offsets) {
@@ -49,21 +52,55 @@ tl_status tl_pairs_fill(const tl_ctx *ctx, const int32_t *nbr, int64_t n_out, in
     return bad ? TL_ERR_INVALID : TL_OK;
 }
 
+/* Whether kernel row run [0, c) of pairs is bad: an input outside [0, n_in)
+ * or an output outside [0, n_out) (both compared unsigned, so negatives are
+ * out), or an output not above the one before it.  Written without a carried
+ * `prev`, so the compiler vectorizes it: the scalar loop took 13% of a
+ * C = 16 fetch-on-demand forward on the LiDAR scan. */
+static inline __attribute__((always_inline)) int tl_pairs_bad_body(const int32_t *in,
+                                                                   const int32_t *out, int64_t c,
+                                                                   uint32_t n_in, uint32_t n_out) {
+    if (c == 0) return 0;
+    int bad = (uint32_t)in[0] >= n_in || (uint32_t)out[0] >= n_out;
+    for (int64_t j = 1; j < c; j++)
+        bad |= ((uint32_t)in[j] >= n_in) | ((uint32_t)out[j] >= n_out) | (out[j] <= out[j - 1]);
+    return bad;
+}
+
+static int tl_pairs_bad(const int32_t *in, const int32_t *out, int64_t c, uint32_t n_in,
+                        uint32_t n_out) {
+    return tl_pairs_bad_body(in, out, c, n_in, n_out);
+}
+
+#if TL_SIMD_X86
+static TL_TARGET_V4 int tl_pairs_bad_v4(const int32_t *in, const int32_t *out, int64_t c,
+                                        uint32_t n_in, uint32_t n_out) {
+    return tl_pairs_bad_body(in, out, c, n_in, n_out);
+}
+#endif
+
 tl_status tl_pairs_check(const tl_ctx *ctx, const tl_pairs *p, int64_t n_in, int64_t n_out) {
     if (!ctx || !p || p->k < 1 || !p->offsets || p->offsets[0] != 0) return TL_ERR_INVALID;
     if (p->k > TL_ROW_MAX) return TL_ERR_OVERFLOW;
     for (int64_t n = 0; n < p->k; n++)
         if (p->offsets[n + 1] < p->offsets[n]) return TL_ERR_INVALID;
     if (p->offsets[p->k] && (!p->in || !p->out)) return TL_ERR_INVALID;
+    /* Entries are int32, so a bound past INT32_MAX holds every non-negative one. */
+    const uint32_t ni = n_in > INT32_MAX ? (uint32_t)INT32_MAX + 1u : (uint32_t)(n_in < 0 ? 0 : n_in);
+    const uint32_t no =
+        n_out > INT32_MAX ? (uint32_t)INT32_MAX + 1u : (uint32_t)(n_out < 0 ? 0 : n_out);
+#if TL_SIMD_X86
+    int (*bad_of)(const int32_t *, const int32_t *, int64_t, uint32_t, uint32_t) =
+        tl_simd_vector_capped(ctx->simd_cap) >= TL_SIMD_V4 ? tl_pairs_bad_v4 : tl_pairs_bad;
+#else
+    int (*bad_of)(const int32_t *, const int32_t *, int64_t, uint32_t, uint32_t) = tl_pairs_bad;
+#endif
     int bad = 0;
 #pragma omp parallel for num_threads(tl_threads_for(ctx, p->offsets[p->k])) schedule(static) \
     reduction(| : bad)
     for (int64_t n = 0; n < p->k; n++) {
-        int64_t prev = -1;
-        for (int64_t j = p->offsets[n]; j < p->offsets[n + 1]; j++) {
-            bad |= p->in[j] < 0 || p->in[j] >= n_in || p->out[j] <= prev || p->out[j] >= n_out;
-            prev = p->out[j];
-        }
+        const int64_t lo = p->offsets[n];
+        bad |= bad_of(p->in + lo, p->out + lo, p->offsets[n + 1] - lo, ni, no);
     }
     return bad ? TL_ERR_INVALID : TL_OK;
 }

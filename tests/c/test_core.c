@@ -1341,11 +1341,59 @@ static void test_norm(void) {
     free(y), free(t.x), free(t.dy), free(t.xh), free(t.dyh);
 }
 
+/* tl_pairs_check: valid lists pass; each kind of bad entry (an input or an
+ * output outside its range, an output repeated or lower than the one before)
+ * fails wherever it sits (the first pair, a vector's lanes and tail, the
+ * last), on every instruction set level. */
+static void test_pairs_check(void) {
+    current = "pairs_check";
+    static const int64_t lens[] = {0, 1, 15, 16, 17, 40, 100};
+    const int levels[] = {TL_SIMD_BASE, TL_SIMD_V4};
+    for (size_t a = 0; a < sizeof(lens) / sizeof(lens[0]); a++) {
+        const int64_t len = lens[a], k = 3, n_in = 50, n_out = 3 * len + 5, np = k * len;
+        int64_t offsets[4] = {0, len, 2 * len, 3 * len};
+        int32_t *in = xmalloc(sizeof(int32_t) * (size_t)(np + 1));
+        int32_t *out = xmalloc(sizeof(int32_t) * (size_t)(np + 1));
+        for (int64_t n = 0; n < k; n++)
+            for (int64_t j = 0; j < len; j++) { /* rising by 1 to 3 */
+                in[n * len + j] = (int32_t)rnd((uint32_t)n_in);
+                const int32_t step = (int32_t)rnd(3);
+                out[n * len + j] = j == 0 ? step : out[n * len + j - 1] + 1 + step;
+            }
+        for (size_t l = 0; l < 2; l++) {
+            tl_ctx c = make_ctx(2, levels[l]);
+            const tl_pairs p = {k, offsets, in, out};
+            CHECK(tl_pairs_check(&c, &p, n_in, n_out) == TL_OK);
+            for (int64_t j = 0; j < np; j++) {
+                const int64_t first = j % len == 0;
+                const int32_t keep_in = in[j], keep_out = out[j];
+                const int32_t bad_in[] = {-1, (int32_t)n_in, INT32_MIN};
+                for (int b = 0; b < 3; b++) {
+                    in[j] = bad_in[b];
+                    CHECK(tl_pairs_check(&c, &p, n_in, n_out) == TL_ERR_INVALID);
+                }
+                in[j] = keep_in;
+                const int32_t bad_out[] = {-1, (int32_t)n_out, INT32_MIN,
+                                           first ? -5 : out[j - 1], first ? -5 : out[j - 1] - 1};
+                for (int b = 0; b < 5; b++) {
+                    out[j] = bad_out[b];
+                    CHECK(tl_pairs_check(&c, &p, n_in, n_out) == TL_ERR_INVALID);
+                }
+                out[j] = keep_out;
+            }
+            CHECK(tl_pairs_check(&c, &p, n_in, n_out) == TL_OK);
+        }
+        free(in);
+        free(out);
+    }
+}
+
 int main(void) {
     test_mem_aligned();
     test_hash();
     test_kmaps();
     test_list_tile();
+    test_pairs_check();
     test_conv();
     test_conv_single();
     test_conv_wide_cin();

@@ -872,3 +872,43 @@ def test_gpu_benchmark_counts_syncs_and_launches_per_dataflow() -> None:
         for what in ("forward", "fwd+bwd")]
     assert all(r.note == "0 host syncs, 0 kernel launches" for r in rows)
     assert torch.is_grad_enabled()
+
+
+def test_two_builds_time_fetch_on_demand(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--kernels pairs_forward pairs_weight_grad``: fetch-on-demand over the map's pair
+    lists, both builds' outputs compared first."""
+    from benchmarks import builds
+    from torch_lattice.ops._runtime import _C
+
+    args = ["--base", _C.__file__, "--scenes", "tiny", "--channels", "4", "--repeats", "1",
+            "--groups", "layers", "--kernels", *builds.PAIR_KERNELS]  # fmt: skip
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("sys.argv", ["builds", *args])
+        assert builds.main() == 0
+    out = capsys.readouterr().out
+    assert out.count("| bitwise |") == 2
+    assert "| pairs_forward |" in out and "| pairs_weight_grad |" in out
+
+
+def test_cpu_dataflows_check_then_time(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """benchmarks.cpu_dataflows: every dataflow's output and gradients against implicit
+    GEMM's first (fetch-on-demand bitwise), then one row per step; a dataflow that
+    computes other numbers stops the run before anything is timed."""
+    from benchmarks import cpu_dataflows
+    from torch_lattice.nn import functional as F
+
+    cpu_dataflows.run(["tiny"], [4], repeats=1)
+    out = capsys.readouterr().out
+    assert out.count("| tiny | 4 |") == 2 and out.count("| bitwise / ") == 2
+    call = cpu_dataflows._call
+
+    def off(conv, x, flow, backward):  # type: ignore[no-untyped-def]
+        got = call(conv, x, flow, backward)
+        return [t * 1.01 for t in got] if flow is F.Dataflow.GatherScatter else got
+
+    monkeypatch.setattr(cpu_dataflows, "_call", off)
+    monkeypatch.setattr(cpu_dataflows, "time_side_by_side", lambda *a, **k: pytest.fail("timed"))
+    with pytest.raises(SystemExit, match="gather_scatter: differs from implicit GEMM"):
+        cpu_dataflows.run(["tiny"], [4], repeats=1)

@@ -262,7 +262,19 @@ sparse_conv.register_autograd(_backward, setup_context=_setup_context)
 # ---- over pair lists: fetch-on-demand and gather-scatter ----
 
 
+def _check_csr(op: str, offsets: torch.Tensor, pairs: int) -> None:
+    """The C core reads pairs ``offsets[n]:offsets[n + 1]`` of each kernel row: the
+    offsets must start at 0, never decrease and end at the lists' length."""
+    if offsets[0] != 0 or offsets[-1] != pairs or bool((offsets.diff() < 0).any()):
+        raise ValueError(
+            f"lattice::{op}: offsets must start at 0, never decrease and end at the "
+            f"{pairs} pairs of pair_in and pair_out, got {offsets.tolist()[:8]}"
+            f"{' ...' if offsets.shape[0] > 8 else ''}"
+        )
+
+
 def _run_pairs(
+    op: str,
     fn: Any,
     mode: int,
     a: torch.Tensor,
@@ -276,22 +288,30 @@ def _run_pairs(
     out: torch.Tensor,
 ) -> None:
     offsets, pin, pout = (t.contiguous() for t in pairs)
-    fn(
-        mode,
-        DTYPE_CODES[out.dtype],
-        n_in,
-        n_out,
-        k,
-        cin,
-        cout,
-        ptr(a),
-        ptr(b),
-        ptr(offsets),
-        ptr(pin),
-        ptr(pout),
-        ptr(out),
-        threads(),
-    )
+    _check_csr(op, offsets, pin.shape[0])
+    try:
+        fn(
+            mode,
+            DTYPE_CODES[out.dtype],
+            n_in,
+            n_out,
+            k,
+            cin,
+            cout,
+            ptr(a),
+            ptr(b),
+            ptr(offsets),
+            ptr(pin),
+            ptr(pout),
+            ptr(out),
+            threads(),
+        )
+    except ValueError as e:  # the C check of the pairs' values (the sizes are checked above)
+        raise ValueError(
+            f"lattice::{op}: every pair_in must be in [0, {n_in}) and every pair_out in "
+            f"[0, {n_out}), strictly increasing within each kernel row (as kernel_pairs "
+            f"and reverse_pairs build them) ({e})"
+        ) from e
 
 
 @torch.library.custom_op("lattice::pair_conv", mutates_args=())
@@ -323,6 +343,7 @@ def pair_conv(
     k, cin, cout = w.shape
     y = torch.empty((n_out, cout), dtype=work)
     _run_pairs(
+        "pair_conv",
         _C.pairs_forward,
         GATHER_SCATTER if gather else FETCH_ON_DEMAND,
         x,
@@ -375,6 +396,7 @@ def pair_conv_weight_grad(
     k = offsets.shape[0] - 1
     dw = torch.empty((k, x.shape[1], dy.shape[1]), dtype=work)
     _run_pairs(
+        "pair_conv_weight_grad",
         _C.pairs_weight_grad,
         GATHER_SCATTER if gather else FETCH_ON_DEMAND,
         x,
