@@ -3,7 +3,8 @@ the CPU"; issue 24, item 6): one ``SubmConv3d`` per width on a scene's features,
 kernel map built once and cached (every call after the first reuses it, and with it the
 pair lists the pair dataflows run over), called under each dataflow in turn, interleaved
 (medians, same process, same threads). The forward rows run without autograd; the
-forward + backward rows ask for both gradients (features and weights) of ``y.sum()``.
+forward + backward rows ask for both gradients (features and weights) of ``y`` under an
+upstream gradient of ones (contiguous, as a network's is).
 Every dataflow's output and gradients are checked against implicit GEMM's before
 anything is timed (fetch-on-demand's are bitwise equal: it runs implicit GEMM's
 kernels over its pair lists)::
@@ -37,7 +38,8 @@ def _call(conv: torch.nn.Module, x: tl.SparseTensor, flow: F.Dataflow,
                 return [conv(x).feats]
         feats = x.feats.detach().requires_grad_(True)
         y = conv(x.replace(feats)).feats
-        return [y.detach(), *torch.autograd.grad(y.sum(), [feats, conv.weight])]
+        dy = torch.ones_like(y)  # contiguous, as a network's upstream gradient is
+        return [y.detach(), *torch.autograd.grad(y, [feats, conv.weight], dy)]
 
 
 def _checked(got: list[torch.Tensor], want: list[torch.Tensor], flow: F.Dataflow) -> str:

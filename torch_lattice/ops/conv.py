@@ -248,6 +248,9 @@ def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> N
 def _backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
     feats, weight, nbr, rev = ctx.saved_tensors
     grad_feats = grad_weight = None
+    # Once for both gradients: a loss like y.sum() hands back an expanded (stride 0) grad,
+    # which each op would otherwise copy on its own.
+    grad = grad.contiguous()
     if ctx.needs_input_grad[0]:
         wt = weight.transpose(1, 2).contiguous()
         grad_feats = sparse_conv(grad, wt, rev, nbr, ctx.allow_tf32)
