@@ -455,15 +455,17 @@ def test_cuda_kernels_raise_clearly_without_cuda(monkeypatch):
     pts = torch.zeros((2, 3))
     coords = torch.zeros((1, 4), dtype=torch.int32)
     nbr = torch.zeros((1, 1), dtype=torch.int32)
+    # well-formed for pts's 2 rows: rev (N_in, K), argmax the gradient's shape
+    rev, argmax = torch.zeros((2, 1), dtype=torch.int32), torch.zeros((2, 3), dtype=torch.int32)
     calls = [
         lambda: voxel_cuda.voxelize_coords(pts, None, [1.0] * 3, [0.0] * 3),
         lambda: voxel_cuda.voxel_reduce(pts, torch.zeros(2, dtype=torch.long), 1, "sum"),
         lambda: voxel_cuda.devoxel_map(pts, None, [1.0] * 3, [0.0] * 3, coords, False),
         lambda: voxel_cuda.devoxel_gather(pts, nbr.long(), nbr.double()),
-        lambda: pool_cuda.pool_sum(pts, nbr, nbr),
-        lambda: pool_cuda.pool_avg(pts, nbr, nbr),
-        lambda: pool_cuda.pool_max(pts, nbr, nbr),
-        lambda: pool_cuda.pool_max_backward(pts, nbr, nbr),
+        lambda: pool_cuda.pool_sum(pts, nbr, rev),
+        lambda: pool_cuda.pool_avg(pts, nbr, rev),
+        lambda: pool_cuda.pool_max(pts, nbr, rev),
+        lambda: pool_cuda.pool_max_backward(pts, rev, argmax),
         lambda: kmap_cuda.generative_support(coords, [2, 2, 2], [2, 2, 2]),
     ]
     for call in calls:
@@ -532,7 +534,7 @@ def test_wrappers_pass_the_host_checks(monkeypatch):
         lambda: pool_cuda.pool_sum(f, nbr, nbr),
         lambda: pool_cuda.pool_avg(f, nbr, nbr),
         lambda: pool_cuda.pool_max(f, nbr, nbr),
-        lambda: pool_cuda.pool_max_backward(f, nbr, nbr),
+        lambda: pool_cuda.pool_max_backward(f, nbr, torch.zeros((2, 3), dtype=torch.int32)),
         lambda: kmap_cuda.generative_support(coords, [2, 2, 2], [2, 2, 2]),
     ]
     for call in calls:

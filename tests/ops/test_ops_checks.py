@@ -94,3 +94,114 @@ def test_pair_ops_name_the_rule_of_the_pairs(which: str, value: int, gather: boo
         ops.pair_conv(feats, weight, offsets, pair_in, pair_out, None, None, None, 2, gather)
     with pytest.raises(ValueError, match=rule):
         ops.pair_conv_weight_grad(feats, torch.randn(2, 4), offsets, pair_in, pair_out, gather)
+
+
+def _i32(*shape: int) -> torch.Tensor:
+    return torch.zeros(shape, dtype=torch.int32)
+
+
+def _i64(*shape: int) -> torch.Tensor:
+    return torch.zeros(shape, dtype=torch.int64)
+
+
+_GEOM = ([1, 1, 1], [1, 1, 1], [0, 0, 0], [1, 1, 1])
+
+_F64 = torch.ones(8, 1, dtype=torch.float64)
+_PT, _ONE, _ZERO = torch.rand(8, 3), [1.0] * 3, [0.0] * 3
+
+# Each once read past its tensor in C (a crash at large sizes): the C core trusts the
+# sizes of index and coordinate tensors and checks only their values.
+_MALFORMED = {
+    "kernel_map 1-D coords": (
+        lambda: ops.kernel_map(_i32(16), _i32(4, 4), *_GEOM),
+        "in_coords must be a \\(N, 4\\) int32"),
+    "kernel_map int16 out_coords": (
+        lambda: ops.kernel_map(_i32(4, 4), torch.zeros(4, 4, dtype=torch.int16), *_GEOM),
+        "out_coords must be a \\(N, 4\\) int32"),
+    "neighbour_table (N, 3) coords": (
+        lambda: ops.neighbour_table(_i32(4, 3), _i32(4, 4), *_GEOM),
+        "in_coords must be a \\(N, 4\\)"),
+    "kernel_pairs int8 table": (
+        lambda: ops.kernel_pairs(torch.zeros(4, 4, dtype=torch.int8)),
+        "nbr must be a \\(N_out, K\\) int32"),
+    "generate_support 1-D coords": (
+        lambda: ops.generate_support(_i32(16), [2] * 3, [2] * 3, [0] * 3, [1] * 3, [9] * 3, 1),
+        "coords must be a \\(N, 4\\) int32"),
+    "generative_support int64 coords": (
+        lambda: ops.generative_support(_i64(3, 4), [2] * 3, [2] * 3),
+        "coords must be a \\(N, 4\\)"),
+    "pool_max int8 rev": (
+        lambda: ops.pool_max(torch.zeros(3, 2), _i32(3, 1), torch.zeros(3, 1, dtype=torch.int8)),
+        "rev must be a \\(3, 1\\) int32"),
+    "pool_sum short rev": (
+        lambda: ops.pool_sum(torch.zeros(3, 2), _i32(3, 1), _i32(1, 1)),
+        "rev must be a \\(3, 1\\)"),
+    "pool_max_backward short argmax": (
+        lambda: ops.pool_max_backward(torch.zeros(8, 1), _i32(1, 1), _i32(1, 1)),
+        "argmax must be a \\(8, 1\\) int32"),
+    "pool_max_backward int8 rev": (
+        lambda: ops.pool_max_backward(torch.zeros(8, 1), torch.zeros(8, 1, dtype=torch.int8),
+                                      _i32(8, 1)),
+        "rev must be a \\(N_in, K\\) int32"),
+    "voxelize_coords (P, 2) points": (
+        lambda: ops.voxelize_coords(torch.rand(8, 2), None, _ONE, _ZERO),
+        "points must be a \\(P, 3\\) float32 or float64"),
+    "voxelize_coords short batch": (
+        lambda: ops.voxelize_coords(_PT, _i64(1), _ONE, _ZERO),
+        "batch must be a \\(8,\\) int64"),
+    "devoxel_map int32 batch": (
+        lambda: ops.devoxel_map(_PT, _i32(8), _ONE, _ZERO, _i32(1, 4), False),
+        "batch must be a \\(8,\\) int64"),
+    "devoxel_map (M, 2) voxel_coords": (
+        lambda: ops.devoxel_map(_PT, None, _ONE, _ZERO, _i32(2, 2), True),
+        "voxel_coords must be a \\(N, 4\\) int32"),
+    "voxel_reduce short inverse": (
+        lambda: ops.voxel_reduce(torch.randn(8, 1), _i64(1), 1, "sum"),
+        "inverse must be a \\(8,\\) int64"),
+    "voxel_reduce int32 inverse": (
+        lambda: ops.voxel_reduce(torch.randn(8, 1), _i32(8), 1, "max"),
+        "inverse must be a \\(8,\\) int64"),
+    "voxel_reduce unknown reduction": (
+        lambda: ops.voxel_reduce(torch.randn(8, 1), _i64(8), 1, "median"),
+        "reduction must be one of"),
+    "voxel_reduce negative num_voxels": (
+        lambda: ops.voxel_reduce(torch.randn(8, 1), _i64(8), -1, "sum"),
+        "num_voxels must be an int >= 0"),
+    "devoxel_gather short weight": (
+        lambda: ops.devoxel_gather(torch.randn(1, 1), _i64(8, 1), _F64[:1]),
+        "weight must be a \\(8, 1\\) float64"),
+    "devoxel_gather float32 weight": (
+        lambda: ops.devoxel_gather(torch.randn(1, 1), _i64(8, 1), torch.ones(8, 1)),
+        "weight must be a \\(8, 1\\) float64"),
+    "devoxel_gather int32 idx": (
+        lambda: ops.devoxel_gather(torch.randn(1, 1), _i32(8, 1), _F64),
+        "idx must be a \\(P, k\\) int64"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(_MALFORMED))
+def test_ops_name_a_malformed_index_or_coordinate_tensor(case: str) -> None:
+    call, message = _MALFORMED[case]
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def test_size_computed_outputs_are_checked_against_the_memory_budget() -> None:
+    # A one-row map with a 2.5e8-row kernel asked for 13.6 GB; a reduction of 2**40 voxels.
+    from torch_lattice.memory_budget import MemoryBudgetError
+
+    one = _i32(1, 4)
+    with pytest.raises(MemoryBudgetError, match="kernel map \\(1 output rows, 1 input rows"):
+        ops.kernel_map(one, one.clone(), [1000, 1000, 250], [1] * 3, [0] * 3, [1] * 3)
+    with pytest.raises(MemoryBudgetError, match="neighbour table \\(1 output rows, 0 input rows"):
+        ops.neighbour_table(one, one.clone(), [1000, 1000, 250], [1] * 3, [0] * 3, [1] * 3)
+    with pytest.raises(MemoryBudgetError, match="generative support"):
+        ops.generative_support(_i32(4, 4), [1024] * 3, [1] * 3)
+    with pytest.raises(MemoryBudgetError, match="voxel reduction"):
+        ops.voxel_reduce(torch.randn(10, 4), _i64(10), 2**40, "sum")
+
+
+def test_voxel_reduce_of_no_channels_allocates_no_per_voxel_scratch() -> None:
+    # 2**29 voxels of 0 channels: the C core counted points into 16 bytes a voxel (8.5 GB).
+    out, arg = ops.voxel_reduce(torch.randn(10, 0), _i64(10), 2**29, "sum")
+    assert out.shape == (2**29, 0) and arg.shape == (0, 0)

@@ -90,6 +90,36 @@ def compute_dtype(op: str, dtype: torch.dtype, halves: bool = False) -> torch.dt
     raise TypeError(f"lattice::{op}: features must be floating, got {dtype}")
 
 
+# ---- dtype and shape of index and coordinate tensors ----
+# The C core and the CUDA kernels trust sizes: they read ``shape[0]`` rows of the layout
+# they expect (4 int32 a coordinate row, one int64 an inverse entry) and check only the
+# values they read, so every op checks these first and a direct caller of
+# ``torch.ops.lattice.*`` gets a ValueError naming the argument, not a read past its end.
+
+
+def check_tensor(
+    op: str, name: str, t: torch.Tensor, dtypes: tuple[torch.dtype, ...],
+    shape: tuple[int | str, ...],
+) -> None:  # fmt: skip
+    """Raises ``ValueError`` unless ``t`` has one of ``dtypes`` and ``shape``: one entry a
+    dimension, an int for a size it must have, a name (``"N"``) for any size."""
+    fits = t.dim() == len(shape) and all(
+        isinstance(s, str) or t.shape[i] == s for i, s in enumerate(shape)
+    )
+    if t.dtype not in dtypes or not fits:
+        kinds = " or ".join(str(d).removeprefix("torch.") for d in dtypes)
+        dims = "(" + ", ".join(str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
+        raise ValueError(
+            f"lattice::{op}: {name} must be a {dims} {kinds} tensor, got {t.dtype} "
+            f"{tuple(t.shape)}"
+        )
+
+
+def check_coords(op: str, name: str, coords: torch.Tensor) -> None:
+    """Raises unless ``coords`` are ``(N, 4)`` int32 rows ``(b, x, y, z)``."""
+    check_tensor(op, name, coords, (torch.int32,), ("N", 4))
+
+
 def ptr(t: torch.Tensor) -> int:
     """Data pointer of a contiguous tensor (0 when empty)."""
     if not t.is_contiguous():

@@ -24,7 +24,7 @@ import torch
 from torch_lattice.geometry import ConvGeometry
 from torch_lattice.locked_cache import get_or_build
 from torch_lattice.memory_budget import check_allocation
-from torch_lattice.ops._runtime import _C, ptr, require_cpu, threads
+from torch_lattice.ops._runtime import _C, check_coords, check_tensor, ptr, require_cpu, threads
 
 __all__ = [
     "DENSE_SLOTS_PER_PAIR",
@@ -81,6 +81,7 @@ def kernel_pairs(nbr: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.T
     Pairs of kernel row ``n`` are ``offsets[n]:offsets[n + 1]``, sorted by ``pair_out``.
     """
     require_cpu("kernel_pairs", nbr)
+    check_tensor("kernel_pairs", "nbr", nbr, (torch.int32,), ("N_out", "K"))
     nbr = nbr.contiguous()
     n_out, k = nbr.shape
     offsets = torch.empty(k + 1, dtype=torch.int64)
@@ -199,6 +200,7 @@ def generate_support(
     onto an input row of the same batch (see docs/semantics.md).
     """
     require_cpu("generate_support", coords)
+    check_coords("generate_support", "coords", coords)
     geom = conv_geom(kernel_size, stride, padding, dilation)
     rng = tuple(max(0, r) for r in out_range)
     coords = coords.contiguous()
@@ -226,10 +228,16 @@ def generative_support(
     ``(M, 4)`` int32 sorted by (b, x, y, z), never clipped.
     """
     require_cpu("generative_support", coords)
+    check_coords("generative_support", "coords", coords)
     coords = coords.contiguous()
     geom = conv_geom(kernel_size, stride, [0, 0, 0], [1, 1, 1])
     k = kernel_size[0] * kernel_size[1] * kernel_size[2]
     n = coords.shape[0]
+    check_allocation(
+        f"generative support ({n} input rows x {k} kernel rows, kernel_size "
+        f"{tuple(kernel_size)}: (rows x 4) int32 before duplicates are removed)",
+        n * k * 16 * 2,
+    )
     out = torch.empty((n * k, 4), dtype=torch.int32)
     m = _C.generative(ptr(coords), n, geom, ptr(out), n * k)
     return out[:m].clone()
@@ -272,13 +280,36 @@ def kernel_map(
     # row K-1-n): nbr[o, n] == i iff nbr[i, K-1-n] == o, so rev is nbr with its kernel
     # rows reversed, a copy instead of a scatter.
     mirror = _self_submanifold(in_coords, out_coords, kernel_size, stride, padding, dilation)
-    nbr = _nbr_table("kernel_map", in_coords, out_coords, kernel_size, stride, padding, dilation)
+    nbr = _nbr_table(
+        "kernel_map", in_coords, out_coords, kernel_size, stride, padding, dilation, True
+    )
     n_out, k = nbr.shape
     if mirror:
         return nbr, nbr.flip(1)
     rev = torch.empty((in_coords.shape[0], k), dtype=torch.int32)
     _C.kmap_reverse(ptr(nbr), n_out, k, in_coords.shape[0], ptr(rev), threads())
     return nbr, rev
+
+
+def check_table_budget(what: str, n_out: int, n_in: int, kernel_size: list[int],
+                       scratch: int = 0) -> None:  # fmt: skip
+    """Refuses (``MemoryBudgetError``) neighbour tables of ``n_out`` (and ``n_in``, for a
+    ``rev`` too) rows by the kernel's rows, with ``scratch`` bytes beside them, beyond the
+    memory budget: a one-row input with a 32^3 kernel would otherwise ask for 32^3 output
+    rows' 4 GiB table."""
+    k = kernel_size[0] * kernel_size[1] * kernel_size[2]
+    check_allocation(
+        f"{what} ({n_out} output rows, {n_in} input rows, kernel_size {tuple(kernel_size)}: "
+        f"neighbour tables of (rows x {k}) int32)",
+        (n_out + n_in) * k * 4 + scratch,
+    )
+
+
+def kmap_scratch_per_kernel_row() -> int:
+    """Bytes the CPU's table builders take per kernel row beside the tables: each row's
+    offset (3 int32) and its (3 int64) strides, and per thread (the count ``threads()``
+    gives the call) one int64 key and one cursor (csrc/core/tl_kmap.c)."""
+    return 36 + 16 * max(1, torch.get_num_threads())
 
 
 def _nbr_table(
@@ -289,13 +320,23 @@ def _nbr_table(
     stride: list[int],
     padding: list[int],
     dilation: list[int],
+    with_rev: bool = False,
 ) -> torch.Tensor:
-    """The output-stationary table ``nbr (N_out, K)`` int32, built on the CPU."""
+    """The output-stationary table ``nbr (N_out, K)`` int32, built on the CPU, its size
+    (and, ``with_rev``, that of the ``(N_in, K)`` table the caller builds next) checked
+    against the memory budget first."""
     geom = conv_geom(kernel_size, stride, padding, dilation)
-    require_cpu(what, in_coords, out_coords)
-    in_coords, out_coords = in_coords.contiguous(), out_coords.contiguous()
     k = kernel_size[0] * kernel_size[1] * kernel_size[2]
-    n_in, n_out = in_coords.shape[0], out_coords.shape[0]
+    # the budget first: it reads only the row counts, and the checks below are in one file
+    n_in, n_out = (int(c.shape[0]) if c.dim() else 0 for c in (in_coords, out_coords))
+    check_table_budget(
+        what.replace("_", " "), n_out, n_in if with_rev else 0, kernel_size,
+        k * kmap_scratch_per_kernel_row(),
+    )  # fmt: skip
+    require_cpu(what, in_coords, out_coords)
+    check_coords(what, "in_coords", in_coords)
+    check_coords(what, "out_coords", out_coords)
+    in_coords, out_coords = in_coords.contiguous(), out_coords.contiguous()
     nbr = torch.empty((n_out, k), dtype=torch.int32)
     _C.kmap_build(ptr(in_coords), n_in, ptr(out_coords), n_out, geom, ptr(nbr), threads())
     return nbr
@@ -322,13 +363,6 @@ def build_kernel_map(
     """
     ks, s = list(geometry.kernel_size), list(geometry.stride)
     p, d = list(geometry.padding), list(geometry.dilation)
-    k = ks[0] * ks[1] * ks[2]
-    rows = int(in_coords.shape[0]) + int(out_coords.shape[0])
-    check_allocation(
-        f"kernel map ({int(out_coords.shape[0])} output rows, {int(in_coords.shape[0])} input "
-        f"rows, kernel_size {tuple(ks)}: neighbour tables of (rows x {k}) int32)",
-        rows * k * 4,
-    )
     nbr, rev = kernel_map(in_coords, out_coords, ks, s, p, d)
     return KernelMap(nbr, rev, geometry)
 

@@ -14,7 +14,14 @@ from __future__ import annotations
 import torch
 
 from torch_lattice.ops import kmap
-from torch_lattice.ops._runtime import _C, call_args, ptr, require_cuda, workspace_alloc
+from torch_lattice.ops._runtime import (
+    _C,
+    call_args,
+    check_coords,
+    ptr,
+    require_cuda,
+    workspace_alloc,
+)
 
 __all__ = ["Geom", "generate_support", "generative_support", "kernel_map", "kernel_pairs"]
 
@@ -22,10 +29,7 @@ Geom = tuple[tuple[int, int, int], tuple[int, int, int], tuple[int, int, int], t
 
 
 def _check_coords(op: str, name: str, coords: torch.Tensor) -> torch.Tensor:
-    if coords.dtype != torch.int32 or coords.dim() != 2 or coords.shape[1] != 4:
-        raise ValueError(
-            f"{op}: {name} must be an (N, 4) int32 tensor, got {coords.dtype} {tuple(coords.shape)}"
-        )
+    check_coords(op, name, coords)
     return coords.contiguous()
 
 
@@ -144,13 +148,23 @@ def _generate_support(coords, kernel_size, stride, padding, dilation, out_range,
     return generate_support(coords, geom, rng, num_batches)
 
 
+def _check_table_budget(what: str, in_coords: torch.Tensor, out_coords: torch.Tensor,
+                        kernel_size: list[int]) -> None:  # fmt: skip
+    """The CPU ops' budget check of the ``(N_out, K)`` and ``(N_in, K)`` tables (both are
+    built on CUDA)."""
+    rows = [int(c.shape[0]) if c.dim() else 0 for c in (out_coords, in_coords)]
+    kmap.check_table_budget(what, rows[0], rows[1], kernel_size)
+
+
 @kmap.kernel_map.register_kernel("cuda")
 def _kernel_map(in_coords, out_coords, kernel_size, stride, padding, dilation):
+    _check_table_budget("kernel map", in_coords, out_coords, kernel_size)
     return kernel_map(in_coords, out_coords, kmap.conv_geom(kernel_size, stride, padding, dilation))
 
 
 @kmap.neighbour_table.register_kernel("cuda")
 def _neighbour_table(in_coords, out_coords, kernel_size, stride, padding, dilation):
+    _check_table_budget("neighbour table", in_coords, out_coords, kernel_size)
     geom = kmap.conv_geom(kernel_size, stride, padding, dilation)
     return kernel_map(in_coords, out_coords, geom)[0]
 

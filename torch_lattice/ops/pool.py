@@ -21,6 +21,7 @@ import torch
 from torch_lattice.ops._runtime import (
     _C,
     DTYPE_CODES,
+    check_tensor,
     compute_dtype,
     ptr,
     require_cpu,
@@ -28,15 +29,37 @@ from torch_lattice.ops._runtime import (
 )
 from torch_lattice.ops.conv import check_nbr
 
-__all__ = ["check_pool_args", "pool_avg", "pool_max", "pool_max_backward", "pool_sum"]
+__all__ = [
+    "check_pool_args",
+    "check_pool_max_backward",
+    "pool_avg",
+    "pool_max",
+    "pool_max_backward",
+    "pool_sum",
+]
 
 
-def check_pool_args(op: str, feats: torch.Tensor, table: torch.Tensor) -> None:
+def check_pool_args(op: str, feats: torch.Tensor, table: torch.Tensor, rev: torch.Tensor
+                    ) -> None:  # fmt: skip
     """The one argument check of a pooling op (CPU and CUDA): ``(N, C)`` features over
-    an int32 ``(N_out, K)`` table."""
+    an int32 ``(N_out, K)`` table, and its reverse, the ``(N, K)`` table the backward
+    reads."""
     if feats.dim() != 2:
         raise ValueError(f"lattice::{op}: feats must be (N, C), got {tuple(feats.shape)}")
     check_nbr(op, table)
+    check_tensor(op, "rev", rev, (torch.int32,), (int(feats.shape[0]), int(table.shape[1])))
+
+
+def check_pool_max_backward(grad: torch.Tensor, rev: torch.Tensor, argmax: torch.Tensor
+                            ) -> None:  # fmt: skip
+    """The argument check of ``lattice::pool_max_backward`` (CPU and CUDA): ``(N_out, C)``
+    gradients, the int32 ``(N_in, K)`` reverse table and the int32 ``(N_out, C)`` input
+    row of each maximum (``pool_max``'s second output)."""
+    op = "pool_max_backward"
+    if grad.dim() != 2:
+        raise ValueError(f"lattice::{op}: grad must be (N_out, C), got {tuple(grad.shape)}")
+    check_tensor(op, "rev", rev, (torch.int32,), ("N_in", "K"))
+    check_tensor(op, "argmax", argmax, (torch.int32,), tuple(int(s) for s in grad.shape))
 
 
 def _sum(feats: torch.Tensor, nbr: torch.Tensor, average: bool) -> torch.Tensor:
@@ -69,7 +92,7 @@ def pool_sum(feats: torch.Tensor, nbr: torch.Tensor, rev: torch.Tensor) -> torch
         rev: ``(N_in, K)`` int32 transpose of ``nbr`` (used by backward).
     """
     require_cpu("pool_sum", feats, nbr, rev)
-    check_pool_args("pool_sum", feats, nbr)
+    check_pool_args("pool_sum", feats, nbr, rev)
     return _sum(feats, nbr, average=False)
 
 
@@ -95,7 +118,7 @@ pool_sum.register_autograd(_sum_backward, setup_context=_sum_setup)
 def pool_avg(feats: torch.Tensor, nbr: torch.Tensor, rev: torch.Tensor) -> torch.Tensor:
     """``(N_out, C)``: mean of ``feats[nbr[o, n]]`` over present rows (0 if none)."""
     require_cpu("pool_avg", feats, nbr, rev)
-    check_pool_args("pool_avg", feats, nbr)
+    check_pool_args("pool_avg", feats, nbr, rev)
     return _sum(feats, nbr, average=True)
 
 
@@ -120,7 +143,7 @@ def pool_max(
     """``(N_out, C)`` maxima over present rows (0 if none) and the ``(N_out, C)``
     int32 input row of each maximum (-1 if none; first in kernel-row order on ties)."""
     require_cpu("pool_max", feats, nbr, rev)
-    check_pool_args("pool_max", feats, nbr)
+    check_pool_args("pool_max", feats, nbr, rev)
     work = compute_dtype("pool_max", feats.dtype)
     x, nbr = feats.to(work).contiguous(), nbr.contiguous()
     y = torch.empty((nbr.shape[0], x.shape[1]), dtype=work)
@@ -151,6 +174,7 @@ def _(feats, nbr, rev):
 def pool_max_backward(grad: torch.Tensor, rev: torch.Tensor, argmax: torch.Tensor) -> torch.Tensor:
     """``(N_in, C)``: each output's gradient sent to the input row of its maximum."""
     require_cpu("pool_max_backward", grad, rev, argmax)
+    check_pool_max_backward(grad, rev, argmax)
     work = compute_dtype("pool_max_backward", grad.dtype)
     dy, rev, argmax = grad.to(work).contiguous(), rev.contiguous(), argmax.contiguous()
     dx = torch.empty((rev.shape[0], dy.shape[1]), dtype=work)

@@ -19,7 +19,7 @@ __all__ = ["pool_avg", "pool_max", "pool_max_backward", "pool_sum"]
 
 def _sum(op: str, feats: torch.Tensor, nbr: torch.Tensor, rev: torch.Tensor) -> torch.Tensor:
     """``(N_out, C)`` sum (average for ``pool_avg``) pooling over ``nbr``."""
-    pool.check_pool_args(op, feats, nbr)
+    pool.check_pool_args(op, feats, nbr, rev)
     device = require_cuda(op, feats, nbr, rev)
     code = cuda_feature_code(op, feats.dtype)
     x, nbr = feats.contiguous(), nbr.contiguous()
@@ -59,7 +59,7 @@ def pool_max(
     feats: torch.Tensor, nbr: torch.Tensor, rev: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(N_out, C)`` maxima and int32 argmax rows, as ``lattice::pool_max`` on CPU."""
-    pool.check_pool_args("pool_max", feats, nbr)
+    pool.check_pool_args("pool_max", feats, nbr, rev)
     device = require_cuda("pool_max", feats, nbr, rev)
     code = cuda_feature_code("pool_max", feats.dtype)
     x, nbr = feats.contiguous(), nbr.contiguous()
@@ -87,6 +87,7 @@ def pool_max(
 @pool.pool_max_backward.register_kernel("cuda")
 def pool_max_backward(grad: torch.Tensor, rev: torch.Tensor, argmax: torch.Tensor) -> torch.Tensor:
     """``(N_in, C)``: each output's gradient sent to the input row of its maximum."""
+    pool.check_pool_max_backward(grad, rev, argmax)
     device = require_cuda("pool_max_backward", grad, rev, argmax)
     code = cuda_feature_code("pool_max_backward", grad.dtype)
     dy, rev, argmax = grad.contiguous(), rev.contiguous(), argmax.contiguous()

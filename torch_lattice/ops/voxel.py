@@ -16,10 +16,13 @@ from typing import Any
 
 import torch
 
+from torch_lattice.memory_budget import check_allocation
 from torch_lattice.ops._runtime import (
     _C,
     DTYPE_CODES,
     REDUCTION_CODES,
+    check_coords,
+    check_tensor,
     optional_ptr,
     ptr,
     require_cpu,
@@ -28,6 +31,9 @@ from torch_lattice.ops._runtime import (
 
 __all__ = [
     "REDUCTIONS",
+    "check_devoxel_gather",
+    "check_points",
+    "check_voxel_reduce",
     "devoxel_gather",
     "devoxel_map",
     "point_error",
@@ -64,6 +70,50 @@ def point_error(
     )
 
 
+_FLOATS = (torch.float32, torch.float64)
+
+
+def check_points(op: str, points: torch.Tensor, batch: torch.Tensor | None) -> None:
+    """Raises unless ``points`` are ``(P, 3)`` float32 / float64 and ``batch`` is None
+    or ``(P,)`` int64 (CPU and CUDA)."""
+    check_tensor(op, "points", points, _FLOATS, ("P", 3))
+    if batch is not None:
+        check_tensor(op, "batch", batch, (torch.int64,), (int(points.shape[0]),))
+
+
+def check_voxel_reduce(feats: torch.Tensor, inverse: torch.Tensor, num_voxels: int,
+                       reduction: str) -> None:  # fmt: skip
+    """The argument check of ``lattice::voxel_reduce`` (CPU and CUDA): ``(P, C)``
+    features, the ``(P,)`` int64 voxel of each point, ``num_voxels >= 0`` rows out, a
+    known reduction; the output and its per-voxel scratch within the memory budget."""
+    op = "voxel_reduce"
+    if feats.dim() != 2:
+        raise ValueError(f"lattice::{op}: feats must be (P, C), got {tuple(feats.shape)}")
+    check_tensor(op, "inverse", inverse, (torch.int64,), (int(feats.shape[0]),))
+    if isinstance(num_voxels, bool) or not isinstance(num_voxels, int) or num_voxels < 0:
+        raise ValueError(f"lattice::{op}: num_voxels must be an int >= 0, got {num_voxels!r}")
+    if reduction not in REDUCTIONS:
+        raise ValueError(
+            f"lattice::{op}: reduction must be one of {sorted(REDUCTIONS)}, got {reduction!r}"
+        )
+    c = int(feats.shape[1])
+    per_voxel = c * feats.element_size() + (c * 8 if reduction == "max" else 0) + 16
+    check_allocation(
+        f"voxel reduction ({num_voxels} voxels x {c} channels, {reduction})",
+        num_voxels * per_voxel,
+    )
+
+
+def check_devoxel_gather(feats: torch.Tensor, idx: torch.Tensor, weight: torch.Tensor) -> None:
+    """The argument check of ``lattice::devoxel_gather`` (CPU and CUDA): ``(M, C)``
+    features, ``devoxel_map``'s ``(P, k)`` int64 rows and float64 weights."""
+    op = "devoxel_gather"
+    if feats.dim() != 2:
+        raise ValueError(f"lattice::{op}: feats must be (M, C), got {tuple(feats.shape)}")
+    check_tensor(op, "idx", idx, (torch.int64,), ("P", "k"))
+    check_tensor(op, "weight", weight, (torch.float64,), tuple(int(s) for s in idx.shape))
+
+
 @torch.library.custom_op("lattice::voxelize_coords", mutates_args=())
 def voxelize_coords(
     points: torch.Tensor,
@@ -80,6 +130,7 @@ def voxelize_coords(
         voxel_size, origin: three floats each.
     """
     require_cpu("voxelize_coords", points, *(() if batch is None else (batch,)))
+    check_points("voxelize_coords", points, batch)
     points = points.contiguous()
     batch = None if batch is None else batch.contiguous()
     n = points.shape[0]
@@ -128,11 +179,14 @@ def voxel_reduce(
         index of the point attaining each maximum (``(0, C)`` otherwise).
     """
     require_cpu("voxel_reduce", feats, inverse)
+    check_voxel_reduce(feats, inverse, num_voxels, reduction)
     feats, inverse = feats.contiguous(), inverse.contiguous()
     n, c = feats.shape
     out = torch.empty((num_voxels, c), dtype=feats.dtype)
     is_max = reduction == "max"
     arg = torch.empty((num_voxels if is_max else 0, c), dtype=torch.int64)
+    if c == 0:  # nothing to reduce (the C core would still count points per voxel)
+        return out, arg
     _C.voxel_reduce(
         DTYPE_CODES[feats.dtype],
         REDUCTIONS[reduction],
@@ -194,6 +248,8 @@ def devoxel_map(
     each point's voxel (``k = 1``) or 8 surrounding voxel centres (``k = 8``).
     See csrc/core/tl_voxel.h for the exact rule."""
     require_cpu("devoxel_map", points, voxel_coords)
+    check_points("devoxel_map", points, batch)
+    check_coords("devoxel_map", "voxel_coords", voxel_coords)
     points, voxel_coords = points.contiguous(), voxel_coords.contiguous()
     batch = None if batch is None else batch.contiguous()
     n, k = points.shape[0], 8 if trilinear else 1
@@ -232,6 +288,7 @@ def _(points, batch, voxel_size, origin, voxel_coords, trilinear):
 def devoxel_gather(feats: torch.Tensor, idx: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """``(P, C)``: ``out[p] = sum_j weight[p, j] * feats[idx[p, j]]`` over ``idx >= 0``."""
     require_cpu("devoxel_gather", feats, idx, weight)
+    check_devoxel_gather(feats, idx, weight)
     feats, idx, weight = feats.contiguous(), idx.contiguous(), weight.contiguous()
     m, c = feats.shape
     n, k = idx.shape

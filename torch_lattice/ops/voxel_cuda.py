@@ -20,6 +20,7 @@ from torch_lattice.ops._runtime import (
     DTYPE_CODES,
     REDUCTION_CODES,
     call_args,
+    check_coords,
     cuda_feature_code,
     optional_ptr,
     ptr,
@@ -49,6 +50,7 @@ def voxelize_coords(
         batch: ``(P,)`` int64 or None.
         voxel_size, origin: three floats each.
     """
+    voxel.check_points("voxelize_coords", points, batch)
     device = require_cuda("voxelize_coords", *_with_batch(points, batch))
     points = points.contiguous()
     batch = None if batch is None else batch.contiguous()
@@ -86,6 +88,7 @@ def voxel_reduce(
         and fp32, fp64 for fp64) and the ``(M, C)`` int64 argmax for ``"max"``
         (``(0, C)`` otherwise).
     """
+    voxel.check_voxel_reduce(feats, inverse, num_voxels, reduction)
     device = require_cuda("voxel_reduce", feats, inverse)
     code = cuda_feature_code("voxel_reduce", feats.dtype)
     feats, inverse = feats.contiguous(), inverse.contiguous()
@@ -127,6 +130,8 @@ def devoxel_map(
     Raises:
         ValueError: a rejected point, or ``voxel_coords`` repeats a row (as on the CPU).
     """
+    voxel.check_points("devoxel_map", points, batch)
+    check_coords("devoxel_map", "voxel_coords", voxel_coords)
     device = require_cuda("devoxel_map", *_with_batch(points, batch), voxel_coords)
     points, voxel_coords = points.contiguous(), voxel_coords.contiguous()
     batch = None if batch is None else batch.contiguous()
@@ -159,6 +164,7 @@ def devoxel_map(
 @voxel.devoxel_gather.register_kernel("cuda")
 def devoxel_gather(feats: torch.Tensor, idx: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """``(P, C)``: ``out[p] = sum_j weight[p, j] * feats[idx[p, j]]`` over ``idx >= 0``."""
+    voxel.check_devoxel_gather(feats, idx, weight)
     device = require_cuda("devoxel_gather", feats, idx, weight)
     code = cuda_feature_code("devoxel_gather", feats.dtype)
     feats, idx, weight = feats.contiguous(), idx.contiguous(), weight.contiguous()
