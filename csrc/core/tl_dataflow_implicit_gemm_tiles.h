@@ -193,20 +193,6 @@ typedef struct tl_fwd_rel {
     int64_t tile_rows;
 } tl_fwd_rel;
 
-/* The first pair of kernel row n of p (sorted by output row) whose output
- * row is at least `row` (offsets[n + 1] if none): a binary search. */
-static inline int64_t tl_pairs_first_at(const tl_pairs *p, int64_t n, int64_t row) {
-    int64_t lo = p->offsets[n], hi = p->offsets[n + 1];
-    while (lo < hi) {
-        const int64_t mid = lo + (hi - lo) / 2;
-        if (p->out[mid] < row)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo;
-}
-
 /* The first pair of kernel row n at or after `from` whose output row is at
  * least `row` (offsets[n + 1] if none): steps of 1, 2, 4, ... from `from`,
  * then a binary search within the last step. */
@@ -227,6 +213,12 @@ static inline int64_t tl_pairs_next_at(const tl_pairs *p, int64_t n, int64_t fro
             hi = mid;
     }
     return lo;
+}
+
+/* The first pair of kernel row n of p (sorted by output row) whose output
+ * row is at least `row` (offsets[n + 1] if none). */
+static inline int64_t tl_pairs_first_at(const tl_pairs *p, int64_t n, int64_t row) {
+    return tl_pairs_next_at(p, n, p->offsets[n], row);
 }
 
 /* starts (see tl_fwd_rel) for row tiles of `rows` output rows: each kernel
