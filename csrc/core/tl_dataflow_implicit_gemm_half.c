@@ -83,6 +83,18 @@ typedef struct tl_half_call {
 #define TL_F16_AMX_WGRAD_MIN (64 * 64)
 #define TL_F16_AMX_MIN_ROWS 256
 
+/* bfloat16's weight gradient runs the dot products (tl_bf16_wgrad_pack and
+ * _panel) from this many multiply-adds per packed value on: each pair's x
+ * and dy rows are interleaved into pairs of channels (c_in + c_out values)
+ * for its c_in x c_out multiply-adds, and below 32 (C = 64 square) the
+ * packing costs more than the dot products save; narrower layers convert to
+ * float and run the float kernels, as on CPUs without AVX512_BF16.  Staged
+ * against the dot products on the AMD EPYC of round twenty-three (SubmConv3d
+ * maps): 1.33x at C = 16-48 on the LiDAR scan, 1.07-1.45x on the surface,
+ * 0.77-0.93x at C = 64; k2 s2 maps 1.16-1.42x at C = 16, at C = 48 1.42x
+ * (LiDAR) and 0.93x (surface). */
+#define TL_BF16_DOT_WGRAD_PER_VALUE 32
+
 /* Chooses f's kernels from the CPU's level and the dtype; `tiles`: float16
  * may run through the tiles from `least` multiply-adds per pair on (0 for a
  * call's rerun after an infinity or NaN). */
@@ -569,6 +581,8 @@ static tl_status tl_half_weight_grad(const tl_ctx *ctx, const tl_conv_desc *d, c
                                      int tiles) {
     tl_half_call f = {.d = d, .level = tl_simd_capped(ctx->simd_cap), .mk = tl_mk_pick_f32(ctx)};
     tl_half_kernels(&f, tiles, TL_F16_AMX_WGRAD_MIN);
+    if (f.dot && !f.amx && d->c_in * d->c_out < TL_BF16_DOT_WGRAD_PER_VALUE * (d->c_in + d->c_out))
+        f.dot = 0; /* narrow: the staged float kernels */
     const int64_t mat = d->c_in * d->c_out, all = d->k * mat;
     const tl_wgrad_split split = tl_wgrad_split_of(d);
     const int64_t parts = split.parts;
