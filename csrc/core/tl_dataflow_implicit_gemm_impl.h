@@ -306,18 +306,18 @@ typedef struct TL_FN(tl_wgrad_scratch) {
  * output row, starting at s->cur[n] (the first not yet taken): their x rows
  * xq[] and dy rows dq[]; returns their count and moves the cursor past them.
  * Checked pairs never repeat an output row within a kernel row, so a block of
- * at most TL_WGRAD_PAIRS rows has at most that many. */
+ * at most TL_WGRAD_PAIRS rows has at most that many.  The run's end found by
+ * steps (tl_pairs_next_at) and its pointers 8 at a time (tl_point_rows), as
+ * the table's lists are, not a pair at a time behind a branch. */
 static int64_t TL_FN(tl_wgrad_pairs_run)(const tl_conv_desc *d, const tl_pairs *p, int64_t n,
                                          int64_t b1, const TL_T *x, const TL_T *dy,
                                          TL_FN(tl_wgrad_scratch) *s, const TL_T **xq,
                                          const TL_T **dq) {
-    const int64_t j0 = s->cur[n], end = p->offsets[n + 1];
-    int64_t c = 0;
-    for (; j0 + c < end && p->out[j0 + c] < b1; c++) {
-        xq[c] = x + (int64_t)p->in[j0 + c] * d->c_in;
-        dq[c] = dy + (int64_t)p->out[j0 + c] * d->c_out;
-    }
-    s->cur[n] = j0 + c;
+    const int64_t j0 = s->cur[n], end = tl_pairs_next_at(p, n, j0, b1), c = end - j0;
+    tl_point_rows(s->lists.vec, p->in + j0, p->out + j0, c, x,
+                  d->c_in * (int64_t)sizeof(TL_T), (void *)xq, (void *)dy,
+                  d->c_out * (int64_t)sizeof(TL_T), (void *)dq);
+    s->cur[n] = end;
     return c;
 }
 
