@@ -97,7 +97,8 @@ def check_voxel_reduce(feats: torch.Tensor, inverse: torch.Tensor, num_voxels: i
             f"lattice::{op}: reduction must be one of {sorted(REDUCTIONS)}, got {reduction!r}"
         )
     c = int(feats.shape[1])
-    per_voxel = c * feats.element_size() + (c * 8 if reduction == "max" else 0) + 16
+    # no channels: the op returns its empty outputs before the C core counts points
+    per_voxel = c * feats.element_size() + (c * 8 if reduction == "max" else 0) + 16 if c else 0
     check_allocation(
         f"voxel reduction ({num_voxels} voxels x {c} channels, {reduction})",
         num_voxels * per_voxel,

@@ -97,6 +97,8 @@ def voxel_reduce(
     out = torch.empty((num_voxels, c), dtype=feats.dtype, device=device)
     arg_rows = num_voxels if reduction == "max" else 0
     arg = torch.empty((arg_rows, c), dtype=torch.int64, device=device)
+    if c == 0:  # nothing to reduce (as on the CPU: no per-voxel workspace)
+        return out, arg
     alloc = workspace_alloc(device)
     index, stream = call_args(device)
     _C.cuda_voxel_reduce(
