@@ -291,12 +291,15 @@ def kernel_map(
     return nbr, rev
 
 
-def check_table_budget(what: str, n_out: int, n_in: int, kernel_size: list[int],
-                       scratch: int = 0) -> None:  # fmt: skip
-    """Refuses (``MemoryBudgetError``) neighbour tables of ``n_out`` (and ``n_in``, for a
-    ``rev`` too) rows by the kernel's rows, with ``scratch`` bytes beside them, beyond the
-    memory budget: a one-row input with a 32^3 kernel would otherwise ask for 32^3 output
-    rows' 4 GiB table."""
+def check_table_budget(what: str, out_coords: torch.Tensor, in_coords: torch.Tensor | None,
+                       kernel_size: list[int], scratch: int = 0) -> None:  # fmt: skip
+    """Refuses (``MemoryBudgetError``) the ``(N_out, K)`` neighbour table of
+    ``out_coords`` (and, given ``in_coords``, the ``(N_in, K)`` one too), with
+    ``scratch`` bytes beside them, beyond the memory budget: a one-row input with a 32^3
+    kernel would otherwise ask for 32^3 output rows' 4 GiB table.  Reads only the row
+    counts (a 0-d tensor counts none: its own check comes after)."""
+    n_out, n_in = (int(c.shape[0]) if c is not None and c.dim() else 0
+                   for c in (out_coords, in_coords))  # fmt: skip
     k = kernel_size[0] * kernel_size[1] * kernel_size[2]
     check_allocation(
         f"{what} ({n_out} output rows, {n_in} input rows, kernel_size {tuple(kernel_size)}: "
@@ -328,15 +331,15 @@ def _nbr_table(
     geom = conv_geom(kernel_size, stride, padding, dilation)
     k = kernel_size[0] * kernel_size[1] * kernel_size[2]
     # the budget first: it reads only the row counts, and the checks below are in one file
-    n_in, n_out = (int(c.shape[0]) if c.dim() else 0 for c in (in_coords, out_coords))
     check_table_budget(
-        what.replace("_", " "), n_out, n_in if with_rev else 0, kernel_size,
+        what.replace("_", " "), out_coords, in_coords if with_rev else None, kernel_size,
         k * kmap_scratch_per_kernel_row(),
     )  # fmt: skip
     require_cpu(what, in_coords, out_coords)
     check_coords(what, "in_coords", in_coords)
     check_coords(what, "out_coords", out_coords)
     in_coords, out_coords = in_coords.contiguous(), out_coords.contiguous()
+    n_in, n_out = in_coords.shape[0], out_coords.shape[0]
     nbr = torch.empty((n_out, k), dtype=torch.int32)
     _C.kmap_build(ptr(in_coords), n_in, ptr(out_coords), n_out, geom, ptr(nbr), threads())
     return nbr

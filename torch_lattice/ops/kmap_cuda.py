@@ -148,23 +148,15 @@ def _generate_support(coords, kernel_size, stride, padding, dilation, out_range,
     return generate_support(coords, geom, rng, num_batches)
 
 
-def _check_table_budget(what: str, in_coords: torch.Tensor, out_coords: torch.Tensor,
-                        kernel_size: list[int]) -> None:  # fmt: skip
-    """The CPU ops' budget check of the ``(N_out, K)`` and ``(N_in, K)`` tables (both are
-    built on CUDA)."""
-    rows = [int(c.shape[0]) if c.dim() else 0 for c in (out_coords, in_coords)]
-    kmap.check_table_budget(what, rows[0], rows[1], kernel_size)
-
-
 @kmap.kernel_map.register_kernel("cuda")
 def _kernel_map(in_coords, out_coords, kernel_size, stride, padding, dilation):
-    _check_table_budget("kernel map", in_coords, out_coords, kernel_size)
+    kmap.check_table_budget("kernel map", out_coords, in_coords, kernel_size)
     return kernel_map(in_coords, out_coords, kmap.conv_geom(kernel_size, stride, padding, dilation))
 
 
 @kmap.neighbour_table.register_kernel("cuda")
 def _neighbour_table(in_coords, out_coords, kernel_size, stride, padding, dilation):
-    _check_table_budget("neighbour table", in_coords, out_coords, kernel_size)
+    kmap.check_table_budget("neighbour table", out_coords, in_coords, kernel_size)  # both built
     geom = kmap.conv_geom(kernel_size, stride, padding, dilation)
     return kernel_map(in_coords, out_coords, geom)[0]
 

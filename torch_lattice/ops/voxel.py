@@ -97,7 +97,7 @@ def check_voxel_reduce(feats: torch.Tensor, inverse: torch.Tensor, num_voxels: i
             f"lattice::{op}: reduction must be one of {sorted(REDUCTIONS)}, got {reduction!r}"
         )
     c = int(feats.shape[1])
-    # no channels: the op returns its empty outputs before the C core counts points
+    # no channels: the C core returns its empty outputs before it counts points per voxel
     per_voxel = c * feats.element_size() + (c * 8 if reduction == "max" else 0) + 16 if c else 0
     check_allocation(
         f"voxel reduction ({num_voxels} voxels x {c} channels, {reduction})",
@@ -186,8 +186,6 @@ def voxel_reduce(
     out = torch.empty((num_voxels, c), dtype=feats.dtype)
     is_max = reduction == "max"
     arg = torch.empty((num_voxels if is_max else 0, c), dtype=torch.int64)
-    if c == 0:  # nothing to reduce (the C core would still count points per voxel)
-        return out, arg
     _C.voxel_reduce(
         DTYPE_CODES[feats.dtype],
         REDUCTIONS[reduction],
