@@ -318,8 +318,57 @@ static TL_ISA_ATTR void TL_MKI(rows_t_16)(int64_t nq, int64_t c0, const TL_T *co
     }
 }
 #define TL_ISA_ROWS_T_16 TL_MKI(rows_t_16)
+
+/* out[r][0:cw) += sum_q xr[q][c0 + r] * b[q][0:cw) for 12 rows of two
+ * vectors, the second partial where cw is not 2 x TL_VL (TL_VL < cw <=
+ * 2 x TL_VL: C_out = 17-32 in fp32): 24 accumulators, so each pair's two
+ * dy vectors and x row pointer feed 24 multiply-adds where rows_t_8 feeds
+ * 16 (C = 32 runs 12 + 12 + 8 rows, three passes over the pairs instead of
+ * four).  Each pair asks for byte pf_byte of pf[q] (q < npf) and pf_byte2
+ * of pf2[q] (q < npf2): two of outer_acc's lines, as two 8-row passes
+ * would.  Every row's columns are read before any is written (see
+ * TL_BLOCK_FN).  Same sums in the same order as rows_t_8. */
+static TL_ISA_ATTR void TL_MKI(rows_t_12)(int64_t cw, int64_t nq, int64_t c0,
+                                          const TL_T *const *xr, const TL_T *const *b,
+                                          TL_T *const *out, const TL_T *const *pf,
+                                          int64_t npf, int64_t pf_byte, const TL_T *const *pf2,
+                                          int64_t npf2, int64_t pf_byte2) {
+    const int64_t left = cw - TL_VL;
+    TL_MKI(vec) acc[12][2];
+#pragma GCC unroll 12
+    for (int r = 0; r < 12; r++) acc[r][0] = acc[r][1] = (TL_MKI(vec)){0};
+    for (int64_t q = 0; q < nq; q++) {
+        if (q < npf) __builtin_prefetch((const char *)pf[q] + pf_byte);
+        if (q < npf2) __builtin_prefetch((const char *)pf2[q] + pf_byte2);
+        TL_MKI(vec) b0;
+        memcpy(&b0, b[q], sizeof(b0));
+        const TL_MKI(vec) b1 = TL_MKI(load_part)(b[q] + TL_VL, left);
+        const TL_T *aq = xr[q] + c0;
+        __asm__("" : "+r"(aq)); /* constant offsets for the broadcasts (TL_BLOCK_FN) */
+#pragma GCC unroll 12
+        for (int r = 0; r < 12; r++) {
+            const TL_T s = aq[r];
+            acc[r][0] += s * b0;
+            acc[r][1] += s * b1;
+        }
+    }
+#pragma GCC unroll 12
+    for (int r = 0; r < 12; r++) {
+        TL_MKI(vec) o;
+        memcpy(&o, out[r], sizeof(o));
+        acc[r][0] = o + acc[r][0];
+        acc[r][1] = TL_MKI(load_part)(out[r] + TL_VL, left) + acc[r][1];
+    }
+#pragma GCC unroll 12
+    for (int r = 0; r < 12; r++) {
+        memcpy(out[r], &acc[r][0], sizeof(acc[r][0]));
+        TL_MKI(store_part)(out[r] + TL_VL, acc[r][1], left);
+    }
+}
+#define TL_ISA_ROWS_T_12 TL_MKI(rows_t_12)
 #else
 #define TL_ISA_ROWS_T_16 NULL
+#define TL_ISA_ROWS_T_12 NULL
 #endif
 
 /* Packs rows xq[0..nq) of `rows` values into xp, packed_ld(rows) apart and
@@ -459,9 +508,11 @@ static const TL_MK(ops) TL_MKI(ops) = {
     .rows_t_4 = TL_MKI(rows_t_4),
     .rows_t_1 = TL_MKI(rows_t_1),
     .rows_t_16 = TL_ISA_ROWS_T_16,
+    .rows_t_12 = TL_ISA_ROWS_T_12,
     .panel = TL_MKI(panel),
 };
 #undef TL_ISA_ROWS_T_16
+#undef TL_ISA_ROWS_T_12
 
 #undef TL_COLUMN_BLOCKS
 #undef TL_COLUMN_TAIL

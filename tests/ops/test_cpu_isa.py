@@ -39,9 +39,13 @@ LEVELS = ["amx_bf16", "avx512_bf16", *ISAS]
 # padded with zeros and writes only its columns (masked), and the weight gradient's
 # row passes read the dy rows' partial vector masked: 24, 20, 37, 23, 72 and 130
 # above, 9x40 (8 rows of 3 vectors, the last half used) and 48x56 (4 rows of 4).
+# With AVX-512 the weight gradient of a c_out more than one vector and at most two
+# wide runs 12 input channels a pass where the rest leaves whole 8-row passes:
+# 24x24 (12 + 12, partial vector), 44x32 (8 + 12 + 12 + 12), 33x23 (8 + 12 + 12 +
+# 1) in float32, and 20x12 (8 + 12, 12 doubles = 8 + 4) in float64.
 CHANNELS = [(3, 1), (7, 37), (64, 64), (19, 130), (33, 23), (5, 24), (6, 20), (66, 17),
             (67, 33), (128, 3), (260, 72), (40, 400), (16, 16), (8, 8), (4, 4), (2, 2),
-            (9, 40), (48, 56)]
+            (9, 40), (48, 56), (24, 24), (44, 32), (20, 12)]
 TOL = {torch.float32: 2e-5, torch.float64: 1e-12}
 
 
