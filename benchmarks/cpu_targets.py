@@ -19,6 +19,7 @@ kmap_subm3,kmap_k2s2,kmap_k3s2p1 --threads 1`` with spconv installed) and 5M vox
 from __future__ import annotations
 
 import argparse
+import math
 import platform
 import time
 from collections.abc import Callable, Sequence
@@ -68,11 +69,15 @@ class Target:
         return self.measured >= self.wanted
 
     def row(self) -> str:
-        if self.unit == "x":
-            got, want = f"{self.measured:.2f}x", f">= {self.wanted:.2f}x"
-        else:
-            got, want = f"{100 * self.measured:.0f}%", f">= {100 * self.wanted:.0f}%"
-        return f"| {self.what} | {got} | {want} | {'met' if self.met else 'not met'} |"
+        # A figure just below its threshold gets one more digit, rounded down, so that a
+        # "not met" row never shows the threshold itself as its measure (0.998x, not 1.00x).
+        scale, suffix, digits = (1, "x", 2) if self.unit == "x" else (100, "%", 0)
+        want = f">= {scale * self.wanted:.{digits}f}{suffix}"
+        got = f"{scale * self.measured:.{digits}f}"
+        if not self.met and got == f"{scale * self.wanted:.{digits}f}":
+            tenth = 10 ** (digits + 1)
+            got = f"{math.floor(scale * self.measured * tenth) / tenth:.{digits + 1}f}"
+        return f"| {self.what} | {got}{suffix} | {want} | {'met' if self.met else 'not met'} |"
 
 
 class _Layer:

@@ -823,6 +823,12 @@ def test_cpu_targets_report_every_target(tmp_path: Path) -> None:
     assert all(r.endswith(("| met |", "| not met |")) for r in rows)
     target = cpu_targets.Target("x", 0.7, 0.7, "% of peak")
     assert target.met and target.row() == "| x | 70% | >= 70% | met |"
+    # just below a threshold: one more digit, never the threshold itself
+    assert cpu_targets.Target("x", 0.6496, 0.65, "% of peak").row() == (
+        "| x | 64.9% | >= 65% | not met |")
+    assert cpu_targets.Target("x", 0.6449, 0.65, "% of peak").row() == (
+        "| x | 64% | >= 65% | not met |")
+    assert cpu_targets.Target("r", 0.998, 1.0, "x").row() == "| r | 0.998x | >= 1.00x | not met |"
 
 
 def test_weight_gradient_benchmark_checks_then_reports() -> None:
