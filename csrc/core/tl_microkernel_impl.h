@@ -71,6 +71,9 @@ typedef struct TL_MK(ops) {
     /* rows_t_R for 16 rows one vector wide (cw = 64 bytes), asking for byte
      * pf_byte of each row pf[q] and the first of pd[q] (pd may be NULL),
      * q < npf; NULL but with AVX-512. */
+    void (*rows_t_16)(int64_t nq, int64_t c0, const TL_T *const *xr, const TL_T *const *b,
+                      TL_T *const *out, const TL_T *const *pf, const TL_T *const *pd,
+                      int64_t npf, int64_t pf_byte);
     /* rows_t_R for 12 rows more than one vector and at most two wide, asking
      * for two lines a pair (byte pf_byte of pf[q], q < npf, and pf_byte2 of
      * pf2[q], q < npf2); NULL but with AVX-512. */
@@ -78,9 +81,6 @@ typedef struct TL_MK(ops) {
                       const TL_T *const *b, TL_T *const *out, const TL_T *const *pf,
                       int64_t npf, int64_t pf_byte, const TL_T *const *pf2, int64_t npf2,
                       int64_t pf_byte2);
-    void (*rows_t_16)(int64_t nq, int64_t c0, const TL_T *const *xr, const TL_T *const *b,
-                      TL_T *const *out, const TL_T *const *pf, const TL_T *const *pd,
-                      int64_t npf, int64_t pf_byte);
     /* Weight gradient over the x rows of nq pairs:
      *   out[c * ldo + j] += sum_q x_q[c] * dq[q][j],  c < rows, j < cw,
      * x_q = xq[q] (rows values), packed a chunk of pairs at a time into the
@@ -214,27 +214,27 @@ __attribute__((unused)) static void TL_MK(rows)(const TL_MK(ops) *mk, int64_t cw
 #define TL_OUTER_PF_MIN_COLS 24
 
 /* acc (cin x cout) += sum over c row pairs of xr[p]^T dq[p], register-blocked
- * passes over input channels (rows of acc; twelve at a time: below): four at a time, or, where cout
- * is at most rows8_cols (two fp32 vectors with AVX-512), eight after the
- * first pass: 4 x 2 accumulators let each dy vector feed 4 FMAs, 8 x 2 feed
- * 8 (1.1-1.35x at C = 24 and 32 on the surface).  The first pass is four
- * where cin is not a multiple of 8: it is the one that waits on x rows from
- * memory, and with half the work per pair more pairs' loads are in flight
- * (eight there lost 0.89-0.94x on the LiDAR scan's strided maps, on an AMD
- * core, before the forward's prefetch changes of round fifteen).  Where cin
- * is a multiple of 8, eight from the start leaves no 4-row pass at the end
- * (C = 32: 8 + 8 + 8 + 8 instead of 4 + 8 + 8 + 8 + 4): 1.01-1.23x at
- * C = 8-32 on every map on the Intel Xeon of round fifteen.  Each element
- * still adds its pairs in pair order, so the passes' widths do not change
- * the sums.  Pass s asks for
- * cache line s of each row pf[q], q < npf (the x rows the caller reads next;
- * npf = 0 for none), and the passes after those for the lines of each dy
- * row pd[q] (the next kernel row's, pd NULL for none), so that rows from
- * memory arrive while this one computes; not below TL_OUTER_PF_MIN_COLS
- * output columns (x rows alone: 0.93x at C = 16, 1.05-1.11x at 32; the dy
- * rows too, against x rows from 32 only: 1.22-1.34x at C = 32 and 1.14-1.54x
- * at 24-28 on the LiDAR scan's strided maps, 0.93-1.03x on the surface's,
- * whose rows are more often in cache; 0.92-1.11x at 16-20). */
+ * passes over input channels (rows of acc; sixteen or twelve at a time with
+ * AVX-512, below): four at a time, or, where cout is at most rows8_cols (two
+ * fp32 vectors with AVX-512), eight after the first pass: 4 x 2 accumulators
+ * let each dy vector feed 4 FMAs, 8 x 2 feed 8 (1.1-1.35x at C = 24 and 32
+ * on the surface).  The first pass is four where cin is not a multiple of 8:
+ * it is the one that waits on x rows from memory, and with half the work per
+ * pair more pairs' loads are in flight (eight there lost 0.89-0.94x on the
+ * LiDAR scan's strided maps, on an AMD core, before the forward's prefetch
+ * changes of round fifteen).  Where cin is a multiple of 8, eight from the
+ * start leaves no 4-row pass at the end (C = 32: 8 + 8 + 8 + 8 instead of
+ * 4 + 8 + 8 + 8 + 4): 1.01-1.23x at C = 8-32 on every map on the Intel Xeon
+ * of round fifteen.  Each element still adds its pairs in pair order, so the
+ * passes' widths do not change the sums.  Pass s asks for cache line s of
+ * each row pf[q], q < npf (the x rows the caller reads next; npf = 0 for
+ * none), and the passes after those for the lines of each dy row pd[q] (the
+ * next kernel row's, pd NULL for none), so that rows from memory arrive while
+ * this one computes; not below TL_OUTER_PF_MIN_COLS output columns (x rows
+ * alone: 0.93x at C = 16, 1.05-1.11x at 32; the dy rows too, against x rows
+ * from 32 only: 1.22-1.34x at C = 32 and 1.14-1.54x at 24-28 on the LiDAR
+ * scan's strided maps, 0.93-1.03x on the surface's, whose rows are more often
+ * in cache; 0.92-1.11x at 16-20).  A 12-row pass asks for two lines. */
 __attribute__((unused)) static void TL_MK(outer_acc)(const TL_MK(ops) *mk, int64_t cin,
                                                     int64_t cout, int64_t c,
                                                     const TL_T *const *xr,

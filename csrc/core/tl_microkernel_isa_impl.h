@@ -323,8 +323,8 @@ static TL_ISA_ATTR void TL_MKI(rows_t_16)(int64_t nq, int64_t c0, const TL_T *co
  * vectors, the second partial where cw is not 2 x TL_VL (TL_VL < cw <=
  * 2 x TL_VL: C_out = 17-32 in fp32): 24 accumulators, so each pair's two
  * dy vectors and x row pointer feed 24 multiply-adds where rows_t_8 feeds
- * 16 (C = 32 runs 12 + 12 + 8 rows, three passes over the pairs instead of
- * four).  Each pair asks for byte pf_byte of pf[q] (q < npf) and pf_byte2
+ * 16 (C = 32 runs 8 + 12 + 12 rows, three passes over the pairs instead of
+ * four: outer_acc).  Each pair asks for byte pf_byte of pf[q] (q < npf) and pf_byte2
  * of pf2[q] (q < npf2): two of outer_acc's lines, as two 8-row passes
  * would.  Every row's columns are read before any is written (see
  * TL_BLOCK_FN).  Same sums in the same order as rows_t_8. */
