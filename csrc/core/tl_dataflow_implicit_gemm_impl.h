@@ -22,7 +22,7 @@ typedef struct TL_FN(tl_fwd_scratch) {
     const TL_FN(tl_mk_ops) *mk;
     int64_t panel_cols; /* see tl_panel_cols */
     int64_t pad;        /* the panels' padding (tl_panel_ld): pad_cols if packed, else 1 */
-    int vec;            /* list with AVX-512 (see tl_list_tile) */
+    int level;          /* the instruction set of the listing (tl_list_tile) */
     int32_t *li, *lr;   /* k x tile rows: listed x rows, tile rows (tl_list_tile) */
     int64_t *lc;        /* k: listed per kernel row */
     const int32_t **il; /* k: kernel row n's x rows (in li, or in place in pair lists) */
@@ -43,7 +43,7 @@ static int TL_FN(tl_fwd_scratch_init)(TL_FN(tl_fwd_scratch) *s, const tl_ctx *ct
     s->mk = mk;
     s->panel_cols = panel_cols;
     s->pad = pad;
-    s->vec = tl_simd_vector_capped(ctx->simd_cap) >= TL_SIMD_V4;
+    s->level = tl_simd_vector_capped(ctx->simd_cap);
     s->li = malloc(sizeof(int32_t) * (size_t)(rows * k));
     s->lr = malloc(sizeof(int32_t) * (size_t)(rows * k));
     s->lc = malloc(sizeof(int64_t) * (size_t)k);
@@ -124,7 +124,7 @@ static void TL_FN(tl_fwd_rows)(const tl_conv_desc *d, const TL_T *x, const TL_T 
      * as they run (rows_8, TL_RUN_GROUPS).  Asking for every listed row at
      * once (hundreds per kernel row on a C = 16 tile) filled the core's miss
      * buffers: without it, 0.96-1.23x on the Intel Xeon of round fifteen. */
-    tl_point_rows(s->vec, idx, rows, c, x, cin * (int64_t)sizeof(TL_T), (void *)xr, yb + co0,
+    tl_point_rows(s->level, idx, rows, c, x, cin * (int64_t)sizeof(TL_T), (void *)xr, yb + co0,
                   cout * (int64_t)sizeof(TL_T), (void *)yr);
     int64_t full;
     const int64_t pad = tl_group_pad(c, &full);
@@ -194,9 +194,9 @@ static int TL_FN(tl_forward_tile)(const tl_conv_desc *d, const TL_T *x, const TL
         tl_pairs_of_tile(rel, o0, il, rl, s->lc);
         base = o0;
     } else {
-        if ((int64_t)(split ? tl_list_tile_split(s->vec, rel->nbr, o0, m, k, s->li, s->lr, s->lc,
+        if ((int64_t)(split ? tl_list_tile_split(s->level, rel->nbr, o0, m, k, s->li, s->lr, s->lc,
                                                  s->lf, s->zr, &nz)
-                            : tl_list_tile(s->vec, rel->nbr, o0, m, k, s->li, s->lr, s->lc)) >
+                            : tl_list_tile(s->level, rel->nbr, o0, m, k, s->li, s->lr, s->lc)) >
             d->n_in)
             return 1; /* below -1 wraps to above n_in */
         for (int64_t n = 0; n < k; n++) {
@@ -314,7 +314,7 @@ static int64_t TL_FN(tl_wgrad_pairs_run)(const tl_conv_desc *d, const tl_pairs *
                                          TL_FN(tl_wgrad_scratch) *s, const TL_T **xq,
                                          const TL_T **dq) {
     const int64_t j0 = s->cur[n], end = tl_pairs_next_at(p, n, j0, b1), c = end - j0;
-    tl_point_rows(s->lists.vec, p->in + j0, p->out + j0, c, x,
+    tl_point_rows(s->lists.level, p->in + j0, p->out + j0, c, x,
                   d->c_in * (int64_t)sizeof(TL_T), (void *)xq, (void *)dy,
                   d->c_out * (int64_t)sizeof(TL_T), (void *)dq);
     s->cur[n] = end;
@@ -412,8 +412,8 @@ static tl_status TL_FN(tl_weight_grad)(const tl_ctx *ctx, const tl_conv_desc *d,
         s.xp = malloc(sizeof(TL_T) * (size_t)(TL_FN(tl_mk_panel_pairs)(ldx) * ldx));
         s.cur = p ? malloc(sizeof(int64_t) * (size_t)d->k) : NULL;
         /* Pair lists need no listing. */
-        const int vec = tl_simd_vector_capped(ctx->simd_cap) >= TL_SIMD_V4;
-        const int ok = tl_wgrad_lists_init(&s.lists, split.listed && !p, vec, d->k) && s.xp &&
+        const int level = tl_simd_vector_capped(ctx->simd_cap);
+        const int ok = tl_wgrad_lists_init(&s.lists, split.listed && !p, level, d->k) && s.xp &&
                        (s.cur || !p);
         failed |= !ok;
 #pragma omp for schedule(dynamic, 1)

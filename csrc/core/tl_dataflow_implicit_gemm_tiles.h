@@ -322,13 +322,13 @@ static inline int tl_tile_single(const int32_t *const *rl, const int64_t *cnt, i
  * kernel row (tl_list_tile): li, lr k x TL_WGRAD_PAIRS, lc k; allocated only
  * where `listed` (a listed split, tl_wgrad_split.listed, over a table). */
 typedef struct tl_wgrad_lists {
-    int listed, vec; /* vec: list with AVX-512 */
+    int listed, level; /* level: the listing's instruction set (tl_list_tile) */
     int32_t *li, *lr;
     int64_t *lc;
 } tl_wgrad_lists;
 
-static inline int tl_wgrad_lists_init(tl_wgrad_lists *l, int listed, int vec, int64_t k) {
-    *l = (tl_wgrad_lists){listed, vec, NULL, NULL, NULL};
+static inline int tl_wgrad_lists_init(tl_wgrad_lists *l, int listed, int level, int64_t k) {
+    *l = (tl_wgrad_lists){listed, level, NULL, NULL, NULL};
     if (!l->listed) return 1;
     l->li = malloc(sizeof(int32_t) * (size_t)(TL_WGRAD_PAIRS * k));
     l->lr = malloc(sizeof(int32_t) * (size_t)(TL_WGRAD_PAIRS * k));
@@ -352,7 +352,7 @@ static inline int tl_wgrad_list_block(tl_wgrad_lists *l, const int32_t *nbr, int
                                       int64_t b0, int64_t b1, int64_t n0, int64_t n1,
                                       int64_t n_in) {
     if (!l->listed) return 0;
-    return (int64_t)tl_list_tile_range(l->vec, nbr, b0, b1 - b0, k, n0, n1, l->li, l->lr,
+    return (int64_t)tl_list_tile_range(l->level, nbr, b0, b1 - b0, k, n0, n1, l->li, l->lr,
                                        l->lc) > n_in;
 }
 
@@ -366,7 +366,7 @@ static inline int tl_wgrad_list_block(tl_wgrad_lists *l, const int32_t *nbr, int
             const int64_t m_ = (B1) - (B0);                                                  \
             const int32_t *i_ = (L)->li + (N) * m_, *r_ = (L)->lr + (N) * m_;                 \
             (C) = (L)->lc[N];                                                                \
-            tl_point_rows((L)->vec, i_, r_, (C), (X), (XSTRIDE) * (int64_t)sizeof(*(X)),     \
+            tl_point_rows((L)->level, i_, r_, (C), (X), (XSTRIDE) * (int64_t)sizeof(*(X)),     \
                           (void *)(XQ), (void *)((DY) + (B0) * (DSTRIDE)),                   \
                           (DSTRIDE) * (int64_t)sizeof(*(DY)), (void *)(DQ));                \
         } else {                                                                             \

@@ -1,6 +1,7 @@
 /* A 16 x 16 transpose of 32-bit lanes in AVX-512 registers, shared by the
  * tile listing (tl_list.c: entries of 16 rows by kernel row) and the AMX
- * weight gradient (tl_microkernel_amx.c: x units by channel).  x86 only. */
+ * weight gradient (tl_microkernel_amx.c: x units by channel); and an 8 x 8
+ * one in AVX2 registers (the listing without AVX-512).  x86 only. */
 #ifndef TL_TRANSPOSE_H
 #define TL_TRANSPOSE_H
 
@@ -35,6 +36,27 @@ static inline __attribute__((always_inline)) TL_TARGET_V4 void tl_transpose16_ep
         t[12 + c] = _mm512_shuffle_i32x4(p1, q1, 0xdd);
     }
     for (int i = 0; i < 16; i++) r[i] = t[i];
+}
+
+/* The same for 8 x 8 in AVX2 registers (24 shuffles for 64 values). */
+static inline __attribute__((always_inline)) TL_TARGET_V3 void tl_transpose8_epi32(__m256i r[8]) {
+    __m256i t[8];
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    /* r[4g + c], 128-bit lane l: rows 4g..4g+3 of column 4l + c */
+    for (int g = 0; g < 8; g += 4) {
+        r[g] = _mm256_unpacklo_epi64(t[g], t[g + 2]);
+        r[g + 1] = _mm256_unpackhi_epi64(t[g], t[g + 2]);
+        r[g + 2] = _mm256_unpacklo_epi64(t[g + 1], t[g + 3]);
+        r[g + 3] = _mm256_unpackhi_epi64(t[g + 1], t[g + 3]);
+    }
+    for (int c = 0; c < 4; c++) {
+        t[c] = _mm256_permute2x128_si256(r[c], r[4 + c], 0x20);
+        t[4 + c] = _mm256_permute2x128_si256(r[c], r[4 + c], 0x31);
+    }
+    for (int i = 0; i < 8; i++) r[i] = t[i];
 }
 
 #endif

@@ -1084,15 +1084,17 @@ static void test_int_limits(void) {
 /* ---- the implicit GEMM's per-tile neighbour lists ------------------------ */
 
 /* tl_list_tile (and over a range of kernel rows, tl_list_tile_range) against
- * a direct reading of the table, by both paths where the CPU has AVX-512
- * (transposed 16 x 16 for k >= 4): every kernel row's present entries in row
- * order, and the largest entry + 1 (wrapping for entries below -1).  A table with every entry present fills each list to
- * its end, where the vector path's stores must stop; m and k not multiples
- * of 16 leave partial steps. */
+ * a direct reading of the table, by every path the CPU has (AVX-512:
+ * transposed 16 x 16, AVX2: 8 x 8, for k >= 4): every kernel row's present
+ * entries in row order, and the largest entry + 1 (wrapping for entries below
+ * -1).  A table with every entry present fills each list to its end, where
+ * the vector paths' stores must stop; m and k not multiples of 16 or 8 leave
+ * partial steps. */
 static void test_list_tile(void) {
     static const int64_t ks[] = {1, 2, 3, 4, 8, 15, 16, 17, 27, 32, 33, 125};
     static const int64_t ms[] = {1, 5, 16, 17, 100, 256, 1000};
-    const int paths = tl_simd_level() >= TL_SIMD_V4 ? 2 : 1;
+    const int levels[3] = {TL_SIMD_BASE, TL_SIMD_V3, TL_SIMD_V4};
+    const int paths = tl_simd_level() >= TL_SIMD_V4 ? 3 : tl_simd_level() >= TL_SIMD_V3 ? 2 : 1;
     current = "list_tile";
     for (size_t a = 0; a < sizeof(ks) / sizeof(ks[0]); a++)
         for (size_t b = 0; b < sizeof(ms) / sizeof(ms[0]); b++)
@@ -1113,7 +1115,8 @@ static void test_list_tile(void) {
                 int64_t *cnt = xmalloc(sizeof(int64_t) * (size_t)k);
                 int64_t *fc = xmalloc(sizeof(int64_t) * (size_t)k), nz = 0;
                 int32_t *zr = xmalloc(sizeof(int32_t) * (size_t)m);
-                for (int vec = 0; vec < paths; vec++) {
+                for (int path = 0; path < paths; path++) {
+                    const int vec = levels[path];
                     /* A range of kernel rows (tl_list_tile_range): theirs
                      * listed as below, the others' counts 0, the return over
                      * their entries only. */
