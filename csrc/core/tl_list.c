@@ -162,8 +162,8 @@ static inline __attribute__((always_inline)) TL_TARGET_V3 uint32_t tl_list_v3_bo
         /* 8 rows are k half lines: each kernel row asks for one, as many
          * rows ahead as the AVX-512 listing (a prefetch past the table does
          * not fault) */
-        const uintptr_t ahead = (uintptr_t)t + (uintptr_t)((r0 + 8 * 2 * TL_LIST_STEPS_AHEAD) * k) *
-                                                   sizeof(int32_t);
+        const uintptr_t ahead =
+            (uintptr_t)t + (uintptr_t)((r0 + 8 * 2 * TL_LIST_STEPS_AHEAD) * k) * sizeof(int32_t);
         for (int64_t n0 = lo; n0 < hi; n0 += 8) {
             const int64_t nk = hi - n0 < 8 ? hi - n0 : 8;
             const __m256i cols = _mm256_cmpgt_epi32(_mm256_set1_epi32((int32_t)nk), lane);
@@ -353,13 +353,40 @@ static TL_TARGET_V4 void tl_point_rows_v4(const int32_t *idx, const int32_t *row
         _mm512_mask_storeu_epi64(yo + q * 8, live, _mm512_add_epi64(y0, _mm512_mul_epu32(r, yb)));
     }
 }
+
+/* The same with AVX2, 4 rows a step (about 6% of a C = 16 forward on the
+ * LiDAR scan went to the one-by-one loop). */
+static TL_TARGET_V3 void tl_point_rows_v3(const int32_t *idx, const int32_t *rows, int64_t c,
+                                          const void *x, int64_t x_bytes, char *xo, void *y,
+                                          int64_t y_bytes, char *yo) {
+    const __m256i xb = _mm256_set1_epi64x(x_bytes), yb = _mm256_set1_epi64x(y_bytes);
+    const __m256i x0 = _mm256_set1_epi64x((int64_t)(uintptr_t)x);
+    const __m256i y0 = _mm256_set1_epi64x((int64_t)(uintptr_t)y);
+    int64_t q = 0;
+    for (; q + 4 <= c; q += 4) {
+        const __m128i i32 = _mm_loadu_si128((const __m128i *)(const void *)(idx + q));
+        const __m128i r32 = _mm_loadu_si128((const __m128i *)(const void *)(rows + q));
+        const __m256i i = _mm256_cvtepu32_epi64(i32), r = _mm256_cvtepu32_epi64(r32);
+        _mm256_storeu_si256((__m256i *)(void *)(xo + q * 8),
+                            _mm256_add_epi64(x0, _mm256_mul_epu32(i, xb)));
+        _mm256_storeu_si256((__m256i *)(void *)(yo + q * 8),
+                            _mm256_add_epi64(y0, _mm256_mul_epu32(r, yb)));
+    }
+    for (; q < c; q++) {
+        const uintptr_t xp = (uintptr_t)x + (uintptr_t)((int64_t)idx[q] * x_bytes);
+        const uintptr_t yp = (uintptr_t)y + (uintptr_t)((int64_t)rows[q] * y_bytes);
+        memcpy(xo + q * 8, &xp, sizeof(xp));
+        memcpy(yo + q * 8, &yp, sizeof(yp));
+    }
+}
 #endif
 
 void tl_point_rows(int level, const int32_t *idx, const int32_t *rows, int64_t c, const void *x,
                    int64_t x_bytes, void *xr, void *y, int64_t y_bytes, void *yr) {
 #if TL_SIMD_X86
-    if (level >= TL_SIMD_V4 && x_bytes <= (int64_t)UINT32_MAX && y_bytes <= (int64_t)UINT32_MAX) {
-        tl_point_rows_v4(idx, rows, c, x, x_bytes, xr, y, y_bytes, yr);
+    if (level >= TL_SIMD_V3 && x_bytes <= (int64_t)UINT32_MAX && y_bytes <= (int64_t)UINT32_MAX) {
+        (level >= TL_SIMD_V4 ? tl_point_rows_v4 : tl_point_rows_v3)(idx, rows, c, x, x_bytes, xr,
+                                                                     y, y_bytes, yr);
         return;
     }
 #else

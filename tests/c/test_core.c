@@ -1083,6 +1083,31 @@ static void test_int_limits(void) {
 
 /* ---- the implicit GEMM's per-tile neighbour lists ------------------------ */
 
+/* tl_point_rows by every path the CPU has against x + idx * x_bytes and
+ * y + rows * y_bytes, for 0 to 20 rows (whole vector steps and tails). */
+static void test_point_rows(void) {
+    const int levels[3] = {TL_SIMD_BASE, TL_SIMD_V3, TL_SIMD_V4};
+    const int paths = tl_simd_level() >= TL_SIMD_V4 ? 3 : tl_simd_level() >= TL_SIMD_V3 ? 2 : 1;
+    static char xbase[1], ybase[1];
+    current = "point_rows";
+    for (int path = 0; path < paths; path++)
+        for (int64_t c = 0; c <= 20; c++) {
+            int32_t idx[20], rows[20];
+            const char *xr[21], *yr[21];
+            for (int64_t q = 0; q < c; q++) {
+                idx[q] = (int32_t)rnd(1 << 30);
+                rows[q] = (int32_t)rnd(4096);
+            }
+            xr[c] = yr[c] = NULL; /* past the rows: untouched */
+            tl_point_rows(levels[path], idx, rows, c, xbase, 136, (void *)xr, ybase, 4100,
+                          (void *)yr);
+            for (int64_t q = 0; q < c; q++)
+                CHECK((uintptr_t)xr[q] == (uintptr_t)xbase + (uintptr_t)idx[q] * 136u &&
+                      (uintptr_t)yr[q] == (uintptr_t)ybase + (uintptr_t)rows[q] * 4100u);
+            CHECK(xr[c] == NULL && yr[c] == NULL);
+        }
+}
+
 /* tl_list_tile (and over a range of kernel rows, tl_list_tile_range) against
  * a direct reading of the table, by every path the CPU has (AVX-512:
  * transposed 16 x 16, AVX2: 8 x 8, for k >= 4): every kernel row's present
@@ -1396,6 +1421,7 @@ int main(void) {
     test_hash();
     test_kmaps();
     test_list_tile();
+    test_point_rows();
     test_pairs_check();
     test_conv();
     test_conv_single();
