@@ -185,7 +185,7 @@ static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_MKI(columns)(
 #define TL_COLUMNS_CALL(W, NV)                                                              \
     TL_MKI(block##W)(R, NV, transposed, set, j, nq, c0, a, b, bp, ldb, out, pf,               \
                      j == 0 ? npf : 0, pf_byte, cv)
-    TL_COLUMN_BLOCKS(R == 8 ? TL_ISA_NV8_MAX : TL_ISA_NV, 0, TL_COLUMNS_CALL);
+    TL_COLUMN_BLOCKS(R == 8 ? TL_ISA_NV8_MAX : R == 6 ? 2 : TL_ISA_NV, 0, TL_COLUMNS_CALL);
 #undef TL_COLUMNS_CALL
     for (int r = 0; r < R; r++)
         for (int64_t jj = j; jj < cw; jj++) {
@@ -280,6 +280,14 @@ static TL_ISA_ATTR void TL_MKI(rows_8_set)(int64_t cw, int64_t nq, int64_t c,
         TL_MKI(columns)(R, 1, 0, cw, nq, c0, xr, b, NULL, 0, out, pf, npf, pf_byte);      \
     }
 TL_DEFINE_ROWS_T(8)
+#if TL_ISA_VBYTES == 32
+/* AVX2's 16 registers: 6 rows x 2 vectors of accumulators, beside the pair's
+ * dy vectors and a broadcast (see outer_acc). */
+TL_DEFINE_ROWS_T(6)
+#define TL_ISA_ROWS_T_6 TL_MKI(rows_t_6)
+#else
+#define TL_ISA_ROWS_T_6 NULL
+#endif
 TL_DEFINE_ROWS_T(4)
 TL_DEFINE_ROWS_T(1)
 #undef TL_DEFINE_ROWS_T
@@ -509,10 +517,12 @@ static const TL_MK(ops) TL_MKI(ops) = {
     .rows_t_1 = TL_MKI(rows_t_1),
     .rows_t_16 = TL_ISA_ROWS_T_16,
     .rows_t_12 = TL_ISA_ROWS_T_12,
+    .rows_t_6 = TL_ISA_ROWS_T_6,
     .panel = TL_MKI(panel),
 };
 #undef TL_ISA_ROWS_T_16
 #undef TL_ISA_ROWS_T_12
+#undef TL_ISA_ROWS_T_6
 
 #undef TL_COLUMN_BLOCKS
 #undef TL_COLUMN_TAIL

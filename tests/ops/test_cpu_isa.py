@@ -42,7 +42,9 @@ LEVELS = ["amx_bf16", "avx512_bf16", *ISAS]
 # With AVX-512 the weight gradient of a c_out more than one vector and at most two
 # wide runs 12 input channels a pass where the rest leaves whole 8-row passes:
 # 24x24 (12 + 12, partial vector), 44x32 (8 + 12 + 12 + 12), 33x23 (8 + 12 + 12 +
-# 1) in float32, and 20x12 (8 + 12, 12 doubles = 8 + 4) in float64.
+# 1) in float32, and 20x12 (8 + 12, 12 doubles = 8 + 4) in float64.  With AVX2, where
+# c_out is 2 or 4 whole vectors, it runs 6 channels a pass: 16x16 (6 + 6 + 4, also in
+# float64) and 33x23 (6 x 4 + 4 + 4 + 1, columns 16 + 4 + 3).
 CHANNELS = [(3, 1), (7, 37), (64, 64), (19, 130), (33, 23), (5, 24), (6, 20), (66, 17),
             (67, 33), (128, 3), (260, 72), (40, 400), (16, 16), (8, 8), (4, 4), (2, 2),
             (9, 40), (48, 56), (24, 24), (44, 32), (20, 12)]
