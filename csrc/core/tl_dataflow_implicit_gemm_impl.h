@@ -170,7 +170,7 @@ static void TL_FN(tl_fwd_rows)(const tl_conv_desc *d, const TL_T *x, const TL_T 
  * instruction set's block width.  Each row's first kernel row writes its
  * sums (plus zero) instead of adding them to a zeroed row: the same bits,
  * without zeroing the tile first or reading the row back (only rows with no
- * neighbour are zeroed); on tiles listed from a table wider than rows8_cols,
+ * neighbour are zeroed); on tiles listed from a table wider than 128 bytes,
  * and on the others where no row has two neighbours.  1.05-1.24x on k2 s2
  * inverse maps, whose rows have one neighbour each.  The listing also checks
  * every entry is in [-1, n_in) before any row it names is read (one pass over
@@ -182,8 +182,12 @@ static int TL_FN(tl_forward_tile)(const tl_conv_desc *d, const TL_T *x, const TL
     /* Narrow tiles split only where no row has two neighbours (tl_tile_single):
      * there a kernel row's groups are cheap enough that running its first
      * entries and its others as two sets of groups, and the split listing,
-     * cost more than they save (0.87-0.96x at C = 16-32 on the LiDAR scan). */
-    const int split = !rel->pairs && cw > s->mk->rows8_cols;
+     * cost more than they save (0.87-0.96x at C = 16-32 on the LiDAR scan).
+     * Narrow: 32 floats, whatever the instruction set (AVX2 and SSE2 split
+     * from their 8-row blocks' width, 8 and 4 floats, until round
+     * twenty-four: not splitting there ran 1.00-1.02x on submanifold maps and
+     * 1.01-1.33x (AVX2) and 1.01-1.46x (SSE2) on strided ones at C = 8-32). */
+    const int split = !rel->pairs && cw * (int64_t)sizeof(TL_T) > 128;
     int64_t nz = 0; /* rows to zero, in zr, where first entries are written */
     /* Kernel row n's entries: x rows il[n][0..lc[n]) of output rows
      * rl[n][..] - base (base o0 for pair lists, whose rows are the layer's,
