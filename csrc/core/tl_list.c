@@ -92,18 +92,23 @@ static inline __attribute__((always_inline)) TL_TARGET_V4 uint32_t tl_list_v4_bo
     return _mm512_reduce_max_epu32(most);
 }
 
-static TL_TARGET_V4 uint32_t tl_list_v4_columns(const int32_t *nbr, int64_t o0, int64_t m,
-                                                int64_t k, int64_t lo, int64_t hi, int32_t *idx,
-                                                int32_t *rows, int64_t *cnt) {
-    return tl_list_v4_body(0, nbr, o0, m, k, lo, hi, idx, rows, cnt, NULL, NULL, NULL);
-}
+/* The entry points of one instruction set's body: tl_list_ISA_columns (a
+ * range of kernel rows) and tl_list_ISA_split (tl_list_tile_split). */
+#define TL_LIST_ENTRIES(ISA, ATTR)                                                          \
+    static ATTR uint32_t tl_list_##ISA##_columns(const int32_t *nbr, int64_t o0, int64_t m,  \
+                                                 int64_t k, int64_t lo, int64_t hi,         \
+                                                 int32_t *idx, int32_t *rows, int64_t *cnt) { \
+        return tl_list_##ISA##_body(0, nbr, o0, m, k, lo, hi, idx, rows, cnt, NULL, NULL,   \
+                                    NULL);                                                  \
+    }                                                                                       \
+    static ATTR uint32_t tl_list_##ISA##_split(const int32_t *nbr, int64_t o0, int64_t m,    \
+                                               int64_t k, int32_t *idx, int32_t *rows,      \
+                                               int64_t *cnt, int64_t *fc, int32_t *zr,      \
+                                               int64_t *nz) {                               \
+        return tl_list_##ISA##_body(1, nbr, o0, m, k, 0, k, idx, rows, cnt, fc, zr, nz);    \
+    }
 
-static TL_TARGET_V4 uint32_t tl_list_v4_split(const int32_t *nbr, int64_t o0, int64_t m,
-                                              int64_t k, int32_t *idx, int32_t *rows,
-                                              int64_t *cnt, int64_t *fc, int32_t *zr,
-                                              int64_t *nz) {
-    return tl_list_v4_body(1, nbr, o0, m, k, 0, k, idx, rows, cnt, fc, zr, nz);
-}
+TL_LIST_ENTRIES(v4, TL_TARGET_V4)
 
 /* 8 rows at a time where the CPU has AVX2 but not AVX-512: as
  * tl_list_v4_body, with 8 x 8 transposes, and each compression a lane
@@ -224,18 +229,7 @@ static inline __attribute__((always_inline)) TL_TARGET_V3 uint32_t tl_list_v3_bo
     return (uint32_t)_mm_cvtsi128_si32(mx);
 }
 
-static TL_TARGET_V3 uint32_t tl_list_v3_columns(const int32_t *nbr, int64_t o0, int64_t m,
-                                                int64_t k, int64_t lo, int64_t hi, int32_t *idx,
-                                                int32_t *rows, int64_t *cnt) {
-    return tl_list_v3_body(0, nbr, o0, m, k, lo, hi, idx, rows, cnt, NULL, NULL, NULL);
-}
-
-static TL_TARGET_V3 uint32_t tl_list_v3_split(const int32_t *nbr, int64_t o0, int64_t m,
-                                              int64_t k, int32_t *idx, int32_t *rows,
-                                              int64_t *cnt, int64_t *fc, int32_t *zr,
-                                              int64_t *nz) {
-    return tl_list_v3_body(1, nbr, o0, m, k, 0, k, idx, rows, cnt, fc, zr, nz);
-}
+TL_LIST_ENTRIES(v3, TL_TARGET_V3)
 
 #endif
 

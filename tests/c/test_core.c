@@ -1092,7 +1092,7 @@ static void test_point_rows(void) {
     current = "point_rows";
     for (int path = 0; path < paths; path++)
         for (int64_t c = 0; c <= 20; c++) {
-            int32_t idx[20], rows[20];
+            int32_t idx[20] = {0}, rows[20] = {0};
             const char *xr[21], *yr[21];
             for (int64_t q = 0; q < c; q++) {
                 idx[q] = (int32_t)rnd(1 << 30);
