@@ -55,8 +55,9 @@ tl_status tl_pairs_fill(const tl_ctx *ctx, const int32_t *nbr, int64_t n_out, in
 /* Whether kernel row run [0, c) of pairs is bad: an input outside [0, n_in)
  * or an output outside [0, n_out) (both compared unsigned, so negatives are
  * out), or an output not above the one before it.  Written without a carried
- * `prev`, so the compiler vectorizes it: the scalar loop took 13% of a
- * C = 16 fetch-on-demand forward on the LiDAR scan. */
+ * `prev`, so the compiler vectorizes it (compiled again for AVX-512 and for
+ * AVX2 below): the scalar loop took 13% of a C = 16 fetch-on-demand forward
+ * on the LiDAR scan. */
 static inline __attribute__((always_inline)) int tl_pairs_bad_body(const int32_t *in,
                                                                    const int32_t *out, int64_t c,
                                                                    uint32_t n_in, uint32_t n_out) {
@@ -77,6 +78,11 @@ static TL_TARGET_V4 int tl_pairs_bad_v4(const int32_t *in, const int32_t *out, i
                                         uint32_t n_in, uint32_t n_out) {
     return tl_pairs_bad_body(in, out, c, n_in, n_out);
 }
+
+static TL_TARGET_V3 int tl_pairs_bad_v3(const int32_t *in, const int32_t *out, int64_t c,
+                                        uint32_t n_in, uint32_t n_out) {
+    return tl_pairs_bad_body(in, out, c, n_in, n_out);
+}
 #endif
 
 tl_status tl_pairs_check(const tl_ctx *ctx, const tl_pairs *p, int64_t n_in, int64_t n_out) {
@@ -90,8 +96,11 @@ tl_status tl_pairs_check(const tl_ctx *ctx, const tl_pairs *p, int64_t n_in, int
     const uint32_t no =
         n_out > INT32_MAX ? (uint32_t)INT32_MAX + 1u : (uint32_t)(n_out < 0 ? 0 : n_out);
 #if TL_SIMD_X86
+    const tl_simd level = tl_simd_vector_capped(ctx->simd_cap);
     int (*bad_of)(const int32_t *, const int32_t *, int64_t, uint32_t, uint32_t) =
-        tl_simd_vector_capped(ctx->simd_cap) >= TL_SIMD_V4 ? tl_pairs_bad_v4 : tl_pairs_bad;
+        level >= TL_SIMD_V4   ? tl_pairs_bad_v4
+        : level >= TL_SIMD_V3 ? tl_pairs_bad_v3
+                              : tl_pairs_bad;
 #else
     int (*bad_of)(const int32_t *, const int32_t *, int64_t, uint32_t, uint32_t) = tl_pairs_bad;
 #endif

@@ -1376,7 +1376,7 @@ static void test_norm(void) {
 static void test_pairs_check(void) {
     current = "pairs_check";
     static const int64_t lens[] = {0, 1, 15, 16, 17, 40, 100};
-    const int levels[] = {TL_SIMD_BASE, TL_SIMD_V4};
+    const int levels[] = {TL_SIMD_BASE, TL_SIMD_V3, TL_SIMD_V4};
     for (size_t a = 0; a < sizeof(lens) / sizeof(lens[0]); a++) {
         const int64_t len = lens[a], k = 3, n_in = 50, n_out = 3 * len + 5, np = k * len;
         int64_t offsets[4] = {0, len, 2 * len, 3 * len};
@@ -1388,7 +1388,7 @@ static void test_pairs_check(void) {
                 const int32_t step = (int32_t)rnd(3);
                 out[n * len + j] = j == 0 ? step : out[n * len + j - 1] + 1 + step;
             }
-        for (size_t l = 0; l < 2; l++) {
+        for (size_t l = 0; l < sizeof(levels) / sizeof(levels[0]); l++) {
             tl_ctx c = make_ctx(2, levels[l]);
             const tl_pairs p = {k, offsets, in, out};
             CHECK(tl_pairs_check(&c, &p, n_in, n_out) == TL_OK);
