@@ -297,14 +297,13 @@ static int tl_half_tile(const tl_half_call *f, const uint16_t *x, const int32_t 
                         int64_t o0, int64_t m, int64_t co0, int64_t cw, tl_half_scratch *s) {
     const tl_conv_desc *d = f->d;
     const int64_t k = d->k, cin = d->c_in, cout = d->c_out;
-    const int level = f->level;
     /* Below 1024 multiply-adds per row (C = 16) the check costs more than the
      * zeroing it saves (bfloat16 0.90x on the LiDAR scan's inverse map); there
      * the block is zeroed before the listing, as before the check existed
      * (after it: 0.95-0.97x). */
     const int check = cin * cw >= 1024;
     if (!check) memset(s->acc, 0, sizeof(float) * (size_t)(m * cw));
-    if ((int64_t)tl_list_tile(level, nbr, o0, m, k, s->li, s->lr, s->lc) > d->n_in) return 1;
+    if ((int64_t)tl_list_tile(f->level, nbr, o0, m, k, s->li, s->lr, s->lc) > d->n_in) return 1;
     for (int64_t n = 0; n < k; n++) s->rl[n] = s->lr + n * m;
     int64_t nz = 0;
     const int set = check && tl_tile_single(s->rl, s->lc, k, m, 0, s->hit, s->zr, &nz);
@@ -320,7 +319,7 @@ static int tl_half_tile(const tl_half_call *f, const uint16_t *x, const int32_t 
         int64_t listed = 0, a = d->n_in, b = -1;
         for (int64_t n = 0; n < k; n++) {
             listed += s->lc[n];
-            tl_list_span(level, s->li + n * m, s->lc[n], &a, &b);
+            tl_list_span(f->level, s->li + n * m, s->lc[n], &a, &b);
         }
         if (b >= a && 2 * (b - a + 1) <= listed && b - a + 1 <= f->window_rows) {
             lo = a;
@@ -473,7 +472,7 @@ typedef struct tl_half_wg_scratch {
 } tl_half_wg_scratch;
 
 static int tl_half_wg_init(tl_half_wg_scratch *s, const tl_conv_desc *d,
-                           const tl_wgrad_split *split, const tl_half_call *f, int level) {
+                           const tl_wgrad_split *split, const tl_half_call *f) {
     const int dot = f->dot, amx = f->amx, parts = f->f16_amx ? 2 : 1;
     const int64_t cin4 = (d->c_in + 3) / 4 * 4;
     const int pack = dot && !amx; /* the dot-product kernels' packed pairs */
@@ -487,7 +486,7 @@ static int tl_half_wg_init(tl_half_wg_scratch *s, const tl_conv_desc *d,
     s->tmp = pack ? malloc(sizeof(uint16_t) * (size_t)(2 * cin4 + 1)) : NULL;
     s->stage =
         dot ? NULL : malloc(sizeof(float) * (size_t)(TL_WGRAD_PAIRS * (cin4 + d->c_out) + 1));
-    const int lists = tl_wgrad_lists_init(&s->lists, split->listed, level, d->k);
+    const int lists = tl_wgrad_lists_init(&s->lists, split->listed, f->level, d->k);
     return lists && (amx    ? s->xt && s->dt && s->cbuf
                      : pack ? s->xp && s->dp && s->tmp
                             : s->stage != NULL);
@@ -592,7 +591,7 @@ static tl_status tl_half_weight_grad(const tl_ctx *ctx, const tl_conv_desc *d, c
 #pragma omp parallel num_threads(ctx->threads) reduction(| : failed, invalid, nonfinite)
     {
         tl_half_wg_scratch s;
-        int ok = tl_half_wg_init(&s, d, &split, &f, (int)f.level);
+        int ok = tl_half_wg_init(&s, d, &split, &f);
         failed |= !ok;
 #if TL_SIMD_AMX
         if (f.amx) tl_amx_start();

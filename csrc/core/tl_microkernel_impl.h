@@ -270,39 +270,36 @@ __attribute__((unused)) static void TL_MK(outer_acc)(const TL_MK(ops) *mk, int64
      * twenty-four; the 8-row pass last instead ran 0.96-0.99x at C = 32). */
     int64_t twelves = mk->rows_t_12 && eight && cout > mk->rows8_cols / 2 ? cin / 12 : 0;
     if (twelves > 0 && (cin / 4 - 3 * twelves) % 2) twelves--;
-    if (twelves > 0 && cin / 4 - 3 * twelves >= 2) { /* an eight first */
-        TL_T *o[8];
-        for (int64_t r = 0; r < 8; r++) o[r] = acc + (ci + r) * cout;
-        mk->rows_t_8(cout, c, ci, xr, dq, o, TL_PASS_PF(s));
-        ci += 8;
-        s++;
-    }
-    for (; twelves > 0; twelves--, ci += 12, s += 2) { /* each asks for two lines */
-        TL_T *o[12];
-        for (int64_t r = 0; r < 12; r++) o[r] = acc + (ci + r) * cout;
-        mk->rows_t_12(cout, c, ci, xr, dq, o, TL_PASS_PF(s), TL_PASS_PF(s + 1));
-    }
+    int eight_first = twelves > 0 && cin / 4 - 3 * twelves >= 2;
     /* AVX2 where cout is 2 or 4 whole vectors (rows8_cols: one there), and
      * maybe a narrower rest: 6-row passes (6 x 2 accumulators of its 16
      * registers instead of 4 x 2), an even number of them so that the rest is
      * whole 4-row passes; C = 16 runs 6 + 6 + 4, C = 32 6 x 4 + 4 + 4, each
      * pass over two column blocks (1.04-1.07x at C = 16, 1.07-1.11x at 32 on
      * the AMD EPYC of round twenty-four; at 3 vectors, C = 24, where the
-     * 4-row passes run one block of 4 x 3, 0.82-0.88x). */
+     * 4-row passes run one block of 4 x 3, 0.82-0.88x).  (rows_t_12 and
+     * rows_t_6 never both exist.) */
     const int64_t vecs = mk->rows_t_6 ? cout / mk->rows8_cols : 0;
     int64_t sixes = vecs == 2 || vecs == 4 ? cin / 6 / 2 * 2 : 0;
-    for (; sixes > 0; sixes--, ci += 6, s++) {
-        TL_T *o[6];
-        for (int64_t r = 0; r < 6; r++) o[r] = acc + (ci + r) * cout;
-        mk->rows_t_6(cout, c, ci, xr, dq, o, TL_PASS_PF(s));
-    }
     while (ci + 4 <= cin) {
-        const int64_t rows = eight && (s > 0 || cin % 8 == 0) && ci + 8 <= cin ? 8 : 4;
-        TL_T *o[8];
+        const int64_t rows = eight_first ? 8
+                             : twelves > 0 ? 12
+                             : sixes > 0   ? 6
+                             : eight && (s > 0 || cin % 8 == 0) && ci + 8 <= cin ? 8
+                                                                                  : 4;
+        TL_T *o[12];
         for (int64_t r = 0; r < rows; r++) o[r] = acc + (ci + r) * cout;
-        (rows == 8 ? mk->rows_t_8 : mk->rows_t_4)(cout, c, ci, xr, dq, o, TL_PASS_PF(s));
+        if (rows == 12) /* asks for two lines */
+            mk->rows_t_12(cout, c, ci, xr, dq, o, TL_PASS_PF(s), TL_PASS_PF(s + 1));
+        else
+            (rows == 6   ? mk->rows_t_6
+             : rows == 8 ? mk->rows_t_8
+                         : mk->rows_t_4)(cout, c, ci, xr, dq, o, TL_PASS_PF(s));
+        s += rows == 12 ? 2 : 1;
+        twelves -= rows == 12;
+        sixes -= rows == 6;
+        eight_first = 0;
         ci += rows;
-        s++;
     }
     for (; ci < cin; ci++, s++) {
         TL_T *o[1] = {acc + ci * cout};

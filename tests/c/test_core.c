@@ -1083,11 +1083,20 @@ static void test_int_limits(void) {
 
 /* ---- the implicit GEMM's per-tile neighbour lists ------------------------ */
 
+/* The vector levels this CPU runs, lowest first (baseline, then AVX2, then
+ * AVX-512 where it has them): the listing's paths.  Returns their count. */
+static int cpu_levels(int levels[3]) {
+    levels[0] = TL_SIMD_BASE;
+    levels[1] = TL_SIMD_V3;
+    levels[2] = TL_SIMD_V4;
+    return tl_simd_level() >= TL_SIMD_V4 ? 3 : tl_simd_level() >= TL_SIMD_V3 ? 2 : 1;
+}
+
 /* tl_point_rows by every path the CPU has against x + idx * x_bytes and
  * y + rows * y_bytes, for 0 to 20 rows (whole vector steps and tails). */
 static void test_point_rows(void) {
-    const int levels[3] = {TL_SIMD_BASE, TL_SIMD_V3, TL_SIMD_V4};
-    const int paths = tl_simd_level() >= TL_SIMD_V4 ? 3 : tl_simd_level() >= TL_SIMD_V3 ? 2 : 1;
+    int levels[3];
+    const int paths = cpu_levels(levels);
     static char xbase[1], ybase[1];
     current = "point_rows";
     for (int path = 0; path < paths; path++)
@@ -1118,8 +1127,8 @@ static void test_point_rows(void) {
 static void test_list_tile(void) {
     static const int64_t ks[] = {1, 2, 3, 4, 8, 15, 16, 17, 27, 32, 33, 125};
     static const int64_t ms[] = {1, 5, 16, 17, 100, 256, 1000};
-    const int levels[3] = {TL_SIMD_BASE, TL_SIMD_V3, TL_SIMD_V4};
-    const int paths = tl_simd_level() >= TL_SIMD_V4 ? 3 : tl_simd_level() >= TL_SIMD_V3 ? 2 : 1;
+    int levels[3];
+    const int paths = cpu_levels(levels);
     current = "list_tile";
     for (size_t a = 0; a < sizeof(ks) / sizeof(ks[0]); a++)
         for (size_t b = 0; b < sizeof(ms) / sizeof(ms[0]); b++)

@@ -98,7 +98,7 @@ def check_voxel_reduce(feats: torch.Tensor, inverse: torch.Tensor, num_voxels: i
         )
     c = int(feats.shape[1])
     # no channels: the C core returns its empty outputs before it counts points per voxel
-    per_voxel = c * feats.element_size() + (c * 8 if reduction == "max" else 0) + 16 if c else 0
+    per_voxel = (c * feats.element_size() + (c * 8 if reduction == "max" else 0) + 16) if c else 0
     check_allocation(
         f"voxel reduction ({num_voxels} voxels x {c} channels, {reduction})",
         num_voxels * per_voxel,
