@@ -2,7 +2,9 @@
 
 Every target of the issue that one build can measure alone, as the issue states it, with
 the kernels alone (``torch_lattice._C``, implicit GEMM, fp32 unless said, the thread count
-of this process): each row gives the measured figure, the target and whether it is met.
+of this process; the forward as ``lattice::sparse_conv`` runs it on a map it has seen
+before, over the table's tile lists where it keeps them, ``torch_lattice.ops.tile_lists``): each
+row gives the measured figure, the target and whether it is met.
 Each row's kernels are timed interleaved (medians), and each kernel's output is checked
 against a float64 product of the same map first. Two kinds of row hold what the issue
 asks without a number, by a rule of ours: float16's forward no slower than fp32 (item 3),
@@ -33,6 +35,7 @@ from benchmarks.builds import _maps, _scene
 from benchmarks.peak import measure_peak
 from benchmarks.timing import time_side_by_side
 from torch_lattice.ops._runtime import _C, DTYPE_CODES, ptr
+from torch_lattice.ops.conv import run_forward
 
 __all__ = ["Target", "main", "measure"]
 
@@ -99,14 +102,12 @@ class _Layer:
         self.flops = 2 * self.pairs * c * c
 
     def forward(self, threads: int) -> None:
-        _C.conv_forward(DTYPE_CODES[self.dtype], self.n_in, self.n, self.k, self.c, self.c,
-                        ptr(self.x), ptr(self.w), ptr(self.nbr), ptr(self.y), threads)
+        run_forward(self.x, self.w, self.nbr, self.y, threads)
 
     def input_grad(self, threads: int) -> None:
         """The forward over the reversed map (``rev``), as the op's backward runs it."""
         assert self.rev is not None
-        _C.conv_forward(DTYPE_CODES[self.dtype], self.n, self.n_in, self.k, self.c, self.c,
-                        ptr(self.dy), ptr(self.wt), ptr(self.rev), ptr(self.dx), threads)
+        run_forward(self.dy, self.wt, self.rev, self.dx, threads)
 
     def weight_grad(self, threads: int) -> None:
         _C.conv_weight_grad(DTYPE_CODES[self.dtype], self.n_in, self.n, self.k, self.c,

@@ -11,6 +11,7 @@
 
 #include "tl_conv.h"
 #include "tl_pairs.h"
+#include "tl_tile_lists.h"
 
 #include <stdint.h>
 
@@ -20,6 +21,21 @@
 tl_status tl_implicit_gemm_forward(const tl_ctx *ctx, const tl_conv_desc *d,
                                    const void *x, const void *w,
                                    const int32_t *nbr, void *y);
+
+/* Rows per tile of a forward that can run over a table's tile lists
+ * (tl_tile_lists.h), for lists built with that many rows per tile; 0 where
+ * the forward lists each tile itself (half types, whose tiles differ, and
+ * outputs wider than 128 bytes, whose tiles keep each row's first entry
+ * apart).  Depends on the thread count. */
+int64_t tl_implicit_gemm_list_rows(const tl_ctx *ctx, const tl_conv_desc *d);
+
+/* tl_implicit_gemm_forward over the table's tile lists, built with
+ * tl_implicit_gemm_list_rows(ctx, d) rows per tile (else TL_ERR_INVALID, as
+ * where the lists name an x row at or past n_in): bitwise its result, without
+ * listing the table. */
+tl_status tl_implicit_gemm_forward_listed(const tl_ctx *ctx, const tl_conv_desc *d,
+                                          const void *x, const void *w,
+                                          const tl_tile_lists *lists, void *y);
 
 /* The same output-stationary tiles over per-kernel-row pair lists sorted by
  * output row (the fetch-on-demand forward, tl_dataflow_pairs.c): each tile

@@ -187,7 +187,7 @@ static int TL_FN(tl_forward_tile)(const tl_conv_desc *d, const TL_T *x, const TL
      * from their 8-row blocks' width, 8 and 4 floats, until round
      * twenty-four: not splitting there ran 1.00-1.02x on submanifold maps and
      * 1.01-1.33x (AVX2) and 1.01-1.46x (SSE2) on strided ones at C = 8-32). */
-    const int split = !rel->pairs && cw * (int64_t)sizeof(TL_T) > 128;
+    const int split = !rel->pairs && !rel->lists && cw * (int64_t)sizeof(TL_T) > 128;
     int64_t nz = 0; /* rows to zero, in zr, where first entries are written */
     /* Kernel row n's entries: x rows il[n][0..lc[n]) of output rows
      * rl[n][..] - base (base o0 for pair lists, whose rows are the layer's,
@@ -197,6 +197,13 @@ static int TL_FN(tl_forward_tile)(const tl_conv_desc *d, const TL_T *x, const TL
     if (rel->pairs) {
         tl_pairs_of_tile(rel, o0, il, rl, s->lc);
         base = o0;
+    } else if (rel->lists) { /* listed once, for tiles of m rows (but the last) */
+        const int64_t *at = rel->lists->start + o0 / rel->lists->tile_rows * k;
+        for (int64_t n = 0; n < k; n++) {
+            s->lc[n] = at[n + 1] - at[n];
+            il[n] = rel->lists->in + at[n];
+            rl[n] = rel->lists->rows + at[n];
+        }
     } else {
         if ((int64_t)(split ? tl_list_tile_split(s->level, rel->nbr, o0, m, k, s->li, s->lr, s->lc,
                                                  s->lf, s->zr, &nz)
@@ -261,6 +268,10 @@ static tl_status TL_FN(tl_forward)(const tl_ctx *ctx, const tl_conv_desc *d, con
     }
     const TL_T *pw = packed ? packed : w;
     tl_fwd_rel rel_v = *rel_in, *rel = &rel_v;
+    if (rel->lists && rel->lists->tile_rows != rows) {
+        free(packed);
+        return TL_ERR_INVALID; /* listed for other tiles (see tl_implicit_gemm_list_rows) */
+    }
     if (rel->pairs) {
         rel->starts = malloc(sizeof(int64_t) * (size_t)((row_tiles + 1) * rel->pairs->k + 1));
         if (!rel->starts) {

@@ -15,6 +15,7 @@
 #include "tl_mem.h"
 #include "tl_pairs.h"
 #include "tl_simd.h"
+#include "tl_tile_lists.h"
 
 /* Forward tiles (see tl_fwd_tile_rows): output block bytes to aim for, an
  * eighth of the core's L2 (tl_fwd_tile_bytes), so the tile's output rows stay
@@ -185,12 +186,14 @@ static inline tl_wgrad_task tl_wgrad_task_of(const tl_wgrad_split *s, const tl_c
  * (pairs non-NULL, fetch-on-demand) per-kernel-row pair lists sorted by
  * output row, already checked (tl_pairs_check), with starts[t * k + n] = the
  * first pair of kernel row n whose output row is in row tile t (of tile_rows
- * rows) or later (row_tiles + 1 rows of k; see tl_pair_starts). */
+ * rows) or later (row_tiles + 1 rows of k; see tl_pair_starts); or (lists
+ * non-NULL) the table's tile lists (tl_tile_lists.h), read in place. */
 typedef struct tl_fwd_rel {
     const int32_t *nbr;
     const tl_pairs *pairs;
     int64_t *starts;
     int64_t tile_rows;
+    const tl_tile_lists *lists; /* the table's lists, built for these tiles (or NULL) */
 } tl_fwd_rel;
 
 /* The first pair of kernel row n at or after `from` whose output row is at

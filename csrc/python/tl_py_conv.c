@@ -54,6 +54,47 @@ PyDoc_STRVAR(conv_weight_grad_doc,
 TL_PY_FORWARD(conv_weight_grad,
               tl_conv_call("conv_weight_grad", tl_implicit_gemm_weight_grad, args))
 
+PyDoc_STRVAR(conv_list_rows_doc,
+             "conv_list_rows(dtype, n_in, n_out, k, c_in, c_out, threads) -> int\n\n"
+             "Rows per tile of tile lists conv_forward_listed can run over for this call "
+             "(0: none; tl_implicit_gemm_list_rows).");
+static PyObject *py_conv_list_rows(PyObject *self, PyObject *args) {
+    (void)self;
+    tl_py_call c;
+    int dtype;
+    long long n_in, n_out, k, cin, cout;
+    if (!tl_py_parse(args, 0, &c, TL_CONV_DESC_FMT, &dtype, &n_in, &n_out, &k, &cin, &cout))
+        return NULL;
+    tl_conv_desc d = {(tl_dtype)dtype, n_in, n_out, k, cin, cout};
+    return PyLong_FromLongLong(tl_implicit_gemm_list_rows(&c.ctx, &d));
+}
+
+PyDoc_STRVAR(conv_forward_listed_doc,
+             "conv_forward_listed(dtype, n_in, n_out, k, c_in, c_out, x, w, tile_rows, top, "
+             "start, in, rows, y, threads)\n\nconv_forward over the table's tile lists "
+             "(tile_lists_count, tile_lists_fill).");
+static PyObject *py_conv_forward_listed(PyObject *self, PyObject *args) {
+    (void)self;
+    tl_py_call c;
+    int dtype;
+    long long n_in, n_out, k, cin, cout, tile_rows, top;
+    unsigned long long px, pw, pstart, pin, prows, py;
+    if (!tl_py_parse(args, 0, &c, TL_CONV_DESC_FMT "KKLLKKKK", &dtype, &n_in, &n_out, &k, &cin,
+                     &cout, &px, &pw, &tile_rows, &top, &pstart, &pin, &prows, &py))
+        return NULL;
+    tl_conv_desc d = {(tl_dtype)dtype, n_in, n_out, k, cin, cout};
+    tl_tile_lists lists = {tile_rows, top, tl_ptr(pstart), tl_ptr(pin), tl_ptr(prows)};
+    tl_status st;
+    Py_BEGIN_ALLOW_THREADS st =
+        tl_implicit_gemm_forward_listed(&c.ctx, &d, tl_ptr(px), tl_ptr(pw), &lists, tl_ptr(py));
+    Py_END_ALLOW_THREADS if (st != TL_OK) return tl_py_fail(
+        &c, st, "conv_forward_listed", "tl_implicit_gemm_forward_listed",
+        "the tile lists must be built for this call's tile rows (conv_list_rows) and name "
+        "only rows in [0, n_in); dtype, sizes (>= 0) and pointers must be valid",
+        TL_CONV_SIZES);
+    Py_RETURN_NONE;
+}
+
 typedef tl_status (*tl_pairs_fn)(const tl_ctx *, tl_pairs_mode, const tl_conv_desc *,
                                  const void *, const void *, const tl_pairs *, void *);
 
@@ -258,6 +299,8 @@ TL_PY_FORWARD(cuda_scatter_add_rows,
 PyMethodDef tl_py_conv_methods[] = {
     TL_PY_METHOD(conv_forward),
     TL_PY_METHOD(conv_weight_grad),
+    TL_PY_METHOD(conv_list_rows),
+    TL_PY_METHOD(conv_forward_listed),
     TL_PY_METHOD(pairs_forward),
     TL_PY_METHOD(pairs_weight_grad),
 #ifdef TL_WITH_CUDA

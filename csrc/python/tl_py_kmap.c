@@ -1,6 +1,7 @@
 /* Binding of the kernel-map family, CPU and CUDA: duplicate rows, generated
  * and generative output supports, neighbour tables and their transpose, and
- * pair lists (core/tl_coords.h, tl_generative.h, tl_kmap.h, tl_pairs.h;
+ * pair lists and tile lists (core/tl_coords.h, tl_generative.h, tl_kmap.h,
+ * tl_pairs.h, tl_tile_lists.h;
  * cuda/tl_cuda.h, tl_cuda_generative.h).
  *
  * The CUDA entry points take device pointers as ints, the device index and
@@ -12,6 +13,7 @@
 #include "core/tl_generative.h"
 #include "core/tl_kmap.h"
 #include "core/tl_pairs.h"
+#include "core/tl_tile_lists.h"
 
 #ifdef TL_WITH_CUDA
 #include "cuda/tl_cuda.h"
@@ -205,6 +207,47 @@ static PyObject *py_pairs_fill(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+PyDoc_STRVAR(tile_lists_count_doc,
+             "tile_lists_count(nbr_ptr, n_out, k, tile_rows, start_ptr, threads) -> int\n\n"
+             "Fills the (tiles * k + 1) int64 starts of nbr's tile lists; returns the largest "
+             "entry + 1 (tl_tile_lists.h).");
+static PyObject *py_tile_lists_count(PyObject *self, PyObject *args) {
+    (void)self;
+    tl_py_call c;
+    unsigned long long pnbr, pstart;
+    long long n_out, k, tile_rows;
+    if (!tl_py_parse(args, 0, &c, "KLLLK", &pnbr, &n_out, &k, &tile_rows, &pstart)) return NULL;
+    tl_status st;
+    int64_t top = 0;
+    Py_BEGIN_ALLOW_THREADS st =
+        tl_tile_lists_count(&c.ctx, tl_ptr(pnbr), n_out, k, tile_rows, tl_ptr(pstart), &top);
+    Py_END_ALLOW_THREADS if (st != TL_OK) return tl_py_fail(
+        &c, st, "tile_lists_count", "tl_tile_lists_count",
+        "every nbr entry must be >= -1 and tile_rows >= 1", NULL);
+    return PyLong_FromLongLong(top);
+}
+
+PyDoc_STRVAR(tile_lists_fill_doc,
+             "tile_lists_fill(nbr_ptr, n_out, k, tile_rows, start_ptr, in_ptr, rows_ptr, "
+             "threads)\n\nFills the int32 tile lists of nbr at the starts tile_lists_count "
+             "gave.");
+static PyObject *py_tile_lists_fill(PyObject *self, PyObject *args) {
+    (void)self;
+    tl_py_call c;
+    unsigned long long pnbr, pstart, pin, prows;
+    long long n_out, k, tile_rows;
+    if (!tl_py_parse(args, 0, &c, "KLLLKKK", &pnbr, &n_out, &k, &tile_rows, &pstart, &pin,
+                     &prows))
+        return NULL;
+    tl_status st;
+    Py_BEGIN_ALLOW_THREADS st = tl_tile_lists_fill(&c.ctx, tl_ptr(pnbr), n_out, k, tile_rows,
+                                                   tl_ptr(pstart), tl_ptr(pin), tl_ptr(prows));
+    Py_END_ALLOW_THREADS if (st != TL_OK) return tl_py_fail(
+        &c, st, "tile_lists_fill", "tl_tile_lists_fill",
+        "the starts must be tile_lists_count's for this table and tile_rows", NULL);
+    Py_RETURN_NONE;
+}
+
 #ifdef TL_WITH_CUDA
 
 PyDoc_STRVAR(cuda_kmap_build_doc,
@@ -349,6 +392,8 @@ PyMethodDef tl_py_kmap_methods[] = {
     TL_PY_METHOD(kmap_reverse),
     TL_PY_METHOD(pairs_count),
     TL_PY_METHOD(pairs_fill),
+    TL_PY_METHOD(tile_lists_count),
+    TL_PY_METHOD(tile_lists_fill),
 #ifdef TL_WITH_CUDA
     TL_PY_METHOD(cuda_kmap_build),
     TL_PY_METHOD(cuda_kmap_reverse),

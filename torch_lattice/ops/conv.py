@@ -34,6 +34,7 @@ from torch_lattice.ops._runtime import (
     threads,
 )
 from torch_lattice.ops.kmap import reverse_pairs
+from torch_lattice.ops.tile_lists import tile_lists
 
 __all__ = [
     "check_conv_args",
@@ -45,6 +46,7 @@ __all__ = [
     "pair_conv",
     "pair_conv_weight_grad",
     "pair_dataflow",
+    "run_forward",
     "sparse_conv",
     "sparse_conv_weight_grad",
 ]
@@ -177,22 +179,29 @@ def sparse_conv(
     x = feats.contiguous()
     w = weight.contiguous()
     nbr = nbr.contiguous()
-    k, cin, cout = w.shape
-    y = torch.empty((nbr.shape[0], cout), dtype=work)
-    _C.conv_forward(
-        DTYPE_CODES[work],
-        x.shape[0],
-        nbr.shape[0],
-        k,
-        cin,
-        cout,
-        ptr(x),
-        ptr(w),
-        ptr(nbr),
-        ptr(y),
-        threads(),
-    )
+    y = torch.empty((nbr.shape[0], w.shape[2]), dtype=work)
+    run_forward(x, w, nbr, y, threads())
     return y
+
+
+def run_forward(
+    x: torch.Tensor, w: torch.Tensor, nbr: torch.Tensor, y: torch.Tensor, th: int
+) -> None:
+    """The CPU kernel call of ``lattice::sparse_conv``: ``y = sum_n x[nbr[:, n]] @ w[n]``
+    on ``th`` threads, over ``nbr``'s tile lists from the table's second call on
+    (:mod:`torch_lattice.ops.tile_lists`), else listing the table. ``x``, ``w``, ``nbr``
+    and ``y`` are contiguous CPU tensors the op has checked, ``y`` of the compute dtype."""
+    k, cin, cout = w.shape
+    sizes = (DTYPE_CODES[y.dtype], x.shape[0], nbr.shape[0], k, cin, cout)
+    tile_rows = _C.conv_list_rows(*sizes, th)
+    lists = tile_lists(nbr, tile_rows) if tile_rows > 0 else None
+    if lists is None:
+        _C.conv_forward(*sizes, ptr(x), ptr(w), ptr(nbr), ptr(y), th)
+    else:
+        _C.conv_forward_listed(
+            *sizes, ptr(x), ptr(w), lists.tile_rows, lists.top, ptr(lists.start),
+            ptr(lists.rows_in), ptr(lists.rows_out), ptr(y), th,
+        )  # fmt: skip
 
 
 @sparse_conv.register_fake
