@@ -27,6 +27,7 @@
 #include "tl_pairs.h"
 #include "tl_pool.h"
 #include "tl_simd.h"
+#include "tl_tile_lists.h"
 #include "tl_voxel.h"
 
 static int failures = 0;
@@ -1124,6 +1125,130 @@ static void test_point_rows(void) {
  * -1).  A table with every entry present fills each list to its end, where
  * the vector paths' stores must stop; m and k not multiples of 16 or 8 leave
  * partial steps. */
+/* Tile lists (tl_tile_lists.h): each tile's lists are tl_list_tile's, and
+ * the forward over them is bitwise the forward over the table, in fp32 and
+ * fp64, on 1 and 2 threads, on every listing path; bad tables, bad starts and
+ * lists built for other tiles are refused. */
+static void test_tile_lists(void) {
+    static const int64_t ks[] = {1, 5, 27};
+    static const int64_t outs[] = {1, 31, 300, 2050};
+    int levels[3];
+    const int paths = cpu_levels(levels);
+    current = "tile_lists";
+    for (size_t a = 0; a < sizeof(ks) / sizeof(ks[0]); a++)
+        for (size_t b = 0; b < sizeof(outs) / sizeof(outs[0]); b++) {
+            const int64_t k = ks[a], n_out = outs[b], n_in = 500;
+            int32_t *nbr = xmalloc(sizeof(int32_t) * (size_t)(n_out * k));
+            for (int64_t e = 0; e < n_out * k; e++)
+                nbr[e] = rnd(4) == 0 ? (int32_t)rnd((uint32_t)n_in) : -1;
+            for (int path = 0; path < paths; path++) {
+                const int64_t tile_rows = path == 0 ? 7 : 32 * path;
+                tl_ctx ctx = make_ctx(1 + path % 2, levels[path]);
+                const int64_t tiles = tl_tile_lists_tiles(n_out, tile_rows);
+                int64_t *start = xmalloc(sizeof(int64_t) * (size_t)(tiles * k + 1)), top = -5;
+                CHECK(tl_tile_lists_count(&ctx, nbr, n_out, k, tile_rows, start, &top) == TL_OK);
+                const int64_t all = start[tiles * k];
+                int32_t *in = xmalloc(sizeof(int32_t) * (size_t)(all + 1));
+                int32_t *rows = xmalloc(sizeof(int32_t) * (size_t)(all + 1));
+                CHECK(tl_tile_lists_fill(&ctx, nbr, n_out, k, tile_rows, start, in, rows) ==
+                      TL_OK);
+                int64_t want_top = 0, seen = 0;
+                for (int64_t t = 0; t < tiles; t++)
+                    for (int64_t n = 0; n < k; n++) {
+                        int64_t j = start[t * k + n];
+                        for (int64_t o = t * tile_rows; o < n_out && o < (t + 1) * tile_rows; o++) {
+                            const int32_t i = nbr[o * k + n];
+                            if (i < 0) continue;
+                            CHECK(j < start[t * k + n + 1] && in[j] == i &&
+                                  rows[j] == o - t * tile_rows);
+                            if (i + 1 > want_top) want_top = i + 1;
+                            j++;
+                            seen++;
+                        }
+                        CHECK(j == start[t * k + n + 1]);
+                    }
+                CHECK(seen == all && top == want_top);
+                /* A tile whose start does not match its lists: refused,
+                 * nothing written. */
+                if (all > 0) {
+                    int64_t *bad = xmalloc(sizeof(int64_t) * (size_t)(tiles * k + 1));
+                    memcpy(bad, start, sizeof(int64_t) * (size_t)(tiles * k + 1));
+                    for (int64_t j = 1; j < tiles * k; j++)
+                        if (bad[j + 1] > bad[j]) {
+                            bad[j]++;
+                            break;
+                        }
+                    CHECK(tl_tile_lists_fill(&ctx, nbr, n_out, k, tile_rows, bad, in, rows) ==
+                          (memcmp(bad, start, sizeof(int64_t) * (size_t)(tiles * k + 1))
+                               ? TL_ERR_INVALID
+                               : TL_OK));
+                    free(bad);
+                }
+                free(start);
+                free(in);
+                free(rows);
+                /* The forward over lists of its own tiles, fp32 and fp64. */
+                for (int f64 = 0; f64 < 2; f64++) {
+                    const int64_t cin = 3 + 5 * f64, cout = f64 ? 16 : 32;
+                    const size_t es = f64 ? sizeof(double) : sizeof(float);
+                    tl_conv_desc d = {f64 ? TL_F64 : TL_F32, n_in, n_out, k, cin, cout};
+                    const int64_t rows_per = tl_implicit_gemm_list_rows(&ctx, &d);
+                    CHECK(rows_per >= 1);
+                    if (rows_per < 1) continue;
+                    const int64_t nt = tl_tile_lists_tiles(n_out, rows_per);
+                    int64_t *st = xmalloc(sizeof(int64_t) * (size_t)(nt * k + 1)), tp = 0;
+                    CHECK(tl_tile_lists_count(&ctx, nbr, n_out, k, rows_per, st, &tp) == TL_OK);
+                    int32_t *li = xmalloc(sizeof(int32_t) * (size_t)(st[nt * k] + 1));
+                    int32_t *lr = xmalloc(sizeof(int32_t) * (size_t)(st[nt * k] + 1));
+                    CHECK(tl_tile_lists_fill(&ctx, nbr, n_out, k, rows_per, st, li, lr) == TL_OK);
+                    char *x = xmalloc(es * (size_t)(n_in * cin));
+                    char *w = xmalloc(es * (size_t)(k * cin * cout));
+                    char *y = xmalloc(es * (size_t)(n_out * cout));
+                    char *y2 = xmalloc(es * (size_t)(n_out * cout));
+                    for (int64_t i = 0; i < n_in * cin; i++)
+                        f64 ? (void)(((double *)x)[i] = rndf()) : (void)(((float *)x)[i] = rndf());
+                    for (int64_t i = 0; i < k * cin * cout; i++)
+                        f64 ? (void)(((double *)w)[i] = rndf()) : (void)(((float *)w)[i] = rndf());
+                    memset(y2, 0xff, es * (size_t)(n_out * cout));
+                    tl_tile_lists lists = {rows_per, tp, st, li, lr};
+                    CHECK(tl_implicit_gemm_forward(&ctx, &d, x, w, nbr, y) == TL_OK);
+                    CHECK(tl_implicit_gemm_forward_listed(&ctx, &d, x, w, &lists, y2) == TL_OK);
+                    CHECK(memcmp(y, y2, es * (size_t)(n_out * cout)) == 0);
+                    /* Lists for other tiles, or naming a row past n_in. */
+                    tl_tile_lists other = lists;
+                    other.tile_rows = rows_per + 1;
+                    CHECK(tl_implicit_gemm_forward_listed(&ctx, &d, x, w, &other, y2) ==
+                          TL_ERR_INVALID);
+                    tl_conv_desc fewer = d;
+                    fewer.n_in = tp - 1;
+                    if (tp > 0)
+                        CHECK(tl_implicit_gemm_forward_listed(&ctx, &fewer, x, w, &lists, y2) ==
+                              TL_ERR_INVALID);
+                    tl_conv_desc wide = d;
+                    wide.c_out = cout + 1; /* over 128 bytes a row: no lists */
+                    CHECK(tl_implicit_gemm_list_rows(&ctx, &wide) == 0);
+                    CHECK(tl_implicit_gemm_forward_listed(&ctx, &wide, x, w, &lists, y2) ==
+                          TL_ERR_INVALID);
+                    free(st);
+                    free(li);
+                    free(lr);
+                    free(x);
+                    free(w);
+                    free(y);
+                    free(y2);
+                }
+            }
+            /* An entry below -1 is refused. */
+            if (n_out * k > 1) {
+                tl_ctx c1 = make_ctx(1, TL_SIMD_BASE);
+                int64_t st[64], tp = 0;
+                nbr[n_out * k - 1] = -2;
+                CHECK(tl_tile_lists_count(&c1, nbr, n_out, k, n_out, st, &tp) == TL_ERR_INVALID);
+            }
+            free(nbr);
+        }
+}
+
 static void test_list_tile(void) {
     static const int64_t ks[] = {1, 2, 3, 4, 8, 15, 16, 17, 27, 32, 33, 125};
     static const int64_t ms[] = {1, 5, 16, 17, 100, 256, 1000};
@@ -1430,6 +1555,7 @@ int main(void) {
     test_hash();
     test_kmaps();
     test_list_tile();
+    test_tile_lists();
     test_point_rows();
     test_pairs_check();
     test_conv();

@@ -1,0 +1,187 @@
+"""Tile lists kept with a neighbour table (torch_lattice.ops.tile_lists).
+
+From a table's second forward on, ``lattice::sparse_conv`` runs over the table's tile
+lists instead of listing it again. Every call must give bitwise the result of the first
+(which lists the table itself) and match a float64 reference; a table changed in place,
+an inference tensor, a non-contiguous table, a second thread count and a table that
+names rows past the features are each handled as a user would expect.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+
+import torch_lattice as tl
+from torch_lattice.ops import tile_lists as T
+from torch_lattice.ops.conv import sparse_conv
+
+
+def _table(n_out: int, k: int, n_in: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    nbr = torch.randint(0, n_in, (n_out, k), generator=g, dtype=torch.int32)
+    nbr[torch.rand(n_out, k, generator=g) < 0.75] = -1
+    return nbr
+
+
+def _reference(x: torch.Tensor, w: torch.Tensor, nbr: torch.Tensor) -> torch.Tensor:
+    """``sum_n x[nbr[:, n]] @ w[n]`` in float64, absent entries skipped."""
+    y = torch.zeros(nbr.shape[0], w.shape[2], dtype=torch.float64)
+    for n in range(nbr.shape[1]):
+        rows = nbr[:, n].long()
+        hit = rows >= 0
+        y[hit] += x.double()[rows[hit]] @ w[n].double()
+    return y
+
+
+def _operands(nbr: torch.Tensor, n_in: int, c_in: int, c_out: int, dtype: torch.dtype):
+    g = torch.Generator().manual_seed(c_in * 100 + c_out)
+    x = torch.randn(n_in, c_in, generator=g).to(dtype)
+    w = torch.randn(nbr.shape[1], c_in, c_out, generator=g).to(dtype)
+    return x, w
+
+
+def _entry(nbr: torch.Tensor) -> T._Entry | None:
+    return T._cache.get(nbr)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache():
+    T.clear_tile_lists()
+    yield
+    T.clear_tile_lists()
+
+
+# Up to 128 bytes an output row: 32 floats, 16 doubles.
+@pytest.mark.parametrize(
+    "dtype,c_in,c_out",
+    [(torch.float32, 16, 16), (torch.float32, 5, 32), (torch.float32, 32, 3),
+     (torch.float64, 16, 16), (torch.float64, 7, 5)],
+)  # fmt: skip
+def test_later_calls_are_bitwise_the_first(dtype, c_in, c_out):
+    nbr, n_in = _table(3000, 27, 2500, 0), 2500
+    x, w = _operands(nbr, n_in, c_in, c_out, dtype)
+    first = sparse_conv(x, w, nbr, nbr)
+    assert _entry(nbr) is not None and not _entry(nbr).sizes  # listed by its call
+    for _ in range(3):
+        assert torch.equal(sparse_conv(x, w, nbr, nbr), first)
+    assert len(_entry(nbr).sizes) == 1  # built on the second call, reused since
+    tol = 1e-4 if dtype == torch.float32 else 1e-12
+    torch.testing.assert_close(first.double(), _reference(x, w, nbr), rtol=tol, atol=tol)
+
+
+def test_lists_follow_the_tables_own_entries():
+    """The kept lists name exactly the table's present entries, tile by tile."""
+    nbr = _table(1000, 5, 300, 1)
+    lists = T._build(nbr, 64)
+    k = nbr.shape[1]
+    for t in range(-(-1000 // 64)):
+        for n in range(k):
+            a, b = int(lists.start[t * k + n]), int(lists.start[t * k + n + 1])
+            col = nbr[t * 64 : (t + 1) * 64, n]
+            rows = torch.nonzero(col >= 0).flatten()
+            assert torch.equal(lists.rows_out[a:b].long(), rows)
+            assert torch.equal(lists.rows_in[a:b], col[rows])
+    assert lists.top == int(nbr.max()) + 1
+
+
+def test_wide_and_half_layers_keep_no_lists():
+    """Outputs wider than 128 bytes a row, and the half types, list each call."""
+    nbr, n_in = _table(2000, 27, 2000, 2), 2000
+    for dtype, c_out in ((torch.float32, 33), (torch.float64, 17), (torch.bfloat16, 16)):
+        x, w = _operands(nbr, n_in, 8, c_out, dtype)
+        a = sparse_conv(x, w, nbr, nbr)
+        b = sparse_conv(x, w, nbr, nbr)
+        assert torch.equal(a, b)
+        entry = _entry(nbr)
+        assert entry is None or not entry.sizes
+
+
+def test_a_table_changed_in_place_is_listed_again():
+    nbr, n_in = _table(3000, 27, 2500, 3), 2500
+    x, w = _operands(nbr, n_in, 16, 16, torch.float32)
+    sparse_conv(x, w, nbr, nbr)
+    sparse_conv(x, w, nbr, nbr)  # lists built
+    nbr[::7, 13] = -1
+    nbr[5::11, 2] = 17
+    got = sparse_conv(x, w, nbr, nbr)
+    assert torch.equal(got, sparse_conv(x, w, nbr.clone(), nbr))  # a new table: listed
+    torch.testing.assert_close(got.double(), _reference(x, w, nbr), rtol=1e-4, atol=1e-4)
+
+
+def test_inference_tensors_and_non_contiguous_tables():
+    with torch.inference_mode():
+        nbr = _table(3000, 27, 2500, 4)
+    x, w = _operands(nbr, 2500, 16, 16, torch.float32)
+    want = _reference(x, w, nbr)
+    with torch.inference_mode():
+        outs = [sparse_conv(x, w, nbr, nbr) for _ in range(3)]
+    assert len(_entry(nbr).sizes) == 1
+    for y in outs:
+        torch.testing.assert_close(y.double(), want, rtol=1e-4, atol=1e-4)
+    wide = _table(3000, 54, 2500, 5)
+    view = wide[:, ::2]  # every call copies it: nothing kept
+    for _ in range(2):
+        y = sparse_conv(x, w, view, view)
+        torch.testing.assert_close(y.double(), _reference(x, w, view), rtol=1e-4, atol=1e-4)
+    assert _entry(view) is None
+
+
+def test_each_thread_count_gets_its_own_tiles():
+    nbr, n_in = _table(3000, 27, 2500, 6), 2500
+    x, w = _operands(nbr, n_in, 16, 16, torch.float32)
+    threads = torch.get_num_threads()
+    want = sparse_conv(x, w, nbr, nbr)
+    try:
+        for count in (1, 2, 3):
+            torch.set_num_threads(count)
+            for _ in range(2):
+                torch.testing.assert_close(sparse_conv(x, w, nbr, nbr), want, rtol=0, atol=0)
+    finally:
+        torch.set_num_threads(threads)
+    assert 1 <= len(_entry(nbr).sizes) <= T.MAX_SIZES
+
+
+def test_rows_past_the_features_are_refused():
+    """Lists kept from calls on 2500 rows do not let a call on fewer read past them."""
+    nbr = _table(3000, 27, 2500, 7)
+    x, w = _operands(nbr, 2500, 16, 16, torch.float32)
+    sparse_conv(x, w, nbr, nbr)
+    sparse_conv(x, w, nbr, nbr)
+    assert _entry(nbr).sizes
+    with pytest.raises(ValueError, match="rows in"):
+        sparse_conv(x[:100], w, nbr, nbr)
+
+
+def test_lists_go_with_their_table():
+    nbr = _table(3000, 27, 2500, 8)
+    x, w = _operands(nbr, 2500, 16, 16, torch.float32)
+    sparse_conv(x, w, nbr, nbr)
+    sparse_conv(x, w, nbr, nbr)
+    assert len(T._cache) == 1
+    del nbr
+    gc.collect()
+    assert len(T._cache) == 0
+
+
+def test_module_gradients_over_kept_lists():
+    """A SubmConv3d's forward and input gradient (over the reversed table) run over
+    kept lists from their second call; outputs and gradients stay bitwise those of the
+    first call."""
+    g = torch.Generator().manual_seed(9)
+    coords = torch.unique(torch.randint(0, 24, (4000, 3), generator=g), dim=0)
+    coords = torch.cat([torch.zeros(coords.shape[0], 1, dtype=coords.dtype), coords], 1)
+    x = tl.SparseTensor(torch.randn(coords.shape[0], 16, generator=g), coords.int())
+    conv = tl.nn.SubmConv3d(16, 16, 3, bias=False)
+    results = []
+    for _ in range(3):
+        feats = x.feats.detach().requires_grad_(True)
+        y = conv(x.replace(feats)).feats
+        dy = torch.ones_like(y)
+        results.append([y.detach(), *torch.autograd.grad(y, [feats, conv.weight], dy)])
+    assert sum(1 for e in T._cache.values() if e.sizes) == 2  # the table and its reverse
+    for later in results[1:]:
+        for a, b in zip(later, results[0], strict=True):
+            assert torch.equal(a, b)
