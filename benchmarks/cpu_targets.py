@@ -2,9 +2,9 @@
 
 Every target of the issue that one build can measure alone, as the issue states it, with
 the kernels alone (``torch_lattice._C``, implicit GEMM, fp32 unless said, the thread count
-of this process; the forward as ``lattice::sparse_conv`` runs it on a map it has seen
-before, over the table's tile lists where it keeps them, ``torch_lattice.ops.tile_lists``): each
-row gives the measured figure, the target and whether it is met.
+of this process; each kernel as its op runs it on a map it has seen before, over the
+table's tile lists where it keeps them, ``torch_lattice.ops.tile_lists``): each row
+gives the measured figure, the target and whether it is met.
 Each row's kernels are timed interleaved (medians), and each kernel's output is checked
 against a float64 product of the same map first. Two kinds of row hold what the issue
 asks without a number, by a rule of ours: float16's forward no slower than fp32 (item 3),
@@ -34,8 +34,8 @@ from benchmarks import baselines as bl
 from benchmarks.builds import _maps, _scene
 from benchmarks.peak import measure_peak
 from benchmarks.timing import time_side_by_side
-from torch_lattice.ops._runtime import _C, DTYPE_CODES, ptr
-from torch_lattice.ops.conv import run_forward
+from torch_lattice.ops._runtime import _C
+from torch_lattice.ops.conv import run_forward, run_weight_grad
 
 __all__ = ["Target", "main", "measure"]
 
@@ -110,9 +110,7 @@ class _Layer:
         run_forward(self.dy, self.wt, self.rev, self.dx, threads)
 
     def weight_grad(self, threads: int) -> None:
-        _C.conv_weight_grad(DTYPE_CODES[self.dtype], self.n_in, self.n, self.k, self.c,
-                            self.c, ptr(self.x), ptr(self.dy), ptr(self.nbr), ptr(self.dw),
-                            threads)
+        run_weight_grad(self.x, self.dy, self.nbr, self.dw, threads)
 
     def check(self, threads: int) -> float:
         """Worst relative error of the forward and the weight gradient against the

@@ -99,15 +99,32 @@ tl_status tl_implicit_gemm_weight_grad(const tl_ctx *ctx, const tl_conv_desc *d,
     const int empty = d->k * d->c_in * d->c_out == 0;
     tl_status st = tl_check_args(ctx, d, 1, x, dy, nbr, dw, empty);
     if (st != TL_OK || empty) return st;
-    if (d->dtype == TL_F32) return tl_weight_grad_f32(ctx, d, x, dy, nbr, NULL, dw);
-    if (d->dtype == TL_F64) return tl_weight_grad_f64(ctx, d, x, dy, nbr, NULL, dw);
+    if (d->dtype == TL_F32) return tl_weight_grad_f32(ctx, d, x, dy, nbr, NULL, NULL, dw);
+    if (d->dtype == TL_F64) return tl_weight_grad_f64(ctx, d, x, dy, nbr, NULL, NULL, dw);
     return tl_implicit_gemm_weight_grad_half(ctx, d, x, dy, nbr, dw);
+}
+
+int64_t tl_implicit_gemm_weight_grad_list_rows(const tl_conv_desc *d) {
+    return d->dtype == TL_F32 || d->dtype == TL_F64 ? TL_WGRAD_PAIRS : 0;
+}
+
+tl_status tl_implicit_gemm_weight_grad_listed(const tl_ctx *ctx, const tl_conv_desc *d,
+                                              const void *x, const void *dy,
+                                              const int32_t *nbr, const tl_tile_lists *lists,
+                                              void *dw) {
+    if (d->dtype != TL_F32 && d->dtype != TL_F64) return TL_ERR_INVALID;
+    const int empty = d->k * d->c_in * d->c_out == 0;
+    tl_status st = tl_check_args(ctx, d, 1, x, dy, nbr, dw, empty);
+    if (st != TL_OK || empty) return st;
+    if (!lists || lists->top > d->n_in) return TL_ERR_INVALID;
+    return d->dtype == TL_F32 ? tl_weight_grad_f32(ctx, d, x, dy, nbr, NULL, lists, dw)
+                              : tl_weight_grad_f64(ctx, d, x, dy, nbr, NULL, lists, dw);
 }
 
 tl_status tl_implicit_gemm_weight_grad_pairs(const tl_ctx *ctx, const tl_conv_desc *d,
                                              const void *x, const void *dy, const tl_pairs *p,
                                              void *dw) {
-    if (d->dtype == TL_F32) return tl_weight_grad_f32(ctx, d, x, dy, NULL, p, dw);
-    if (d->dtype == TL_F64) return tl_weight_grad_f64(ctx, d, x, dy, NULL, p, dw);
+    if (d->dtype == TL_F32) return tl_weight_grad_f32(ctx, d, x, dy, NULL, p, NULL, dw);
+    if (d->dtype == TL_F64) return tl_weight_grad_f64(ctx, d, x, dy, NULL, p, NULL, dw);
     return TL_ERR_UNSUPPORTED;
 }

@@ -46,6 +46,19 @@ tl_status tl_implicit_gemm_forward_listed(const tl_ctx *ctx, const tl_conv_desc 
 tl_status tl_implicit_gemm_forward_pairs(const tl_ctx *ctx, const tl_conv_desc *d, const void *x,
                                          const void *w, const tl_pairs *p, void *y);
 
+/* Rows per tile of tile lists the weight gradient runs over (its blocks of
+ * rows); 0 for the half types, which list the table. */
+int64_t tl_implicit_gemm_weight_grad_list_rows(const tl_conv_desc *d);
+
+/* tl_implicit_gemm_weight_grad (TL_F32 or TL_F64; else TL_ERR_INVALID, as
+ * where the lists name an x row at or past n_in) over the table nbr's tile
+ * lists where they were built with tl_implicit_gemm_weight_grad_list_rows
+ * rows a tile (its blocks), else over nbr: bitwise its result either way. */
+tl_status tl_implicit_gemm_weight_grad_listed(const tl_ctx *ctx, const tl_conv_desc *d,
+                                              const void *x, const void *dy,
+                                              const int32_t *nbr, const tl_tile_lists *lists,
+                                              void *dw);
+
 /* The same weight gradient over per-kernel-row pair lists sorted by output
  * row (the fetch-on-demand weight gradient, tl_dataflow_pairs.c): each
  * block of output rows takes its run of every kernel row's pairs instead of

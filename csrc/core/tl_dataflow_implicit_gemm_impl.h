@@ -315,6 +315,9 @@ typedef struct TL_FN(tl_wgrad_scratch) {
     TL_T *xp;
     tl_wgrad_lists lists;
     int64_t *cur; /* over pair lists: each kernel row's next pair (k) */
+    /* The table's tile lists, of TL_WGRAD_PAIRS rows a tile: block b0 is tile
+     * b0 / TL_WGRAD_PAIRS (tl_wgrad_split_of); or NULL. */
+    const tl_tile_lists *tiles;
 } TL_FN(tl_wgrad_scratch);
 
 /* Kernel row n's pairs among output rows below b1 from pair lists sorted by
@@ -345,6 +348,14 @@ static inline int64_t TL_FN(tl_wgrad_pairs_of)(const tl_conv_desc *d, const TL_T
                                                int64_t b1, TL_FN(tl_wgrad_scratch) *s,
                                                const TL_T **xq, const TL_T **dq) {
     if (p) return TL_FN(tl_wgrad_pairs_run)(d, p, n, b1, x, dy, s, xq, dq);
+    if (s->tiles) { /* the block's tile, listed once for the table */
+        const int64_t *at = s->tiles->start + b0 / TL_WGRAD_PAIRS * d->k + n;
+        tl_point_rows(s->lists.level, s->tiles->in + at[0], s->tiles->rows + at[0],
+                      at[1] - at[0], x, d->c_in * (int64_t)sizeof(TL_T), (void *)xq,
+                      (void *)(dy + b0 * d->c_out), d->c_out * (int64_t)sizeof(TL_T),
+                      (void *)dq);
+        return at[1] - at[0];
+    }
     int64_t c;
     TL_WGRAD_PAIRS_OF(&s->lists, nbr, d->k, n, b0, b1, d->n_in, x, d->c_in, dy, d->c_out, xq,
                       dq, c);
@@ -371,7 +382,9 @@ static int TL_FN(tl_wgrad_rows)(const tl_conv_desc *d, const TL_T *x, const TL_T
         for (int64_t n = n0; n < n1; n++) s->cur[n] = tl_pairs_first_at(p, n, o0);
     for (int64_t b0 = o0; b0 < o1; b0 += TL_WGRAD_PAIRS) {
         int64_t b1 = b0 + TL_WGRAD_PAIRS < o1 ? b0 + TL_WGRAD_PAIRS : o1;
-        if (!p && tl_wgrad_list_block(&s->lists, nbr, d->k, b0, b1, n0, n1, d->n_in)) return 1;
+        if (!p && !s->tiles &&
+            tl_wgrad_list_block(&s->lists, nbr, d->k, b0, b1, n0, n1, d->n_in))
+            return 1;
         /* Kernel row n's pairs in slot n % 2, listed one kernel row ahead so
          * that n's micro-kernel can ask for n + 1's x rows while it runs
          * (strided maps read each x row once, from memory: the packing
@@ -407,12 +420,15 @@ static int TL_FN(tl_wgrad_rows)(const tl_conv_desc *d, const TL_T *x, const TL_T
     return 0;
 }
 
-/* dw from the table nbr, or (nbr NULL) from checked pair lists p. */
+/* dw from the table nbr, or (nbr NULL) from checked pair lists p; from the
+ * table's checked tile lists L instead where given and of TL_WGRAD_PAIRS
+ * rows a tile. */
 static tl_status TL_FN(tl_weight_grad)(const tl_ctx *ctx, const tl_conv_desc *d,
                                        const TL_T *x, const TL_T *dy, const int32_t *nbr,
-                                       const tl_pairs *p, TL_T *dw) {
+                                       const tl_pairs *p, const tl_tile_lists *L, TL_T *dw) {
     const int64_t mat = d->c_in * d->c_out, all = d->k * mat;
     const tl_wgrad_split split = tl_wgrad_split_of(d);
+    if (L && L->tile_rows != TL_WGRAD_PAIRS) L = NULL; /* blocks and tiles differ */
     const int64_t parts = split.parts, ldx = TL_FN(tl_mk_packed_ld)(d->c_in);
     TL_T *partial = dw;
     if (parts > 1) {
@@ -426,9 +442,11 @@ static tl_status TL_FN(tl_weight_grad)(const tl_ctx *ctx, const tl_conv_desc *d,
         s.mk = TL_FN(tl_mk_pick)(ctx);
         s.xp = malloc(sizeof(TL_T) * (size_t)(TL_FN(tl_mk_panel_pairs)(ldx) * ldx));
         s.cur = p ? malloc(sizeof(int64_t) * (size_t)d->k) : NULL;
-        /* Pair lists need no listing. */
+        s.tiles = L;
+        /* Pair lists and tile lists need no listing. */
         const int level = tl_simd_vector_capped(ctx->simd_cap);
-        const int ok = tl_wgrad_lists_init(&s.lists, split.listed && !p, level, d->k) && s.xp &&
+        const int ok = tl_wgrad_lists_init(&s.lists, split.listed && !p && !L, level, d->k) &&
+                       s.xp &&
                        (s.cur || !p);
         failed |= !ok;
 #pragma omp for schedule(dynamic, 1)

@@ -151,6 +151,19 @@ typedef struct tl_wgrad_split {
     int listed;
 } tl_wgrad_split;
 
+/* `parts` parts of whole blocks of TL_WGRAD_PAIRS rows (the last part
+ * takes the rest), so every block starts on a multiple of TL_WGRAD_PAIRS, as
+ * a forward tile of that many rows does (tl_tile_lists.h); fewer parts where
+ * the rows fill fewer. */
+static inline tl_wgrad_split tl_wgrad_split_in(const tl_conv_desc *d, int64_t parts,
+                                               int64_t groups, int listed) {
+    const int64_t blocks = (d->n_out + TL_WGRAD_PAIRS - 1) / TL_WGRAD_PAIRS;
+    const int64_t per = blocks > parts ? (blocks + parts - 1) / parts : 1;
+    const int64_t rows_per = per * TL_WGRAD_PAIRS;
+    parts = d->n_out > 0 ? (d->n_out + rows_per - 1) / rows_per : 1;
+    return (tl_wgrad_split){parts, groups, rows_per, listed};
+}
+
 static inline tl_wgrad_split tl_wgrad_split_of(const tl_conv_desc *d) {
     const int64_t by_rows = (d->n_out + TL_WGRAD_MIN_ROWS - 1) / TL_WGRAD_MIN_ROWS;
     const int64_t all = d->k * d->c_in * d->c_out;
@@ -158,15 +171,14 @@ static inline tl_wgrad_split tl_wgrad_split_of(const tl_conv_desc *d) {
     const int64_t small =
         d->k >= TL_WGRAD_WIDE_K ? TL_WGRAD_MAX_PARTIAL : TL_WGRAD_SMALL_PARTIAL;
     if (fits && by_rows >= TL_WGRAD_TASKS && TL_WGRAD_TASKS * all <= small)
-        return (tl_wgrad_split){TL_WGRAD_TASKS, 1, (d->n_out + TL_WGRAD_TASKS - 1) / TL_WGRAD_TASKS,
-                                1};
+        return tl_wgrad_split_in(d, TL_WGRAD_TASKS, 1, 1);
     int64_t parts = TL_WGRAD_PARTS;
     if (parts > by_rows) parts = by_rows;
     if (all > 0 && parts * all > TL_WGRAD_MAX_PARTIAL) parts = TL_WGRAD_MAX_PARTIAL / all;
     if (parts < 1) parts = 1;
     int64_t groups = (TL_WGRAD_TASKS + parts - 1) / parts;
     if (groups > d->k) groups = d->k;
-    return (tl_wgrad_split){parts, groups, (d->n_out + parts - 1) / parts, fits};
+    return tl_wgrad_split_in(d, parts, groups, fits);
 }
 
 /* Task t of parts x groups: its part, output rows [o0, o1) and kernel rows

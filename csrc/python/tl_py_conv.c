@@ -95,6 +95,46 @@ static PyObject *py_conv_forward_listed(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+PyDoc_STRVAR(conv_weight_grad_list_rows_doc,
+             "conv_weight_grad_list_rows(dtype, n_in, n_out, k, c_in, c_out, threads) -> int\n\n"
+             "Rows per tile of tile lists conv_weight_grad_listed runs over (0: none).");
+static PyObject *py_conv_weight_grad_list_rows(PyObject *self, PyObject *args) {
+    (void)self;
+    tl_py_call c;
+    int dtype;
+    long long n_in, n_out, k, cin, cout;
+    if (!tl_py_parse(args, 0, &c, TL_CONV_DESC_FMT, &dtype, &n_in, &n_out, &k, &cin, &cout))
+        return NULL;
+    tl_conv_desc d = {(tl_dtype)dtype, n_in, n_out, k, cin, cout};
+    return PyLong_FromLongLong(tl_implicit_gemm_weight_grad_list_rows(&d));
+}
+
+PyDoc_STRVAR(conv_weight_grad_listed_doc,
+             "conv_weight_grad_listed(dtype, n_in, n_out, k, c_in, c_out, x, dy, nbr, "
+             "tile_rows, top, start, in, rows, dw, threads)\n\nconv_weight_grad over nbr's "
+             "tile lists where their tiles are its blocks, else over nbr.");
+static PyObject *py_conv_weight_grad_listed(PyObject *self, PyObject *args) {
+    (void)self;
+    tl_py_call c;
+    int dtype;
+    long long n_in, n_out, k, cin, cout, tile_rows, top;
+    unsigned long long px, pdy, pnbr, pstart, pin, prows, pdw;
+    if (!tl_py_parse(args, 0, &c, TL_CONV_DESC_FMT "KKKLLKKKK", &dtype, &n_in, &n_out, &k, &cin,
+                     &cout, &px, &pdy, &pnbr, &tile_rows, &top, &pstart, &pin, &prows, &pdw))
+        return NULL;
+    tl_conv_desc d = {(tl_dtype)dtype, n_in, n_out, k, cin, cout};
+    tl_tile_lists lists = {tile_rows, top, tl_ptr(pstart), tl_ptr(pin), tl_ptr(prows)};
+    tl_status st;
+    Py_BEGIN_ALLOW_THREADS st = tl_implicit_gemm_weight_grad_listed(
+        &c.ctx, &d, tl_ptr(px), tl_ptr(pdy), tl_ptr(pnbr), &lists, tl_ptr(pdw));
+    Py_END_ALLOW_THREADS if (st != TL_OK) return tl_py_fail(
+        &c, st, "conv_weight_grad_listed", "tl_implicit_gemm_weight_grad_listed",
+        "dtype must be float32 or float64, every nbr entry -1 or in [0, n_in) and the tile "
+        "lists must name only rows in [0, n_in); sizes (>= 0) and pointers must be valid",
+        TL_CONV_SIZES);
+    Py_RETURN_NONE;
+}
+
 typedef tl_status (*tl_pairs_fn)(const tl_ctx *, tl_pairs_mode, const tl_conv_desc *,
                                  const void *, const void *, const tl_pairs *, void *);
 
@@ -301,6 +341,8 @@ PyMethodDef tl_py_conv_methods[] = {
     TL_PY_METHOD(conv_weight_grad),
     TL_PY_METHOD(conv_list_rows),
     TL_PY_METHOD(conv_forward_listed),
+    TL_PY_METHOD(conv_weight_grad_list_rows),
+    TL_PY_METHOD(conv_weight_grad_listed),
     TL_PY_METHOD(pairs_forward),
     TL_PY_METHOD(pairs_weight_grad),
 #ifdef TL_WITH_CUDA

@@ -34,7 +34,7 @@ from torch_lattice.ops._runtime import (
     threads,
 )
 from torch_lattice.ops.kmap import reverse_pairs
-from torch_lattice.ops.tile_lists import tile_lists
+from torch_lattice.ops.tile_lists import kept_tile_lists, tile_lists
 
 __all__ = [
     "check_conv_args",
@@ -47,6 +47,7 @@ __all__ = [
     "pair_conv_weight_grad",
     "pair_dataflow",
     "run_forward",
+    "run_weight_grad",
     "sparse_conv",
     "sparse_conv_weight_grad",
 ]
@@ -223,22 +224,29 @@ def sparse_conv_weight_grad(
     x = feats.contiguous()
     dy = grad_out.to(work).contiguous()
     nbr = nbr.contiguous()
-    k = nbr.shape[1]
-    dw = torch.empty((k, x.shape[1], dy.shape[1]), dtype=work)
-    _C.conv_weight_grad(
-        DTYPE_CODES[work],
-        x.shape[0],
-        nbr.shape[0],
-        k,
-        x.shape[1],
-        dy.shape[1],
-        ptr(x),
-        ptr(dy),
-        ptr(nbr),
-        ptr(dw),
-        threads(),
-    )
+    dw = torch.empty((nbr.shape[1], x.shape[1], dy.shape[1]), dtype=work)
+    run_weight_grad(x, dy, nbr, dw, threads())
     return dw
+
+
+def run_weight_grad(
+    x: torch.Tensor, dy: torch.Tensor, nbr: torch.Tensor, dw: torch.Tensor, th: int
+) -> None:
+    """The CPU kernel call of ``lattice::sparse_conv_weight_grad``: ``dw[n] = x[nbr[:,
+    n]]^T dy`` on ``th`` threads, over the tile lists a forward kept for ``nbr`` where
+    their tiles are the weight gradient's blocks (:mod:`torch_lattice.ops.tile_lists`),
+    else listing the table. Arguments contiguous CPU tensors the op has checked."""
+    k = nbr.shape[1]
+    sizes = (DTYPE_CODES[dw.dtype], x.shape[0], nbr.shape[0], k, x.shape[1], dy.shape[1])
+    tile_rows = _C.conv_weight_grad_list_rows(*sizes, th)
+    lists = kept_tile_lists(nbr, tile_rows) if tile_rows > 0 else None
+    if lists is None:
+        _C.conv_weight_grad(*sizes, ptr(x), ptr(dy), ptr(nbr), ptr(dw), th)
+    else:
+        _C.conv_weight_grad_listed(
+            *sizes, ptr(x), ptr(dy), ptr(nbr), lists.tile_rows, lists.top, ptr(lists.start),
+            ptr(lists.rows_in), ptr(lists.rows_out), ptr(dw), th,
+        )  # fmt: skip
 
 
 @sparse_conv_weight_grad.register_fake

@@ -28,7 +28,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from torch_lattice.ops._runtime import _C, ptr, threads
 
-__all__ = ["TileLists", "clear_tile_lists", "tile_lists"]
+__all__ = ["TileLists", "clear_tile_lists", "kept_tile_lists", "tile_lists"]
 
 # Tile sizes kept per table: one per thread count a process runs at, in practice.
 MAX_SIZES = 2
@@ -110,6 +110,18 @@ def tile_lists(nbr: torch.Tensor, tile_rows: int) -> TileLists | None:
             entry.sizes.pop(next(iter(entry.sizes)))
         entry.sizes[tile_rows] = built
     return built
+
+
+def kept_tile_lists(nbr: torch.Tensor, tile_rows: int) -> TileLists | None:
+    """``nbr``'s lists for tiles of ``tile_rows`` rows if a forward has built them
+    (the weight gradient runs over its forward's), without counting a call."""
+    if nbr.device.type != "cpu" or not nbr.is_contiguous() or tile_rows < 1:
+        return None
+    with _lock:
+        entry = _cache.get(nbr)
+        if entry is None or entry.version != _version(nbr) or entry.data_ptr != nbr.data_ptr():
+            return None
+        return entry.sizes.get(tile_rows)
 
 
 def clear_tile_lists() -> None:
