@@ -3,7 +3,7 @@
 Every target of the issue that one build can measure alone, as the issue states it, with
 the kernels alone (``torch_lattice._C``, implicit GEMM, fp32 unless said, the thread count
 of this process; each kernel as its op runs it on a map it has seen before, over the
-table's tile lists where it keeps them, ``torch_lattice.ops.tile_lists``): each row
+table's tile lists where it keeps them, ``torch_lattice.ops.conv.tile_lists``): each row
 gives the measured figure, the target and whether it is met.
 Each row's kernels are timed interleaved (medians), and each kernel's output is checked
 against a float64 product of the same map first. Two kinds of row hold what the issue
@@ -34,7 +34,7 @@ from benchmarks import baselines as bl
 from benchmarks.builds import _maps, _scene
 from benchmarks.peak import measure_peak
 from benchmarks.timing import time_side_by_side
-from torch_lattice.ops._runtime import _C
+from torch_lattice.ops._runtime import _C, DTYPE_CODES, ptr
 from torch_lattice.ops.conv import run_forward, run_weight_grad
 
 __all__ = ["Target", "main", "measure"]
@@ -101,16 +101,22 @@ class _Layer:
         self.pairs = int((nbr >= 0).sum())
         self.flops = 2 * self.pairs * c * c
 
+    def _sizes(self, n_in: int, n_out: int) -> tuple[int, ...]:
+        return (DTYPE_CODES[self.dtype], n_in, n_out, self.k, self.c, self.c)
+
     def forward(self, threads: int) -> None:
-        run_forward(self.x, self.w, self.nbr, self.y, threads)
+        run_forward(self.nbr, self._sizes(self.n_in, self.n),
+                    (ptr(self.x), ptr(self.w), ptr(self.nbr), ptr(self.y)), threads)  # fmt: skip
 
     def input_grad(self, threads: int) -> None:
         """The forward over the reversed map (``rev``), as the op's backward runs it."""
         assert self.rev is not None
-        run_forward(self.dy, self.wt, self.rev, self.dx, threads)
+        run_forward(self.rev, self._sizes(self.n, self.n_in),
+                    (ptr(self.dy), ptr(self.wt), ptr(self.rev), ptr(self.dx)), threads)  # fmt: skip
 
     def weight_grad(self, threads: int) -> None:
-        run_weight_grad(self.x, self.dy, self.nbr, self.dw, threads)
+        pointers = (ptr(self.x), ptr(self.dy), ptr(self.nbr), ptr(self.dw))
+        run_weight_grad(self.nbr, self._sizes(self.n_in, self.n), pointers, threads)
 
     def check(self, threads: int) -> float:
         """Worst relative error of the forward and the weight gradient against the

@@ -1,4 +1,4 @@
-"""Tile lists kept with a neighbour table (torch_lattice.ops.tile_lists).
+"""Tile lists kept with a neighbour table (torch_lattice.ops.conv.tile_lists).
 
 From a table's second forward on, ``lattice::sparse_conv`` runs over the table's tile
 lists instead of listing it again. Every call must give bitwise the result of the first
@@ -15,8 +15,7 @@ import pytest
 import torch
 
 import torch_lattice as tl
-from torch_lattice.ops import tile_lists as T
-from torch_lattice.ops.conv import sparse_conv
+from torch_lattice.ops import conv as T
 
 
 def _table(n_out: int, k: int, n_in: int, seed: int) -> torch.Tensor:
@@ -63,10 +62,10 @@ def _fresh_cache():
 def test_later_calls_are_bitwise_the_first(dtype, c_in, c_out):
     nbr, n_in = _table(3000, 27, 2500, 0), 2500
     x, w = _operands(nbr, n_in, c_in, c_out, dtype)
-    first = sparse_conv(x, w, nbr, nbr)
+    first = T.sparse_conv(x, w, nbr, nbr)
     assert _entry(nbr) is not None and not _entry(nbr).sizes  # listed by its call
     for _ in range(3):
-        assert torch.equal(sparse_conv(x, w, nbr, nbr), first)
+        assert torch.equal(T.sparse_conv(x, w, nbr, nbr), first)
     assert len(_entry(nbr).sizes) == 1  # built on the second call, reused since
     tol = 1e-4 if dtype == torch.float32 else 1e-12
     torch.testing.assert_close(first.double(), _reference(x, w, nbr), rtol=tol, atol=tol)
@@ -92,8 +91,8 @@ def test_wide_and_half_layers_keep_no_lists():
     nbr, n_in = _table(2000, 27, 2000, 2), 2000
     for dtype, c_out in ((torch.float32, 33), (torch.float64, 17), (torch.bfloat16, 16)):
         x, w = _operands(nbr, n_in, 8, c_out, dtype)
-        a = sparse_conv(x, w, nbr, nbr)
-        b = sparse_conv(x, w, nbr, nbr)
+        a = T.sparse_conv(x, w, nbr, nbr)
+        b = T.sparse_conv(x, w, nbr, nbr)
         assert torch.equal(a, b)
         entry = _entry(nbr)
         assert entry is None or not entry.sizes
@@ -102,12 +101,12 @@ def test_wide_and_half_layers_keep_no_lists():
 def test_a_table_changed_in_place_is_listed_again():
     nbr, n_in = _table(3000, 27, 2500, 3), 2500
     x, w = _operands(nbr, n_in, 16, 16, torch.float32)
-    sparse_conv(x, w, nbr, nbr)
-    sparse_conv(x, w, nbr, nbr)  # lists built
+    T.sparse_conv(x, w, nbr, nbr)
+    T.sparse_conv(x, w, nbr, nbr)  # lists built
     nbr[::7, 13] = -1
     nbr[5::11, 2] = 17
-    got = sparse_conv(x, w, nbr, nbr)
-    assert torch.equal(got, sparse_conv(x, w, nbr.clone(), nbr))  # a new table: listed
+    got = T.sparse_conv(x, w, nbr, nbr)
+    assert torch.equal(got, T.sparse_conv(x, w, nbr.clone(), nbr))  # a new table: listed
     torch.testing.assert_close(got.double(), _reference(x, w, nbr), rtol=1e-4, atol=1e-4)
 
 
@@ -117,14 +116,14 @@ def test_inference_tensors_and_non_contiguous_tables():
     x, w = _operands(nbr, 2500, 16, 16, torch.float32)
     want = _reference(x, w, nbr)
     with torch.inference_mode():
-        outs = [sparse_conv(x, w, nbr, nbr) for _ in range(3)]
+        outs = [T.sparse_conv(x, w, nbr, nbr) for _ in range(3)]
     assert len(_entry(nbr).sizes) == 1
     for y in outs:
         torch.testing.assert_close(y.double(), want, rtol=1e-4, atol=1e-4)
     wide = _table(3000, 54, 2500, 5)
     view = wide[:, ::2]  # every call copies it: nothing kept
     for _ in range(2):
-        y = sparse_conv(x, w, view, view)
+        y = T.sparse_conv(x, w, view, view)
         torch.testing.assert_close(y.double(), _reference(x, w, view), rtol=1e-4, atol=1e-4)
     assert _entry(view) is None
 
@@ -133,12 +132,12 @@ def test_each_thread_count_gets_its_own_tiles():
     nbr, n_in = _table(3000, 27, 2500, 6), 2500
     x, w = _operands(nbr, n_in, 16, 16, torch.float32)
     threads = torch.get_num_threads()
-    want = sparse_conv(x, w, nbr, nbr)
+    want = T.sparse_conv(x, w, nbr, nbr)
     try:
         for count in (1, 2, 3):
             torch.set_num_threads(count)
             for _ in range(2):
-                torch.testing.assert_close(sparse_conv(x, w, nbr, nbr), want, rtol=0, atol=0)
+                torch.testing.assert_close(T.sparse_conv(x, w, nbr, nbr), want, rtol=0, atol=0)
     finally:
         torch.set_num_threads(threads)
     assert 1 <= len(_entry(nbr).sizes) <= T.MAX_SIZES
@@ -148,18 +147,18 @@ def test_rows_past_the_features_are_refused():
     """Lists kept from calls on 2500 rows do not let a call on fewer read past them."""
     nbr = _table(3000, 27, 2500, 7)
     x, w = _operands(nbr, 2500, 16, 16, torch.float32)
-    sparse_conv(x, w, nbr, nbr)
-    sparse_conv(x, w, nbr, nbr)
+    T.sparse_conv(x, w, nbr, nbr)
+    T.sparse_conv(x, w, nbr, nbr)
     assert _entry(nbr).sizes
     with pytest.raises(ValueError, match="rows in"):
-        sparse_conv(x[:100], w, nbr, nbr)
+        T.sparse_conv(x[:100], w, nbr, nbr)
 
 
 def test_lists_go_with_their_table():
     nbr = _table(3000, 27, 2500, 8)
     x, w = _operands(nbr, 2500, 16, 16, torch.float32)
-    sparse_conv(x, w, nbr, nbr)
-    sparse_conv(x, w, nbr, nbr)
+    T.sparse_conv(x, w, nbr, nbr)
+    T.sparse_conv(x, w, nbr, nbr)
     assert len(T._cache) == 1
     del nbr
     gc.collect()

@@ -5,6 +5,8 @@
 table (the implicit-GEMM dataflow).  Its input gradient is the same op on the
 transposed relation (``rev``, ``weight^T``), so backward is built from
 registered ops only; ``lattice::sparse_conv_weight_grad`` is the weight gradient.
+On the CPU both run over the tile lists kept beside a table from its second forward on
+(:func:`tile_lists`).
 
 ``lattice::pair_conv`` runs a relation over CSR pair lists (``lattice::kernel_pairs``,
 docs/kernel-maps.md) in the fetch-on-demand or gather-scatter dataflow, with
@@ -21,9 +23,12 @@ layer (``torch_lattice.nn.functional``) validates user input before that.
 
 from __future__ import annotations
 
+import threading
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 from torch_lattice.ops._runtime import (
     _C,
@@ -34,15 +39,17 @@ from torch_lattice.ops._runtime import (
     threads,
 )
 from torch_lattice.ops.kmap import reverse_pairs
-from torch_lattice.ops.tile_lists import kept_tile_lists, tile_lists
 
 __all__ = [
+    "TileLists",
     "check_conv_args",
     "check_nbr",
     "check_pair_conv",
     "check_pair_conv_weight_grad",
     "check_sparse_conv",
     "check_sparse_conv_weight_grad",
+    "clear_tile_lists",
+    "kept_tile_lists",
     "pair_conv",
     "pair_conv_weight_grad",
     "pair_dataflow",
@@ -50,6 +57,7 @@ __all__ = [
     "run_weight_grad",
     "sparse_conv",
     "sparse_conv_weight_grad",
+    "tile_lists",
 ]
 
 # enum tl_pairs_mode in csrc/core/tl_dataflow_pairs.h
@@ -180,29 +188,27 @@ def sparse_conv(
     x = feats.contiguous()
     w = weight.contiguous()
     nbr = nbr.contiguous()
-    y = torch.empty((nbr.shape[0], w.shape[2]), dtype=work)
-    run_forward(x, w, nbr, y, threads())
+    k, cin, cout = w.shape
+    y = torch.empty((nbr.shape[0], cout), dtype=work)
+    sizes = (DTYPE_CODES[work], x.shape[0], nbr.shape[0], k, cin, cout)
+    run_forward(nbr, sizes, (ptr(x), ptr(w), ptr(nbr), ptr(y)), threads())
     return y
 
 
 def run_forward(
-    x: torch.Tensor, w: torch.Tensor, nbr: torch.Tensor, y: torch.Tensor, th: int
+    nbr: torch.Tensor, sizes: tuple[int, ...], pointers: tuple[int, int, int, int], th: int
 ) -> None:
-    """The CPU kernel call of ``lattice::sparse_conv``: ``y = sum_n x[nbr[:, n]] @ w[n]``
-    on ``th`` threads, over ``nbr``'s tile lists from the table's second call on
-    (:mod:`torch_lattice.ops.tile_lists`), else listing the table. ``x``, ``w``, ``nbr``
-    and ``y`` are contiguous CPU tensors the op has checked, ``y`` of the compute dtype."""
-    k, cin, cout = w.shape
-    sizes = (DTYPE_CODES[y.dtype], x.shape[0], nbr.shape[0], k, cin, cout)
+    """The CPU kernel call of ``lattice::sparse_conv`` on ``th`` threads: ``sizes`` =
+    (dtype code, N_in, N_out, K, C_in, C_out), ``pointers`` = those of x, w, ``nbr`` and y
+    (contiguous, checked by the op). Over ``nbr``'s tile lists from the table's second call
+    on (:func:`tile_lists`), else listing the table."""
     tile_rows = _C.conv_list_rows(*sizes, th)
     lists = tile_lists(nbr, tile_rows) if tile_rows > 0 else None
+    x, w, table, y = pointers
     if lists is None:
-        _C.conv_forward(*sizes, ptr(x), ptr(w), ptr(nbr), ptr(y), th)
+        _C.conv_forward(*sizes, x, w, table, y, th)
     else:
-        _C.conv_forward_listed(
-            *sizes, ptr(x), ptr(w), lists.tile_rows, lists.top, ptr(lists.start),
-            ptr(lists.rows_in), ptr(lists.rows_out), ptr(y), th,
-        )  # fmt: skip
+        _C.conv_forward_listed(*sizes, x, w, *lists.args, y, th)
 
 
 @sparse_conv.register_fake
@@ -225,28 +231,25 @@ def sparse_conv_weight_grad(
     dy = grad_out.to(work).contiguous()
     nbr = nbr.contiguous()
     dw = torch.empty((nbr.shape[1], x.shape[1], dy.shape[1]), dtype=work)
-    run_weight_grad(x, dy, nbr, dw, threads())
+    sizes = (DTYPE_CODES[work], x.shape[0], nbr.shape[0], nbr.shape[1], x.shape[1], dy.shape[1])
+    run_weight_grad(nbr, sizes, (ptr(x), ptr(dy), ptr(nbr), ptr(dw)), threads())
     return dw
 
 
 def run_weight_grad(
-    x: torch.Tensor, dy: torch.Tensor, nbr: torch.Tensor, dw: torch.Tensor, th: int
+    nbr: torch.Tensor, sizes: tuple[int, ...], pointers: tuple[int, int, int, int], th: int
 ) -> None:
-    """The CPU kernel call of ``lattice::sparse_conv_weight_grad``: ``dw[n] = x[nbr[:,
-    n]]^T dy`` on ``th`` threads, over the tile lists a forward kept for ``nbr`` where
-    their tiles are the weight gradient's blocks (:mod:`torch_lattice.ops.tile_lists`),
-    else listing the table. Arguments contiguous CPU tensors the op has checked."""
-    k = nbr.shape[1]
-    sizes = (DTYPE_CODES[dw.dtype], x.shape[0], nbr.shape[0], k, x.shape[1], dy.shape[1])
+    """The CPU kernel call of ``lattice::sparse_conv_weight_grad`` on ``th`` threads:
+    ``sizes`` as :func:`run_forward`'s, ``pointers`` those of x, dy, ``nbr`` and dw. Over
+    the tile lists a forward kept for ``nbr`` where their tiles are the weight gradient's
+    blocks (:func:`kept_tile_lists`), else listing the table."""
     tile_rows = _C.conv_weight_grad_list_rows(*sizes, th)
     lists = kept_tile_lists(nbr, tile_rows) if tile_rows > 0 else None
+    x, dy, table, dw = pointers
     if lists is None:
-        _C.conv_weight_grad(*sizes, ptr(x), ptr(dy), ptr(nbr), ptr(dw), th)
+        _C.conv_weight_grad(*sizes, x, dy, table, dw, th)
     else:
-        _C.conv_weight_grad_listed(
-            *sizes, ptr(x), ptr(dy), ptr(nbr), lists.tile_rows, lists.top, ptr(lists.start),
-            ptr(lists.rows_in), ptr(lists.rows_out), ptr(dw), th,
-        )  # fmt: skip
+        _C.conv_weight_grad_listed(*sizes, x, dy, table, *lists.args, dw, th)
 
 
 @sparse_conv_weight_grad.register_fake
@@ -277,6 +280,131 @@ def _backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
 
 
 sparse_conv.register_autograd(_backward, setup_context=_setup_context)
+
+
+# ---- tile lists kept beside each table (csrc/core/tl_tile_lists.h) ----
+#
+# Tile lists of neighbour tables, kept with the table (csrc/core/tl_tile_lists.h).
+#
+# Every implicit-GEMM forward on the CPU lists, for each tile of output rows, each kernel
+# row's present entries of the ``(N_out, K)`` table. That listing reads the whole table on
+# every call and does not shrink with the channels: about a quarter of a C = 16 forward on
+# a LiDAR scan. A table that several calls run over (the layers of a network level, and
+# the input gradients that run over the reversed table) is listed once instead, from its
+# second call on, and the lists are kept beside the table for as long as the table lives.
+# The forward over the lists is bitwise the forward over the table.
+#
+# Lists are built only where the forward can use them (``_C.conv_list_rows``: float32 and
+# float64 outputs of at most 128 bytes a row, so C_out <= 32 in float32), for the tile
+# size of the call (it depends on the thread count; at most two sizes are kept a table).
+# A table modified in place is listed again; an inference tensor (made under
+# ``torch.inference_mode``) has no version counter, so such a table, like a ``KernelMap``'s
+# pair lists, must not be modified in place after its first call. Lists cost 8 bytes a
+# present entry (a LiDAR scan's 3x3x3 submanifold table: 7 MB beside its own 17 MB) and
+# are dropped with the table, or by :func:`clear_tile_lists`.
+
+# Tile sizes kept per table: one per thread count a process runs at, in practice.
+MAX_SIZES = 2
+
+
+@dataclass(frozen=True)
+class TileLists:
+    """One table's lists for tiles of ``tile_rows`` output rows.
+
+    Attributes:
+        tile_rows: output rows per tile.
+        top: the largest input row listed, plus one.
+        start: ``(tiles * K + 1,)`` int64: tile ``t``'s kernel row ``n`` lists entries
+            ``start[t * K + n]:start[t * K + n + 1]``.
+        rows_in: the entries' input rows (int32).
+        rows_out: their output rows within the tile (int32).
+        args: what the ``*_listed`` kernels take for them: ``tile_rows``, ``top`` and
+            the three tensors' data pointers.
+    """
+
+    tile_rows: int
+    top: int
+    start: torch.Tensor
+    rows_in: torch.Tensor
+    rows_out: torch.Tensor
+    args: tuple[int, int, int, int, int]
+
+
+@dataclass
+class _Entry:
+    version: int
+    data_ptr: int
+    calls: int = 0
+    sizes: dict[int, TileLists] = field(default_factory=dict)
+
+
+_cache: WeakIdKeyDictionary = WeakIdKeyDictionary()
+_lock = threading.Lock()
+
+
+def _build(nbr: torch.Tensor, tile_rows: int) -> TileLists:
+    n_out, k = nbr.shape
+    tiles = (n_out + tile_rows - 1) // tile_rows
+    start = torch.empty(tiles * k + 1, dtype=torch.int64)
+    top = _C.tile_lists_count(ptr(nbr), n_out, k, tile_rows, ptr(start), threads())
+    entries = int(start[-1])
+    rows_in = torch.empty(entries, dtype=torch.int32)
+    rows_out = torch.empty(entries, dtype=torch.int32)
+    _C.tile_lists_fill(
+        ptr(nbr), n_out, k, tile_rows, ptr(start), ptr(rows_in), ptr(rows_out), threads()
+    )
+    args = (tile_rows, top, start.data_ptr(), rows_in.data_ptr(), rows_out.data_ptr())
+    return TileLists(tile_rows, top, start, rows_in, rows_out, args)
+
+
+def _version(t: torch.Tensor) -> int:
+    """``t``'s version counter, or -1 for an inference tensor, which has none."""
+    return -1 if t.is_inference() else t._version
+
+
+def tile_lists(nbr: torch.Tensor, tile_rows: int) -> TileLists | None:
+    """``nbr``'s lists for tiles of ``tile_rows`` rows, from the table's second call on
+    (None on its first, and for a table that is not a contiguous CPU tensor, whose
+    every call may be a new copy). ``nbr`` is the int32 ``(N_out, K)`` table the op was
+    given, already checked; ``tile_rows`` is ``_C.conv_list_rows`` of the call (> 0)."""
+    if nbr.device.type != "cpu" or not nbr.is_contiguous() or tile_rows < 1:
+        return None
+    version, data = _version(nbr), nbr.data_ptr()
+    with _lock:
+        entry = _cache.get(nbr)
+        if entry is None or entry.version != version or entry.data_ptr != data:
+            entry = _Entry(version, data)  # new, or changed in place: listed again
+            _cache[nbr] = entry
+        entry.calls += 1
+        if entry.calls < 2:
+            return None  # a table run over once is listed by its call, as before
+        hit = entry.sizes.get(tile_rows)
+    if hit is not None:
+        return hit
+    built = _build(nbr, tile_rows)
+    with _lock:
+        if len(entry.sizes) >= MAX_SIZES:
+            entry.sizes.pop(next(iter(entry.sizes)))
+        entry.sizes[tile_rows] = built
+    return built
+
+
+def kept_tile_lists(nbr: torch.Tensor, tile_rows: int) -> TileLists | None:
+    """``nbr``'s lists for tiles of ``tile_rows`` rows if a forward has built them
+    (the weight gradient runs over its forward's), without counting a call."""
+    if nbr.device.type != "cpu" or not nbr.is_contiguous() or tile_rows < 1:
+        return None
+    with _lock:
+        entry = _cache.get(nbr)
+        if entry is None or entry.version != _version(nbr) or entry.data_ptr != nbr.data_ptr():
+            return None
+        return entry.sizes.get(tile_rows)
+
+
+def clear_tile_lists() -> None:
+    """Drops every kept list (they are rebuilt on a table's next two calls)."""
+    with _lock:
+        _cache.clear()
 
 
 # ---- over pair lists: fetch-on-demand and gather-scatter ----
