@@ -184,3 +184,26 @@ def test_module_gradients_over_kept_lists():
     for later in results[1:]:
         for a, b in zip(later, results[0], strict=True):
             assert torch.equal(a, b)
+
+
+def test_keeping_can_be_turned_off():
+    nbr = _table(3000, 27, 2500, 10)
+    x, w = _operands(nbr, 2500, 16, 16, torch.float32)
+    first = T.sparse_conv(x, w, nbr, nbr)
+    T.sparse_conv(x, w, nbr, nbr)
+    assert _entry(nbr).sizes
+    other = _table(3000, 27, 2500, 11)
+    try:
+        assert T.keep_tile_lists(False) is True
+        for _ in range(3):
+            assert torch.equal(T.sparse_conv(x, w, nbr, nbr), first)
+            T.sparse_conv(x, w, other, other)
+        assert _entry(other) is None  # neither counted nor built
+        assert T.kept_tile_lists(nbr, next(iter(_entry(nbr).sizes))) is None  # kept, unread
+    finally:
+        assert T.keep_tile_lists(True) is False
+    assert T.kept_tile_lists(nbr, next(iter(_entry(nbr).sizes))) is not None
+    T.clear_tile_lists()
+    assert len(T._cache) == 0
+    with pytest.raises(TypeError, match="keep must be a bool"):
+        T.keep_tile_lists(1)  # type: ignore[arg-type]

@@ -918,3 +918,30 @@ def test_cpu_dataflows_check_then_time(
     monkeypatch.setattr(cpu_dataflows, "time_side_by_side", lambda *a, **k: pytest.fail("timed"))
     with pytest.raises(SystemExit, match="gather_scatter: differs from implicit GEMM"):
         cpu_dataflows.run(["tiny"], [4], repeats=1)
+
+
+def test_tile_lists_check_then_time(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """benchmarks.tile_lists: every case with and without kept tile lists checked bitwise
+    equal first, then one row each; a side that computes other numbers stops the run
+    before anything is timed, and the setting is restored after each call."""
+    from benchmarks import tile_lists
+    from torch_lattice.ops.conv import keep_tile_lists
+
+    tile_lists.run(["tiny"], [4], [0.25], repeats=1)
+    out = capsys.readouterr().out
+    assert out.count("| tiny SubmConv3d C = 4 ") == 2
+    assert out.count("| tiny SparseResUNet42 width 0.25 ") == 2
+    assert out.count("| bitwise |") == 4
+    assert keep_tile_lists(True) is True
+    sided = tile_lists._sided
+
+    def off(fn, keep):  # type: ignore[no-untyped-def]
+        got = sided(fn, keep)
+        return [t * 1.01 for t in got] if keep else got
+
+    monkeypatch.setattr(tile_lists, "_sided", off)
+    monkeypatch.setattr(tile_lists, "time_side_by_side", lambda *a, **k: pytest.fail("timed"))
+    with pytest.raises(SystemExit, match="differs with and without tile lists"):
+        tile_lists.run(["tiny"], [4], [], repeats=1)

@@ -49,6 +49,7 @@ __all__ = [
     "check_sparse_conv",
     "check_sparse_conv_weight_grad",
     "clear_tile_lists",
+    "keep_tile_lists",
     "kept_tile_lists",
     "pair_conv",
     "pair_conv_weight_grad",
@@ -362,12 +363,33 @@ def _version(t: torch.Tensor) -> int:
     return -1 if t.is_inference() else t._version
 
 
+# Whether tables keep their tile lists (keep_tile_lists): a process-wide setting.
+_keeping = [True]
+
+
+def keep_tile_lists(keep: bool) -> bool:
+    """Turns the use of tile lists on (the default) or off for the process and returns
+    the previous setting. Off, every call lists its table as its first call does, and no
+    lists are built or read; those kept so far stay until :func:`clear_tile_lists` (or
+    their table's end), so a layer can be timed with and without them in turn.
+
+    Raises:
+        TypeError: ``keep`` is not a bool.
+    """
+    if not isinstance(keep, bool):
+        raise TypeError(f"keep_tile_lists: keep must be a bool, got {type(keep).__name__}")
+    with _lock:
+        previous, _keeping[0] = _keeping[0], keep
+    return previous
+
+
 def tile_lists(nbr: torch.Tensor, tile_rows: int) -> TileLists | None:
     """``nbr``'s lists for tiles of ``tile_rows`` rows, from the table's second call on
-    (None on its first, and for a table that is not a contiguous CPU tensor, whose
-    every call may be a new copy). ``nbr`` is the int32 ``(N_out, K)`` table the op was
-    given, already checked; ``tile_rows`` is ``_C.conv_list_rows`` of the call (> 0)."""
-    if nbr.device.type != "cpu" or not nbr.is_contiguous() or tile_rows < 1:
+    (None on its first, for a table that is not a contiguous CPU tensor, whose every call
+    may be a new copy, and while keeping is off). ``nbr`` is the int32 ``(N_out, K)``
+    table the op was given, already checked; ``tile_rows`` is ``_C.conv_list_rows`` of
+    the call (> 0)."""
+    if not _keeping[0] or nbr.device.type != "cpu" or not nbr.is_contiguous() or tile_rows < 1:
         return None
     version, data = _version(nbr), nbr.data_ptr()
     with _lock:
@@ -383,6 +405,8 @@ def tile_lists(nbr: torch.Tensor, tile_rows: int) -> TileLists | None:
         return hit
     built = _build(nbr, tile_rows)
     with _lock:
+        if not _keeping[0]:
+            return built  # turned off meanwhile: used once, not kept
         if len(entry.sizes) >= MAX_SIZES:
             entry.sizes.pop(next(iter(entry.sizes)))
         entry.sizes[tile_rows] = built
@@ -392,7 +416,7 @@ def tile_lists(nbr: torch.Tensor, tile_rows: int) -> TileLists | None:
 def kept_tile_lists(nbr: torch.Tensor, tile_rows: int) -> TileLists | None:
     """``nbr``'s lists for tiles of ``tile_rows`` rows if a forward has built them
     (the weight gradient runs over its forward's), without counting a call."""
-    if nbr.device.type != "cpu" or not nbr.is_contiguous() or tile_rows < 1:
+    if not _keeping[0] or nbr.device.type != "cpu" or not nbr.is_contiguous() or tile_rows < 1:
         return None
     with _lock:
         entry = _cache.get(nbr)
