@@ -207,3 +207,20 @@ def test_keeping_can_be_turned_off():
     assert len(T._cache) == 0
     with pytest.raises(TypeError, match="keep must be a bool"):
         T.keep_tile_lists(1)  # type: ignore[arg-type]
+
+
+def test_lists_beyond_the_memory_budget_are_not_kept():
+    """A table whose lists could outgrow the memory budget is listed by every call
+    instead of failing."""
+    nbr = _table(3000, 27, 2500, 12)
+    x, w = _operands(nbr, 2500, 16, 16, torch.float32)
+    first = T.sparse_conv(x, w, nbr, nbr)
+    tl.set_memory_budget(8 * nbr.numel() - 1)
+    try:
+        for _ in range(2):
+            assert torch.equal(T.sparse_conv(x, w, nbr, nbr), first)
+        assert not _entry(nbr).sizes
+    finally:
+        tl.set_memory_budget(None)
+    T.sparse_conv(x, w, nbr, nbr)
+    assert _entry(nbr).sizes

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
+from torch_lattice.memory_budget import get_memory_budget
 from torch_lattice.ops._runtime import (
     _C,
     DTYPE_CODES,
@@ -403,6 +404,8 @@ def tile_lists(nbr: torch.Tensor, tile_rows: int) -> TileLists | None:
         hit = entry.sizes.get(tile_rows)
     if hit is not None:
         return hit
+    if 8 * nbr.numel() > get_memory_budget():  # at most 8 bytes an entry: kept within it
+        return None
     built = _build(nbr, tile_rows)
     with _lock:
         if not _keeping[0]:
