@@ -60,27 +60,30 @@ tl_status tl_implicit_gemm_forward(const tl_ctx *ctx, const tl_conv_desc *d,
     const tl_fwd_rel rel = {nbr, NULL, NULL, 0, NULL};
     if (d->dtype == TL_F32) return tl_forward_f32(ctx, d, x, w, &rel, y);
     if (d->dtype == TL_F64) return tl_forward_f64(ctx, d, x, w, &rel, y);
-    return tl_implicit_gemm_forward_half(ctx, d, x, w, nbr, y);
+    return tl_implicit_gemm_forward_half(ctx, d, x, w, nbr, NULL, y);
 }
 
 int64_t tl_implicit_gemm_list_rows(const tl_ctx *ctx, const tl_conv_desc *d) {
+    if (d->n_out * d->c_out * d->k == 0) return 0;
+    if (d->dtype == TL_BF16 || d->dtype == TL_F16) /* never split */
+        return tl_implicit_gemm_half_tile_rows(ctx, d);
     const int64_t elem = d->dtype == TL_F32 ? 4 : d->dtype == TL_F64 ? 8 : 0;
     /* one column tile, never split (tl_forward_tile) */
-    if (elem == 0 || d->n_out * d->c_out * d->k == 0 || d->c_out * elem > 128) return 0;
+    if (elem == 0 || d->c_out * elem > 128) return 0;
     return tl_fwd_tile_rows(ctx, d, elem);
 }
 
 tl_status tl_implicit_gemm_forward_listed(const tl_ctx *ctx, const tl_conv_desc *d,
-                                          const void *x, const void *w,
+                                          const void *x, const void *w, const int32_t *nbr,
                                           const tl_tile_lists *lists, void *y) {
-    tl_status st = tl_conv_check_cpu(ctx, d, 1);
-    if (st == TL_OK) st = tl_conv_check_buffers(d, 0, x, w, y);
+    tl_status st = tl_check_args(ctx, d, 0, x, w, nbr, y, 0);
     if (st != TL_OK) return st;
     if (!lists || lists->top > d->n_in || lists->tile_rows != tl_implicit_gemm_list_rows(ctx, d))
         return TL_ERR_INVALID;
     const tl_fwd_rel rel = {NULL, NULL, NULL, 0, lists};
-    return d->dtype == TL_F32 ? tl_forward_f32(ctx, d, x, w, &rel, y)
-                              : tl_forward_f64(ctx, d, x, w, &rel, y);
+    if (d->dtype == TL_F32) return tl_forward_f32(ctx, d, x, w, &rel, y);
+    if (d->dtype == TL_F64) return tl_forward_f64(ctx, d, x, w, &rel, y);
+    return tl_implicit_gemm_forward_half(ctx, d, x, w, nbr, lists, y);
 }
 
 tl_status tl_implicit_gemm_forward_pairs(const tl_ctx *ctx, const tl_conv_desc *d, const void *x,

@@ -24,17 +24,18 @@ tl_status tl_implicit_gemm_forward(const tl_ctx *ctx, const tl_conv_desc *d,
 
 /* Rows per tile of a forward that can run over a table's tile lists
  * (tl_tile_lists.h), for lists built with that many rows per tile; 0 where
- * the forward lists each tile itself (half types, whose tiles differ, and
- * outputs wider than 128 bytes, whose tiles keep each row's first entry
- * apart).  Depends on the thread count. */
+ * the forward lists each tile itself (TL_F32 and TL_F64 outputs wider than
+ * 128 bytes, whose tiles keep each row's first entry apart).  Depends on the
+ * thread count. */
 int64_t tl_implicit_gemm_list_rows(const tl_ctx *ctx, const tl_conv_desc *d);
 
-/* tl_implicit_gemm_forward over the table's tile lists, built with
+/* tl_implicit_gemm_forward over the table nbr's tile lists, built with
  * tl_implicit_gemm_list_rows(ctx, d) rows per tile (else TL_ERR_INVALID, as
  * where the lists name an x row at or past n_in): bitwise its result, without
- * listing the table. */
+ * listing the table (the half types' rerun through the float kernels after
+ * an infinity or NaN on AMX lists nbr where its tiles differ). */
 tl_status tl_implicit_gemm_forward_listed(const tl_ctx *ctx, const tl_conv_desc *d,
-                                          const void *x, const void *w,
+                                          const void *x, const void *w, const int32_t *nbr,
                                           const tl_tile_lists *lists, void *y);
 
 /* The same output-stationary tiles over per-kernel-row pair lists sorted by
@@ -70,10 +71,15 @@ tl_status tl_implicit_gemm_weight_grad_pairs(const tl_ctx *ctx, const tl_conv_de
                                              void *dw);
 
 /* The TL_BF16 / TL_F16 forward behind tl_implicit_gemm_forward (arguments
- * already checked; tl_dataflow_implicit_gemm_half.c). */
+ * already checked; tl_dataflow_implicit_gemm_half.c), over nbr's checked
+ * tile lists where given and of its tiles. */
 tl_status tl_implicit_gemm_forward_half(const tl_ctx *ctx, const tl_conv_desc *d,
                                         const uint16_t *x, const uint16_t *w,
-                                        const int32_t *nbr, uint16_t *y);
+                                        const int32_t *nbr, const tl_tile_lists *lists,
+                                        uint16_t *y);
+
+/* Output rows per tile of the TL_BF16 / TL_F16 forward. */
+int64_t tl_implicit_gemm_half_tile_rows(const tl_ctx *ctx, const tl_conv_desc *d);
 
 /* The TL_BF16 / TL_F16 weight gradient behind tl_implicit_gemm_weight_grad
  * (arguments already checked). */

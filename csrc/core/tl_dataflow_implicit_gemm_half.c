@@ -66,6 +66,7 @@ typedef struct tl_half_call {
     const uint16_t *pw_amx;  /* packed tile weights (amx: tl_amx_pack, tl_amx_pack_f16) */
     const float *pw_f32;     /* packed float panels (staged) */
     int64_t window_rows;     /* staged: most x rows a tile converts as one span */
+    const tl_tile_lists *lists; /* the table's tile lists of f->rows a tile, or NULL */
 } tl_half_call;
 
 /* float16 runs through the tiles (tl_amx_pack_f16) where c_in x c_out is at
@@ -113,7 +114,8 @@ static void tl_half_kernels(tl_half_call *f, int tiles, int64_t least) {
 typedef struct tl_half_scratch {
     int32_t *li, *lr;    /* k x tile rows: listed x rows, tile rows (tl_list_tile) */
     int64_t *lc;         /* k: listed per kernel row */
-    const int32_t **rl;  /* k: kernel row n's tile rows (lr + n * tile rows) */
+    const int32_t **il;  /* k: kernel row n's x rows (li + n * tile rows, or the kept lists) */
+    const int32_t **rl;  /* k: kernel row n's tile rows (lr + n * tile rows, or the same) */
     const uint16_t **xh; /* tile rows + 3 */
     const float **xf;    /* tile rows + 3 */
     float **yr;          /* tile rows + 3 */
@@ -134,6 +136,7 @@ static int tl_half_scratch_init(tl_half_scratch *s, const tl_half_call *f) {
     s->li = malloc(sizeof(int32_t) * (size_t)(f->rows * k));
     s->lr = malloc(sizeof(int32_t) * (size_t)(f->rows * k));
     s->lc = malloc(sizeof(int64_t) * (size_t)k);
+    s->il = malloc(sizeof(*s->il) * (size_t)k);
     s->rl = malloc(sizeof(*s->rl) * (size_t)k);
     s->xh = malloc(sizeof(*s->xh) * (size_t)rows);
     s->xf = malloc(sizeof(*s->xf) * (size_t)rows);
@@ -149,7 +152,7 @@ static int tl_half_scratch_init(tl_half_scratch *s, const tl_half_call *f) {
     s->cbuf = f->amx ? tl_mem_aligned(sizeof(float) * 16 * 64) : NULL;
     s->zr = malloc(sizeof(int32_t) * (size_t)f->rows);
     s->hit = malloc((size_t)f->rows);
-    return s->li && s->lr && s->lc && s->rl && s->xh && s->xf && s->yr && s->acc && s->zr &&
+    return s->li && s->lr && s->lc && s->il && s->rl && s->xh && s->xf && s->yr && s->acc && s->zr &&
            s->hit && (f->dot || (s->stage && s->window)) && s->zero &&
            (!f->amx || (s->abuf && s->cbuf));
 }
@@ -158,6 +161,7 @@ static void tl_half_scratch_free(tl_half_scratch *s) {
     free(s->li);
     free(s->lr);
     free(s->lc);
+    free(s->il);
     free(s->rl);
     free(s->xh);
     free(s->xf);
@@ -303,8 +307,21 @@ static int tl_half_tile(const tl_half_call *f, const uint16_t *x, const int32_t 
      * (after it: 0.95-0.97x). */
     const int check = cin * cw >= 1024;
     if (!check) memset(s->acc, 0, sizeof(float) * (size_t)(m * cw));
-    if ((int64_t)tl_list_tile(f->level, nbr, o0, m, k, s->li, s->lr, s->lc) > d->n_in) return 1;
-    for (int64_t n = 0; n < k; n++) s->rl[n] = s->lr + n * m;
+    if (f->lists) { /* listed once, for tiles of f->rows rows */
+        const int64_t *at = f->lists->start + o0 / f->rows * k;
+        for (int64_t n = 0; n < k; n++) {
+            s->lc[n] = at[n + 1] - at[n];
+            s->il[n] = f->lists->in + at[n];
+            s->rl[n] = f->lists->rows + at[n];
+        }
+    } else {
+        if ((int64_t)tl_list_tile(f->level, nbr, o0, m, k, s->li, s->lr, s->lc) > d->n_in)
+            return 1;
+        for (int64_t n = 0; n < k; n++) {
+            s->il[n] = s->li + n * m;
+            s->rl[n] = s->lr + n * m;
+        }
+    }
     int64_t nz = 0;
     const int set = check && tl_tile_single(s->rl, s->lc, k, m, 0, s->hit, s->zr, &nz);
     if (set)
@@ -319,7 +336,7 @@ static int tl_half_tile(const tl_half_call *f, const uint16_t *x, const int32_t 
         int64_t listed = 0, a = d->n_in, b = -1;
         for (int64_t n = 0; n < k; n++) {
             listed += s->lc[n];
-            tl_list_span(f->level, s->li + n * m, s->lc[n], &a, &b);
+            tl_list_span(f->level, s->il[n], s->lc[n], &a, &b);
         }
         if (b >= a && 2 * (b - a + 1) <= listed && b - a + 1 <= f->window_rows) {
             lo = a;
@@ -331,8 +348,8 @@ static int tl_half_tile(const tl_half_call *f, const uint16_t *x, const int32_t 
     while (n < k) { /* each nonempty kernel row, asking for the next one's x rows */
         int64_t nn = n + 1;
         while (nn < k && s->lc[nn] == 0) nn++;
-        if (tl_half_run(f, s, x, n, s->li + n * m, s->lr + n * m, s->lc[n], set, co0, cw, lo,
-                        nn < k ? s->li + nn * m : NULL, nn < k ? s->lc[nn] : 0))
+        if (tl_half_run(f, s, x, n, s->il[n], s->rl[n], s->lc[n], set, co0, cw, lo,
+                        nn < k ? s->il[nn] : NULL, nn < k ? s->lc[nn] : 0))
             return 2;
         n = nn;
     }
@@ -386,18 +403,32 @@ static tl_status tl_half_pack(tl_half_call *f, const uint16_t *w, void **packed,
     return TL_OK;
 }
 
-/* The forward; `tiles`: float16 may run through the tiles. */
-static tl_status tl_half_forward(const tl_ctx *ctx, const tl_conv_desc *d, const uint16_t *x,
-                                 const uint16_t *w, const int32_t *nbr, uint16_t *y, int tiles) {
-    tl_half_call f = {.d = d, .level = tl_simd_capped(ctx->simd_cap), .mk = tl_mk_pick_f32(ctx)};
-    tl_half_kernels(&f, tiles && d->n_out >= TL_F16_AMX_MIN_ROWS, TL_F16_AMX_FORWARD_MIN);
+/* Output rows per tile of the forward with f's kernels. */
+static int64_t tl_half_tile_rows(const tl_ctx *ctx, const tl_half_call *f) {
     /* Staged layers of 64 x 64 and wider take tiles of twice the float
      * forward's rows: a tile's span of x rows grows more slowly than its rows
      * (about 2.2 times a 512-row tile's on both scenes, 1.6 times a 1024-row
      * one's), so each x row is converted fewer times (1.00-1.05x at C = 64-256;
      * C = 32 ran 0.97-1.00x). */
-    const int wide = !f.dot && d->c_in * d->c_out >= TL_HALF_WIDE_TILES;
-    f.rows = tl_fwd_tile_rows(ctx, d, (int64_t)sizeof(float) / (wide ? 2 : 1));
+    const int wide = !f->dot && f->d->c_in * f->d->c_out >= TL_HALF_WIDE_TILES;
+    return tl_fwd_tile_rows(ctx, f->d, (int64_t)sizeof(float) / (wide ? 2 : 1));
+}
+
+int64_t tl_implicit_gemm_half_tile_rows(const tl_ctx *ctx, const tl_conv_desc *d) {
+    tl_half_call f = {.d = d, .level = tl_simd_capped(ctx->simd_cap)};
+    tl_half_kernels(&f, d->n_out >= TL_F16_AMX_MIN_ROWS, TL_F16_AMX_FORWARD_MIN);
+    return tl_half_tile_rows(ctx, &f);
+}
+
+/* The forward; `tiles`: float16 may run through the tiles; `lists`: the
+ * table's tile lists (or NULL), used where they are of this call's tiles. */
+static tl_status tl_half_forward(const tl_ctx *ctx, const tl_conv_desc *d, const uint16_t *x,
+                                 const uint16_t *w, const int32_t *nbr,
+                                 const tl_tile_lists *lists, uint16_t *y, int tiles) {
+    tl_half_call f = {.d = d, .level = tl_simd_capped(ctx->simd_cap), .mk = tl_mk_pick_f32(ctx)};
+    tl_half_kernels(&f, tiles && d->n_out >= TL_F16_AMX_MIN_ROWS, TL_F16_AMX_FORWARD_MIN);
+    f.rows = tl_half_tile_rows(ctx, &f);
+    f.lists = lists && lists->tile_rows == f.rows ? lists : NULL;
     f.window_rows = TL_HALF_WINDOW_BYTES / ((d->c_in > 0 ? d->c_in : 1) * (int64_t)sizeof(float));
     if (f.window_rows > TL_HALF_WINDOW * f.rows) f.window_rows = TL_HALF_WINDOW * f.rows;
     /* A dot-product block is 4 vectors of 16 columns, each 2 channels of
@@ -409,7 +440,7 @@ static tl_status tl_half_forward(const tl_ctx *ctx, const tl_conv_desc *d, const
     tl_status st = tl_half_pack(&f, w, &packed, &finite);
     if (st != TL_OK || !finite) {
         free(packed);
-        return st != TL_OK ? st : tl_half_forward(ctx, d, x, w, nbr, y, 0);
+        return st != TL_OK ? st : tl_half_forward(ctx, d, x, w, nbr, lists, y, 0);
     }
     const int64_t row_tiles = (d->n_out + f.rows - 1) / f.rows;
     const int64_t col_tiles = (d->c_out + TL_TILE_COLS - 1) / TL_TILE_COLS;
@@ -442,13 +473,14 @@ static tl_status tl_half_forward(const tl_ctx *ctx, const tl_conv_desc *d, const
     if (invalid) return TL_ERR_INVALID;
     if (failed) return TL_ERR_NOMEM;
     /* an infinity or NaN in x: every output again, through the float kernels */
-    return nonfinite ? tl_half_forward(ctx, d, x, w, nbr, y, 0) : TL_OK;
+    return nonfinite ? tl_half_forward(ctx, d, x, w, nbr, lists, y, 0) : TL_OK;
 }
 
 tl_status tl_implicit_gemm_forward_half(const tl_ctx *ctx, const tl_conv_desc *d,
                                         const uint16_t *x, const uint16_t *w,
-                                        const int32_t *nbr, uint16_t *y) {
-    return tl_half_forward(ctx, d, x, w, nbr, y, 1);
+                                        const int32_t *nbr, const tl_tile_lists *lists,
+                                        uint16_t *y) {
+    return tl_half_forward(ctx, d, x, w, nbr, lists, y, 1);
 }
 
 /* ---- weight gradient ---------------------------------------------------------- */

@@ -70,23 +70,23 @@ static PyObject *py_conv_list_rows(PyObject *self, PyObject *args) {
 }
 
 PyDoc_STRVAR(conv_forward_listed_doc,
-             "conv_forward_listed(dtype, n_in, n_out, k, c_in, c_out, x, w, tile_rows, top, "
-             "start, in, rows, y, threads)\n\nconv_forward over the table's tile lists "
+             "conv_forward_listed(dtype, n_in, n_out, k, c_in, c_out, x, w, nbr, tile_rows, "
+             "top, start, in, rows, y, threads)\n\nconv_forward over the table's tile lists "
              "(tile_lists_count, tile_lists_fill).");
 static PyObject *py_conv_forward_listed(PyObject *self, PyObject *args) {
     (void)self;
     tl_py_call c;
     int dtype;
     long long n_in, n_out, k, cin, cout, tile_rows, top;
-    unsigned long long px, pw, pstart, pin, prows, py;
-    if (!tl_py_parse(args, 0, &c, TL_CONV_DESC_FMT "KKLLKKKK", &dtype, &n_in, &n_out, &k, &cin,
-                     &cout, &px, &pw, &tile_rows, &top, &pstart, &pin, &prows, &py))
+    unsigned long long px, pw, pnbr, pstart, pin, prows, py;
+    if (!tl_py_parse(args, 0, &c, TL_CONV_DESC_FMT "KKKLLKKKK", &dtype, &n_in, &n_out, &k, &cin,
+                     &cout, &px, &pw, &pnbr, &tile_rows, &top, &pstart, &pin, &prows, &py))
         return NULL;
     tl_conv_desc d = {(tl_dtype)dtype, n_in, n_out, k, cin, cout};
     tl_tile_lists lists = {tile_rows, top, tl_ptr(pstart), tl_ptr(pin), tl_ptr(prows)};
     tl_status st;
-    Py_BEGIN_ALLOW_THREADS st =
-        tl_implicit_gemm_forward_listed(&c.ctx, &d, tl_ptr(px), tl_ptr(pw), &lists, tl_ptr(py));
+    Py_BEGIN_ALLOW_THREADS st = tl_implicit_gemm_forward_listed(
+        &c.ctx, &d, tl_ptr(px), tl_ptr(pw), tl_ptr(pnbr), &lists, tl_ptr(py));
     Py_END_ALLOW_THREADS if (st != TL_OK) return tl_py_fail(
         &c, st, "conv_forward_listed", "tl_implicit_gemm_forward_listed",
         "the tile lists must be built for this call's tile rows (conv_list_rows) and name "

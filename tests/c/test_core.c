@@ -1126,9 +1126,9 @@ static void test_point_rows(void) {
  * the vector paths' stores must stop; m and k not multiples of 16 or 8 leave
  * partial steps. */
 /* Tile lists (tl_tile_lists.h): each tile's lists are tl_list_tile's, and
- * the forward over them is bitwise the forward over the table, in fp32 and
- * fp64, on 1 and 2 threads, on every listing path; bad tables, bad starts and
- * lists built for other tiles are refused. */
+ * the forward over them is bitwise the forward over the table, in fp32,
+ * fp64, bf16 and fp16, on 1 and 2 threads, on every listing path; bad
+ * tables, bad starts and lists built for other tiles are refused. */
 static void test_tile_lists(void) {
     static const int64_t ks[] = {1, 5, 27};
     static const int64_t outs[] = {1, 31, 300, 2050};
@@ -1212,22 +1212,22 @@ static void test_tile_lists(void) {
                     memset(y2, 0xff, es * (size_t)(n_out * cout));
                     tl_tile_lists lists = {rows_per, tp, st, li, lr};
                     CHECK(tl_implicit_gemm_forward(&ctx, &d, x, w, nbr, y) == TL_OK);
-                    CHECK(tl_implicit_gemm_forward_listed(&ctx, &d, x, w, &lists, y2) == TL_OK);
+                    CHECK(tl_implicit_gemm_forward_listed(&ctx, &d, x, w, nbr, &lists, y2) == TL_OK);
                     CHECK(memcmp(y, y2, es * (size_t)(n_out * cout)) == 0);
                     /* Lists for other tiles, or naming a row past n_in. */
                     tl_tile_lists other = lists;
                     other.tile_rows = rows_per + 1;
-                    CHECK(tl_implicit_gemm_forward_listed(&ctx, &d, x, w, &other, y2) ==
+                    CHECK(tl_implicit_gemm_forward_listed(&ctx, &d, x, w, nbr, &other, y2) ==
                           TL_ERR_INVALID);
                     tl_conv_desc fewer = d;
                     fewer.n_in = tp - 1;
                     if (tp > 0)
-                        CHECK(tl_implicit_gemm_forward_listed(&ctx, &fewer, x, w, &lists, y2) ==
+                        CHECK(tl_implicit_gemm_forward_listed(&ctx, &fewer, x, w, nbr, &lists, y2) ==
                               TL_ERR_INVALID);
                     tl_conv_desc wide = d;
                     wide.c_out = cout + 1; /* over 128 bytes a row: no lists */
                     CHECK(tl_implicit_gemm_list_rows(&ctx, &wide) == 0);
-                    CHECK(tl_implicit_gemm_forward_listed(&ctx, &wide, x, w, &lists, y2) ==
+                    CHECK(tl_implicit_gemm_forward_listed(&ctx, &wide, x, w, nbr, &lists, y2) ==
                           TL_ERR_INVALID);
                     free(st);
                     free(li);
@@ -1237,6 +1237,41 @@ static void test_tile_lists(void) {
                     free(y);
                     free(y2);
                 }
+            }
+            /* The half types, whose forward never splits: lists at every width. */
+            for (int h = 0; h < 4; h++) {
+                tl_ctx ctx = make_ctx(1 + h % 2, levels[0]);
+                const int64_t cin = 8, cout = h < 2 ? 16 : 72;
+                tl_conv_desc d = {h % 2 ? TL_F16 : TL_BF16, n_in, n_out, k, cin, cout};
+                const int64_t rows_per = tl_implicit_gemm_list_rows(&ctx, &d);
+                CHECK(rows_per >= 1);
+                if (rows_per < 1) continue;
+                const int64_t nt = tl_tile_lists_tiles(n_out, rows_per);
+                int64_t *st = xmalloc(sizeof(int64_t) * (size_t)(nt * k + 1)), tp = 0;
+                CHECK(tl_tile_lists_count(&ctx, nbr, n_out, k, rows_per, st, &tp) == TL_OK);
+                int32_t *li = xmalloc(sizeof(int32_t) * (size_t)(st[nt * k] + 1));
+                int32_t *lr = xmalloc(sizeof(int32_t) * (size_t)(st[nt * k] + 1));
+                CHECK(tl_tile_lists_fill(&ctx, nbr, n_out, k, rows_per, st, li, lr) == TL_OK);
+                uint16_t *x = xmalloc(sizeof(uint16_t) * (size_t)(n_in * cin));
+                uint16_t *w = xmalloc(sizeof(uint16_t) * (size_t)(k * cin * cout));
+                uint16_t *y = xmalloc(sizeof(uint16_t) * (size_t)(n_out * cout));
+                uint16_t *y2 = xmalloc(sizeof(uint16_t) * (size_t)(n_out * cout));
+                for (int64_t i = 0; i < n_in * cin; i++)
+                    x[i] = h % 2 ? tl_f32_to_f16(rndf()) : tl_f32_to_bf16(rndf());
+                for (int64_t i = 0; i < k * cin * cout; i++)
+                    w[i] = h % 2 ? tl_f32_to_f16(rndf()) : tl_f32_to_bf16(rndf());
+                memset(y2, 0xff, sizeof(uint16_t) * (size_t)(n_out * cout));
+                tl_tile_lists lists = {rows_per, tp, st, li, lr};
+                CHECK(tl_implicit_gemm_forward(&ctx, &d, x, w, nbr, y) == TL_OK);
+                CHECK(tl_implicit_gemm_forward_listed(&ctx, &d, x, w, nbr, &lists, y2) == TL_OK);
+                CHECK(memcmp(y, y2, sizeof(uint16_t) * (size_t)(n_out * cout)) == 0);
+                free(st);
+                free(li);
+                free(lr);
+                free(x);
+                free(w);
+                free(y);
+                free(y2);
             }
             /* An entry below -1 is refused. */
             if (n_out * k > 1) {

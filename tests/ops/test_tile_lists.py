@@ -86,16 +86,32 @@ def test_lists_follow_the_tables_own_entries():
     assert lists.top == int(nbr.max()) + 1
 
 
-def test_wide_and_half_layers_keep_no_lists():
-    """Outputs wider than 128 bytes a row, and the half types, list each call."""
+def test_wide_float_layers_keep_no_lists():
+    """float32 and float64 outputs wider than 128 bytes a row list each call."""
     nbr, n_in = _table(2000, 27, 2000, 2), 2000
-    for dtype, c_out in ((torch.float32, 33), (torch.float64, 17), (torch.bfloat16, 16)):
+    for dtype, c_out in ((torch.float32, 33), (torch.float64, 17)):
         x, w = _operands(nbr, n_in, 8, c_out, dtype)
         a = T.sparse_conv(x, w, nbr, nbr)
         b = T.sparse_conv(x, w, nbr, nbr)
         assert torch.equal(a, b)
         entry = _entry(nbr)
         assert entry is None or not entry.sizes
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("c_out", [16, 72])
+def test_half_layers_of_any_width_keep_lists(dtype, c_out):
+    """The half types' forward never splits its tiles: lists at every width, bitwise
+    the first call's output, within the dtype's rounding of a float64 reference."""
+    nbr, n_in = _table(3000, 27, 2500, 13), 2500
+    x, w = _operands(nbr, n_in, 24, c_out, dtype)
+    first = T.sparse_conv(x, w, nbr, nbr)
+    for _ in range(2):
+        assert torch.equal(T.sparse_conv(x, w, nbr, nbr), first)
+    assert len(_entry(nbr).sizes) == 1
+    want = _reference(x, w, nbr)
+    err = float((first.double() - want).abs().max() / want.abs().max())
+    assert err < 1e-2
 
 
 def test_a_table_changed_in_place_is_listed_again():

@@ -210,7 +210,7 @@ def run_forward(
     if lists is None:
         _C.conv_forward(*sizes, x, w, table, y, th)
     else:
-        _C.conv_forward_listed(*sizes, x, w, *lists.args, y, th)
+        _C.conv_forward_listed(*sizes, x, w, table, *lists.args, y, th)
 
 
 @sparse_conv.register_fake
