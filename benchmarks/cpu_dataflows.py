@@ -29,7 +29,7 @@ from torch_lattice.nn import functional as F
 DATAFLOWS = (F.Dataflow.ImplicitGEMM, F.Dataflow.FetchOnDemand, F.Dataflow.GatherScatter)
 
 
-def _call(conv: torch.nn.Module, x: tl.SparseTensor, flow: F.Dataflow,
+def layer_outputs(conv: torch.nn.Module, x: tl.SparseTensor, flow: F.Dataflow,
           backward: bool) -> list[torch.Tensor]:  # fmt: skip
     """The layer under ``flow``: its output, and with ``backward`` both gradients."""
     with F.conv_config(dataflow=flow):
@@ -63,10 +63,11 @@ def run(scenes: list[str], channels: list[int], repeats: int) -> None:
             x = tl.SparseTensor(torch.randn(scene.voxels, c), scene.coords)
             conv = tl.nn.SubmConv3d(c, c, 3, bias=False)
             for label, backward in (("forward", False), ("forward + backward", True)):
-                want = _call(conv, x, F.Dataflow.ImplicitGEMM, backward)
-                agree = [_checked(_call(conv, x, d, backward), want, d) for d in DATAFLOWS[1:]]
+                want = layer_outputs(conv, x, F.Dataflow.ImplicitGEMM, backward)
+                agree = [_checked(layer_outputs(conv, x, d, backward), want, d)
+                         for d in DATAFLOWS[1:]]  # fmt: skip
                 calls: dict[str, Callable[[], object]] = {
-                    d.value: partial(_call, conv, x, d, backward) for d in DATAFLOWS
+                    d.value: partial(layer_outputs, conv, x, d, backward) for d in DATAFLOWS
                 }
                 timed = time_side_by_side(calls, repeats, warmup=1, memory=False)
                 med = {k: t.median_ms for k, t in timed.items()}

@@ -24,22 +24,14 @@ from functools import partial
 import torch
 
 import torch_lattice as tl
+from benchmarks.cpu_dataflows import layer_outputs
 from benchmarks.scenes import make_scene, scene_names, tiny_scene
 from benchmarks.timing import time_side_by_side
 from torch_lattice.backbones import SparseResUNet42
+from torch_lattice.nn import functional as F
 from torch_lattice.ops.conv import keep_tile_lists
 
 SIDES = ("without", "with")
-
-
-def _layer(conv: torch.nn.Module, x: tl.SparseTensor, backward: bool) -> list[torch.Tensor]:
-    """The layer's output, and with ``backward`` both gradients."""
-    if not backward:
-        with torch.no_grad():
-            return [conv(x).feats]
-    feats = x.feats.detach().requires_grad_(True)
-    y = conv(x.replace(feats)).feats
-    return [y.detach(), *torch.autograd.grad(y, [feats, conv.weight], torch.ones_like(y))]
 
 
 def _network(net: torch.nn.Module, feats: torch.Tensor, coords: torch.Tensor,
@@ -87,7 +79,7 @@ def run(scenes: list[str], channels: list[int], widths: list[float], repeats: in
             x = tl.SparseTensor(torch.randn(scene.voxels, c), scene.coords)
             conv = tl.nn.SubmConv3d(c, c, 3, bias=False)
             for step, backward in (("forward", False), ("forward + backward", True)):
-                fn = partial(_layer, conv, x, backward)
+                fn = partial(layer_outputs, conv, x, F.Dataflow.ImplicitGEMM, backward)
                 print(_row(f"{name} SubmConv3d C = {c} {step}", fn, repeats), flush=True)
         feats = torch.randn(scene.voxels, 4, generator=torch.Generator().manual_seed(0))
         for width in widths:

@@ -49,7 +49,7 @@ tl_status tl_implicit_gemm_forward_pairs(const tl_ctx *ctx, const tl_conv_desc *
 
 /* Rows per tile of tile lists the weight gradient runs over (its blocks of
  * rows); 0 for the half types, which list the table. */
-int64_t tl_implicit_gemm_weight_grad_list_rows(const tl_conv_desc *d);
+int64_t tl_implicit_gemm_weight_grad_list_rows(const tl_ctx *ctx, const tl_conv_desc *d);
 
 /* tl_implicit_gemm_weight_grad (TL_F32 or TL_F64; else TL_ERR_INVALID, as
  * where the lists name an x row at or past n_in) over the table nbr's tile

@@ -54,86 +54,80 @@ PyDoc_STRVAR(conv_weight_grad_doc,
 TL_PY_FORWARD(conv_weight_grad,
               tl_conv_call("conv_weight_grad", tl_implicit_gemm_weight_grad, args))
 
-PyDoc_STRVAR(conv_list_rows_doc,
-             "conv_list_rows(dtype, n_in, n_out, k, c_in, c_out, threads) -> int\n\n"
-             "Rows per tile of tile lists conv_forward_listed can run over for this call "
-             "(0: none; tl_implicit_gemm_list_rows).");
-static PyObject *py_conv_list_rows(PyObject *self, PyObject *args) {
-    (void)self;
+typedef int64_t (*tl_list_rows_fn)(const tl_ctx *, const tl_conv_desc *);
+
+/* conv_list_rows / conv_weight_grad_list_rows: (dtype, n_in, n_out, k, c_in, c_out,
+ * threads) -> the rows per tile of the tile lists the listed call runs over. */
+static PyObject *tl_list_rows_call(tl_list_rows_fn fn, PyObject *args) {
     tl_py_call c;
     int dtype;
     long long n_in, n_out, k, cin, cout;
     if (!tl_py_parse(args, 0, &c, TL_CONV_DESC_FMT, &dtype, &n_in, &n_out, &k, &cin, &cout))
         return NULL;
     tl_conv_desc d = {(tl_dtype)dtype, n_in, n_out, k, cin, cout};
-    return PyLong_FromLongLong(tl_implicit_gemm_list_rows(&c.ctx, &d));
+    return PyLong_FromLongLong(fn(&c.ctx, &d));
 }
+
+typedef tl_status (*tl_conv_listed_fn)(const tl_ctx *, const tl_conv_desc *, const void *,
+                                       const void *, const int32_t *, const tl_tile_lists *,
+                                       void *);
+
+/* The rules of the listed calls, for TL_ERR_INVALID. */
+#define TL_CONV_LISTED_INVALID                                                              \
+    "the tile lists must be built for this call's tile rows (conv_list_rows, "              \
+    "conv_weight_grad_list_rows) and name only rows in [0, n_in); dtype, sizes (>= 0), "     \
+    "nbr and pointers must be valid"
+
+/* conv_forward_listed / conv_weight_grad_listed: (dtype, n_in, n_out, k, c_in, c_out, a,
+ * b, nbr, tile_rows, top, start, in, rows, out, threads). */
+static PyObject *tl_conv_listed_call(const char *name, const char *entry, tl_conv_listed_fn fn,
+                                     PyObject *args) {
+    tl_py_call c;
+    int dtype;
+    long long n_in, n_out, k, cin, cout, tile_rows, top;
+    unsigned long long pa, pb, pnbr, pstart, pin, prows, pout;
+    if (!tl_py_parse(args, 0, &c, TL_CONV_DESC_FMT "KKKLLKKKK", &dtype, &n_in, &n_out, &k, &cin,
+                     &cout, &pa, &pb, &pnbr, &tile_rows, &top, &pstart, &pin, &prows, &pout))
+        return NULL;
+    tl_conv_desc d = {(tl_dtype)dtype, n_in, n_out, k, cin, cout};
+    tl_tile_lists lists = {tile_rows, top, tl_ptr(pstart), tl_ptr(pin), tl_ptr(prows)};
+    tl_status st;
+    Py_BEGIN_ALLOW_THREADS st =
+        fn(&c.ctx, &d, tl_ptr(pa), tl_ptr(pb), tl_ptr(pnbr), &lists, tl_ptr(pout));
+    Py_END_ALLOW_THREADS if (st != TL_OK) return tl_py_fail(&c, st, name, entry,
+                                                            TL_CONV_LISTED_INVALID,
+                                                            TL_CONV_SIZES);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(conv_list_rows_doc,
+             "conv_list_rows(dtype, n_in, n_out, k, c_in, c_out, threads) -> int\n\n"
+             "Rows per tile of tile lists conv_forward_listed runs over for this call "
+             "(0: none; tl_implicit_gemm_list_rows).");
+TL_PY_FORWARD(conv_list_rows, tl_list_rows_call(tl_implicit_gemm_list_rows, args))
 
 PyDoc_STRVAR(conv_forward_listed_doc,
              "conv_forward_listed(dtype, n_in, n_out, k, c_in, c_out, x, w, nbr, tile_rows, "
              "top, start, in, rows, y, threads)\n\nconv_forward over the table's tile lists "
              "(tile_lists_count, tile_lists_fill).");
-static PyObject *py_conv_forward_listed(PyObject *self, PyObject *args) {
-    (void)self;
-    tl_py_call c;
-    int dtype;
-    long long n_in, n_out, k, cin, cout, tile_rows, top;
-    unsigned long long px, pw, pnbr, pstart, pin, prows, py;
-    if (!tl_py_parse(args, 0, &c, TL_CONV_DESC_FMT "KKKLLKKKK", &dtype, &n_in, &n_out, &k, &cin,
-                     &cout, &px, &pw, &pnbr, &tile_rows, &top, &pstart, &pin, &prows, &py))
-        return NULL;
-    tl_conv_desc d = {(tl_dtype)dtype, n_in, n_out, k, cin, cout};
-    tl_tile_lists lists = {tile_rows, top, tl_ptr(pstart), tl_ptr(pin), tl_ptr(prows)};
-    tl_status st;
-    Py_BEGIN_ALLOW_THREADS st = tl_implicit_gemm_forward_listed(
-        &c.ctx, &d, tl_ptr(px), tl_ptr(pw), tl_ptr(pnbr), &lists, tl_ptr(py));
-    Py_END_ALLOW_THREADS if (st != TL_OK) return tl_py_fail(
-        &c, st, "conv_forward_listed", "tl_implicit_gemm_forward_listed",
-        "the tile lists must be built for this call's tile rows (conv_list_rows) and name "
-        "only rows in [0, n_in); dtype, sizes (>= 0) and pointers must be valid",
-        TL_CONV_SIZES);
-    Py_RETURN_NONE;
-}
+TL_PY_FORWARD(conv_forward_listed,
+              tl_conv_listed_call("conv_forward_listed", "tl_implicit_gemm_forward_listed",
+                                  tl_implicit_gemm_forward_listed, args))
 
 PyDoc_STRVAR(conv_weight_grad_list_rows_doc,
              "conv_weight_grad_list_rows(dtype, n_in, n_out, k, c_in, c_out, threads) -> int\n\n"
              "Rows per tile of tile lists conv_weight_grad_listed runs over (0: none).");
-static PyObject *py_conv_weight_grad_list_rows(PyObject *self, PyObject *args) {
-    (void)self;
-    tl_py_call c;
-    int dtype;
-    long long n_in, n_out, k, cin, cout;
-    if (!tl_py_parse(args, 0, &c, TL_CONV_DESC_FMT, &dtype, &n_in, &n_out, &k, &cin, &cout))
-        return NULL;
-    tl_conv_desc d = {(tl_dtype)dtype, n_in, n_out, k, cin, cout};
-    return PyLong_FromLongLong(tl_implicit_gemm_weight_grad_list_rows(&d));
-}
+TL_PY_FORWARD(conv_weight_grad_list_rows,
+              tl_list_rows_call(tl_implicit_gemm_weight_grad_list_rows, args))
 
 PyDoc_STRVAR(conv_weight_grad_listed_doc,
              "conv_weight_grad_listed(dtype, n_in, n_out, k, c_in, c_out, x, dy, nbr, "
              "tile_rows, top, start, in, rows, dw, threads)\n\nconv_weight_grad over nbr's "
              "tile lists where their tiles are its blocks, else over nbr.");
-static PyObject *py_conv_weight_grad_listed(PyObject *self, PyObject *args) {
-    (void)self;
-    tl_py_call c;
-    int dtype;
-    long long n_in, n_out, k, cin, cout, tile_rows, top;
-    unsigned long long px, pdy, pnbr, pstart, pin, prows, pdw;
-    if (!tl_py_parse(args, 0, &c, TL_CONV_DESC_FMT "KKKLLKKKK", &dtype, &n_in, &n_out, &k, &cin,
-                     &cout, &px, &pdy, &pnbr, &tile_rows, &top, &pstart, &pin, &prows, &pdw))
-        return NULL;
-    tl_conv_desc d = {(tl_dtype)dtype, n_in, n_out, k, cin, cout};
-    tl_tile_lists lists = {tile_rows, top, tl_ptr(pstart), tl_ptr(pin), tl_ptr(prows)};
-    tl_status st;
-    Py_BEGIN_ALLOW_THREADS st = tl_implicit_gemm_weight_grad_listed(
-        &c.ctx, &d, tl_ptr(px), tl_ptr(pdy), tl_ptr(pnbr), &lists, tl_ptr(pdw));
-    Py_END_ALLOW_THREADS if (st != TL_OK) return tl_py_fail(
-        &c, st, "conv_weight_grad_listed", "tl_implicit_gemm_weight_grad_listed",
-        "dtype must be float32 or float64, every nbr entry -1 or in [0, n_in) and the tile "
-        "lists must name only rows in [0, n_in); sizes (>= 0) and pointers must be valid",
-        TL_CONV_SIZES);
-    Py_RETURN_NONE;
-}
+TL_PY_FORWARD(conv_weight_grad_listed,
+              tl_conv_listed_call("conv_weight_grad_listed",
+                                  "tl_implicit_gemm_weight_grad_listed",
+                                  tl_implicit_gemm_weight_grad_listed, args))
 
 typedef tl_status (*tl_pairs_fn)(const tl_ctx *, tl_pairs_mode, const tl_conv_desc *,
                                  const void *, const void *, const tl_pairs *, void *);

@@ -1125,6 +1125,105 @@ static void test_point_rows(void) {
  * -1).  A table with every entry present fills each list to its end, where
  * the vector paths' stores must stop; m and k not multiples of 16 or 8 leave
  * partial steps. */
+/* Lists nbr for d's forward tiles (tl_implicit_gemm_list_rows): *lists owns
+ * its three arrays (free_lists). */
+static void build_lists(const tl_ctx *ctx, const tl_conv_desc *d, const int32_t *nbr,
+                        tl_tile_lists *lists) {
+    const int64_t rows = tl_implicit_gemm_list_rows(ctx, d);
+    CHECK(rows >= 1);
+    const int64_t nt = tl_tile_lists_tiles(d->n_out, rows > 0 ? rows : 1);
+    int64_t *st = xmalloc(sizeof(int64_t) * (size_t)(nt * d->k + 1)), top = 0;
+    CHECK(tl_tile_lists_count(ctx, nbr, d->n_out, d->k, rows > 0 ? rows : 1, st, &top) == TL_OK);
+    int32_t *in = xmalloc(sizeof(int32_t) * (size_t)(st[nt * d->k] + 1));
+    int32_t *lr = xmalloc(sizeof(int32_t) * (size_t)(st[nt * d->k] + 1));
+    CHECK(tl_tile_lists_fill(ctx, nbr, d->n_out, d->k, rows > 0 ? rows : 1, st, in, lr) == TL_OK);
+    *lists = (tl_tile_lists){rows, top, st, in, lr};
+}
+
+static void free_lists(tl_tile_lists *lists) {
+    free((void *)lists->start);
+    free((void *)lists->in);
+    free((void *)lists->rows);
+}
+
+/* n random values of dtype t at p. */
+static void fill_random(tl_dtype t, void *p, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        const float v = rndf();
+        if (t == TL_F32) ((float *)p)[i] = v;
+        if (t == TL_F64) ((double *)p)[i] = v;
+        if (t == TL_BF16) ((uint16_t *)p)[i] = tl_f32_to_bf16(v);
+        if (t == TL_F16) ((uint16_t *)p)[i] = tl_f32_to_f16(v);
+    }
+}
+
+/* d's forward over nbr's lists is bitwise its forward over nbr. */
+static void check_listed_forward(const tl_ctx *ctx, const tl_conv_desc *d, const int32_t *nbr,
+                                 const tl_tile_lists *lists) {
+    const size_t es = d->dtype == TL_F64 ? 8 : d->dtype == TL_F32 ? 4 : 2;
+    char *x = xmalloc(es * (size_t)(d->n_in * d->c_in));
+    char *w = xmalloc(es * (size_t)(d->k * d->c_in * d->c_out));
+    char *y = xmalloc(es * (size_t)(d->n_out * d->c_out));
+    char *y2 = xmalloc(es * (size_t)(d->n_out * d->c_out));
+    fill_random(d->dtype, x, d->n_in * d->c_in);
+    fill_random(d->dtype, w, d->k * d->c_in * d->c_out);
+    memset(y2, 0xff, es * (size_t)(d->n_out * d->c_out));
+    CHECK(tl_implicit_gemm_forward(ctx, d, x, w, nbr, y) == TL_OK);
+    CHECK(tl_implicit_gemm_forward_listed(ctx, d, x, w, nbr, lists, y2) == TL_OK);
+    CHECK(memcmp(y, y2, es * (size_t)(d->n_out * d->c_out)) == 0);
+    /* Lists for other tiles, or naming a row past n_in, are refused. */
+    tl_tile_lists other = *lists;
+    other.tile_rows = lists->tile_rows + 1;
+    CHECK(tl_implicit_gemm_forward_listed(ctx, d, x, w, nbr, &other, y2) == TL_ERR_INVALID);
+    tl_conv_desc fewer = *d;
+    fewer.n_in = lists->top - 1;
+    if (lists->top > 0)
+        CHECK(tl_implicit_gemm_forward_listed(ctx, &fewer, x, w, nbr, lists, y2) ==
+              TL_ERR_INVALID);
+    free(x);
+    free(w);
+    free(y);
+    free(y2);
+}
+
+/* Every dtype at a width with lists; float32 and float64 wider than 128 bytes
+ * a row have none (their tiles split). */
+static void check_forward_over_lists(const tl_ctx *ctx, const int32_t *nbr, int64_t n_in,
+                                     int64_t n_out, int64_t k) {
+    static const tl_dtype types[] = {TL_F32, TL_F64, TL_BF16, TL_F16};
+    for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
+        const int64_t cin = 3 + 5 * (int64_t)i, cout = types[i] == TL_F32 ? 32 : 16;
+        tl_conv_desc d = {types[i], n_in, n_out, k, cin, cout};
+        tl_tile_lists lists;
+        build_lists(ctx, &d, nbr, &lists);
+        if (lists.tile_rows >= 1) check_listed_forward(ctx, &d, nbr, &lists);
+        if (types[i] == TL_F32 || types[i] == TL_F64) {
+            tl_conv_desc wide = d;
+            wide.c_out = cout + 1;
+            CHECK(tl_implicit_gemm_list_rows(ctx, &wide) == 0);
+            double *x = xmalloc(sizeof(double) * (size_t)(n_in * cin));
+            double *w = xmalloc(sizeof(double) * (size_t)(k * cin * wide.c_out));
+            double *y = xmalloc(sizeof(double) * (size_t)(n_out * wide.c_out));
+            CHECK(tl_implicit_gemm_forward_listed(ctx, &wide, x, w, nbr, &lists, y) ==
+                  TL_ERR_INVALID);
+            free(x);
+            free(w);
+            free(y);
+        }
+        free_lists(&lists);
+    }
+}
+
+/* A half type at 72 columns: lists at any width. */
+static void check_half_over_lists(const tl_ctx *ctx, tl_dtype t, const int32_t *nbr,
+                                  int64_t n_in, int64_t n_out, int64_t k) {
+    tl_conv_desc d = {t, n_in, n_out, k, 8, 72};
+    tl_tile_lists lists;
+    build_lists(ctx, &d, nbr, &lists);
+    if (lists.tile_rows >= 1) check_listed_forward(ctx, &d, nbr, &lists);
+    free_lists(&lists);
+}
+
 /* Tile lists (tl_tile_lists.h): each tile's lists are tl_list_tile's, and
  * the forward over them is bitwise the forward over the table, in fp32,
  * fp64, bf16 and fp16, on 1 and 2 threads, on every listing path; bad
@@ -1187,91 +1286,12 @@ static void test_tile_lists(void) {
                 free(start);
                 free(in);
                 free(rows);
-                /* The forward over lists of its own tiles, fp32 and fp64. */
-                for (int f64 = 0; f64 < 2; f64++) {
-                    const int64_t cin = 3 + 5 * f64, cout = f64 ? 16 : 32;
-                    const size_t es = f64 ? sizeof(double) : sizeof(float);
-                    tl_conv_desc d = {f64 ? TL_F64 : TL_F32, n_in, n_out, k, cin, cout};
-                    const int64_t rows_per = tl_implicit_gemm_list_rows(&ctx, &d);
-                    CHECK(rows_per >= 1);
-                    if (rows_per < 1) continue;
-                    const int64_t nt = tl_tile_lists_tiles(n_out, rows_per);
-                    int64_t *st = xmalloc(sizeof(int64_t) * (size_t)(nt * k + 1)), tp = 0;
-                    CHECK(tl_tile_lists_count(&ctx, nbr, n_out, k, rows_per, st, &tp) == TL_OK);
-                    int32_t *li = xmalloc(sizeof(int32_t) * (size_t)(st[nt * k] + 1));
-                    int32_t *lr = xmalloc(sizeof(int32_t) * (size_t)(st[nt * k] + 1));
-                    CHECK(tl_tile_lists_fill(&ctx, nbr, n_out, k, rows_per, st, li, lr) == TL_OK);
-                    char *x = xmalloc(es * (size_t)(n_in * cin));
-                    char *w = xmalloc(es * (size_t)(k * cin * cout));
-                    char *y = xmalloc(es * (size_t)(n_out * cout));
-                    char *y2 = xmalloc(es * (size_t)(n_out * cout));
-                    for (int64_t i = 0; i < n_in * cin; i++)
-                        f64 ? (void)(((double *)x)[i] = rndf()) : (void)(((float *)x)[i] = rndf());
-                    for (int64_t i = 0; i < k * cin * cout; i++)
-                        f64 ? (void)(((double *)w)[i] = rndf()) : (void)(((float *)w)[i] = rndf());
-                    memset(y2, 0xff, es * (size_t)(n_out * cout));
-                    tl_tile_lists lists = {rows_per, tp, st, li, lr};
-                    CHECK(tl_implicit_gemm_forward(&ctx, &d, x, w, nbr, y) == TL_OK);
-                    CHECK(tl_implicit_gemm_forward_listed(&ctx, &d, x, w, nbr, &lists, y2) == TL_OK);
-                    CHECK(memcmp(y, y2, es * (size_t)(n_out * cout)) == 0);
-                    /* Lists for other tiles, or naming a row past n_in. */
-                    tl_tile_lists other = lists;
-                    other.tile_rows = rows_per + 1;
-                    CHECK(tl_implicit_gemm_forward_listed(&ctx, &d, x, w, nbr, &other, y2) ==
-                          TL_ERR_INVALID);
-                    tl_conv_desc fewer = d;
-                    fewer.n_in = tp - 1;
-                    if (tp > 0)
-                        CHECK(tl_implicit_gemm_forward_listed(&ctx, &fewer, x, w, nbr, &lists, y2) ==
-                              TL_ERR_INVALID);
-                    tl_conv_desc wide = d;
-                    wide.c_out = cout + 1; /* over 128 bytes a row: no lists */
-                    CHECK(tl_implicit_gemm_list_rows(&ctx, &wide) == 0);
-                    CHECK(tl_implicit_gemm_forward_listed(&ctx, &wide, x, w, nbr, &lists, y2) ==
-                          TL_ERR_INVALID);
-                    free(st);
-                    free(li);
-                    free(lr);
-                    free(x);
-                    free(w);
-                    free(y);
-                    free(y2);
-                }
+                /* The forward over lists of its own tiles, every dtype. */
+                check_forward_over_lists(&ctx, nbr, n_in, n_out, k);
             }
-            /* The half types, whose forward never splits: lists at every width. */
-            for (int h = 0; h < 4; h++) {
-                tl_ctx ctx = make_ctx(1 + h % 2, levels[0]);
-                const int64_t cin = 8, cout = h < 2 ? 16 : 72;
-                tl_conv_desc d = {h % 2 ? TL_F16 : TL_BF16, n_in, n_out, k, cin, cout};
-                const int64_t rows_per = tl_implicit_gemm_list_rows(&ctx, &d);
-                CHECK(rows_per >= 1);
-                if (rows_per < 1) continue;
-                const int64_t nt = tl_tile_lists_tiles(n_out, rows_per);
-                int64_t *st = xmalloc(sizeof(int64_t) * (size_t)(nt * k + 1)), tp = 0;
-                CHECK(tl_tile_lists_count(&ctx, nbr, n_out, k, rows_per, st, &tp) == TL_OK);
-                int32_t *li = xmalloc(sizeof(int32_t) * (size_t)(st[nt * k] + 1));
-                int32_t *lr = xmalloc(sizeof(int32_t) * (size_t)(st[nt * k] + 1));
-                CHECK(tl_tile_lists_fill(&ctx, nbr, n_out, k, rows_per, st, li, lr) == TL_OK);
-                uint16_t *x = xmalloc(sizeof(uint16_t) * (size_t)(n_in * cin));
-                uint16_t *w = xmalloc(sizeof(uint16_t) * (size_t)(k * cin * cout));
-                uint16_t *y = xmalloc(sizeof(uint16_t) * (size_t)(n_out * cout));
-                uint16_t *y2 = xmalloc(sizeof(uint16_t) * (size_t)(n_out * cout));
-                for (int64_t i = 0; i < n_in * cin; i++)
-                    x[i] = h % 2 ? tl_f32_to_f16(rndf()) : tl_f32_to_bf16(rndf());
-                for (int64_t i = 0; i < k * cin * cout; i++)
-                    w[i] = h % 2 ? tl_f32_to_f16(rndf()) : tl_f32_to_bf16(rndf());
-                memset(y2, 0xff, sizeof(uint16_t) * (size_t)(n_out * cout));
-                tl_tile_lists lists = {rows_per, tp, st, li, lr};
-                CHECK(tl_implicit_gemm_forward(&ctx, &d, x, w, nbr, y) == TL_OK);
-                CHECK(tl_implicit_gemm_forward_listed(&ctx, &d, x, w, nbr, &lists, y2) == TL_OK);
-                CHECK(memcmp(y, y2, sizeof(uint16_t) * (size_t)(n_out * cout)) == 0);
-                free(st);
-                free(li);
-                free(lr);
-                free(x);
-                free(w);
-                free(y);
-                free(y2);
+            for (int h = 0; h < 2; h++) { /* half types at a wider layer too, 2 threads */
+                tl_ctx ctx = make_ctx(2, levels[0]);
+                check_half_over_lists(&ctx, h ? TL_F16 : TL_BF16, nbr, n_in, n_out, k);
             }
             /* An entry below -1 is refused. */
             if (n_out * k > 1) {

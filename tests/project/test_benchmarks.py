@@ -908,13 +908,13 @@ def test_cpu_dataflows_check_then_time(
     cpu_dataflows.run(["tiny"], [4], repeats=1)
     out = capsys.readouterr().out
     assert out.count("| tiny | 4 |") == 2 and out.count("| bitwise / ") == 2
-    call = cpu_dataflows._call
+    call = cpu_dataflows.layer_outputs
 
     def off(conv, x, flow, backward):  # type: ignore[no-untyped-def]
         got = call(conv, x, flow, backward)
         return [t * 1.01 for t in got] if flow is F.Dataflow.GatherScatter else got
 
-    monkeypatch.setattr(cpu_dataflows, "_call", off)
+    monkeypatch.setattr(cpu_dataflows, "layer_outputs", off)
     monkeypatch.setattr(cpu_dataflows, "time_side_by_side", lambda *a, **k: pytest.fail("timed"))
     with pytest.raises(SystemExit, match="gather_scatter: differs from implicit GEMM"):
         cpu_dataflows.run(["tiny"], [4], repeats=1)
