@@ -124,6 +124,12 @@ def test_a_table_changed_in_place_is_listed_again():
     got = T.sparse_conv(x, w, nbr, nbr)
     assert torch.equal(got, T.sparse_conv(x, w, nbr.clone(), nbr))  # a new table: listed
     torch.testing.assert_close(got.double(), _reference(x, w, nbr), rtol=1e-4, atol=1e-4)
+    T.sparse_conv(x, w, nbr, nbr)  # lists of the changed table
+    with torch.no_grad():
+        nbr.resize_(1500, 27)  # fewer rows, the same memory
+    got = T.sparse_conv(x, w, nbr, nbr)
+    assert got.shape[0] == 1500
+    torch.testing.assert_close(got.double(), _reference(x, w, nbr), rtol=1e-4, atol=1e-4)
 
 
 def test_inference_tensors_and_non_contiguous_tables():

@@ -286,19 +286,19 @@ sparse_conv.register_autograd(_backward, setup_context=_setup_context)
 
 # ---- tile lists kept beside each table (csrc/core/tl_tile_lists.h) ----
 #
-# Tile lists of neighbour tables, kept with the table (csrc/core/tl_tile_lists.h).
-#
 # Every implicit-GEMM forward on the CPU lists, for each tile of output rows, each kernel
 # row's present entries of the ``(N_out, K)`` table. That listing reads the whole table on
-# every call and does not shrink with the channels: about a quarter of a C = 16 forward on
+# every call and does not shrink with the channels: about a third of a C = 16 forward on
 # a LiDAR scan. A table that several calls run over (the layers of a network level, and
 # the input gradients that run over the reversed table) is listed once instead, from its
 # second call on, and the lists are kept beside the table for as long as the table lives.
 # The forward over the lists is bitwise the forward over the table.
 #
 # Lists are built only where the forward can use them (``_C.conv_list_rows``: float32 and
-# float64 outputs of at most 128 bytes a row, so C_out <= 32 in float32), for the tile
-# size of the call (it depends on the thread count; at most two sizes are kept a table).
+# float64 outputs of at most 128 bytes a row, so C_out <= 32 in float32, and bfloat16 and
+# float16 at every width), for the tile size of the call (it depends on the thread count;
+# at most two sizes are kept a table); the weight gradient reads them where their tiles
+# are its blocks (``_C.conv_weight_grad_list_rows``).
 # A table modified in place is listed again; an inference tensor (made under
 # ``torch.inference_mode``) has no version counter, so such a table, like a ``KernelMap``'s
 # pair lists, must not be modified in place after its first call. Lists cost 8 bytes a
@@ -334,8 +334,10 @@ class TileLists:
 
 @dataclass
 class _Entry:
-    version: int
-    data_ptr: int
+    """What is kept for one table: its state when seen (a change of any is a new table),
+    its forward calls, and its lists by tile size."""
+
+    state: tuple[int, int, tuple[int, ...]]  # version counter, data pointer, shape
     calls: int = 0
     sizes: dict[int, TileLists] = field(default_factory=dict)
 
@@ -359,9 +361,10 @@ def _build(nbr: torch.Tensor, tile_rows: int) -> TileLists:
     return TileLists(tile_rows, top, start, rows_in, rows_out, args)
 
 
-def _version(t: torch.Tensor) -> int:
-    """``t``'s version counter, or -1 for an inference tensor, which has none."""
-    return -1 if t.is_inference() else t._version
+def _state(t: torch.Tensor) -> tuple[int, int, tuple[int, ...]]:
+    """``t``'s version counter (-1 for an inference tensor, which has none), data pointer
+    and shape."""
+    return (-1 if t.is_inference() else t._version, t.data_ptr(), tuple(t.shape))
 
 
 # Whether tables keep their tile lists (keep_tile_lists): a process-wide setting.
@@ -392,11 +395,11 @@ def tile_lists(nbr: torch.Tensor, tile_rows: int) -> TileLists | None:
     the call (> 0)."""
     if not _keeping[0] or nbr.device.type != "cpu" or not nbr.is_contiguous() or tile_rows < 1:
         return None
-    version, data = _version(nbr), nbr.data_ptr()
+    state = _state(nbr)
     with _lock:
         entry = _cache.get(nbr)
-        if entry is None or entry.version != version or entry.data_ptr != data:
-            entry = _Entry(version, data)  # new, or changed in place: listed again
+        if entry is None or entry.state != state:
+            entry = _Entry(state)  # new, or changed in place: listed again
             _cache[nbr] = entry
         entry.calls += 1
         if entry.calls < 2:
@@ -423,9 +426,7 @@ def kept_tile_lists(nbr: torch.Tensor, tile_rows: int) -> TileLists | None:
         return None
     with _lock:
         entry = _cache.get(nbr)
-        if entry is None or entry.version != _version(nbr) or entry.data_ptr != nbr.data_ptr():
-            return None
-        return entry.sizes.get(tile_rows)
+        return entry.sizes.get(tile_rows) if entry and entry.state == _state(nbr) else None
 
 
 def clear_tile_lists() -> None:
