@@ -16,17 +16,19 @@ kernels over its pair lists)::
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
 
 import torch
 
 import torch_lattice as tl
-from benchmarks.scenes import make_scene, scene_names, tiny_scene
+from benchmarks.scenes import Scene, make_scene, scene_names, tiny_scene
 from benchmarks.timing import time_side_by_side
 from torch_lattice.nn import functional as F
 
 DATAFLOWS = (F.Dataflow.ImplicitGEMM, F.Dataflow.FetchOnDemand, F.Dataflow.GatherScatter)
+# Each layer's steps: (label, backward).
+STEPS = (("forward", False), ("forward + backward", True))
 
 
 def layer_outputs(conv: torch.nn.Module, x: tl.SparseTensor, flow: F.Dataflow,
@@ -40,6 +42,16 @@ def layer_outputs(conv: torch.nn.Module, x: tl.SparseTensor, flow: F.Dataflow,
         y = conv(x.replace(feats)).feats
         dy = torch.ones_like(y)  # contiguous, as a network's upstream gradient is
         return [y.detach(), *torch.autograd.grad(y, [feats, conv.weight], dy)]
+
+
+def subm_layers(scene: Scene, channels: list[int]
+                ) -> Iterator[tuple[int, torch.nn.Module, tl.SparseTensor]]:  # fmt: skip
+    """Each width's ``SubmConv3d(C, C, 3)`` and random features on ``scene`` (seeded by
+    the width, so every benchmark that runs them runs the same layers)."""
+    for c in channels:
+        torch.manual_seed(c)
+        x = tl.SparseTensor(torch.randn(scene.voxels, c), scene.coords)
+        yield c, tl.nn.SubmConv3d(c, c, 3, bias=False), x
 
 
 def _checked(got: list[torch.Tensor], want: list[torch.Tensor], flow: F.Dataflow) -> str:
@@ -58,11 +70,8 @@ def run(scenes: list[str], channels: list[int], repeats: int) -> None:
     print("|---|---|---|" + "---|" * (len(DATAFLOWS) + 3))
     for name in scenes:
         scene = tiny_scene() if name == "tiny" else make_scene(name)
-        for c in channels:
-            torch.manual_seed(c)
-            x = tl.SparseTensor(torch.randn(scene.voxels, c), scene.coords)
-            conv = tl.nn.SubmConv3d(c, c, 3, bias=False)
-            for label, backward in (("forward", False), ("forward + backward", True)):
+        for c, conv, x in subm_layers(scene, channels):
+            for label, backward in STEPS:
                 want = layer_outputs(conv, x, F.Dataflow.ImplicitGEMM, backward)
                 agree = [_checked(layer_outputs(conv, x, d, backward), want, d)
                          for d in DATAFLOWS[1:]]  # fmt: skip
@@ -83,19 +92,33 @@ def run(scenes: list[str], channels: list[int], repeats: int) -> None:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--scenes", nargs="+", default=["surface", "lidar"],
+    p = layer_arguments(__doc__, ["surface", "lidar"], [16, 32, 64, 128], 7)
+    a = started(p)
+    run(a.scenes, a.channels, a.repeats)
+    return 0
+
+
+def layer_arguments(doc: str | None, scenes: list[str], channels: list[int],
+                    repeats: int) -> argparse.ArgumentParser:  # fmt: skip
+    """The options of a benchmark of SubmConv3d layers (:func:`subm_layers`), with
+    these defaults."""
+    p = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
+    p.add_argument("--scenes", nargs="+", default=scenes,
                    choices=[*scene_names(), "tiny"])  # fmt: skip
-    p.add_argument("--channels", nargs="+", type=int, default=[16, 32, 64, 128])
-    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--channels", nargs="+", type=int, default=channels)
+    p.add_argument("--repeats", type=int, default=repeats)
     p.add_argument("--reuse-cpu-memory", action="store_true",
                    help="tl.reuse_cpu_memory() first (outputs reuse faulted-in pages)")  # fmt: skip
+    return p
+
+
+def started(p: argparse.ArgumentParser) -> argparse.Namespace:
+    """``p``'s arguments, after ``tl.reuse_cpu_memory()`` where asked and the header."""
     a = p.parse_args()
     if a.reuse_cpu_memory:
         tl.reuse_cpu_memory()
     print(f"{torch.get_num_threads()} threads, torch {torch.__version__}\n")
-    run(a.scenes, a.channels, a.repeats)
-    return 0
+    return a
 
 
 if __name__ == "__main__":

@@ -17,15 +17,14 @@ anything is timed::
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Callable
 from functools import partial
 
 import torch
 
 import torch_lattice as tl
-from benchmarks.cpu_dataflows import layer_outputs
-from benchmarks.scenes import make_scene, scene_names, tiny_scene
+from benchmarks.cpu_dataflows import STEPS, layer_arguments, layer_outputs, started, subm_layers
+from benchmarks.scenes import make_scene, tiny_scene
 from benchmarks.timing import time_side_by_side
 from torch_lattice.backbones import SparseResUNet42
 from torch_lattice.nn import functional as F
@@ -74,11 +73,8 @@ def run(scenes: list[str], channels: list[int], widths: list[float], repeats: in
     print("|---|---|---|---|---|")
     for name in scenes:
         scene = tiny_scene() if name == "tiny" else make_scene(name)
-        for c in channels:
-            torch.manual_seed(c)
-            x = tl.SparseTensor(torch.randn(scene.voxels, c), scene.coords)
-            conv = tl.nn.SubmConv3d(c, c, 3, bias=False)
-            for step, backward in (("forward", False), ("forward + backward", True)):
+        for c, conv, x in subm_layers(scene, channels):
+            for step, backward in STEPS:
                 fn = partial(layer_outputs, conv, x, F.Dataflow.ImplicitGEMM, backward)
                 print(_row(f"{name} SubmConv3d C = {c} {step}", fn, repeats), flush=True)
         feats = torch.randn(scene.voxels, 4, generator=torch.Generator().manual_seed(0))
@@ -93,18 +89,9 @@ def run(scenes: list[str], channels: list[int], widths: list[float], repeats: in
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--scenes", nargs="+", default=["lidar", "surface"],
-                   choices=[*scene_names(), "tiny"])  # fmt: skip
-    p.add_argument("--channels", nargs="+", type=int, default=[16, 32])
+    p = layer_arguments(__doc__, ["lidar", "surface"], [16, 32], 9)
     p.add_argument("--widths", nargs="+", type=float, default=[1.0, 0.5])
-    p.add_argument("--repeats", type=int, default=9)
-    p.add_argument("--reuse-cpu-memory", action="store_true",
-                   help="tl.reuse_cpu_memory() first (outputs reuse faulted-in pages)")  # fmt: skip
-    a = p.parse_args()
-    if a.reuse_cpu_memory:
-        tl.reuse_cpu_memory()
-    print(f"{torch.get_num_threads()} threads, torch {torch.__version__}\n")
+    a = started(p)
     run(a.scenes, a.channels, a.widths, a.repeats)
     return 0
 
