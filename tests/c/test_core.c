@@ -1224,6 +1224,51 @@ static void check_half_over_lists(const tl_ctx *ctx, tl_dtype t, const int32_t *
     free_lists(&lists);
 }
 
+/* The weight gradient over lists of its blocks' rows is bitwise its gradient
+ * over nbr (float32, float64); lists of other tiles run over nbr; the half
+ * types and lists naming a row past n_in are refused. */
+static void check_wgrad_over_lists(const tl_ctx *ctx, const int32_t *nbr, int64_t n_in,
+                                   int64_t n_out, int64_t k) {
+    static const tl_dtype types[] = {TL_F32, TL_F64};
+    for (size_t i = 0; i < 2; i++) {
+        tl_conv_desc d = {types[i], n_in, n_out, k, 5, 7};
+        const size_t es = types[i] == TL_F64 ? 8 : 4;
+        for (int own = 0; own < 2; own++) { /* the blocks' tiles, or others */
+            const int64_t rows = own ? tl_implicit_gemm_weight_grad_list_rows(ctx, &d) : 32;
+            CHECK(rows >= 1);
+            const int64_t nt = tl_tile_lists_tiles(n_out, rows > 0 ? rows : 1);
+            int64_t *st = xmalloc(sizeof(int64_t) * (size_t)(nt * k + 1)), top = 0;
+            CHECK(tl_tile_lists_count(ctx, nbr, n_out, k, rows, st, &top) == TL_OK);
+            int32_t *in = xmalloc(sizeof(int32_t) * (size_t)(st[nt * k] + 1));
+            int32_t *lr = xmalloc(sizeof(int32_t) * (size_t)(st[nt * k] + 1));
+            CHECK(tl_tile_lists_fill(ctx, nbr, n_out, k, rows, st, in, lr) == TL_OK);
+            tl_tile_lists lists = {rows, top, st, in, lr};
+            char *x = xmalloc(es * (size_t)(n_in * 5)), *dy = xmalloc(es * (size_t)(n_out * 7));
+            char *dw = xmalloc(es * (size_t)(k * 35)), *dw2 = xmalloc(es * (size_t)(k * 35));
+            fill_random(d.dtype, x, n_in * 5);
+            fill_random(d.dtype, dy, n_out * 7);
+            CHECK(tl_implicit_gemm_weight_grad(ctx, &d, x, dy, nbr, dw) == TL_OK);
+            CHECK(tl_implicit_gemm_weight_grad_listed(ctx, &d, x, dy, nbr, &lists, dw2) == TL_OK);
+            CHECK(memcmp(dw, dw2, es * (size_t)(k * 35)) == 0);
+            tl_conv_desc fewer = d, half = d;
+            fewer.n_in = top - 1;
+            half.dtype = TL_BF16;
+            if (top > 0)
+                CHECK(tl_implicit_gemm_weight_grad_listed(ctx, &fewer, x, dy, nbr, &lists, dw2) ==
+                      TL_ERR_INVALID);
+            CHECK(tl_implicit_gemm_weight_grad_listed(ctx, &half, x, dy, nbr, &lists, dw2) ==
+                  TL_ERR_INVALID);
+            free(st);
+            free(in);
+            free(lr);
+            free(x);
+            free(dy);
+            free(dw);
+            free(dw2);
+        }
+    }
+}
+
 /* Tile lists (tl_tile_lists.h): each tile's lists are tl_list_tile's, and
  * the forward over them is bitwise the forward over the table, in fp32,
  * fp64, bf16 and fp16, on 1 and 2 threads, on every listing path; bad
@@ -1286,8 +1331,10 @@ static void test_tile_lists(void) {
                 free(start);
                 free(in);
                 free(rows);
-                /* The forward over lists of its own tiles, every dtype. */
+                /* The forward over lists of its own tiles, every dtype, and
+                 * the weight gradient over lists of its blocks. */
                 check_forward_over_lists(&ctx, nbr, n_in, n_out, k);
+                check_wgrad_over_lists(&ctx, nbr, n_in, n_out, k);
             }
             for (int h = 0; h < 2; h++) { /* half types at a wider layer too, 2 threads */
                 tl_ctx ctx = make_ctx(2, levels[0]);

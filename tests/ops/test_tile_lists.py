@@ -246,3 +246,47 @@ def test_lists_beyond_the_memory_budget_are_not_kept():
         tl.set_memory_budget(None)
     T.sparse_conv(x, w, nbr, nbr)
     assert _entry(nbr).sizes
+
+
+@pytest.mark.parametrize("isa", ["avx2", "baseline"])
+def test_narrower_instruction_sets_over_kept_lists(isa, monkeypatch):
+    """The lists hold the same entries on every instruction set: forward and weight
+    gradient over them (capped by TORCH_LATTICE_CPU_ISA) are bitwise the first call's."""
+    monkeypatch.setenv("TORCH_LATTICE_CPU_ISA", isa)
+    nbr, n_in = _table(3000, 27, 2500, 14), 2500
+    x, w = _operands(nbr, n_in, 16, 16, torch.float32)
+    dy = torch.randn(3000, 16, generator=torch.Generator().manual_seed(14))
+    first = T.sparse_conv(x, w, nbr, nbr)
+    grad = T.sparse_conv_weight_grad(x, dy, nbr)
+    for _ in range(2):
+        assert torch.equal(T.sparse_conv(x, w, nbr, nbr), first)
+        assert torch.equal(T.sparse_conv_weight_grad(x, dy, nbr), grad)
+    assert _entry(nbr).sizes
+    torch.testing.assert_close(first.double(), _reference(x, w, nbr), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("isa", ["auto", "avx2"])
+def test_weight_gradient_over_its_forwards_lists(isa, monkeypatch):
+    """Tiles of 1024 rows (a table of 40,000 rows at 2 threads) are the weight
+    gradient's blocks: it runs over the forward's lists, bitwise its result over the
+    table and within 1e-4 of a float64 reference."""
+    monkeypatch.setenv("TORCH_LATTICE_CPU_ISA", isa)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        nbr, n_in = _table(40000, 27, 30000, 15), 30000
+        x, w = _operands(nbr, n_in, 16, 16, torch.float32)
+        dy = torch.randn(40000, 16, generator=torch.Generator().manual_seed(15))
+        before = T.sparse_conv_weight_grad(x, dy, nbr)  # no lists yet
+        T.sparse_conv(x, w, nbr, nbr)
+        T.sparse_conv(x, w, nbr, nbr)
+        assert T.kept_tile_lists(nbr, 1024) is not None
+        after = T.sparse_conv_weight_grad(x, dy, nbr)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(after, before)
+    want = torch.stack([
+        x.double()[nbr[:, n].clamp(min=0).long()].mul((nbr[:, n] >= 0)[:, None]).T @ dy.double()
+        for n in range(27)
+    ])  # fmt: skip
+    torch.testing.assert_close(after.double(), want, rtol=1e-4, atol=1e-3)
