@@ -14,6 +14,8 @@ tl_status tl_tile_lists_count(const tl_ctx *ctx, const int32_t *nbr, int64_t n_o
     int32_t lo = 0, hi = -1;
     int failed = 0;
     start[0] = 0;
+    *top = 0;
+    if (k == 0) return TL_OK; /* no entries: start is its one 0 */
 #pragma omp parallel num_threads(tl_threads_for(ctx, n_out * k)) reduction(min : lo) \
     reduction(max : hi) reduction(| : failed)
     {
@@ -68,6 +70,7 @@ tl_status tl_tile_lists_fill(const tl_ctx *ctx, const int32_t *nbr, int64_t n_ou
         return TL_ERR_INVALID;
     const int64_t tiles = tl_tile_lists_tiles(n_out, tile_rows);
     if (start[0] != 0 || (start[tiles * k] > 0 && (!in || !rows))) return TL_ERR_INVALID;
+    if (k == 0) return TL_OK;
     const int level = tl_simd_vector_capped(ctx->simd_cap);
     int failed = 0, invalid = 0;
 #pragma omp parallel num_threads(tl_threads_for(ctx, n_out * k)) reduction(| : failed, invalid)

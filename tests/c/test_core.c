@@ -1340,6 +1340,14 @@ static void test_tile_lists(void) {
                 tl_ctx ctx = make_ctx(2, levels[0]);
                 check_half_over_lists(&ctx, h ? TL_F16 : TL_BF16, nbr, n_in, n_out, k);
             }
+            /* No kernel rows: no entries, nothing read. */
+            {
+                tl_ctx c1 = make_ctx(1, TL_SIMD_BASE);
+                int64_t st[1] = {-1}, tp = -1;
+                CHECK(tl_tile_lists_count(&c1, NULL, n_out, 0, 7, st, &tp) == TL_OK);
+                CHECK(st[0] == 0 && tp == 0);
+                CHECK(tl_tile_lists_fill(&c1, NULL, n_out, 0, 7, st, NULL, NULL) == TL_OK);
+            }
             /* An entry below -1 is refused. */
             if (n_out * k > 1) {
                 tl_ctx c1 = make_ctx(1, TL_SIMD_BASE);
