@@ -12,7 +12,7 @@ Outputs (and gradients) with and without the lists are checked bitwise equal bef
 anything is timed::
 
     .venv/bin/python -m benchmarks.tile_lists [--scenes lidar surface] [--channels 16 32]
-        [--widths 1 0.5] [--repeats 9] [--reuse-cpu-memory]
+        [--widths 1 0.5] [--dtype float32] [--repeats 9] [--reuse-cpu-memory]
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def _network(net: torch.nn.Module, feats: torch.Tensor, coords: torch.Tensor,
     if not train:
         with torch.no_grad():
             return [net(tl.SparseTensor(feats, coords)).feats]
-    loss = net(tl.SparseTensor(feats, coords)).feats.square().mean()
+    loss = net(tl.SparseTensor(feats, coords)).feats.float().square().mean()
     loss.backward()
     first = next(p for p in net.parameters() if p.grad is not None)
     return [loss.detach(), first.grad.clone()]
@@ -68,19 +68,22 @@ def _row(label: str, fn: Callable[[], list[torch.Tensor]], repeats: int) -> str:
             f"{med['without'] / med['with']:.2f}x | bitwise |")  # fmt: skip
 
 
-def run(scenes: list[str], channels: list[int], widths: list[float], repeats: int) -> None:
+def run(scenes: list[str], channels: list[int], widths: list[float], repeats: int,
+        dtype: torch.dtype = torch.float32) -> None:  # fmt: skip
     print("| case | without lists ms | with lists ms | speed-up | outputs |")
     print("|---|---|---|---|---|")
     for name in scenes:
         scene = tiny_scene() if name == "tiny" else make_scene(name)
         for c, conv, x in subm_layers(scene, channels):
+            conv, x = conv.to(dtype), x.replace(x.feats.to(dtype))
             for step, backward in STEPS:
                 fn = partial(layer_outputs, conv, x, F.Dataflow.ImplicitGEMM, backward)
                 print(_row(f"{name} SubmConv3d C = {c} {step}", fn, repeats), flush=True)
         feats = torch.randn(scene.voxels, 4, generator=torch.Generator().manual_seed(0))
+        feats = feats.to(dtype)
         for width in widths:
             torch.manual_seed(0)
-            net = SparseResUNet42(4, 20, width=width)
+            net = SparseResUNet42(4, 20, width=width).to(dtype)
             for step, train in (("eval", False), ("train step", True)):
                 net.train(train)
                 fn = partial(_network, net, feats, scene.coords, train)
@@ -91,8 +94,9 @@ def run(scenes: list[str], channels: list[int], widths: list[float], repeats: in
 def main() -> int:
     p = layer_arguments(__doc__, ["lidar", "surface"], [16, 32], 9)
     p.add_argument("--widths", nargs="+", type=float, default=[1.0, 0.5])
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     a = started(p)
-    run(a.scenes, a.channels, a.widths, a.repeats)
+    run(a.scenes, a.channels, a.widths, a.repeats, getattr(torch, a.dtype))
     return 0
 
 

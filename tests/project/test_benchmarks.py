@@ -934,6 +934,8 @@ def test_tile_lists_check_then_time(
     assert out.count("| tiny SubmConv3d C = 4 ") == 2
     assert out.count("| tiny SparseResUNet42 width 0.25 ") == 2
     assert out.count("| bitwise |") == 4
+    tile_lists.run(["tiny"], [4], [], repeats=1, dtype=torch.bfloat16)
+    assert capsys.readouterr().out.count("| bitwise |") == 2
     assert keep_tile_lists(True) is True
     sided = tile_lists._sided
 
