@@ -93,7 +93,8 @@ def run(scenes: list[str], channels: list[int], widths: list[float], repeats: in
 
 def main() -> int:
     p = layer_arguments(__doc__, ["lidar", "surface"], [16, 32], 9)
-    p.add_argument("--widths", nargs="+", type=float, default=[1.0, 0.5])
+    p.add_argument("--widths", nargs="*", type=float, default=[1.0, 0.5],
+                   help="SparseResUNet42 width multipliers (none: layers only)")  # fmt: skip
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     a = started(p)
     run(a.scenes, a.channels, a.widths, a.repeats, getattr(torch, a.dtype))
