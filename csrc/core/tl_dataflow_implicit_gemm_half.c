@@ -152,8 +152,8 @@ static int tl_half_scratch_init(tl_half_scratch *s, const tl_half_call *f) {
     s->cbuf = f->amx ? tl_mem_aligned(sizeof(float) * 16 * 64) : NULL;
     s->zr = malloc(sizeof(int32_t) * (size_t)f->rows);
     s->hit = malloc((size_t)f->rows);
-    return s->li && s->lr && s->lc && s->il && s->rl && s->xh && s->xf && s->yr && s->acc && s->zr &&
-           s->hit && (f->dot || (s->stage && s->window)) && s->zero &&
+    return s->li && s->lr && s->lc && s->il && s->rl && s->xh && s->xf && s->yr && s->acc &&
+           s->zr && s->hit && (f->dot || (s->stage && s->window)) && s->zero &&
            (!f->amx || (s->abuf && s->cbuf));
 }
 
@@ -308,12 +308,7 @@ static int tl_half_tile(const tl_half_call *f, const uint16_t *x, const int32_t 
     const int check = cin * cw >= 1024;
     if (!check) memset(s->acc, 0, sizeof(float) * (size_t)(m * cw));
     if (f->lists) { /* listed once, for tiles of f->rows rows */
-        const int64_t *at = f->lists->start + o0 / f->rows * k;
-        for (int64_t n = 0; n < k; n++) {
-            s->lc[n] = at[n + 1] - at[n];
-            s->il[n] = f->lists->in + at[n];
-            s->rl[n] = f->lists->rows + at[n];
-        }
+        tl_tile_lists_of(f->lists, o0 / f->rows, k, s->il, s->rl, s->lc);
     } else {
         if ((int64_t)tl_list_tile(f->level, nbr, o0, m, k, s->li, s->lr, s->lc) > d->n_in)
             return 1;

@@ -197,13 +197,8 @@ static int TL_FN(tl_forward_tile)(const tl_conv_desc *d, const TL_T *x, const TL
     if (rel->pairs) {
         tl_pairs_of_tile(rel, o0, il, rl, s->lc);
         base = o0;
-    } else if (rel->lists) { /* listed once, for tiles of m rows (but the last) */
-        const int64_t *at = rel->lists->start + o0 / rel->lists->tile_rows * k;
-        for (int64_t n = 0; n < k; n++) {
-            s->lc[n] = at[n + 1] - at[n];
-            il[n] = rel->lists->in + at[n];
-            rl[n] = rel->lists->rows + at[n];
-        }
+    } else if (rel->lists) { /* listed once, for this call's tiles */
+        tl_tile_lists_of(rel->lists, o0 / rel->lists->tile_rows, k, il, rl, s->lc);
     } else {
         if ((int64_t)(split ? tl_list_tile_split(s->level, rel->nbr, o0, m, k, s->li, s->lr, s->lc,
                                                  s->lf, s->zr, &nz)
@@ -268,10 +263,6 @@ static tl_status TL_FN(tl_forward)(const tl_ctx *ctx, const tl_conv_desc *d, con
     }
     const TL_T *pw = packed ? packed : w;
     tl_fwd_rel rel_v = *rel_in, *rel = &rel_v;
-    if (rel->lists && rel->lists->tile_rows != rows) {
-        free(packed);
-        return TL_ERR_INVALID; /* listed for other tiles (see tl_implicit_gemm_list_rows) */
-    }
     if (rel->pairs) {
         rel->starts = malloc(sizeof(int64_t) * (size_t)((row_tiles + 1) * rel->pairs->k + 1));
         if (!rel->starts) {

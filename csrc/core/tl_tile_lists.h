@@ -32,6 +32,18 @@ static inline int64_t tl_tile_lists_tiles(int64_t n_out, int64_t tile_rows) {
     return tile_rows > 0 ? (n_out + tile_rows - 1) / tile_rows : 0;
 }
 
+/* Tile t's lists: kernel row n's cnt[n] entries, x rows at il[n] and rows
+ * within the tile at rl[n] (k of each), read in place. */
+static inline void tl_tile_lists_of(const tl_tile_lists *lists, int64_t t, int64_t k,
+                                    const int32_t **il, const int32_t **rl, int64_t *cnt) {
+    const int64_t *at = lists->start + t * k;
+    for (int64_t n = 0; n < k; n++) {
+        cnt[n] = at[n + 1] - at[n];
+        il[n] = lists->in + at[n];
+        rl[n] = lists->rows + at[n];
+    }
+}
+
 /* Fills start (tiles x k + 1) from the (n_out, k) table nbr, and *top (see
  * tl_tile_lists).  TL_ERR_INVALID where an entry is below -1 or tile_rows
  * below 1. */

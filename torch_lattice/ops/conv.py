@@ -205,7 +205,7 @@ def run_forward(
     (contiguous, checked by the op). Over ``nbr``'s tile lists from the table's second call
     on (:func:`tile_lists`), else listing the table."""
     tile_rows = _C.conv_list_rows(*sizes, th)
-    lists = tile_lists(nbr, tile_rows) if tile_rows > 0 else None
+    lists = tile_lists(nbr, tile_rows)
     x, w, table, y = pointers
     if lists is None:
         _C.conv_forward(*sizes, x, w, table, y, th)
@@ -246,7 +246,7 @@ def run_weight_grad(
     the tile lists a forward kept for ``nbr`` where their tiles are the weight gradient's
     blocks (:func:`kept_tile_lists`), else listing the table."""
     tile_rows = _C.conv_weight_grad_list_rows(*sizes, th)
-    lists = kept_tile_lists(nbr, tile_rows) if tile_rows > 0 else None
+    lists = kept_tile_lists(nbr, tile_rows)
     x, dy, table, dw = pointers
     if lists is None:
         _C.conv_weight_grad(*sizes, x, dy, table, dw, th)
@@ -349,14 +349,13 @@ _lock = threading.Lock()
 def _build(nbr: torch.Tensor, tile_rows: int) -> TileLists:
     n_out, k = nbr.shape
     tiles = (n_out + tile_rows - 1) // tile_rows
+    sizes = (ptr(nbr), n_out, k, tile_rows)
     start = torch.empty(tiles * k + 1, dtype=torch.int64)
-    top = _C.tile_lists_count(ptr(nbr), n_out, k, tile_rows, ptr(start), threads())
+    top = _C.tile_lists_count(*sizes, ptr(start), threads())
     entries = int(start[-1])
     rows_in = torch.empty(entries, dtype=torch.int32)
     rows_out = torch.empty(entries, dtype=torch.int32)
-    _C.tile_lists_fill(
-        ptr(nbr), n_out, k, tile_rows, ptr(start), ptr(rows_in), ptr(rows_out), threads()
-    )
+    _C.tile_lists_fill(*sizes, ptr(start), ptr(rows_in), ptr(rows_out), threads())
     args = (tile_rows, top, start.data_ptr(), rows_in.data_ptr(), rows_out.data_ptr())
     return TileLists(tile_rows, top, start, rows_in, rows_out, args)
 
@@ -387,13 +386,19 @@ def keep_tile_lists(keep: bool) -> bool:
     return previous
 
 
+def _keepable(nbr: torch.Tensor, tile_rows: int) -> bool:
+    """Whether lists of ``nbr`` may be kept or read now: keeping on, tiles given, and a
+    contiguous CPU table (any other is a new copy on every call)."""
+    return _keeping[0] and tile_rows > 0 and nbr.device.type == "cpu" and nbr.is_contiguous()
+
+
 def tile_lists(nbr: torch.Tensor, tile_rows: int) -> TileLists | None:
     """``nbr``'s lists for tiles of ``tile_rows`` rows, from the table's second call on
     (None on its first, for a table that is not a contiguous CPU tensor, whose every call
     may be a new copy, and while keeping is off). ``nbr`` is the int32 ``(N_out, K)``
     table the op was given, already checked; ``tile_rows`` is ``_C.conv_list_rows`` of
-    the call (> 0)."""
-    if not _keeping[0] or nbr.device.type != "cpu" or not nbr.is_contiguous() or tile_rows < 1:
+    the call (0: none)."""
+    if not _keepable(nbr, tile_rows):
         return None
     state = _state(nbr)
     with _lock:
@@ -422,7 +427,7 @@ def tile_lists(nbr: torch.Tensor, tile_rows: int) -> TileLists | None:
 def kept_tile_lists(nbr: torch.Tensor, tile_rows: int) -> TileLists | None:
     """``nbr``'s lists for tiles of ``tile_rows`` rows if a forward has built them
     (the weight gradient runs over its forward's), without counting a call."""
-    if not _keeping[0] or nbr.device.type != "cpu" or not nbr.is_contiguous() or tile_rows < 1:
+    if not _keepable(nbr, tile_rows):
         return None
     with _lock:
         entry = _cache.get(nbr)
