@@ -513,7 +513,7 @@ static int tl_half_wg_init(tl_half_wg_scratch *s, const tl_conv_desc *d,
     s->tmp = pack ? malloc(sizeof(uint16_t) * (size_t)(2 * cin4 + 1)) : NULL;
     s->stage =
         dot ? NULL : malloc(sizeof(float) * (size_t)(TL_WGRAD_PAIRS * (cin4 + d->c_out) + 1));
-    const int lists = tl_wgrad_lists_init(&s->lists, split->listed, f->level, d->k);
+    const int lists = tl_wgrad_lists_init(&s->lists, split, split->listed, f->level, d->k);
     return lists && (amx    ? s->xt && s->dt && s->cbuf
                      : pack ? s->xp && s->dp && s->tmp
                             : s->stage != NULL);
@@ -532,7 +532,9 @@ static void tl_half_wg_free(tl_half_wg_scratch *s) {
 
 /* acc (k, c_in, c_out) += the contributions of output rows [o0, o1) through
  * kernel rows [n0, n1), blocks of TL_WGRAD_PAIRS rows as in the float
- * weight gradient (tl_wgrad_rows); returns 1 as it does, 2 where f16_amx
+ * weight gradient (tl_wgrad_rows; tl_wgrad_block_rows, whose lists
+ * tl_wgrad_lists_init sizes, is that for the half types); returns 1 as it
+ * does, 2 where f16_amx
  * read an infinity or NaN. */
 static int tl_half_wg_rows(const tl_half_call *f, const uint16_t *x, const uint16_t *dy,
                            const int32_t *nbr, int64_t o0, int64_t o1, int64_t n0, int64_t n1,

@@ -297,25 +297,27 @@ static tl_status TL_FN(tl_forward)(const tl_ctx *ctx, const tl_conv_desc *d, con
 }
 
 /* Scratch of one weight-gradient worker: the x and dy row pointers of a
- * block's pairs through one kernel row and through the next (up to
- * TL_WGRAD_PAIRS each), and the packed x rows of one chunk of the panel's
+ * block's pairs through one kernel row and through the next (up to the
+ * block's rows each), and the packed x rows of one chunk of the panel's
  * pairs (tl_mk_panel_pairs rows of c_in rounded up to 4). */
 typedef struct TL_FN(tl_wgrad_scratch) {
     const TL_FN(tl_mk_ops) *mk;
-    const TL_T *xq[2][TL_WGRAD_PAIRS], *dq[2][TL_WGRAD_PAIRS]; /* slot n % 2: kernel row n */
+    int64_t block;                       /* rows per block (tl_wgrad_block_rows) */
+    const TL_T **xq[2], **dq[2];         /* slot n % 2: kernel row n, block rows each */
     TL_T *xp;
     tl_wgrad_lists lists;
     int64_t *cur; /* over pair lists: each kernel row's next pair (k) */
-    /* The table's tile lists, of TL_WGRAD_PAIRS rows a tile: block b0 is tile
-     * b0 / TL_WGRAD_PAIRS (tl_wgrad_split_of); or NULL. */
+    /* The table's tile lists, of TL_WGRAD_PAIRS rows a tile: a block is
+     * block / TL_WGRAD_PAIRS whole tiles from tile b0 / TL_WGRAD_PAIRS
+     * (tl_wgrad_split_of); or NULL. */
     const tl_tile_lists *tiles;
 } TL_FN(tl_wgrad_scratch);
 
 /* Kernel row n's pairs among output rows below b1 from pair lists sorted by
  * output row, starting at s->cur[n] (the first not yet taken): their x rows
  * xq[] and dy rows dq[]; returns their count and moves the cursor past them.
- * Checked pairs never repeat an output row within a kernel row, so a block of
- * at most TL_WGRAD_PAIRS rows has at most that many.  The run's end found by
+ * Checked pairs never repeat an output row within a kernel row, so a block
+ * has at most as many as its rows.  The run's end found by
  * steps (tl_pairs_next_at) and its pointers 8 at a time (tl_point_rows), as
  * the table's lists are, not a pair at a time behind a branch. */
 static int64_t TL_FN(tl_wgrad_pairs_run)(const tl_conv_desc *d, const tl_pairs *p, int64_t n,
@@ -339,13 +341,17 @@ static inline int64_t TL_FN(tl_wgrad_pairs_of)(const tl_conv_desc *d, const TL_T
                                                int64_t b1, TL_FN(tl_wgrad_scratch) *s,
                                                const TL_T **xq, const TL_T **dq) {
     if (p) return TL_FN(tl_wgrad_pairs_run)(d, p, n, b1, x, dy, s, xq, dq);
-    if (s->tiles) { /* the block's tile, listed once for the table */
-        const int64_t *at = s->tiles->start + b0 / TL_WGRAD_PAIRS * d->k + n;
-        tl_point_rows(s->lists.level, s->tiles->in + at[0], s->tiles->rows + at[0],
-                      at[1] - at[0], x, d->c_in * (int64_t)sizeof(TL_T), (void *)xq,
-                      (void *)(dy + b0 * d->c_out), d->c_out * (int64_t)sizeof(TL_T),
-                      (void *)dq);
-        return at[1] - at[0];
+    if (s->tiles) { /* the block's tiles, listed once for the table, one after another */
+        int64_t c = 0;
+        for (int64_t t0 = b0; t0 < b1; t0 += TL_WGRAD_PAIRS) {
+            const int64_t *at = s->tiles->start + t0 / TL_WGRAD_PAIRS * d->k + n;
+            tl_point_rows(s->lists.level, s->tiles->in + at[0], s->tiles->rows + at[0],
+                          at[1] - at[0], x, d->c_in * (int64_t)sizeof(TL_T), (void *)(xq + c),
+                          (void *)(dy + t0 * d->c_out), d->c_out * (int64_t)sizeof(TL_T),
+                          (void *)(dq + c));
+            c += at[1] - at[0];
+        }
+        return c;
     }
     int64_t c;
     TL_WGRAD_PAIRS_OF(&s->lists, nbr, d->k, n, b0, b1, d->n_in, x, d->c_in, dy, d->c_out, xq,
@@ -354,7 +360,7 @@ static inline int64_t TL_FN(tl_wgrad_pairs_of)(const tl_conv_desc *d, const TL_T
 }
 
 /* acc (k, c_in, c_out) += the contributions of output rows [o0, o1) through
- * kernel rows [n0, n1): blocks of TL_WGRAD_PAIRS rows, every kernel row per
+ * kernel rows [n0, n1): blocks of s->block rows, every kernel row per
  * block, so the block's nbr rows and the x and dy rows they name are reused
  * from cache across kernel rows.  The pairs come from the table nbr, or
  * (p non-NULL, fetch-on-demand) from pair lists sorted by output row, the
@@ -371,8 +377,8 @@ static int TL_FN(tl_wgrad_rows)(const tl_conv_desc *d, const TL_T *x, const TL_T
                       (d->c_in >= TL_WGRAD_PACK_WIDE_MIN_CIN && d->c_out > s->mk->rows8_cols);
     if (p)
         for (int64_t n = n0; n < n1; n++) s->cur[n] = tl_pairs_first_at(p, n, o0);
-    for (int64_t b0 = o0; b0 < o1; b0 += TL_WGRAD_PAIRS) {
-        int64_t b1 = b0 + TL_WGRAD_PAIRS < o1 ? b0 + TL_WGRAD_PAIRS : o1;
+    for (int64_t b0 = o0; b0 < o1; b0 += s->block) {
+        int64_t b1 = b0 + s->block < o1 ? b0 + s->block : o1;
         if (!p && !s->tiles &&
             tl_wgrad_list_block(&s->lists, nbr, d->k, b0, b1, n0, n1, d->n_in))
             return 1;
@@ -431,13 +437,20 @@ static tl_status TL_FN(tl_weight_grad)(const tl_ctx *ctx, const tl_conv_desc *d,
     {
         TL_FN(tl_wgrad_scratch) s;
         s.mk = TL_FN(tl_mk_pick)(ctx);
+        s.block = split.block;
+        const TL_T **rows = malloc(sizeof(*rows) * (size_t)(4 * split.block));
+        s.xq[0] = rows;
+        s.xq[1] = rows ? rows + split.block : NULL;
+        s.dq[0] = rows ? rows + 2 * split.block : NULL;
+        s.dq[1] = rows ? rows + 3 * split.block : NULL;
         s.xp = malloc(sizeof(TL_T) * (size_t)(TL_FN(tl_mk_panel_pairs)(ldx) * ldx));
         s.cur = p ? malloc(sizeof(int64_t) * (size_t)d->k) : NULL;
         s.tiles = L;
         /* Pair lists and tile lists need no listing. */
         const int level = tl_simd_vector_capped(ctx->simd_cap);
-        const int ok = tl_wgrad_lists_init(&s.lists, split.listed && !p && !L, level, d->k) &&
-                       s.xp &&
+        const int ok = tl_wgrad_lists_init(&s.lists, &split, split.listed && !p && !L, level,
+                                           d->k) &&
+                       rows && s.xp &&
                        (s.cur || !p);
         failed |= !ok;
 #pragma omp for schedule(dynamic, 1)
@@ -450,6 +463,7 @@ static tl_status TL_FN(tl_weight_grad)(const tl_ctx *ctx, const tl_conv_desc *d,
                 invalid |= TL_FN(tl_wgrad_rows)(d, x, dy, nbr, p, w.o0, w.o1, w.n0, w.n1, acc,
                                                 &s);
         }
+        free(rows);
         free(s.xp);
         free(s.cur);
         tl_wgrad_lists_free(&s.lists);

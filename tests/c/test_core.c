@@ -1226,13 +1226,15 @@ static void check_half_over_lists(const tl_ctx *ctx, tl_dtype t, const int32_t *
 
 /* The weight gradient over lists of its blocks' rows is bitwise its gradient
  * over nbr (float32, float64); lists of other tiles run over nbr; the half
- * types and lists naming a row past n_in are refused. */
+ * types and lists naming a row past n_in are refused.  C_out = 7 runs blocks
+ * of several tiles (tl_wgrad_block_rows), 24 blocks of one. */
 static void check_wgrad_over_lists(const tl_ctx *ctx, const int32_t *nbr, int64_t n_in,
                                    int64_t n_out, int64_t k) {
     static const tl_dtype types[] = {TL_F32, TL_F64};
-    for (size_t i = 0; i < 2; i++) {
-        tl_conv_desc d = {types[i], n_in, n_out, k, 5, 7};
-        const size_t es = types[i] == TL_F64 ? 8 : 4;
+    for (size_t i = 0; i < 4; i++) {
+        const int64_t cout = i < 2 ? 7 : 24;
+        tl_conv_desc d = {types[i % 2], n_in, n_out, k, 5, cout};
+        const size_t es = d.dtype == TL_F64 ? 8 : 4, wn = (size_t)(k * 5 * cout);
         for (int own = 0; own < 2; own++) { /* the blocks' tiles, or others */
             const int64_t rows = own ? tl_implicit_gemm_weight_grad_list_rows(ctx, &d) : 32;
             CHECK(rows >= 1);
@@ -1243,13 +1245,14 @@ static void check_wgrad_over_lists(const tl_ctx *ctx, const int32_t *nbr, int64_
             int32_t *lr = xmalloc(sizeof(int32_t) * (size_t)(st[nt * k] + 1));
             CHECK(tl_tile_lists_fill(ctx, nbr, n_out, k, rows, st, in, lr) == TL_OK);
             tl_tile_lists lists = {rows, top, st, in, lr};
-            char *x = xmalloc(es * (size_t)(n_in * 5)), *dy = xmalloc(es * (size_t)(n_out * 7));
-            char *dw = xmalloc(es * (size_t)(k * 35)), *dw2 = xmalloc(es * (size_t)(k * 35));
+            char *x = xmalloc(es * (size_t)(n_in * 5));
+            char *dy = xmalloc(es * (size_t)(n_out * cout));
+            char *dw = xmalloc(es * wn), *dw2 = xmalloc(es * wn);
             fill_random(d.dtype, x, n_in * 5);
-            fill_random(d.dtype, dy, n_out * 7);
+            fill_random(d.dtype, dy, n_out * cout);
             CHECK(tl_implicit_gemm_weight_grad(ctx, &d, x, dy, nbr, dw) == TL_OK);
             CHECK(tl_implicit_gemm_weight_grad_listed(ctx, &d, x, dy, nbr, &lists, dw2) == TL_OK);
-            CHECK(memcmp(dw, dw2, es * (size_t)(k * 35)) == 0);
+            CHECK(memcmp(dw, dw2, es * wn) == 0);
             tl_conv_desc fewer = d, half = d;
             fewer.n_in = top - 1;
             half.dtype = TL_BF16;
@@ -1267,6 +1270,60 @@ static void check_wgrad_over_lists(const tl_ctx *ctx, const int32_t *nbr, int64_
             free(dw2);
         }
     }
+}
+
+/* A weight gradient of several blocks (9,000 output rows: blocks of 4,096
+ * rows at C_out = 7, tl_wgrad_block_rows, and of 1,024 at 24) against a
+ * double reference, over the table and over its tile lists, on 1 and 2
+ * threads and every instruction set the CPU has. */
+static void check_wgrad_blocks(void) {
+    current = "wgrad_blocks";
+    const int64_t k = 27, n_out = 9000, n_in = 3000, ci = 5;
+    int levels[3];
+    const int paths = cpu_levels(levels);
+    int32_t *nbr = xmalloc(sizeof(int32_t) * (size_t)(n_out * k));
+    for (int64_t e = 0; e < n_out * k; e++)
+        nbr[e] = rnd(4) == 0 ? (int32_t)rnd((uint32_t)n_in) : -1;
+    for (int64_t co = 7; co <= 24; co += 17) {
+        float *x = xmalloc(sizeof(float) * (size_t)(n_in * ci));
+        float *dy = xmalloc(sizeof(float) * (size_t)(n_out * co));
+        float *dw = xmalloc(sizeof(float) * (size_t)(k * ci * co));
+        double *ref = xmalloc(sizeof(double) * (size_t)(k * ci * co));
+        double *mag = xmalloc(sizeof(double) * (size_t)(k * ci * co));
+        for (int64_t i = 0; i < n_in * ci; i++) x[i] = rndf();
+        for (int64_t i = 0; i < n_out * co; i++) dy[i] = rndf();
+        memset(ref, 0, sizeof(double) * (size_t)(k * ci * co));
+        memset(mag, 0, sizeof(double) * (size_t)(k * ci * co));
+        for (int64_t o = 0; o < n_out; o++)
+            for (int64_t n = 0; n < k; n++) {
+                const int32_t i = nbr[o * k + n];
+                if (i < 0) continue;
+                for (int64_t a = 0; a < ci; a++)
+                    for (int64_t b = 0; b < co; b++) {
+                        const double p = (double)x[i * ci + a] * dy[o * co + b];
+                        ref[(n * ci + a) * co + b] += p;
+                        mag[(n * ci + a) * co + b] += fabs(p);
+                    }
+            }
+        tl_conv_desc d = {TL_F32, n_in, n_out, k, ci, co};
+        for (int path = 0; path < paths; path++) {
+            tl_ctx ctx = make_ctx(1 + path % 2, levels[path]);
+            memset(dw, 0xff, sizeof(float) * (size_t)(k * ci * co));
+            CHECK(tl_implicit_gemm_weight_grad(&ctx, &d, x, dy, nbr, dw) == TL_OK);
+            for (int64_t i = 0; i < k * ci * co; i++)
+                CHECK(fabs(dw[i] - ref[i]) <= 2e-5 * mag[i] + 1e-6);
+        }
+        free(x);
+        free(dy);
+        free(dw);
+        free(ref);
+        free(mag);
+    }
+    for (int path = 0; path < paths; path++) {
+        tl_ctx ctx = make_ctx(2 - path % 2, levels[path]);
+        check_wgrad_over_lists(&ctx, nbr, n_in, n_out, k);
+    }
+    free(nbr);
 }
 
 /* Tile lists (tl_tile_lists.h): each tile's lists are tl_list_tile's, and
@@ -1666,6 +1723,7 @@ int main(void) {
     test_kmaps();
     test_list_tile();
     test_tile_lists();
+    check_wgrad_blocks();
     test_point_rows();
     test_pairs_check();
     test_conv();
