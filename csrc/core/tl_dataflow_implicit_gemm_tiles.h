@@ -134,13 +134,15 @@ static inline int64_t tl_fwd_tile_rows(const tl_ctx *ctx, const tl_conv_desc *d,
  * sparse map gets more pairs per pass (1.0-1.1x at C <= 64, unchanged wider;
  * a part has at least TL_WGRAD_MIN_ROWS rows, so one block or more). */
 #define TL_WGRAD_PAIRS 1024
-/* Blocks of this many TL_WGRAD_PAIRS-row tiles where a dy row is one vector
- * of floats or doubles (C_out <= 16 in fp32) and an x row at most two: each
- * kernel row's pass then runs four times the pairs per call (rows_t_16, a
- * short loop of 16 multiply-adds a pair, paid its set-up, its accumulators'
- * loads and stores and its first pairs' waits on every call), and the
- * block's dy rows (256 KiB) still stay in L2 (see tl_wgrad_block_rows). */
-#define TL_WGRAD_NARROW_TILES 4
+/* Narrow float and double layers (x rows of at most 128 bytes) take blocks
+ * of up to TL_WGRAD_MAX_TILES such tiles, as many as keep the block's dy rows
+ * within TL_WGRAD_DY_BYTES (C_out <= 16 in fp32: 4 tiles, 17-32: 2): each
+ * kernel row's passes then run more pairs per call (a short loop, rows_t_16
+ * at C_out = 16, pays its set-up, its accumulators' loads and stores and its
+ * first pairs' waits on every call) while the dy rows stay in L2 (see
+ * tl_wgrad_block_rows). */
+#define TL_WGRAD_MAX_TILES 4
+#define TL_WGRAD_DY_BYTES (256 * 1024)
 /* The weight gradient's tasks (see TL_WGRAD_PARTS): `parts` output-row parts
  * of rows_per rows, each cut into `groups` groups of kernel rows (so large
  * layers, with few parts, still give every thread work; groups write disjoint
@@ -159,15 +161,19 @@ typedef struct tl_wgrad_split {
     int listed;
 } tl_wgrad_split;
 
-/* Output rows per weight-gradient block: TL_WGRAD_PAIRS, or
- * TL_WGRAD_NARROW_TILES times that for narrow float and double layers
- * (against 1024-row blocks, before tile lists: 1.13-1.14x at C = 16 on both
- * scenes' 3x3x3 maps, while C = 32 lost 0.89-0.93x in blocks that large).
- * The half types' kernels keep TL_WGRAD_PAIRS. */
+/* Output rows per weight-gradient block: TL_WGRAD_PAIRS, or a few times that
+ * for narrow float and double layers (TL_WGRAD_MAX_TILES).  Against 1024-row
+ * blocks on the AMD EPYC of round twenty-six, over the table: C = 16 in
+ * 4096-row blocks 1.02-1.29x on four maps of both scenes (fetch-on-demand's
+ * gradient 0.99-1.11x), C = 32 in 2048-row ones 1.00-1.09x; over tile lists
+ * 1.01-1.05x and 1.00-1.04x.  (4096 rows at C = 32 lost 0.89-0.93x, 8192 at
+ * C = 16 0.91-0.96x.)  The half types' kernels keep TL_WGRAD_PAIRS. */
 static inline int64_t tl_wgrad_block_rows(const tl_conv_desc *d) {
     const int64_t elem = d->dtype == TL_F32 ? 4 : d->dtype == TL_F64 ? 8 : 0;
-    const int narrow = elem > 0 && d->c_out * elem <= 64 && d->c_in * elem <= 128;
-    return narrow ? TL_WGRAD_PAIRS * TL_WGRAD_NARROW_TILES : TL_WGRAD_PAIRS;
+    if (elem == 0 || d->c_in * elem > 128 || d->c_out <= 0) return TL_WGRAD_PAIRS;
+    int64_t tiles = TL_WGRAD_DY_BYTES / (TL_WGRAD_PAIRS * d->c_out * elem);
+    tiles = tiles < 1 ? 1 : tiles > TL_WGRAD_MAX_TILES ? TL_WGRAD_MAX_TILES : tiles;
+    return tiles * TL_WGRAD_PAIRS;
 }
 
 /* `parts` parts of whole blocks (the last part takes the rest), so every

@@ -1226,8 +1226,9 @@ static void check_half_over_lists(const tl_ctx *ctx, tl_dtype t, const int32_t *
 
 /* The weight gradient over lists of its blocks' rows is bitwise its gradient
  * over nbr (float32, float64); lists of other tiles run over nbr; the half
- * types and lists naming a row past n_in are refused.  C_out = 7 runs blocks
- * of several tiles (tl_wgrad_block_rows), 24 blocks of one. */
+ * types and lists naming a row past n_in are refused.  Blocks of several
+ * tiles (tl_wgrad_block_rows): C_out = 7 four, 24 two in float32 and one in
+ * float64. */
 static void check_wgrad_over_lists(const tl_ctx *ctx, const int32_t *nbr, int64_t n_in,
                                    int64_t n_out, int64_t k) {
     static const tl_dtype types[] = {TL_F32, TL_F64};
@@ -1273,7 +1274,7 @@ static void check_wgrad_over_lists(const tl_ctx *ctx, const int32_t *nbr, int64_
 }
 
 /* A weight gradient of several blocks (9,000 output rows: blocks of 4,096
- * rows at C_out = 7, tl_wgrad_block_rows, and of 1,024 at 24) against a
+ * rows at C_out = 7, tl_wgrad_block_rows, and of 2,048 at 24) against a
  * double reference, over the table and over its tile lists, on 1 and 2
  * threads and every instruction set the CPU has. */
 static void check_wgrad_blocks(void) {
