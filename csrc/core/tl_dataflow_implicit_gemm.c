@@ -109,7 +109,7 @@ tl_status tl_implicit_gemm_weight_grad(const tl_ctx *ctx, const tl_conv_desc *d,
 
 int64_t tl_implicit_gemm_weight_grad_list_rows(const tl_ctx *ctx, const tl_conv_desc *d) {
     (void)ctx; /* the blocks do not depend on the thread count */
-    return d->dtype == TL_F32 || d->dtype == TL_F64 ? TL_WGRAD_PAIRS : 0;
+    return d->dtype == TL_F32 || d->dtype == TL_F64 ? tl_wgrad_block_rows(d) : 0;
 }
 
 tl_status tl_implicit_gemm_weight_grad_listed(const tl_ctx *ctx, const tl_conv_desc *d,

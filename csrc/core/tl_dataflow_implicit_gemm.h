@@ -48,14 +48,15 @@ tl_status tl_implicit_gemm_forward_listed(const tl_ctx *ctx, const tl_conv_desc 
 tl_status tl_implicit_gemm_forward_pairs(const tl_ctx *ctx, const tl_conv_desc *d, const void *x,
                                          const void *w, const tl_pairs *p, void *y);
 
-/* Rows per tile of tile lists the weight gradient runs over (its blocks of
- * rows); 0 for the half types, which list the table. */
+/* Rows per block of the weight gradient (tl_wgrad_block_rows): it runs over
+ * tile lists whose tile rows divide this; 0 for the half types, which list
+ * the table. */
 int64_t tl_implicit_gemm_weight_grad_list_rows(const tl_ctx *ctx, const tl_conv_desc *d);
 
 /* tl_implicit_gemm_weight_grad (TL_F32 or TL_F64; else TL_ERR_INVALID, as
  * where the lists name an x row at or past n_in) over the table nbr's tile
- * lists where they were built with tl_implicit_gemm_weight_grad_list_rows
- * rows a tile (its blocks), else over nbr: bitwise its result either way. */
+ * lists where their tile rows divide tl_implicit_gemm_weight_grad_list_rows
+ * (each block is whole tiles), else over nbr: bitwise its result either way. */
 tl_status tl_implicit_gemm_weight_grad_listed(const tl_ctx *ctx, const tl_conv_desc *d,
                                               const void *x, const void *dy,
                                               const int32_t *nbr, const tl_tile_lists *lists,

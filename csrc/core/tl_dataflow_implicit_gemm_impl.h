@@ -307,9 +307,8 @@ typedef struct TL_FN(tl_wgrad_scratch) {
     TL_T *xp;
     tl_wgrad_lists lists;
     int64_t *cur; /* over pair lists: each kernel row's next pair (k) */
-    /* The table's tile lists, of TL_WGRAD_PAIRS rows a tile: a block is
-     * block / TL_WGRAD_PAIRS whole tiles from tile b0 / TL_WGRAD_PAIRS
-     * (tl_wgrad_split_of); or NULL. */
+    /* The table's tile lists, whose tile rows divide the block's: a block is
+     * whole tiles from tile b0 / tile rows (tl_wgrad_split_of); or NULL. */
     const tl_tile_lists *tiles;
 } TL_FN(tl_wgrad_scratch);
 
@@ -343,8 +342,9 @@ static inline int64_t TL_FN(tl_wgrad_pairs_of)(const tl_conv_desc *d, const TL_T
     if (p) return TL_FN(tl_wgrad_pairs_run)(d, p, n, b1, x, dy, s, xq, dq);
     if (s->tiles) { /* the block's tiles, listed once for the table, one after another */
         int64_t c = 0;
-        for (int64_t t0 = b0; t0 < b1; t0 += TL_WGRAD_PAIRS) {
-            const int64_t *at = s->tiles->start + t0 / TL_WGRAD_PAIRS * d->k + n;
+        const int64_t rows = s->tiles->tile_rows;
+        for (int64_t t0 = b0; t0 < b1; t0 += rows) {
+            const int64_t *at = s->tiles->start + t0 / rows * d->k + n;
             tl_point_rows(s->lists.level, s->tiles->in + at[0], s->tiles->rows + at[0],
                           at[1] - at[0], x, d->c_in * (int64_t)sizeof(TL_T), (void *)(xq + c),
                           (void *)(dy + t0 * d->c_out), d->c_out * (int64_t)sizeof(TL_T),
@@ -418,14 +418,14 @@ static int TL_FN(tl_wgrad_rows)(const tl_conv_desc *d, const TL_T *x, const TL_T
 }
 
 /* dw from the table nbr, or (nbr NULL) from checked pair lists p; from the
- * table's checked tile lists L instead where given and of TL_WGRAD_PAIRS
- * rows a tile. */
+ * table's checked tile lists L instead where given and of tiles that divide
+ * the blocks. */
 static tl_status TL_FN(tl_weight_grad)(const tl_ctx *ctx, const tl_conv_desc *d,
                                        const TL_T *x, const TL_T *dy, const int32_t *nbr,
                                        const tl_pairs *p, const tl_tile_lists *L, TL_T *dw) {
     const int64_t mat = d->c_in * d->c_out, all = d->k * mat;
     const tl_wgrad_split split = tl_wgrad_split_of(d);
-    if (L && L->tile_rows != TL_WGRAD_PAIRS) L = NULL; /* blocks and tiles differ */
+    if (L && (L->tile_rows < 1 || split.block % L->tile_rows)) L = NULL; /* not whole tiles */
     const int64_t parts = split.parts, ldx = TL_FN(tl_mk_packed_ld)(d->c_in);
     TL_T *partial = dw;
     if (parts > 1) {

@@ -25,11 +25,15 @@
  * more neighbours per tile than 256 did, so fewer short and padded groups
  * (1.05-1.45x at C = 16, 1.02-1.29x at C = 32).  On a 1 MiB L2, 128 KiB
  * blocks instead of 64 KiB ran 1.00-1.19x (most on the strided and
- * transposed maps) and 256 KiB 0.97-1.06x more. */
+ * transposed maps) and 256 KiB 0.97-1.06x more.  2048 rows at most instead
+ * of 1024 (C <= 16 in fp32 on a 1 MiB L2), on the AMD EPYC of round
+ * twenty-six: listing the table 0.98-1.09x at C = 8-16 (the LiDAR scan's
+ * maps 1.05-1.09x), fetch-on-demand 1.00-1.07x, over tile lists 0.99-1.04x
+ * in fp32 and 1.00-1.05x in bf16 and fp16. */
 #define TL_TILE_BYTES_MIN (64 * 1024)
 #define TL_TILE_BYTES_MAX (256 * 1024)
 #define TL_TILE_ROWS_MIN 32
-#define TL_TILE_ROWS_MAX 1024
+#define TL_TILE_ROWS_MAX 2048
 #define TL_TILES_PER_THREAD 8
 /* Tiles per thread where a tile's weights outgrow half the L2 (C = 128 and
  * up on 3x3x3 maps; the half types count 4 bytes a weight, as staged): every

@@ -116,14 +116,15 @@ TL_PY_FORWARD(conv_forward_listed,
 
 PyDoc_STRVAR(conv_weight_grad_list_rows_doc,
              "conv_weight_grad_list_rows(dtype, n_in, n_out, k, c_in, c_out, threads) -> int\n\n"
-             "Rows per tile of tile lists conv_weight_grad_listed runs over (0: none).");
+             "Rows per block of conv_weight_grad_listed: it runs over tile lists whose tile "
+             "rows divide this (0: none).");
 TL_PY_FORWARD(conv_weight_grad_list_rows,
               tl_list_rows_call(tl_implicit_gemm_weight_grad_list_rows, args))
 
 PyDoc_STRVAR(conv_weight_grad_listed_doc,
              "conv_weight_grad_listed(dtype, n_in, n_out, k, c_in, c_out, x, dy, nbr, "
              "tile_rows, top, start, in, rows, dw, threads)\n\nconv_weight_grad over nbr's "
-             "tile lists where their tiles are its blocks, else over nbr.");
+             "tile lists where each of its blocks is whole tiles, else over nbr.");
 TL_PY_FORWARD(conv_weight_grad_listed,
               tl_conv_listed_call("conv_weight_grad_listed",
                                   "tl_implicit_gemm_weight_grad_listed",

@@ -266,21 +266,27 @@ def test_narrower_instruction_sets_over_kept_lists(isa, monkeypatch):
 
 
 @pytest.mark.parametrize("isa", ["auto", "avx2"])
-def test_weight_gradient_over_its_forwards_lists(isa, monkeypatch):
-    """Tiles of 1024 rows (a table of 40,000 rows at 2 threads) are the weight
-    gradient's blocks: it runs over the forward's lists, bitwise its result over the
-    table and within 1e-4 of a float64 reference."""
+@pytest.mark.parametrize("c", [16, 32])
+def test_weight_gradient_over_its_forwards_lists(isa, c, monkeypatch):
+    """The weight gradient's blocks (4096 rows at C = 16, 2048 at 32) are whole tiles of
+    its forward's lists (2048 and 1024 rows for a table of 40,000 rows at 2 threads): it
+    runs over them, bitwise its result over the table and within 1e-4 of a float64
+    reference."""
     monkeypatch.setenv("TORCH_LATTICE_CPU_ISA", isa)
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
         nbr, n_in = _table(40000, 27, 30000, 15), 30000
-        x, w = _operands(nbr, n_in, 16, 16, torch.float32)
-        dy = torch.randn(40000, 16, generator=torch.Generator().manual_seed(15))
+        x, w = _operands(nbr, n_in, c, c, torch.float32)
+        dy = torch.randn(40000, c, generator=torch.Generator().manual_seed(15))
         before = T.sparse_conv_weight_grad(x, dy, nbr)  # no lists yet
         T.sparse_conv(x, w, nbr, nbr)
         T.sparse_conv(x, w, nbr, nbr)
-        assert T.kept_tile_lists(nbr, 1024) is not None
+        block = T._C.conv_weight_grad_list_rows(
+            T.DTYPE_CODES[torch.float32], n_in, 40000, 27, c, c, 2
+        )
+        lists = T.kept_tile_lists(nbr, block)
+        assert lists is not None and block == 2 * lists.tile_rows
         after = T.sparse_conv_weight_grad(x, dy, nbr)
     finally:
         torch.set_num_threads(threads)

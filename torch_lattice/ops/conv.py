@@ -243,10 +243,10 @@ def run_weight_grad(
 ) -> None:
     """The CPU kernel call of ``lattice::sparse_conv_weight_grad`` on ``th`` threads:
     ``sizes`` as :func:`run_forward`'s, ``pointers`` those of x, dy, ``nbr`` and dw. Over
-    the tile lists a forward kept for ``nbr`` where their tiles are the weight gradient's
-    blocks (:func:`kept_tile_lists`), else listing the table."""
-    tile_rows = _C.conv_weight_grad_list_rows(*sizes, th)
-    lists = kept_tile_lists(nbr, tile_rows)
+    the tile lists a forward kept for ``nbr`` where each of the weight gradient's blocks is
+    whole tiles (:func:`kept_tile_lists`), else listing the table."""
+    block_rows = _C.conv_weight_grad_list_rows(*sizes, th)
+    lists = kept_tile_lists(nbr, block_rows)
     x, dy, table, dw = pointers
     if lists is None:
         _C.conv_weight_grad(*sizes, x, dy, table, dw, th)
@@ -297,8 +297,8 @@ sparse_conv.register_autograd(_backward, setup_context=_setup_context)
 # Lists are built only where the forward can use them (``_C.conv_list_rows``: float32 and
 # float64 outputs of at most 128 bytes a row, so C_out <= 32 in float32, and bfloat16 and
 # float16 at every width), for the tile size of the call (it depends on the thread count;
-# at most two sizes are kept a table); the weight gradient reads them where their tiles
-# are its blocks (``_C.conv_weight_grad_list_rows``).
+# at most two sizes are kept a table); the weight gradient reads them where each of its
+# blocks (``_C.conv_weight_grad_list_rows`` rows) is whole tiles.
 # A table modified in place is listed again; an inference tensor (made under
 # ``torch.inference_mode``) has no version counter, so such a table, like a ``KernelMap``'s
 # pair lists, must not be modified in place after its first call. Lists cost 8 bytes a
@@ -424,14 +424,18 @@ def tile_lists(nbr: torch.Tensor, tile_rows: int) -> TileLists | None:
     return built
 
 
-def kept_tile_lists(nbr: torch.Tensor, tile_rows: int) -> TileLists | None:
-    """``nbr``'s lists for tiles of ``tile_rows`` rows if a forward has built them
-    (the weight gradient runs over its forward's), without counting a call."""
-    if not _keepable(nbr, tile_rows):
+def kept_tile_lists(nbr: torch.Tensor, block_rows: int) -> TileLists | None:
+    """``nbr``'s lists for tiles whose rows divide ``block_rows`` if a forward has built
+    them (the weight gradient runs over its forward's, each of its blocks whole tiles),
+    the largest such tiles where several are kept, without counting a call."""
+    if not _keepable(nbr, block_rows):
         return None
     with _lock:
         entry = _cache.get(nbr)
-        return entry.sizes.get(tile_rows) if entry and entry.state == _state(nbr) else None
+        if entry is None or entry.state != _state(nbr):
+            return None
+        fits = [rows for rows in entry.sizes if block_rows % rows == 0]
+        return entry.sizes[max(fits)] if fits else None
 
 
 def clear_tile_lists() -> None:
