@@ -25,7 +25,7 @@ tl_status tl_implicit_gemm_forward(const tl_ctx *ctx, const tl_conv_desc *d,
 /* Rows per tile of a forward that can run over a table's tile lists
  * (tl_tile_lists.h), for lists built with that many rows per tile; 0 where
  * the forward lists each tile itself (TL_F32 and TL_F64 outputs wider than
- * 128 bytes, whose tiles keep each row's first entry apart).  Depends on the
+ * 256 bytes, whose tiles keep each row's first entry apart).  Depends on the
  * thread count. */
 int64_t tl_implicit_gemm_list_rows(const tl_ctx *ctx, const tl_conv_desc *d);
 

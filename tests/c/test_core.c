@@ -1186,18 +1186,21 @@ static void check_listed_forward(const tl_ctx *ctx, const tl_conv_desc *d, const
     free(y2);
 }
 
-/* Every dtype at a width with lists; float32 and float64 wider than 128 bytes
- * a row have none (their tiles split). */
+/* Every dtype at a width with lists (float32 and float64 at 128 and 256 bytes
+ * an output row: tiles whose rows are zeroed or written first); float32 and
+ * float64 wider than 256 bytes a row have none (their tiles split). */
 static void check_forward_over_lists(const tl_ctx *ctx, const int32_t *nbr, int64_t n_in,
                                      int64_t n_out, int64_t k) {
-    static const tl_dtype types[] = {TL_F32, TL_F64, TL_BF16, TL_F16};
+    static const tl_dtype types[] = {TL_F32, TL_F64, TL_BF16, TL_F16, TL_F32, TL_F64};
     for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
-        const int64_t cin = 3 + 5 * (int64_t)i, cout = types[i] == TL_F32 ? 32 : 16;
+        const int64_t row = i < 4 ? 128 : 256; /* bytes an fp32 or fp64 output row */
+        const int64_t cin = 3 + 5 * (int64_t)(i % 4);
+        const int64_t cout = types[i] == TL_F32 ? row / 4 : types[i] == TL_F64 ? row / 8 : 16;
         tl_conv_desc d = {types[i], n_in, n_out, k, cin, cout};
         tl_tile_lists lists;
         build_lists(ctx, &d, nbr, &lists);
         if (lists.tile_rows >= 1) check_listed_forward(ctx, &d, nbr, &lists);
-        if (types[i] == TL_F32 || types[i] == TL_F64) {
+        if (row == 256) {
             tl_conv_desc wide = d;
             wide.c_out = cout + 1;
             CHECK(tl_implicit_gemm_list_rows(ctx, &wide) == 0);

@@ -53,11 +53,13 @@ def _fresh_cache():
     T.clear_tile_lists()
 
 
-# Up to 128 bytes an output row: 32 floats, 16 doubles.
+# Up to 256 bytes an output row: 64 floats, 32 doubles (over 128, tiles listed from the
+# table split each kernel row's first entries; over lists they are zeroed instead).
 @pytest.mark.parametrize(
     "dtype,c_in,c_out",
     [(torch.float32, 16, 16), (torch.float32, 5, 32), (torch.float32, 32, 3),
-     (torch.float64, 16, 16), (torch.float64, 7, 5)],
+     (torch.float32, 12, 48), (torch.float32, 8, 64),
+     (torch.float64, 16, 16), (torch.float64, 7, 5), (torch.float64, 6, 32)],
 )  # fmt: skip
 def test_later_calls_are_bitwise_the_first(dtype, c_in, c_out):
     nbr, n_in = _table(3000, 27, 2500, 0), 2500
@@ -87,9 +89,9 @@ def test_lists_follow_the_tables_own_entries():
 
 
 def test_wide_float_layers_keep_no_lists():
-    """float32 and float64 outputs wider than 128 bytes a row list each call."""
+    """float32 and float64 outputs wider than 256 bytes a row list each call."""
     nbr, n_in = _table(2000, 27, 2000, 2), 2000
-    for dtype, c_out in ((torch.float32, 33), (torch.float64, 17)):
+    for dtype, c_out in ((torch.float32, 65), (torch.float64, 33)):
         x, w = _operands(nbr, n_in, 8, c_out, dtype)
         a = T.sparse_conv(x, w, nbr, nbr)
         b = T.sparse_conv(x, w, nbr, nbr)

@@ -295,7 +295,7 @@ sparse_conv.register_autograd(_backward, setup_context=_setup_context)
 # The forward over the lists is bitwise the forward over the table.
 #
 # Lists are built only where the forward can use them (``_C.conv_list_rows``: float32 and
-# float64 outputs of at most 128 bytes a row, so C_out <= 32 in float32, and bfloat16 and
+# float64 outputs of at most 256 bytes a row, so C_out <= 64 in float32, and bfloat16 and
 # float16 at every width), for the tile size of the call (it depends on the thread count;
 # at most two sizes are kept a table); the weight gradient reads them where each of its
 # blocks (``_C.conv_weight_grad_list_rows`` rows) is whole tiles.
