@@ -532,10 +532,9 @@ static void tl_half_wg_free(tl_half_wg_scratch *s) {
 
 /* acc (k, c_in, c_out) += the contributions of output rows [o0, o1) through
  * kernel rows [n0, n1), blocks of TL_WGRAD_PAIRS rows as in the float
- * weight gradient (tl_wgrad_rows; tl_wgrad_block_rows, whose lists
- * tl_wgrad_lists_init sizes, is that for the half types); returns 1 as it
- * does, 2 where f16_amx
- * read an infinity or NaN. */
+ * weight gradient (tl_wgrad_rows; tl_wgrad_block_rows gives the half types
+ * that many, and tl_wgrad_lists_init sizes the lists by it); returns 1 as it
+ * does, 2 where f16_amx read an infinity or NaN. */
 static int tl_half_wg_rows(const tl_half_call *f, const uint16_t *x, const uint16_t *dy,
                            const int32_t *nbr, int64_t o0, int64_t o1, int64_t n0, int64_t n1,
                            float *acc, tl_half_wg_scratch *s) {

@@ -169,7 +169,7 @@ typedef struct tl_wgrad_split {
  * for narrow float and double layers (TL_WGRAD_MAX_TILES).  Against 1024-row
  * blocks on the AMD EPYC of round twenty-six, over the table: C = 16 in
  * 4096-row blocks 1.02-1.29x on four maps of both scenes (fetch-on-demand's
- * gradient 0.99-1.11x), C = 32 in 2048-row ones 1.00-1.09x; over tile lists
+ * gradient 0.99-1.11x), C = 32 in 2048-row ones 0.98-1.09x; over tile lists
  * 1.01-1.05x and 1.00-1.04x.  (4096 rows at C = 32 lost 0.89-0.93x, 8192 at
  * C = 16 0.91-0.96x.)  The half types' kernels keep TL_WGRAD_PAIRS. */
 static inline int64_t tl_wgrad_block_rows(const tl_conv_desc *d) {
