@@ -32,9 +32,9 @@ int64_t tl_implicit_gemm_list_rows(const tl_ctx *ctx, const tl_conv_desc *d);
 /* tl_implicit_gemm_forward over the table nbr's tile lists, built with
  * tl_implicit_gemm_list_rows(ctx, d) rows per tile (checked here, the one
  * place: else TL_ERR_INVALID, as where the lists name an x row at or past
- * n_in): bitwise its result, without
- * listing the table (the half types' rerun through the float kernels after
- * an infinity or NaN on AMX lists nbr where its tiles differ). */
+ * n_in): bitwise its result, without listing the table (the half types'
+ * rerun through the float kernels after an infinity or NaN on AMX lists nbr
+ * where its tiles differ). */
 tl_status tl_implicit_gemm_forward_listed(const tl_ctx *ctx, const tl_conv_desc *d,
                                           const void *x, const void *w, const int32_t *nbr,
                                           const tl_tile_lists *lists, void *y);

@@ -513,7 +513,8 @@ static int tl_half_wg_init(tl_half_wg_scratch *s, const tl_conv_desc *d,
     s->tmp = pack ? malloc(sizeof(uint16_t) * (size_t)(2 * cin4 + 1)) : NULL;
     s->stage =
         dot ? NULL : malloc(sizeof(float) * (size_t)(TL_WGRAD_PAIRS * (cin4 + d->c_out) + 1));
-    const int lists = tl_wgrad_lists_init(&s->lists, split, split->listed, f->level, d->k);
+    const int lists =
+        tl_wgrad_lists_init(&s->lists, split->listed, f->level, d->k, split->block);
     return lists && (amx    ? s->xt && s->dt && s->cbuf
                      : pack ? s->xp && s->dp && s->tmp
                             : s->stage != NULL);

@@ -448,8 +448,8 @@ static tl_status TL_FN(tl_weight_grad)(const tl_ctx *ctx, const tl_conv_desc *d,
         s.tiles = L;
         /* Pair lists and tile lists need no listing. */
         const int level = tl_simd_vector_capped(ctx->simd_cap);
-        const int ok = tl_wgrad_lists_init(&s.lists, &split, split.listed && !p && !L, level,
-                                           d->k) &&
+        const int ok = tl_wgrad_lists_init(&s.lists, split.listed && !p && !L, level, d->k,
+                                           split.block) &&
                        rows && s.xp &&
                        (s.cur || !p);
         failed |= !ok;

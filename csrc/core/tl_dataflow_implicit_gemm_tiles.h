@@ -180,12 +180,12 @@ static inline int64_t tl_wgrad_block_rows(const tl_conv_desc *d) {
     return tiles * TL_WGRAD_PAIRS;
 }
 
-/* `parts` parts of whole blocks (the last part takes the rest), so every
- * block starts on a multiple of TL_WGRAD_PAIRS, as a forward tile of that
- * many rows does (tl_tile_lists.h); fewer parts where the rows fill fewer. */
-static inline tl_wgrad_split tl_wgrad_split_in(const tl_conv_desc *d, int64_t parts,
-                                               int64_t groups, int listed) {
-    const int64_t block = tl_wgrad_block_rows(d);
+/* `parts` parts of whole blocks of `block` rows (tl_wgrad_block_rows; the
+ * last part takes the rest), so every block starts on a multiple of
+ * TL_WGRAD_PAIRS, as a forward tile of that many rows does (tl_tile_lists.h);
+ * fewer parts where the rows fill fewer. */
+static inline tl_wgrad_split tl_wgrad_split_in(const tl_conv_desc *d, int64_t block,
+                                               int64_t parts, int64_t groups, int listed) {
     const int64_t blocks = (d->n_out + block - 1) / block;
     const int64_t per = blocks > parts ? (blocks + parts - 1) / parts : 1;
     const int64_t rows_per = per * block;
@@ -196,18 +196,19 @@ static inline tl_wgrad_split tl_wgrad_split_in(const tl_conv_desc *d, int64_t pa
 static inline tl_wgrad_split tl_wgrad_split_of(const tl_conv_desc *d) {
     const int64_t by_rows = (d->n_out + TL_WGRAD_MIN_ROWS - 1) / TL_WGRAD_MIN_ROWS;
     const int64_t all = d->k * d->c_in * d->c_out;
-    const int fits = d->k * tl_wgrad_block_rows(d) * 8 <= TL_LIST_BYTES;
+    const int64_t block = tl_wgrad_block_rows(d);
+    const int fits = d->k * block * 8 <= TL_LIST_BYTES;
     const int64_t small =
         d->k >= TL_WGRAD_WIDE_K ? TL_WGRAD_MAX_PARTIAL : TL_WGRAD_SMALL_PARTIAL;
     if (fits && by_rows >= TL_WGRAD_TASKS && TL_WGRAD_TASKS * all <= small)
-        return tl_wgrad_split_in(d, TL_WGRAD_TASKS, 1, 1);
+        return tl_wgrad_split_in(d, block, TL_WGRAD_TASKS, 1, 1);
     int64_t parts = TL_WGRAD_PARTS;
     if (parts > by_rows) parts = by_rows;
     if (all > 0 && parts * all > TL_WGRAD_MAX_PARTIAL) parts = TL_WGRAD_MAX_PARTIAL / all;
     if (parts < 1) parts = 1;
     int64_t groups = (TL_WGRAD_TASKS + parts - 1) / parts;
     if (groups > d->k) groups = d->k;
-    return tl_wgrad_split_in(d, parts, groups, fits);
+    return tl_wgrad_split_in(d, block, parts, groups, fits);
 }
 
 /* Task t of parts x groups: its part, output rows [o0, o1) and kernel rows
@@ -363,7 +364,7 @@ static inline int tl_tile_single(const int32_t *const *rl, const int64_t *cnt, i
     } while (0)
 
 /* A weight-gradient worker's lists of one block of output rows, for every
- * kernel row (tl_list_tile): li, lr k x the block's rows, lc k; allocated
+ * kernel row (tl_list_tile): li, lr k x `rows` (the block's), lc k; allocated
  * only where `listed` (a listed split, tl_wgrad_split.listed, over a table). */
 typedef struct tl_wgrad_lists {
     int listed, level; /* level: the listing's instruction set (tl_list_tile) */
@@ -371,12 +372,12 @@ typedef struct tl_wgrad_lists {
     int64_t *lc;
 } tl_wgrad_lists;
 
-static inline int tl_wgrad_lists_init(tl_wgrad_lists *l, const tl_wgrad_split *split,
-                                      int listed, int level, int64_t k) {
+static inline int tl_wgrad_lists_init(tl_wgrad_lists *l, int listed, int level, int64_t k,
+                                      int64_t rows) {
     *l = (tl_wgrad_lists){listed, level, NULL, NULL, NULL};
     if (!l->listed) return 1;
-    l->li = malloc(sizeof(int32_t) * (size_t)(split->block * k));
-    l->lr = malloc(sizeof(int32_t) * (size_t)(split->block * k));
+    l->li = malloc(sizeof(int32_t) * (size_t)(rows * k));
+    l->lr = malloc(sizeof(int32_t) * (size_t)(rows * k));
     l->lc = malloc(sizeof(int64_t) * (size_t)k);
     return l->li && l->lr && l->lc;
 }
