@@ -1152,8 +1152,7 @@ static void fill_random(tl_dtype t, void *p, int64_t n) {
         const float v = rndf();
         if (t == TL_F32) ((float *)p)[i] = v;
         if (t == TL_F64) ((double *)p)[i] = v;
-        if (t == TL_BF16) ((uint16_t *)p)[i] = tl_f32_to_bf16(v);
-        if (t == TL_F16) ((uint16_t *)p)[i] = tl_f32_to_f16(v);
+        if (t == TL_BF16 || t == TL_F16) ((uint16_t *)p)[i] = half_of(t, v);
     }
 }
 
