@@ -236,7 +236,7 @@ def _run(args: argparse.Namespace) -> int:
     report.write_markdown(out / "results.md", meta, rows)
     written = ["results.json", "results.md"]
     if not args.no_plots:
-        written += [p.name for p in report.write_plots(out, rows)]
+        written += [p.name for p in report.write_plots(out, rows, meta.get("peak"))]
     print(f"wrote {', '.join(written)} to {out}")
     return 0
 
@@ -251,7 +251,7 @@ def _report(args: argparse.Namespace) -> int:
     report.write_markdown(out / "results.md", meta, rows)
     written = ["results.md"]
     if not args.no_plots:
-        written += [p.name for p in report.write_plots(out, rows)]
+        written += [p.name for p in report.write_plots(out, rows, meta.get("peak"))]
     print(f"wrote {', '.join(written)} to {out}")
     return 0
 

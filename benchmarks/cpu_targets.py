@@ -4,7 +4,9 @@ Every target of the issue that one build can measure alone, as the issue states 
 the kernels alone (``torch_lattice._C``, implicit GEMM, fp32 unless said, the thread count
 of this process; each kernel as its op runs it on a map it has seen before, over the
 table's tile lists where it keeps them, ``torch_lattice.ops.conv.tile_lists``): each row
-gives the measured figure, the target and whether it is met.
+gives the measured figure, the target and whether it is met, and a second table each
+SubmConv3d width's kernels (forward, input gradient, weight gradient) in GFLOP/s and % of
+the peak; ``--plot`` draws every kernel's rate against the peak and the thresholds.
 Each row's kernels are timed interleaved (medians), and each kernel's output is checked
 against a float64 product of the same map first. Two kinds of row hold what the issue
 asks without a number, by a rule of ours: float16's forward no slower than fp32 (item 3),
@@ -16,6 +18,7 @@ kmap_subm3,kmap_k2s2,kmap_k3s2p1 --threads 1`` with spconv installed) and 5M vox
 (``python -m benchmarks large``)::
 
     .venv/bin/python -m benchmarks.cpu_targets [--repeats 7] [--out docs/benchmarks/cpu-targets.md]
+        [--plot docs/benchmarks/cpu-targets.png]
 """
 
 from __future__ import annotations
@@ -34,10 +37,12 @@ from benchmarks import baselines as bl
 from benchmarks.builds import _maps, _scene
 from benchmarks.peak import measure_peak
 from benchmarks.timing import time_side_by_side
+from torch_lattice.atomic_file import atomic_write
 from torch_lattice.ops._runtime import _C, DTYPE_CODES, ptr
 from torch_lattice.ops.conv import run_forward, run_weight_grad
+from torch_lattice.optional_deps import require_matplotlib
 
-__all__ = ["Target", "main", "measure"]
+__all__ = ["Point", "Run", "Target", "main", "measure", "plot"]
 
 SUBM_WIDTHS = (16, 32, 64, 128, 256)
 STRIDED = ("k2s2", "k3s2p1", "k2s2_inverse")
@@ -81,6 +86,31 @@ class Target:
             tenth = 10 ** (digits + 1)
             got = f"{math.floor(scale * self.measured * tenth) / tenth:.{digits + 1}f}"
         return f"| {self.what} | {got}{suffix} | {want} | {'met' if self.met else 'not met'} |"
+
+
+@dataclass(frozen=True)
+class Point:
+    """One kernel's rate in a run: ``fraction`` of the fp32 peak, ``layer`` one of
+    :data:`KERNELS` or a strided layer's forward."""
+
+    scene: str
+    layer: str
+    channels: int
+    fraction: float
+
+
+# The SubmConv3d kernels the report breaks each width into, in table order.
+KERNELS = ("forward", "input gradient", "weight gradient", "forward + backward")
+
+
+@dataclass(frozen=True)
+class Run:
+    """What :func:`measure` measured: the targets, the fp32 peak (GFLOP/s) they divide by,
+    and every kernel's rate behind them."""
+
+    rows: list[Target]
+    peak: float
+    points: list[Point]
 
 
 class _Layer:
@@ -168,13 +198,14 @@ def _odd_widths(nbr: torch.Tensor, n_in: int, scene: str, widths: Sequence[int],
 
 def measure(scenes: Sequence[str], repeats: int, widths: Sequence[int] = SUBM_WIDTHS,
             strided_widths: Sequence[int] = (64, 128),
-            odd_widths: Sequence[int] = ODD_WIDTHS) -> tuple[list[Target], float]:
-    """Every target on ``scenes``; returns the rows and the fp32 peak they divide by."""
+            odd_widths: Sequence[int] = ODD_WIDTHS) -> Run:
+    """Every target on ``scenes``, the fp32 peak they divide by and the kernels' rates."""
     threads = torch.get_num_threads()
     peak = measure_peak(threads).fp32_gflops
     if not peak:
         raise SystemExit("no fp32 peak on this CPU (benchmarks/peak_probe.c found no FMA)")
     rows: list[Target] = []
+    points: list[Point] = []
     for name in scenes:
         scene = _scene(name)
         maps = _maps(scene)
@@ -188,6 +219,10 @@ def measure(scenes: Sequence[str], repeats: int, widths: Sequence[int] = SUBM_WI
                             "wgrad": lambda layer=layer: layer.weight_grad(threads)}, repeats)
             fwd = _gflops(layer, med["fwd"]) / peak
             both = 3 * layer.flops / (med["fwd"] + med["dx"] + med["wgrad"]) / 1e9 / peak
+            rates = (fwd, _gflops(layer, med["dx"]) / peak,
+                     _gflops(layer, med["wgrad"]) / peak, both)
+            points += [Point(scene.name, kernel, c, rate)
+                       for kernel, rate in zip(KERNELS, rates, strict=True)]
             rows.append(Target(f"{scene.name}: SubmConv3d forward, C = {c}", fwd,
                                FORWARD_C16 if c == 16 else forward_min, "% of peak"))
             rows.append(Target(f"{scene.name}: SubmConv3d forward + backward, C = {c}", both,
@@ -217,18 +252,20 @@ def measure(scenes: Sequence[str], repeats: int, widths: Sequence[int] = SUBM_WI
                          "k2s2_inverse": "ConvTranspose3d k2 s2 (inverse)"}[map_name]
                 rows.append(Target(f"{scene.name}: {label} forward, C = {c}",
                                    _gflops(layer, med["fwd"]) / peak, STRIDED_MIN, "% of peak"))
+                points.append(Point(scene.name, f"{label} forward", c, rows[-1].measured))
         if threads >= 2:
             wide = _Layer(nbr, n_in, 64, torch.float32)
             med = _medians({"1": lambda wide=wide: wide.forward(1),
                             "2": lambda wide=wide: wide.forward(2)}, repeats)
             rows.append(Target(f"{scene.name}: thread scaling 1 -> 2, forward C = 64",
                                med["1"] / med["2"], THREAD_SCALING, "x"))
-    return rows, peak
+    return Run(rows, peak, points)
 
 
-def report(rows: Sequence[Target], peak: float, head: str) -> list[str]:
+def report(run: Run, head: str) -> list[str]:
+    rows, peak = run.rows, run.peak
     met = sum(r.met for r in rows)
-    return [
+    lines = [
         "# CPU targets of issue 24",
         "",
         head,
@@ -240,6 +277,75 @@ def report(rows: Sequence[Target], peak: float, head: str) -> list[str]:
         "|---|---|---|---|",
         *(r.row() for r in rows),
     ]
+    rate = {(p.scene, p.layer, p.channels): p.fraction for p in run.points}
+    widths = list(dict.fromkeys((p.scene, p.channels) for p in run.points
+                                if p.layer == KERNELS[0]))
+    if widths:
+        lines += ["", "The SubmConv3d rows' kernels in the same run, GFLOP/s (% of the peak); "
+                  "forward + backward is three times the forward's work over the three "
+                  "kernels' time:", "",
+                  "| scene | C | " + " | ".join(KERNELS) + " |",
+                  "|---|---|" + "---|" * len(KERNELS)]
+        for scene, c in widths:
+            cells = [f"{peak * rate[scene, k, c]:.0f} ({100 * rate[scene, k, c]:.0f}%)"
+                     for k in KERNELS]
+            lines.append(f"| {scene} | {c} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def plot(run: Run, path: Path, title: str) -> None:
+    """Writes a PNG of every kernel's rate against the channels, one panel per scene, as
+    a fraction of the fp32 peak measured in the same run (GFLOP/s on the right axis),
+    with the issue's thresholds; written whole or not at all.
+
+    Raises:
+        ImportError: matplotlib is not installed (the ``benchmarks`` extra).
+    """
+    plt = require_matplotlib("benchmarks", purpose="the --plot figure")
+    scenes = list(dict.fromkeys(p.scene for p in run.points))
+    if not scenes:
+        raise ValueError("plot: the run measured no kernels")
+    layers = list(dict.fromkeys(p.layer for p in run.points))
+
+    def draw(tmp: Path) -> None:
+        fig, axes = plt.subplots(1, len(scenes), figsize=(6 * len(scenes), 4.6), squeeze=False)
+        for ax, scene in zip(axes[0], scenes, strict=True):
+            for layer in layers:
+                pts = sorted((p.channels, 100 * p.fraction) for p in run.points
+                             if p.scene == scene and p.layer == layer)
+                if pts:
+                    style = "o-" if layer in KERNELS else "s--"
+                    name = f"SubmConv3d {layer}" if layer in KERNELS else layer
+                    ax.plot(*zip(*pts, strict=True), style, label=name)
+            wanted = (("SubmConv3d forward", FORWARD.get(scene, FORWARD["lidar"]), ":"),
+                      ("forward + backward", FWD_BWD, "-."),
+                      ("strided forward", STRIDED_MIN, (0, (1, 4))))
+            for i, (label, level, style) in enumerate(wanted):
+                c16 = f" (C = 16: {100 * FORWARD_C16:.0f}%)" if i == 0 else ""
+                ax.axhline(100 * level, color="0.4", linestyle=style, linewidth=1,
+                           label=f"target: {label} >= {100 * level:.0f}%{c16}")
+            ax.axhline(100, color="k", linestyle="--", linewidth=1,
+                       label=f"fp32 FMA peak: {run.peak:.0f} GFLOP/s (this run)")
+            ax.set_xscale("log", base=2)
+            ticks = sorted({p.channels for p in run.points if p.scene == scene})
+            ax.set_xticks(ticks, [str(c) for c in ticks])
+            ax.minorticks_off()
+            ax.set_ylim(0, 105)
+            ax.set_xlabel("channels (C_in = C_out)")
+            ax.set_ylabel("% of the fp32 FMA peak")
+            right = ax.secondary_yaxis("right", functions=(lambda v: v * run.peak / 100,
+                                                           lambda g: g * 100 / run.peak))
+            right.set_ylabel("GFLOP/s")
+            ax.set_title(f"{scene}", fontsize=10)
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize=6, loc="lower right")
+        fig.suptitle(title, fontsize=8)
+        fig.tight_layout()
+        fig.savefig(tmp, dpi=110, format="png")
+        plt.close(fig)
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, draw)
 
 
 def _cpu_name() -> str:
@@ -265,6 +371,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--odd-widths", default=",".join(map(str, ODD_WIDTHS)),
                         help="widths held to the next multiple of 16 (empty: none)")
     parser.add_argument("--out", type=Path, help="also write the report here")
+    parser.add_argument("--plot", type=Path,
+                        help="also write a PNG of every kernel's rate against the peak here")
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error(f"--repeats must be >= 1, got {args.repeats}")
@@ -274,14 +382,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     if any(c < 1 for c in widths + strided + odd):
         parser.error("--widths, --strided-widths and --odd-widths must be positive")
     start = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    rows, peak = measure(args.scenes.split(","), args.repeats, widths, strided, odd)
-    head = (f"`python -m benchmarks.cpu_targets`, {start}, {_cpu_name()}, "
-            f"{torch.get_num_threads()} threads, cpu_isa {_C.cpu_isa()}, torch "
-            f"{torch.__version__}; kernels alone, medians of {args.repeats} interleaved calls")
-    lines = report(rows, peak, head)
+    if args.plot is not None:  # before the run: a missing matplotlib fails at once
+        require_matplotlib("benchmarks", purpose="the --plot figure")
+    run = measure(args.scenes.split(","), args.repeats, widths, strided, odd)
+    where = (f"{start}, {_cpu_name()}, {torch.get_num_threads()} threads, cpu_isa "
+             f"{_C.cpu_isa()}, torch {torch.__version__}")
+    head = (f"`python -m benchmarks.cpu_targets`, {where}; kernels alone, medians of "
+            f"{args.repeats} interleaved calls")
+    lines = report(run, head)
     print("\n".join(lines))
     if args.out is not None:
-        args.out.write_text("\n".join(lines) + "\n")
+        text = "\n".join(lines) + "\n"
+        atomic_write(args.out, lambda tmp: tmp.write_text(text))
+    if args.plot is not None:
+        plot(run, args.plot, f"python -m benchmarks.cpu_targets; kernels alone, fp32\n{where}")
     return 0
 
 

@@ -425,7 +425,7 @@ def _plot_sweep(plt: Any, rows: list[Row], path: Path) -> None:
     plt.close(fig)
 
 
-def _plot_throughput(plt: Any, rows: list[Row], path: Path) -> None:
+def _plot_throughput(plt: Any, rows: list[Row], path: Path, peak: dict[str, Any]) -> None:
     fwd = [
         r for r in _ok(rows) if r["workload"] == "subm3_fwd" and not r["scene"].startswith("sweep-")
     ]
@@ -447,6 +447,9 @@ def _plot_throughput(plt: Any, rows: list[Row], path: Path) -> None:
             )
             if pts:
                 ax.plot([r["channels"] for r in pts], [r["gflops"] for r in pts], "o-", label=impl)
+        if peak.get("fp32_gflops"):  # the same run's fp32 limit: what "% of peak" divides by
+            ax.axhline(peak["fp32_gflops"], color="k", linestyle="--", linewidth=1,
+                       label=f"fp32 FMA peak, {peak['fp32_gflops']:.0f} GFLOP/s (this run)")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("channels (C_in = C_out)")
         ax.set_ylabel("useful GFLOP/s")
@@ -458,8 +461,9 @@ def _plot_throughput(plt: Any, rows: list[Row], path: Path) -> None:
     plt.close(fig)
 
 
-def write_plots(out_dir: Path, rows: list[Row]) -> list[Path]:
-    """Writes :data:`PLOTS` into ``out_dir``.
+def write_plots(out_dir: Path, rows: list[Row], peak: dict[str, Any] | None = None) -> list[Path]:
+    """Writes :data:`PLOTS` into ``out_dir``; ``throughput.png`` draws the fp32 peak of
+    ``peak`` (the run's ``meta["peak"]``) beside the rates where it was measured.
 
     Raises:
         ImportError: matplotlib is not installed; the message names the ``benchmarks``
@@ -467,7 +471,10 @@ def write_plots(out_dir: Path, rows: list[Row]) -> list[Path]:
     """
     plt = require_matplotlib("benchmarks", purpose="the benchmark plots (or pass --no-plots)")
     paths = []
-    for name, draw in zip(PLOTS, (_plot_speedup, _plot_sweep, _plot_throughput), strict=True):
+    def throughput(plt: Any, rows: list[Row], path: Path) -> None:
+        _plot_throughput(plt, rows, path, peak or {})
+
+    for name, draw in zip(PLOTS, (_plot_speedup, _plot_sweep, throughput), strict=True):
         path = out_dir / name
         _atomic_write(path, lambda tmp, draw=draw: draw(plt, rows, tmp))
         paths.append(path)

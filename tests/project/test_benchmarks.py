@@ -9,15 +9,17 @@ No timing is asserted here; speed is measured by ``python -m benchmarks``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import stat
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pytest
 import torch
@@ -136,6 +138,21 @@ def test_scene_arguments_are_checked() -> None:
         scenes.make_scene("surface", 0)
 
 
+@contextlib.contextmanager
+def _drawn_figures() -> Iterator[list[Any]]:
+    """The figures the plots close meanwhile, kept open for the test to read."""
+    import matplotlib.pyplot as plt
+
+    close, figures = plt.close, []
+    plt.close = figures.append
+    try:
+        yield figures
+    finally:
+        plt.close = close
+        for figure in figures:
+            close(figure)
+
+
 def _have_matplotlib() -> bool:
     try:
         import matplotlib  # noqa: F401
@@ -174,6 +191,13 @@ def test_cli_smoke_run_writes_json_markdown_and_plots(tmp_path: Path) -> None:
     if _have_matplotlib():
         for name in report.PLOTS:
             assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        # throughput.png draws the run's own fp32 peak beside the rates
+        with _drawn_figures() as figures:
+            report.write_plots(out, data["results"], data["meta"]["peak"])
+            peak = data["meta"]["peak"]["fp32_gflops"]
+            lines = [ln for ax in figures[2].axes for ln in ax.get_lines()
+                     if ln.get_label().startswith("fp32 FMA peak")]
+            assert lines and all(list(ln.get_ydata()) == [peak, peak] for ln in lines)
     assert not [p.name for p in out.iterdir() if p.name.startswith(".")]
     (out / "results.md").unlink()
     redraw = ["report", "--out", str(out)] + ([] if _have_matplotlib() else ["--no-plots"])
@@ -811,7 +835,11 @@ def test_cpu_targets_report_every_target(tmp_path: Path) -> None:
                              "--out", str(out)]) == 0
     text = out.read_text()
     assert "fp32 FMA peak measured in this run:" in text
-    rows = [line for line in text.splitlines() if line.startswith("| tiny")]
+    # each SubmConv3d width's kernels, in GFLOP/s and % of the same peak
+    kernels = [line for line in text.splitlines() if line.startswith("| tiny-24 | ")]
+    assert [line.split(" | ")[1] for line in kernels] == ["16", "64"]
+    assert all(line.count("%)") == len(cpu_targets.KERNELS) for line in kernels)
+    rows = [line for line in text.splitlines() if line.startswith("| tiny-24: ")]
     assert any("forward, C = 16 |" in r and "| >= 40% |" in r for r in rows)
     assert any("forward + backward, C = 64 |" in r and "| >= 70% |" in r for r in rows)
     assert any("bf16 forward against fp32, C = 64" in r and "| >= 1.60x |" in r for r in rows)
@@ -829,6 +857,35 @@ def test_cpu_targets_report_every_target(tmp_path: Path) -> None:
     assert cpu_targets.Target("x", 0.6449, 0.65, "% of peak").row() == (
         "| x | 64% | >= 65% | not met |")
     assert cpu_targets.Target("r", 0.998, 1.0, "x").row() == "| r | 0.998x | >= 1.00x | not met |"
+
+
+def test_cpu_targets_plot_draws_each_kernel_against_the_peak(tmp_path: Path) -> None:
+    """benchmarks.cpu_targets --plot: every kernel's rate as a fraction of the run's fp32
+    peak, the peak itself (100%, with its GFLOP/s) and the thresholds; a whole PNG."""
+    from benchmarks import cpu_targets
+
+    points = [cpu_targets.Point("lidar", kernel, c, 0.25 * i)
+              for i, kernel in enumerate(cpu_targets.KERNELS) for c in (16, 32)]
+    points.append(cpu_targets.Point("lidar", "Conv3d k2 s2 forward", 64, 0.7))
+    run = cpu_targets.Run([], 512.0, points)
+    path = tmp_path / "targets.png"
+    if not _have_matplotlib():
+        with pytest.raises(ImportError, match="benchmarks"):
+            cpu_targets.plot(run, path, "a run")
+        assert not path.exists()
+        return
+    with _drawn_figures() as figures:
+        cpu_targets.plot(run, path, "a run")
+        (figure,) = figures
+        lines = {ln.get_label(): list(ln.get_ydata()) for ln in figure.axes[0].get_lines()}
+    for i, kernel in enumerate(cpu_targets.KERNELS):
+        assert lines[f"SubmConv3d {kernel}"] == [25.0 * i, 25.0 * i]
+    assert lines["Conv3d k2 s2 forward"] == [70.0]
+    assert lines["fp32 FMA peak: 512 GFLOP/s (this run)"] == [100, 100]
+    assert lines["target: SubmConv3d forward >= 65% (C = 16: 40%)"] == [65.0, 65.0]
+    assert lines["target: forward + backward >= 70%"] == [70.0, 70.0]
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["targets.png"]  # no temporary left
 
 
 def test_weight_gradient_benchmark_checks_then_reports() -> None:
