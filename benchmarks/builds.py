@@ -8,7 +8,8 @@ compared before anything is timed (a change that is meant to keep results bitwis
 ``bitwise``). Four groups:
 
 * ``layers``: ``conv_forward`` and ``conv_weight_grad`` (implicit GEMM; or with
-  ``--kernels`` fetch-on-demand's ``pairs_forward`` and ``pairs_weight_grad``; fp32, or
+  ``--kernels`` fetch-on-demand's ``pairs_forward`` and ``pairs_weight_grad``, or
+  gather-scatter's with ``--pair-dataflow gather_scatter``; fp32, or
   ``--dtype bfloat16`` / ``float16``) on the 3x3x3 submanifold map of each scene
   (``--maps``: also a k2 s2 Conv3d's map, its inverse transpose's and a k3 s2 p1
   Conv3d's), per width;
@@ -49,7 +50,7 @@ from benchmarks.timing import time_side_by_side
 from benchmarks.workloads import DOWN2, DOWN3, SUBM3, support_args
 from torch_lattice.nn.functional.relation import kernel_map
 from torch_lattice.ops._runtime import _C, DTYPE_CODES, ptr
-from torch_lattice.ops.conv import FETCH_ON_DEMAND
+from torch_lattice.ops.conv import FETCH_ON_DEMAND, GATHER_SCATTER
 from torch_lattice.ops.kmap import kernel_pairs
 
 MAPS = ("subm3", "k2s2", "k2s2_inverse", "k3s2p1", "subm3_l2", "subm3_l3", "subm3_l4")
@@ -96,10 +97,10 @@ def _agreement(a: torch.Tensor, b: torch.Tensor) -> str:
 
 def _layer_case(
     base: ModuleType, kernel: str, nbr: torch.Tensor, n_in: int, c: int, repeats: int,
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype = torch.float32, pair_mode: int = FETCH_ON_DEMAND,
 ) -> tuple[dict[str, float], str]:  # fmt: skip
-    """One kernel of both builds on one map and width, in ``dtype``: median seconds, and
-    agreement."""
+    """One kernel of both builds on one map and width, in ``dtype`` (a pair kernel in
+    ``pair_mode``): median seconds, and agreement."""
     n, k, threads = nbr.shape[0], nbr.shape[1], torch.get_num_threads()
     g = torch.Generator().manual_seed(c)
     x = torch.randn(n_in, c, generator=g).to(dtype)
@@ -117,7 +118,7 @@ def _layer_case(
         if pairs is None:
             fn(code, n_in, n, k, c, c, ptr(x), ptr(b), ptr(nbr), ptr(outs[side]), threads)
         else:
-            fn(FETCH_ON_DEMAND, code, n_in, n, k, c, c, ptr(x), ptr(b), *map(ptr, pairs),
+            fn(pair_mode, code, n_in, n, k, c, c, ptr(x), ptr(b), *map(ptr, pairs),
                ptr(outs[side]), threads)  # fmt: skip
 
     call("base")
@@ -170,6 +171,7 @@ def layers(
     maps: list[str],
     kernels: tuple[str, ...] = CONV_KERNELS,
     dtype: torch.dtype = torch.float32,
+    pair_mode: int = FETCH_ON_DEMAND,
 ) -> None:
     print("| scene | map | C | kernel | base GFLOP/s | this GFLOP/s | this / base | outputs |")
     print("|---|---|---|---|---|---|---|---|")
@@ -181,7 +183,8 @@ def layers(
             pairs = int((nbr >= 0).sum())
             for c in channels:
                 for kernel in kernels:
-                    med, agree = _layer_case(base, kernel, nbr, n_in, c, repeats, dtype)
+                    med, agree = _layer_case(base, kernel, nbr, n_in, c, repeats, dtype,
+                                             pair_mode)
                     gf = {k: 2 * pairs * c * c / v / 1e9 for k, v in med.items()}
                     print(
                         f"| {scene.name} | {map_name} | {c} | {kernel} | {gf['base']:.1f} | "
@@ -375,6 +378,11 @@ def main() -> int:
         help="layers group: which kernels to time",
     )
     parser.add_argument(
+        "--pair-dataflow", default="fetch_on_demand",
+        choices=["fetch_on_demand", "gather_scatter"],
+        help="layers group: the dataflow pairs_forward and pairs_weight_grad run",
+    )  # fmt: skip
+    parser.add_argument(
         "--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
         help="layers, unet and norm groups: the features' (and weights') dtype",
     )  # fmt: skip
@@ -400,6 +408,7 @@ def main() -> int:
         layers(
             base, args.scenes, args.channels, args.repeats, args.maps, tuple(args.kernels),
             getattr(torch, args.dtype),
+            GATHER_SCATTER if args.pair_dataflow == "gather_scatter" else FETCH_ON_DEMAND,
         )  # fmt: skip
         print()
     if "kmap" in args.groups:

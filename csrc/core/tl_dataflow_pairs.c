@@ -8,10 +8,11 @@
 #include "tl_simd.h"
 
 /* Pairs per block (gather-scatter's forward) and per chunk (its weight
- * gradient): enough rows
- * for the 4-row micro-kernel and to amortize a parallel-for's scheduling;
- * small enough that the gather buffers stay in L2. */
+ * gradient): enough rows for the 4-row micro-kernel and to amortize a
+ * parallel-for's scheduling; the row pointers of one block live in each
+ * thread's scratch. */
 #define TL_PAIR_BLOCK 128
+#define TL_PAIR_AHEAD_BYTES 2048
 /* Weight-gradient partial sums: about this many (kernel row, part) tasks,
  * with the partial buffer capped at this many elements. */
 #define TL_PAIRS_WGRAD_TASKS 64

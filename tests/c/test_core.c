@@ -1329,6 +1329,72 @@ static void check_wgrad_blocks(void) {
     free(nbr);
 }
 
+/* Gather-scatter over kernel rows of hundreds of pairs (blocks of 128 and a
+ * partial last one; each block's rows read in place and asked for a step
+ * ahead, the weight gradient's next chunk listed before the current one
+ * runs): its forward is bitwise fetch-on-demand's, both near a double
+ * reference, and its weight gradient near the reference too, on every
+ * instruction set and 1-2 threads. */
+static void check_gather_scatter_blocks(void) {
+    current = "gather_scatter_blocks";
+    static const int64_t widths[][2] = {{16, 16}, {24, 40}, {64, 64}};
+    const int64_t k = 27, n_out = 3000, n_in = 2000;
+    int levels[3];
+    const int paths = cpu_levels(levels);
+    int32_t *nbr = xmalloc(sizeof(int32_t) * (size_t)(n_out * k));
+    for (int64_t e = 0; e < n_out * k; e++)
+        nbr[e] = rnd(4) == 0 ? (int32_t)rnd((uint32_t)n_in) : -1;
+    tl_ctx c2 = make_ctx(2, TL_SIMD_V4);
+    int64_t *offsets = xmalloc(sizeof(int64_t) * (size_t)(k + 1));
+    CHECK(tl_pairs_count(&c2, nbr, n_out, k, offsets) == TL_OK);
+    const int64_t np = offsets[k];
+    int32_t *pin = xmalloc(sizeof(int32_t) * (size_t)np), *pout = xmalloc(sizeof(int32_t) * (size_t)np);
+    CHECK(tl_pairs_fill(&c2, nbr, n_out, k, offsets, pin, pout) == TL_OK);
+    CHECK(offsets[1] - offsets[0] > 600 && (offsets[1] - offsets[0]) % 128 != 0);
+    tl_pairs pairs = {k, offsets, pin, pout};
+    for (size_t wi = 0; wi < sizeof(widths) / sizeof(widths[0]); wi++) {
+        const int64_t ci = widths[wi][0], co = widths[wi][1];
+        float *x = xmalloc(sizeof(float) * (size_t)(n_in * ci));
+        float *w = xmalloc(sizeof(float) * (size_t)(k * ci * co));
+        float *dy = xmalloc(sizeof(float) * (size_t)(n_out * co));
+        float *y = xmalloc(sizeof(float) * (size_t)(n_out * co));
+        float *fod = xmalloc(sizeof(float) * (size_t)(n_out * co));
+        float *dw = xmalloc(sizeof(float) * (size_t)(k * ci * co));
+        double *y_ref = xmalloc(sizeof(double) * (size_t)(n_out * co));
+        double *dw_ref = xmalloc(sizeof(double) * (size_t)(k * ci * co));
+        for (int64_t i = 0; i < n_in * ci; i++) x[i] = rndf();
+        for (int64_t i = 0; i < k * ci * co; i++) w[i] = rndf();
+        for (int64_t i = 0; i < n_out * co; i++) dy[i] = rndf();
+        memset(y_ref, 0, sizeof(double) * (size_t)(n_out * co));
+        memset(dw_ref, 0, sizeof(double) * (size_t)(k * ci * co));
+        for (int64_t j = 0, n = 0; j < np; j++) {
+            while (j >= offsets[n + 1]) n++;
+            const int64_t i = pin[j], o = pout[j];
+            for (int64_t a = 0; a < ci; a++)
+                for (int64_t b = 0; b < co; b++) {
+                    y_ref[o * co + b] += (double)x[i * ci + a] * w[(n * ci + a) * co + b];
+                    dw_ref[(n * ci + a) * co + b] += (double)x[i * ci + a] * dy[o * co + b];
+                }
+        }
+        tl_conv_desc d = {TL_F32, n_in, n_out, k, ci, co};
+        for (int path = 0; path < 2 * paths; path++) {
+            tl_ctx ctx = make_ctx(1 + path % 2, levels[path / 2]);
+            memset(y, 0xff, sizeof(float) * (size_t)(n_out * co));
+            memset(dw, 0xff, sizeof(float) * (size_t)(k * ci * co));
+            CHECK(tl_pairs_forward(&ctx, TL_PAIRS_GATHER_SCATTER, &d, x, w, &pairs, y) == TL_OK);
+            CHECK(tl_pairs_forward(&ctx, TL_PAIRS_FETCH_ON_DEMAND, &d, x, w, &pairs, fod) ==
+                  TL_OK);
+            CHECK(tl_pairs_weight_grad(&ctx, TL_PAIRS_GATHER_SCATTER, &d, x, dy, &pairs, dw) ==
+                  TL_OK);
+            CHECK(memcmp(y, fod, sizeof(float) * (size_t)(n_out * co)) == 0);
+            for (int64_t i = 0; i < n_out * co; i++) CHECK(fabs(y[i] - y_ref[i]) < 1e-4);
+            for (int64_t i = 0; i < k * ci * co; i++) CHECK(fabs(dw[i] - dw_ref[i]) < 1e-3);
+        }
+        free(x), free(w), free(dy), free(y), free(fod), free(dw), free(y_ref), free(dw_ref);
+    }
+    free(nbr), free(offsets), free(pin), free(pout);
+}
+
 /* Tile lists (tl_tile_lists.h): each tile's lists are tl_list_tile's, and
  * the forward over them is bitwise the forward over the table, in fp32,
  * fp64, bf16 and fp16, on 1 and 2 threads, on every listing path; bad
@@ -1727,6 +1793,7 @@ int main(void) {
     test_list_tile();
     test_tile_lists();
     check_wgrad_blocks();
+    check_gather_scatter_blocks();
     test_point_rows();
     test_pairs_check();
     test_conv();

@@ -206,3 +206,51 @@ def test_cpu_pair_backward_reuses_the_reversed_lists(monkeypatch: pytest.MonkeyP
             extra = 0 if family is subm else 1
             assert counts[0]["cached"] == built + extra, (family.__name__, dataflow, counts)
             assert counts[-1] == counts[0] and calls["per_backward"] == 0, (family, counts)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("channels", [(16, 16), (24, 40), (64, 64), (100, 36)])
+def test_cpu_gather_scatter_forward_is_fetch_on_demand_bitwise(
+    channels: tuple[int, int], dtype: torch.dtype
+) -> None:
+    """The CPU's gather-scatter reads each block's rows in place and asks for the next
+    rows ahead (csrc/core/tl_dataflow_pairs_impl.h): its forward adds each pair's sum to
+    its output row kernel row by kernel row, as fetch-on-demand's tiles do, so the two
+    outputs are bitwise equal, at any thread count, over kernel rows of hundreds of pairs
+    (blocks of 128 and a partial last one) and widths that leave partial vectors; its
+    weight gradient matches a float64 reference and is bitwise the same at 1 and 2
+    threads."""
+    from torch_lattice.ops.conv import pair_conv, pair_conv_weight_grad
+    from torch_lattice.ops.kmap import kernel_pairs
+
+    g = torch.Generator().manual_seed(sum(channels))
+    coords = torch.randint(0, 16, (3000, 4), generator=g, dtype=torch.int32)
+    coords = torch.unique(coords * torch.tensor([0, 1, 1, 1], dtype=torch.int32), dim=0)
+    one = [1, 1, 1]
+    nbr, _ = torch.ops.lattice.kernel_map(coords, coords, [3, 3, 3], one, one, one)
+    offsets, pin, pout = kernel_pairs(nbr)
+    sizes = offsets.diff()
+    assert int(sizes.max()) > 300 and bool((sizes % 128 != 0).any())
+    cin, cout = channels
+    feats = torch.randn(coords.shape[0], cin, generator=g, dtype=torch.float64).to(dtype)
+    weight = torch.randn(27, cin, cout, generator=g, dtype=torch.float64).to(dtype)
+    dy = torch.randn(coords.shape[0], cout, generator=g, dtype=torch.float64).to(dtype)
+    n = coords.shape[0]
+    ref_dw = torch.zeros(27, cin, cout, dtype=torch.float64)
+    for k in range(27):
+        a, b = int(offsets[k]), int(offsets[k + 1])
+        ref_dw[k] = feats[pin[a:b].long()].double().T @ dy[pout[a:b].long()].double()
+    before = torch.get_num_threads()
+    try:
+        dws = []
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            ys = [pair_conv(feats, weight, offsets, pin, pout, None, None, None, n, gather)
+                  for gather in (True, False)]
+            assert ys[0].abs().sum() > 0 and torch.equal(ys[0], ys[1])
+            dws.append(pair_conv_weight_grad(feats, dy, offsets, pin, pout, True))
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(dws[0], dws[1])
+    tol = 1e-5 if dtype is torch.float32 else 1e-12
+    torch.testing.assert_close(dws[0].double(), ref_dw, rtol=tol, atol=tol * ref_dw.abs().max())
