@@ -12,6 +12,8 @@
  * parallel-for's scheduling; the row pointers of one block live in each
  * thread's scratch. */
 #define TL_PAIR_BLOCK 128
+/* Bytes of x and y rows gather-scatter's forward asks for a step ahead
+ * (tl_pairs_block). */
 #define TL_PAIR_AHEAD_BYTES 2048
 /* Weight-gradient partial sums: about this many (kernel row, part) tasks,
  * with the partial buffer capped at this many elements. */

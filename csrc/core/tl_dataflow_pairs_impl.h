@@ -27,10 +27,16 @@ typedef struct TL_FN(tl_pairs_scratch) {
  * place: copying the x rows into a dense block and multiplying into a zeroed
  * block scatter-added after (before 2026-12-06) added the same products in
  * the same order (0 + sum, then y + that: bitwise y + sum, as y is never -0)
- * at 0.5-0.8x the speed.  A kernel row's outputs are distinct (strictly
- * increasing, checked), so its blocks may run on any threads.  (The
- * fetch-on-demand forward runs implicit GEMM's tiles over the pair lists:
- * tl_implicit_gemm_forward_pairs.) */
+ * at 0.5-0.8x the speed.  The rows are taken a step at a time, the next
+ * step's x and y rows asked for first (about TL_PAIR_AHEAD_BYTES of them:
+ * 16 pairs at C = 16 in fp32, 8 at 32, 4 from 64, each the best of 2-32 on
+ * both scenes' maps; without asking, 0.5-0.9x); where the layer is at most
+ * rows8_max_cols wide, eight rows a pass as implicit GEMM's forward runs
+ * them (1.10-1.15x at C = 16 and 48).  A kernel row's outputs are distinct
+ * (strictly increasing, checked), so its blocks may run on any threads.
+ * (The fetch-on-demand forward runs implicit GEMM's tiles over the pair
+ * lists, tl_implicit_gemm_forward_pairs; the sums are the same, so the two
+ * forwards are bitwise equal where both run these micro-kernels.) */
 static void TL_FN(tl_pairs_block)(const tl_conv_desc *d, const TL_T *x, const TL_T *wn,
                                   const tl_pairs *p, int64_t j0, int64_t j1,
                                   TL_FN(tl_pairs_scratch) *s, TL_T *y) {
@@ -41,15 +47,19 @@ static void TL_FN(tl_pairs_block)(const tl_conv_desc *d, const TL_T *x, const TL
         s->yr[q] = y + (int64_t)p->out[j0 + q] * cout;
     }
     const int64_t xb = cin * (int64_t)sizeof(TL_T), yb = cout * (int64_t)sizeof(TL_T);
+    const int eight = cout <= s->mk->rows8_max_cols;
     int64_t step = TL_PAIR_AHEAD_BYTES / (xb + yb) / 4 * 4;
     step = step < 4 ? 4 : step > 16 ? 16 : step;
+    if (eight) step = step < 8 ? 8 : step / 8 * 8;
     for (int64_t q0 = 0; q0 < m; q0 += step) {
         const int64_t q1 = q0 + step < m ? q0 + step : m;
         for (int64_t q = q1; q < q1 + step && q < m; q++) {
             for (int64_t b = 0; b < xb; b += 64) __builtin_prefetch((const char *)xr[q] + b);
             for (int64_t b = 0; b < yb; b += 64) __builtin_prefetch((const char *)s->yr[q] + b, 1);
         }
-        TL_FN(tl_mk_rows)(s->mk, cout, cin, q1 - q0, xr + q0, wn, cout, s->yr + q0);
+        const int64_t e = eight ? (q1 - q0) / 8 * 8 : 0; /* then groups of 4, 2, 1 */
+        if (e) s->mk->rows_8(cout, cin, e, xr + q0, wn, cout, s->yr + q0, 0);
+        TL_FN(tl_mk_rows)(s->mk, cout, cin, q1 - q0 - e, xr + q0 + e, wn, cout, s->yr + q0 + e);
     }
 }
 
@@ -74,11 +84,8 @@ static tl_status TL_FN(tl_pairs_fwd)(const tl_ctx *ctx, const tl_conv_desc *d, c
     return TL_OK;
 }
 
-/* Gather-scatter: acc += sum over pairs [j0, j1) of x[in]^T dy[out], in
- * chunks of TL_PAIR_BLOCK pairs, both rows read in place through pointers
- * (the dy rows were copied into a block first before 2026-12-06: the same
- * sums).  (The fetch-on-demand weight gradient runs implicit GEMM's blocks
- * over the pair lists: tl_implicit_gemm_weight_grad_pairs.) */
+/* Lists the row pointers of pairs [j, j + m) (at most TL_PAIR_BLOCK, up to
+ * j1) into xr and dr; returns m. */
 static int64_t TL_FN(tl_pairs_chunk)(const TL_T *x, const TL_T *dy, const tl_pairs *p,
                                      int64_t cin, int64_t cout, int64_t j, int64_t j1,
                                      const TL_T **xr, const TL_T **dr) {
@@ -90,6 +97,13 @@ static int64_t TL_FN(tl_pairs_chunk)(const TL_T *x, const TL_T *dy, const tl_pai
     return m;
 }
 
+/* Gather-scatter: acc += sum over pairs [j0, j1) of x[in]^T dy[out], in
+ * chunks of TL_PAIR_BLOCK pairs, both rows read in place through pointers
+ * (the dy rows were copied into a block first before 2026-12-06: the same
+ * sums, at 0.4-1.0x the speed), each chunk's passes asking for the next
+ * chunk's rows (tl_mk_outer_acc).  (The fetch-on-demand weight gradient runs
+ * implicit GEMM's blocks over the pair lists:
+ * tl_implicit_gemm_weight_grad_pairs.) */
 static void TL_FN(tl_pairs_wgrad_range)(const tl_conv_desc *d, const TL_T *x, const TL_T *dy,
                                         const tl_pairs *p, int64_t j0, int64_t j1,
                                         TL_FN(tl_pairs_scratch) *s, TL_T *acc) {
