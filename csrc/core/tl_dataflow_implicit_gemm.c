@@ -7,17 +7,6 @@
 #include "tl_mem.h"
 #include "tl_simd.h"
 
-/* Input channels from which the weight gradient packs each kernel row's x
- * rows (packed by the panel micro-kernel) instead of reading them in
- * place (tl_mk_outer_acc): from C_in = 64, and from TL_WGRAD_PACK_WIDE_MIN_CIN
- * where C_out is wider than outer_acc's 8-channel passes take (rows8_cols).
- * Since the x rows are copied whole (round nine), packing runs 1.0-1.26x the
- * in-place reads at C = 40-56 (most on strided maps, whose x rows come from
- * memory), but 0.89-0.94x at C = 32 on 3x3x3 maps, where the 8-channel
- * passes run in place. */
-#define TL_WGRAD_PACK_MIN_CIN 64
-#define TL_WGRAD_PACK_WIDE_MIN_CIN 40
-
 #define TL_T float
 #define TL_SFX f32
 #include "tl_dataflow_implicit_gemm_impl.h"

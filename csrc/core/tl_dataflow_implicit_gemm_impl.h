@@ -373,8 +373,7 @@ static int TL_FN(tl_wgrad_rows)(const tl_conv_desc *d, const TL_T *x, const TL_T
                                 int64_t n0, int64_t n1, TL_T *acc,
                                 TL_FN(tl_wgrad_scratch) *s) {
     const int64_t mat = d->c_in * d->c_out;
-    const int packs = d->c_in >= TL_WGRAD_PACK_MIN_CIN ||
-                      (d->c_in >= TL_WGRAD_PACK_WIDE_MIN_CIN && d->c_out > s->mk->rows8_cols);
+    const int packs = TL_FN(tl_mk_wgrad_packs)(s->mk, d->c_in, d->c_out);
     if (p)
         for (int64_t n = n0; n < n1; n++) s->cur[n] = tl_pairs_first_at(p, n, o0);
     for (int64_t b0 = o0; b0 < o1; b0 += s->block) {

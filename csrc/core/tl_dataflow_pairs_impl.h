@@ -18,6 +18,7 @@ typedef struct TL_FN(tl_pairs_scratch) {
     const TL_FN(tl_mk_ops) *mk; /* the micro-kernels for this CPU */
     const TL_T *xr[2][TL_PAIR_BLOCK], *dr[2][TL_PAIR_BLOCK];
     TL_T *yr[TL_PAIR_BLOCK];
+    TL_T *xp; /* the weight gradient's packed x rows where it packs them, else NULL */
 } TL_FN(tl_pairs_scratch);
 
 /* Gather-scatter, pairs [j0, j1) of one kernel row: y[out] += x[in] @ wn (the
@@ -118,8 +119,12 @@ static void TL_FN(tl_pairs_wgrad_range)(const tl_conv_desc *d, const TL_T *x, co
         const int64_t next = jn < j1 ? TL_FN(tl_pairs_chunk)(x, dy, p, cin, cout, jn, j1,
                                                              s->xr[c ^ 1], s->dr[c ^ 1])
                                      : 0;
-        TL_FN(tl_mk_outer_acc)(s->mk, cin, cout, m, s->xr[c], s->dr[c], acc, s->xr[c ^ 1],
-                               s->dr[c ^ 1], next);
+        if (s->xp)
+            s->mk->panel(cout, m, cin, s->xr[c], s->xp, s->dr[c], acc, cout, s->xr[c ^ 1],
+                         s->dr[c ^ 1], next);
+        else
+            TL_FN(tl_mk_outer_acc)(s->mk, cin, cout, m, s->xr[c], s->dr[c], acc, s->xr[c ^ 1],
+                                   s->dr[c ^ 1], next);
         j = jn;
         m = next;
         c ^= 1;
@@ -133,9 +138,15 @@ static tl_status TL_FN(tl_pairs_wgrad)(const tl_ctx *ctx, const tl_conv_desc *d,
     TL_T *partial = parts > 1 ? tl_mem_aligned(sizeof(TL_T) * (size_t)(k * parts * mat)) : dw;
     if (!partial) return TL_ERR_NOMEM;
     const int threads = tl_threads_for(ctx, p->offsets[k] * mat);
-#pragma omp parallel num_threads(threads)
+    int failed = 0;
+#pragma omp parallel num_threads(threads) reduction(| : failed)
     {
         TL_FN(tl_pairs_scratch) s = {.mk = TL_FN(tl_mk_pick)(ctx)};
+        if (TL_FN(tl_mk_wgrad_packs)(s.mk, d->c_in, d->c_out)) {
+            const int64_t ldx = TL_FN(tl_mk_packed_ld)(d->c_in);
+            s.xp = malloc(sizeof(TL_T) * (size_t)(TL_FN(tl_mk_panel_pairs)(ldx) * ldx));
+            failed |= s.xp == NULL;
+        }
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < k * parts; t++) {
             const int64_t n = t / parts, part = t % parts;
@@ -144,8 +155,13 @@ static tl_status TL_FN(tl_pairs_wgrad)(const tl_ctx *ctx, const tl_conv_desc *d,
             const int64_t j1 = p->offsets[n] + len * (part + 1) / parts;
             TL_T *acc = partial + (part * k + n) * mat; /* layout [part][n] */
             memset(acc, 0, sizeof(TL_T) * (size_t)mat);
-            TL_FN(tl_pairs_wgrad_range)(d, x, dy, p, j0, j1, &s, acc);
+            if (!failed) TL_FN(tl_pairs_wgrad_range)(d, x, dy, p, j0, j1, &s, acc);
         }
+        free(s.xp);
+    }
+    if (failed) {
+        if (parts > 1) free(partial);
+        return TL_ERR_NOMEM;
     }
     if (parts > 1) {
         TL_FN(tl_mk_sum_parts)(tl_threads_for(ctx, k * mat * parts), partial, parts, k * mat, dw);

@@ -101,10 +101,30 @@ typedef struct TL_MK(ops) {
                   const TL_T *const *pd, int64_t npf);
 } TL_MK(ops);
 
+#ifndef TL_WGRAD_PACK_MIN_CIN
+/* Input channels from which the weight gradient packs each kernel row's x
+ * rows (packed by the panel micro-kernel) instead of reading them in
+ * place (tl_mk_outer_acc): from C_in = 64, and from TL_WGRAD_PACK_WIDE_MIN_CIN
+ * where C_out is wider than outer_acc's 8-channel passes take (rows8_cols).
+ * Since the x rows are copied whole (round nine), packing runs 1.0-1.26x the
+ * in-place reads at C = 40-56 (most on strided maps, whose x rows come from
+ * memory), but 0.89-0.94x at C = 32 on 3x3x3 maps, where the 8-channel
+ * passes run in place. */
+#define TL_WGRAD_PACK_MIN_CIN 64
+#define TL_WGRAD_PACK_WIDE_MIN_CIN 40
+#endif
+
 /* Values per packed x row of the weight gradient (tl_mk_ops.panel): `rows`
  * input channels zero-padded to a multiple of 4, so register-blocked strips
  * of 4, 6 or 8 of them cover it (tl_mk_panel_strips). */
 static inline int64_t TL_MK(packed_ld)(int64_t rows) { return (rows + 3) / 4 * 4; }
+
+/* Whether a weight gradient of cin x cout packs its x rows (panel) rather
+ * than reading them in place (outer_acc): TL_WGRAD_PACK_MIN_CIN. */
+static inline int TL_MK(wgrad_packs)(const TL_MK(ops) *mk, int64_t cin, int64_t cout) {
+    return cin >= TL_WGRAD_PACK_MIN_CIN ||
+           (cin >= TL_WGRAD_PACK_WIDE_MIN_CIN && cout > mk->rows8_cols);
+}
 
 /* Pairs ahead that the panel asks for an x row while packing a chunk: the
  * rows are gathered from anywhere in x (1.0-1.3x; most on strided maps). */
