@@ -28,7 +28,7 @@ typedef struct TL_FN(tl_pairs_scratch) {
  * place: copying the x rows into a dense block and multiplying into a zeroed
  * block scatter-added after (before 2026-12-06) added the same products in
  * the same order (0 + sum, then y + that: bitwise y + sum, as y is never -0)
- * at 0.5-0.8x the speed.  The rows are taken a step at a time, the next
+ * at 0.3-0.9x the speed of this.  The rows are taken a step at a time, the next
  * step's x and y rows asked for first (about TL_PAIR_AHEAD_BYTES of them:
  * 16 pairs at C = 16 in fp32, 8 at 32, 4 from 64, each the best of 2-32 on
  * both scenes' maps; without asking, 0.5-0.9x); where the layer is at most
@@ -99,11 +99,13 @@ static int64_t TL_FN(tl_pairs_chunk)(const TL_T *x, const TL_T *dy, const tl_pai
 }
 
 /* Gather-scatter: acc += sum over pairs [j0, j1) of x[in]^T dy[out], in
- * chunks of TL_PAIR_BLOCK pairs, both rows read in place through pointers
- * (the dy rows were copied into a block first before 2026-12-06: the same
- * sums, at 0.4-1.0x the speed), each chunk's passes asking for the next
- * chunk's rows (tl_mk_outer_acc).  (The fetch-on-demand weight gradient runs
- * implicit GEMM's blocks over the pair lists:
+ * chunks of TL_PAIR_BLOCK pairs, both rows read through pointers in place
+ * (before 2026-12-06 the dy rows were copied into a block first: the same
+ * sums at 0.3-0.9x the speed) or, where implicit GEMM's weight gradient
+ * packs its x rows (tl_mk_wgrad_packs), the x rows packed by the panel
+ * micro-kernel (1.06-1.42x; sums over its own chunks), each chunk's passes
+ * asking for the next chunk's rows.  (The fetch-on-demand weight gradient
+ * runs implicit GEMM's blocks over the pair lists:
  * tl_implicit_gemm_weight_grad_pairs.) */
 static void TL_FN(tl_pairs_wgrad_range)(const tl_conv_desc *d, const TL_T *x, const TL_T *dy,
                                         const tl_pairs *p, int64_t j0, int64_t j1,
