@@ -298,6 +298,39 @@ def test_two_builds_side_by_side(capsys: pytest.CaptureFixture[str]) -> None:
     assert builds._C.batch_norm_apply is _C.batch_norm_apply
 
 
+def test_two_builds_time_gather_scatter_when_asked(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--pair-dataflow gather_scatter``: the pair kernels of both builds run in that
+    mode (fetch-on-demand without it), and their outputs are compared first."""
+    from benchmarks import builds
+    from torch_lattice.ops._runtime import _C
+    from torch_lattice.ops.conv import FETCH_ON_DEMAND, GATHER_SCATTER
+
+    modes: list[int] = []
+
+    def recording(name: str) -> Any:
+        def call(mode: int, *rest: int) -> None:
+            modes.append(mode)
+            getattr(_C, name)(mode, *rest)
+
+        return call
+
+    base = SimpleNamespace(**{k: recording(k) for k in builds.PAIR_KERNELS})
+    for flag, mode in (("gather_scatter", GATHER_SCATTER), ("fetch_on_demand", FETCH_ON_DEMAND)):
+        modes.clear()
+        builds.layers(base, ["tiny"], [4], 1, ["subm3"], builds.PAIR_KERNELS,  # type: ignore[arg-type]
+                      torch.float32, mode)
+        assert modes and set(modes) == {mode}, flag
+        out = capsys.readouterr().out
+        assert out.count("| bitwise |") == 2  # forward and weight gradient
+    args = ["--base", _C.__file__, "--scenes", "tiny", "--channels", "4", "--repeats", "1",
+            "--groups", "layers", "--kernels", *builds.PAIR_KERNELS,
+            "--pair-dataflow", "gather_scatter"]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("sys.argv", ["builds", *args])
+        assert builds.main() == 0
+    assert capsys.readouterr().out.count("| bitwise |") == 2
+
+
 def test_two_builds_norm_group_stops_on_other_numbers() -> None:
     """A base whose normalize + ReLU leaves out the ReLU computes other numbers: the
     norm group stops before timing it."""
