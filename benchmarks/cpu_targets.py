@@ -300,6 +300,7 @@ def plot(run: Run, path: Path, title: str) -> None:
 
     Raises:
         ImportError: matplotlib is not installed (the ``benchmarks`` extra).
+        ValueError: ``run`` holds no kernel rates.
     """
     plt = require_matplotlib("benchmarks", purpose="the --plot figure")
     scenes = list(dict.fromkeys(p.scene for p in run.points))
@@ -382,8 +383,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if any(c < 1 for c in widths + strided + odd):
         parser.error("--widths, --strided-widths and --odd-widths must be positive")
     start = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    if args.plot is not None:  # before the run: a missing matplotlib fails at once
-        require_matplotlib("benchmarks", purpose="the --plot figure")
+    if args.plot is not None:  # before the run: a missing matplotlib stops it at once
+        try:
+            require_matplotlib("benchmarks", purpose="the --plot figure")
+        except ImportError as exc:
+            raise SystemExit(str(exc)) from exc
     run = measure(args.scenes.split(","), args.repeats, widths, strided, odd)
     where = (f"{start}, {_cpu_name()}, {torch.get_num_threads()} threads, cpu_isa "
              f"{_C.cpu_isa()}, torch {torch.__version__}")

@@ -919,6 +919,9 @@ def test_cpu_targets_plot_draws_each_kernel_against_the_peak(tmp_path: Path) -> 
     assert lines["target: forward + backward >= 70%"] == [70.0, 70.0]
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert [p.name for p in tmp_path.iterdir()] == ["targets.png"]  # no temporary left
+    with pytest.raises(ValueError, match="no kernels"):
+        cpu_targets.plot(cpu_targets.Run([], 512.0, []), tmp_path / "empty.png", "none")
+    assert not (tmp_path / "empty.png").exists()
 
 
 def test_weight_gradient_benchmark_checks_then_reports() -> None:
