@@ -33,7 +33,7 @@ typedef struct TL_FN(tl_pairs_scratch) {
  * 16 pairs at C = 16 in fp32, 8 at 32, 4 from 64, each the best of 2-32 on
  * both scenes' maps; without asking, 0.5-0.9x); where the layer is at most
  * rows8_max_cols wide, eight rows a pass as implicit GEMM's forward runs
- * them (1.10-1.15x at C = 16 and 48).  A kernel row's outputs are distinct
+ * them (0.97-1.15x; 1.10-1.15x at C = 16).  A kernel row's outputs are distinct
  * (strictly increasing, checked), so its blocks may run on any threads.
  * (The fetch-on-demand forward runs implicit GEMM's tiles over the pair
  * lists, tl_implicit_gemm_forward_pairs; the sums are the same, so the two
