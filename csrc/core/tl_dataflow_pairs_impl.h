@@ -31,7 +31,7 @@ typedef struct TL_FN(tl_pairs_scratch) {
  * at 0.3-0.9x the speed of this.  The rows are taken a step at a time, the next
  * step's x and y rows asked for first (about TL_PAIR_AHEAD_BYTES of them:
  * 16 pairs at C = 16 in fp32, 8 at 32, 4 from 64, each the best of 2-32 on
- * both scenes' maps; without asking, 0.5-0.9x); where the layer is at most
+ * both scenes' maps; without asking, 0.44-1.02x); where the layer is at most
  * rows8_max_cols wide, eight rows a pass as implicit GEMM's forward runs
  * them (0.97-1.15x; 1.10-1.15x at C = 16).  A kernel row's outputs are distinct
  * (strictly increasing, checked), so its blocks may run on any threads.
