@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -471,9 +472,7 @@ def write_plots(out_dir: Path, rows: list[Row], peak: dict[str, Any] | None = No
     """
     plt = require_matplotlib("benchmarks", purpose="the benchmark plots (or pass --no-plots)")
     paths = []
-    def throughput(plt: Any, rows: list[Row], path: Path) -> None:
-        _plot_throughput(plt, rows, path, peak or {})
-
+    throughput = partial(_plot_throughput, peak=peak or {})
     for name, draw in zip(PLOTS, (_plot_speedup, _plot_sweep, throughput), strict=True):
         path = out_dir / name
         _atomic_write(path, lambda tmp, draw=draw: draw(plt, rows, tmp))

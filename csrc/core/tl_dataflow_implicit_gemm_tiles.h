@@ -182,8 +182,8 @@ static inline int64_t tl_wgrad_block_rows(const tl_conv_desc *d) {
 
 /* `parts` parts of whole blocks of `block` rows (tl_wgrad_block_rows; the
  * last part takes the rest), so every block starts on a multiple of
- * TL_WGRAD_PAIRS, as a forward tile of that many rows does (tl_tile_lists.h);
- * fewer parts where the rows fill fewer. */
+ * `block`, and so on a forward tile's first row where tiles divide it
+ * (tl_tile_lists.h); fewer parts where the rows fill fewer. */
 static inline tl_wgrad_split tl_wgrad_split_in(const tl_conv_desc *d, int64_t block,
                                                int64_t parts, int64_t groups, int listed) {
     const int64_t blocks = (d->n_out + block - 1) / block;

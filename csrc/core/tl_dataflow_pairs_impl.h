@@ -18,6 +18,7 @@ typedef struct TL_FN(tl_pairs_scratch) {
     const TL_FN(tl_mk_ops) *mk; /* the micro-kernels for this CPU */
     const TL_T *xr[2][TL_PAIR_BLOCK], *dr[2][TL_PAIR_BLOCK];
     TL_T *yr[TL_PAIR_BLOCK];
+    int64_t step; /* the forward's pairs a step (tl_pairs_step) */
     TL_T *xp; /* the weight gradient's packed x rows where it packs them, else NULL */
 } TL_FN(tl_pairs_scratch);
 
@@ -48,10 +49,8 @@ static void TL_FN(tl_pairs_block)(const tl_conv_desc *d, const TL_T *x, const TL
         s->yr[q] = y + (int64_t)p->out[j0 + q] * cout;
     }
     const int64_t xb = cin * (int64_t)sizeof(TL_T), yb = cout * (int64_t)sizeof(TL_T);
+    const int64_t step = s->step;
     const int eight = cout <= s->mk->rows8_max_cols;
-    int64_t step = TL_PAIR_AHEAD_BYTES / (xb + yb) / 4 * 4;
-    step = step < 4 ? 4 : step > 16 ? 16 : step;
-    if (eight) step = step < 8 ? 8 : step / 8 * 8;
     for (int64_t q0 = 0; q0 < m; q0 += step) {
         const int64_t q1 = q0 + step < m ? q0 + step : m;
         for (int64_t q = q1; q < q1 + step && q < m; q++) {
@@ -64,6 +63,16 @@ static void TL_FN(tl_pairs_block)(const tl_conv_desc *d, const TL_T *x, const TL
     }
 }
 
+/* Pairs a step of tl_pairs_block: about TL_PAIR_AHEAD_BYTES of x and y rows,
+ * 4 to 16 of them, a multiple of 8 where eight rows run a pass. */
+static int64_t TL_FN(tl_pairs_step)(const TL_FN(tl_mk_ops) *mk, const tl_conv_desc *d) {
+    const int64_t bytes = (d->c_in + d->c_out) * (int64_t)sizeof(TL_T);
+    int64_t step = bytes > 0 ? TL_PAIR_AHEAD_BYTES / bytes / 4 * 4 : 16;
+    step = step < 4 ? 4 : step > 16 ? 16 : step;
+    if (d->c_out <= mk->rows8_max_cols) step = step < 8 ? 8 : step / 8 * 8;
+    return step;
+}
+
 static tl_status TL_FN(tl_pairs_fwd)(const tl_ctx *ctx, const tl_conv_desc *d, const TL_T *x,
                                      const TL_T *w, const tl_pairs *p, TL_T *y) {
     const int64_t cin = d->c_in, cout = d->c_out;
@@ -72,6 +81,7 @@ static tl_status TL_FN(tl_pairs_fwd)(const tl_ctx *ctx, const tl_conv_desc *d, c
 #pragma omp parallel num_threads(threads)
     {
         TL_FN(tl_pairs_scratch) s = {.mk = TL_FN(tl_mk_pick)(ctx)};
+        s.step = TL_FN(tl_pairs_step)(s.mk, d);
         /* Kernel rows one after another (the loop's barrier): a row's outputs
          * are distinct, two rows' are not. */
         for (int64_t n = 0; n < p->k; n++) {
