@@ -1086,6 +1086,15 @@ static void test_int_limits(void) {
 
 /* The vector levels this CPU runs, lowest first (baseline, then AVX2, then
  * AVX-512 where it has them): the listing's paths.  Returns their count. */
+/* An (n_out, k) table with about a quarter of its entries present, each a
+ * random row below n_in. */
+static int32_t *random_table(int64_t n_out, int64_t k, int64_t n_in) {
+    int32_t *nbr = xmalloc(sizeof(int32_t) * (size_t)(n_out * k));
+    for (int64_t e = 0; e < n_out * k; e++)
+        nbr[e] = rnd(4) == 0 ? (int32_t)rnd((uint32_t)n_in) : -1;
+    return nbr;
+}
+
 static int cpu_levels(int levels[3]) {
     levels[0] = TL_SIMD_BASE;
     levels[1] = TL_SIMD_V3;
@@ -1284,9 +1293,7 @@ static void check_wgrad_blocks(void) {
     const int64_t k = 27, n_out = 9000, n_in = 3000, ci = 5;
     int levels[3];
     const int paths = cpu_levels(levels);
-    int32_t *nbr = xmalloc(sizeof(int32_t) * (size_t)(n_out * k));
-    for (int64_t e = 0; e < n_out * k; e++)
-        nbr[e] = rnd(4) == 0 ? (int32_t)rnd((uint32_t)n_in) : -1;
+    int32_t *nbr = random_table(n_out, k, n_in);
     for (int64_t co = 7; co <= 24; co += 17) {
         float *x = xmalloc(sizeof(float) * (size_t)(n_in * ci));
         float *dy = xmalloc(sizeof(float) * (size_t)(n_out * co));
@@ -1341,9 +1348,7 @@ static void check_gather_scatter_blocks(void) {
     const int64_t k = 27, n_out = 3000, n_in = 2000;
     int levels[3];
     const int paths = cpu_levels(levels);
-    int32_t *nbr = xmalloc(sizeof(int32_t) * (size_t)(n_out * k));
-    for (int64_t e = 0; e < n_out * k; e++)
-        nbr[e] = rnd(4) == 0 ? (int32_t)rnd((uint32_t)n_in) : -1;
+    int32_t *nbr = random_table(n_out, k, n_in);
     tl_ctx c2 = make_ctx(2, TL_SIMD_V4);
     int64_t *offsets = xmalloc(sizeof(int64_t) * (size_t)(k + 1));
     CHECK(tl_pairs_count(&c2, nbr, n_out, k, offsets) == TL_OK);
@@ -1408,9 +1413,7 @@ static void test_tile_lists(void) {
     for (size_t a = 0; a < sizeof(ks) / sizeof(ks[0]); a++)
         for (size_t b = 0; b < sizeof(outs) / sizeof(outs[0]); b++) {
             const int64_t k = ks[a], n_out = outs[b], n_in = 500;
-            int32_t *nbr = xmalloc(sizeof(int32_t) * (size_t)(n_out * k));
-            for (int64_t e = 0; e < n_out * k; e++)
-                nbr[e] = rnd(4) == 0 ? (int32_t)rnd((uint32_t)n_in) : -1;
+            int32_t *nbr = random_table(n_out, k, n_in);
             for (int path = 0; path < paths; path++) {
                 const int64_t tile_rows = path == 0 ? 7 : 32 * path;
                 tl_ctx ctx = make_ctx(1 + path % 2, levels[path]);
