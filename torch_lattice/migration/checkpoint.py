@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from torch_lattice.migration.convert import ConversionResult, convert_state_dict
+from torch_lattice.migration.errors import ConversionError
 from torch_lattice.migration.kernel_spec import load_kernel_spec, parse_kernel_spec
 from torch_lattice.migration.loading import read_legacy_checkpoint
 from torch_lattice.migration.manifest import MANIFEST_SCHEMA, build_manifest, manifest_text
@@ -67,6 +68,14 @@ def convert_checkpoint(
     for name, value in (("source", source), ("output", output), ("manifest", manifest)):
         if not isinstance(value, (str, os.PathLike)) and (name != "manifest" or value is not None):
             raise TypeError(f"{name} must be a path (str or os.PathLike), got {value!r}")
+    for name, value in (("output", output), ("manifest", manifest)):
+        text = "" if value is None else os.fsdecode(os.fspath(value))
+        if value is not None and not text:
+            raise ConversionError(f"{name} is an empty path; name the file to write")
+        # Path() drops a trailing separator, which would turn "out/" into a file "out".
+        if text.endswith(("/", os.sep)):
+            raise ConversionError(f"{name} {text!r} ends with a path separator, so it names "
+                                  "a folder; name the file to write")
     source_path, output_path = Path(source), Path(output)
     manifest_path = Path(manifest) if manifest is not None else default_manifest_path(output)
     if isinstance(kernel_spec, (str, os.PathLike)):

@@ -4,15 +4,19 @@ Exit status: 0 converted; 1 an operating-system error while writing; 2 a refused
 input (bad arguments, spec problems, optimizer state, unsafe pickle, a corrupted
 archive (bad CRC, duplicate entries), an expanded tensor, a size beyond the memory
 budget, an output path that is an input, existing output without ``--force``),
-reported as one ``error: ...`` line on stderr with nothing written.
+reported as one ``error: ...`` line on stderr with nothing written; 143 ended by
+SIGTERM, after removing its temporary files (nothing written either).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 
 from torch_lattice.migration.checkpoint import convert_checkpoint
 from torch_lattice.migration.errors import ConversionError
@@ -22,6 +26,7 @@ __all__ = ["main"]
 EXIT_OK = 0
 EXIT_OS_ERROR = 1
 EXIT_REFUSED = 2
+EXIT_TERMINATED = 128 + signal.SIGTERM  # what a shell reports for a process SIGTERM ended
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -50,17 +55,46 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _Terminated(BaseException):
+    """SIGTERM arrived: raised where the conversion is, so its clean-up runs (a
+    BaseException, like KeyboardInterrupt, so no ``except Exception`` takes it)."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise _Terminated
+
+
+@contextlib.contextmanager
+def _cleanup_on_sigterm() -> Iterator[None]:
+    """SIGTERM (``kill``, a job scheduler's stop) ends the process without running any
+    clean-up, leaving its temporary files; as an exception it unwinds like Ctrl-C. Python
+    runs the handler between bytecodes, so a file that safetensors is writing is
+    finished (and then removed) first. Only the main thread may set handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the CLI; returns the exit status (see the module docstring)."""
     args = _parser().parse_args(argv)
     try:
-        done = convert_checkpoint(
-            args.source,
-            args.output,
-            args.kernel_spec,
-            manifest=args.manifest,
-            force=args.force,
-        )
+        with _cleanup_on_sigterm():
+            done = convert_checkpoint(
+                args.source,
+                args.output,
+                args.kernel_spec,
+                manifest=args.manifest,
+                force=args.force,
+            )
+    except _Terminated:
+        print("error: terminated (SIGTERM); nothing was written", file=sys.stderr)
+        return EXIT_TERMINATED
     except (ConversionError, ValueError, TypeError) as exc:  # a refused input, or the budget
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_REFUSED

@@ -131,7 +131,12 @@ def _check_entries(state: Mapping[Any, Any], specs: Mapping[str, KernelSpec]) ->
             )
     total = 0
     for key, value in state.items():
+        _check_kind(key, value)
         total += _check_storage(key, value)
+    for key, spec in specs.items():
+        value = state.get(key)
+        if isinstance(value, torch.Tensor):
+            total += _check_kernel_rows(key, value, spec)
     # The converted copies (one per tensor) are made before anything is written.
     check_allocation(f"converting {len(state)} checkpoint tensors", total)
     unlisted = [k for k in state if is_legacy_kernel_key(k) and k not in specs]
@@ -146,6 +151,37 @@ def _check_entries(state: Mapping[Any, Any], specs: Mapping[str, KernelSpec]) ->
         problems.append(f"kernel spec keys not found in the checkpoint: {', '.join(absent)}")
     if problems:
         raise ConversionError("; ".join(problems) + _single_module_hint(state, unlisted, absent))
+
+
+def _check_kind(key: str, value: torch.Tensor) -> None:
+    """Refuses tensors a safetensors file cannot hold: sparse layouts, quantized values
+    and meta tensors (which have no values at all)."""
+    kind = ("a sparse tensor" if value.layout != torch.strided
+            else "a quantized tensor" if value.is_quantized
+            else "a meta tensor (no values)" if value.is_meta else "")
+    if kind:
+        raise ConversionError(
+            f"model state entry {key!r} is {kind} ({value.layout}, {value.dtype}); a "
+            "converted checkpoint holds dense tensors with their values"
+        )
+
+
+# Bytes each kernel row costs beyond the weights: its index in the row permutation
+# (kept in the manifest record as Python ints), its kernel_positions row and its
+# entry in the manifest's text (measured: about 290 bytes a row at 2^24 rows).
+_ROW_BYTES = 320
+
+
+def _check_kernel_rows(key: str, kernel: torch.Tensor, spec: KernelSpec) -> int:
+    """What converting ``kernel`` costs per kernel row (its permutation, positions and
+    manifest entry); an empty kernel is refused: its spec alone would set that size, so
+    a tiny file could ask for gigabytes of permutation and positions."""
+    if kernel.numel() == 0:
+        raise ConversionError(
+            f"legacy kernel {key!r} of shape {tuple(kernel.shape)} holds no weights; a "
+            "kernel to convert needs at least one input and one output channel"
+        )
+    return spec.volume * _ROW_BYTES
 
 
 def _check_storage(key: str, value: torch.Tensor) -> int:

@@ -3,10 +3,11 @@
 Container detection (:func:`extract_model_state`), in this order:
 
 1. The top level must be a mapping.
-2. Optimizer state anywhere at the top level is refused (:class:`OptimizerStateError`):
-   the whole object is an optimizer state dict (``state`` and ``param_groups``), or an
-   entry holding a container is named like one (``optimizer``, ``optim``, ...) or looks
-   like one. ``None``, strings and numbers (``{"optimizer": "adam"}``) hold no state.
+2. Optimizer state anywhere is refused (:class:`OptimizerStateError`): the whole object
+   is an optimizer state dict (``state`` and ``param_groups``), or an entry holding a
+   container, at any depth of dicts, lists and tuples, is named like one (``optimizer``,
+   ``optim``, ...) or looks like one. ``None``, strings and numbers
+   (``{"optimizer": "adam"}``) hold no state.
 3. ``{"model": sd}`` or ``{"state_dict": sd}`` (``sd`` a mapping) unwraps ``sd``; other
    top-level entries (``epoch``, ``config``, ...) are reported as ignored. Both wrappers
    at once are ambiguous and refused.
@@ -38,6 +39,7 @@ from torch_lattice.migration.errors import (
     StateDictMismatchError,
     UnsafeCheckpointError,
 )
+from torch_lattice.migration.prezip import claimed_storage_bytes
 from torch_lattice.regular_file import read_regular_file
 
 __all__ = [
@@ -73,21 +75,43 @@ def _is_optimizer_state(value: Any) -> bool:
     return isinstance(value, Mapping) and "state" in value and "param_groups" in value
 
 
+def _holds_state(value: Any) -> bool:
+    """``{"optimizer": None}`` or ``{"optimizer": "adam"}`` holds no state."""
+    return value is not None and not isinstance(value, (torch.Tensor, str, int, float, bool))
+
+
+def _children(value: Any) -> list[tuple[Any, Any]]:
+    """A container's (key, value) entries; none for anything else."""
+    if isinstance(value, Mapping):
+        return list(value.items())
+    if isinstance(value, (list, tuple)):
+        return list(enumerate(value))
+    return []
+
+
 def _refuse_optimizer_state(obj: Mapping[Any, Any]) -> None:
     if _is_optimizer_state(obj):
         raise OptimizerStateError(
             "checkpoint is an optimizer state dict ('state', 'param_groups'); "
             "only model state is converted"
         )
-    for key, value in obj.items():
-        if value is None or isinstance(value, (torch.Tensor, str, int, float, bool)):
-            continue  # {"optimizer": None} or {"optimizer": "adam"} holds no state
+    # Every container at any depth (checkpoints nest them: {"train": {"opt": ...}},
+    # {"extra": [opt.state_dict()]}), walked without recursion and each once, so a
+    # deeply nested or self-referencing pickle cannot exhaust the stack.
+    pending: list[tuple[str, Any, Any]] = [(repr(k), k, v) for k, v in obj.items()]
+    seen: set[int] = set()
+    while pending:
+        where, key, value = pending.pop()
+        if not _holds_state(value) or id(value) in seen:
+            continue
+        seen.add(id(value))
         if "optim" in str(key).lower() or _is_optimizer_state(value):
             raise OptimizerStateError(
-                f"checkpoint holds optimizer state under {key!r}; only model state is "
+                f"checkpoint holds optimizer state under {where}; only model state is "
                 f"converted (resuming training needs its own policy). Save the model state "
                 f"alone, e.g. torch.save({{'model': ckpt['model']}}, path), and convert that"
             )
+        pending += [(f"{where}[{k!r}]", k, v) for k, v in _children(value)]
 
 
 def extract_model_state(obj: Any) -> tuple[dict[str, Any], str, tuple[str, ...]]:
@@ -167,6 +191,20 @@ def _check_zip(source: Path, data: bytes) -> None:
                               "check")
 
 
+def _check_prezip(source: Path, data: bytes) -> None:
+    """Refuses a pre-zip checkpoint whose storages claim more bytes than the file
+    holds: torch would allocate them all before finding out (see :mod:`.prezip`)."""
+    name = f"source checkpoint {str(source)!r}"
+    try:
+        claimed = claimed_storage_bytes(data)
+    except Exception as exc:  # whatever pickle raises on bytes that are not a checkpoint
+        raise ConversionError(f"cannot load {name} as a torch checkpoint: it is neither a "
+                              f"zip archive nor a pre-zip checkpoint ({exc})") from None
+    if claimed > len(data):
+        raise ConversionError(f"{name} is corrupted: its tensors claim {claimed} bytes of "
+                              f"storage but the file holds {len(data)} bytes")
+
+
 def read_legacy_checkpoint(path: str | Path) -> LegacyCheckpoint:
     """Reads a legacy checkpoint without running pickle code.
 
@@ -188,6 +226,8 @@ def read_legacy_checkpoint(path: str | Path) -> LegacyCheckpoint:
         raise ConversionError(str(exc)) from None
     if data.startswith(_ZIP_MAGIC):
         _check_zip(source, data)
+    else:
+        _check_prezip(source, data)
     try:
         with warnings.catch_warnings():  # e.g. pickle-protocol notes: keep stderr to one line
             warnings.simplefilter("ignore")

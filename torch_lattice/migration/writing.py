@@ -1,22 +1,28 @@
-"""Atomic output: temporary files beside the targets, then ``os.replace``.
+"""Atomic output: temporary files beside the targets, then each put in place at once.
 
 A failure at any point removes the temporary files (and any folder this call
-created), so either both outputs appear complete or neither changes. The temporary
-files come from :mod:`torch_lattice.atomic_file`, so the outputs get the user's
-umask (``0o666 & ~umask``), as any other new file would.
+created) and puts back any output already replaced, so either both outputs appear
+complete or neither changes. An existing output is swapped with its new version in
+one step (:func:`torch_lattice.atomic_file.exchange_paths`), so the old one is still at
+hand, under the temporary name, until the other output is in place too; where the
+system cannot swap, a hard link (else a copy) keeps it. The temporary files come
+from :mod:`torch_lattice.atomic_file`, so the outputs get the user's umask
+(``0o666 & ~umask``), as any other new file would.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 
-from torch_lattice.atomic_file import write_beside
+from torch_lattice.atomic_file import exchange_paths, write_beside
 from torch_lattice.migration.errors import ConversionError
 
 __all__ = ["check_output_paths", "write_outputs"]
@@ -53,7 +59,8 @@ def check_output_paths(source: Path, outputs: list[Path], force: bool,
                 )
         if path.is_dir():
             raise ConversionError(f"output {str(path)!r} is a directory")
-        if path.exists() and not force:
+        # lexists: a dangling symbolic link is an existing output too.
+        if os.path.lexists(path) and not force:
             raise ConversionError(f"output {str(path)!r} already exists; pass --force to overwrite")
 
 
@@ -73,7 +80,64 @@ def _write_text(text: str) -> Callable[[Path], None]:
 
 
 def _write_tensors(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> Callable:
-    return lambda p: save_file(tensors, str(p), metadata=metadata)
+    def write(path: Path) -> None:
+        try:
+            save_file(tensors, str(path), metadata=metadata)
+        except OSError:
+            raise
+        except Exception as exc:  # e.g. a dtype safetensors has no code for
+            raise ConversionError(f"cannot write the converted tensors as safetensors: "
+                                  f"{type(exc).__name__}: {exc}") from None
+    return write
+
+
+class _Placed:
+    """One output put in place: where its previous file now is (``old``; None where
+    there was none), so that it can be put back or, once every output is in place,
+    removed."""
+
+    def __init__(self, final: Path, old: Path | None, swapped: bool) -> None:
+        self.final, self.old, self.swapped = final, old, swapped
+
+    def undo(self) -> None:
+        if self.old is None:
+            self.final.unlink(missing_ok=True)
+        elif self.swapped:
+            exchange_paths(self.old, self.final)  # the new file back at the temporary name
+        else:
+            os.replace(self.old, self.final)
+
+    def drop_old(self) -> None:
+        if self.old is not None:
+            self.old.unlink(missing_ok=True)
+
+
+def _backup_name(final: Path) -> Path:
+    fd, name = tempfile.mkstemp(prefix=f".{final.stem}.", suffix=f".old{final.suffix}",
+                                dir=final.parent)
+    os.close(fd)
+    os.unlink(name)
+    return Path(name)
+
+
+def _place(temp: Path, final: Path) -> _Placed:
+    """Moves ``temp`` to ``final``, keeping any previous ``final`` (see _Placed)."""
+    if not os.path.lexists(final):
+        os.replace(temp, final)
+        return _Placed(final, None, False)
+    if exchange_paths(temp, final):
+        return _Placed(final, temp, True)
+    backup = _backup_name(final)
+    try:
+        os.link(final, backup, follow_symlinks=False)
+    except OSError:  # no hard links here: a copy
+        shutil.copyfile(final, backup, follow_symlinks=False)
+    try:
+        os.replace(temp, final)
+    except BaseException:
+        backup.unlink(missing_ok=True)
+        raise
+    return _Placed(final, backup, False)
 
 
 def write_outputs(
@@ -89,21 +153,23 @@ def write_outputs(
     """
     created = _make_parents(weights_path) + _make_parents(manifest_path)
     temps: list[Path] = []
-    placed: list[Path] = []
+    placed: list[_Placed] = []
     try:
         temps.append(write_beside(weights_path, _write_tensors(tensors, metadata)))
         temps.append(write_beside(manifest_path, _write_text(manifest)))
         for temp, final in zip(temps, (weights_path, manifest_path), strict=True):
-            os.replace(temp, final)
-            placed.append(final)
+            placed.append(_place(temp, final))
     except BaseException:
-        # The manifest's replace failed after the weights' succeeded: take the
-        # weights back out so a manifest never goes missing beside them.
-        for path in placed:
-            path.unlink(missing_ok=True)
+        # The manifest failed after the weights were placed: put the previous
+        # weights back (or take the new ones out), so the pair never mixes.
+        for done in reversed(placed):
+            with contextlib.suppress(OSError):
+                done.undo()
         for temp in temps:
             temp.unlink(missing_ok=True)
         for folder in created:
             with contextlib.suppress(OSError):
                 folder.rmdir()
         raise
+    for done in placed:
+        done.drop_old()

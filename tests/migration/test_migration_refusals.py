@@ -1,0 +1,245 @@
+"""``convert-checkpoint`` refusals found by probing it as a hostile user would: inputs
+that would allocate gigabytes or crash the writer, optimizer state nested below the top
+level, output paths that are not a file to write, ``--force`` when the manifest cannot be
+placed, and SIGTERM in the middle of writing."""
+
+from __future__ import annotations
+
+import collections
+import io
+import json
+import os
+import pickle
+import signal
+import struct
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from torch_lattice.atomic_file import exchange_paths
+from torch_lattice.migration import cli, writing
+
+SPEC = {"enc.kernel": [3, 3, 3]}
+
+
+def _state(seed: int = 0) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return {"enc.kernel": torch.randn(27, 2, 4, generator=gen), "bn.weight": torch.ones(4)}
+
+
+@pytest.fixture
+def work(tmp_path: Path) -> Path:
+    torch.save({"model": _state()}, tmp_path / "legacy.pt")
+    (tmp_path / "spec.json").write_text(json.dumps(SPEC))
+    return tmp_path
+
+
+def _argv(work: Path, source: str = "legacy.pt", output: str = "out.safetensors",
+          *extra: str) -> list[str]:
+    return [str(work / source), output if output.startswith("/") or not output else
+            str(work / output), "--kernel-spec", str(work / "spec.json"), *extra]
+
+
+def _refused(capsys: pytest.CaptureFixture[str], argv: list[str], fragment: str) -> None:
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert fragment in lines[0], lines[0]
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
+
+
+def test_an_empty_kernel_cannot_ask_for_gigabytes(work: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    # 2^20 kernel rows of no channels: a 1 KB file whose spec alone would size the
+    # permutation, positions and manifest (about 290 bytes a row).
+    torch.save({"model": {"enc.kernel": torch.empty(2**20, 0, 4)}}, work / "empty.pt")
+    (work / "spec.json").write_text(json.dumps({"enc.kernel": [128, 128, 64]}))
+    _refused(capsys, _argv(work, "empty.pt"), "holds no weights")
+    assert not (work / "out.safetensors").exists()
+
+
+@pytest.mark.parametrize("kind", ["sparse", "quantized", "meta"])
+def test_tensors_without_dense_values_are_refused(work: Path, kind: str,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    if kind == "quantized":
+        with warnings.catch_warnings():  # torch deprecates quantized tensors; files hold them
+            warnings.simplefilter("ignore")
+            odd = torch.quantize_per_tensor(torch.randn(4), 0.1, 0, torch.qint8)
+    else:
+        odd = torch.randn(3, 3).to_sparse() if kind == "sparse" else torch.empty(3, device="meta")
+    torch.save({"model": {**_state(), "odd": odd}}, work / "odd.pt")
+    _refused(capsys, _argv(work, "odd.pt"), f"'odd' is a {kind}")
+    assert set(_files(work)) == {"legacy.pt", "spec.json", "odd.pt"}
+
+
+@pytest.mark.parametrize("nest", ["list", "dict", "tuple"])
+def test_optimizer_state_is_refused_at_any_depth(work: Path, nest: str,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    param = torch.nn.Parameter(torch.randn(3))
+    opt = torch.optim.SGD([param], lr=0.1, momentum=0.9)
+    param.sum().backward()
+    opt.step()
+    saved: Any = {"list": [opt.state_dict()], "dict": {"sgd": opt.state_dict()},
+                  "tuple": (1, {"inner": [opt.state_dict()]})}[nest]
+    torch.save({"model": _state(), "extra": saved}, work / "nested.pt")
+    _refused(capsys, _argv(work, "nested.pt"), "optimizer state under 'extra'")
+    torch.save({"model": _state(), "train": {"optimizer": {"lr": 0.1}}}, work / "named.pt")
+    _refused(capsys, _argv(work, "named.pt"), "optimizer state under 'train'['optimizer']")
+    # Names alone hold no state: {"optimizer": "adam"} at any depth passes.
+    torch.save({"model": _state(), "config": {"optimizer": "adam"}}, work / "fine.pt")
+    assert cli.main(_argv(work, "fine.pt")) == 0
+
+
+_MAGIC = 0x1950A86A20F9469CFC6C  # torch's pre-zip magic number
+
+
+class _Storage:
+    pass
+
+
+def _prezip_claiming(numel: int) -> bytes:
+    """A pre-zip checkpoint holding one 4-float tensor whose storage claims ``numel``
+    floats (4 are stored)."""
+    storage = _Storage()
+
+    class Tensor:
+        def __reduce__(self) -> Any:
+            return (torch._utils._rebuild_tensor_v2,
+                    (storage, 0, (4,), (1,), False, collections.OrderedDict()))
+
+    class Pickler(pickle.Pickler):
+        def persistent_id(self, obj: Any) -> Any:
+            if obj is storage:
+                return ("storage", torch.FloatStorage, "0", "cpu", numel, None)
+            return None
+
+    buf = io.BytesIO()
+    for header in (_MAGIC, 1001, {"protocol_version": 1001, "little_endian": True,
+                                  "type_sizes": {"short": 2, "int": 4, "long": 4}}):
+        pickle.dump(header, buf, protocol=2)
+    Pickler(buf, protocol=2).dump({"model": {"bn.bias": Tensor()}})
+    pickle.dump(["0"], buf, protocol=2)
+    buf.write(struct.pack("<q", 4) + b"\0" * 16)
+    return buf.getvalue()
+
+
+def test_a_prezip_storage_claim_beyond_the_file_is_refused_before_torch_allocates(
+        work: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (work / "spec.json").write_text("{}")
+    (work / "fits.pt").write_bytes(_prezip_claiming(4))
+    assert cli.main(_argv(work, "fits.pt")) == 0  # the hand-made file is a valid one
+    for numel in (2**31, 2**33):  # 8 and 32 GiB claimed by a file of a few hundred bytes
+        (work / "claims.pt").write_bytes(_prezip_claiming(numel))
+        assert (work / "claims.pt").stat().st_size < 1000
+        _refused(capsys, _argv(work, "claims.pt", "big.safetensors"),
+                 f"claim {numel * 4} bytes of storage")
+    assert not (work / "big.safetensors").exists()
+
+
+def test_a_real_prezip_checkpoint_still_converts(work: Path) -> None:
+    base = torch.randn(10)
+    state = {**_state(), "view": base[2:5], "base": base, "ids": torch.arange(6)}
+    torch.save({"model": state}, work / "old.pt", _use_new_zipfile_serialization=False)
+    assert cli.main(_argv(work, "old.pt")) == 0
+    converted = load_file(str(work / "out.safetensors"))
+    for key in ("view", "base", "ids", "bn.weight"):
+        assert torch.equal(converted[key], state[key]), key
+
+
+def test_a_dangling_link_is_an_existing_output(work: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    os.symlink(work / "nowhere" / "x.safetensors", work / "out.safetensors")
+    _refused(capsys, _argv(work), "already exists; pass --force")
+    assert (work / "out.safetensors").is_symlink()
+    assert cli.main(_argv(work, "legacy.pt", "out.safetensors", "--force")) == 0
+    assert not (work / "out.safetensors").is_symlink()
+
+
+def test_an_output_must_name_a_file(work: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _refused(capsys, _argv(work, "legacy.pt", str(work / "new") + "/"),
+             "output '" + str(work / "new") + "/' ends with a path separator")
+    assert not (work / "new").exists() and not (work / "new.json").exists()
+    _refused(capsys, [str(work / "legacy.pt"), "", "--kernel-spec", str(work / "spec.json")],
+             "output is an empty path")
+    _refused(capsys, _argv(work, "legacy.pt", "out.safetensors", "--manifest", ""),
+             "manifest is an empty path")
+    assert set(_files(work)) == {"legacy.pt", "spec.json"}
+
+
+def _converted_twice(work: Path) -> dict[str, bytes]:
+    assert cli.main(_argv(work)) == 0
+    torch.save({"model": _state(seed=1)}, work / "legacy.pt")
+    return _files(work)
+
+
+@pytest.mark.parametrize("swap", [True, False], ids=["exchange", "link"])
+def test_force_keeps_both_old_outputs_when_the_manifest_cannot_be_placed(
+        work: Path, swap: bool, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    before = _converted_twice(work)
+    manifest = work / "out.json"
+
+    def exchange(a: Path, b: Path) -> bool:
+        if Path(b) == manifest:
+            raise PermissionError(1, "Operation not permitted", str(b))
+        return exchange_paths(a, b) if swap else False
+
+    real_replace = os.replace
+
+    def replace(src: Any, dst: Any) -> None:
+        if Path(dst) == manifest:
+            raise PermissionError(1, "Operation not permitted", str(dst))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(writing, "exchange_paths", exchange)
+    monkeypatch.setattr(writing.os, "replace", replace)
+    assert cli.main(_argv(work, "legacy.pt", "out.safetensors", "--force")) == 1
+    assert "cannot write outputs" in capsys.readouterr().err
+    assert _files(work) == before  # the old weights and manifest, and nothing else
+
+
+@pytest.mark.parametrize("swap", [True, False], ids=["exchange", "link"])
+def test_force_replaces_both_outputs_and_keeps_no_old_copy(
+        work: Path, swap: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    before = _converted_twice(work)
+    if not swap:
+        monkeypatch.setattr(writing, "exchange_paths", lambda a, b: False)
+    assert cli.main(_argv(work, "legacy.pt", "out.safetensors", "--force")) == 0
+    after = _files(work)
+    assert set(after) == set(before)
+    assert after["out.safetensors"] != before["out.safetensors"]
+    assert after["out.json"] != before["out.json"]
+
+
+def test_sigterm_while_writing_removes_the_temporary_files(
+        work: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    def save_file(tensors: Any, path: str, metadata: Any = None) -> None:
+        Path(path).write_bytes(b"partial")
+        os.kill(os.getpid(), signal.SIGTERM)  # handled between bytecodes: raised here
+
+    monkeypatch.setattr(writing, "save_file", save_file)
+    previous = signal.getsignal(signal.SIGTERM)
+    assert cli.main(_argv(work)) == 128 + signal.SIGTERM
+    assert "terminated (SIGTERM)" in capsys.readouterr().err
+    assert set(_files(work)) == {"legacy.pt", "spec.json"}
+    assert signal.getsignal(signal.SIGTERM) == previous  # the handler was put back
+
+
+def test_a_tensor_safetensors_cannot_write_is_a_refusal(
+        work: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    def save_file(tensors: Any, path: str, metadata: Any = None) -> None:
+        raise KeyError(torch.qint8)  # what safetensors raises for a dtype it has no code for
+
+    monkeypatch.setattr(writing, "save_file", save_file)
+    _refused(capsys, _argv(work), "cannot write the converted tensors as safetensors")
+    assert set(_files(work)) == {"legacy.pt", "spec.json"}
