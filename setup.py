@@ -31,7 +31,7 @@ Python itself is not instrumented, so the extension only loads with gcc's
 runtime preloaded; docs/sanitizers.md and scripts/sanitize.sh show how.
 
 The build says what it does: one line per compiled source with a counter
-("[torch_lattice build] 3/18 csrc/core/tl_dataflow_implicit_gemm.c"), and whether
+("[torch_lattice build] 3/26 csrc/core/tl_dataflow_implicit_gemm.c"), and whether
 the CUDA kernels are in and why.  pip shows these lines with -v
 (scripts/setup-env.sh filters them out of its log).
 
