@@ -400,3 +400,54 @@ def test_a_tolerance_beyond_float_is_refused(tmp_path: Path,
     (root / "manifest.json").write_text('{"cases": [{"name": "case", "atol": 1' + "0" * 400
                                         + "}]}")
     _refused(capsys, ["replay", str(root)], "atol")
+
+
+@pytest.mark.parametrize("beside", ["unrelated", "linked", "fifo", "fixture_05"])
+def test_one_artifact_never_reads_a_manifest_beside_it(
+        tmp_path: Path, beside: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Single-artifact mode reads PATH and the named files, never PATH/../manifest.json."""
+    web = tmp_path / "web"
+    case = _case(web, "model.lattice")
+    inputs, expected = tmp_path / "inputs.safetensors", tmp_path / "expected.safetensors"
+    (case / "inputs.safetensors").rename(inputs)
+    (case / "expected.safetensors").rename(expected)
+    manifest = web / "manifest.json"
+    if beside == "unrelated":  # a web app's manifest: no 'cases'
+        manifest.write_text(json.dumps({"name": "my app", "start_url": "/"}))
+    elif beside == "linked":
+        (tmp_path / "elsewhere.json").write_text(json.dumps({"cases": []}))
+        os.symlink(tmp_path / "elsewhere.json", manifest)
+    elif beside == "fifo":  # reading it would block the replay
+        os.mkfifo(manifest)
+    else:  # would switch --coordinates auto to logical and loosen the tolerances
+        manifest.write_text(json.dumps({"schema": "torch_lattice_e2e_fixtures/v1",
+                                        "cases": [{"name": "model.lattice", "atol": 10}]}))
+    argv = ["replay", str(case), "--inputs", str(inputs), "--expected", str(expected)]
+    assert main(argv) == 0
+    assert "match (physical coordinates)" in capsys.readouterr().out
+    save_file({"output.coords": torch.tensor([[0, 1, 2, 3], [1, 0, 0, 0]], dtype=torch.int32),
+               "output.features": torch.tensor([[1.5, 2.0], [3.0, 4.0]]),
+               "output.active": torch.tensor([2], dtype=torch.int32)}, str(expected))
+    assert main(argv) == 1  # the default tolerance, not the manifest's atol = 10
+    assert "MISMATCH (physical coordinates)" in capsys.readouterr().out
+
+
+def test_case_replays_chosen_cases_of_a_fixture_root_with_their_tolerances(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = tmp_path / "fixtures"
+    for name in ("a", "b"):
+        _case(root, name)
+    save_file({"output.coords": torch.tensor([[0, 1, 2, 3], [1, 0, 0, 0]], dtype=torch.int32),
+               "output.features": torch.tensor([[1.5, 2.0], [3.0, 4.0]]),
+               "output.active": torch.tensor([2], dtype=torch.int32)},
+              str(root / "a" / "expected.safetensors"))
+    _manifest(root, [{"name": "a", "atol": 1.0}, {"name": "b", "atol": 0}])
+    assert main(["replay", str(root), "--case", "a"]) == 0  # within the manifest's atol
+    out = capsys.readouterr().out
+    assert "1/1 cases match" in out and "b:" not in out
+    assert main(["replay", str(root), "--case", "b", "--case", "a"]) == 0
+    assert "2/2 cases match" in capsys.readouterr().out
+    assert main(["replay", str(root / "a")]) == 1  # alone: the default tolerance
+    _refused(capsys, ["replay", str(root), "--case", "c"], "--case 'c' is not a case of")
+    _refused(capsys, ["replay", str(root), "--case", "../a"], "plain folder name")
+    _refused(capsys, ["replay", str(root / "a"), "--case", "a"], "--case selects cases")

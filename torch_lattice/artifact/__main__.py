@@ -2,7 +2,11 @@
 
 PATH is one artifact directory, or a fixture root whose ``manifest.json`` lists
 cases (``{"cases": [{"name", "rtol", "atol"}, ...]}``), each a directory holding
-the artifact with its ``inputs.safetensors`` and ``expected.safetensors``.
+the artifact with its ``inputs.safetensors`` and ``expected.safetensors``;
+``--case NAME`` (repeatable) replays only the named cases of a fixture root.
+One artifact is replayed from PATH and the files named on the command line only: a
+``manifest.json`` beside it is never read (its tolerances and coordinate convention
+apply through the fixture root, with ``--case``).
 Exit status 0 when every replayed case matches, 1 otherwise (a case that fails to
 load or replay, or whose expected file is missing or not a regular file, counts as a
 mismatch), 2 on bad arguments or a refused manifest, reported as one ``error:`` line.
@@ -17,7 +21,8 @@ infinity passes every one). Refusals never list a folder's contents.
 
 ``--coordinates auto`` (the default) reads boundary coordinates as logical for a
 manifest whose ``schema`` is torch-lattice 0.5's fixture schema (those artifacts
-carry logical coordinates) and as physical (IR v2) otherwise; the choice is printed.
+carry logical coordinates) and as physical (IR v2) otherwise, one artifact included;
+the choice is printed.
 """
 
 from __future__ import annotations
@@ -58,12 +63,14 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--expected", type=Path,
                    help="expected .safetensors (default: PATH/expected.safetensors, which "
                    "must exist unless --no-compare is given)")
+    r.add_argument("--case", action="append", metavar="NAME",
+                   help="with a fixture root: replay only this manifest case (repeatable)")
     r.add_argument("--no-compare", action="store_true",
                    help="only replay and print the output shapes (no expected outputs)")
     r.add_argument("--coordinates", choices=("auto", "physical", "logical"), default="auto",
                    help="boundary coordinate convention; auto: logical for a manifest of "
                    f"schema {TORCH_LATTICE_05_FIXTURES!r} (written by torch-lattice 0.5), "
-                   "else physical (IR v2)")
+                   "else physical (IR v2, and always for one artifact)")
     r.add_argument("--device", default=None, help="torch device (default: cpu)")
     r.add_argument("--rtol", type=float, default=None, help="default: the manifest's, else 1e-5")
     r.add_argument("--atol", type=float, default=None, help="default: the manifest's, else 1e-5")
@@ -202,12 +209,26 @@ def _cases(manifest: dict[str, object]) -> list[dict[str, object]]:
     return cases
 
 
+def _selected_cases(manifest: dict[str, object], wanted: list[str] | None,
+                    where: Path) -> list[dict[str, object]]:
+    """The manifest's cases, or only those ``--case`` names (each must be listed)."""
+    cases = _cases(manifest)
+    if wanted is None:
+        return cases
+    by_name = {str(c["name"]): c for c in cases}
+    for name in wanted:
+        check_case_name(name, where)
+        if name not in by_name:
+            raise ValueError(f"--case {name!r} is not a case of {str(where)!r}")
+    return [by_name[name] for name in dict.fromkeys(wanted)]
+
+
 def _replay_manifest(path: Path, args: argparse.Namespace) -> int:
     if args.inputs or args.expected:
         raise ValueError("--inputs/--expected apply to one artifact, not a manifest")
     manifest = _manifest(path)
     args.coordinates = _resolve_coordinates(args.coordinates, manifest)
-    cases = _cases(manifest)
+    cases = _selected_cases(manifest, args.case, path / MANIFEST_FILE)
     passed = 0
     for c in cases:
         try:
@@ -224,11 +245,13 @@ def _run(args: argparse.Namespace) -> int:
     path: Path = args.path
     if (path / MANIFEST_FILE).exists() and not (path / "graph.mlir").exists():
         return _replay_manifest(path, args)
+    if args.case:
+        raise ValueError("--case selects cases of a fixture root (a folder with "
+                         f"{MANIFEST_FILE}); {str(path)!r} is one artifact")
+    # Only PATH and the named files are read: a manifest.json beside the artifact may be
+    # anyone's (a web folder's), so its tolerances and schema come only via --case.
     case: dict[str, object] = {}
-    parent = _manifest(path.parent) if (path.parent / MANIFEST_FILE).exists() else None
-    if parent is not None:
-        case = next((c for c in _cases(parent) if c["name"] == path.name), {})
-    args.coordinates = _resolve_coordinates(args.coordinates, parent)
+    args.coordinates = _resolve_coordinates(args.coordinates, None)
     for flag, value in (("--inputs", args.inputs), ("--expected", args.expected)):
         # Paths the user named: refused outright (exit 2) unless regular files.
         if value is None:
