@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -451,3 +452,63 @@ def test_case_replays_chosen_cases_of_a_fixture_root_with_their_tolerances(
     _refused(capsys, ["replay", str(root), "--case", "c"], "--case 'c' is not a case of")
     _refused(capsys, ["replay", str(root), "--case", "../a"], "plain folder name")
     _refused(capsys, ["replay", str(root / "a"), "--case", "a"], "--case selects cases")
+
+
+@pytest.mark.parametrize("device", ["cuda:99", "cuda", torch.device("cuda", 0)])
+def test_a_cuda_device_this_torch_cannot_use_is_a_value_error(tmp_path: Path,
+                                                              device: object) -> None:
+    case = _case(tmp_path)
+    if torch.cuda.is_available() and device != "cuda:99":
+        pytest.skip("this torch has a CUDA device")
+    # Never torch's AssertionError ("Torch not compiled with CUDA enabled").
+    with pytest.raises(ValueError, match=r"^device .*(CUDA is not available in this torch "
+                                         r"build|out of range|sees no CUDA device)"):
+        load_lattice_program(case, device=device)
+
+
+@pytest.mark.parametrize("built,count,device,fragment", [
+    (False, 0, "cuda", "CUDA is not available in this torch build"),
+    (True, 0, "cuda:0", "sees no CUDA device"),
+    (True, 2, "cuda:2", "CUDA index 2 is out of range; torch sees 2 CUDA device(s)"),
+])
+def test_cuda_devices_are_checked_against_this_torch(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, built: bool, count: int,
+        device: str, fragment: str) -> None:
+    case = _case(tmp_path)
+    monkeypatch.setattr(torch.backends.cuda, "is_built", lambda: built)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    with pytest.raises(ValueError, match=f"^device '{device}': .*{re.escape(fragment)}"):
+        load_lattice_program(case, device=device)
+
+
+@pytest.mark.parametrize("device,error,fragment", [
+    ("banana", ValueError, "'banana' is not a torch device"),
+    ("", ValueError, "is not a torch device"),
+    ("meta", ValueError, "'cpu' or 'cuda' devices only"),
+    ("mps", ValueError, "'cpu' or 'cuda' devices only"),
+    (3.5, TypeError, "device must be a str, torch.device or None, got 3.5"),
+])
+def test_bad_devices_are_named(tmp_path: Path, device: object, error: type[Exception],
+                               fragment: str) -> None:
+    case = _case(tmp_path)
+    with pytest.raises(error, match=fragment):
+        load_lattice_program(case, device=device)
+
+
+@pytest.mark.parametrize("device,fragment", [("cuda:99", "--device 'cuda:99': "),
+                                             ("banana", "--device 'banana' is not a torch"),
+                                             ("meta", "--device 'meta': ")])
+def test_the_cli_refuses_a_bad_device_with_one_line(
+        tmp_path: Path, device: str, fragment: str, capsys: pytest.CaptureFixture[str]) -> None:
+    case = _case(tmp_path)
+    _refused(capsys, ["replay", str(case), "--device", device, "--inputs",
+                      str(case / "inputs.safetensors"), "--no-compare"], fragment)
+    root = tmp_path / "fixtures"
+    _case(root)
+    _manifest(root, [{"name": "case"}])
+    _refused(capsys, ["replay", str(root), "--device", device], fragment)
+
+
+def test_the_cli_runs_on_cpu(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["replay", str(_case(tmp_path)), "--device", "cpu"]) == 0
+    assert "match (physical coordinates)" in capsys.readouterr().out

@@ -40,7 +40,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load as safetensors_load
 
 from torch_lattice.artifact.conformance import compare_outputs
-from torch_lattice.artifact.program import SparseOutput, load_lattice_program
+from torch_lattice.artifact.program import SparseOutput, check_device, load_lattice_program
 from torch_lattice.regular_file import describe_file_type, read_regular_file
 
 # The manifest schema of torch-lattice 0.5's end-to-end fixtures (logical coordinates).
@@ -243,6 +243,8 @@ def _replay_manifest(path: Path, args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     path: Path = args.path
+    # A device this torch cannot use is a bad argument (exit 2), not a failing case.
+    check_device(args.device, "--device")
     if (path / MANIFEST_FILE).exists() and not (path / "graph.mlir").exists():
         return _replay_manifest(path, args)
     if args.case:

@@ -372,6 +372,43 @@ def _load_weights(module: Module, path: Path, device: torch.device) -> dict[str,
     return weights
 
 
+def check_device(device: object, name: str = "device") -> torch.device:
+    """``device`` as a :class:`torch.device` the replay can run on (``None``: the CPU).
+
+    Checked before anything is loaded: torch itself fails late on a CUDA device, with an
+    ``AssertionError`` when it was built without CUDA and an opaque error for an index it
+    does not have.
+
+    Raises:
+        TypeError: ``device`` that is not a str, torch.device or None.
+        ValueError: not a device name, a device type other than CPU or CUDA (the
+            replay has kernels for those two only), CUDA where this torch has no CUDA
+            support or no device, or a CUDA index past ``torch.cuda.device_count()``;
+            each message starts with ``name``.
+    """
+    if device is not None and not isinstance(device, (str, torch.device)):
+        raise TypeError(f"{name} must be a str, torch.device or None, got {device!r}")
+    try:
+        dev = torch.device("cpu" if device is None else device)
+    except RuntimeError as exc:  # torch's message lists every device type
+        raise ValueError(f"{name} {device!r} is not a torch device ({exc})") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"{name} {device!r}: the replay runs on 'cpu' or 'cuda' devices only, "
+                         f"got device type {dev.type!r}")
+    if dev.type == "cuda":
+        if not torch.backends.cuda.is_built():
+            raise ValueError(f"{name} {device!r}: CUDA is not available in this torch build "
+                             f"(torch {torch.__version__} has no CUDA support); use 'cpu'")
+        count = torch.cuda.device_count()
+        if count == 0:
+            raise ValueError(f"{name} {device!r}: this torch build has CUDA but sees no CUDA "
+                             "device (torch.cuda.device_count() is 0); use 'cpu'")
+        if dev.index is not None and dev.index >= count:
+            raise ValueError(f"{name} {device!r}: CUDA index {dev.index} is out of range; "
+                             f"torch sees {count} CUDA device(s) (indices 0 to {count - 1})")
+    return dev
+
+
 def load_lattice_program(
     artifact_dir: str | os.PathLike[str],
     *,
@@ -385,25 +422,23 @@ def load_lattice_program(
         coordinates: ``"physical"`` (IR v2: boundary coordinates are logical x stride;
             inputs must be divisible by the declared stride) or ``"logical"`` (taken as
             they are; what torch-lattice 0.5's own artifacts carry).
-        device: where to run (``None``: CPU).
+        device: where to run (``None``: CPU); a CPU or CUDA device this torch can use
+            (see :func:`check_device`).
 
     Returns:
         A :class:`LatticeProgram`.
 
     Raises:
-        ValueError: a bad argument, file set, header, op, attribute or weight, naming it.
+        ValueError: a bad argument, file set, header, op, attribute or weight, naming it;
+            a ``device`` this torch cannot run on (no CUDA in this build, a CUDA index
+            past ``torch.cuda.device_count()``, a type other than CPU or CUDA).
         TypeError: ``artifact_dir`` that is not a path, ``device`` of another type.
     """
     if not isinstance(artifact_dir, (str, os.PathLike)):
         raise TypeError(f"artifact_dir must be a path, got {type(artifact_dir).__name__}")
     if coordinates not in _COORDINATES:
         raise ValueError(f"coordinates must be 'physical' or 'logical', got {coordinates!r}")
-    if device is not None and not isinstance(device, (str, torch.device)):
-        raise TypeError(f"device must be a str, torch.device or None, got {device!r}")
-    try:
-        dev = torch.device("cpu" if device is None else device)
-    except RuntimeError as exc:  # torch's message lists every device type
-        raise ValueError(f"device {device!r} is not a torch device ({exc})") from None
+    dev = check_device(device)
     root = Path(artifact_dir)
     _check_files(root)
     data = read_regular_file(root / schema.GRAPH_FILE, "graph.mlir", max_bytes=MAX_GRAPH_CHARS,
