@@ -323,6 +323,55 @@ def test_a_bad_tuning_file_is_refused_whole(tmp_path: Path, content: bytes,
     assert tuning.tuning_choices() == {}
 
 
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"[" * 100_000, "nests JSON too deeply"),  # Python's parser recurses per level
+        (b'{"format": ' + b"1" * 5000 + b"}", "is not JSON: Exceeds the limit"),
+        ('{"format": "torch_lattice.tuning"}'.encode("utf-16"), "is not JSON: 'utf-8'"),
+        (b'{"format": "\xff"}', "is not JSON: 'utf-8'"),
+    ],
+)
+def test_a_hostile_tuning_file_is_a_value_error_naming_it(tmp_path: Path, content: bytes,
+                                                          message: str) -> None:
+    path = tmp_path / "t.json"
+    path.write_bytes(content)
+    with pytest.raises(ValueError, match=f"^tuning file '{path}' {message}"):
+        tuning.load_tuning(path)
+    assert tuning.tuning_choices() == {}
+
+
+def test_a_linked_tuning_file_is_read_through_its_link(tmp_path: Path) -> None:
+    """A path the caller named: a link to a regular file is followed, to anything else not."""
+    real = tmp_path / "real.json"
+    real.write_text(json.dumps(_doc()))
+    os.symlink(real, tmp_path / "link.json")
+    assert tuning.load_tuning(tmp_path / "link.json") == 1
+    os.mkfifo(tmp_path / "fifo")
+    os.symlink(tmp_path / "fifo", tmp_path / "to_fifo.json")
+    with pytest.raises(ValueError, match="is a FIFO"):
+        tuning.load_tuning(tmp_path / "to_fifo.json")
+
+
+def test_save_tuning_replaces_only_a_regular_file(tmp_path: Path) -> None:
+    """The atomic rename would replace a link or a FIFO itself: both are refused."""
+    real = tmp_path / "real.json"
+    real.write_text("keep")
+    os.symlink(real, tmp_path / "link.json")
+    with pytest.raises(ValueError, match=r"link\.json' is a symbolic link"):
+        tuning.save_tuning(tmp_path / "link.json")
+    assert (tmp_path / "link.json").is_symlink() and real.read_text() == "keep"
+    os.symlink(tmp_path / "missing.json", tmp_path / "dangling.json")
+    with pytest.raises(ValueError, match="is a symbolic link"):
+        tuning.save_tuning(tmp_path / "dangling.json")
+    os.mkfifo(tmp_path / "fifo")
+    with pytest.raises(ValueError, match="is a FIFO; only a regular file is replaced"):
+        tuning.save_tuning(tmp_path / "fifo")
+    assert (tmp_path / "fifo").is_fifo()
+    assert tuning.save_tuning(real) == 0  # a regular file is replaced
+    assert json.loads(real.read_text())["choices"] == []
+
+
 def test_a_tuning_file_must_be_a_small_regular_file(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="does not exist"):
         tuning.load_tuning(tmp_path / "missing.json")

@@ -38,7 +38,7 @@ import torch
 
 from torch_lattice.atomic_file import atomic_write
 from torch_lattice.nn.functional.dataflow import Dataflow
-from torch_lattice.regular_file import read_regular_file
+from torch_lattice.regular_file import describe_file_type, read_regular_file
 
 __all__ = [
     "REPEATS",
@@ -188,11 +188,20 @@ def save_tuning(path: str | os.PathLike[str]) -> int:
     """Writes this process's choices to ``path`` (JSON, atomically); returns how many.
 
     Raises:
-        ValueError: ``path`` is a directory, or its folder does not exist.
+        ValueError: ``path`` is a directory, a symbolic link or another non-regular file
+            (a FIFO, a device), or its folder does not exist.
     """
     target = Path(path)
+    # The rename would replace a link (not write through it) or a device node: refused.
+    if target.is_symlink():
+        raise ValueError(f"save_tuning: path {str(path)!r} is a symbolic link; name the "
+                         "file itself")
     if target.is_dir():
         raise ValueError(f"save_tuning: path {str(path)!r} is a directory; name a file")
+    if target.exists() and not target.is_file():
+        raise ValueError(f"save_tuning: path {str(path)!r} is "
+                         f"{describe_file_type(target.stat().st_mode)}; only a regular file "
+                         "is replaced")
     if not target.parent.is_dir():
         raise ValueError(f"save_tuning: the folder of path {str(path)!r} does not exist")
     choices = tuning_choices()
@@ -253,16 +262,20 @@ def load_tuning(path: str | os.PathLike[str]) -> int:
     is valid.
 
     Raises:
-        ValueError: ``path`` is not a regular file of at most 1 MiB, or not a tuning
-            file of version 1 or 2 (the message names the entry and the rule; version 1,
-            without ``training``, holds inference choices).
+        ValueError: ``path`` is not a regular file of at most 1 MiB (a link is followed
+            to one), not UTF-8 JSON (nested too deeply included), or not a tuning file
+            of version 1 or 2 (the message names the file, the entry and the rule;
+            version 1, without ``training``, holds inference choices).
     """
     data = read_regular_file(path, "tuning file", max_bytes=MAX_FILE_BYTES)
     name = f"tuning file {str(path)!r}"
     try:
-        doc = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        # UTF-8 only: json.loads of bytes would also guess UTF-16 and UTF-32.
+        doc = json.loads(data.decode("utf-8"))
+    except ValueError as exc:  # bad UTF-8, bad JSON, an integer of over 4300 digits
         raise ValueError(f"{name} is not JSON: {exc}") from None
+    except RecursionError:  # "[[[[..." nested past Python's stack
+        raise ValueError(f"{name} nests JSON too deeply") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise ValueError(f"{name}: \"format\" must be {FORMAT!r}")
     version = doc.get("version")
