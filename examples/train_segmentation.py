@@ -21,6 +21,8 @@ What it does, end to end:
    logged mIoU over all held-out scans) and ``curves.png`` (loss and mIoU per epoch).
    Every file is written to a temporary name first and renamed (none is ever left
    half-written) and gets the mode ``open()`` would give it under the user's umask.
+   ``--out`` is checked before any work: it must be a folder this user can write to, or
+   be creatable as one (else the script exits 2 with one ``error:`` line).
 
 Runs on the CPU by default and on the GPU with ``--device cuda`` (``auto`` picks the GPU
 when torch sees one).  The time it takes on 2 CPU cores is in README.md ("Two
@@ -452,8 +454,38 @@ def parse_args(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
     for name in ("voxel_size", "width", "lr", "extent"):
         if not getattr(a, name) > 0:
             p.error(f"--{name.replace('_', '-')} must be > 0")
+    problem = out_problem(a.out)
+    if problem is not None:
+        p.error(f"--out {str(a.out)!r} {problem}")
     cfg = Config(**{k: getattr(a, k) for k in asdict(d)})
     return cfg, a
+
+
+def out_problem(out: Path) -> str | None:
+    """Why the outputs could not be written into ``out``, or None when they can.
+
+    Checked before training, so a bad ``--out`` costs seconds, not the whole run. Nothing
+    is created here: a missing folder is made when the outputs are written.
+    """
+    if out.is_symlink() and not out.exists():
+        return "is a broken symbolic link"
+    if out.exists():
+        if not out.is_dir():
+            return "exists and is not a folder"
+        if not os.access(out, os.W_OK | os.X_OK):
+            return "is a folder this user cannot write to"
+        for name in OUTPUTS:  # the rename of a finished file cannot replace a folder
+            if (out / name).is_dir():
+                return f"holds a folder named {name!r}, where an output file goes"
+        return None
+    ancestor = out.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        return f"cannot be created: {str(ancestor)!r} is not a folder"
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        return f"cannot be created: this user cannot write to {str(ancestor)!r}"
+    return None
 
 
 def cuda_supported() -> str | None:

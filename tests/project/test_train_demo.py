@@ -198,6 +198,52 @@ def test_bad_arguments_exit_before_work(tmp_path):
     assert not (tmp_path / "x").exists()
 
 
+def _out_refused(capsys, out, fragment):
+    """main() exits 2 with argparse's one error line, before any simulation or training."""
+    demo = load_demo()
+    with pytest.raises(SystemExit) as exit_info:
+        demo.main([*TINY, "--out", str(out)])
+    assert exit_info.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""  # nothing simulated, nothing trained
+    errors = [line for line in captured.err.splitlines() if "error:" in line]
+    assert len(errors) == 1 and f"error: --out {str(out)!r} {fragment}" in errors[0], captured.err
+    assert "Traceback" not in captured.err
+
+
+def test_out_that_is_a_file_is_refused_before_training(tmp_path, capsys):
+    (tmp_path / "outfile").write_text("keep")
+    _out_refused(capsys, tmp_path / "outfile", "exists and is not a folder")
+    _out_refused(capsys, tmp_path / "outfile" / "sub",
+                 f"cannot be created: {str(tmp_path / 'outfile')!r} is not a folder")
+    os.symlink(tmp_path / "missing", tmp_path / "broken")
+    _out_refused(capsys, tmp_path / "broken", "is a broken symbolic link")
+    (tmp_path / "out" / "metrics.json").mkdir(parents=True)
+    _out_refused(capsys, tmp_path / "out", "holds a folder named 'metrics.json'")
+    assert (tmp_path / "outfile").read_text() == "keep"
+    assert not (tmp_path / "missing").exists()
+
+
+def test_out_that_cannot_be_written_is_refused_before_training(tmp_path, capsys,
+                                                               monkeypatch):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    # root may write anywhere, so the permission answer is the one os.access gives.
+    monkeypatch.setattr(os, "access", lambda path, mode: Path(path) != locked)
+    _out_refused(capsys, locked, "is a folder this user cannot write to")
+    _out_refused(capsys, locked / "new" / "deeper",
+                 f"cannot be created: this user cannot write to {str(locked)!r}")
+    assert list(locked.iterdir()) == []
+
+
+def test_out_that_can_be_written_is_accepted_without_creating_it(tmp_path):
+    demo = load_demo()
+    for out in (tmp_path, tmp_path / "new" / "deeper"):
+        _, args = demo.parse_args(["--out", str(out)])
+        assert args.out == out
+    assert list(tmp_path.iterdir()) == []  # made only when the outputs are written
+
+
 @pytest.mark.parametrize("mask", [0o022, 0o077])
 def test_saved_files_follow_the_umask(tmp_path, mask):
     """model.safetensors goes through torch_lattice.atomic_file: ``0o666 & ~umask``."""
