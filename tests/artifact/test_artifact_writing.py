@@ -192,6 +192,52 @@ def test_stale_temporaries_of_dead_exports_are_cleaned(tmp_path: Path) -> None:
     assert live.is_dir() and other.is_dir()
 
 
+def _artifact_files(folder: Path) -> None:
+    folder.mkdir(parents=True)
+    (folder / "graph.mlir").write_text("module attributes {")
+    (folder / "weights.safetensors").write_bytes(b"w")
+
+
+def test_a_stale_folder_with_foreign_files_loses_only_its_artifact_files(
+        tmp_path: Path) -> None:
+    """What the docstrings promise: artifact files go, the rest and the folder stay."""
+    mixed = tmp_path / f".a.{_dead_pid()}.0000000a.tmp"
+    _artifact_files(mixed)
+    (mixed / "mine.txt").write_text("not the exporter's")
+    artifact_dir.clean_stale_temporaries(tmp_path / "a")
+    assert sorted(p.name for p in mixed.iterdir()) == ["mine.txt"]
+
+
+def test_only_the_exporters_exact_temporary_names_are_cleaned(tmp_path: Path) -> None:
+    dead = _dead_pid()
+    lookalikes = [f".a.{dead}.0bad.tmp",  # make_temporary's tokens are 8 hex digits
+                  f".a.0{dead}.0badcafe.tmp",  # no pid is written with a leading zero
+                  f".a.{dead}.0BADCAFE.tmp",
+                  ".a." + str(dead).translate(str.maketrans("0123456789", "٠١٢٣٤٥٦٧٨٩"))
+                  + ".0badcafe.tmp"]  # int() reads Arabic-Indic digits too
+    for name in lookalikes:
+        _artifact_files(tmp_path / name)
+    before = _tree(tmp_path)
+    artifact_dir.clean_stale_temporaries(tmp_path / "a")
+    assert _tree(tmp_path) == before
+
+
+def test_a_stale_name_linked_outside_is_never_followed(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    _artifact_files(outside)
+    work = tmp_path / "work"
+    work.mkdir()
+    os.symlink(outside, work / f".a.{_dead_pid()}.0badcafe.tmp")
+    artifact_dir.clean_stale_temporaries(work / "a")
+    assert not artifact_dir.remove_artifact_files(tmp_path / "missing")
+    # A link that replaced the folder after the caller's check (a race) leads nowhere.
+    link = work / "swapped"
+    os.symlink(outside, link)
+    assert artifact_dir.remove_artifact_files(link) is False
+    assert sorted(p.name for p in outside.iterdir()) == ["graph.mlir", "weights.safetensors"]
+    assert link.is_symlink()
+
+
 def test_a_failed_write_deletes_only_its_own_files(tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     from torch_lattice.artifact import export

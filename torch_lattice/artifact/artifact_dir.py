@@ -17,10 +17,15 @@ The rules (docs/artifacts.md, "Writing"):
   fallback is two renames (old aside as ``.<name>.<pid>.<token>.old``, new in place);
   a crash between them leaves the old artifact in that hidden folder, and the next
   export to the same target puts it back before it starts.
-- Deletion removes only the two artifact files (and then the emptied folder): the
-  replaced artifact, or the temporary folder of a failed write. A temporary folder
-  left by an export that died (its process is gone) is cleaned the same way by the
-  next export to that target; one that holds anything else is left alone.
+- Deletion removes only the two artifact files (and then the folder, when that
+  emptied it): the replaced artifact, or the temporary folder of a failed write.
+  A temporary folder left by an export that died (its process is gone) is cleaned
+  the same way by the next export to that target: its regular files named
+  ``graph.mlir`` and ``weights.safetensors`` are deleted, and everything else in it
+  stays, together with the folder. Only real directories (never links) named
+  exactly ``.<name>.<pid>.<8 hex digits>.tmp`` or ``.old`` beside the target are
+  considered, and the files are removed through the opened folder, never through a
+  link that replaced it meanwhile.
 """
 
 from __future__ import annotations
@@ -126,14 +131,21 @@ def check_output_names(names: Sequence[str]) -> None:
             )
 
 
+_TOKEN_BYTES = 4  # make_temporary's token: 8 hex digits
+
+
 def _pattern(target: Path) -> re.Pattern[str]:
-    return re.compile(rf"\.{re.escape(target.name)}\.(\d+)\.[0-9a-f]+\.(tmp|old)")
+    # Exactly make_temporary's names (ASCII pid, no leading zero): a folder that only
+    # resembles one is not the exporter's and is never cleaned.
+    return re.compile(rf"\.{re.escape(target.name)}\.([1-9][0-9]*)\."
+                      rf"[0-9a-f]{{{2 * _TOKEN_BYTES}}}\.(tmp|old)")
 
 
 def make_temporary(target: Path) -> Path:
     """A new hidden, empty directory beside ``target`` named for this process."""
     while True:
-        temp = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+        token = secrets.token_hex(_TOKEN_BYTES)
+        temp = target.with_name(f".{target.name}.{os.getpid()}.{token}.tmp")
         try:
             os.mkdir(temp, 0o700)
             return temp
@@ -141,19 +153,44 @@ def make_temporary(target: Path) -> Path:
             continue
 
 
+_CAN_UNLINK_AT = (
+    {os.stat, os.unlink} <= os.supports_dir_fd
+    and os.stat in os.supports_follow_symlinks
+    and hasattr(os, "O_DIRECTORY")
+    and hasattr(os, "O_NOFOLLOW")
+)
+
+
 def remove_artifact_files(folder: Path) -> bool:
     """Deletes the artifact files in ``folder``, then the folder if that emptied it.
 
     Only regular files named ``graph.mlir`` and ``weights.safetensors`` are removed;
-    anything else stays (and so does the folder).
+    anything else stays (and so does the folder). A ``folder`` that is a link is left
+    alone: the files are looked up and unlinked relative to the folder opened without
+    following links, so a link swapped in after the caller's check leads nowhere.
 
     Returns:
         True when the folder is gone.
     """
-    for name in ARTIFACT_FILES:
-        if _regular(folder / name):
-            with contextlib.suppress(OSError):
-                os.unlink(folder / name)
+    if _CAN_UNLINK_AT:
+        try:
+            fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError:  # a link, not a directory, or gone
+            return False
+        try:
+            for name in ARTIFACT_FILES:
+                with contextlib.suppress(OSError):
+                    if stat.S_ISREG(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
+                        os.unlink(name, dir_fd=fd)
+        finally:
+            os.close(fd)
+    else:  # no dir_fd support (Windows): by path, after refusing a link
+        if folder.is_symlink():
+            return False
+        for name in ARTIFACT_FILES:
+            if _regular(folder / name):
+                with contextlib.suppress(OSError):
+                    os.unlink(folder / name)
     try:
         os.rmdir(folder)
     except OSError:
@@ -174,10 +211,15 @@ def _process_alive(pid: int) -> bool:
 def clean_stale_temporaries(target: Path) -> None:
     """Removes this target's hidden folders left by exports whose process is gone.
 
-    A leftover ``.old`` folder is the previous artifact of a fallback replace that
-    died between its two renames: when ``target`` is missing it is put back instead.
-    Folders of a live process (a concurrent export) are left alone, as is anything
-    that holds more than artifact files.
+    Only real directories (not links) beside ``target`` named exactly as
+    :func:`make_temporary` names them (``.<name>.<pid>.<8 hex digits>.tmp``, or
+    ``.old`` for the fallback's) are considered. A leftover ``.old`` folder is the
+    previous artifact of a fallback replace that died between its two renames: when
+    ``target`` is missing and the folder is an artifact it is put back instead.
+    Folders of a live process (a concurrent export) are left alone. From any other
+    such folder :func:`remove_artifact_files` deletes the regular files named
+    ``graph.mlir`` and ``weights.safetensors`` and then the folder if that emptied it;
+    anything else it holds stays, and so does the folder.
     """
     pattern = _pattern(target)
     try:
