@@ -403,10 +403,12 @@ def test_a_tolerance_beyond_float_is_refused(tmp_path: Path,
     _refused(capsys, ["replay", str(root)], "atol")
 
 
-@pytest.mark.parametrize("beside", ["unrelated", "linked", "fifo", "fixture_05"])
-def test_one_artifact_never_reads_a_manifest_beside_it(
+@pytest.mark.parametrize("beside", ["unrelated", "linked", "fifo", "other_cases"])
+def test_one_artifact_leaves_alone_a_manifest_beside_it_that_is_not_its_root(
         tmp_path: Path, beside: str, capsys: pytest.CaptureFixture[str]) -> None:
-    """Single-artifact mode reads PATH and the named files, never PATH/../manifest.json."""
+    """PATH/../manifest.json counts only as a fixture root listing PATH's case: anything
+    else there (a web app's manifest, a link, a FIFO, another fixture set's cases) is
+    neither read as settings nor an error."""
     web = tmp_path / "web"
     case = _case(web, "model.lattice")
     inputs, expected = tmp_path / "inputs.safetensors", tmp_path / "expected.safetensors"
@@ -420,9 +422,9 @@ def test_one_artifact_never_reads_a_manifest_beside_it(
         os.symlink(tmp_path / "elsewhere.json", manifest)
     elif beside == "fifo":  # reading it would block the replay
         os.mkfifo(manifest)
-    else:  # would switch --coordinates auto to logical and loosen the tolerances
+    else:  # its settings would switch --coordinates auto to logical, loosen tolerances
         manifest.write_text(json.dumps({"schema": "torch_lattice_e2e_fixtures/v1",
-                                        "cases": [{"name": "model.lattice", "atol": 10}]}))
+                                        "cases": [{"name": "other.lattice", "atol": 10}]}))
     argv = ["replay", str(case), "--inputs", str(inputs), "--expected", str(expected)]
     assert main(argv) == 0
     assert "match (physical coordinates)" in capsys.readouterr().out
@@ -448,7 +450,12 @@ def test_case_replays_chosen_cases_of_a_fixture_root_with_their_tolerances(
     assert "1/1 cases match" in out and "b:" not in out
     assert main(["replay", str(root), "--case", "b", "--case", "a"]) == 0
     assert "2/2 cases match" in capsys.readouterr().out
-    assert main(["replay", str(root / "a")]) == 1  # alone: the default tolerance
+    assert main(["replay", str(root / "a")]) == 0  # a case of its root: the same atol
+    assert "match (physical coordinates)" in capsys.readouterr().out
+    os.replace(root / "manifest.json", tmp_path / "away.json")
+    assert main(["replay", str(root / "a")]) == 1  # no root: the default tolerance
+    capsys.readouterr()
+    os.replace(tmp_path / "away.json", root / "manifest.json")
     _refused(capsys, ["replay", str(root), "--case", "c"], "--case 'c' is not a case of")
     _refused(capsys, ["replay", str(root), "--case", "../a"], "plain folder name")
     _refused(capsys, ["replay", str(root / "a"), "--case", "a"], "--case selects cases")

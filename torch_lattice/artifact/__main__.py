@@ -4,9 +4,11 @@ PATH is one artifact directory, or a fixture root whose ``manifest.json`` lists
 cases (``{"cases": [{"name", "rtol", "atol"}, ...]}``), each a directory holding
 the artifact with its ``inputs.safetensors`` and ``expected.safetensors``;
 ``--case NAME`` (repeatable) replays only the named cases of a fixture root.
-One artifact is replayed from PATH and the files named on the command line only: a
-``manifest.json`` beside it is never read (its tolerances and coordinate convention
-apply through the fixture root, with ``--case``).
+One artifact that is a case of a fixture root (``replay ROOT/CASE``) takes that case's
+tolerances and coordinate convention from ``ROOT/manifest.json``, as ``replay ROOT --case
+CASE`` does; a ``manifest.json`` beside an artifact that is a link, not a fixture
+manifest or lists no case of that name is left alone (default tolerances, physical
+coordinates).
 Exit status 0 when every replayed case matches, 1 otherwise (a case that fails to
 load or replay, or whose expected file is missing or not a regular file, counts as a
 mismatch), 2 on bad arguments or a refused manifest, reported as one ``error:`` line.
@@ -21,8 +23,7 @@ infinity passes every one). Refusals never list a folder's contents.
 
 ``--coordinates auto`` (the default) reads boundary coordinates as logical for a
 manifest whose ``schema`` is torch-lattice 0.5's fixture schema (those artifacts
-carry logical coordinates) and as physical (IR v2) otherwise, one artifact included;
-the choice is printed.
+carry logical coordinates) and as physical (IR v2) otherwise; the choice is printed.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--coordinates", choices=("auto", "physical", "logical"), default="auto",
                    help="boundary coordinate convention; auto: logical for a manifest of "
                    f"schema {TORCH_LATTICE_05_FIXTURES!r} (written by torch-lattice 0.5), "
-                   "else physical (IR v2, and always for one artifact)")
+                   "else physical (IR v2)")
     r.add_argument("--device", default=None, help="torch device (default: cpu)")
     r.add_argument("--rtol", type=float, default=None, help="default: the manifest's, else 1e-5")
     r.add_argument("--atol", type=float, default=None, help="default: the manifest's, else 1e-5")
@@ -174,6 +175,25 @@ def _manifest(root: Path) -> dict[str, object]:
     return manifest
 
 
+def _fixture_case(path: Path) -> tuple[dict[str, object] | None, dict[str, object]]:
+    """The fixture manifest beside one artifact and its case for it, where PATH is a case
+    of a fixture root (``replay ROOT/CASE`` takes that case's tolerances and coordinate
+    convention, as the recorded fixtures' README says); else ``(None, {})``.
+
+    A ``manifest.json`` beside an artifact may be anyone's (a web folder's), so it is
+    used only when it is a regular file (not a link), is a fixture manifest and lists
+    a case of PATH's name; anything else there is left alone, never an error."""
+    where = path.parent / MANIFEST_FILE
+    try:
+        if not stat.S_ISREG(os.lstat(where).st_mode):
+            return None, {}
+        manifest = _manifest(path.parent)
+    except (OSError, ValueError):
+        return None, {}
+    case = next((c for c in _cases(manifest) if c["name"] == path.name), None)
+    return (manifest, case) if case is not None else (None, {})
+
+
 def check_case_name(name: object, manifest: Path) -> str:
     """A manifest case name is one plain folder name inside the fixture root.
 
@@ -250,10 +270,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.case:
         raise ValueError("--case selects cases of a fixture root (a folder with "
                          f"{MANIFEST_FILE}); {str(path)!r} is one artifact")
-    # Only PATH and the named files are read: a manifest.json beside the artifact may be
-    # anyone's (a web folder's), so its tolerances and schema come only via --case.
-    case: dict[str, object] = {}
-    args.coordinates = _resolve_coordinates(args.coordinates, None)
+    parent, case = _fixture_case(path)
+    args.coordinates = _resolve_coordinates(args.coordinates, parent)
     for flag, value in (("--inputs", args.inputs), ("--expected", args.expected)):
         # Paths the user named: refused outright (exit 2) unless regular files.
         if value is None:
