@@ -190,7 +190,10 @@ def evaluate(
 
 
 def clock(seconds: float) -> str:
-    """A duration as 42 s, 3 min 05 s or 1 h 02 min."""
+    """A duration as 0.4 s, 42 s, 3 min 05 s or 1 h 02 min (tenths below 10 s, so a
+    short phase never reads 0 s)."""
+    if seconds < 9.95:
+        return f"{seconds:.1f} s"
     s = round(seconds)
     if s < 60:
         return f"{s} s"

@@ -287,12 +287,12 @@ def test_progress_lines_when_captured():
             clock.t += 2.0  # two seconds per step
             tracker.step(epoch, step, 1.0 / (epoch * step))
     assert stream.getvalue().splitlines() == [
-        "  step 2/6 (epoch 1, 2/3)  loss 0.500  4 s so far, about 8 s left",
-        "  the first 3 steps took 6 s (2.00 s per step): training should take about 15 s on "
+        "  step 2/6 (epoch 1, 2/3)  loss 0.500  4.0 s so far, about 8.0 s left",
+        "  the first 3 steps took 6.0 s (2.00 s per step): training should take about 15 s on "
         "this machine (6 steps and 2 evaluations)",
-        "  step 3/6 (epoch 1, 3/3)  loss 0.333  6 s so far, about 6 s left",
-        "  step 4/6 (epoch 2, 1/3)  loss 0.500  8 s so far, about 4 s left",
-        "  step 6/6 (epoch 2, 3/3)  loss 0.167  12 s so far, about 0 s left",
+        "  step 3/6 (epoch 1, 3/3)  loss 0.333  6.0 s so far, about 6.0 s left",
+        "  step 4/6 (epoch 2, 1/3)  loss 0.500  8.0 s so far, about 4.0 s left",
+        "  step 6/6 (epoch 2, 3/3)  loss 0.167  12 s so far, about 0.0 s left",
     ]
     assert tracker.expected == 6 * 2.0 + 2 * 1.5
 
@@ -319,6 +319,6 @@ def test_progress_live_line_on_a_terminal():
 
 def test_progress_choice_and_clock():
     demo = load_demo()
-    assert [demo.clock(s) for s in (0.4, 59.6, 185, 3725)] == [
-        "0 s", "1 min 00 s", "3 min 05 s", "1 h 02 min",
+    assert [demo.clock(s) for s in (0.04, 0.4, 9.94, 9.96, 59.6, 185, 3725)] == [
+        "0.0 s", "0.4 s", "9.9 s", "10 s", "1 min 00 s", "3 min 05 s", "1 h 02 min",
     ]  # fmt: skip
