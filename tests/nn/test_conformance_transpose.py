@@ -464,6 +464,24 @@ def test_inverse_without_conv3d_in_history_raises() -> None:
         up(small_source())
 
 
+def test_inverse_of_a_support_two_sources_reached_is_ambiguous() -> None:
+    """A support that Conv3d layers of one geometry reached from two inputs (it was
+    also their target) has no single inverse: an error, never the other input's rows."""
+    down = tl.nn.Conv3d(1, 1, kernel_size=2, stride=2).to(F64)
+    up = tl.nn.ConvTranspose3d(1, 1, kernel_size=2, stride=2).to(F64)
+    x0 = tl.SparseTensor(torch.ones(2, 1, dtype=F64),
+                         torch.tensor([[0, 0, 0, 0], [0, 3, 3, 3]], dtype=I32))
+    x1 = tl.SparseTensor(torch.ones(1, 1, dtype=F64), torch.tensor([[0, 1, 1, 1]], dtype=I32))
+    a = down(x0)
+    ch.assert_coords_equal(up(a).coords, x0.coords)  # one source: its rows
+    down(x0, coordinates=a)  # the same source again is no ambiguity
+    ch.assert_coords_equal(up(a).coords, x0.coords)
+    down(x1, coordinates=a)
+    with pytest.raises(ValueError, match="ambiguous; pass the target"):
+        up(a)
+    ch.assert_coords_equal(up(a, x0).coords, x0.coords)  # with the target named: fine
+
+
 def test_inverse_with_other_geometry_raises() -> None:
     feats, coords = oracle.random_geometry(61, 1, (6, 6, 6), 0.3, 2)
     x = tl.SparseTensor(feats, coords)

@@ -42,7 +42,8 @@ def inverse_support(src: SparseTensor, geometry: ConvGeometry) -> Support:
     """Input support of the Conv3d with ``geometry`` that produced ``src``.
 
     Raises:
-        ValueError: no Conv3d with this geometry is in ``src``'s history.
+        ValueError: no Conv3d with this geometry is in ``src``'s history, or several
+            from different inputs are (ambiguous; see ``cached_source_support``).
     """
     found = cached_source_support(src, geometry)
     if found is None:

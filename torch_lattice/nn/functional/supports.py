@@ -134,10 +134,26 @@ def generative_support(source: Support, geometry: ConvGeometry) -> Support:
 
 
 def cached_source_support(src: SparseTensor, geometry: ConvGeometry) -> Support | None:
-    """The input support of the most recent pooling / Conv3d with ``geometry``
-    that produced ``src``, or None when none is in ``src``'s history."""
+    """The input support of the pooling / Conv3d with ``geometry`` that produced
+    ``src``, or None when none is in ``src``'s history.
+
+    Raises:
+        ValueError: such layers produced ``src``'s support from more than one input
+            support (it was also a target: ``down(x1, coordinates=a)``), so which one
+            to return to is ambiguous; the most recent would silently be another
+            source's rows.
+    """
     found = [d for d in src.coordinate_manager.derivations(src.support) if d.geometry == geometry]
-    return found[-1].source if found else None
+    sources = list({id(d.source): d.source for d in found}.values())
+    if len(sources) > 1:
+        raise ValueError(
+            f"ConvTranspose3d(src) without a target: src's support was produced by "
+            f"{len(sources)} Conv3d/pooling calls with this geometry (kernel_size="
+            f"{geometry.kernel_size}, stride={geometry.stride}) from different input "
+            "supports (src's coordinates were also used as a target), so which one to "
+            "return to is ambiguous; pass the target coordinates explicitly: up(src, target)"
+        )
+    return sources[0] if sources else None
 
 
 def generated_transposed_support(src: SparseTensor, geometry: ConvGeometry, op: str) -> Support:
