@@ -37,7 +37,8 @@ def triple(name: str, value: int | Sequence[int], minimum: int) -> Triple:
         raise TypeError(f"{name} must be an int or a 3-tuple of ints, got {value!r}")
     out = []
     for v in items:
-        if isinstance(v, torch.Tensor) and v.numel() == 1 and not v.is_floating_point():
+        if (isinstance(v, torch.Tensor) and v.numel() == 1 and not v.is_floating_point()
+                and v.dtype != torch.bool):  # tensor(True) is no more an int than True is
             v = int(v.item())
         if isinstance(v, bool) or not isinstance(v, int):
             raise TypeError(f"{name} must contain ints, got {value!r}")
@@ -121,8 +122,19 @@ class ConvGeometry:
 
     @staticmethod
     def submanifold(kernel_size: Triple, dilation: Triple) -> ConvGeometry:
-        """The centered stride-1 relation of SubmConv3d (odd kernels)."""
+        """The centered stride-1 relation of SubmConv3d (odd kernels).
+
+        Raises:
+            ValueError: the centring padding ``dilation * (kernel_size - 1) / 2``
+                exceeds int32 on some axis (the C core's coordinates).
+        """
         pad = tuple(d * (k - 1) // 2 for k, d in zip(kernel_size, dilation, strict=True))
+        if max(pad) > _INT32_MAX:
+            raise ValueError(
+                f"kernel_size {kernel_size} with dilation {dilation} reaches "
+                f"dilation * (kernel_size - 1) / 2 = {pad} from the centre: it must fit int32 "
+                f"(<= {_INT32_MAX}) in every axis"
+            )
         return ConvGeometry(kernel_size, (1, 1, 1), (pad[0], pad[1], pad[2]), dilation)
 
     def as_c(self) -> tuple[Triple, Triple, Triple, Triple]:

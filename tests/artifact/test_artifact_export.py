@@ -347,28 +347,54 @@ def test_refuses_untraceable_forward(tmp_path: Path) -> None:
     refuse(tmp_path, Branchy().eval(), (cloud(2),), ExportError, "not traceable by torch.fx")
 
 
-def test_quantized_export_keeps_normalized_and_target_transposes_float(tmp_path: Path) -> None:
+def test_quantized_export_keeps_target_transposes_float(tmp_path: Path) -> None:
     class Net(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.norm = tl.nn.NormalizedSubmConv3d(2, 2, 3)
+            self.sub = tl.nn.SubmConv3d(2, 2, 3)
             self.down = tl.nn.Conv3d(2, 4, 2, stride=2)
             self.up = tl.nn.ConvTranspose3d(4, 2, 2, stride=2)
 
         def forward(self, x: tl.SparseTensor) -> tl.SparseTensor:
-            return self.up(self.down(self.norm(x)))
+            return self.up(self.down(self.sub(x)))
 
     files = save_lattice_model_artifact(Net().eval(), tmp_path / "a",
                                         example_inputs=(cloud(2),), quantize_bits=8)
-    assert set(files.float_layers) == {"norm", "up"}
-    assert "normalized" in files.float_layers["norm"]
+    assert set(files.float_layers) == {"up"}
     assert "does not support packed weights" in files.float_layers["up"]
     with safe_open(str(files.weights_path), "pt") as f:
         assert json.loads(f.metadata()["torch_lattice.float_layers"]) == files.float_layers
         keys = set(f.keys())
-    assert {"norm.weight", "up.weight", "down.weight.weight", "down.weight.scales"} <= keys
+    assert {"up.weight", "down.weight.weight", "down.weight.scales",
+            "sub.weight.weight"} <= keys
     text = files.graph_path.read_text()
-    assert text.count("#lattice.packing<int8, group_size = 32, scale_dtype = f32") == 1
+    assert text.count("#lattice.packing<int8, group_size = 32, scale_dtype = f32") == 2
+
+
+@pytest.mark.parametrize("kernel_size", [3, 1])
+@pytest.mark.parametrize("module", ["NormalizedSubmConv3d", "NormalizedConvTranspose3d"])
+def test_a_normalized_convolution_refuses_packed_weights(tmp_path: Path, module: str,
+                                                         kernel_size: int) -> None:
+    """API.md: exporting a normalized module with packed weights raises (the spec
+    rejects packed weights for the family: squaring them breaks the normalization)."""
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.down = tl.nn.Conv3d(2, 2, 2, stride=2)
+            stride = {} if module == "NormalizedSubmConv3d" else {"stride": 2}
+            self.norm = getattr(tl.nn, module)(2, 2, kernel_size, **stride)
+
+        def forward(self, x: tl.SparseTensor) -> tl.SparseTensor:
+            y = self.down(x)
+            return self.norm(y) if module == "NormalizedSubmConv3d" else self.norm(y, x)
+
+    out = tmp_path / "a"
+    with pytest.raises(ExportError, match="'norm': a normalized convolution cannot be exported "
+                                          "with packed weights"):
+        save_lattice_model_artifact(Net().eval(), out, example_inputs=(cloud(2),),
+                                    quantize_bits=4)
+    assert not out.exists()
+    save_lattice_model_artifact(Net().eval(), out, example_inputs=(cloud(2),))  # float: fine
 
 
 @pytest.mark.parametrize(

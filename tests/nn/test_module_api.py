@@ -93,6 +93,56 @@ def test_defaults_and_state_dict(kind: str) -> None:
 
 
 @pytest.mark.parametrize(
+    "module", [tl.nn.Conv3d, tl.nn.ConvTranspose3d, tl.nn.GenerativeConvTranspose3d]
+)
+def test_kernel_positions_of_another_kernel_do_not_load(module: type) -> None:
+    """(3, 2, 1) and (2, 3, 1) have the same weight shape; their rows are other positions."""
+    a, b = module(2, 2, kernel_size=(3, 2, 1)), module(2, 2, kernel_size=(2, 3, 1))
+    before = b.weight.detach().clone()
+    with pytest.raises(RuntimeError, match="kernel_positions: the checkpoint's rows are not "
+                                           r"the z-fastest positions of kernel_size \(2, 3, 1\)"):
+        b.load_state_dict(a.state_dict())
+    assert torch.equal(b.weight.detach(), before)
+    edited = a.state_dict()
+    edited["kernel_positions"] = edited["kernel_positions"][[1, 0, 2, 3, 4, 5]]  # rows swapped
+    with pytest.raises(RuntimeError, match="another order"):
+        module(2, 2, kernel_size=(3, 2, 1)).load_state_dict(edited)
+    same = module(2, 2, kernel_size=(3, 2, 1))
+    same.load_state_dict(a.state_dict())  # the same kernel: loads
+    assert torch.equal(same.weight, a.weight)
+
+
+def test_a_weight_beyond_the_memory_budget_is_refused_before_allocating() -> None:
+    previous = tl.set_memory_budget(64 * 2**20)
+    try:
+        with pytest.raises(ValueError, match=r"Conv3d weight \(16384 kernel rows x 64 x 64\).*"
+                                             "memory budget"):
+            tl.nn.Conv3d(64, 64, kernel_size=(32, 32, 16))
+        with pytest.raises(ValueError, match="memory budget"):
+            tl.nn.SubmConv3d(64, 64, kernel_size=127)  # 32 GiB asked
+        tl.nn.SubmConv3d(64, 64, kernel_size=3)  # 442 KiB: fine
+    finally:
+        tl.set_memory_budget(previous)
+
+
+def test_a_bool_tensor_is_no_int() -> None:
+    for kw in ({"kernel_size": (torch.tensor(True), 1, 1)}, {"stride": (torch.tensor(True), 1, 1)}):
+        with pytest.raises(TypeError, match="must contain ints"):
+            tl.nn.Conv3d(1, 1, **kw)  # type: ignore[arg-type]
+    assert tl.nn.Conv3d(1, 1, kernel_size=(torch.tensor(2), 1, 1)).kernel_size == (2, 1, 1)
+
+
+def test_subm_centring_padding_must_fit_int32() -> None:
+    with pytest.raises(ValueError, match=r"dilation \* \(kernel_size - 1\) / 2 .* must fit int32"):
+        tl.nn.SubmConv3d(1, 1, kernel_size=5, dilation=2**30)
+    with pytest.raises(ValueError, match="must fit int32"):
+        tl.nn.functional.subm_conv3d(
+            tl.SparseTensor(torch.ones(1, 1), torch.zeros(1, 4, dtype=torch.int32)),
+            torch.ones(125, 1, 1), kernel_size=5, dilation=2**30)
+    tl.nn.SubmConv3d(1, 1, kernel_size=5, dilation=2**30 - 1)  # 2^31 - 2: fits
+
+
+@pytest.mark.parametrize(
     ("kind", "cin", "kernel"),
     [("conv", 16, 3), ("subm", 16, 3), ("conv", 32, (3, 1, 2)), ("subm", 8, 5)],
 )

@@ -102,8 +102,8 @@ def save_lattice_model_artifact(
         quantize_bits: None (dense weights), 4 or 8: pack the conv3d and linear
             weights of the ops MLX Lattice runs packed as affine int4 / int8 per
             group of input channels (float32 scales for float32 weights). Target
-            transposes and normalized convolutions keep float weights; the
-            result's ``float_layers`` names them with the reason.
+            transposes keep float weights (the result's ``float_layers`` names
+            them with the reason); a normalized convolution raises.
         quantize_group_size: input channels per quantization group: 32, 64 or
             128 (the sizes MLX Lattice runs).
         output_names: names of the flattened outputs; default ``output`` for one
@@ -117,7 +117,8 @@ def save_lattice_model_artifact(
     Raises:
         ValueError: (an ``ExportError``) a module in training mode, an
             untraceable forward, an unsupported module or function (named by
-            node), bad arguments. Nothing is written on failure.
+            node), a normalized convolution with ``quantize_bits``, bad
+            arguments. Nothing is written on failure.
         TypeError: arguments of the wrong type.
         FileExistsError: ``artifact_dir`` is something else than an artifact or
             an empty directory.

@@ -355,9 +355,6 @@ def _float_reason(op: str) -> str | None:
     """Why ``op``'s weight stays float in a quantized export (``None``: it may be packed)."""
     if op in schema.PACKED_WEIGHT_OPS:
         return None
-    if "normalized" in op:
-        return (f"{op}: MLX Lattice runs normalized convolutions with float weights only "
-                "(the normalization divides by the weights' squares)")
     return (f"{op}: MLX Lattice runs target transposes with float weights only (\"target "
             "transpose convolution does not support packed weights\")")
 
@@ -371,6 +368,15 @@ def _lower_conv(low: Lowering, call: Call, module: nn.Module, qualname: str) -> 
         if value is not None:
             target = call.sparse(value, "the target support (coordinates=)")
     pointwise = module.weight.shape[0] == 1
+    if isinstance(module, NormalizedConvBase) and low.weights.packing:
+        # The spec rejects packed weights for this family (pointwise ones included):
+        # squaring an affine-packed weight does not give the normalization's W*W.
+        raise ExportError(
+            f"{type(module).__name__} {qualname!r}: a normalized convolution cannot be "
+            "exported with packed weights (quantize_bits): its normalization squares the "
+            "weights, which an affine-packed weight does not preserve; export without "
+            "quantize_bits"
+        )
     # Pointwise normalized modules skip normalization (docs/semantics.md); the
     # contract's normalized ops always normalize, so they lower to the plain op.
     normalized = isinstance(module, NormalizedConvBase) and not pointwise

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -21,6 +22,7 @@ from torch_lattice.geometry import (
     kernel_volume,
     triple,
 )
+from torch_lattice.memory_budget import check_allocation
 from torch_lattice.nn.functional import conv as F
 from torch_lattice.nn.functional.config import ConvConfig
 from torch_lattice.tensor import SparseTensor, Support
@@ -69,10 +71,39 @@ class ConvBase(nn.Module):
         self.out_channels = _positive("out_channels", out_channels)
         self.kernel_size = kernel_size
         k = kernel_volume(kernel_size)
+        # The weight (float32) and the kernel_positions rows (3 x int32), before either
+        # is allocated: kernel_size=128 with 64 channels would ask for 32 GiB.
+        check_allocation(
+            f"{type(self).__name__} weight ({k} kernel rows x {in_channels} x {out_channels})",
+            k * (in_channels * out_channels * 4 + 12),
+        )
         self.weight = nn.Parameter(torch.empty(k, in_channels, out_channels))
         self.bias = nn.Parameter(torch.empty(out_channels)) if bias else None
         self.register_buffer("kernel_positions", kernel_positions(kernel_size), persistent=True)
         self.reset_parameters()
+
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+        """Refuses a ``kernel_positions`` that is not this kernel's z-fastest rows: a
+        checkpoint from another kernel size, or with its rows in another order, would
+        otherwise load (its shape can match) and put each weight row at another
+        position. Reported like a shape mismatch, through ``load_state_dict``'s errors,
+        and this module keeps its own weight and bias."""
+        error_msgs: list[str] = args[-1]
+        loaded = state_dict.get(prefix + "kernel_positions")
+        if isinstance(loaded, torch.Tensor):
+            expected = kernel_positions(self.kernel_size)
+            if tuple(loaded.shape) != tuple(expected.shape) or not torch.equal(
+                loaded.detach().to("cpu", torch.int64), expected.to(torch.int64)
+            ):
+                error_msgs.append(
+                    f"kernel_positions: the checkpoint's rows are not the z-fastest positions "
+                    f"of kernel_size {self.kernel_size} (shape {tuple(loaded.shape)}, "
+                    f"expected {tuple(expected.shape)}); it comes from another kernel size or "
+                    "lists its weight rows in another order (convert legacy checkpoints with "
+                    "convert-checkpoint)"
+                )
+                return
+        super()._load_from_state_dict(state_dict, prefix, *args)
 
     def reset_parameters(self) -> None:
         """``torch.nn.Conv3d``'s default: U(-1/sqrt(fan_in), 1/sqrt(fan_in))."""
