@@ -2,7 +2,8 @@
 
 Reference: for each kernel row n, the (nbr[o, n], o) pairs with
 nbr[o, n] >= 0 in increasing o; offsets are their prefix counts.  Tables are
-arbitrary int32 (any negative value means absent).  Malformed offsets given
+arbitrary int32 with -1 for absent; a table with an entry below -1 (drawn now and
+then) must be refused by pairs_count with a ValueError.  Malformed offsets given
 to pairs_fill (not the ones pairs_count produced) must be refused with a
 ValueError, never written past.
 """
@@ -30,6 +31,10 @@ def check(data: bytes) -> None:
         [d.int_in(0, 100) if d.chance(dense) else -d.int_in(1, 3) for _ in range(n_out * k)],
         dtype=np.int32,
     ).reshape(n_out, k)
+    # Only -1 means absent: most tables use it alone; some keep entries below -1.
+    malformed = d.chance(6)
+    if not malformed:
+        nbr = np.maximum(nbr, -1)
     ref_in = [[int(nbr[o, n]) for o in range(n_out) if nbr[o, n] >= 0] for n in range(k)]
     ref_out = [[o for o in range(n_out) if nbr[o, n] >= 0] for n in range(k)]
     ref_off = np.cumsum([0] + [len(c) for c in ref_in]).astype(np.int64)
@@ -45,6 +50,8 @@ def check(data: bytes) -> None:
         elif n_out:
             want = ValueError
     p_nbr = 0 if (want is ValueError and n_arg == n_out and k_arg == k) else nbr.ctypes.data
+    if want is None and bool((nbr < -1).any()):
+        want = ValueError
     expect("pairs_count", call(_C.pairs_count, p_nbr, n_arg, k_arg, off.ptr, threads), want)
     off.check("pairs_count offsets")
     if want is not None:

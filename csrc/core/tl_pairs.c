@@ -11,12 +11,21 @@ tl_status tl_pairs_count(const tl_ctx *ctx, const int32_t *nbr, int64_t n_out, i
     tl_status st = tl_table_check(n_out, k);
     if (st != TL_OK) return st;
     offsets[0] = 0;
-#pragma omp parallel for num_threads(tl_threads_for(ctx, n_out * k)) schedule(static)
+    /* Only -1 means "no neighbour": any other negative entry is a malformed table,
+     * refused here (in the counting pass, at no extra read) rather than dropped. */
+    int bad = 0;
+#pragma omp parallel for num_threads(tl_threads_for(ctx, n_out * k)) schedule(static) \
+    reduction(| : bad)
     for (int64_t n = 0; n < k; n++) {
         int64_t c = 0;
-        for (int64_t o = 0; o < n_out; o++) c += nbr[o * k + n] >= 0;
+        for (int64_t o = 0; o < n_out; o++) {
+            const int32_t i = nbr[o * k + n];
+            c += i >= 0;
+            bad |= i < -1;
+        }
         offsets[n + 1] = c;
     }
+    if (bad) return TL_ERR_INVALID;
     for (int64_t n = 0; n < k; n++) offsets[n + 1] += offsets[n];
     return TL_OK;
 }

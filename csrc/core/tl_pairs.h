@@ -22,7 +22,7 @@ typedef struct tl_pairs {
 } tl_pairs;
 
 /* offsets (k + 1) from nbr (n_out, k): counts of non-negative entries per
- * column, prefix-summed. */
+ * column, prefix-summed.  TL_ERR_INVALID if an entry is below -1. */
 tl_status tl_pairs_count(const tl_ctx *ctx, const int32_t *nbr, int64_t n_out, int64_t k,
                          int64_t *offsets);
 

@@ -184,9 +184,9 @@ static PyObject *py_pairs_count(PyObject *self, PyObject *args) {
     if (!tl_py_parse(args, 0, &c, "KLLK", &pnbr, &n_out, &k, &poff)) return NULL;
     tl_status st;
     Py_BEGIN_ALLOW_THREADS st = tl_pairs_count(&c.ctx, tl_ptr(pnbr), n_out, k, tl_ptr(poff));
-    Py_END_ALLOW_THREADS if (st != TL_OK) return tl_py_fail(&c, st, "pairs_count",
-                                                            "tl_pairs_count", NULL,
-                                                            TL_PAIRS_SIZES);
+    Py_END_ALLOW_THREADS if (st != TL_OK) return tl_py_fail(
+        &c, st, "pairs_count", "tl_pairs_count",
+        "every nbr entry must be -1 (no neighbour) or an input row >= 0", TL_PAIRS_SIZES);
     Py_RETURN_NONE;
 }
 

@@ -205,3 +205,64 @@ def test_voxel_reduce_of_no_channels_allocates_no_per_voxel_scratch() -> None:
     # 2**29 voxels of 0 channels: the C core counted points into 16 bytes a voxel (8.5 GB).
     out, arg = ops.voxel_reduce(torch.randn(10, 0), _i64(10), 2**29, "sum")
     assert out.shape == (2**29, 0) and arg.shape == (0, 0)
+
+
+# ---- the kernel-map ops' list arguments, num_batches and table entries: each a
+# ValueError naming the argument, before any allocation ----
+
+_C3 = torch.tensor([[0, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0], [1, 2, 2, 2]], dtype=torch.int32)
+_GOOD = {"kernel_size": [3, 3, 3], "stride": [1, 1, 1], "padding": [1, 1, 1],
+         "dilation": [1, 1, 1]}  # fmt: skip
+
+
+@pytest.mark.parametrize("op", ["kernel_map", "neighbour_table"])
+@pytest.mark.parametrize(
+    ("name", "value", "rule"),
+    [
+        ("kernel_size", [-3, 3, 3], "three positive ints"),
+        ("kernel_size", [3, 3], "three positive ints"),
+        ("kernel_size", [3, 3, 3, 3], "three positive ints"),
+        ("stride", [1, 0, 1], "three positive ints"),
+        ("stride", [1, 1], "three positive ints"),
+        ("padding", [0, -1, 0], "three non-negative ints"),
+        ("padding", [0, 0], "three non-negative ints"),
+        ("dilation", [1, 1, 0], "three positive ints"),
+        ("dilation", [1, 1, 1, 1], "three positive ints"),
+        ("kernel_size", [3, 3, 2**31], "three positive ints"),
+    ],
+)
+def test_kernel_map_lists_are_checked(op: str, name: str, value: list[int], rule: str) -> None:
+    args = {**_GOOD, name: value}
+    with pytest.raises(ValueError, match=f"lattice::{op}: {name} must be {rule}"):
+        getattr(ops, op)(_C3, _C3, *args.values())
+
+
+def test_support_ops_lists_are_checked() -> None:
+    g = [[2, 2, 2], [2, 2, 2], [0, 0, 0], [1, 1, 1]]
+    with pytest.raises(ValueError, match="generate_support: out_range must be three ints"):
+        ops.generate_support(_C3, *g, [3, 3], 2)
+    with pytest.raises(ValueError, match="generate_support: kernel_size must be three positive"):
+        ops.generate_support(_C3, [2, -2, 2], *g[1:], [3, 3, 3], 2)
+    with pytest.raises(ValueError, match="generative_support: kernel_size must be three pos"):
+        ops.generative_support(_C3, [2, 2, -2], [2, 2, 2])
+    with pytest.raises(ValueError, match="generative_support: stride must be three positive"):
+        ops.generative_support(_C3, [2, 2, 2], [2, 2])
+
+
+@pytest.mark.parametrize("num_batches", [0, 1])
+def test_generate_support_checks_num_batches(num_batches: int) -> None:
+    # batch index 1 needs num_batches >= 2: the output's capacity is sized from it
+    g = [[3, 3, 3], [1, 1, 1], [1, 1, 1], [1, 1, 1], [3, 3, 3]]
+    with pytest.raises(ValueError, match=r"num_batches .* must exceed every batch index"):
+        ops.generate_support(_C3, *g, num_batches)
+    with pytest.raises(ValueError, match="num_batches must be a non-negative int"):
+        ops.generate_support(_C3, *g, -1)
+    assert ops.generate_support(_C3, *g, 2).shape[1] == 4
+
+
+@pytest.mark.parametrize("entry", [-9, -2, -(2**31)])
+def test_kernel_pairs_refuses_entries_below_minus_one(entry: int) -> None:
+    nbr = torch.tensor([[0, -1], [1, 0]], dtype=torch.int32)
+    nbr[1, 1] = entry
+    with pytest.raises(ValueError, match="kernel_pairs: every entry of the table nbr must be -1"):
+        ops.kernel_pairs(nbr)

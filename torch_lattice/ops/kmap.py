@@ -30,8 +30,11 @@ __all__ = [
     "DENSE_SLOTS_PER_PAIR",
     "KernelMap",
     "PairLists",
+    "bad_table_entries",
     "build_kernel_map",
     "build_transpose_pairs",
+    "check_geometry",
+    "check_num_batches",
     "conv_geom",
     "generate_bound_within_budget",
     "generate_support",
@@ -74,18 +77,32 @@ def reverse_pairs(
     return PairLists(offsets, pair_out[order], pair_in[order])
 
 
+def bad_table_entries(op: str, cause: object = None) -> str:
+    """The message of a neighbour table ``nbr`` with an entry below -1."""
+    why = f" ({cause})" if cause is not None else ""
+    return (
+        f"lattice::{op}: every entry of the table nbr must be -1 (no neighbour) or an "
+        f"input row in [0, N_in){why}"
+    )
+
+
 @torch.library.custom_op("lattice::kernel_pairs", mutates_args=())
 def kernel_pairs(nbr: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(offsets, pair_in, pair_out)`` of an ``(N_out, K)`` int32 table.
 
     Pairs of kernel row ``n`` are ``offsets[n]:offsets[n + 1]``, sorted by ``pair_out``.
+    Entries must be -1 (no neighbour) or an input row (>= 0; the row's bound is checked
+    by the op that reads the pairs, which knows ``N_in``).
     """
     require_cpu("kernel_pairs", nbr)
     check_tensor("kernel_pairs", "nbr", nbr, (torch.int32,), ("N_out", "K"))
     nbr = nbr.contiguous()
     n_out, k = nbr.shape
     offsets = torch.empty(k + 1, dtype=torch.int64)
-    _C.pairs_count(ptr(nbr), n_out, k, ptr(offsets), threads())
+    try:  # the C count refuses entries below -1 in the pass it makes anyway
+        _C.pairs_count(ptr(nbr), n_out, k, ptr(offsets), threads())
+    except ValueError as e:
+        raise ValueError(bad_table_entries("kernel_pairs", e)) from e
     total = int(offsets[-1])
     pair_in = torch.empty(total, dtype=torch.int32)
     pair_out = torch.empty(total, dtype=torch.int32)
@@ -155,6 +172,33 @@ class KernelMap:
         return self.pairs(transposed)
 
 
+# The smallest value of each geometry list (padding may be 0, the others are sizes or
+# steps); every entry must also fit the C core's int32.
+_GEOMETRY_MINIMUM = {"kernel_size": 1, "stride": 1, "padding": 0, "dilation": 1}
+_INT32_MAX = 2**31 - 1
+
+
+def check_geometry(op: str, **lists: list[int]) -> None:
+    """Raises ``ValueError`` unless each of ``lists`` (named ``kernel_size``, ``stride``,
+    ``padding``, ``dilation`` or ``out_range``) holds three ints, at least 1
+    (``padding``: 0; ``out_range``: any, negative counts as 0) and at most 2^31 - 1.
+
+    Checked before the lists' product sizes a tensor: a negative kernel size would
+    otherwise reach torch as a negative dimension and a short list ``zip``'s message."""
+    for name, values in lists.items():
+        low = _GEOMETRY_MINIMUM.get(name)
+        ok = isinstance(values, (list, tuple)) and len(values) == 3 and all(
+            isinstance(v, int) and not isinstance(v, bool)
+            and (low is None or low <= v <= _INT32_MAX)
+            for v in values
+        )  # fmt: skip
+        if not ok:
+            rule = "three ints" if low is None else (
+                "three positive ints" if low else "three non-negative ints"
+            ) + " (one per axis, at most 2^31 - 1)"  # fmt: skip
+            raise ValueError(f"lattice::{op}: {name} must be {rule}, got {values!r}")
+
+
 def conv_geom(
     kernel_size: list[int], stride: list[int], padding: list[int], dilation: list[int]
 ) -> tuple[tuple[int, ...], ...]:
@@ -184,6 +228,22 @@ def generate_bound_within_budget(
     return bound
 
 
+def check_num_batches(op: str, coords: torch.Tensor, num_batches: int) -> None:
+    """Raises ``ValueError`` unless ``num_batches`` is a non-negative int above every
+    batch index of ``coords`` (checked ``(N, 4)`` rows): the output's capacity is sized
+    from it, so a batch index at or past it would overflow that bound.  One pass over the
+    batch column (on CUDA one readback), small beside the generation's own passes."""
+    if not isinstance(num_batches, int) or isinstance(num_batches, bool) or num_batches < 0:
+        raise ValueError(
+            f"lattice::{op}: num_batches must be a non-negative int, got {num_batches!r}"
+        )
+    if coords.shape[0] and int(coords[:, 0].max()) >= num_batches:
+        raise ValueError(
+            f"lattice::{op}: num_batches ({num_batches}) must exceed every batch index of "
+            f"coords (the largest is {int(coords[:, 0].max())})"
+        )
+
+
 @torch.library.custom_op("lattice::generate_support", mutates_args=())
 def generate_support(
     coords: torch.Tensor,
@@ -197,10 +257,14 @@ def generate_support(
     """Output support of a strided convolution: ``(M, 4)`` int32, sorted.
 
     Every ``q`` in ``[0, out_range)`` per axis with some kernel row mapping it
-    onto an input row of the same batch (see docs/semantics.md).
+    onto an input row of the same batch (see docs/semantics.md).  ``num_batches`` must
+    exceed every batch index of ``coords`` (it bounds the output's size).
     """
+    check_geometry("generate_support", kernel_size=kernel_size, stride=stride, padding=padding,
+                   dilation=dilation, out_range=out_range)  # fmt: skip
     require_cpu("generate_support", coords)
     check_coords("generate_support", "coords", coords)
+    check_num_batches("generate_support", coords, num_batches)
     geom = conv_geom(kernel_size, stride, padding, dilation)
     rng = tuple(max(0, r) for r in out_range)
     coords = coords.contiguous()
@@ -227,6 +291,7 @@ def generative_support(
     """Support of a generative transpose: ``unique{coords * stride + r}``,
     ``(M, 4)`` int32 sorted by (b, x, y, z), never clipped.
     """
+    check_geometry("generative_support", kernel_size=kernel_size, stride=stride)
     require_cpu("generative_support", coords)
     check_coords("generative_support", "coords", coords)
     coords = coords.contiguous()
@@ -276,6 +341,8 @@ def kernel_map(
     dilation: list[int],
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Neighbour tables ``(nbr (N_out, K), rev (N_in, K))``, int32."""
+    check_geometry("kernel_map", kernel_size=kernel_size, stride=stride, padding=padding,
+                   dilation=dilation)  # fmt: skip
     # A support's submanifold map with itself pairs each offset with its negation (kernel
     # row K-1-n): nbr[o, n] == i iff nbr[i, K-1-n] == o, so rev is nbr with its kernel
     # rows reversed, a copy instead of a scatter.
@@ -380,6 +447,8 @@ def neighbour_table(
     dilation: list[int],
 ) -> torch.Tensor:
     """The output-stationary table ``nbr (N_out, K)`` int32 alone (no ``rev``)."""
+    check_geometry("neighbour_table", kernel_size=kernel_size, stride=stride, padding=padding,
+                   dilation=dilation)  # fmt: skip
     return _nbr_table(
         "neighbour_table", in_coords, out_coords, kernel_size, stride, padding, dilation
     )

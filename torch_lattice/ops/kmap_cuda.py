@@ -49,6 +49,7 @@ def generate_support(
     """
     device = require_cuda("generate_support", coords)
     coords = _check_coords("generate_support", "coords", coords)
+    kmap.check_num_batches("generate_support", coords, num_batches)
     rng = tuple(max(0, int(r)) for r in out_range)
     n = coords.shape[0]
     bound = _C.generate_bound(n, geom, rng, num_batches)
@@ -101,7 +102,12 @@ def kernel_pairs(nbr: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.T
     n_out, k = nbr.shape
     alloc = workspace_alloc(device)
     index, stream = call_args(device)
+    # Only -1 means "no neighbour" (the CPU count refuses others): enqueued before the
+    # count, whose readback waits for it, so this costs one pass and no extra sync.
+    malformed = (nbr < -1).any()
     count = _C.cuda_pairs_count(index, stream, ptr(nbr), n_out, k, alloc)
+    if bool(malformed):
+        raise ValueError(kmap.bad_table_entries("kernel_pairs"))
     offsets = torch.empty((k + 1,), dtype=torch.int64, device=device)
     pair_in = torch.empty((count,), dtype=torch.int32, device=device)
     pair_out = torch.empty((count,), dtype=torch.int32, device=device)
@@ -125,6 +131,7 @@ def generative_support(
     coords: torch.Tensor, kernel_size: list[int], stride: list[int]
 ) -> torch.Tensor:
     """``unique{coords * stride + r}`` sorted, as ``lattice::generative_support`` on CPU."""
+    kmap.check_geometry("generative_support", kernel_size=kernel_size, stride=stride)
     device = require_cuda("generative_support", coords)
     coords = _check_coords("generative_support", "coords", coords)
     geom = kmap.conv_geom(kernel_size, stride, [0, 0, 0], [1, 1, 1])
@@ -142,6 +149,8 @@ def generative_support(
 
 @kmap.generate_support.register_kernel("cuda")
 def _generate_support(coords, kernel_size, stride, padding, dilation, out_range, num_batches):
+    kmap.check_geometry("generate_support", kernel_size=kernel_size, stride=stride,
+                        padding=padding, dilation=dilation, out_range=out_range)  # fmt: skip
     geom = kmap.conv_geom(kernel_size, stride, padding, dilation)
     rng = tuple(max(0, r) for r in out_range)
     kmap.generate_bound_within_budget(coords.shape[0], geom, rng, num_batches)
@@ -150,12 +159,16 @@ def _generate_support(coords, kernel_size, stride, padding, dilation, out_range,
 
 @kmap.kernel_map.register_kernel("cuda")
 def _kernel_map(in_coords, out_coords, kernel_size, stride, padding, dilation):
+    kmap.check_geometry("kernel_map", kernel_size=kernel_size, stride=stride, padding=padding,
+                        dilation=dilation)  # fmt: skip
     kmap.check_table_budget("kernel map", out_coords, in_coords, kernel_size)
     return kernel_map(in_coords, out_coords, kmap.conv_geom(kernel_size, stride, padding, dilation))
 
 
 @kmap.neighbour_table.register_kernel("cuda")
 def _neighbour_table(in_coords, out_coords, kernel_size, stride, padding, dilation):
+    kmap.check_geometry("neighbour_table", kernel_size=kernel_size, stride=stride,
+                        padding=padding, dilation=dilation)  # fmt: skip
     kmap.check_table_budget("neighbour table", out_coords, in_coords, kernel_size)  # both built
     geom = kmap.conv_geom(kernel_size, stride, padding, dilation)
     return kernel_map(in_coords, out_coords, geom)[0]
