@@ -8,6 +8,8 @@ import pytest
 import torch
 
 import torch_lattice.ops  # noqa: F401  (registers the lattice ops)
+from torch_lattice.memory_budget import MemoryBudgetError
+from torch_lattice.ops.kmap import reverse_pairs
 
 ops = torch.ops.lattice
 
@@ -207,8 +209,8 @@ def test_voxel_reduce_of_no_channels_allocates_no_per_voxel_scratch() -> None:
     assert out.shape == (2**29, 0) and arg.shape == (0, 0)
 
 
-# ---- the kernel-map ops' list arguments, num_batches and table entries: each a
-# ValueError naming the argument, before any allocation ----
+# ---- the kernel-map ops' list arguments, num_batches, table entries; pair_conv's n_out
+# and reversed pairs: each a ValueError naming the argument, before any allocation ----
 
 _C3 = torch.tensor([[0, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0], [1, 2, 2, 2]], dtype=torch.int32)
 _GOOD = {"kernel_size": [3, 3, 3], "stride": [1, 1, 1], "padding": [1, 1, 1],
@@ -266,3 +268,42 @@ def test_kernel_pairs_refuses_entries_below_minus_one(entry: int) -> None:
     nbr[1, 1] = entry
     with pytest.raises(ValueError, match="kernel_pairs: every entry of the table nbr must be -1"):
         ops.kernel_pairs(nbr)
+
+
+def test_pair_conv_checks_n_out() -> None:
+    offsets, pair_in, pair_out = _pairs()
+    feats, weight = torch.randn(2, 3), torch.randn(2, 3, 4)
+    with pytest.raises(ValueError, match="pair_conv: n_out must be a non-negative int"):
+        ops.pair_conv(feats, weight, offsets, pair_in, pair_out, None, None, None, -1, True)
+
+
+def test_pair_conv_checks_n_out_against_the_budget() -> None:
+    offsets, pair_in, pair_out = _pairs()
+    feats, weight = torch.randn(2, 3), torch.randn(2, 3, 4)
+    with pytest.raises(MemoryBudgetError, match=r"pair_conv .*1099511627776 output rows"):
+        ops.pair_conv(feats, weight, offsets, pair_in, pair_out, None, None, None, 2**40, False)
+
+
+@pytest.mark.parametrize("given", [(0,), (1,), (2,), (0, 1), (1, 2), (0, 2)])
+def test_pair_conv_refuses_some_reversed_pairs(given: tuple[int, ...]) -> None:
+    offsets, pair_in, pair_out = _pairs()
+    rev = reverse_pairs(offsets, pair_in, pair_out)
+    partial = [t if i in given else None for i, t in enumerate(rev)]
+    feats = torch.randn(2, 3, requires_grad=True)
+    with pytest.raises(ValueError, match="rev_offsets, rev_in and rev_out must be given all"):
+        ops.pair_conv(feats, torch.randn(2, 3, 4), offsets, pair_in, pair_out, *partial, 2, True)
+
+
+def test_pair_conv_checks_the_reversed_pairs() -> None:
+    offsets, pair_in, pair_out = _pairs()
+    roff, rin, rout = reverse_pairs(offsets, pair_in, pair_out)
+    feats, weight = torch.randn(2, 3), torch.randn(2, 3, 4)
+    with pytest.raises(ValueError, match="the reversed pairs must have the forward pairs"):
+        ops.pair_conv(feats, weight, offsets, pair_in, pair_out, roff, rin[:1], rout, 2, True)
+    with pytest.raises(ValueError, match="pair_in and pair_out must be"):
+        ops.pair_conv(feats, weight, offsets, pair_in, pair_out, roff, rin, rout.long(), 2, True)
+    # all three given: backward runs over them
+    feats.requires_grad_()
+    y = ops.pair_conv(feats, weight, offsets, pair_in, pair_out, roff, rin, rout, 2, True)
+    y.sum().backward()
+    assert feats.grad is not None

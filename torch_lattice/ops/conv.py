@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from torch_lattice.memory_budget import get_memory_budget
+from torch_lattice.memory_budget import check_allocation, get_memory_budget
 from torch_lattice.ops._runtime import (
     _C,
     DTYPE_CODES,
@@ -143,10 +143,39 @@ def check_pair_conv(
     offsets: torch.Tensor,
     pair_in: torch.Tensor,
     pair_out: torch.Tensor,
+    rev: tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None],
+    n_out: int,
 ) -> None:
-    """The one argument check of ``lattice::pair_conv`` (CPU and CUDA)."""
-    check_conv_args("pair_conv", feats, weight, offsets.shape[0] - 1)
-    _check_pairs("pair_conv", offsets, pair_in, pair_out)
+    """The one argument check of ``lattice::pair_conv`` (CPU and CUDA): the pairs, the
+    reversed pairs ``rev`` (all three or none: backward reads all three, or derives
+    them), and ``n_out``, whose ``(n_out, C_out)`` output is checked against the memory
+    budget (it is a caller's number, not the size of a tensor it holds)."""
+    op = "pair_conv"
+    check_conv_args(op, feats, weight, offsets.shape[0] - 1)
+    _check_pairs(op, offsets, pair_in, pair_out)
+    given = sum(t is not None for t in rev)
+    if given not in (0, 3):
+        raise ValueError(
+            f"lattice::{op}: rev_offsets, rev_in and rev_out must be given all three (the "
+            f"reversed pairs) or all None (derived in backward), got {given} of them"
+        )
+    if given:
+        roff, rin, rout = rev
+        assert roff is not None and rin is not None and rout is not None
+        if roff.shape != offsets.shape or rin.shape != pair_in.shape:
+            raise ValueError(
+                f"lattice::{op}: the reversed pairs must have the forward pairs' shapes "
+                f"(offsets {tuple(offsets.shape)}, pairs {tuple(pair_in.shape)}), got "
+                f"rev_offsets {tuple(roff.shape)} and rev_in {tuple(rin.shape)}"
+            )
+        _check_pairs(op, roff, rin, rout)
+    if not isinstance(n_out, int) or isinstance(n_out, bool) or n_out < 0:
+        raise ValueError(f"lattice::{op}: n_out must be a non-negative int, got {n_out!r}")
+    # The output, and (half types) the float32 buffer it is accumulated in.
+    wide = feats.dtype not in (torch.float32, torch.float64)
+    row = weight.shape[2] * (feats.element_size() + (4 if wide else 0))
+    check_allocation(f"lattice::{op} ({n_out} output rows x {weight.shape[2]} channels)",
+                     n_out * row)  # fmt: skip
 
 
 def check_pair_conv_weight_grad(
@@ -282,6 +311,7 @@ def _backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
 
 
 sparse_conv.register_autograd(_backward, setup_context=_setup_context)
+
 
 
 # ---- tile lists kept beside each table (csrc/core/tl_tile_lists.h) ----
@@ -517,12 +547,15 @@ def pair_conv(
 
     ``rev_*`` are the pairs of the reversed relation, used by backward; pass
     ``None`` for all three to derive them in backward with
-    :func:`reverse_pairs` (only when an input gradient is needed).  ``gather`` selects
+    :func:`reverse_pairs` (only when an input gradient is needed); some but not all
+    three is a ``ValueError``.  ``n_out`` (>= 0) sizes the output, checked against the
+    memory budget first.  ``gather`` selects
     gather-scatter, else fetch-on-demand; ``allow_tf32`` lets CUDA use TF32
     for float32 (ignored on CPU).
     """
     require_cpu("pair_conv", feats, weight, offsets, pair_in, pair_out)
-    check_pair_conv(feats, weight, offsets, pair_in, pair_out)
+    check_pair_conv(feats, weight, offsets, pair_in, pair_out, (rev_offsets, rev_in, rev_out),
+                    n_out)  # fmt: skip
     work = compute_dtype("pair_conv", feats.dtype)
     x, w = feats.to(work).contiguous(), weight.to(work).contiguous()
     k, cin, cout = w.shape

@@ -568,7 +568,9 @@ def pair_conv(
     gather,
     allow_tf32=False,
 ):
-    conv.check_pair_conv(feats, weight, offsets, pair_in, pair_out)
+    conv.check_pair_conv(
+        feats, weight, offsets, pair_in, pair_out, (rev_offsets, rev_in, rev_out), n_out
+    )
     return conv_forward(
         conv.pair_dataflow(gather),
         feats,
