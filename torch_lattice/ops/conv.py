@@ -209,7 +209,12 @@ def sparse_conv(
         feats: ``(N_in, C_in)`` floating.
         weight: ``(K, C_in, C_out)``, same dtype.
         nbr: ``(N_out, K)`` int32 neighbour table.
-        rev: ``(N_in, K)`` int32 transpose of ``nbr`` (used by backward).
+        rev: ``(N_in, K)`` int32 transpose of ``nbr`` (used by backward): exactly the
+            ``rev`` that ``lattice::kernel_map`` returned beside ``nbr``. It is trusted:
+            the CPU backward range-checks its entries as it reads them, but that it is
+            ``nbr``'s transpose is not checked (a pass over both tables, about 15 times
+            a C = 16 forward; docs/kernel-maps.md), and any other in-range table gives a
+            wrong input gradient.
         allow_tf32: let CUDA use TF32 tensor cores for float32 (ignored on CPU).
     """
     check_sparse_conv(feats, weight, nbr)

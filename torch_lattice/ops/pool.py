@@ -89,7 +89,9 @@ def pool_sum(feats: torch.Tensor, nbr: torch.Tensor, rev: torch.Tensor) -> torch
     Args:
         feats: ``(N_in, C)`` floating.
         nbr: ``(N_out, K)`` int32 neighbour table.
-        rev: ``(N_in, K)`` int32 transpose of ``nbr`` (used by backward).
+        rev: ``(N_in, K)`` int32 transpose of ``nbr`` (used by backward), as
+            ``lattice::kernel_map`` returns it; trusted, not checked against ``nbr``
+            (docs/kernel-maps.md), as by every op that takes both tables.
     """
     require_cpu("pool_sum", feats, nbr, rev)
     check_pool_args("pool_sum", feats, nbr, rev)
