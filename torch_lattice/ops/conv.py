@@ -15,6 +15,10 @@ the weight gradient ``lattice::pair_conv_weight_grad``.  The reversed pairs
 default to ``reverse_pairs`` of the forward pairs, so no second pair list is built
 from a neighbour table.
 
+Both weight-gradient ops have autograd too (bilinear in features and output gradient:
+their gradients are a forward and an input-gradient convolution), so double backward,
+as gradient penalties take it, works in every dataflow.
+
 Each op's body is its CPU kernel; the CUDA kernels are registered by
 :mod:`torch_lattice.ops.conv_cuda`.  Each op checks shapes and map formats once,
 with the ``check_*`` function of its name here, on either device; the functional
@@ -39,7 +43,7 @@ from torch_lattice.ops._runtime import (
     require_cpu,
     threads,
 )
-from torch_lattice.ops.kmap import reverse_pairs
+from torch_lattice.ops.kmap import reverse_pairs, reverse_table
 
 __all__ = [
     "TileLists",
@@ -317,6 +321,42 @@ def _backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
 
 sparse_conv.register_autograd(_backward, setup_context=_setup_context)
 
+
+# ---- double backward: the weight gradients are bilinear in (feats, grad_out) ----
+# dw[n] = sum_o feats[nbr[o, n]]^T dy[o], so for an incoming gradient G of dw the
+# gradient of feats is the input-gradient convolution of dy with weights G^T (over the
+# reversed relation) and that of dy the forward convolution of feats with weights G.
+# Both are the ops above, with autograd, so higher derivatives work too.
+
+
+def _wgrad_setup_context(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
+    feats, grad_out, nbr, allow_tf32 = inputs
+    ctx.allow_tf32 = allow_tf32
+    ctx.n_in = feats.shape[0]
+    ctx.dtypes = (feats.dtype, grad_out.dtype)
+    ctx.save_for_backward(
+        feats if ctx.needs_input_grad[1] else None,
+        grad_out if ctx.needs_input_grad[0] else None,
+        nbr,
+    )
+
+
+def _wgrad_backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+    feats, grad_out, nbr = ctx.saved_tensors
+    x_dtype, dy_dtype = ctx.dtypes
+    g = grad.to(x_dtype)
+    # The reversed table is built here, once: this op is given nbr alone.
+    rev = reverse_table(nbr, ctx.n_in)
+    grad_feats = grad_dy = None
+    if ctx.needs_input_grad[0]:
+        gt = g.transpose(1, 2).contiguous()
+        grad_feats = sparse_conv(grad_out.to(x_dtype).contiguous(), gt, rev, nbr, ctx.allow_tf32)
+    if ctx.needs_input_grad[1]:
+        grad_dy = sparse_conv(feats, g.contiguous(), nbr, rev, ctx.allow_tf32).to(dy_dtype)
+    return grad_feats, grad_dy, None, None
+
+
+sparse_conv_weight_grad.register_autograd(_wgrad_backward, setup_context=_wgrad_setup_context)
 
 
 # ---- tile lists kept beside each table (csrc/core/tl_tile_lists.h) ----
@@ -668,3 +708,43 @@ def _pair_backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, .
 
 
 pair_conv.register_autograd(_pair_backward, setup_context=_pair_setup_context)
+
+
+def _pair_wgrad_setup_context(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
+    feats, grad_out, offsets, pair_in, pair_out, gather, allow_tf32 = inputs
+    ctx.gather, ctx.allow_tf32 = gather, allow_tf32
+    ctx.n_in, ctx.n_out = feats.shape[0], grad_out.shape[0]
+    ctx.dtypes = (feats.dtype, grad_out.dtype)
+    ctx.save_for_backward(
+        feats if ctx.needs_input_grad[1] else None,
+        grad_out if ctx.needs_input_grad[0] else None,
+        offsets,
+        pair_in,
+        pair_out,
+    )
+
+
+def _pair_wgrad_backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+    # As _wgrad_backward (bilinear), over the pairs and their reversal.
+    feats, grad_out, off, pin, pout = ctx.saved_tensors
+    x_dtype, dy_dtype = ctx.dtypes
+    g = grad.to(x_dtype)
+    roff, rin, rout = reverse_pairs(off, pin, pout)
+    grad_feats = grad_dy = None
+    if ctx.needs_input_grad[0]:
+        gt = g.transpose(1, 2).contiguous()
+        dy = grad_out.to(x_dtype).contiguous()
+        grad_feats = pair_conv(
+            dy, gt, roff, rin, rout, off, pin, pout, ctx.n_in, ctx.gather, ctx.allow_tf32
+        )
+    if ctx.needs_input_grad[1]:
+        grad_dy = pair_conv(
+            feats, g.contiguous(), off, pin, pout, roff, rin, rout, ctx.n_out, ctx.gather,
+            ctx.allow_tf32,
+        ).to(dy_dtype)  # fmt: skip
+    return (grad_feats, grad_dy) + (None,) * 5
+
+
+pair_conv_weight_grad.register_autograd(
+    _pair_wgrad_backward, setup_context=_pair_wgrad_setup_context
+)

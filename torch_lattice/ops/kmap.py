@@ -24,7 +24,15 @@ import torch
 from torch_lattice.geometry import ConvGeometry
 from torch_lattice.locked_cache import get_or_build
 from torch_lattice.memory_budget import check_allocation
-from torch_lattice.ops._runtime import _C, check_coords, check_tensor, ptr, require_cpu, threads
+from torch_lattice.ops._runtime import (
+    _C,
+    call_args,
+    check_coords,
+    check_tensor,
+    ptr,
+    require_cpu,
+    threads,
+)
 
 __all__ = [
     "DENSE_SLOTS_PER_PAIR",
@@ -43,6 +51,7 @@ __all__ = [
     "kernel_pairs",
     "neighbour_table",
     "reverse_pairs",
+    "reverse_table",
     "sparse_table",
 ]
 
@@ -84,6 +93,28 @@ def bad_table_entries(op: str, cause: object = None) -> str:
         f"lattice::{op}: every entry of the table nbr must be -1 (no neighbour) or an "
         f"input row in [0, N_in){why}"
     )
+
+
+def reverse_table(nbr: torch.Tensor, n_in: int) -> torch.Tensor:
+    """The ``(n_in, K)`` int32 transpose ``rev`` of a checked ``(N_out, K)`` table, on its
+    device (what ``kernel_map`` returns beside ``nbr``), for callers that hold ``nbr``
+    alone: the double backward of ``lattice::sparse_conv_weight_grad``.
+
+    Raises:
+        ValueError: (a ``MemoryBudgetError``) the table would exceed the memory budget,
+            or (from C) an entry of ``nbr`` outside ``[-1, n_in)``.
+    """
+    n_out, k = nbr.shape
+    check_allocation(f"reversed neighbour table ({n_in} rows x {k} kernel rows, int32)",
+                     n_in * k * 4)  # fmt: skip
+    nbr = nbr.contiguous()
+    rev = torch.empty((n_in, k), dtype=torch.int32, device=nbr.device)
+    if nbr.device.type == "cuda":
+        index, stream = call_args(nbr.device)
+        _C.cuda_kmap_reverse(index, stream, ptr(nbr), n_out, k, n_in, ptr(rev))
+    else:
+        _C.kmap_reverse(ptr(nbr), n_out, k, n_in, ptr(rev), threads())
+    return rev
 
 
 @torch.library.custom_op("lattice::kernel_pairs", mutates_args=())

@@ -212,3 +212,23 @@ def _max_backward(ctx: Any, grad: torch.Tensor, _grad_arg: Any) -> tuple[Any, ..
 
 
 pool_max.register_autograd(_max_backward, setup_context=_max_setup)
+
+
+# Double backward: pool_max_backward is linear in its grad given the argmax, dx[i, c] =
+# sum of grad[o, c] over the o whose maximum is row i, so the gradient of grad is the
+# incoming gradient read back at each maximum's row (0 where there is none).
+
+
+def _max_backward_setup(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
+    _, _, argmax = inputs
+    ctx.save_for_backward(argmax)
+
+
+def _max_backward_backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+    (argmax,) = ctx.saved_tensors
+    rows = argmax.clamp_min(0).long()
+    picked = torch.gather(grad, 0, rows) if grad.shape[0] else grad.new_zeros(rows.shape)
+    return picked * (argmax >= 0).to(grad.dtype), None, None
+
+
+pool_max_backward.register_autograd(_max_backward_backward, setup_context=_max_backward_setup)
