@@ -42,7 +42,9 @@ def validate_coords(coords: Any, name: str = "coords", *, feats: Any = None) -> 
     Rows are ``[batch, x, y, z]``: non-negative, unique, within int32. The result
     never shares memory with ``coords``: it is copied *before* it is checked, so no
     later (or concurrent) edit of the caller's tensor reaches the checked rows or any
-    support and kernel map built from them.  ``feats``, the argument given beside the
+    support and kernel map built from them.  The copy is a normal tensor even under
+    ``torch.inference_mode``, so its version counter tracks in-place edits.  ``feats``,
+    the argument given beside the
     coordinates (if any), only sharpens the error for float coordinates: an integer
     ``(N, 4)`` ``feats`` means the two were swapped.
 
@@ -70,15 +72,19 @@ def validate_coords(coords: Any, name: str = "coords", *, feats: Any = None) -> 
                          "(an expanded view with row stride 0)")
     check_allocation(f"copying {name} ({coords.shape[0]} rows)",
                      coords.numel() * (coords.element_size() + 4))
-    # One copy, taken first: the checks below and everything after read only it.
-    owned = coords.clone(memory_format=torch.contiguous_format)
+    # One copy, taken first: the checks below and everything after read only it. Made
+    # outside inference mode, so even under torch.inference_mode it is a normal tensor
+    # whose version counter reveals a later in-place edit (Support.check_unchanged).
+    with torch.inference_mode(False):
+        owned = coords.clone(memory_format=torch.contiguous_format)
     if owned.numel():
         lo, hi = int(owned.min()), int(owned.max())
         if lo < 0:
             raise ValueError(f"{name} must be non-negative, found {lo}")
         if hi > _INT32_MAX:
             raise ValueError(f"{name} must fit in int32 (<= {_INT32_MAX}), found {hi}")
-    out = owned.to(torch.int32)
+    with torch.inference_mode(False):
+        out = owned.to(torch.int32)
     dup = _find_duplicate(out)
     if dup >= 0:
         row = out[dup].tolist()
@@ -161,20 +167,28 @@ class Support:
     stable: bool = False
     # grid_range() when inferred from coords: one reduction per support, not per layer call.
     _inferred_range: Triple | None = field(default=None, init=False, repr=False)
-    # coords' in-place version when the support was made (None: not tracked, e.g. an
-    # inference-mode tensor); a cached map of edited rows would be silently wrong.
-    _version: int | None = field(default=None, init=False, repr=False)
+    # coords' in-place version when the support was made; a cached map of edited rows
+    # would be silently wrong.
+    _version: int = field(default=0, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self._version = _tensor_version(self.coords)
+        if self.coords.is_inference():
+            # Rows made under torch.inference_mode (a generated support, a moved tensor)
+            # have no version counter, so an edit through ``x.coords`` would go unseen:
+            # keep a normal copy instead. One O(N) copy per support, nothing per call
+            # (a per-call fingerprint would rescan every row on every layer call).
+            with torch.inference_mode(False):
+                self.coords = self.coords.clone()
+        self._version = self.coords._version
 
     def check_unchanged(self) -> None:
-        """Raises if ``coords`` was edited in place since the support was made.
+        """Raises if ``coords`` was edited in place since the support was made (under
+        ``torch.inference_mode`` too: the stored rows are never an inference tensor).
 
         Raises:
             ValueError: the rows changed (cached supports and maps would be stale).
         """
-        if self._version is not None and _tensor_version(self.coords) != self._version:
+        if self.coords._version != self._version:
             raise ValueError(
                 "coords of this SparseTensor were modified in place after it was built; "
                 "coordinates are immutable (cached kernel maps depend on them): build a new "
@@ -205,13 +219,6 @@ class Support:
         if self.spatial_range is not None:
             return self.spatial_range[0]
         return int(self.coords[:, 0].max()) + 1 if self.num_rows else 0
-
-
-def _tensor_version(t: torch.Tensor) -> int | None:
-    try:
-        return int(t._version)
-    except RuntimeError:  # inference tensors keep no version counter
-        return None
 
 
 # Cached entries that involve a single-call support (see Support.stable), per manager.

@@ -173,3 +173,63 @@ def test_an_expanded_coordinate_view_is_refused_before_it_is_copied() -> None:
             validate_coords(wide)
     finally:
         tl.set_memory_budget(previous)
+
+
+def _subm_ones() -> tl.nn.SubmConv3d:
+    m = tl.nn.SubmConv3d(1, 1)
+    m.weight.data.fill_(1)
+    return m
+
+
+# Row 3 moved next to rows 0-2 (a stale map misses the new neighbours), or out of range.
+@pytest.mark.parametrize("moved", [[0, 0, 1, 0], [0, 5, 0, 0]], ids=["inside", "outside_range"])
+def test_editing_the_stored_rows_under_inference_mode_is_refused(moved: list[int]) -> None:
+    coords = torch.tensor([[0, 0, 0, 0], [0, 1, 0, 0], [0, 1, 1, 1], [1, 2, 2, 2]],
+                          dtype=torch.int32)
+    m = _subm_ones()
+    with torch.inference_mode():
+        x = tl.SparseTensor(torch.ones(4, 1), coords, spatial_range=(2, 3, 3, 3))
+        m(x)
+        x.coords[3] = torch.tensor(moved, dtype=torch.int32)
+        with pytest.raises(ValueError, match="modified in place"):
+            m(x)
+    with pytest.raises(ValueError, match="modified in place"):
+        m(x)  # and after leaving inference mode
+
+
+def test_editing_the_stored_rows_before_the_first_call_under_inference_mode() -> None:
+    with torch.inference_mode():
+        x = tl.SparseTensor(torch.ones(30, 1), _coords())
+        x.coords[0, 1] += 1
+        with pytest.raises(ValueError, match="modified in place"):
+            _subm_ones()(x)
+
+
+def test_supports_made_under_inference_mode_track_edits() -> None:
+    # Generated rows (a strided convolution's output, voxelized points) are made by ops
+    # under inference mode too; an edit through .coords must still be seen.
+    down = tl.nn.Conv3d(1, 1, kernel_size=2, stride=2)
+    with torch.inference_mode():
+        x = tl.SparseTensor(torch.ones(30, 1), _coords())
+        y = down(x)
+        assert not y.coords.is_inference()
+        _subm_ones()(y)
+        y.coords[0, 1] += 7
+        with pytest.raises(ValueError, match="modified in place"):
+            _subm_ones()(y)
+        v = tl.voxelize(torch.rand(50, 3) * 4, torch.ones(50, 1))
+        _subm_ones()(v)
+        v.coords[0, 1] += 9
+        with pytest.raises(ValueError, match="modified in place"):
+            _subm_ones()(v)
+
+
+def test_inference_mode_results_match_a_fresh_tensor() -> None:
+    coords, feats = _coords(), torch.randn(30, 2, dtype=torch.float64)
+    w = _weight(27)
+    want = F.subm_conv3d(tl.SparseTensor(feats, coords), w, None, 3, 1).feats
+    with torch.inference_mode():
+        x = tl.SparseTensor(feats, coords)
+        got = [F.subm_conv3d(x, w, None, 3, 1).feats for _ in range(2)]
+    for g in got:
+        torch.testing.assert_close(g, want, rtol=0, atol=0)

@@ -115,3 +115,17 @@ def test_pair_lists_key_on_offsets(fake: FakeC) -> None:
     conv_cuda._derived("fetch_on_demand", True, 1, SIZES, None, pairs, 10)
     conv_cuda._derived("fetch_on_demand", True, 1, (*SIZES[:3], 64, 64), None, pairs, 10)
     assert len(fake.derived) == 3
+
+
+def test_a_map_made_under_inference_mode_is_kept(fake: FakeC) -> None:
+    # An inference tensor has no version counter (reading it raises): the map is taken as
+    # unchanged, as the CPU's tile lists do, instead of failing the call.
+    with torch.inference_mode():
+        nbr = _table()
+        first = _derive(nbr)
+        assert _derive(nbr) is first
+    assert len(fake.derived) == 1
+    offsets = torch.zeros(SIZES[2] + 1, dtype=torch.int64)
+    with torch.inference_mode():
+        ranges = conv_cuda._row_ranges(offsets.clone())
+    assert ranges == []

@@ -142,11 +142,18 @@ def _check_dtype(op: str, a: torch.Tensor, b: torch.Tensor | None = None) -> Non
         )
 
 
+def _version(t: torch.Tensor) -> int:
+    """``t``'s version counter, or -1 for an inference tensor, which has none (reading
+    ``_version`` raises): a map built under ``torch.inference_mode`` must not be modified
+    in place after its first call, as for the CPU's tile lists (``conv._state``)."""
+    return -1 if t.is_inference() else t._version
+
+
 def _kept(t: torch.Tensor, name: str) -> object | None:
     """What :func:`_keep` kept on ``t`` under ``name``, or None where nothing was or ``t``
     changed in place since."""
     kept = getattr(t, name, None)
-    return kept[1] if kept is not None and kept[0] == t._version else None
+    return kept[1] if kept is not None and kept[0] == _version(t) else None
 
 
 def _keep(t: torch.Tensor, name: str, compute: Callable[[], T]) -> T:
@@ -157,7 +164,7 @@ def _keep(t: torch.Tensor, name: str, compute: Callable[[], T]) -> T:
     if kept is not None:
         return kept  # type: ignore[return-value]
     value = compute()
-    setattr(t, name, (t._version, value))
+    setattr(t, name, (_version(t), value))
     return value
 
 
