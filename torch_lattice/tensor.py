@@ -13,6 +13,7 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from multiprocessing.reduction import ForkingPickler
 from typing import Any, TypeVar
 
 import torch
@@ -195,6 +196,14 @@ class Support:
                 "SparseTensor from the edited rows instead"
             )
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Rows, stride and range only; the manager pickles as a fresh, empty one (its
+        # caches, lock and weak tables belong to this process), shared by the supports of
+        # one manager within one pickle or deepcopy (the memo), so tensors that shared a
+        # support still share one. Checked again on loading (_rebuild_support).
+        return (_rebuild_support,
+                (self.coords, self.stride, self.spatial_range, self.manager, self.stable))
+
     @property
     def num_rows(self) -> int:
         """``N``, the number of coordinate rows."""
@@ -264,6 +273,9 @@ class CoordinateManager:
     support and map once (the others wait, then take the cached entry).  The
     C builders release the GIL, so without the lock every thread that missed
     would build the entry again.
+
+    Pickling or copying a manager (``copy.copy`` too) gives a new, empty one: caches,
+    derivations and the lock are never copied.
     """
 
     # One table per kind of entry (CACHE_KINDS), for stable supports.
@@ -287,6 +299,11 @@ class CoordinateManager:
     # ``cached``; for tests and profiling.
     builds: int = 0
     _lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Caches are not copied: kernel maps are rebuilt on first use in the copy, and a
+        # deepcopy shares no mutable state (nor the lock) with the original.
+        return (_new_manager, ())
 
     def new_support(
         self, coords: torch.Tensor, stride: Triple, spatial_range: RangeT | None,
@@ -423,6 +440,16 @@ class SparseTensor:
         spatial_range: ``None`` or ``(B, X, Y, Z)`` (an int is broadcast);
             every coordinate must lie inside it.
 
+    Pickling and copying (``torch.save``/``torch.load``, ``pickle``, ``copy.deepcopy``,
+    ``DataLoader`` workers) keep ``feats`` (as torch pickles a tensor; a deepcopy of
+    non-leaf features raises, as torch's does), ``coords``, ``stride`` and
+    ``spatial_range``. The coordinate manager is not copied: the copy gets a new, empty
+    one (cached kernel maps are rebuilt on first use, and the Conv3d history that
+    ``ConvTranspose3d(src)`` without a target reads is gone); tensors copied or pickled
+    together that shared a support share one again. Loaded rows are checked as here.
+    ``copy.copy`` shares the support. See docs/concepts.md, "Saving, copying and data
+    loaders".
+
     Raises:
         TypeError: a wrong type (not a tensor, integer features, float coordinates).
         ValueError: a broken rule (shape, negative or repeated rows, a row
@@ -447,14 +474,7 @@ class SparseTensor:
                 f"got {feats.device} and {coords.device}"
             )
         srange = _spatial_range(spatial_range)
-        if srange is not None and coords32.shape[0]:
-            hi = coords32.amax(dim=0).tolist()
-            for axis, (h, r) in enumerate(zip(hi, srange, strict=True)):
-                if h >= r:
-                    name = "bxyz"[axis]
-                    raise ValueError(
-                        f"coords must lie inside spatial_range {srange}: {name}={h} >= {r}"
-                    )
+        _check_in_range(coords32, srange)
         support = CoordinateManager().new_support(
             coords32, triple("stride", stride, 1), srange, stable=True
         )
@@ -527,6 +547,16 @@ class SparseTensor:
 
     def __len__(self) -> int:
         return int(self._feats.shape[0])
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Features as torch pickles them (requires_grad kept, a non-leaf's graph not; a
+        # deepcopy of a non-leaf raises as torch does), and the support (Support.__reduce__).
+        # Nothing here raises; features torch will not send to another process are
+        # handled by _reduce_for_process, so a DataLoader worker never drops a sample.
+        args: tuple[Any, ...] = (self._feats, self._support)
+        if type(self) is not SparseTensor:
+            args += (type(self),)
+        return (_rebuild_sparse_tensor, args)
 
     # --- derived tensors --------------------------------------------------
     def replace(self, feats: torch.Tensor) -> SparseTensor:
@@ -619,6 +649,114 @@ class SparseTensor:
             f"stride={self.stride}, spatial_range={self.spatial_range}, "
             f"dtype={self.dtype}, device={self.device})"
         )
+
+
+def _check_in_range(coords: torch.Tensor, srange: RangeT | None) -> None:
+    """Raises ``ValueError`` unless every row of ``coords`` lies inside ``srange``."""
+    if srange is not None and coords.shape[0]:
+        hi = coords.amax(dim=0).tolist()
+        for axis, (h, r) in enumerate(zip(hi, srange, strict=True)):
+            if h >= r:
+                name = "bxyz"[axis]
+                raise ValueError(
+                    f"coords must lie inside spatial_range {srange}: {name}={h} >= {r}"
+                )
+
+
+def _new_manager() -> CoordinateManager:
+    """What an unpickled or copied manager is: a new, empty one."""
+    return CoordinateManager()
+
+
+def _rebuild_support(coords: Any, stride: Any, spatial_range: Any, manager: Any,
+                     stable: Any) -> Support:
+    """Unpickles a :class:`Support`. Every field is checked as ``SparseTensor()`` checks
+    it, since the file may be untrusted (``torch.load(weights_only=True)`` calls this).
+
+    Raises:
+        TypeError: a field of the wrong type.
+        ValueError: rows, stride or range breaking ``SparseTensor``'s rules.
+    """
+    if not isinstance(manager, CoordinateManager):
+        raise TypeError(f"manager must be a CoordinateManager, got {type(manager).__name__}")
+    if not isinstance(stable, bool):
+        raise TypeError(f"stable must be a bool, got {type(stable).__name__}")
+    coords32 = validate_coords(coords)
+    srange = _spatial_range(spatial_range)
+    _check_in_range(coords32, srange)
+    return manager.new_support(coords32, triple("stride", stride, 1), srange, stable=stable)
+
+
+def _rebuild_sparse_tensor(feats: Any, support: Any,
+                           cls: type[SparseTensor] = SparseTensor) -> SparseTensor:
+    """Unpickles a :class:`SparseTensor` over a support from :func:`_rebuild_support`.
+
+    Raises:
+        TypeError: ``support`` is not a Support, ``cls`` not a SparseTensor class, or
+            ``feats`` not a floating tensor.
+        ValueError: ``feats`` of the wrong shape or on another device than the rows.
+    """
+    if not (isinstance(cls, type) and issubclass(cls, SparseTensor)):
+        raise TypeError(f"cls must be a SparseTensor class, got {cls!r}")
+    if not isinstance(support, Support):
+        raise TypeError(f"support must be a Support, got {type(support).__name__}")
+    _check_feats(feats, support.num_rows)
+    if feats.device != support.coords.device:
+        raise ValueError(
+            "feats and coords must be on the same device, "
+            f"got {feats.device} and {support.coords.device}"
+        )
+    return cls.from_support(feats, support)
+
+
+# torch.load's default (weights_only=True) loads a SparseTensor: these rebuild functions
+# check what they are given, so allowing them keeps that loader safe.
+torch.serialization.add_safe_globals([_rebuild_sparse_tensor, _rebuild_support, _new_manager])
+
+
+# ---- to another process (multiprocessing, DataLoader workers) ----
+#
+# A worker pickles its samples in a queue's feeder thread; an error there is printed in the
+# worker and the sample is dropped, so the DataLoader waits forever. So nothing raises
+# while a SparseTensor is pickled for another process: what would (features that are a
+# non-leaf requiring grad, which torch refuses to send) is sent as an error raised where the
+# tensor is loaded, which the DataLoader re-raises.
+
+
+def _refuse_in_process(message: str) -> None:
+    """Raises ``RuntimeError(message)`` where a refused tensor is unpickled."""
+    raise RuntimeError(message)
+
+
+def _reduce_for_process(x: SparseTensor) -> tuple[Any, ...]:
+    feats = x.feats
+    if feats.requires_grad and not feats.is_leaf:
+        return (_refuse_in_process, (
+            "a SparseTensor whose feats are a non-leaf that requires grad cannot be sent to "
+            "another process (autograd does not cross process boundaries); send "
+            "x.detach() instead",
+        ))
+    return x.__reduce__()
+
+
+def _rebuild_shared_support(coords: torch.Tensor, stride: Triple,
+                            spatial_range: RangeT | None, manager: CoordinateManager,
+                            stable: bool) -> Support:
+    """A support from another process of this program, whose rows were checked when it
+    was built: copied (the sent tensor's memory is shared with the sender, whose edits
+    this process's version counter would not see), not checked again."""
+    with torch.inference_mode(False):
+        owned = coords.clone(memory_format=torch.contiguous_format)
+    return manager.new_support(owned, stride, spatial_range, stable=stable)
+
+
+def _reduce_support_for_process(s: Support) -> tuple[Any, ...]:
+    return (_rebuild_shared_support,
+            (s.coords, s.stride, s.spatial_range, s.manager, s.stable))
+
+
+ForkingPickler.register(SparseTensor, _reduce_for_process)
+ForkingPickler.register(Support, _reduce_support_for_process)
 
 
 def _check_feats(feats: Any, rows: int) -> None:

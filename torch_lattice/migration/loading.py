@@ -210,8 +210,9 @@ def read_legacy_checkpoint(path: str | Path) -> LegacyCheckpoint:
 
     The file is read once; its bytes are hashed and then unpickled with
     ``torch.load(..., weights_only=True, map_location="cpu")``, which only rebuilds
-    tensors, containers and primitives, so a pickle that names any other callable is
-    refused before that callable runs.
+    tensors, containers and primitives (and Torch Lattice's ``SparseTensor``, whose
+    rebuild checks every field; never a model weight), so a pickle that names any other
+    callable is refused before that callable runs.
 
     Raises:
         ConversionError: missing or unreadable file, or an unrecognized container.
