@@ -129,11 +129,18 @@ def _spatial_range(value: Any) -> RangeT | None:
     if value is None:
         return None
     if isinstance(value, torch.Tensor):
-        value = value.tolist()
+        # Sized first: tolist() of an expanded view (a pickle's zeros(1).expand(10**10))
+        # would build the whole list before the length is checked.
+        if value.numel() not in (1, 4):
+            raise ValueError(f"spatial_range must be None, an int or (B, X, Y, Z), got a "
+                             f"tensor of shape {tuple(value.shape)}")
+        value = value.tolist() if value.numel() == 4 else value.item()
     if isinstance(value, int) and not isinstance(value, bool):
         value = (value,) * 4
     if not isinstance(value, Sequence) or len(value) != 4:
-        raise ValueError(f"spatial_range must be None, an int or (B, X, Y, Z), got {value!r}")
+        shown = value if not isinstance(value, Sequence) or len(value) <= 8 else (
+            f"a sequence of {len(value)} values")
+        raise ValueError(f"spatial_range must be None, an int or (B, X, Y, Z), got {shown!r}")
     out = []
     for v in value:
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -548,6 +555,10 @@ class SparseTensor:
     def __len__(self) -> int:
         return int(self._feats.shape[0])
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        _register_subclass(cls)
+
     def __reduce__(self) -> tuple[Any, ...]:
         # Features as torch pickles them (requires_grad kept, a non-leaf's graph not; a
         # deepcopy of a non-leaf raises as torch does), and the support (Support.__reduce__).
@@ -757,6 +768,12 @@ def _reduce_support_for_process(s: Support) -> tuple[Any, ...]:
 
 ForkingPickler.register(SparseTensor, _reduce_for_process)
 ForkingPickler.register(Support, _reduce_support_for_process)
+
+
+def _register_subclass(cls: type[SparseTensor]) -> None:
+    """ForkingPickler dispatches on the exact type: each subclass is registered too
+    (SparseTensor.__init_subclass__), so none can hang a DataLoader either."""
+    ForkingPickler.register(cls, _reduce_for_process)
 
 
 def _check_feats(feats: Any, rows: int) -> None:

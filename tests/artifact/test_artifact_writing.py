@@ -214,7 +214,8 @@ def test_only_the_exporters_exact_temporary_names_are_cleaned(tmp_path: Path) ->
                   f".a.0{dead}.0badcafe.tmp",  # no pid is written with a leading zero
                   f".a.{dead}.0BADCAFE.tmp",
                   ".a." + str(dead).translate(str.maketrans("0123456789", "٠١٢٣٤٥٦٧٨٩"))
-                  + ".0badcafe.tmp"]  # int() reads Arabic-Indic digits too
+                  + ".0badcafe.tmp",  # int() reads Arabic-Indic digits too
+                  ".a.99999999999999999999.0badcafe.tmp"]  # no pid (os.kill: OverflowError)
     for name in lookalikes:
         _artifact_files(tmp_path / name)
     before = _tree(tmp_path)

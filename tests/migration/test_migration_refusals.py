@@ -91,11 +91,14 @@ def test_optimizer_state_is_refused_at_any_depth(work: Path, nest: str,
                   "tuple": (1, {"inner": [opt.state_dict()]})}[nest]
     torch.save({"model": _state(), "extra": saved}, work / "nested.pt")
     _refused(capsys, _argv(work, "nested.pt"), "optimizer state under 'extra'")
-    torch.save({"model": _state(), "train": {"optimizer": {"lr": 0.1}}}, work / "named.pt")
-    _refused(capsys, _argv(work, "named.pt"), "optimizer state under 'train'['optimizer']")
-    # Names alone hold no state: {"optimizer": "adam"} at any depth passes.
-    torch.save({"model": _state(), "config": {"optimizer": "adam"}}, work / "fine.pt")
-    assert cli.main(_argv(work, "fine.pt")) == 0
+    # Below the top level only an optimizer state dict's shape counts, not a name: a
+    # hyper-parameter or metric container may well be called "optimizer".
+    for extra in ({"config": {"optimizer": {"lr": 0.1}}}, {"metrics": {"optimal_iou": [0.5]}},
+                  {"config": {"optimizer": "adam"}}):
+        torch.save({"model": _state(), **extra}, work / "fine.pt")
+        assert cli.main(_argv(work, "fine.pt")) == 0
+        (work / "out.safetensors").unlink()
+        (work / "out.json").unlink()
 
 
 _MAGIC = 0x1950A86A20F9469CFC6C  # torch's pre-zip magic number
@@ -105,27 +108,33 @@ class _Storage:
     pass
 
 
-def _prezip_claiming(numel: int) -> bytes:
-    """A pre-zip checkpoint holding one 4-float tensor whose storage claims ``numel``
-    floats (4 are stored)."""
-    storage = _Storage()
+def _prezip_claiming(*claims: int) -> bytes:
+    """A pre-zip checkpoint of 4-float tensors, one per claim, all over the storage of
+    key "0", which each names as ``claim`` floats (4 are stored): torch allocates the
+    first claim."""
+    storages = [_Storage() for _ in claims]
 
     class Tensor:
+        def __init__(self, storage: _Storage) -> None:
+            self.storage = storage
+
         def __reduce__(self) -> Any:
             return (torch._utils._rebuild_tensor_v2,
-                    (storage, 0, (4,), (1,), False, collections.OrderedDict()))
+                    (self.storage, 0, (4,), (1,), False, collections.OrderedDict()))
 
     class Pickler(pickle.Pickler):
         def persistent_id(self, obj: Any) -> Any:
-            if obj is storage:
-                return ("storage", torch.FloatStorage, "0", "cpu", numel, None)
+            for storage, numel in zip(storages, claims, strict=True):
+                if obj is storage:
+                    return ("storage", torch.FloatStorage, "0", "cpu", numel, None)
             return None
 
     buf = io.BytesIO()
     for header in (_MAGIC, 1001, {"protocol_version": 1001, "little_endian": True,
                                   "type_sizes": {"short": 2, "int": 4, "long": 4}}):
         pickle.dump(header, buf, protocol=2)
-    Pickler(buf, protocol=2).dump({"model": {"bn.bias": Tensor()}})
+    Pickler(buf, protocol=2).dump(
+        {"model": {f"bn{i}.bias": Tensor(storage) for i, storage in enumerate(storages)}})
     pickle.dump(["0"], buf, protocol=2)
     buf.write(struct.pack("<q", 4) + b"\0" * 16)
     return buf.getvalue()
@@ -136,11 +145,13 @@ def test_a_prezip_storage_claim_beyond_the_file_is_refused_before_torch_allocate
     (work / "spec.json").write_text("{}")
     (work / "fits.pt").write_bytes(_prezip_claiming(4))
     assert cli.main(_argv(work, "fits.pt")) == 0  # the hand-made file is a valid one
-    for numel in (2**31, 2**33):  # 8 and 32 GiB claimed by a file of a few hundred bytes
-        (work / "claims.pt").write_bytes(_prezip_claiming(numel))
+    # 8 and 32 GiB claimed by a file of a few hundred bytes; a later, small mention of
+    # the same storage does not hide the first (the one torch allocates).
+    for claims in ((2**31,), (2**33,), (2**33, 4)):
+        (work / "claims.pt").write_bytes(_prezip_claiming(*claims))
         assert (work / "claims.pt").stat().st_size < 1000
         _refused(capsys, _argv(work, "claims.pt", "big.safetensors"),
-                 f"claim {numel * 4} bytes of storage")
+                 f"claim {claims[0] * 4} bytes of storage")
     assert not (work / "big.safetensors").exists()
 
 
@@ -206,12 +217,16 @@ def test_force_keeps_both_old_outputs_when_the_manifest_cannot_be_placed(
     assert _files(work) == before  # the old weights and manifest, and nothing else
 
 
-@pytest.mark.parametrize("swap", [True, False], ids=["exchange", "link"])
+@pytest.mark.parametrize("keep", ["exchange", "link", "copy"])
 def test_force_replaces_both_outputs_and_keeps_no_old_copy(
-        work: Path, swap: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+        work: Path, keep: str, monkeypatch: pytest.MonkeyPatch) -> None:
     before = _converted_twice(work)
-    if not swap:
+    if keep != "exchange":
         monkeypatch.setattr(writing, "exchange_paths", lambda a, b: False)
+    if keep == "copy":  # a file system without hard links
+        def no_link(*args: Any, **kwargs: Any) -> None:
+            raise PermissionError(1, "Operation not permitted")
+        monkeypatch.setattr(writing.os, "link", no_link)
     assert cli.main(_argv(work, "legacy.pt", "out.safetensors", "--force")) == 0
     after = _files(work)
     assert set(after) == set(before)
@@ -243,3 +258,23 @@ def test_a_tensor_safetensors_cannot_write_is_a_refusal(
     monkeypatch.setattr(writing, "save_file", save_file)
     _refused(capsys, _argv(work), "cannot write the converted tensors as safetensors")
     assert set(_files(work)) == {"legacy.pt", "spec.json"}
+
+
+def test_sigterm_while_outputs_are_placed_waits_until_both_are(
+        work: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    before = _converted_twice(work)
+    real_place = writing._place
+
+    def place(temp: Path, final: Path) -> Any:
+        done = real_place(temp, final)
+        os.kill(os.getpid(), signal.SIGTERM)  # held: handled once both are in place
+        return done
+
+    monkeypatch.setattr(writing, "_place", place)
+    assert cli.main(_argv(work, "legacy.pt", "out.safetensors", "--force")) == 143
+    assert "terminated (SIGTERM)" in capsys.readouterr().err
+    after = _files(work)
+    assert set(after) == set(before)  # no temporary or old copy left
+    assert after["out.safetensors"] != before["out.safetensors"]
+    assert after["out.json"] != before["out.json"]  # both new: never one of each

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import io
 import pickle
+from multiprocessing.reduction import ForkingPickler
 
 import pytest
 import torch
@@ -153,6 +154,19 @@ def test_a_subclass_keeps_its_class() -> None:
     assert type(copy.deepcopy(x)) is _Sub
 
 
+def test_a_subclass_goes_to_other_processes_as_the_class_does() -> None:
+    # ForkingPickler dispatches on the exact type: a subclass needs its own entry, or a
+    # sample autograd cannot send would fail in a worker's queue thread (a hung loader).
+    w = torch.randn(4, 1, requires_grad=True)
+    x = _Sub.from_support(w * 2, _tensor().support)
+    sent = ForkingPickler.dumps(x)
+    with pytest.raises(RuntimeError, match=r"non-leaf.*detach"):
+        pickle.loads(sent)
+    leaf = _Sub.from_support(w.detach() * 2, _tensor().support)
+    y = pickle.loads(ForkingPickler.dumps(leaf))
+    assert type(y) is _Sub and torch.equal(y.feats, leaf.feats)
+
+
 class _Forged:
     """Pickles as a SparseTensor with the given fields (a tampered or foreign file)."""
 
@@ -187,6 +201,9 @@ class _ForgedSupport:
     (_Forged(torch.randn(2, 1), COORDS[:2], stride=0), ValueError, "stride must be positive"),
     (_Forged(torch.randn(2, 1), COORDS[:2], srange=(1, 0, 2, 2)), ValueError,
      "spatial_range must hold positive ints"),
+    # one stored value, 10^10 of them claimed: refused by its size, never listed
+    (_Forged(torch.randn(2, 1), COORDS[:2], srange=torch.ones(1).expand(10**10)), ValueError,
+     r"got a tensor of shape \(10000000000,\)"),
 ])
 def test_loading_checks_the_rows_as_the_constructor_does(
     forged: _Forged, error: type[Exception], match: str

@@ -135,9 +135,10 @@ _TOKEN_BYTES = 4  # make_temporary's token: 8 hex digits
 
 
 def _pattern(target: Path) -> re.Pattern[str]:
-    # Exactly make_temporary's names (ASCII pid, no leading zero): a folder that only
-    # resembles one is not the exporter's and is never cleaned.
-    return re.compile(rf"\.{re.escape(target.name)}\.([1-9][0-9]*)\."
+    # Exactly make_temporary's names (ASCII pid, no leading zero, at most 10 digits: a
+    # longer one is no pid, and os.kill would raise OverflowError on it): a folder that
+    # only resembles one is not the exporter's and is never cleaned.
+    return re.compile(rf"\.{re.escape(target.name)}\.([1-9][0-9]{{0,9}})\."
                       rf"[0-9a-f]{{{2 * _TOKEN_BYTES}}}\.(tmp|old)")
 
 
@@ -203,7 +204,7 @@ def _process_alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except (PermissionError, OSError):  # someone else's process, or unknown: keep it
+    except (PermissionError, OSError, OverflowError):  # someone else's, or unknown: keep it
         return True
     return True
 

@@ -5,7 +5,8 @@ input (bad arguments, spec problems, optimizer state, unsafe pickle, a corrupted
 archive (bad CRC, duplicate entries), an expanded tensor, a size beyond the memory
 budget, an output path that is an input, existing output without ``--force``),
 reported as one ``error: ...`` line on stderr with nothing written; 143 ended by
-SIGTERM, after removing its temporary files (nothing written either).
+SIGTERM, after removing its temporary files (the outputs are both the previous ones, or
+absent, or, where it came while they were put in place, both complete).
 """
 
 from __future__ import annotations
@@ -77,7 +78,8 @@ def _cleanup_on_sigterm() -> Iterator[None]:
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        # None: a handler set outside Python, which cannot be put back from here.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -93,7 +95,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 force=args.force,
             )
     except _Terminated:
-        print("error: terminated (SIGTERM); nothing was written", file=sys.stderr)
+        print("error: terminated (SIGTERM); the outputs are either both the previous "
+              "ones (or absent) or both complete, and no temporary file is left",
+              file=sys.stderr)
         return EXIT_TERMINATED
     except (ConversionError, ValueError, TypeError) as exc:  # a refused input, or the budget
         print(f"error: {exc}", file=sys.stderr)

@@ -4,9 +4,9 @@ Container detection (:func:`extract_model_state`), in this order:
 
 1. The top level must be a mapping.
 2. Optimizer state anywhere is refused (:class:`OptimizerStateError`): the whole object
-   is an optimizer state dict (``state`` and ``param_groups``), or an entry holding a
-   container, at any depth of dicts, lists and tuples, is named like one (``optimizer``,
-   ``optim``, ...) or looks like one. ``None``, strings and numbers
+   is an optimizer state dict (``state`` and ``param_groups``), a top-level entry holding
+   a container is named like one (``optimizer``, ``optim``, ...), or a container at any
+   depth of dicts, lists and tuples looks like one. ``None``, strings and numbers
    (``{"optimizer": "adam"}``) hold no state.
 3. ``{"model": sd}`` or ``{"state_dict": sd}`` (``sd`` a mapping) unwraps ``sd``; other
    top-level entries (``epoch``, ``config``, ...) are reported as ignored. Both wrappers
@@ -97,21 +97,23 @@ def _refuse_optimizer_state(obj: Mapping[Any, Any]) -> None:
         )
     # Every container at any depth (checkpoints nest them: {"train": {"opt": ...}},
     # {"extra": [opt.state_dict()]}), walked without recursion and each once, so a
-    # deeply nested or self-referencing pickle cannot exhaust the stack.
-    pending: list[tuple[str, Any, Any]] = [(repr(k), k, v) for k, v in obj.items()]
+    # deeply nested or self-referencing pickle cannot exhaust the stack. A top-level name
+    # containing "optim" counts; deeper, only an optimizer state dict's own keys do (a
+    # {"config": {"optimizer": {"lr": ...}}} holds hyper-parameters, not state).
+    pending: list[tuple[str, Any, Any, bool]] = [(repr(k), k, v, True) for k, v in obj.items()]
     seen: set[int] = set()
     while pending:
-        where, key, value = pending.pop()
+        where, key, value, top = pending.pop()
         if not _holds_state(value) or id(value) in seen:
             continue
         seen.add(id(value))
-        if "optim" in str(key).lower() or _is_optimizer_state(value):
+        if (top and "optim" in str(key).lower()) or _is_optimizer_state(value):
             raise OptimizerStateError(
                 f"checkpoint holds optimizer state under {where}; only model state is "
                 f"converted (resuming training needs its own policy). Save the model state "
                 f"alone, e.g. torch.save({{'model': ckpt['model']}}, path), and convert that"
             )
-        pending += [(f"{where}[{k!r}]", k, v) for k, v in _children(value)]
+        pending += [(f"{where}[{k!r}]", k, v, False) for k, v in _children(value)]
 
 
 def extract_model_state(obj: Any) -> tuple[dict[str, Any], str, tuple[str, ...]]:

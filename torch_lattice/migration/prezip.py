@@ -54,7 +54,8 @@ class _Scan(pickle.Unpickler):
     """Unpickles with stand-ins, recording each storage's (key, bytes) it names."""
 
     def __init__(self, stream: io.BytesIO, storages: dict[Any, int]) -> None:
-        super().__init__(stream)
+        # latin1 reads any Python 2 byte string (torch's own reader decodes them too).
+        super().__init__(stream, encoding="latin1")
         self.storages = storages
 
     def find_class(self, module: str, name: str) -> Any:
@@ -70,7 +71,9 @@ class _Scan(pickle.Unpickler):
                 hash(key)
             except TypeError:
                 key = repr(key)
-            self.storages[key] = numel * size
+            # torch allocates a root storage where its key first appears and reuses it
+            # after, whatever later mentions claim: the first claim is the one to count.
+            self.storages.setdefault(key, numel * size)
         return _Stand()
 
 

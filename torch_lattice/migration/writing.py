@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shutil
+import signal
 import tempfile
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -112,12 +115,33 @@ class _Placed:
             self.old.unlink(missing_ok=True)
 
 
-def _backup_name(final: Path) -> Path:
-    fd, name = tempfile.mkstemp(prefix=f".{final.stem}.", suffix=f".old{final.suffix}",
+def _backup(final: Path) -> Path:
+    """A second name for ``final``'s current file, beside it, where the system cannot
+    swap two paths: a hard link to it (to a link, a link of its own), else a copy
+    written into a file made for it. Names are fresh: an existing one is never
+    written through."""
+    for _ in range(8):
+        name = final.parent / f".{final.stem}.{secrets.token_hex(8)}.old{final.suffix}"
+        try:
+            os.link(final, name, follow_symlinks=False)
+            return name
+        except FileExistsError:
+            continue  # someone took the name meanwhile: another one
+        except OSError:  # no hard links on this file system
+            break
+    if final.is_symlink():
+        name = final.parent / f".{final.stem}.{secrets.token_hex(8)}.old{final.suffix}"
+        os.symlink(os.readlink(final), name)  # fails (never follows) where the name exists
+        return name
+    fd, made = tempfile.mkstemp(prefix=f".{final.stem}.", suffix=f".old{final.suffix}",
                                 dir=final.parent)
-    os.close(fd)
-    os.unlink(name)
-    return Path(name)
+    try:
+        with os.fdopen(fd, "wb") as out, open(final, "rb") as old:
+            shutil.copyfileobj(old, out)
+    except BaseException:
+        os.unlink(made)
+        raise
+    return Path(made)
 
 
 def _place(temp: Path, final: Path) -> _Placed:
@@ -127,17 +151,39 @@ def _place(temp: Path, final: Path) -> _Placed:
         return _Placed(final, None, False)
     if exchange_paths(temp, final):
         return _Placed(final, temp, True)
-    backup = _backup_name(final)
-    try:
-        os.link(final, backup, follow_symlinks=False)
-    except OSError:  # no hard links here: a copy
-        shutil.copyfile(final, backup, follow_symlinks=False)
+    backup = _backup(final)
     try:
         os.replace(temp, final)
     except BaseException:
         backup.unlink(missing_ok=True)
         raise
     return _Placed(final, backup, False)
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM held while outputs are swapped in, put back or their old
+    versions removed: an exception raised by a handler between two of those steps would
+    leave the pair mixed. Their handlers are swapped for one that notes the signal, and
+    a noted signal is raised again on leaving, once the outputs are consistent, so the
+    handler the caller had (Ctrl-C's KeyboardInterrupt, the CLI's clean-up, the default
+    termination) runs then. (Blocking them with pthread_sigmask would not do: it holds
+    only this thread, and the kernel hands the signal to any other, e.g. OpenMP's.)
+    Python's handlers belong to the main thread; elsewhere nothing is held."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    arrived: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: arrived.append(signum))
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            # None: a handler set outside Python, which cannot be put back from here.
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+        for sig in dict.fromkeys(arrived):
+            signal.raise_signal(sig)
 
 
 def write_outputs(
@@ -154,12 +200,8 @@ def write_outputs(
     created = _make_parents(weights_path) + _make_parents(manifest_path)
     temps: list[Path] = []
     placed: list[_Placed] = []
-    try:
-        temps.append(write_beside(weights_path, _write_tensors(tensors, metadata)))
-        temps.append(write_beside(manifest_path, _write_text(manifest)))
-        for temp, final in zip(temps, (weights_path, manifest_path), strict=True):
-            placed.append(_place(temp, final))
-    except BaseException:
+
+    def clean_up() -> None:
         # The manifest failed after the weights were placed: put the previous
         # weights back (or take the new ones out), so the pair never mixes.
         for done in reversed(placed):
@@ -170,6 +212,19 @@ def write_outputs(
         for folder in created:
             with contextlib.suppress(OSError):
                 folder.rmdir()
+
+    try:
+        temps.append(write_beside(weights_path, _write_tensors(tensors, metadata)))
+        temps.append(write_beside(manifest_path, _write_text(manifest)))
+    except BaseException:
+        clean_up()
         raise
-    for done in placed:
-        done.drop_old()
+    with _signals_held():
+        try:
+            for temp, final in zip(temps, (weights_path, manifest_path), strict=True):
+                placed.append(_place(temp, final))
+        except BaseException:
+            clean_up()
+            raise
+        for done in placed:
+            done.drop_old()

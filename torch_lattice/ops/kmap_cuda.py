@@ -102,8 +102,9 @@ def kernel_pairs(nbr: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.T
     n_out, k = nbr.shape
     alloc = workspace_alloc(device)
     index, stream = call_args(device)
-    # Only -1 means "no neighbour" (the CPU count refuses others): enqueued before the
-    # count, whose readback waits for it, so this costs one pass and no extra sync.
+    # Only -1 means "no neighbour" (the CPU count refuses others). One pass over the
+    # table and one more readback, once per map (kernel_pairs' result is cached with
+    # it), so no cached-map forward or backward pays it.
     malformed = (nbr < -1).any()
     count = _C.cuda_pairs_count(index, stream, ptr(nbr), n_out, k, alloc)
     if bool(malformed):
