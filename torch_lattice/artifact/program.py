@@ -423,7 +423,7 @@ def load_lattice_program(
             inputs must be divisible by the declared stride) or ``"logical"`` (taken as
             they are; what torch-lattice 0.5's own artifacts carry).
         device: where to run (``None``: CPU); a CPU or CUDA device this torch can use
-            (see :func:`check_device`).
+            (see ``torch_lattice.artifact.program.check_device``).
 
     Returns:
         A :class:`LatticeProgram`.
