@@ -4,6 +4,9 @@ A hit is a plain dict read (atomic, no lock).  A miss takes the owner's
 re-entrant lock and looks again before building, so threads that missed
 together build the entry once: the ones that waited take it from the cache.
 The builder only builds; storing its result is done here, once for every cache.
+Entries are built as normal tensors even under ``torch.inference_mode``: they outlive
+the call, and a later training call saves them for backward, which an inference tensor
+refuses.
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Hashable
 from typing import TypeVar
+
+import torch
 
 __all__ = ["get_or_build"]
 
@@ -27,6 +32,7 @@ def get_or_build(cache: dict[K, V], key: K, lock: threading.RLock, build: Callab
     with lock:
         hit = cache.get(key)
         if hit is None:
-            hit = build()
+            with torch.inference_mode(False):
+                hit = build()
             cache[key] = hit
         return hit

@@ -340,6 +340,8 @@ class CoordinateManager:
         ``builds``.  The manager calls ``build`` itself (no wrapper), so a map built on
         a miss goes straight from here to the op layer.
 
+        Entries are never inference tensors (see the build below).
+
         Raises:
             ValueError: a support's rows were edited in place after it was made.
         """
@@ -358,7 +360,10 @@ class CoordinateManager:
                 if not stable:
                     self._transient.move_to_end(full_key)
                 return hit
-            value = build()
+            # Built as normal tensors even under torch.inference_mode, as every cache's
+            # entries are (locked_cache.py): a validation pass would break training after.
+            with torch.inference_mode(False):
+                value = build()
             table[full_key] = value
             self.builds += kind in COUNTED_KINDS
             while len(self._transient) > TRANSIENT_CACHE_SIZE:

@@ -233,3 +233,33 @@ def test_inference_mode_results_match_a_fresh_tensor() -> None:
         got = [F.subm_conv3d(x, w, None, 3, 1).feats for _ in range(2)]
     for g in got:
         torch.testing.assert_close(g, want, rtol=0, atol=0)
+
+
+def test_training_after_an_inference_mode_pass_on_the_same_support() -> None:
+    """A validation pass under torch.inference_mode builds and caches the maps; a later
+    training call on the same support saves them for backward, so they must be normal
+    tensors (as torch.nn.Conv3d allows the same pattern)."""
+    torch.manual_seed(0)
+    coords = torch.unique(torch.randint(0, 8, (300, 4)) % torch.tensor([2, 8, 8, 8]), dim=0)
+    x = tl.SparseTensor(torch.randn(len(coords), 4, requires_grad=True), coords)
+    fine = tl.SparseTensor(torch.randn(len(coords), 4), coords, stride=2)
+    down = tl.nn.Conv3d(4, 4, 2, stride=2)
+    calls = {
+        "subm": lambda: tl.nn.SubmConv3d(4, 4, 3)(x),
+        "strided": lambda: down(x),
+        "inverse": lambda: tl.nn.ConvTranspose3d(4, 4, 2, stride=2)(down(x)),
+        "target": lambda: tl.nn.ConvTranspose3d(4, 4, 2, stride=2)(down(x), x),
+        "normalized": lambda: tl.nn.NormalizedSubmConv3d(4, 4, 3)(x),
+        "max pool": lambda: tl.nn.MaxPool3d(2, 2)(x),
+        "generative": lambda: tl.nn.GenerativeConvTranspose3d(4, 4, 2, stride=2)(fine),
+    }
+    for name, call in calls.items():
+        for dataflow in tl.nn.functional.Dataflow:
+            if name == "target" and dataflow is not tl.nn.functional.Dataflow.GatherScatter:
+                continue  # target transposes run gather-scatter only
+            with tl.nn.functional.conv_config(dataflow=dataflow):
+                with torch.inference_mode():
+                    call()
+                y = call()
+            assert y.feats.requires_grad, name
+            y.feats.sum().backward()

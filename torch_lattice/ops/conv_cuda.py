@@ -163,7 +163,8 @@ def _keep(t: torch.Tensor, name: str, compute: Callable[[], T]) -> T:
     kept = _kept(t, name)
     if kept is not None:
         return kept  # type: ignore[return-value]
-    value = compute()
+    with torch.inference_mode(False):  # kept past the call: never an inference tensor
+        value = compute()
     setattr(t, name, (_version(t), value))
     return value
 
