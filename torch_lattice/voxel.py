@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from torch_lattice.ops._runtime import REDUCTION_CODES, compute_dtype
+from torch_lattice.ops._runtime import REDUCTION_CODES, compute_dtype, refuse_function_transforms
 from torch_lattice.ops.voxel import devoxel_gather, devoxel_map, voxel_reduce, voxelize_coords
 from torch_lattice.tensor import CoordinateManager, SparseTensor, Support
 
@@ -151,6 +151,7 @@ def voxelize(
     size = _floats3("voxel_size", voxel_size, positive=True)
     org = _floats3("origin", origin, positive=False)
     coords, inverse = voxelize_coords(pts, batch, size, org)
+    refuse_function_transforms("voxelize", features)
     feats, _ = voxel_reduce(_work_feats("voxelize", features), inverse, coords.shape[0], reduction)
     return SparseTensor.from_support(feats.to(features.dtype), _new_support(coords))
 
@@ -194,6 +195,7 @@ def devoxelize(
     size = [v * s for v, s in zip(size, voxels.stride, strict=True)]
     org = _floats3("origin", origin, positive=False)
     idx, w = devoxel_map(pts, batch, size, org, voxels.coords, interpolation == "trilinear")
+    refuse_function_transforms("devoxelize", voxels.feats)
     out = devoxel_gather(_work_feats("devoxelize", voxels.feats), idx, w)
     return out.to(voxels.dtype)
 

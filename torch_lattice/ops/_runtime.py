@@ -34,6 +34,7 @@ __all__ = [
     "device_type",
     "optional_ptr",
     "ptr",
+    "refuse_function_transforms",
     "require_cpu",
     "require_cuda",
     "threads",
@@ -67,6 +68,29 @@ def device_type(op: str, *tensors: torch.Tensor) -> str:
     if kind not in ("cpu", "cuda"):
         raise RuntimeError(f"lattice::{op}: no kernels for {kind} tensors (use CPU or CUDA)")
     return kind
+
+
+def refuse_function_transforms(op: str, *tensors: torch.Tensor | None) -> None:
+    """Raises ``NotImplementedError`` for an operand of a differentiating function
+    transform: ``torch.func.grad`` / ``vjp`` / ``jacrev`` / ``jvp`` (whose tensors are
+    grad-tracking wrappers, which torch's custom-op autograd refuses with an error about
+    ``setup_context``) or ``torch.autograd.forward_ad`` (a tangent, which the ops have
+    no rule for: torch would silently return a zero one). ``torch.func.vmap`` and
+    reverse-mode ``torch.autograd`` work and pass. Outside those, a cheap check."""
+    grad_tracking = getattr(torch._C._functorch, "is_gradtrackingtensor", None)
+    dual = torch.autograd.forward_ad._current_level >= 0
+    for t in tensors:
+        if t is None:
+            continue
+        if (grad_tracking is not None and grad_tracking(t)) or (
+                dual and torch.autograd.forward_ad.unpack_dual(t).tangent is not None):
+            raise NotImplementedError(
+                f"{op}: torch.func's differentiating transforms (grad, vjp, jacrev, jvp, "
+                "hessian) and forward-mode AD (torch.autograd.forward_ad) are not "
+                "supported by torch_lattice's ops; use reverse-mode torch.autograd "
+                "(backward, torch.autograd.grad, torch.autograd.functional.jacobian / vjp); "
+                "torch.func.vmap works"
+            )
 
 
 def require_cpu(op: str, *tensors: torch.Tensor) -> None:

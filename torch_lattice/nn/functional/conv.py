@@ -69,6 +69,33 @@ def check_call(
     return feats, support
 
 
+def autocast_operands(
+    x: SparseTensor, weight: torch.Tensor, bias: torch.Tensor | None
+) -> tuple[SparseTensor, torch.Tensor, torch.Tensor | None]:
+    """The operands a convolution runs on under ``torch.autocast``: inside an autocast
+    region for the features' device type, float32 and half features, weight and bias are
+    cast to its dtype (float64 and non-float ones are left alone, as autocast leaves
+    them), as torch's own convolutions are, so a layer after an autocast ``Linear``
+    takes its bfloat16 output; outside one, the operands as they are. The casts are
+    differentiable: float32 parameters get float32 gradients."""
+    if not (isinstance(x, SparseTensor) and isinstance(weight, torch.Tensor)):
+        return x, weight, bias  # check_call names what is wrong
+    device_type = x.feats.device.type
+    if device_type not in ("cpu", "cuda") or not torch.is_autocast_enabled(device_type):
+        return x, weight, bias
+    dtype = torch.get_autocast_dtype(device_type)
+
+    def cast(t: torch.Tensor) -> torch.Tensor:
+        if t.is_floating_point() and t.dtype not in (torch.float64, dtype):
+            return t.to(dtype)
+        return t
+
+    feats = x.feats if not isinstance(x.feats, torch.Tensor) else cast(x.feats)
+    if feats is not x.feats:
+        x = x.replace(feats)
+    return x, cast(weight), cast(bias) if isinstance(bias, torch.Tensor) else bias
+
+
 def check_config(config: ConvConfig | None) -> None:
     """``config`` is None or a :class:`ConvConfig` (modules check it at construction)."""
     if config is not None and not isinstance(config, ConvConfig):
@@ -205,6 +232,7 @@ def conv3d_over(
     config: ConvConfig | None = None,
 ) -> SparseTensor:
     """:func:`conv3d` over a geometry its caller checked (see :func:`subm_conv3d_over`)."""
+    input, weight, bias = autocast_operands(input, weight, bias)
     feats, source = check_call(input, weight, bias, config, geometry)
     if coordinates is not None:
         expected = multiply_stride(source.stride, geometry.stride)
@@ -253,6 +281,7 @@ def subm_conv3d_over(
 ) -> SparseTensor:
     """:func:`subm_conv3d` over a geometry its caller checked (a module does at
     construction), so a module's forward checks only the call's arguments."""
+    input, weight, bias = autocast_operands(input, weight, bias)
     feats, source = check_call(input, weight, bias, config, geometry)
     if geometry.is_identity:
         return pointwise(input, weight, bias, config)

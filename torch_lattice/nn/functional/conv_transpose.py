@@ -15,7 +15,12 @@ import torch
 
 from torch_lattice.geometry import ConvGeometry
 from torch_lattice.nn.functional.config import ConvConfig, Dataflow, resolve_config
-from torch_lattice.nn.functional.conv import check_call, pointwise, target_support
+from torch_lattice.nn.functional.conv import (
+    autocast_operands,
+    check_call,
+    pointwise,
+    target_support,
+)
 from torch_lattice.nn.functional.relation import (
     apply_kernel_map,
     backward_pairs,
@@ -24,6 +29,7 @@ from torch_lattice.nn.functional.relation import (
     transpose_pairs,
 )
 from torch_lattice.nn.functional.supports import cached_source_support, generative_support
+from torch_lattice.ops._runtime import refuse_function_transforms
 from torch_lattice.ops.conv import pair_conv
 from torch_lattice.ops.kmap import sparse_table
 from torch_lattice.tensor import SparseTensor, Support, divide_stride
@@ -95,6 +101,7 @@ def generated_transpose(
     back = backward_pairs(
         src.feats, lambda: reversed_transpose_pairs(target, src.support, geometry)
     )
+    refuse_function_transforms("convolution", src.feats, weight)
     return pair_conv(src.feats, weight, *pairs, *back, n_out, gather, bool(config.allow_tf32))
 
 
@@ -157,6 +164,7 @@ def conv_transpose3d_over(
 ) -> SparseTensor:
     """:func:`conv_transpose3d` over a geometry its caller checked (a module does at
     construction)."""
+    input, weight, bias = autocast_operands(input, weight, bias)
     check_call(input, weight, bias, config, geometry)
     cfg = resolve_config(
         config, target_transpose=coordinates is not None, device=input.feats.device
@@ -208,6 +216,7 @@ def generative_conv_transpose3d_over(
     config: ConvConfig | None = None,
 ) -> SparseTensor:
     """:func:`generative_conv_transpose3d` over a geometry its caller checked."""
+    input, weight, bias = autocast_operands(input, weight, bias)
     check_call(input, weight, bias, config, geometry)
     cfg = resolve_config(
         config, target_transpose=coordinates is not None, device=input.feats.device

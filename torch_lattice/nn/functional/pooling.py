@@ -31,7 +31,7 @@ from torch_lattice.nn.functional.supports import (
     generated_support,
     generated_transposed_support,
 )
-from torch_lattice.ops._runtime import compute_dtype
+from torch_lattice.ops._runtime import compute_dtype, refuse_function_transforms
 from torch_lattice.ops.kmap import KernelMap, sparse_table
 from torch_lattice.ops.pool import pool_avg, pool_max, pool_sum
 from torch_lattice.tensor import SparseTensor, Support
@@ -69,6 +69,7 @@ def _check_sparse(x: object, name: str) -> SparseTensor:
 def pool_over_map(feats: torch.Tensor, kmap: KernelMap, mode: str) -> torch.Tensor:
     """``(N_out, C)``: per output row of ``kmap``, the max (``"max"``), mean (``"avg"``)
     or sum (any other mode) of ``feats`` over its present kernel rows (0 if none)."""
+    refuse_function_transforms("pooling", feats)
     if mode == "max":
         return pool_max(feats, kmap.nbr, kmap.rev)[0]
     if mode == "avg":
@@ -181,6 +182,7 @@ def pool_transpose3d(
     kmap = kernel_map(support, x.support, geometry)
     # The fine -> coarse forward map read backwards: rev lists, per fine row, the
     # coarse rows reaching it, so the average over them is pool_avg on rev.
+    refuse_function_transforms("pool_transpose3d", x.feats)
     y = pool_avg(x.feats, kmap.rev, kmap.nbr)
     return SparseTensor.from_support(y, support)
 

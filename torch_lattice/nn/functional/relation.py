@@ -22,6 +22,7 @@ from torch_lattice.locked_cache import get_or_build
 from torch_lattice.nn.functional.config import ConvConfig, Dataflow
 from torch_lattice.nn.functional.tuning import TuningKey, tuned_dataflow
 from torch_lattice.ops import kmap as km
+from torch_lattice.ops._runtime import refuse_function_transforms
 from torch_lattice.ops.conv import pair_conv, sparse_conv
 from torch_lattice.ops.kmap import KernelMap, PairLists
 from torch_lattice.tensor import Support
@@ -154,6 +155,7 @@ def _run(
     transposed: bool,
     config: ConvConfig,
 ) -> torch.Tensor:
+    refuse_function_transforms("convolution", feats, weight)
     nbr, rev = (kmap.rev, kmap.nbr) if transposed else (kmap.nbr, kmap.rev)
     tf32 = bool(config.allow_tf32)
     if dataflow is Dataflow.ImplicitGEMM:
