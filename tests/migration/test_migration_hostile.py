@@ -21,6 +21,11 @@ import torch_lattice as tl
 from torch_lattice import migration
 from torch_lattice.migration import cli
 
+try:
+    from converter_cli_helpers import files, refused
+except ImportError:  # tests/ may become a package; then they are imported through it
+    from tests.converter_cli_helpers import files, refused
+
 SPEC = {"enc.kernel": [3, 3, 3]}
 
 
@@ -37,44 +42,32 @@ def work(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def _refused(capsys: pytest.CaptureFixture[str], argv: list[str], fragment: str) -> None:
-    assert cli.main(argv) == 2
-    err = capsys.readouterr().err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), err
-    assert fragment in lines[0], lines[0]
-
-
-def _snapshot(folder: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
-
-
 def test_the_default_manifest_may_not_replace_the_kernel_spec(
         work: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    before = _snapshot(work)
+    before = files(work)
     spec = str(work / "legacy-kernels.json")
     # legacy-kernels.safetensors -> default manifest legacy-kernels.json: the spec itself.
     for force in ([], ["--force"]):
-        _refused(capsys, [str(work / "legacy.pt"), str(work / "legacy-kernels.safetensors"),
+        refused(capsys, [str(work / "legacy.pt"), str(work / "legacy-kernels.safetensors"),
                           "--kernel-spec", spec, *force], "would overwrite the kernel spec")
-    _refused(capsys, [str(work / "legacy.pt"), spec, "--kernel-spec", spec,
+    refused(capsys, [str(work / "legacy.pt"), spec, "--kernel-spec", spec,
                       "--manifest", str(work / "m.json"), "--force"],
              "would overwrite the kernel spec")
-    assert _snapshot(work) == before
+    assert files(work) == before
 
 
 def test_a_link_to_an_input_is_the_input(work: Path, capsys: pytest.CaptureFixture[str]) -> None:
     os.link(work / "legacy.pt", work / "hard.safetensors")
     os.symlink(work / "legacy-kernels.json", work / "soft.json")
-    before = _snapshot(work)
+    before = files(work)
     spec = str(work / "legacy-kernels.json")
-    _refused(capsys, [str(work / "legacy.pt"), str(work / "hard.safetensors"), "--kernel-spec",
+    refused(capsys, [str(work / "legacy.pt"), str(work / "hard.safetensors"), "--kernel-spec",
                       spec, "--manifest", str(work / "m.json"), "--force"],
              "would overwrite the source checkpoint")
-    _refused(capsys, [str(work / "legacy.pt"), str(work / "out.safetensors"), "--kernel-spec",
+    refused(capsys, [str(work / "legacy.pt"), str(work / "out.safetensors"), "--kernel-spec",
                       spec, "--manifest", str(work / "soft.json"), "--force"],
              "would overwrite the kernel spec")
-    assert _snapshot(work) == before
+    assert files(work) == before
 
 
 def _zip_entries(path: Path) -> list[tuple[zipfile.ZipInfo, bytes]]:
@@ -88,24 +81,24 @@ def _write_zip(path: Path, entries: list[tuple[zipfile.ZipInfo, bytes]]) -> None
             archive.writestr(info, data)
 
 
-def test_a_bad_crc_is_refused(work: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_bad_crc_isrefused(work: Path, capsys: pytest.CaptureFixture[str]) -> None:
     source = work / "legacy.pt"
     raw = bytearray(source.read_bytes())
     ones = torch.ones(4).numpy().tobytes()  # bn.weight's stored bytes
     at = bytes(raw).index(ones)
     raw[at + 3] ^= 0x7F  # 1.0 becomes inf-like garbage: only the CRC can tell
     source.write_bytes(bytes(raw))
-    _refused(capsys, [str(source), str(work / "out.safetensors"), "--kernel-spec",
+    refused(capsys, [str(source), str(work / "out.safetensors"), "--kernel-spec",
                       str(work / "legacy-kernels.json")], "CRC")
     assert not (work / "out.safetensors").exists()
 
 
-def test_duplicate_entries_are_refused(work: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_duplicate_entries_arerefused(work: Path, capsys: pytest.CaptureFixture[str]) -> None:
     entries = _zip_entries(work / "legacy.pt")
     pickle_entry = next(e for e in entries if e[0].filename.endswith("data.pkl"))
     with pytest.warns(UserWarning, match="Duplicate name"):
         _write_zip(work / "dup.pt", [*entries, pickle_entry])
-    _refused(capsys, [str(work / "dup.pt"), str(work / "out.safetensors"), "--kernel-spec",
+    refused(capsys, [str(work / "dup.pt"), str(work / "out.safetensors"), "--kernel-spec",
                       str(work / "legacy-kernels.json")], "appears twice")
 
 
@@ -115,7 +108,7 @@ def test_expanded_tensors_are_refused_before_materialising(
     state = {**_state(), "bomb": torch.zeros(1).expand(length)}
     torch.save({"model": state}, work / "bomb.pt")
     assert (work / "bomb.pt").stat().st_size < 10_000
-    _refused(capsys, [str(work / "bomb.pt"), str(work / "out.safetensors"), "--kernel-spec",
+    refused(capsys, [str(work / "bomb.pt"), str(work / "out.safetensors"), "--kernel-spec",
                       str(work / "legacy-kernels.json")], "'bomb'")
     assert not (work / "out.safetensors").exists()
 
@@ -130,7 +123,7 @@ def test_the_memory_budget_bounds_the_conversion(
         work: Path, capsys: pytest.CaptureFixture[str]) -> None:
     previous = tl.set_memory_budget(64)
     try:
-        _refused(capsys, [str(work / "legacy.pt"), str(work / "out.safetensors"),
+        refused(capsys, [str(work / "legacy.pt"), str(work / "out.safetensors"),
                           "--kernel-spec", str(work / "legacy-kernels.json")], "memory budget")
     finally:
         tl.set_memory_budget(previous)
@@ -141,9 +134,9 @@ def test_the_memory_budget_bounds_the_conversion(
 def test_a_fifo_source_or_spec_never_blocks(work: Path,
                                             capsys: pytest.CaptureFixture[str]) -> None:
     os.mkfifo(work / "fifo")
-    _refused(capsys, [str(work / "fifo"), str(work / "out.safetensors"), "--kernel-spec",
+    refused(capsys, [str(work / "fifo"), str(work / "out.safetensors"), "--kernel-spec",
                       str(work / "legacy-kernels.json")], "FIFO")
-    _refused(capsys, [str(work / "legacy.pt"), str(work / "out.safetensors"), "--kernel-spec",
+    refused(capsys, [str(work / "legacy.pt"), str(work / "out.safetensors"), "--kernel-spec",
                       str(work / "fifo")], "FIFO")
 
 
@@ -152,7 +145,7 @@ def test_a_huge_kernel_spec_is_refused_without_reading_it(
     huge = work / "huge.json"
     with open(huge, "wb") as f:  # sparse: 3 GiB of size, no disk used
         f.truncate(3 * 2**30)
-    _refused(capsys, [str(work / "legacy.pt"), str(work / "out.safetensors"), "--kernel-spec",
+    refused(capsys, [str(work / "legacy.pt"), str(work / "out.safetensors"), "--kernel-spec",
                       str(huge)], "at most")
 
 
@@ -175,12 +168,12 @@ def test_an_entry_flagged_encrypted_is_a_refusal(work: Path,
         raw[at + 8] |= 1
         at = raw.find(b"PK\x01\x02", at + 4)
     (work / "enc.pt").write_bytes(bytes(raw))
-    _refused(capsys, [str(work / "enc.pt"), str(work / "out.safetensors"), "--kernel-spec",
+    refused(capsys, [str(work / "enc.pt"), str(work / "out.safetensors"), "--kernel-spec",
                       str(work / "legacy-kernels.json")], "corrupted archive")
 
 
-def test_a_deeply_nested_kernel_spec_is_refused(work: Path,
+def test_a_deeply_nested_kernel_spec_isrefused(work: Path,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
     (work / "deep.json").write_text("[" * 200_000)
-    _refused(capsys, [str(work / "legacy.pt"), str(work / "out.safetensors"), "--kernel-spec",
+    refused(capsys, [str(work / "legacy.pt"), str(work / "out.safetensors"), "--kernel-spec",
                       str(work / "deep.json")], "nests JSON too deeply")

@@ -23,6 +23,11 @@ from safetensors.torch import load_file
 from torch_lattice.atomic_file import exchange_paths
 from torch_lattice.migration import cli, writing
 
+try:
+    from converter_cli_helpers import files, refused
+except ImportError:  # tests/ may become a package; then they are imported through it
+    from tests.converter_cli_helpers import files, refused
+
 SPEC = {"enc.kernel": [3, 3, 3]}
 
 
@@ -44,30 +49,18 @@ def _argv(work: Path, source: str = "legacy.pt", output: str = "out.safetensors"
             str(work / output), "--kernel-spec", str(work / "spec.json"), *extra]
 
 
-def _refused(capsys: pytest.CaptureFixture[str], argv: list[str], fragment: str) -> None:
-    assert cli.main(argv) == 2
-    err = capsys.readouterr().err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), err
-    assert fragment in lines[0], lines[0]
-
-
-def _files(folder: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
-
-
 def test_an_empty_kernel_cannot_ask_for_gigabytes(work: Path,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     # 2^20 kernel rows of no channels: a 1 KB file whose spec alone would size the
     # permutation, positions and manifest (about 290 bytes a row).
     torch.save({"model": {"enc.kernel": torch.empty(2**20, 0, 4)}}, work / "empty.pt")
     (work / "spec.json").write_text(json.dumps({"enc.kernel": [128, 128, 64]}))
-    _refused(capsys, _argv(work, "empty.pt"), "holds no weights")
+    refused(capsys, _argv(work, "empty.pt"), "holds no weights")
     assert not (work / "out.safetensors").exists()
 
 
 @pytest.mark.parametrize("kind", ["sparse", "quantized", "meta"])
-def test_tensors_without_dense_values_are_refused(work: Path, kind: str,
+def test_tensors_without_dense_values_arerefused(work: Path, kind: str,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     if kind == "quantized":
         with warnings.catch_warnings():  # torch deprecates quantized tensors; files hold them
@@ -76,8 +69,8 @@ def test_tensors_without_dense_values_are_refused(work: Path, kind: str,
     else:
         odd = torch.randn(3, 3).to_sparse() if kind == "sparse" else torch.empty(3, device="meta")
     torch.save({"model": {**_state(), "odd": odd}}, work / "odd.pt")
-    _refused(capsys, _argv(work, "odd.pt"), f"'odd' is a {kind}")
-    assert set(_files(work)) == {"legacy.pt", "spec.json", "odd.pt"}
+    refused(capsys, _argv(work, "odd.pt"), f"'odd' is a {kind}")
+    assert set(files(work)) == {"legacy.pt", "spec.json", "odd.pt"}
 
 
 @pytest.mark.parametrize("nest", ["list", "dict", "tuple"])
@@ -90,7 +83,7 @@ def test_optimizer_state_is_refused_at_any_depth(work: Path, nest: str,
     saved: Any = {"list": [opt.state_dict()], "dict": {"sgd": opt.state_dict()},
                   "tuple": (1, {"inner": [opt.state_dict()]})}[nest]
     torch.save({"model": _state(), "extra": saved}, work / "nested.pt")
-    _refused(capsys, _argv(work, "nested.pt"), "optimizer state under 'extra'")
+    refused(capsys, _argv(work, "nested.pt"), "optimizer state under 'extra'")
     # Below the top level only an optimizer state dict's shape counts, not a name: a
     # hyper-parameter or metric container may well be called "optimizer".
     for extra in ({"config": {"optimizer": {"lr": 0.1}}}, {"metrics": {"optimal_iou": [0.5]}},
@@ -150,7 +143,7 @@ def test_a_prezip_storage_claim_beyond_the_file_is_refused_before_torch_allocate
     for claims in ((2**31,), (2**33,), (2**33, 4)):
         (work / "claims.pt").write_bytes(_prezip_claiming(*claims))
         assert (work / "claims.pt").stat().st_size < 1000
-        _refused(capsys, _argv(work, "claims.pt", "big.safetensors"),
+        refused(capsys, _argv(work, "claims.pt", "big.safetensors"),
                  f"claim {claims[0] * 4} bytes of storage")
     assert not (work / "big.safetensors").exists()
 
@@ -168,27 +161,27 @@ def test_a_real_prezip_checkpoint_still_converts(work: Path) -> None:
 def test_a_dangling_link_is_an_existing_output(work: Path,
                                                capsys: pytest.CaptureFixture[str]) -> None:
     os.symlink(work / "nowhere" / "x.safetensors", work / "out.safetensors")
-    _refused(capsys, _argv(work), "already exists; pass --force")
+    refused(capsys, _argv(work), "already exists; pass --force")
     assert (work / "out.safetensors").is_symlink()
     assert cli.main(_argv(work, "legacy.pt", "out.safetensors", "--force")) == 0
     assert not (work / "out.safetensors").is_symlink()
 
 
 def test_an_output_must_name_a_file(work: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    _refused(capsys, _argv(work, "legacy.pt", str(work / "new") + "/"),
+    refused(capsys, _argv(work, "legacy.pt", str(work / "new") + "/"),
              "output '" + str(work / "new") + "/' ends with a path separator")
     assert not (work / "new").exists() and not (work / "new.json").exists()
-    _refused(capsys, [str(work / "legacy.pt"), "", "--kernel-spec", str(work / "spec.json")],
+    refused(capsys, [str(work / "legacy.pt"), "", "--kernel-spec", str(work / "spec.json")],
              "output is an empty path")
-    _refused(capsys, _argv(work, "legacy.pt", "out.safetensors", "--manifest", ""),
+    refused(capsys, _argv(work, "legacy.pt", "out.safetensors", "--manifest", ""),
              "manifest is an empty path")
-    assert set(_files(work)) == {"legacy.pt", "spec.json"}
+    assert set(files(work)) == {"legacy.pt", "spec.json"}
 
 
 def _converted_twice(work: Path) -> dict[str, bytes]:
     assert cli.main(_argv(work)) == 0
     torch.save({"model": _state(seed=1)}, work / "legacy.pt")
-    return _files(work)
+    return files(work)
 
 
 @pytest.mark.parametrize("swap", [True, False], ids=["exchange", "link"])
@@ -214,7 +207,7 @@ def test_force_keeps_both_old_outputs_when_the_manifest_cannot_be_placed(
     monkeypatch.setattr(writing.os, "replace", replace)
     assert cli.main(_argv(work, "legacy.pt", "out.safetensors", "--force")) == 1
     assert "cannot write outputs" in capsys.readouterr().err
-    assert _files(work) == before  # the old weights and manifest, and nothing else
+    assert files(work) == before  # the old weights and manifest, and nothing else
 
 
 @pytest.mark.parametrize("keep", ["exchange", "link", "copy"])
@@ -228,13 +221,13 @@ def test_force_replaces_both_outputs_and_keeps_no_old_copy(
             raise PermissionError(1, "Operation not permitted")
         monkeypatch.setattr(writing.os, "link", no_link)
     assert cli.main(_argv(work, "legacy.pt", "out.safetensors", "--force")) == 0
-    after = _files(work)
+    after = files(work)
     assert set(after) == set(before)
     assert after["out.safetensors"] != before["out.safetensors"]
     assert after["out.json"] != before["out.json"]
 
 
-def test_sigterm_while_writing_removes_the_temporary_files(
+def test_sigterm_while_writing_removes_the_temporaryfiles(
         work: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
     def save_file(tensors: Any, path: str, metadata: Any = None) -> None:
@@ -245,7 +238,7 @@ def test_sigterm_while_writing_removes_the_temporary_files(
     previous = signal.getsignal(signal.SIGTERM)
     assert cli.main(_argv(work)) == 128 + signal.SIGTERM
     assert "terminated (SIGTERM)" in capsys.readouterr().err
-    assert set(_files(work)) == {"legacy.pt", "spec.json"}
+    assert set(files(work)) == {"legacy.pt", "spec.json"}
     assert signal.getsignal(signal.SIGTERM) == previous  # the handler was put back
 
 
@@ -256,8 +249,8 @@ def test_a_tensor_safetensors_cannot_write_is_a_refusal(
         raise KeyError(torch.qint8)  # what safetensors raises for a dtype it has no code for
 
     monkeypatch.setattr(writing, "save_file", save_file)
-    _refused(capsys, _argv(work), "cannot write the converted tensors as safetensors")
-    assert set(_files(work)) == {"legacy.pt", "spec.json"}
+    refused(capsys, _argv(work), "cannot write the converted tensors as safetensors")
+    assert set(files(work)) == {"legacy.pt", "spec.json"}
 
 
 def test_sigterm_while_outputs_are_placed_waits_until_both_are(
@@ -274,7 +267,7 @@ def test_sigterm_while_outputs_are_placed_waits_until_both_are(
     monkeypatch.setattr(writing, "_place", place)
     assert cli.main(_argv(work, "legacy.pt", "out.safetensors", "--force")) == 143
     assert "terminated (SIGTERM)" in capsys.readouterr().err
-    after = _files(work)
+    after = files(work)
     assert set(after) == set(before)  # no temporary or old copy left
     assert after["out.safetensors"] != before["out.safetensors"]
     assert after["out.json"] != before["out.json"]  # both new: never one of each
