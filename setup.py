@@ -179,6 +179,14 @@ def _run_nvcc(cmd: list[str]) -> float:
 class LatticeBuildExt(build_ext):
     """Compiles csrc/cuda/*.cu with nvcc (when wanted) before the C sources."""
 
+    def finalize_options(self) -> None:
+        super().finalize_options()
+        # Every build compiles: setuptools' up-to-date check compares the extension with
+        # its .c files only, so a rebuild in a reused tree after a header edit or with
+        # other settings (TORCH_LATTICE_CUDA, CFLAGS, TORCH_LATTICE_SANITIZE) would
+        # install the previous binary.
+        self.force = True
+
     def build_extension(self, ext: Extension) -> None:
         start = time.perf_counter()
         mode = _cuda_mode()

@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -105,3 +106,44 @@ def test_auto_build_compiles_cuda_only_where_a_gpu_is_visible() -> None:
     """TORCH_LATTICE_CUDA=auto with nvcc present compiles csrc/cuda exactly when a GPU is
     visible (issue 25: a GPU-less machine does not pay for the CUDA compile)."""
     assert torch_lattice.ops._runtime._C.cuda_compiled() == _gpu_visible()
+
+
+def _tracked(under: str) -> set[str]:
+    out = subprocess.run(["git", "-C", str(ROOT), "ls-files", under], capture_output=True,
+                         text=True)
+    if out.returncode != 0:
+        pytest.skip("not a git checkout")
+    return set(out.stdout.split())
+
+
+def test_the_sdist_carries_every_source_header_and_the_license(tmp_path: Path) -> None:
+    """Without MANIFEST.in setuptools packed only the .c files setup.py names: an sdist
+    with no headers, no CUDA sources and no license, which failed to build."""
+    import tarfile
+
+    subprocess.run([sys.executable, "setup.py", "-q", "sdist", "-d", str(tmp_path)],
+                   cwd=ROOT, check=True, capture_output=True)
+    (archive,) = tmp_path.glob("*.tar.gz")
+    with tarfile.open(archive) as tar:
+        names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
+    missing = sorted(_tracked("csrc") - names)
+    assert not missing, missing
+    assert {"LICENSE", "setup.py", "pyproject.toml"} <= names
+
+
+def test_every_build_compiles() -> None:
+    """setuptools skips a build whose extension is newer than its .c files, so a header
+    edit or other build settings (TORCH_LATTICE_CUDA, CFLAGS) in a reused tree installed
+    the previous binary; the project's build_ext always compiles. Its class is run from
+    setup.py's text (importing setup.py would run setup())."""
+    from setuptools import Distribution
+
+    tree = ast.parse((ROOT / "setup.py").read_text())
+    kept = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))
+            or (isinstance(n, ast.ClassDef) and n.name == "LatticeBuildExt")]
+    namespace: dict[str, Any] = {}
+    exec(compile(ast.Module(body=kept, type_ignores=[]), "setup.py", "exec"), namespace)
+    command = namespace["LatticeBuildExt"](Distribution())
+    command.initialize_options()
+    command.finalize_options()
+    assert command.force

@@ -78,10 +78,14 @@ def autocast_operands(
     them), as torch's own convolutions are, so a layer after an autocast ``Linear``
     takes its bfloat16 output; outside one, the operands as they are. The casts are
     differentiable: float32 parameters get float32 gradients."""
-    if not (isinstance(x, SparseTensor) and isinstance(weight, torch.Tensor)):
+    # The weight's device (check_call requires the features' to be the same): outside
+    # autocast nothing else is read, so the common path costs one torch query.
+    if not isinstance(weight, torch.Tensor):
         return x, weight, bias  # check_call names what is wrong
-    device_type = x.feats.device.type
+    device_type = weight.device.type
     if device_type not in ("cpu", "cuda") or not torch.is_autocast_enabled(device_type):
+        return x, weight, bias
+    if not isinstance(x, SparseTensor) or x.feats.device != weight.device:
         return x, weight, bias
     dtype = torch.get_autocast_dtype(device_type)
 

@@ -155,7 +155,11 @@ def _run(
     transposed: bool,
     config: ConvConfig,
 ) -> torch.Tensor:
-    refuse_function_transforms("convolution", feats, weight)
+    # torch.func / forward-mode AD are refused (refuse_function_transforms says why);
+    # tested inline, with torch's own checks, so the common path makes no extra call.
+    if torch.autograd.forward_ad._current_level >= 0 or any(
+            map(torch._C._functorch.is_gradtrackingtensor, (feats, weight))):
+        refuse_function_transforms("convolution", feats, weight)
     nbr, rev = (kmap.rev, kmap.nbr) if transposed else (kmap.nbr, kmap.rev)
     tf32 = bool(config.allow_tf32)
     if dataflow is Dataflow.ImplicitGEMM:
