@@ -16,6 +16,10 @@ import torch_lattice as tl
 
 HALVES = [torch.bfloat16, torch.float16]
 
+# torch's forward AD loads its jvp decompositions through torch.jit.script, which warns
+# that it is deprecated: torch's own doing, not this library's.
+pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated")
+
 
 def _scene(dtype: torch.dtype = torch.float32, stride: int = 1) -> tl.SparseTensor:
     gen = torch.Generator().manual_seed(0)
