@@ -195,7 +195,7 @@ def devoxelize(
     size = [v * s for v, s in zip(size, voxels.stride, strict=True)]
     org = _floats3("origin", origin, positive=False)
     idx, w = devoxel_map(pts, batch, size, org, voxels.coords, interpolation == "trilinear")
-    refuse_function_transforms("devoxelize", voxels.feats)
+    refuse_function_transforms("devoxelize", voxels.feats, pts)  # trilinear: points too
     out = devoxel_gather(_work_feats("devoxelize", voxels.feats), idx, w)
     return out.to(voxels.dtype)
 

@@ -81,7 +81,7 @@ def _write_zip(path: Path, entries: list[tuple[zipfile.ZipInfo, bytes]]) -> None
             archive.writestr(info, data)
 
 
-def test_a_bad_crc_isrefused(work: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_bad_crc_is_refused(work: Path, capsys: pytest.CaptureFixture[str]) -> None:
     source = work / "legacy.pt"
     raw = bytearray(source.read_bytes())
     ones = torch.ones(4).numpy().tobytes()  # bn.weight's stored bytes
@@ -93,7 +93,7 @@ def test_a_bad_crc_isrefused(work: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert not (work / "out.safetensors").exists()
 
 
-def test_duplicate_entries_arerefused(work: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_duplicate_entries_are_refused(work: Path, capsys: pytest.CaptureFixture[str]) -> None:
     entries = _zip_entries(work / "legacy.pt")
     pickle_entry = next(e for e in entries if e[0].filename.endswith("data.pkl"))
     with pytest.warns(UserWarning, match="Duplicate name"):
@@ -172,7 +172,7 @@ def test_an_entry_flagged_encrypted_is_a_refusal(work: Path,
                       str(work / "legacy-kernels.json")], "corrupted archive")
 
 
-def test_a_deeply_nested_kernel_spec_isrefused(work: Path,
+def test_a_deeply_nested_kernel_spec_is_refused(work: Path,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
     (work / "deep.json").write_text("[" * 200_000)
     refused(capsys, [str(work / "legacy.pt"), str(work / "out.safetensors"), "--kernel-spec",

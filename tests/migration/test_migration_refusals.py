@@ -60,7 +60,7 @@ def test_an_empty_kernel_cannot_ask_for_gigabytes(work: Path,
 
 
 @pytest.mark.parametrize("kind", ["sparse", "quantized", "meta"])
-def test_tensors_without_dense_values_arerefused(work: Path, kind: str,
+def test_tensors_without_dense_values_are_refused(work: Path, kind: str,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     if kind == "quantized":
         with warnings.catch_warnings():  # torch deprecates quantized tensors; files hold them
@@ -227,7 +227,7 @@ def test_force_replaces_both_outputs_and_keeps_no_old_copy(
     assert after["out.json"] != before["out.json"]
 
 
-def test_sigterm_while_writing_removes_the_temporaryfiles(
+def test_sigterm_while_writing_removes_the_temporary_files(
         work: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
     def save_file(tensors: Any, path: str, metadata: Any = None) -> None:

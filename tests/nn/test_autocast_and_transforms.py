@@ -146,3 +146,52 @@ def test_reverse_mode_autograd_and_vmap_still_work() -> None:
     torch.testing.assert_close(vjp, grad, rtol=0, atol=0)
     batched = tf.vmap(fn)(torch.stack([f, 2 * f]))
     torch.testing.assert_close(batched[1], 2 * fn(f), rtol=0, atol=1e-12)
+
+
+def test_what_a_transform_does_not_differentiate_runs() -> None:
+    """Inside torch.func.grad / jvp, a detached operand or a no_grad call (a stop-gradient
+    target, a frozen extractor) is no derivative of the op: it runs as outside."""
+    x = _scene(torch.float64)
+    conv = tl.nn.SubmConv3d(4, 4, 3).double()
+    f = x.feats
+
+    def loss(g: torch.Tensor) -> torch.Tensor:
+        return ((g - conv(x.replace(g.detach())).feats) ** 2).sum()
+
+    def loss_no_grad(g: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            target = conv(x.replace(g)).feats
+        return ((g - target) ** 2).sum()
+
+    target = conv(x).feats.detach()
+    for fn in (loss, loss_no_grad):
+        torch.testing.assert_close(tf.grad(fn)(f), 2 * (f - target))
+    _, tangent = tf.jvp(loss, (f,), (torch.ones_like(f),))
+    torch.testing.assert_close(tangent, (2 * (f - target)).sum())
+    # no_grad does not stop forward-mode tangents: that one is still refused.
+    with pytest.raises(NotImplementedError, match="not supported by torch_lattice's ops"):
+        tf.jvp(loss_no_grad, (f,), (torch.ones_like(f),))
+
+
+@pytest.mark.parametrize("scale", [0.0, 1e-3, 1.0])
+def test_normalized_convolutions_under_float16_autocast_stay_finite(scale: float) -> None:
+    """Their denominator conv(1, W^2) + eps is summed in float32: in float16 squared
+    weights below 6e-8 vanished and eps rounded to 0 (NaN for zero weights)."""
+    x = _scene()
+    norm = tl.nn.NormalizedSubmConv3d(4, 4, 3)
+    with torch.no_grad():
+        norm.weight.mul_(scale)
+    want = norm(x).feats.detach()
+    with torch.autocast("cpu", dtype=torch.float16):
+        got = norm(x).feats.detach()
+    assert torch.isfinite(got).all()
+    assert float((got.float() - want).abs().max()) <= 5e-3 * max(float(want.abs().max()), 1e-6)
+
+
+def test_devoxelize_refuses_a_tangent_on_the_points() -> None:
+    gen = torch.Generator().manual_seed(2)
+    points = torch.rand(40, 3, generator=gen, dtype=torch.float64) * 4
+    voxels = tl.voxelize(points, torch.randn(40, 2, generator=gen, dtype=torch.float64))
+    with forward_ad.dual_level(), pytest.raises(NotImplementedError, match="devoxelize"):
+        tl.devoxelize(forward_ad.make_dual(points, torch.ones_like(points)), voxels,
+                      interpolation="trilinear")

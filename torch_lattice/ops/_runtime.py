@@ -82,7 +82,11 @@ def refuse_function_transforms(op: str, *tensors: torch.Tensor | None) -> None:
     for t in tensors:
         if t is None:
             continue
-        if (grad_tracking is not None and grad_tracking(t)) or (
+        # A wrapper nothing differentiates (x.detach() or a no_grad call inside the
+        # transform: a stop-gradient target, a frozen extractor) runs as before.
+        differentiated = (grad_tracking is not None and grad_tracking(t)
+                          and t.requires_grad and torch.is_grad_enabled())
+        if differentiated or (
                 dual and torch.autograd.forward_ad.unpack_dual(t).tangent is not None):
             raise NotImplementedError(
                 f"{op}: torch.func's differentiating transforms (grad, vjp, jacrev, jvp, "

@@ -202,7 +202,8 @@ def _derived(
     nbytes = _C.cuda_conv_derived_size(df, int(weight_grad), code, *sizes)
     derived = None
     if nbytes > 0:
-        derived = torch.empty(nbytes, dtype=torch.uint8, device=owner.device)
+        with torch.inference_mode(False):  # kept past the call, as _keep's values are
+            derived = torch.empty(nbytes, dtype=torch.uint8, device=owner.device)
         head = _call_head(owner.device, dataflow, weight_grad, code, sizes)
         map_ptrs = _map_ptrs(nbr, pairs)
         alloc = workspace_alloc(owner.device)

@@ -63,6 +63,18 @@ def weight_normalized(
     """``conv(input, weight) / sqrt(conv(1, weight**2) + eps)`` at any kernel size
     (no bias, no checks: ``eps`` already checked)."""
     num = conv(input, weight)
-    ones = SparseTensor.from_support(torch.ones_like(input.feats), input.support)
-    den = conv(ones, weight * weight)
+    device_type = weight.device.type
+    if device_type in ("cpu", "cuda") and torch.is_autocast_enabled(device_type):
+        # Under autocast the convolutions run in half precision, where squared weights
+        # below 6e-8 vanish and eps = 1e-8 rounds to 0 (NaN for zero weights): the
+        # denominator is summed in float32 with autocast off, so the quotient is float32.
+        with torch.autocast(device_type, enabled=False):
+            w32 = weight.float()
+            ones = SparseTensor.from_support(
+                torch.ones(input.feats.shape, dtype=torch.float32, device=weight.device),
+                input.support)
+            den = conv(ones, w32 * w32)
+    else:
+        ones = SparseTensor.from_support(torch.ones_like(input.feats), input.support)
+        den = conv(ones, weight * weight)
     return SparseTensor.from_support(num.feats / torch.sqrt(den.feats + eps), num.support)
