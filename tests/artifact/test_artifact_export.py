@@ -19,7 +19,7 @@ from torch import nn
 
 import torch_lattice as tl
 from torch_lattice.artifact import export as export_module
-from torch_lattice.artifact import save_lattice_model_artifact
+from torch_lattice.artifact import load_lattice_program, save_lattice_model_artifact
 from torch_lattice.artifact.errors import ExportError
 from torch_lattice.artifact.mlir_text import decimal_float
 from torch_lattice.atomic_file import current_umask
@@ -590,3 +590,45 @@ def test_golden_points_lines(tmp_path: Path) -> None:
         "interpolation = #lattice.point_interpolation<linear>} : "
         f"(tensor<?x3xf32>, {SP}, tensor<?xi32>, tensor<1xi32>) -> tensor<?x2xf32>\n"
     ) in text
+
+
+@pytest.mark.parametrize("default", [2.0, True, "relu", (1, 2)])
+def test_a_forward_parameter_defaulting_to_a_value_is_refused_by_name(
+        tmp_path: Path, default: object) -> None:
+    """torch.fx guards such a constant with an `eq` node (reported as an unsupported
+    function) or, for a tuple, generated code that did not compile (a bare SyntaxError)."""
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = tl.nn.SubmConv3d(2, 2, 3)
+
+        def forward(self, x: tl.SparseTensor, extra: object = default) -> tl.SparseTensor:
+            return self.conv(x)
+
+    refuse(tmp_path, Net().eval(), (cloud(2),), ExportError,
+           r"parameters \['extra'\] beyond example_inputs have defaults other than None")
+
+    class NoneDefault(Net):
+        def forward(self, x: tl.SparseTensor, extra: object = None) -> tl.SparseTensor:
+            return self.conv(x)
+
+    save_lattice_model_artifact(NoneDefault().eval(), tmp_path / "b", example_inputs=(cloud(2),))
+
+
+def test_global_max_over_an_empty_batch_raises_in_the_replay(tmp_path: Path) -> None:
+    """Eager GlobalMaxPool gives zeros for a batch without rows; the runtime's global_pool
+    has no such case, so the replay raises naming the batch (docs/artifacts.md)."""
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.pool = tl.nn.GlobalMaxPool()
+
+        def forward(self, x: tl.SparseTensor) -> torch.Tensor:
+            return self.pool(x)
+
+    coords = torch.tensor([[0, 1, 1, 1], [0, 2, 3, 4], [2, 0, 0, 0], [2, 5, 5, 5]])
+    x = tl.SparseTensor(torch.randn(4, 3), coords)
+    assert torch.equal(Net()(x)[1], torch.zeros(3))
+    files = save_lattice_model_artifact(Net().eval(), tmp_path / "a", example_inputs=(x,))
+    with pytest.raises(ValueError, match="batch 1 of 3 has none"):
+        load_lattice_program(files.graph_path.parent)(x)

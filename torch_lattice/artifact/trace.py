@@ -71,13 +71,14 @@ def _single_module_graph(model: nn.Module, names: list[str]) -> fx.GraphModule:
 def trace_model(model: nn.Module, n_inputs: int) -> tuple[fx.GraphModule, list[str]]:
     """Traces ``model.forward`` with its first ``n_inputs`` positional parameters.
 
-    Later parameters keep their defaults as constants.
+    Later parameters keep their defaults, which must be None.
 
     Returns:
         The graph module and the names of the traced inputs, in order.
 
     Raises:
-        ExportError: variadic or keyword-only required parameters, too many or
+        ExportError: variadic or keyword-only required parameters, a later parameter
+            whose default is not None, too many or
             too few inputs, or a forward that torch.fx cannot trace.
     """
     params = list(inspect.signature(model.forward).parameters.values())
@@ -99,6 +100,16 @@ def trace_model(model: nn.Module, n_inputs: int) -> tuple[fx.GraphModule, list[s
         return _single_module_graph(model, names), names
     concrete: dict[str, Any] = {p.name: p.default for p in positional[n_inputs:]}
     concrete.update({p.name: p.default for p in params if p.kind == p.KEYWORD_ONLY})
+    # torch.fx guards any other constant with a comparison node (which then reads as an
+    # unsupported `eq`) or, for a tuple, generates code that does not compile.
+    valued = [name for name, default in concrete.items() if default is not None]
+    if valued:
+        raise ExportError(
+            f"model.forward's parameters {valued} beyond example_inputs have defaults other "
+            "than None, which torch.fx cannot trace as constants; give them as "
+            "example_inputs, default them to None, or export a wrapper module whose forward "
+            "takes the example inputs only"
+        )
     try:
         graph = LatticeTracer().trace(model, concrete_args=concrete or None)
     except ExportError:
