@@ -271,3 +271,23 @@ def test_sigterm_while_outputs_are_placed_waits_until_both_are(
     assert set(after) == set(before)  # no temporary or old copy left
     assert after["out.safetensors"] != before["out.safetensors"]
     assert after["out.json"] != before["out.json"]  # both new: never one of each
+
+
+def test_a_huge_memo_index_in_a_prezip_pickle_allocates_nothing() -> None:
+    """The C unpickler grows its memo array to the largest LONG_BINPUT index (a few bytes
+    asking for gigabytes; found by the checkpoint fuzzer): the scan's memo is a dict."""
+    import tracemalloc
+
+    from torch_lattice.migration.prezip import claimed_storage_bytes
+
+    buf = io.BytesIO()
+    for header in (_MAGIC, 1001, {}):
+        pickle.dump(header, buf, protocol=2)
+    buf.write(b"\x80\x02N" + b"r" + struct.pack("<I", 2**31) + b".")  # None, memo[2^31]
+    tracemalloc.start()
+    try:
+        assert claimed_storage_bytes(buf.getvalue()) == 0
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2**24, peak

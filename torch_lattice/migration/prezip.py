@@ -50,8 +50,11 @@ class _Stand:
         pass
 
 
-class _Scan(pickle.Unpickler):
-    """Unpickles with stand-ins, recording each storage's (key, bytes) it names."""
+class _Scan(pickle._Unpickler):  # type: ignore[name-defined]
+    """Unpickles with stand-ins, recording each storage's (key, bytes) it names.
+
+    The pure-Python unpickler: its memo is a dict, where the C one grows an array to the
+    largest index a LONG_BINPUT names (a few bytes asking for gigabytes)."""
 
     def __init__(self, stream: io.BytesIO, storages: dict[Any, int]) -> None:
         # latin1 reads any Python 2 byte string (torch's own reader decodes them too).
