@@ -273,9 +273,10 @@ def test_sigterm_while_outputs_are_placed_waits_until_both_are(
     assert after["out.json"] != before["out.json"]  # both new: never one of each
 
 
-def test_a_huge_memo_index_in_a_prezip_pickle_allocates_nothing() -> None:
-    """The C unpickler grows its memo array to the largest LONG_BINPUT index (a few bytes
-    asking for gigabytes; found by the checkpoint fuzzer): the scan's memo is a dict."""
+def test_a_prezip_pickle_cannot_make_the_scan_allocate() -> None:
+    """Found by the checkpoint fuzzer: the C unpickler grows its memo array to the largest
+    LONG_BINPUT index (the scan's memo is a dict), and BYTEARRAY8 allocates its declared
+    length before reading (refused): a few bytes asked for gigabytes."""
     import tracemalloc
 
     from torch_lattice.migration.prezip import claimed_storage_bytes
@@ -283,10 +284,15 @@ def test_a_huge_memo_index_in_a_prezip_pickle_allocates_nothing() -> None:
     buf = io.BytesIO()
     for header in (_MAGIC, 1001, {}):
         pickle.dump(header, buf, protocol=2)
-    buf.write(b"\x80\x02N" + b"r" + struct.pack("<I", 2**31) + b".")  # None, memo[2^31]
+    head = buf.getvalue()
+    memo = head + b"\x80\x02N" + b"r" + struct.pack("<I", 2**31) + b"."  # None, memo[2^31]
+    # BYTEARRAY8 of 3.2 GB: the pure-Python unpickler allocates it before reading it
+    bytearray8 = head + b"\x96" + struct.pack("<Q", 0xC3050000)
     tracemalloc.start()
     try:
-        assert claimed_storage_bytes(buf.getvalue()) == 0
+        assert claimed_storage_bytes(memo) == 0
+        with pytest.raises(pickle.UnpicklingError, match="protocol-5 bytearray"):
+            claimed_storage_bytes(bytearray8)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()

@@ -64,6 +64,15 @@ class _Scan(pickle._Unpickler):  # type: ignore[name-defined]
     def find_class(self, module: str, name: str) -> Any:
         return _Stand(str(name))
 
+    def _refuse_bytearray8(self) -> None:
+        # BYTEARRAY8 (protocol 5) allocates the length it declares before reading the
+        # bytes; torch's pre-zip files are protocol 2 and never hold one.
+        raise pickle.UnpicklingError("a protocol-5 bytearray has no place in a pre-zip "
+                                     "checkpoint")
+
+    dispatch = dict(pickle._Unpickler.dispatch)  # type: ignore[attr-defined]
+    dispatch[pickle.BYTEARRAY8[0]] = _refuse_bytearray8
+
     def persistent_load(self, pid: Any) -> Any:
         if isinstance(pid, tuple) and len(pid) == 6 and pid[0] in ("storage", b"storage"):
             kind, key, numel = pid[1], pid[2], pid[4]
