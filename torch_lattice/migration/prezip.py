@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import io
 import pickle
-from typing import Any
+from typing import Any, ClassVar
 
 __all__ = ["claimed_storage_bytes"]
 
@@ -70,7 +70,7 @@ class _Scan(pickle._Unpickler):  # type: ignore[name-defined]
         raise pickle.UnpicklingError("a protocol-5 bytearray has no place in a pre-zip "
                                      "checkpoint")
 
-    dispatch = dict(pickle._Unpickler.dispatch)  # type: ignore[attr-defined]
+    dispatch: ClassVar[dict[int, Any]] = dict(pickle._Unpickler.dispatch)  # type: ignore[attr-defined]
     dispatch[pickle.BYTEARRAY8[0]] = _refuse_bytearray8
 
     def persistent_load(self, pid: Any) -> Any:
