@@ -10,13 +10,15 @@ open), refuses a size beyond the caller's cap or the memory budget, and reads it
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from pathlib import Path
+from typing import Any
 
 from torch_lattice.memory_budget import check_allocation
 
-__all__ = ["describe_file_type", "read_regular_file"]
+__all__ = ["describe_file_type", "parse_json", "read_regular_file"]
 
 
 def describe_file_type(mode: int) -> str:
@@ -78,3 +80,20 @@ def read_regular_file(path: str | os.PathLike[str], what: str, *,
         raise ValueError(f"{name} cannot be read: {exc.strerror or exc}") from None
     finally:
         os.close(fd)
+
+
+def parse_json(data: bytes | str, name: str, failure: str) -> Any:
+    """``data`` (UTF-8 bytes, or text already decoded) parsed as JSON.
+
+    Raises:
+        ValueError: ``"{name} {failure}: {why}"`` for bytes that are not UTF-8 (no
+            UTF-16/32 guessing, as ``json.loads`` of bytes would do), text that is not
+            JSON or an integer past Python's digit limit; ``"{name} nests JSON too
+            deeply"`` where the nesting would exhaust Python's stack.
+    """
+    try:
+        return json.loads(data.decode("utf-8") if isinstance(data, bytes) else data)
+    except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise ValueError(f"{name} {failure}: {exc}") from None
+    except RecursionError:  # "[[[[..." nested past Python's stack
+        raise ValueError(f"{name} nests JSON too deeply") from None

@@ -29,7 +29,6 @@ carry logical coordinates) and as physical (IR v2) otherwise; the choice is prin
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import stat
@@ -42,7 +41,7 @@ from safetensors.torch import load as safetensors_load
 
 from torch_lattice.artifact.conformance import compare_outputs
 from torch_lattice.artifact.program import SparseOutput, check_device, load_lattice_program
-from torch_lattice.regular_file import describe_file_type, read_regular_file
+from torch_lattice.regular_file import describe_file_type, parse_json, read_regular_file
 
 # The manifest schema of torch-lattice 0.5's end-to-end fixtures (logical coordinates).
 TORCH_LATTICE_05_FIXTURES = "torch_lattice_e2e_fixtures/v1"
@@ -158,12 +157,7 @@ def _manifest(root: Path) -> dict[str, object]:
     # Inside the fixture folder: a link could lead anywhere, so it is refused.
     text = read_regular_file(where, "manifest", max_bytes=MAX_MANIFEST_BYTES,
                              follow_symlinks=False)
-    try:
-        manifest = json.loads(text.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{str(where)!r} is not UTF-8 JSON: {exc}") from None
-    except RecursionError:  # "[[[[..." nested past Python's stack
-        raise ValueError(f"{str(where)!r} nests JSON too deeply") from None
+    manifest = parse_json(text, repr(str(where)), "is not UTF-8 JSON")
     cases = manifest.get("cases") if isinstance(manifest, dict) else None
     if not isinstance(cases, list) or not all(isinstance(c, dict) and "name" in c for c in cases):
         raise ValueError(f"{str(where)!r}: needs 'cases': [{{'name': ...}}, ...]")
@@ -182,13 +176,11 @@ def _fixture_case(path: Path) -> tuple[dict[str, object] | None, dict[str, objec
 
     A ``manifest.json`` beside an artifact may be anyone's (a web folder's), so it is
     used only when it is a regular file (not a link), is a fixture manifest and lists
-    a case of PATH's name; anything else there is left alone, never an error."""
-    where = path.parent / MANIFEST_FILE
+    a case of PATH's name; anything else there is left alone, never an error (_manifest
+    refuses a link, a FIFO or a missing file without blocking, as a ValueError)."""
     try:
-        if not stat.S_ISREG(os.lstat(where).st_mode):
-            return None, {}
         manifest = _manifest(path.parent)
-    except (OSError, ValueError):
+    except ValueError:
         return None, {}
     case = next((c for c in _cases(manifest) if c["name"] == path.name), None)
     return (manifest, case) if case is not None else (None, {})

@@ -22,7 +22,6 @@ models built with a tuple ``kernel_size``.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +29,7 @@ from typing import Any
 
 from torch_lattice.geometry import Triple, kernel_volume
 from torch_lattice.migration.errors import ConversionError
-from torch_lattice.regular_file import read_regular_file
+from torch_lattice.regular_file import parse_json, read_regular_file
 
 # A spec lists one entry per kernel: megabytes of it are never a real network's.
 MAX_SPEC_BYTES = 16 * 2**20
@@ -216,11 +215,11 @@ def load_kernel_spec(path: str | Path) -> dict[str, KernelSpec]:
     except ValueError as exc:
         raise ConversionError(str(exc)) from None
     try:
-        raw = json.loads(data.decode("utf-8"))
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConversionError(f"cannot read kernel spec {str(spec_path)!r}: {exc}") from exc
-    except json.JSONDecodeError as exc:
-        raise ConversionError(f"kernel spec {str(spec_path)!r} is not valid JSON: {exc}") from exc
-    except RecursionError:  # "[[[[..." nested past Python's stack
-        raise ConversionError(f"kernel spec {str(spec_path)!r} nests JSON too deeply") from None
+    try:
+        raw = parse_json(text, f"kernel spec {str(spec_path)!r}", "is not valid JSON")
+    except ValueError as exc:
+        raise ConversionError(str(exc)) from None
     return parse_kernel_spec(raw)

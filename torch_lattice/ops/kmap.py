@@ -204,7 +204,9 @@ class KernelMap:
 
 
 # The smallest value of each geometry list (padding may be 0, the others are sizes or
-# steps); every entry must also fit the C core's int32.
+# steps); every entry must also fit the C core's int32. Checked here, not through
+# geometry.triple, so that a layer call's map build stays within this file
+# (tests/project/test_file_switches.py).
 _GEOMETRY_MINIMUM = {"kernel_size": 1, "stride": 1, "padding": 0, "dilation": 1}
 _INT32_MAX = 2**31 - 1
 
@@ -268,10 +270,11 @@ def check_num_batches(op: str, coords: torch.Tensor, num_batches: int) -> None:
         raise ValueError(
             f"lattice::{op}: num_batches must be a non-negative int, got {num_batches!r}"
         )
-    if coords.shape[0] and int(coords[:, 0].max()) >= num_batches:
+    largest = int(coords[:, 0].max()) if coords.shape[0] else -1
+    if largest >= num_batches:
         raise ValueError(
             f"lattice::{op}: num_batches ({num_batches}) must exceed every batch index of "
-            f"coords (the largest is {int(coords[:, 0].max())})"
+            f"coords (the largest is {largest})"
         )
 
 

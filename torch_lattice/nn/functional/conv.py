@@ -94,7 +94,7 @@ def autocast_operands(
             return t.to(dtype)
         return t
 
-    feats = x.feats if not isinstance(x.feats, torch.Tensor) else cast(x.feats)
+    feats = cast(x.feats)
     if feats is not x.feats:
         x = x.replace(feats)
     return x, cast(weight), cast(bias) if isinstance(bias, torch.Tensor) else bias

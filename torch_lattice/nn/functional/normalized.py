@@ -8,6 +8,7 @@ kernel map, and the denominator stays in the autograd graph.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 import torch
@@ -64,17 +65,12 @@ def weight_normalized(
     (no bias, no checks: ``eps`` already checked)."""
     num = conv(input, weight)
     device_type = weight.device.type
-    if device_type in ("cpu", "cuda") and torch.is_autocast_enabled(device_type):
-        # Under autocast the convolutions run in half precision, where squared weights
-        # below 6e-8 vanish and eps = 1e-8 rounds to 0 (NaN for zero weights): the
-        # denominator is summed in float32 with autocast off, so the quotient is float32.
-        with torch.autocast(device_type, enabled=False):
-            w32 = weight.float()
-            ones = SparseTensor.from_support(
-                torch.ones(input.feats.shape, dtype=torch.float32, device=weight.device),
-                input.support)
-            den = conv(ones, w32 * w32)
-    else:
-        ones = SparseTensor.from_support(torch.ones_like(input.feats), input.support)
-        den = conv(ones, weight * weight)
+    # Under autocast the convolutions run in half precision, where squared weights below
+    # 6e-8 vanish and eps = 1e-8 rounds to 0 (NaN for zero weights): the denominator is
+    # summed in float32 with autocast off, so the quotient is float32.
+    autocast = device_type in ("cpu", "cuda") and torch.is_autocast_enabled(device_type)
+    w = weight.float() if autocast else weight
+    with torch.autocast(device_type, enabled=False) if autocast else contextlib.nullcontext():
+        ones = torch.ones(input.feats.shape, dtype=w.dtype, device=w.device)
+        den = conv(SparseTensor.from_support(ones, input.support), w * w)
     return SparseTensor.from_support(num.feats / torch.sqrt(den.feats + eps), num.support)

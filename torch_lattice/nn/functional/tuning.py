@@ -38,7 +38,7 @@ import torch
 
 from torch_lattice.atomic_file import atomic_write
 from torch_lattice.nn.functional.dataflow import Dataflow
-from torch_lattice.regular_file import describe_file_type, read_regular_file
+from torch_lattice.regular_file import describe_file_type, parse_json, read_regular_file
 
 __all__ = [
     "REPEATS",
@@ -269,13 +269,7 @@ def load_tuning(path: str | os.PathLike[str]) -> int:
     """
     data = read_regular_file(path, "tuning file", max_bytes=MAX_FILE_BYTES)
     name = f"tuning file {str(path)!r}"
-    try:
-        # UTF-8 only: json.loads of bytes would also guess UTF-16 and UTF-32.
-        doc = json.loads(data.decode("utf-8"))
-    except ValueError as exc:  # bad UTF-8, bad JSON, an integer of over 4300 digits
-        raise ValueError(f"{name} is not JSON: {exc}") from None
-    except RecursionError:  # "[[[[..." nested past Python's stack
-        raise ValueError(f"{name} nests JSON too deeply") from None
+    doc = parse_json(data, name, "is not JSON")
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise ValueError(f"{name}: \"format\" must be {FORMAT!r}")
     version = doc.get("version")
