@@ -376,7 +376,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--widths", default=",".join(map(str, SUBM_WIDTHS)),
                         help="SubmConv3d widths")
-    parser.add_argument("--strided-widths", default="64,128")
+    parser.add_argument("--strided-widths", default="64,128", help="strided and transposed "
+                        "layers' widths (empty: none)")
     parser.add_argument("--odd-widths", default=",".join(map(str, ODD_WIDTHS)),
                         help="widths held to the next multiple of 16 (empty: none)")
     parser.add_argument("--out", type=Path, help="also write the report here")
@@ -386,7 +387,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.repeats < 1:
         parser.error(f"--repeats must be >= 1, got {args.repeats}")
     widths = [int(c) for c in args.widths.split(",")]
-    strided = [int(c) for c in args.strided_widths.split(",")]
+    strided = [int(c) for c in args.strided_widths.split(",") if c]
     odd = [int(c) for c in args.odd_widths.split(",") if c]
     if any(c < 1 for c in widths + strided + odd):
         parser.error("--widths, --strided-widths and --odd-widths must be positive")

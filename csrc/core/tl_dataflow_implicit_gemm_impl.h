@@ -163,7 +163,8 @@ static void TL_FN(tl_fwd_rows)(const tl_conv_desc *d, const TL_T *x, const TL_T 
 /* One tile: output rows [o0, o0+m), columns [co0, co0+cw).  For each kernel
  * row the tile's neighbours are listed, then for each weight panel (see
  * tl_pack_panels) handled 4 or 8 output rows at a time.  Each output
- * element adds its kernel rows' products in kernel-row order, and within a
+ * element adds its kernel rows' products in the order of tl_fwd_order (its
+ * lead kernel row's first, then the others in kernel-row order), and within a
  * kernel row in input-channel order (blocks of TL_FWD_CIN_BLOCK channels, each
  * block's sum added in turn), whatever the tiling and the panel width,
  * so the result does not depend on the tile size, the thread count or the
@@ -171,8 +172,10 @@ static void TL_FN(tl_fwd_rows)(const tl_conv_desc *d, const TL_T *x, const TL_T 
  * sums (plus zero) instead of adding them to a zeroed row: the same bits,
  * without zeroing the tile first or reading the row back (only rows with no
  * neighbour are zeroed); on tiles listed from a table wider than 128 bytes,
- * and on the others where no row has two neighbours.  1.05-1.24x on k2 s2
- * inverse maps, whose rows have one neighbour each.  The listing also checks
+ * on the others where no row has two neighbours, and, through the lead
+ * kernel row, on tiles whose every row has a lead entry (a submanifold map's
+ * centre).  1.05-1.24x on k2 s2 inverse maps, whose rows have one neighbour
+ * each.  The listing also checks
  * every entry is in [-1, n_in) before any row it names is read (one pass over
  * nbr instead of two); returns 0, or 1 at the first entry that is not. */
 static int TL_FN(tl_forward_tile)(const tl_conv_desc *d, const TL_T *x, const TL_T *pw,
@@ -188,6 +191,7 @@ static int TL_FN(tl_forward_tile)(const tl_conv_desc *d, const TL_T *x, const TL
      * twenty-four: not splitting there ran 1.00-1.02x on submanifold maps and
      * 1.01-1.33x (AVX2) and 1.01-1.46x (SSE2) on strided ones at C = 8-32). */
     const int split = !rel->pairs && !rel->lists && cw * (int64_t)sizeof(TL_T) > 128;
+    const int64_t lead = tl_fwd_lead(k); /* run first (tl_fwd_order) */
     int64_t nz = 0; /* rows to zero, in zr, where first entries are written */
     /* Kernel row n's entries: x rows il[n][0..lc[n]) of output rows
      * rl[n][..] - base (base o0 for pair lists, whose rows are the layer's,
@@ -200,8 +204,8 @@ static int TL_FN(tl_forward_tile)(const tl_conv_desc *d, const TL_T *x, const TL
     } else if (rel->lists) { /* listed once, for this call's tiles */
         tl_tile_lists_of(rel->lists, o0 / rel->lists->tile_rows, k, il, rl, s->lc);
     } else {
-        if ((int64_t)(split ? tl_list_tile_split(s->level, rel->nbr, o0, m, k, s->li, s->lr, s->lc,
-                                                 s->lf, s->zr, &nz)
+        if ((int64_t)(split ? tl_list_tile_split(s->level, rel->nbr, o0, m, k, lead, s->li, s->lr,
+                                                 s->lc, s->lf, s->zr, &nz)
                             : tl_list_tile(s->level, rel->nbr, o0, m, k, s->li, s->lr, s->lc)) >
             d->n_in)
             return 1; /* below -1 wraps to above n_in */
@@ -212,9 +216,13 @@ static int TL_FN(tl_forward_tile)(const tl_conv_desc *d, const TL_T *x, const TL
     }
     /* single: every entry of the unsplit lists is its row's first */
     const int single = !split && tl_tile_single(rl, s->lc, k, m, base, s->hit, s->zr, &nz);
-    if (!split && !single && cw == cout)
+    /* led: the lead kernel row names every row of the tile (a row at most
+     * once), which it then writes */
+    const int led = !split && !single && lead >= 0 && s->lc[lead] == m;
+    const int zeroed = !split && !single && !led; /* else only the nz rows of zr */
+    if (zeroed && cw == cout)
         memset(y + o0 * cout, 0, sizeof(TL_T) * (size_t)(m * cout));
-    else if (!split && !single)
+    else if (zeroed)
         for (int64_t r = 0; r < m; r++)
             memset(y + (o0 + r) * cout + co0, 0, sizeof(TL_T) * (size_t)cw);
     else
@@ -229,19 +237,22 @@ static int TL_FN(tl_forward_tile)(const tl_conv_desc *d, const TL_T *x, const TL
     const int ask_next = cw > s->mk->rows8_max_cols;
     const int64_t row_bytes = (d->c_in < TL_FWD_CIN_BLOCK ? d->c_in : TL_FWD_CIN_BLOCK) *
                               (int64_t)sizeof(TL_T);
-    for (int64_t n = 0; n < k; n++) {
+    for (int64_t i = 0; i < k; i++) {
+        const int64_t n = tl_fwd_order(lead, i);
         const int64_t f = split ? s->lf[n] : 0;
-        if (ask_next && n + 1 < k) {
-            const int64_t fn = split ? s->lf[n + 1] : 0;
-            const int32_t *ni = fn > 0 ? il[n + 1] + m - fn : il[n + 1];
-            const int64_t nc = fn > 0 ? fn : s->lc[n + 1];
+        if (ask_next && i + 1 < k) {
+            const int64_t nn = tl_fwd_order(lead, i + 1);
+            const int64_t fn = split ? s->lf[nn] : 0;
+            const int32_t *ni = fn > 0 ? il[nn] + m - fn : il[nn];
+            const int64_t nc = fn > 0 ? fn : s->lc[nn];
             TL_PREFETCH_LISTED(x, ni, nc < TL_FWD_NEXT_ROWS ? nc : TL_FWD_NEXT_ROWS,
                                d->c_in * (int64_t)sizeof(TL_T), row_bytes);
         }
         if (f > 0)
             TL_FN(tl_fwd_rows)(d, x, pw, yb, co0, cw, n, il[n] + m - f, rl[n] + m - f, f, 1, s);
         if (s->lc[n] > 0)
-            TL_FN(tl_fwd_rows)(d, x, pw, yb, co0, cw, n, il[n], rl[n], s->lc[n], single, s);
+            TL_FN(tl_fwd_rows)(d, x, pw, yb, co0, cw, n, il[n], rl[n], s->lc[n],
+                               single || (led && i == 0), s);
     }
     return 0;
 }

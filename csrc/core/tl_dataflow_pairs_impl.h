@@ -83,8 +83,11 @@ static tl_status TL_FN(tl_pairs_fwd)(const tl_ctx *ctx, const tl_conv_desc *d, c
         TL_FN(tl_pairs_scratch) s = {.mk = TL_FN(tl_mk_pick)(ctx)};
         s.step = TL_FN(tl_pairs_step)(s.mk, d);
         /* Kernel rows one after another (the loop's barrier): a row's outputs
-         * are distinct, two rows' are not. */
-        for (int64_t n = 0; n < p->k; n++) {
+         * are distinct, two rows' are not.  In implicit GEMM's order, the lead
+         * kernel row first (tl_fwd_order), so the two forwards' sums agree. */
+        const int64_t lead = tl_fwd_lead(p->k);
+        for (int64_t i = 0; i < p->k; i++) {
+            const int64_t n = tl_fwd_order(lead, i);
             const int64_t j0 = p->offsets[n], j1 = p->offsets[n + 1];
 #pragma omp for schedule(static)
             for (int64_t j = j0; j < j1; j += TL_PAIR_BLOCK)

@@ -14,6 +14,17 @@
  * whatever k is, so below this most of its work would be padding. */
 #define TL_LIST_VEC_MIN_K 4
 
+/* The rows among t's rows [r0, r0 + live) (of k entries) that have an entry
+ * in kernel row `lead`, a bit each from bit 0 (none where lead is -1): a
+ * split listing's rows whose first entry is there (tl_list_tile_split). */
+static inline unsigned tl_list_led(const int32_t *t, int64_t r0, int64_t live, int64_t k,
+                                   int64_t lead) {
+    unsigned led = 0;
+    if (lead >= 0)
+        for (int64_t i = 0; i < live; i++) led |= (unsigned)(t[(r0 + i) * k + lead] >= 0) << i;
+    return led;
+}
+
 /* 16 rows at a time: each block of 16 kernel rows' entries of the 16 rows
  * loaded in order and transposed in registers, so each kernel row's 16
  * entries are one vector; the present ones compressed with their rows onto
@@ -24,11 +35,13 @@
  * present entries sorted one by one into the lists for k < 16): forward and
  * weight gradient 0.97-1.30x on the Intel Xeon of round fifteen, most at
  * C = 16 and on k2 s2 maps.  Where `split` (tl_list_tile_split), a mask of
- * the rows seen so far sends each row's first entry to the back of its
- * kernel row's slot instead, and the rows never seen to zr. */
+ * the rows seen so far (from the start, the rows with an entry in kernel row
+ * `lead`) sends each row's first entry to the back of its kernel row's slot
+ * instead, and the rows never seen to zr. */
 static inline __attribute__((always_inline)) TL_TARGET_V4 uint32_t tl_list_v4_body(
     int split, const int32_t *nbr, int64_t o0, int64_t m, int64_t k, int64_t lo, int64_t hi,
-    int32_t *idx, int32_t *rows, int64_t *cnt, int64_t *fc, int32_t *zr, int64_t *nz) {
+    int64_t lead, int32_t *idx, int32_t *rows, int64_t *cnt, int64_t *fc, int32_t *zr,
+    int64_t *nz) {
     const int32_t *t = nbr + o0 * k;
     const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     const __m512i one = _mm512_set1_epi32(1), none = _mm512_set1_epi32(-1);
@@ -37,7 +50,7 @@ static inline __attribute__((always_inline)) TL_TARGET_V4 uint32_t tl_list_v4_bo
     for (int64_t r0 = 0; r0 < m; r0 += 16) {
         const int64_t live = m - r0 < 16 ? m - r0 : 16;
         const __m512i rv = _mm512_add_epi32(lane, _mm512_set1_epi32((int32_t)r0));
-        __mmask16 seen = 0;
+        __mmask16 seen = split ? (__mmask16)tl_list_led(t, r0, live, k, lead) : 0;
         /* 16 rows are k cache lines, asked for one per kernel row, steps
          * ahead (a prefetch past the table does not fault). */
         const uintptr_t ahead = (uintptr_t)t + (uintptr_t)((r0 + 16 * TL_LIST_STEPS_AHEAD) * k) *
@@ -59,7 +72,7 @@ static inline __attribute__((always_inline)) TL_TARGET_V4 uint32_t tl_list_v4_bo
                 most = _mm512_max_epu32(most, _mm512_add_epi32(v[j], one));
                 __mmask16 here = _mm512_cmpge_epi32_mask(v[j], zero);
                 if (split) {
-                    const __mmask16 fst = (__mmask16)(here & ~seen);
+                    const __mmask16 fst = n == lead ? here : (__mmask16)(here & ~seen);
                     const int64_t f = fc[n] + __builtin_popcount(fst);
                     const __mmask16 low = (__mmask16)((1u << __builtin_popcount(fst)) - 1);
                     _mm512_mask_storeu_epi32(idx + n * m + m - f, low,
@@ -98,14 +111,15 @@ static inline __attribute__((always_inline)) TL_TARGET_V4 uint32_t tl_list_v4_bo
     static ATTR uint32_t tl_list_##ISA##_columns(const int32_t *nbr, int64_t o0, int64_t m,  \
                                                  int64_t k, int64_t lo, int64_t hi,         \
                                                  int32_t *idx, int32_t *rows, int64_t *cnt) { \
-        return tl_list_##ISA##_body(0, nbr, o0, m, k, lo, hi, idx, rows, cnt, NULL, NULL,   \
+        return tl_list_##ISA##_body(0, nbr, o0, m, k, lo, hi, -1, idx, rows, cnt, NULL, NULL, \
                                     NULL);                                                  \
     }                                                                                       \
     static ATTR uint32_t tl_list_##ISA##_split(const int32_t *nbr, int64_t o0, int64_t m,    \
-                                               int64_t k, int32_t *idx, int32_t *rows,      \
-                                               int64_t *cnt, int64_t *fc, int32_t *zr,      \
-                                               int64_t *nz) {                               \
-        return tl_list_##ISA##_body(1, nbr, o0, m, k, 0, k, idx, rows, cnt, fc, zr, nz);    \
+                                               int64_t k, int64_t lead, int32_t *idx,       \
+                                               int32_t *rows, int64_t *cnt, int64_t *fc,    \
+                                               int32_t *zr, int64_t *nz) {                  \
+        return tl_list_##ISA##_body(1, nbr, o0, m, k, 0, k, lead, idx, rows, cnt, fc, zr,   \
+                                    nz);                                                    \
     }
 
 TL_LIST_ENTRIES(v4, TL_TARGET_V4)
@@ -155,7 +169,8 @@ static inline __attribute__((always_inline)) TL_TARGET_V3 void tl_list_store8(in
 
 static inline __attribute__((always_inline)) TL_TARGET_V3 uint32_t tl_list_v3_body(
     int split, const int32_t *nbr, int64_t o0, int64_t m, int64_t k, int64_t lo, int64_t hi,
-    int32_t *idx, int32_t *rows, int64_t *cnt, int64_t *fc, int32_t *zr, int64_t *nz) {
+    int64_t lead, int32_t *idx, int32_t *rows, int64_t *cnt, int64_t *fc, int32_t *zr,
+    int64_t *nz) {
     const int32_t *t = nbr + o0 * k;
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     const __m256i one = _mm256_set1_epi32(1), none = _mm256_set1_epi32(-1);
@@ -163,7 +178,7 @@ static inline __attribute__((always_inline)) TL_TARGET_V3 uint32_t tl_list_v3_bo
     for (int64_t r0 = 0; r0 < m; r0 += 8) {
         const int64_t live = m - r0 < 8 ? m - r0 : 8;
         const __m256i rv = _mm256_add_epi32(lane, _mm256_set1_epi32((int32_t)r0));
-        unsigned seen = 0;
+        unsigned seen = split ? tl_list_led(t, r0, live, k, lead) : 0;
         /* 8 rows are k half lines: each kernel row asks for one, as many
          * rows ahead as the AVX-512 listing (a prefetch past the table does
          * not fault) */
@@ -195,7 +210,7 @@ static inline __attribute__((always_inline)) TL_TARGET_V3 uint32_t tl_list_v3_bo
                     _mm256_castsi256_ps(_mm256_cmpgt_epi32(v[j], none)));
                 int64_t end = m; /* where the front of the slot must stop */
                 if (split) {
-                    const unsigned fst = here & ~seen;
+                    const unsigned fst = n == lead ? here : here & ~seen;
                     if (fst) { /* into the back of the slot, above the entries there */
                         const int nf = __builtin_popcount(fst);
                         const int64_t f = fc[n] + nf;
@@ -236,19 +251,21 @@ TL_LIST_ENTRIES(v3, TL_TARGET_V3)
 /* Branch-free: whether an entry is present is close to random on sparse
  * scenes, so a branch would be mispredicted often (an absent entry is
  * written past the list's end and then overwritten).  Where `split`, each
- * row's first entry goes to the back of its kernel row's slot (descending)
- * and the rows without any entry to zr. */
+ * row's first entry (in kernel row `lead` where it has one) goes to the back
+ * of its kernel row's slot (descending) and the rows without any entry to
+ * zr. */
 static inline __attribute__((always_inline)) uint32_t tl_list_scalar_body(
     int split, const int32_t *nbr, int64_t o0, int64_t m, int64_t k, int64_t lo, int64_t hi,
-    int32_t *idx, int32_t *rows, int64_t *cnt, int64_t *fc, int32_t *zr, int64_t *nz) {
+    int64_t lead, int32_t *idx, int32_t *rows, int64_t *cnt, int64_t *fc, int32_t *zr,
+    int64_t *nz) {
     uint32_t most = 0;
     for (int64_t r = 0; r < m; r++) {
-        int seen = 0;
+        int seen = split && lead >= 0 && nbr[(o0 + r) * k + lead] >= 0;
         for (int64_t n = lo; n < hi; n++) {
             const int32_t e = nbr[(o0 + r) * k + n];
             const uint32_t u = (uint32_t)e + 1u;
             most = u > most ? u : most;
-            const int here = e >= 0, fst = split && here && !seen;
+            const int here = e >= 0, fst = split && here && (n == lead || !seen);
             /* rows before r filled at most r of the slot's m places, so the
              * absent entry's write lands between the two lists */
             const int64_t at = fst ? n * m + m - 1 - fc[n] : n * m + cnt[n];
@@ -264,20 +281,20 @@ static inline __attribute__((always_inline)) uint32_t tl_list_scalar_body(
 }
 
 uint32_t tl_list_tile_split(int level, const int32_t *nbr, int64_t o0, int64_t m, int64_t k,
-                            int32_t *idx, int32_t *rows, int64_t *cnt, int64_t *fc, int32_t *zr,
-                            int64_t *nz) {
+                            int64_t lead, int32_t *idx, int32_t *rows, int64_t *cnt, int64_t *fc,
+                            int32_t *zr, int64_t *nz) {
     memset(cnt, 0, sizeof(int64_t) * (size_t)k);
     memset(fc, 0, sizeof(int64_t) * (size_t)k);
     *nz = 0;
 #if TL_SIMD_X86
     if (level >= TL_SIMD_V4 && k >= TL_LIST_VEC_MIN_K)
-        return tl_list_v4_split(nbr, o0, m, k, idx, rows, cnt, fc, zr, nz);
+        return tl_list_v4_split(nbr, o0, m, k, lead, idx, rows, cnt, fc, zr, nz);
     if (level >= TL_SIMD_V3 && k >= TL_LIST_VEC_MIN_K)
-        return tl_list_v3_split(nbr, o0, m, k, idx, rows, cnt, fc, zr, nz);
+        return tl_list_v3_split(nbr, o0, m, k, lead, idx, rows, cnt, fc, zr, nz);
 #else
     (void)level;
 #endif
-    return tl_list_scalar_body(1, nbr, o0, m, k, 0, k, idx, rows, cnt, fc, zr, nz);
+    return tl_list_scalar_body(1, nbr, o0, m, k, 0, k, lead, idx, rows, cnt, fc, zr, nz);
 }
 
 uint32_t tl_list_tile_range(int level, const int32_t *nbr, int64_t o0, int64_t m, int64_t k,
@@ -291,7 +308,7 @@ uint32_t tl_list_tile_range(int level, const int32_t *nbr, int64_t o0, int64_t m
 #else
     (void)level;
 #endif
-    return tl_list_scalar_body(0, nbr, o0, m, k, lo, hi, idx, rows, cnt, NULL, NULL, NULL);
+    return tl_list_scalar_body(0, nbr, o0, m, k, lo, hi, -1, idx, rows, cnt, NULL, NULL, NULL);
 }
 
 uint32_t tl_list_tile(int level, const int32_t *nbr, int64_t o0, int64_t m, int64_t k,

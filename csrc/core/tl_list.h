@@ -30,16 +30,18 @@ uint32_t tl_list_tile(int level, const int32_t *nbr, int64_t o0, int64_t m, int6
 uint32_t tl_list_tile_range(int level, const int32_t *nbr, int64_t o0, int64_t m, int64_t k,
                             int64_t lo, int64_t hi, int32_t *idx, int32_t *rows, int64_t *cnt);
 
-/* tl_list_tile with each output row's first entry (its lowest kernel row)
- * kept apart, so the forward can write the row there instead of zeroing it
- * and adding: kernel row n's first entries, fc[n] of them, at
+/* tl_list_tile with each output row's first entry kept apart, so the
+ * forward can write the row there instead of zeroing it and adding: its
+ * entry in kernel row `lead` where it has one, else its lowest kernel row's
+ * (the forward's order, tl_fwd_lead; lead -1: always the lowest).  Kernel
+ * row n's first entries, fc[n] of them, at
  * idx/rows[n * m + m - fc[n] .. n * m + m) (the back of its slot, in no
  * particular order), its other cnt[n] at the front as in tl_list_tile; the
  * *nz rows with no entry at all in zr[0..*nz) (zr holds m).  A row's entries
  * come one per kernel row, so the two lists never overlap.  Same return. */
 uint32_t tl_list_tile_split(int level, const int32_t *nbr, int64_t o0, int64_t m, int64_t k,
-                            int32_t *idx, int32_t *rows, int64_t *cnt, int64_t *fc, int32_t *zr,
-                            int64_t *nz);
+                            int64_t lead, int32_t *idx, int32_t *rows, int64_t *cnt, int64_t *fc,
+                            int32_t *zr, int64_t *nz);
 
 /* Widens [*lo, *hi] to hold the c entries v[0..c) (all >= 0): 16 entries
  * a step with AVX-512. */

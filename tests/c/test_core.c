@@ -1553,41 +1553,50 @@ static void test_list_tile(void) {
                         }
                         CHECK(c == cnt[n]);
                     }
-                    /* Split: each row's first entry at the back of its kernel
-                     * row's slot (any order), the rest in order at the front,
-                     * the rows with none in zr, in order. */
-                    CHECK(tl_list_tile_split(vec, nbr, o0, m, k, idx, rows, cnt, fc, zr, &nz) ==
-                          want_worst);
-                    int64_t z = 0;
-                    for (int64_t n = 0; n < k; n++) {
-                        int64_t c = 0, f = 0;
-                        for (int64_t r = 0; r < m; r++) {
-                            const int32_t e = nbr[(o0 + r) * k + n];
-                            if (e < 0) continue;
-                            int64_t lower = 0; /* entries of this row in kernel rows below n */
-                            for (int64_t p = 0; p < n; p++) lower += nbr[(o0 + r) * k + p] >= 0;
-                            if (lower > 0) {
-                                CHECK(c < cnt[n] && idx[n * m + c] == e && rows[n * m + c] == r);
-                                c++;
-                                continue;
+                    /* Split: each row's first entry (its entry in kernel
+                     * row `lead` where it has one, else its lowest) at the
+                     * back of its kernel row's slot (any order), the rest in
+                     * order at the front, the rows with none in zr, in
+                     * order; for no lead, the first, the middle and the last
+                     * kernel row. */
+                    const int64_t leads[4] = {-1, 0, k / 2, k - 1};
+                    for (int li = 0; li < 4; li++) {
+                        const int64_t lead = leads[li];
+                        CHECK(tl_list_tile_split(vec, nbr, o0, m, k, lead, idx, rows, cnt, fc, zr,
+                                                 &nz) == want_worst);
+                        for (int64_t n = 0; n < k; n++) {
+                            int64_t c = 0, f = 0;
+                            for (int64_t r = 0; r < m; r++) {
+                                const int32_t *row = nbr + (o0 + r) * k, e = row[n];
+                                if (e < 0) continue;
+                                int first = n == lead || lead < 0 || row[lead] < 0;
+                                for (int64_t p = 0; p < n && n != lead && first; p++)
+                                    first = row[p] < 0;
+                                if (!first) {
+                                    CHECK(c < cnt[n] && idx[n * m + c] == e &&
+                                          rows[n * m + c] == r);
+                                    c++;
+                                    continue;
+                                }
+                                int found = 0;
+                                for (int64_t q = m - fc[n]; q < m; q++)
+                                    found |= rows[n * m + q] == r && idx[n * m + q] == e;
+                                CHECK(found);
+                                f++;
                             }
-                            int found = 0;
-                            for (int64_t q = m - fc[n]; q < m; q++)
-                                found |= rows[n * m + q] == r && idx[n * m + q] == e;
-                            CHECK(found);
-                            f++;
+                            CHECK(c == cnt[n] && f == fc[n]);
                         }
-                        CHECK(c == cnt[n] && f == fc[n]);
-                    }
-                    for (int64_t r = 0; r < m; r++) {
-                        int none = 1;
-                        for (int64_t n = 0; n < k; n++) none &= nbr[(o0 + r) * k + n] < 0;
-                        if (none) {
-                            CHECK(z < nz && zr[z] == r);
-                            z++;
+                        int64_t z = 0;
+                        for (int64_t r = 0; r < m; r++) {
+                            int none = 1;
+                            for (int64_t n = 0; n < k; n++) none &= nbr[(o0 + r) * k + n] < 0;
+                            if (none) {
+                                CHECK(z < nz && zr[z] == r);
+                                z++;
+                            }
                         }
+                        CHECK(z == nz);
                     }
-                    CHECK(z == nz);
                 }
                 free(nbr);
                 free(idx);

@@ -73,6 +73,48 @@ def test_later_calls_are_bitwise_the_first(dtype, c_in, c_out):
     torch.testing.assert_close(first.double(), _reference(x, w, nbr), rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize(
+    "dtype,c_in,c_out",
+    [(torch.float32, 16, 16), (torch.float32, 8, 64), (torch.float32, 16, 40),
+     (torch.float64, 16, 16), (torch.float64, 6, 32)],
+)  # fmt: skip
+def test_lead_kernel_row_first_on_every_path(dtype, c_in, c_out):
+    """A forward over an odd kernel adds each row's product through the middle kernel row
+    first (``tl_fwd_lead``): tiles whose rows all have that entry (a submanifold map's
+    centre) write their rows there, a tile where one row lacks it zeroes its rows, and a
+    table listed with each row's first entry kept apart (outputs over 128 bytes) puts the
+    lead entry first. The table's first call, the kept tile lists and fetch-on-demand's
+    pair lists must give the same bits at 1 and 2 threads, near a float64 reference."""
+    from torch_lattice.ops.conv import pair_conv
+    from torch_lattice.ops.kmap import kernel_pairs
+
+    n = 5000
+    nbr = _table(n, 27, n, 3)
+    nbr[:, 13] = torch.arange(n, dtype=torch.int32)  # every row its own centre ...
+    nbr[4100, 13] = -1  # ... but one, in a later tile
+    nbr[4100, :13] = -1  # whose first entry is then past the lead
+    x, w = _operands(nbr, n, c_in, c_out, dtype)
+    offsets, pin, pout = kernel_pairs(nbr)
+    before = torch.get_num_threads()
+    try:
+        runs = []
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            T.clear_tile_lists()
+            first = T.sparse_conv(x, w, nbr, nbr)  # listed from the table
+            runs += [first, T.sparse_conv(x, w, nbr, nbr), T.sparse_conv(x, w, nbr, nbr)]
+            assert _entry(nbr) is not None and len(_entry(nbr).sizes) == 1  # over lists
+            runs.append(pair_conv(x, w, offsets, pin, pout, None, None, None, n, False))
+            runs.append(pair_conv(x, w, offsets, pin, pout, None, None, None, n, True))
+    finally:
+        torch.set_num_threads(before)
+    for y in runs[1:]:
+        assert torch.equal(y, runs[0])
+    tol = 1e-4 if dtype == torch.float32 else 1e-12
+    ref = _reference(x, w, nbr)
+    torch.testing.assert_close(runs[0].double(), ref, rtol=tol, atol=tol * ref.abs().max())
+
+
 def test_lists_follow_the_tables_own_entries():
     """The kept lists name exactly the table's present entries, tile by tile."""
     nbr = _table(1000, 5, 300, 1)
