@@ -130,6 +130,16 @@ static inline int TL_MK(wgrad_packs)(const TL_MK(ops) *mk, int64_t cin, int64_t 
  * rows are gathered from anywhere in x (1.0-1.3x; most on strided maps). */
 #define TL_MK_PACK_AHEAD 8
 
+/* Pairs ahead that the weight gradient's passes over rows in place (rows_t_R)
+ * ask for a pair's x row (the pass's line of it) and dy row (the block's
+ * first line), besides the next kernel row's rows they ask for (outer_acc):
+ * the rows of the kernel row's later pairs had been left to the hardware,
+ * which does not follow a gather.  1.04-1.17x at C = 16 and 1.00-1.14x at
+ * C = 24-32 on the submanifold, k2 s2 and k3 s2 p1 maps of both scenes on
+ * the AMD EPYC (Zen 4) of round thirty, bitwise; 6, 12 and 24 pairs ahead
+ * measured the same within the VM's spread. */
+#define TL_MK_PAIRS_AHEAD 16
+
 /* Strips of r input channels (r = 4, 6 or 8) that the weight gradient's
  * panel runs over a packed row of ldx values (a multiple of 4) before strips
  * of 4 take the rest: as many as leave a multiple of 4 behind. */
