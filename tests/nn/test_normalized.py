@@ -378,3 +378,32 @@ def test_gradcheck_normalized_generative() -> None:
     x = tiny(24, stride=2)
     ch.gradcheck_module(conv, x)
     ch.gradcheck_module(conv, x, conv(x).coords.flip(0))
+
+
+@pytest.mark.parametrize("scale", [0.0, 1e-4, 1.0])
+def test_float16_models_sum_the_denominator_in_float32(scale: float) -> None:
+    """A model moved to float16 (no autocast): conv(1, W^2) + eps is summed in float32,
+    where in float16 squared weights below 6e-8 vanished (inf) and eps = 1e-8 rounded to 0
+    (NaN on a row nothing reaches); the output stays float16 and near float32's, the bias
+    on the unreached row, and the gradients finite."""
+    src = tl.SparseTensor(torch.ones(1, 2), torch.tensor([[0, 0, 0, 0]]), stride=2)
+    tgt = tl.SparseTensor(torch.zeros(2, 2), torch.tensor([[0, 0, 0, 0], [0, 5, 5, 5]]))
+    sub_in = tl.SparseTensor(torch.ones(2, 2), torch.tensor([[0, 0, 0, 0], [0, 4, 4, 4]]))
+    layers = [
+        (tl.nn.NormalizedConvTranspose3d(2, 2, kernel_size=2, stride=2, bias=True), (src, tgt)),
+        (tl.nn.NormalizedSubmConv3d(2, 2, kernel_size=3, bias=True), (sub_in,)),
+        (tl.nn.NormalizedGenerativeConvTranspose3d(2, 2, kernel_size=2, stride=2, bias=True),
+         (src,)),
+    ]
+    for layer, inputs in layers:
+        with torch.no_grad():
+            layer.weight.fill_(scale)
+            layer.bias.fill_(0.25)
+        want = layer(*inputs).feats.detach()
+        half = layer.half()
+        got = half(*(t.half() for t in inputs))
+        assert got.feats.dtype == torch.float16
+        assert torch.isfinite(got.feats).all(), type(layer).__name__
+        torch.testing.assert_close(got.feats.float(), want, rtol=2e-3, atol=2e-3)
+        got.feats.sum().backward()
+        assert torch.isfinite(half.weight.grad).all() and torch.isfinite(half.bias.grad).all()

@@ -65,12 +65,18 @@ def weight_normalized(
     (no bias, no checks: ``eps`` already checked)."""
     num = conv(input, weight)
     device_type = weight.device.type
-    # Under autocast the convolutions run in half precision, where squared weights below
-    # 6e-8 vanish and eps = 1e-8 rounds to 0 (NaN for zero weights): the denominator is
-    # summed in float32 with autocast off, so the quotient is float32.
+    # In float16 squared weights below 6e-8 vanish and eps = 1e-8 rounds to 0 (inf for
+    # small weights, NaN for a row nothing reaches): the denominator is summed in float32,
+    # for float16 weights and under autocast (whose convolutions run in half precision,
+    # with autocast off there). The quotient stays float32 under autocast and is float16
+    # for a float16 model, as its other layers' outputs.
     autocast = device_type in ("cpu", "cuda") and torch.is_autocast_enabled(device_type)
-    w = weight.float() if autocast else weight
+    wide = autocast or weight.dtype == torch.float16
+    w = weight.float() if wide else weight
     with torch.autocast(device_type, enabled=False) if autocast else contextlib.nullcontext():
         ones = torch.ones(input.feats.shape, dtype=w.dtype, device=w.device)
         den = conv(SparseTensor.from_support(ones, input.support), w * w)
-    return SparseTensor.from_support(num.feats / torch.sqrt(den.feats + eps), num.support)
+    out = num.feats / torch.sqrt(den.feats + eps)
+    if not autocast:
+        out = out.to(num.feats.dtype)
+    return SparseTensor.from_support(out, num.support)
