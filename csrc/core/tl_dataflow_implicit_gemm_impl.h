@@ -214,6 +214,11 @@ static int TL_FN(tl_forward_tile)(const tl_conv_desc *d, const TL_T *x, const TL
             rl[n] = s->lr + n * m;
         }
     }
+    if (d->c_in == 0) { /* no products: every row is its zeros (the lists checked above) */
+        for (int64_t r = 0; r < m; r++)
+            memset(y + (o0 + r) * cout + co0, 0, sizeof(TL_T) * (size_t)cw);
+        return 0;
+    }
     /* single: every entry of the unsplit lists is its row's first */
     const int single = !split && tl_tile_single(rl, s->lc, k, m, base, s->hit, s->zr, &nz);
     /* led: the lead kernel row names every row of the tile (a row at most

@@ -254,3 +254,27 @@ def test_cpu_gather_scatter_forward_is_fetch_on_demand_bitwise(
     assert torch.equal(dws[0], dws[1])
     tol = 1e-5 if dtype is torch.float32 else 1e-12
     torch.testing.assert_close(dws[0].double(), ref_dw, rtol=tol, atol=tol * ref_dw.abs().max())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("c_out", [4, 40])
+def test_zero_input_channels_give_zeros(dtype: torch.dtype, c_out: int) -> None:
+    """No input channels: every output is zero (``x @ w`` over an empty inner dimension),
+    on every dataflow, on the first call and over the kept maps and lists after it, through
+    a submanifold layer (whose centre rows are written first, never zeroed) and a pointwise
+    one; the input gradient of a layer with no output channels likewise."""
+    coords = torch.tensor([[0, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0], [0, 5, 5, 5]])
+    x = tl.SparseTensor(torch.randn(4, 0, dtype=dtype), coords)
+    for dataflow in (F.Dataflow.ImplicitGEMM, F.Dataflow.FetchOnDemand,
+                     F.Dataflow.GatherScatter):
+        with F.conv_config(dataflow=dataflow):
+            for _ in range(3):
+                for k in (27, 1):
+                    w = torch.randn(k, 0, c_out, dtype=dtype)
+                    y = F.subm_conv3d(x, w) if k == 27 else F.conv3d(x, w, kernel_size=1)
+                    assert torch.equal(y.feats, torch.zeros(4, c_out, dtype=dtype))
+            feats = torch.randn(4, c_out, dtype=dtype, requires_grad=True)
+            w = torch.randn(27, c_out, 0, dtype=dtype, requires_grad=True)
+            y = F.subm_conv3d(x.replace(feats=feats), w)
+            (grad,) = torch.autograd.grad(y.feats.sum(), feats)
+            assert torch.equal(grad, torch.zeros_like(feats))
