@@ -47,14 +47,21 @@ def _positive_in_float32(v: float) -> bool:
 
 
 def _floats3(name: str, value: Any, positive: bool) -> list[float]:
+    # Sized before anything is read or shown: a tensor expanded to 10^9 elements is 4
+    # bytes of storage, and its list (or a long list in the message) gigabytes.
     if isinstance(value, torch.Tensor):
+        if value.numel() not in (1, 3):
+            raise ValueError(f"{name} must be a number or 3 numbers (x, y, z), got a tensor "
+                             f"of shape {tuple(value.shape)}")
         value = value.tolist()
     if isinstance(value, bool):
         raise TypeError(f"{name} must be a number or 3 numbers, got {value!r}")
     if isinstance(value, (int, float)):
         value = [value] * 3
     if not isinstance(value, Sequence) or len(value) != 3:
-        raise ValueError(f"{name} must be a number or 3 numbers (x, y, z), got {value!r}")
+        long = isinstance(value, Sequence) and len(value) > 8
+        shown = f"a sequence of {len(value)}" if long else repr(value)
+        raise ValueError(f"{name} must be a number or 3 numbers (x, y, z), got {shown}")
     out = []
     for v in value:
         if isinstance(v, bool) or not isinstance(v, (int, float)):
@@ -173,7 +180,8 @@ def devoxelize(
     """Reads voxel features back at points (see the module docstring for the rules).
 
     Args:
-        points: ``(P, 3)`` floating positions, none below ``origin``.
+        points: ``(P, 3)`` floating positions, none below ``origin`` (not
+            differentiated: a ``points.grad`` stays None, as in :func:`voxelize`).
         voxels: SparseTensor with ``(M, C)`` features (differentiable); a
             stride-``s`` tensor is read on a grid of edge ``voxel_size * s``.
         batch_indices: ``(P,)`` batch of each point, or None (all 0).
@@ -194,7 +202,10 @@ def devoxelize(
     size = _floats3("voxel_size", voxel_size, positive=True)
     size = [v * s for v, s in zip(size, voxels.stride, strict=True)]
     org = _floats3("origin", origin, positive=False)
-    idx, w = devoxel_map(pts, batch, size, org, voxels.coords, interpolation == "trilinear")
+    # The positions are constants of the map (its rows and trilinear weights): a points
+    # tensor that requires grad (say, the output of a learned offset) is read as it is.
+    idx, w = devoxel_map(pts.detach(), batch, size, org, voxels.coords,
+                         interpolation == "trilinear")
     refuse_function_transforms("devoxelize", voxels.feats, pts)  # trilinear: points too
     out = devoxel_gather(_work_feats("devoxelize", voxels.feats), idx, w)
     return out.to(voxels.dtype)

@@ -260,3 +260,34 @@ def test_collate_equals_batched_voxelize():
     assert sorted(set(x.coords[:, 0].tolist())) == [0, 1, 2]
     with pytest.raises(ValueError, match="collate"):
         tl.collate(pts, fts[:2])
+
+
+@pytest.mark.parametrize("interpolation", ["nearest", "trilinear"])
+def test_devoxelize_points_that_require_grad(interpolation: str) -> None:
+    """Points that require grad (a learned offset, say) are read as positions, not
+    differentiated: backward reaches the voxel features, and points.grad stays None (it
+    raised "no autograd formula" for lattice.devoxel_map)."""
+    g = torch.Generator().manual_seed(5)
+    feats = torch.randn(20, 2, generator=g, dtype=torch.float64, requires_grad=True)
+    voxels = tl.voxelize(torch.rand(20, 3, generator=g, dtype=torch.float64) * 3, feats)
+    points = (torch.rand(6, 3, generator=g, dtype=torch.float64) * 3).requires_grad_(True)
+    out = tl.devoxelize(points, voxels, interpolation=interpolation)
+    want = tl.devoxelize(points.detach(), voxels, interpolation=interpolation)
+    assert torch.equal(out, want)
+    out.sum().backward()
+    assert points.grad is None and feats.grad is not None
+
+
+@pytest.mark.parametrize("name", ["voxel_size", "origin"])
+def test_grid_arguments_are_sized_before_they_are_read(name: str) -> None:
+    """A tensor expanded to 10^9 values (4 bytes of storage) or a list of 10^7 is refused
+    by its length, before .tolist() or the message would take gigabytes."""
+    points, feats = torch.rand(5, 3), torch.randn(5, 2)
+    huge = torch.ones(1).expand(10**9)
+    with pytest.raises(ValueError, match=rf"{name} must be .* tensor of shape \(1000000000,\)"):
+        tl.voxelize(points, feats, **{name: huge})
+    with pytest.raises(ValueError, match=rf"{name} must be .* a sequence of 10000000$"):
+        tl.voxelize(points, feats, **{name: [1.0] * 10**7})
+    voxels = tl.voxelize(points, feats)
+    with pytest.raises(ValueError, match=rf"{name} must be .* tensor of shape"):
+        tl.devoxelize(points, voxels, **{name: huge})
