@@ -103,3 +103,39 @@ def test_half_precision_model_folds() -> None:
     with torch.no_grad():
         ref, got = model(xb).feats.float(), folded(xb).feats.float()
     torch.testing.assert_close(got, ref, rtol=0.05, atol=0.05 * float(ref.abs().max()))
+
+
+def test_shared_convolutions_are_not_folded() -> None:
+    """A convolution registered twice (``Sequential(conv, bn, relu, conv, bn)``) was folded
+    twice, and one registered elsewhere in the model, or holding a weight another module
+    holds, had its other use scaled: those stay unfolded, the others are folded, and the
+    copy computes what the model computes."""
+    x = _scene(2)
+    conv, bn = tl.nn.SubmConv3d(2, 2, 3), tl.nn.BatchNorm(2)
+    with torch.no_grad():
+        bn.running_mean.fill_(3.0)
+        bn.running_var.fill_(4.0)
+    twice = nn.Sequential(conv, bn, tl.nn.ReLU(), conv, bn).eval()
+
+    class Elsewhere(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.head = tl.nn.SubmConv3d(2, 2, 3)
+            self.body = nn.Sequential(self.head, tl.nn.BatchNorm(2))
+            self.tied = tl.nn.SubmConv3d(2, 2, 3)
+            self.tail = nn.Sequential(tl.nn.SubmConv3d(2, 2, 3), tl.nn.BatchNorm(2))
+            self.tail[0].weight = self.tied.weight
+            self.last = nn.Sequential(tl.nn.SubmConv3d(2, 2, 3), tl.nn.BatchNorm(2))
+
+        def forward(self, x: tl.SparseTensor) -> tl.SparseTensor:
+            return self.last(self.tail(self.tied(self.body(self.head(x)))))
+
+    elsewhere = _trained_stats(Elsewhere(), x).eval()
+    for model, unfolded in ((twice, 2), (elsewhere, 2)):
+        folded = tl.nn.fold_batch_norm(model)
+        left = [m for _, m in folded.named_modules(remove_duplicate=False)
+                if isinstance(m, tl.nn.BatchNorm)]
+        assert len(left) == unfolded
+        with torch.no_grad():
+            torch.testing.assert_close(folded(x).feats, model(x).feats, rtol=1e-5, atol=1e-5)
+    assert isinstance(tl.nn.fold_batch_norm(elsewhere).last[1], nn.Identity)  # not shared

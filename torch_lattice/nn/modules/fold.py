@@ -33,7 +33,11 @@ def fold_batch_norm(model: torch.nn.Module) -> torch.nn.Module:
     eval mode; ``model`` is not changed. Convolutions without a bias get one. Not folded:
     weight-normalized convolutions (their weight is recomputed from ``weight`` on every
     call), batch norms without running statistics, and a batch norm whose channels are
-    not the convolution's output channels; those stay as they are.
+    not the convolution's output channels; those stay as they are. Nor a convolution
+    registered more than once in ``model`` (shared, as in ``Sequential(conv, bn, relu,
+    conv, bn)``) or whose weight or bias another module also holds: folding would change
+    its other uses too. (A convolution that ``forward`` also calls from outside the model's
+    own modules cannot be seen: share none such.)
 
     Args:
         model: A module in eval mode.
@@ -50,15 +54,36 @@ def fold_batch_norm(model: torch.nn.Module) -> torch.nn.Module:
             "(training-mode batch norm uses each batch's statistics, which cannot be folded)"
         )
     folded = copy.deepcopy(model)
+    shared = _shared(folded)
     for seq in [m for m in folded.modules() if isinstance(m, nn.Sequential)]:
         names = list(seq._modules)
         for conv_name, bn_name in itertools.pairwise(names):
             conv, bn = seq._modules[conv_name], seq._modules[bn_name]
-            if _foldable(conv, bn):
+            if _foldable(conv, bn) and not _uses(conv) & shared:
                 _fold(conv, bn)  # type: ignore[arg-type]
                 # What is left of BatchNormReLU is its ReLU.
                 seq._modules[bn_name] = ReLU() if isinstance(bn, BatchNormReLU) else nn.Identity()
     return folded.eval()
+
+
+def _uses(module: nn.Module | None) -> set[int]:
+    """The ids of ``module`` and of its own parameters."""
+    if module is None:
+        return set()
+    return {id(module)} | {id(p) for p in module.parameters(recurse=False)}
+
+
+def _shared(model: nn.Module) -> set[int]:
+    """The ids of the modules and parameters that ``model`` holds in more than one place."""
+    seen: set[int] = set()
+    twice: set[int] = set()
+    for _, module in model.named_modules(remove_duplicate=False):
+        twice |= {id(module)} & seen
+        seen.add(id(module))
+    for _, param in model.named_parameters(remove_duplicate=False):
+        twice |= {id(param)} & seen
+        seen.add(id(param))
+    return twice
 
 
 def _foldable(conv: nn.Module | None, bn: nn.Module | None) -> bool:
