@@ -64,7 +64,7 @@ tl_status tl_tile_lists_count(const tl_ctx *ctx, const int32_t *nbr, int64_t n_o
 }
 
 tl_status tl_tile_lists_fill(const tl_ctx *ctx, const int32_t *nbr, int64_t n_out, int64_t k,
-                             int64_t tile_rows, const int64_t *start, int32_t *in,
+                             int64_t tile_rows, const int64_t *start, int64_t top, int32_t *in,
                              int32_t *rows) {
     if (tile_rows < 1 || n_out < 0 || k < 0 || (!nbr && n_out * k > 0) || !start)
         return TL_ERR_INVALID;
@@ -84,7 +84,8 @@ tl_status tl_tile_lists_fill(const tl_ctx *ctx, const int32_t *nbr, int64_t n_ou
         for (int64_t t = 0; t < tiles; t++) {
             if (!ok || invalid) continue;
             const int64_t o0 = t * tile_rows, m = n_out - o0 < tile_rows ? n_out - o0 : tile_rows;
-            tl_list_tile(level, nbr, o0, m, k, li, lr, lc);
+            /* (entries below -1 wrap above any top) */
+            invalid |= (int64_t)tl_list_tile(level, nbr, o0, m, k, li, lr, lc) > top;
             const int64_t *at = start + t * k;
             for (int64_t n = 0; n < k && !invalid; n++)
                 invalid |= at[n + 1] - at[n] != lc[n] || at[n] < 0;

@@ -50,12 +50,13 @@ static inline void tl_tile_lists_of(const tl_tile_lists *lists, int64_t t, int64
 tl_status tl_tile_lists_count(const tl_ctx *ctx, const int32_t *nbr, int64_t n_out, int64_t k,
                               int64_t tile_rows, int64_t *start, int64_t *top);
 
-/* Fills in and rows (start[tiles x k] each) from nbr and the start of
- * tl_tile_lists_count.  TL_ERR_INVALID, with nothing written outside
- * [0, start[tiles x k]), where a tile's lists do not match start (the table
- * changed in between). */
+/* Fills in and rows (start[tiles x k] each) from nbr and the start and top
+ * of tl_tile_lists_count.  TL_ERR_INVALID, with nothing written outside
+ * [0, start[tiles x k]), where a tile's lists do not match start or name a
+ * row at or above top (the table changed in between: the kernels over the
+ * lists trust top, checked against their rows once). */
 tl_status tl_tile_lists_fill(const tl_ctx *ctx, const int32_t *nbr, int64_t n_out, int64_t k,
-                             int64_t tile_rows, const int64_t *start, int32_t *in,
+                             int64_t tile_rows, const int64_t *start, int64_t top, int32_t *in,
                              int32_t *rows);
 
 #endif

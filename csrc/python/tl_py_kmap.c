@@ -228,23 +228,26 @@ static PyObject *py_tile_lists_count(PyObject *self, PyObject *args) {
 }
 
 PyDoc_STRVAR(tile_lists_fill_doc,
-             "tile_lists_fill(nbr_ptr, n_out, k, tile_rows, start_ptr, in_ptr, rows_ptr, "
-             "threads)\n\nFills the int32 tile lists of nbr at the starts tile_lists_count "
-             "gave.");
+             "tile_lists_fill(nbr_ptr, n_out, k, tile_rows, start_ptr, top, in_ptr, rows_ptr, "
+             "threads)\n\nFills the int32 tile lists of nbr at the starts and below the top "
+             "tile_lists_count gave.");
 static PyObject *py_tile_lists_fill(PyObject *self, PyObject *args) {
     (void)self;
     tl_py_call c;
     unsigned long long pnbr, pstart, pin, prows;
-    long long n_out, k, tile_rows;
-    if (!tl_py_parse(args, 0, &c, "KLLLKKK", &pnbr, &n_out, &k, &tile_rows, &pstart, &pin,
-                     &prows))
+    long long n_out, k, tile_rows, top;
+    if (!tl_py_parse(args, 0, &c, "KLLLKLKK", &pnbr, &n_out, &k, &tile_rows, &pstart, &top,
+                     &pin, &prows))
         return NULL;
     tl_status st;
-    Py_BEGIN_ALLOW_THREADS st = tl_tile_lists_fill(&c.ctx, tl_ptr(pnbr), n_out, k, tile_rows,
-                                                   tl_ptr(pstart), tl_ptr(pin), tl_ptr(prows));
+    Py_BEGIN_ALLOW_THREADS st =
+        tl_tile_lists_fill(&c.ctx, tl_ptr(pnbr), n_out, k, tile_rows, tl_ptr(pstart), top,
+                           tl_ptr(pin), tl_ptr(prows));
     Py_END_ALLOW_THREADS if (st != TL_OK) return tl_py_fail(
         &c, st, "tile_lists_fill", "tl_tile_lists_fill",
-        "the starts must be tile_lists_count's for this table and tile_rows", NULL);
+        "the starts and top must be tile_lists_count's for this table and tile_rows (was the "
+        "table changed while it was listed?)",
+        NULL);
     Py_RETURN_NONE;
 }
 

@@ -1145,7 +1145,8 @@ static void build_lists(const tl_ctx *ctx, const tl_conv_desc *d, const int32_t 
     CHECK(tl_tile_lists_count(ctx, nbr, d->n_out, d->k, rows > 0 ? rows : 1, st, &top) == TL_OK);
     int32_t *in = xmalloc(sizeof(int32_t) * (size_t)(st[nt * d->k] + 1));
     int32_t *lr = xmalloc(sizeof(int32_t) * (size_t)(st[nt * d->k] + 1));
-    CHECK(tl_tile_lists_fill(ctx, nbr, d->n_out, d->k, rows > 0 ? rows : 1, st, in, lr) == TL_OK);
+    CHECK(tl_tile_lists_fill(ctx, nbr, d->n_out, d->k, rows > 0 ? rows : 1, st, top, in, lr) ==
+          TL_OK);
     *lists = (tl_tile_lists){rows, top, st, in, lr};
 }
 
@@ -1255,7 +1256,7 @@ static void check_wgrad_over_lists(const tl_ctx *ctx, const int32_t *nbr, int64_
             CHECK(tl_tile_lists_count(ctx, nbr, n_out, k, rows, st, &top) == TL_OK);
             int32_t *in = xmalloc(sizeof(int32_t) * (size_t)(st[nt * k] + 1));
             int32_t *lr = xmalloc(sizeof(int32_t) * (size_t)(st[nt * k] + 1));
-            CHECK(tl_tile_lists_fill(ctx, nbr, n_out, k, rows, st, in, lr) == TL_OK);
+            CHECK(tl_tile_lists_fill(ctx, nbr, n_out, k, rows, st, top, in, lr) == TL_OK);
             tl_tile_lists lists = {rows, top, st, in, lr};
             char *x = xmalloc(es * (size_t)(n_in * 5));
             char *dy = xmalloc(es * (size_t)(n_out * cout));
@@ -1423,7 +1424,7 @@ static void test_tile_lists(void) {
                 const int64_t all = start[tiles * k];
                 int32_t *in = xmalloc(sizeof(int32_t) * (size_t)(all + 1));
                 int32_t *rows = xmalloc(sizeof(int32_t) * (size_t)(all + 1));
-                CHECK(tl_tile_lists_fill(&ctx, nbr, n_out, k, tile_rows, start, in, rows) ==
+                CHECK(tl_tile_lists_fill(&ctx, nbr, n_out, k, tile_rows, start, top, in, rows) ==
                       TL_OK);
                 int64_t want_top = 0, seen = 0;
                 for (int64_t t = 0; t < tiles; t++)
@@ -1451,11 +1452,15 @@ static void test_tile_lists(void) {
                             bad[j]++;
                             break;
                         }
-                    CHECK(tl_tile_lists_fill(&ctx, nbr, n_out, k, tile_rows, bad, in, rows) ==
+                    CHECK(tl_tile_lists_fill(&ctx, nbr, n_out, k, tile_rows, bad, top, in, rows) ==
                           (memcmp(bad, start, sizeof(int64_t) * (size_t)(tiles * k + 1))
                                ? TL_ERR_INVALID
                                : TL_OK));
                     free(bad);
+                    /* A table that names a row at or above the counted top
+                     * (changed between the two passes): refused. */
+                    CHECK(tl_tile_lists_fill(&ctx, nbr, n_out, k, tile_rows, start, top - 1, in,
+                                             rows) == TL_ERR_INVALID);
                 }
                 free(start);
                 free(in);
@@ -1475,7 +1480,7 @@ static void test_tile_lists(void) {
                 int64_t st[1] = {-1}, tp = -1;
                 CHECK(tl_tile_lists_count(&c1, NULL, n_out, 0, 7, st, &tp) == TL_OK);
                 CHECK(st[0] == 0 && tp == 0);
-                CHECK(tl_tile_lists_fill(&c1, NULL, n_out, 0, 7, st, NULL, NULL) == TL_OK);
+                CHECK(tl_tile_lists_fill(&c1, NULL, n_out, 0, 7, st, tp, NULL, NULL) == TL_OK);
             }
             /* An entry below -1 is refused. */
             if (n_out * k > 1) {

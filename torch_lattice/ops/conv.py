@@ -430,7 +430,7 @@ def _build(nbr: torch.Tensor, tile_rows: int) -> TileLists:
     entries = int(start[-1])
     rows_in = torch.empty(entries, dtype=torch.int32)
     rows_out = torch.empty(entries, dtype=torch.int32)
-    _C.tile_lists_fill(*sizes, ptr(start), ptr(rows_in), ptr(rows_out), threads())
+    _C.tile_lists_fill(*sizes, ptr(start), top, ptr(rows_in), ptr(rows_out), threads())
     args = (tile_rows, top, start.data_ptr(), rows_in.data_ptr(), rows_out.data_ptr())
     return TileLists(tile_rows, top, start, rows_in, rows_out, args)
 
