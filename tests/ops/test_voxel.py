@@ -291,3 +291,16 @@ def test_grid_arguments_are_sized_before_they_are_read(name: str) -> None:
     voxels = tl.voxelize(points, feats)
     with pytest.raises(ValueError, match=rf"{name} must be .* tensor of shape"):
         tl.devoxelize(points, voxels, **{name: huge})
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool, torch.float16, torch.bfloat16])
+def test_low_level_voxel_ops_name_the_feature_dtype(dtype: torch.dtype) -> None:
+    """The CPU kernels take float32 and float64 (tl.voxelize widens half types): others
+    are a TypeError naming feats (an int gave KeyError, a half "not supported by this
+    build")."""
+    feats = torch.ones(3, 2).to(dtype)
+    with pytest.raises(TypeError, match=r"voxel_reduce: feats must be float32, float64 on cpu"):
+        voxel_reduce(feats, torch.zeros(3, dtype=torch.int64), 1, "mean")
+    idx, w = torch.zeros(3, 1, dtype=torch.int64), torch.ones(3, 1, dtype=torch.float64)
+    with pytest.raises(TypeError, match=r"devoxel_gather: feats must be float32, float64"):
+        devoxel_gather(feats, idx, w)

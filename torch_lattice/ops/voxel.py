@@ -81,6 +81,18 @@ def check_points(op: str, points: torch.Tensor, batch: torch.Tensor | None) -> N
         check_tensor(op, "batch", batch, (torch.int64,), (int(points.shape[0]),))
 
 
+def _check_float_feats(op: str, feats: torch.Tensor) -> None:
+    """The kernels' feature dtypes: float32 or float64 on the CPU (tl.voxelize and
+    tl.devoxelize widen half types first), also float16 and bfloat16 on CUDA."""
+    kinds = (torch.float32, torch.float64)
+    if feats.device.type == "cuda":
+        kinds += (torch.float16, torch.bfloat16)
+    if feats.dtype not in kinds:
+        names = ", ".join(str(k).removeprefix("torch.") for k in kinds)
+        raise TypeError(f"lattice::{op}: feats must be {names} on {feats.device.type}, "
+                        f"got {feats.dtype}")
+
+
 def check_voxel_reduce(feats: torch.Tensor, inverse: torch.Tensor, num_voxels: int,
                        reduction: str) -> None:  # fmt: skip
     """The argument check of ``lattice::voxel_reduce`` (CPU and CUDA): ``(P, C)``
@@ -89,6 +101,7 @@ def check_voxel_reduce(feats: torch.Tensor, inverse: torch.Tensor, num_voxels: i
     op = "voxel_reduce"
     if feats.dim() != 2:
         raise ValueError(f"lattice::{op}: feats must be (P, C), got {tuple(feats.shape)}")
+    _check_float_feats(op, feats)
     check_tensor(op, "inverse", inverse, (torch.int64,), (int(feats.shape[0]),))
     if isinstance(num_voxels, bool) or not isinstance(num_voxels, int) or num_voxels < 0:
         raise ValueError(f"lattice::{op}: num_voxels must be an int >= 0, got {num_voxels!r}")
@@ -111,6 +124,7 @@ def check_devoxel_gather(feats: torch.Tensor, idx: torch.Tensor, weight: torch.T
     op = "devoxel_gather"
     if feats.dim() != 2:
         raise ValueError(f"lattice::{op}: feats must be (M, C), got {tuple(feats.shape)}")
+    _check_float_feats(op, feats)
     check_tensor(op, "idx", idx, (torch.int64,), ("P", "k"))
     check_tensor(op, "weight", weight, (torch.float64,), tuple(int(s) for s in idx.shape))
 
