@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from torch_lattice.memory_budget import check_allocation
 from torch_lattice.ops._runtime import REDUCTION_CODES, compute_dtype, refuse_function_transforms
 from torch_lattice.ops.voxel import devoxel_gather, devoxel_map, voxel_reduce, voxelize_coords
 from torch_lattice.tensor import CoordinateManager, SparseTensor, Support
@@ -207,6 +208,9 @@ def devoxelize(
     idx, w = devoxel_map(pts.detach(), batch, size, org, voxels.coords,
                          interpolation == "trilinear")
     refuse_function_transforms("devoxelize", voxels.feats, pts)  # trilinear: points too
+    # (features expanded to billions of channels from a few bytes would ask for gigabytes)
+    check_allocation(f"devoxelize output ({pts.shape[0]} points x {voxels.feats.shape[1]} "
+                     "channels)", int(pts.shape[0]) * int(voxels.feats.shape[1]) * 8)
     out = devoxel_gather(_work_feats("devoxelize", voxels.feats), idx, w)
     return out.to(voxels.dtype)
 

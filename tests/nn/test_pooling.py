@@ -163,3 +163,22 @@ def test_pool_errors():
         F.sum_pool3d(x.feats, 2)
     with pytest.raises(TypeError, match="SparseTensor"):
         tl.nn.GlobalMaxPool()(x.feats)
+
+
+def test_outputs_of_expanded_features_are_sized_first() -> None:
+    """Features expanded to 2e9 channels from 4 bytes of storage: pooling, its transpose,
+    trilinear upsampling and devoxelize refuse the output by the memory budget before
+    allocating it (torch's allocator was asked for 16-360 GB)."""
+    from torch_lattice.memory_budget import MemoryBudgetError
+
+    x = tl.SparseTensor(torch.zeros(1, 1).expand(2, 2 * 10**9),
+                        torch.tensor([[0, 1, 1, 1], [0, 2, 1, 1]]), stride=2)
+    calls = {
+        "max pooling": lambda: F.max_pool3d(x, 2, 2),
+        "pool_transpose3d": lambda: F.pool_transpose3d(x, 2),
+        "trilinear_upsample3d": lambda: F.trilinear_upsample3d(x, 2),
+        "devoxelize": lambda: tl.devoxelize(torch.rand(3, 3) * 4, x, voxel_size=0.5),
+    }
+    for op, call in calls.items():
+        with pytest.raises(MemoryBudgetError, match=rf"^{op} output \(\d+ (rows|points) x "):
+            call()

@@ -166,3 +166,26 @@ def test_gather_scatter_row_ranges_are_read_once_per_pair_list() -> None:
     assert version == offsets._version and _row_ranges(offsets) is ranges  # no second read
     offsets[1] = 1
     assert _row_ranges(offsets) == [(0, 0, 1), (1, 1, 2), (2, 2, 5)]
+
+
+def test_a_meta_tensor_beside_cpu_tensors_is_refused() -> None:
+    """One meta tensor among CPU ones sends a call to the op's fake kernel, which returned
+    an uninitialized CPU tensor: every fake kernel now checks the devices as the real
+    kernels do. All-meta calls still give shapes (torch.compile's fake tensors too)."""
+    L = torch.ops.lattice
+    c = torch.tensor([[0, 0, 0, 0], [0, 1, 0, 0]], dtype=torch.int32)
+    nbr, rev = L.kernel_map(c, c, [3, 3, 3], [1, 1, 1], [1, 1, 1], [1, 1, 1])
+    x, w = torch.randn(2, 3), torch.randn(27, 3, 2)
+    calls = {
+        "kernel_map": lambda m: L.kernel_map(c, m(c), [3, 3, 3], [1] * 3, [1] * 3, [1] * 3),
+        "sparse_conv": lambda m: L.sparse_conv(x, m(w), nbr, rev),
+        "sparse_conv_weight_grad": lambda m: L.sparse_conv_weight_grad(x, m(x), nbr),
+        "pool_max": lambda m: L.pool_max(m(x), nbr, rev),
+        "devoxel_gather": lambda m: L.devoxel_gather(
+            x, m(torch.zeros(2, 1, dtype=torch.int64)), torch.ones(2, 1, dtype=torch.float64)),
+    }
+    for name, call in calls.items():
+        with pytest.raises(ValueError, match=rf"lattice::{name}: all tensors must be on one"):
+            call(lambda t: t.to("meta"))
+    meta = L.sparse_conv(x.to("meta"), w.to("meta"), nbr.to("meta"), rev.to("meta"))
+    assert meta.shape == (2, 2) and meta.device.type == "meta"

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import warnings
 from collections.abc import Callable
+from typing import Any, TypeVar, cast
 
 import torch
 
@@ -32,6 +33,7 @@ __all__ = [
     "cuda_feature_code",
     "device_index",
     "device_type",
+    "one_device",
     "optional_ptr",
     "ptr",
     "refuse_function_transforms",
@@ -41,6 +43,8 @@ __all__ = [
     "weight_grad_dataflow",
     "workspace_alloc",
 ]
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 # dtype codes of enum tl_dtype in csrc/core/tl_conv.h
 DTYPE_CODES = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3}
@@ -68,6 +72,31 @@ def device_type(op: str, *tensors: torch.Tensor) -> str:
     if kind not in ("cpu", "cuda"):
         raise RuntimeError(f"lattice::{op}: no kernels for {kind} tensors (use CPU or CUDA)")
     return kind
+
+
+def one_device(op: str) -> Callable[[F], F]:
+    """Decorates an op's fake kernel: its tensor arguments (also inside lists) must be on
+    one device, as the real kernels check (:func:`device_type`). A meta tensor beside CPU
+    tensors sends the call to the fake kernel, which would return an uninitialized tensor
+    on the other arguments' device instead of an error."""
+
+    def wrap(fake: F) -> F:
+        @functools.wraps(fake)
+        def checked(*args: Any, **kwargs: Any) -> Any:
+            tensors = []
+            for a in (*args, *kwargs.values()):
+                items = a if isinstance(a, (list, tuple)) else (a,)
+                tensors += [t for t in items if isinstance(t, torch.Tensor)]
+            devices = {t.device for t in tensors}
+            if len(devices) > 1:
+                raise ValueError(
+                    f"lattice::{op}: all tensors must be on one device, got {devices}"
+                )
+            return fake(*args, **kwargs)
+
+        return cast(F, checked)
+
+    return wrap
 
 
 def refuse_function_transforms(op: str, *tensors: torch.Tensor | None) -> None:

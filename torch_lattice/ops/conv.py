@@ -39,6 +39,7 @@ from torch_lattice.ops._runtime import (
     _C,
     DTYPE_CODES,
     compute_dtype,
+    one_device,
     ptr,
     require_cpu,
     threads,
@@ -252,6 +253,7 @@ def run_forward(
 
 
 @sparse_conv.register_fake
+@one_device("sparse_conv")
 def _(feats, weight, nbr, rev, allow_tf32=False):
     torch._check(feats.dtype == weight.dtype)
     torch._check(weight.shape[1] == feats.shape[1])
@@ -293,6 +295,7 @@ def run_weight_grad(
 
 
 @sparse_conv_weight_grad.register_fake
+@one_device("sparse_conv_weight_grad")
 def _(feats, grad_out, nbr, allow_tf32=False):
     return feats.new_empty((nbr.shape[1], feats.shape[1], grad_out.shape[1]))
 
@@ -623,6 +626,7 @@ def pair_conv(
 
 
 @pair_conv.register_fake
+@one_device("pair_conv")
 def _(
     feats,
     weight,
@@ -676,6 +680,7 @@ def pair_conv_weight_grad(
 
 
 @pair_conv_weight_grad.register_fake
+@one_device("pair_conv_weight_grad")
 def _(feats, grad_out, offsets, pair_in, pair_out, gather, allow_tf32=False):
     return feats.new_empty((offsets.shape[0] - 1, feats.shape[1], grad_out.shape[1]))
 

@@ -29,6 +29,7 @@ from torch_lattice.ops._runtime import (
     call_args,
     check_coords,
     check_tensor,
+    one_device,
     ptr,
     require_cpu,
     threads,
@@ -142,6 +143,7 @@ def kernel_pairs(nbr: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.T
 
 
 @kernel_pairs.register_fake
+@one_device("kernel_pairs")
 def _(nbr):
     p = torch.library.get_ctx().new_dynamic_size()
     return (
@@ -312,6 +314,7 @@ def generate_support(
 
 
 @generate_support.register_fake
+@one_device("generate_support")
 def _(coords, kernel_size, stride, padding, dilation, out_range, num_batches):
     torch._check(coords.dim() == 2 and coords.shape[1] == 4)
     m = torch.library.get_ctx().new_dynamic_size()
@@ -343,6 +346,7 @@ def generative_support(
 
 
 @generative_support.register_fake
+@one_device("generative_support")
 def _(coords, kernel_size, stride):
     torch._check(coords.dim() == 2 and coords.shape[1] == 4)
     m = torch.library.get_ctx().new_dynamic_size()
@@ -447,6 +451,7 @@ def _nbr_table(
 
 
 @kernel_map.register_fake
+@one_device("kernel_map")
 def _(in_coords, out_coords, kernel_size, stride, padding, dilation):
     k = kernel_size[0] * kernel_size[1] * kernel_size[2]
     return (
@@ -489,6 +494,7 @@ def neighbour_table(
 
 
 @neighbour_table.register_fake
+@one_device("neighbour_table")
 def _(in_coords, out_coords, kernel_size, stride, padding, dilation):
     k = kernel_size[0] * kernel_size[1] * kernel_size[2]
     return out_coords.new_empty((out_coords.shape[0], k))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from torch_lattice.ops._runtime import _C, DTYPE_CODES, ptr, require_cpu, threads
+from torch_lattice.ops._runtime import _C, DTYPE_CODES, one_device, ptr, require_cpu, threads
 
 __all__ = [
     "NORM_DTYPES",
@@ -72,6 +72,7 @@ def batch_norm_stats(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @batch_norm_stats.register_fake
+@one_device("batch_norm_stats")
 def _(x):
     return x.new_empty(x.shape[1], dtype=torch.float64), x.new_empty(
         x.shape[1], dtype=torch.float64
@@ -94,6 +95,7 @@ def batch_norm_apply(
 
 
 @batch_norm_apply.register_fake
+@one_device("batch_norm_apply")
 def _(x, scale, shift, relu):
     return torch.empty_like(x)
 
@@ -125,6 +127,7 @@ def batch_norm_backward_reduce(
 
 
 @batch_norm_backward_reduce.register_fake
+@one_device("batch_norm_backward_reduce")
 def _(dy, x, scale, shift, mean, relu):
     c = x.shape[1]
     return x.new_empty(c, dtype=torch.float64), x.new_empty(c, dtype=torch.float64)
@@ -166,5 +169,6 @@ def batch_norm_backward_apply(
 
 
 @batch_norm_backward_apply.register_fake
+@one_device("batch_norm_backward_apply")
 def _(dy, x, scale, shift, a, b, k, relu):
     return torch.empty_like(x)

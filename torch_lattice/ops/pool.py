@@ -23,6 +23,7 @@ from torch_lattice.ops._runtime import (
     DTYPE_CODES,
     check_tensor,
     compute_dtype,
+    one_device,
     ptr,
     require_cpu,
     threads,
@@ -99,6 +100,7 @@ def pool_sum(feats: torch.Tensor, nbr: torch.Tensor, rev: torch.Tensor) -> torch
 
 
 @pool_sum.register_fake
+@one_device("pool_sum")
 def _(feats, nbr, rev):
     return feats.new_empty((nbr.shape[0], feats.shape[1]))
 
@@ -125,6 +127,7 @@ def pool_avg(feats: torch.Tensor, nbr: torch.Tensor, rev: torch.Tensor) -> torch
 
 
 @pool_avg.register_fake
+@one_device("pool_avg")
 def _(feats, nbr, rev):
     return feats.new_empty((nbr.shape[0], feats.shape[1]))
 
@@ -167,6 +170,7 @@ def pool_max(
 
 
 @pool_max.register_fake
+@one_device("pool_max")
 def _(feats, nbr, rev):
     shape = (nbr.shape[0], feats.shape[1])
     return feats.new_empty(shape), feats.new_empty(shape, dtype=torch.int32)
@@ -197,6 +201,7 @@ def pool_max_backward(grad: torch.Tensor, rev: torch.Tensor, argmax: torch.Tenso
 
 
 @pool_max_backward.register_fake
+@one_device("pool_max_backward")
 def _(grad, rev, argmax):
     return grad.new_empty((rev.shape[0], grad.shape[1]))
 

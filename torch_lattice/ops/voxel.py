@@ -23,6 +23,7 @@ from torch_lattice.ops._runtime import (
     REDUCTION_CODES,
     check_coords,
     check_tensor,
+    one_device,
     optional_ptr,
     ptr,
     require_cpu,
@@ -169,6 +170,7 @@ def voxelize_coords(
 
 
 @voxelize_coords.register_fake
+@one_device("voxelize_coords")
 def _(points, batch, voxel_size, origin):
     m = torch.library.get_ctx().new_dynamic_size()
     return (
@@ -216,6 +218,7 @@ def voxel_reduce(
 
 
 @voxel_reduce.register_fake
+@one_device("voxel_reduce")
 def _(feats, inverse, num_voxels, reduction):
     c = feats.shape[1]
     rows = num_voxels if reduction == "max" else 0
@@ -288,6 +291,7 @@ def devoxel_map(
 
 
 @devoxel_map.register_fake
+@one_device("devoxel_map")
 def _(points, batch, voxel_size, origin, voxel_coords, trilinear):
     k = 8 if trilinear else 1
     n = points.shape[0]
@@ -313,6 +317,7 @@ def devoxel_gather(feats: torch.Tensor, idx: torch.Tensor, weight: torch.Tensor)
 
 
 @devoxel_gather.register_fake
+@one_device("devoxel_gather")
 def _(feats, idx, weight):
     return feats.new_empty((idx.shape[0], feats.shape[1]))
 

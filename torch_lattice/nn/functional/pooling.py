@@ -66,10 +66,21 @@ def _check_sparse(x: object, name: str) -> SparseTensor:
     return x
 
 
+def check_output(op: str, rows: int, feats: torch.Tensor, copies: int = 1) -> None:
+    """Refuses an output of ``rows`` x ``feats``' channels (``copies`` such blocks of
+    working memory) beyond the memory budget, before it is made: features expanded to
+    billions of channels from a few bytes of storage would ask for gigabytes."""
+    channels = int(feats.shape[1]) if feats.dim() == 2 else 0
+    check_allocation(f"{op} output ({rows} rows x {channels} channels)",
+                     copies * rows * channels * feats.element_size())
+
+
 def pool_over_map(feats: torch.Tensor, kmap: KernelMap, mode: str) -> torch.Tensor:
     """``(N_out, C)``: per output row of ``kmap``, the max (``"max"``), mean (``"avg"``)
     or sum (any other mode) of ``feats`` over its present kernel rows (0 if none)."""
     refuse_function_transforms("pooling", feats)
+    # max pooling also keeps an int64 argmax per output value
+    check_output(f"{mode} pooling", int(kmap.nbr.shape[0]), feats, 3 if mode == "max" else 1)
     if mode == "max":
         return pool_max(feats, kmap.nbr, kmap.rev)[0]
     if mode == "avg":
@@ -176,9 +187,11 @@ def pool_transpose3d(
         support = cached_source_support(x, geometry)
     if support is None:
         support = generated_transposed_support(x, geometry, "pool_transpose3d")
+        check_output("pool_transpose3d", 2 * support.num_rows, x.feats)  # sums, quotient
         y = _average_onto_generated(x, support, geometry)
         if y is not None:
             return SparseTensor.from_support(y, support)
+    check_output("pool_transpose3d", support.num_rows, x.feats)
     kmap = kernel_map(support, x.support, geometry)
     # The fine -> coarse forward map read backwards: rev lists, per fine row, the
     # coarse rows reaching it, so the average over them is pool_avg on rev.
@@ -256,8 +269,10 @@ def trilinear_upsample3d(
     if support is None:
         support = generated_transposed_support(x, geometry, "trilinear_upsample3d")
     support.check_unchanged()
-    fine, coarse, w = _trilinear_pairs(support, x, geometry.stride, x.feats)
     n = support.num_rows
+    check_output("trilinear_upsample3d", 2 * n, x.feats)  # the sums and the quotient
+    fine, coarse, w = _trilinear_pairs(support, x, geometry.stride, x.feats)
+    check_output("trilinear_upsample3d gathered rows", int(fine.shape[0]), x.feats, 2)
     num = x.feats.new_zeros((n, x.feats.shape[1])).index_add(
         0, fine, x.feats.index_select(0, coarse) * w[:, None]
     )
