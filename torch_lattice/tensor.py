@@ -85,12 +85,22 @@ def validate_coords(coords: Any, name: str = "coords", *, feats: Any = None) -> 
         if hi > _INT32_MAX:
             raise ValueError(f"{name} must fit in int32 (<= {_INT32_MAX}), found {hi}")
     with torch.inference_mode(False):
-        out = owned.to(torch.int32)
+        out = _plain(owned.to(torch.int32))
     dup = _find_duplicate(out)
     if dup >= 0:
         row = out[dup].tolist()
         raise ValueError(f"{name} rows must be unique, row {dup} repeats {row}")
     return out
+
+
+def _plain(t: torch.Tensor) -> torch.Tensor:
+    """``t`` without torch.func's wrappers: inside ``torch.func.grad`` / ``jvp`` / ``vjp``
+    a new tensor is a wrapper with no storage of its own, which the C core cannot read.
+    Integer coordinates are never differentiated, so the plain tensor is the same rows."""
+    functorch = torch._C._functorch
+    while functorch.is_functorch_wrapped_tensor(t):
+        t = functorch.get_unwrapped(t)
+    return t
 
 
 def _float_coords_hint(coords: torch.Tensor, feats: Any) -> str:

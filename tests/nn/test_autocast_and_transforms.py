@@ -195,3 +195,25 @@ def test_devoxelize_refuses_a_tangent_on_the_points() -> None:
     with forward_ad.dual_level(), pytest.raises(NotImplementedError, match="devoxelize"):
         tl.devoxelize(forward_ad.make_dual(points, torch.ones_like(points)), voxels,
                       interpolation="trilinear")
+
+
+def test_sparse_tensors_built_inside_a_transform() -> None:
+    """A SparseTensor built inside torch.func.grad / jvp: its coordinate copy is a
+    storage-less wrapper there, which the duplicate check could not read ("Cannot access
+    data pointer"); now the convolution gives its own NotImplementedError, and what the
+    transform does not differentiate (a call under no_grad inside grad) runs."""
+    coords = torch.tensor([[0, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0], [0, 1, 1, 1]])
+    conv = tl.nn.SubmConv3d(3, 2, 3)
+    f = torch.randn(4, 3)
+    with pytest.raises(NotImplementedError, match="not supported by torch_lattice's ops"):
+        tf.grad(lambda f: conv(tl.SparseTensor(f, coords)).feats.sum())(f)
+    with pytest.raises(NotImplementedError, match="not supported by torch_lattice's ops"):
+        tf.jvp(lambda f: conv(tl.SparseTensor(f, coords)).feats, (f,), (torch.ones_like(f),))
+
+    def loss(v: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            y = conv(tl.SparseTensor(torch.ones(4, 3), coords)).feats.sum()
+        return (v * v).sum() + y
+
+    v = torch.randn(5)
+    torch.testing.assert_close(tf.grad(loss)(v), 2 * v)
