@@ -203,14 +203,14 @@ def devoxelize(
     size = _floats3("voxel_size", voxel_size, positive=True)
     size = [v * s for v, s in zip(size, voxels.stride, strict=True)]
     org = _floats3("origin", origin, positive=False)
+    # (features expanded to billions of channels from a few bytes would ask for gigabytes)
+    check_allocation(f"devoxelize output ({pts.shape[0]} points x {voxels.feats.shape[1]} "
+                     "channels)", int(pts.shape[0]) * int(voxels.feats.shape[1]) * 8)
     # The positions are constants of the map (its rows and trilinear weights): a points
     # tensor that requires grad (say, the output of a learned offset) is read as it is.
     idx, w = devoxel_map(pts.detach(), batch, size, org, voxels.coords,
                          interpolation == "trilinear")
     refuse_function_transforms("devoxelize", voxels.feats, pts)  # trilinear: points too
-    # (features expanded to billions of channels from a few bytes would ask for gigabytes)
-    check_allocation(f"devoxelize output ({pts.shape[0]} points x {voxels.feats.shape[1]} "
-                     "channels)", int(pts.shape[0]) * int(voxels.feats.shape[1]) * 8)
     out = devoxel_gather(_work_feats("devoxelize", voxels.feats), idx, w)
     return out.to(voxels.dtype)
 

@@ -5,15 +5,6 @@
 
 #include "tl_simd.h"
 
-#if TL_SIMD_X86
-#include "tl_transpose.h"
-
-/* 16-row steps ahead that tl_list_v4_columns asks for the table. */
-#define TL_LIST_STEPS_AHEAD 4
-/* Smallest kernel volume listed by vectors: a step transposes 16 columns
- * whatever k is, so below this most of its work would be padding. */
-#define TL_LIST_VEC_MIN_K 4
-
 /* The rows among t's rows [r0, r0 + live) (of k entries) that have an entry
  * in kernel row `lead`, a bit each from bit 0 (none where lead is -1): a
  * split listing's rows whose first entry is there (tl_list_tile_split). */
@@ -24,6 +15,15 @@ static inline unsigned tl_list_led(const int32_t *t, int64_t r0, int64_t live, i
         for (int64_t i = 0; i < live; i++) led |= (unsigned)(t[(r0 + i) * k + lead] >= 0) << i;
     return led;
 }
+
+#if TL_SIMD_X86
+#include "tl_transpose.h"
+
+/* 16-row steps ahead that tl_list_v4_columns asks for the table. */
+#define TL_LIST_STEPS_AHEAD 4
+/* Smallest kernel volume listed by vectors: a step transposes 16 columns
+ * whatever k is, so below this most of its work would be padding. */
+#define TL_LIST_VEC_MIN_K 4
 
 /* 16 rows at a time: each block of 16 kernel rows' entries of the 16 rows
  * loaded in order and transposed in registers, so each kernel row's 16
@@ -260,7 +260,7 @@ static inline __attribute__((always_inline)) uint32_t tl_list_scalar_body(
     int64_t *nz) {
     uint32_t most = 0;
     for (int64_t r = 0; r < m; r++) {
-        int seen = split && lead >= 0 && nbr[(o0 + r) * k + lead] >= 0;
+        int seen = split ? (int)tl_list_led(nbr + o0 * k, r, 1, k, lead) : 0;
         for (int64_t n = lo; n < hi; n++) {
             const int32_t e = nbr[(o0 + r) * k + n];
             const uint32_t u = (uint32_t)e + 1u;

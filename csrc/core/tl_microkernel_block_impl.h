@@ -52,10 +52,7 @@ static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_BLOCK_FN(
         /* Unrolled by pragma, as in TL_BLOCK_PFN below (NV = 3 spills otherwise). */
         TL_BLOCK_VEC bv[TL_BLOCK_NV];
         if (transposed && q < npf) __builtin_prefetch((const char *)pf[q] + pf_byte);
-        if (transposed && q + TL_MK_PAIRS_AHEAD < nq) { /* see TL_MK_PAIRS_AHEAD */
-            __builtin_prefetch(a[q + TL_MK_PAIRS_AHEAD] + c0);
-            __builtin_prefetch(b[q + TL_MK_PAIRS_AHEAD] + j);
-        }
+        if (transposed) TL_MK_ASK_PAIR_AHEAD(a, b, q, nq, c0, j);
 #pragma GCC unroll 8
         for (int v = 0; v < NV; v++) {
             const TL_T *bq = transposed ? b[q] : bp + q * ldb;

@@ -140,6 +140,16 @@ static inline int TL_MK(wgrad_packs)(const TL_MK(ops) *mk, int64_t cin, int64_t 
  * measured the same within the VM's spread. */
 #define TL_MK_PAIRS_AHEAD 16
 
+/* Asks for pair q + TL_MK_PAIRS_AHEAD's x row (from value c0) and dy row
+ * (from value j), where the pass has that pair: xr and b its row pointers. */
+#define TL_MK_ASK_PAIR_AHEAD(xr, b, q, nq, c0, j)                  \
+    do {                                                           \
+        if ((q) + TL_MK_PAIRS_AHEAD < (nq)) {                      \
+            __builtin_prefetch((xr)[(q) + TL_MK_PAIRS_AHEAD] + (c0)); \
+            __builtin_prefetch((b)[(q) + TL_MK_PAIRS_AHEAD] + (j));   \
+        }                                                          \
+    } while (0)
+
 /* Strips of r input channels (r = 4, 6 or 8) that the weight gradient's
  * panel runs over a packed row of ldx values (a multiple of 4) before strips
  * of 4 take the rest: as many as leave a multiple of 4 behind. */

@@ -311,10 +311,7 @@ static TL_ISA_ATTR void TL_MKI(rows_t_16)(int64_t nq, int64_t c0, const TL_T *co
             __builtin_prefetch((const char *)pf[q] + pf_byte);
             if (pd) __builtin_prefetch(pd[q]);
         }
-        if (q + TL_MK_PAIRS_AHEAD < nq) { /* this kernel row's rows: TL_MK_PAIRS_AHEAD */
-            __builtin_prefetch(xr[q + TL_MK_PAIRS_AHEAD] + c0);
-            __builtin_prefetch(b[q + TL_MK_PAIRS_AHEAD]);
-        }
+        TL_MK_ASK_PAIR_AHEAD(xr, b, q, nq, c0, 0);
         TL_MKI(vec) bv;
         memcpy(&bv, b[q], sizeof(bv));
         const TL_T *aq = xr[q] + c0;
@@ -352,10 +349,7 @@ static TL_ISA_ATTR void TL_MKI(rows_t_12)(int64_t cw, int64_t nq, int64_t c0,
     for (int64_t q = 0; q < nq; q++) {
         if (q < npf) __builtin_prefetch((const char *)pf[q] + pf_byte);
         if (q < npf2) __builtin_prefetch((const char *)pf2[q] + pf_byte2);
-        if (q + TL_MK_PAIRS_AHEAD < nq) {
-            __builtin_prefetch(xr[q + TL_MK_PAIRS_AHEAD] + c0);
-            __builtin_prefetch(b[q + TL_MK_PAIRS_AHEAD]);
-        }
+        TL_MK_ASK_PAIR_AHEAD(xr, b, q, nq, c0, 0);
         TL_MKI(vec) b0;
         memcpy(&b0, b[q], sizeof(b0));
         const TL_MKI(vec) b1 = TL_MKI(load_part)(b[q] + TL_VL, left);

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar, cast
 
 import torch
@@ -65,13 +65,21 @@ def device_type(op: str, *tensors: torch.Tensor) -> str:
         RuntimeError: a device type with no kernels (CUDA kernels are checked
             when called, by :func:`require_cuda`).
     """
-    devices = {t.device for t in tensors}
+    devices = _devices(op, tensors)
     if len(devices) != 1:
         raise ValueError(f"lattice::{op}: all tensors must be on one device, got {devices}")
     kind = next(iter(devices)).type
     if kind not in ("cpu", "cuda"):
         raise RuntimeError(f"lattice::{op}: no kernels for {kind} tensors (use CPU or CUDA)")
     return kind
+
+
+def _devices(op: str, tensors: Sequence[torch.Tensor]) -> set[torch.device]:
+    """The devices of ``tensors``, refusing more than one."""
+    devices = {t.device for t in tensors}
+    if len(devices) > 1:
+        raise ValueError(f"lattice::{op}: all tensors must be on one device, got {devices}")
+    return devices
 
 
 def one_device(op: str) -> Callable[[F], F]:
@@ -87,11 +95,7 @@ def one_device(op: str) -> Callable[[F], F]:
             for a in (*args, *kwargs.values()):
                 items = a if isinstance(a, (list, tuple)) else (a,)
                 tensors += [t for t in items if isinstance(t, torch.Tensor)]
-            devices = {t.device for t in tensors}
-            if len(devices) > 1:
-                raise ValueError(
-                    f"lattice::{op}: all tensors must be on one device, got {devices}"
-                )
+            _devices(op, tensors)
             return fake(*args, **kwargs)
 
         return cast(F, checked)

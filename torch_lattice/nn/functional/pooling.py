@@ -187,11 +187,13 @@ def pool_transpose3d(
         support = cached_source_support(x, geometry)
     if support is None:
         support = generated_transposed_support(x, geometry, "pool_transpose3d")
-        check_output("pool_transpose3d", 2 * support.num_rows, x.feats)  # sums, quotient
+        # the sums and their quotient (covers the map route's one block, below)
+        check_output("pool_transpose3d", 2 * support.num_rows, x.feats)
         y = _average_onto_generated(x, support, geometry)
         if y is not None:
             return SparseTensor.from_support(y, support)
-    check_output("pool_transpose3d", support.num_rows, x.feats)
+    else:
+        check_output("pool_transpose3d", support.num_rows, x.feats)
     kmap = kernel_map(support, x.support, geometry)
     # The fine -> coarse forward map read backwards: rev lists, per fine row, the
     # coarse rows reaching it, so the average over them is pool_avg on rev.

@@ -59,17 +59,15 @@ def fold_batch_norm(model: torch.nn.Module) -> torch.nn.Module:
         names = list(seq._modules)
         for conv_name, bn_name in itertools.pairwise(names):
             conv, bn = seq._modules[conv_name], seq._modules[bn_name]
-            if _foldable(conv, bn) and not _uses(conv) & shared:
+            if _foldable(conv, bn) and not _uses(conv) & shared:  # type: ignore[arg-type]
                 _fold(conv, bn)  # type: ignore[arg-type]
                 # What is left of BatchNormReLU is its ReLU.
                 seq._modules[bn_name] = ReLU() if isinstance(bn, BatchNormReLU) else nn.Identity()
     return folded.eval()
 
 
-def _uses(module: nn.Module | None) -> set[int]:
+def _uses(module: nn.Module) -> set[int]:
     """The ids of ``module`` and of its own parameters."""
-    if module is None:
-        return set()
     return {id(module)} | {id(p) for p in module.parameters(recurse=False)}
 
 
@@ -77,12 +75,10 @@ def _shared(model: nn.Module) -> set[int]:
     """The ids of the modules and parameters that ``model`` holds in more than one place."""
     seen: set[int] = set()
     twice: set[int] = set()
-    for _, module in model.named_modules(remove_duplicate=False):
-        twice |= {id(module)} & seen
-        seen.add(id(module))
-    for _, param in model.named_parameters(remove_duplicate=False):
-        twice |= {id(param)} & seen
-        seen.add(id(param))
+    held = itertools.chain(model.named_modules(remove_duplicate=False),
+                           model.named_parameters(remove_duplicate=False))
+    for _, obj in held:
+        (twice if id(obj) in seen else seen).add(id(obj))
     return twice
 
 
