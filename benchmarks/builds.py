@@ -10,7 +10,8 @@ compared before anything is timed (a change that is meant to keep results bitwis
 * ``layers``: ``conv_forward`` and ``conv_weight_grad`` (implicit GEMM; or with
   ``--kernels`` fetch-on-demand's ``pairs_forward`` and ``pairs_weight_grad``, or
   gather-scatter's with ``--pair-dataflow gather_scatter``; fp32, or
-  ``--dtype bfloat16`` / ``float16``) on the 3x3x3 submanifold map of each scene
+  ``--dtype bfloat16`` / ``float16``; ``--listed``: over the table's tile lists, as the
+  op runs from a table's second call on) on the 3x3x3 submanifold map of each scene
   (``--maps``: also a k2 s2 Conv3d's map, its inverse transpose's and a k3 s2 p1
   Conv3d's), per width;
 * ``kmap``: what a new scan costs before any convolution, per scene: the tensor's
@@ -50,7 +51,12 @@ from benchmarks.timing import time_side_by_side
 from benchmarks.workloads import DOWN2, DOWN3, SUBM3, support_args
 from torch_lattice.nn.functional.relation import kernel_map
 from torch_lattice.ops._runtime import _C, DTYPE_CODES, ptr
-from torch_lattice.ops.conv import FETCH_ON_DEMAND, GATHER_SCATTER
+from torch_lattice.ops.conv import (
+    FETCH_ON_DEMAND,
+    GATHER_SCATTER,
+    TileLists,
+    build_tile_lists,
+)
 from torch_lattice.ops.kmap import kernel_pairs
 
 MAPS = ("subm3", "k2s2", "k2s2_inverse", "k3s2p1", "subm3_l2", "subm3_l3", "subm3_l4")
@@ -98,9 +104,11 @@ def _agreement(a: torch.Tensor, b: torch.Tensor) -> str:
 def _layer_case(
     base: ModuleType, kernel: str, nbr: torch.Tensor, n_in: int, c: int, repeats: int,
     dtype: torch.dtype = torch.float32, pair_mode: int = FETCH_ON_DEMAND,
+    listed: bool = False,
 ) -> tuple[dict[str, float], str]:  # fmt: skip
     """One kernel of both builds on one map and width, in ``dtype`` (a pair kernel in
-    ``pair_mode``): median seconds, and agreement."""
+    ``pair_mode``; an implicit GEMM kernel over the table's tile lists where ``listed``):
+    median seconds, and agreement."""
     n, k, threads = nbr.shape[0], nbr.shape[1], torch.get_num_threads()
     g = torch.Generator().manual_seed(c)
     x = torch.randn(n_in, c, generator=g).to(dtype)
@@ -112,10 +120,15 @@ def _layer_case(
     modules = {"base": base, "this": _C}
     code = DTYPE_CODES[dtype]
     pairs = kernel_pairs(nbr) if kernel in PAIR_KERNELS else None
+    lists = _lists(nbr, (code, n_in, n, k, c, c), threads) if listed and not pairs else None
 
     def call(side: str) -> None:
         fn = getattr(modules[side], kernel)
-        if pairs is None:
+        if lists is not None:
+            getattr(modules[side], kernel + "_listed")(
+                code, n_in, n, k, c, c, ptr(x), ptr(b), ptr(nbr), *lists.args,
+                ptr(outs[side]), threads)  # fmt: skip
+        elif pairs is None:
             fn(code, n_in, n, k, c, c, ptr(x), ptr(b), ptr(nbr), ptr(outs[side]), threads)
         else:
             fn(pair_mode, code, n_in, n, k, c, c, ptr(x), ptr(b), *map(ptr, pairs),
@@ -125,6 +138,12 @@ def _layer_case(
     call("this")
     agree = _agreement(outs["this"], outs["base"])
     return interleaved({side: partial(call, side) for side in modules}, repeats), agree
+
+
+def _lists(nbr: torch.Tensor, sizes: tuple[int, ...], threads: int) -> TileLists:
+    """The tile lists a forward keeps for ``nbr`` from its second call, which its weight
+    gradient runs over too (``run_forward``, ``run_weight_grad``)."""
+    return build_tile_lists(nbr, _C.conv_list_rows(*sizes, threads))
 
 
 def _maps(scene: Scene, names: Collection[str] = ()) -> dict[str, tuple[torch.Tensor, int]]:
@@ -172,6 +191,7 @@ def layers(
     kernels: tuple[str, ...] = CONV_KERNELS,
     dtype: torch.dtype = torch.float32,
     pair_mode: int = FETCH_ON_DEMAND,
+    listed: bool = False,
 ) -> None:
     print("| scene | map | C | kernel | base GFLOP/s | this GFLOP/s | this / base | outputs |")
     print("|---|---|---|---|---|---|---|---|")
@@ -184,7 +204,7 @@ def layers(
             for c in channels:
                 for kernel in kernels:
                     med, agree = _layer_case(base, kernel, nbr, n_in, c, repeats, dtype,
-                                             pair_mode)
+                                             pair_mode, listed)
                     gf = {k: 2 * pairs * c * c / v / 1e9 for k, v in med.items()}
                     print(
                         f"| {scene.name} | {map_name} | {c} | {kernel} | {gf['base']:.1f} | "
@@ -390,6 +410,11 @@ def main() -> int:
         "--width", type=float, default=1.0,
         help="unet group: SparseResUNet42's width multiplier (0.75: hidden widths 24-192)",
     )  # fmt: skip
+    parser.add_argument(
+        "--listed", action="store_true",
+        help="layers group: conv_forward and conv_weight_grad over the table's tile lists "
+        "(what the op runs from a table's second call on) instead of listing the table",
+    )  # fmt: skip
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument(
         "--reuse-cpu-memory", action="store_true",
@@ -409,6 +434,7 @@ def main() -> int:
             base, args.scenes, args.channels, args.repeats, args.maps, tuple(args.kernels),
             getattr(torch, args.dtype),
             GATHER_SCATTER if args.pair_dataflow == "gather_scatter" else FETCH_ON_DEMAND,
+            args.listed,
         )  # fmt: skip
         print()
     if "kmap" in args.groups:

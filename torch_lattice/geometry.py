@@ -7,6 +7,7 @@ follows from the input range, and the z-fastest order of kernel rows.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -18,17 +19,31 @@ Triple = tuple[int, int, int]
 _INT32_MAX = 2**31 - 1
 
 
+def _as_int(v: object) -> int | None:
+    """``v`` as an int where it is one: a Python or NumPy integer (``numbers.Integral``)
+    or a one-element integer tensor, as ``torch.nn.Conv3d`` accepts; None for anything
+    else, bools included (``True`` is no more a size than ``tensor(True)``)."""
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, numbers.Integral):
+        return int(v)
+    if (isinstance(v, torch.Tensor) and v.numel() == 1 and not v.is_floating_point()
+            and not v.is_complex() and v.dtype != torch.bool):
+        return int(v.item())
+    return None
+
+
 def triple(name: str, value: int | Sequence[int], minimum: int) -> Triple:
-    """Reads an int or a 3-sequence of ints, each ``>= minimum``.
+    """Reads an int or a 3-sequence of ints, each ``>= minimum`` (NumPy integers and
+    one-element integer tensors count as ints).
 
     Raises:
         TypeError: ``value`` is not an int or a sequence of three ints.
         ValueError: a component is below ``minimum``.
     """
-    if isinstance(value, bool):
-        raise TypeError(f"{name} must be an int or a 3-tuple of ints, got {value!r}")
-    if isinstance(value, int):
-        items: tuple[object, ...] = (value, value, value)
+    single = _as_int(value)
+    if single is not None:
+        items: tuple[object, ...] = (single, single, single)
     elif isinstance(value, Sequence) and not isinstance(value, str):
         items = tuple(value)
         if len(items) != 3:
@@ -36,11 +51,9 @@ def triple(name: str, value: int | Sequence[int], minimum: int) -> Triple:
     else:
         raise TypeError(f"{name} must be an int or a 3-tuple of ints, got {value!r}")
     out = []
-    for v in items:
-        if (isinstance(v, torch.Tensor) and v.numel() == 1 and not v.is_floating_point()
-                and v.dtype != torch.bool):  # tensor(True) is no more an int than True is
-            v = int(v.item())
-        if isinstance(v, bool) or not isinstance(v, int):
+    for item in items:
+        v = _as_int(item)
+        if v is None:
             raise TypeError(f"{name} must contain ints, got {value!r}")
         if v < minimum:
             rule = "positive" if minimum == 1 else f">= {minimum}"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import re
 
+import numpy as np
 import pytest
 import torch
 
@@ -125,6 +126,17 @@ def test_a_weight_beyond_the_memory_budget_is_refused_before_allocating() -> Non
         tl.set_memory_budget(previous)
 
 
+def test_numpy_integers_are_ints_as_in_torch_conv3d() -> None:
+    """torch.nn.Conv3d takes NumPy integers for its sizes; so do the modules, the same
+    geometry as Python ints, while bools and floats of either kind stay refused."""
+    conv = tl.nn.Conv3d(2, 3, np.int64(3), stride=(np.int32(2), 1, 2), padding=np.int16(1))
+    assert (conv.kernel_size, conv.stride, conv.padding) == ((3, 3, 3), (2, 1, 2), (1, 1, 1))
+    assert all(type(v) is int for v in (*conv.kernel_size, *conv.stride, *conv.padding))
+    for bad in (np.bool_(True), np.float64(3.0), (np.float32(1), 1, 1)):
+        with pytest.raises(TypeError, match="kernel_size must"):
+            tl.nn.SubmConv3d(2, 3, bad)
+
+
 def test_a_bool_tensor_is_no_int() -> None:
     for kw in ({"kernel_size": (torch.tensor(True), 1, 1)}, {"stride": (torch.tensor(True), 1, 1)}):
         with pytest.raises(TypeError, match="must contain ints"):
@@ -163,6 +175,33 @@ def test_initialization_like_torch_conv3d(
     b = conv.bias.detach()
     assert b.abs().max() <= bound * (1 + 1e-6)
     assert b.count_nonzero() > 0
+
+
+@pytest.mark.parametrize(
+    "cls",
+    [
+        tl.nn.ConvTranspose3d,
+        tl.nn.GenerativeConvTranspose3d,
+        tl.nn.NormalizedConvTranspose3d,
+        tl.nn.NormalizedGenerativeConvTranspose3d,
+    ],
+)
+def test_transposed_initialization_like_torch_conv_transpose3d(cls: type) -> None:
+    """torch.nn.ConvTranspose3d (and TorchSparse's transposed convolutions) take fan_in
+    from the output channels: U(-b, b) with b = 1/sqrt(C_out*K), for weight and bias."""
+    cin, cout, kernel = 64, 4, 3
+    torch.manual_seed(0)
+    ours = cls(cin, cout, kernel_size=kernel, stride=2, bias=True)
+    torch.manual_seed(0)
+    theirs = torch.nn.ConvTranspose3d(cin, cout, kernel, stride=2, bias=True)
+    bound = 1.0 / math.sqrt(cout * kernel**3)
+    for mine, ref in ((ours.weight, theirs.weight), (ours.bias, theirs.bias)):
+        assert float(mine.abs().max()) <= bound * (1 + 1e-6)
+        assert float(ref.abs().max()) <= bound * (1 + 1e-6)
+        # drawn over the whole interval, as torch's: both near the bound
+        assert float(mine.abs().max()) > 0.5 * bound
+    w = ours.weight.detach()
+    assert abs(float(w.std()) - bound / math.sqrt(3)) < 0.1 * bound / math.sqrt(3)
 
 
 @pytest.mark.parametrize("kind", ["subm", "conv"])

@@ -197,9 +197,16 @@ def test_conv3d_history_and_identity_geometry():
     w = torch.randn(8, 3, 2, dtype=torch.float64)
     down = F.conv3d(x, w, None, 2, 2)
     assert F.pool_transpose3d(down, 2).support is x.support  # as ConvTranspose3d(down)
-    # a 1x1x1 stride-1 pool keeps the support and records nothing: the generated route
-    y = F.pool_transpose3d(F.avg_pool3d(x, 1), 1)
+    # a 1x1x1 stride-1 geometry keeps every support: back onto x's rows, in x's order,
+    # as ConvTranspose3d's identity route (with or without a pooling before it)
     order = sorted(range(len(x)), key=lambda i: x.coords[i].tolist())
+    assert order != list(range(len(x)))  # x is not sorted: the order is what is checked
+    for src in (F.avg_pool3d(x, 1), F.max_pool3d(x, 1), x):
+        y = F.pool_transpose3d(src, 1)
+        assert y.support is x.support
+        assert torch.equal(y.feats, x.feats)
+    # the artifact contract's no-target route still generates the sorted support
+    y = F.pool_transpose3d(F.avg_pool3d(x, 1), 1, expand_coordinates=True)
     assert y.coords.tolist() == [x.coords[i].tolist() for i in order]
     assert torch.equal(y.feats, x.feats[order])
 

@@ -118,7 +118,7 @@ def test_lead_kernel_row_first_on_every_path(dtype, c_in, c_out):
 def test_lists_follow_the_tables_own_entries():
     """The kept lists name exactly the table's present entries, tile by tile."""
     nbr = _table(1000, 5, 300, 1)
-    lists = T._build(nbr, 64)
+    lists = T.build_tile_lists(nbr, 64)
     k = nbr.shape[1]
     for t in range(-(-1000 // 64)):
         for n in range(k):

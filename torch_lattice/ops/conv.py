@@ -424,7 +424,9 @@ _cache: WeakIdKeyDictionary = WeakIdKeyDictionary()
 _lock = threading.Lock()
 
 
-def _build(nbr: torch.Tensor, tile_rows: int) -> TileLists:
+def build_tile_lists(nbr: torch.Tensor, tile_rows: int) -> TileLists:
+    """``nbr``'s lists for tiles of ``tile_rows`` rows, built now and not kept (``nbr``:
+    a checked contiguous int32 CPU table; ``tile_rows`` >= 1)."""
     n_out, k = nbr.shape
     tiles = (n_out + tile_rows - 1) // tile_rows
     sizes = (ptr(nbr), n_out, k, tile_rows)
@@ -492,7 +494,7 @@ def tile_lists(nbr: torch.Tensor, tile_rows: int) -> TileLists | None:
         return hit
     if 8 * nbr.numel() > get_memory_budget():  # at most 8 bytes an entry: kept within it
         return None
-    built = _build(nbr, tile_rows)
+    built = build_tile_lists(nbr, tile_rows)
     with _lock:
         if not _keeping[0]:
             return built  # turned off meanwhile: used once, not kept

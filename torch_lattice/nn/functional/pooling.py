@@ -165,8 +165,9 @@ def pool_transpose3d(
             means ``kernel_size``); the output stride is ``input.stride / stride``.
         target: the fine support to compute, in its order (stride ``input.stride /
             stride``). None: the input support of the pooling / Conv3d with this
-            geometry that produced ``input`` when one is cached, else the generated
-            support ``unique{input*stride + r*dilation - padding}`` sorted by (b, x, y, z).
+            geometry that produced ``input`` when one is cached (for a 1x1x1 stride-1
+            geometry, ``input``'s own rows in order), else the generated support
+            ``unique{input*stride + r*dilation - padding}`` sorted by (b, x, y, z).
         expand_coordinates: without a target, always the generated support (the
             artifact contract's no-target route, which never consults a cache).
 
@@ -181,6 +182,10 @@ def pool_transpose3d(
         raise TypeError(f"expand_coordinates must be a bool, got {expand_coordinates!r}")
     geometry = pool_geometry(kernel_size, stride, padding, dilation)
     support = _transpose_target(x, target, geometry)
+    if support is None and not expand_coordinates and geometry.is_identity:
+        # A 1x1x1 stride-1 pooling keeps its support: its input is the input's rows, in
+        # order, as conv_transpose3d's identity route returns.
+        support = x.support
     if support is None and not expand_coordinates:
         # A recorded derivation has a stride divisible by geometry.stride; without one,
         # generated_transposed_support checks it.

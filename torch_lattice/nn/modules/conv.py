@@ -106,8 +106,12 @@ class ConvBase(nn.Module):
         super()._load_from_state_dict(state_dict, prefix, *args)
 
     def reset_parameters(self) -> None:
-        """``torch.nn.Conv3d``'s default: U(-1/sqrt(fan_in), 1/sqrt(fan_in))."""
-        fan_in = self.weight.shape[0] * self.weight.shape[1]
+        """PyTorch's default: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weight and bias, with
+        ``fan_in = K * C_in`` as ``torch.nn.Conv3d``, and ``K * C_out`` for the transposed
+        modules as ``torch.nn.ConvTranspose3d`` (whose ``(C_in, C_out, ...)`` weight
+        gives torch's fan-in from ``C_out``) and TorchSparse's transposed convolutions."""
+        channels = self.weight.shape[2] if self.transposed_relation else self.weight.shape[1]
+        fan_in = self.weight.shape[0] * channels
         bound = 1.0 / math.sqrt(fan_in)
         nn.init.uniform_(self.weight, -bound, bound)
         if self.bias is not None:
