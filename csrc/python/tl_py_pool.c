@@ -17,11 +17,21 @@
 
 typedef enum tl_pool_op { TL_POOL_SUM, TL_POOL_MAX, TL_POOL_MAX_BACKWARD } tl_pool_op;
 
+/* The rules behind TL_ERR_INVALID of pooling: the table's entries (the forward reads nbr,
+ * whose entries are input rows; the sum's gradient passes rev as nbr, the sides swapped),
+ * then the sizes and pointers every entry point checks. */
+#define TL_POOL_VALID "; sizes must be >= 0 (k >= 1) and pointers valid"
+#define TL_POOL_TABLE_RULE                                                                  \
+    "every nbr entry must be -1 (no neighbour) or an input row in [0, n_in) (in the "      \
+    "backward, rev's entries are output rows in [0, n_out))" TL_POOL_VALID
+
 static const struct {
-    const char *name, *entry;
-} tl_pool_names[] = {{"pool_sum", "tl_cuda_pool_sum"},
-                     {"pool_max", "tl_cuda_pool_max"},
-                     {"pool_max_backward", "tl_cuda_pool_max_backward"}};
+    const char *name, *entry, *invalid;
+} tl_pool_names[] = {{"pool_sum", "tl_cuda_pool_sum", TL_POOL_TABLE_RULE},
+                     {"pool_max", "tl_cuda_pool_max", TL_POOL_TABLE_RULE},
+                     {"pool_max_backward", "tl_cuda_pool_max_backward",
+                      "every rev entry must be -1 (no neighbour) or an output row in [0, n_out) "
+                      "and every argmax entry -1 or an input row in [0, n_in)" TL_POOL_VALID}};
 
 /* The three kernels of one device; CPU and CUDA share their signatures. */
 typedef struct tl_pool_kernels {
@@ -68,8 +78,8 @@ static PyObject *tl_pool_call(tl_pool_op op, int cuda, PyObject *args) {
     }
     Py_END_ALLOW_THREADS
     if (st != TL_OK)
-        return tl_py_fail(&c, st, tl_pool_names[op].name, tl_pool_names[op].entry, NULL,
-                          TL_POOL_SIZES);
+        return tl_py_fail(&c, st, tl_pool_names[op].name, tl_pool_names[op].entry,
+                          tl_pool_names[op].invalid, TL_POOL_SIZES);
     Py_RETURN_NONE;
 }
 

@@ -307,3 +307,39 @@ def test_pair_conv_checks_the_reversed_pairs() -> None:
     y = ops.pair_conv(feats, weight, offsets, pair_in, pair_out, roff, rin, rout, 2, True)
     y.sum().backward()
     assert feats.grad is not None
+
+
+# ---- the pooling ops' tables: a bad nbr (or, in the backward, rev / argmax) is named with
+# its rule, never a bare "invalid argument" ----
+
+
+@pytest.mark.parametrize("op", ["pool_sum", "pool_avg", "pool_max"])
+@pytest.mark.parametrize("entry", [-2, 3, 2**31 - 1], ids=["below-minus-one", "n_in", "huge"])
+def test_pool_ops_name_an_out_of_range_nbr_entry(op: str, entry: int) -> None:
+    nbr = torch.tensor([[0, -1], [2, 1]], dtype=torch.int32)
+    nbr[1, 0] = entry
+    rev = torch.full((3, 2), -1, dtype=torch.int32)
+    rule = r"every nbr entry must be -1 \(no neighbour\) or an input row in \[0, n_in\)"
+    with pytest.raises(ValueError, match=rule):
+        getattr(ops, op)(torch.randn(3, 2), nbr, rev)
+
+
+@pytest.mark.parametrize("op", ["pool_sum", "pool_avg", "pool_max"])
+@pytest.mark.parametrize(
+    "nbr", [_i64(2, 2), _i32(4), torch.zeros(2, 2)], ids=["int64", "1-D", "float32"]
+)
+def test_pool_ops_name_a_malformed_nbr(op: str, nbr: torch.Tensor) -> None:
+    with pytest.raises(ValueError, match=rf"lattice::{op}: nbr \(the kernel map\) must be an "
+                                         r"int32 \(N_out, K\) table"):  # fmt: skip
+        getattr(ops, op)(torch.randn(3, 2), nbr, _i32(3, 2))
+
+
+def test_pool_max_backward_names_rev_and_argmax_rules() -> None:
+    grad = torch.randn(2, 1)
+    rev = torch.tensor([[0], [5]], dtype=torch.int32)  # output row 5 of 2
+    with pytest.raises(ValueError, match=r"every rev entry must be -1 \(no neighbour\) or an "
+                                         r"output row in \[0, n_out\)"):  # fmt: skip
+        ops.pool_max_backward(grad, rev, _i32(2, 1))
+    with pytest.raises(ValueError, match=r"every argmax entry -1 or an input row in \[0, n_in\)"):
+        ops.pool_max_backward(grad, _i32(2, 1), torch.tensor([[7], [0]], dtype=torch.int32))
+

@@ -76,7 +76,7 @@ def check_nbr(op: str, nbr: torch.Tensor) -> None:
     convolution and pooling ops read)."""
     if nbr.dtype != torch.int32 or nbr.dim() != 2:
         raise ValueError(
-            f"lattice::{op}: kernel map must be an int32 (N_out, K) table; "
+            f"lattice::{op}: nbr (the kernel map) must be an int32 (N_out, K) table; "
             f"got {nbr.dtype} {tuple(nbr.shape)}"
         )
 
