@@ -63,3 +63,30 @@ def test_bad_arguments() -> None:
         ops.batch_norm_stats(x[:0])
     with pytest.raises(ValueError, match="give both b and k, or neither"):
         ops.batch_norm_backward_apply(dy, x, scale, shift, scale, shift, None, False)
+
+
+@pytest.mark.parametrize(
+    ("call", "name"),
+    [
+        (lambda x, dy, s, t, v: ops.batch_norm_apply(x, v, t, False), "scale"),
+        (lambda x, dy, s, t, v: ops.batch_norm_apply(x, s, v, True), "shift"),
+        (lambda x, dy, s, t, v: ops.batch_norm_backward_reduce(dy, x, v, t, s.double(), True),
+         "scale"),
+        (lambda x, dy, s, t, v: ops.batch_norm_backward_reduce(dy, x, s, t, v, False), "mean"),
+        (lambda x, dy, s, t, v: ops.batch_norm_backward_apply(dy, x, s, t, v, None, None, False),
+         "a"),
+        (lambda x, dy, s, t, v: ops.batch_norm_backward_apply(dy, x, s, t, s, v, t, False), "b"),
+        (lambda x, dy, s, t, v: ops.batch_norm_backward_apply(dy, x, s, t, s, t, v, True), "k"),
+    ],
+)  # fmt: skip
+def test_per_channel_coefficients_are_named_with_their_rule(call, name: str) -> None:
+    # A wrong-sized coefficient raised "internal error: per-channel vector of shape ...";
+    # a complex or integer one was cast (the imaginary part dropped with a warning).
+    x, dy, scale, shift = _args()
+    shape_rule = rf"batch_norm_\w+: {name} must have shape \(C,\) = \(6,\), one coefficient"
+    with pytest.raises(ValueError, match=shape_rule):
+        call(x, dy, scale, shift, scale[:5])
+    for dtype in (torch.complex64, torch.int64, torch.bool):
+        dtype_rule = rf"batch_norm_\w+: {name} must be a floating \(C,\) tensor .*got {dtype}"
+        with pytest.raises(TypeError, match=dtype_rule):
+            call(x, dy, scale, shift, torch.ones(6).to(dtype))

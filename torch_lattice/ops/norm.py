@@ -6,7 +6,11 @@
 They are the passes over the ``(N, C)`` features only; the per-channel
 coefficients between them, the running statistics and autograd live in
 :mod:`torch_lattice.nn.functional.norm`.  Features are float32, bfloat16 or
-float16; sums are float64, outputs rounded once to the features' dtype.
+float16; sums are float64, outputs rounded once to the features' dtype.  The
+per-channel coefficients (``scale``, ``shift``, ``mean``, ``a``, ``b``, ``k``) are
+floating ``(C,)`` tensors, ``C`` the features' channels (another dtype: ``TypeError``;
+another shape: ``ValueError``, each naming the coefficient); the passes read them in
+float32 (``mean`` in float64).
 """
 
 from __future__ import annotations
@@ -44,10 +48,26 @@ def _check(op: str, feats: torch.Tensor, *others: torch.Tensor) -> None:
             )
 
 
-def _vec(t: torch.Tensor, c: int, dtype: torch.dtype) -> torch.Tensor:
-    """A per-channel coefficient as the contiguous (C,) vector the C passes read."""
+def _check_vec(op: str, name: str, t: torch.Tensor, c: int) -> None:
+    """Raises unless the per-channel coefficient ``name`` is a real floating ``(C,)``
+    tensor, ``C`` being the features' channels (TypeError for another dtype, ValueError
+    for another shape)."""
+    if not t.is_floating_point():
+        raise TypeError(
+            f"lattice::{op}: {name} must be a floating (C,) tensor (one coefficient per "
+            f"channel), got {t.dtype}"
+        )
     if t.shape != (c,):
-        raise ValueError(f"internal error: per-channel vector of shape {tuple(t.shape)}, C={c}")
+        raise ValueError(
+            f"lattice::{op}: {name} must have shape (C,) = ({c},), one coefficient per "
+            f"channel of the features, got {tuple(t.shape)}"
+        )
+
+
+def _vec(op: str, name: str, t: torch.Tensor, c: int, dtype: torch.dtype) -> torch.Tensor:
+    """The checked per-channel coefficient ``name`` as the contiguous (C,) vector of
+    ``dtype`` the C passes read (float32, the mean float64)."""
+    _check_vec(op, name, t, c)
     return t.to(dtype).contiguous()
 
 
@@ -88,7 +108,8 @@ def batch_norm_apply(
     _check("batch_norm_apply", x)
     x = x.contiguous()
     c = x.shape[1]
-    s, t = _vec(scale, c, torch.float32), _vec(shift, c, torch.float32)
+    s = _vec("batch_norm_apply", "scale", scale, c, torch.float32)
+    t = _vec("batch_norm_apply", "shift", shift, c, torch.float32)
     y = torch.empty_like(x)
     _call("batch_norm_apply", x, relu, ptr(x), ptr(s), ptr(t), ptr(y))
     return y
@@ -114,9 +135,9 @@ def batch_norm_backward_reduce(
     require_cpu("batch_norm_backward_reduce", dy, x, scale, shift, mean)
     _check("batch_norm_backward_reduce", x, dy)
     x, dy = x.contiguous(), dy.contiguous()
-    c = x.shape[1]
-    s, t = _vec(scale, c, torch.float32), _vec(shift, c, torch.float32)
-    m = _vec(mean, c, torch.float64)
+    op, c = "batch_norm_backward_reduce", x.shape[1]
+    s, t = _vec(op, "scale", scale, c, torch.float32), _vec(op, "shift", shift, c, torch.float32)
+    m = _vec(op, "mean", mean, c, torch.float64)
     sum_g = torch.empty(c, dtype=torch.float64)
     sum_gx = torch.empty_like(sum_g)
     _call(
@@ -151,14 +172,14 @@ def batch_norm_backward_apply(
     require_cpu("batch_norm_backward_apply", dy, x, scale, shift, a, *optional)
     _check("batch_norm_backward_apply", x, dy)
     x, dy = x.contiguous(), dy.contiguous()
-    c = x.shape[1]
-    s, t = _vec(scale, c, torch.float32), _vec(shift, c, torch.float32)
+    op, c = "batch_norm_backward_apply", x.shape[1]
+    s, t = _vec(op, "scale", scale, c, torch.float32), _vec(op, "shift", shift, c, torch.float32)
     if (b is None) != (k is None):
-        raise ValueError("lattice::batch_norm_backward_apply: give both b and k, or neither")
-    va = _vec(a, c, torch.float32)
+        raise ValueError(f"lattice::{op}: give both b and k, or neither")
+    va = _vec(op, "a", a, c, torch.float32)
     pb = pk = 0
     if b is not None and k is not None:
-        vb, vk = _vec(b, c, torch.float32), _vec(k, c, torch.float32)
+        vb, vk = _vec(op, "b", b, c, torch.float32), _vec(op, "k", k, c, torch.float32)
         pb, pk = ptr(vb), ptr(vk)
     dx = torch.empty_like(x)
     _call(
