@@ -21,7 +21,6 @@ Devoxelization rules (see docs/building-blocks.md):
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,22 +28,19 @@ import torch
 
 from torch_lattice.memory_budget import check_allocation
 from torch_lattice.ops._runtime import REDUCTION_CODES, compute_dtype, refuse_function_transforms
-from torch_lattice.ops.voxel import devoxel_gather, devoxel_map, voxel_reduce, voxelize_coords
+from torch_lattice.ops.voxel import (
+    check_axis_values,
+    devoxel_gather,
+    devoxel_map,
+    voxel_reduce,
+    voxelize_coords,
+)
 from torch_lattice.tensor import CoordinateManager, SparseTensor, Support
 
 __all__ = ["collate", "devoxelize", "voxelize"]
 
 _REDUCTIONS = tuple(REDUCTION_CODES)  # ("mean", "sum", "max")
 _INTERPOLATIONS = ("nearest", "trilinear")
-
-
-_F32_TINY = float(torch.finfo(torch.float32).smallest_normal)
-_F32_MAX = float(torch.finfo(torch.float32).max)
-
-
-def _positive_in_float32(v: float) -> bool:
-    """``v`` stays a positive, finite, normal number in float32."""
-    return _F32_TINY <= v <= _F32_MAX
 
 
 def _floats3(name: str, value: Any, positive: bool) -> list[float]:
@@ -63,21 +59,11 @@ def _floats3(name: str, value: Any, positive: bool) -> list[float]:
         long = isinstance(value, Sequence) and len(value) > 8
         shown = f"a sequence of {len(value)}" if long else repr(value)
         raise ValueError(f"{name} must be a number or 3 numbers (x, y, z), got {shown}")
-    out = []
     for v in value:
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise TypeError(f"{name} must contain numbers, got {value!r}")
-        if not math.isfinite(v) or (positive and v <= 0):
-            rule = "finite and > 0" if positive else "finite"
-            raise ValueError(f"{name} must be {rule} in every axis, got {value!r}")
-        if positive and not _positive_in_float32(float(v)):
-            # Points are divided in float32 (and float64): 1e-50 is 0 there, so every
-            # point would land at infinity or every feature read as 0.
-            raise ValueError(
-                f"{name} must be a positive finite float32 in every axis (between "
-                f"{_F32_TINY:.3g} and {_F32_MAX:.3g}), got {value!r}"
-            )
-        out.append(float(v))
+    out = [float(v) for v in value]
+    check_axis_values(name, out, positive, value)
     return out
 
 

@@ -343,3 +343,57 @@ def test_pool_max_backward_names_rev_and_argmax_rules() -> None:
     with pytest.raises(ValueError, match=r"every argmax entry -1 or an input row in \[0, n_in\)"):
         ops.pool_max_backward(grad, _i32(2, 1), torch.tensor([[7], [0]], dtype=torch.int32))
 
+
+# ---- negative rows and bad grids reach no C core: each is named with its rule ----
+
+_G2 = ([2, 2, 2], [2, 2, 2], [0, 0, 0], [1, 1, 1], [4, 4, 4])
+
+
+@pytest.mark.parametrize("column", [0, 1, 3], ids=["batch", "x", "z"])
+def test_generate_support_refuses_negative_rows(column: int) -> None:
+    # A negative batch raised a bare "invalid argument"; a negative x gave a support.
+    coords = torch.tensor([[0, 0, 0, 0], [0, 1, 1, 1]], dtype=torch.int32)
+    coords[1, column] = -3
+    with pytest.raises(ValueError, match=r"lattice::generate_support: coords must be "
+                                         r"non-negative, found -3 \(row 1"):  # fmt: skip
+        ops.generate_support(coords, *_G2, 1)
+
+
+@pytest.mark.parametrize("column", [0, 2])
+@pytest.mark.parametrize("trilinear", [False, True])
+def test_devoxel_map_refuses_negative_voxel_coords(column: int, trilinear: bool) -> None:
+    vc = torch.tensor([[0, 0, 0, 0], [0, 1, 1, 1]], dtype=torch.int32)
+    vc[0, column] = -1
+    with pytest.raises(ValueError, match=r"lattice::devoxel_map: voxel_coords must be "
+                                         r"non-negative, found -1 \(row 0"):  # fmt: skip
+        ops.devoxel_map(_PT, None, _ONE, _ZERO, vc, trilinear)
+
+
+_BAD_GRIDS = [
+    ("voxel_size", [0.0, 1.0, 1.0], "finite and > 0 in every axis"),
+    ("voxel_size", [1.0, -2.0, 1.0], "finite and > 0 in every axis"),
+    ("voxel_size", [1.0, 1.0, float("nan")], "finite and > 0 in every axis"),
+    ("voxel_size", [float("inf")] * 3, "finite and > 0 in every axis"),
+    ("voxel_size", [1e-50, 1.0, 1.0], "a positive finite float32 in every axis"),
+    ("voxel_size", [1.0, 1.0], r"3 numbers \(x, y, z\), got \[1.0, 1.0\]"),
+    ("voxel_size", [1.0] * 4, r"3 numbers \(x, y, z\)"),
+    ("origin", [0.0, float("nan"), 0.0], "finite in every axis"),
+    ("origin", [0.0, float("-inf"), 0.0], "finite in every axis"),
+    ("origin", [0.0], r"3 numbers \(x, y, z\)"),
+]
+
+
+@pytest.mark.parametrize("op", ["voxelize_coords", "devoxel_map"])
+@pytest.mark.parametrize(("name", "value", "rule"), _BAD_GRIDS)
+def test_voxel_ops_name_a_bad_grid(op: str, name: str, value: list[float], rule: str) -> None:
+    # Each raised a bare "invalid argument" from C, or a wrong-length list a TypeError
+    # about a tuple ("function takes exactly 3 arguments").
+    grid = {"voxel_size": _ONE, "origin": _ZERO, name: value}
+    call = {
+        "voxelize_coords": lambda: ops.voxelize_coords(_PT, None, grid["voxel_size"],
+                                                       grid["origin"]),
+        "devoxel_map": lambda: ops.devoxel_map(_PT, None, grid["voxel_size"], grid["origin"],
+                                               _i32(1, 4), True),
+    }[op]  # fmt: skip
+    with pytest.raises(ValueError, match=rf"lattice::{op}: {name} must be {rule}"):
+        call()

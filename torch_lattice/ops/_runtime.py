@@ -181,6 +181,22 @@ def check_coords(op: str, name: str, coords: torch.Tensor) -> None:
     check_tensor(op, name, coords, (torch.int32,), ("N", 4))
 
 
+def check_non_negative(op: str, name: str, coords: torch.Tensor) -> None:
+    """Raises ``ValueError`` unless every entry of the checked ``(N, 4)`` rows ``coords``
+    (batch index and coordinates) is non-negative, as ``SparseTensor`` requires of its
+    rows: for the ops whose C core would otherwise take a negative row as it is. One pass
+    over the rows (on CUDA one readback)."""
+    if coords.shape[0] == 0:
+        return
+    lo = int(coords.min())
+    if lo < 0:
+        row = int(torch.nonzero((coords < 0).any(dim=1))[0, 0])
+        raise ValueError(
+            f"lattice::{op}: {name} must be non-negative, found {lo} (row {row}: "
+            f"[batch, x, y, z] = {coords[row].tolist()})"
+        )
+
+
 def ptr(t: torch.Tensor) -> int:
     """Data pointer of a contiguous tensor (0 when empty)."""
     if not t.is_contiguous():

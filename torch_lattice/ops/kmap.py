@@ -28,6 +28,7 @@ from torch_lattice.ops._runtime import (
     _C,
     call_args,
     check_coords,
+    check_non_negative,
     check_tensor,
     one_device,
     ptr,
@@ -293,13 +294,16 @@ def generate_support(
     """Output support of a strided convolution: ``(M, 4)`` int32, sorted.
 
     Every ``q`` in ``[0, out_range)`` per axis with some kernel row mapping it
-    onto an input row of the same batch (see docs/semantics.md).  ``num_batches`` must
-    exceed every batch index of ``coords`` (it bounds the output's size).
+    onto an input row of the same batch (see docs/semantics.md).  ``coords`` are
+    non-negative rows (batch index and coordinates, as a ``SparseTensor``'s);
+    ``num_batches`` must exceed every batch index of ``coords`` (it bounds the output's
+    size).
     """
     check_geometry("generate_support", kernel_size=kernel_size, stride=stride, padding=padding,
                    dilation=dilation, out_range=out_range)  # fmt: skip
     require_cpu("generate_support", coords)
     check_coords("generate_support", "coords", coords)
+    check_non_negative("generate_support", "coords", coords)
     check_num_batches("generate_support", coords, num_batches)
     geom = conv_geom(kernel_size, stride, padding, dilation)
     rng = tuple(max(0, r) for r in out_range)

@@ -18,6 +18,7 @@ from torch_lattice.ops._runtime import (
     _C,
     call_args,
     check_coords,
+    check_non_negative,
     ptr,
     require_cuda,
     workspace_alloc,
@@ -49,6 +50,7 @@ def generate_support(
     """
     device = require_cuda("generate_support", coords)
     coords = _check_coords("generate_support", "coords", coords)
+    check_non_negative("generate_support", "coords", coords)
     kmap.check_num_batches("generate_support", coords, num_batches)
     rng = tuple(max(0, int(r)) for r in out_range)
     n = coords.shape[0]

@@ -12,6 +12,8 @@ errors.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -22,6 +24,7 @@ from torch_lattice.ops._runtime import (
     DTYPE_CODES,
     REDUCTION_CODES,
     check_coords,
+    check_non_negative,
     check_tensor,
     one_device,
     optional_ptr,
@@ -32,7 +35,9 @@ from torch_lattice.ops._runtime import (
 
 __all__ = [
     "REDUCTIONS",
+    "check_axis_values",
     "check_devoxel_gather",
+    "check_grid",
     "check_points",
     "check_voxel_reduce",
     "devoxel_gather",
@@ -80,6 +85,40 @@ def check_points(op: str, points: torch.Tensor, batch: torch.Tensor | None) -> N
     check_tensor(op, "points", points, _FLOATS, ("P", 3))
     if batch is not None:
         check_tensor(op, "batch", batch, (torch.int64,), (int(points.shape[0]),))
+
+
+_F32_TINY = float(torch.finfo(torch.float32).smallest_normal)
+_F32_MAX = float(torch.finfo(torch.float32).max)
+
+
+def check_axis_values(name: str, values: Sequence[float], positive: bool, shown: object,
+                      where: str = "") -> None:  # fmt: skip
+    """The rule of a grid's three numbers (one per axis): ``voxel_size`` (``positive``)
+    finite, > 0 and a normal float32 (points are divided in float32 too: 1e-50 is 0
+    there, so every point would land at infinity); ``origin`` finite. Raises
+    ``ValueError`` naming ``name`` and showing ``shown`` (the value as given), after the
+    ``where`` prefix (an op's ``"lattice::op: "``)."""
+    for v in values:
+        if not math.isfinite(v) or (positive and v <= 0):
+            rule = "finite and > 0" if positive else "finite"
+            raise ValueError(f"{where}{name} must be {rule} in every axis, got {shown!r}")
+        if positive and not _F32_TINY <= v <= _F32_MAX:
+            raise ValueError(
+                f"{where}{name} must be a positive finite float32 in every axis (between "
+                f"{_F32_TINY:.3g} and {_F32_MAX:.3g}), got {shown!r}"
+            )
+
+
+def check_grid(op: str, voxel_size: Sequence[float], origin: Sequence[float]) -> None:
+    """Raises ``ValueError`` unless ``voxel_size`` and ``origin`` are three numbers each
+    that keep :func:`check_axis_values`' rules (CPU and CUDA): the C core refused them
+    with a bare "invalid argument" (or a short list with a message about a tuple)."""
+    for name, values, positive in (("voxel_size", voxel_size, True), ("origin", origin, False)):
+        if len(values) != 3:
+            raise ValueError(
+                f"lattice::{op}: {name} must be 3 numbers (x, y, z), got {list(values)!r}"
+            )
+        check_axis_values(name, values, positive, list(values), f"lattice::{op}: ")
 
 
 def _check_float_feats(op: str, feats: torch.Tensor) -> None:
@@ -143,10 +182,12 @@ def voxelize_coords(
     Args:
         points: ``(P, 3)`` float32 or float64.
         batch: ``(P,)`` int64 batch index per point, or None (all 0).
-        voxel_size, origin: three floats each.
+        voxel_size, origin: three floats each: ``voxel_size`` positive, finite and a
+            normal float32, ``origin`` finite (:func:`check_grid`).
     """
     require_cpu("voxelize_coords", points, *(() if batch is None else (batch,)))
     check_points("voxelize_coords", points, batch)
+    check_grid("voxelize_coords", voxel_size, origin)
     points = points.contiguous()
     batch = None if batch is None else batch.contiguous()
     n = points.shape[0]
@@ -262,10 +303,13 @@ def devoxel_map(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rows ``(P, k)`` int64 (-1 absent) and float64 weights ``(P, k)`` of
     each point's voxel (``k = 1``) or 8 surrounding voxel centres (``k = 8``).
-    See csrc/core/tl_voxel.h for the exact rule."""
+    See csrc/core/tl_voxel.h for the exact rule.  ``voxel_size`` and ``origin`` follow
+    :func:`check_grid`; ``voxel_coords`` are non-negative ``(M, 4)`` int32 rows."""
     require_cpu("devoxel_map", points, voxel_coords)
     check_points("devoxel_map", points, batch)
+    check_grid("devoxel_map", voxel_size, origin)
     check_coords("devoxel_map", "voxel_coords", voxel_coords)
+    check_non_negative("devoxel_map", "voxel_coords", voxel_coords)
     points, voxel_coords = points.contiguous(), voxel_coords.contiguous()
     batch = None if batch is None else batch.contiguous()
     n, k = points.shape[0], 8 if trilinear else 1

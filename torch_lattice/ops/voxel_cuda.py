@@ -21,6 +21,7 @@ from torch_lattice.ops._runtime import (
     REDUCTION_CODES,
     call_args,
     check_coords,
+    check_non_negative,
     cuda_feature_code,
     optional_ptr,
     ptr,
@@ -51,6 +52,7 @@ def voxelize_coords(
         voxel_size, origin: three floats each.
     """
     voxel.check_points("voxelize_coords", points, batch)
+    voxel.check_grid("voxelize_coords", voxel_size, origin)
     device = require_cuda("voxelize_coords", *_with_batch(points, batch))
     points = points.contiguous()
     batch = None if batch is None else batch.contiguous()
@@ -133,8 +135,10 @@ def devoxel_map(
         ValueError: a rejected point, or ``voxel_coords`` repeats a row (as on the CPU).
     """
     voxel.check_points("devoxel_map", points, batch)
+    voxel.check_grid("devoxel_map", voxel_size, origin)
     check_coords("devoxel_map", "voxel_coords", voxel_coords)
     device = require_cuda("devoxel_map", *_with_batch(points, batch), voxel_coords)
+    check_non_negative("devoxel_map", "voxel_coords", voxel_coords)
     points, voxel_coords = points.contiguous(), voxel_coords.contiguous()
     batch = None if batch is None else batch.contiguous()
     n, k, m = points.shape[0], 8 if trilinear else 1, voxel_coords.shape[0]
