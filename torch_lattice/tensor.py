@@ -21,6 +21,7 @@ import torch
 from torch_lattice import _C
 from torch_lattice.geometry import ConvGeometry, Triple, triple
 from torch_lattice.memory_budget import check_allocation
+from torch_lattice.ops._runtime import FEATURE_DTYPE_NAMES, FEATURE_DTYPES
 
 __all__ = [
     "CoordinateManager",
@@ -455,7 +456,8 @@ class SparseTensor:
     """Features on a sparse set of lattice coordinates.
 
     Args:
-        feats: ``(N, C)`` floating tensor.
+        feats: ``(N, C)`` float32, float64, float16 or bfloat16 tensor (the dtypes the
+            kernels take; float8 and other floating dtypes raise ``TypeError``).
         coords: ``(N, 4)`` integer tensor ``[batch, x, y, z]`` of logical grid
             indices; stored as int32.  Non-negative, unique rows.
         stride: int or 3-tuple of positive ints: the lattice spacing.
@@ -473,7 +475,8 @@ class SparseTensor:
     loaders".
 
     Raises:
-        TypeError: a wrong type (not a tensor, integer features, float coordinates).
+        TypeError: a wrong type (not a tensor, integer or float8 features, float
+            coordinates).
         ValueError: a broken rule (shape, negative or repeated rows, a row
             outside ``spatial_range``, different devices); the message names
             the argument and the rule.
@@ -598,8 +601,11 @@ class SparseTensor:
             feats = self._feats.to(*args, **kwargs)
         except AssertionError as exc:  # torch's "not compiled with CUDA" is an assertion
             raise RuntimeError(f"to: cannot move the features: {exc}") from exc
-        if not feats.is_floating_point():
-            raise TypeError(f"to: feats must stay floating, got {feats.dtype}")
+        if feats.dtype not in FEATURE_DTYPES:
+            raise TypeError(
+                f"to: feats must stay floating, of a supported dtype ({FEATURE_DTYPE_NAMES}), "
+                f"got {feats.dtype}"
+            )
         if feats.device.type not in ("cpu", "cuda"):
             raise ValueError(
                 f"to: a SparseTensor lives on the CPU or a CUDA device, got {feats.device}"
@@ -794,8 +800,11 @@ def _register_subclass(cls: type[SparseTensor]) -> None:
 def _check_feats(feats: Any, rows: int) -> None:
     if not isinstance(feats, torch.Tensor):
         raise TypeError(f"feats must be a torch.Tensor, got {type(feats).__name__}")
-    if not feats.is_floating_point():
-        raise TypeError(f"feats must be a floating tensor, got {feats.dtype}")
+    if feats.dtype not in FEATURE_DTYPES:
+        raise TypeError(
+            f"feats must be a floating tensor of a supported dtype ({FEATURE_DTYPE_NAMES}), "
+            f"got {feats.dtype}"
+        )
     if feats.dim() != 2:
         raise ValueError(f"feats must have shape (N, C), got {tuple(feats.shape)}")
     if feats.shape[0] != rows:

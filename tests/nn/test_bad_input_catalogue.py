@@ -237,6 +237,28 @@ add(
     r"feats must be a floating tensor",
     lambda: ST(torch.ones(1, C, dtype=torch.bool), torch.zeros(1, 4, dtype=torch.int32)),
 )
+for _f8 in (torch.float8_e4m3fn, torch.float8_e5m2):
+    # float8 features were accepted and failed later, in the first layer's dtype check
+    add(
+        f"tensor-feats-{str(_f8).removeprefix('torch.')}",
+        TypeError,
+        r"feats must be a floating tensor of a supported dtype \(float32, float64, float16 or "
+        rf"bfloat16\), got {_f8}",
+        lambda _f8=_f8: ST(torch.ones(1, C).to(_f8), torch.zeros(1, 4, dtype=torch.int32)),
+    )
+add(
+    "tensor-replace-float8",
+    TypeError,
+    r"feats must be a floating tensor of a supported dtype \(float32, float64",
+    lambda: _x().replace(_feats().to(torch.float8_e4m3fn)),
+)
+add(
+    "tensor-to-float8",
+    TypeError,
+    r"to: feats must stay floating, of a supported dtype \(float32, float64, float16 or "
+    r"bfloat16\), got torch.float8_e5m2",
+    lambda: _x().to(torch.float8_e5m2),
+)
 add(
     "tensor-feats-1d",
     ValueError,

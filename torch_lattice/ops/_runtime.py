@@ -22,6 +22,8 @@ from torch_lattice import _C
 __all__ = [
     "ATOMIC_KERNELS",
     "DTYPE_CODES",
+    "FEATURE_DTYPES",
+    "FEATURE_DTYPE_NAMES",
     "MIN_ARCH",
     "REDUCTION_CODES",
     "_C",
@@ -48,6 +50,10 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 # dtype codes of enum tl_dtype in csrc/core/tl_conv.h
 DTYPE_CODES = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3}
+# The feature dtypes of a SparseTensor and of the ops (each computes in one of them, or
+# in float32 for the half types): torch's other floating dtypes (float8, ...) are refused.
+FEATURE_DTYPES = tuple(DTYPE_CODES)
+FEATURE_DTYPE_NAMES = "float32, float64, float16 or bfloat16"
 # enum tl_voxel_reduction in csrc/core/tl_voxel.h
 REDUCTION_CODES = {"mean": 0, "sum": 1, "max": 2}
 # Oldest architecture the CUDA kernels support (cp.async, bf16 and TF32 tensor cores).
@@ -148,7 +154,8 @@ def compute_dtype(op: str, dtype: torch.dtype, halves: bool = False) -> torch.dt
         return dtype
     if dtype in (torch.float16, torch.bfloat16):
         return dtype if halves else torch.float32
-    raise TypeError(f"lattice::{op}: features must be floating, got {dtype}")
+    raise TypeError(f"lattice::{op}: features must be floating ({FEATURE_DTYPE_NAMES}), "
+                    f"got {dtype}")
 
 
 # ---- dtype and shape of index and coordinate tensors ----
@@ -319,18 +326,11 @@ def workspace_alloc(device: torch.device) -> Callable[[int], int]:
     return alloc
 
 
-_CUDA_FEATURE_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
-
-
 def cuda_feature_code(op: str, dtype: torch.dtype) -> int:
-    """dtype code of features of the CUDA voxel and pooling kernels; TypeError naming
-    the dtype otherwise (the convolutions take fewer dtypes, see ``conv_cuda``)."""
-    compute_dtype(op, dtype)  # TypeError for non-floating dtypes, as on the CPU
-    if dtype not in _CUDA_FEATURE_DTYPES:
-        raise TypeError(
-            f"lattice::{op}: CUDA features must be float32, float64, float16 or bfloat16, "
-            f"got {dtype}"
-        )
+    """dtype code of features of the CUDA voxel and pooling kernels (any of
+    :data:`FEATURE_DTYPES`); TypeError naming the dtype otherwise, as on the CPU (the
+    convolutions take fewer dtypes, see ``conv_cuda``)."""
+    compute_dtype(op, dtype)
     return DTYPE_CODES[dtype]
 
 
