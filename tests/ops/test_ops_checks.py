@@ -397,3 +397,18 @@ def test_voxel_ops_name_a_bad_grid(op: str, name: str, value: list[float], rule:
     }[op]  # fmt: skip
     with pytest.raises(ValueError, match=rf"lattice::{op}: {name} must be {rule}"):
         call()
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.float64, torch.int32], ids=str)
+def test_weight_gradients_refuse_a_grad_out_of_another_dtype(dtype: torch.dtype) -> None:
+    # The CPU cast grad_out to the features' dtype (a complex one losing its imaginary
+    # part with only a warning); CUDA refused. Both now refuse, naming grad_out.
+    nbr = torch.tensor([[0, -1], [1, 0]], dtype=torch.int32)
+    offsets, pair_in, pair_out = _pairs()
+    feats, grad_out = torch.randn(2, 3), torch.ones(2, 4).to(dtype)
+    rule = rf"grad_out \({dtype}\) must have the dtype of feats \(torch.float32\)"
+    with pytest.raises(TypeError, match=f"lattice::sparse_conv_weight_grad: {rule}"):
+        ops.sparse_conv_weight_grad(feats, grad_out, nbr)
+    for gather in (False, True):
+        with pytest.raises(TypeError, match=f"lattice::pair_conv_weight_grad: {rule}"):
+            ops.pair_conv_weight_grad(feats, grad_out, offsets, pair_in, pair_out, gather)

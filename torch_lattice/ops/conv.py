@@ -101,8 +101,15 @@ def check_conv_args(op: str, feats: torch.Tensor, weight: torch.Tensor, k: int) 
 
 
 def _check_grad_out(op: str, feats: torch.Tensor, grad_out: torch.Tensor) -> None:
+    """A weight gradient's operands: 2-D, of one dtype (as on CUDA: a complex or other
+    grad_out is refused, not cast to the features' dtype)."""
     if feats.dim() != 2 or grad_out.dim() != 2:
         raise ValueError(f"lattice::{op}: feats and grad_out must be 2-D (rows, channels)")
+    if grad_out.dtype != feats.dtype:
+        raise TypeError(
+            f"lattice::{op}: grad_out ({grad_out.dtype}) must have the dtype of feats "
+            f"({feats.dtype})"
+        )
 
 
 def _check_pairs(
@@ -265,7 +272,8 @@ def _(feats, weight, nbr, rev, allow_tf32=False):
 def sparse_conv_weight_grad(
     feats: torch.Tensor, grad_out: torch.Tensor, nbr: torch.Tensor, allow_tf32: bool = False
 ) -> torch.Tensor:
-    """``(K, C_in, C_out)``: ``dw[n] = sum_o feats[nbr[o, n]]^T grad_out[o]``."""
+    """``(K, C_in, C_out)``: ``dw[n] = sum_o feats[nbr[o, n]]^T grad_out[o]``;
+    ``grad_out`` ``(N_out, C_out)`` of ``feats``' dtype (another raises ``TypeError``)."""
     require_cpu("sparse_conv_weight_grad", feats, grad_out, nbr)
     check_sparse_conv_weight_grad(feats, grad_out, nbr)
     work = compute_dtype("sparse_conv_weight_grad", feats.dtype, halves=True)
@@ -657,7 +665,8 @@ def pair_conv_weight_grad(
     gather: bool,
     allow_tf32: bool = False,
 ) -> torch.Tensor:
-    """``(K, C_in, C_out)``: ``dw[n] = sum over pairs feats[in]^T grad_out[out]``."""
+    """``(K, C_in, C_out)``: ``dw[n] = sum over pairs feats[in]^T grad_out[out]``;
+    ``grad_out`` of ``feats``' dtype (another raises ``TypeError``)."""
     require_cpu("pair_conv_weight_grad", feats, grad_out, offsets, pair_in, pair_out)
     check_pair_conv_weight_grad(feats, grad_out, offsets, pair_in, pair_out)
     work = compute_dtype("pair_conv_weight_grad", feats.dtype)

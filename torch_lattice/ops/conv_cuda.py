@@ -131,7 +131,8 @@ def pending(change: str | None = None) -> bool:
 
 def _check_dtype(op: str, a: torch.Tensor, b: torch.Tensor | None = None) -> None:
     """The kernels' dtypes: float32, float16 or bfloat16, and (``b`` given) one dtype for
-    both operands, which the weight-gradient ops leave to the device (the CPU casts)."""
+    both operands (the weight-gradient ops' own check, ``conv._check_grad_out``, refuses
+    a grad_out of another dtype on either device first)."""
     if a.dtype not in _FEATURE_DTYPES:
         raise TypeError(
             f"{op}: CUDA kernels support float32, float16 and bfloat16 features, got {a.dtype}"
