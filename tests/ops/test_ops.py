@@ -189,3 +189,82 @@ def test_a_meta_tensor_beside_cpu_tensors_is_refused() -> None:
             call(lambda t: t.to("meta"))
     meta = L.sparse_conv(x.to("meta"), w.to("meta"), nbr.to("meta"), rev.to("meta"))
     assert meta.shape == (2, 2) and meta.device.type == "meta"
+
+
+def _i32(*shape: int) -> torch.Tensor:
+    return torch.zeros(shape, dtype=torch.int32)
+
+
+def _i64(*shape: int) -> torch.Tensor:
+    return torch.zeros(shape, dtype=torch.int64)
+
+
+_G1 = ([1, 1, 1], [1, 1, 1], [0, 0, 0], [1, 1, 1])
+_PAIRS = (torch.tensor([0, 1]), _i32(1), _i32(1))
+_X, _PT = torch.randn(4, 3), torch.rand(8, 3)
+
+# A bad argument of each op, as (op, arguments); its fake kernel (what torch.compile and
+# meta tensors run) must refuse it as the real kernel does.
+_BAD_CALLS = {
+    "sparse_conv int64 nbr": ("sparse_conv", (_X, torch.randn(1, 3, 2), _i64(4, 1), _i32(4, 1))),
+    "sparse_conv float64 weight": (
+        "sparse_conv", (_X, torch.randn(1, 3, 2).double(), _i32(4, 1), _i32(4, 1))),
+    "sparse_conv C_in": ("sparse_conv", (_X, torch.randn(1, 2, 2), _i32(4, 1), _i32(4, 1))),
+    "sparse_conv_weight_grad int64 nbr": (
+        "sparse_conv_weight_grad", (_X, torch.randn(4, 2), _i64(4, 1))),
+    "sparse_conv_weight_grad complex grad_out": (
+        "sparse_conv_weight_grad", (_X, torch.ones(4, 2, dtype=torch.complex64), _i32(4, 1))),
+    "sparse_conv_weight_grad rows": (
+        "sparse_conv_weight_grad", (_X, torch.randn(3, 2), _i32(4, 1))),
+    "pair_conv int32 offsets": (
+        "pair_conv", (_X, torch.randn(1, 3, 2), _PAIRS[0].int(), *_PAIRS[1:], None, None, None,
+                      4, False)),
+    "pair_conv negative n_out": (
+        "pair_conv", (_X, torch.randn(1, 3, 2), *_PAIRS, None, None, None, -1, False)),
+    "pair_conv_weight_grad float64 grad_out": (
+        "pair_conv_weight_grad", (_X, torch.randn(4, 2).double(), *_PAIRS, True)),
+    "pool_sum int64 nbr": ("pool_sum", (_X, _i64(4, 1), _i32(4, 1))),
+    "pool_avg 1-D nbr": ("pool_avg", (_X, _i32(4), _i32(4, 1))),
+    "pool_max short rev": ("pool_max", (_X, _i32(4, 1), _i32(3, 1))),
+    "pool_max int feats": ("pool_max", (_i64(4, 3), _i32(4, 1), _i32(4, 1))),
+    "pool_max_backward short argmax": ("pool_max_backward", (_X, _i32(4, 1), _i32(3, 3))),
+    "kernel_map int64 coords": ("kernel_map", (_i64(4, 4), _i32(4, 4), *_G1)),
+    "neighbour_table even stride list": ("neighbour_table", (_i32(4, 4), _i32(4, 4), [1, 1],
+                                                             *_G1[1:])),
+    "kernel_pairs int64 nbr": ("kernel_pairs", (_i64(4, 2),)),
+    "generate_support int64 coords": (
+        "generate_support", (_i64(4, 4), [2] * 3, [2] * 3, [0] * 3, [1] * 3, [4] * 3, 1)),
+    "generative_support 1-D coords": ("generative_support", (_i32(16), [2] * 3, [2] * 3)),
+    "voxelize_coords zero voxel_size": ("voxelize_coords", (_PT, None, [0.0] * 3, [0.0] * 3)),
+    "devoxel_map int32 batch": (
+        "devoxel_map", (_PT, _i32(8), [1.0] * 3, [0.0] * 3, _i32(1, 4), False)),
+    "devoxel_map NaN origin": (
+        "devoxel_map", (_PT, None, [1.0] * 3, [float("nan")] * 3, _i32(1, 4), True)),
+    "voxel_reduce int32 inverse": ("voxel_reduce", (torch.randn(8, 2), _i32(8), 3, "sum")),
+    "voxel_reduce negative num_voxels": ("voxel_reduce", (torch.randn(8, 2), _i64(8), -1, "max")),
+    "devoxel_gather float32 weight": (
+        "devoxel_gather", (torch.randn(3, 2), _i64(8, 1), torch.ones(8, 1))),
+    "batch_norm_stats no rows": ("batch_norm_stats", (torch.randn(0, 3),)),
+    "batch_norm_apply scale shape": (
+        "batch_norm_apply", (_X, torch.ones(2), torch.zeros(3), False)),
+    "batch_norm_backward_reduce mean dtype": (
+        "batch_norm_backward_reduce", (_X, _X, torch.ones(3), torch.zeros(3), _i64(3), True)),
+    "batch_norm_backward_apply b without k": (
+        "batch_norm_backward_apply", (_X, _X, torch.ones(3), torch.zeros(3), torch.ones(3),
+                                      torch.ones(3), None, False)),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(_BAD_CALLS))
+def test_fake_kernels_refuse_what_the_real_kernels_refuse(case: str) -> None:
+    """The fake kernels asserted a few sizes with bare ``torch._check`` ("Expected cond to be
+    True") and took an int64 table the real kernels refuse: each now runs its op's own
+    argument check, so a meta call raises the real call's exception and message."""
+    op, args = _BAD_CALLS[case]
+    fn = getattr(torch.ops.lattice, op)
+    with pytest.raises((TypeError, ValueError)) as real:
+        fn(*args)
+    meta = [a.to("meta") if isinstance(a, torch.Tensor) else a for a in args]
+    with pytest.raises(type(real.value)) as fake:
+        fn(*meta)
+    assert str(fake.value) == str(real.value)

@@ -31,6 +31,7 @@ __all__ = [
     "call_args",
     "check_deterministic",
     "check_device_arch",
+    "check_size",
     "compute_dtype",
     "cuda_feature_code",
     "device_index",
@@ -165,22 +166,33 @@ def compute_dtype(op: str, dtype: torch.dtype, halves: bool = False) -> torch.dt
 # ``torch.ops.lattice.*`` gets a ValueError naming the argument, not a read past its end.
 
 
+def check_size(cond: bool | torch.SymBool, message: Callable[[], str]) -> None:
+    """Raises ``ValueError(message())`` unless ``cond``, a size rule an op's real and fake
+    kernels share. Under ``torch.compile`` the fake kernels see symbolic sizes (a generated
+    support's row count is data-dependent), which a plain ``if`` cannot decide; torch
+    then checks the rule when the graph runs instead."""
+    torch._check_with(ValueError, cond, message)
+
+
 def check_tensor(
     op: str, name: str, t: torch.Tensor, dtypes: tuple[torch.dtype, ...],
-    shape: tuple[int | str, ...],
+    shape: tuple[int | torch.SymInt | str, ...],
 ) -> None:  # fmt: skip
     """Raises ``ValueError`` unless ``t`` has one of ``dtypes`` and ``shape``: one entry a
-    dimension, an int for a size it must have, a name (``"N"``) for any size."""
-    fits = t.dim() == len(shape) and all(
-        isinstance(s, str) or t.shape[i] == s for i, s in enumerate(shape)
-    )
-    if t.dtype not in dtypes or not fits:
+    dimension, an int (or a tensor's size) for a size it must have, a name (``"N"``) for
+    any size."""
+
+    def message() -> str:
         kinds = " or ".join(str(d).removeprefix("torch.") for d in dtypes)
         dims = "(" + ", ".join(str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
-        raise ValueError(
-            f"lattice::{op}: {name} must be a {dims} {kinds} tensor, got {t.dtype} "
-            f"{tuple(t.shape)}"
-        )
+        return (f"lattice::{op}: {name} must be a {dims} {kinds} tensor, got {t.dtype} "
+                f"{tuple(t.shape)}")  # fmt: skip
+
+    if t.dtype not in dtypes or t.dim() != len(shape):
+        raise ValueError(message())
+    for i, s in enumerate(shape):
+        if not isinstance(s, str):
+            check_size(t.shape[i] == s, message)
 
 
 def check_coords(op: str, name: str, coords: torch.Tensor) -> None:

@@ -38,6 +38,7 @@ from torch_lattice.memory_budget import check_allocation, get_memory_budget
 from torch_lattice.ops._runtime import (
     _C,
     DTYPE_CODES,
+    check_size,
     compute_dtype,
     one_device,
     ptr,
@@ -49,8 +50,10 @@ from torch_lattice.ops.kmap import reverse_pairs, reverse_table
 __all__ = [
     "TileLists",
     "check_conv_args",
+    "check_n_out",
     "check_nbr",
     "check_pair_conv",
+    "check_pair_conv_operands",
     "check_pair_conv_weight_grad",
     "check_sparse_conv",
     "check_sparse_conv_weight_grad",
@@ -88,16 +91,19 @@ def check_conv_args(op: str, feats: torch.Tensor, weight: torch.Tensor, k: int) 
             f"lattice::{op}: feats ({feats.dtype}) and weight ({weight.dtype}) "
             "must have the same dtype"
         )
-    if weight.dim() != 3 or feats.dim() != 2 or weight.shape[1] != feats.shape[1]:
-        raise ValueError(
-            f"lattice::{op}: weight must be (K, C_in, C_out) with C_in == "
-            f"feats.shape[1]; got weight {tuple(weight.shape)}, "
-            f"feats {tuple(feats.shape)}"
-        )
-    if weight.shape[0] != k:
-        raise ValueError(
-            f"lattice::{op}: the kernel map has {k} kernel rows but weight has {weight.shape[0]}"
-        )
+
+    def shapes() -> str:
+        return (f"lattice::{op}: weight must be (K, C_in, C_out) with C_in == feats.shape[1]; "
+                f"got weight {tuple(weight.shape)}, feats {tuple(feats.shape)}")  # fmt: skip
+
+    if weight.dim() != 3 or feats.dim() != 2:
+        raise ValueError(shapes())
+    check_size(weight.shape[1] == feats.shape[1], shapes)
+    check_size(
+        weight.shape[0] == k,
+        lambda: f"lattice::{op}: the kernel map has {k} kernel rows but weight has "
+        f"{weight.shape[0]}",
+    )
 
 
 def _check_grad_out(op: str, feats: torch.Tensor, grad_out: torch.Tensor) -> None:
@@ -115,17 +121,20 @@ def _check_grad_out(op: str, feats: torch.Tensor, grad_out: torch.Tensor) -> Non
 def _check_pairs(
     op: str, offsets: torch.Tensor, pair_in: torch.Tensor, pair_out: torch.Tensor
 ) -> None:
-    if offsets.dtype != torch.int64 or offsets.dim() != 1 or offsets.shape[0] < 1:
-        raise ValueError(
-            f"lattice::{op}: offsets must be (K + 1,) int64, got {offsets.dtype} "
-            f"{tuple(offsets.shape)}"
-        )
-    if (
-        pair_in.dtype != torch.int32
-        or pair_out.dtype != torch.int32
-        or (pair_in.shape != pair_out.shape or pair_in.dim() != 1)
-    ):
-        raise ValueError(f"lattice::{op}: pair_in and pair_out must be (P,) int32 of equal length")
+    def bad_offsets() -> str:
+        return (f"lattice::{op}: offsets must be (K + 1,) int64, got {offsets.dtype} "
+                f"{tuple(offsets.shape)}")  # fmt: skip
+
+    def bad_pairs() -> str:
+        return f"lattice::{op}: pair_in and pair_out must be (P,) int32 of equal length"
+
+    if offsets.dtype != torch.int64 or offsets.dim() != 1:
+        raise ValueError(bad_offsets())
+    check_size(offsets.shape[0] >= 1, bad_offsets)
+    if pair_in.dtype != torch.int32 or pair_out.dtype != torch.int32 or pair_in.dim() != 1 \
+            or pair_out.dim() != 1:  # fmt: skip
+        raise ValueError(bad_pairs())
+    check_size(pair_in.shape[0] == pair_out.shape[0], bad_pairs)
 
 
 def check_sparse_conv(feats: torch.Tensor, weight: torch.Tensor, nbr: torch.Tensor) -> None:
@@ -142,26 +151,24 @@ def check_sparse_conv_weight_grad(
     op = "sparse_conv_weight_grad"
     check_nbr(op, nbr)
     _check_grad_out(op, feats, grad_out)
-    if grad_out.shape[0] != nbr.shape[0]:
-        raise ValueError(
-            f"lattice::{op}: nbr has {nbr.shape[0]} output rows but grad_out has "
-            f"{grad_out.shape[0]}"
-        )
+    check_size(
+        grad_out.shape[0] == nbr.shape[0],
+        lambda: f"lattice::{op}: nbr has {nbr.shape[0]} output rows but grad_out has "
+        f"{grad_out.shape[0]}",
+    )
 
 
-def check_pair_conv(
+def check_pair_conv_operands(
     feats: torch.Tensor,
     weight: torch.Tensor,
     offsets: torch.Tensor,
     pair_in: torch.Tensor,
     pair_out: torch.Tensor,
     rev: tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None],
-    n_out: int,
 ) -> None:
-    """The one argument check of ``lattice::pair_conv`` (CPU and CUDA): the pairs, the
-    reversed pairs ``rev`` (all three or none: backward reads all three, or derives
-    them), and ``n_out``, whose ``(n_out, C_out)`` output is checked against the memory
-    budget (it is a caller's number, not the size of a tensor it holds)."""
+    """The tensors' part of :func:`check_pair_conv` (dtypes and shapes: what the op's fake
+    kernel checks too): the pairs and the reversed pairs ``rev``, all three or none
+    (backward reads all three, or derives them)."""
     op = "pair_conv"
     check_conv_args(op, feats, weight, offsets.shape[0] - 1)
     _check_pairs(op, offsets, pair_in, pair_out)
@@ -174,15 +181,44 @@ def check_pair_conv(
     if given:
         roff, rin, rout = rev
         assert roff is not None and rin is not None and rout is not None
-        if roff.shape != offsets.shape or rin.shape != pair_in.shape:
-            raise ValueError(
-                f"lattice::{op}: the reversed pairs must have the forward pairs' shapes "
-                f"(offsets {tuple(offsets.shape)}, pairs {tuple(pair_in.shape)}), got "
-                f"rev_offsets {tuple(roff.shape)} and rev_in {tuple(rin.shape)}"
-            )
+
+        def mismatch() -> str:
+            return (f"lattice::{op}: the reversed pairs must have the forward pairs' shapes "
+                    f"(offsets {tuple(offsets.shape)}, pairs {tuple(pair_in.shape)}), got "
+                    f"rev_offsets {tuple(roff.shape)} and rev_in {tuple(rin.shape)}")  # fmt: skip
+
+        for got, want in ((roff, offsets), (rin, pair_in)):
+            if got.dim() != 1:
+                raise ValueError(mismatch())
+            check_size(got.shape[0] == want.shape[0], mismatch)
         _check_pairs(op, roff, rin, rout)
-    if not isinstance(n_out, int) or isinstance(n_out, bool) or n_out < 0:
+
+
+def check_n_out(op: str, n_out: int | torch.SymInt) -> None:
+    """Raises ``ValueError`` unless ``n_out`` (the rows of an op's output) is an int >= 0
+    (symbolic under ``torch.compile``)."""
+    if isinstance(n_out, bool) or not isinstance(n_out, (int, torch.SymInt)):
         raise ValueError(f"lattice::{op}: n_out must be a non-negative int, got {n_out!r}")
+    check_size(n_out >= 0, lambda: f"lattice::{op}: n_out must be a non-negative int, "
+                                   f"got {n_out!r}")  # fmt: skip
+
+
+def check_pair_conv(
+    feats: torch.Tensor,
+    weight: torch.Tensor,
+    offsets: torch.Tensor,
+    pair_in: torch.Tensor,
+    pair_out: torch.Tensor,
+    rev: tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None],
+    n_out: int,
+) -> None:
+    """The one argument check of ``lattice::pair_conv`` (CPU and CUDA): the tensors
+    (:func:`check_pair_conv_operands`) and ``n_out``, whose ``(n_out, C_out)`` output is
+    checked against the memory budget (it is a caller's number, not the size of a tensor
+    it holds)."""
+    op = "pair_conv"
+    check_pair_conv_operands(feats, weight, offsets, pair_in, pair_out, rev)
+    check_n_out(op, n_out)
     # The output, and (half types) the float32 buffer it is accumulated in.
     wide = feats.dtype not in (torch.float32, torch.float64)
     row = weight.shape[2] * (feats.element_size() + (4 if wide else 0))
@@ -262,10 +298,9 @@ def run_forward(
 @sparse_conv.register_fake
 @one_device("sparse_conv")
 def _(feats, weight, nbr, rev, allow_tf32=False):
-    torch._check(feats.dtype == weight.dtype)
-    torch._check(weight.shape[1] == feats.shape[1])
-    torch._check(nbr.shape[1] == weight.shape[0])
-    return feats.new_empty((nbr.shape[0], weight.shape[2]))
+    check_sparse_conv(feats, weight, nbr)
+    work = compute_dtype("sparse_conv", feats.dtype, halves=True)
+    return feats.new_empty((nbr.shape[0], weight.shape[2]), dtype=work)
 
 
 @torch.library.custom_op("lattice::sparse_conv_weight_grad", mutates_args=())
@@ -305,7 +340,9 @@ def run_weight_grad(
 @sparse_conv_weight_grad.register_fake
 @one_device("sparse_conv_weight_grad")
 def _(feats, grad_out, nbr, allow_tf32=False):
-    return feats.new_empty((nbr.shape[1], feats.shape[1], grad_out.shape[1]))
+    check_sparse_conv_weight_grad(feats, grad_out, nbr)
+    work = compute_dtype("sparse_conv_weight_grad", feats.dtype, halves=True)
+    return feats.new_empty((nbr.shape[1], feats.shape[1], grad_out.shape[1]), dtype=work)
 
 
 def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
@@ -650,8 +687,10 @@ def _(
     gather,
     allow_tf32=False,
 ):
-    torch._check(feats.dtype == weight.dtype)
-    torch._check(weight.shape[1] == feats.shape[1])
+    check_pair_conv_operands(feats, weight, offsets, pair_in, pair_out,
+                             (rev_offsets, rev_in, rev_out))  # fmt: skip
+    check_n_out("pair_conv", n_out)
+    compute_dtype("pair_conv", feats.dtype)
     return feats.new_empty((n_out, weight.shape[2]))
 
 
@@ -693,6 +732,8 @@ def pair_conv_weight_grad(
 @pair_conv_weight_grad.register_fake
 @one_device("pair_conv_weight_grad")
 def _(feats, grad_out, offsets, pair_in, pair_out, gather, allow_tf32=False):
+    check_pair_conv_weight_grad(feats, grad_out, offsets, pair_in, pair_out)
+    compute_dtype("pair_conv_weight_grad", feats.dtype)
     return feats.new_empty((offsets.shape[0] - 1, feats.shape[1], grad_out.shape[1]))
 
 

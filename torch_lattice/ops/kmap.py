@@ -146,6 +146,7 @@ def kernel_pairs(nbr: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.T
 @kernel_pairs.register_fake
 @one_device("kernel_pairs")
 def _(nbr):
+    check_tensor("kernel_pairs", "nbr", nbr, (torch.int32,), ("N_out", "K"))
     p = torch.library.get_ctx().new_dynamic_size()
     return (
         nbr.new_empty((nbr.shape[1] + 1,), dtype=torch.int64),
@@ -320,7 +321,11 @@ def generate_support(
 @generate_support.register_fake
 @one_device("generate_support")
 def _(coords, kernel_size, stride, padding, dilation, out_range, num_batches):
-    torch._check(coords.dim() == 2 and coords.shape[1] == 4)
+    # The rules of the rows' values (non-negative, num_batches above every batch index)
+    # need the data: the real kernels check those.
+    check_geometry("generate_support", kernel_size=kernel_size, stride=stride, padding=padding,
+                   dilation=dilation, out_range=out_range)  # fmt: skip
+    check_coords("generate_support", "coords", coords)
     m = torch.library.get_ctx().new_dynamic_size()
     return coords.new_empty((m, 4))
 
@@ -352,7 +357,8 @@ def generative_support(
 @generative_support.register_fake
 @one_device("generative_support")
 def _(coords, kernel_size, stride):
-    torch._check(coords.dim() == 2 and coords.shape[1] == 4)
+    check_geometry("generative_support", kernel_size=kernel_size, stride=stride)
+    check_coords("generative_support", "coords", coords)
     m = torch.library.get_ctx().new_dynamic_size()
     return coords.new_empty((m, 4))
 
@@ -424,6 +430,18 @@ def kmap_scratch_per_kernel_row() -> int:
     return 36 + 16 * max(1, torch.get_num_threads())
 
 
+def _check_table_args(op: str, in_coords: torch.Tensor, out_coords: torch.Tensor,
+                      kernel_size: list[int], stride: list[int], padding: list[int],
+                      dilation: list[int]) -> None:  # fmt: skip
+    """The dtype, shape and geometry rules of ``kernel_map`` / ``neighbour_table``'s
+    arguments (their fake kernels' check; the real ones check the same, the geometry
+    first and the memory budget before the coordinates)."""
+    check_geometry(op, kernel_size=kernel_size, stride=stride, padding=padding,
+                   dilation=dilation)  # fmt: skip
+    check_coords(op, "in_coords", in_coords)
+    check_coords(op, "out_coords", out_coords)
+
+
 def _nbr_table(
     what: str,
     in_coords: torch.Tensor,
@@ -457,6 +475,8 @@ def _nbr_table(
 @kernel_map.register_fake
 @one_device("kernel_map")
 def _(in_coords, out_coords, kernel_size, stride, padding, dilation):
+    _check_table_args("kernel_map", in_coords, out_coords, kernel_size, stride, padding,
+                      dilation)  # fmt: skip
     k = kernel_size[0] * kernel_size[1] * kernel_size[2]
     return (
         out_coords.new_empty((out_coords.shape[0], k)),
@@ -500,6 +520,8 @@ def neighbour_table(
 @neighbour_table.register_fake
 @one_device("neighbour_table")
 def _(in_coords, out_coords, kernel_size, stride, padding, dilation):
+    _check_table_args("neighbour_table", in_coords, out_coords, kernel_size, stride, padding,
+                      dilation)  # fmt: skip
     k = kernel_size[0] * kernel_size[1] * kernel_size[2]
     return out_coords.new_empty((out_coords.shape[0], k))
 

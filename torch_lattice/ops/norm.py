@@ -17,7 +17,15 @@ from __future__ import annotations
 
 import torch
 
-from torch_lattice.ops._runtime import _C, DTYPE_CODES, one_device, ptr, require_cpu, threads
+from torch_lattice.ops._runtime import (
+    _C,
+    DTYPE_CODES,
+    check_size,
+    one_device,
+    ptr,
+    require_cpu,
+    threads,
+)
 
 __all__ = [
     "NORM_DTYPES",
@@ -41,11 +49,15 @@ def _check(op: str, feats: torch.Tensor, *others: torch.Tensor) -> None:
             f"lattice::{op}: features must be float32, bfloat16 or float16, got {feats.dtype}"
         )
     for t in others:
-        if t.shape != feats.shape or t.dtype != feats.dtype:
-            raise ValueError(
-                f"lattice::{op}: gradient and features must match, got {tuple(t.shape)} "
-                f"{t.dtype} and {tuple(feats.shape)} {feats.dtype}"
-            )
+
+        def mismatch(t: torch.Tensor = t) -> str:
+            return (f"lattice::{op}: gradient and features must match, got {tuple(t.shape)} "
+                    f"{t.dtype} and {tuple(feats.shape)} {feats.dtype}")  # fmt: skip
+
+        if t.dim() != 2 or t.dtype != feats.dtype:
+            raise ValueError(mismatch())
+        check_size(t.shape[0] == feats.shape[0], mismatch)
+        check_size(t.shape[1] == feats.shape[1], mismatch)
 
 
 def _check_vec(op: str, name: str, t: torch.Tensor, c: int) -> None:
@@ -57,17 +69,46 @@ def _check_vec(op: str, name: str, t: torch.Tensor, c: int) -> None:
             f"lattice::{op}: {name} must be a floating (C,) tensor (one coefficient per "
             f"channel), got {t.dtype}"
         )
-    if t.shape != (c,):
-        raise ValueError(
-            f"lattice::{op}: {name} must have shape (C,) = ({c},), one coefficient per "
-            f"channel of the features, got {tuple(t.shape)}"
-        )
+
+    def bad_shape() -> str:
+        return (f"lattice::{op}: {name} must have shape (C,) = ({c},), one coefficient per "
+                f"channel of the features, got {tuple(t.shape)}")  # fmt: skip
+
+    if t.dim() != 1:
+        raise ValueError(bad_shape())
+    check_size(t.shape[0] == c, bad_shape)
 
 
-def _vec(op: str, name: str, t: torch.Tensor, c: int, dtype: torch.dtype) -> torch.Tensor:
-    """The checked per-channel coefficient ``name`` as the contiguous (C,) vector of
-    ``dtype`` the C passes read (float32, the mean float64)."""
-    _check_vec(op, name, t, c)
+def _check_stats(x: torch.Tensor) -> None:
+    """The argument check of ``lattice::batch_norm_stats`` (real and fake kernels)."""
+    _check("batch_norm_stats", x)
+    check_size(x.shape[0] >= 1, lambda: "lattice::batch_norm_stats: needs at least one row")
+
+
+def _check_apply(op: str, x: torch.Tensor, coefficients: dict[str, torch.Tensor | None],
+                 *others: torch.Tensor) -> None:  # fmt: skip
+    """The argument check of a pass over features ``x`` (and ``others`` of its shape and
+    dtype) with the per-channel ``coefficients`` given (not None), by name: what the real
+    kernels check before reading them and the fake kernels check alone."""
+    _check(op, x, *others)
+    for name, t in coefficients.items():
+        if t is not None:
+            _check_vec(op, name, t, x.shape[1])
+
+
+def _check_backward_apply(dy: torch.Tensor, x: torch.Tensor, scale: torch.Tensor,
+                          shift: torch.Tensor, a: torch.Tensor, b: torch.Tensor | None,
+                          k: torch.Tensor | None) -> None:  # fmt: skip
+    """The argument check of ``lattice::batch_norm_backward_apply`` (real and fake)."""
+    op = "batch_norm_backward_apply"
+    if (b is None) != (k is None):
+        raise ValueError(f"lattice::{op}: give both b and k, or neither")
+    _check_apply(op, x, {"scale": scale, "shift": shift, "a": a, "b": b, "k": k}, dy)
+
+
+def _vec(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A checked per-channel coefficient as the contiguous (C,) vector of ``dtype`` the C
+    passes read (float32, the mean float64)."""
     return t.to(dtype).contiguous()
 
 
@@ -81,9 +122,7 @@ def _call(fn: str, x: torch.Tensor, relu: bool, *pointers: int) -> None:
 def batch_norm_stats(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """float64 ``(C,)`` mean and biased variance of the ``N >= 1`` rows of ``x``."""
     require_cpu("batch_norm_stats", x)
-    _check("batch_norm_stats", x)
-    if x.shape[0] < 1:
-        raise ValueError("lattice::batch_norm_stats: needs at least one row")
+    _check_stats(x)
     x = x.contiguous()
     mean = torch.empty(x.shape[1], dtype=torch.float64)
     var = torch.empty_like(mean)
@@ -94,6 +133,7 @@ def batch_norm_stats(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 @batch_norm_stats.register_fake
 @one_device("batch_norm_stats")
 def _(x):
+    _check_stats(x)
     return x.new_empty(x.shape[1], dtype=torch.float64), x.new_empty(
         x.shape[1], dtype=torch.float64
     )
@@ -105,11 +145,9 @@ def batch_norm_apply(
 ) -> torch.Tensor:
     """``x * scale + shift`` per channel, then ``max(., 0)`` when ``relu``; in ``x``'s dtype."""
     require_cpu("batch_norm_apply", x, scale, shift)
-    _check("batch_norm_apply", x)
+    _check_apply("batch_norm_apply", x, {"scale": scale, "shift": shift})
     x = x.contiguous()
-    c = x.shape[1]
-    s = _vec("batch_norm_apply", "scale", scale, c, torch.float32)
-    t = _vec("batch_norm_apply", "shift", shift, c, torch.float32)
+    s, t = _vec(scale, torch.float32), _vec(shift, torch.float32)
     y = torch.empty_like(x)
     _call("batch_norm_apply", x, relu, ptr(x), ptr(s), ptr(t), ptr(y))
     return y
@@ -118,6 +156,7 @@ def batch_norm_apply(
 @batch_norm_apply.register_fake
 @one_device("batch_norm_apply")
 def _(x, scale, shift, relu):
+    _check_apply("batch_norm_apply", x, {"scale": scale, "shift": shift})
     return torch.empty_like(x)
 
 
@@ -133,11 +172,11 @@ def batch_norm_backward_reduce(
     """float64 ``(C,)`` sums of ``g`` and ``g * (x - mean)``, ``g`` being ``dy`` where
     the fused ReLU passed (``x * scale + shift > 0``), or all of ``dy`` without it."""
     require_cpu("batch_norm_backward_reduce", dy, x, scale, shift, mean)
-    _check("batch_norm_backward_reduce", x, dy)
+    coefficients = {"scale": scale, "shift": shift, "mean": mean}
+    _check_apply("batch_norm_backward_reduce", x, coefficients, dy)
     x, dy = x.contiguous(), dy.contiguous()
-    op, c = "batch_norm_backward_reduce", x.shape[1]
-    s, t = _vec(op, "scale", scale, c, torch.float32), _vec(op, "shift", shift, c, torch.float32)
-    m = _vec(op, "mean", mean, c, torch.float64)
+    c = x.shape[1]
+    s, t, m = _vec(scale, torch.float32), _vec(shift, torch.float32), _vec(mean, torch.float64)
     sum_g = torch.empty(c, dtype=torch.float64)
     sum_gx = torch.empty_like(sum_g)
     _call(
@@ -150,6 +189,8 @@ def batch_norm_backward_reduce(
 @batch_norm_backward_reduce.register_fake
 @one_device("batch_norm_backward_reduce")
 def _(dy, x, scale, shift, mean, relu):
+    coefficients = {"scale": scale, "shift": shift, "mean": mean}
+    _check_apply("batch_norm_backward_reduce", x, coefficients, dy)
     c = x.shape[1]
     return x.new_empty(c, dtype=torch.float64), x.new_empty(c, dtype=torch.float64)
 
@@ -170,16 +211,12 @@ def batch_norm_backward_apply(
     ``x``'s dtype."""
     optional = [t for t in (b, k) if t is not None]
     require_cpu("batch_norm_backward_apply", dy, x, scale, shift, a, *optional)
-    _check("batch_norm_backward_apply", x, dy)
+    _check_backward_apply(dy, x, scale, shift, a, b, k)
     x, dy = x.contiguous(), dy.contiguous()
-    op, c = "batch_norm_backward_apply", x.shape[1]
-    s, t = _vec(op, "scale", scale, c, torch.float32), _vec(op, "shift", shift, c, torch.float32)
-    if (b is None) != (k is None):
-        raise ValueError(f"lattice::{op}: give both b and k, or neither")
-    va = _vec(op, "a", a, c, torch.float32)
+    s, t, va = _vec(scale, torch.float32), _vec(shift, torch.float32), _vec(a, torch.float32)
     pb = pk = 0
     if b is not None and k is not None:
-        vb, vk = _vec(op, "b", b, c, torch.float32), _vec(op, "k", k, c, torch.float32)
+        vb, vk = _vec(b, torch.float32), _vec(k, torch.float32)
         pb, pk = ptr(vb), ptr(vk)
     dx = torch.empty_like(x)
     _call(
@@ -192,4 +229,5 @@ def batch_norm_backward_apply(
 @batch_norm_backward_apply.register_fake
 @one_device("batch_norm_backward_apply")
 def _(dy, x, scale, shift, a, b, k, relu):
+    _check_backward_apply(dy, x, scale, shift, a, b, k)
     return torch.empty_like(x)

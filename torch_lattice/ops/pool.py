@@ -48,7 +48,7 @@ def check_pool_args(op: str, feats: torch.Tensor, table: torch.Tensor, rev: torc
     if feats.dim() != 2:
         raise ValueError(f"lattice::{op}: feats must be (N, C), got {tuple(feats.shape)}")
     check_nbr(op, table)
-    check_tensor(op, "rev", rev, (torch.int32,), (int(feats.shape[0]), int(table.shape[1])))
+    check_tensor(op, "rev", rev, (torch.int32,), (feats.shape[0], table.shape[1]))
 
 
 def check_pool_max_backward(grad: torch.Tensor, rev: torch.Tensor, argmax: torch.Tensor
@@ -60,7 +60,7 @@ def check_pool_max_backward(grad: torch.Tensor, rev: torch.Tensor, argmax: torch
     if grad.dim() != 2:
         raise ValueError(f"lattice::{op}: grad must be (N_out, C), got {tuple(grad.shape)}")
     check_tensor(op, "rev", rev, (torch.int32,), ("N_in", "K"))
-    check_tensor(op, "argmax", argmax, (torch.int32,), tuple(int(s) for s in grad.shape))
+    check_tensor(op, "argmax", argmax, (torch.int32,), tuple(grad.shape))
 
 
 def _sum(feats: torch.Tensor, nbr: torch.Tensor, average: bool) -> torch.Tensor:
@@ -102,6 +102,8 @@ def pool_sum(feats: torch.Tensor, nbr: torch.Tensor, rev: torch.Tensor) -> torch
 @pool_sum.register_fake
 @one_device("pool_sum")
 def _(feats, nbr, rev):
+    check_pool_args("pool_sum", feats, nbr, rev)
+    compute_dtype("pool_sum", feats.dtype)
     return feats.new_empty((nbr.shape[0], feats.shape[1]))
 
 
@@ -129,6 +131,8 @@ def pool_avg(feats: torch.Tensor, nbr: torch.Tensor, rev: torch.Tensor) -> torch
 @pool_avg.register_fake
 @one_device("pool_avg")
 def _(feats, nbr, rev):
+    check_pool_args("pool_avg", feats, nbr, rev)
+    compute_dtype("pool_avg", feats.dtype)
     return feats.new_empty((nbr.shape[0], feats.shape[1]))
 
 
@@ -172,6 +176,8 @@ def pool_max(
 @pool_max.register_fake
 @one_device("pool_max")
 def _(feats, nbr, rev):
+    check_pool_args("pool_max", feats, nbr, rev)
+    compute_dtype("pool_max", feats.dtype)
     shape = (nbr.shape[0], feats.shape[1])
     return feats.new_empty(shape), feats.new_empty(shape, dtype=torch.int32)
 
@@ -203,6 +209,8 @@ def pool_max_backward(grad: torch.Tensor, rev: torch.Tensor, argmax: torch.Tenso
 @pool_max_backward.register_fake
 @one_device("pool_max_backward")
 def _(grad, rev, argmax):
+    check_pool_max_backward(grad, rev, argmax)
+    compute_dtype("pool_max_backward", grad.dtype)
     return grad.new_empty((rev.shape[0], grad.shape[1]))
 
 

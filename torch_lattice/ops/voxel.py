@@ -25,6 +25,7 @@ from torch_lattice.ops._runtime import (
     REDUCTION_CODES,
     check_coords,
     check_non_negative,
+    check_size,
     check_tensor,
     one_device,
     optional_ptr,
@@ -84,7 +85,7 @@ def check_points(op: str, points: torch.Tensor, batch: torch.Tensor | None) -> N
     or ``(P,)`` int64 (CPU and CUDA)."""
     check_tensor(op, "points", points, _FLOATS, ("P", 3))
     if batch is not None:
-        check_tensor(op, "batch", batch, (torch.int64,), (int(points.shape[0]),))
+        check_tensor(op, "batch", batch, (torch.int64,), (points.shape[0],))
 
 
 _F32_TINY = float(torch.finfo(torch.float32).smallest_normal)
@@ -133,22 +134,31 @@ def _check_float_feats(op: str, feats: torch.Tensor) -> None:
                         f"got {feats.dtype}")
 
 
+def _check_voxel_reduce_args(feats: torch.Tensor, inverse: torch.Tensor,
+                             num_voxels: int | torch.SymInt, reduction: str) -> None:  # fmt: skip
+    """The dtype, shape and scalar rules of ``lattice::voxel_reduce`` (its fake kernel's
+    check; ``num_voxels`` is symbolic there under ``torch.compile``)."""
+    op = "voxel_reduce"
+    if feats.dim() != 2:
+        raise ValueError(f"lattice::{op}: feats must be (P, C), got {tuple(feats.shape)}")
+    _check_float_feats(op, feats)
+    check_tensor(op, "inverse", inverse, (torch.int64,), (feats.shape[0],))
+    if isinstance(num_voxels, bool) or not isinstance(num_voxels, (int, torch.SymInt)):
+        raise ValueError(f"lattice::{op}: num_voxels must be an int >= 0, got {num_voxels!r}")
+    check_size(num_voxels >= 0,
+               lambda: f"lattice::{op}: num_voxels must be an int >= 0, got {num_voxels!r}")
+    if reduction not in REDUCTIONS:
+        raise ValueError(
+            f"lattice::{op}: reduction must be one of {sorted(REDUCTIONS)}, got {reduction!r}"
+        )
+
+
 def check_voxel_reduce(feats: torch.Tensor, inverse: torch.Tensor, num_voxels: int,
                        reduction: str) -> None:  # fmt: skip
     """The argument check of ``lattice::voxel_reduce`` (CPU and CUDA): ``(P, C)``
     features, the ``(P,)`` int64 voxel of each point, ``num_voxels >= 0`` rows out, a
     known reduction; the output and its per-voxel scratch within the memory budget."""
-    op = "voxel_reduce"
-    if feats.dim() != 2:
-        raise ValueError(f"lattice::{op}: feats must be (P, C), got {tuple(feats.shape)}")
-    _check_float_feats(op, feats)
-    check_tensor(op, "inverse", inverse, (torch.int64,), (int(feats.shape[0]),))
-    if isinstance(num_voxels, bool) or not isinstance(num_voxels, int) or num_voxels < 0:
-        raise ValueError(f"lattice::{op}: num_voxels must be an int >= 0, got {num_voxels!r}")
-    if reduction not in REDUCTIONS:
-        raise ValueError(
-            f"lattice::{op}: reduction must be one of {sorted(REDUCTIONS)}, got {reduction!r}"
-        )
+    _check_voxel_reduce_args(feats, inverse, num_voxels, reduction)
     c = int(feats.shape[1])
     # no channels: the C core returns its empty outputs before it counts points per voxel
     per_voxel = (c * feats.element_size() + (c * 8 if reduction == "max" else 0) + 16) if c else 0
@@ -166,7 +176,7 @@ def check_devoxel_gather(feats: torch.Tensor, idx: torch.Tensor, weight: torch.T
         raise ValueError(f"lattice::{op}: feats must be (M, C), got {tuple(feats.shape)}")
     _check_float_feats(op, feats)
     check_tensor(op, "idx", idx, (torch.int64,), ("P", "k"))
-    check_tensor(op, "weight", weight, (torch.float64,), tuple(int(s) for s in idx.shape))
+    check_tensor(op, "weight", weight, (torch.float64,), tuple(idx.shape))
 
 
 @torch.library.custom_op("lattice::voxelize_coords", mutates_args=())
@@ -213,6 +223,8 @@ def voxelize_coords(
 @voxelize_coords.register_fake
 @one_device("voxelize_coords")
 def _(points, batch, voxel_size, origin):
+    check_points("voxelize_coords", points, batch)
+    check_grid("voxelize_coords", voxel_size, origin)
     m = torch.library.get_ctx().new_dynamic_size()
     return (
         points.new_empty((m, 4), dtype=torch.int32),
@@ -261,6 +273,7 @@ def voxel_reduce(
 @voxel_reduce.register_fake
 @one_device("voxel_reduce")
 def _(feats, inverse, num_voxels, reduction):
+    _check_voxel_reduce_args(feats, inverse, num_voxels, reduction)
     c = feats.shape[1]
     rows = num_voxels if reduction == "max" else 0
     return feats.new_empty((num_voxels, c)), feats.new_empty((rows, c), dtype=torch.int64)
@@ -337,6 +350,9 @@ def devoxel_map(
 @devoxel_map.register_fake
 @one_device("devoxel_map")
 def _(points, batch, voxel_size, origin, voxel_coords, trilinear):
+    check_points("devoxel_map", points, batch)
+    check_grid("devoxel_map", voxel_size, origin)
+    check_coords("devoxel_map", "voxel_coords", voxel_coords)
     k = 8 if trilinear else 1
     n = points.shape[0]
     return (
@@ -363,6 +379,7 @@ def devoxel_gather(feats: torch.Tensor, idx: torch.Tensor, weight: torch.Tensor)
 @devoxel_gather.register_fake
 @one_device("devoxel_gather")
 def _(feats, idx, weight):
+    check_devoxel_gather(feats, idx, weight)
     return feats.new_empty((idx.shape[0], feats.shape[1]))
 
 
