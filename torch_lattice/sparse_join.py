@@ -28,7 +28,7 @@ import torch
 
 from torch_lattice.coord_rows import lookup_rows, unique_rows
 from torch_lattice.sparse_ops import same_support
-from torch_lattice.tensor import SparseTensor, Support
+from torch_lattice.tensor import SparseTensor, Support, check_same_dtype
 
 __all__ = ["JOINS", "OPS", "reindex_sparse", "sparse_binary", "sparse_cat"]
 
@@ -63,11 +63,6 @@ def _check_compatible(op: str, a: SparseTensor, b: SparseTensor, names: tuple[st
             f"{op}: {first} spatial_range {a.spatial_range} differs from {second} "
             f"spatial_range {b.spatial_range} (batch counts and extents must agree)"
         )
-
-
-def _check_dtype(op: str, a: SparseTensor, b: SparseTensor, names: tuple[str, str]) -> None:
-    if a.dtype != b.dtype:
-        raise TypeError(f"{op}: {names[0]} feats are {a.dtype} but {names[1]} feats {b.dtype}")
 
 
 def _check_join(op: str, join: object) -> str:
@@ -178,7 +173,7 @@ def sparse_cat(inputs: Sequence[SparseTensor], join: str = "inner") -> SparseTen
     for i, t in enumerate(inputs[1:], start=1):
         t = _check_sparse(op, f"inputs[{i}]", t)
         _check_compatible(op, inputs[0], t, ("inputs[0]", f"inputs[{i}]"))
-        _check_dtype(op, inputs[0], t, ("inputs[0]", f"inputs[{i}]"))
+        check_same_dtype(op, inputs[0], t, ("inputs[0]", f"inputs[{i}]"))
     for t in inputs[1:]:
         out = _cat_pair(out, t, join)
     return out
@@ -226,7 +221,7 @@ def sparse_binary(
     _check_join(name, join)
     fills = (_check_fill(name, "lhs_fill", lhs_fill), _check_fill(name, "rhs_fill", rhs_fill))
     _check_compatible(name, a, b, ("lhs", "rhs"))
-    _check_dtype(name, a, b, ("lhs", "rhs"))
+    check_same_dtype(name, a, b, ("lhs", "rhs"))
     if a.feats.shape[1] != b.feats.shape[1]:
         raise ValueError(f"{name}: lhs has {a.feats.shape[1]} channels but rhs {b.feats.shape[1]}")
     if same_support(a, b):

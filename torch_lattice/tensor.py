@@ -29,6 +29,7 @@ __all__ = [
     "SparseTensor",
     "Support",
     "add",
+    "check_same_dtype",
     "same_support",
     "validate_coords",
 ]
@@ -841,17 +842,30 @@ def check_same_support(op: str, a: SparseTensor, b: object, index: int) -> None:
         )
 
 
+def check_same_dtype(op: str, a: SparseTensor, b: SparseTensor, names: tuple[str, str]) -> None:
+    """Raises ``TypeError`` unless ``a`` and ``b`` (named ``names`` in the message) have
+    one feature dtype: the feature algebra (``a + b``, :func:`cat`, ``sparse_binary``,
+    ``sparse_cat``) never promotes one operand to the other's dtype."""
+    if a.dtype != b.dtype:
+        raise TypeError(
+            f"{op}: {names[0]} feats are {a.dtype} but {names[1]} feats {b.dtype}; feature "
+            "dtypes must match (nothing is promoted: cast one with .to(dtype))"
+        )
+
+
 def add(a: SparseTensor, b: SparseTensor) -> SparseTensor:
-    """``a + b`` feature-wise on equal supports (``(N, C)`` each); the result keeps
-    ``a``'s support, so its cached kernel maps stay shared.
+    """``a + b`` feature-wise on equal supports (``(N, C)`` each, one dtype); the result
+    keeps ``a``'s support, so its cached kernel maps stay shared.
 
     Raises:
-        TypeError: an argument is not a SparseTensor.
+        TypeError: an argument is not a SparseTensor; the feature dtypes differ (as in
+            ``sparse_binary``: nothing is promoted).
         ValueError: different supports or channel counts.
     """
     if not isinstance(a, SparseTensor):
         raise TypeError(f"add: argument 0 must be a SparseTensor, got {type(a).__name__}")
     check_same_support("add", a, b, 1)
+    check_same_dtype("add", a, b, ("argument 0", "argument 1"))
     if a.feats.shape[1] != b.feats.shape[1]:
         raise ValueError(f"add: channel counts differ: {a.feats.shape[1]} and {b.feats.shape[1]}")
     return SparseTensor.from_support(a.feats + b.feats, a.support)
