@@ -26,12 +26,17 @@ import math
 import os
 import re
 import threading
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # only the annotation: this module imports no torch
+    import torch
 
 __all__ = [
     "DEFAULT_FRACTION",
     "ENV_VAR",
     "MemoryBudgetError",
     "check_allocation",
+    "check_output",
     "default_memory_budget",
     "get_memory_budget",
     "set_memory_budget",
@@ -174,3 +179,12 @@ def check_allocation(operation: str, nbytes: int) -> None:
             f"torch_lattice.set_memory_budget(nbytes) or the {ENV_VAR} environment variable "
             "(docs/limits.md)"
         )
+
+
+def check_output(op: str, rows: int, feats: torch.Tensor, copies: int = 1) -> None:
+    """Refuses an output of ``rows`` x ``feats``' channels (``copies`` such blocks of
+    working memory) beyond the memory budget, before it is made: features expanded to
+    billions of channels from a few bytes of storage would ask for gigabytes."""
+    channels = int(feats.shape[1]) if feats.dim() == 2 else 0
+    check_allocation(f"{op} output ({rows} rows x {channels} channels)",
+                     copies * rows * channels * feats.element_size())  # fmt: skip

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from torch_lattice.coord_rows import lookup_rows, unique_rows
+from torch_lattice.memory_budget import check_output
 from torch_lattice.sparse_ops import same_support
 from torch_lattice.tensor import SparseTensor, Support, check_same_dtype
 
@@ -211,7 +212,9 @@ def sparse_binary(
         TypeError: an operand is not a SparseTensor; feature dtypes differ; a fill is not
             a number.
         ValueError: unknown ``op`` or ``join``, different channel counts, strides, devices
-            or spatial ranges; a NaN fill.
+            or spatial ranges; a NaN fill; (a ``MemoryBudgetError``) the output (on a join,
+            with both gathered operands) beyond the memory budget, e.g. of features
+            expanded to billions of channels.
     """
     name = "sparse_binary"
     a = _check_sparse(name, "lhs", lhs)
@@ -225,8 +228,11 @@ def sparse_binary(
     if a.feats.shape[1] != b.feats.shape[1]:
         raise ValueError(f"{name}: lhs has {a.feats.shape[1]} channels but rhs {b.feats.shape[1]}")
     if same_support(a, b):
+        check_output(name, len(a), a.feats)
         return SparseTensor.from_support(_apply(op, a.feats, b.feats), a.support)
     al = _align(a, b, join)
+    # both operands gathered onto the joined rows, and the result
+    check_output(name, int(al.lhs_rows.shape[0]), a.feats, 3)
     left = _gather(a.feats, al.lhs_rows, fills[0])
     right = _gather(b.feats, al.rhs_rows, fills[1])
     return SparseTensor.from_support(_apply(op, left, right), al.support)

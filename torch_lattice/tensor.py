@@ -20,7 +20,7 @@ import torch
 
 from torch_lattice import _C
 from torch_lattice.geometry import ConvGeometry, Triple, triple
-from torch_lattice.memory_budget import check_allocation
+from torch_lattice.memory_budget import check_allocation, check_output
 from torch_lattice.ops._runtime import FEATURE_DTYPE_NAMES, FEATURE_DTYPES
 
 __all__ = [
@@ -860,7 +860,8 @@ def add(a: SparseTensor, b: SparseTensor) -> SparseTensor:
     Raises:
         TypeError: an argument is not a SparseTensor; the feature dtypes differ (as in
             ``sparse_binary``: nothing is promoted).
-        ValueError: different supports or channel counts.
+        ValueError: different supports or channel counts; (a ``MemoryBudgetError``) the
+            output beyond the memory budget.
     """
     if not isinstance(a, SparseTensor):
         raise TypeError(f"add: argument 0 must be a SparseTensor, got {type(a).__name__}")
@@ -868,4 +869,5 @@ def add(a: SparseTensor, b: SparseTensor) -> SparseTensor:
     check_same_dtype("add", a, b, ("argument 0", "argument 1"))
     if a.feats.shape[1] != b.feats.shape[1]:
         raise ValueError(f"add: channel counts differ: {a.feats.shape[1]} and {b.feats.shape[1]}")
+    check_output("add", len(a), a.feats)  # as sparse_binary's: features may be expanded
     return SparseTensor.from_support(a.feats + b.feats, a.support)

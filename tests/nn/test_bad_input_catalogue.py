@@ -1911,6 +1911,36 @@ add(
     _within_budget(lambda: F.pool_transpose3d(_rows(1000, stride=32), 32, 32,
                                               expand_coordinates=True)),
 )
+
+
+def _expanded(n: int, channels: int, x0: int = 0) -> tl.SparseTensor:
+    """``n`` rows along x from ``x0``, ``channels`` features expanded from one number."""
+    coords = torch.zeros(n, 4, dtype=torch.int32)
+    coords[:, 1] = torch.arange(x0, x0 + n, dtype=torch.int32)
+    return ST(torch.ones(1, 1).expand(n, channels), coords)
+
+
+# sparse_binary's output on one support (and a + b, the same sum) was made without a
+# check: 2 rows of features expanded to 2^28 channels asked for 2 GiB
+add(
+    "budget-sparse-binary-same-support-expanded",
+    MemoryBudgetError,
+    r"sparse_binary output \(2 rows x 268435456 channels\) .*" + BUDGET,
+    _within_budget(lambda: (lambda x: tl.sparse_binary(x, x, "mul"))(_expanded(2, 2**28))),
+)
+add(
+    "budget-sparse-binary-join-expanded",
+    MemoryBudgetError,
+    r"sparse_binary output \(3 rows x 134217728 channels\) .*" + BUDGET,
+    _within_budget(lambda: tl.sparse_binary(_expanded(2, 2**27), _expanded(2, 2**27, 1),
+                                            "add", join="outer")),
+)
+add(
+    "budget-add-expanded",
+    MemoryBudgetError,
+    r"add output \(2 rows x 268435456 channels\) .*" + BUDGET,
+    _within_budget(lambda: (lambda x: x + x)(_expanded(2, 2**28))),
+)
 add(
     "int-generative-coordinate-beyond-int32",
     ValueError,

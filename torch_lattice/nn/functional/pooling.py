@@ -23,7 +23,7 @@ import torch
 
 from torch_lattice.coord_rows import lookup_rows
 from torch_lattice.geometry import ConvGeometry, kernel_positions, triple
-from torch_lattice.memory_budget import check_allocation
+from torch_lattice.memory_budget import check_allocation, check_output
 from torch_lattice.nn.functional.conv_transpose import resolve_target
 from torch_lattice.nn.functional.relation import kernel_map, transpose_pairs
 from torch_lattice.nn.functional.supports import (
@@ -64,15 +64,6 @@ def _check_sparse(x: object, name: str) -> SparseTensor:
     if not isinstance(x, SparseTensor):
         raise TypeError(f"{name} must be a torch_lattice.SparseTensor, got {type(x).__name__}")
     return x
-
-
-def check_output(op: str, rows: int, feats: torch.Tensor, copies: int = 1) -> None:
-    """Refuses an output of ``rows`` x ``feats``' channels (``copies`` such blocks of
-    working memory) beyond the memory budget, before it is made: features expanded to
-    billions of channels from a few bytes of storage would ask for gigabytes."""
-    channels = int(feats.shape[1]) if feats.dim() == 2 else 0
-    check_allocation(f"{op} output ({rows} rows x {channels} channels)",
-                     copies * rows * channels * feats.element_size())
 
 
 def pool_over_map(feats: torch.Tensor, kmap: KernelMap, mode: str) -> torch.Tensor:
