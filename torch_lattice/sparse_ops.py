@@ -17,7 +17,6 @@ import torch
 from torch_lattice.tensor import (
     SparseTensor,
     add,
-    check_same_dtype,
     check_same_support,
     same_support,
 )
@@ -30,14 +29,13 @@ def cat(tensors: Sequence[SparseTensor]) -> SparseTensor:
 
     Args:
         tensors: non-empty sequence of SparseTensors with ``(N, C_i)`` features
-            of one dtype on equal supports.
+            on equal supports (different dtypes promote, as in ``torch.cat``).
 
     Returns:
         SparseTensor with ``(N, sum C_i)`` features on the first tensor's support.
 
     Raises:
-        TypeError: an element is not a SparseTensor; the feature dtypes differ (as in
-            ``sparse_cat``: nothing is promoted).
+        TypeError: an element is not a SparseTensor.
         ValueError: empty sequence or different supports.
     """
     if isinstance(tensors, SparseTensor) or not isinstance(tensors, Sequence):
@@ -49,7 +47,6 @@ def cat(tensors: Sequence[SparseTensor]) -> SparseTensor:
         raise TypeError(f"cat: argument 0 must be a SparseTensor, got {type(first).__name__}")
     for i, t in enumerate(tensors[1:], start=1):
         check_same_support("cat", first, t, i)
-        check_same_dtype("cat", first, t, ("argument 0", f"argument {i}"))
     feats = torch.cat([t.feats for t in tensors], dim=1)
     return SparseTensor.from_support(feats, first.support)
 

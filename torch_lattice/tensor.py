@@ -844,8 +844,9 @@ def check_same_support(op: str, a: SparseTensor, b: object, index: int) -> None:
 
 def check_same_dtype(op: str, a: SparseTensor, b: SparseTensor, names: tuple[str, str]) -> None:
     """Raises ``TypeError`` unless ``a`` and ``b`` (named ``names`` in the message) have
-    one feature dtype: the feature algebra (``a + b``, :func:`cat`, ``sparse_binary``,
-    ``sparse_cat``) never promotes one operand to the other's dtype."""
+    one feature dtype: the coordinate joins (``sparse_binary``, ``sparse_cat``, the
+    artifact contract's ``sparse.*`` ops, which run in one dtype) never promote one
+    operand to the other's dtype (``a + b`` and :func:`cat` promote, as torch does)."""
     if a.dtype != b.dtype:
         raise TypeError(
             f"{op}: {names[0]} feats are {a.dtype} but {names[1]} feats {b.dtype}; feature "
@@ -854,20 +855,22 @@ def check_same_dtype(op: str, a: SparseTensor, b: SparseTensor, names: tuple[str
 
 
 def add(a: SparseTensor, b: SparseTensor) -> SparseTensor:
-    """``a + b`` feature-wise on equal supports (``(N, C)`` each, one dtype); the result
-    keeps ``a``'s support, so its cached kernel maps stay shared.
+    """``a + b`` feature-wise on equal supports (``(N, C)`` each); the result keeps
+    ``a``'s support, so its cached kernel maps stay shared. Different feature dtypes
+    promote as torch's ``+`` does (an autocast convolution's bfloat16 output plus a
+    float32 skip is float32).
 
     Raises:
-        TypeError: an argument is not a SparseTensor; the feature dtypes differ (as in
-            ``sparse_binary``: nothing is promoted).
+        TypeError: an argument is not a SparseTensor.
         ValueError: different supports or channel counts; (a ``MemoryBudgetError``) the
             output beyond the memory budget.
     """
     if not isinstance(a, SparseTensor):
         raise TypeError(f"add: argument 0 must be a SparseTensor, got {type(a).__name__}")
     check_same_support("add", a, b, 1)
-    check_same_dtype("add", a, b, ("argument 0", "argument 1"))
     if a.feats.shape[1] != b.feats.shape[1]:
         raise ValueError(f"add: channel counts differ: {a.feats.shape[1]} and {b.feats.shape[1]}")
-    check_output("add", len(a), a.feats)  # as sparse_binary's: features may be expanded
+    # as sparse_binary's: features may be expanded; the result takes the promoted dtype
+    dtype = torch.promote_types(a.dtype, b.dtype)
+    check_output("add", len(a), torch.empty((0, int(a.feats.shape[1])), dtype=dtype))
     return SparseTensor.from_support(a.feats + b.feats, a.support)

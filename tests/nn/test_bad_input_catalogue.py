@@ -335,27 +335,6 @@ add(
     r"add: channel counts differ",
     lambda: (lambda x: x + x.replace(torch.randn(len(x), C + 1)))(_x()),
 )
-# a + b promoted float32 + float64 (or bfloat16 + float32) where sparse_binary refused
-add(
-    "add-dtypes-differ",
-    TypeError,
-    r"add: argument 0 feats are torch.float32 but argument 1 feats torch.float64; feature "
-    r"dtypes must match",
-    lambda: (lambda x: x + x.double())(_x()),
-)
-add(
-    "add-dtypes-differ-bfloat16",
-    TypeError,
-    r"add: argument 0 feats are torch.bfloat16 but argument 1 feats torch.float32",
-    lambda: (lambda x: tl.sparse_ops.add(x.to(torch.bfloat16), x))(_x()),
-)
-add(
-    "cat-dtypes-differ",
-    TypeError,
-    r"cat: argument 0 feats are torch.float32 but argument 2 feats torch.float16; feature "
-    r"dtypes must match",
-    lambda: (lambda x: tl.cat([x, x, x.half()]))(_x()),
-)
 add(
     "sparse-binary-same-support-dtypes-differ",
     TypeError,

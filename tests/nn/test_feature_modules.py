@@ -81,6 +81,24 @@ def test_cat_and_add_on_same_support():
     torch.testing.assert_close(s.feats, 3 * x.feats)
 
 
+def test_cat_and_add_promote_dtypes_as_torch():
+    """``+`` and ``tl.cat`` follow torch's promotion (a bfloat16 autocast output plus a
+    float32 skip is float32), where the coordinate joins refuse mixed dtypes."""
+    x = make(seed=5)
+    for a, b in ((torch.float32, torch.float64), (torch.bfloat16, torch.float32),
+                 (torch.bfloat16, torch.float16)):  # fmt: skip
+        lo, hi = x.replace(x.feats.to(a)), x.replace(x.feats.to(b))
+        want = torch.promote_types(a, b)
+        s = lo + hi
+        assert s.dtype == want and s.support is x.support
+        assert torch.equal(s.feats, lo.feats.to(want) + hi.feats.to(want))
+        c = tl.cat([lo, hi])
+        assert c.dtype == want
+        assert torch.equal(c.feats, torch.cat([lo.feats, hi.feats], 1))
+    with pytest.raises(TypeError, match="feature dtypes must match"):
+        tl.sparse_binary(x, x.replace(x.feats.float()), "add")
+
+
 def test_cat_and_add_on_equal_coords_different_objects():
     x = make(seed=4)
     twin = tl.SparseTensor(x.feats.clone(), x.coords.clone())
