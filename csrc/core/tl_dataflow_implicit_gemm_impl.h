@@ -242,18 +242,9 @@ static int TL_FN(tl_forward_tile)(const tl_conv_desc *d, const TL_T *x, const TL
     const int ask_next = cw > s->mk->rows8_max_cols;
     const int64_t row_bytes = (d->c_in < TL_FWD_CIN_BLOCK ? d->c_in : TL_FWD_CIN_BLOCK) *
                               (int64_t)sizeof(TL_T);
-    /* Lists read in place (kept tile lists, pair lists) are asked for two
-     * kernel rows ahead: a tile's segments are too short for the hardware's
-     * stream prefetcher (tl_point_rows waited on them). */
-    const int ask_lists = rel->lists || rel->pairs;
     for (int64_t i = 0; i < k; i++) {
         const int64_t n = tl_fwd_order(lead, i);
         const int64_t f = split ? s->lf[n] : 0;
-        for (int64_t a = i == 0 ? 1 : 2; ask_lists && a <= 2 && i + a < k; a++) {
-            const int64_t na = tl_fwd_order(lead, i + a);
-            TL_PREFETCH_SPAN(il[na], s->lc[na]);
-            TL_PREFETCH_SPAN(rl[na], s->lc[na]);
-        }
         if (ask_next && i + 1 < k) {
             const int64_t nn = tl_fwd_order(lead, i + 1);
             const int64_t fn = split ? s->lf[nn] : 0;
@@ -370,10 +361,6 @@ static inline int64_t TL_FN(tl_wgrad_pairs_of)(const tl_conv_desc *d, const TL_T
         const int64_t rows = s->tiles->tile_rows;
         for (int64_t t0 = b0; t0 < b1; t0 += rows) {
             const int64_t *at = s->tiles->start + t0 / rows * d->k + n;
-            if (n + 1 < d->k) { /* the next kernel row's segment, listed next */
-                TL_PREFETCH_SPAN(s->tiles->in + at[1], at[2] - at[1]);
-                TL_PREFETCH_SPAN(s->tiles->rows + at[1], at[2] - at[1]);
-            }
             tl_point_rows(s->lists.level, s->tiles->in + at[0], s->tiles->rows + at[0],
                           at[1] - at[0], x, d->c_in * (int64_t)sizeof(TL_T), (void *)(xq + c),
                           (void *)(dy + t0 * d->c_out), d->c_out * (int64_t)sizeof(TL_T),

@@ -72,16 +72,6 @@ static inline tl_simd tl_simd_level(void) {
                 __builtin_prefetch((const char *)(ROWS)[r_] + b_);                          \
     } while (0)
 
-/* Asks for the cache lines of the N int32 entries at P (a list segment the
- * kernels read next: the lists of a tile, or of a block's tiles, are read a
- * segment per kernel row, too short for the hardware's stream prefetcher). */
-#define TL_PREFETCH_SPAN(P, N)                                                              \
-    do {                                                                                    \
-        const char *s_ = (const char *)(P), *e_ = (const char *)((P) + (N));                \
-        for (const char *l_ = s_; l_ < e_; l_ += 64) __builtin_prefetch(l_);                \
-        if (e_ > s_) __builtin_prefetch(e_ - 1);                                            \
-    } while (0)
-
 /* The same for rows named by index: the first ROW_BYTES of rows IDX[0..N) of
  * BASE, STRIDE bytes apart. */
 #define TL_PREFETCH_LISTED(BASE, IDX, N, STRIDE, ROW_BYTES)                                 \
