@@ -181,10 +181,16 @@ def check_allocation(operation: str, nbytes: int) -> None:
         )
 
 
-def check_output(op: str, rows: int, feats: torch.Tensor, copies: int = 1) -> None:
-    """Refuses an output of ``rows`` x ``feats``' channels (``copies`` such blocks of
-    working memory) beyond the memory budget, before it is made: features expanded to
-    billions of channels from a few bytes of storage would ask for gigabytes."""
-    channels = int(feats.shape[1]) if feats.dim() == 2 else 0
+def check_output(
+    op: str, rows: int, feats: torch.Tensor, copies: int = 1, *,
+    channels: int | None = None, dtype: torch.dtype | None = None,
+) -> None:  # fmt: skip
+    """Refuses an output of ``rows`` x ``feats``' channels of ``feats``' dtype (or the
+    given ``channels`` / ``dtype``; ``copies`` such blocks of working memory) beyond the
+    memory budget, before it is made: features expanded to billions of channels from a
+    few bytes of storage would ask for gigabytes."""
+    if channels is None:
+        channels = int(feats.shape[1]) if feats.dim() == 2 else 0
+    size = dtype.itemsize if dtype is not None else feats.element_size()
     check_allocation(f"{op} output ({rows} rows x {channels} channels)",
-                     copies * rows * channels * feats.element_size())  # fmt: skip
+                     copies * rows * channels * size)  # fmt: skip

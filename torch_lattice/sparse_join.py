@@ -145,9 +145,13 @@ def reindex_sparse(input: SparseTensor, target: SparseTensor, fill: float = 0.0)
 
 
 def _cat_pair(lhs: SparseTensor, rhs: SparseTensor, join: str) -> SparseTensor:
+    channels = int(lhs.feats.shape[1]) + int(rhs.feats.shape[1])
     if same_support(lhs, rhs):
+        check_output("sparse_cat", len(lhs), lhs.feats, channels=channels)
         return SparseTensor.from_support(torch.cat((lhs.feats, rhs.feats), dim=1), lhs.support)
     a = _align(lhs, rhs, join)
+    # both gathered operands and their concatenation
+    check_output("sparse_cat", int(a.lhs_rows.shape[0]), lhs.feats, 2, channels=channels)
     feats = torch.cat((_gather(lhs.feats, a.lhs_rows, 0.0), _gather(rhs.feats, a.rhs_rows, 0.0)), 1)
     return SparseTensor.from_support(feats, a.support)
 

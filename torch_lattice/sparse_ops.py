@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
+from torch_lattice.memory_budget import check_output
 from torch_lattice.tensor import (
     SparseTensor,
     add,
@@ -47,6 +48,12 @@ def cat(tensors: Sequence[SparseTensor]) -> SparseTensor:
         raise TypeError(f"cat: argument 0 must be a SparseTensor, got {type(first).__name__}")
     for i, t in enumerate(tensors[1:], start=1):
         check_same_support("cat", first, t, i)
+    # features may be expanded (gigabytes of channels from a few bytes): sized first
+    dtype = first.dtype
+    for t in tensors[1:]:
+        dtype = torch.promote_types(dtype, t.dtype)
+    channels = sum(int(t.feats.shape[1]) for t in tensors)
+    check_output("cat", len(first), first.feats, channels=channels, dtype=dtype)
     feats = torch.cat([t.feats for t in tensors], dim=1)
     return SparseTensor.from_support(feats, first.support)
 

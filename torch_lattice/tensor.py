@@ -871,6 +871,5 @@ def add(a: SparseTensor, b: SparseTensor) -> SparseTensor:
     if a.feats.shape[1] != b.feats.shape[1]:
         raise ValueError(f"add: channel counts differ: {a.feats.shape[1]} and {b.feats.shape[1]}")
     # as sparse_binary's: features may be expanded; the result takes the promoted dtype
-    dtype = torch.promote_types(a.dtype, b.dtype)
-    check_output("add", len(a), torch.empty((0, int(a.feats.shape[1])), dtype=dtype))
+    check_output("add", len(a), a.feats, dtype=torch.promote_types(a.dtype, b.dtype))
     return SparseTensor.from_support(a.feats + b.feats, a.support)

@@ -1920,6 +1920,26 @@ add(
     r"add output \(2 rows x 268435456 channels\) .*" + BUDGET,
     _within_budget(lambda: (lambda x: x + x)(_expanded(2, 2**28))),
 )
+# tl.cat and sparse_cat concatenated expanded features unchecked (2 GiB asked here)
+add(
+    "budget-cat-expanded",
+    MemoryBudgetError,
+    r"cat output \(2 rows x 268435456 channels\) .*" + BUDGET,
+    _within_budget(lambda: (lambda x: tl.cat([x, x]))(_expanded(2, 2**27))),
+)
+add(
+    "budget-sparse-cat-same-support-expanded",
+    MemoryBudgetError,
+    r"sparse_cat output \(2 rows x 268435456 channels\) .*" + BUDGET,
+    _within_budget(lambda: (lambda x: tl.sparse_cat([x, x]))(_expanded(2, 2**27))),
+)
+add(
+    "budget-sparse-cat-join-expanded",
+    MemoryBudgetError,
+    r"sparse_cat output \(3 rows x 268435456 channels\) .*" + BUDGET,
+    _within_budget(lambda: tl.sparse_cat([_expanded(2, 2**27), _expanded(2, 2**27, 1)],
+                                         join="outer")),
+)
 add(
     "int-generative-coordinate-beyond-int32",
     ValueError,
