@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,10 +43,12 @@ def read_regular_file(path: str | os.PathLike[str], what: str, *,
         follow_symlinks: ``False`` refuses a symbolic link as the last component.
 
     Raises:
-        ValueError: missing, not a regular file, larger than allowed, or unreadable;
-            the message names ``what`` and the path.
+        ValueError: missing, not a regular file, larger than allowed, unreadable, or a
+            path holding a NUL byte; the message names ``what`` and the path.
     """
     name = f"{what} {str(path)!r}"
+    if "\0" in os.fsdecode(os.fspath(path)):
+        raise ValueError(f"{name} contains a NUL byte, which no file name can hold")
     flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
     if not follow_symlinks:
         flags |= getattr(os, "O_NOFOLLOW", 0)
@@ -82,8 +85,12 @@ def read_regular_file(path: str | os.PathLike[str], what: str, *,
         os.close(fd)
 
 
-def parse_json(data: bytes | str, name: str, failure: str) -> Any:
+def parse_json(data: bytes | str, name: str, failure: str, *,
+               object_pairs_hook: Callable[[list[tuple[str, Any]]], Any] | None = None) -> Any:
     """``data`` (UTF-8 bytes, or text already decoded) parsed as JSON.
+
+    ``object_pairs_hook`` is passed to ``json.loads`` (e.g. to refuse repeated keys);
+    an exception it raises that is not a ``ValueError`` reaches the caller as is.
 
     Raises:
         ValueError: ``"{name} {failure}: {why}"`` for bytes that are not UTF-8 (no
@@ -92,7 +99,8 @@ def parse_json(data: bytes | str, name: str, failure: str) -> Any:
             deeply"`` where the nesting would exhaust Python's stack.
     """
     try:
-        return json.loads(data.decode("utf-8") if isinstance(data, bytes) else data)
+        return json.loads(data.decode("utf-8") if isinstance(data, bytes) else data,
+                          object_pairs_hook=object_pairs_hook)
     except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         raise ValueError(f"{name} {failure}: {exc}") from None
     except RecursionError:  # "[[[[..." nested past Python's stack

@@ -11,6 +11,8 @@ from __future__ import annotations
 import io
 import json
 import os
+import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -177,3 +179,151 @@ def test_a_deeply_nested_kernel_spec_is_refused(work: Path,
     (work / "deep.json").write_text("[" * 200_000)
     refused(capsys, [str(work / "legacy.pt"), str(work / "out.safetensors"), "--kernel-spec",
                       str(work / "deep.json")], "nests JSON too deeply")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "socket", "link"])
+def test_force_replaces_only_regular_files(work: Path, capsys: pytest.CaptureFixture[str],
+                                           kind: str) -> None:
+    # --manifest /dev/null --force once replaced the device with a regular file; a FIFO
+    # or a socket (made here: no real device node is touched) stands for it.
+    special = work / "special"
+    if kind == "fifo":
+        os.mkfifo(special)
+        what = "a FIFO"
+    elif kind == "socket":
+        import socket
+
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.bind(str(special))
+        except OSError as exc:  # a path too long for AF_UNIX
+            pytest.skip(f"cannot bind a socket here: {exc}")
+        sock.close()
+        what = "a socket"
+    else:
+        (work / "target.json").write_text("{}")
+        os.symlink(work / "target.json", special)
+        what = "a symbolic link"
+    argv = [str(work / "legacy.pt"), str(work / "out.safetensors"), "--kernel-spec",
+            str(work / "legacy-kernels.json")]
+    refused(capsys, [*argv, "--manifest", str(special), "--force"],
+            f"manifest (--manifest) '{special}' exists and is {what}; --force replaces only "
+            "regular files")
+    refused(capsys, [str(work / "legacy.pt"), str(special), "--kernel-spec",
+                     str(work / "legacy-kernels.json"), "--force"],
+            f"output '{special}' exists and is {what}")
+    assert os.path.lexists(special) and (special.is_symlink() or not special.is_file())
+    assert not (work / "out.safetensors").exists() and not (work / "special.json").exists()
+    if kind == "link":
+        assert (work / "target.json").read_text() == "{}"
+    with pytest.raises(migration.ConversionError, match="only regular files"):
+        migration.convert_checkpoint(work / "legacy.pt", work / "out.safetensors", SPEC,
+                                     manifest=special, force=True)
+
+
+def test_a_metadata_key_is_refused(work: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # safetensors keeps "__metadata__" for its header: the file written once could not
+    # be loaded ("duplicate field").
+    torch.save({"model": {**_state(), "__metadata__": torch.ones(2)}}, work / "meta.pt")
+    refused(capsys, [str(work / "meta.pt"), str(work / "out.safetensors"), "--kernel-spec",
+                     str(work / "legacy-kernels.json")],
+            "model state key '__metadata__' is reserved by the safetensors format")
+    assert not (work / "out.safetensors").exists()
+    with pytest.raises(migration.ConversionError, match="'__metadata__' is reserved"):
+        migration.convert_state_dict({**_state(), "__metadata__": torch.ones(2)}, SPEC)
+
+
+def test_duplicate_kernel_spec_keys_are_refused(work: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    spec = work / "dup.json"
+    spec.write_text('{"enc.kernel": [1, 1, 1], "enc.kernel": [3, 3, 3]}')
+    argv = [str(work / "legacy.pt"), str(work / "out.safetensors"), "--kernel-spec", str(spec)]
+    refused(capsys, argv, "gives the key 'enc.kernel' twice")
+    spec.write_text('{"enc.kernel": {"kernel_size": [1, 1, 1], "kernel_size": [3, 3, 3]}}')
+    refused(capsys, argv, "gives the key 'kernel_size' twice")
+    assert not (work / "out.safetensors").exists()
+    spec.write_text('{"enc.kernel": [3, 3, 3], "enc.kernel": [3, 3, 3]}')
+    with pytest.raises(migration.ConversionError, match=r"'enc\.kernel' twice"):
+        migration.load_kernel_spec(spec)
+
+
+@pytest.mark.parametrize(("size", "error", "fragment"), [
+    ((-1, 3, 3), ValueError, "kernel_size must be positive"),
+    ((0, 3, 3), ValueError, "kernel_size must be positive"),
+    ((3, 3), ValueError, "kernel_size must have 3 components"),
+    ((3, 3, 3.0), TypeError, "kernel_size must contain ints"),
+    ("333", TypeError, "kernel_size must be an int or a 3-tuple"),
+])
+def test_row_permutation_checks_kernel_size(size: object, error: type[Exception],
+                                            fragment: str) -> None:
+    with pytest.raises(error, match=fragment):
+        migration.row_permutation(size, "x_fastest")  # type: ignore[arg-type]
+    assert migration.row_permutation((1, 1, 2), "x_fastest") == [0, 1]
+    with pytest.raises(TypeError, match="row_order must be a str"):
+        migration.row_permutation((3, 3, 3), ["x_fastest"])  # type: ignore[arg-type]
+
+
+# Run apart, with its address space capped just above what it has after the import: a
+# row_permutation that built its list anyway (8e9 or 1e9 Python ints) fails with a
+# MemoryError there instead of taking the machine's memory.
+_HUGE_KERNELS = """
+import resource
+from torch_lattice import migration
+with open("/proc/self/status") as status:
+    vm = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize:"))
+resource.setrlimit(resource.RLIMIT_AS, (vm + 2**29, resource.getrlimit(resource.RLIMIT_AS)[1]))
+for size in [(2000, 2000, 2000), (1024, 1024, 1024)]:
+    try:
+        migration.row_permutation(size, "x_fastest")
+    except ValueError as exc:
+        print("refused:", exc)
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs Linux's /proc")
+def test_row_permutation_refuses_huge_kernels_before_building() -> None:
+    env = {**os.environ, "TORCH_LATTICE_MEMORY_BUDGET": "1M"}
+    run = subprocess.run([sys.executable, "-c", _HUGE_KERNELS], capture_output=True,
+                         text=True, env=env, timeout=120, check=False)
+    assert run.returncode == 0, run.stderr[-2000:]
+    lines = run.stdout.splitlines()
+    assert len(lines) == 2, run.stdout
+    # Beyond the int32 kernel-row index; then within it but beyond the memory budget.
+    assert "kernel_size (2000, 2000, 2000) has 8000000000 rows; at most" in lines[0]
+    assert "row_permutation of kernel_size (1024, 1024, 1024)" in lines[1]
+    assert "beyond the memory budget" in lines[1]
+
+
+def test_python_api_checks_argument_types(work: Path) -> None:
+    out = work / "out.safetensors"
+    migration.convert_checkpoint(work / "legacy.pt", out, SPEC)
+    before = out.read_bytes()
+    for bad in ("no", 1, None):
+        with pytest.raises(TypeError, match="force must be a bool"):
+            migration.convert_checkpoint(work / "legacy.pt", out, SPEC,
+                                         force=bad)  # type: ignore[arg-type]
+    assert out.read_bytes() == before
+    with pytest.raises(TypeError, match="kernel_spec must be a path"):
+        migration.convert_checkpoint(work / "legacy.pt", out, 3)  # type: ignore[arg-type]
+    spec = migration.parse_kernel_spec(SPEC)["enc.kernel"]
+    kernel = _state()["enc.kernel"]
+    with pytest.raises(TypeError, match="spec must be a KernelSpec"):
+        migration.convert_kernel(kernel, spec)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="spec must be a KernelSpec"):
+        migration.convert_kernel((3, 3, 3), kernel)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name", ["source", "output", "manifest", "kernel_spec"])
+def test_a_nul_byte_names_the_path_argument(work: Path, name: str) -> None:
+    args: dict[str, object] = {"source": work / "legacy.pt", "output": work / "o.safetensors",
+                               "manifest": None, "kernel_spec": work / "legacy-kernels.json"}
+    args[name] = str(work / "bad\0name")
+    with pytest.raises(migration.ConversionError, match=rf"^{name} .* contains a NUL byte"):
+        migration.convert_checkpoint(args["source"], args["output"],  # type: ignore[arg-type]
+                                     args["kernel_spec"],  # type: ignore[arg-type]
+                                     manifest=args["manifest"])  # type: ignore[arg-type]
+    with pytest.raises(migration.ConversionError, match=r"kernel spec .* contains a NUL byte"):
+        migration.load_kernel_spec(str(work / "a\0.json"))
+    with pytest.raises(migration.ConversionError, match=r"source checkpoint .* NUL byte"):
+        migration.read_legacy_checkpoint(str(work / "a\0.pt"))
+    assert not (work / "o.safetensors").exists()

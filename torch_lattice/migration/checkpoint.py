@@ -59,15 +59,30 @@ def convert_checkpoint(
         output: safetensors file to write.
         kernel_spec: path of a kernel-spec JSON file, or the decoded mapping.
         manifest: manifest path; default ``output`` with a ``.json`` suffix.
-        force: replace existing outputs.
+        force: replace existing outputs (regular files only; a bool).
 
     Raises:
+        TypeError: an argument of the wrong type (``force`` not a bool, a path that is
+            not a str or os.PathLike, a ``kernel_spec`` neither a path nor a mapping).
         ConversionError: any refused input (spec, optimizer state, unsafe pickle,
             existing output without ``force``, ...). Nothing is written then.
     """
-    for name, value in (("source", source), ("output", output), ("manifest", manifest)):
-        if not isinstance(value, (str, os.PathLike)) and (name != "manifest" or value is not None):
+    if not isinstance(force, bool):
+        raise TypeError(f"force must be a bool (True or False), got {force!r}")
+    if not isinstance(kernel_spec, (str, os.PathLike, Mapping)):
+        raise TypeError("kernel_spec must be a path (str or os.PathLike) or a mapping of "
+                        f"'<module>.kernel' keys to sizes, got {type(kernel_spec).__name__}")
+    paths = [("source", source), ("output", output), ("manifest", manifest)]
+    if not isinstance(kernel_spec, Mapping):
+        paths.append(("kernel_spec", kernel_spec))
+    for name, value in paths:
+        if value is None and name == "manifest":
+            continue
+        if not isinstance(value, (str, os.PathLike)):
             raise TypeError(f"{name} must be a path (str or os.PathLike), got {value!r}")
+        if "\0" in os.fsdecode(os.fspath(value)):
+            raise ConversionError(f"{name} {os.fsdecode(os.fspath(value))!r} contains a NUL "
+                                  "byte, which no file name can hold")
     for name, value in (("output", output), ("manifest", manifest)):
         text = "" if value is None else os.fsdecode(os.fspath(value))
         if value is not None and not text:
@@ -85,7 +100,8 @@ def convert_checkpoint(
     spec_inputs = []
     if isinstance(kernel_spec, (str, os.PathLike)):
         spec_inputs.append(("kernel spec", Path(kernel_spec)))
-    check_output_paths(source_path, [output_path, manifest_path], force, spec_inputs)
+    check_output_paths(source_path, [output_path, manifest_path], force, spec_inputs,
+                       ("output", "manifest (--manifest)"))
     checkpoint = read_legacy_checkpoint(source_path)
     result = convert_state_dict(checkpoint.state_dict, specs)
     record = build_manifest(str(source_path), checkpoint, result)

@@ -11,6 +11,7 @@ A single module's own state dict converts the same way with an empty module name
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,8 +84,14 @@ def convert_kernel(spec: KernelSpec, kernel: torch.Tensor) -> tuple[torch.Tensor
         The ``(K, C_in, C_out)`` z-fastest weight and its manifest record.
 
     Raises:
+        TypeError: ``spec`` is not a :class:`KernelSpec` (e.g. the arguments swapped).
         ConversionError: the shape does not match the spec's ``K``.
     """
+    if not isinstance(spec, KernelSpec):
+        raise TypeError(
+            f"convert_kernel(spec, kernel): spec must be a KernelSpec (from "
+            f"parse_kernel_spec), got {type(spec).__name__}"
+        )
     if not isinstance(kernel, torch.Tensor):
         raise ConversionError(
             f"legacy kernel {spec.key!r} must be a tensor, got {type(kernel).__name__}"
@@ -119,11 +126,21 @@ def convert_kernel(spec: KernelSpec, kernel: torch.Tensor) -> tuple[torch.Tensor
     return weight, record
 
 
+# The safetensors header's metadata entry: no tensor may take this name.
+_SAFETENSORS_METADATA = "__metadata__"
+
+
 def _check_entries(state: Mapping[Any, Any], specs: Mapping[str, KernelSpec]) -> None:
     """Refuses non-tensor entries, unlisted kernels and spec keys with no tensor."""
     for key, value in state.items():
         if not isinstance(key, str):
             raise ConversionError(f"model state keys must be strings, got {key!r}")
+        if key == _SAFETENSORS_METADATA:
+            raise ConversionError(
+                f"model state key {key!r} is reserved by the safetensors format (the "
+                "header's metadata field), so the converted file could not be loaded; "
+                "rename that entry before converting"
+            )
         if not isinstance(value, torch.Tensor):
             raise ConversionError(
                 f"model state entry {key!r} is a {type(value).__name__}, not a tensor; "
@@ -244,14 +261,15 @@ def convert_state_dict(
         The converted state and per-tensor records; ``state`` is not modified.
 
     Raises:
-        ConversionError: a non-tensor entry, an unlisted kernel, a spec key absent
+        ConversionError: a non-tensor entry, a key named ``__metadata__`` (reserved by
+            safetensors), an unlisted kernel, a spec key absent
             from ``state``, a row-count mismatch, or two tensors mapped to one key.
     """
     if not isinstance(state, Mapping):
         raise ConversionError(
             f"model state must be a mapping of names to tensors, got {type(state).__name__}"
         )
-    if isinstance(kernel_spec, (str, Path)):
+    if isinstance(kernel_spec, (str, os.PathLike)):
         specs = load_kernel_spec(kernel_spec)
     else:
         specs = parse_kernel_spec(kernel_spec)

@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from torch_lattice.geometry import Triple, kernel_volume
+from torch_lattice.geometry import Triple, check_kernel_size, kernel_volume
+from torch_lattice.memory_budget import check_allocation
 from torch_lattice.migration.errors import ConversionError
 from torch_lattice.regular_file import parse_json, read_regular_file
 
@@ -108,6 +109,10 @@ class KernelSpec:
         return row_permutation(self.kernel_size, self.resolved_row_order)
 
 
+# A Python list of ints: an 8-byte pointer and a 28-32 byte int object per row.
+_PERMUTATION_ROW_BYTES = 40
+
+
 def row_permutation(kernel_size: Triple, row_order: str) -> list[int]:
     """Maps z-fastest canonical rows to source rows.
 
@@ -118,10 +123,21 @@ def row_permutation(kernel_size: Triple, row_order: str) -> list[int]:
     Returns:
         ``perm`` of length ``K``: canonical row ``t = (rx*Ky + ry)*Kz + rz`` holds
         source row ``perm[t]``.
+
+    Raises:
+        TypeError: ``kernel_size`` is not an int or three ints; ``row_order`` not a str.
+        ValueError: a size below 1, a volume beyond the kernel-row limit, a list
+            beyond the memory budget, or an unknown ``row_order``.
     """
+    if not isinstance(row_order, str):
+        raise TypeError(f"row_order must be a str, one of {sorted(ROW_ORDERS)}, got "
+                        f"{row_order!r}")
     if row_order not in ROW_ORDERS:
         raise ValueError(f"row_order must be one of {sorted(ROW_ORDERS)}, got {row_order!r}")
-    kx, ky, kz = kernel_size
+    kx, ky, kz = check_kernel_size(kernel_size)
+    volume = kernel_volume((kx, ky, kz))
+    check_allocation(f"row_permutation of kernel_size {(kx, ky, kz)} ({volume} rows)",
+                     volume * _PERMUTATION_ROW_BYTES)
     perm = []
     for rx in range(kx):
         for ry in range(ky):
@@ -206,7 +222,8 @@ def load_kernel_spec(path: str | Path) -> dict[str, KernelSpec]:
     """Reads and validates a kernel-spec JSON file.
 
     Raises:
-        ConversionError: the file is missing, unreadable, not JSON, or invalid.
+        ConversionError: the file is missing, unreadable, not JSON, gives a key twice
+            (in any object), or is invalid.
     """
     spec_path = Path(path)
     try:
@@ -219,7 +236,30 @@ def load_kernel_spec(path: str | Path) -> dict[str, KernelSpec]:
     except UnicodeDecodeError as exc:
         raise ConversionError(f"cannot read kernel spec {str(spec_path)!r}: {exc}") from exc
     try:
-        raw = parse_json(text, f"kernel spec {str(spec_path)!r}", "is not valid JSON")
+        raw = parse_json(text, f"kernel spec {str(spec_path)!r}", "is not valid JSON",
+                         object_pairs_hook=_refuse_duplicate_keys)
+    except _DuplicateKeyError as exc:
+        raise ConversionError(f"kernel spec {str(spec_path)!r} gives the key {exc.key!r} "
+                              "twice; list each key once") from None
     except ValueError as exc:
         raise ConversionError(str(exc)) from None
     return parse_kernel_spec(raw)
+
+
+class _DuplicateKeyError(Exception):
+    """A JSON object repeats a key (not a ValueError, so parse_json lets it through)."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _refuse_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json``'s object hook: ``json.loads`` keeps the last of repeated keys, which
+    would silently drop a kernel's first entry."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKeyError(key)
+        out[key] = value
+    return out

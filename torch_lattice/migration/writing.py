@@ -17,6 +17,7 @@ import os
 import secrets
 import shutil
 import signal
+import stat
 import tempfile
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -27,6 +28,7 @@ from safetensors.torch import save_file
 
 from torch_lattice.atomic_file import exchange_paths, write_beside
 from torch_lattice.migration.errors import ConversionError
+from torch_lattice.regular_file import describe_file_type
 
 __all__ = ["check_output_paths", "write_outputs"]
 
@@ -42,12 +44,17 @@ def _same_file(a: Path, b: Path) -> bool:
 
 
 def check_output_paths(source: Path, outputs: list[Path], force: bool,
-                       inputs: Sequence[tuple[str, Path]] = ()) -> None:
+                       inputs: Sequence[tuple[str, Path]] = (),
+                       labels: Sequence[str] = ()) -> None:
     """Refuses outputs that collide with an input (the source, the kernel spec: never
-    overwritten, even with ``force``), each other, a folder, or an existing file
-    (unless ``force``)."""
+    overwritten, even with ``force``), each other, a folder, an existing path that is
+    not a regular file (a symbolic link, a FIFO, a device, a socket: never replaced,
+    even with ``force``, as ``save_tuning`` and the artifact exporter refuse them), or
+    an existing file (unless ``force``). ``labels`` names each output in messages
+    (default ``output``)."""
     named_inputs = [("source checkpoint", source), *inputs]
     for i, path in enumerate(outputs):
+        label = labels[i] if i < len(labels) else "output"
         for what, given in named_inputs:
             if _same_file(path, given):
                 raise ConversionError(
@@ -60,11 +67,23 @@ def check_output_paths(source: Path, outputs: list[Path], force: bool,
                     f"output {str(path)!r} would overwrite another output {str(other)!r}; "
                     "pass --manifest with another path"
                 )
-        if path.is_dir():
-            raise ConversionError(f"output {str(path)!r} is a directory")
-        # lexists: a dangling symbolic link is an existing output too.
-        if os.path.lexists(path) and not force:
-            raise ConversionError(f"output {str(path)!r} already exists; pass --force to overwrite")
+        try:
+            # lstat: a symbolic link (dangling or not) is judged itself, not its target.
+            mode: int | None = os.lstat(path).st_mode
+        except OSError:  # missing (or unreachable: the write then reports it)
+            mode = None
+        if mode is not None and stat.S_ISDIR(mode):
+            raise ConversionError(f"{label} {str(path)!r} is a directory")
+        if mode is not None and not stat.S_ISREG(mode):
+            raise ConversionError(
+                f"{label} {str(path)!r} exists and is {describe_file_type(mode)}; --force "
+                "replaces only regular files (never a symbolic link, FIFO, device or "
+                "socket): choose another path"
+            )
+        if mode is not None and not force:
+            raise ConversionError(
+                f"{label} {str(path)!r} already exists; pass --force to overwrite"
+            )
 
 
 def _make_parents(path: Path) -> list[Path]:
