@@ -269,3 +269,54 @@ def test_exchange_paths_swaps_two_folders(tmp_path: Path) -> None:
     assert list((tmp_path / "a").iterdir()) == []
     with pytest.raises(FileNotFoundError):
         exchange_paths(tmp_path / "a", tmp_path / "missing")
+
+
+class _Doubles(nn.Module):
+    """Runs an unsupported in-place op on its input before the exporter can refuse it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = tl.nn.SubmConv3d(2, 2, 3)
+
+    def forward(self, x: tl.SparseTensor) -> tl.SparseTensor:
+        x.feats.mul_(2)
+        return self.conv(x)
+
+
+def test_a_refused_in_place_op_leaves_the_example_inputs_alone(tmp_path: Path) -> None:
+    x = _x()
+    feats, coords = x.feats.clone(), x.coords.clone()
+    dense = torch.randn(4, 2)
+    dense_before = dense.clone()
+
+    class DoublesDense(nn.Module):
+        def forward(self, t: torch.Tensor) -> torch.Tensor:
+            return t.mul_(2)
+
+    with pytest.raises(ExportError, match="mul_"):
+        save(_Doubles().eval(), tmp_path / "a", example_inputs=(x,))
+    assert torch.equal(x.feats, feats) and torch.equal(x.coords, coords)
+    with pytest.raises(ExportError, match="mul_"):
+        save(DoublesDense().eval(), tmp_path / "b", example_inputs=[dense])
+    assert torch.equal(dense, dense_before)
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    # The copies change nothing in what is written: the same export as before.
+    files = save(_model(), tmp_path / "c", example_inputs=(x,))
+    assert files.artifact_dir == tmp_path / "c"
+    assert torch.equal(x.feats, feats)
+
+
+def test_dot_names_the_current_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Path(".") has an empty name: it once gave "ValueError: PosixPath('.') has an empty
+    # name" while "<dir>/." worked.
+    folder = tmp_path / "out"
+    folder.mkdir()
+    monkeypatch.chdir(folder)
+    files = save(_model(), ".", example_inputs=(_x(),))
+    assert files.artifact_dir == folder.resolve()
+    assert sorted(p.name for p in folder.iterdir()) == ["graph.mlir", "weights.safetensors"]
+    load_lattice_program(folder)
+    # "." is now an artifact: exporting again replaces it.
+    monkeypatch.chdir(folder)
+    save(_model(1), ".", example_inputs=(_x(),))
+    load_lattice_program(folder)

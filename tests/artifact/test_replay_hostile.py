@@ -519,3 +519,18 @@ def test_the_cli_refuses_a_bad_device_with_one_line(
 def test_the_cli_runs_on_cpu(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["replay", str(_case(tmp_path)), "--device", "cpu"]) == 0
     assert "match (physical coordinates)" in capsys.readouterr().out
+
+
+def test_a_missing_or_non_folder_path_is_a_bad_argument(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Nothing could be replayed: exit 2 like a missing --inputs, not 1 ("MISMATCH").
+    assert main(["replay", str(tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: PATH ") and "does not exist" in err
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "file").write_text("x")
+    for name, what in (("fifo", "a FIFO"), ("file", "a file")):
+        assert main(["replay", str(tmp_path / name)]) == 2
+        captured = capsys.readouterr()
+        assert "MISMATCH" not in captured.out
+        assert f"is {what}, not a folder" in captured.err, captured.err

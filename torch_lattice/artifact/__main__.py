@@ -11,7 +11,8 @@ manifest or lists no case of that name is left alone (default tolerances, physic
 coordinates).
 Exit status 0 when every replayed case matches, 1 otherwise (a case that fails to
 load or replay, or whose expected file is missing or not a regular file, counts as a
-mismatch), 2 on bad arguments or a refused manifest, reported as one ``error:`` line.
+mismatch), 2 on bad arguments (PATH missing or not a folder included) or a refused
+manifest, reported as one ``error:`` line.
 
 What is refused, and why (docs/limits.md): a case name must be one plain folder name
 inside the fixture folder (no separators, ``.``/``..``, absolute paths, control
@@ -257,6 +258,15 @@ def _run(args: argparse.Namespace) -> int:
     path: Path = args.path
     # A device this torch cannot use is a bad argument (exit 2), not a failing case.
     check_device(args.device, "--device")
+    # So is a PATH that is not there, or not a folder: nothing could be replayed.
+    if not path.exists():
+        raise ValueError(f"PATH {str(path)!r} does not exist; name an artifact directory "
+                         f"or a fixture root with {MANIFEST_FILE}")
+    if not path.is_dir():
+        mode = path.stat().st_mode
+        kind = "a file" if stat.S_ISREG(mode) else describe_file_type(mode)
+        raise ValueError(f"PATH {str(path)!r} is {kind}, not a folder; name an artifact "
+                         f"directory or a fixture root with {MANIFEST_FILE}")
     if (path / MANIFEST_FILE).exists() and not (path / "graph.mlir").exists():
         return _replay_manifest(path, args)
     if args.case:

@@ -9,6 +9,7 @@ directory is written atomically (see :func:`write_artifact`).
 
 from __future__ import annotations
 
+import copy
 import json
 import operator
 import os
@@ -95,10 +96,11 @@ def save_lattice_model_artifact(
         artifact_dir: the directory to write.  If it exists it must be an
             artifact (exactly ``graph.mlir`` and ``weights.safetensors``, the
             graph an IR module) or empty; it is then replaced atomically.
+            ``"."`` and ``".."`` name the current folder and its parent.
         example_inputs: the positional inputs of ``model.forward`` (a tuple or
-            list); a SparseTensor argument ``x`` becomes the artifact inputs
-            ``x_coords``, ``x_features``, ``x_active``, a tensor argument keeps
-            its name.
+            list), never modified (the model runs on copies); a SparseTensor
+            argument ``x`` becomes the artifact inputs ``x_coords``,
+            ``x_features``, ``x_active``, a tensor argument keeps its name.
         quantize_bits: None (dense weights), 4 or 8: pack the conv3d and linear
             weights of the ops MLX Lattice runs packed as affine int4 / int8 per
             group of input channels (float32 scales for float32 weights). Target
@@ -142,6 +144,11 @@ def save_lattice_model_artifact(
             f"{', '.join(training[:5])}{' ...' if len(training) > 5 else ''}"
         )
     target = Path(artifact_dir)
+    if target.name in ("", ".."):  # ".", "..", "a/..": no name of their own
+        target = target.resolve()  # the folder itself (such a path is never a link)
+        if not target.name:
+            raise ExportError(f"artifact_dir {str(artifact_dir)!r} is the root folder; "
+                              "name a folder to write")
     _check_destination(target)
     text, weights = lower_model(
         model, tuple(example_inputs), quantize_bits, quantize_group_size, output_names
@@ -167,11 +174,25 @@ def lower_model(
     text = ModuleText()
     low = Lowering(text, WeightTable(text, quantize_bits, quantize_group_size))
     inputs = {n: _input(low, n, v) for n, v in zip(names, example_inputs, strict=True)}
+    # The graph runs on copies: a node is run before its lowering can refuse it, so an
+    # in-place op (x.feats.mul_(2)) would otherwise change the caller's tensors.
+    copies = tuple(_private_copy(v) for v in example_inputs)
     interp = _Interpreter(gm, low, inputs)
     with torch.no_grad():
-        interp.run(*example_inputs)
+        interp.run(*copies)
     _returns(text, interp.outputs, output_names)
     return text.render(), low.weights
+
+
+def _private_copy(value: Any) -> Any:
+    """A copy of an example input that shares no storage with it: a SparseTensor's
+    features and coordinates (with a coordinate manager of its own) or a tensor's
+    values; anything else (which :func:`_input` refuses) as it is."""
+    if isinstance(value, SparseTensor):
+        return copy.deepcopy(value.detach())
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    return value
 
 
 def _input(low: Lowering, name: str, value: Any) -> Sparse | Dense:
