@@ -29,6 +29,7 @@ from torch_lattice.ops._runtime import (
     call_args,
     check_coords,
     check_non_negative,
+    check_size,
     check_tensor,
     one_device,
     ptr,
@@ -221,19 +222,29 @@ def check_geometry(op: str, **lists: list[int]) -> None:
     (``padding``: 0; ``out_range``: any, negative counts as 0) and at most 2^31 - 1.
 
     Checked before the lists' product sizes a tensor: a negative kernel size would
-    otherwise reach torch as a negative dimension and a short list ``zip``'s message."""
+    otherwise reach torch as a negative dimension and a short list ``zip``'s message.
+    Under ``torch.compile`` the fake kernels see symbolic ints where dynamo made a size
+    dynamic (two layers with different kernel sizes, ``dynamic=True``): their bounds are
+    asserted through :func:`check_size`, checked when the graph runs."""
     for name, values in lists.items():
         low = _GEOMETRY_MINIMUM.get(name)
-        ok = isinstance(values, (list, tuple)) and len(values) == 3 and all(
-            isinstance(v, int) and not isinstance(v, bool)
-            and (low is None or low <= v <= _INT32_MAX)
-            for v in values
-        )  # fmt: skip
-        if not ok:
-            rule = "three ints" if low is None else (
-                "three positive ints" if low else "three non-negative ints"
-            ) + " (one per axis, at most 2^31 - 1)"  # fmt: skip
-            raise ValueError(f"lattice::{op}: {name} must be {rule}, got {values!r}")
+        rule = "three ints" if low is None else (
+            "three positive ints" if low else "three non-negative ints"
+        ) + " (one per axis, at most 2^31 - 1)"  # fmt: skip
+
+        def message(values: object = values, name: str = name, rule: str = rule) -> str:
+            return f"lattice::{op}: {name} must be {rule}, got {values!r}"
+
+        if not isinstance(values, (list, tuple)) or len(values) != 3:
+            raise ValueError(message())
+        for v in values:
+            if isinstance(v, torch.SymInt):
+                if low is not None:
+                    check_size(v >= low, message)
+                    check_size(v <= _INT32_MAX, message)
+            elif (isinstance(v, bool) or not isinstance(v, int)
+                  or (low is not None and not low <= v <= _INT32_MAX)):  # fmt: skip
+                raise ValueError(message())
 
 
 def conv_geom(
