@@ -631,6 +631,10 @@ class SparseTensor:
         """float16 features on the same support."""
         return self.replace(self._feats.half())
 
+    def bfloat16(self) -> SparseTensor:
+        """bfloat16 features on the same support."""
+        return self.replace(self._feats.bfloat16())
+
     def float(self) -> SparseTensor:
         """float32 features on the same support."""
         return self.replace(self._feats.float())

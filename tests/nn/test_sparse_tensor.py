@@ -265,7 +265,7 @@ def test_detach() -> None:
 
 @pytest.mark.parametrize(
     ("method", "dtype"),
-    [("float", F32), ("double", F64), ("half", torch.float16)],
+    [("float", F32), ("double", F64), ("half", torch.float16), ("bfloat16", torch.bfloat16)],
 )
 def test_dtype_conversions_touch_features_only(method: str, dtype: torch.dtype) -> None:
     feats, coords = sample()
