@@ -509,7 +509,26 @@ class SparseTensor:
 
     @classmethod
     def from_support(cls, feats: torch.Tensor, support: Support) -> SparseTensor:
-        """Wraps features over an existing (already validated) support."""
+        """Wraps features over an existing (already validated) support.
+
+        Raises:
+            TypeError: ``support`` is not a :class:`Support`; ``feats`` is not a
+                floating tensor of a supported dtype.
+            ValueError: ``feats`` is not ``(N, C)`` with one row per support row, or is
+                on another device than the support.
+        """
+        if not isinstance(support, Support):
+            raise TypeError(
+                f"support must be a torch_lattice Support (e.g. x.support), got "
+                f"{type(support).__name__}"
+            )
+        coords = support.coords
+        _check_feats(feats, coords.shape[0])
+        if feats.device != coords.device:
+            raise ValueError(
+                "feats and support must be on the same device, "
+                f"got {feats.device} and {coords.device}"
+            )
         out = cls.__new__(cls)
         out._feats = feats
         out._support = support

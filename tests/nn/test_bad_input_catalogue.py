@@ -2128,6 +2128,49 @@ add_tmp(
 
 
 # --------------------------------------------------------------------------------------
+# Found by a later probe (each raised AttributeError / OverflowError / a C or torch error,
+# or was accepted, before its fix)
+# --------------------------------------------------------------------------------------
+
+add(
+    "from-support-feats-list",
+    TypeError,
+    r"feats must be a torch\.Tensor, got list",
+    lambda: ST.from_support([[1.0]], _x().support),  # type: ignore[arg-type]
+)
+add(
+    "from-support-feats-int",
+    TypeError,
+    r"feats must be a floating tensor",
+    lambda: (lambda x: ST.from_support(x.feats.long(), x.support))(_x()),
+)
+add(
+    "from-support-feats-1d",
+    ValueError,
+    r"feats must have shape \(N, C\)",
+    lambda: (lambda x: ST.from_support(x.feats[:, 0], x.support))(_x()),
+)
+add(
+    "from-support-feats-rows",
+    ValueError,
+    r"feats must have one row per coordinate: 1 rows for \d+ coords",
+    lambda: (lambda x: ST.from_support(x.feats[:1], x.support))(_x()),
+)
+add(
+    "from-support-none",
+    TypeError,
+    r"support must be a torch_lattice Support .*got NoneType",
+    lambda: ST.from_support(_x().feats, None),  # type: ignore[arg-type]
+)
+add(
+    "from-support-coords",
+    TypeError,
+    r"support must be a torch_lattice Support .*got Tensor",
+    lambda: (lambda x: ST.from_support(x.feats, x.coords))(_x()),  # type: ignore[arg-type]
+)
+
+
+# --------------------------------------------------------------------------------------
 # The catalogue
 # --------------------------------------------------------------------------------------
 
