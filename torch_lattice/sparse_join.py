@@ -131,7 +131,9 @@ def reindex_sparse(input: SparseTensor, target: SparseTensor, fill: float = 0.0)
 
     Raises:
         TypeError: an argument is not a SparseTensor; ``fill`` not a number.
-        ValueError: different strides, devices or spatial ranges; ``fill`` is NaN.
+        ValueError: different strides, devices or spatial ranges; ``fill`` is NaN;
+            (a ``MemoryBudgetError``) the output (with the gathered rows) beyond the
+            memory budget, e.g. of features expanded to billions of channels.
     """
     op = "reindex_sparse"
     x = _check_sparse(op, "input", input)
@@ -140,6 +142,8 @@ def reindex_sparse(input: SparseTensor, target: SparseTensor, fill: float = 0.0)
     value = _check_fill(op, "fill", fill)
     if same_support(x, t):
         return SparseTensor.from_support(x.feats, t.support)
+    # the gathered rows and the filled result
+    check_output(op, len(t), x.feats, 2)
     rows = lookup_rows(x.coords, t.coords)
     return SparseTensor.from_support(_gather(x.feats, rows, value), t.support)
 

@@ -2170,6 +2170,15 @@ add(
 )
 
 
+# reindex_sparse onto another support gathered the input's features unchecked
+add(
+    "budget-reindex-sparse-expanded",
+    MemoryBudgetError,
+    r"reindex_sparse output \(2 rows x 268435456 channels\) .*" + BUDGET,
+    _within_budget(lambda: tl.reindex_sparse(_expanded(2, 2**28), _expanded(2, 1, x0=1))),
+)
+
+
 # --------------------------------------------------------------------------------------
 # The catalogue
 # --------------------------------------------------------------------------------------
