@@ -2179,6 +2179,29 @@ add(
 )
 
 
+# an expanded weight (or bias) was made contiguous unchecked
+add(
+    "budget-conv-weight-expanded",
+    MemoryBudgetError,
+    r"contiguous copy of weight \(27, 1, 16777216\) " + BUDGET,
+    _within_budget(
+        lambda: F.subm_conv3d(_expanded(2, 1), torch.ones(1, 1, 1).expand(27, 1, 2**24))
+    ),
+)
+add(
+    "budget-conv-bias-expanded",
+    MemoryBudgetError,
+    r"contiguous copy of bias \(262144,\) would allocate 1048576 bytes .* beyond the memory "
+    r"budget of 524288 bytes",
+    _within_budget(
+        lambda: F.conv3d(
+            _expanded(2, 1), torch.zeros(1, 1, 2**18), torch.ones(1).expand(2**18), kernel_size=1
+        ),
+        2**19,
+    ),
+)
+
+
 # --------------------------------------------------------------------------------------
 # The catalogue
 # --------------------------------------------------------------------------------------

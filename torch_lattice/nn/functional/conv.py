@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import torch
 
 from torch_lattice.geometry import ConvGeometry, check_submanifold_kernel_size, triple
+from torch_lattice.memory_budget import check_allocation
 from torch_lattice.nn.functional.config import ConvConfig, resolve_config
 from torch_lattice.nn.functional.relation import apply_kernel_map, kernel_map
 from torch_lattice.nn.functional.supports import generated_support
@@ -20,6 +21,7 @@ __all__ = [
     "check_bias",
     "check_call",
     "check_config",
+    "check_contiguous_copy",
     "conv3d",
     "conv3d_over",
     "subm_conv3d",
@@ -65,8 +67,20 @@ def check_call(
     if feats.device != weight.device:
         raise ValueError(f"input is on {feats.device} but weight is on {weight.device}")
     check_bias(bias, weight)
+    check_contiguous_copy("weight", weight)
+    if bias is not None:
+        check_contiguous_copy("bias", bias)
     check_config(config)
     return feats, support
+
+
+def check_contiguous_copy(name: str, t: torch.Tensor) -> None:
+    """The kernels run on contiguous operands: a strided one (an ``expand``ed view of a
+    few bytes of storage) is copied first, so that copy is sized against the memory
+    budget before it is made (a ``MemoryBudgetError`` naming ``name``)."""
+    if not t.is_contiguous():
+        check_allocation(f"contiguous copy of {name} {tuple(t.shape)}",
+                         t.numel() * t.element_size())  # fmt: skip
 
 
 def autocast_operands(
