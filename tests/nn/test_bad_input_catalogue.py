@@ -2202,6 +2202,44 @@ add(
 )
 
 
+# F.batch_norm: arguments of the wrong type, non-floating input, a NaN momentum, a
+# buffer on another device
+for _rm_name, _rm in (("SparseTensor", None), ("list", [0.0] * C)):
+    add(
+        f"batch-norm-running-mean-{_rm_name}",
+        TypeError,
+        rf"batch_norm: running_mean must be a torch\.Tensor or None, got {_rm_name}",
+        lambda _rm=_rm: F.batch_norm(
+            _feats(), _x() if _rm is None else _rm, torch.ones(C), training=True
+        ),
+    )
+for _dt in (torch.int64, torch.complex64):
+    add(
+        f"batch-norm-input-{str(_dt).split('.')[1]}",
+        TypeError,
+        rf"batch_norm: input must be a floating tensor, got {_dt}",
+        lambda _dt=_dt: F.batch_norm(torch.ones(5, C, dtype=_dt), None, None, training=True),
+    )
+for _m in (float("nan"), -0.5, 1.5, float("inf")):
+    add(
+        f"batch-norm-momentum-{_m}",
+        ValueError,
+        r"batch_norm: momentum must be a number in \[0, 1\], got " + str(_m),
+        lambda _m=_m: F.batch_norm(
+            _feats(), torch.zeros(C), torch.ones(C), training=True, momentum=_m
+        ),
+    )
+for _n in (8, 2**18):  # torch's path and the C passes
+    add(
+        f"batch-norm-running-mean-meta-{_n}",
+        ValueError,
+        r"batch_norm: running_mean must be on input's device \(cpu\), got meta",
+        lambda _n=_n: F.batch_norm(
+            torch.randn(_n, 1), torch.zeros(1, device="meta"), torch.ones(1), training=True
+        ),
+    )
+
+
 # --------------------------------------------------------------------------------------
 # The catalogue
 # --------------------------------------------------------------------------------------

@@ -60,24 +60,42 @@ def batch_norm(
         torch.Tensor: ``(N, C)``, ``input``'s dtype.
 
     Raises:
-        ValueError: ``input`` is not 2-D, a per-channel tensor is not ``(C,)``, only
-            one running buffer is given, eval mode without running statistics,
-            ``training`` with a single row, or ``eps`` is negative.
-        TypeError: the parameters' dtype is neither ``input``'s nor float32 for
+        ValueError: ``input`` is not 2-D, a per-channel tensor is not ``(C,)`` or not on
+            ``input``'s device, only one running buffer is given, eval mode without
+            running statistics, ``training`` with a single row, ``eps`` is negative (or
+            NaN), or ``momentum`` is not in ``[0, 1]`` (NaN included).
+        TypeError: ``input`` is not a floating tensor, a per-channel argument is not a
+            tensor or None, the parameters' dtype is neither ``input``'s nor float32 for
             float16 / bfloat16 features, or ``momentum`` / ``eps`` is not a number.
     """
+    if not isinstance(input, torch.Tensor):
+        raise TypeError(f"batch_norm: input must be a torch.Tensor, got {type(input).__name__}")
+    if not input.is_floating_point():
+        raise TypeError(f"batch_norm: input must be a floating tensor, got {input.dtype}")
     if input.dim() != 2:
         raise ValueError(f"batch_norm: input must be (N, C) features, got {tuple(input.shape)}")
     n, c = input.shape
     for name, t in (("running_mean", running_mean), ("running_var", running_var),
                     ("weight", weight), ("bias", bias)):  # fmt: skip
-        if t is not None and tuple(t.shape) != (c,):
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(
+                f"batch_norm: {name} must be a torch.Tensor or None, got {type(t).__name__}"
+            )
+        if tuple(t.shape) != (c,):
             raise ValueError(f"batch_norm: {name} must have shape ({c},), got {tuple(t.shape)}")
+        if t.device != input.device:
+            raise ValueError(
+                f"batch_norm: {name} must be on input's device ({input.device}), got {t.device}"
+            )
     for name, value in (("momentum", momentum), ("eps", eps)):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise TypeError(f"batch_norm: {name} must be a number, got {type(value).__name__}")
     if not eps >= 0:
         raise ValueError(f"batch_norm: eps must be non-negative, got {eps}")
+    if not 0 <= momentum <= 1:
+        raise ValueError(f"batch_norm: momentum must be a number in [0, 1], got {momentum}")
     if (running_mean is None) != (running_var is None):
         raise ValueError("batch_norm: give both running_mean and running_var, or neither")
     if not training and running_mean is None:
