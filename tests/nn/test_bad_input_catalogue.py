@@ -2240,6 +2240,37 @@ for _n in (8, 2**18):  # torch's path and the C passes
     )
 
 
+# fold_batch_norm of a non-module; of a batch norm the model itself refuses to run; a
+# BatchNorm of a negative width
+add(
+    "fold-batch-norm-none",
+    TypeError,
+    r"fold_batch_norm: model must be a torch\.nn\.Module, got NoneType",
+    lambda: tl.nn.fold_batch_norm(None),  # type: ignore[arg-type]
+)
+add(
+    "fold-batch-norm-sparse-tensor",
+    TypeError,
+    r"fold_batch_norm: model must be a torch\.nn\.Module, got SparseTensor",
+    lambda: tl.nn.fold_batch_norm(_x()),  # type: ignore[arg-type]
+)
+add(
+    "fold-batch-norm-negative-eps",
+    ValueError,
+    r"fold_batch_norm: batch norm '1' has eps=-2\.0; eps must be a non-negative number",
+    lambda: tl.nn.fold_batch_norm(
+        torch.nn.Sequential(tl.nn.SubmConv3d(C, C, 3), tl.nn.BatchNorm(C, eps=-2.0)).eval()
+    ),
+)
+for _nf in (-1, 0):
+    add(
+        f"batch-norm-num-features-{_nf}",
+        ValueError,
+        rf"num_features must be a positive int, got {_nf}",
+        lambda _nf=_nf: tl.nn.BatchNorm(_nf),
+    )
+
+
 # --------------------------------------------------------------------------------------
 # The catalogue
 # --------------------------------------------------------------------------------------

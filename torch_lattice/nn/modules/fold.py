@@ -46,8 +46,16 @@ def fold_batch_norm(model: torch.nn.Module) -> torch.nn.Module:
         torch.nn.Module: The folded copy, in eval mode.
 
     Raises:
-        ValueError: ``model`` is in training mode (batch statistics cannot be folded).
+        TypeError: ``model`` is not a ``torch.nn.Module``.
+        ValueError: ``model`` is in training mode (batch statistics cannot be folded), or
+            a batch norm to fold has a negative (or NaN) ``eps``, which
+            :func:`torch_lattice.nn.functional.batch_norm` refuses (its folded scale
+            would be NaN instead).
     """
+    if not isinstance(model, nn.Module):
+        raise TypeError(
+            f"fold_batch_norm: model must be a torch.nn.Module, got {type(model).__name__}"
+        )
     if model.training:
         raise ValueError(
             "fold_batch_norm: model is in training mode; call model.eval() first "
@@ -60,10 +68,21 @@ def fold_batch_norm(model: torch.nn.Module) -> torch.nn.Module:
         for conv_name, bn_name in itertools.pairwise(names):
             conv, bn = seq._modules[conv_name], seq._modules[bn_name]
             if _foldable(conv, bn) and not _uses(conv) & shared:  # type: ignore[arg-type]
+                _check_eps(bn, bn_name)  # type: ignore[arg-type]
                 _fold(conv, bn)  # type: ignore[arg-type]
                 # What is left of BatchNormReLU is its ReLU.
                 seq._modules[bn_name] = ReLU() if isinstance(bn, BatchNormReLU) else nn.Identity()
     return folded.eval()
+
+
+def _check_eps(bn: BatchNorm, name: str) -> None:
+    """batch_norm's rule for ``eps`` (the model refuses to run with another one)."""
+    eps = bn.eps
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
+        raise ValueError(
+            f"fold_batch_norm: batch norm {name!r} has eps={eps!r}; eps must be a "
+            "non-negative number (the model itself refuses to run with it)"
+        )
 
 
 def _uses(module: nn.Module) -> set[int]:

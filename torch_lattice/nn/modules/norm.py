@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
 from torch_lattice.nn.functional.norm import batch_norm
+from torch_lattice.nn.modules.conv import _positive
 from torch_lattice.tensor import SparseTensor
 
 __all__ = ["BatchNorm", "BatchNormReLU"]
@@ -23,6 +26,11 @@ class BatchNorm(nn.BatchNorm1d):
 
     # max(., 0) after the normalization, in the same pass (BatchNormReLU).
     _relu = False
+
+    def __init__(self, num_features: int, *args: Any, **kwargs: Any) -> None:
+        """``nn.BatchNorm1d``'s arguments; ``num_features`` must be a positive int
+        (``ValueError`` naming it, not torch's allocation error)."""
+        super().__init__(_positive("num_features", num_features), *args, **kwargs)
 
     def _normalize(self, feats: torch.Tensor) -> torch.Tensor:
         """``nn.BatchNorm1d.forward``'s bookkeeping (batch counter, momentum, which
