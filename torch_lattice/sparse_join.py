@@ -21,6 +21,7 @@ outer      in either operand
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -75,9 +76,17 @@ def _check_join(op: str, join: object) -> str:
 def _check_fill(op: str, name: str, fill: object) -> float:
     if isinstance(fill, bool) or not isinstance(fill, int | float):
         raise TypeError(f"{op}: {name} must be a float, got {type(fill).__name__}")
-    if math.isnan(fill):
+    try:
+        value = float(fill)
+    except OverflowError:
+        raise ValueError(
+            f"{op}: {name} must be within the float range (|{name}| <= {sys.float_info.max:.4g}, "
+            "or float('inf')), got an int of "
+            f"{fill.bit_length()} bits"  # type: ignore[union-attr]
+        ) from None
+    if math.isnan(value):
         raise ValueError(f"{op}: {name} must not be NaN")
-    return float(fill)
+    return value
 
 
 def _reuse(coords: torch.Tensor, *candidates: SparseTensor) -> Support | None:

@@ -21,6 +21,7 @@ Devoxelization rules (see docs/building-blocks.md):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -62,9 +63,21 @@ def _floats3(name: str, value: Any, positive: bool) -> list[float]:
     for v in value:
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise TypeError(f"{name} must contain numbers, got {value!r}")
-    out = [float(v) for v in value]
-    check_axis_values(name, out, positive, value)
+    out = [_to_float(v) for v in value]
+    # An int beyond the float range is shown as the infinity it stands for (its digits
+    # could be thousands long).
+    beyond = any(isinstance(v, int) and math.isinf(f) for v, f in zip(value, out, strict=True))
+    check_axis_values(name, out, positive, out if beyond else value)
     return out
+
+
+def _to_float(v: float) -> float:
+    """``float(v)``, with an int beyond the float range as the infinity of its sign (then
+    refused as not finite, naming the argument) instead of an ``OverflowError``."""
+    try:
+        return float(v)
+    except OverflowError:
+        return math.inf if v > 0 else -math.inf
 
 
 def _check_points(points: Any) -> torch.Tensor:

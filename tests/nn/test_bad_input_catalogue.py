@@ -2271,6 +2271,34 @@ for _nf in (-1, 0):
     )
 
 
+# Python ints beyond the float range (OverflowError naming nothing before)
+for _arg, _value in (("voxel_size", 10**400), ("origin", -(10**400))):
+    add(
+        f"voxelize-{_arg}-beyond-float",
+        ValueError,
+        rf"{_arg} must be finite.* in every axis, got \[-?inf, -?inf, -?inf\]",
+        lambda _arg=_arg, _value=_value: tl.voxelize(_points(), _feats(20), **{_arg: _value}),
+    )
+add(
+    "sparse-binary-fill-beyond-float",
+    ValueError,
+    r"sparse_binary: lhs_fill must be within the float range .*got an int of 1329 bits",
+    lambda: tl.sparse_binary(_x(), _x(), "add", lhs_fill=10**400),
+)
+add(
+    "reindex-sparse-fill-beyond-float",
+    ValueError,
+    r"reindex_sparse: fill must be within the float range",
+    lambda: tl.reindex_sparse(_x(), _x(), fill=10**400),
+)
+add(
+    "unet-width-inf",
+    ValueError,
+    r"width must be a positive finite number, got inf",
+    lambda: tl.backbones.SparseResUNet42(3, 4, width=float("inf")),
+)
+
+
 # --------------------------------------------------------------------------------------
 # The catalogue
 # --------------------------------------------------------------------------------------

@@ -19,6 +19,8 @@ counts the convolutions of the stem, the 8 stages and the 16 residual blocks
 
 from __future__ import annotations
 
+import math
+
 from torch import nn
 
 from torch_lattice.export_hints import export_as_relabel, export_as_same_rows
@@ -100,8 +102,10 @@ class SparseResUNet42(nn.Module):
         for name, value in (("in_channels", in_channels), ("num_classes", num_classes)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if isinstance(width, bool) or not isinstance(width, (int, float)) or not width > 0:
-            raise ValueError(f"width must be a positive number, got {width!r}")
+        # Compared, not converted: an int beyond the float range must not overflow here.
+        if (isinstance(width, bool) or not isinstance(width, (int, float))
+                or not 0 < width < math.inf):  # fmt: skip
+            raise ValueError(f"width must be a positive finite number, got {width!r}")
         stem = _scaled(width, STEM)
         enc = [_scaled(width, c) for c in ENCODER]
         dec = [_scaled(width, c) for c in DECODER]
