@@ -2299,6 +2299,22 @@ add(
 )
 
 
+# F.normalized with a conv that returns something else
+for _k in (27, 1):  # the weight-normalized and the pointwise paths
+    add(
+        f"normalized-conv-result-tensor-k{_k}",
+        TypeError,
+        r"conv's result must be a torch_lattice\.SparseTensor .*got Tensor",
+        lambda _k=_k: F.normalized(lambda x, w: x.feats, _x(), _w(_k), None, 1e-8),
+    )
+add(
+    "normalized-input-tensor",
+    TypeError,
+    r"input must be a torch_lattice\.SparseTensor, got Tensor",
+    lambda: F.normalized(lambda x, w: _x(), _feats(), _w(), None, 1e-8),  # type: ignore[arg-type]
+)
+
+
 # --------------------------------------------------------------------------------------
 # The catalogue
 # --------------------------------------------------------------------------------------

@@ -41,15 +41,22 @@ def normalized(
     normalized by ``sqrt(conv(1, weight**2) + eps)``, then adds ``bias``.
 
     Pointwise kernels (``K == 1``) skip the normalization.
+
+    Raises:
+        TypeError: ``conv`` is not callable or its result is not a SparseTensor;
+            ``input`` is not a SparseTensor; ``weight`` / ``bias`` not tensors.
+        ValueError: ``eps`` is not a finite number > 0; ``bias`` not ``(C_out,)``.
     """
     eps = check_eps(eps)
     if not callable(conv):
         raise TypeError(f"conv must be callable (input, weight) -> SparseTensor, got {conv!r}")
+    if not isinstance(input, SparseTensor):
+        raise TypeError(f"input must be a torch_lattice.SparseTensor, got {type(input).__name__}")
     if not isinstance(weight, torch.Tensor):
         raise TypeError(f"weight must be a torch.Tensor, got {type(weight).__name__}")
     check_bias(bias, weight)
     if weight.shape[0] == 1:
-        out = conv(input, weight)
+        out = _checked(conv(input, weight))
     else:
         out = weight_normalized(conv, input, weight, eps)
     if bias is None:
@@ -58,12 +65,22 @@ def normalized(
     return SparseTensor.from_support(out.feats + bias, out.support)
 
 
+def _checked(result: object) -> SparseTensor:
+    """``conv``'s result, which must be a SparseTensor (TypeError naming it)."""
+    if not isinstance(result, SparseTensor):
+        raise TypeError(
+            "conv's result must be a torch_lattice.SparseTensor (conv is called as "
+            f"conv(input, weight) -> SparseTensor), got {type(result).__name__}"
+        )
+    return result
+
+
 def weight_normalized(
     conv: ConvFn, input: SparseTensor, weight: torch.Tensor, eps: float
 ) -> SparseTensor:
     """``conv(input, weight) / sqrt(conv(1, weight**2) + eps)`` at any kernel size
     (no bias, no checks: ``eps`` already checked)."""
-    num = conv(input, weight)
+    num = _checked(conv(input, weight))
     device_type = weight.device.type
     # In float16 squared weights below 6e-8 vanish and eps = 1e-8 rounds to 0 (inf for
     # small weights, NaN for a row nothing reaches): the denominator is summed in float32,
@@ -75,7 +92,7 @@ def weight_normalized(
     w = weight.float() if wide else weight
     with torch.autocast(device_type, enabled=False) if autocast else contextlib.nullcontext():
         ones = torch.ones(input.feats.shape, dtype=w.dtype, device=w.device)
-        den = conv(SparseTensor.from_support(ones, input.support), w * w)
+        den = _checked(conv(SparseTensor.from_support(ones, input.support), w * w))
     out = num.feats / torch.sqrt(den.feats + eps)
     if not autocast:
         out = out.to(num.feats.dtype)
