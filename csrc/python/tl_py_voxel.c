@@ -18,6 +18,15 @@
 /* The size rule behind TL_ERR_OVERFLOW of the voxel reductions. */
 #define TL_VOXEL_SIZES "points, voxels and columns times channels must fit int64"
 
+/* The rules behind TL_ERR_INVALID of the reduction and the gather: the index entries
+ * (core/tl_voxel.c checks every one before reading), then the sizes and pointers. */
+#define TL_VOXEL_REDUCE_RULE                                                                \
+    "every inverse entry must be a voxel row in [0, num_voxels); sizes must be >= 0, the "  \
+    "reduction known and pointers valid"
+#define TL_VOXEL_GATHER_RULE                                                                \
+    "every idx entry must be -1 (no voxel) or a voxel row in [0, M), M = feats' rows; "    \
+    "sizes must be >= 0 (k >= 1) and pointers valid"
+
 static int tl_parse_grid(PyObject *size, PyObject *origin, tl_voxel_grid *g) {
     return PyArg_ParseTuple(size, "ddd", &g->size[0], &g->size[1], &g->size[2]) &&
            PyArg_ParseTuple(origin, "ddd", &g->origin[0], &g->origin[1], &g->origin[2]);
@@ -88,7 +97,8 @@ static PyObject *py_voxel_reduce(PyObject *self, PyObject *args) {
                                                 tl_ptr(pf), n, ch, tl_ptr(pinv), m, tl_ptr(pout),
                                                 tl_ptr(parg));
     Py_END_ALLOW_THREADS if (st != TL_OK) return tl_py_fail(&c, st, "voxel_reduce",
-                                                            "tl_voxel_reduce", NULL,
+                                                            "tl_voxel_reduce",
+                                                            TL_VOXEL_REDUCE_RULE,
                                                             TL_VOXEL_SIZES);
     Py_RETURN_NONE;
 }
@@ -137,7 +147,8 @@ static PyObject *tl_gather_call(int cuda, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS st = fn(&c.ctx, (tl_dtype)dtype, tl_ptr(pf), m, ch, tl_ptr(pi),
                                    tl_ptr(pw), n, k, tl_ptr(pout));
     Py_END_ALLOW_THREADS if (st != TL_OK) return tl_py_fail(&c, st, "voxel_gather",
-                                                            "tl_cuda_devoxel_gather", NULL,
+                                                            "tl_cuda_devoxel_gather",
+                                                            TL_VOXEL_GATHER_RULE,
                                                             TL_VOXEL_SIZES);
     Py_RETURN_NONE;
 }
@@ -202,7 +213,8 @@ static PyObject *py_cuda_voxel_reduce(PyObject *self, PyObject *args) {
                               tl_ptr(pinv), m, ws, tl_ptr(pout), tl_ptr(parg));
     Py_END_ALLOW_THREADS
     if (st != TL_OK)
-        return tl_py_fail(&c, st, "voxel_reduce", "tl_cuda_voxel_reduce", NULL, NULL);
+        return tl_py_fail(&c, st, "voxel_reduce", "tl_cuda_voxel_reduce", TL_VOXEL_REDUCE_RULE,
+                          TL_VOXEL_SIZES);
     Py_RETURN_NONE;
 }
 

@@ -2315,6 +2315,27 @@ add(
 )
 
 
+# the voxel kernels' index rules, named (a bare "invalid argument" before)
+add(
+    "voxel-reduce-inverse-out-of-range",
+    ValueError,
+    r"voxel_reduce: invalid argument.*every inverse entry must be a voxel row in "
+    r"\[0, num_voxels\)",
+    lambda: torch.ops.lattice.voxel_reduce(
+        torch.ones(3, 2), torch.tensor([0, 1, 5]), 2, "mean"
+    ),
+)
+add(
+    "devoxel-gather-idx-out-of-range",
+    ValueError,
+    r"voxel_gather: invalid argument.*every idx entry must be -1 \(no voxel\) or a voxel "
+    r"row in \[0, M\)",
+    lambda: torch.ops.lattice.devoxel_gather(
+        torch.ones(2, 3), torch.tensor([[0], [7]]), torch.ones(2, 1, dtype=torch.float64)
+    ),
+)
+
+
 # --------------------------------------------------------------------------------------
 # The catalogue
 # --------------------------------------------------------------------------------------
