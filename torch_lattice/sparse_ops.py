@@ -2,8 +2,9 @@
 
 Two tensors have equal supports when they share one :class:`~torch_lattice.Support`
 object (the usual case: both derive from the same layer input), or when their
-strides match and their coordinate rows are equal and in the same order.  The
-result keeps the first tensor's support, so cached kernel maps stay shared.
+strides match and their coordinate rows are equal and in the same order; their
+``spatial_range`` must then agree too.  The result keeps the first tensor's support,
+so cached kernel maps stay shared.
 ``add`` (``a + b``) and ``same_support`` live beside :class:`SparseTensor` in
 ``tensor.py``; they are exported here with ``cat``.
 """
@@ -37,7 +38,7 @@ def cat(tensors: Sequence[SparseTensor]) -> SparseTensor:
 
     Raises:
         TypeError: an element is not a SparseTensor.
-        ValueError: empty sequence or different supports.
+        ValueError: empty sequence, different supports or spatial ranges.
     """
     if isinstance(tensors, SparseTensor) or not isinstance(tensors, Sequence):
         raise TypeError("cat: tensors must be a list or tuple of SparseTensors")

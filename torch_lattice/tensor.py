@@ -849,11 +849,13 @@ def same_support(a: SparseTensor, b: SparseTensor) -> bool:
 
 def check_same_support(op: str, a: SparseTensor, b: object, index: int) -> None:
     """Raises unless ``b`` (argument ``index`` of ``op``) is a SparseTensor on ``a``'s
-    support (:func:`same_support`).
+    support (:func:`same_support`) with ``a``'s ``spatial_range``: the result keeps
+    ``a``'s support, so another range (which holds the batch count) would be dropped
+    silently; ``sparse_cat`` and ``sparse_binary`` refuse it too.
 
     Raises:
         TypeError: ``b`` is not a SparseTensor.
-        ValueError: the supports differ.
+        ValueError: the supports or their spatial ranges differ.
     """
     if not isinstance(b, SparseTensor):
         raise TypeError(f"{op}: argument {index} must be a SparseTensor, got {type(b).__name__}")
@@ -862,6 +864,12 @@ def check_same_support(op: str, a: SparseTensor, b: object, index: int) -> None:
             f"{op}: argument {index} has a different support ({len(b)} rows, stride {b.stride}) "
             f"than argument 0 ({len(a)} rows, stride {a.stride}); supports must be the same "
             "object or have equal coordinates in the same order"
+        )
+    if a.spatial_range != b.spatial_range:
+        raise ValueError(
+            f"{op}: argument {index} has spatial_range {b.spatial_range} but argument 0 "
+            f"{a.spatial_range}; tensors on equal rows must have the same spatial_range (it "
+            "holds the batch count; the result would keep argument 0's)"
         )
 
 
@@ -885,8 +893,8 @@ def add(a: SparseTensor, b: SparseTensor) -> SparseTensor:
 
     Raises:
         TypeError: an argument is not a SparseTensor.
-        ValueError: different supports or channel counts; (a ``MemoryBudgetError``) the
-            output beyond the memory budget.
+        ValueError: different supports, spatial ranges or channel counts; (a
+            ``MemoryBudgetError``) the output beyond the memory budget.
     """
     if not isinstance(a, SparseTensor):
         raise TypeError(f"add: argument 0 must be a SparseTensor, got {type(a).__name__}")

@@ -2336,6 +2336,19 @@ add(
 )
 
 
+# tl.cat and a + b on equal rows with another spatial_range kept the first one silently
+for _op, _fn in (("cat", lambda a, b: tl.cat([a, b])), ("add", lambda a, b: a + b)):
+    add(
+        f"{_op}-different-spatial-range",
+        ValueError,
+        rf"{_op}: argument 1 has spatial_range \(2, 8, 8, 8\) but argument 0 \(2, 6, 6, 6\); "
+        r"tensors on equal rows must have the same spatial_range",
+        lambda _fn=_fn: (lambda a: _fn(a, ST(a.feats, a.coords, spatial_range=(2, 8, 8, 8))))(
+            _x(spatial_range=(2, 6, 6, 6))
+        ),
+    )
+
+
 # --------------------------------------------------------------------------------------
 # The catalogue
 # --------------------------------------------------------------------------------------
