@@ -30,6 +30,7 @@ __all__ = [
     "Support",
     "add",
     "check_same_dtype",
+    "check_strided",
     "same_support",
     "validate_coords",
 ]
@@ -58,6 +59,7 @@ def validate_coords(coords: Any, name: str = "coords", *, feats: Any = None) -> 
     """
     if not isinstance(coords, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(coords).__name__}")
+    check_strided(coords, name)
     if coords.dtype not in (torch.int32, torch.int64, torch.int16, torch.int8, torch.uint8):
         raise TypeError(
             f"{name} must be an integer tensor (int32 or int64), got {coords.dtype}"
@@ -821,9 +823,19 @@ def _register_subclass(cls: type[SparseTensor]) -> None:
     ForkingPickler.register(cls, _reduce_for_process)
 
 
+def check_strided(t: torch.Tensor, name: str) -> None:
+    """Raises ``TypeError`` for a sparse (COO, CSR, ...) or nested tensor: the kernels
+    read rows of plain strided memory, and torch's own errors about such a tensor come
+    later, from deep inside a layer, naming no argument."""
+    if t.is_nested or t.layout != torch.strided:
+        got = "a nested tensor" if t.is_nested else f"layout {t.layout} (.to_dense() converts it)"
+        raise TypeError(f"{name} must be a dense (strided) tensor, got {got}")
+
+
 def _check_feats(feats: Any, rows: int) -> None:
     if not isinstance(feats, torch.Tensor):
         raise TypeError(f"feats must be a torch.Tensor, got {type(feats).__name__}")
+    check_strided(feats, "feats")
     if feats.dtype not in FEATURE_DTYPES:
         raise TypeError(
             f"feats must be a floating tensor of a supported dtype ({FEATURE_DTYPE_NAMES}), "

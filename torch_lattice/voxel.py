@@ -36,7 +36,7 @@ from torch_lattice.ops.voxel import (
     voxel_reduce,
     voxelize_coords,
 )
-from torch_lattice.tensor import CoordinateManager, SparseTensor, Support
+from torch_lattice.tensor import CoordinateManager, SparseTensor, Support, check_strided
 
 __all__ = ["collate", "devoxelize", "voxelize"]
 
@@ -83,6 +83,7 @@ def _to_float(v: float) -> float:
 def _check_points(points: Any) -> torch.Tensor:
     if not isinstance(points, torch.Tensor):
         raise TypeError(f"points must be a torch.Tensor, got {type(points).__name__}")
+    check_strided(points, "points")
     if not points.is_floating_point():
         raise TypeError(f"points must be a floating tensor, got {points.dtype}")
     if points.dim() != 2 or points.shape[1] != 3:

@@ -246,6 +246,44 @@ for _f8 in (torch.float8_e4m3fn, torch.float8_e5m2):
         rf"bfloat16\), got {_f8}",
         lambda _f8=_f8: ST(torch.ones(1, C).to(_f8), torch.zeros(1, 4, dtype=torch.int32)),
     )
+# Sparse (COO, CSR) and nested tensors were accepted and failed later, inside torch
+# ("unsupported memory format option", "Cannot access data pointer", "Internal error")
+add(
+    "tensor-feats-sparse-coo",
+    TypeError,
+    r"feats must be a dense \(strided\) tensor, got layout torch.sparse_coo",
+    lambda: ST(torch.ones(1, C).to_sparse(), torch.zeros(1, 4, dtype=torch.int32)),
+)
+add(
+    "tensor-feats-nested",
+    TypeError,
+    r"feats must be a dense \(strided\) tensor, got a nested tensor",
+    lambda: ST(torch.nested.nested_tensor([torch.ones(C)]), torch.zeros(1, 4, dtype=torch.int32)),
+)
+add(
+    "tensor-coords-sparse-coo",
+    TypeError,
+    r"coords must be a dense \(strided\) tensor, got layout torch.sparse_coo",
+    lambda: ST(torch.ones(1, C), torch.zeros(1, 4, dtype=torch.int32).to_sparse()),
+)
+add(
+    "tensor-replace-sparse-coo",
+    TypeError,
+    r"feats must be a dense \(strided\) tensor",
+    lambda: _x().replace(_feats().to_sparse()),
+)
+add(
+    "conv-weight-sparse-coo",
+    TypeError,
+    r"weight must be a dense \(strided\) tensor, got layout torch.sparse_coo",
+    lambda: F.subm_conv3d(_x(), torch.ones(27, C, 2).to_sparse(), None, 3),
+)
+add(
+    "voxelize-points-sparse-coo",
+    TypeError,
+    r"points must be a dense \(strided\) tensor, got layout torch.sparse_coo",
+    lambda: tl.voxelize(torch.rand(5, 3).to_sparse(), torch.ones(5, 2)),
+)
 add(
     "tensor-replace-float8",
     TypeError,

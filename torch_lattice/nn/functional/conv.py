@@ -15,7 +15,13 @@ from torch_lattice.memory_budget import check_allocation
 from torch_lattice.nn.functional.config import ConvConfig, resolve_config
 from torch_lattice.nn.functional.relation import apply_kernel_map, kernel_map
 from torch_lattice.nn.functional.supports import generated_support
-from torch_lattice.tensor import SparseTensor, Support, multiply_stride, validate_coords
+from torch_lattice.tensor import (
+    SparseTensor,
+    Support,
+    check_strided,
+    multiply_stride,
+    validate_coords,
+)
 
 __all__ = [
     "check_bias",
@@ -46,6 +52,7 @@ def check_call(
         raise TypeError(f"input must be a torch_lattice.SparseTensor, got {type(x).__name__}")
     if not isinstance(weight, torch.Tensor):
         raise TypeError(f"weight must be a torch.Tensor, got {type(weight).__name__}")
+    check_strided(weight, "weight")
     if not weight.is_floating_point():
         raise TypeError(f"weight must be a floating tensor, got {weight.dtype}")
     volume = geometry.volume
