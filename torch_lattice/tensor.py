@@ -514,7 +514,7 @@ class SparseTensor:
         """Wraps features over an existing (already validated) support.
 
         Raises:
-            TypeError: ``support`` is not a :class:`Support`; ``feats`` is not a
+            TypeError: ``support`` is not a ``Support`` (``x.support``); ``feats`` is not a
                 floating tensor of a supported dtype.
             ValueError: ``feats`` is not ``(N, C)`` with one row per support row, or is
                 on another device than the support.
