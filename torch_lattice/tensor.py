@@ -524,12 +524,11 @@ class SparseTensor:
                 f"support must be a torch_lattice Support (e.g. x.support), got "
                 f"{type(support).__name__}"
             )
-        coords = support.coords
-        _check_feats(feats, coords.shape[0])
-        if feats.device != coords.device:
+        _check_feats(feats, support.num_rows)
+        if feats.device != support.coords.device:
             raise ValueError(
-                "feats and support must be on the same device, "
-                f"got {feats.device} and {coords.device}"
+                "feats and coords must be on the same device, "
+                f"got {feats.device} and {support.coords.device}"
             )
         out = cls.__new__(cls)
         out._feats = feats
@@ -611,10 +610,7 @@ class SparseTensor:
 
     # --- derived tensors --------------------------------------------------
     def replace(self, feats: torch.Tensor) -> SparseTensor:
-        """Same support, new ``(N, C')`` features."""
-        _check_feats(feats, self._support.num_rows)
-        if feats.device != self.device:
-            raise ValueError(f"feats must be on {self.device}, got {feats.device}")
+        """Same support, new ``(N, C')`` features (checked by :meth:`from_support`)."""
         return SparseTensor.from_support(feats, self._support)
 
     def to(self, *args: Any, **kwargs: Any) -> SparseTensor:
@@ -756,15 +752,7 @@ def _rebuild_sparse_tensor(feats: Any, support: Any,
     """
     if not (isinstance(cls, type) and issubclass(cls, SparseTensor)):
         raise TypeError(f"cls must be a SparseTensor class, got {cls!r}")
-    if not isinstance(support, Support):
-        raise TypeError(f"support must be a Support, got {type(support).__name__}")
-    _check_feats(feats, support.num_rows)
-    if feats.device != support.coords.device:
-        raise ValueError(
-            "feats and coords must be on the same device, "
-            f"got {feats.device} and {support.coords.device}"
-        )
-    return cls.from_support(feats, support)
+    return cls.from_support(feats, support)  # which checks support and feats
 
 
 # torch.load's default (weights_only=True) loads a SparseTensor: these rebuild functions
