@@ -52,8 +52,8 @@ __all__ = [
     "check_conv_args",
     "check_n_out",
     "check_nbr",
-    "check_pair_conv",
     "check_pair_conv_operands",
+    "check_pair_conv_output",
     "check_pair_conv_weight_grad",
     "check_sparse_conv",
     "check_sparse_conv_weight_grad",
@@ -166,8 +166,9 @@ def check_pair_conv_operands(
     pair_out: torch.Tensor,
     rev: tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None],
 ) -> None:
-    """The tensors' part of :func:`check_pair_conv` (dtypes and shapes: what the op's fake
-    kernel checks too): the pairs and the reversed pairs ``rev``, all three or none
+    """The tensors' part of ``lattice::pair_conv``'s argument check (dtypes and shapes:
+    what the op's fake kernel checks too; :func:`check_pair_conv_output` checks the
+    rest): the pairs and the reversed pairs ``rev``, all three or none
     (backward reads all three, or derives them)."""
     op = "pair_conv"
     check_conv_args(op, feats, weight, offsets.shape[0] - 1)
@@ -203,21 +204,12 @@ def check_n_out(op: str, n_out: int | torch.SymInt) -> None:
                                    f"got {n_out!r}")  # fmt: skip
 
 
-def check_pair_conv(
-    feats: torch.Tensor,
-    weight: torch.Tensor,
-    offsets: torch.Tensor,
-    pair_in: torch.Tensor,
-    pair_out: torch.Tensor,
-    rev: tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None],
-    n_out: int,
-) -> None:
-    """The one argument check of ``lattice::pair_conv`` (CPU and CUDA): the tensors
-    (:func:`check_pair_conv_operands`) and ``n_out``, whose ``(n_out, C_out)`` output is
+def check_pair_conv_output(feats: torch.Tensor, weight: torch.Tensor, n_out: int) -> None:
+    """The rest of ``lattice::pair_conv``'s argument check (CPU and CUDA), after
+    :func:`check_pair_conv_operands`: ``n_out``, whose ``(n_out, C_out)`` output is
     checked against the memory budget (it is a caller's number, not the size of a tensor
     it holds)."""
     op = "pair_conv"
-    check_pair_conv_operands(feats, weight, offsets, pair_in, pair_out, rev)
     check_n_out(op, n_out)
     # The output, and (half types) the float32 buffer it is accumulated in.
     wide = feats.dtype not in (torch.float32, torch.float64)
@@ -649,8 +641,9 @@ def pair_conv(
     for float32 (ignored on CPU).
     """
     require_cpu("pair_conv", feats, weight, offsets, pair_in, pair_out)
-    check_pair_conv(feats, weight, offsets, pair_in, pair_out, (rev_offsets, rev_in, rev_out),
-                    n_out)  # fmt: skip
+    check_pair_conv_operands(feats, weight, offsets, pair_in, pair_out,
+                             (rev_offsets, rev_in, rev_out))  # fmt: skip
+    check_pair_conv_output(feats, weight, n_out)
     work = compute_dtype("pair_conv", feats.dtype)
     x, w = feats.to(work).contiguous(), weight.to(work).contiguous()
     k, cin, cout = w.shape

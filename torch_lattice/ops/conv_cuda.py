@@ -578,9 +578,10 @@ def pair_conv(
     gather,
     allow_tf32=False,
 ):
-    conv.check_pair_conv(
-        feats, weight, offsets, pair_in, pair_out, (rev_offsets, rev_in, rev_out), n_out
+    conv.check_pair_conv_operands(
+        feats, weight, offsets, pair_in, pair_out, (rev_offsets, rev_in, rev_out)
     )
+    conv.check_pair_conv_output(feats, weight, n_out)
     return conv_forward(
         conv.pair_dataflow(gather),
         feats,
