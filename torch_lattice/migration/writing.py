@@ -69,18 +69,18 @@ def check_output_paths(source: Path, outputs: list[Path], force: bool,
                 )
         try:
             # lstat: a symbolic link (dangling or not) is judged itself, not its target.
-            mode: int | None = os.lstat(path).st_mode
+            mode = os.lstat(path).st_mode
         except OSError:  # missing (or unreachable: the write then reports it)
-            mode = None
-        if mode is not None and stat.S_ISDIR(mode):
+            continue
+        if stat.S_ISDIR(mode):
             raise ConversionError(f"{label} {str(path)!r} is a directory")
-        if mode is not None and not stat.S_ISREG(mode):
+        if not stat.S_ISREG(mode):
             raise ConversionError(
                 f"{label} {str(path)!r} exists and is {describe_file_type(mode)}; --force "
                 "replaces only regular files (never a symbolic link, FIFO, device or "
                 "socket): choose another path"
             )
-        if mode is not None and not force:
+        if not force:
             raise ConversionError(
                 f"{label} {str(path)!r} already exists; pass --force to overwrite"
             )
