@@ -326,6 +326,9 @@ typedef struct TL_FN(tl_wgrad_scratch) {
     /* The table's tile lists, whose tile rows divide the block's: a block is
      * whole tiles from tile b0 / tile rows (tl_wgrad_split_of); or NULL. */
     const tl_tile_lists *tiles;
+    /* Where the pairs run by index from the tile lists (tl_wgrad_by_runs):
+     * slot n % 2 for kernel row n, a run per tile of a block; else NULL. */
+    tl_mk_run *runs[2];
 } TL_FN(tl_wgrad_scratch);
 
 /* Kernel row n's pairs among output rows below b1 from pair lists sorted by
@@ -375,6 +378,58 @@ static inline int64_t TL_FN(tl_wgrad_pairs_of)(const tl_conv_desc *d, const TL_T
     return c;
 }
 
+/* Whether the weight gradient of d reads the table's tile lists by index
+ * (rows_t_16_runs) instead of through row pointers listed first: one vector
+ * of output channels and 16-row passes over whole input channels, the
+ * layers where listing the pointers (tl_point_rows) showed beside the
+ * multiply-adds (C = 16 in fp32: 10% of a LiDAR scan's samples, the kernel
+ * 57%). */
+static inline int TL_FN(tl_wgrad_by_runs)(const TL_FN(tl_mk_ops) *mk, const tl_conv_desc *d) {
+    return mk->rows_t_16_runs && d->c_out * (int64_t)sizeof(TL_T) == 64 && d->c_in % 16 == 0 &&
+           !TL_FN(tl_mk_wgrad_packs)(mk, d->c_in, d->c_out);
+}
+
+/* Kernel row n's pairs of the block from b0: a run per tile (m of them) of
+ * the table's lists L; returns their count. */
+static int64_t TL_FN(tl_wgrad_runs_of)(const tl_conv_desc *d, const tl_tile_lists *L,
+                                       const TL_T *dy, int64_t n, int64_t b0, int64_t m,
+                                       tl_mk_run *run) {
+    int64_t c = 0;
+    for (int64_t j = 0; j < m; j++) {
+        const int64_t t0 = b0 + j * L->tile_rows, *at = L->start + t0 / L->tile_rows * d->k + n;
+        run[j] = (tl_mk_run){L->in + at[0], L->rows + at[0], dy + t0 * d->c_out, at[1] - at[0]};
+        c += at[1] - at[0];
+    }
+    return c;
+}
+
+/* tl_wgrad_rows over the table's tile lists by index (tl_wgrad_by_runs): the
+ * same pairs in the same order into the same 16-row passes, so the same
+ * sums; kernel row n + 1's runs listed before n's passes ask for its rows. */
+static void TL_FN(tl_wgrad_runs)(const tl_conv_desc *d, const TL_T *x, const TL_T *dy,
+                                 int64_t o0, int64_t o1, int64_t n0, int64_t n1, TL_T *acc,
+                                 TL_FN(tl_wgrad_scratch) *s) {
+    const int64_t mat = d->c_in * d->c_out, rows = s->tiles->tile_rows;
+    for (int64_t b0 = o0; b0 < o1; b0 += s->block) {
+        const int64_t b1 = b0 + s->block < o1 ? b0 + s->block : o1;
+        const int64_t m = (b1 - b0 + rows - 1) / rows;
+        int64_t c = n0 < n1 ? TL_FN(tl_wgrad_runs_of)(d, s->tiles, dy, n0, b0, m, s->runs[n0 % 2])
+                            : 0;
+        for (int64_t n = n0; n < n1; n++) {
+            tl_mk_run *next = n + 1 < n1 ? s->runs[(n + 1) % 2] : NULL;
+            const int64_t after =
+                next ? TL_FN(tl_wgrad_runs_of)(d, s->tiles, dy, n + 1, b0, m, next) : 0;
+            for (int64_t ci = 0; c > 0 && ci < d->c_in; ci += 16) { /* pass: x line ci / 16 */
+                TL_T *o[16];
+                for (int64_t r = 0; r < 16; r++) o[r] = acc + n * mat + (ci + r) * d->c_out;
+                s->mk->rows_t_16_runs(m, s->runs[n % 2], ci, x, d->c_in, o, after ? next : NULL,
+                                      ci / 16 * 64, ci == 0);
+            }
+            c = after;
+        }
+    }
+}
+
 /* acc (k, c_in, c_out) += the contributions of output rows [o0, o1) through
  * kernel rows [n0, n1): blocks of s->block rows, every kernel row per
  * block, so the block's nbr rows and the x and dy rows they name are reused
@@ -388,6 +443,10 @@ static int TL_FN(tl_wgrad_rows)(const tl_conv_desc *d, const TL_T *x, const TL_T
                                 const int32_t *nbr, const tl_pairs *p, int64_t o0, int64_t o1,
                                 int64_t n0, int64_t n1, TL_T *acc,
                                 TL_FN(tl_wgrad_scratch) *s) {
+    if (s->runs[0]) {
+        TL_FN(tl_wgrad_runs)(d, x, dy, o0, o1, n0, n1, acc, s);
+        return 0;
+    }
     const int64_t mat = d->c_in * d->c_out;
     const int packs = TL_FN(tl_mk_wgrad_packs)(s->mk, d->c_in, d->c_out);
     if (p)
@@ -461,12 +520,16 @@ static tl_status TL_FN(tl_weight_grad)(const tl_ctx *ctx, const tl_conv_desc *d,
         s.xp = malloc(sizeof(TL_T) * (size_t)(TL_FN(tl_mk_panel_pairs)(ldx) * ldx));
         s.cur = p ? malloc(sizeof(int64_t) * (size_t)d->k) : NULL;
         s.tiles = L;
+        /* A run per tile of a block (tiles divide blocks), two kernel rows. */
+        const int64_t runs = L && TL_FN(tl_wgrad_by_runs)(s.mk, d) ? split.block / L->tile_rows : 0;
+        s.runs[0] = runs ? malloc(sizeof(tl_mk_run) * (size_t)(2 * runs)) : NULL;
+        s.runs[1] = s.runs[0] ? s.runs[0] + runs : NULL;
         /* Pair lists and tile lists need no listing. */
         const int level = tl_simd_vector_capped(ctx->simd_cap);
         const int ok = tl_wgrad_lists_init(&s.lists, split.listed && !p && !L, level, d->k,
                                            split.block) &&
                        rows && s.xp &&
-                       (s.cur || !p);
+                       (s.cur || !p) && (s.runs[0] || !runs);
         failed |= !ok;
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < parts * split.groups; t++) {
@@ -481,6 +544,7 @@ static tl_status TL_FN(tl_weight_grad)(const tl_ctx *ctx, const tl_conv_desc *d,
         free(rows);
         free(s.xp);
         free(s.cur);
+        free(s.runs[0]);
         tl_wgrad_lists_free(&s.lists);
     }
     if (parts > 1 && !failed && !invalid)

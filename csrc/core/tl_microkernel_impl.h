@@ -16,6 +16,17 @@
 #define TL_MK_CAT(a, b) TL_MK_CAT2(a, b)
 #define TL_MK(name) TL_MK_CAT(tl_mk_##name, TL_SFX)
 
+#ifndef TL_MK_RUN_DEFINED
+#define TL_MK_RUN_DEFINED
+/* count weight-gradient pairs named by index (tl_mk_ops.rows_t_16_runs):
+ * pair q's x row is in[q] and its dy row dy + rows[q] rows of one vector. */
+typedef struct tl_mk_run {
+    const int32_t *in, *rows;
+    const void *dy;
+    int64_t count;
+} tl_mk_run;
+#endif
+
 /* The micro-kernels of one instruction set: R = 8, 4, 2 or 1 rows of
  *   out[r][0:cw) += sum_q a[r][q] * b[q * ldb + 0:cw)  (rows_R)
  *   out[r][0:cw) += sum_q xr[q][c0 + r] * b[q][0:cw)   (rows_t_R)
@@ -74,6 +85,13 @@ typedef struct TL_MK(ops) {
     void (*rows_t_16)(int64_t nq, int64_t c0, const TL_T *const *xr, const TL_T *const *b,
                       TL_T *const *out, const TL_T *const *pf, const TL_T *const *pd,
                       int64_t npf, int64_t pf_byte);
+    /* rows_t_16 over `runs` runs of pairs named by index, x rows ldx values
+     * apart, one after another; run j's pair q asks for byte pf_byte of the
+     * x row of next[j]'s pair q and, dy set, its dy row (next NULL: none);
+     * NULL but with AVX-512. */
+    void (*rows_t_16_runs)(int64_t runs, const tl_mk_run *run, int64_t c0, const TL_T *x,
+                           int64_t ldx, TL_T *const *out, const tl_mk_run *next,
+                           int64_t pf_byte, int dy);
     /* rows_t_R for 12 rows more than one vector and at most two wide, asking
      * for two lines a pair (byte pf_byte of pf[q], q < npf, and pf_byte2 of
      * pf2[q], q < npf2); NULL but with AVX-512. */

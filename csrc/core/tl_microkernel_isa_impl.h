@@ -328,6 +328,50 @@ static TL_ISA_ATTR void TL_MKI(rows_t_16)(int64_t nq, int64_t c0, const TL_T *co
 }
 #define TL_ISA_ROWS_T_16 TL_MKI(rows_t_16)
 
+/* rows_t_16 over runs of pairs named by index (tl_mk_run): the table's tile
+ * lists read in place, where rows_t_16 reads row pointers that a pass over
+ * the lists (tl_point_rows) wrote first.  The accumulators run on across the
+ * runs, so the sums are rows_t_16's over the runs one after another, bit for
+ * bit.  Run j's pair q asks for byte pf_byte of the x row of next[j]'s pair
+ * q and, with dy set, its dy row (next NULL: none). */
+static TL_ISA_ATTR void TL_MKI(rows_t_16_runs)(int64_t runs, const tl_mk_run *run, int64_t c0,
+                                               const TL_T *x, int64_t ldx, TL_T *const *out,
+                                               const tl_mk_run *next, int64_t pf_byte,
+                                               int dy) {
+    TL_MKI(vec) acc[16];
+    for (int r = 0; r < 16; r++) acc[r] = (TL_MKI(vec)){0};
+    const TL_T *xc = x + c0;
+    for (int64_t j = 0; j < runs; j++) {
+        const int32_t *in = run[j].in, *rows = run[j].rows;
+        const TL_T *d = run[j].dy;
+        const int64_t nq = run[j].count;
+        const int64_t npf = !next ? 0 : next[j].count < nq ? next[j].count : nq;
+        for (int64_t q = 0; q < nq; q++) {
+            if (q < npf) {
+                __builtin_prefetch((const char *)(x + next[j].in[q] * ldx) + pf_byte);
+                if (dy) __builtin_prefetch((const TL_T *)next[j].dy + next[j].rows[q] * TL_VL);
+            }
+            if (q + TL_MK_PAIRS_AHEAD < nq) { /* as TL_MK_ASK_PAIR_AHEAD */
+                __builtin_prefetch(xc + in[q + TL_MK_PAIRS_AHEAD] * ldx);
+                __builtin_prefetch(d + rows[q + TL_MK_PAIRS_AHEAD] * TL_VL);
+            }
+            TL_MKI(vec) bv;
+            memcpy(&bv, d + rows[q] * TL_VL, sizeof(bv));
+            const TL_T *aq = xc + in[q] * ldx;
+            __asm__("" : "+r"(aq)); /* constant offsets for the broadcasts (TL_BLOCK_FN) */
+#pragma GCC unroll 16
+            for (int r = 0; r < 16; r++) acc[r] += aq[r] * bv;
+        }
+    }
+    for (int r = 0; r < 16; r++) {
+        TL_MKI(vec) o;
+        memcpy(&o, out[r], sizeof(o));
+        o += acc[r];
+        memcpy(out[r], &o, sizeof(o));
+    }
+}
+#define TL_ISA_ROWS_T_16_RUNS TL_MKI(rows_t_16_runs)
+
 /* out[r][0:cw) += sum_q xr[q][c0 + r] * b[q][0:cw) for 12 rows of two
  * vectors, the second partial where cw is not 2 x TL_VL (TL_VL < cw <=
  * 2 x TL_VL: C_out = 17-32 in fp32): 24 accumulators, so each pair's two
@@ -378,6 +422,7 @@ static TL_ISA_ATTR void TL_MKI(rows_t_12)(int64_t cw, int64_t nq, int64_t c0,
 #define TL_ISA_ROWS_T_12 TL_MKI(rows_t_12)
 #else
 #define TL_ISA_ROWS_T_16 NULL
+#define TL_ISA_ROWS_T_16_RUNS NULL
 #define TL_ISA_ROWS_T_12 NULL
 #endif
 
@@ -518,11 +563,13 @@ static const TL_MK(ops) TL_MKI(ops) = {
     .rows_t_4 = TL_MKI(rows_t_4),
     .rows_t_1 = TL_MKI(rows_t_1),
     .rows_t_16 = TL_ISA_ROWS_T_16,
+    .rows_t_16_runs = TL_ISA_ROWS_T_16_RUNS,
     .rows_t_12 = TL_ISA_ROWS_T_12,
     .rows_t_6 = TL_ISA_ROWS_T_6,
     .panel = TL_MKI(panel),
 };
 #undef TL_ISA_ROWS_T_16
+#undef TL_ISA_ROWS_T_16_RUNS
 #undef TL_ISA_ROWS_T_12
 #undef TL_ISA_ROWS_T_6
 

@@ -340,3 +340,37 @@ def test_weight_gradient_over_its_forwards_lists(isa, c, monkeypatch):
         for n in range(27)
     ])  # fmt: skip
     torch.testing.assert_close(after.double(), want, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize(
+    "dtype,c_in,c_out",
+    [(torch.float32, 32, 16), (torch.float64, 16, 8)],
+)  # fmt: skip
+def test_one_vector_weight_gradients_over_lists_by_index(dtype, c_in, c_out):
+    """A weight gradient one AVX-512 vector wide (16 floats, 8 doubles) over whole input
+    channels in 16-row passes reads its forward's lists by index (rows_t_16_runs), one
+    pass per 16 input channels (two at C_in = 32): bitwise its result over the table.
+    (C = 16 in float32 is the test above.)"""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        nbr, n_in = _table(40000, 27, 30000, 16), 30000
+        x, w = _operands(nbr, n_in, c_in, c_out, dtype)
+        dy = torch.randn(40000, c_out, generator=torch.Generator().manual_seed(16)).to(dtype)
+        before = T.sparse_conv_weight_grad(x, dy, nbr)  # no lists yet
+        T.sparse_conv(x, w, nbr, nbr)
+        T.sparse_conv(x, w, nbr, nbr)
+        code = T.DTYPE_CODES[dtype]
+        block = T._C.conv_weight_grad_list_rows(code, n_in, 40000, 27, c_in, c_out, 2)
+        lists = T.kept_tile_lists(nbr, block)
+        assert lists is not None and block % lists.tile_rows == 0
+        after = T.sparse_conv_weight_grad(x, dy, nbr)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(after, before)
+    want = torch.stack([
+        x.double()[nbr[:, n].clamp(min=0).long()].mul((nbr[:, n] >= 0)[:, None]).T @ dy.double()
+        for n in range(27)
+    ])  # fmt: skip
+    tol = 1e-3 if dtype == torch.float32 else 1e-10
+    torch.testing.assert_close(after.double(), want, rtol=tol, atol=tol)
