@@ -68,6 +68,13 @@ typedef struct TL_MK(ops) {
                        int64_t ldb, TL_T *const *out);
     void (*rows_2_set)(int64_t cw, int64_t nq, const TL_T *const *a, const TL_T *b,
                        int64_t ldb, TL_T *const *out);
+    /* rows_8 and rows_8_set one vector wide and deep (cw = nq = 64 bytes of
+     * values) over c rows (a multiple of 8) named by index: x row
+     * x + idx[p] * ldx, output row y + rows[p] * ldy; NULL but with AVX-512. */
+    void (*rows_8_at)(int64_t c, const int32_t *idx, const int32_t *rows, const TL_T *x,
+                      int64_t ldx, const TL_T *b, int64_t ldb, TL_T *y, int64_t ldy);
+    void (*rows_8_at_set)(int64_t c, const int32_t *idx, const int32_t *rows, const TL_T *x,
+                          int64_t ldx, const TL_T *b, int64_t ldb, TL_T *y, int64_t ldy);
     /* rows_t_R also ask for byte pf_byte of each row pf[q], q < npf (see
      * outer_acc); rows_t_8 only for cw <= rows8_cols. */
     void (*rows_t_8)(int64_t cw, int64_t nq, int64_t c0, const TL_T *const *xr,

@@ -238,6 +238,60 @@ static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_MKI(rows_8_vv)(
     }
 }
 
+#if TL_ISA_VBYTES == 64
+/* rows_8_vv over rows named by index: x row x + idx[p] * ldx, output row
+ * y + rows[p] * ldy, the tile lists read in place where rows_8_vv reads row
+ * pointers that a pass over the lists (tl_point_rows) wrote first.  Same
+ * sums in the same order; each group asks for the x rows of the group 8 x
+ * tl_rows8_ahead rows on, as rows_8_vv at oc = 0. */
+static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_MKI(rows_8_at_body)(
+    int set, int64_t c, const int32_t *idx, const int32_t *rows, const TL_T *x, int64_t ldx,
+    const TL_T *b, int64_t ldb, TL_T *y, int64_t ldy) {
+    TL_MKI(vec) w[TL_VL];
+#pragma GCC unroll 16
+    for (int q = 0; q < TL_VL; q++) memcpy(&w[q], b + q * ldb, sizeof(w[q]));
+    const int64_t ahead = 8 * tl_rows8_ahead(TL_VL * TL_VL);
+    for (int64_t q = 8; q < ahead && q < c; q++) __builtin_prefetch(x + idx[q] * ldx);
+    for (int64_t p = 0; p < c; p += 8) {
+        if (p + ahead < c)
+            for (int r = 0; r < 8; r++) __builtin_prefetch(x + idx[p + ahead + r] * ldx);
+        TL_MKI(vec) acc[8];
+        for (int r = 0; r < 8; r++) acc[r] = (TL_MKI(vec)){0};
+        const TL_T *a[8];
+        for (int r = 0; r < 8; r++) a[r] = x + idx[p + r] * ldx;
+#pragma GCC unroll 16
+        for (int q = 0; q < TL_VL; q++)
+#pragma GCC unroll 8
+            for (int r = 0; r < 8; r++) acc[r] += a[r][q] * w[q];
+        for (int r = 0; r < 8; r++) {
+            TL_T *out = y + rows[p + r] * ldy;
+            TL_MKI(vec) o = (TL_MKI(vec)){0};
+            if (!set) memcpy(&o, out, sizeof(o));
+            o += acc[r];
+            memcpy(out, &o, sizeof(o));
+        }
+    }
+}
+
+static TL_ISA_ATTR void TL_MKI(rows_8_at)(int64_t c, const int32_t *idx, const int32_t *rows,
+                                          const TL_T *x, int64_t ldx, const TL_T *b,
+                                          int64_t ldb, TL_T *y, int64_t ldy) {
+    TL_MKI(rows_8_at_body)(0, c, idx, rows, x, ldx, b, ldb, y, ldy);
+}
+
+static TL_ISA_ATTR void TL_MKI(rows_8_at_set)(int64_t c, const int32_t *idx,
+                                              const int32_t *rows, const TL_T *x, int64_t ldx,
+                                              const TL_T *b, int64_t ldb, TL_T *y,
+                                              int64_t ldy) {
+    TL_MKI(rows_8_at_body)(1, c, idx, rows, x, ldx, b, ldb, y, ldy);
+}
+#define TL_ISA_ROWS_8_AT TL_MKI(rows_8_at)
+#define TL_ISA_ROWS_8_AT_SET TL_MKI(rows_8_at_set)
+#else
+#define TL_ISA_ROWS_8_AT NULL
+#define TL_ISA_ROWS_8_AT_SET NULL
+#endif
+
 /* out[p][oc + 0:cw) += sum_q a[p][q] * b[q * ldb + 0:cw) for the c rows
  * (a multiple of 8), 8 per pass: a narrow tile's full groups of one kernel
  * row in one call, so no group pays a call and its set-up.  Where oc = 0 (a
@@ -557,6 +611,8 @@ static const TL_MK(ops) TL_MKI(ops) = {
     .rows_2 = TL_MKI(rows_2),
     .rows_1 = TL_MKI(rows_1),
     .rows_8_set = TL_MKI(rows_8_set),
+    .rows_8_at = TL_ISA_ROWS_8_AT,
+    .rows_8_at_set = TL_ISA_ROWS_8_AT_SET,
     .rows_4_set = TL_MKI(rows_4_set),
     .rows_2_set = TL_MKI(rows_2_set),
     .rows_t_8 = TL_MKI(rows_t_8),
@@ -569,6 +625,8 @@ static const TL_MK(ops) TL_MKI(ops) = {
     .panel = TL_MKI(panel),
 };
 #undef TL_ISA_ROWS_T_16
+#undef TL_ISA_ROWS_8_AT
+#undef TL_ISA_ROWS_8_AT_SET
 #undef TL_ISA_ROWS_T_16_RUNS
 #undef TL_ISA_ROWS_T_12
 #undef TL_ISA_ROWS_T_6
