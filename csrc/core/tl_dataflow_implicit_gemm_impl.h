@@ -340,8 +340,9 @@ typedef struct TL_FN(tl_wgrad_scratch) {
     /* The table's tile lists, whose tile rows divide the block's: a block is
      * whole tiles from tile b0 / tile rows (tl_wgrad_split_of); or NULL. */
     const tl_tile_lists *tiles;
-    /* Where the pairs run by index from the tile lists (tl_wgrad_by_runs):
-     * slot n % 2 for kernel row n, a run per tile of a block; else NULL. */
+    /* Where the pairs run by index from lists (tl_wgrad_by_runs): slot
+     * n % 2 for kernel row n, a run per tile of a block of the table's tile
+     * lists, or one, the block's own list (tl_wgrad_list_block); else NULL. */
     tl_mk_run *runs[2];
 } TL_FN(tl_wgrad_scratch);
 
@@ -392,8 +393,9 @@ static inline int64_t TL_FN(tl_wgrad_pairs_of)(const tl_conv_desc *d, const TL_T
     return c;
 }
 
-/* Whether the weight gradient of d reads the table's tile lists by index
- * (rows_t_16_runs) instead of through row pointers listed first: one vector
+/* Whether the weight gradient of d reads its lists (the table's tile lists,
+ * or each block's) by index (rows_t_16_runs) instead of through row pointers
+ * listed from them first: one vector
  * of output channels and 16-row passes over whole input channels, the
  * layers where listing the pointers (tl_point_rows) showed beside the
  * multiply-adds (C = 16 in fp32: 10% of a LiDAR scan's samples, the kernel
@@ -403,13 +405,21 @@ static inline int TL_FN(tl_wgrad_by_runs)(const TL_FN(tl_mk_ops) *mk, const tl_c
            !TL_FN(tl_mk_wgrad_packs)(mk, d->c_in, d->c_out);
 }
 
-/* Kernel row n's pairs of the block from b0: a run per tile (m of them) of
- * the table's lists L; returns their count. */
+/* Kernel row n's pairs of the block [b0, b1) into run[], returning their
+ * count and setting *runs: a run per tile of the table's tile lists L, or
+ * (L NULL) one, the block's own list l (tl_wgrad_list_block). */
 static int64_t TL_FN(tl_wgrad_runs_of)(const tl_conv_desc *d, const tl_tile_lists *L,
-                                       const TL_T *dy, int64_t n, int64_t b0, int64_t m,
-                                       tl_mk_run *run) {
+                                       const tl_wgrad_lists *l, const TL_T *dy, int64_t n,
+                                       int64_t b0, int64_t b1, tl_mk_run *run, int64_t *runs) {
+    if (!L) {
+        const int64_t at = n * (b1 - b0); /* the block's lists: b1 - b0 slots each */
+        run[0] = (tl_mk_run){l->li + at, l->lr + at, dy + b0 * d->c_out, l->lc[n]};
+        *runs = 1;
+        return l->lc[n];
+    }
     int64_t c = 0;
-    for (int64_t j = 0; j < m; j++) {
+    *runs = (b1 - b0 + L->tile_rows - 1) / L->tile_rows;
+    for (int64_t j = 0; j < *runs; j++) {
         const int64_t t0 = b0 + j * L->tile_rows, *at = L->start + t0 / L->tile_rows * d->k + n;
         run[j] = (tl_mk_run){L->in + at[0], L->rows + at[0], dy + t0 * d->c_out, at[1] - at[0]};
         c += at[1] - at[0];
@@ -417,22 +427,28 @@ static int64_t TL_FN(tl_wgrad_runs_of)(const tl_conv_desc *d, const tl_tile_list
     return c;
 }
 
-/* tl_wgrad_rows over the table's tile lists by index (tl_wgrad_by_runs): the
- * same pairs in the same order into the same 16-row passes, so the same
- * sums; kernel row n + 1's runs listed before n's passes ask for its rows. */
-static void TL_FN(tl_wgrad_runs)(const tl_conv_desc *d, const TL_T *x, const TL_T *dy,
-                                 int64_t o0, int64_t o1, int64_t n0, int64_t n1, TL_T *acc,
-                                 TL_FN(tl_wgrad_scratch) *s) {
-    const int64_t mat = d->c_in * d->c_out, rows = s->tiles->tile_rows;
+/* tl_wgrad_rows by index (tl_wgrad_by_runs), over the table's tile lists or
+ * each block's own list: the same pairs in the same order into the same
+ * 16-row passes, so the same sums; kernel row n + 1's runs are found before
+ * n's passes, which ask for its rows.  Returns 1 where a block's list finds
+ * an entry outside [-1, n_in) (as tl_wgrad_rows), else 0. */
+static int TL_FN(tl_wgrad_runs)(const tl_conv_desc *d, const TL_T *x, const TL_T *dy,
+                                const int32_t *nbr, int64_t o0, int64_t o1, int64_t n0,
+                                int64_t n1, TL_T *acc, TL_FN(tl_wgrad_scratch) *s) {
+    const int64_t mat = d->c_in * d->c_out;
+    const tl_tile_lists *L = s->tiles;
     for (int64_t b0 = o0; b0 < o1; b0 += s->block) {
         const int64_t b1 = b0 + s->block < o1 ? b0 + s->block : o1;
-        const int64_t m = (b1 - b0 + rows - 1) / rows;
-        int64_t c = n0 < n1 ? TL_FN(tl_wgrad_runs_of)(d, s->tiles, dy, n0, b0, m, s->runs[n0 % 2])
+        if (!L && tl_wgrad_list_block(&s->lists, nbr, d->k, b0, b1, n0, n1, d->n_in)) return 1;
+        int64_t m = 0, mn = 0; /* runs of kernel rows n and n + 1 */
+        int64_t c = n0 < n1 ? TL_FN(tl_wgrad_runs_of)(d, L, &s->lists, dy, n0, b0, b1,
+                                                      s->runs[n0 % 2], &m)
                             : 0;
         for (int64_t n = n0; n < n1; n++) {
             tl_mk_run *next = n + 1 < n1 ? s->runs[(n + 1) % 2] : NULL;
-            const int64_t after =
-                next ? TL_FN(tl_wgrad_runs_of)(d, s->tiles, dy, n + 1, b0, m, next) : 0;
+            const int64_t after = next ? TL_FN(tl_wgrad_runs_of)(d, L, &s->lists, dy, n + 1, b0,
+                                                                 b1, next, &mn)
+                                       : 0;
             for (int64_t ci = 0; c > 0 && ci < d->c_in; ci += 16) { /* pass: x line ci / 16 */
                 TL_T *o[16];
                 for (int64_t r = 0; r < 16; r++) o[r] = acc + n * mat + (ci + r) * d->c_out;
@@ -440,8 +456,10 @@ static void TL_FN(tl_wgrad_runs)(const tl_conv_desc *d, const TL_T *x, const TL_
                                       ci / 16 * 64, ci == 0);
             }
             c = after;
+            m = mn;
         }
     }
+    return 0;
 }
 
 /* acc (k, c_in, c_out) += the contributions of output rows [o0, o1) through
@@ -457,10 +475,7 @@ static int TL_FN(tl_wgrad_rows)(const tl_conv_desc *d, const TL_T *x, const TL_T
                                 const int32_t *nbr, const tl_pairs *p, int64_t o0, int64_t o1,
                                 int64_t n0, int64_t n1, TL_T *acc,
                                 TL_FN(tl_wgrad_scratch) *s) {
-    if (s->runs[0]) {
-        TL_FN(tl_wgrad_runs)(d, x, dy, o0, o1, n0, n1, acc, s);
-        return 0;
-    }
+    if (s->runs[0]) return TL_FN(tl_wgrad_runs)(d, x, dy, nbr, o0, o1, n0, n1, acc, s);
     const int64_t mat = d->c_in * d->c_out;
     const int packs = TL_FN(tl_mk_wgrad_packs)(s->mk, d->c_in, d->c_out);
     if (p)
@@ -534,8 +549,12 @@ static tl_status TL_FN(tl_weight_grad)(const tl_ctx *ctx, const tl_conv_desc *d,
         s.xp = malloc(sizeof(TL_T) * (size_t)(TL_FN(tl_mk_panel_pairs)(ldx) * ldx));
         s.cur = p ? malloc(sizeof(int64_t) * (size_t)d->k) : NULL;
         s.tiles = L;
-        /* A run per tile of a block (tiles divide blocks), two kernel rows. */
-        const int64_t runs = L && TL_FN(tl_wgrad_by_runs)(s.mk, d) ? split.block / L->tile_rows : 0;
+        /* Two kernel rows' runs: one per tile of a block (tiles divide
+         * blocks), or the block's own list. */
+        const int64_t runs = p || !TL_FN(tl_wgrad_by_runs)(s.mk, d) ? 0
+                             : L                                   ? split.block / L->tile_rows
+                             : split.listed                        ? 1
+                                                                   : 0;
         s.runs[0] = runs ? malloc(sizeof(tl_mk_run) * (size_t)(2 * runs)) : NULL;
         s.runs[1] = s.runs[0] ? s.runs[0] + runs : NULL;
         /* Pair lists and tile lists need no listing. */

@@ -161,7 +161,7 @@ static inline int TL_MK(wgrad_packs)(const TL_MK(ops) *mk, int64_t cin, int64_t 
  * the rows of the kernel row's later pairs had been left to the hardware,
  * which does not follow a gather.  1.04-1.17x at C = 16 and 1.00-1.14x at
  * C = 24-32 on the submanifold, k2 s2 and k3 s2 p1 maps of both scenes on
- * the AMD EPYC (Zen 4) of round thirty, bitwise; 6, 12 and 24 pairs ahead
+ * the AMD EPYC (Zen 4) of round twenty-eight, bitwise; 6, 12 and 24 pairs ahead
  * measured the same within the VM's spread. */
 #define TL_MK_PAIRS_AHEAD 16
 
