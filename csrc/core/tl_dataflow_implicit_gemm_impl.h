@@ -406,15 +406,25 @@ static inline int TL_FN(tl_wgrad_by_runs)(const TL_FN(tl_mk_ops) *mk, const tl_c
 }
 
 /* Kernel row n's pairs of the block [b0, b1) into run[], returning their
- * count and setting *runs: a run per tile of the table's tile lists L, or
- * (L NULL) one, the block's own list l (tl_wgrad_list_block). */
-static int64_t TL_FN(tl_wgrad_runs_of)(const tl_conv_desc *d, const tl_tile_lists *L,
-                                       const tl_wgrad_lists *l, const TL_T *dy, int64_t n,
-                                       int64_t b0, int64_t b1, tl_mk_run *run, int64_t *runs) {
+ * count and setting *runs: one run from the pair lists p (fetch-on-demand,
+ * from the kernel row's cursor, which moves past them), a run per tile of
+ * the table's tile lists L, or one, the block's own list l
+ * (tl_wgrad_list_block). */
+static int64_t TL_FN(tl_wgrad_runs_of)(const tl_conv_desc *d, const tl_pairs *p,
+                                       const tl_tile_lists *L, TL_FN(tl_wgrad_scratch) *s,
+                                       const TL_T *dy, int64_t n, int64_t b0, int64_t b1,
+                                       tl_mk_run *run, int64_t *runs) {
+    const tl_wgrad_lists *l = &s->lists;
+    *runs = 1;
+    if (p) {
+        const int64_t j0 = s->cur[n], end = tl_pairs_next_at(p, n, j0, b1);
+        run[0] = (tl_mk_run){p->in + j0, p->out + j0, dy, end - j0};
+        s->cur[n] = end;
+        return end - j0;
+    }
     if (!L) {
         const int64_t at = n * (b1 - b0); /* the block's lists: b1 - b0 slots each */
         run[0] = (tl_mk_run){l->li + at, l->lr + at, dy + b0 * d->c_out, l->lc[n]};
-        *runs = 1;
         return l->lc[n];
     }
     int64_t c = 0;
@@ -427,28 +437,31 @@ static int64_t TL_FN(tl_wgrad_runs_of)(const tl_conv_desc *d, const tl_tile_list
     return c;
 }
 
-/* tl_wgrad_rows by index (tl_wgrad_by_runs), over the table's tile lists or
- * each block's own list: the same pairs in the same order into the same
+/* tl_wgrad_rows by index (tl_wgrad_by_runs), over pair lists p, the table's
+ * tile lists or each block's own list: the same pairs in the same order into the same
  * 16-row passes, so the same sums; kernel row n + 1's runs are found before
  * n's passes, which ask for its rows.  Returns 1 where a block's list finds
  * an entry outside [-1, n_in) (as tl_wgrad_rows), else 0. */
 static int TL_FN(tl_wgrad_runs)(const tl_conv_desc *d, const TL_T *x, const TL_T *dy,
-                                const int32_t *nbr, int64_t o0, int64_t o1, int64_t n0,
-                                int64_t n1, TL_T *acc, TL_FN(tl_wgrad_scratch) *s) {
+                                const int32_t *nbr, const tl_pairs *p, int64_t o0, int64_t o1,
+                                int64_t n0, int64_t n1, TL_T *acc,
+                                TL_FN(tl_wgrad_scratch) *s) {
     const int64_t mat = d->c_in * d->c_out;
     const tl_tile_lists *L = s->tiles;
+    if (p)
+        for (int64_t n = n0; n < n1; n++) s->cur[n] = tl_pairs_first_at(p, n, o0);
     for (int64_t b0 = o0; b0 < o1; b0 += s->block) {
         const int64_t b1 = b0 + s->block < o1 ? b0 + s->block : o1;
-        if (!L && tl_wgrad_list_block(&s->lists, nbr, d->k, b0, b1, n0, n1, d->n_in)) return 1;
+        if (!p && !L && tl_wgrad_list_block(&s->lists, nbr, d->k, b0, b1, n0, n1, d->n_in))
+            return 1;
         int64_t m = 0, mn = 0; /* runs of kernel rows n and n + 1 */
-        int64_t c = n0 < n1 ? TL_FN(tl_wgrad_runs_of)(d, L, &s->lists, dy, n0, b0, b1,
+        int64_t c = n0 < n1 ? TL_FN(tl_wgrad_runs_of)(d, p, L, s, dy, n0, b0, b1,
                                                       s->runs[n0 % 2], &m)
                             : 0;
         for (int64_t n = n0; n < n1; n++) {
             tl_mk_run *next = n + 1 < n1 ? s->runs[(n + 1) % 2] : NULL;
-            const int64_t after = next ? TL_FN(tl_wgrad_runs_of)(d, L, &s->lists, dy, n + 1, b0,
-                                                                 b1, next, &mn)
-                                       : 0;
+            const int64_t after =
+                next ? TL_FN(tl_wgrad_runs_of)(d, p, L, s, dy, n + 1, b0, b1, next, &mn) : 0;
             for (int64_t ci = 0; c > 0 && ci < d->c_in; ci += 16) { /* pass: x line ci / 16 */
                 TL_T *o[16];
                 for (int64_t r = 0; r < 16; r++) o[r] = acc + n * mat + (ci + r) * d->c_out;
@@ -475,7 +488,7 @@ static int TL_FN(tl_wgrad_rows)(const tl_conv_desc *d, const TL_T *x, const TL_T
                                 const int32_t *nbr, const tl_pairs *p, int64_t o0, int64_t o1,
                                 int64_t n0, int64_t n1, TL_T *acc,
                                 TL_FN(tl_wgrad_scratch) *s) {
-    if (s->runs[0]) return TL_FN(tl_wgrad_runs)(d, x, dy, nbr, o0, o1, n0, n1, acc, s);
+    if (s->runs[0]) return TL_FN(tl_wgrad_runs)(d, x, dy, nbr, p, o0, o1, n0, n1, acc, s);
     const int64_t mat = d->c_in * d->c_out;
     const int packs = TL_FN(tl_mk_wgrad_packs)(s->mk, d->c_in, d->c_out);
     if (p)
@@ -550,11 +563,11 @@ static tl_status TL_FN(tl_weight_grad)(const tl_ctx *ctx, const tl_conv_desc *d,
         s.cur = p ? malloc(sizeof(int64_t) * (size_t)d->k) : NULL;
         s.tiles = L;
         /* Two kernel rows' runs: one per tile of a block (tiles divide
-         * blocks), or the block's own list. */
-        const int64_t runs = p || !TL_FN(tl_wgrad_by_runs)(s.mk, d) ? 0
-                             : L                                   ? split.block / L->tile_rows
-                             : split.listed                        ? 1
-                                                                   : 0;
+         * blocks), or one, from the pair lists or the block's own list. */
+        const int64_t runs = !TL_FN(tl_wgrad_by_runs)(s.mk, d) ? 0
+                             : p || (!L && split.listed)       ? 1
+                             : L                               ? split.block / L->tile_rows
+                                                               : 0;
         s.runs[0] = runs ? malloc(sizeof(tl_mk_run) * (size_t)(2 * runs)) : NULL;
         s.runs[1] = s.runs[0] ? s.runs[0] + runs : NULL;
         /* Pair lists and tile lists need no listing. */
