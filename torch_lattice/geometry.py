@@ -19,16 +19,38 @@ Triple = tuple[int, int, int]
 _INT32_MAX = 2**31 - 1
 
 
-def _as_int(v: object) -> int | None:
+def is_sequence(value: object) -> bool:
+    """Whether ``value`` is a sequence of per-axis values: a ``Sequence`` other than text
+    (``str``) or bytes (``bytes``, ``bytearray``, ``memoryview``), whose items Python
+    also reads as a sequence (``b"\\x03\\x03\\x03"`` would pass as ``(3, 3, 3)``)."""
+    return isinstance(value, Sequence) and not isinstance(
+        value, (str, bytes, bytearray, memoryview)
+    )
+
+
+def check_has_values(name: str, value: torch.Tensor) -> None:
+    """Raises ``TypeError`` naming ``name`` for a meta tensor given as an argument's
+    values: it has a shape but no values to read (torch's own error, from ``.item()`` or
+    ``.tolist()``, names no argument)."""
+    if value.is_meta:
+        raise TypeError(
+            f"{name} must have values, got a meta tensor of shape {tuple(value.shape)} "
+            "(give numbers, or a CPU or CUDA tensor)"
+        )
+
+
+def _as_int(name: str, v: object) -> int | None:
     """``v`` as an int where it is one: a Python or NumPy integer (``numbers.Integral``)
     or a one-element integer tensor, as ``torch.nn.Conv3d`` accepts; None for anything
-    else, bools included (``True`` is no more a size than ``tensor(True)``)."""
+    else, bools included (``True`` is no more a size than ``tensor(True)``). A meta
+    tensor raises, naming ``name``."""
     if isinstance(v, bool):
         return None
     if isinstance(v, numbers.Integral):
         return int(v)
     if (isinstance(v, torch.Tensor) and v.numel() == 1 and not v.is_floating_point()
             and not v.is_complex() and v.dtype != torch.bool):
+        check_has_values(name, v)
         return int(v.item())
     return None
 
@@ -41,10 +63,10 @@ def triple(name: str, value: int | Sequence[int], minimum: int) -> Triple:
         TypeError: ``value`` is not an int or a sequence of three ints.
         ValueError: a component is below ``minimum``.
     """
-    single = _as_int(value)
+    single = _as_int(name, value)
     if single is not None:
         items: tuple[object, ...] = (single, single, single)
-    elif isinstance(value, Sequence) and not isinstance(value, str):
+    elif is_sequence(value):
         items = tuple(value)
         if len(items) != 3:
             raise ValueError(f"{name} must have 3 components (x, y, z), got {value!r}")
@@ -52,7 +74,7 @@ def triple(name: str, value: int | Sequence[int], minimum: int) -> Triple:
         raise TypeError(f"{name} must be an int or a 3-tuple of ints, got {value!r}")
     out = []
     for item in items:
-        v = _as_int(item)
+        v = _as_int(name, item)
         if v is None:
             raise TypeError(f"{name} must contain ints, got {value!r}")
         if v < minimum:

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import torch
 
 from torch_lattice import _C
-from torch_lattice.geometry import ConvGeometry, Triple, triple
+from torch_lattice.geometry import ConvGeometry, Triple, check_has_values, is_sequence, triple
 from torch_lattice.memory_budget import check_allocation, check_output
 from torch_lattice.ops._runtime import FEATURE_DTYPE_NAMES, FEATURE_DTYPES
 
@@ -148,12 +148,15 @@ def _spatial_range(value: Any) -> RangeT | None:
         if value.numel() not in (1, 4):
             raise ValueError(f"spatial_range must be None, an int or (B, X, Y, Z), got a "
                              f"tensor of shape {tuple(value.shape)}")
+        check_has_values("spatial_range", value)
         value = value.tolist() if value.numel() == 4 else value.item()
     if isinstance(value, int) and not isinstance(value, bool):
         value = (value,) * 4
-    if not isinstance(value, Sequence) or len(value) != 4:
-        shown = value if not isinstance(value, Sequence) or len(value) <= 8 else (
-            f"a sequence of {len(value)} values")
+    if not is_sequence(value):  # str and bytes too: b"\x02\x05\x05\x05" is not (2, 5, 5, 5)
+        raise TypeError(f"spatial_range must be None, an int or a sequence (B, X, Y, Z) of "
+                        f"ints, got {type(value).__name__}")
+    if len(value) != 4:
+        shown = value if len(value) <= 8 else f"a sequence of {len(value)} values"
         raise ValueError(f"spatial_range must be None, an int or (B, X, Y, Z), got {shown!r}")
     out = []
     for v in value:

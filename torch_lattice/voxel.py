@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from torch_lattice.geometry import check_has_values, is_sequence
 from torch_lattice.memory_budget import check_allocation
 from torch_lattice.ops._runtime import REDUCTION_CODES, compute_dtype, refuse_function_transforms
 from torch_lattice.ops.voxel import (
@@ -51,14 +52,18 @@ def _floats3(name: str, value: Any, positive: bool) -> list[float]:
         if value.numel() not in (1, 3):
             raise ValueError(f"{name} must be a number or 3 numbers (x, y, z), got a tensor "
                              f"of shape {tuple(value.shape)}")
+        check_has_values(name, value)
         value = value.tolist()
     if isinstance(value, bool):
         raise TypeError(f"{name} must be a number or 3 numbers, got {value!r}")
     if isinstance(value, (int, float)):
         value = [value] * 3
-    if not isinstance(value, Sequence) or len(value) != 3:
-        long = isinstance(value, Sequence) and len(value) > 8
-        shown = f"a sequence of {len(value)}" if long else repr(value)
+    if not is_sequence(value):  # str and bytes too: b"\x01\x01\x01" is not (1, 1, 1)
+        raise TypeError(
+            f"{name} must be a number or 3 numbers (x, y, z), got {type(value).__name__}"
+        )
+    if len(value) != 3:
+        shown = f"a sequence of {len(value)}" if len(value) > 8 else repr(value)
         raise ValueError(f"{name} must be a number or 3 numbers (x, y, z), got {shown}")
     for v in value:
         if isinstance(v, bool) or not isinstance(v, (int, float)):
@@ -252,6 +257,12 @@ def collate(
             raise TypeError(f"collate: points[{i}] must be a tensor, got {type(p).__name__}")
         if not isinstance(f, torch.Tensor):
             raise TypeError(f"collate: features[{i}] must be a tensor, got {type(f).__name__}")
+        # Every cloud must be on points[0]'s device (below); a meta points[0] would reach
+        # torch.repeat_interleave, whose error names no argument.
+        if i == 0 and p.device.type not in ("cpu", "cuda"):
+            raise ValueError(
+                f"collate: points[0] must be on the CPU or a CUDA device, got {p.device}"
+            )
         if p.dim() != 2 or p.shape[1] != 3:
             raise ValueError(f"collate: points[{i}] must have shape (P, 3), got {tuple(p.shape)}")
         if f.dim() != 2:

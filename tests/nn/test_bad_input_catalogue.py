@@ -344,8 +344,8 @@ add(
 )
 add(
     "tensor-range-string",
-    ValueError,
-    r"spatial_range must hold positive ints",
+    TypeError,
+    r"spatial_range must be None, an int or a sequence \(B, X, Y, Z\) of ints, got str",
     lambda: _x(spatial_range="abcd"),
 )
 add(
@@ -1039,7 +1039,7 @@ add(
 add(
     "voxelize-voxel-size-string",
     TypeError,
-    r"voxel_size must contain numbers",
+    r"voxel_size must be a number or 3 numbers \(x, y, z\), got str",
     lambda: tl.voxelize(_points(), torch.randn(20, C), voxel_size="0.1"),
 )
 add(
@@ -2385,6 +2385,71 @@ for _op, _fn in (("cat", lambda a, b: tl.cat([a, b])), ("add", lambda a, b: a + 
             _x(spatial_range=(2, 6, 6, 6))
         ),
     )
+
+
+# Meta tensors (a shape, no values) as sizes: torch's "Tensor.item() cannot be called on
+# meta tensors" or "Cannot copy out of meta tensor" named no argument
+_META = "must have values, got a meta tensor"
+
+
+def _meta(*shape: int, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype, device="meta")
+
+
+add("tensor-range-meta", TypeError, rf"spatial_range {_META} of shape \(4,\)",
+    lambda: _x(spatial_range=_meta(4)))
+add("tensor-range-meta-scalar", TypeError, rf"spatial_range {_META} of shape \(\)",
+    lambda: _x(spatial_range=_meta()))
+add("tensor-stride-meta", TypeError, rf"stride {_META}", lambda: _x(stride=_meta()))
+add("conv-kernel-meta", TypeError, rf"kernel_size {_META}", lambda: nn.Conv3d(C, C, _meta()))
+add("conv-kernel-meta-items", TypeError, rf"kernel_size {_META}",
+    lambda: nn.SubmConv3d(C, C, (_meta(), 3, 3)))
+for _arg in ("stride", "padding", "dilation"):
+    add(f"conv-{_arg}-meta", TypeError, rf"{_arg} {_META}",
+        lambda _arg=_arg: nn.Conv3d(C, C, 3, **{_arg: _meta()}))
+add("functional-conv-kernel-meta", TypeError, rf"kernel_size {_META}",
+    lambda: F.conv3d(_x(), _w(), kernel_size=_meta()))
+add("maxpool-kernel-meta", TypeError, rf"kernel_size {_META}", lambda: nn.MaxPool3d(_meta()))
+for _arg in ("voxel_size", "origin"):
+    for _shape in ((), (3,)):
+        add(f"voxelize-{_arg}-meta-{len(_shape)}d", TypeError,
+            rf"{_arg} {_META} of shape \({_shape[0]},\)" if _shape else rf"{_arg} {_META}",
+            lambda _arg=_arg, _shape=_shape: tl.voxelize(
+                _points(), torch.randn(20, C), **{_arg: _meta(*_shape, dtype=torch.float32)}))
+add("devoxelize-voxel-size-meta", TypeError, rf"voxel_size {_META}",
+    lambda: tl.devoxelize(_points(), tl.voxelize(_points(), torch.randn(20, C)),
+                          voxel_size=_meta(3, dtype=torch.float32)))
+add("collate-voxel-size-meta", TypeError, rf"voxel_size {_META}",
+    lambda: tl.collate([_points()], [torch.randn(20, C)],
+                       voxel_size=_meta(3, dtype=torch.float32)))
+# (a meta cloud 0 reached torch.repeat_interleave: "cannot repeat_interleave a meta tensor")
+add("collate-points-meta", ValueError,
+    r"collate: points\[0\] must be on the CPU or a CUDA device, got meta",
+    lambda: tl.collate([_points().to("meta")], [torch.randn(20, C).to("meta")]))
+
+# bytes are a sequence of ints to Python: b"\x02\x08\x08\x08" was read as (2, 8, 8, 8)
+_BYTES: tuple[type, ...] = (bytes, bytearray)
+for _kind in _BYTES:
+    _name = _kind.__name__
+    add(f"tensor-range-{_name}", TypeError,
+        rf"spatial_range must be None, an int or a sequence \(B, X, Y, Z\) of ints, got {_name}",
+        lambda _kind=_kind: _x(spatial_range=_kind(b"\x02\x08\x08\x08")))
+    add(f"tensor-stride-{_name}", TypeError, r"stride must be an int or a 3-tuple of ints",
+        lambda _kind=_kind: _x(stride=_kind(b"\x01\x01\x01")))
+    add(f"conv-kernel-{_name}", TypeError, r"kernel_size must be an int or a 3-tuple of ints",
+        lambda _kind=_kind: nn.Conv3d(C, C, _kind(b"\x03\x03\x03")))
+    add(f"functional-conv-dilation-{_name}", TypeError,
+        r"dilation must be an int or a 3-tuple of ints",
+        lambda _kind=_kind: F.conv3d(_x(), _w(), dilation=_kind(b"\x01\x01\x01")))
+    add(f"voxelize-voxel-size-{_name}", TypeError,
+        rf"voxel_size must be a number or 3 numbers \(x, y, z\), got {_name}",
+        lambda _kind=_kind: tl.voxelize(_points(), torch.randn(20, C),
+                                        voxel_size=_kind(b"\x01\x01\x01")))
+    add(f"legacy-kernel-{_name}", TypeError, r"kernel_size must be an int or 3 ints",
+        lambda _kind=_kind: migration.legacy_strided_support(
+            _coords(), kernel_size=_kind(b"\x02\x02\x02"), stride=2, version="2.1"))
+add("conv-kernel-string", TypeError, r"kernel_size must be an int or a 3-tuple of ints",
+    lambda: nn.Conv3d(C, C, "333"))
 
 
 # --------------------------------------------------------------------------------------

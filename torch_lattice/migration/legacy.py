@@ -38,6 +38,8 @@ from collections.abc import Sequence
 
 import torch
 
+from torch_lattice.geometry import is_sequence
+
 __all__ = ["SUPPORTED_VERSIONS", "legacy_coords", "legacy_strided_support"]
 
 SUPPORTED_VERSIONS = ("1.4", "2.0", "2.1")
@@ -69,7 +71,7 @@ def _triple(name: str, value: object, *, minimum: int) -> tuple[int, int, int]:
     """An int or a 3-sequence of ints, each ``>= minimum``."""
     if isinstance(value, int) and not isinstance(value, bool):
         items: list[object] = [value] * 3
-    elif isinstance(value, Sequence) and not isinstance(value, str):
+    elif is_sequence(value):  # not str or bytes (b"\x03\x03\x03" is not (3, 3, 3))
         items = list(value)
         if len(items) != 3:
             raise ValueError(f"{name} must be an int or 3 ints (x, y, z), got {value!r}")
@@ -162,7 +164,7 @@ def _offsets(kernel_size: tuple[int, int, int], per_axis) -> torch.Tensor:
 
 
 def _spatial_range(value: object) -> tuple[int, int, int, int]:
-    if not isinstance(value, Sequence) or isinstance(value, str) or len(value) != 4:
+    if not is_sequence(value) or len(value) != 4:
         raise ValueError(
             f"spatial_range must be None or the input's (B, X, Y, Z) as in TorchSparse 2.1's "
             f"SparseTensor, got {value!r}"
