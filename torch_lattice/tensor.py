@@ -644,8 +644,29 @@ class SparseTensor:
         return self.to("cpu")
 
     def cuda(self, device: int | str | torch.device | None = None) -> SparseTensor:
-        """``to("cuda")``, or to the given CUDA device."""
-        return self.to("cuda" if device is None else device)
+        """``to("cuda")``, or to the given CUDA device (an index, a name or a
+        ``torch.device``).
+
+        Raises:
+            TypeError: ``device`` is not None, an int, a str or a ``torch.device``.
+            RuntimeError: ``device`` is not a CUDA device, as ``torch.Tensor.cuda``
+                raises (``to`` would move to any device: ``cuda("cpu")`` stayed on the
+                CPU).
+        """
+        if device is None:
+            return self.to("cuda")
+        if isinstance(device, bool) or not isinstance(device, (int, str, torch.device)):
+            raise TypeError(
+                f"cuda: device must be None, an int, a str or a torch.device, got "
+                f"{type(device).__name__}"
+            )
+        try:
+            dev = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+        except RuntimeError as exc:  # a negative index, a malformed name
+            raise RuntimeError(f"cuda: device {device!r} is not a device: {exc}") from exc
+        if dev.type != "cuda":
+            raise RuntimeError(f"cuda: device must be a CUDA device, got {dev}")
+        return self.to(dev)
 
     def half(self) -> SparseTensor:
         """float16 features on the same support."""

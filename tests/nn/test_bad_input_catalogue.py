@@ -2451,6 +2451,18 @@ for _kind in _BYTES:
 add("conv-kernel-string", TypeError, r"kernel_size must be an int or a 3-tuple of ints",
     lambda: nn.Conv3d(C, C, "333"))
 
+# x.cuda(device) passed any device to to(): cuda("cpu") stayed on the CPU, cuda(1.5) made
+# float64 features (torch.Tensor.cuda raises for both)
+for _dev in ("cpu", torch.device("cpu"), "meta"):
+    add(f"tensor-cuda-{_dev}-{type(_dev).__name__}", RuntimeError,
+        rf"cuda: device must be a CUDA device, got {_dev}", lambda _dev=_dev: _x().cuda(_dev))
+for _dev in (1.5, True, torch.float64):
+    add(f"tensor-cuda-{_dev}", TypeError,
+        r"cuda: device must be None, an int, a str or a torch\.device, got "
+        + type(_dev).__name__, lambda _dev=_dev: _x().cuda(_dev))
+add("tensor-cuda-negative", RuntimeError, r"cuda: device -1 is not a device: .*negative",
+    lambda: _x().cuda(-1))
+
 
 # --------------------------------------------------------------------------------------
 # The catalogue
