@@ -272,7 +272,7 @@ def test_exchange_paths_swaps_two_folders(tmp_path: Path) -> None:
 
 
 class _Doubles(nn.Module):
-    """Runs an unsupported in-place op on its input before the exporter can refuse it."""
+    """An unsupported in-place op on its input (refused before the graph runs)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -304,6 +304,49 @@ def test_a_refused_in_place_op_leaves_the_example_inputs_alone(tmp_path: Path) -
     files = save(_model(), tmp_path / "c", example_inputs=(x,))
     assert files.artifact_dir == tmp_path / "c"
     assert torch.equal(x.feats, feats)
+    # What runs may still edit its input in place (a forward pre-hook): it edits a copy.
+    def double(module: nn.Module, args: tuple[tl.SparseTensor]) -> None:
+        args[0].feats.mul_(2)  # (a pre-hook returning a value replaces the arguments)
+
+    model = _model()
+    model.conv.register_forward_pre_hook(double)
+    save(model, tmp_path / "d", example_inputs=(x,))
+    assert torch.equal(x.feats, feats)
+
+
+class _Renormalizes(nn.Module):
+    """A refused module that changes its own weight when it runs (an embedding with
+    max_norm renormalizes the rows it reads, in place), after a convolution whose
+    forward hook counts its calls in a buffer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = tl.nn.SubmConv3d(2, 2, 3)
+        self.register_buffer("calls", torch.zeros((), dtype=torch.int64))
+        self.conv.register_forward_hook(self._count)
+        self.emb = nn.Embedding(10, 4, max_norm=1.0)  # rows of norm about 2
+
+    def _count(self, *_: object) -> None:  # (a hook returning a value replaces the output)
+        self.calls.add_(1)
+
+    def forward(self, x: tl.SparseTensor, idx: torch.Tensor) -> tuple[object, torch.Tensor]:
+        return self.conv(x), self.emb(idx)
+
+
+def test_a_refused_export_leaves_the_model_state_alone(tmp_path: Path) -> None:
+    # Nodes without a lowering are refused before the graph runs: the embedding's rows
+    # were renormalized (and the hook's counter raised) before its node was refused.
+    model = _Renormalizes().eval()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(ExportError, match=r"node 'emb' .*Embedding is not exportable"):
+        save(model, tmp_path / "a", example_inputs=(_x(), torch.arange(10)))
+    after = model.state_dict()
+    assert before.keys() == after.keys()
+    assert all(torch.equal(before[k], after[k]) for k in before), [
+        k for k in before if not torch.equal(before[k], after[k])
+    ]
+    assert not (tmp_path / "a").exists()
 
 
 def test_dot_names_the_current_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -37,6 +37,7 @@ from torch_lattice.artifact.artifact_dir import (
 )
 from torch_lattice.artifact.errors import ExportError
 from torch_lattice.artifact.lowering import (
+    LOWERED_METHODS,
     Call,
     Dense,
     Lowering,
@@ -174,8 +175,13 @@ def lower_model(
     text = ModuleText()
     low = Lowering(text, WeightTable(text, quantize_bits, quantize_group_size))
     inputs = {n: _input(low, n, v) for n, v in zip(names, example_inputs, strict=True)}
-    # The graph runs on copies: a node is run before its lowering can refuse it, so an
-    # in-place op (x.feats.mul_(2)) would otherwise change the caller's tensors.
+    # Nodes without a lowering are refused before anything runs: run first, one could
+    # change the model's parameters or buffers (an nn.Embedding with max_norm renormalizes
+    # its weight in place).
+    for n in gm.graph.nodes:
+        _check_lowering(gm, n)
+    # The graph runs on copies: what runs may still edit its inputs in place (a forward
+    # hook), and a node is run before its lowering can refuse it for its values.
     copies = tuple(_private_copy(v) for v in example_inputs)
     interp = _Interpreter(gm, low, inputs)
     with torch.no_grad():
@@ -226,6 +232,40 @@ def _input(low: Lowering, name: str, value: Any) -> Sparse | Dense:
 
 # fx inserts this check for parameters left at a None default (concrete_args).
 _ASSERT_IS_NONE = getattr(fx._symbolic_trace, "_assert_is_none", None)
+# Functions lowered by _Interpreter itself (getitem: of a tuple or list only, known when
+# its input has run).
+_STRUCTURAL = (getattr, _ASSERT_IS_NONE, operator.getitem)
+
+
+def _check_lowering(gm: fx.GraphModule, n: fx.Node) -> None:
+    """Raises ``ExportError`` for a node that no lowering takes, whatever its values: a
+    parameter or buffer read directly, a module or function without a lowering, a method
+    other than ``replace``."""
+    if n.op == "get_attr":
+        raise ExportError(
+            f"{describe(n)}: forward reads a parameter or buffer directly; only modules "
+            "with a lowering may own weights"
+        )
+    if n.op == "call_module":
+        module = gm.get_submodule(str(n.target))
+        if module_lowering(module) is None:
+            raise ExportError(
+                f"{describe(n)}: module {type(module).__module__}.{type(module).__name__} "
+                "is not exportable (docs/artifacts.md lists the supported modules)"
+            )
+    if n.op == "call_method" and n.target not in LOWERED_METHODS:
+        raise ExportError(f"{describe(n)}: method .{n.target}() is not exportable")
+    if (n.op == "call_function" and n.target not in _STRUCTURAL
+            and function_lowering(n.target) is None):
+        raise _not_exportable_function(n)
+
+
+def _not_exportable_function(n: fx.Node) -> ExportError:
+    return ExportError(
+        f"{describe(n)}: function {getattr(n.target, '__module__', '')}."
+        f"{getattr(n.target, '__qualname__', n.target)} is not exportable "
+        "(docs/artifacts.md lists the supported functions)"
+    )
 
 
 class _Interpreter(fx.Interpreter):
@@ -258,11 +298,6 @@ class _Interpreter(fx.Interpreter):
         if n.op == "output":
             self.outputs = fx.node.map_arg(n.args[0], lambda a: self.sym[a])
             return None
-        if n.op == "get_attr":
-            raise ExportError(
-                f"{describe(n)}: forward reads a parameter or buffer directly; only modules "
-                "with a lowering may own weights"
-            )
         call = Call(
             n,
             fx.node.map_arg(n.args, lambda a: self.sym[a]),
@@ -274,11 +309,7 @@ class _Interpreter(fx.Interpreter):
         if n.op == "call_module":
             module = self.fetch_attr(str(n.target))
             lowering = module_lowering(module)
-            if lowering is None:
-                raise ExportError(
-                    f"{describe(n)}: module {type(module).__module__}.{type(module).__name__} "
-                    "is not exportable (docs/artifacts.md lists the supported modules)"
-                )
+            assert lowering is not None  # _check_lowering refused the others
             return lowering(self.low, call, module, str(n.target))
         if n.op == "call_method":
             return lower_method(self.low, call)
@@ -289,12 +320,8 @@ class _Interpreter(fx.Interpreter):
         if n.target is operator.getitem and isinstance(call.args[0], (tuple, list)):
             return call.args[0][call.args[1]]
         fn = function_lowering(n.target)
-        if fn is None:
-            raise ExportError(
-                f"{describe(n)}: function {getattr(n.target, '__module__', '')}."
-                f"{getattr(n.target, '__qualname__', n.target)} is not exportable "
-                "(docs/artifacts.md lists the supported functions)"
-            )
+        if fn is None:  # getitem of a value other than a tuple or list
+            raise _not_exportable_function(n)
         return fn(self.low, call, n.target)  # type: ignore[arg-type]
 
 

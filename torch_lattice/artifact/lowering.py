@@ -43,6 +43,7 @@ from torch_lattice.tensor import SparseTensor, Support
 
 __all__ = [
     "FUNCTION_LOWERINGS",
+    "LOWERED_METHODS",
     "MODULE_LOWERINGS",
     "Dense",
     "Lowering",
@@ -785,10 +786,15 @@ def lower_getattr(low: Lowering, call: Call) -> Sym:
     )
 
 
+# The methods lower_method takes (of a SparseTensor; the exporter refuses the others
+# before the graph runs).
+LOWERED_METHODS = frozenset({"replace"})
+
+
 def lower_method(low: Lowering, call: Call) -> Sym:
     """``x.replace(feats)``: the same support with new features."""
     method = call.node.target
-    if method == "replace" and isinstance(call.args[0], Sparse):
+    if method in LOWERED_METHODS and isinstance(call.args[0], Sparse):
         feats = call.args[1] if len(call.args) > 1 else call.kwargs.get("feats")
         dense = call.dense(feats, "the new features of replace()")
         return low.with_features(call.args[0], dense.value, call.real, call.name)
