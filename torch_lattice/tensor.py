@@ -597,6 +597,21 @@ class SparseTensor:
     def __len__(self) -> int:
         return int(self._feats.shape[0])
 
+    def __getattr__(self, name: str) -> Any:
+        # Reached only for a missing attribute. A torch.Tensor one (x.dim()) means dense
+        # code was given a SparseTensor, most often a torch.nn.SyncBatchNorm that
+        # convert_sync_batchnorm put in a tl.nn.BatchNorm's place (BatchNorm subclasses
+        # BatchNorm1d, for its state dict): say so, not just "no attribute 'dim'".
+        message = f"{type(self).__name__!r} object has no attribute {name!r}"
+        if not name.startswith("_") and hasattr(torch.Tensor, name):
+            message += (
+                ": a SparseTensor is not a torch.Tensor; a dense module or function was "
+                "given one (give it x.feats). torch.nn.SyncBatchNorm.convert_sync_batchnorm "
+                "makes such a module: it replaces tl.nn.BatchNorm and BatchNormReLU with a "
+                "dense SyncBatchNorm, so it does not apply to them (docs/distributed.md)"
+            )
+        raise AttributeError(message, name=name, obj=self)
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         _register_subclass(cls)

@@ -309,3 +309,21 @@ def test_bad_momentum_and_eps() -> None:
         F.batch_norm(x, torch.zeros(3), torch.ones(3), training=True, momentum=None)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="batch_norm: eps must be non-negative, got -1"):
         F.batch_norm(x, None, None, training=True, eps=-1.0)
+
+
+def test_convert_sync_batchnorm_gives_a_model_that_names_why_it_fails() -> None:
+    # BatchNorm subclasses torch's BatchNorm1d (its state dict), so torch's conversion
+    # replaces it with a dense SyncBatchNorm, which cannot take a SparseTensor: the
+    # first forward names the conversion (it raised a bare "no attribute 'dim'").
+    model = torch.nn.Sequential(nn.BatchNorm(3), nn.BatchNormReLU(3))
+    converted = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    assert all(type(m) is torch.nn.SyncBatchNorm for m in converted)
+    x = _sparse(_features(5, 3, torch.float32))
+    with pytest.raises(AttributeError, match=r"no attribute 'dim': a SparseTensor is not a "
+                       r"torch\.Tensor.*convert_sync_batchnorm .*does not apply") as info:
+        converted(x)
+    assert info.value.name == "dim"
+    # Attributes a torch.Tensor has not either keep the plain message.
+    with pytest.raises(AttributeError, match=r"^'SparseTensor' object has no attribute 'featz'$"):
+        x.featz  # noqa: B018
+    assert not hasattr(x, "dim")

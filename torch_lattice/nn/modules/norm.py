@@ -22,6 +22,9 @@ class BatchNorm(nn.BatchNorm1d):
     legacy checkpoints load unchanged.  Statistics are over all rows of the
     batch; the support is kept.  On the CPU it runs the library's own passes
     (:func:`torch_lattice.nn.functional.batch_norm`), elsewhere torch's.
+    ``torch.nn.SyncBatchNorm.convert_sync_batchnorm`` does not apply: it replaces the
+    layer with a dense ``SyncBatchNorm``, which cannot take a SparseTensor (see
+    docs/distributed.md).
     """
 
     # max(., 0) after the normalization, in the same pass (BatchNormReLU).
