@@ -1,6 +1,8 @@
 """torch.compile over the library's modules on the CPU: dynamo traces the custom ops
 through their fake kernels, whose argument checks must take the symbolic ints it makes
-of sizes that change between calls (two kernel sizes in one model, ``dynamic=True``)."""
+of sizes that change between calls (two kernel sizes in one model, ``dynamic=True``), and
+``dynamic=False`` traces each size as constants (docs/troubleshooting.md: each layer shape a
+compile of the frames around the convolutions' graph breaks)."""
 
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ def _input(n: int, seed: int) -> tl.SparseTensor:
     return tl.SparseTensor(torch.randn(len(coords), 3, generator=g), coords)
 
 
-@pytest.mark.parametrize("dynamic", [None, True], ids=["default", "dynamic"])
+@pytest.mark.parametrize("dynamic", [None, True, False], ids=["default", "dynamic", "static"])
 def test_compiled_model_matches_eager(dynamic: bool | None) -> None:
     torch.manual_seed(0)
     torch._dynamo.reset()
