@@ -89,6 +89,35 @@ def test_gradcheck(mode):
     assert torch.autograd.gradcheck(lambda v: F.global_pool(x.replace(v), mode), (feats,))
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_types_average_in_float32_rounded_once(dtype):
+    # Batch 0: 70k rows of 0.5, batch 1: 30k of 2.5 (the float16 row count and batch 1's
+    # sum overflow: they averaged to 0 and inf before), batch 2: 256 ones and a zero (a
+    # bfloat16 count of 257 is 256: that averaged to 1.0). The means and the gradient
+    # 1/count are float32 values rounded once, as torch's own mean gives them.
+    sizes = (70_000, 30_000, 257)
+    batch = torch.repeat_interleave(torch.arange(3), torch.tensor(sizes))
+    coords = torch.zeros(len(batch), 4, dtype=torch.int32)
+    coords[:, 0] = batch
+    coords[:, 1] = torch.arange(len(batch)) % 1000
+    coords[:, 2] = torch.arange(len(batch)) // 1000
+    values = torch.tensor([0.5, 2.5, 1.0])[batch]
+    values[-1] = 0.0
+    feats = values[:, None].expand(-1, 2).to(dtype).requires_grad_(True)
+    x = tl.SparseTensor(feats, coords)
+    out = tl.nn.GlobalAvgPool()(x)
+    assert out.dtype == dtype
+    expected = torch.tensor([0.5, 2.5, 256 / 257])[:, None].expand(-1, 2).to(dtype)
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    torch.testing.assert_close(F.global_pool(x, "avg"), expected, rtol=0, atol=0)
+    (grad,) = torch.autograd.grad(out.sum(), feats)
+    counts = torch.tensor(sizes, dtype=torch.float32)[batch]
+    torch.testing.assert_close(grad[:, 0], (1 / counts).to(dtype), rtol=0, atol=0)
+    # Sums too are float32 sums rounded once (75000 is inf in float16, as it must be).
+    sums = torch.tensor([35_000.0, 75_000.0, 256.0])[:, None].expand(-1, 2).to(dtype)
+    torch.testing.assert_close(F.global_pool(x, "sum").detach(), sums, rtol=0, atol=0)
+
+
 def test_bad_inputs():
     x = scene(seed=7)
     with pytest.raises(ValueError, match="mode must be one of"):

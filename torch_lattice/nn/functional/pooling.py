@@ -352,10 +352,21 @@ def _global(x: SparseTensor, mode: str, batch_size: int | None, empty_max: str) 
     batch = x.coords[:, 0].long()
     count = torch.bincount(batch, minlength=b)
     if mode != "max":
-        sums = feats.new_zeros((b, feats.shape[1])).index_add(0, batch, feats)
-        if mode == "sum":
-            return sums
-        return sums / count.clamp_min(1).to(feats.dtype).unsqueeze(1)
+        # Half types sum and divide in float32, rounded once at the end: a float16
+        # row count or sum overflows past 65504 (a 70k-row batch averaged to 0, or
+        # inf / NaN, while its mean is representable).
+        work = compute_dtype("global_pool", feats.dtype)
+        if work != feats.dtype:
+            rows, channels = int(feats.shape[0]), int(feats.shape[1])
+            check_allocation(
+                f"global_pool of {rows} rows x {channels} channels, summed in {work}",
+                rows * channels * torch.empty((), dtype=work).element_size(),
+            )
+        sums = feats.new_zeros((b, feats.shape[1]), dtype=work)
+        sums = sums.index_add(0, batch, feats.to(work))
+        if mode == "avg":
+            sums = sums / count.clamp_min(1).to(work).unsqueeze(1)
+        return sums.to(feats.dtype)
     if empty_max == "raise" and b and bool((count == 0).any()):
         empty = int(torch.nonzero(count == 0)[0, 0])
         raise ValueError(
