@@ -327,3 +327,24 @@ def test_a_nul_byte_names_the_path_argument(work: Path, name: str) -> None:
     with pytest.raises(migration.ConversionError, match=r"source checkpoint .* NUL byte"):
         migration.read_legacy_checkpoint(str(work / "a\0.pt"))
     assert not (work / "o.safetensors").exists()
+
+
+@pytest.mark.parametrize(("entry", "fragment"), [
+    ({"kernel_size": [3, 3, 3], "row_order": ["x_fastest"]},
+     "kernel spec for 'enc.kernel': row_order must be one of"),
+    ({"kernel_size": [3, 3, 3], "row_order": {"x": 1}},
+     "kernel spec for 'enc.kernel': row_order must be one of"),
+    ([2**40, 2**40, 2**40], "kernel spec for 'enc.kernel': kernel_size [1099511627776, "),
+    ([2**31, 1, 1], "has 2147483648 rows; at most 2147483647"),
+], ids=["row_order_list", "row_order_object", "volume_2**120", "volume_2**31"])
+def test_a_bad_spec_entry_names_the_key_and_the_rule(
+        work: Path, capsys: pytest.CaptureFixture[str], entry: object, fragment: str) -> None:
+    """An unhashable row_order made a bare "unhashable type: 'list'"; a kernel volume past
+    the kernel-row limit reached the memory budget, whose message names neither."""
+    spec = work / "bad.json"
+    spec.write_text(json.dumps({"enc.kernel": entry}))
+    refused(capsys, [str(work / "legacy.pt"), str(work / "out.safetensors"),
+                     "--kernel-spec", str(spec)], fragment)
+    with pytest.raises(migration.ConversionError, match=r"kernel spec for 'enc\.kernel'"):
+        migration.parse_kernel_spec({"enc.kernel": entry})
+    assert not (work / "out.safetensors").exists()

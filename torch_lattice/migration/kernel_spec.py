@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from torch_lattice.geometry import Triple, check_kernel_size, kernel_volume
+from torch_lattice.geometry import MAX_KERNEL_VOLUME, Triple, check_kernel_size, kernel_volume
 from torch_lattice.memory_budget import check_allocation
 from torch_lattice.migration.errors import ConversionError
 from torch_lattice.regular_file import parse_json, read_regular_file
@@ -158,6 +158,14 @@ def _kernel_size(key: str, value: Any) -> Triple:
         raise ConversionError(
             f"kernel spec for {key!r}: kernel_size must be three positive ints, got {value!r}"
         )
+    # Refused here, naming the key: otherwise the first to see the volume is the memory
+    # budget, whose message names neither the key nor the kernel-row limit.
+    volume = kernel_volume((value[0], value[1], value[2]))
+    if volume > MAX_KERNEL_VOLUME:
+        raise ConversionError(
+            f"kernel spec for {key!r}: kernel_size {list(value)} has {volume} rows; at most "
+            f"{MAX_KERNEL_VOLUME}"
+        )
     return (value[0], value[1], value[2])
 
 
@@ -183,7 +191,9 @@ def _entry(key: Any, value: Any) -> KernelSpec:
     if "kernel_size" not in value:
         raise ConversionError(f"kernel spec for {key!r} must give 'kernel_size'")
     order = value.get("row_order")
-    if order is not None and order not in ROW_ORDERS:
+    # isinstance first: a list or object (unhashable) would make the lookup raise a bare
+    # "unhashable type" TypeError that names neither the key nor the field.
+    if order is not None and (not isinstance(order, str) or order not in ROW_ORDERS):
         raise ConversionError(
             f"kernel spec for {key!r}: row_order must be one of {sorted(ROW_ORDERS)}, got {order!r}"
         )
