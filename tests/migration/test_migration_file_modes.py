@@ -133,3 +133,22 @@ def test_failed_manifest_write_leaves_nothing(
     with pytest.raises(OSError, match="disk full"):
         migration.convert_checkpoint(work / "legacy.pt", work / "w.safetensors", SPEC)
     assert {p.name for p in work.iterdir()} == {"legacy.pt", "spec.json"}
+
+
+def test_a_failure_removes_new_folders_nested_in_each_other(
+    work: Path, umask: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The manifest's new folder inside the weights' new one: the weights' folder was
+    removed first (not empty yet), so it stayed."""
+
+    def fail(text: str):
+        def write(path: Path) -> None:
+            raise OSError("disk full")
+
+        return write
+
+    monkeypatch.setattr(writing, "_write_text", fail)
+    out, manifest = work / "new" / "w.safetensors", work / "new" / "sub" / "deeper" / "m.json"
+    with pytest.raises(OSError, match="disk full"):
+        migration.convert_checkpoint(work / "legacy.pt", out, SPEC, manifest=manifest)
+    assert {p.name for p in work.iterdir()} == {"legacy.pt", "spec.json"}

@@ -300,3 +300,25 @@ def test_a_prezip_pickle_cannot_make_the_scan_allocate() -> None:
     finally:
         tracemalloc.stop()
     assert peak < 2**24, peak
+
+
+@pytest.mark.parametrize("blocker", ["file", "dangling_link"])
+@pytest.mark.parametrize("which", ["output", "manifest"])
+def test_an_output_under_a_file_is_refused_before_any_folder_is_made(
+        work: Path, capsys: pytest.CaptureFixture[str], blocker: str, which: str) -> None:
+    """The other output's new folders were made, then the write failed (exit 1) and left
+    them behind; now nothing is made and the refusal names the argument and the path."""
+    if blocker == "file":
+        (work / "blocker").write_text("x")
+    else:
+        (work / "blocker").symlink_to(work / "missing")
+    blocked, fine = str(work / "blocker" / "sub" / "o.json"), str(work / "new" / "dir" / "o.st")
+    output, manifest = (blocked, fine) if which == "output" else (fine, blocked)
+    label = "output" if which == "output" else "manifest (--manifest)"
+    kind = "a file" if blocker == "file" else "a symbolic link"
+    before = files(work)
+    refused(capsys, [str(work / "legacy.pt"), output, "--kernel-spec", str(work / "spec.json"),
+                     "--manifest", manifest],
+            f"{label} {blocked!r} cannot be written: {str(work / 'blocker')!r} is {kind}")
+    assert sorted(p.name for p in work.iterdir()) == ["blocker", "legacy.pt", "spec.json"]
+    assert files(work) == before

@@ -3,8 +3,8 @@
 Exit status: 0 converted; 1 an operating-system error while writing; 2 a refused
 input (bad arguments, spec problems, optimizer state, unsafe pickle, a corrupted
 archive (bad CRC, duplicate entries), an expanded tensor, a size beyond the memory
-budget, an output path that is an input, existing output without ``--force``),
-reported as one ``error: ...`` line on stderr with nothing written; 143 ended by
+budget, an output path that is an input or lies under a file, existing output without
+``--force``), reported as one ``error: ...`` line on stderr with nothing written; 143 ended by
 SIGTERM, after removing its temporary files (the outputs are both the previous ones, or
 absent, or, where it came while they were put in place, both complete).
 """

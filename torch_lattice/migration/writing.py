@@ -47,11 +47,11 @@ def check_output_paths(source: Path, outputs: list[Path], force: bool,
                        inputs: Sequence[tuple[str, Path]] = (),
                        labels: Sequence[str] = ()) -> None:
     """Refuses outputs that collide with an input (the source, the kernel spec: never
-    overwritten, even with ``force``), each other, a folder, an existing path that is
-    not a regular file (a symbolic link, a FIFO, a device, a socket: never replaced,
-    even with ``force``, as ``save_tuning`` and the artifact exporter refuse them), or
-    an existing file (unless ``force``). ``labels`` names each output in messages
-    (default ``output``)."""
+    overwritten, even with ``force``), each other, a folder, a new path under a file or
+    a dangling link, an existing path that is not a regular file (a symbolic link, a
+    FIFO, a device, a socket: never replaced, even with ``force``, as ``save_tuning``
+    and the artifact exporter refuse them), or an existing file (unless ``force``).
+    ``labels`` names each output in messages (default ``output``)."""
     named_inputs = [("source checkpoint", source), *inputs]
     for i, path in enumerate(outputs):
         label = labels[i] if i < len(labels) else "output"
@@ -71,6 +71,7 @@ def check_output_paths(source: Path, outputs: list[Path], force: bool,
             # lstat: a symbolic link (dangling or not) is judged itself, not its target.
             mode = os.lstat(path).st_mode
         except OSError:  # missing (or unreachable: the write then reports it)
+            _check_folder(path, label)
             continue
         if stat.S_ISDIR(mode):
             raise ConversionError(f"{label} {str(path)!r} is a directory")
@@ -86,15 +87,38 @@ def check_output_paths(source: Path, outputs: list[Path], force: bool,
             )
 
 
-def _make_parents(path: Path) -> list[Path]:
-    """Creates missing parent folders; returns those created, deepest first."""
-    created = []
+def _check_folder(path: Path, label: str) -> None:
+    """Refuses a new output whose nearest existing ancestor is not a folder (a file, a
+    dangling link): it could never be written, and finding that out while writing would
+    come after the other output's new folders were made."""
     parent = path.parent
-    while not parent.exists():
-        created.append(parent)
+    while not os.path.lexists(parent) and parent != parent.parent:
         parent = parent.parent
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return created
+    if os.path.lexists(parent) and not parent.is_dir():
+        mode = os.lstat(parent).st_mode
+        kind = "a file" if stat.S_ISREG(mode) else describe_file_type(mode)
+        raise ConversionError(
+            f"{label} {str(path)!r} cannot be written: {str(parent)!r} is {kind}, not a "
+            "folder"
+        )
+
+
+def _make_parents(path: Path, created: list[Path]) -> None:
+    """Creates ``path``'s missing parent folders, adding each to ``created`` as soon as
+    it exists (so a failure part-way still removes those made)."""
+    missing = []
+    parent = path.parent
+    while not os.path.lexists(parent):
+        missing.append(parent)
+        parent = parent.parent
+    for folder in reversed(missing):
+        try:
+            os.mkdir(folder)
+        except FileExistsError:  # made meanwhile by someone else: theirs, kept
+            if not folder.is_dir():
+                raise
+            continue
+        created.append(folder)
 
 
 def _write_text(text: str) -> Callable[[Path], None]:
@@ -216,7 +240,7 @@ def write_outputs(
 
     Existing files at the paths are replaced (callers check ``--force`` first).
     """
-    created = _make_parents(weights_path) + _make_parents(manifest_path)
+    created: list[Path] = []
     temps: list[Path] = []
     placed: list[_Placed] = []
 
@@ -228,11 +252,15 @@ def write_outputs(
                 done.undo()
         for temp in temps:
             temp.unlink(missing_ok=True)
-        for folder in created:
+        # Deepest first over both outputs: the manifest's new folder may sit inside the
+        # weights' one (out/w.safetensors, out/sub/m.json), which is only empty after it.
+        for folder in sorted(created, key=lambda p: len(p.parts), reverse=True):
             with contextlib.suppress(OSError):
                 folder.rmdir()
 
     try:
+        _make_parents(weights_path, created)
+        _make_parents(manifest_path, created)
         temps.append(write_beside(weights_path, _write_tensors(tensors, metadata)))
         temps.append(write_beside(manifest_path, _write_text(manifest)))
     except BaseException:
