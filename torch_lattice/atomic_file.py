@@ -22,7 +22,21 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["atomic_write", "current_umask", "exchange_paths", "new_file_mode", "write_beside"]
+__all__ = [
+    "NAME_MAX",
+    "atomic_write",
+    "current_umask",
+    "exchange_paths",
+    "fit_name",
+    "new_file_mode",
+    "sibling_name",
+    "write_beside",
+]
+
+# The longest file name (one path component, in bytes) of Linux and macOS file systems.
+NAME_MAX = 255
+# The random part tempfile.mkstemp adds to a name.
+_MKSTEMP_CHARS = 8
 
 _PROC_STATUS = "/proc/self/status"
 
@@ -60,11 +74,37 @@ def new_file_mode() -> int:
     return 0o666 & ~current_umask()
 
 
+def fit_name(name: str, room: int) -> str:
+    """The longest start of ``name`` that leaves ``room`` bytes of a :data:`NAME_MAX`
+    file name free (whole characters only).
+
+    A hidden name built from an output's (``.<name>.<random>.tmp``) is longer than the
+    name itself: for a name near the limit it could not be created, and a file or
+    folder the user may make could not be written.
+    """
+    while name and len(os.fsencode(name)) + room > NAME_MAX:
+        name = name[:-1]
+    return name
+
+
+def sibling_name(final: Path, tag: str, random_chars: int) -> tuple[str, str]:
+    """``(prefix, suffix)`` of a hidden name beside ``final``: ``.<stem>.`` and
+    ``.<tag><suffix>``, cut so that with ``random_chars`` between them the name fits
+    :data:`NAME_MAX` (``final``'s suffix is kept where it fits: writers such as
+    matplotlib choose the format from it)."""
+    suffix = f".{tag}{final.suffix}"
+    if len(os.fsencode(suffix)) + random_chars + 2 > NAME_MAX:
+        suffix = f".{tag}"
+    stem = fit_name(final.stem, len(os.fsencode(suffix)) + random_chars + 2)
+    return f".{stem}.", suffix
+
+
 def write_beside(path: str | os.PathLike[str], write: Callable[[Path], None]) -> Path:
     """Writes a complete temporary file in ``path``'s folder, ready to rename over it.
 
     The temporary name keeps ``path``'s suffix (writers such as matplotlib choose the
-    format from it) and starts with a dot. The file is flushed to disk and given
+    format from it) and starts with a dot; its stem is cut where the name would pass
+    :data:`NAME_MAX` (:func:`sibling_name`). The file is flushed to disk and given
     :func:`new_file_mode` before it is returned. Use this directly only when several
     files must be renamed together; otherwise call :func:`atomic_write`.
 
@@ -79,9 +119,8 @@ def write_beside(path: str | os.PathLike[str], write: Callable[[Path], None]) ->
         Whatever ``write`` or the file system raises; the temporary file is removed.
     """
     final = Path(path)
-    fd, name = tempfile.mkstemp(
-        prefix=f".{final.stem}.", suffix=f".tmp{final.suffix}", dir=final.parent
-    )
+    prefix, suffix = sibling_name(final, "tmp", _MKSTEMP_CHARS)
+    fd, name = tempfile.mkstemp(prefix=prefix, suffix=suffix, dir=final.parent)
     os.close(fd)
     temp = Path(name)
     try:

@@ -363,3 +363,24 @@ def test_dot_names_the_current_folder(tmp_path: Path, monkeypatch: pytest.Monkey
     monkeypatch.chdir(folder)
     save(_model(1), ".", example_inputs=(_x(),))
     load_lattice_program(folder)
+
+
+@pytest.mark.parametrize("exchange", [True, False], ids=["exchange", "fallback"])
+def test_a_name_near_the_file_name_limit_is_written_and_replaced(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, exchange: bool) -> None:
+    """The temporary folder's name adds 25 bytes to the target's: a valid name near the
+    255-byte limit failed with ENAMETOOLONG on a hidden path the user never named."""
+    name = "é" * 100 + "a" * 50  # 250 bytes in UTF-8
+    target = tmp_path / name
+    save(_model(0), target, example_inputs=(_x(),))
+    old = (target / "weights.safetensors").read_bytes()
+    if not exchange:
+        monkeypatch.setattr(artifact_dir, "exchange_paths", lambda a, b: False)
+    save(_model(1), target, example_inputs=(_x(),))
+    assert (target / "weights.safetensors").read_bytes() != old
+    assert [p.name for p in tmp_path.iterdir()] == [name]
+    # A stale temporary of a dead export to it carries the cut name and is cleaned.
+    stale = tmp_path / f".{artifact_dir._temp_stem(target)}.{_dead_pid()}.00000001.tmp"
+    _artifact_files(stale)
+    artifact_dir.clean_stale_temporaries(target)
+    assert not stale.exists()

@@ -152,3 +152,30 @@ def test_a_failure_removes_new_folders_nested_in_each_other(
     with pytest.raises(OSError, match="disk full"):
         migration.convert_checkpoint(work / "legacy.pt", out, SPEC, manifest=manifest)
     assert {p.name for p in work.iterdir()} == {"legacy.pt", "spec.json"}
+
+
+@pytest.mark.parametrize("exchange", [True, False], ids=["exchange", "link_or_copy"])
+def test_names_near_the_file_name_limit_are_written_and_replaced(
+    work: Path, umask: int, monkeypatch: pytest.MonkeyPatch, exchange: bool
+) -> None:
+    """The hidden temporary and backup names add up to 22 bytes to an output's: a valid
+    name near the 255-byte limit failed with ENAMETOOLONG naming a path the user never
+    gave."""
+    out = work / ("é" * 100 + "a" * 38 + ".safetensors")  # 250 bytes in UTF-8
+    manifest = work / ("m" * 250 + ".json")  # 255 bytes, a suffix of its own
+    migration.convert_checkpoint(work / "legacy.pt", out, SPEC, manifest=manifest)
+    before = out.read_bytes()
+    if not exchange:
+        monkeypatch.setattr(writing, "exchange_paths", lambda a, b: False)
+        monkeypatch.setattr(writing.os, "link", _no_link)  # the copy, the longest name
+    torch.save({"model": {"enc.kernel": torch.ones(27, 2, 4), "head.kernel": torch.ones(4, 5),
+                          "head.bias": torch.ones(5)}}, work / "legacy.pt")
+    migration.convert_checkpoint(work / "legacy.pt", out, SPEC, manifest=manifest, force=True)
+    assert out.read_bytes() != before
+    assert mode(out) == 0o666 & ~umask
+    assert {p.name for p in work.iterdir()} == {"legacy.pt", "spec.json", out.name,
+                                                manifest.name}
+
+
+def _no_link(*args: object, **kwargs: object) -> None:
+    raise OSError(1, "Operation not permitted")

@@ -11,7 +11,8 @@ The rules (docs/artifacts.md, "Writing"):
   artifact the loader would refuse (an output name with a newline, ...) is never
   published.
 - Both files are written into a hidden temporary sibling directory named
-  ``.<name>.<pid>.<token>.tmp``, flushed, then placed. An existing artifact is
+  ``.<name>.<pid>.<token>.tmp`` (``<name>`` cut short where the whole would pass the
+  255-byte file-name limit), flushed, then placed. An existing artifact is
   swapped with it in one step by ``renameat2(RENAME_EXCHANGE)`` where the system has
   it (Linux), so the target always holds the old or the new artifact. Elsewhere the
   fallback is two renames (old aside as ``.<name>.<pid>.<token>.old``, new in place);
@@ -40,7 +41,7 @@ from pathlib import Path
 
 from torch_lattice.artifact import schema
 from torch_lattice.artifact.errors import ExportError
-from torch_lattice.atomic_file import exchange_paths
+from torch_lattice.atomic_file import exchange_paths, fit_name
 
 __all__ = [
     "check_destination",
@@ -132,13 +133,22 @@ def check_output_names(names: Sequence[str]) -> None:
 
 
 _TOKEN_BYTES = 4  # make_temporary's token: 8 hex digits
+# What a temporary name adds to the target's: ".", ".<pid, at most 10 digits>.",
+# "<token>", ".tmp" (or ".old").
+_TEMP_ROOM = 1 + 12 + 2 * _TOKEN_BYTES + 4
+
+
+def _temp_stem(target: Path) -> str:
+    """The target's name in its temporary names, cut so they fit a file name: a target
+    named near the 255-byte limit could otherwise never be written."""
+    return fit_name(target.name, _TEMP_ROOM)
 
 
 def _pattern(target: Path) -> re.Pattern[str]:
     # Exactly make_temporary's names (ASCII pid, no leading zero, at most 10 digits: a
     # longer one is no pid, and os.kill would raise OverflowError on it): a folder that
     # only resembles one is not the exporter's and is never cleaned.
-    return re.compile(rf"\.{re.escape(target.name)}\.([1-9][0-9]{{0,9}})\."
+    return re.compile(rf"\.{re.escape(_temp_stem(target))}\.([1-9][0-9]{{0,9}})\."
                       rf"[0-9a-f]{{{2 * _TOKEN_BYTES}}}\.(tmp|old)")
 
 
@@ -146,7 +156,7 @@ def make_temporary(target: Path) -> Path:
     """A new hidden, empty directory beside ``target`` named for this process."""
     while True:
         token = secrets.token_hex(_TOKEN_BYTES)
-        temp = target.with_name(f".{target.name}.{os.getpid()}.{token}.tmp")
+        temp = target.with_name(f".{_temp_stem(target)}.{os.getpid()}.{token}.tmp")
         try:
             os.mkdir(temp, 0o700)
             return temp

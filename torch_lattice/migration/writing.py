@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from torch_lattice.atomic_file import exchange_paths, write_beside
+from torch_lattice.atomic_file import exchange_paths, sibling_name, write_beside
 from torch_lattice.migration.errors import ConversionError
 from torch_lattice.regular_file import describe_file_type
 
@@ -163,8 +163,9 @@ def _backup(final: Path) -> Path:
     swap two paths: a hard link to it (to a link, a link of its own), else a copy
     written into a file made for it. Names are fresh: an existing one is never
     written through."""
+    prefix, suffix = sibling_name(final, "old", 16)  # 16: token_hex(8)'s digits
     for _ in range(8):
-        name = final.parent / f".{final.stem}.{secrets.token_hex(8)}.old{final.suffix}"
+        name = final.parent / f"{prefix}{secrets.token_hex(8)}{suffix}"
         try:
             os.link(final, name, follow_symlinks=False)
             return name
@@ -173,11 +174,11 @@ def _backup(final: Path) -> Path:
         except OSError:  # no hard links on this file system
             break
     if final.is_symlink():
-        name = final.parent / f".{final.stem}.{secrets.token_hex(8)}.old{final.suffix}"
+        name = final.parent / f"{prefix}{secrets.token_hex(8)}{suffix}"
         os.symlink(os.readlink(final), name)  # fails (never follows) where the name exists
         return name
-    fd, made = tempfile.mkstemp(prefix=f".{final.stem}.", suffix=f".old{final.suffix}",
-                                dir=final.parent)
+    prefix, suffix = sibling_name(final, "old", 8)  # mkstemp's 8 random characters
+    fd, made = tempfile.mkstemp(prefix=prefix, suffix=suffix, dir=final.parent)
     try:
         with os.fdopen(fd, "wb") as out, open(final, "rb") as old:
             shutil.copyfileobj(old, out)
