@@ -17,9 +17,12 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+import torch_lattice as tl
 from torch_lattice.artifact import load_lattice_program, schema
 from torch_lattice.artifact.mlir_parse import MAX_GRAPH_CHARS, parse_module
+from torch_lattice.artifact.packing import unpack_weight
 from torch_lattice.artifact.validation import load_module
+from torch_lattice.memory_budget import MemoryBudgetError
 
 try:
     from artifact_replay_helpers import (
@@ -352,6 +355,27 @@ def test_consistent_packed_weights_run(tmp_path: Path) -> None:
     root = write_artifact(tmp_path / "a", _packed_graph(), weights)
     out = load_lattice_program(root)(f=torch.ones(3, 32))["output"]
     assert torch.equal(out, torch.full((3, 4), 16.0))
+
+
+def test_unpacking_is_checked_against_the_memory_budget(tmp_path: Path) -> None:
+    """int4 codes unpack to ~35x the file's bytes (int64 codes, float32 values): the file
+    size alone was checked, so a file within the budget could allocate many times it."""
+    weights = {"lin.weight": torch.zeros(1, 4, 4, dtype=torch.uint32),
+               "lin.scales": torch.ones(1, 4, 1, dtype=torch.float16),
+               "lin.biases": torch.full((1, 4, 1), 0.5, dtype=torch.float16)}
+    root = write_artifact(tmp_path / "a", _packed_graph(), weights)
+    program = load_lattice_program(root)
+    previous = tl.set_memory_budget((root / schema.WEIGHT_FILE).stat().st_size + 64)
+    try:
+        with pytest.raises(ValueError, match=r"line 14: lattice.linear weight: weight 'lin': "
+                           r"unpacking packed weight \(1, 4, 4\) \(128 codes\) would "
+                           r"allocate 3072 bytes"):
+            program(f=torch.ones(3, 32))
+        with pytest.raises(MemoryBudgetError, match="unpacking packed weight"):
+            unpack_weight(weights["lin.weight"], weights["lin.scales"], weights["lin.biases"],
+                          bits=4)
+    finally:
+        tl.set_memory_budget(previous)
 
 
 # --- the artifact directory -----------------------------------------------------------------
