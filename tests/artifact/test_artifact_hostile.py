@@ -611,6 +611,12 @@ def test_devoxelize_refuses_non_finite_points(tmp_path: Path, bad: float) -> Non
     ("out.coords", torch.zeros(2, 3, dtype=torch.int32), "out.coords must be an integer (N, 4)"),
     ("out.coords", torch.zeros(2, 4), "out.coords must be an integer (N, 4)"),
     ("out.features", torch.zeros(3, 2), "out.features must be (N, C) with N = 2"),
+    # Compared as floats, 1+5j matched 1 and True matched 1.0: never a pass.
+    ("out.features", torch.ones(2, 2) + 5j, "out.features must hold real numbers"),
+    ("out.features", torch.ones(2, 2, dtype=torch.bool), "out.features must hold real numbers"),
+    ("out.coords", torch.tensor([[0, 0, 0, 0], [0, 1, 0, 0]], dtype=torch.bool),
+     "out.coords must hold real numbers (a floating or integer dtype), got torch.bool"),
+    ("out.active", torch.tensor([True]), "out.active must hold real numbers"),
 ])
 def test_malformed_expected_outputs_are_refused(key: str, value: torch.Tensor,
                                                 fragment: str) -> None:
@@ -625,6 +631,16 @@ def test_malformed_expected_outputs_are_refused(key: str, value: torch.Tensor,
     with pytest.raises(ValueError) as info:
         compare_outputs({"out": got}, {**expected, key: value}, rtol=0, atol=0)
     assert fragment in str(info.value)
+
+
+@pytest.mark.parametrize("value", [torch.ones(3) + 7j, torch.ones(3, dtype=torch.bool)],
+                         ids=["complex", "bool"])
+def test_a_dense_expected_output_must_hold_real_numbers(value: torch.Tensor) -> None:
+    from torch_lattice.artifact.conformance import compare_outputs
+
+    assert compare_outputs({"d": torch.ones(3)}, {"d": torch.ones(3)}, rtol=0, atol=0)[0].ok
+    with pytest.raises(ValueError, match=f"expected d must hold real numbers .*{value.dtype}"):
+        compare_outputs({"d": torch.ones(3)}, {"d": value}, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("broken", ["inputs.safetensors", "expected.safetensors"])

@@ -43,9 +43,19 @@ def _max_error(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.to(torch.float64) - b.to(torch.float64)).abs().max())
 
 
+def _numbers(name: str, value: torch.Tensor) -> None:
+    """Expected values must be real numbers: the comparison casts to float, which drops a
+    complex value's imaginary part (1+5j matched 1) and reads True as 1."""
+    if value.is_complex() or value.dtype == torch.bool:
+        raise ValueError(f"expected {name} must hold real numbers (a floating or integer "
+                         f"dtype), got {value.dtype}")
+
+
 def _check_expected(name: str, coords: torch.Tensor, feats: torch.Tensor,
                     active: torch.Tensor) -> None:
     """A malformed expected file is a bad input, not a mismatch: it raises."""
+    for part, value in (("coords", coords), ("features", feats), ("active", active)):
+        _numbers(f"{name}.{part}", value)
     if coords.ndim != 2 or coords.shape[1] != 4 or coords.is_floating_point():
         raise ValueError(f"expected {name}.coords must be an integer (N, 4) tensor, got "
                          f"{coords.dtype} {tuple(coords.shape)}")
@@ -94,6 +104,7 @@ def compare_outputs(outputs: Mapping[str, torch.Tensor | SparseOutput],
             checks.append(OutputCheck(name, False, float("inf"), "not in the expected file"))
             continue
         e = expected[name]
+        _numbers(name, e)
         got = value.cpu()
         ok = got.shape == e.shape and torch.allclose(got.float(), e.float(), rtol=rtol, atol=atol)
         checks.append(OutputCheck(name, ok, _max_error(got, e), f"shape {tuple(got.shape)}"))
