@@ -322,3 +322,64 @@ def test_an_output_under_a_file_is_refused_before_any_folder_is_made(
             f"{label} {blocked!r} cannot be written: {str(work / 'blocker')!r} is {kind}")
     assert sorted(p.name for p in work.iterdir()) == ["blocker", "legacy.pt", "spec.json"]
     assert files(work) == before
+
+
+def _pair(work: Path) -> tuple[str, bytes]:
+    """The manifest's source digest and the converted weights' bytes."""
+    manifest = json.loads((work / "out.json").read_text())
+    return manifest["source_sha256"], (work / "out.safetensors").read_bytes()
+
+
+def test_two_conversions_to_the_same_outputs_never_mix_their_pairs(
+        work: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second conversion that ran between the first's two renames left the second's
+    weights beside the first's manifest. Each now places its pair under a lock on the
+    outputs' folder, so the pair on disk is always one conversion's."""
+    import hashlib
+    import threading
+
+    torch.save({"model": _state(seed=1)}, work / "other.pt")
+    digest = {name: hashlib.sha256((work / name).read_bytes()).hexdigest()
+              for name in ("legacy.pt", "other.pt")}
+    real_place = writing._place
+    second = threading.Thread(target=lambda: writing_done.append(
+        cli.main(_argv(work, "other.pt", "out.safetensors", "--force"))))
+    writing_done: list[int] = []
+
+    def place(temp: Path, final: Path) -> Any:
+        done = real_place(temp, final)
+        if final.suffix == ".safetensors" and not second.is_alive() and not writing_done:
+            second.start()
+            second.join(timeout=3)  # finishes here unless it waits for the lock
+        return done
+
+    monkeypatch.setattr(writing, "_place", place)
+    assert cli.main(_argv(work, "legacy.pt", "out.safetensors")) == 0
+    second.join()
+    assert writing_done == [0]
+    sha, weights = _pair(work)
+    assert sha == digest["other.pt"]  # the second, which placed its pair last
+    monkeypatch.setattr(writing, "_place", real_place)
+    assert cli.main(_argv(work, "other.pt", "again.safetensors")) == 0
+    assert weights == (work / "again.safetensors").read_bytes()  # its own weights
+
+
+def test_an_output_made_meanwhile_is_not_replaced_without_force(
+        work: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Outputs are checked for --force before converting; one made by another program
+    while this one converted was replaced all the same."""
+    real = writing.write_beside
+
+    def write_beside(path: Path, write: Any) -> Path:
+        temp = real(path, write)
+        if path.suffix == ".json":  # both temporary files made: someone writes the output
+            (work / "out.json").write_text("theirs")
+        return temp
+
+    monkeypatch.setattr(writing, "write_beside", write_beside)
+    before = files(work)
+    refused(capsys, _argv(work), "manifest (--manifest) "
+            f"{str(work / 'out.json')!r} appeared while converting; pass --force to overwrite")
+    after = files(work)
+    assert after == {**before, "out.json": b"theirs"}

@@ -110,5 +110,6 @@ def convert_checkpoint(
         "converted_by": "torch_lattice.migration",
         "schema": MANIFEST_SCHEMA,
     }
-    write_outputs(result.state_dict, output_path, manifest_text(record), manifest_path, metadata)
+    write_outputs(result.state_dict, output_path, manifest_text(record), manifest_path, metadata,
+                  force=force)
     return CheckpointConversion(output_path, manifest_path, record, result)

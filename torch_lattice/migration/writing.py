@@ -30,6 +30,11 @@ from torch_lattice.atomic_file import exchange_paths, sibling_name, write_beside
 from torch_lattice.migration.errors import ConversionError
 from torch_lattice.regular_file import describe_file_type
 
+try:
+    import fcntl
+except ImportError:  # not POSIX (Windows): no folder locks
+    fcntl = None  # type: ignore[assignment]
+
 __all__ = ["check_output_paths", "write_outputs"]
 
 
@@ -230,16 +235,50 @@ def _signals_held() -> Iterator[None]:
             signal.raise_signal(sig)
 
 
+@contextlib.contextmanager
+def _folders_locked(paths: Sequence[Path]) -> Iterator[None]:
+    """An exclusive ``flock`` on each folder of ``paths`` (each folder once, in one
+    order), held while the outputs are placed: two conversions to the same outputs
+    would otherwise interleave their renames and leave one's weights beside the other's
+    manifest. Advisory: it orders conversions, nothing else. Without ``fcntl`` (or
+    where a folder cannot be opened or locked) nothing is held."""
+    fds: dict[tuple[int, int], int] = {}
+    try:
+        if fcntl is not None:
+            for folder in dict.fromkeys(p.parent for p in paths):
+                try:
+                    fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+                except OSError:
+                    continue
+                info = os.fstat(fd)
+                if (info.st_dev, info.st_ino) in fds:  # one folder by two names: once
+                    os.close(fd)
+                    continue
+                fds[(info.st_dev, info.st_ino)] = fd
+            for key in sorted(fds):  # one order for every process: no deadlock
+                with contextlib.suppress(OSError):  # a file system without locks
+                    fcntl.flock(fds[key], fcntl.LOCK_EX)
+        yield
+    finally:
+        for fd in fds.values():
+            os.close(fd)  # which releases its lock
+
+
 def write_outputs(
     tensors: dict[str, torch.Tensor],
     weights_path: Path,
     manifest: str,
     manifest_path: Path,
     metadata: dict[str, str],
+    *,
+    force: bool = True,
+    labels: Sequence[str] = ("output", "manifest (--manifest)"),
 ) -> None:
     """Writes the safetensors file and the manifest atomically.
 
-    Existing files at the paths are replaced (callers check ``--force`` first).
+    Existing files at the paths are replaced when ``force`` (callers check ``--force``
+    first); without it an output that appeared since that check (another program or
+    conversion wrote it) is refused, a ``ConversionError`` naming it (``labels``).
     """
     created: list[Path] = []
     temps: list[Path] = []
@@ -267,12 +306,26 @@ def write_outputs(
     except BaseException:
         clean_up()
         raise
-    with _signals_held():
-        try:
-            for temp, final in zip(temps, (weights_path, manifest_path), strict=True):
-                placed.append(_place(temp, final))
+    finals = (weights_path, manifest_path)
+    with contextlib.ExitStack() as stack:
+        try:  # waiting for another conversion: Ctrl-C or SIGTERM still cleans up
+            stack.enter_context(_folders_locked(finals))
         except BaseException:
             clean_up()
             raise
-        for done in placed:
-            done.drop_old()
+        with _signals_held():
+            try:
+                if not force:
+                    for label, final in zip(labels, finals, strict=True):
+                        if os.path.lexists(final):
+                            raise ConversionError(
+                                f"{label} {str(final)!r} appeared while converting; pass "
+                                "--force to overwrite"
+                            )
+                for temp, final in zip(temps, finals, strict=True):
+                    placed.append(_place(temp, final))
+            except BaseException:
+                clean_up()
+                raise
+            for done in placed:
+                done.drop_old()
