@@ -384,3 +384,26 @@ def test_a_name_near_the_file_name_limit_is_written_and_replaced(
     _artifact_files(stale)
     artifact_dir.clean_stale_temporaries(target)
     assert not stale.exists()
+
+
+@pytest.mark.parametrize("before", ["missing", "empty"])
+def test_a_folder_made_at_the_target_while_exporting_is_left_alone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, before: str) -> None:
+    """The destination was checked only before the export: a folder of someone else's
+    that appeared at the target meanwhile was swapped out into a hidden folder."""
+    from torch_lattice.artifact import export
+
+    target = tmp_path / "a"
+    if before == "empty":
+        target.mkdir()
+    real = export.save_file
+
+    def save_file(*args: object, **kwargs: object) -> None:
+        real(*args, **kwargs)
+        target.mkdir(exist_ok=True)
+        (target / "notes.txt").write_text("mine")
+
+    monkeypatch.setattr(export, "save_file", save_file)
+    with pytest.raises(FileExistsError, match="exists and is not an artifact"):
+        save(_model(), target, example_inputs=(_x(),))
+    assert _tree(tmp_path) == {"a": None, os.path.join("a", "notes.txt"): b"mine"}

@@ -382,6 +382,9 @@ def write_artifact(target: Path, graph: str, tensors: dict[str, torch.Tensor],
             _fsync(path)
             os.chmod(path, new_file_mode())
         os.chmod(temp, 0o777 & ~current_umask())  # made 0o700
+        # Again: a folder of someone else's made at the target while this export wrote
+        # (it was missing or empty before) would be swapped out and hidden otherwise.
+        _check_destination(target)
         place(temp, target)
     except BaseException:
         remove_artifact_files(temp)
