@@ -383,3 +383,26 @@ def test_an_output_made_meanwhile_is_not_replaced_without_force(
             f"{str(work / 'out.json')!r} appeared while converting; pass --force to overwrite")
     after = files(work)
     assert after == {**before, "out.json": b"theirs"}
+
+
+def test_loading_converted_weights_checks_the_memory_budget(work: Path) -> None:
+    """load_converted read the whole file with safetensors' reader, whatever its size."""
+    import torch_lattice as tl
+    from torch_lattice import migration
+
+    assert cli.main(_argv(work)) == 0
+    out = work / "out.safetensors"
+    module = tl.nn.SubmConv3d(2, 4, 3)
+    model = torch.nn.Module()
+    model.enc = module
+    model.bn = torch.nn.Module()
+    model.bn.register_buffer("weight", torch.zeros(4))
+    migration.load_converted(model, out)
+    assert torch.equal(model.bn.weight, torch.ones(4))
+    previous = tl.set_memory_budget(out.stat().st_size - 1)
+    try:
+        with pytest.raises(migration.ConversionError,
+                           match=r"reading converted weights .* beyond the memory budget"):
+            migration.load_converted(model, out)
+    finally:
+        tl.set_memory_budget(previous)

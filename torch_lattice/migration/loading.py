@@ -281,14 +281,26 @@ def load_state_dict_strict(model: nn.Module, state: Mapping[str, torch.Tensor]) 
 
 
 def load_converted(model: nn.Module, path: str | Path) -> None:
-    """Loads a converted ``.safetensors`` file into ``model`` strictly (see above)."""
-    from safetensors.torch import load_file
+    """Loads a converted ``.safetensors`` file into ``model`` strictly (see above).
+
+    Raises:
+        ConversionError: the file is missing, not a regular file, larger than the memory
+            budget or not safetensors.
+        StateDictMismatchError: keys or shapes differ from the model's.
+    """
+    from safetensors.torch import load
 
     source = Path(path)
     if not source.is_file():
         raise ConversionError(f"converted weights {str(source)!r} do not exist or are not a file")
     try:
-        state = load_file(str(source))
+        # Read whole into memory: its size checked against the budget first, as every
+        # other file the tools read (safetensors' own reader checked nothing).
+        data = read_regular_file(source, "converted weights")
+    except ValueError as exc:
+        raise ConversionError(str(exc)) from None
+    try:
+        state = load(data)
     except Exception as exc:  # safetensors raises its own error type for a bad header
         raise ConversionError(
             f"cannot read {str(source)!r} as safetensors: {type(exc).__name__}: {exc}"
