@@ -407,3 +407,11 @@ def test_a_folder_made_at_the_target_while_exporting_is_left_alone(
     with pytest.raises(FileExistsError, match="exists and is not an artifact"):
         save(_model(), target, example_inputs=(_x(),))
     assert _tree(tmp_path) == {"a": None, os.path.join("a", "notes.txt"): b"mine"}
+
+
+@pytest.mark.parametrize("name", ["a\0b", "a\0/b"], ids=["in_the_name", "in_the_parent"])
+def test_a_nul_byte_names_artifact_dir(tmp_path: Path, name: str) -> None:
+    """A bare "embedded null byte", or a parent folder said not to exist, before."""
+    with pytest.raises(ExportError, match=r"artifact_dir .* contains a NUL byte"):
+        save(_model(), str(tmp_path / name), example_inputs=(_x(),))
+    assert list(tmp_path.iterdir()) == []

@@ -977,6 +977,18 @@ add_tmp(
     lambda tmp: F.save_tuning(tmp / "no" / "t.json"),
 )
 add_tmp(
+    "save-tuning-nul",
+    ValueError,
+    r"save_tuning: path .* contains a NUL byte",
+    lambda tmp: F.save_tuning(str(tmp / "t\0.json")),
+)
+add(
+    "save-tuning-bytes",
+    TypeError,
+    r"save_tuning: path must be a str or os.PathLike, got bytes",
+    lambda: F.save_tuning(b"t.json"),  # type: ignore[arg-type]
+)
+add_tmp(
     "save-tuning-directory",
     ValueError,
     r"save_tuning: path .* is a directory",

@@ -130,6 +130,10 @@ def save_lattice_model_artifact(
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if not isinstance(artifact_dir, (str, os.PathLike)):
         raise TypeError(f"artifact_dir must be a path, got {type(artifact_dir).__name__}")
+    if "\0" in os.fsdecode(os.fspath(artifact_dir)):  # else "embedded null byte", or a
+        # parent folder said not to exist
+        raise ExportError(f"artifact_dir {os.fsdecode(os.fspath(artifact_dir))!r} contains a "
+                          "NUL byte, which no file name can hold")
     if isinstance(example_inputs, (SparseTensor, torch.Tensor)) or not isinstance(
         example_inputs, (tuple, list)
     ):

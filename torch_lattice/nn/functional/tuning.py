@@ -188,9 +188,16 @@ def save_tuning(path: str | os.PathLike[str]) -> int:
     """Writes this process's choices to ``path`` (JSON, atomically); returns how many.
 
     Raises:
+        TypeError: ``path`` is not a str or os.PathLike.
         ValueError: ``path`` is a directory, a symbolic link or another non-regular file
-            (a FIFO, a device), or its folder does not exist.
+            (a FIFO, a device), its folder does not exist, or it holds a NUL byte.
     """
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"save_tuning: path must be a str or os.PathLike, got "
+                        f"{type(path).__name__}")
+    if "\0" in os.fsdecode(os.fspath(path)):  # else a bare "embedded null byte"
+        raise ValueError(f"save_tuning: path {os.fsdecode(os.fspath(path))!r} contains a NUL "
+                         "byte, which no file name can hold")
     target = Path(path)
     # The rename would replace a link (not write through it) or a device node: refused.
     if target.is_symlink():
