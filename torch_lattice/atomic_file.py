@@ -14,9 +14,12 @@ each gets the same guarantees:
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import os
+import re
+import stat
 import sys
 import tempfile
 from collections.abc import Callable
@@ -25,6 +28,7 @@ from pathlib import Path
 __all__ = [
     "NAME_MAX",
     "atomic_write",
+    "clean_stale_siblings",
     "current_umask",
     "exchange_paths",
     "fit_name",
@@ -87,16 +91,73 @@ def fit_name(name: str, room: int) -> str:
     return name
 
 
+# A pid in a hidden name: at most 10 digits, as the stale-name pattern reads it.
+_PID_ROOM = 11
+
+
+def _sibling_parts(final: Path, tag: str, random_chars: int) -> tuple[str, str]:
+    """The cut stem and the suffix of :func:`sibling_name` (see there)."""
+    suffix = f".{tag}{final.suffix}"
+    if len(os.fsencode(suffix)) + random_chars + 2 + _PID_ROOM > NAME_MAX:
+        suffix = f".{tag}"
+    stem = fit_name(final.stem, len(os.fsencode(suffix)) + random_chars + 2 + _PID_ROOM)
+    return stem, suffix
+
+
 def sibling_name(final: Path, tag: str, random_chars: int) -> tuple[str, str]:
-    """``(prefix, suffix)`` of a hidden name beside ``final``: ``.<stem>.`` and
+    """``(prefix, suffix)`` of a hidden name beside ``final``: ``.<stem>.<pid>.`` and
     ``.<tag><suffix>``, cut so that with ``random_chars`` between them the name fits
     :data:`NAME_MAX` (``final``'s suffix is kept where it fits: writers such as
-    matplotlib choose the format from it)."""
-    suffix = f".{tag}{final.suffix}"
-    if len(os.fsencode(suffix)) + random_chars + 2 > NAME_MAX:
-        suffix = f".{tag}"
-    stem = fit_name(final.stem, len(os.fsencode(suffix)) + random_chars + 2)
-    return f".{stem}.", suffix
+    matplotlib choose the format from it). The pid lets a later write to ``final``
+    remove what a killed process left (:func:`clean_stale_siblings`)."""
+    stem, suffix = _sibling_parts(final, tag, random_chars)
+    return f".{stem}.{os.getpid()}.", suffix
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (OSError, OverflowError):  # someone else's (EPERM), or unknown: keep its files
+        return True
+    return True
+
+
+# The random parts between the pid and the tag: tempfile.mkstemp's 8 characters, or
+# secrets.token_hex(8)'s 16 hex digits.
+_RANDOM = r"(?:[a-z0-9_]{8}|[0-9a-f]{16})"
+
+
+def clean_stale_siblings(path: str | os.PathLike[str], tags: tuple[str, ...] = ("tmp",)
+                         ) -> None:
+    """Removes the hidden files :func:`sibling_name` named beside ``path`` (with one of
+    ``tags``) for a process that is gone: what a write killed outright (SIGKILL, a
+    power cut) left, partial or whole.
+
+    Only regular files (never links or folders) named exactly so, with a pid of no
+    live process, are removed; anything else, or any error, is left alone.
+    """
+    final = Path(path)
+    patterns = []
+    for tag in tags:
+        stem, suffix = _sibling_parts(final, tag, 16)
+        short_stem, short_suffix = _sibling_parts(final, tag, _MKSTEMP_CHARS)
+        for s, x in ((stem, suffix), (short_stem, short_suffix)):
+            patterns.append(re.compile(rf"\.{re.escape(s)}\.([1-9][0-9]{{0,9}})\.{_RANDOM}"
+                                       rf"{re.escape(x)}"))
+    try:
+        names = os.listdir(final.parent)
+    except OSError:
+        return
+    for name in names:
+        match = next((m for m in (p.fullmatch(name) for p in patterns) if m), None)
+        if match is None or _pid_alive(int(match.group(1))):
+            continue
+        candidate = final.parent / name
+        with contextlib.suppress(OSError):
+            if stat.S_ISREG(os.lstat(candidate).st_mode):
+                os.unlink(candidate)
 
 
 def write_beside(path: str | os.PathLike[str], write: Callable[[Path], None]) -> Path:
@@ -144,6 +205,7 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[Path], None]) ->
         path: the file to write; its folder must exist.
         write: called with a temporary path; writes the whole content there.
     """
+    clean_stale_siblings(path)
     temp = write_beside(path, write)
     try:
         os.replace(temp, path)

@@ -179,3 +179,31 @@ def test_names_near_the_file_name_limit_are_written_and_replaced(
 
 def _no_link(*args: object, **kwargs: object) -> None:
     raise OSError(1, "Operation not permitted")
+
+
+def test_files_of_a_conversion_killed_while_writing_are_removed_by_the_next(
+    work: Path, umask: int
+) -> None:
+    """SIGKILL runs no clean-up: the complete weights and the partial manifest stayed
+    beside the outputs for good. The next conversion to them removes both."""
+    script = (
+        "import os, signal, sys\n"
+        "from torch_lattice import migration\n"
+        "from torch_lattice.migration import writing\n"
+        "def killed(text):\n"
+        "    def write(path):\n"
+        "        path.write_text(text[: len(text) // 2])\n"
+        "        os.kill(os.getpid(), signal.SIGKILL)\n"
+        "    return write\n"
+        "writing._write_text = killed\n"
+        f"migration.convert_checkpoint(sys.argv[1], sys.argv[2], {SPEC!r})\n"
+    )
+    out = work / "w.safetensors"
+    done = subprocess.run([sys.executable, "-c", script, str(work / "legacy.pt"), str(out)],
+                          check=False)
+    assert done.returncode == -9
+    left = {p.name for p in work.iterdir()} - {"legacy.pt", "spec.json"}
+    assert len(left) == 2 and all(name.startswith(".w.") for name in left)
+    migration.convert_checkpoint(work / "legacy.pt", out, SPEC)
+    assert {p.name for p in work.iterdir()} == {"legacy.pt", "spec.json", "w.safetensors",
+                                                "w.json"}

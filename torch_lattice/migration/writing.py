@@ -7,7 +7,9 @@ one step (:func:`torch_lattice.atomic_file.exchange_paths`), so the old one is s
 hand, under the temporary name, until the other output is in place too; where the
 system cannot swap, a hard link (else a copy) keeps it. The temporary files come
 from :mod:`torch_lattice.atomic_file`, so the outputs get the user's umask
-(``0o666 & ~umask``), as any other new file would.
+(``0o666 & ~umask``), as any other new file would. A process killed outright (SIGKILL,
+a power cut) cannot clean up: its hidden files carry its pid, and the next conversion to
+the same outputs removes them once that process is gone.
 """
 
 from __future__ import annotations
@@ -26,7 +28,12 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from torch_lattice.atomic_file import exchange_paths, sibling_name, write_beside
+from torch_lattice.atomic_file import (
+    clean_stale_siblings,
+    exchange_paths,
+    sibling_name,
+    write_beside,
+)
 from torch_lattice.migration.errors import ConversionError
 from torch_lattice.regular_file import describe_file_type
 
@@ -301,6 +308,8 @@ def write_outputs(
     try:
         _make_parents(weights_path, created)
         _make_parents(manifest_path, created)
+        for final in (weights_path, manifest_path):  # what a killed conversion left
+            clean_stale_siblings(final, ("tmp", "old"))
         temps.append(write_beside(weights_path, _write_tensors(tensors, metadata)))
         temps.append(write_beside(manifest_path, _write_text(manifest)))
     except BaseException:
