@@ -348,3 +348,14 @@ def test_a_bad_spec_entry_names_the_key_and_the_rule(
     with pytest.raises(migration.ConversionError, match=r"kernel spec for 'enc\.kernel'"):
         migration.parse_kernel_spec({"enc.kernel": entry})
     assert not (work / "out.safetensors").exists()
+
+
+def test_a_key_that_is_not_unicode_is_named(work: Path, capsys: pytest.CaptureFixture[str]
+                                            ) -> None:
+    """A pickle can hold a lone surrogate; safetensors failed on it after the conversion,
+    with an encoder message that named no key."""
+    torch.save({"model": {**_state(), "bn.\udc80": torch.ones(1)}}, work / "bad.pt")
+    refused(capsys, [str(work / "bad.pt"), str(work / "out.safetensors"), "--kernel-spec",
+                     str(work / "legacy-kernels.json")],
+            "model state key 'bn.\\udc80' is not valid Unicode")
+    assert not (work / "out.safetensors").exists()

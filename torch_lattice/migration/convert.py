@@ -135,6 +135,13 @@ def _check_entries(state: Mapping[Any, Any], specs: Mapping[str, KernelSpec]) ->
     for key, value in state.items():
         if not isinstance(key, str):
             raise ConversionError(f"model state keys must be strings, got {key!r}")
+        try:
+            key.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate: a pickle can hold one, UTF-8 cannot
+            raise ConversionError(
+                f"model state key {key!r} is not valid Unicode (it holds a lone surrogate), so "
+                "safetensors cannot store it; rename that entry before converting"
+            ) from None
         if key == _SAFETENSORS_METADATA:
             raise ConversionError(
                 f"model state key {key!r} is reserved by the safetensors format (the "
