@@ -603,6 +603,15 @@ add(
     lambda: nn.Conv3d(C, C, 9, stride=2)(_x(spatial_range=(2, 6, 6, 6))),
 )
 add(
+    "conv-window-beyond-range-empty",  # as torch.nn.Conv3d on an empty batch
+    ValueError,
+    r"kernel_size .* does not fit the input range",
+    lambda: nn.Conv3d(C, C, 3)(
+        tl.SparseTensor(torch.zeros(0, C), torch.zeros(0, 4, dtype=torch.int32),
+                        spatial_range=(1, 2, 2, 2))
+    ),
+)
+add(
     "convtr-no-history",
     ValueError,
     r"ConvTranspose3d\(src\) without a target needs src",
