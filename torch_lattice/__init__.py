@@ -8,7 +8,7 @@ import importlib as _importlib
 import typing as _typing
 from types import ModuleType as _ModuleType
 
-from torch_lattice import backbones, nn, ops
+from torch_lattice import _extension, backbones, nn, ops  # noqa: F401 (_extension: _C is built)
 from torch_lattice.cpu_memory import reuse_cpu_memory
 from torch_lattice.memory_budget import get_memory_budget, set_memory_budget
 from torch_lattice.sparse_join import reindex_sparse, sparse_binary, sparse_cat

@@ -54,6 +54,33 @@ def test_extension_imports_without_torch() -> None:
     assert int(devices) >= 0
 
 
+def test_unbuilt_checkout_names_the_missing_extension(tmp_path: Path) -> None:
+    """A checkout without _C, imported from the folder above it, says what to do.
+
+    Python puts that folder first on sys.path, so it shadows an installed torch_lattice
+    (the repository root after a non-editable ``pip install .``); without the check the
+    import failed with "cannot import name '_C' from partially initialized module".
+    """
+    shutil.copytree(
+        PACKAGE_DIR, tmp_path / "torch_lattice", ignore=shutil.ignore_patterns("_C*", "__pycache__")
+    )
+    # -S and the site-packages folders added as plain paths: torch importable, as after a
+    # non-editable install, without the finder of an editable install (which would find
+    # the real _C for the copy).
+    site = [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
+    code = f"import sys; sys.path += {site!r}; import torch_lattice"
+    out = subprocess.run(
+        [sys.executable, "-S", "-c", code], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert out.returncode != 0
+    last = out.stderr.strip().splitlines()[-1]
+    expected = "ImportError: torch_lattice._C (the compiled core) is not built in "
+    assert last.startswith(expected), out.stderr
+    assert str(tmp_path / "torch_lattice") in last
+    assert "pip install -e ." in last and "run Python from another folder" in last
+    assert "partially initialized" not in out.stderr
+
+
 def test_only_module_init_is_exported() -> None:
     nm = shutil.which("nm")
     if nm is None:
