@@ -6,5 +6,5 @@ cd "$(dirname "$0")/.."
 bash scripts/setup-env.sh
 echo "[test] ruff: lint of torch_lattice, tests, examples, benchmarks, fuzz, scripts, setup.py (seconds)"
 .venv/bin/ruff check torch_lattice tests examples benchmarks fuzz scripts setup.py
-echo "[test] pytest: the whole suite (several minutes on 2 cores; -x stops at the first failure)"
+echo "[test] pytest: the whole suite (several minutes on 2 cores; pass -x to stop at the first failure)"
 exec .venv/bin/python -m pytest "$@"
