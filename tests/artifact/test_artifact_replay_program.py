@@ -335,3 +335,16 @@ def test_sparse_inputs_without_a_common_stem_or_with_a_taken_name(tmp_path: Path
     with pytest.raises(TypeError, match=r"takes 4 positional input\(s\) \['x_coords', "
                                         r"'x_features', 'x_active', 'x'\], got 5"):
         program(x, x, x, x, x)
+
+
+def test_ctrl_c_during_replay_is_one_line_and_exit_130(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import torch_lattice.artifact.__main__ as cli
+
+    def interrupted(args: object) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_run", interrupted)
+    assert cli_main(["replay", str(tmp_path)]) == 130
+    assert capsys.readouterr().err == "error: interrupted (Ctrl-C)\n"

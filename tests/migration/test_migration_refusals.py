@@ -245,6 +245,20 @@ def test_sigterm_while_writing_removes_the_temporary_files(
     assert signal.getsignal(signal.SIGTERM) == previous  # the handler was put back
 
 
+def test_ctrl_c_while_writing_is_one_line_and_removes_the_temporary_files(
+        work: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    def save_file(tensors: Any, path: str, metadata: Any = None) -> None:
+        Path(path).write_bytes(b"partial")
+        raise KeyboardInterrupt  # what Python's SIGINT handler raises
+
+    monkeypatch.setattr(writing, "save_file", save_file)
+    assert cli.main(_argv(work)) == 128 + signal.SIGINT
+    err = capsys.readouterr().err
+    assert err.startswith("error: interrupted (Ctrl-C)") and "Traceback" not in err
+    assert set(files(work)) == {"legacy.pt", "spec.json"}
+
+
 def test_a_tensor_safetensors_cannot_write_is_a_refusal(
         work: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:

@@ -12,7 +12,7 @@ coordinates).
 Exit status 0 when every replayed case matches, 1 otherwise (a case that fails to
 load or replay, or whose expected file is missing or not a regular file, counts as a
 mismatch), 2 on bad arguments (PATH missing or not a folder included) or a refused
-manifest, reported as one ``error:`` line.
+manifest, reported as one ``error:`` line; 130 when Ctrl-C (SIGINT) stops it, also one line.
 
 What is refused, and why (docs/limits.md): a case name must be one plain folder name
 inside the fixture folder (no separators, ``.``/``..``, absolute paths, control
@@ -299,6 +299,9 @@ def main(argv: list[str] | None = None) -> int:
     except (TypeError, ValueError) as exc:  # a refused argument, manifest or file
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # replay writes nothing: one line, not a traceback
+        print("error: interrupted (Ctrl-C)", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -5,8 +5,9 @@ input (bad arguments, spec problems, optimizer state, unsafe pickle, a corrupted
 archive (bad CRC, duplicate entries), an expanded tensor, a size beyond the memory
 budget, an output path that is an input or lies under a file, existing output without
 ``--force``), reported as one ``error: ...`` line on stderr with nothing written; 143 ended by
-SIGTERM, after removing its temporary files (the outputs are both the previous ones, or
-absent, or, where it came while they were put in place, both complete).
+SIGTERM, 130 by Ctrl-C (SIGINT), each after removing its temporary files (the outputs are both
+the previous ones, or absent, or, where it came while they were put in place, both complete),
+reported as one ``error: ...`` line.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ EXIT_OK = 0
 EXIT_OS_ERROR = 1
 EXIT_REFUSED = 2
 EXIT_TERMINATED = 128 + signal.SIGTERM  # what a shell reports for a process SIGTERM ended
+EXIT_INTERRUPTED = 128 + signal.SIGINT  # and for one Ctrl-C ended
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -99,6 +101,10 @@ def main(argv: Sequence[str] | None = None) -> int:
               "ones (or absent) or both complete, and no temporary file is left",
               file=sys.stderr)
         return EXIT_TERMINATED
+    except KeyboardInterrupt:  # unwound like SIGTERM: one line, not a traceback
+        print("error: interrupted (Ctrl-C); the outputs are either both the previous ones "
+              "(or absent) or both complete, and no temporary file is left", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except (ConversionError, ValueError, TypeError) as exc:  # a refused input, or the budget
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_REFUSED
