@@ -130,6 +130,20 @@ def test_float32_and_empty():
     assert (F.trilinear_upsample3d(empty, 2, target=fine).feats == 0).all()
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_half_types_are_the_float32_result_rounded_once(dtype):
+    """Half types weigh, sum and divide in float32 and round once, as pool_transpose3d
+    does: bitwise the float32 result cast, where rounding each step in the half type
+    moved values by an ulp or more (stride 3: weights 1/3, 2/3 are not exact)."""
+    src = random_sparse(40, 6, seed=9, stride=3, dtype=torch.float32)
+    fine = random_sparse(200, 18, seed=10, channels=1, dtype=torch.float32)
+    half = src.replace(src.feats.to(dtype))
+    want = F.trilinear_upsample3d(half.replace(half.feats.float()), 3, target=fine).feats
+    y = F.trilinear_upsample3d(half, 3, target=fine)
+    assert y.dtype == dtype
+    assert torch.equal(y.feats, want.to(dtype))
+
+
 def test_bad_inputs():
     src = random_sparse(10, 4, seed=8, stride=2, lo=1)
     with pytest.raises(TypeError, match="input must be"):

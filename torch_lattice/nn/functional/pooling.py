@@ -268,15 +268,19 @@ def trilinear_upsample3d(
         support = generated_transposed_support(x, geometry, "trilinear_upsample3d")
     support.check_unchanged()
     n = support.num_rows
-    check_output("trilinear_upsample3d", 2 * n, x.feats)  # the sums and the quotient
-    fine, coarse, w = _trilinear_pairs(support, x, geometry.stride, x.feats)
-    check_output("trilinear_upsample3d gathered rows", int(fine.shape[0]), x.feats, 2)
-    num = x.feats.new_zeros((n, x.feats.shape[1])).index_add(
-        0, fine, x.feats.index_select(0, coarse) * w[:, None]
+    # Half types weigh, sum and divide in float32, rounded once at the end, as
+    # pool_transpose3d and the global pools do (in the half type each step rounded).
+    work = compute_dtype("trilinear_upsample3d", x.feats.dtype)
+    feats = x.feats.to(work)
+    check_output("trilinear_upsample3d", 2 * n, feats)  # the sums and the quotient
+    fine, coarse, w = _trilinear_pairs(support, x, geometry.stride, feats)
+    check_output("trilinear_upsample3d gathered rows", int(fine.shape[0]), feats, 2)
+    num = feats.new_zeros((n, feats.shape[1])).index_add(
+        0, fine, feats.index_select(0, coarse) * w[:, None]
     )
     den = w.new_zeros(n).index_add(0, fine, w)
     y = torch.where(den[:, None] > 0, num / den.clamp_min(torch.finfo(w.dtype).tiny)[:, None], num)
-    return SparseTensor.from_support(y, support)
+    return SparseTensor.from_support(y.to(x.feats.dtype), support)
 
 
 # The 8 coarse neighbours of a fine row, in kernel-row order (z fastest): kernel row
