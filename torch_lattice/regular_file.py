@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import stat
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -85,22 +84,41 @@ def read_regular_file(path: str | os.PathLike[str], what: str, *,
         os.close(fd)
 
 
-def parse_json(data: bytes | str, name: str, failure: str, *,
-               object_pairs_hook: Callable[[list[tuple[str, Any]]], Any] | None = None) -> Any:
-    """``data`` (UTF-8 bytes, or text already decoded) parsed as JSON.
+class _RepeatedKeyError(Exception):
+    """A JSON object repeats a key (not a ValueError, so parse_json tells it apart)."""
 
-    ``object_pairs_hook`` is passed to ``json.loads`` (e.g. to refuse repeated keys);
-    an exception it raises that is not a ``ValueError`` reaches the caller as is.
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _refuse_repeated_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json``'s object hook: ``json.loads`` keeps the last of repeated keys, which
+    would silently drop the first entry (a kernel, a case's tolerance, a choice)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _RepeatedKeyError(key)
+        out[key] = value
+    return out
+
+
+def parse_json(data: bytes | str, name: str, failure: str) -> Any:
+    """``data`` (UTF-8 bytes, or text already decoded) parsed as JSON whose objects
+    name each key once.
 
     Raises:
         ValueError: ``"{name} {failure}: {why}"`` for bytes that are not UTF-8 (no
             UTF-16/32 guessing, as ``json.loads`` of bytes would do), text that is not
             JSON or an integer past Python's digit limit; ``"{name} nests JSON too
-            deeply"`` where the nesting would exhaust Python's stack.
+            deeply"`` where the nesting would exhaust Python's stack; ``"{name} gives
+            the key ... twice"`` for an object that repeats a key.
     """
     try:
         return json.loads(data.decode("utf-8") if isinstance(data, bytes) else data,
-                          object_pairs_hook=object_pairs_hook)
+                          object_pairs_hook=_refuse_repeated_keys)
+    except _RepeatedKeyError as exc:
+        raise ValueError(f"{name} gives the key {exc.key!r} twice; list each key once") from None
     except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         raise ValueError(f"{name} {failure}: {exc}") from None
     except RecursionError:  # "[[[[..." nested past Python's stack

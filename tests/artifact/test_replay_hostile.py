@@ -386,6 +386,14 @@ def test_a_deeply_nested_manifest_is_one_error_line(
     _refused(capsys, ["replay", str(root)], "nests JSON too deeply")
 
 
+def test_a_manifest_repeating_a_key_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = tmp_path / "fixtures"
+    _case(root)  # json would keep the second "cases", silently dropping the first
+    (root / "manifest.json").write_text('{"cases": [{"name": "c"}], "cases": []}')
+    _refused(capsys, ["replay", str(root)], "gives the key 'cases' twice")
+
+
 def test_a_linked_manifest_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     root = tmp_path / "fixtures"
     _case(root)

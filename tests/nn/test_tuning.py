@@ -330,6 +330,9 @@ def test_a_bad_tuning_file_is_refused_whole(tmp_path: Path, content: bytes,
         (b'{"format": ' + b"1" * 5000 + b"}", "is not JSON: Exceeds the limit"),
         ('{"format": "torch_lattice.tuning"}'.encode("utf-16"), "is not JSON: 'utf-8'"),
         (b'{"format": "\xff"}', "is not JSON: 'utf-8'"),
+        # json keeps the last of repeated keys: the first version would go unread
+        (b'{"format": "torch_lattice.tuning", "version": 1, "version": 2, "choices": []}',
+         "gives the key 'version' twice"),
     ],
 )
 def test_a_hostile_tuning_file_is_a_value_error_naming_it(tmp_path: Path, content: bytes,

@@ -20,7 +20,8 @@ characters; the folder must not be a symbolic link), so a manifest cannot reach
 folders the user never named; only regular files are read (a FIFO would hang the
 replay, a device never ends), each size-checked against the memory budget before it
 is read; tolerances must be finite numbers >= 0 (NaN fails every comparison,
-infinity passes every one). Refusals never list a folder's contents.
+infinity passes every one); a manifest object must not repeat a key (JSON would keep
+the last). Refusals never list a folder's contents.
 
 ``--coordinates auto`` (the default) reads boundary coordinates as logical for a
 manifest whose ``schema`` is torch-lattice 0.5's fixture schema (those artifacts

