@@ -347,6 +347,28 @@ TL_DEFINE_ROWS_T(1)
 #undef TL_DEFINE_ROWS_T
 
 #if TL_ISA_VBYTES == 64
+/* One pair of a 16-row pass (rows_t_16, rows_t_16_runs): acc[r] += aq[r] times
+ * the dy vector at dy, r < 16. */
+static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_MKI(pair_16)(
+    TL_MKI(vec) *acc, const TL_T *aq, const TL_T *dy) {
+    TL_MKI(vec) bv;
+    memcpy(&bv, dy, sizeof(bv));
+    __asm__("" : "+r"(aq)); /* constant offsets for the broadcasts (TL_BLOCK_FN) */
+#pragma GCC unroll 16
+    for (int r = 0; r < 16; r++) acc[r] += aq[r] * bv;
+}
+
+/* out[r][0:TL_VL) += acc[r], r < 16: a 16-row pass's sums. */
+static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_MKI(add_16)(
+    const TL_MKI(vec) *acc, TL_T *const *out) {
+    for (int r = 0; r < 16; r++) {
+        TL_MKI(vec) o;
+        memcpy(&o, out[r], sizeof(o));
+        o += acc[r];
+        memcpy(out[r], &o, sizeof(o));
+    }
+}
+
 /* out[r][0:TL_VL) += sum_q xr[q][c0 + r] * b[q][0:TL_VL) for 16 rows: the
  * weight gradient of a layer one vector wide (C_out = 16 in fp32, 8 in
  * fp64, with AVX-512) in one pass over the pairs instead of two of 8 rows, so each dy
@@ -366,19 +388,9 @@ static TL_ISA_ATTR void TL_MKI(rows_t_16)(int64_t nq, int64_t c0, const TL_T *co
             if (pd) __builtin_prefetch(pd[q]);
         }
         TL_MK_ASK_PAIR_AHEAD(xr, b, q, nq, c0, 0);
-        TL_MKI(vec) bv;
-        memcpy(&bv, b[q], sizeof(bv));
-        const TL_T *aq = xr[q] + c0;
-        __asm__("" : "+r"(aq)); /* constant offsets for the broadcasts (TL_BLOCK_FN) */
-#pragma GCC unroll 16
-        for (int r = 0; r < 16; r++) acc[r] += aq[r] * bv;
+        TL_MKI(pair_16)(acc, xr[q] + c0, b[q]);
     }
-    for (int r = 0; r < 16; r++) {
-        TL_MKI(vec) o;
-        memcpy(&o, out[r], sizeof(o));
-        o += acc[r];
-        memcpy(out[r], &o, sizeof(o));
-    }
+    TL_MKI(add_16)(acc, out);
 }
 #define TL_ISA_ROWS_T_16 TL_MKI(rows_t_16)
 
@@ -409,20 +421,10 @@ static TL_ISA_ATTR void TL_MKI(rows_t_16_runs)(int64_t runs, const tl_mk_run *ru
                 __builtin_prefetch(xc + in[q + TL_MK_PAIRS_AHEAD] * ldx);
                 __builtin_prefetch(d + rows[q + TL_MK_PAIRS_AHEAD] * TL_VL);
             }
-            TL_MKI(vec) bv;
-            memcpy(&bv, d + rows[q] * TL_VL, sizeof(bv));
-            const TL_T *aq = xc + in[q] * ldx;
-            __asm__("" : "+r"(aq)); /* constant offsets for the broadcasts (TL_BLOCK_FN) */
-#pragma GCC unroll 16
-            for (int r = 0; r < 16; r++) acc[r] += aq[r] * bv;
+            TL_MKI(pair_16)(acc, xc + in[q] * ldx, d + rows[q] * TL_VL);
         }
     }
-    for (int r = 0; r < 16; r++) {
-        TL_MKI(vec) o;
-        memcpy(&o, out[r], sizeof(o));
-        o += acc[r];
-        memcpy(out[r], &o, sizeof(o));
-    }
+    TL_MKI(add_16)(acc, out);
 }
 #define TL_ISA_ROWS_T_16_RUNS TL_MKI(rows_t_16_runs)
 

@@ -317,29 +317,10 @@ def test_weight_gradient_over_its_forwards_lists(isa, c, monkeypatch):
     runs over them, bitwise its result over the table and within 1e-4 of a float64
     reference."""
     monkeypatch.setenv("TORCH_LATTICE_CPU_ISA", isa)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        nbr, n_in = _table(40000, 27, 30000, 15), 30000
-        x, w = _operands(nbr, n_in, c, c, torch.float32)
-        dy = torch.randn(40000, c, generator=torch.Generator().manual_seed(15))
-        before = T.sparse_conv_weight_grad(x, dy, nbr)  # no lists yet
-        T.sparse_conv(x, w, nbr, nbr)
-        T.sparse_conv(x, w, nbr, nbr)
-        block = T._C.conv_weight_grad_list_rows(
-            T.DTYPE_CODES[torch.float32], n_in, 40000, 27, c, c, 2
-        )
-        lists = T.kept_tile_lists(nbr, block)
-        assert lists is not None and block == 2 * lists.tile_rows
-        after = T.sparse_conv_weight_grad(x, dy, nbr)
-    finally:
-        torch.set_num_threads(threads)
-    assert torch.equal(after, before)
-    want = torch.stack([
-        x.double()[nbr[:, n].clamp(min=0).long()].mul((nbr[:, n] >= 0)[:, None]).T @ dy.double()
-        for n in range(27)
-    ])  # fmt: skip
-    torch.testing.assert_close(after.double(), want, rtol=1e-4, atol=1e-3)
+    x, dy, nbr, before, after, block, lists = _weight_grad_without_and_over_lists(
+        torch.float32, c, c, 15)
+    assert block == 2 * lists.tile_rows
+    _check_weight_grad(x, dy, nbr, before, after, 1e-4, 1e-3)
 
 
 @pytest.mark.parametrize(
@@ -351,26 +332,46 @@ def test_one_vector_weight_gradients_over_lists_by_index(dtype, c_in, c_out):
     channels in 16-row passes reads its forward's lists by index (rows_t_16_runs), one
     pass per 16 input channels (two at C_in = 32): bitwise its result over the table.
     (C = 16 in float32 is the test above.)"""
+    x, dy, nbr, before, after, block, lists = _weight_grad_without_and_over_lists(
+        dtype, c_in, c_out, 16)
+    assert block % lists.tile_rows == 0
+    tol = 1e-3 if dtype == torch.float32 else 1e-10
+    _check_weight_grad(x, dy, nbr, before, after, tol, tol)
+
+
+def _weight_grad_without_and_over_lists(
+    dtype: torch.dtype, c_in: int, c_out: int, seed: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int,
+           T.TileLists]:
+    """At 2 threads, on a 40,000-row table: operands x and dy, the weight gradient
+    before any forward has kept lists and after two forwards kept them, the weight
+    gradient's block rows and the kept lists it then runs over."""
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        nbr, n_in = _table(40000, 27, 30000, 16), 30000
+        nbr, n_in = _table(40000, 27, 30000, seed), 30000
         x, w = _operands(nbr, n_in, c_in, c_out, dtype)
-        dy = torch.randn(40000, c_out, generator=torch.Generator().manual_seed(16)).to(dtype)
+        dy = torch.randn(40000, c_out, generator=torch.Generator().manual_seed(seed)).to(dtype)
         before = T.sparse_conv_weight_grad(x, dy, nbr)  # no lists yet
         T.sparse_conv(x, w, nbr, nbr)
         T.sparse_conv(x, w, nbr, nbr)
         code = T.DTYPE_CODES[dtype]
         block = T._C.conv_weight_grad_list_rows(code, n_in, 40000, 27, c_in, c_out, 2)
         lists = T.kept_tile_lists(nbr, block)
-        assert lists is not None and block % lists.tile_rows == 0
+        assert lists is not None
         after = T.sparse_conv_weight_grad(x, dy, nbr)
     finally:
         torch.set_num_threads(threads)
+    return x, dy, nbr, before, after, block, lists
+
+
+def _check_weight_grad(x: torch.Tensor, dy: torch.Tensor, nbr: torch.Tensor,
+                       before: torch.Tensor, after: torch.Tensor, rtol: float,
+                       atol: float) -> None:
+    """``after`` is bitwise ``before``, and close to a float64 reference."""
     assert torch.equal(after, before)
     want = torch.stack([
         x.double()[nbr[:, n].clamp(min=0).long()].mul((nbr[:, n] >= 0)[:, None]).T @ dy.double()
-        for n in range(27)
+        for n in range(nbr.shape[1])
     ])  # fmt: skip
-    tol = 1e-3 if dtype == torch.float32 else 1e-10
-    torch.testing.assert_close(after.double(), want, rtol=tol, atol=tol)
+    torch.testing.assert_close(after.double(), want, rtol=rtol, atol=atol)
