@@ -100,8 +100,7 @@ def convert_checkpoint(
     spec_inputs = []
     if isinstance(kernel_spec, (str, os.PathLike)):
         spec_inputs.append(("kernel spec", Path(kernel_spec)))
-    check_output_paths(source_path, [output_path, manifest_path], force, spec_inputs,
-                       ("output", "manifest (--manifest)"))
+    check_output_paths(source_path, [output_path, manifest_path], force, spec_inputs)
     checkpoint = read_legacy_checkpoint(source_path)
     result = convert_state_dict(checkpoint.state_dict, specs)
     record = build_manifest(str(source_path), checkpoint, result)

@@ -42,7 +42,11 @@ try:
 except ImportError:  # not POSIX (Windows): no folder locks
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["check_output_paths", "write_outputs"]
+__all__ = ["OUTPUT_LABELS", "check_output_paths", "write_outputs"]
+
+# How messages name the weights and the manifest (both functions below take them in
+# that order).
+OUTPUT_LABELS = ("output", "manifest (--manifest)")
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -57,13 +61,13 @@ def _same_file(a: Path, b: Path) -> bool:
 
 def check_output_paths(source: Path, outputs: list[Path], force: bool,
                        inputs: Sequence[tuple[str, Path]] = (),
-                       labels: Sequence[str] = ()) -> None:
+                       labels: Sequence[str] = OUTPUT_LABELS) -> None:
     """Refuses outputs that collide with an input (the source, the kernel spec: never
     overwritten, even with ``force``), each other, a folder, a new path under a file or
     a dangling link, an existing path that is not a regular file (a symbolic link, a
     FIFO, a device, a socket: never replaced, even with ``force``, as ``save_tuning``
     and the artifact exporter refuse them), or an existing file (unless ``force``).
-    ``labels`` names each output in messages (default ``output``)."""
+    ``labels`` names each output in messages (``output`` past their end)."""
     named_inputs = [("source checkpoint", source), *inputs]
     for i, path in enumerate(outputs):
         label = labels[i] if i < len(labels) else "output"
@@ -279,7 +283,7 @@ def write_outputs(
     metadata: dict[str, str],
     *,
     force: bool = True,
-    labels: Sequence[str] = ("output", "manifest (--manifest)"),
+    labels: Sequence[str] = OUTPUT_LABELS,
 ) -> None:
     """Writes the safetensors file and the manifest atomically.
 

@@ -361,8 +361,8 @@ def _global(x: SparseTensor, mode: str, batch_size: int | None, empty_max: str) 
         # inf / NaN, while its mean is representable). float32 sums in float64: added
         # one row at a time in float32, a 100k-row batch's mean was 3.7e-5 off where
         # torch's pairwise mean is 2e-7 off.
-        work = compute_dtype("global_pool", feats.dtype)
-        work = torch.float64 if work == torch.float32 and feats.dtype == work else work
+        work = (torch.float64 if feats.dtype == torch.float32
+                else compute_dtype("global_pool", feats.dtype))
         if work != feats.dtype:
             rows, channels = int(feats.shape[0]), int(feats.shape[1])
             check_allocation(
