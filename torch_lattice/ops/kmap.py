@@ -227,24 +227,29 @@ def check_geometry(op: str, **lists: list[int]) -> None:
     dynamic (two layers with different kernel sizes, ``dynamic=True``): their bounds are
     asserted through :func:`check_size`, checked when the graph runs."""
     for name, values in lists.items():
-        low = _GEOMETRY_MINIMUM.get(name)
-        rule = "three ints" if low is None else (
-            "three positive ints" if low else "three non-negative ints"
-        ) + " (one per axis, at most 2^31 - 1)"  # fmt: skip
+        _check_axes(op, name, values, _GEOMETRY_MINIMUM.get(name))
 
-        def message(values: object = values, name: str = name, rule: str = rule) -> str:
-            return f"lattice::{op}: {name} must be {rule}, got {values!r}"
 
-        if not isinstance(values, (list, tuple)) or len(values) != 3:
+def _check_axes(op: str, name: str, values: object, low: int | None) -> None:
+    """:func:`check_geometry` of one list, whose values must be at least ``low`` (None:
+    any int)."""
+    rule = "three ints" if low is None else (
+        "three positive ints" if low else "three non-negative ints"
+    ) + " (one per axis, at most 2^31 - 1)"  # fmt: skip
+
+    def message() -> str:
+        return f"lattice::{op}: {name} must be {rule}, got {values!r}"
+
+    if not isinstance(values, (list, tuple)) or len(values) != 3:
+        raise ValueError(message())
+    for v in values:
+        if isinstance(v, torch.SymInt):
+            if low is not None:
+                check_size(v >= low, message)
+                check_size(v <= _INT32_MAX, message)
+        elif (isinstance(v, bool) or not isinstance(v, int)
+              or (low is not None and not low <= v <= _INT32_MAX)):  # fmt: skip
             raise ValueError(message())
-        for v in values:
-            if isinstance(v, torch.SymInt):
-                if low is not None:
-                    check_size(v >= low, message)
-                    check_size(v <= _INT32_MAX, message)
-            elif (isinstance(v, bool) or not isinstance(v, int)
-                  or (low is not None and not low <= v <= _INT32_MAX)):  # fmt: skip
-                raise ValueError(message())
 
 
 def conv_geom(
