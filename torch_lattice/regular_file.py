@@ -31,6 +31,15 @@ def describe_file_type(mode: int) -> str:
     return "not a regular file"
 
 
+def nul_byte_error(path: str | os.PathLike[str], name: str) -> str | None:
+    """The refusal of a path that holds a NUL byte, naming it as ``name``, or None.
+    ``os`` calls would raise a bare "embedded null byte", or ``Path.exists`` say False."""
+    text = os.fsdecode(os.fspath(path))
+    if "\0" not in text:
+        return None
+    return f"{name} {text!r} contains a NUL byte, which no file name can hold"
+
+
 def read_regular_file(path: str | os.PathLike[str], what: str, *,
                       max_bytes: int | None = None, follow_symlinks: bool = True) -> bytes:
     """The bytes of ``path``, which must be a regular file of at most ``max_bytes``.
@@ -45,9 +54,9 @@ def read_regular_file(path: str | os.PathLike[str], what: str, *,
         ValueError: missing, not a regular file, larger than allowed, unreadable, or a
             path holding a NUL byte; the message names ``what`` and the path.
     """
+    if (nul := nul_byte_error(path, what)) is not None:
+        raise ValueError(nul)
     name = f"{what} {str(path)!r}"
-    if "\0" in os.fsdecode(os.fspath(path)):
-        raise ValueError(f"{name} contains a NUL byte, which no file name can hold")
     flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
     if not follow_symlinks:
         flags |= getattr(os, "O_NOFOLLOW", 0)

@@ -554,12 +554,6 @@ static tl_status TL_FN(tl_weight_grad)(const tl_ctx *ctx, const tl_conv_desc *d,
         TL_FN(tl_wgrad_scratch) s;
         s.mk = TL_FN(tl_mk_pick)(ctx);
         s.block = split.block;
-        const TL_T **rows = malloc(sizeof(*rows) * (size_t)(4 * split.block));
-        s.xq[0] = rows;
-        s.xq[1] = rows ? rows + split.block : NULL;
-        s.dq[0] = rows ? rows + 2 * split.block : NULL;
-        s.dq[1] = rows ? rows + 3 * split.block : NULL;
-        s.xp = malloc(sizeof(TL_T) * (size_t)(TL_FN(tl_mk_panel_pairs)(ldx) * ldx));
         s.cur = p ? malloc(sizeof(int64_t) * (size_t)d->k) : NULL;
         s.tiles = L;
         /* Two kernel rows' runs: one per tile of a block (tiles divide
@@ -570,12 +564,18 @@ static tl_status TL_FN(tl_weight_grad)(const tl_ctx *ctx, const tl_conv_desc *d,
                                                                : 0;
         s.runs[0] = runs ? malloc(sizeof(tl_mk_run) * (size_t)(2 * runs)) : NULL;
         s.runs[1] = s.runs[0] ? s.runs[0] + runs : NULL;
+        /* Row pointers and packed x rows, which runs read by index without. */
+        const TL_T **rows = runs ? NULL : malloc(sizeof(*rows) * (size_t)(4 * split.block));
+        s.xq[0] = rows;
+        s.xq[1] = rows ? rows + split.block : NULL;
+        s.dq[0] = rows ? rows + 2 * split.block : NULL;
+        s.dq[1] = rows ? rows + 3 * split.block : NULL;
+        s.xp = runs ? NULL : malloc(sizeof(TL_T) * (size_t)(TL_FN(tl_mk_panel_pairs)(ldx) * ldx));
         /* Pair lists and tile lists need no listing. */
         const int level = tl_simd_vector_capped(ctx->simd_cap);
         const int ok = tl_wgrad_lists_init(&s.lists, split.listed && !p && !L, level, d->k,
                                            split.block) &&
-                       rows && s.xp &&
-                       (s.cur || !p) && (s.runs[0] || !runs);
+                       (runs ? s.runs[0] != NULL : rows && s.xp) && (s.cur || !p);
         failed |= !ok;
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < parts * split.groups; t++) {

@@ -415,3 +415,9 @@ def test_a_nul_byte_names_artifact_dir(tmp_path: Path, name: str) -> None:
     with pytest.raises(ExportError, match=r"artifact_dir .* contains a NUL byte"):
         save(_model(), str(tmp_path / name), example_inputs=(_x(),))
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_nul_byte_names_the_loaded_artifact_dir(tmp_path: Path) -> None:
+    """It read "is not a directory" before."""
+    with pytest.raises(ValueError, match=r"artifact_dir .* contains a NUL byte"):
+        load_lattice_program(str(tmp_path / "a\0b"))

@@ -53,6 +53,7 @@ from torch_lattice.artifact.packing import check_packing
 from torch_lattice.artifact.trace import trace_model
 from torch_lattice.artifact.weights import WeightTable, dtype_name
 from torch_lattice.atomic_file import current_umask, new_file_mode
+from torch_lattice.regular_file import nul_byte_error
 from torch_lattice.tensor import SparseTensor
 
 __all__ = [
@@ -130,10 +131,8 @@ def save_lattice_model_artifact(
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if not isinstance(artifact_dir, (str, os.PathLike)):
         raise TypeError(f"artifact_dir must be a path, got {type(artifact_dir).__name__}")
-    if "\0" in os.fsdecode(os.fspath(artifact_dir)):  # else "embedded null byte", or a
-        # parent folder said not to exist
-        raise ExportError(f"artifact_dir {os.fsdecode(os.fspath(artifact_dir))!r} contains a "
-                          "NUL byte, which no file name can hold")
+    if (nul := nul_byte_error(artifact_dir, "artifact_dir")) is not None:
+        raise ExportError(nul)
     if isinstance(example_inputs, (SparseTensor, torch.Tensor)) or not isinstance(
         example_inputs, (tuple, list)
     ):

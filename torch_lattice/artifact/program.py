@@ -33,7 +33,7 @@ from torch_lattice.artifact.replay_ops import (
 from torch_lattice.artifact.replay_weights import WeightValue, check_weight, storage_keys
 from torch_lattice.artifact.validation import load_module
 from torch_lattice.memory_budget import check_allocation
-from torch_lattice.regular_file import describe_file_type, read_regular_file
+from torch_lattice.regular_file import describe_file_type, nul_byte_error, read_regular_file
 from torch_lattice.tensor import SparseTensor
 
 __all__ = ["LatticeProgram", "SparseInput", "SparseOutput", "load_lattice_program"]
@@ -313,6 +313,8 @@ def _check_input(arg: Argument, value: object, device: torch.device) -> torch.Te
 
 
 def _check_files(root: Path) -> None:
+    if (nul := nul_byte_error(root, "artifact_dir")) is not None:
+        raise ValueError(nul)
     if not root.is_dir():
         raise ValueError(f"artifact_dir {str(root)!r} is not a directory")
     names = set(os.listdir(root))

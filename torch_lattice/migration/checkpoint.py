@@ -14,6 +14,7 @@ from torch_lattice.migration.kernel_spec import load_kernel_spec, parse_kernel_s
 from torch_lattice.migration.loading import read_legacy_checkpoint
 from torch_lattice.migration.manifest import MANIFEST_SCHEMA, build_manifest, manifest_text
 from torch_lattice.migration.writing import check_output_paths, write_outputs
+from torch_lattice.regular_file import nul_byte_error
 
 __all__ = ["CheckpointConversion", "convert_checkpoint", "default_manifest_path"]
 
@@ -80,9 +81,8 @@ def convert_checkpoint(
             continue
         if not isinstance(value, (str, os.PathLike)):
             raise TypeError(f"{name} must be a path (str or os.PathLike), got {value!r}")
-        if "\0" in os.fsdecode(os.fspath(value)):
-            raise ConversionError(f"{name} {os.fsdecode(os.fspath(value))!r} contains a NUL "
-                                  "byte, which no file name can hold")
+        if (nul := nul_byte_error(value, name)) is not None:
+            raise ConversionError(nul)
     for name, value in (("output", output), ("manifest", manifest)):
         text = "" if value is None else os.fsdecode(os.fspath(value))
         if value is not None and not text:

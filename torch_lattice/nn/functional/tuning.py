@@ -38,7 +38,12 @@ import torch
 
 from torch_lattice.atomic_file import atomic_write
 from torch_lattice.nn.functional.dataflow import Dataflow
-from torch_lattice.regular_file import describe_file_type, parse_json, read_regular_file
+from torch_lattice.regular_file import (
+    describe_file_type,
+    nul_byte_error,
+    parse_json,
+    read_regular_file,
+)
 
 __all__ = [
     "REPEATS",
@@ -195,9 +200,8 @@ def save_tuning(path: str | os.PathLike[str]) -> int:
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"save_tuning: path must be a str or os.PathLike, got "
                         f"{type(path).__name__}")
-    if "\0" in os.fsdecode(os.fspath(path)):  # else a bare "embedded null byte"
-        raise ValueError(f"save_tuning: path {os.fsdecode(os.fspath(path))!r} contains a NUL "
-                         "byte, which no file name can hold")
+    if (nul := nul_byte_error(path, "save_tuning: path")) is not None:
+        raise ValueError(nul)
     target = Path(path)
     # The rename would replace a link (not write through it) or a device node: refused.
     if target.is_symlink():

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from torch_lattice.nn.modules.eager import eager_forward
 from torch_lattice.tensor import SparseTensor
 
 __all__ = ["GELU", "LeakyReLU", "ReLU", "SiLU"]
@@ -16,6 +17,7 @@ __all__ = ["GELU", "LeakyReLU", "ReLU", "SiLU"]
 class _RowWise(nn.Module):
     """Mixin before a ``torch.nn`` activation: runs it on a SparseTensor's features."""
 
+    @eager_forward
     def forward(self, input: SparseTensor) -> SparseTensor:  # type: ignore[override]
         """The activation (see the class) applied to each feature of ``input``.
 

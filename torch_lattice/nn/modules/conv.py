@@ -25,6 +25,7 @@ from torch_lattice.geometry import (
 from torch_lattice.memory_budget import check_allocation
 from torch_lattice.nn.functional import conv as F
 from torch_lattice.nn.functional.config import ConvConfig
+from torch_lattice.nn.modules.eager import eager_forward
 from torch_lattice.tensor import SparseTensor, Support
 
 __all__ = ["Conv3d", "ConvBase", "StridedConv", "SubmConv3d", "Target", "pick_target"]
@@ -198,6 +199,7 @@ class SubmConv3d(ConvBase):
     def functional_geometry(self) -> tuple[Triple, ...]:
         return (self.kernel_size, self.dilation)
 
+    @eager_forward
     def forward(self, input: SparseTensor) -> SparseTensor:
         """Submanifold convolution of ``input``.
 
@@ -243,6 +245,7 @@ class StridedConv(ConvBase):
     def functional_geometry(self) -> tuple[Triple, ...]:
         return (self.kernel_size, self.stride, self.padding, self.dilation)
 
+    @eager_forward
     def forward(
         self, input: SparseTensor, coordinates: Target = None, *, target: Target = None
     ) -> SparseTensor:
@@ -265,6 +268,7 @@ class Conv3d(StridedConv):
 
     _over = staticmethod(F.conv3d_over)
 
+    @eager_forward
     def forward(
         self, input: SparseTensor, coordinates: Target = None, *, target: Target = None
     ) -> SparseTensor:

@@ -13,6 +13,7 @@ from torch_lattice.geometry import Triple, triple
 from torch_lattice.nn.functional import conv_transpose as F
 from torch_lattice.nn.functional.config import ConvConfig
 from torch_lattice.nn.modules.conv import StridedConv, Target, pick_target
+from torch_lattice.nn.modules.eager import eager_forward
 from torch_lattice.tensor import SparseTensor
 
 __all__ = ["ConvTranspose3d", "GenerativeConvTranspose3d"]
@@ -31,6 +32,7 @@ class ConvTranspose3d(StridedConv):
     transposed_relation = True
     _over = staticmethod(F.conv_transpose3d_over)
 
+    @eager_forward
     def forward(
         self, input: SparseTensor, coordinates: Target = None, *, target: Target = None
     ) -> SparseTensor:
@@ -90,6 +92,7 @@ class GenerativeConvTranspose3d(StridedConv):
     def functional_geometry(self) -> tuple[Triple, ...]:
         return (self.kernel_size, self.stride)  # padding 0 and dilation 1 are fixed
 
+    @eager_forward
     def forward(
         self, input: SparseTensor, coordinates: Target = None, *, target: Target = None
     ) -> SparseTensor:

@@ -9,6 +9,7 @@ from torch import nn
 
 from torch_lattice.nn.functional.norm import batch_norm
 from torch_lattice.nn.modules.conv import _positive
+from torch_lattice.nn.modules.eager import eager_forward
 from torch_lattice.tensor import SparseTensor
 
 __all__ = ["BatchNorm", "BatchNormReLU"]
@@ -57,6 +58,7 @@ class BatchNorm(nn.BatchNorm1d):
             relu=self._relu,
         )
 
+    @eager_forward
     def forward(self, input: SparseTensor) -> SparseTensor:  # type: ignore[override]
         """Batch normalization of ``input``'s ``(N, C)`` features.
 

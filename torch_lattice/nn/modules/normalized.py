@@ -17,6 +17,7 @@ from torch_lattice.nn.functional import conv_transpose as Ft
 from torch_lattice.nn.functional.normalized import check_eps, normalized
 from torch_lattice.nn.modules.conv import ConvBase, SubmConv3d, Target, pick_target
 from torch_lattice.nn.modules.conv_transpose import ConvTranspose3d, GenerativeConvTranspose3d
+from torch_lattice.nn.modules.eager import eager_forward
 from torch_lattice.tensor import SparseTensor
 
 __all__ = [
@@ -48,6 +49,7 @@ class NormalizedConvBase(ConvBase):
 class NormalizedSubmConv3d(NormalizedConvBase, SubmConv3d):
     """SubmConv3d with weight normalization; same arguments plus ``eps``."""
 
+    @eager_forward
     def forward(self, input: SparseTensor) -> SparseTensor:
         """Weight-normalized submanifold convolution of ``input``.
 
@@ -82,6 +84,7 @@ class _NormalizedTransposed(NormalizedConvBase):
 class NormalizedConvTranspose3d(_NormalizedTransposed, ConvTranspose3d):
     """ConvTranspose3d with weight normalization; same arguments plus ``eps``."""
 
+    @eager_forward
     def forward(
         self, input: SparseTensor, coordinates: Target = None, *, target: Target = None
     ) -> SparseTensor:
@@ -109,6 +112,7 @@ class NormalizedConvTranspose3d(_NormalizedTransposed, ConvTranspose3d):
 class NormalizedGenerativeConvTranspose3d(_NormalizedTransposed, GenerativeConvTranspose3d):
     """GenerativeConvTranspose3d with weight normalization; plus ``eps``."""
 
+    @eager_forward
     def forward(
         self, input: SparseTensor, coordinates: Target = None, *, target: Target = None
     ) -> SparseTensor:

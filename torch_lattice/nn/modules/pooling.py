@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from torch_lattice.nn.functional import pooling as F
+from torch_lattice.nn.modules.eager import eager_forward
 from torch_lattice.tensor import SparseTensor
 
 __all__ = ["AvgPool3d", "GlobalAvgPool", "GlobalMaxPool", "MaxPool3d", "SumPool3d"]
@@ -36,6 +37,7 @@ class _Pool3d(nn.Module):
         self.padding = geometry.padding
         self.dilation = geometry.dilation
 
+    @eager_forward
     def forward(self, input: SparseTensor) -> SparseTensor:
         """Pooling of ``input`` with the reduction the class names.
 
@@ -94,6 +96,7 @@ class _GlobalPool(nn.Module):
 
     _fn: Callable[[SparseTensor], torch.Tensor]  # the reduction's functional, per subclass
 
+    @eager_forward
     def forward(self, input: SparseTensor) -> torch.Tensor:
         """Per-batch reduction (the class names it) of ``input``'s features over all its rows.
 
