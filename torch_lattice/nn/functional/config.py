@@ -193,8 +193,10 @@ def resolve_config(
             other than gather-scatter.
     """
     kind = getattr(device, "type", device)
-    if (kind is None or isinstance(kind, str)) and (
-        module_config is None or isinstance(module_config, ConvConfig)
+    if (
+        (kind is None or isinstance(kind, str))
+        and (module_config is None or isinstance(module_config, ConvConfig))
+        and not torch.compiler.is_compiling()  # dynamo traces past the cache and warns
     ):
         # Every input is a hashable value: one resolution per combination, not one per call
         # (each call of a layer resolves its configuration; on a GPU the Python time of a

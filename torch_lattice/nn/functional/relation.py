@@ -156,9 +156,12 @@ def _run(
     config: ConvConfig,
 ) -> torch.Tensor:
     # torch.func / forward-mode AD are refused (refuse_function_transforms says why);
-    # tested inline, with torch's own checks, so the common path makes no extra call.
-    if torch.autograd.forward_ad._current_level >= 0 or any(
-            map(torch._C._functorch.is_gradtrackingtensor, (feats, weight))):
+    # tested inline, with torch's own checks, so the common path makes no extra call
+    # (dynamo cannot trace the functorch one, and warns: skipped while it traces).
+    if torch.autograd.forward_ad._current_level >= 0 or (
+        not torch.compiler.is_compiling()
+        and any(map(torch._C._functorch.is_gradtrackingtensor, (feats, weight)))
+    ):
         refuse_function_transforms("convolution", feats, weight)
     nbr, rev = (kmap.rev, kmap.nbr) if transposed else (kmap.nbr, kmap.rev)
     tf32 = bool(config.allow_tf32)
