@@ -51,6 +51,24 @@ def test_the_passes_compute_their_formulas() -> None:
     torch.testing.assert_close(dx, g.float() * a + x * b + k)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("c", [3, 24, 1024, 1100])
+def test_half_passes_are_the_float32_passes_rounded(dtype: torch.dtype, c: int) -> None:
+    # Half types are widened block by block (4 KiB of floats in these passes, a row at a
+    # time from C = 1024 on) and run the float32 loops: the same values, rounded once.
+    g = torch.Generator().manual_seed(c)
+    x = (torch.randn(1001, c, generator=g) * 3).to(dtype)
+    dy = torch.randn(1001, c, generator=g).to(dtype)
+    scale, shift, a, b, k = (torch.randn(c, generator=g) for _ in range(5))
+    for relu in (False, True):
+        got = ops.batch_norm_apply(x, scale, shift, relu)
+        want = ops.batch_norm_apply(x.float(), scale, shift, relu).to(dtype)
+        assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+        got = ops.batch_norm_backward_apply(dy, x, scale, shift, a, b, k, relu)
+        want = ops.batch_norm_backward_apply(dy.float(), x.float(), scale, shift, a, b, k, relu)
+        assert torch.equal(got.view(torch.int16), want.to(dtype).view(torch.int16))
+
+
 def test_bad_arguments() -> None:
     x, dy, scale, shift = _args()
     with pytest.raises(ValueError, match=r"batch_norm_stats: features must be \(N, C\)"):
