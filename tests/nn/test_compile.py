@@ -11,6 +11,7 @@ traces each size as constants."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -51,6 +52,23 @@ def test_compiled_model_matches_eager(dynamic: bool | None) -> None:
         torch.testing.assert_close(got_grad, want_grad, rtol=1e-5, atol=1e-6)
 
 
+def _recording_backend() -> tuple[list[torch.fx.GraphModule], Callable[..., object]]:
+    """A fresh dynamo and a backend that keeps every graph it compiles (run as traced)."""
+    torch.manual_seed(0)
+    torch._dynamo.reset()
+    graphs: list[torch.fx.GraphModule] = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: object) -> object:
+        graphs.append(gm)
+        return gm.forward
+
+    return graphs, backend
+
+
+def _targets(graphs: list[torch.fx.GraphModule]) -> list[str]:
+    return [str(node.target) for gm in graphs for node in gm.graph.nodes]
+
+
 class _Dense(torch.nn.Module):
     """A dense head after the sparse layers: the code a compile still covers."""
 
@@ -72,13 +90,7 @@ class _Dense(torch.nn.Module):
 def test_layer_shapes_past_the_recompile_limit(caplog: pytest.LogCaptureFixture) -> None:
     # Traced, every forward's graph breaks were compiled once per weight shape, and the
     # ninth shape of SubmConv3d.forward logged "hit config.recompile_limit (8)".
-    torch.manual_seed(0)
-    torch._dynamo.reset()
-    graphs: list[torch.fx.GraphModule] = []
-
-    def backend(gm: torch.fx.GraphModule, example_inputs: object) -> object:
-        graphs.append(gm)
-        return gm.forward
+    graphs, backend = _recording_backend()
 
     net = _Dense(3)
     compiled = torch.compile(net, backend=backend)
@@ -88,7 +100,7 @@ def test_layer_shapes_past_the_recompile_limit(caplog: pytest.LogCaptureFixture)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     assert not [r for r in caplog.records if "recompile_limit" in r.getMessage()]
     # the head is compiled, the layers are not traced (no lattice op in any graph)
-    targets = [str(node.target) for gm in graphs for node in gm.graph.nodes]
+    targets = _targets(graphs)
     assert any("tanh" in t for t in targets), targets
     assert not any("lattice" in t for t in targets), targets
 
@@ -96,13 +108,7 @@ def test_layer_shapes_past_the_recompile_limit(caplog: pytest.LogCaptureFixture)
 def test_functional_ops_traced_with_symbolic_sizes() -> None:
     # Under dynamic=True the kernel sizes 3 and 5 reach the ops' fake kernels as
     # symbolic ints, which their checks must accept.
-    torch.manual_seed(0)
-    torch._dynamo.reset()
-    graphs: list[torch.fx.GraphModule] = []
-
-    def backend(gm: torch.fx.GraphModule, example_inputs: object) -> object:
-        graphs.append(gm)
-        return gm.forward
+    graphs, backend = _recording_backend()
 
     w3, w5 = torch.randn(27, 3, 4), torch.randn(125, 4, 4)
 
@@ -113,5 +119,5 @@ def test_functional_ops_traced_with_symbolic_sizes() -> None:
     compiled = torch.compile(f, backend=backend, dynamic=True)
     for n, seed in ((200, 1), (260, 2)):
         torch.testing.assert_close(compiled(_input(n, seed)), f(_input(n, seed)))
-    targets = [str(node.target) for gm in graphs for node in gm.graph.nodes]
+    targets = _targets(graphs)
     assert any("lattice.sparse_conv" in t for t in targets), targets
