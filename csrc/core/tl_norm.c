@@ -7,6 +7,9 @@
 #include "tl_half.h"
 #include "tl_mem.h"
 #include "tl_simd.h"
+#if TL_SIMD_X86
+#include "tl_norm_half_v4.h"
+#endif
 
 /* Rows summed in float before each addition to the double sums: 16 roundings
  * of float stay far below the data's own (see tl_norm_impl.h). */
@@ -34,7 +37,8 @@
  * reduce): 16 KiB.  The block's rows fix their float partial sums. */
 #define TL_NORM_BLOCK 4096
 /* Floats per widened block of half-type rows in the passes with no sums
- * (apply, bapply; any block gives the same bits): 4 KiB.  Each block's rows
+ * (apply, bapply; any block gives the same bits) below AVX-512, which
+ * converts them in registers instead (tl_norm_half_v4.h): 4 KiB.  Each block's rows
  * are read, computed and written one after another, so the smaller the
  * block, the sooner its writes overlap the next block's reads (bfloat16
  * normalize + ReLU at C = 32-128: 1.2-1.6x against 16 KiB blocks, 1.15-1.23x
@@ -133,11 +137,38 @@ typedef struct tl_norm_pass {
  * TL_NORM_ROW_BLOCK in a half type's apply and bapply): half types are
  * widened into per-thread blocks (x, dy, the output), sums go through 3 rows
  * of c floats of scratch into the chunk's partial sums. */
+#if TL_SIMD_X86
+/* Pass p (apply or bapply) over half-type rows converted in registers
+ * (tl_norm_half_v4.h), chunk by chunk. */
+static void tl_norm_run_half_v4(const tl_norm_run *run, const tl_norm_desc *d,
+                                const tl_norm_pass *p) {
+    const int64_t n = d->n, c = d->c;
+#pragma omp parallel for num_threads(run->threads) schedule(static)
+    for (int64_t q = 0; q < run->chunks; q++) {
+        const int64_t r = q * run->chunk_rows;
+        const int64_t rows = (q + 1) * run->chunk_rows < n ? run->chunk_rows : n - r;
+        const uint16_t *x = (const uint16_t *)p->x + r * c;
+        uint16_t *out = (uint16_t *)p->out + r * c;
+        if (p->kind == TL_NORM_PASS_APPLY)
+            tl_norm_apply_half_v4(d->dtype, x, rows, c, p->scale, p->shift, d->relu, out);
+        else
+            tl_norm_bapply_half_v4(d->dtype, (const uint16_t *)p->dy + r * c, x, rows, c,
+                                   p->scale, p->shift, d->relu, p->a, p->b, p->k, out);
+    }
+}
+#endif
+
 static tl_status tl_norm_run_pass(const tl_norm_run *run, const tl_norm_desc *d,
                                   const tl_norm_pass *p) {
     const int64_t n = d->n, c = d->c;
     const int widen = d->dtype != TL_F32; /* float32 rows are read in place */
     const int sums = p->partial != NULL; /* stats, reduce: blocks fix their sums */
+#if TL_SIMD_X86
+    if (widen && !sums && run->level >= TL_SIMD_V4) {
+        tl_norm_run_half_v4(run, d, p);
+        return TL_OK;
+    }
+#endif
     const int64_t step = !widen || sums ? run->block_rows
                          : c >= TL_NORM_ROW_BLOCK ? 1
                                                   : TL_NORM_ROW_BLOCK / c;
