@@ -133,10 +133,6 @@ typedef struct tl_norm_pass {
     double *partial;
 } tl_norm_pass;
 
-/* Runs pass p over the chunks of rows, block by block (TL_NORM_BLOCK values;
- * TL_NORM_ROW_BLOCK in a half type's apply and bapply): half types are
- * widened into per-thread blocks (x, dy, the output), sums go through 3 rows
- * of c floats of scratch into the chunk's partial sums. */
 #if TL_SIMD_X86
 /* Pass p (apply or bapply) over half-type rows converted in registers
  * (tl_norm_half_v4.h), chunk by chunk. */
@@ -158,6 +154,11 @@ static void tl_norm_run_half_v4(const tl_norm_run *run, const tl_norm_desc *d,
 }
 #endif
 
+/* Runs pass p over the chunks of rows, block by block (TL_NORM_BLOCK values;
+ * TL_NORM_ROW_BLOCK in a half type's apply and bapply): half types are
+ * widened (with AVX-512, apply and bapply convert in registers instead:
+ * tl_norm_run_half_v4) into per-thread blocks (x, dy, the output), sums go
+ * through 3 rows of c floats of scratch into the chunk's partial sums. */
 static tl_status tl_norm_run_pass(const tl_norm_run *run, const tl_norm_desc *d,
                                   const tl_norm_pass *p) {
     const int64_t n = d->n, c = d->c;
