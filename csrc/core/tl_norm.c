@@ -99,18 +99,29 @@ static tl_status tl_norm_begin(const tl_ctx *ctx, const tl_norm_desc *d, tl_norm
     return TL_OK;
 }
 
-/* Rows [r, r + rows) of p as floats: in place for float32, else widened into buf. */
+/* Asks for the half-type rows of p (c values each) in the block after
+ * [r, r + rows), at most rows of them and none from end on, to read or (write)
+ * to write, so they stream in while this block is converted, computed and
+ * written (read block by block, the rows arrived only at each block's start). */
+static inline void tl_norm_ask_next(const void *p, int64_t c, int64_t r, int64_t rows,
+                                    int64_t end, int write) {
+    const int64_t next = end - r - rows < rows ? end - r - rows : rows;
+    const char *at = (const char *)((const uint16_t *)p + (r + rows) * c);
+    for (int64_t b = 0; b < next * c * (int64_t)sizeof(uint16_t); b += 64) {
+        if (write)
+            __builtin_prefetch(at + b, 1, 2);
+        else
+            __builtin_prefetch(at + b, 0, 2);
+    }
+}
+
+/* Rows [r, r + rows) of p as floats: in place for float32, else widened into
+ * buf, the next block's rows asked for first. */
 static const float *tl_norm_rows(const tl_norm_run *run, tl_dtype t, const void *p, int64_t c,
                                  int64_t r, int64_t rows, int64_t end, float *buf) {
     if (t == TL_F32) return (const float *)p + r * c;
-    const uint16_t *src = (const uint16_t *)p + r * c;
-    /* The next block's rows asked for now, so they stream in while this
-     * block is converted, computed and written (read block by block, the
-     * rows arrived only at each block's start). */
-    const int64_t ahead = end - r - rows < rows ? end - r - rows : rows;
-    for (int64_t b = 0; b < ahead * c * (int64_t)sizeof(uint16_t); b += 64)
-        __builtin_prefetch((const char *)(src + rows * c) + b, 0, 2);
-    tl_half_row_to_f32(run->level, t, src, rows * c, buf);
+    tl_norm_ask_next(p, c, r, rows, end, 0);
+    tl_half_row_to_f32(run->level, t, (const uint16_t *)p + r * c, rows * c, buf);
     return buf;
 }
 
@@ -212,12 +223,9 @@ static tl_status tl_norm_run_pass(const tl_norm_run *run, const tl_norm_desc *d,
                     break;
                 }
                 if (out && blk) {
-                    uint16_t *dst = (uint16_t *)p->out + r * c;
-                    /* The next block's output lines too (see tl_norm_rows). */
-                    const int64_t next = end - r - rows < rows ? end - r - rows : rows;
-                    for (int64_t b = 0; b < next * c * (int64_t)sizeof(uint16_t); b += 64)
-                        __builtin_prefetch((char *)(dst + rows * c) + b, 1, 2);
-                    tl_f32_row_to_half(run->level, d->dtype, out, rows * c, dst);
+                    tl_norm_ask_next(p->out, c, r, rows, end, 1);
+                    tl_f32_row_to_half(run->level, d->dtype, out, rows * c,
+                                       (uint16_t *)p->out + r * c);
                 }
             }
         }
