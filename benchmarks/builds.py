@@ -9,9 +9,10 @@ compared before anything is timed (a change that is meant to keep results bitwis
 
 * ``layers``: ``conv_forward`` and ``conv_weight_grad`` (implicit GEMM; or with
   ``--kernels`` fetch-on-demand's ``pairs_forward`` and ``pairs_weight_grad``, or
-  gather-scatter's with ``--pair-dataflow gather_scatter``; fp32, or
-  ``--dtype bfloat16`` / ``float16``; ``--listed``: over the table's tile lists, as the
-  op runs from a table's second call on) on the 3x3x3 submanifold map of each scene
+  gather-scatter's with ``--pair-dataflow gather_scatter``, which take float32 only, as the
+  op computes half types in float32 there; fp32, or ``--dtype bfloat16`` / ``float16``;
+  ``--listed``: over the table's tile lists, as the op runs from a table's second call
+  on, each kernel where the op reads them) on the 3x3x3 submanifold map of each scene
   (``--maps``: also a k2 s2 Conv3d's map, its inverse transpose's and a k3 s2 p1
   Conv3d's), per width;
 * ``kmap``: what a new scan costs before any convolution, per scene: the tensor's
@@ -120,7 +121,7 @@ def _layer_case(
     modules = {"base": base, "this": _C}
     code = DTYPE_CODES[dtype]
     pairs = kernel_pairs(nbr) if kernel in PAIR_KERNELS else None
-    lists = _lists(nbr, (code, n_in, n, k, c, c), threads) if listed and not pairs else None
+    lists = _lists(kernel, nbr, (code, n_in, n, k, c, c), threads) if listed and not pairs else None
 
     def call(side: str) -> None:
         fn = getattr(modules[side], kernel)
@@ -140,10 +141,21 @@ def _layer_case(
     return interleaved({side: partial(call, side) for side in modules}, repeats), agree
 
 
-def _lists(nbr: torch.Tensor, sizes: tuple[int, ...], threads: int) -> TileLists:
-    """The tile lists a forward keeps for ``nbr`` from its second call, which its weight
-    gradient runs over too (``run_forward``, ``run_weight_grad``)."""
-    return build_tile_lists(nbr, _C.conv_list_rows(*sizes, threads))
+def _lists(kernel: str, nbr: torch.Tensor, sizes: tuple[int, ...],
+           threads: int) -> TileLists | None:
+    """The tile lists ``kernel`` runs over once a forward has kept them for ``nbr`` (from
+    the table's second call): the forward's own (``conv_list_rows``), which the weight
+    gradient reads where its blocks are whole tiles (``conv_weight_grad_list_rows``, as
+    ``kept_tile_lists``); None where the op keeps or reads none at this width and dtype,
+    so the kernel lists the table, as the op does there."""
+    rows = _C.conv_list_rows(*sizes, threads)
+    if rows < 1:
+        return None
+    if kernel == "conv_weight_grad":
+        block = _C.conv_weight_grad_list_rows(*sizes, threads)  # 0: reads no lists
+        if block < 1 or block % rows:
+            return None
+    return build_tile_lists(nbr, rows)
 
 
 def _maps(scene: Scene, names: Collection[str] = ()) -> dict[str, tuple[torch.Tensor, int]]:
@@ -422,6 +434,10 @@ def main() -> int:
         "pages instead of timing the kernel's page faults",
     )  # fmt: skip
     args = parser.parse_args()
+    pair_kernels = set(args.kernels) & set(PAIR_KERNELS)
+    if "layers" in args.groups and args.dtype != "float32" and pair_kernels:
+        parser.error(f"--kernels {' '.join(PAIR_KERNELS)} run in float32 only: on the CPU the "
+                     f"pair dataflows compute {args.dtype} features in float32 (ops.pair_conv)")
     base = load_build(args.base)
     reuse = args.reuse_cpu_memory and tl.reuse_cpu_memory()
     print(

@@ -296,6 +296,26 @@ def test_two_builds_side_by_side(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     assert out.count("| bitwise |") == 8  # four passes at two widths
     assert builds._C.batch_norm_apply is _C.batch_norm_apply
+    # Over tile lists: C = 128 in float32 keeps none (conv_list_rows 0), so it runs as the
+    # op does there, listing the table, instead of stopping.
+    listed = [*args[:4], "--channels", "4", "128", "--repeats", "1", "--groups", "layers",
+              "--maps", "subm3", "--listed"]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("sys.argv", ["builds", *listed])
+        assert builds.main() == 0
+    assert capsys.readouterr().out.count("| bitwise |") == 4  # two kernels at two widths
+    # bfloat16 over lists: the weight gradient's blocks are not whole forward tiles there,
+    # so it lists the table (as the op does) instead of being refused by the kernel.
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("sys.argv", ["builds", *listed, "--dtype", "bfloat16"])
+        assert builds.main() == 0
+    assert capsys.readouterr().out.count("| bitwise |") == 4
+    # The pair kernels run float32 only: another dtype is refused before anything runs.
+    pairs = [*args, "--groups", "layers", "--kernels", "pairs_forward", "--dtype", "float16"]
+    with pytest.MonkeyPatch.context() as mp, pytest.raises(SystemExit):
+        mp.setattr("sys.argv", ["builds", *pairs])
+        builds.main()
+    assert "run in float32 only" in capsys.readouterr().err
 
 
 def test_two_builds_time_gather_scatter_when_asked(capsys: pytest.CaptureFixture[str]) -> None:
