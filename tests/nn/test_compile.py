@@ -121,3 +121,18 @@ def test_functional_ops_traced_with_symbolic_sizes() -> None:
         torch.testing.assert_close(compiled(_input(n, seed)), f(_input(n, seed)))
     targets = _targets(graphs)
     assert any("lattice.sparse_conv" in t for t in targets), targets
+
+
+def test_fullgraph_is_refused_as_the_docs_say() -> None:
+    # docs/troubleshooting.md: a module's forward is not traced and a functional call
+    # breaks the graph, so fullgraph=True stops in dynamo, for either.
+    from torch._dynamo.exc import Unsupported
+
+    torch._dynamo.reset()
+    layer = tl.nn.SubmConv3d(3, 4, 3)
+    with pytest.raises(Unsupported, match="marked as skipped"):
+        torch.compile(layer, fullgraph=True, backend="eager")(_input(50, 1))
+    w = torch.randn(27, 3, 4)
+    with pytest.raises(Unsupported, match="ContextVar"):
+        torch.compile(lambda x: F.subm_conv3d(x, w, kernel_size=3).feats, fullgraph=True,
+                      backend="eager")(_input(50, 2))  # fmt: skip
