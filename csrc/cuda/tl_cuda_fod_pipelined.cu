@@ -217,9 +217,18 @@ __global__ void __launch_bounds__(TL_CUDA_THREADS)
 
     /* This thread copies V channels from `col` of pair kk's x and dy rows. */
     const int t = threadIdx.x, kk = t / (64 / V), col = (t % (64 / V)) * V;
+    /* The rows of this thread's pair in the next slice to issue, loaded one
+     * issue ahead and checked at their turn, so the global loads of the
+     * pair lists run under the multiply between (checked at once, every
+     * step waited on them after the barrier).  Slices are issued in order,
+     * 0, 1, 2, ... (tl_pipe_loop). */
+    long long na, nc;
+    tl_pairs_wgrad_load<true>(p, k, k.begin + kk, &na, &nc);
     auto issue = [&](int step, int st) {
-        long long a, c;
-        tl_pairs_wgrad_pair<true>(p, k, k.begin + (long long)step * BK + kk, &a, &c);
+        long long a = na, c = nc;
+        tl_pairs_wgrad_check(p, &a, &c);
+        if (step + 1 < steps)
+            tl_pairs_wgrad_load<true>(p, k, k.begin + (long long)(step + 1) * BK + kk, &na, &nc);
         const bool av = a >= 0 && k.ci0 + col < p.c_in, bv = c >= 0 && k.co0 + col < p.c_out;
         tl_cp_async16(&s.u.s[st].a[kk][col], av ? xs + a * p.c_in + k.ci0 + col : xs, av);
         tl_cp_async16(&s.u.s[st].b[kk][col], bv ? dys + c * p.c_out + k.co0 + col : dys, bv);

@@ -192,10 +192,10 @@ __device__ __forceinline__ bool tl_pairs_wgrad_block_of(const tl_pairs_wgrad_arg
     return k->begin < count;
 }
 
-/* *a, *c = the x and dy rows of pair r of the block's kernel row (-1 at or
- * past its chunk's end or out of range). */
+/* *a, *c = the x and dy rows of pair r of the block's kernel row as stored,
+ * unchecked (tl_pairs_wgrad_check); -1 at or past its chunk's end. */
 template <bool GATHER>
-__device__ __forceinline__ void tl_pairs_wgrad_pair(const tl_pairs_wgrad_args &p,
+__device__ __forceinline__ void tl_pairs_wgrad_load(const tl_pairs_wgrad_args &p,
                                                     const tl_pairs_wgrad_block &k, long long r,
                                                     long long *a, long long *c) {
     *a = *c = -1;
@@ -203,7 +203,22 @@ __device__ __forceinline__ void tl_pairs_wgrad_pair(const tl_pairs_wgrad_args &p
     /* Gather buffers hold kernel row n's pairs from row 0. */
     *a = GATHER ? p.pair_in[k.off + r] : r;
     *c = GATHER ? p.pair_out[k.off + r] : r;
+}
+
+/* Both rows -1 where either is outside x or dy. */
+__device__ __forceinline__ void tl_pairs_wgrad_check(const tl_pairs_wgrad_args &p, long long *a,
+                                                     long long *c) {
     if (*a < 0 || *a >= p.n_x || *c < 0 || *c >= p.n_y) *a = *c = -1;
+}
+
+/* *a, *c = the x and dy rows of pair r of the block's kernel row (-1 at or
+ * past its chunk's end or out of range). */
+template <bool GATHER>
+__device__ __forceinline__ void tl_pairs_wgrad_pair(const tl_pairs_wgrad_args &p,
+                                                    const tl_pairs_wgrad_block &k, long long r,
+                                                    long long *a, long long *c) {
+    tl_pairs_wgrad_load<GATHER>(p, k, r, a, c);
+    tl_pairs_wgrad_check(p, a, c);
 }
 
 /* ra[t], rb[t] = the x and dy rows of pair r0 + t (tl_pairs_wgrad_pair);

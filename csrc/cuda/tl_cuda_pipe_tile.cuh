@@ -194,7 +194,8 @@ template <typename A> __device__ __forceinline__ void tl_pipe_zero(A &acc) {
 }
 
 /* The pipeline over `steps` slices in STAGES stages: issue(step, stage)
- * starts a slice's copies (cp.async), landed(stage) runs once this thread's
+ * starts a slice's copies (cp.async), called for steps 0, 1, 2, ... in
+ * order, once each; landed(stage) runs once this thread's
  * copies of a slice have landed and before the barrier that shows them to
  * the others, multiply(stage) consumes it.  Returns with every copy landed
  * and the block past a barrier, so the stages may be reused. */
