@@ -55,6 +55,19 @@ def _as_int(name: str, v: object) -> int | None:
     return None
 
 
+def positive_int(name: str, value: object) -> int:
+    """``value`` as a positive int: a Python or NumPy integer or a one-element integer
+    tensor, as ``torch.nn.Conv3d`` takes channel counts (not a bool).
+
+    Raises:
+        ValueError: anything else, or below 1, naming ``name``.
+    """
+    v = _as_int(name, value)
+    if v is None or v < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return v
+
+
 def triple(name: str, value: int | Sequence[int], minimum: int) -> Triple:
     """Reads an int or a 3-sequence of ints, each ``>= minimum`` (NumPy integers and
     one-element integer tensors count as ints).

@@ -137,6 +137,31 @@ def test_numpy_integers_are_ints_as_in_torch_conv3d() -> None:
             tl.nn.SubmConv3d(2, 3, bad)
 
 
+def test_numpy_and_tensor_channel_counts_are_ints_as_in_torch() -> None:
+    """torch.nn.Conv3d and BatchNorm1d take NumPy integers (and one-element integer
+    tensors) for their channel counts; so do every convolution family, the batch norms
+    and the backbone, stored as Python ints. Bools and floats stay refused."""
+    x = tl.SparseTensor(torch.randn(5, 3), torch.tensor([[0, i, 0, 0] for i in range(5)]).int())
+    for make in (tl.nn.SubmConv3d, tl.nn.Conv3d, tl.nn.ConvTranspose3d,
+                 tl.nn.GenerativeConvTranspose3d):  # fmt: skip
+        conv = make(np.int64(3), torch.tensor(4), 1)
+        assert (type(conv.in_channels), type(conv.out_channels)) == (int, int)
+        assert conv.weight.shape == (1, 3, 4)
+    assert tl.nn.SubmConv3d(np.int32(3), 4, 3)(x).feats.shape == (5, 4)
+    for make in (tl.nn.BatchNorm, tl.nn.BatchNormReLU):
+        bn = make(np.int64(3))
+        assert type(bn.num_features) is int and bn(x).feats.shape == (5, 3)
+    net = tl.backbones.SparseResUNet42(np.int64(3), np.int16(5), width=0.25)
+    assert net.eval()(x).feats.shape == (5, 5)
+    for bad in (True, np.bool_(True), 3.0, np.float64(3.0), "3", torch.tensor([3, 3])):
+        with pytest.raises(ValueError, match="in_channels must be a positive int"):
+            tl.nn.SubmConv3d(bad, 4, 3)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="num_features must be a positive int"):
+            tl.nn.BatchNorm(bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="num_classes must be a positive int"):
+        tl.backbones.SparseResUNet42(3, np.int64(0))
+
+
 def test_a_bool_tensor_is_no_int() -> None:
     for kw in ({"kernel_size": (torch.tensor(True), 1, 1)}, {"stride": (torch.tensor(True), 1, 1)}):
         with pytest.raises(TypeError, match="must contain ints"):

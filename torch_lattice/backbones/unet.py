@@ -24,6 +24,7 @@ import math
 from torch import nn
 
 from torch_lattice.export_hints import export_as_relabel, export_as_same_rows
+from torch_lattice.geometry import positive_int
 from torch_lattice.nn.modules.activation import ReLU
 from torch_lattice.nn.modules.conv import Conv3d, SubmConv3d
 from torch_lattice.nn.modules.conv_transpose import ConvTranspose3d
@@ -99,9 +100,8 @@ class SparseResUNet42(nn.Module):
 
     def __init__(self, in_channels: int, num_classes: int, width: float = 1.0) -> None:
         super().__init__()
-        for name, value in (("in_channels", in_channels), ("num_classes", num_classes)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        in_channels = positive_int("in_channels", in_channels)
+        num_classes = positive_int("num_classes", num_classes)
         # Compared, not converted: an int beyond the float range must not overflow here.
         if (isinstance(width, bool) or not isinstance(width, (int, float))
                 or not 0 < width < math.inf):  # fmt: skip

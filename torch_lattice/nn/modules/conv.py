@@ -20,6 +20,7 @@ from torch_lattice.geometry import (
     check_submanifold_kernel_size,
     kernel_positions,
     kernel_volume,
+    positive_int,
     triple,
 )
 from torch_lattice.memory_budget import check_allocation
@@ -32,12 +33,6 @@ __all__ = ["Conv3d", "ConvBase", "StridedConv", "SubmConv3d", "Target", "pick_ta
 
 # A target support: a SparseTensor, its Support, or (M, 4) integer rows.
 Target = SparseTensor | Support | torch.Tensor | None
-
-
-def _positive(name: str, value: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
 
 
 class ConvBase(nn.Module):
@@ -68,8 +63,9 @@ class ConvBase(nn.Module):
         super().__init__()
         F.check_config(config)
         self.config = config
-        self.in_channels = _positive("in_channels", in_channels)
-        self.out_channels = _positive("out_channels", out_channels)
+        # NumPy integers and one-element integer tensors become ints, as in nn.Conv3d.
+        self.in_channels = in_channels = positive_int("in_channels", in_channels)
+        self.out_channels = out_channels = positive_int("out_channels", out_channels)
         self.kernel_size = kernel_size
         k = kernel_volume(kernel_size)
         # The weight (float32) and the kernel_positions rows (3 x int32), before either

@@ -7,8 +7,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from torch_lattice.geometry import positive_int
 from torch_lattice.nn.functional.norm import batch_norm
-from torch_lattice.nn.modules.conv import _positive
 from torch_lattice.nn.modules.eager import eager_forward
 from torch_lattice.tensor import SparseTensor
 
@@ -34,7 +34,7 @@ class BatchNorm(nn.BatchNorm1d):
     def __init__(self, num_features: int, *args: Any, **kwargs: Any) -> None:
         """``nn.BatchNorm1d``'s arguments; ``num_features`` must be a positive int
         (``ValueError`` naming it, not torch's allocation error)."""
-        super().__init__(_positive("num_features", num_features), *args, **kwargs)
+        super().__init__(positive_int("num_features", num_features), *args, **kwargs)
 
     def _normalize(self, feats: torch.Tensor) -> torch.Tensor:
         """``nn.BatchNorm1d.forward``'s bookkeeping (batch counter, momentum, which
