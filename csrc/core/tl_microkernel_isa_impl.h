@@ -528,7 +528,10 @@ static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_MKI(pack)(
  * just before its strips run, so they are read from L1 (packing a kernel
  * row's pairs at once left the first chunks' rows in L2 by the time they
  * ran), and the strips that ask for no x row of the next kernel row ask for
- * the next chunk's dy rows, a line per strip; then, for each block of
+ * the next chunk's dy rows, a line per strip, and after those, in the last
+ * column block, for the next chunk's x rows (packed just after: they were
+ * asked for a kernel row before and back in L2 by then; 1.01-1.06x at
+ * C >= 64 on the AMD EPYC of round thirty-two); then, for each block of
  * columns, every strip of input channels (TL_ISA_WG_ROWS(NV) wide, then 4;
  * see tl_mk_panel_strips), so the chunk's dy columns (up to
  * 64 rows x TL_ISA_NV_WG vectors, 16 KiB) and x rows stay in L1 while the x
@@ -562,7 +565,9 @@ static TL_ISA_ATTR void TL_MKI(panel)(int64_t cw, int64_t nq, int64_t rows,
          * chunk, the next kernel row's first (on strided and transposed maps
          * a kernel row of a block has one or two chunks, and each dy row is
          * read by one or two kernel rows, so from memory: 1.02-1.15x on the
-         * LiDAR scan's strided maps at C = 48-128, the surface's 0.98-1.04x). */
+         * LiDAR scan's strided maps at C = 48-128, the surface's 0.98-1.04x).
+         * The strips after those, in the last column block, ask for the next
+         * chunk's x rows (n_ below), a line each, as far as there are strips. */
         const int last = q0 + cq >= nq;
         const TL_T *const *dn = last ? pd : dq + q0 + cq;
         const int64_t left = last ? (pd ? npf : 0) : nq - q0 - cq;
@@ -572,9 +577,13 @@ static TL_ISA_ATTR void TL_MKI(panel)(int64_t cw, int64_t nq, int64_t rows,
     const int64_t xl_ = j == 0 ? pf_lines : 0;                                              \
     const int64_t dl_ = ((NV) * (int64_t)sizeof(TL_MKI(vec##W)) + 63) / 64;                 \
     const int x_ = (s) < xl_, d_ = !x_ && (s) - xl_ < dl_;                                  \
-    const TL_T *const *pq_ = x_ ? pc : dn;                                                  \
-    const int64_t npq_ = x_ ? cpf : d_ ? cdn : 0;                                           \
-    const int64_t pb_ = x_ ? (s) * 64 : j * (int64_t)sizeof(TL_T) + ((s) - xl_) * 64
+    const int n_ = !x_ && !d_ && xq && !last && j + (NV) * TL_VL >= cw &&                   \
+                   (s) - xl_ - dl_ < pf_lines;                                              \
+    const TL_T *const *pq_ = x_ ? pc : n_ ? xq + q0 + cq : dn;                              \
+    const int64_t npq_ = x_ ? cpf : d_ || n_ ? cdn : 0;                                     \
+    const int64_t pb_ = x_ ? (s) * 64                                                       \
+                        : n_ ? ((s) - xl_ - dl_) * 64                                       \
+                             : j * (int64_t)sizeof(TL_T) + ((s) - xl_) * 64
 #define TL_PANEL_CALL(W, NV)                                                                \
     do {                                                                                    \
         const int r_ = TL_ISA_WG_ROWS(NV);                                                  \
