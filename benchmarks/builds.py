@@ -56,6 +56,7 @@ from torch_lattice.ops.conv import (
     FETCH_ON_DEMAND,
     GATHER_SCATTER,
     TileLists,
+    blocks_are_tiles,
     build_tile_lists,
 )
 from torch_lattice.ops.kmap import kernel_pairs
@@ -145,17 +146,15 @@ def _lists(kernel: str, nbr: torch.Tensor, sizes: tuple[int, ...],
            threads: int) -> TileLists | None:
     """The tile lists ``kernel`` runs over once a forward has kept them for ``nbr`` (from
     the table's second call): the forward's own (``conv_list_rows``), which the weight
-    gradient reads where its blocks are whole tiles (``conv_weight_grad_list_rows``, as
+    gradient reads where its blocks are whole tiles (``blocks_are_tiles``, as
     ``kept_tile_lists``); None where the op keeps or reads none at this width and dtype,
     so the kernel lists the table, as the op does there."""
     rows = _C.conv_list_rows(*sizes, threads)
-    if rows < 1:
-        return None
     if kernel == "conv_weight_grad":
-        block = _C.conv_weight_grad_list_rows(*sizes, threads)  # 0: reads no lists
-        if block < 1 or block % rows:
-            return None
-    return build_tile_lists(nbr, rows)
+        reads = blocks_are_tiles(_C.conv_weight_grad_list_rows(*sizes, threads), rows)
+    else:
+        reads = rows > 0
+    return build_tile_lists(nbr, rows) if reads else None
 
 
 def _maps(scene: Scene, names: Collection[str] = ()) -> dict[str, tuple[torch.Tensor, int]]:

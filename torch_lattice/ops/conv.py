@@ -49,6 +49,7 @@ from torch_lattice.ops.kmap import reverse_pairs, reverse_table
 
 __all__ = [
     "TileLists",
+    "blocks_are_tiles",
     "check_conv_args",
     "check_n_out",
     "check_nbr",
@@ -541,6 +542,13 @@ def tile_lists(nbr: torch.Tensor, tile_rows: int) -> TileLists | None:
     return built
 
 
+def blocks_are_tiles(block_rows: int, tile_rows: int) -> bool:
+    """Whether weight-gradient blocks of ``block_rows`` rows (``conv_weight_grad_list_rows``;
+    0: it reads no lists) are whole tiles of ``tile_rows`` rows, so the weight gradient can
+    run over a forward's lists of those tiles."""
+    return block_rows > 0 and tile_rows > 0 and block_rows % tile_rows == 0
+
+
 def kept_tile_lists(nbr: torch.Tensor, block_rows: int) -> TileLists | None:
     """``nbr``'s lists for tiles whose rows divide ``block_rows`` if a forward has built
     them (the weight gradient runs over its forward's, each of its blocks whole tiles),
@@ -551,7 +559,7 @@ def kept_tile_lists(nbr: torch.Tensor, block_rows: int) -> TileLists | None:
         entry = _cache.get(nbr)
         if entry is None or entry.state != _state(nbr):
             return None
-        fits = [rows for rows in entry.sizes if block_rows % rows == 0]
+        fits = [rows for rows in entry.sizes if blocks_are_tiles(block_rows, rows)]
         return entry.sizes[max(fits)] if fits else None
 
 
