@@ -120,15 +120,19 @@ static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_BLOCK_FN(
 /* The weight gradient's update over packed x rows:
  *   out[r * ldo + j + :] += sum_q xp[q * ldx + r] * dq[q][j + :],  r < R,
  * where xp + q * ldx holds R input channels of pair q (packed rows ldx
- * apart: a fixed stride, no pointer load per pair) and dq[q] is the pair's
- * dy row: each dy vector feeds R FMAs (R = 4, 6 or 8, R * NV <= 24
+ * apart: a fixed stride, no pointer load per pair), or, xr not NULL, the
+ * same over x rows in place, xr[q][c0 + r] for xp[q * ldx + r] (a pointer
+ * load per pair; the caller keeps c0 + R within the rows); dq[q] is the
+ * pair's dy row: each dy vector feeds R FMAs (R = 4, 6 or 8, R * NV <= 24
  * accumulators).  Only rows r < valid are written (the last input channels
  * may be padding zeros).  While it runs, byte pf_byte of the rows pf[q],
- * q < npf, is asked for (see tl_mk_ops.panel). */
+ * q < npf, and byte pf_byte2 of pf2[q], q < npf2, are asked for (see
+ * tl_mk_ops.panel). */
 static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_BLOCK_PFN(
-    int R, int NV, int64_t j, int64_t nq, const TL_T *xp, int64_t ldx, const TL_T *const *dq,
-    TL_T *out, int64_t ldo, int64_t valid, const TL_T *const *pf, int64_t npf,
-    int64_t pf_byte) {
+    int R, int NV, int64_t j, int64_t nq, const TL_T *xp, int64_t ldx, const TL_T *const *xr,
+    int64_t c0, const TL_T *const *dq, TL_T *out, int64_t ldo, int64_t valid,
+    const TL_T *const *pf, int64_t npf, int64_t pf_byte, const TL_T *const *pf2, int64_t npf2,
+    int64_t pf_byte2) {
     const int64_t vl = (int64_t)(TL_BLOCK_BYTES / sizeof(TL_T));
     TL_BLOCK_VEC acc[8][TL_BLOCK_NV];
     for (int r = 0; r < R; r++)
@@ -138,12 +142,17 @@ static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_BLOCK_PFN(
          * then lives on the stack. */
         TL_BLOCK_VEC bv[TL_BLOCK_NV];
         if (q < npf) __builtin_prefetch((const char *)pf[q] + pf_byte);
+        if (q < npf2) __builtin_prefetch((const char *)pf2[q] + pf_byte2);
 #pragma GCC unroll 8
         for (int v = 0; v < NV; v++)
             memcpy(&bv[v], dq[q] + j + v * vl, sizeof(TL_BLOCK_VEC));
+        /* Opaque in place, so the R broadcasts take constant offsets (as in
+         * TL_BLOCK_FN). */
+        const TL_T *aq = xr ? xr[q] + c0 : xp + q * ldx;
+        if (xr) __asm__("" : "+r"(aq));
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
-            TL_T s = xp[q * ldx + r];
+            TL_T s = aq[r];
 #pragma GCC unroll 8
             for (int v = 0; v < NV; v++) acc[r][v] += s * bv[v];
         }

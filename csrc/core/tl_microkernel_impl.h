@@ -113,9 +113,10 @@ typedef struct TL_MK(ops) {
                      int64_t npf, int64_t pf_byte);
     /* Weight gradient over the x rows of nq pairs:
      *   out[c * ldo + j] += sum_q x_q[c] * dq[q][j],  c < rows, j < cw,
-     * x_q = xq[q] (rows values), packed a chunk of pairs at a time into the
-     * scratch xp (packed_ld(rows) values per pair, zero-padded past rows,
-     * at least panel_pairs rows); or, xq NULL, x_q = xp + q * packed_ld(rows)
+     * x_q = xq[q] (rows values), read in place (AVX-512, rows a multiple of
+     * 4) or packed a chunk of pairs at a time into the scratch xp
+     * (packed_ld(rows) values per pair, zero-padded past rows, at least
+     * panel_pairs rows); or, xq NULL, x_q = xp + q * packed_ld(rows)
      * already packed for all nq pairs.  dq[q]: the pair's dy row (from the
      * block's first column).  While it runs it asks for each row pf[q],
      * q < npf, of `rows` values (the next kernel row's x rows), and, during

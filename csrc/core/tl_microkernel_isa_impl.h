@@ -523,26 +523,36 @@ static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_MKI(pack)(
 #define TL_PANEL_BLOCKS(CALL) TL_COLUMN_BLOCKS(TL_ISA_NV_WG, 1, CALL)
 #endif
 
-/* One kernel row of the weight gradient over packed x rows (see tl_mk_ops),
- * in chunks of pairs (tl_mk_panel_pairs): each chunk's x rows are packed
- * just before its strips run, so they are read from L1 (packing a kernel
- * row's pairs at once left the first chunks' rows in L2 by the time they
- * ran), and the strips that ask for no x row of the next kernel row ask for
- * the next chunk's dy rows, a line per strip, and after those, in the last
- * column block, for the next chunk's x rows (packed just after: they were
- * asked for a kernel row before and back in L2 by then; 1.01-1.06x at
- * C >= 64 on the AMD EPYC of round thirty-two); then, for each block of
- * columns, every strip of input channels (TL_ISA_WG_ROWS(NV) wide, then 4;
- * see tl_mk_panel_strips), so the chunk's dy columns (up to
- * 64 rows x TL_ISA_NV_WG vectors, 16 KiB) and x rows stay in L1 while the x
- * strips pass them; a whole block's pairs (up to TL_WGRAD_PAIRS) were
- * streamed from L2 for each strip (1.01-1.19x at C >= 64).  Each chunk's sums are added to out in
- * chunk order, a fixed order whatever the instruction set or the thread
- * count.  Column blocks: TL_COLUMN_BLOCKS of TL_ISA_NV_WG vectors, never
- * leaving a single vector behind; then scalars.  The first column block's
- * strip s asks for cache line s of each row pf[q] (q < npf; rows of `rows`
- * values, as the x rows packed here), one per pair, spread over the
- * multiply-adds. */
+/* One kernel row of the weight gradient (see tl_mk_ops), in chunks of pairs
+ * (tl_mk_panel_pairs).  With AVX-512, where rows is a multiple of 4 (the
+ * strips then end on the row's end), the strips read each pair's x values
+ * in place through its row pointer; otherwise each chunk's x rows are
+ * packed just before its strips run, so they are read from L1 (packing a
+ * kernel row's pairs at once left the first chunks' rows in L2 by the time
+ * they ran).  In place skips the copy, 8% of a C = 64 weight gradient's
+ * samples: 1.01-1.09x at C = 40-256 on every map of round thirty-three
+ * (AMD EPYC), bitwise; with AVX2's narrower strips it lost 0.83-1.0x at
+ * C >= 64, so AVX2 packs.  The strips that ask for no x row of the next
+ * kernel row ask for the next chunk's dy rows, a line per strip; and, in
+ * the last column block, for the next chunk's x rows, a line per strip:
+ * packing, the strips after those (the pack then finds them in L1: they
+ * were asked for a kernel row before and back in L2 by then; 1.01-1.06x at
+ * C >= 64 in round thirty-two); in place, the last pf_lines strips, which
+ * every width has (a strip reads at most 8 values of a 16-value line), as
+ * a second request, so the rows arrive just before the next chunk (at the
+ * chunk's start they were evicted from L1 again before their turn:
+ * 0.95-0.99x).  Then, for each block of columns, every strip of input
+ * channels (TL_ISA_WG_ROWS(NV) wide, then 4; see tl_mk_panel_strips), so
+ * the chunk's dy columns (up to 64 rows x TL_ISA_NV_WG vectors, 16 KiB) and
+ * x rows stay in L1 while the x strips pass them; a whole block's pairs (up
+ * to TL_WGRAD_PAIRS) were streamed from L2 for each strip (1.01-1.19x at
+ * C >= 64).  Each chunk's sums are added to out in chunk order, a fixed
+ * order whatever the instruction set or the thread count, and in place or
+ * packed the same products are summed in the same order.  Column blocks:
+ * TL_COLUMN_BLOCKS of TL_ISA_NV_WG vectors, never leaving a single vector
+ * behind; then scalars.  The first column block's strip s asks for cache
+ * line s of each row pf[q] (q < npf; rows of `rows` values, as the x rows
+ * read here), one per pair, spread over the multiply-adds. */
 static TL_ISA_ATTR void TL_MKI(panel)(int64_t cw, int64_t nq, int64_t rows,
                                       const TL_T *const *xq, TL_T *xp,
                                       const TL_T *const *dq, TL_T *out, int64_t ldo,
@@ -551,14 +561,17 @@ static TL_ISA_ATTR void TL_MKI(panel)(int64_t cw, int64_t nq, int64_t rows,
     const int64_t ldx = TL_MK(packed_ld)(rows);
     const int64_t pf_lines = (rows * (int64_t)sizeof(TL_T) + 63) / 64;
     const int64_t chunk = TL_MK(panel_pairs)(ldx);
+    const int in_place = TL_ISA_VBYTES == 64 && xq && rows == ldx;
     for (int64_t q0 = 0; q0 < nq; q0 += chunk) {
         const int64_t cq = nq - q0 < chunk ? nq - q0 : chunk;
         const int64_t cpf = npf - q0 < 0 ? 0 : npf - q0 < cq ? npf - q0 : cq;
         const TL_T *xc = xp + q0 * ldx;
-        if (xq) {
+        if (xq && !in_place) {
             TL_MKI(pack)(cq, nq - q0, rows, xq + q0, xp, TL_MK_PACK_AHEAD);
             xc = xp;
         }
+        /* In place: the strips' x rows (xc unused). */
+        const TL_T *const *xr = in_place ? xq + q0 : NULL;
         const TL_T *const *dc = dq + q0, *const *pc = cpf > 0 ? pf + q0 : pf;
         /* The next chunk's dy rows, asked for by the strips that do not ask
          * for x rows: a line of the column block per strip; after the last
@@ -566,38 +579,43 @@ static TL_ISA_ATTR void TL_MKI(panel)(int64_t cw, int64_t nq, int64_t rows,
          * a kernel row of a block has one or two chunks, and each dy row is
          * read by one or two kernel rows, so from memory: 1.02-1.15x on the
          * LiDAR scan's strided maps at C = 48-128, the surface's 0.98-1.04x).
-         * The strips after those, in the last column block, ask for the next
-         * chunk's x rows (n_ below), a line each, as far as there are strips. */
+         * The next chunk's x rows: n_ (packing) or m_ (in place) below. */
         const int last = q0 + cq >= nq;
         const TL_T *const *dn = last ? pd : dq + q0 + cq;
+        const TL_T *const *xn = last ? NULL : xq + q0 + cq;
         const int64_t left = last ? (pd ? npf : 0) : nq - q0 - cq;
         const int64_t cdn = left < chunk ? left : chunk;
         int64_t j = 0;
+/* Strip s of a block (of ns_ strips) asks for line pb_ of rows pq_[q < npq_]
+ * and, in place, line pb2_ of the next chunk's x rows xn[q < npq2_]. */
 #define TL_PANEL_PF(W, NV, s)                                                               \
     const int64_t xl_ = j == 0 ? pf_lines : 0;                                              \
     const int64_t dl_ = ((NV) * (int64_t)sizeof(TL_MKI(vec##W)) + 63) / 64;                 \
+    const int lb_ = !last && j + (NV) * TL_VL >= cw; /* last column block */                \
     const int x_ = (s) < xl_, d_ = !x_ && (s) - xl_ < dl_;                                  \
-    const int n_ = !x_ && !d_ && xq && !last && j + (NV) * TL_VL >= cw &&                   \
-                   (s) - xl_ - dl_ < pf_lines;                                              \
-    const TL_T *const *pq_ = x_ ? pc : n_ ? xq + q0 + cq : dn;                              \
+    const int n_ = !x_ && !d_ && xq && !in_place && lb_ && (s) - xl_ - dl_ < pf_lines;     \
+    const int m_ = in_place && lb_ && (s) >= ns_ - pf_lines;                                \
+    const TL_T *const *pq_ = x_ ? pc : n_ ? xn : dn;                                        \
     const int64_t npq_ = x_ ? cpf : d_ || n_ ? cdn : 0;                                     \
     const int64_t pb_ = x_ ? (s) * 64                                                       \
                         : n_ ? ((s) - xl_ - dl_) * 64                                       \
-                             : j * (int64_t)sizeof(TL_T) + ((s) - xl_) * 64
+                             : j * (int64_t)sizeof(TL_T) + ((s) - xl_) * 64;                \
+    const int64_t npq2_ = m_ ? cdn : 0, pb2_ = ((s) - ns_ + pf_lines) * 64
 #define TL_PANEL_CALL(W, NV)                                                                \
     do {                                                                                    \
         const int r_ = TL_ISA_WG_ROWS(NV);                                                  \
         const int64_t wide_ = TL_MK(panel_strips)(ldx, r_);                                 \
+        const int64_t ns_ = wide_ + (ldx - wide_ * r_) / 4;                                 \
         int64_t c_ = 0, s = 0;                                                              \
         for (; s < wide_; s++, c_ += r_) {                                                  \
             TL_PANEL_PF(W, NV, s);                                                          \
-            TL_MKI(pblock##W)(r_, NV, j, cq, xc + c_, ldx, dc, out + c_ * ldo, ldo,         \
-                              rows - c_, pq_, npq_, pb_);                                   \
+            TL_MKI(pblock##W)(r_, NV, j, cq, xc + c_, ldx, xr, c_, dc, out + c_ * ldo, ldo, \
+                              rows - c_, pq_, npq_, pb_, xn, npq2_, pb2_);                  \
         }                                                                                   \
         for (; c_ < ldx; s++, c_ += 4) {                                                    \
             TL_PANEL_PF(W, NV, s);                                                          \
-            TL_MKI(pblock##W)(4, NV, j, cq, xc + c_, ldx, dc, out + c_ * ldo, ldo,          \
-                              rows - c_, pq_, npq_, pb_);                                   \
+            TL_MKI(pblock##W)(4, NV, j, cq, xc + c_, ldx, xr, c_, dc, out + c_ * ldo, ldo,  \
+                              rows - c_, pq_, npq_, pb_, xn, npq2_, pb2_);                  \
         }                                                                                   \
     } while (0)
         TL_PANEL_BLOCKS(TL_PANEL_CALL);
@@ -606,7 +624,8 @@ static TL_ISA_ATTR void TL_MKI(panel)(int64_t cw, int64_t nq, int64_t rows,
         for (int64_t r = 0; r < rows; r++)
             for (int64_t jj = j; jj < cw; jj++) {
                 TL_T sum = 0;
-                for (int64_t q = 0; q < cq; q++) sum += xc[q * ldx + r] * dc[q][jj];
+                for (int64_t q = 0; q < cq; q++)
+                    sum += (xr ? xr[q][r] : xc[q * ldx + r]) * dc[q][jj];
                 out[r * ldo + jj] += sum;
             }
     }
