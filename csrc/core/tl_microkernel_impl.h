@@ -186,14 +186,16 @@ static inline int64_t TL_MK(panel_strips)(int64_t ldx, int64_t r) {
 }
 
 /* Pairs per chunk of the weight gradient's panel (tl_mk_ops.panel): the
- * chunk's packed x rows (ldx values each) and its dy rows of one column block
- * (at most 256 bytes each) within 48 KiB of L1, a multiple of 16 from 16 to
- * 64.  The same on every instruction set, so the chunks' sums are too.  Of
- * fixed chunks, 64 pairs ran best at C_in <= 128 (32 lost 0.97-0.99x at
- * C = 64) and 32 at C_in = 256 (1.04-1.07x over 64, whose x rows outgrew
- * L1). */
+ * chunk's x rows (ldx values each) and its dy rows of one column block (at
+ * most 256 bytes each) within 96 KiB, a multiple of 16 from 16 to 64: 64
+ * up to C_in = 320.  The same on every instruction set, so the chunks' sums
+ * are too.  Of fixed chunks, 64 pairs ran best at C_in <= 128 (32 lost
+ * 0.97-0.99x at C = 64, 128 0.96-1.02x).  At C_in = 160-256 the packed
+ * panel ran best at 32-48 pairs (a 48 KiB budget; 64 lost 0.93-0.96x, its
+ * packed rows outgrowing L1); read in place (AVX-512, round thirty-three)
+ * 64 runs 1.01-1.04x over them, and AVX2, which still packs, 0.95-1.02x. */
 static inline int64_t TL_MK(panel_pairs)(int64_t ldx) {
-    const int64_t c = 48 * 1024 / (ldx * (int64_t)sizeof(TL_T) + 256) / 16 * 16;
+    const int64_t c = 96 * 1024 / (ldx * (int64_t)sizeof(TL_T) + 256) / 16 * 16;
     return c < 16 ? 16 : c > 64 ? 64 : c;
 }
 
