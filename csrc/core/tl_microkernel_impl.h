@@ -48,6 +48,9 @@ typedef struct TL_MK(ops) {
      * vectors with AVX-512, else 1: none), so the kernels compute a panel's
      * last vector whole (see TL_MKI(padded), tl_panel_ld). */
     int64_t pad_cols;
+    /* 1 where the weight gradient's panel reads x rows of a multiple of 4
+     * values in place (AVX-512), 0 where it packs them (see panel). */
+    int panel_in_place;
     /* rows_8: c rows (a multiple of 8), 8 per pass, out[p] + oc (see
      * tl_microkernel_isa_impl.h). */
     void (*rows_8)(int64_t cw, int64_t nq, int64_t c, const TL_T *const *a, const TL_T *b,
@@ -128,16 +131,26 @@ typedef struct TL_MK(ops) {
 } TL_MK(ops);
 
 #ifndef TL_WGRAD_PACK_MIN_CIN
-/* Input channels from which the weight gradient packs each kernel row's x
- * rows (packed by the panel micro-kernel) instead of reading them in
+/* Input channels from which the weight gradient runs each kernel row's x
+ * rows through the panel micro-kernel instead of the passes over rows in
  * place (tl_mk_outer_acc): from C_in = 64, and from TL_WGRAD_PACK_WIDE_MIN_CIN
  * where C_out is wider than outer_acc's 8-channel passes take (rows8_cols).
  * Since the x rows are copied whole (round nine), packing runs 1.0-1.26x the
- * in-place reads at C = 40-56 (most on strided maps, whose x rows come from
+ * passes at C = 40-56 (most on strided maps, whose x rows come from
  * memory), but 0.89-0.94x at C = 32 on 3x3x3 maps, where the 8-channel
- * passes run in place. */
+ * passes run in place.  Where the panel reads x rows in place
+ * (panel_in_place: AVX-512, C_in a multiple of 4), it also takes C_in from
+ * TL_WGRAD_IN_PLACE_MIN_CIN when C_out is in [TL_WGRAD_IN_PLACE_MIN_COUT,
+ * TL_WGRAD_IN_PLACE_MAX_COUT): 1.0-1.3x there on the AMD EPYC of round
+ * thirty-three (C_in x C_out = 32 x 32 1.01-1.19x, 48 x 32 1.07-1.23x,
+ * 32 x 40 1.22-1.30x, 36 x 36 1.18-1.35x), where C_out below 32 (16 x 16
+ * values a pair and strip: 0.84-1.07x) and C_out = 64 (32 x 64 and 36 x 64:
+ * 0.92-0.99x) ran better in the passes. */
 #define TL_WGRAD_PACK_MIN_CIN 64
 #define TL_WGRAD_PACK_WIDE_MIN_CIN 40
+#define TL_WGRAD_IN_PLACE_MIN_CIN 32
+#define TL_WGRAD_IN_PLACE_MIN_COUT 32
+#define TL_WGRAD_IN_PLACE_MAX_COUT 64
 #endif
 
 /* Values per packed x row of the weight gradient (tl_mk_ops.panel): `rows`
@@ -145,11 +158,14 @@ typedef struct TL_MK(ops) {
  * of 4, 6 or 8 of them cover it (tl_mk_panel_strips). */
 static inline int64_t TL_MK(packed_ld)(int64_t rows) { return (rows + 3) / 4 * 4; }
 
-/* Whether a weight gradient of cin x cout packs its x rows (panel) rather
- * than reading them in place (outer_acc): TL_WGRAD_PACK_MIN_CIN. */
+/* Whether a weight gradient of cin x cout runs the panel (which packs its
+ * x rows or reads them in place) rather than outer_acc's passes:
+ * TL_WGRAD_PACK_MIN_CIN. */
 static inline int TL_MK(wgrad_packs)(const TL_MK(ops) *mk, int64_t cin, int64_t cout) {
     return cin >= TL_WGRAD_PACK_MIN_CIN ||
-           (cin >= TL_WGRAD_PACK_WIDE_MIN_CIN && cout > mk->rows8_cols);
+           (cin >= TL_WGRAD_PACK_WIDE_MIN_CIN && cout > mk->rows8_cols) ||
+           (mk->panel_in_place && cin >= TL_WGRAD_IN_PLACE_MIN_CIN && cin % 4 == 0 &&
+            cout >= TL_WGRAD_IN_PLACE_MIN_COUT && cout < TL_WGRAD_IN_PLACE_MAX_COUT);
 }
 
 /* Pairs ahead that the panel asks for an x row while packing a chunk: the

@@ -523,6 +523,9 @@ static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_MKI(pack)(
 #define TL_PANEL_BLOCKS(CALL) TL_COLUMN_BLOCKS(TL_ISA_NV_WG, 1, CALL)
 #endif
 
+/* Whether the panel below reads x rows in place (tl_mk_ops.panel_in_place). */
+#define TL_ISA_PANEL_IN_PLACE (TL_ISA_VBYTES == 64)
+
 /* One kernel row of the weight gradient (see tl_mk_ops), in chunks of pairs
  * (tl_mk_panel_pairs).  With AVX-512, where rows is a multiple of 4 (the
  * strips then end on the row's end), the strips read each pair's x values
@@ -561,7 +564,7 @@ static TL_ISA_ATTR void TL_MKI(panel)(int64_t cw, int64_t nq, int64_t rows,
     const int64_t ldx = TL_MK(packed_ld)(rows);
     const int64_t pf_lines = (rows * (int64_t)sizeof(TL_T) + 63) / 64;
     const int64_t chunk = TL_MK(panel_pairs)(ldx);
-    const int in_place = TL_ISA_VBYTES == 64 && xq && rows == ldx;
+    const int in_place = TL_ISA_PANEL_IN_PLACE && xq && rows == ldx;
     for (int64_t q0 = 0; q0 < nq; q0 += chunk) {
         const int64_t cq = nq - q0 < chunk ? nq - q0 : chunk;
         const int64_t cpf = npf - q0 < 0 ? 0 : npf - q0 < cq ? npf - q0 : cq;
@@ -636,6 +639,7 @@ static const TL_MK(ops) TL_MKI(ops) = {
     .rows8_cols = TL_ISA_NV8 * TL_VL,
     .rows8_max_cols = TL_ISA_NV8_MAX * TL_VL,
     .pad_cols = TL_ISA_VBYTES == 64 ? TL_VL : 1,
+    .panel_in_place = TL_ISA_PANEL_IN_PLACE,
     .rows_8 = TL_MKI(rows_8),
     .rows_4 = TL_MKI(rows_4),
     .rows_2 = TL_MKI(rows_2),
@@ -660,6 +664,7 @@ static const TL_MK(ops) TL_MKI(ops) = {
 #undef TL_ISA_ROWS_T_16_RUNS
 #undef TL_ISA_ROWS_T_12
 #undef TL_ISA_ROWS_T_6
+#undef TL_ISA_PANEL_IN_PLACE
 
 #undef TL_COLUMN_BLOCKS
 #undef TL_COLUMN_TAIL
