@@ -533,8 +533,8 @@ static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_MKI(pack)(
  * packed just before its strips run, so they are read from L1 (packing a
  * kernel row's pairs at once left the first chunks' rows in L2 by the time
  * they ran).  In place skips the copy, 8% of a C = 64 weight gradient's
- * samples: 1.01-1.09x at C = 40-256 on every map of round thirty-three
- * (AMD EPYC), bitwise; with AVX2's narrower strips it lost 0.83-1.0x at
+ * samples: 1.00-1.10x at C = 40-256 on the maps of round thirty-three (AMD
+ * EPYC; the LiDAR scan's k2 s2 at C = 64 0.95-1.01x), bitwise; with AVX2's narrower strips it lost 0.83-1.0x at
  * C >= 64, so AVX2 packs.  The strips that ask for no x row of the next
  * kernel row ask for the next chunk's dy rows, a line per strip; and, in
  * the last column block, for the next chunk's x rows, a line per strip:
@@ -568,11 +568,9 @@ static TL_ISA_ATTR void TL_MKI(panel)(int64_t cw, int64_t nq, int64_t rows,
     for (int64_t q0 = 0; q0 < nq; q0 += chunk) {
         const int64_t cq = nq - q0 < chunk ? nq - q0 : chunk;
         const int64_t cpf = npf - q0 < 0 ? 0 : npf - q0 < cq ? npf - q0 : cq;
-        const TL_T *xc = xp + q0 * ldx;
-        if (xq && !in_place) {
-            TL_MKI(pack)(cq, nq - q0, rows, xq + q0, xp, TL_MK_PACK_AHEAD);
-            xc = xp;
-        }
+        /* The chunk's packed rows: xp's own (xq NULL), or packed here. */
+        const TL_T *xc = xq ? xp : xp + q0 * ldx;
+        if (xq && !in_place) TL_MKI(pack)(cq, nq - q0, rows, xq + q0, xp, TL_MK_PACK_AHEAD);
         /* In place: the strips' x rows (xc unused). */
         const TL_T *const *xr = in_place ? xq + q0 : NULL;
         const TL_T *const *dc = dq + q0, *const *pc = cpf > 0 ? pf + q0 : pf;
@@ -585,7 +583,7 @@ static TL_ISA_ATTR void TL_MKI(panel)(int64_t cw, int64_t nq, int64_t rows,
          * The next chunk's x rows: n_ (packing) or m_ (in place) below. */
         const int last = q0 + cq >= nq;
         const TL_T *const *dn = last ? pd : dq + q0 + cq;
-        const TL_T *const *xn = last ? NULL : xq + q0 + cq;
+        const TL_T *const *xn = last || !xq ? NULL : xq + q0 + cq;
         const int64_t left = last ? (pd ? npf : 0) : nq - q0 - cq;
         const int64_t cdn = left < chunk ? left : chunk;
         int64_t j = 0;
