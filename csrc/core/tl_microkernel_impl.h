@@ -139,18 +139,24 @@ typedef struct TL_MK(ops) {
  * passes at C = 40-56 (most on strided maps, whose x rows come from
  * memory), but 0.89-0.94x at C = 32 on 3x3x3 maps, where the 8-channel
  * passes run in place.  Where the panel reads x rows in place
- * (panel_in_place: AVX-512, C_in a multiple of 4), it also takes C_in from
- * TL_WGRAD_IN_PLACE_MIN_CIN when C_out is in [TL_WGRAD_IN_PLACE_MIN_COUT,
- * TL_WGRAD_IN_PLACE_MAX_COUT): 1.0-1.3x there on the AMD EPYC of round
- * thirty-three (C_in x C_out = 32 x 32 1.01-1.19x, 48 x 32 1.07-1.23x,
- * 32 x 40 1.22-1.30x, 36 x 36 1.18-1.35x), where C_out below 32 (16 x 16
- * values a pair and strip: 0.84-1.07x) and C_out = 64 (32 x 64 and 36 x 64:
- * 0.92-0.99x) ran better in the passes. */
+ * (panel_in_place: AVX-512, C_in a multiple of 4), it also takes C_out of
+ * [TL_WGRAD_IN_PLACE_MIN_COUT, TL_WGRAD_IN_PLACE_MAX_COUT] from C_in =
+ * TL_WGRAD_IN_PLACE_MIN_CIN, and C_out strictly between those from C_in =
+ * TL_WGRAD_IN_PLACE_NARROW_MIN_CIN (the passes run C_out = 36-44 with a
+ * partial vector).  On the AMD EPYC of round thirty-three, C_in x C_out:
+ * 32 x 32 1.01-1.19x, 48 x 32 1.07-1.23x, 32 x 40 1.22-1.30x, 36 x 36
+ * 1.18-1.35x, 32 x 48 1.00-1.18x, 16 x 36 1.11-1.33x, 20 x 40 1.07-1.24x;
+ * the passes stay better below C_out = 32 (32 x 16 0.84-0.97x for the
+ * panel), at C_out = 32 from fewer input channels (16 x 32 and 24 x 32:
+ * 0.89-0.99x), and from C_out = 52 (32 x 56 0.91-0.97x, 36 x 60
+ * 0.78-0.81x: the panel's narrower blocks after its whole vectors, where
+ * the passes read the last vector masked) to 64 (32 x 64 0.92-0.96x). */
 #define TL_WGRAD_PACK_MIN_CIN 64
 #define TL_WGRAD_PACK_WIDE_MIN_CIN 40
 #define TL_WGRAD_IN_PLACE_MIN_CIN 32
+#define TL_WGRAD_IN_PLACE_NARROW_MIN_CIN 16
 #define TL_WGRAD_IN_PLACE_MIN_COUT 32
-#define TL_WGRAD_IN_PLACE_MAX_COUT 64
+#define TL_WGRAD_IN_PLACE_MAX_COUT 48
 #endif
 
 /* Values per packed x row of the weight gradient (tl_mk_ops.panel): `rows`
@@ -164,8 +170,11 @@ static inline int64_t TL_MK(packed_ld)(int64_t rows) { return (rows + 3) / 4 * 4
 static inline int TL_MK(wgrad_packs)(const TL_MK(ops) *mk, int64_t cin, int64_t cout) {
     return cin >= TL_WGRAD_PACK_MIN_CIN ||
            (cin >= TL_WGRAD_PACK_WIDE_MIN_CIN && cout > mk->rows8_cols) ||
-           (mk->panel_in_place && cin >= TL_WGRAD_IN_PLACE_MIN_CIN && cin % 4 == 0 &&
-            cout >= TL_WGRAD_IN_PLACE_MIN_COUT && cout < TL_WGRAD_IN_PLACE_MAX_COUT);
+           (mk->panel_in_place && cin % 4 == 0 && cout >= TL_WGRAD_IN_PLACE_MIN_COUT &&
+            cout <= TL_WGRAD_IN_PLACE_MAX_COUT &&
+            (cin >= TL_WGRAD_IN_PLACE_MIN_CIN ||
+             (cin >= TL_WGRAD_IN_PLACE_NARROW_MIN_CIN && cout > TL_WGRAD_IN_PLACE_MIN_COUT &&
+              cout < TL_WGRAD_IN_PLACE_MAX_COUT)));
 }
 
 /* Pairs ahead that the panel asks for an x row while packing a chunk: the

@@ -31,8 +31,9 @@ LEVELS = ["amx_bf16", "avx512_bf16", *ISAS]
 # a zero-padded strip of 2 and 3 input channels; c_out 17, 33 and 3 leave
 # scalar columns after 2+2, 3+3+2 or no vector blocks.  With AVX-512 the panel
 # reads x rows whose c_in is a multiple of 4 in place, from c_in = 32 where
-# 32 <= c_out < 64: 44x32, 36x35 (2 vectors, then 3 scalar columns) and 40x63
-# (3 vectors, then narrower blocks and a scalar column), and 64x64.  The forward packs
+# 32 <= c_out <= 48 (16 where 32 < c_out < 48): 44x32, 36x35 (2 vectors, then
+# 3 scalar columns), 20x36 (2 vectors and a 16-byte block), 40x63 (3 vectors,
+# then narrower blocks and a scalar column), and 64x64.  The forward packs
 # weights wider than 16 KiB per kernel row into panels: 260x72 runs three
 # (or more) panels; 40x400 runs two column tiles (384 + 16), the first in
 # several panels, the second in a narrow one.  Layers one vector wide and
@@ -50,7 +51,8 @@ LEVELS = ["amx_bf16", "avx512_bf16", *ISAS]
 # float64) and 33x23 (6 x 4 + 4 + 4 + 1, columns 16 + 4 + 3).
 CHANNELS = [(3, 1), (7, 37), (64, 64), (19, 130), (33, 23), (5, 24), (6, 20), (66, 17),
             (67, 33), (128, 3), (260, 72), (40, 400), (16, 16), (8, 8), (4, 4), (2, 2),
-            (9, 40), (48, 56), (24, 24), (44, 32), (20, 12), (36, 35), (40, 63)]
+            (9, 40), (48, 56), (24, 24), (44, 32), (20, 12), (36, 35), (20, 36),
+            (40, 63)]
 TOL = {torch.float32: 2e-5, torch.float64: 1e-12}
 
 
