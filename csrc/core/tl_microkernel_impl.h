@@ -164,13 +164,21 @@ typedef struct TL_MK(ops) {
  * of 4, 6 or 8 of them cover it (tl_mk_panel_strips). */
 static inline int64_t TL_MK(packed_ld)(int64_t rows) { return (rows + 3) / 4 * 4; }
 
+/* Whether the panel reads x rows of `rows` values in place: on an
+ * instruction set whose panel does (tl_mk_ops.panel_in_place), where the
+ * rows need no padding, so the strips end on each row's end. */
+static inline int TL_MK(panel_reads_in_place)(int in_place_set, int64_t rows) {
+    return in_place_set && TL_MK(packed_ld)(rows) == rows;
+}
+
 /* Whether a weight gradient of cin x cout runs the panel (which packs its
  * x rows or reads them in place) rather than outer_acc's passes:
  * TL_WGRAD_PACK_MIN_CIN. */
 static inline int TL_MK(wgrad_packs)(const TL_MK(ops) *mk, int64_t cin, int64_t cout) {
     return cin >= TL_WGRAD_PACK_MIN_CIN ||
            (cin >= TL_WGRAD_PACK_WIDE_MIN_CIN && cout > mk->rows8_cols) ||
-           (mk->panel_in_place && cin % 4 == 0 && cout >= TL_WGRAD_IN_PLACE_MIN_COUT &&
+           (TL_MK(panel_reads_in_place)(mk->panel_in_place, cin) &&
+            cout >= TL_WGRAD_IN_PLACE_MIN_COUT &&
             cout <= TL_WGRAD_IN_PLACE_MAX_COUT &&
             (cin >= TL_WGRAD_IN_PLACE_MIN_CIN ||
              (cin >= TL_WGRAD_IN_PLACE_NARROW_MIN_CIN && cout > TL_WGRAD_IN_PLACE_MIN_COUT &&

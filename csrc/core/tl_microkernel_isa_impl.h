@@ -527,15 +527,15 @@ static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_MKI(pack)(
 #define TL_ISA_PANEL_IN_PLACE (TL_ISA_VBYTES == 64)
 
 /* One kernel row of the weight gradient (see tl_mk_ops), in chunks of pairs
- * (tl_mk_panel_pairs).  With AVX-512, where rows is a multiple of 4 (the
- * strips then end on the row's end), the strips read each pair's x values
- * in place through its row pointer; otherwise each chunk's x rows are
+ * (tl_mk_panel_pairs).  With AVX-512, where rows is a multiple of 4
+ * (tl_mk_panel_reads_in_place), the strips read each pair's x values in
+ * place through its row pointer; otherwise each chunk's x rows are
  * packed just before its strips run, so they are read from L1 (packing a
  * kernel row's pairs at once left the first chunks' rows in L2 by the time
  * they ran).  In place skips the copy, 8% of a C = 64 weight gradient's
  * samples: 1.00-1.10x at C = 40-256 on the maps of round thirty-three (AMD
- * EPYC; the LiDAR scan's k2 s2 at C = 64 0.95-1.01x), bitwise; with AVX2's narrower strips it lost 0.83-1.0x at
- * C >= 64, so AVX2 packs.  The strips that ask for no x row of the next
+ * EPYC; the LiDAR scan's k2 s2 at C = 64 0.95-1.01x), bitwise; with AVX2's
+ * narrower strips it lost 0.83-1.0x at C >= 64, so AVX2 packs.  The strips that ask for no x row of the next
  * kernel row ask for the next chunk's dy rows, a line per strip; and, in
  * the last column block, for the next chunk's x rows, a line per strip:
  * packing, the strips after those (the pack then finds them in L1: they
@@ -564,7 +564,7 @@ static TL_ISA_ATTR void TL_MKI(panel)(int64_t cw, int64_t nq, int64_t rows,
     const int64_t ldx = TL_MK(packed_ld)(rows);
     const int64_t pf_lines = (rows * (int64_t)sizeof(TL_T) + 63) / 64;
     const int64_t chunk = TL_MK(panel_pairs)(ldx);
-    const int in_place = TL_ISA_PANEL_IN_PLACE && xq && rows == ldx;
+    const int in_place = xq && TL_MK(panel_reads_in_place)(TL_ISA_PANEL_IN_PLACE, rows);
     for (int64_t q0 = 0; q0 < nq; q0 += chunk) {
         const int64_t cq = nq - q0 < chunk ? nq - q0 : chunk;
         const int64_t cpf = npf - q0 < 0 ? 0 : npf - q0 < cq ? npf - q0 : cq;
