@@ -96,7 +96,11 @@ def _check_points(points: Any) -> torch.Tensor:
     if points.device.type not in ("cpu", "cuda"):
         raise ValueError(f"points must be on the CPU or a CUDA device, got {points.device}")
     # Half-precision points are widened exactly; the C core reads float32/64.
-    return points if points.dtype == torch.float64 else points.float()
+    if points.dtype in (torch.float32, torch.float64):
+        return points
+    check_allocation(f"widening {points.shape[0]} {points.dtype} points to float32",
+                     points.shape[0] * 12)
+    return points.float()
 
 
 def _check_batch(batch: Any, points: torch.Tensor) -> torch.Tensor | None:
@@ -118,7 +122,11 @@ def _check_batch(batch: Any, points: torch.Tensor) -> torch.Tensor | None:
 
 
 def _work_feats(op: str, feats: torch.Tensor) -> torch.Tensor:
-    return feats.to(compute_dtype(op, feats.dtype))
+    work = compute_dtype(op, feats.dtype)
+    if work != feats.dtype:  # a widened copy: checked like the kernels' own allocations
+        check_allocation(f"{op}: widening {tuple(feats.shape)} {feats.dtype} features",
+                         feats.numel() * work.itemsize)
+    return feats.to(work)
 
 
 def voxelize(

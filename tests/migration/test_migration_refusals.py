@@ -12,7 +12,9 @@ import os
 import pickle
 import signal
 import struct
+import tracemalloc
 import warnings
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +22,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import torch_lattice as tl
 from torch_lattice.atomic_file import exchange_paths
-from torch_lattice.migration import cli, writing
+from torch_lattice.migration import OptimizerStateError, cli, loading, writing
 
 try:
     from converter_cli_helpers import files, refused
@@ -423,3 +426,61 @@ def test_loading_converted_weights_checks_the_memory_budget(work: Path) -> None:
             migration.load_converted(model, out)
     finally:
         tl.set_memory_budget(previous)
+
+
+def test_a_long_key_referenced_many_times_costs_no_memory_in_the_optimizer_scan(
+        work: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # A 100 KB key over a list of 2,000 references to one empty list: the scan once wrote
+    # every child's location as text before skipping the ones it had seen (200 MB here;
+    # 3 GB from a 160 KB file with 30,000 references).
+    shared: list[Any] = []
+    tracemalloc.start()
+    try:
+        loading._refuse_optimizer_state({"model": _state(), "A" * 100_000: [shared] * 2000})
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 * 2**20, peak
+    # The error still says where, each key cut short.
+    param = torch.nn.Parameter(torch.randn(3))
+    opt = torch.optim.SGD([param], lr=0.1)
+    torch.save({"model": _state(), "B" * 100_000: [[shared], {"k": opt.state_dict()}]},
+               work / "long.pt")
+    refused(capsys, _argv(work, "long.pt"), "optimizer state under 'BBBBB")
+    with pytest.raises(OptimizerStateError) as info:
+        loading._refuse_optimizer_state(torch.load(work / "long.pt", weights_only=True))
+    assert f"'{'B' * 56}...[1]['k']" in str(info.value)
+    assert len(str(info.value)) < 400
+
+
+def _deflated_zeros_checkpoint(path: Path, entries: int, numel: int) -> None:
+    """A torch zip checkpoint of ``entries`` float tensors of ``numel`` zeros, stored
+    deflated (torch.save stores entries as they are; torch.load reads either)."""
+    buf = io.BytesIO()
+    torch.save({"model": {f"bn{i}.bias": torch.zeros(numel) for i in range(entries)}}, buf)
+    with zipfile.ZipFile(buf) as src, zipfile.ZipFile(path, "w") as dst:
+        for info in src.infolist():
+            dst.writestr(info.filename, src.read(info), compress_type=zipfile.ZIP_DEFLATED)
+
+
+def test_deflated_entries_are_checked_at_their_inflated_size_together(
+        work: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (work / "spec.json").write_text("{}")
+    _deflated_zeros_checkpoint(work / "deflated.pt", 3, 2**20)  # 3 x 4 MiB, about 12 KB
+    assert (work / "deflated.pt").stat().st_size < 2**16
+    assert cli.main(_argv(work, "deflated.pt")) == 0  # a valid checkpoint, read as such
+    (work / "out.safetensors").unlink()
+    (work / "out.json").unlink()
+    # Each entry fits a 10 MiB budget, the three together do not: refused before torch
+    # inflates any (it would allocate all three first).
+    def inflate(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("torch.load ran")
+
+    previous = tl.set_memory_budget(10 * 2**20)
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(torch, "load", inflate)
+            refused(capsys, _argv(work, "deflated.pt"), "loading source checkpoint")
+    finally:
+        tl.set_memory_budget(previous)
+    assert not (work / "out.safetensors").exists()

@@ -513,6 +513,19 @@ add(
     r"dilation must be 1 for GenerativeConvTranspose3d",
     lambda: nn.GenerativeConvTranspose3d(C, C, 2, stride=2, dilation=2),
 )
+# dilation -1 was refused as "must be >= 0", a rule that 0 breaks too
+add(
+    "gen-dilation-negative",
+    ValueError,
+    r"dilation must be positive in every axis, got -1",
+    lambda: nn.GenerativeConvTranspose3d(C, C, 2, stride=2, dilation=-1),
+)
+add(
+    "gen-padding-negative",
+    ValueError,
+    r"padding must be >= 0 in every axis, got -1",
+    lambda: nn.GenerativeConvTranspose3d(C, C, 2, stride=2, padding=-1),
+)
 add(
     "norm-subm-eps-zero",
     ValueError,
@@ -1978,6 +1991,36 @@ add(
     MemoryBudgetError,
     r"add output \(2 rows x 268435456 channels\) .*" + BUDGET,
     _within_budget(lambda: (lambda x: x + x)(_expanded(2, 2**28))),
+)
+# voxelize's per-point temporaries (voxel rows, unique rows, inverse, hash slots) and the
+# copies of strided inputs were made unchecked: 24 bytes of expanded points asked for 3 GiB
+add(
+    "budget-voxelize-expanded-points",
+    MemoryBudgetError,
+    r"voxelizing 33554432 points .*" + BUDGET,
+    _within_budget(lambda: tl.voxelize(torch.zeros(1, 3).expand(2**25, 3),
+                                       torch.zeros(1, 1).expand(2**25, 1))),
+)
+add(
+    "budget-voxelize-widening-half-points",
+    MemoryBudgetError,
+    r"widening 134217728 torch.float16 points to float32 .*" + BUDGET,
+    _within_budget(lambda: tl.voxelize(torch.zeros(1, 3, dtype=torch.half).expand(2**27, 3),
+                                       torch.zeros(1, 1).expand(2**27, 1))),
+)
+add(
+    "budget-voxelize-widening-half-features",
+    MemoryBudgetError,
+    r"voxelize: widening \(1000, 1048576\) torch.float16 features .*" + BUDGET,
+    _within_budget(lambda: tl.voxelize(torch.rand(1000, 3),
+                                       torch.zeros(1, 1, dtype=torch.half).expand(1000, 2**20))),
+)
+add(
+    "budget-voxel-reduce-expanded-features",
+    MemoryBudgetError,
+    r"voxel reduction \(1 voxels x 1024 channels, sum\) .*" + BUDGET,
+    _within_budget(lambda: torch.ops.lattice.voxel_reduce(
+        torch.zeros(1, 1).expand(2**20, 2**10), torch.zeros(2**20, dtype=torch.int64), 1, "sum")),
 )
 # tl.cat and sparse_cat concatenated expanded features unchecked (2 GiB asked here)
 add(

@@ -111,6 +111,19 @@ def test_kernel_positions_of_another_kernel_do_not_load(module: type) -> None:
     same = module(2, 2, kernel_size=(3, 2, 1))
     same.load_state_dict(a.state_dict())  # the same kernel: loads
     assert torch.equal(same.weight, a.weight)
+    # Integer rows of another integer dtype load; rows of any other dtype do not, not even
+    # 0.9 where 0 is expected (compared as integers it passed, truncated).
+    widened = {**a.state_dict(), "kernel_positions": a.kernel_positions.long()}
+    module(2, 2, kernel_size=(3, 2, 1)).load_state_dict(widened)
+    for odd in (a.kernel_positions.float() + 0.9, a.kernel_positions.double(),
+                a.kernel_positions.bool()):
+        kept = module(2, 2, kernel_size=(3, 2, 1))
+        before = kept.weight.detach().clone()
+        with pytest.raises(RuntimeError, match="kernel_positions: the checkpoint's rows must "
+                                               f"be integers, got {odd.dtype}"):
+            kept.load_state_dict({**a.state_dict(), "kernel_positions": odd})
+        assert torch.equal(kept.weight.detach(), before)
+        assert kept.kernel_positions.dtype == torch.int32
 
 
 def test_a_weight_beyond_the_memory_budget_is_refused_before_allocating() -> None:

@@ -138,6 +138,12 @@ _MALFORMED = {
     "pool_sum short rev": (
         lambda: ops.pool_sum(torch.zeros(3, 2), _i32(3, 1), _i32(1, 1)),
         "rev must be a \\(3, 1\\)"),
+    "sparse_conv short rev": (
+        lambda: ops.sparse_conv(torch.zeros(3, 2), torch.zeros(1, 2, 4), _i32(2, 1), _i32(1, 1)),
+        "rev must be a \\(3, 1\\) int32"),
+    "sparse_conv int64 rev": (
+        lambda: ops.sparse_conv(torch.zeros(3, 2), torch.zeros(1, 2, 4), _i32(2, 1), _i64(3, 1)),
+        "rev must be a \\(3, 1\\) int32"),
     "pool_max_backward short argmax": (
         lambda: ops.pool_max_backward(torch.zeros(8, 1), _i32(1, 1), _i32(1, 1)),
         "argmax must be a \\(8, 1\\) int32"),
@@ -241,8 +247,14 @@ def test_kernel_map_lists_are_checked(op: str, name: str, value: list[int], rule
 
 def test_support_ops_lists_are_checked() -> None:
     g = [[2, 2, 2], [2, 2, 2], [0, 0, 0], [1, 1, 1]]
-    with pytest.raises(ValueError, match="generate_support: out_range must be three ints"):
-        ops.generate_support(_C3, *g, [3, 3], 2)
+    rule = (r"generate_support: out_range must be three non-negative ints "
+            r"\(one per axis, at most 2\^31\)")
+    for bad in ([3, 3], [-1, 4, 4], [-(2**40), 4, 4], [2**31 + 1, 4, 4]):
+        with pytest.raises(ValueError, match=rule):
+            ops.generate_support(_C3, *g, bad, 2)
+    # 0 is an empty range, 2^31 the whole of int32's coordinates from 0
+    assert ops.generate_support(_C3, *g, [0, 4, 4], 2).shape == (0, 4)
+    assert ops.generate_support(_C3, *g, [2**31, 4, 4], 2).shape[1] == 4
     with pytest.raises(ValueError, match="generate_support: kernel_size must be three positive"):
         ops.generate_support(_C3, [2, -2, 2], *g[1:], [3, 3, 3], 2)
     with pytest.raises(ValueError, match="generative_support: kernel_size must be three pos"):

@@ -100,20 +100,46 @@ def _refuse_optimizer_state(obj: Mapping[Any, Any]) -> None:
     # deeply nested or self-referencing pickle cannot exhaust the stack. A top-level name
     # containing "optim" counts; deeper, only an optimizer state dict's own keys do (a
     # {"config": {"optimizer": {"lr": ...}}} holds hyper-parameters, not state).
-    pending: list[tuple[str, Any, Any, bool]] = [(repr(k), k, v, True) for k, v in obj.items()]
+    # Each entry keeps its parent's index in `path` instead of its location as text: the
+    # text is built only for the error, so a long key referenced many times costs nothing.
+    path: list[tuple[int, Any]] = []  # (parent's index or -1, key)
+    pending: list[tuple[int, Any, bool]] = []  # (index in path, value, top level)
+    for k, v in obj.items():
+        path.append((-1, k))
+        pending.append((len(path) - 1, v, True))
     seen: set[int] = set()
     while pending:
-        where, key, value, top = pending.pop()
+        at, value, top = pending.pop()
+        key = path[at][1]
         if not _holds_state(value) or id(value) in seen:
             continue
         seen.add(id(value))
         if (top and "optim" in str(key).lower()) or _is_optimizer_state(value):
             raise OptimizerStateError(
-                f"checkpoint holds optimizer state under {where}; only model state is "
-                f"converted (resuming training needs its own policy). Save the model state "
-                f"alone, e.g. torch.save({{'model': ckpt['model']}}, path), and convert that"
+                f"checkpoint holds optimizer state under {_location(path, at)}; only model "
+                f"state is converted (resuming training needs its own policy). Save the model "
+                f"state alone, e.g. torch.save({{'model': ckpt['model']}}, path), and convert "
+                f"that"
             )
-        pending += [(f"{where}[{k!r}]", k, v, False) for k, v in _children(value)]
+        for k, v in _children(value):
+            if _holds_state(v) and id(v) not in seen:
+                path.append((at, k))
+                pending.append((len(path) - 1, v, False))
+
+
+# Characters of a key's repr that an error message shows.
+_KEY_CHARS = 60
+
+
+def _location(path: list[tuple[int, Any]], at: int) -> str:
+    """Entry ``at``'s location, ``'a'['b'][0]``, each key's repr cut to _KEY_CHARS."""
+    keys = []
+    while at >= 0:
+        at, key = path[at]
+        text = repr(key)
+        keys.append(text if len(text) <= _KEY_CHARS else text[: _KEY_CHARS - 3] + "...")
+    first, *rest = reversed(keys)
+    return first + "".join(f"[{k}]" for k in rest)
 
 
 def extract_model_state(obj: Any) -> tuple[dict[str, Any], str, tuple[str, ...]]:
@@ -167,8 +193,8 @@ def _check_zip(source: Path, data: bytes) -> None:
     torch's reader takes the first of two entries with one name and does not check
     CRCs, so a flipped byte became ``inf`` where a weight was 1.0. Here every entry
     name must be unique and every entry's CRC must match (entries are stored, not
-    compressed, by torch.save; their declared sizes are checked against the budget
-    before any is read).
+    compressed, by torch.save; the sum of their declared sizes, what torch.load would
+    allocate, is checked against the budget before any is read).
     """
     name = f"source checkpoint {str(source)!r}"
     try:
@@ -180,7 +206,9 @@ def _check_zip(source: Path, data: bytes) -> None:
                     raise ConversionError(f"{name} is a corrupted archive: entry "
                                           f"{info.filename!r} appears twice")
                 seen.add(info.filename)
-            check_allocation(f"checking {name}", max((i.file_size for i in infos), default=0))
+            # torch.load inflates every entry (a deflated entry of zeros is 1000 times
+            # its stored size), so all of them together must fit the budget.
+            check_allocation(f"loading {name}", sum(i.file_size for i in infos))
             bad = archive.testzip()
     except (ConversionError, MemoryBudgetError):
         raise

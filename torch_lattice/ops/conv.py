@@ -39,6 +39,7 @@ from torch_lattice.ops._runtime import (
     _C,
     DTYPE_CODES,
     check_size,
+    check_tensor,
     compute_dtype,
     one_device,
     ptr,
@@ -138,10 +139,15 @@ def _check_pairs(
     check_size(pair_in.shape[0] == pair_out.shape[0], bad_pairs)
 
 
-def check_sparse_conv(feats: torch.Tensor, weight: torch.Tensor, nbr: torch.Tensor) -> None:
-    """The one argument check of ``lattice::sparse_conv`` (CPU and CUDA)."""
+def check_sparse_conv(
+    feats: torch.Tensor, weight: torch.Tensor, nbr: torch.Tensor, rev: torch.Tensor
+) -> None:
+    """The one argument check of ``lattice::sparse_conv`` (CPU and CUDA): ``rev``, which
+    only the backward reads, is checked here too, so a wrong one fails at the call that
+    passed it, naming it."""
     check_nbr("sparse_conv", nbr)
     check_conv_args("sparse_conv", feats, weight, nbr.shape[1])
+    check_tensor("sparse_conv", "rev", rev, (torch.int32,), (feats.shape[0], nbr.shape[1]))
 
 
 def check_sparse_conv_weight_grad(
@@ -258,7 +264,7 @@ def sparse_conv(
             wrong input gradient.
         allow_tf32: let CUDA use TF32 tensor cores for float32 (ignored on CPU).
     """
-    check_sparse_conv(feats, weight, nbr)
+    check_sparse_conv(feats, weight, nbr, rev)
     require_cpu("sparse_conv", feats, weight, nbr, rev)
     # Half types run as they are (bfloat16 dot products where the CPU has AVX512_BF16).
     work = compute_dtype("sparse_conv", feats.dtype, halves=True)
@@ -291,7 +297,7 @@ def run_forward(
 @sparse_conv.register_fake
 @one_device("sparse_conv")
 def _(feats, weight, nbr, rev, allow_tf32=False):
-    check_sparse_conv(feats, weight, nbr)
+    check_sparse_conv(feats, weight, nbr, rev)
     work = compute_dtype("sparse_conv", feats.dtype, halves=True)
     return feats.new_empty((nbr.shape[0], weight.shape[2]), dtype=work)
 

@@ -530,7 +530,7 @@ def conv_weight_grad(
 
 @conv.sparse_conv.register_kernel("cuda")
 def sparse_conv(feats, weight, nbr, rev, allow_tf32=False):
-    conv.check_sparse_conv(feats, weight, nbr)
+    conv.check_sparse_conv(feats, weight, nbr, rev)
     return conv_forward("implicit_gemm", feats, weight, nbr=nbr, allow_tf32=allow_tf32)
 
 

@@ -212,14 +212,15 @@ class KernelMap:
 # steps); every entry must also fit the C core's int32. Checked here, not through
 # geometry.triple, so that a layer call's map build stays within this file
 # (tests/project/test_file_switches.py).
-_GEOMETRY_MINIMUM = {"kernel_size": 1, "stride": 1, "padding": 0, "dilation": 1}
+_GEOMETRY_MINIMUM = {"kernel_size": 1, "stride": 1, "padding": 0, "dilation": 1, "out_range": 0}
 _INT32_MAX = 2**31 - 1
 
 
 def check_geometry(op: str, **lists: list[int]) -> None:
     """Raises ``ValueError`` unless each of ``lists`` (named ``kernel_size``, ``stride``,
     ``padding``, ``dilation`` or ``out_range``) holds three ints, at least 1
-    (``padding``: 0; ``out_range``: any, negative counts as 0) and at most 2^31 - 1.
+    (``padding`` and ``out_range``: 0) and at most 2^31 - 1 (``out_range``: 2^31, the
+    count of int32 coordinates from 0).
 
     Checked before the lists' product sizes a tensor: a negative kernel size would
     otherwise reach torch as a negative dimension and a short list ``zip``'s message.
@@ -227,15 +228,15 @@ def check_geometry(op: str, **lists: list[int]) -> None:
     dynamic (two layers with different kernel sizes, ``dynamic=True``): their bounds are
     asserted through :func:`check_size`, checked when the graph runs."""
     for name, values in lists.items():
-        _check_axes(op, name, values, _GEOMETRY_MINIMUM.get(name))
+        _check_axes(op, name, values, _GEOMETRY_MINIMUM[name],
+                    _INT32_MAX + 1 if name == "out_range" else _INT32_MAX)
 
 
-def _check_axes(op: str, name: str, values: object, low: int | None) -> None:
-    """:func:`check_geometry` of one list, whose values must be at least ``low`` (None:
-    any int)."""
-    rule = "three ints" if low is None else (
-        "three positive ints" if low else "three non-negative ints"
-    ) + " (one per axis, at most 2^31 - 1)"  # fmt: skip
+def _check_axes(op: str, name: str, values: object, low: int, high: int) -> None:
+    """:func:`check_geometry` of one list, whose values must lie in ``[low, high]``."""
+    rule = ("three positive ints" if low else "three non-negative ints") + (
+        f" (one per axis, at most {'2^31' if high > _INT32_MAX else '2^31 - 1'})"
+    )  # fmt: skip
 
     def message() -> str:
         return f"lattice::{op}: {name} must be {rule}, got {values!r}"
@@ -244,11 +245,9 @@ def _check_axes(op: str, name: str, values: object, low: int | None) -> None:
         raise ValueError(message())
     for v in values:
         if isinstance(v, torch.SymInt):
-            if low is not None:
-                check_size(v >= low, message)
-                check_size(v <= _INT32_MAX, message)
-        elif (isinstance(v, bool) or not isinstance(v, int)
-              or (low is not None and not low <= v <= _INT32_MAX)):  # fmt: skip
+            check_size(v >= low, message)
+            check_size(v <= high, message)
+        elif isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high:
             raise ValueError(message())
 
 
@@ -323,7 +322,7 @@ def generate_support(
     check_non_negative("generate_support", "coords", coords)
     check_num_batches("generate_support", coords, num_batches)
     geom = conv_geom(kernel_size, stride, padding, dilation)
-    rng = tuple(max(0, r) for r in out_range)
+    rng = tuple(out_range)
     coords = coords.contiguous()
     n = coords.shape[0]
     bound = generate_bound_within_budget(n, geom, rng, num_batches, CPU_GENERATE_SCRATCH)

@@ -42,7 +42,7 @@ def generate_support(
     Args:
         coords: ``(N, 4)`` int32 input rows ``(b, x, y, z)`` on a CUDA device.
         geom: ``(kernel_size, stride, padding, dilation)``, each a 3-tuple.
-        out_range: output grid size per axis (negative values count as 0).
+        out_range: output grid size per axis, each in ``[0, 2^31]`` (checked by the op).
         num_batches: number of batches (bounds the output size).
 
     Returns:
@@ -52,7 +52,7 @@ def generate_support(
     coords = _check_coords("generate_support", "coords", coords)
     check_non_negative("generate_support", "coords", coords)
     kmap.check_num_batches("generate_support", coords, num_batches)
-    rng = tuple(max(0, int(r)) for r in out_range)
+    rng = tuple(int(r) for r in out_range)
     n = coords.shape[0]
     bound = _C.generate_bound(n, geom, rng, num_batches)
     out = torch.empty((bound, 4), dtype=torch.int32, device=device)
@@ -155,7 +155,7 @@ def _generate_support(coords, kernel_size, stride, padding, dilation, out_range,
     kmap.check_geometry("generate_support", kernel_size=kernel_size, stride=stride,
                         padding=padding, dilation=dilation, out_range=out_range)  # fmt: skip
     geom = kmap.conv_geom(kernel_size, stride, padding, dilation)
-    rng = tuple(max(0, r) for r in out_range)
+    rng = tuple(out_range)
     kmap.generate_bound_within_budget(coords.shape[0], geom, rng, num_batches)
     return generate_support(coords, geom, rng, num_batches)
 

@@ -41,6 +41,7 @@ __all__ = [
     "check_grid",
     "check_points",
     "check_voxel_reduce",
+    "check_voxelize_memory",
     "devoxel_gather",
     "devoxel_map",
     "point_error",
@@ -162,10 +163,29 @@ def check_voxel_reduce(feats: torch.Tensor, inverse: torch.Tensor, num_voxels: i
     c = int(feats.shape[1])
     # no channels: the C core returns its empty outputs before it counts points per voxel
     per_voxel = (c * feats.element_size() + (c * 8 if reduction == "max" else 0) + 16) if c else 0
+    # contiguous copies of strided operands (an expanded view is a few bytes of storage)
+    copies = 0 if feats.is_contiguous() else feats.shape[0] * c * feats.element_size()
+    copies += 0 if inverse.is_contiguous() else inverse.shape[0] * 8
     check_allocation(
         f"voxel reduction ({num_voxels} voxels x {c} channels, {reduction})",
-        num_voxels * per_voxel,
+        num_voxels * per_voxel + copies,
     )
+
+
+def check_voxelize_memory(points: torch.Tensor, batch: torch.Tensor | None) -> None:
+    """``lattice::voxelize_coords``'s temporaries within the memory budget, before any
+    is allocated: for each of the P points its voxel row, a unique row and its inverse
+    (16 + 16 + 8 bytes), the hash table's slots (24 bytes each, the next power of two at
+    or above 2P, csrc/core/tl_hash.c), and contiguous copies of strided points and batch
+    (an expanded view is a few bytes of storage however many rows it shows)."""
+    n = int(points.shape[0])
+    slots = 16
+    while slots < 2 * n:
+        slots *= 2
+    copies = 0 if points.is_contiguous() else n * 3 * points.element_size()
+    if batch is not None and not batch.is_contiguous():
+        copies += n * 8
+    check_allocation(f"voxelizing {n} points", n * 40 + slots * 24 + copies)
 
 
 def check_devoxel_gather(feats: torch.Tensor, idx: torch.Tensor, weight: torch.Tensor) -> None:
@@ -198,6 +218,7 @@ def voxelize_coords(
     require_cpu("voxelize_coords", points, *(() if batch is None else (batch,)))
     check_points("voxelize_coords", points, batch)
     check_grid("voxelize_coords", voxel_size, origin)
+    check_voxelize_memory(points, batch)
     points = points.contiguous()
     batch = None if batch is None else batch.contiguous()
     n = points.shape[0]

@@ -53,6 +53,7 @@ def voxelize_coords(
     """
     voxel.check_points("voxelize_coords", points, batch)
     voxel.check_grid("voxelize_coords", voxel_size, origin)
+    voxel.check_voxelize_memory(points, batch)
     device = require_cuda("voxelize_coords", *_with_batch(points, batch))
     points = points.contiguous()
     batch = None if batch is None else batch.contiguous()

@@ -88,6 +88,13 @@ class ConvBase(nn.Module):
         error_msgs: list[str] = args[-1]
         loaded = state_dict.get(prefix + "kernel_positions")
         if isinstance(loaded, torch.Tensor):
+            if loaded.is_floating_point() or loaded.is_complex() or loaded.dtype == torch.bool:
+                # compared as integers, 0.9 would pass as 0
+                error_msgs.append(
+                    f"kernel_positions: the checkpoint's rows must be integers, got "
+                    f"{loaded.dtype}"
+                )
+                return
             expected = kernel_positions(self.kernel_size)
             if tuple(loaded.shape) != tuple(expected.shape) or not torch.equal(
                 loaded.detach().to("cpu", torch.int64), expected.to(torch.int64)

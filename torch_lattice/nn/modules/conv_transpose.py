@@ -78,8 +78,9 @@ class GenerativeConvTranspose3d(StridedConv):
         bias: bool = False,
         config: ConvConfig | None = None,
     ) -> None:
+        # each checked against its own rule first (padding >= 0, dilation >= 1)
         for name, value, fixed in (("padding", padding, 0), ("dilation", dilation, 1)):
-            if triple(name, value, 0) != (fixed,) * 3:
+            if triple(name, value, fixed) != (fixed,) * 3:
                 raise ValueError(
                     f"{name} must be {fixed} for GenerativeConvTranspose3d, got {value!r}; use "
                     f"ConvTranspose3d(...)(src, target) for a support with {name}"
