@@ -2022,6 +2022,24 @@ add(
     _within_budget(lambda: torch.ops.lattice.voxel_reduce(
         torch.zeros(1, 1).expand(2**20, 2**10), torch.zeros(2**20, dtype=torch.int64), 1, "sum")),
 )
+# devoxelize's map, 16 bytes per point and corner, was made unchecked: 2^25 expanded
+# points asked for 4 GiB of trilinear rows and weights
+add(
+    "budget-devoxelize-trilinear-expanded-points",
+    MemoryBudgetError,
+    r"devoxelization map \(33554432 points x 8 voxels\) .*" + BUDGET,
+    _within_budget(lambda: tl.devoxelize(
+        torch.full((1, 3), 0.5).expand(2**25, 3),
+        tl.voxelize(torch.rand(10, 3) * 4, torch.ones(10, 1)), interpolation="trilinear")),
+)
+add(
+    "budget-devoxel-gather-expanded-rows",
+    MemoryBudgetError,
+    r"devoxel gather output \(268435456 points x 2 channels\) .*" + BUDGET,
+    _within_budget(lambda: torch.ops.lattice.devoxel_gather(
+        torch.ones(3, 2), torch.zeros(1, 1, dtype=torch.int64).expand(2**28, 1),
+        torch.ones(1, 1, dtype=torch.float64).expand(2**28, 1))),
+)
 # tl.cat and sparse_cat concatenated expanded features unchecked (2 GiB asked here)
 add(
     "budget-cat-expanded",

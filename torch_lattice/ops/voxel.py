@@ -38,6 +38,7 @@ __all__ = [
     "REDUCTIONS",
     "check_axis_values",
     "check_devoxel_gather",
+    "check_devoxel_map_memory",
     "check_grid",
     "check_points",
     "check_voxel_reduce",
@@ -164,28 +165,47 @@ def check_voxel_reduce(feats: torch.Tensor, inverse: torch.Tensor, num_voxels: i
     # no channels: the C core returns its empty outputs before it counts points per voxel
     per_voxel = (c * feats.element_size() + (c * 8 if reduction == "max" else 0) + 16) if c else 0
     # contiguous copies of strided operands (an expanded view is a few bytes of storage)
-    copies = 0 if feats.is_contiguous() else feats.shape[0] * c * feats.element_size()
-    copies += 0 if inverse.is_contiguous() else inverse.shape[0] * 8
     check_allocation(
         f"voxel reduction ({num_voxels} voxels x {c} channels, {reduction})",
-        num_voxels * per_voxel + copies,
+        num_voxels * per_voxel + _copy_bytes(feats, inverse),
     )
+
+
+def _hash_bytes(rows: int) -> int:
+    """The C core's coordinate hash table over ``rows`` rows: 24-byte slots, the power of
+    two at or above ``2 * rows`` (csrc/core/tl_hash.c)."""
+    slots = 16
+    while slots < 2 * rows:
+        slots *= 2
+    return slots * 24
+
+
+def _copy_bytes(*tensors: torch.Tensor | None) -> int:
+    """The contiguous copies of the strided ones among ``tensors``: an expanded view is a
+    few bytes of storage however many rows it shows."""
+    return sum(t.numel() * t.element_size() for t in tensors
+               if t is not None and not t.is_contiguous())  # fmt: skip
 
 
 def check_voxelize_memory(points: torch.Tensor, batch: torch.Tensor | None) -> None:
     """``lattice::voxelize_coords``'s temporaries within the memory budget, before any
     is allocated: for each of the P points its voxel row, a unique row and its inverse
-    (16 + 16 + 8 bytes), the hash table's slots (24 bytes each, the next power of two at
-    or above 2P, csrc/core/tl_hash.c), and contiguous copies of strided points and batch
-    (an expanded view is a few bytes of storage however many rows it shows)."""
+    (16 + 16 + 8 bytes), the hash table of the rows, and contiguous copies of strided
+    points and batch."""
     n = int(points.shape[0])
-    slots = 16
-    while slots < 2 * n:
-        slots *= 2
-    copies = 0 if points.is_contiguous() else n * 3 * points.element_size()
-    if batch is not None and not batch.is_contiguous():
-        copies += n * 8
-    check_allocation(f"voxelizing {n} points", n * 40 + slots * 24 + copies)
+    check_allocation(f"voxelizing {n} points", n * 40 + _hash_bytes(n) + _copy_bytes(points, batch))
+
+
+def check_devoxel_map_memory(points: torch.Tensor, batch: torch.Tensor | None,
+                             voxel_coords: torch.Tensor, k: int) -> None:  # fmt: skip
+    """``lattice::devoxel_map``'s outputs and temporaries within the memory budget: for
+    each of the P points ``k`` int64 rows and float64 weights, the hash table of the M
+    voxels, and contiguous copies of strided operands."""
+    n, m = int(points.shape[0]), int(voxel_coords.shape[0])
+    check_allocation(
+        f"devoxelization map ({n} points x {k} voxels)",
+        n * k * 16 + _hash_bytes(m) + _copy_bytes(points, batch, voxel_coords),
+    )
 
 
 def check_devoxel_gather(feats: torch.Tensor, idx: torch.Tensor, weight: torch.Tensor) -> None:
@@ -197,6 +217,9 @@ def check_devoxel_gather(feats: torch.Tensor, idx: torch.Tensor, weight: torch.T
     _check_float_feats(op, feats)
     check_tensor(op, "idx", idx, (torch.int64,), ("P", "k"))
     check_tensor(op, "weight", weight, (torch.float64,), tuple(idx.shape))
+    n, c = idx.shape[0], feats.shape[1]
+    check_allocation(f"devoxel gather output ({n} points x {c} channels)",
+                     n * c * feats.element_size() + _copy_bytes(feats, idx, weight))
 
 
 @torch.library.custom_op("lattice::voxelize_coords", mutates_args=())
@@ -344,6 +367,7 @@ def devoxel_map(
     check_grid("devoxel_map", voxel_size, origin)
     check_coords("devoxel_map", "voxel_coords", voxel_coords)
     check_non_negative("devoxel_map", "voxel_coords", voxel_coords)
+    check_devoxel_map_memory(points, batch, voxel_coords, 8 if trilinear else 1)
     points, voxel_coords = points.contiguous(), voxel_coords.contiguous()
     batch = None if batch is None else batch.contiguous()
     n, k = points.shape[0], 8 if trilinear else 1

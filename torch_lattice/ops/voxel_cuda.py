@@ -140,6 +140,7 @@ def devoxel_map(
     check_coords("devoxel_map", "voxel_coords", voxel_coords)
     device = require_cuda("devoxel_map", *_with_batch(points, batch), voxel_coords)
     check_non_negative("devoxel_map", "voxel_coords", voxel_coords)
+    voxel.check_devoxel_map_memory(points, batch, voxel_coords, 8 if trilinear else 1)
     points, voxel_coords = points.contiguous(), voxel_coords.contiguous()
     batch = None if batch is None else batch.contiguous()
     n, k, m = points.shape[0], 8 if trilinear else 1, voxel_coords.shape[0]
