@@ -35,6 +35,12 @@ def _reference(x: torch.Tensor, w: torch.Tensor, nbr: torch.Tensor) -> torch.Ten
     return y
 
 
+def _rev(x: torch.Tensor, nbr: torch.Tensor) -> torch.Tensor:
+    """A stand-in for ``nbr``'s reversed table, of the shape the op checks: the forward
+    alone never reads it."""
+    return torch.full((x.shape[0], nbr.shape[1]), -1, dtype=torch.int32)
+
+
 def _operands(nbr: torch.Tensor, n_in: int, c_in: int, c_out: int, dtype: torch.dtype):
     g = torch.Generator().manual_seed(c_in * 100 + c_out)
     x = torch.randn(n_in, c_in, generator=g).to(dtype)
@@ -64,10 +70,10 @@ def _fresh_cache():
 def test_later_calls_are_bitwise_the_first(dtype, c_in, c_out):
     nbr, n_in = _table(3000, 27, 2500, 0), 2500
     x, w = _operands(nbr, n_in, c_in, c_out, dtype)
-    first = T.sparse_conv(x, w, nbr, nbr)
+    first = T.sparse_conv(x, w, nbr, _rev(x, nbr))
     assert _entry(nbr) is not None and not _entry(nbr).sizes  # listed by its call
     for _ in range(3):
-        assert torch.equal(T.sparse_conv(x, w, nbr, nbr), first)
+        assert torch.equal(T.sparse_conv(x, w, nbr, _rev(x, nbr)), first)
     assert len(_entry(nbr).sizes) == 1  # built on the second call, reused since
     tol = 1e-4 if dtype == torch.float32 else 1e-12
     torch.testing.assert_close(first.double(), _reference(x, w, nbr), rtol=tol, atol=tol)
@@ -101,8 +107,9 @@ def test_lead_kernel_row_first_on_every_path(dtype, c_in, c_out):
         for threads in (1, 2):
             torch.set_num_threads(threads)
             T.clear_tile_lists()
-            first = T.sparse_conv(x, w, nbr, nbr)  # listed from the table
-            runs += [first, T.sparse_conv(x, w, nbr, nbr), T.sparse_conv(x, w, nbr, nbr)]
+            first = T.sparse_conv(x, w, nbr, _rev(x, nbr))  # listed from the table
+            rev = _rev(x, nbr)
+            runs += [first, T.sparse_conv(x, w, nbr, rev), T.sparse_conv(x, w, nbr, rev)]
             assert _entry(nbr) is not None and len(_entry(nbr).sizes) == 1  # over lists
             runs.append(pair_conv(x, w, offsets, pin, pout, None, None, None, n, False))
             runs.append(pair_conv(x, w, offsets, pin, pout, None, None, None, n, True))
@@ -135,8 +142,8 @@ def test_wide_float_layers_keep_no_lists():
     nbr, n_in = _table(2000, 27, 2000, 2), 2000
     for dtype, c_out in ((torch.float32, 65), (torch.float64, 33)):
         x, w = _operands(nbr, n_in, 8, c_out, dtype)
-        a = T.sparse_conv(x, w, nbr, nbr)
-        b = T.sparse_conv(x, w, nbr, nbr)
+        a = T.sparse_conv(x, w, nbr, _rev(x, nbr))
+        b = T.sparse_conv(x, w, nbr, _rev(x, nbr))
         assert torch.equal(a, b)
         entry = _entry(nbr)
         assert entry is None or not entry.sizes
@@ -149,9 +156,9 @@ def test_half_layers_of_any_width_keep_lists(dtype, c_out):
     the first call's output, within the dtype's rounding of a float64 reference."""
     nbr, n_in = _table(3000, 27, 2500, 13), 2500
     x, w = _operands(nbr, n_in, 24, c_out, dtype)
-    first = T.sparse_conv(x, w, nbr, nbr)
+    first = T.sparse_conv(x, w, nbr, _rev(x, nbr))
     for _ in range(2):
-        assert torch.equal(T.sparse_conv(x, w, nbr, nbr), first)
+        assert torch.equal(T.sparse_conv(x, w, nbr, _rev(x, nbr)), first)
     assert len(_entry(nbr).sizes) == 1
     want = _reference(x, w, nbr)
     err = float((first.double() - want).abs().max() / want.abs().max())
@@ -161,17 +168,17 @@ def test_half_layers_of_any_width_keep_lists(dtype, c_out):
 def test_a_table_changed_in_place_is_listed_again():
     nbr, n_in = _table(3000, 27, 2500, 3), 2500
     x, w = _operands(nbr, n_in, 16, 16, torch.float32)
-    T.sparse_conv(x, w, nbr, nbr)
-    T.sparse_conv(x, w, nbr, nbr)  # lists built
+    T.sparse_conv(x, w, nbr, _rev(x, nbr))
+    T.sparse_conv(x, w, nbr, _rev(x, nbr))  # lists built
     nbr[::7, 13] = -1
     nbr[5::11, 2] = 17
-    got = T.sparse_conv(x, w, nbr, nbr)
-    assert torch.equal(got, T.sparse_conv(x, w, nbr.clone(), nbr))  # a new table: listed
+    got = T.sparse_conv(x, w, nbr, _rev(x, nbr))
+    assert torch.equal(got, T.sparse_conv(x, w, nbr.clone(), _rev(x, nbr)))  # a new table: listed
     torch.testing.assert_close(got.double(), _reference(x, w, nbr), rtol=1e-4, atol=1e-4)
-    T.sparse_conv(x, w, nbr, nbr)  # lists of the changed table
+    T.sparse_conv(x, w, nbr, _rev(x, nbr))  # lists of the changed table
     with torch.no_grad():
         nbr.resize_(1500, 27)  # fewer rows, the same memory
-    got = T.sparse_conv(x, w, nbr, nbr)
+    got = T.sparse_conv(x, w, nbr, _rev(x, nbr))
     assert got.shape[0] == 1500
     torch.testing.assert_close(got.double(), _reference(x, w, nbr), rtol=1e-4, atol=1e-4)
 
@@ -182,14 +189,14 @@ def test_inference_tensors_and_non_contiguous_tables():
     x, w = _operands(nbr, 2500, 16, 16, torch.float32)
     want = _reference(x, w, nbr)
     with torch.inference_mode():
-        outs = [T.sparse_conv(x, w, nbr, nbr) for _ in range(3)]
+        outs = [T.sparse_conv(x, w, nbr, _rev(x, nbr)) for _ in range(3)]
     assert len(_entry(nbr).sizes) == 1
     for y in outs:
         torch.testing.assert_close(y.double(), want, rtol=1e-4, atol=1e-4)
     wide = _table(3000, 54, 2500, 5)
     view = wide[:, ::2]  # every call copies it: nothing kept
     for _ in range(2):
-        y = T.sparse_conv(x, w, view, view)
+        y = T.sparse_conv(x, w, view, _rev(x, view))
         torch.testing.assert_close(y.double(), _reference(x, w, view), rtol=1e-4, atol=1e-4)
     assert _entry(view) is None
 
@@ -198,12 +205,13 @@ def test_each_thread_count_gets_its_own_tiles():
     nbr, n_in = _table(3000, 27, 2500, 6), 2500
     x, w = _operands(nbr, n_in, 16, 16, torch.float32)
     threads = torch.get_num_threads()
-    want = T.sparse_conv(x, w, nbr, nbr)
+    want = T.sparse_conv(x, w, nbr, _rev(x, nbr))
     try:
         for count in (1, 2, 3):
             torch.set_num_threads(count)
             for _ in range(2):
-                torch.testing.assert_close(T.sparse_conv(x, w, nbr, nbr), want, rtol=0, atol=0)
+                got = T.sparse_conv(x, w, nbr, _rev(x, nbr))
+                torch.testing.assert_close(got, want, rtol=0, atol=0)
     finally:
         torch.set_num_threads(threads)
     assert 1 <= len(_entry(nbr).sizes) <= T.MAX_SIZES
@@ -213,18 +221,18 @@ def test_rows_past_the_features_are_refused():
     """Lists kept from calls on 2500 rows do not let a call on fewer read past them."""
     nbr = _table(3000, 27, 2500, 7)
     x, w = _operands(nbr, 2500, 16, 16, torch.float32)
-    T.sparse_conv(x, w, nbr, nbr)
-    T.sparse_conv(x, w, nbr, nbr)
+    T.sparse_conv(x, w, nbr, _rev(x, nbr))
+    T.sparse_conv(x, w, nbr, _rev(x, nbr))
     assert _entry(nbr).sizes
     with pytest.raises(ValueError, match="rows in"):
-        T.sparse_conv(x[:100], w, nbr, nbr)
+        T.sparse_conv(x[:100], w, nbr, _rev(x[:100], nbr))
 
 
 def test_lists_go_with_their_table():
     nbr = _table(3000, 27, 2500, 8)
     x, w = _operands(nbr, 2500, 16, 16, torch.float32)
-    T.sparse_conv(x, w, nbr, nbr)
-    T.sparse_conv(x, w, nbr, nbr)
+    T.sparse_conv(x, w, nbr, _rev(x, nbr))
+    T.sparse_conv(x, w, nbr, _rev(x, nbr))
     assert len(T._cache) == 1
     del nbr
     gc.collect()
@@ -255,15 +263,15 @@ def test_module_gradients_over_kept_lists():
 def test_keeping_can_be_turned_off():
     nbr = _table(3000, 27, 2500, 10)
     x, w = _operands(nbr, 2500, 16, 16, torch.float32)
-    first = T.sparse_conv(x, w, nbr, nbr)
-    T.sparse_conv(x, w, nbr, nbr)
+    first = T.sparse_conv(x, w, nbr, _rev(x, nbr))
+    T.sparse_conv(x, w, nbr, _rev(x, nbr))
     assert _entry(nbr).sizes
     other = _table(3000, 27, 2500, 11)
     try:
         assert T.keep_tile_lists(False) is True
         for _ in range(3):
-            assert torch.equal(T.sparse_conv(x, w, nbr, nbr), first)
-            T.sparse_conv(x, w, other, other)
+            assert torch.equal(T.sparse_conv(x, w, nbr, _rev(x, nbr)), first)
+            T.sparse_conv(x, w, other, _rev(x, other))
         assert _entry(other) is None  # neither counted nor built
         assert T.kept_tile_lists(nbr, next(iter(_entry(nbr).sizes))) is None  # kept, unread
     finally:
@@ -280,15 +288,15 @@ def test_lists_beyond_the_memory_budget_are_not_kept():
     instead of failing."""
     nbr = _table(3000, 27, 2500, 12)
     x, w = _operands(nbr, 2500, 16, 16, torch.float32)
-    first = T.sparse_conv(x, w, nbr, nbr)
+    first = T.sparse_conv(x, w, nbr, _rev(x, nbr))
     tl.set_memory_budget(8 * nbr.numel() - 1)
     try:
         for _ in range(2):
-            assert torch.equal(T.sparse_conv(x, w, nbr, nbr), first)
+            assert torch.equal(T.sparse_conv(x, w, nbr, _rev(x, nbr)), first)
         assert not _entry(nbr).sizes
     finally:
         tl.set_memory_budget(None)
-    T.sparse_conv(x, w, nbr, nbr)
+    T.sparse_conv(x, w, nbr, _rev(x, nbr))
     assert _entry(nbr).sizes
 
 
@@ -300,10 +308,10 @@ def test_narrower_instruction_sets_over_kept_lists(isa, monkeypatch):
     nbr, n_in = _table(3000, 27, 2500, 14), 2500
     x, w = _operands(nbr, n_in, 16, 16, torch.float32)
     dy = torch.randn(3000, 16, generator=torch.Generator().manual_seed(14))
-    first = T.sparse_conv(x, w, nbr, nbr)
+    first = T.sparse_conv(x, w, nbr, _rev(x, nbr))
     grad = T.sparse_conv_weight_grad(x, dy, nbr)
     for _ in range(2):
-        assert torch.equal(T.sparse_conv(x, w, nbr, nbr), first)
+        assert torch.equal(T.sparse_conv(x, w, nbr, _rev(x, nbr)), first)
         assert torch.equal(T.sparse_conv_weight_grad(x, dy, nbr), grad)
     assert _entry(nbr).sizes
     torch.testing.assert_close(first.double(), _reference(x, w, nbr), rtol=1e-4, atol=1e-4)
@@ -353,8 +361,8 @@ def _weight_grad_without_and_over_lists(
         x, w = _operands(nbr, n_in, c_in, c_out, dtype)
         dy = torch.randn(40000, c_out, generator=torch.Generator().manual_seed(seed)).to(dtype)
         before = T.sparse_conv_weight_grad(x, dy, nbr)  # no lists yet
-        T.sparse_conv(x, w, nbr, nbr)
-        T.sparse_conv(x, w, nbr, nbr)
+        T.sparse_conv(x, w, nbr, _rev(x, nbr))
+        T.sparse_conv(x, w, nbr, _rev(x, nbr))
         code = T.DTYPE_CODES[dtype]
         block = T._C.conv_weight_grad_list_rows(code, n_in, 40000, 27, c_in, c_out, 2)
         lists = T.kept_tile_lists(nbr, block)
