@@ -47,6 +47,8 @@ from torch_lattice.artifact.lowering import (
     lower_getattr,
     lower_method,
     module_lowering,
+    overridden_methods,
+    overriding_subclass_error,
 )
 from torch_lattice.artifact.mlir_text import ModuleText, safe_name, sparse_type, tensor_type
 from torch_lattice.artifact.packing import check_packing
@@ -251,6 +253,8 @@ def _check_lowering(gm: fx.GraphModule, n: fx.Node) -> None:
         )
     if n.op == "call_module":
         module = gm.get_submodule(str(n.target))
+        if overridden_methods(module):
+            raise overriding_subclass_error(describe(n), module)
         if module_lowering(module) is None:
             raise ExportError(
                 f"{describe(n)}: module {type(module).__module__}.{type(module).__name__} "

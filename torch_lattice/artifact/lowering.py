@@ -226,11 +226,54 @@ def _function(*fns: Callable[..., Any] | None) -> Callable[[FunctionLowering], F
     return register
 
 
+# What a user's subclass of an exportable module may define and still be exported as
+# that module: construction and printing. Any other method it overrides (forward above
+# all) may compute something the lowering does not.
+_HARMLESS_OVERRIDES = frozenset({"__init__", "extra_repr", "__repr__", "__str__"})
+
+
+def _lowered_class(module: nn.Module) -> type[nn.Module] | None:
+    """The nearest class of ``module`` that has a lowering."""
+    return next((t for t in type(module).__mro__ if t in MODULE_LOWERINGS), None)
+
+
+def overridden_methods(module: nn.Module) -> list[str]:
+    """``Class.method`` for each method of its lowered class that a class of ``module``
+    from outside this library overrides (the library's own subclasses are lowered as
+    what they are)."""
+    lowered = _lowered_class(module)
+    found = []
+    for cls in type(module).__mro__:
+        if cls is lowered or lowered is None:
+            break
+        if cls.__module__.startswith("torch_lattice."):
+            continue
+        for name, value in vars(cls).items():
+            method = callable(value) or isinstance(value, (property, staticmethod, classmethod))
+            if method and name not in _HARMLESS_OVERRIDES and hasattr(lowered, name):
+                found.append(f"{cls.__name__}.{name}")
+    return found
+
+
 def module_lowering(module: nn.Module) -> ModuleLowering | None:
-    for t in type(module).__mro__:
-        if t in MODULE_LOWERINGS:
-            return MODULE_LOWERINGS[t]
-    return None
+    """The lowering of ``module``'s nearest lowered class, or None where it has none or a
+    user's subclass overrides a method of it (:func:`overridden_methods`): exported as the
+    base class, it would compute the base class's result."""
+    lowered = _lowered_class(module)
+    if lowered is None or overridden_methods(module):
+        return None
+    return MODULE_LOWERINGS[lowered]
+
+
+def overriding_subclass_error(what: str, module: nn.Module) -> ExportError:
+    """The error for a module that :func:`module_lowering` refuses for its overrides."""
+    base = next(c for c in type(module).__mro__ if c.__module__.startswith("torch_lattice."))
+    return ExportError(
+        f"{what}: {type(module).__name__} subclasses torch_lattice's {base.__name__} and "
+        f"overrides {', '.join(overridden_methods(module))}; the artifact would compute "
+        f"{base.__name__}'s result, not its own. Export a {base.__name__} inside a module "
+        "whose forward does the rest with exportable operations"
+    )
 
 
 # --- forward relations: centring and generated supports -----------------------

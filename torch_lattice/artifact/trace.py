@@ -17,7 +17,12 @@ from typing import Any
 from torch import fx, nn
 
 from torch_lattice.artifact.errors import ExportError
-from torch_lattice.artifact.lowering import leaf_functions, module_lowering
+from torch_lattice.artifact.lowering import (
+    leaf_functions,
+    module_lowering,
+    overridden_methods,
+    overriding_subclass_error,
+)
 
 __all__ = ["LatticeTracer", "trace_model"]
 
@@ -48,7 +53,10 @@ class LatticeTracer(fx.Tracer):
         self._autowrap_search = _function_homes()
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
-        if module_lowering(m) is not None or type(m).__module__.startswith("torch_lattice.nn"):
+        # a subclass overriding a lowered module's methods stays a leaf too, so that the
+        # export refuses it by name (traced into, it would reach the library's internals)
+        if (module_lowering(m) is not None or overridden_methods(m)
+                or type(m).__module__.startswith("torch_lattice.nn")):  # fmt: skip
             return True
         return super().is_leaf_module(m, module_qualified_name)
 
@@ -96,6 +104,8 @@ def trace_model(model: nn.Module, n_inputs: int) -> tuple[fx.GraphModule, list[s
     if missing_kw:
         raise ExportError(f"model.forward has required keyword-only inputs {missing_kw}")
     names = [p.name for p in positional[:n_inputs]]
+    if overridden_methods(model):
+        raise overriding_subclass_error("model", model)
     if module_lowering(model) is not None:
         return _single_module_graph(model, names), names
     concrete: dict[str, Any] = {p.name: p.default for p in positional[n_inputs:]}
