@@ -52,7 +52,7 @@ import pytest
 import torch
 
 import torch_lattice as tl
-from torch_lattice import _C, migration
+from torch_lattice import _C, data, migration
 from torch_lattice.artifact import ExportError, load_lattice_program, save_lattice_model_artifact
 from torch_lattice.artifact import __main__ as replay_cli
 from torch_lattice.artifact.mlir_parse import MlirSyntaxError
@@ -2040,6 +2040,21 @@ add(
         torch.ones(3, 2), torch.zeros(1, 1, dtype=torch.int64).expand(2**28, 1),
         torch.ones(1, 1, dtype=torch.float64).expand(2**28, 1))),
 )
+# the synthetic scenes: an extent of 1e18 hung (a 40 m step no longer moved x), and their
+# rays, points and columns were made unchecked
+add("data-lidar-extent-1e18", ValueError, r"extent: must be a number in \(0, 10000\]",
+    lambda: data.lidar_scan(extent=1e18, num_beams=2, points_per_beam=4))
+add("data-room-size-1e300", ValueError, r"size\[x\]: must be a number in \(0, 10000\]",
+    lambda: data.indoor_room(size=(1e300, 1.0, 1.0), points=10))
+add("data-seed-2-64", ValueError, r"seed: must be in \[0, 2\^64\)",
+    lambda: data.height_field(side=2, seed=2**64))
+add("budget-data-lidar-rays", MemoryBudgetError, r"lidar_scan of 64 x 2097152 rays .*" + BUDGET,
+    _within_budget(lambda: data.lidar_scan(num_beams=64, points_per_beam=2**21)))
+add("budget-data-room-points", MemoryBudgetError, r"indoor_room of 60000000 points .*" + BUDGET,
+    _within_budget(lambda: data.indoor_room(points=60_000_000)))
+add("budget-data-height-field", MemoryBudgetError,
+    r"height_field of 10000 x 10000 columns .*" + BUDGET,
+    _within_budget(lambda: data.height_field(side=10_000)))
 # tl.cat and sparse_cat concatenated expanded features unchecked (2 GiB asked here)
 add(
     "budget-cat-expanded",

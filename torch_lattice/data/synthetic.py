@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
+from torch_lattice.memory_budget import check_allocation
+
 __all__ = [
     "INDOOR_CLASSES",
     "LIDAR_CLASSES",
@@ -88,13 +90,33 @@ def _scalar(g: torch.Generator, lo: float, hi: float) -> float:
 def _check_seed(seed: int) -> None:
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise TypeError(f"seed: expected an int, got {type(seed).__name__}")
-    if seed < 0:
-        raise ValueError(f"seed: must be >= 0, got {seed}")
+    if not 0 <= seed < 2**64:  # torch.Generator's seeds
+        raise ValueError(f"seed: must be in [0, 2^64), got {seed}")
+
+
+# Peak bytes per ray of lidar_scan, per point of indoor_room and per column of height_field
+# (about 800, 72 and 117 measured).
+_BYTES_PER_RAY = 1024
+_BYTES_PER_ROOM_POINT = 96
+_BYTES_PER_COLUMN = 128
+
+# Distances, in metres, up to which the scenes are drawn: the street's layout places an
+# object every few metres up to its extent (at 1e18 a step of 40 m no longer moves x), and
+# room sizes enter areas whose products must stay finite.
+_MAX_METRES = 10_000.0
 
 
 def _check_positive(name: str, value: float) -> None:
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name}: must be a finite number > 0, got {value}")
+    if not math.isfinite(value) or not 0 < value <= _MAX_METRES:
+        raise ValueError(
+            f"{name}: must be a number in (0, {_MAX_METRES:g}] (metres), got {value}"
+        )
+
+
+def _check_budget(what: str, nbytes: int) -> None:
+    """A scene's tensors within the memory budget (the per-ray or per-point bytes are
+    those measured at the peak of a call, rounded up)."""
+    check_allocation(what, nbytes)
 
 
 # ---------------------------------------------------------------------------------------
@@ -434,6 +456,8 @@ def lidar_scan(
     for name, value in (("num_beams", num_beams), ("points_per_beam", points_per_beam)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name}: must be an int >= 1, got {value!r}")
+    _check_budget(f"lidar_scan of {num_beams} x {points_per_beam} rays",
+                  num_beams * points_per_beam * _BYTES_PER_RAY)
 
     g = torch.Generator().manual_seed(seed)
     street = _street_layout(g, extent)
@@ -550,6 +574,7 @@ def indoor_room(
         _check_positive(f"size[{axis}]", float(value))
     if isinstance(points, bool) or not isinstance(points, int) or points < 1:
         raise ValueError(f"points: must be an int >= 1, got {points!r}")
+    _check_budget(f"indoor_room of {points} points", points * _BYTES_PER_ROOM_POINT)
 
     g = torch.Generator().manual_seed(seed)
     sx, sy, sz = (float(v) for v in size)
@@ -608,6 +633,7 @@ def height_field(side: int = 300, seed: int = 0) -> torch.Tensor:
     _check_seed(seed)
     if isinstance(side, bool) or not isinstance(side, int) or side < 1:
         raise ValueError(f"side: must be an int >= 1, got {side!r}")
+    _check_budget(f"height_field of {side} x {side} columns", side * side * _BYTES_PER_COLUMN)
     g = torch.Generator().manual_seed(seed)
     waves = 4
     freq = torch.randint(1, 4, (waves, 2), generator=g).to(torch.float64)
