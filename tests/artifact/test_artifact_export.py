@@ -391,6 +391,14 @@ def test_refuses_a_subclass_that_overrides_what_its_lowering_exports(tmp_path: P
         assert_same(model(cloud(2)), got[program.output_names[0]], 1e-5)
 
 
+def test_refuses_a_weight_whose_packed_scale_is_not_finite(tmp_path: Path) -> None:
+    conv = tl.nn.SubmConv3d(2, 2, 3)
+    with torch.no_grad():
+        conv.weight[13, :, 0] = torch.tensor([1.8e38, -1.8e38])  # finite; its range is not
+    refuse(tmp_path, One(conv).eval(), (cloud(2),), ExportError,
+           r"weight 'conv.weight': weight cannot be packed: a group's scale", quantize_bits=4)
+
+
 def test_quantized_export_keeps_target_transposes_float(tmp_path: Path) -> None:
     class Net(nn.Module):
         def __init__(self) -> None:

@@ -107,6 +107,17 @@ def test_refusals() -> None:
         pack_weight(torch.tensor([[float("nan")] * 8]), bits=4, group_size=32)
     with pytest.raises(ValueError, match="scale_dtype"):
         pack_weight(w, bits=4, scale_dtype=torch.bfloat16)
+    # Finite weights whose scale is not: a group's range past float32's largest value, a
+    # scale or bias past float16's (it was stored as inf, and replay gave NaN).
+    wide = torch.zeros(2, 32)
+    wide[0, :2] = torch.tensor([1.8e38, -1.8e38])
+    with pytest.raises(ValueError, match=r"a group's scale .* is not finite in torch.float32"):
+        pack_weight(wide, bits=4, group_size=32)
+    big = torch.full((2, 32), 7e4)
+    big[:, 0] = 0.0
+    with pytest.raises(ValueError, match=r"a group's bias .* is not finite in torch.float16"):
+        pack_weight(big, bits=8, group_size=32, scale_dtype=torch.float16)
+    assert pack_weight(big, bits=8, group_size=32).biases.isfinite().all()  # float32 holds it
     with pytest.raises(ValueError, match="conv3d_o_xyz_i"):
         pack_weight(torch.randn(2, 3, 4), bits=4)
     packed = pack_weight(torch.randn(2, 1, 1, 2, 8), bits=8, group_size=32)

@@ -156,10 +156,20 @@ def pack_weight(weight: torch.Tensor, *, bits: int, group_size: int = 32,
     lanes = codes.reshape(codes.shape[0], -1, per_word)
     shifts = torch.arange(per_word, dtype=torch.int64) * bits
     words = (lanes << shifts).sum(dim=2)  # disjoint bit fields: sum == bitwise or
+    scales, biases = scale.squeeze(2).to(scale_dtype), hi.squeeze(2).to(scale_dtype)
+    # Finite weights can still give an infinite scale: a group's range overflows float32
+    # (1.8e38 beside -1.8e38), or a scale or bias beyond float16's 65504.
+    for name, values in (("scale", scales), ("bias", biases)):
+        if not bool(torch.isfinite(values).all()):
+            raise ValueError(
+                f"weight cannot be packed: a group's {name} (its range / {int(qmax)} or its "
+                f"largest value) is not finite in {scale_dtype}; the largest weight "
+                f"magnitude is {float(rows.abs().max()):.4g}"
+            )
     return PackedWeight(
         _arrange(words.to(torch.uint32), k, o),
-        _arrange(scale.squeeze(2).to(scale_dtype), k, o),
-        _arrange(hi.squeeze(2).to(scale_dtype), k, o),
+        _arrange(scales, k, o),
+        _arrange(biases, k, o),
     )
 
 

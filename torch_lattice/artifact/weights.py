@@ -95,8 +95,11 @@ class WeightTable:
         if self._bits is not None and family in PACKABLE_FAMILIES and float_reason is None:
             # float32 scales for a float32 graph: the consumer's decode is then exact to 6e-7
             scale = torch.float32 if data.dtype == torch.float32 else torch.float16
-            stored = pack_weight(data, bits=self._bits, group_size=self._group_size,
-                                 scale_dtype=scale).tensors(key)
+            try:
+                stored = pack_weight(data, bits=self._bits, group_size=self._group_size,
+                                     scale_dtype=scale).tensors(key)
+            except ValueError as exc:  # name the weight: the message alone does not
+                raise ExportError(f"weight {key!r}: {exc}") from None
             packing = Packing(f"int{self._bits}", self._group_size,
                               "f32" if scale == torch.float32 else "f16")
         else:
