@@ -309,6 +309,10 @@ def test_a_version_1_file_loads_as_inference_choices(tmp_path: Path) -> None:
         (json.dumps(_doc(device="")).encode(), "device must be a non-empty string"),
         (json.dumps(_doc(dataflow="fastest")).encode(), "dataflow must be one of"),
         (json.dumps(_doc(extra=1)).encode(), "exactly the keys"),
+        # two choices for one layer: which one held was the file's order (the last)
+        (json.dumps({**_doc(), "choices": _doc()["choices"] + _doc(
+            dataflow="fetch_on_demand")["choices"]}).encode(),
+         r"choices\[1\] repeats the layer of choices\[0\]"),
     ],
 )
 def test_a_bad_tuning_file_is_refused_whole(tmp_path: Path, content: bytes,

@@ -277,7 +277,7 @@ def load_tuning(path: str | os.PathLike[str]) -> int:
             to one), not UTF-8 JSON (nested too deeply, or an object repeating a key,
             included), or not a tuning file of version 1 or 2 (the message names the
             file, the entry and the rule; version 1, without ``training``, holds
-            inference choices).
+            inference choices), or two entries are for the same layer.
     """
     data = read_regular_file(path, "tuning file", max_bytes=MAX_FILE_BYTES)
     name = f"tuning file {str(path)!r}"
@@ -290,8 +290,14 @@ def load_tuning(path: str | os.PathLike[str]) -> int:
     raw = doc.get("choices")
     if not isinstance(raw, list) or len(raw) > MAX_ENTRIES:
         raise ValueError(f"{name}: \"choices\" must be a list of at most {MAX_ENTRIES} entries")
+    entries: dict[TuningKey, Dataflow] = {}
+    first: dict[TuningKey, int] = {}
     try:
-        entries = dict(_entry(i, e, version) for i, e in enumerate(raw))
+        for i, e in enumerate(raw):
+            key, choice = _entry(i, e, version)
+            if key in entries:  # which one wins would be the file's order, not a rule
+                raise ValueError(f"choices[{i}] repeats the layer of choices[{first[key]}]")
+            entries[key], first[key] = choice, i
     except ValueError as exc:
         raise ValueError(f"{name}: {exc}") from None
     with _LOCK:
