@@ -22,10 +22,10 @@ one thread could escape by running in another context would not bound the proces
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import threading
+from fractions import Fraction
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # only the annotation: this module imports no torch
@@ -100,12 +100,19 @@ def parse_budget(text: str, name: str = ENV_VAR) -> int:
     Raises:
         ValueError: not a positive size, naming ``name``.
     """
-    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]?)(?:i?B)?\s*", text, re.IGNORECASE)
+    # (64 characters hold any byte count there is; a longer text is shown cut short)
+    match = None if len(text) > 64 else re.fullmatch(
+        r"\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]?)(?:i?B)?\s*", text, re.IGNORECASE)
     if match is None:
-        raise ValueError(f"{name} must be a positive byte count such as 1073741824 or 8G, "
-                         f"got {text!r}")
-    value = float(match.group(1)) * _SUFFIXES[match.group(2).upper()]
-    if not math.isfinite(value) or value < 1:
+        shown = repr(text) if len(text) <= 64 else f"{text[:40]!r}... ({len(text)} characters)"
+        raise ValueError(f"{name} must be a positive byte count of at most 64 characters "
+                         f"such as 1073741824 or 8G, got {shown}")
+    # exact (a float rounded 12345678901234567891 to ...7168)
+    value = Fraction(match.group(1)) * _SUFFIXES[match.group(2).upper()]
+    if value.denominator != 1:
+        raise ValueError(f"{name} must be a whole number of bytes, got {text!r} "
+                         f"({float(value):.6g} bytes)")
+    if value < 1:
         raise ValueError(f"{name} must be at least 1 byte, got {text!r}")
     return int(value)
 

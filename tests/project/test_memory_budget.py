@@ -53,9 +53,18 @@ def test_the_environment_variable(monkeypatch: pytest.MonkeyPatch) -> None:
                             ("2GiB", 2 * GIB), (" 64k ", 64 * 1024)):
             monkeypatch.setenv(memory_budget.ENV_VAR, text)
             assert tl.get_memory_budget() == value, text
+        # exact beyond a float's 53 bits (it read 12345678901234567168)
+        monkeypatch.setenv(memory_budget.ENV_VAR, "12345678901234567891")
+        assert tl.get_memory_budget() == 12345678901234567891
         for bad in ("lots", "-5", "0", "1e9", "5X"):
             monkeypatch.setenv(memory_budget.ENV_VAR, bad)
             with pytest.raises(ValueError, match=memory_budget.ENV_VAR):
+                tl.get_memory_budget()
+        for bad, rule in (("1.9", "a whole number of bytes, got '1.9'"),  # was 1, truncated
+                          ("0.3K", r"a whole number of bytes, got '0.3K' \(307.2 bytes\)"),
+                          ("9" * 400, r"a positive byte count of at most 64 characters .* \(400 characters\)")):
+            monkeypatch.setenv(memory_budget.ENV_VAR, bad)
+            with pytest.raises(ValueError, match=memory_budget.ENV_VAR + " must be " + rule):
                 tl.get_memory_budget()
         monkeypatch.setenv(memory_budget.ENV_VAR, "1G")
         tl.set_memory_budget(100)  # the explicit setting wins over the environment
