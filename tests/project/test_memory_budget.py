@@ -62,7 +62,8 @@ def test_the_environment_variable(monkeypatch: pytest.MonkeyPatch) -> None:
                 tl.get_memory_budget()
         for bad, rule in (("1.9", "a whole number of bytes, got '1.9'"),  # was 1, truncated
                           ("0.3K", r"a whole number of bytes, got '0.3K' \(307.2 bytes\)"),
-                          ("9" * 400, r"a positive byte count of at most 64 characters .* \(400 characters\)")):
+                          ("9" * 400, r"a positive byte count of at most 64 characters "
+                                      r".* \(400 characters\)")):
             monkeypatch.setenv(memory_budget.ENV_VAR, bad)
             with pytest.raises(ValueError, match=memory_budget.ENV_VAR + " must be " + rule):
                 tl.get_memory_budget()
