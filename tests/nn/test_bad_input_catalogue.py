@@ -2055,6 +2055,52 @@ add("budget-data-room-points", MemoryBudgetError, r"indoor_room of 60000000 poin
 add("budget-data-height-field", MemoryBudgetError,
     r"height_field of 10000 x 10000 columns .*" + BUDGET,
     _within_budget(lambda: data.height_field(side=10_000)))
+# the ops copied strided operands (features, tables, pairs, gradients) to contiguous ones
+# unchecked: 4 bytes of expanded features or tables asked for gigabytes
+add(
+    "budget-subm-conv-expanded-features",
+    MemoryBudgetError,
+    r"lattice::sparse_conv: contiguous copies of strided feats \(200, 2097152\) .*" + BUDGET,
+    _within_budget(lambda: nn.SubmConv3d(2**21, 1, 1)(_expanded(200, 2**21))),
+)
+add(
+    "budget-max-pool-expanded-features",
+    MemoryBudgetError,
+    r"lattice::pool_max: contiguous copies of strided feats \(200, 2097152\) .*" + BUDGET,
+    _within_budget(lambda: nn.MaxPool3d((8, 1, 1), (8, 1, 1))(_expanded(200, 2**21))),
+)
+add(
+    "budget-batch-norm-expanded-features",
+    MemoryBudgetError,
+    r"lattice::batch_norm_stats: contiguous copies of strided features .*" + BUDGET,
+    _within_budget(lambda: nn.BatchNorm(2**21)(_expanded(200, 2**21))),
+)
+add(
+    "budget-sparse-conv-expanded-table",
+    MemoryBudgetError,
+    r"lattice::sparse_conv: contiguous copies of strided nbr \(268435456, 4\) .*" + BUDGET,
+    _within_budget(lambda: torch.ops.lattice.sparse_conv(
+        torch.ones(1, 1), torch.ones(4, 1, 1),
+        torch.full((1, 1), -1, dtype=torch.int32).expand(2**28, 4),
+        torch.full((1, 4), -1, dtype=torch.int32))),
+)
+add(
+    "budget-kernel-pairs-expanded-table",
+    MemoryBudgetError,
+    r"lattice::kernel_pairs: contiguous copies of strided nbr \(2147483648, 1\) .*" + BUDGET,
+    _within_budget(lambda: torch.ops.lattice.kernel_pairs(
+        torch.full((1, 1), -1, dtype=torch.int32).expand(2**31, 1))),
+)
+add(
+    "budget-pair-conv-expanded-pairs",
+    MemoryBudgetError,
+    r"lattice::pair_conv: contiguous copies of strided pair_in \(268435456,\), "
+    r"pair_out \(268435456,\) .*" + BUDGET,
+    _within_budget(lambda: torch.ops.lattice.pair_conv(
+        torch.ones(1, 1), torch.ones(1, 1, 1), torch.tensor([0, 2**28]),
+        torch.zeros(1, dtype=torch.int32).expand(2**28),
+        torch.zeros(1, dtype=torch.int32).expand(2**28), None, None, None, 1, False)),
+)
 # tl.cat and sparse_cat concatenated expanded features unchecked (2 GiB asked here)
 add(
     "budget-cat-expanded",

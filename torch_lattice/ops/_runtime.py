@@ -29,6 +29,7 @@ __all__ = [
     "_C",
     "arch_error",
     "call_args",
+    "check_copies",
     "check_deterministic",
     "check_device_arch",
     "check_size",
@@ -172,6 +173,23 @@ def check_size(cond: bool | torch.SymBool, message: Callable[[], str]) -> None:
     support's row count is data-dependent), which a plain ``if`` cannot decide; torch
     then checks the rule when the graph runs instead."""
     torch._check_with(ValueError, cond, message)
+
+
+def check_copies(op: str, out_bytes: int | torch.SymInt = 0, **tensors: torch.Tensor | None
+                 ) -> None:  # fmt: skip
+    """The contiguous copies an op makes of its strided operands (an ``expand``ed view is
+    a few bytes of storage however many rows it shows), with ``out_bytes`` of outputs
+    sized from them, within the memory budget, before any is made. Symbolic sizes (fake
+    kernels under ``torch.compile``) are left to the real kernel's call."""
+    from torch_lattice.memory_budget import check_allocation  # imports nothing of ours
+
+    strided = {name: t for name, t in tensors.items() if t is not None and not t.is_contiguous()}
+    nbytes = out_bytes + sum(t.numel() * t.element_size() for t in strided.values())
+    if not strided or not isinstance(nbytes, int):
+        return
+    shapes = ", ".join(f"{name} {tuple(t.shape)}" for name, t in strided.items())
+    check_allocation(f"lattice::{op}: contiguous copies of strided {shapes}"
+                     + (" and its output" if out_bytes else ""), nbytes)
 
 
 def check_tensor(

@@ -38,6 +38,7 @@ from torch_lattice.memory_budget import check_allocation, get_memory_budget
 from torch_lattice.ops._runtime import (
     _C,
     DTYPE_CODES,
+    check_copies,
     check_size,
     check_tensor,
     compute_dtype,
@@ -148,6 +149,8 @@ def check_sparse_conv(
     check_nbr("sparse_conv", nbr)
     check_conv_args("sparse_conv", feats, weight, nbr.shape[1])
     check_tensor("sparse_conv", "rev", rev, (torch.int32,), (feats.shape[0], nbr.shape[1]))
+    check_copies("sparse_conv", nbr.shape[0] * weight.shape[2] * feats.element_size(),
+                 feats=feats, weight=weight, nbr=nbr)
 
 
 def check_sparse_conv_weight_grad(
@@ -163,6 +166,7 @@ def check_sparse_conv_weight_grad(
         lambda: f"lattice::{op}: nbr has {nbr.shape[0]} output rows but grad_out has "
         f"{grad_out.shape[0]}",
     )
+    check_copies(op, feats=feats, grad_out=grad_out, nbr=nbr)
 
 
 def check_pair_conv_operands(
@@ -180,6 +184,8 @@ def check_pair_conv_operands(
     op = "pair_conv"
     check_conv_args(op, feats, weight, offsets.shape[0] - 1)
     _check_pairs(op, offsets, pair_in, pair_out)
+    check_copies(op, feats=feats, weight=weight, offsets=offsets, pair_in=pair_in,
+                 pair_out=pair_out)
     given = sum(t is not None for t in rev)
     if given not in (0, 3):
         raise ValueError(
@@ -235,6 +241,8 @@ def check_pair_conv_weight_grad(
     """The one argument check of ``lattice::pair_conv_weight_grad`` (CPU and CUDA)."""
     _check_pairs("pair_conv_weight_grad", offsets, pair_in, pair_out)
     _check_grad_out("pair_conv_weight_grad", feats, grad_out)
+    check_copies("pair_conv_weight_grad", feats=feats, grad_out=grad_out, offsets=offsets,
+                 pair_in=pair_in, pair_out=pair_out)
 
 
 def pair_dataflow(gather: bool) -> str:

@@ -28,6 +28,7 @@ from torch_lattice.ops._runtime import (
     _C,
     call_args,
     check_coords,
+    check_copies,
     check_non_negative,
     check_size,
     check_tensor,
@@ -130,6 +131,7 @@ def kernel_pairs(nbr: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.T
     """
     require_cpu("kernel_pairs", nbr)
     check_tensor("kernel_pairs", "nbr", nbr, (torch.int32,), ("N_out", "K"))
+    check_copies("kernel_pairs", nbr=nbr)
     nbr = nbr.contiguous()
     n_out, k = nbr.shape
     offsets = torch.empty(k + 1, dtype=torch.int64)
@@ -138,6 +140,7 @@ def kernel_pairs(nbr: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.T
     except ValueError as e:
         raise ValueError(bad_table_entries("kernel_pairs", e)) from e
     total = int(offsets[-1])
+    check_allocation(f"lattice::kernel_pairs: {total} pairs", total * 8)
     pair_in = torch.empty(total, dtype=torch.int32)
     pair_out = torch.empty(total, dtype=torch.int32)
     _C.pairs_fill(ptr(nbr), n_out, k, ptr(offsets), ptr(pair_in), ptr(pair_out), threads())

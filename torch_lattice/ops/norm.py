@@ -20,6 +20,7 @@ import torch
 from torch_lattice.ops._runtime import (
     _C,
     DTYPE_CODES,
+    check_copies,
     check_size,
     one_device,
     ptr,
@@ -58,6 +59,7 @@ def _check(op: str, feats: torch.Tensor, *others: torch.Tensor) -> None:
             raise ValueError(mismatch())
         check_size(t.shape[0] == feats.shape[0], mismatch)
         check_size(t.shape[1] == feats.shape[1], mismatch)
+    check_copies(op, features=feats, **{f"gradient {i}": t for i, t in enumerate(others)})
 
 
 def _check_vec(op: str, name: str, t: torch.Tensor, c: int) -> None:

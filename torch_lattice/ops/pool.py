@@ -21,6 +21,7 @@ import torch
 from torch_lattice.ops._runtime import (
     _C,
     DTYPE_CODES,
+    check_copies,
     check_tensor,
     compute_dtype,
     one_device,
@@ -49,6 +50,8 @@ def check_pool_args(op: str, feats: torch.Tensor, table: torch.Tensor, rev: torc
         raise ValueError(f"lattice::{op}: feats must be (N, C), got {tuple(feats.shape)}")
     check_nbr(op, table)
     check_tensor(op, "rev", rev, (torch.int32,), (feats.shape[0], table.shape[1]))
+    check_copies(op, table.shape[0] * feats.shape[1] * feats.element_size(),
+                 feats=feats, nbr=table)
 
 
 def check_pool_max_backward(grad: torch.Tensor, rev: torch.Tensor, argmax: torch.Tensor
