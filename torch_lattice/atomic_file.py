@@ -17,6 +17,8 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import functools
+import hashlib
 import os
 import re
 import stat
@@ -33,6 +35,8 @@ __all__ = [
     "exchange_paths",
     "fit_name",
     "new_file_mode",
+    "owner_field",
+    "owner_tag",
     "sibling_name",
     "write_beside",
 ]
@@ -91,8 +95,33 @@ def fit_name(name: str, room: int) -> str:
     return name
 
 
-# A pid in a hidden name: at most 10 digits, as the stale-name pattern reads it.
-_PID_ROOM = 11
+@functools.cache
+def owner_tag() -> str | None:
+    """8 hex digits naming this boot of this machine and this process's pid namespace (a
+    hash of the kernel's boot id and the namespace's inode), or None where the system
+    does not say (then nothing is ever cleaned). Hidden temporary names carry it before
+    the pid, so a later write removes only what a process of the same machine, boot and
+    namespace left: a pid means nothing on another host sharing the folder (NFS), in
+    another container, or after a reboot."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", "rb") as f:
+            boot = f.read(64).strip()
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return None
+    if not boot:
+        return None
+    return hashlib.sha256(boot + b":" + str(namespace).encode()).hexdigest()[:8]
+
+
+def owner_field(pid: int | None = None) -> str:
+    """The ``<tag>-<pid>`` field of a hidden temporary name (this process's pid unless
+    given; the tag 8 zeros where :func:`owner_tag` is None)."""
+    return f"{owner_tag() or '0' * 8}-{os.getpid() if pid is None else pid}"
+
+
+# The owner field in a hidden name: 8 hex digits, "-", a pid of at most 10 digits, ".".
+_PID_ROOM = 20
 
 
 def _sibling_parts(final: Path, tag: str, random_chars: int) -> tuple[str, str]:
@@ -108,10 +137,11 @@ def sibling_name(final: Path, tag: str, random_chars: int) -> tuple[str, str]:
     """``(prefix, suffix)`` of a hidden name beside ``final``: ``.<stem>.<pid>.`` and
     ``.<tag><suffix>``, cut so that with ``random_chars`` between them the name fits
     :data:`NAME_MAX` (``final``'s suffix is kept where it fits: writers such as
-    matplotlib choose the format from it). The pid lets a later write to ``final``
-    remove what a killed process left (:func:`clean_stale_siblings`)."""
+    matplotlib choose the format from it). The owner field (:func:`owner_field`) lets a
+    later write to ``final`` on this machine remove what a killed process left
+    (:func:`clean_stale_siblings`)."""
     stem, suffix = _sibling_parts(final, tag, random_chars)
-    return f".{stem}.{os.getpid()}.", suffix
+    return f".{stem}.{owner_field()}.", suffix
 
 
 def _pid_alive(pid: int) -> bool:
@@ -132,20 +162,25 @@ _RANDOM = r"(?:[a-z0-9_]{8}|[0-9a-f]{16})"
 def clean_stale_siblings(path: str | os.PathLike[str], tags: tuple[str, ...] = ("tmp",)
                          ) -> None:
     """Removes the hidden files :func:`sibling_name` named beside ``path`` (with one of
-    ``tags``) for a process that is gone: what a write killed outright (SIGKILL, a
-    power cut) left, partial or whole.
+    ``tags``) for a process of this machine, boot and pid namespace that is gone: what a
+    write killed outright (SIGKILL) left, partial or whole.
 
-    Only regular files (never links or folders) named exactly so, with a pid of no
-    live process, are removed; anything else, or any error, is left alone.
+    Only regular files (never links or folders) named exactly so, with this process's
+    :func:`owner_tag` and the pid of no live process, are removed; anything else (another
+    host's or container's temporaries in a shared folder among them), or any error, is
+    left alone.
     """
+    owner = owner_tag()
+    if owner is None:
+        return
     final = Path(path)
     patterns = []
     for tag in tags:
         stem, suffix = _sibling_parts(final, tag, 16)
         short_stem, short_suffix = _sibling_parts(final, tag, _MKSTEMP_CHARS)
         for s, x in ((stem, suffix), (short_stem, short_suffix)):
-            patterns.append(re.compile(rf"\.{re.escape(s)}\.([1-9][0-9]{{0,9}})\.{_RANDOM}"
-                                       rf"{re.escape(x)}"))
+            patterns.append(re.compile(rf"\.{re.escape(s)}\.{owner}-([1-9][0-9]{{0,9}})\."
+                                       rf"{_RANDOM}{re.escape(x)}"))
     try:
         names = os.listdir(final.parent)
     except OSError:

@@ -19,7 +19,7 @@ from torch import nn
 import torch_lattice as tl
 from torch_lattice.artifact import ExportError, artifact_dir, load_lattice_program
 from torch_lattice.artifact import save_lattice_model_artifact as save
-from torch_lattice.atomic_file import exchange_paths
+from torch_lattice.atomic_file import exchange_paths, owner_field, owner_tag
 
 
 class One(nn.Module):
@@ -167,7 +167,7 @@ def test_an_old_artifact_left_by_a_dead_fallback_is_put_back(tmp_path: Path) -> 
     target = tmp_path / "a"
     save(_model(0), target, example_inputs=(_x(),))
     old = (target / "weights.safetensors").read_bytes()
-    left = tmp_path / f".a.{_dead_pid()}.0badcafe.old"
+    left = tmp_path / f".a.{owner_field(_dead_pid())}.0badcafe.old"
     os.rename(target, left)  # the crash between the fallback's two renames
     artifact_dir.clean_stale_temporaries(target)
     assert (target / "weights.safetensors").read_bytes() == old
@@ -176,15 +176,15 @@ def test_an_old_artifact_left_by_a_dead_fallback_is_put_back(tmp_path: Path) -> 
 
 def test_stale_temporaries_of_dead_exports_are_cleaned(tmp_path: Path) -> None:
     dead = _dead_pid()
-    stale = tmp_path / f".a.{dead}.00000001.tmp"
+    stale = tmp_path / f".a.{owner_field(dead)}.00000001.tmp"
     stale.mkdir()
     (stale / "graph.mlir").write_text("module attributes {")  # a partial write
-    foreign = tmp_path / f".a.{dead}.00000002.tmp"
+    foreign = tmp_path / f".a.{owner_field(dead)}.00000002.tmp"
     foreign.mkdir()
     (foreign / "mine.txt").write_text("not the exporter's")
-    live = tmp_path / f".a.{os.getpid()}.00000003.tmp"  # a concurrent export in progress
+    live = tmp_path / f".a.{owner_field()}.00000003.tmp"  # a concurrent export in progress
     live.mkdir()
-    other = tmp_path / f".b.{dead}.00000004.tmp"  # another target's
+    other = tmp_path / f".b.{owner_field(dead)}.00000004.tmp"  # another target's
     other.mkdir()
     save(_model(), tmp_path / "a", example_inputs=(_x(),))
     assert not stale.exists()
@@ -201,7 +201,7 @@ def _artifact_files(folder: Path) -> None:
 def test_a_stale_folder_with_foreign_files_loses_only_its_artifact_files(
         tmp_path: Path) -> None:
     """What the docstrings promise: artifact files go, the rest and the folder stay."""
-    mixed = tmp_path / f".a.{_dead_pid()}.0000000a.tmp"
+    mixed = tmp_path / f".a.{owner_field(_dead_pid())}.0000000a.tmp"
     _artifact_files(mixed)
     (mixed / "mine.txt").write_text("not the exporter's")
     artifact_dir.clean_stale_temporaries(tmp_path / "a")
@@ -210,12 +210,16 @@ def test_a_stale_folder_with_foreign_files_loses_only_its_artifact_files(
 
 def test_only_the_exporters_exact_temporary_names_are_cleaned(tmp_path: Path) -> None:
     dead = _dead_pid()
-    lookalikes = [f".a.{dead}.0bad.tmp",  # make_temporary's tokens are 8 hex digits
-                  f".a.0{dead}.0badcafe.tmp",  # no pid is written with a leading zero
-                  f".a.{dead}.0BADCAFE.tmp",
-                  ".a." + str(dead).translate(str.maketrans("0123456789", "٠١٢٣٤٥٦٧٨٩"))
-                  + ".0badcafe.tmp",  # int() reads Arabic-Indic digits too
-                  ".a.99999999999999999999.0badcafe.tmp"]  # no pid (os.kill: OverflowError)
+    tag = f"{owner_tag()}-"
+    other = "f" * 8 if owner_tag() != "f" * 8 else "e" * 8
+    arabic = str(dead).translate(str.maketrans("0123456789", "٠١٢٣٤٥٦٧٨٩"))
+    lookalikes = [f".a.{tag}{dead}.0bad.tmp",  # make_temporary's tokens are 8 hex digits
+                  f".a.{tag}0{dead}.0badcafe.tmp",  # no pid is written with a leading zero
+                  f".a.{tag}{dead}.0BADCAFE.tmp",
+                  f".a.{tag}{arabic}.0badcafe.tmp",  # int() reads Arabic-Indic digits too
+                  f".a.{tag}99999999999999999999.0badcafe.tmp",  # no pid (OverflowError)
+                  f".a.{dead}.0badcafe.tmp",  # no owner tag
+                  f".a.{other}-{dead}.0badcafe.tmp"]  # another machine's, boot's, container's
     for name in lookalikes:
         _artifact_files(tmp_path / name)
     before = _tree(tmp_path)
@@ -228,7 +232,7 @@ def test_a_stale_name_linked_outside_is_never_followed(tmp_path: Path) -> None:
     _artifact_files(outside)
     work = tmp_path / "work"
     work.mkdir()
-    os.symlink(outside, work / f".a.{_dead_pid()}.0badcafe.tmp")
+    os.symlink(outside, work / f".a.{owner_field(_dead_pid())}.0badcafe.tmp")
     artifact_dir.clean_stale_temporaries(work / "a")
     assert not artifact_dir.remove_artifact_files(tmp_path / "missing")
     # A link that replaced the folder after the caller's check (a race) leads nowhere.
@@ -380,7 +384,8 @@ def test_a_name_near_the_file_name_limit_is_written_and_replaced(
     assert (target / "weights.safetensors").read_bytes() != old
     assert [p.name for p in tmp_path.iterdir()] == [name]
     # A stale temporary of a dead export to it carries the cut name and is cleaned.
-    stale = tmp_path / f".{artifact_dir._temp_stem(target)}.{_dead_pid()}.00000001.tmp"
+    stem = artifact_dir._temp_stem(target)
+    stale = tmp_path / f".{stem}.{owner_field(_dead_pid())}.00000001.tmp"
     _artifact_files(stale)
     artifact_dir.clean_stale_temporaries(target)
     assert not stale.exists()

@@ -166,33 +166,43 @@ def _dead_pid() -> int:
 
 def test_files_a_killed_writer_left_are_removed_by_the_next_write(tmp_path: Path) -> None:
     """SIGKILL leaves the hidden temporary file (partial or whole) for good: its name now
-    carries the writer's pid, and the next write to the same path removes it once that
-    process is gone. Only those exact names, regular files, with a dead pid go."""
+    carries the writer's machine, boot and pid namespace (owner_tag) and pid, and the
+    next write to the same path on this machine removes it once that process is gone.
+    Only those exact names, regular files, with this owner tag and a dead pid go: a
+    folder shared with another host (NFS) or container holds their temporaries too."""
+    tag = atomic_file.owner_tag()
+    assert tag is not None and len(tag) == 8  # Linux says both
+    o = atomic_file.owner_field
+    other = "f" * 8 if tag != "f" * 8 else "e" * 8
     seen: list[Path] = []
     atomic_file.atomic_write(tmp_path / "w.json", lambda p: (seen.append(p), p.write_text("1")))
-    assert seen[0].name.startswith(f".w.{os.getpid()}.") and seen[0].name.endswith(".tmp.json")
+    assert seen[0].name.startswith(f".w.{tag}-{os.getpid()}.")
+    assert seen[0].name.endswith(".tmp.json")
     dead = _dead_pid()
-    stale = [tmp_path / f".w.{dead}.abc_1234.tmp.json", tmp_path / f".w.{dead}.{'f' * 16}.tmp.json"]
+    stale = [tmp_path / f".w.{o(dead)}.abc_1234.tmp.json",
+             tmp_path / f".w.{o(dead)}.{'f' * 16}.tmp.json"]
     for path in stale:
         path.write_text("partial")
     kept = {
-        f".w.{os.getpid()}.abcd1234.tmp.json": "a live writer's",
-        f".w.{dead}.abcd1234.tmp.txt": "another suffix",
-        f".v.{dead}.abcd1234.tmp.json": "another file's",
-        f".w.{dead}.abcd12345.tmp.json": "not the random part's length",
-        f".w.0{dead}.abcd1234.tmp.json": "not a pid",
-        f"w.{dead}.abcd1234.tmp.json": "not hidden",
+        f".w.{o()}.abcd1234.tmp.json": "a live writer's",
+        f".w.{o(dead)}.abcd1234.tmp.txt": "another suffix",
+        f".v.{o(dead)}.abcd1234.tmp.json": "another file's",
+        f".w.{o(dead)}.abcd12345.tmp.json": "not the random part's length",
+        f".w.{tag}-0{dead}.abcd1234.tmp.json": "not a pid",
+        f".w.{other}-{dead}.abcd1234.tmp.json": "another machine's, boot's or container's",
+        f".w.{dead}.abcd1234.tmp.json": "no owner tag",
+        f"w.{o(dead)}.abcd1234.tmp.json": "not hidden",
     }
     for name, text in kept.items():
         (tmp_path / name).write_text(text)
     (tmp_path / "elsewhere").write_text("outside")
-    (tmp_path / f".w.{dead}.aaaa1111.tmp.json").symlink_to(tmp_path / "elsewhere")
-    (tmp_path / f".w.{dead}.bbbb2222.tmp.json").mkdir()
+    (tmp_path / f".w.{o(dead)}.aaaa1111.tmp.json").symlink_to(tmp_path / "elsewhere")
+    (tmp_path / f".w.{o(dead)}.bbbb2222.tmp.json").mkdir()
     atomic_file.atomic_write(tmp_path / "w.json", lambda p: p.write_text("2"))
     assert not any(path.exists() for path in stale)
     for name, text in kept.items():
         assert (tmp_path / name).read_text() == text
     assert (tmp_path / "elsewhere").read_text() == "outside"
-    assert (tmp_path / f".w.{dead}.aaaa1111.tmp.json").is_symlink()
-    assert (tmp_path / f".w.{dead}.bbbb2222.tmp.json").is_dir()
+    assert (tmp_path / f".w.{o(dead)}.aaaa1111.tmp.json").is_symlink()
+    assert (tmp_path / f".w.{o(dead)}.bbbb2222.tmp.json").is_dir()
     assert (tmp_path / "w.json").read_text() == "2"

@@ -41,7 +41,7 @@ from pathlib import Path
 
 from torch_lattice.artifact import schema
 from torch_lattice.artifact.errors import ExportError
-from torch_lattice.atomic_file import exchange_paths, fit_name
+from torch_lattice.atomic_file import exchange_paths, fit_name, owner_field, owner_tag
 
 __all__ = [
     "check_destination",
@@ -133,9 +133,9 @@ def check_output_names(names: Sequence[str]) -> None:
 
 
 _TOKEN_BYTES = 4  # make_temporary's token: 8 hex digits
-# What a temporary name adds to the target's: ".", ".<pid, at most 10 digits>.",
-# "<token>", ".tmp" (or ".old").
-_TEMP_ROOM = 1 + 12 + 2 * _TOKEN_BYTES + 4
+# What a temporary name adds to the target's: ".", ".<owner tag>-<pid, at most 10
+# digits>." (atomic_file.owner_field), "<token>", ".tmp" (or ".old").
+_TEMP_ROOM = 1 + 21 + 2 * _TOKEN_BYTES + 4
 
 
 def _temp_stem(target: Path) -> str:
@@ -144,11 +144,12 @@ def _temp_stem(target: Path) -> str:
     return fit_name(target.name, _TEMP_ROOM)
 
 
-def _pattern(target: Path) -> re.Pattern[str]:
-    # Exactly make_temporary's names (ASCII pid, no leading zero, at most 10 digits: a
-    # longer one is no pid, and os.kill would raise OverflowError on it): a folder that
-    # only resembles one is not the exporter's and is never cleaned.
-    return re.compile(rf"\.{re.escape(_temp_stem(target))}\.([1-9][0-9]{{0,9}})\."
+def _pattern(target: Path, owner: str) -> re.Pattern[str]:
+    # Exactly make_temporary's names of this machine, boot and pid namespace (``owner``,
+    # atomic_file.owner_tag; ASCII pid, no leading zero, at most 10 digits: a longer one
+    # is no pid, and os.kill would raise OverflowError on it): a folder that only
+    # resembles one, or another host's, is not this exporter's and is never cleaned.
+    return re.compile(rf"\.{re.escape(_temp_stem(target))}\.{owner}-([1-9][0-9]{{0,9}})\."
                       rf"[0-9a-f]{{{2 * _TOKEN_BYTES}}}\.(tmp|old)")
 
 
@@ -156,7 +157,7 @@ def make_temporary(target: Path) -> Path:
     """A new hidden, empty directory beside ``target`` named for this process."""
     while True:
         token = secrets.token_hex(_TOKEN_BYTES)
-        temp = target.with_name(f".{_temp_stem(target)}.{os.getpid()}.{token}.tmp")
+        temp = target.with_name(f".{_temp_stem(target)}.{owner_field()}.{token}.tmp")
         try:
             os.mkdir(temp, 0o700)
             return temp
@@ -223,16 +224,21 @@ def clean_stale_temporaries(target: Path) -> None:
     """Removes this target's hidden folders left by exports whose process is gone.
 
     Only real directories (not links) beside ``target`` named exactly as
-    :func:`make_temporary` names them (``.<name>.<pid>.<8 hex digits>.tmp``, or
-    ``.old`` for the fallback's) are considered. A leftover ``.old`` folder is the
-    previous artifact of a fallback replace that died between its two renames: when
+    :func:`make_temporary` names them on this machine, boot and pid namespace
+    (``.<name>.<owner tag>-<pid>.<8 hex digits>.tmp``, or ``.old`` for the fallback's;
+    see :func:`torch_lattice.atomic_file.owner_tag`) are considered. A leftover
+    ``.old`` folder is the previous artifact of a fallback replace that died between its
+    two renames: when
     ``target`` is missing and the folder is an artifact it is put back instead.
     Folders of a live process (a concurrent export) are left alone. From any other
     such folder :func:`remove_artifact_files` deletes the regular files named
     ``graph.mlir`` and ``weights.safetensors`` and then the folder if that emptied it;
     anything else it holds stays, and so does the folder.
     """
-    pattern = _pattern(target)
+    owner = owner_tag()
+    if owner is None:  # no way to tell this machine's processes from another's
+        return
+    pattern = _pattern(target, owner)
     try:
         names = os.listdir(target.parent)
     except OSError:
