@@ -377,6 +377,14 @@ def test_save_tuning_replaces_only_a_regular_file(tmp_path: Path) -> None:
     assert (tmp_path / "fifo").is_fifo()
     assert tuning.save_tuning(real) == 0  # a regular file is replaced
     assert json.loads(real.read_text())["choices"] == []
+    # A trailing separator names a folder (the rename failed naming the temporary file); a
+    # name over 255 bytes cannot exist (a bare OSError): both refused by name, nothing left.
+    before = sorted(p.name for p in tmp_path.iterdir())
+    with pytest.raises(ValueError, match=r"new/' ends in a separator, so it names a folder"):
+        tuning.save_tuning(f"{tmp_path}/new/")
+    with pytest.raises(ValueError, match="is 305 bytes, over the 255-byte limit"):
+        tuning.save_tuning(tmp_path / ("a" * 300 + ".json"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
 
 
 def test_a_tuning_file_must_be_a_small_regular_file(tmp_path: Path) -> None:

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from torch_lattice.atomic_file import atomic_write
+from torch_lattice.atomic_file import NAME_MAX, atomic_write
 from torch_lattice.nn.functional.dataflow import Dataflow
 from torch_lattice.regular_file import (
     describe_file_type,
@@ -194,15 +194,23 @@ def save_tuning(path: str | os.PathLike[str]) -> int:
 
     Raises:
         TypeError: ``path`` is not a str or os.PathLike.
-        ValueError: ``path`` is a directory, a symbolic link or another non-regular file
-            (a FIFO, a device), its folder does not exist, or it holds a NUL byte.
+        ValueError: ``path`` is a directory (or ends in a separator), a symbolic link or
+            another non-regular file (a FIFO, a device), its folder does not exist, its
+            file name is over 255 bytes, or it holds a NUL byte.
     """
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"save_tuning: path must be a str or os.PathLike, got "
                         f"{type(path).__name__}")
     if (nul := nul_byte_error(path, "save_tuning: path")) is not None:
         raise ValueError(nul)
+    if os.fspath(path).endswith(("/", os.sep)):  # Path() would drop it; the rename would not
+        raise ValueError(f"save_tuning: path {str(path)!r} ends in a separator, so it names "
+                         "a folder; name a file")
     target = Path(path)
+    if len(os.fsencode(target.name)) > NAME_MAX:
+        raise ValueError(f"save_tuning: the file name of path {str(path)[:80]!r}... is "
+                         f"{len(os.fsencode(target.name))} bytes, over the {NAME_MAX}-byte "
+                         "limit of file names")
     # The rename would replace a link (not write through it) or a device node: refused.
     if target.is_symlink():
         raise ValueError(f"save_tuning: path {str(path)!r} is a symbolic link; name the "
