@@ -234,7 +234,9 @@ class Support:
         return int(self.coords.shape[0])
 
     def grid_range(self) -> Triple:
-        """``R``: ``spatial_range[1:]`` or ``max(coords) + 1`` per axis."""
+        """``R``: ``spatial_range[1:]`` or ``max(coords) + 1`` per axis (rows edited in
+        place since are refused first: :meth:`check_unchanged`)."""
+        self.check_unchanged()
         if self.spatial_range is not None:
             return (self.spatial_range[1], self.spatial_range[2], self.spatial_range[3])
         if self._inferred_range is None:
@@ -249,6 +251,7 @@ class Support:
 
     def num_batches(self) -> int:
         """``B``: ``spatial_range[0]``, else the largest batch index + 1 (0 if empty)."""
+        self.check_unchanged()
         if self.spatial_range is not None:
             return self.spatial_range[0]
         return int(self.coords[:, 0].max()) + 1 if self.num_rows else 0

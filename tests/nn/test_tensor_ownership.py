@@ -78,6 +78,21 @@ def test_editing_the_stored_rows_in_place_is_refused() -> None:
         F.subm_conv3d(x, w, None, 3, 1)
 
 
+@pytest.mark.parametrize("edit", ["resize_", "as_strided_", "unsqueeze_"])
+def test_rows_reshaped_in_place_are_refused_by_every_layer(edit: str) -> None:
+    """A strided layer or a pooling read the rows' range or batches before the check and
+    failed on the reshaped rows with a range error or a TypeError."""
+    x = tl.SparseTensor(torch.randn(30, 2, dtype=torch.float64), _coords())
+    F.subm_conv3d(x, _weight(27), None, 3, 1)
+    {"resize_": lambda t: t.resize_(2, 4),
+     "as_strided_": lambda t: t.as_strided_((t.shape[0], 4), (0, 1)),
+     "unsqueeze_": lambda t: t.unsqueeze_(0)}[edit](x.coords)
+    for layer in (tl.nn.Conv3d(2, 2, 2, stride=2).double(), tl.nn.MaxPool3d(2, 2),
+                  tl.nn.GlobalMaxPool(), tl.nn.SubmConv3d(2, 2, 3).double()):
+        with pytest.raises(ValueError, match="modified in place"):
+            layer(x)
+
+
 def test_fresh_targets_keep_the_cache_bounded() -> None:
     """1,000 calls with a new target each: the per-tensor caches stay bounded."""
     x = tl.SparseTensor(torch.randn(30, 2), _coords())
