@@ -144,6 +144,13 @@ _MALFORMED = {
     "sparse_conv int64 rev": (
         lambda: ops.sparse_conv(torch.zeros(3, 2), torch.zeros(1, 2, 4), _i32(2, 1), _i64(3, 1)),
         "rev must be a \\(3, 1\\) int32"),
+    "sparse_conv no kernel rows": (
+        lambda: ops.sparse_conv(torch.zeros(3, 2), torch.zeros(0, 2, 4), _i32(3, 0), _i32(3, 0)),
+        "weight must have at least one kernel row \\(K >= 1\\), got \\(0, 2, 4\\)"),
+    "pair_conv no kernel rows": (
+        lambda: ops.pair_conv(torch.zeros(3, 2), torch.zeros(0, 2, 4), _i64(1), _i32(0),
+                              _i32(0), None, None, None, 5, False),
+        "weight must have at least one kernel row"),
     "pool_max_backward short argmax": (
         lambda: ops.pool_max_backward(torch.zeros(8, 1), _i32(1, 1), _i32(1, 1)),
         "argmax must be a \\(8, 1\\) int32"),

@@ -107,6 +107,11 @@ def check_conv_args(op: str, feats: torch.Tensor, weight: torch.Tensor, k: int) 
         lambda: f"lattice::{op}: the kernel map has {k} kernel rows but weight has "
         f"{weight.shape[0]}",
     )
+    check_size(  # as torch's convolutions, which refuse a kernel of size 0
+        weight.shape[0] >= 1,
+        lambda: f"lattice::{op}: weight must have at least one kernel row (K >= 1), got "
+        f"{tuple(weight.shape)}",
+    )
 
 
 def _check_grad_out(op: str, feats: torch.Tensor, grad_out: torch.Tensor) -> None:
