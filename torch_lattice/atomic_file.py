@@ -134,7 +134,7 @@ def _sibling_parts(final: Path, tag: str, random_chars: int) -> tuple[str, str]:
 
 
 def sibling_name(final: Path, tag: str, random_chars: int) -> tuple[str, str]:
-    """``(prefix, suffix)`` of a hidden name beside ``final``: ``.<stem>.<pid>.`` and
+    """``(prefix, suffix)`` of a hidden name beside ``final``: ``.<stem>.<tag>-<pid>.`` and
     ``.<tag><suffix>``, cut so that with ``random_chars`` between them the name fits
     :data:`NAME_MAX` (``final``'s suffix is kept where it fits: writers such as
     matplotlib choose the format from it). The owner field (:func:`owner_field`) lets a

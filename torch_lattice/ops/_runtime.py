@@ -18,6 +18,7 @@ from typing import Any, TypeVar, cast
 import torch
 
 from torch_lattice import _C
+from torch_lattice.memory_budget import check_allocation
 
 __all__ = [
     "ATOMIC_KERNELS",
@@ -43,6 +44,7 @@ __all__ = [
     "refuse_function_transforms",
     "require_cpu",
     "require_cuda",
+    "strided_copy_bytes",
     "threads",
     "weight_grad_dataflow",
     "workspace_alloc",
@@ -175,16 +177,22 @@ def check_size(cond: bool | torch.SymBool, message: Callable[[], str]) -> None:
     torch._check_with(ValueError, cond, message)
 
 
+def strided_copy_bytes(*tensors: torch.Tensor | None) -> int | torch.SymInt:
+    """The bytes of the contiguous copies of the strided ones among ``tensors``: an
+    ``expand``ed view is a few bytes of storage however many rows it shows, its copy
+    all of them."""
+    return sum(t.numel() * t.element_size() for t in tensors
+               if t is not None and not t.is_contiguous())  # fmt: skip
+
+
 def check_copies(op: str, out_bytes: int | torch.SymInt = 0, **tensors: torch.Tensor | None
                  ) -> None:  # fmt: skip
-    """The contiguous copies an op makes of its strided operands (an ``expand``ed view is
-    a few bytes of storage however many rows it shows), with ``out_bytes`` of outputs
-    sized from them, within the memory budget, before any is made. Symbolic sizes (fake
-    kernels under ``torch.compile``) are left to the real kernel's call."""
-    from torch_lattice.memory_budget import check_allocation  # imports nothing of ours
-
+    """The contiguous copies an op makes of its strided operands
+    (:func:`strided_copy_bytes`), with ``out_bytes`` of outputs sized from them, within the
+    memory budget, before any is made. Symbolic sizes (fake kernels under
+    ``torch.compile``) are left to the real kernel's call."""
     strided = {name: t for name, t in tensors.items() if t is not None and not t.is_contiguous()}
-    nbytes = out_bytes + sum(t.numel() * t.element_size() for t in strided.values())
+    nbytes = out_bytes + strided_copy_bytes(*strided.values())
     if not strided or not isinstance(nbytes, int):
         return
     shapes = ", ".join(f"{name} {tuple(t.shape)}" for name, t in strided.items())

@@ -31,6 +31,7 @@ from torch_lattice.ops._runtime import (
     optional_ptr,
     ptr,
     require_cpu,
+    strided_copy_bytes,
     threads,
 )
 
@@ -167,7 +168,7 @@ def check_voxel_reduce(feats: torch.Tensor, inverse: torch.Tensor, num_voxels: i
     # contiguous copies of strided operands (an expanded view is a few bytes of storage)
     check_allocation(
         f"voxel reduction ({num_voxels} voxels x {c} channels, {reduction})",
-        num_voxels * per_voxel + _copy_bytes(feats, inverse),
+        num_voxels * per_voxel + strided_copy_bytes(feats, inverse),
     )
 
 
@@ -180,20 +181,14 @@ def _hash_bytes(rows: int) -> int:
     return slots * 24
 
 
-def _copy_bytes(*tensors: torch.Tensor | None) -> int:
-    """The contiguous copies of the strided ones among ``tensors``: an expanded view is a
-    few bytes of storage however many rows it shows."""
-    return sum(t.numel() * t.element_size() for t in tensors
-               if t is not None and not t.is_contiguous())  # fmt: skip
-
-
 def check_voxelize_memory(points: torch.Tensor, batch: torch.Tensor | None) -> None:
     """``lattice::voxelize_coords``'s temporaries within the memory budget, before any
     is allocated: for each of the P points its voxel row, a unique row and its inverse
     (16 + 16 + 8 bytes), the hash table of the rows, and contiguous copies of strided
     points and batch."""
     n = int(points.shape[0])
-    check_allocation(f"voxelizing {n} points", n * 40 + _hash_bytes(n) + _copy_bytes(points, batch))
+    check_allocation(f"voxelizing {n} points",
+                     n * 40 + _hash_bytes(n) + strided_copy_bytes(points, batch))
 
 
 def check_devoxel_map_memory(points: torch.Tensor, batch: torch.Tensor | None,
@@ -204,7 +199,7 @@ def check_devoxel_map_memory(points: torch.Tensor, batch: torch.Tensor | None,
     n, m = int(points.shape[0]), int(voxel_coords.shape[0])
     check_allocation(
         f"devoxelization map ({n} points x {k} voxels)",
-        n * k * 16 + _hash_bytes(m) + _copy_bytes(points, batch, voxel_coords),
+        n * k * 16 + _hash_bytes(m) + strided_copy_bytes(points, batch, voxel_coords),
     )
 
 
@@ -219,7 +214,7 @@ def check_devoxel_gather(feats: torch.Tensor, idx: torch.Tensor, weight: torch.T
     check_tensor(op, "weight", weight, (torch.float64,), tuple(idx.shape))
     n, c = idx.shape[0], feats.shape[1]
     check_allocation(f"devoxel gather output ({n} points x {c} channels)",
-                     n * c * feats.element_size() + _copy_bytes(feats, idx, weight))
+                     n * c * feats.element_size() + strided_copy_bytes(feats, idx, weight))
 
 
 @torch.library.custom_op("lattice::voxelize_coords", mutates_args=())
