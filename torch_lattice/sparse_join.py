@@ -123,8 +123,8 @@ def _align(lhs: SparseTensor, rhs: SparseTensor, join: str) -> _Alignment:
 
 def _gather(feats: torch.Tensor, rows: torch.Tensor, fill: float) -> torch.Tensor:
     """``feats[rows]`` with ``fill`` where ``rows == -1`` (gradients reach present rows)."""
-    if feats.shape[0] == 0:
-        return feats.new_full((rows.shape[0], feats.shape[1]), fill)
+    if feats.shape[0] == 0:  # nothing to pick; still a result of feats' graph
+        return feats.new_full((rows.shape[0], feats.shape[1]), fill) + feats.sum(dim=0)
     picked = feats.index_select(0, rows.clamp_min(0))
     present = (rows >= 0).unsqueeze(1)
     return torch.where(present, picked, picked.new_full((), fill))

@@ -84,6 +84,24 @@ def test_reindex_gradient_reaches_present_rows_only():
         assert feats.grad[i].eq(1.0 if tuple(row) in kept else 0.0).all()
 
 
+def test_an_empty_operand_stays_in_the_graph():
+    """An operand of no rows was answered with a new tensor cut from autograd: a step whose
+    only differentiable operand happened to be empty failed in backward()."""
+    feats = torch.zeros(0, 2, dtype=torch.float64, requires_grad=True)
+    x = tl.SparseTensor(feats, torch.zeros(0, 4, dtype=torch.int32))
+    coords = torch.tensor([[0, 0, 0, 0], [0, 1, 0, 0], [0, 2, 0, 0]], dtype=torch.int32)
+    target = tl.SparseTensor(torch.ones(3, 2, dtype=torch.float64), coords)
+    for y in (tl.reindex_sparse(x, target, fill=-math.inf),
+              tl.sparse_binary(x, target, "add", "outer"),
+              tl.sparse_cat([x, target], "outer")):
+        assert y.feats.requires_grad
+        y.feats.sum().backward()
+        assert feats.grad is not None and feats.grad.shape == (0, 2)
+        feats.grad = None
+    assert torch.equal(tl.reindex_sparse(x, target, fill=-math.inf).feats,
+                       torch.full((3, 2), -math.inf, dtype=torch.float64))
+
+
 @pytest.mark.parametrize("join", JOINS)
 def test_cat_matches_oracle(join):
     a, b = overlapping_pair(3)
