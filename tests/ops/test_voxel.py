@@ -11,6 +11,7 @@ Invariants:
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 import torch
@@ -197,6 +198,13 @@ def test_devoxelize_roundtrip_and_centres():
         centres, x, batch_indices=x.coords[:, 0], voxel_size=0.5, interpolation="trilinear"
     )
     torch.testing.assert_close(tri, x.feats, rtol=0, atol=1e-15)
+    # exactly, even beside a voxel holding inf or NaN (its weight 0 gave 0 * inf = NaN)
+    coords = torch.tensor([[0, 1, 1, 1], [0, 2, 1, 1], [0, 1, 2, 1]], dtype=torch.int32)
+    for odd in (math.inf, -math.inf, math.nan):
+        v = tl.SparseTensor(torch.tensor([[1.0], [odd], [odd]], dtype=torch.float64), coords)
+        got = tl.devoxelize(torch.tensor([[1.5, 1.5, 1.5]], dtype=torch.float64), v,
+                            interpolation="trilinear")
+        assert got.tolist() == [[1.0]], odd
 
 
 def test_devoxelize_trilinear_reproduces_linear_field_inside_full_grid():
