@@ -107,11 +107,13 @@ def parse_budget(text: str, name: str = ENV_VAR) -> int:
         shown = repr(text) if len(text) <= 64 else f"{text[:40]!r}... ({len(text)} characters)"
         raise ValueError(f"{name} must be a positive byte count of at most 64 characters "
                          f"such as 1073741824 or 8G, got {shown}")
-    # exact (a float rounded 12345678901234567891 to ...7168)
+    # exact (a float rounded 12345678901234567891 to ...7168); a fraction of a unit
+    # ("1.1G") rounds down to whole bytes, a fraction of a byte ("1.9") is refused
     value = Fraction(match.group(1)) * _SUFFIXES[match.group(2).upper()]
-    if value.denominator != 1:
-        raise ValueError(f"{name} must be a whole number of bytes, got {text!r} "
-                         f"({float(value):.6g} bytes)")
+    if not match.group(2) and value.denominator != 1:
+        raise ValueError(f"{name} must be a whole number of bytes without a unit, got "
+                         f"{text!r}")
+    value = Fraction(value.numerator // value.denominator)
     if value < 1:
         raise ValueError(f"{name} must be at least 1 byte, got {text!r}")
     return int(value)

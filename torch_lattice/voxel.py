@@ -226,7 +226,7 @@ def devoxelize(
     if interpolation == "trilinear":
         # A corner of weight 0 contributes nothing: not even 0 * inf = NaN from a
         # non-finite voxel beside one a point sits at the centre of.
-        idx = torch.where(w == 0, -1, idx)
+        idx.masked_fill_(w == 0, -1)  # the op's own new output
     refuse_function_transforms("devoxelize", voxels.feats, pts)  # trilinear: points too
     out = devoxel_gather(_work_feats("devoxelize", voxels.feats), idx, w)
     return out.to(voxels.dtype)

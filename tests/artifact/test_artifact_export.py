@@ -362,13 +362,24 @@ class Negated(tl.nn.ReLU):
 
 
 class WithDefaults(tl.nn.SubmConv3d):
-    """Only construction (and printing) differ: the base's lowering is this module's."""
+    """Only construction, initialisation and printing differ: the base's lowering is this
+    module's."""
 
     def __init__(self, channels: int) -> None:
         super().__init__(channels, channels, 3, bias=True)
 
+    def reset_parameters(self) -> None:
+        super().reset_parameters()
+        with torch.no_grad():
+            self.weight.mul_(0.5)
+
     def extra_repr(self) -> str:
         return "with defaults"
+
+
+class Doubled(nn.Linear):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) * 2
 
 
 def test_refuses_a_subclass_that_overrides_what_its_lowering_exports(tmp_path: Path) -> None:
@@ -379,6 +390,17 @@ def test_refuses_a_subclass_that_overrides_what_its_lowering_exports(tmp_path: P
            "model: ScaledConv " + rule.format("SubmConv3d", "ScaledConv"))
     refuse(tmp_path, nn.Sequential(Negated()).eval(), (cloud(2),), ExportError,
            rule.format("ReLU", "Negated"))
+
+    class Head(nn.Module):  # torch's own modules too (it raised StopIteration)
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = Doubled(2, 3)
+
+        def forward(self, x: tl.SparseTensor) -> tl.SparseTensor:
+            return x.replace(self.fc(x.feats))
+
+    refuse(tmp_path, Head().eval(), (cloud(2),), ExportError,
+           r"node 'fc'.*Doubled subclasses torch's Linear and overrides Doubled\.forward")
     model = One(WithDefaults(2)).eval()
     save_lattice_model_artifact(model, tmp_path / "ok", example_inputs=(cloud(2),))
     try:

@@ -2072,7 +2072,7 @@ add(
 add(
     "budget-batch-norm-expanded-features",
     MemoryBudgetError,
-    r"lattice::batch_norm_stats: contiguous copies of strided features .*" + BUDGET,
+    r"lattice::batch_norm_stats: contiguous copies of strided x \(200, 2097152\) .*" + BUDGET,
     _within_budget(lambda: nn.BatchNorm(2**21)(_expanded(200, 2**21))),
 )
 add(

@@ -60,8 +60,12 @@ def test_the_environment_variable(monkeypatch: pytest.MonkeyPatch) -> None:
             monkeypatch.setenv(memory_budget.ENV_VAR, bad)
             with pytest.raises(ValueError, match=memory_budget.ENV_VAR):
                 tl.get_memory_budget()
-        for bad, rule in (("1.9", "a whole number of bytes, got '1.9'"),  # was 1, truncated
-                          ("0.3K", r"a whole number of bytes, got '0.3K' \(307.2 bytes\)"),
+        monkeypatch.setenv(memory_budget.ENV_VAR, "1.1G")  # a fraction of a unit: rounded down
+        assert tl.get_memory_budget() == int(1.1 * GIB) == 1181116006
+        monkeypatch.setenv(memory_budget.ENV_VAR, "0.3K")
+        assert tl.get_memory_budget() == 307
+        for bad, rule in (("1.9", "a whole number of bytes without a unit, got '1.9'"),
+                          ("0.0003K", r"at least 1 byte, got '0.0003K'"),
                           ("9" * 400, r"a positive byte count of at most 64 characters "
                                       r".* \(400 characters\)")):
             monkeypatch.setenv(memory_budget.ENV_VAR, bad)

@@ -227,9 +227,14 @@ def _function(*fns: Callable[..., Any] | None) -> Callable[[FunctionLowering], F
 
 
 # What a user's subclass of an exportable module may define and still be exported as
-# that module: construction and printing. Any other method it overrides (forward above
-# all) may compute something the lowering does not.
-_HARMLESS_OVERRIDES = frozenset({"__init__", "extra_repr", "__repr__", "__str__"})
+# that module: construction, initialisation, loading, copying and printing. Its forward
+# (or its call), or any other method the library's classes define (what their forward
+# runs), may compute something the lowering does not.
+_HARMLESS_OVERRIDES = frozenset({
+    "__init__", "extra_repr", "__repr__", "__str__", "reset_parameters",
+    "_load_from_state_dict", "__getstate__", "__setstate__", "__deepcopy__",
+})
+_CALLS = frozenset({"forward", "__call__", "_call_impl"})
 
 
 def _lowered_class(module: nn.Module) -> type[nn.Module] | None:
@@ -237,20 +242,28 @@ def _lowered_class(module: nn.Module) -> type[nn.Module] | None:
     return next((t for t in type(module).__mro__ if t in MODULE_LOWERINGS), None)
 
 
+def _ours_or_torch(cls: type) -> bool:
+    """A class of this library or of torch (``torch.nn.utils.parametrize`` injects one per
+    parametrized module): lowered as what it is."""
+    return cls.__module__.startswith(("torch_lattice.", "torch."))
+
+
 def overridden_methods(module: nn.Module) -> list[str]:
-    """``Class.method`` for each method of its lowered class that a class of ``module``
-    from outside this library overrides (the library's own subclasses are lowered as
-    what they are)."""
-    lowered = _lowered_class(module)
+    """``Class.method`` for each user class of ``module`` (from outside this library and
+    torch) that overrides its forward, or a method of a library class behind it other
+    than :data:`_HARMLESS_OVERRIDES`."""
+    if _lowered_class(module) is None:
+        return []
+    mro = type(module).__mro__
+    library = {name for cls in mro if cls.__module__.startswith("torch_lattice.")
+               for name in vars(cls)}  # fmt: skip
     found = []
-    for cls in type(module).__mro__:
-        if cls is lowered or lowered is None:
-            break
-        if cls.__module__.startswith("torch_lattice."):
+    for cls in mro:
+        if _ours_or_torch(cls) or cls is object:
             continue
         for name, value in vars(cls).items():
             method = callable(value) or isinstance(value, (property, staticmethod, classmethod))
-            if method and name not in _HARMLESS_OVERRIDES and hasattr(lowered, name):
+            if method and (name in _CALLS or (name in library and name not in _HARMLESS_OVERRIDES)):
                 found.append(f"{cls.__name__}.{name}")
     return found
 
@@ -267,9 +280,10 @@ def module_lowering(module: nn.Module) -> ModuleLowering | None:
 
 def overriding_subclass_error(what: str, module: nn.Module) -> ExportError:
     """The error for a module that :func:`module_lowering` refuses for its overrides."""
-    base = next(c for c in type(module).__mro__ if c.__module__.startswith("torch_lattice."))
+    base = next(c for c in type(module).__mro__ if _ours_or_torch(c))  # nn.Module at last
+    owner = "torch_lattice" if base.__module__.startswith("torch_lattice.") else "torch"
     return ExportError(
-        f"{what}: {type(module).__name__} subclasses torch_lattice's {base.__name__} and "
+        f"{what}: {type(module).__name__} subclasses {owner}'s {base.__name__} and "
         f"overrides {', '.join(overridden_methods(module))}; the artifact would compute "
         f"{base.__name__}'s result, not its own. Export a {base.__name__} inside a module "
         "whose forward does the rest with exportable operations"

@@ -45,6 +45,7 @@ __all__ = [
     "require_cpu",
     "require_cuda",
     "strided_copy_bytes",
+    "symbolic_sizes",
     "threads",
     "weight_grad_dataflow",
     "workspace_alloc",
@@ -177,10 +178,19 @@ def check_size(cond: bool | torch.SymBool, message: Callable[[], str]) -> None:
     torch._check_with(ValueError, cond, message)
 
 
-def strided_copy_bytes(*tensors: torch.Tensor | None) -> int | torch.SymInt:
+def symbolic_sizes(*tensors: torch.Tensor | None) -> bool:
+    """Whether a size of ``tensors`` is symbolic (a fake kernel under ``torch.compile``):
+    asking whether such a tensor is contiguous, or comparing its size with the budget,
+    would guard on it, or fail where the size depends on data."""
+    return any(isinstance(s, torch.SymInt) for t in tensors if t is not None for s in t.shape)
+
+
+def strided_copy_bytes(*tensors: torch.Tensor | None) -> int:
     """The bytes of the contiguous copies of the strided ones among ``tensors``: an
     ``expand``ed view is a few bytes of storage however many rows it shows, its copy
-    all of them."""
+    all of them. 0 where a size is symbolic (the real kernel's call checks)."""
+    if symbolic_sizes(*tensors):
+        return 0
     return sum(t.numel() * t.element_size() for t in tensors
                if t is not None and not t.is_contiguous())  # fmt: skip
 
@@ -191,9 +201,11 @@ def check_copies(op: str, out_bytes: int | torch.SymInt = 0, **tensors: torch.Te
     (:func:`strided_copy_bytes`), with ``out_bytes`` of outputs sized from them, within the
     memory budget, before any is made. Symbolic sizes (fake kernels under
     ``torch.compile``) are left to the real kernel's call."""
+    if symbolic_sizes(*tensors.values()) or not isinstance(out_bytes, int):
+        return
     strided = {name: t for name, t in tensors.items() if t is not None and not t.is_contiguous()}
     nbytes = out_bytes + strided_copy_bytes(*strided.values())
-    if not strided or not isinstance(nbytes, int):
+    if not strided:
         return
     shapes = ", ".join(f"{name} {tuple(t.shape)}" for name, t in strided.items())
     check_allocation(f"lattice::{op}: contiguous copies of strided {shapes}"

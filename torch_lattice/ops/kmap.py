@@ -111,6 +111,7 @@ def reverse_table(nbr: torch.Tensor, n_in: int) -> torch.Tensor:
     n_out, k = nbr.shape
     check_allocation(f"reversed neighbour table ({n_in} rows x {k} kernel rows, int32)",
                      n_in * k * 4)  # fmt: skip
+    check_copies("reverse_table", nbr=nbr)
     nbr = nbr.contiguous()
     rev = torch.empty((n_in, k), dtype=torch.int32, device=nbr.device)
     if nbr.device.type == "cuda":
@@ -326,6 +327,7 @@ def generate_support(
     check_num_batches("generate_support", coords, num_batches)
     geom = conv_geom(kernel_size, stride, padding, dilation)
     rng = tuple(out_range)
+    check_copies("generate_support", coords=coords)
     coords = coords.contiguous()
     n = coords.shape[0]
     bound = generate_bound_within_budget(n, geom, rng, num_batches, CPU_GENERATE_SCRATCH)
@@ -358,6 +360,7 @@ def generative_support(
     check_geometry("generative_support", kernel_size=kernel_size, stride=stride)
     require_cpu("generative_support", coords)
     check_coords("generative_support", "coords", coords)
+    check_copies("generative_support", coords=coords)
     coords = coords.contiguous()
     geom = conv_geom(kernel_size, stride, [0, 0, 0], [1, 1, 1])
     k = kernel_size[0] * kernel_size[1] * kernel_size[2]
@@ -483,6 +486,7 @@ def _nbr_table(
     require_cpu(what, in_coords, out_coords)
     check_coords(what, "in_coords", in_coords)
     check_coords(what, "out_coords", out_coords)
+    check_copies(what, in_coords=in_coords, out_coords=out_coords)
     in_coords, out_coords = in_coords.contiguous(), out_coords.contiguous()
     n_in, n_out = in_coords.shape[0], out_coords.shape[0]
     nbr = torch.empty((n_out, k), dtype=torch.int32)

@@ -59,7 +59,9 @@ def _check(op: str, feats: torch.Tensor, *others: torch.Tensor) -> None:
             raise ValueError(mismatch())
         check_size(t.shape[0] == feats.shape[0], mismatch)
         check_size(t.shape[1] == feats.shape[1], mismatch)
-    check_copies(op, features=feats, **{f"gradient {i}": t for i, t in enumerate(others)})
+    # the ops' operands are x and (the backward passes) dy; an output is x's size at most
+    check_copies(op, feats.shape[0] * feats.shape[1] * feats.element_size(), x=feats,
+                 dy=others[0] if others else None)
 
 
 def _check_vec(op: str, name: str, t: torch.Tensor, c: int) -> None:

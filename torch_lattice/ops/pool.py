@@ -50,8 +50,8 @@ def check_pool_args(op: str, feats: torch.Tensor, table: torch.Tensor, rev: torc
         raise ValueError(f"lattice::{op}: feats must be (N, C), got {tuple(feats.shape)}")
     check_nbr(op, table)
     check_tensor(op, "rev", rev, (torch.int32,), (feats.shape[0], table.shape[1]))
-    check_copies(op, table.shape[0] * feats.shape[1] * feats.element_size(),
-                 feats=feats, nbr=table)
+    # the output in float32 at least (half types are widened) and max pooling's argmax
+    check_copies(op, table.shape[0] * feats.shape[1] * 8, feats=feats, nbr=table)
 
 
 def check_pool_max_backward(grad: torch.Tensor, rev: torch.Tensor, argmax: torch.Tensor
@@ -64,6 +64,7 @@ def check_pool_max_backward(grad: torch.Tensor, rev: torch.Tensor, argmax: torch
         raise ValueError(f"lattice::{op}: grad must be (N_out, C), got {tuple(grad.shape)}")
     check_tensor(op, "rev", rev, (torch.int32,), ("N_in", "K"))
     check_tensor(op, "argmax", argmax, (torch.int32,), tuple(grad.shape))
+    check_copies(op, rev.shape[0] * grad.shape[1] * 8, grad=grad, rev=rev, argmax=argmax)
 
 
 def _sum(feats: torch.Tensor, nbr: torch.Tensor, average: bool) -> torch.Tensor:
