@@ -95,22 +95,42 @@ def fit_name(name: str, room: int) -> str:
     return name
 
 
+def _boot_id() -> bytes | None:
+    """This boot of this machine: Linux's ``boot_id``, macOS's ``kern.bootsessionuuid``."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", "rb") as f:
+            return f.read(64).strip() or None
+    except OSError:
+        pass
+    if sys.platform != "darwin":
+        return None
+    try:
+        buf = ctypes.create_string_buffer(64)
+        size = ctypes.c_size_t(len(buf))
+        found = ctypes.CDLL(None).sysctlbyname(b"kern.bootsessionuuid", buf,
+                                               ctypes.byref(size), None, ctypes.c_size_t(0))
+    except (OSError, AttributeError):
+        return None
+    return (buf.value or None) if found == 0 else None
+
+
 @functools.cache
 def owner_tag() -> str | None:
     """8 hex digits naming this boot of this machine and this process's pid namespace (a
-    hash of the kernel's boot id and the namespace's inode), or None where the system
+    hash of the boot id and, on Linux, the namespace's inode), or None where the system
     does not say (then nothing is ever cleaned). Hidden temporary names carry it before
     the pid, so a later write removes only what a process of the same machine, boot and
     namespace left: a pid means nothing on another host sharing the folder (NFS), in
     another container, or after a reboot."""
+    boot = _boot_id()
+    if boot is None:
+        return None
     try:
-        with open("/proc/sys/kernel/random/boot_id", "rb") as f:
-            boot = f.read(64).strip()
         namespace = os.stat("/proc/self/ns/pid").st_ino
     except OSError:
-        return None
-    if not boot:
-        return None
+        if sys.platform.startswith("linux"):  # no way to tell containers apart
+            return None
+        namespace = 0  # macOS: one pid space per boot
     return hashlib.sha256(boot + b":" + str(namespace).encode()).hexdigest()[:8]
 
 

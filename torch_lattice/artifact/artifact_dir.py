@@ -11,20 +11,23 @@ The rules (docs/artifacts.md, "Writing"):
   artifact the loader would refuse (an output name with a newline, ...) is never
   published.
 - Both files are written into a hidden temporary sibling directory named
-  ``.<name>.<pid>.<token>.tmp`` (``<name>`` cut short where the whole would pass the
+  ``.<name>.<tag>-<pid>.<token>.tmp`` (``<name>`` cut short where the whole would pass the
   255-byte file-name limit), flushed, then placed. An existing artifact is
   swapped with it in one step by ``renameat2(RENAME_EXCHANGE)`` where the system has
   it (Linux), so the target always holds the old or the new artifact. Elsewhere the
-  fallback is two renames (old aside as ``.<name>.<pid>.<token>.old``, new in place);
+  fallback is two renames (old aside as ``.<name>.<tag>-<pid>.<token>.old``, new in
+  place);
   a crash between them leaves the old artifact in that hidden folder, and the next
   export to the same target puts it back before it starts.
 - Deletion removes only the two artifact files (and then the folder, when that
   emptied it): the replaced artifact, or the temporary folder of a failed write.
-  A temporary folder left by an export that died (its process is gone) is cleaned
+  A temporary folder left by an export that died (its process is gone; ``<tag>``,
+  ``atomic_file.owner_tag``, says the pid is one of this machine, boot and pid
+  namespace, and where the system gives none nothing is cleaned or put back) is cleaned
   the same way by the next export to that target: its regular files named
   ``graph.mlir`` and ``weights.safetensors`` are deleted, and everything else in it
   stays, together with the folder. Only real directories (never links) named
-  exactly ``.<name>.<pid>.<8 hex digits>.tmp`` or ``.old`` beside the target are
+  exactly ``.<name>.<tag>-<pid>.<8 hex digits>.tmp`` or ``.old`` beside the target are
   considered, and the files are removed through the opened folder, never through a
   link that replaced it meanwhile.
 """
