@@ -113,12 +113,6 @@ def _check_positive(name: str, value: float) -> None:
         )
 
 
-def _check_budget(what: str, nbytes: int) -> None:
-    """A scene's tensors within the memory budget (the per-ray or per-point bytes are
-    those measured at the peak of a call, rounded up)."""
-    check_allocation(what, nbytes)
-
-
 # ---------------------------------------------------------------------------------------
 # LiDAR street scene
 # ---------------------------------------------------------------------------------------
@@ -456,7 +450,7 @@ def lidar_scan(
     for name, value in (("num_beams", num_beams), ("points_per_beam", points_per_beam)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name}: must be an int >= 1, got {value!r}")
-    _check_budget(f"lidar_scan of {num_beams} x {points_per_beam} rays",
+    check_allocation(f"lidar_scan of {num_beams} x {points_per_beam} rays",
                   num_beams * points_per_beam * _BYTES_PER_RAY)
 
     g = torch.Generator().manual_seed(seed)
@@ -574,7 +568,7 @@ def indoor_room(
         _check_positive(f"size[{axis}]", float(value))
     if isinstance(points, bool) or not isinstance(points, int) or points < 1:
         raise ValueError(f"points: must be an int >= 1, got {points!r}")
-    _check_budget(f"indoor_room of {points} points", points * _BYTES_PER_ROOM_POINT)
+    check_allocation(f"indoor_room of {points} points", points * _BYTES_PER_ROOM_POINT)
 
     g = torch.Generator().manual_seed(seed)
     sx, sy, sz = (float(v) for v in size)
@@ -633,7 +627,7 @@ def height_field(side: int = 300, seed: int = 0) -> torch.Tensor:
     _check_seed(seed)
     if isinstance(side, bool) or not isinstance(side, int) or side < 1:
         raise ValueError(f"side: must be an int >= 1, got {side!r}")
-    _check_budget(f"height_field of {side} x {side} columns", side * side * _BYTES_PER_COLUMN)
+    check_allocation(f"height_field of {side} x {side} columns", side * side * _BYTES_PER_COLUMN)
     g = torch.Generator().manual_seed(seed)
     waves = 4
     freq = torch.randint(1, 4, (waves, 2), generator=g).to(torch.float64)
