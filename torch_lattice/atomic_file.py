@@ -29,6 +29,7 @@ from pathlib import Path
 
 __all__ = [
     "NAME_MAX",
+    "OWNER_FIELD_BYTES",
     "atomic_write",
     "clean_stale_siblings",
     "current_umask",
@@ -36,7 +37,9 @@ __all__ = [
     "fit_name",
     "new_file_mode",
     "owner_field",
+    "owner_pattern",
     "owner_tag",
+    "pid_alive",
     "sibling_name",
     "write_beside",
 ]
@@ -140,8 +143,19 @@ def owner_field(pid: int | None = None) -> str:
     return f"{owner_tag() or '0' * 8}-{os.getpid() if pid is None else pid}"
 
 
-# The owner field in a hidden name: 8 hex digits, "-", a pid of at most 10 digits, ".".
-_PID_ROOM = 20
+# The owner field of a hidden name: 8 hex digits, "-", a pid of at most 10 digits.
+OWNER_FIELD_BYTES = 19
+# The owner field and the "." after it.
+_PID_ROOM = OWNER_FIELD_BYTES + 1
+
+
+def owner_pattern() -> str | None:
+    """The regular expression of :func:`owner_field` with this process's
+    :func:`owner_tag`, the pid its group (ASCII, no leading zero, at most 10 digits: a
+    longer one is no pid, and ``os.kill`` would raise OverflowError on it); None where the
+    system gives no tag, so that nothing is cleaned."""
+    owner = owner_tag()
+    return None if owner is None else rf"{owner}-([1-9][0-9]{{0,9}})"
 
 
 def _sibling_parts(final: Path, tag: str, random_chars: int) -> tuple[str, str]:
@@ -164,7 +178,8 @@ def sibling_name(final: Path, tag: str, random_chars: int) -> tuple[str, str]:
     return f".{stem}.{owner_field()}.", suffix
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` may be alive: only a sure "no such process" says not."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -190,7 +205,7 @@ def clean_stale_siblings(path: str | os.PathLike[str], tags: tuple[str, ...] = (
     host's or container's temporaries in a shared folder among them), or any error, is
     left alone.
     """
-    owner = owner_tag()
+    owner = owner_pattern()
     if owner is None:
         return
     final = Path(path)
@@ -199,15 +214,15 @@ def clean_stale_siblings(path: str | os.PathLike[str], tags: tuple[str, ...] = (
         stem, suffix = _sibling_parts(final, tag, 16)
         short_stem, short_suffix = _sibling_parts(final, tag, _MKSTEMP_CHARS)
         for s, x in ((stem, suffix), (short_stem, short_suffix)):
-            patterns.append(re.compile(rf"\.{re.escape(s)}\.{owner}-([1-9][0-9]{{0,9}})\."
-                                       rf"{_RANDOM}{re.escape(x)}"))
+            patterns.append(re.compile(rf"\.{re.escape(s)}\.{owner}\.{_RANDOM}"
+                                       rf"{re.escape(x)}"))
     try:
         names = os.listdir(final.parent)
     except OSError:
         return
     for name in names:
         match = next((m for m in (p.fullmatch(name) for p in patterns) if m), None)
-        if match is None or _pid_alive(int(match.group(1))):
+        if match is None or pid_alive(int(match.group(1))):
             continue
         candidate = final.parent / name
         with contextlib.suppress(OSError):

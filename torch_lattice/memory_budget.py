@@ -113,10 +113,10 @@ def parse_budget(text: str, name: str = ENV_VAR) -> int:
     if not match.group(2) and value.denominator != 1:
         raise ValueError(f"{name} must be a whole number of bytes without a unit, got "
                          f"{text!r}")
-    value = Fraction(value.numerator // value.denominator)
-    if value < 1:
+    nbytes = value.numerator // value.denominator
+    if nbytes < 1:
         raise ValueError(f"{name} must be at least 1 byte, got {text!r}")
-    return int(value)
+    return nbytes
 
 
 def _check_bytes(value: object) -> int | None:

@@ -18,7 +18,7 @@ from typing import Any
 
 from torch_lattice.memory_budget import check_allocation
 
-__all__ = ["describe_file_type", "parse_json", "read_regular_file"]
+__all__ = ["describe_file_type", "names_a_folder", "parse_json", "read_regular_file"]
 
 
 def describe_file_type(mode: int) -> str:
@@ -38,6 +38,12 @@ def nul_byte_error(path: str | os.PathLike[str], name: str) -> str | None:
     if "\0" not in text:
         return None
     return f"{name} {text!r} contains a NUL byte, which no file name can hold"
+
+
+def names_a_folder(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` ends in a separator: ``Path()`` would drop it and name a file, where
+    ``open`` or a rename would find the folder it names."""
+    return os.fsdecode(os.fspath(path)).endswith(("/", os.sep))
 
 
 def read_regular_file(path: str | os.PathLike[str], what: str, *,

@@ -223,10 +223,6 @@ def devoxelize(
     # tensor that requires grad (say, the output of a learned offset) is read as it is.
     idx, w = devoxel_map(pts.detach(), batch, size, org, voxels.coords,
                          interpolation == "trilinear")
-    if interpolation == "trilinear":
-        # A corner of weight 0 contributes nothing: not even 0 * inf = NaN from a
-        # non-finite voxel beside one a point sits at the centre of.
-        idx.masked_fill_(w == 0, -1)  # the op's own new output
     refuse_function_transforms("devoxelize", voxels.feats, pts)  # trilinear: points too
     out = devoxel_gather(_work_feats("devoxelize", voxels.feats), idx, w)
     return out.to(voxels.dtype)

@@ -535,8 +535,9 @@ static inline __attribute__((always_inline)) TL_ISA_ATTR void TL_MKI(pack)(
  * they ran).  In place skips the copy, 8% of a C = 64 weight gradient's
  * samples: 1.00-1.10x at C = 40-256 on the maps of round thirty-three (AMD
  * EPYC; the LiDAR scan's k2 s2 at C = 64 0.95-1.01x), bitwise; with AVX2's
- * narrower strips it lost 0.83-1.0x at C >= 64, so AVX2 packs.  The strips that ask for no x row of the next
- * kernel row ask for the next chunk's dy rows, a line per strip; and, in
+ * narrower strips it lost 0.83-1.0x at C >= 64, so AVX2 packs.  The strips
+ * that ask for no x row of the next kernel row ask for the next chunk's dy
+ * rows, a line per strip; and, in
  * the last column block, for the next chunk's x rows, a line per strip:
  * packing, the strips after those (the pack then finds them in L1: they
  * were asked for a kernel row before and back in L2 by then; 1.01-1.06x at

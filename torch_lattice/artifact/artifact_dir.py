@@ -44,7 +44,14 @@ from pathlib import Path
 
 from torch_lattice.artifact import schema
 from torch_lattice.artifact.errors import ExportError
-from torch_lattice.atomic_file import exchange_paths, fit_name, owner_field, owner_tag
+from torch_lattice.atomic_file import (
+    OWNER_FIELD_BYTES,
+    exchange_paths,
+    fit_name,
+    owner_field,
+    owner_pattern,
+    pid_alive,
+)
 
 __all__ = [
     "check_destination",
@@ -136,9 +143,9 @@ def check_output_names(names: Sequence[str]) -> None:
 
 
 _TOKEN_BYTES = 4  # make_temporary's token: 8 hex digits
-# What a temporary name adds to the target's: ".", ".<owner tag>-<pid, at most 10
-# digits>." (atomic_file.owner_field), "<token>", ".tmp" (or ".old").
-_TEMP_ROOM = 1 + 21 + 2 * _TOKEN_BYTES + 4
+# What a temporary name adds to the target's: ".", ".<owner field>."
+# (atomic_file.owner_field), "<token>", ".tmp" (or ".old").
+_TEMP_ROOM = 1 + (OWNER_FIELD_BYTES + 2) + 2 * _TOKEN_BYTES + 4
 
 
 def _temp_stem(target: Path) -> str:
@@ -149,10 +156,9 @@ def _temp_stem(target: Path) -> str:
 
 def _pattern(target: Path, owner: str) -> re.Pattern[str]:
     # Exactly make_temporary's names of this machine, boot and pid namespace (``owner``,
-    # atomic_file.owner_tag; ASCII pid, no leading zero, at most 10 digits: a longer one
-    # is no pid, and os.kill would raise OverflowError on it): a folder that only
-    # resembles one, or another host's, is not this exporter's and is never cleaned.
-    return re.compile(rf"\.{re.escape(_temp_stem(target))}\.{owner}-([1-9][0-9]{{0,9}})\."
+    # atomic_file.owner_pattern): a folder that only resembles one, or another host's, is
+    # not this exporter's and is never cleaned.
+    return re.compile(rf"\.{re.escape(_temp_stem(target))}\.{owner}\."
                       rf"[0-9a-f]{{{2 * _TOKEN_BYTES}}}\.(tmp|old)")
 
 
@@ -213,16 +219,6 @@ def remove_artifact_files(folder: Path) -> bool:
     return True
 
 
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OSError, OverflowError):  # someone else's, or unknown: keep it
-        return True
-    return True
-
-
 def clean_stale_temporaries(target: Path) -> None:
     """Removes this target's hidden folders left by exports whose process is gone.
 
@@ -238,7 +234,7 @@ def clean_stale_temporaries(target: Path) -> None:
     ``graph.mlir`` and ``weights.safetensors`` and then the folder if that emptied it;
     anything else it holds stays, and so does the folder.
     """
-    owner = owner_tag()
+    owner = owner_pattern()
     if owner is None:  # no way to tell this machine's processes from another's
         return
     pattern = _pattern(target, owner)
@@ -248,7 +244,7 @@ def clean_stale_temporaries(target: Path) -> None:
         return
     for name in names:
         match = pattern.fullmatch(name)
-        if match is None or _process_alive(int(match.group(1))):
+        if match is None or pid_alive(int(match.group(1))):
             continue
         folder = target.parent / name
         if not folder.is_dir() or folder.is_symlink():

@@ -269,13 +269,12 @@ def overridden_methods(module: nn.Module) -> list[str]:
 
 
 def module_lowering(module: nn.Module) -> ModuleLowering | None:
-    """The lowering of ``module``'s nearest lowered class, or None where it has none or a
-    user's subclass overrides a method of it (:func:`overridden_methods`): exported as the
-    base class, it would compute the base class's result."""
+    """The lowering of ``module``'s nearest lowered class, or None where it has none.
+    A user's subclass that overrides a method of it (:func:`overridden_methods`) would be
+    exported as the base class, computing the base class's result: the export refuses
+    those first (``export._check_lowering``, ``trace.trace_model``)."""
     lowered = _lowered_class(module)
-    if lowered is None or overridden_methods(module):
-        return None
-    return MODULE_LOWERINGS[lowered]
+    return None if lowered is None else MODULE_LOWERINGS[lowered]
 
 
 def overriding_subclass_error(what: str, module: nn.Module) -> ExportError:

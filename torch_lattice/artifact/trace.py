@@ -55,8 +55,7 @@ class LatticeTracer(fx.Tracer):
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
         # a subclass overriding a lowered module's methods stays a leaf too, so that the
         # export refuses it by name (traced into, it would reach the library's internals)
-        if (module_lowering(m) is not None or overridden_methods(m)
-                or type(m).__module__.startswith("torch_lattice.nn")):  # fmt: skip
+        if module_lowering(m) is not None or type(m).__module__.startswith("torch_lattice.nn"):
             return True
         return super().is_leaf_module(m, module_qualified_name)
 

@@ -451,7 +451,7 @@ def lidar_scan(
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name}: must be an int >= 1, got {value!r}")
     check_allocation(f"lidar_scan of {num_beams} x {points_per_beam} rays",
-                  num_beams * points_per_beam * _BYTES_PER_RAY)
+                     num_beams * points_per_beam * _BYTES_PER_RAY)
 
     g = torch.Generator().manual_seed(seed)
     street = _street_layout(g, extent)

@@ -14,7 +14,7 @@ from torch_lattice.migration.kernel_spec import load_kernel_spec, parse_kernel_s
 from torch_lattice.migration.loading import read_legacy_checkpoint
 from torch_lattice.migration.manifest import MANIFEST_SCHEMA, build_manifest, manifest_text
 from torch_lattice.migration.writing import check_output_paths, write_outputs
-from torch_lattice.regular_file import nul_byte_error
+from torch_lattice.regular_file import names_a_folder, nul_byte_error
 
 __all__ = ["CheckpointConversion", "convert_checkpoint", "default_manifest_path"]
 
@@ -87,8 +87,7 @@ def convert_checkpoint(
         text = "" if value is None else os.fsdecode(os.fspath(value))
         if value is not None and not text:
             raise ConversionError(f"{name} is an empty path; name the file to write")
-        # Path() drops a trailing separator, which would turn "out/" into a file "out".
-        if text.endswith(("/", os.sep)):
+        if names_a_folder(text):  # Path() would turn "out/" into a file "out"
             raise ConversionError(f"{name} {text!r} ends with a path separator, so it names "
                                   "a folder; name the file to write")
     source_path, output_path = Path(source), Path(output)

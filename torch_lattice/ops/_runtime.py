@@ -204,12 +204,11 @@ def check_copies(op: str, out_bytes: int | torch.SymInt = 0, **tensors: torch.Te
     if symbolic_sizes(*tensors.values()) or not isinstance(out_bytes, int):
         return
     strided = {name: t for name, t in tensors.items() if t is not None and not t.is_contiguous()}
-    nbytes = out_bytes + strided_copy_bytes(*strided.values())
-    if not strided:
-        return
-    shapes = ", ".join(f"{name} {tuple(t.shape)}" for name, t in strided.items())
-    check_allocation(f"lattice::{op}: contiguous copies of strided {shapes}"
-                     + (" and its output" if out_bytes else ""), nbytes)
+    if strided:
+        shapes = ", ".join(f"{name} {tuple(t.shape)}" for name, t in strided.items())
+        check_allocation(f"lattice::{op}: contiguous copies of strided {shapes}"
+                         + (" and its output" if out_bytes else ""),
+                         out_bytes + strided_copy_bytes(*strided.values()))
 
 
 def check_tensor(

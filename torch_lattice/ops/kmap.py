@@ -212,12 +212,14 @@ class KernelMap:
         return self.pairs(transposed)
 
 
-# The smallest value of each geometry list (padding may be 0, the others are sizes or
-# steps); every entry must also fit the C core's int32. Checked here, not through
-# geometry.triple, so that a layer call's map build stays within this file
-# (tests/project/test_file_switches.py).
-_GEOMETRY_MINIMUM = {"kernel_size": 1, "stride": 1, "padding": 0, "dilation": 1, "out_range": 0}
+# The smallest and largest value of each geometry list: padding may be 0, the others
+# are sizes or steps, and every entry must fit the C core's int32 (an output range counts
+# the coordinates from 0, so 2^31 of them). Checked here, not through geometry.triple, so
+# that a layer call's map build stays within this file (tests/project/test_file_switches.py).
 _INT32_MAX = 2**31 - 1
+_GEOMETRY_BOUNDS = {"kernel_size": (1, _INT32_MAX), "stride": (1, _INT32_MAX),
+                    "padding": (0, _INT32_MAX), "dilation": (1, _INT32_MAX),
+                    "out_range": (0, _INT32_MAX + 1)}  # fmt: skip
 
 
 def check_geometry(op: str, **lists: list[int]) -> None:
@@ -232,8 +234,7 @@ def check_geometry(op: str, **lists: list[int]) -> None:
     dynamic (two layers with different kernel sizes, ``dynamic=True``): their bounds are
     asserted through :func:`check_size`, checked when the graph runs."""
     for name, values in lists.items():
-        _check_axes(op, name, values, _GEOMETRY_MINIMUM[name],
-                    _INT32_MAX + 1 if name == "out_range" else _INT32_MAX)
+        _check_axes(op, name, values, *_GEOMETRY_BOUNDS[name])
 
 
 def _check_axes(op: str, name: str, values: object, low: int, high: int) -> None:

@@ -47,6 +47,7 @@ __all__ = [
     "check_voxelize_memory",
     "devoxel_gather",
     "devoxel_map",
+    "drop_weightless_corners",
     "point_error",
     "voxel_reduce",
     "voxelize_coords",
@@ -166,7 +167,6 @@ def check_voxel_reduce(feats: torch.Tensor, inverse: torch.Tensor, num_voxels: i
     c = int(feats.shape[1])
     # no channels: the C core returns its empty outputs before it counts points per voxel
     per_voxel = (c * feats.element_size() + (c * 8 if reduction == "max" else 0) + 16) if c else 0
-    # contiguous copies of strided operands (an expanded view is a few bytes of storage)
     check_allocation(
         f"voxel reduction ({num_voxels} voxels x {c} channels, {reduction})",
         num_voxels * per_voxel + strided_copy_bytes(feats, inverse),
@@ -356,7 +356,7 @@ def devoxel_map(
     voxel_coords: torch.Tensor,
     trilinear: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows ``(P, k)`` int64 (-1 absent) and float64 weights ``(P, k)`` of
+    """Rows ``(P, k)`` int64 (-1 absent, or of weight 0) and float64 weights ``(P, k)`` of
     each point's voxel (``k = 1``) or 8 surrounding voxel centres (``k = 8``).
     See csrc/core/tl_voxel.h for the exact rule.  ``voxel_size`` and ``origin`` follow
     :func:`check_grid`; ``voxel_coords`` are non-negative ``(M, 4)`` int32 rows."""
@@ -387,7 +387,15 @@ def devoxel_map(
     )
     if st != 0:
         raise point_error(points, batch, bad, st, voxel_size, origin)
-    return idx, w
+    return drop_weightless_corners(idx, w)
+
+
+def drop_weightless_corners(idx: torch.Tensor, w: torch.Tensor
+                            ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """``devoxel_map``'s rows with -1 where a corner's weight is 0 (CPU and CUDA; ``idx`` is
+    the kernel's own new output): such a corner contributes nothing, not even 0 * inf =
+    NaN from a non-finite voxel beside the one a point sits at the centre of."""
+    return idx.masked_fill_(w == 0, -1), w
 
 
 @devoxel_map.register_fake

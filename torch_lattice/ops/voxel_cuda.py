@@ -166,7 +166,7 @@ def devoxel_map(
     )
     if st != 0:
         raise voxel.point_error(points, batch, bad, st, voxel_size, origin)
-    return idx, w
+    return voxel.drop_weightless_corners(idx, w)
 
 
 @voxel.devoxel_gather.register_kernel("cuda")

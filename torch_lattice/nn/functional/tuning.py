@@ -40,6 +40,7 @@ from torch_lattice.atomic_file import NAME_MAX, atomic_write
 from torch_lattice.nn.functional.dataflow import Dataflow
 from torch_lattice.regular_file import (
     describe_file_type,
+    names_a_folder,
     nul_byte_error,
     parse_json,
     read_regular_file,
@@ -203,14 +204,13 @@ def save_tuning(path: str | os.PathLike[str]) -> int:
                         f"{type(path).__name__}")
     if (nul := nul_byte_error(path, "save_tuning: path")) is not None:
         raise ValueError(nul)
-    if os.fspath(path).endswith(("/", os.sep)):  # Path() would drop it; the rename would not
+    if names_a_folder(path):
         raise ValueError(f"save_tuning: path {str(path)!r} ends in a separator, so it names "
                          "a folder; name a file")
     target = Path(path)
-    if len(os.fsencode(target.name)) > NAME_MAX:
+    if (name_bytes := len(os.fsencode(target.name))) > NAME_MAX:
         raise ValueError(f"save_tuning: the file name of path {str(path)[:80]!r}... is "
-                         f"{len(os.fsencode(target.name))} bytes, over the {NAME_MAX}-byte "
-                         "limit of file names")
+                         f"{name_bytes} bytes, over the {NAME_MAX}-byte limit of file names")
     # The rename would replace a link (not write through it) or a device node: refused.
     if target.is_symlink():
         raise ValueError(f"save_tuning: path {str(path)!r} is a symbolic link; name the "
