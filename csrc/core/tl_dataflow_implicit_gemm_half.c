@@ -21,8 +21,12 @@
  * The weight gradient (below) runs the same three ways, its dot products
  * along pairs of pairs; staged, a block's dy rows are converted once.  Tiles,
  * panels, parts and the order of each output's sums are those of the float
- * kernels (tl_dataflow_implicit_gemm_impl.h); a forward tile's sums live in a
- * float block until its last kernel row. */
+ * kernels (tl_dataflow_implicit_gemm_impl.h), the lead kernel row first
+ * (tl_fwd_order; until round thirty-five the staged forward ran kernel rows
+ * in plain order, so its outputs differed from the float forward's in the last
+ * bit); a forward tile's sums live in a float block until its last kernel row.
+ * Staged, the forward is therefore the float forward of the same values
+ * rounded once, bit for bit (tests/ops/test_cpu_half.py). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -318,11 +322,15 @@ static int tl_half_tile(const tl_half_call *f, const uint16_t *x, const int32_t 
         }
     }
     int64_t nz = 0;
-    const int set = check && tl_tile_single(s->rl, s->lc, k, m, 0, s->hit, s->zr, &nz);
-    if (set)
+    const int64_t lead = tl_fwd_lead(k); /* run first, as the float forward (tl_fwd_order) */
+    const int single = check && tl_tile_single(s->rl, s->lc, k, m, 0, s->hit, s->zr, &nz);
+    /* led: the lead kernel row names every row of the tile, once (a submanifold
+     * map's centre), so its sums are written and the block needs no zeroing */
+    const int led = check && !single && lead >= 0 && s->lc[lead] == m;
+    if (single)
         for (int64_t r = 0; r < nz; r++)
             memset(s->acc + s->zr[r] * cw, 0, sizeof(float) * (size_t)cw);
-    else if (check)
+    else if (check && !led)
         memset(s->acc, 0, sizeof(float) * (size_t)(m * cw));
     /* The span of listed x rows, when converting it whole beats converting the
      * listed rows one kernel row at a time (TL_HALF_WINDOW). */
@@ -338,15 +346,17 @@ static int tl_half_tile(const tl_half_call *f, const uint16_t *x, const int32_t 
             tl_half_row_to_f32(f->level, d->dtype, x + a * cin, (b - a + 1) * cin, s->window);
         }
     }
-    int64_t n = 0;
-    while (n < k && s->lc[n] == 0) n++;
-    while (n < k) { /* each nonempty kernel row, asking for the next one's x rows */
-        int64_t nn = n + 1;
-        while (nn < k && s->lc[nn] == 0) nn++;
-        if (tl_half_run(f, s, x, n, s->il[n], s->rl[n], s->lc[n], set, co0, cw, lo,
-                        nn < k ? s->il[nn] : NULL, nn < k ? s->lc[nn] : 0))
+    int64_t i = 0;
+    while (i < k && s->lc[tl_fwd_order(lead, i)] == 0) i++;
+    while (i < k) { /* each nonempty kernel row, asking for the next one's x rows */
+        const int64_t n = tl_fwd_order(lead, i);
+        int64_t ii = i + 1;
+        while (ii < k && s->lc[tl_fwd_order(lead, ii)] == 0) ii++;
+        const int64_t nn = ii < k ? tl_fwd_order(lead, ii) : k;
+        if (tl_half_run(f, s, x, n, s->il[n], s->rl[n], s->lc[n], single || (led && i == 0),
+                        co0, cw, lo, nn < k ? s->il[nn] : NULL, nn < k ? s->lc[nn] : 0))
             return 2;
-        n = nn;
+        i = ii;
     }
     if (cw == cout) /* the block's rows are y's, one after another */
         tl_f32_row_to_half(f->level, d->dtype, s->acc, m * cw, y + o0 * cout);
