@@ -359,3 +359,31 @@ def test_target_stride_mismatch_raises(target_stride: int | tuple[int, ...]) -> 
     # The matching stride is accepted, so the error above is about the stride only.
     good = tl.SparseTensor(torch.zeros(2, 1, dtype=F64), tgt_coords, stride=2)
     assert conv(x, coordinates=good).feats.shape == (2, 2)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: tl.nn.SubmConv3d(3, 4, 3, bias=True),
+        lambda: tl.nn.Conv3d(3, 4, (3, 1, 2), stride=2),
+        lambda: tl.nn.ConvTranspose3d(3, 4, 2, stride=2),
+        lambda: tl.nn.GenerativeConvTranspose3d(3, 4, 2, stride=2),
+        lambda: tl.nn.NormalizedSubmConv3d(3, 4, 3),
+    ],
+    ids=["subm", "conv", "transpose", "generative", "normalized"],
+)
+def test_meta_module_materialized_with_to_empty_gets_its_kernel_positions(make) -> None:
+    """torch's deferred initialization: build on the meta device, ``to_empty()``, then
+    ``reset_parameters()``. ``kernel_positions`` was left as uninitialized memory, so the
+    module's state_dict saved garbage rows that no module would load back."""
+    reference = make()
+    with torch.device("meta"):
+        deferred = make()
+    assert deferred.kernel_positions.device.type == "meta"
+    deferred.to_empty(device="cpu")
+    deferred.kernel_positions.fill_(-7)  # what to_empty's uninitialized memory may hold
+    deferred.reset_parameters()
+    assert deferred.kernel_positions.dtype == torch.int32
+    assert torch.equal(deferred.kernel_positions, reference.kernel_positions)
+    reference.load_state_dict(deferred.state_dict())  # strict: loads
+    assert torch.equal(reference.weight, deferred.weight)

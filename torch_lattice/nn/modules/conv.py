@@ -113,7 +113,14 @@ class ConvBase(nn.Module):
         """PyTorch's default: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weight and bias, with
         ``fan_in = K * C_in`` as ``torch.nn.Conv3d``, and ``K * C_out`` for the transposed
         modules as ``torch.nn.ConvTranspose3d`` (whose ``(C_in, C_out, ...)`` weight
-        gives torch's fan-in from ``C_out``) and TorchSparse's transposed convolutions."""
+        gives torch's fan-in from ``C_out``) and TorchSparse's transposed convolutions.
+
+        ``kernel_positions`` is written again too, as ``BatchNorm.reset_parameters``
+        resets its running statistics: a module made on the meta device and
+        materialized with ``to_empty()`` holds uninitialized memory there until then,
+        which its ``state_dict`` would save and no module would load back."""
+        with torch.no_grad():
+            self.kernel_positions.copy_(kernel_positions(self.kernel_size))
         channels = self.weight.shape[2] if self.transposed_relation else self.weight.shape[1]
         fan_in = self.weight.shape[0] * channels
         bound = 1.0 / math.sqrt(fan_in)
