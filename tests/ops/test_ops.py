@@ -75,6 +75,16 @@ def test_opcheck_sparse_conv(geometry: ConvGeometry, dtype: torch.dtype) -> None
     torch.library.opcheck(
         torch.ops.lattice.sparse_conv_weight_grad.default, (feats.detach(), grad, kmap.nbr)
     )
+    # With gradients on its operands (what a gradient penalty differentiates): its own
+    # backward builds the reversed table, which must trace with fake tensors (it read the
+    # table's data pointer, so AOT dispatch failed: "Cannot access data pointer of Tensor").
+    torch.library.opcheck(
+        torch.ops.lattice.sparse_conv_weight_grad.default,
+        (feats, grad.requires_grad_(), kmap.nbr),
+    )
+    n_in = coords.shape[0]
+    torch.library.opcheck(torch.ops.lattice.reverse_table.default, (kmap.nbr, n_in))
+    assert torch.equal(torch.ops.lattice.reverse_table(kmap.nbr, n_in), kmap.rev)
 
 
 def test_sparse_conv_rejects_out_of_range_map() -> None:

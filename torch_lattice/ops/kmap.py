@@ -99,15 +99,29 @@ def bad_table_entries(op: str, cause: object = None) -> str:
     )
 
 
+def _check_reverse_table(nbr: torch.Tensor, n_in: int | torch.SymInt) -> None:
+    """``reverse_table``'s argument rules, which its real and fake kernels share."""
+    check_tensor("reverse_table", "nbr", nbr, (torch.int32,), ("N_out", "K"))
+    if isinstance(n_in, bool) or not isinstance(n_in, (int, torch.SymInt)):
+        raise ValueError(f"lattice::reverse_table: n_in must be a non-negative int, got {n_in!r}")
+    check_size(n_in >= 0, lambda: f"lattice::reverse_table: n_in must be a non-negative int, "
+                                  f"got {n_in!r}")  # fmt: skip
+
+
+@torch.library.custom_op("lattice::reverse_table", mutates_args=())
 def reverse_table(nbr: torch.Tensor, n_in: int) -> torch.Tensor:
-    """The ``(n_in, K)`` int32 transpose ``rev`` of a checked ``(N_out, K)`` table, on its
+    """The ``(n_in, K)`` int32 transpose ``rev`` of an ``(N_out, K)`` table, on its
     device (what ``kernel_map`` returns beside ``nbr``), for callers that hold ``nbr``
-    alone: the double backward of ``lattice::sparse_conv_weight_grad``.
+    alone: the double backward of ``lattice::sparse_conv_weight_grad``. An op (with a
+    fake kernel) rather than a plain function, so that backward can be traced with fake
+    tensors (``torch.library.opcheck``, AOT autograd), which have no data to read.
 
     Raises:
         ValueError: (a ``MemoryBudgetError``) the table would exceed the memory budget,
-            or (from C) an entry of ``nbr`` outside ``[-1, n_in)``.
+            ``nbr`` is not an int32 ``(N_out, K)`` table, ``n_in`` is negative, or (from
+            C) an entry of ``nbr`` is outside ``[-1, n_in)``.
     """
+    _check_reverse_table(nbr, n_in)
     n_out, k = nbr.shape
     check_allocation(f"reversed neighbour table ({n_in} rows x {k} kernel rows, int32)",
                      n_in * k * 4)  # fmt: skip
@@ -120,6 +134,12 @@ def reverse_table(nbr: torch.Tensor, n_in: int) -> torch.Tensor:
     else:
         _C.kmap_reverse(ptr(nbr), n_out, k, n_in, ptr(rev), threads())
     return rev
+
+
+@reverse_table.register_fake
+def _(nbr, n_in):
+    _check_reverse_table(nbr, n_in)
+    return nbr.new_empty((n_in, nbr.shape[1]))
 
 
 @torch.library.custom_op("lattice::kernel_pairs", mutates_args=())
