@@ -387,3 +387,29 @@ def test_meta_module_materialized_with_to_empty_gets_its_kernel_positions(make) 
     assert torch.equal(deferred.kernel_positions, reference.kernel_positions)
     reference.load_state_dict(deferred.state_dict())  # strict: loads
     assert torch.equal(reference.weight, deferred.weight)
+
+
+@pytest.mark.parametrize(
+    "cls",
+    [
+        tl.nn.SubmConv3d,
+        tl.nn.Conv3d,
+        tl.nn.ConvTranspose3d,
+        tl.nn.GenerativeConvTranspose3d,
+        tl.nn.NormalizedSubmConv3d,
+        tl.nn.NormalizedConvTranspose3d,
+    ],
+)
+def test_device_and_dtype_arguments_as_in_torch_conv3d(cls: type) -> None:
+    """``torch.nn.Conv3d(..., device=, dtype=)``: every convolution module takes them too
+    (they were a TypeError), for its weight and bias; ``kernel_positions`` stays int32."""
+    m = cls(3, 4, 3 if "Subm" in cls.__name__ else 2, bias=True, device="cpu", dtype=F64)
+    assert m.weight.dtype == F64 and m.bias.dtype == F64
+    assert m.kernel_positions.dtype == torch.int32
+    plain = cls(3, 4, 3 if "Subm" in cls.__name__ else 2, bias=True)
+    assert torch.equal(m.kernel_positions, plain.kernel_positions)
+    assert float(m.weight.abs().max()) <= float(plain.weight.abs().max()) * 2  # same bound
+    meta = cls(3, 4, 3 if "Subm" in cls.__name__ else 2, device="meta")
+    assert meta.weight.device.type == "meta" and meta.kernel_positions.device.type == "meta"
+    with pytest.raises(TypeError, match="dtype must be a floating"):
+        cls(3, 4, 3 if "Subm" in cls.__name__ else 2, dtype=torch.int32)

@@ -59,9 +59,13 @@ class ConvBase(nn.Module):
         kernel_size: Triple,
         bias: bool,
         config: ConvConfig | None = None,
+        device: torch.device | str | int | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         F.check_config(config)
+        if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+            raise TypeError(f"dtype must be a floating torch.dtype or None, got {dtype!r}")
         self.config = config
         # NumPy integers and one-element integer tensors become ints, as in nn.Conv3d.
         self.in_channels = in_channels = positive_int("in_channels", in_channels)
@@ -74,9 +78,13 @@ class ConvBase(nn.Module):
             f"{type(self).__name__} weight ({k} kernel rows x {in_channels} x {out_channels})",
             k * (in_channels * out_channels * 4 + 12),
         )
-        self.weight = nn.Parameter(torch.empty(k, in_channels, out_channels))
-        self.bias = nn.Parameter(torch.empty(out_channels)) if bias else None
-        self.register_buffer("kernel_positions", kernel_positions(kernel_size), persistent=True)
+        # device= and dtype= as torch.nn.Conv3d takes them (kernel_positions stays int32)
+        factory: dict[str, Any] = {"device": device, "dtype": dtype}
+        self.weight = nn.Parameter(torch.empty(k, in_channels, out_channels, **factory))
+        self.bias = nn.Parameter(torch.empty(out_channels, **factory)) if bias else None
+        self.register_buffer(
+            "kernel_positions", kernel_positions(kernel_size).to(device), persistent=True
+        )
         self.reset_parameters()
 
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
@@ -187,6 +195,8 @@ class SubmConv3d(ConvBase):
         dilation: int or 3-tuple.
         bias: add a learnable ``(C_out,)`` bias.
         config: per-module dataflow configuration (``ConvConfig``).
+        device, dtype: of ``weight`` and ``bias``, as ``torch.nn.Conv3d`` takes them
+            (``kernel_positions`` is int32 on ``device``).
     """
 
     _over = staticmethod(F.subm_conv3d_over)
@@ -200,9 +210,11 @@ class SubmConv3d(ConvBase):
         dilation: int | Sequence[int] = 1,
         bias: bool = False,
         config: ConvConfig | None = None,
+        device: torch.device | str | int | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         ks = check_submanifold_kernel_size(kernel_size)
-        super().__init__(in_channels, out_channels, ks, bias, config)
+        super().__init__(in_channels, out_channels, ks, bias, config, device, dtype)
         self.dilation = triple("dilation", dilation, 1)
         self.relation_geometry()  # checked once, here
 
@@ -242,9 +254,13 @@ class StridedConv(ConvBase):
         dilation: int | Sequence[int] = 1,
         bias: bool = False,
         config: ConvConfig | None = None,
+        device: torch.device | str | int | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         geometry = ConvGeometry.create(kernel_size, stride, padding, dilation)
-        super().__init__(in_channels, out_channels, geometry.kernel_size, bias, config)
+        super().__init__(
+            in_channels, out_channels, geometry.kernel_size, bias, config, device, dtype
+        )
         self.stride = geometry.stride
         self.padding = geometry.padding
         self.dilation = geometry.dilation

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
+
 from torch_lattice.geometry import Triple, triple
 from torch_lattice.nn.functional import conv_transpose as F
 from torch_lattice.nn.functional.config import ConvConfig
@@ -77,6 +79,8 @@ class GenerativeConvTranspose3d(StridedConv):
         dilation: int | Sequence[int] = 1,
         bias: bool = False,
         config: ConvConfig | None = None,
+        device: torch.device | str | int | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         # each checked against its own rule first (padding >= 0, dilation >= 1)
         for name, value, fixed in (("padding", padding, 0), ("dilation", dilation, 1)):
@@ -85,7 +89,9 @@ class GenerativeConvTranspose3d(StridedConv):
                     f"{name} must be {fixed} for GenerativeConvTranspose3d, got {value!r}; use "
                     f"ConvTranspose3d(...)(src, target) for a support with {name}"
                 )
-        super().__init__(in_channels, out_channels, kernel_size, stride, 0, 1, bias, config)
+        super().__init__(
+            in_channels, out_channels, kernel_size, stride, 0, 1, bias, config, device, dtype
+        )
 
     transposed_relation = True
     _over = staticmethod(F.generative_conv_transpose3d_over)
