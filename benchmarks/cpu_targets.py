@@ -37,7 +37,7 @@ from benchmarks import baselines as bl
 from benchmarks.builds import _maps, _scene
 from benchmarks.peak import measure_peak
 from benchmarks.timing import time_side_by_side
-from torch_lattice.atomic_file import atomic_write
+from torch_lattice.atomic_file import atomic_write, refuse_non_regular
 from torch_lattice.ops._runtime import _C, DTYPE_CODES, ptr
 from torch_lattice.ops.conv import run_forward, run_weight_grad
 from torch_lattice.optional_deps import require_matplotlib
@@ -391,6 +391,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     odd = [int(c) for c in args.odd_widths.split(",") if c]
     if any(c < 1 for c in widths + strided + odd):
         parser.error("--widths, --strided-widths and --odd-widths must be positive")
+    for flag, path in (("--out", args.out), ("--plot", args.plot)):
+        if path is None:
+            continue
+        try:  # before minutes of timing: only a new or regular file is written
+            refuse_non_regular(path)
+        except FileExistsError as exc:
+            parser.error(f"{flag}: {exc.strerror}")
     start = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     if args.plot is not None:  # before the run: a missing matplotlib stops it at once
         try:

@@ -27,6 +27,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from torch_lattice.regular_file import describe_file_type
+
 __all__ = [
     "NAME_MAX",
     "OWNER_FIELD_BYTES",
@@ -40,6 +42,7 @@ __all__ = [
     "owner_pattern",
     "owner_tag",
     "pid_alive",
+    "refuse_non_regular",
     "sibling_name",
     "write_beside",
 ]
@@ -265,19 +268,42 @@ def write_beside(path: str | os.PathLike[str], write: Callable[[Path], None]) ->
     return temp
 
 
+def refuse_non_regular(path: str | os.PathLike[str]) -> None:
+    """Raises ``FileExistsError`` when ``path`` exists and is not a regular file.
+
+    ``os.replace`` puts a new file in place of whatever the name holds: a FIFO, a device
+    node (``--out /dev/null`` run as root would replace the system's ``/dev/null``), a
+    socket or a symbolic link (the link, not its target). Only regular files are
+    replaced, as ``save_tuning``, the converter and the artifact exporter do.
+    """
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(mode):
+        kind = describe_file_type(mode)
+        raise FileExistsError(errno.EEXIST, f"{os.fspath(path)!r} exists and is {kind}; "
+                              "only a regular file is replaced (name a new file or a "
+                              "regular one)", os.fspath(path))
+
+
 def atomic_write(path: str | os.PathLike[str], write: Callable[[Path], None]) -> None:
     """Writes ``path`` atomically with :func:`write_beside` and ``os.replace``.
 
-    An existing file at ``path`` is replaced. On any failure ``path`` is unchanged
-    and no temporary file remains.
+    An existing regular file at ``path`` is replaced; anything else there (a folder, a
+    FIFO, a device node such as ``/dev/null``, a socket, a symbolic link) raises
+    ``FileExistsError`` before ``write`` runs and is left as it is. On any failure
+    ``path`` is unchanged and no temporary file remains.
 
     Args:
         path: the file to write; its folder must exist.
         write: called with a temporary path; writes the whole content there.
     """
+    refuse_non_regular(path)
     clean_stale_siblings(path)
     temp = write_beside(path, write)
     try:
+        refuse_non_regular(path)  # again: something may have appeared while writing
         os.replace(temp, path)
     except BaseException:
         temp.unlink(missing_ok=True)

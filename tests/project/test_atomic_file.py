@@ -100,6 +100,44 @@ def test_failed_rename_leaves_nothing(tmp_path: Path, monkeypatch: pytest.Monkey
     assert list(tmp_path.iterdir()) == []
 
 
+def _non_regular(kind: str, path: Path, tmp_path: Path) -> None:
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "link":
+        (tmp_path / "elsewhere.txt").write_text("kept")
+        path.symlink_to(tmp_path / "elsewhere.txt")
+    elif kind == "directory":
+        path.mkdir()
+    else:  # a UNIX socket: no privileges needed, unlike a device node
+        import socket
+
+        sock = socket.socket(socket.AF_UNIX)
+        try:
+            sock.bind(str(path))
+        finally:
+            sock.close()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "link", "directory", "socket"])
+def test_atomic_write_replaces_only_a_regular_file(kind: str, tmp_path: Path) -> None:
+    """A FIFO, a device node (``--out /dev/null`` as root), a socket or a link at the
+    path is refused before anything is written, and left as it was: ``os.replace`` would
+    put a regular file in its place."""
+    target = tmp_path / "report.md"
+    _non_regular(kind, target, tmp_path)
+    before = os.lstat(target)
+    called = []
+    with pytest.raises(FileExistsError, match="only a regular file is replaced"):
+        atomic_file.atomic_write(target, lambda p: called.append(p.write_text("new")))
+    assert called == []
+    after = os.lstat(target)
+    assert (after.st_ino, after.st_mode) == (before.st_ino, before.st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["report.md"] + (["elsewhere.txt"] if kind == "link" else []))
+    if kind == "link":
+        assert (tmp_path / "elsewhere.txt").read_text() == "kept"
+
+
 def test_interrupt_while_writing_leaves_nothing(tmp_path: Path) -> None:
     def interrupted(p: Path) -> None:
         p.write_text("half")
