@@ -29,6 +29,7 @@ from benchmarks import baselines as bl
 from benchmarks import report, scenes
 from benchmarks.peak import measure_peak
 from benchmarks.workloads import WORKLOADS, Options
+from torch_lattice.atomic_file import refuse_non_regular
 from torch_lattice.ops._runtime import _C
 from torch_lattice.optional_deps import require_matplotlib
 
@@ -260,6 +261,8 @@ def _large(args: argparse.Namespace) -> int:
     """Runs the large-input check and writes ``large.json`` and ``large.md``."""
     from benchmarks import large
 
+    out = Path(args.out)
+    _check_outputs(out, ("large.json", "large.md"))
     if args.threads:
         torch.set_num_threads(args.threads)
     meta = {
@@ -280,12 +283,22 @@ def _large(args: argparse.Namespace) -> int:
         memory=not args.no_memory,
     )
     meta["load_after"] = _load()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "large.json").write_text(json.dumps({"meta": meta, **result}, indent=1) + "\n")
-    (out / "large.md").write_text(large.markdown(meta, result))
+    # Atomically, like the suite's reports: never through a link or into a FIFO.
+    text = json.dumps({"meta": meta, **result}, indent=1) + "\n"
+    report.write_text(out / "large.json", text)
+    report.write_text(out / "large.md", large.markdown(meta, result))
     print(f"wrote large.json, large.md to {out}")
     return 0
+
+
+def _check_outputs(out: Path, names: Sequence[str]) -> None:
+    """Stops before any work when an output in ``out`` exists and is not a regular file
+    (a link, a FIFO, a device, a folder): only regular files are replaced."""
+    for name in names:
+        try:
+            refuse_non_regular(out / name)
+        except FileExistsError as exc:
+            raise SystemExit(f"--out: {exc.strerror}") from None
 
 
 def _list() -> int:

@@ -25,6 +25,7 @@ __all__ = [
     "write_json",
     "write_markdown",
     "write_plots",
+    "write_text",
 ]
 
 Row = dict[str, Any]
@@ -35,6 +36,11 @@ TARGET_SCENES = ("surface", "lidar")
 def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, write)
+
+
+def write_text(path: Path, text: str) -> None:
+    """``text`` into ``path`` atomically (its folder made where missing)."""
+    _atomic_write(path, lambda p: p.write_text(text))
 
 
 def write_json(path: Path, meta: dict[str, Any], rows: list[Row]) -> None:

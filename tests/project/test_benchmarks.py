@@ -235,6 +235,26 @@ def test_large_check_runs_at_a_tiny_size(tmp_path: Path) -> None:
         main(["large", "--channels", "0"])
 
 
+@pytest.mark.parametrize("name", ["large.json", "large.md"])
+def test_large_check_never_writes_through_a_link(tmp_path: Path, name: str) -> None:
+    """``large``'s outputs are replaced atomically and only where they are regular files:
+    a link planted as ``large.json`` or ``large.md`` stops the run before any timing, and
+    the file it points to (outside ``--out``) is left as it was; a failed run leaves
+    neither output behind."""
+    out = tmp_path / "large"
+    out.mkdir()
+    outside = tmp_path / "outside.txt"
+    outside.write_text("kept")
+    (out / name).symlink_to(outside)
+    args = ["large", "--voxels", "64", "--repeats", "1", "--no-memory", "--no-backward",
+            "--out", str(out)]
+    with pytest.raises(SystemExit, match=f"--out: .*{name}.* is a symbolic link; only a "
+                       "regular file is replaced"):
+        main(args)
+    assert outside.read_text() == "kept"
+    assert sorted(p.name for p in out.iterdir()) == [name]
+
+
 def test_spconv_pair_lists_are_compared_as_the_library_relation() -> None:
     """spconv's submanifold indices list one pair of each mirror pair and no centre; its
     check adds both back, so a faithful result has exactly the library's pairs and a
