@@ -246,13 +246,24 @@ def _report(args: argparse.Namespace) -> int:
     """Rewrites results.md and the plots from an existing results.json."""
     out = Path(args.out)
     src = out / "results.json"
-    if not src.is_file():
+    if not src.exists():  # other non-regular files: read_json names what they are
         raise SystemExit(f"--out: {src} does not exist (run the benchmarks first)")
-    meta, rows = report.read_json(src)
-    report.write_markdown(out / "results.md", meta, rows)
+    _check_outputs(out, ["results.md"] + ([] if args.no_plots else list(report.PLOTS)))
+    try:
+        meta, rows = report.read_json(src)
+        text = report.markdown(meta, rows)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        # A hand-edited or foreign file: one line naming it, not a traceback.
+        raise SystemExit(f"--out: {src} cannot be redrawn: {type(exc).__name__}: {exc}"
+                         ) from None
+    report.write_text(out / "results.md", text)
     written = ["results.md"]
     if not args.no_plots:
-        written += [p.name for p in report.write_plots(out, rows, meta.get("peak"))]
+        try:
+            written += [p.name for p in report.write_plots(out, rows, meta.get("peak"))]
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise SystemExit(f"--out: the plots of {src} cannot be drawn: "
+                             f"{type(exc).__name__}: {exc}") from None
     print(f"wrote {', '.join(written)} to {out}")
     return 0
 

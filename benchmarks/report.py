@@ -16,6 +16,7 @@ from typing import Any
 from benchmarks import workloads as wl
 from torch_lattice.atomic_file import atomic_write
 from torch_lattice.optional_deps import require_matplotlib
+from torch_lattice.regular_file import parse_json, read_regular_file
 
 __all__ = [
     "PLOTS",
@@ -29,6 +30,8 @@ __all__ = [
 ]
 
 Row = dict[str, Any]
+# A suite's results.json is hundreds of kilobytes; a larger one is not a results file.
+MAX_RESULTS_BYTES = 64 * 2**20
 PLOTS = ("speedup.png", "sweep.png", "throughput.png")
 TARGET_SCENES = ("surface", "lidar")
 
@@ -55,10 +58,23 @@ def read_json(path: Path) -> tuple[dict[str, Any], list[Row]]:
     Raises:
         ValueError: the file is not such a results file.
     """
-    data = json.loads(Path(path).read_text())
+    data = parse_json(read_regular_file(path, "results", max_bytes=MAX_RESULTS_BYTES),
+                      str(path), "is not UTF-8 JSON")
     if not isinstance(data, dict) or "meta" not in data or "results" not in data:
         raise ValueError(f"{path}: not a benchmarks results.json (needs meta and results)")
-    return data["meta"], data["results"]
+    meta, rows = data["meta"], data["results"]
+    if not isinstance(meta, dict):
+        raise ValueError(f"{path}: meta must be an object, got {type(meta).__name__}")
+    if not isinstance(rows, list):
+        raise ValueError(f"{path}: results must be a list, got {type(rows).__name__}")
+    for i, row in enumerate(rows):
+        kinds = {"workload": str, "scene": str, "impl": str, "channels": int, "status": str}
+        bad = [k for k, kind in kinds.items()
+               if not isinstance(row, dict) or not isinstance(row.get(k), kind)]
+        if bad:
+            raise ValueError(f"{path}: results[{i}] needs {', '.join(bad)} (each row: "
+                             "workload, scene, impl and status strings, channels an int)")
+    return meta, rows
 
 
 # --------------------------------------------------------------------------------------

@@ -255,6 +255,28 @@ def test_large_check_never_writes_through_a_link(tmp_path: Path, name: str) -> N
     assert sorted(p.name for p in out.iterdir()) == [name]
 
 
+@pytest.mark.parametrize(("content", "message"), [
+    (b"\xff\xfe", "is not UTF-8 JSON"),
+    (b'{"meta": 1, "results": []}', "meta must be an object, got int"),
+    (b'{"meta": {}, "results": 5}', "results must be a list, got int"),
+    (b'{"meta": {}, "results": [{"x": 1}]}', r"results\[0\] needs workload, scene, impl"),
+    (None, "is a character device; only regular files are read"),
+])
+def test_report_refuses_a_foreign_results_file_in_one_line(
+        tmp_path: Path, content: bytes | None, message: str) -> None:
+    """``report`` redraws from a results.json anyone may have edited: a file that is not
+    one (not UTF-8, wrong shapes, rows without their keys, a link to /dev/zero) stops
+    with one ``--out`` line naming it, not a traceback, and writes nothing."""
+    src = tmp_path / "results.json"
+    if content is None:
+        src.symlink_to("/dev/zero")
+    else:
+        src.write_bytes(content)
+    with pytest.raises(SystemExit, match=f"--out: .*results.json.*{message}"):
+        main(["report", "--no-plots", "--out", str(tmp_path)])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json"]
+
+
 def test_spconv_pair_lists_are_compared_as_the_library_relation() -> None:
     """spconv's submanifold indices list one pair of each mirror pair and no centre; its
     check adds both back, so a faithful result has exactly the library's pairs and a
