@@ -137,7 +137,7 @@ def reverse_table(nbr: torch.Tensor, n_in: int) -> torch.Tensor:
 
 
 @reverse_table.register_fake
-def _(nbr, n_in):
+def _(nbr: torch.Tensor, n_in: int) -> torch.Tensor:
     _check_reverse_table(nbr, n_in)
     return nbr.new_empty((n_in, nbr.shape[1]))
 
@@ -170,7 +170,7 @@ def kernel_pairs(nbr: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.T
 
 @kernel_pairs.register_fake
 @one_device("kernel_pairs")
-def _(nbr):
+def _(nbr: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     check_tensor("kernel_pairs", "nbr", nbr, (torch.int32,), ("N_out", "K"))
     p = torch.library.get_ctx().new_dynamic_size()
     return (
