@@ -122,13 +122,16 @@ def _layer_case(
     modules = {"base": base, "this": _C}
     code = DTYPE_CODES[dtype]
     pairs = kernel_pairs(nbr) if kernel in PAIR_KERNELS else None
-    lists = _lists(kernel, nbr, (code, n_in, n, k, c, c), threads) if listed and not pairs else None
+    # each build's own lists: the two may tile the rows differently (conv_list_rows)
+    lists = {side: _lists(mod, kernel, nbr, (code, n_in, n, k, c, c), threads)
+             if listed and not pairs else None for side, mod in modules.items()}
 
     def call(side: str) -> None:
         fn = getattr(modules[side], kernel)
-        if lists is not None:
+        own = lists[side]
+        if own is not None:
             getattr(modules[side], kernel + "_listed")(
-                code, n_in, n, k, c, c, ptr(x), ptr(b), ptr(nbr), *lists.args,
+                code, n_in, n, k, c, c, ptr(x), ptr(b), ptr(nbr), *own.args,
                 ptr(outs[side]), threads)  # fmt: skip
         elif pairs is None:
             fn(code, n_in, n, k, c, c, ptr(x), ptr(b), ptr(nbr), ptr(outs[side]), threads)
@@ -142,16 +145,17 @@ def _layer_case(
     return interleaved({side: partial(call, side) for side in modules}, repeats), agree
 
 
-def _lists(kernel: str, nbr: torch.Tensor, sizes: tuple[int, ...],
+def _lists(module: ModuleType, kernel: str, nbr: torch.Tensor, sizes: tuple[int, ...],
            threads: int) -> TileLists | None:
-    """The tile lists ``kernel`` runs over once a forward has kept them for ``nbr`` (from
+    """The tile lists ``kernel`` of the build ``module`` runs over once a forward has kept
+    them for ``nbr`` (from
     the table's second call): the forward's own (``conv_list_rows``), which the weight
     gradient reads where its blocks are whole tiles (``blocks_are_tiles``, as
     ``kept_tile_lists``); None where the op keeps or reads none at this width and dtype,
     so the kernel lists the table, as the op does there."""
-    rows = _C.conv_list_rows(*sizes, threads)
+    rows = module.conv_list_rows(*sizes, threads)
     if kernel == "conv_weight_grad":
-        reads = blocks_are_tiles(_C.conv_weight_grad_list_rows(*sizes, threads), rows)
+        reads = blocks_are_tiles(module.conv_weight_grad_list_rows(*sizes, threads), rows)
     else:
         reads = rows > 0
     return build_tile_lists(nbr, rows) if reads else None
