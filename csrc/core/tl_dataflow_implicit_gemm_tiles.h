@@ -18,8 +18,9 @@
 #include "tl_tile_lists.h"
 
 /* Forward tiles (see tl_fwd_tile_rows): output block bytes to aim for, an
- * eighth of the core's L2 and at least 128 KiB (tl_fwd_tile_bytes), so the tile's output rows stay
- * in L2 beside the x rows its lists name; bounds on its rows; and the fewest
+ * eighth of the core's L2 and at least 128 KiB (tl_fwd_tile_bytes), so the
+ * tile's output rows stay in L2 beside the x rows its lists name; bounds on
+ * its rows; and the fewest
  * tiles each thread should get, for load balance.  Narrow layers reach the
  * largest tiles: 1024 rows of C = 16 give each kernel row of a sparse map
  * more neighbours per tile than 256 did, so fewer short and padded groups
