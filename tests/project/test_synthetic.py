@@ -134,6 +134,20 @@ def test_room_size_and_point_count() -> None:
         indoor_room(0, size=(4.0, 0.0, 2.5))
 
 
+@pytest.mark.parametrize("size", [(1e-160, 1e-160, 1e-160), (10000.0, 5e-324, 5e-324),
+                                  (1e-300, 1e-300, 10000.0), (4.0, 3.0, 9e-4)])
+def test_room_sides_below_a_millimetre_are_refused_naming_size(size) -> None:
+    """Face areas of 1e-320 m^2 underflowed to 0 and torch.multinomial raised a
+    RuntimeError naming no argument; a side under 1 mm is now a ValueError naming it."""
+    with pytest.raises(ValueError, match=r"size\[[xyz]\]: must be a number in \[0\.001, 10000\]"):
+        indoor_room(0, size=size, points=10)
+
+
+def test_a_millimetre_room_samples() -> None:
+    scene = indoor_room(0, size=(1e-3, 1e-3, 1e-3), points=10)
+    assert scene.points.shape == (10, 3) and bool(torch.isfinite(scene.points).all())
+
+
 # ---------------------------------------------------------------------------------------
 # height_field
 # ---------------------------------------------------------------------------------------

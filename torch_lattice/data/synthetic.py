@@ -104,6 +104,10 @@ _BYTES_PER_COLUMN = 128
 # object every few metres up to its extent (at 1e18 a step of 40 m no longer moves x), and
 # room sizes enter areas whose products must stay finite.
 _MAX_METRES = 10_000.0
+# The smallest room side: the face areas that weight the samples are products of two
+# sides (squared inside the norm), so sides of 1e-160 m made every area 0 and sampling
+# failed inside torch.multinomial; at 1 mm the smallest area is 1e-6 m^2.
+_MIN_ROOM_METRES = 1e-3
 
 
 def _check_positive(name: str, value: float) -> None:
@@ -549,7 +553,7 @@ def indoor_room(
 
     Args:
         seed: Seed of the furniture layout and of the samples.
-        size: Room extent ``(x, y, z)`` in metres.
+        size: Room extent ``(x, y, z)`` in metres, each in [0.001, 10000].
         points: Number of points to draw.
 
     Returns:
@@ -559,13 +563,18 @@ def indoor_room(
 
     Raises:
         TypeError: If ``seed`` is not an int.
-        ValueError: If ``size`` has a non-positive entry or ``points < 1``.
+        ValueError: If a ``size`` entry is outside [0.001, 10000] metres or ``points < 1``.
     """
     _check_seed(seed)
     if len(size) != 3:
         raise ValueError(f"size: expected 3 values (x, y, z), got {size!r}")
     for axis, value in zip("xyz", size, strict=True):
         _check_positive(f"size[{axis}]", float(value))
+        if float(value) < _MIN_ROOM_METRES:
+            raise ValueError(
+                f"size[{axis}]: must be a number in [{_MIN_ROOM_METRES:g}, {_MAX_METRES:g}] "
+                f"(metres), got {float(value)}"
+            )
     if isinstance(points, bool) or not isinstance(points, int) or points < 1:
         raise ValueError(f"points: must be an int >= 1, got {points!r}")
     check_allocation(f"indoor_room of {points} points", points * _BYTES_PER_ROOM_POINT)
