@@ -290,6 +290,17 @@ def collate(
                 f"collate: points[{i}] and features[{i}] must be on {points[0].device} "
                 f"(points[0]'s device), got {p.device} and {f.device}"
             )
+    # torch.cat copies every cloud (an expanded view of a few bytes of storage too) and
+    # repeat_interleave makes an int64 batch index per point, all before voxelize checks
+    # its own work: two expanded clouds of 2^28 rows asked for 10 GiB unchecked.
+    rows = sum(int(p.shape[0]) for p in points)
+    point_bytes = 3 * max(p.element_size() for p in points)
+    feat_bytes = int(features[0].shape[1]) * max(f.element_size() for f in features)
+    check_allocation(
+        f"collate of {len(points)} clouds ({rows} points x {features[0].shape[1]} channels: "
+        "the concatenated points, features and int64 batch indices)",
+        rows * (point_bytes + feat_bytes + 8),
+    )
     counts = torch.tensor([p.shape[0] for p in points], device=points[0].device)
     batch = torch.repeat_interleave(torch.arange(len(points), device=points[0].device), counts)
     return voxelize(

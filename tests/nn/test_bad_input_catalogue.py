@@ -2001,6 +2001,16 @@ add(
     _within_budget(lambda: tl.voxelize(torch.zeros(1, 3).expand(2**25, 3),
                                        torch.zeros(1, 1).expand(2**25, 1))),
 )
+# collate concatenated its clouds (expanded views too) and made an int64 batch index per
+# point before anything was checked: two clouds of 2^28 expanded rows asked for 10 GiB
+add(
+    "budget-collate-expanded-clouds",
+    MemoryBudgetError,
+    r"collate of 2 clouds \(131072 points x 1 channels: .* would allocate 3145728 bytes "
+    r".* beyond the memory budget of 1048576 bytes",
+    _within_budget(lambda: tl.collate([torch.zeros(1, 3).expand(2**16, 3)] * 2,
+                                      [torch.zeros(1, 1).expand(2**16, 1)] * 2), 2**20),
+)
 add(
     "budget-voxelize-widening-half-points",
     MemoryBudgetError,
