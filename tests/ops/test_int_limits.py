@@ -109,3 +109,27 @@ def test_pool_transpose_past_int32_is_refused_and_inside_is_exact():
     y = F.pool_transpose3d(_tensor([[0, 2**30 - 1, 0, 0]], stride=2), 2, 2)
     assert int(y.coords[:, 1].max()) == H
     assert torch.equal(y.feats, F.pool_transpose3d(_tensor([[0, 3, 0, 0]], stride=2), 2, 2).feats)
+
+
+@pytest.mark.parametrize("op", ["pool_transpose3d", "trilinear_upsample3d"])
+def test_generated_range_past_2_31_is_refused_naming_spatial_range(op):
+    """Without a target, a range of 2^30 + 1 at stride 2 generated a range of 2^31 + 2: a
+    SparseTensor that could not be rebuilt or unpickled. Now a ValueError naming
+    spatial_range; a range of 2^30 (a generated range of 2^31) still works."""
+    def up(x: tl.SparseTensor) -> tl.SparseTensor:
+        if op == "pool_transpose3d":
+            return F.pool_transpose3d(x, 2, 2)
+        return F.trilinear_upsample3d(x, 2)
+
+    def rows(extent: int) -> tl.SparseTensor:
+        g = torch.ones(1, 1, dtype=torch.float64)
+        return tl.SparseTensor(g, torch.tensor([[0, 5, 5, 5]], dtype=torch.int32), stride=2,
+                               spatial_range=(1, extent, 6, 6))
+
+    with pytest.raises(ValueError, match=r"spatial_range \(1, 1073741825, 6, 6\).*axis x "
+                                         r"exceeds 2\^31"):
+        up(rows(2**30 + 1))
+    y = up(rows(2**30))
+    assert y.spatial_range[1] <= 2**31
+    assert tl.SparseTensor(y.feats, y.coords, spatial_range=y.spatial_range).spatial_range == (
+        y.spatial_range)

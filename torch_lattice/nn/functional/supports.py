@@ -163,8 +163,8 @@ def generated_transposed_support(src: SparseTensor, geometry: ConvGeometry, op: 
     (one past the largest coordinate any row of the range can generate).
 
     Raises:
-        ValueError: a generated coordinate would be negative or beyond int32, or the
-            input stride is not divisible by ``stride``.
+        ValueError: a generated coordinate would be negative or beyond int32, the range
+            beyond 2^31, or the input stride is not divisible by ``stride``.
     """
     stride = divide_stride(src.stride, geometry.stride)
     coords = src.coords
@@ -214,6 +214,16 @@ def generated_transposed_support(src: SparseTensor, geometry: ConvGeometry, op: 
             raise ValueError(
                 f"{op}: padding {geometry.padding} leaves no room in the generated range {ext} "
                 f"of the input range {src.spatial_range}; pass target=..."
+            )
+        if max(ext) > _INT32_MAX + 1:
+            # A SparseTensor's range counts int32 coordinates from 0: at most 2^31.
+            axis = max(range(3), key=ext.__getitem__)
+            raise ValueError(
+                f"{op} without a target: the input's spatial_range {src.spatial_range} with "
+                f"stride {geometry.stride}, kernel_size {geometry.kernel_size}, dilation "
+                f"{geometry.dilation} and padding {geometry.padding} gives a generated range "
+                f"{tuple(ext)} whose axis {'xyz'[axis]} exceeds 2^31 (coordinates are int32); "
+                "use a smaller spatial_range or pass target=..."
             )
         srange = (b, ext[0], ext[1], ext[2])
     generated = src.coordinate_manager.new_support(out.contiguous(), stride, srange)
