@@ -148,11 +148,10 @@ def _layer_case(
 def _lists(module: ModuleType, kernel: str, nbr: torch.Tensor, sizes: tuple[int, ...],
            threads: int) -> TileLists | None:
     """The tile lists ``kernel`` of the build ``module`` runs over once a forward has kept
-    them for ``nbr`` (from
-    the table's second call): the forward's own (``conv_list_rows``), which the weight
-    gradient reads where its blocks are whole tiles (``blocks_are_tiles``, as
-    ``kept_tile_lists``); None where the op keeps or reads none at this width and dtype,
-    so the kernel lists the table, as the op does there."""
+    them for ``nbr`` (from the table's second call): the forward's own
+    (``conv_list_rows``), which the weight gradient reads where its blocks are whole tiles
+    (``blocks_are_tiles``, as ``kept_tile_lists``); None where the op keeps or reads none
+    at this width and dtype, so the kernel lists the table, as the op does there."""
     rows = module.conv_list_rows(*sizes, threads)
     if kernel == "conv_weight_grad":
         reads = blocks_are_tiles(module.conv_weight_grad_list_rows(*sizes, threads), rows)

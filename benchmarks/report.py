@@ -32,6 +32,8 @@ __all__ = [
 Row = dict[str, Any]
 # A suite's results.json is hundreds of kilobytes; a larger one is not a results file.
 MAX_RESULTS_BYTES = 64 * 2**20
+# The keys every results row needs, and their types (read_json).
+_ROW_KINDS = {"workload": str, "scene": str, "impl": str, "channels": int, "status": str}
 PLOTS = ("speedup.png", "sweep.png", "throughput.png")
 TARGET_SCENES = ("surface", "lidar")
 
@@ -68,8 +70,7 @@ def read_json(path: Path) -> tuple[dict[str, Any], list[Row]]:
     if not isinstance(rows, list):
         raise ValueError(f"{path}: results must be a list, got {type(rows).__name__}")
     for i, row in enumerate(rows):
-        kinds = {"workload": str, "scene": str, "impl": str, "channels": int, "status": str}
-        bad = [k for k, kind in kinds.items()
+        bad = [k for k, kind in _ROW_KINDS.items()
                if not isinstance(row, dict) or not isinstance(row.get(k), kind)]
         if bad:
             raise ValueError(f"{path}: results[{i}] needs {', '.join(bad)} (each row: "

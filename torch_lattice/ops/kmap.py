@@ -102,10 +102,10 @@ def bad_table_entries(op: str, cause: object = None) -> str:
 def _check_reverse_table(nbr: torch.Tensor, n_in: int | torch.SymInt) -> None:
     """``reverse_table``'s argument rules, which its real and fake kernels share."""
     check_tensor("reverse_table", "nbr", nbr, (torch.int32,), ("N_out", "K"))
+    rule = f"lattice::reverse_table: n_in must be a non-negative int, got {n_in!r}"
     if isinstance(n_in, bool) or not isinstance(n_in, (int, torch.SymInt)):
-        raise ValueError(f"lattice::reverse_table: n_in must be a non-negative int, got {n_in!r}")
-    check_size(n_in >= 0, lambda: f"lattice::reverse_table: n_in must be a non-negative int, "
-                                  f"got {n_in!r}")  # fmt: skip
+        raise ValueError(rule)
+    check_size(n_in >= 0, lambda: rule)
 
 
 @torch.library.custom_op("lattice::reverse_table", mutates_args=())

@@ -82,9 +82,9 @@ class ConvBase(nn.Module):
         factory: dict[str, Any] = {"device": device, "dtype": dtype}
         self.weight = nn.Parameter(torch.empty(k, in_channels, out_channels, **factory))
         self.bias = nn.Parameter(torch.empty(out_channels, **factory)) if bias else None
-        self.register_buffer(
-            "kernel_positions", kernel_positions(kernel_size).to(device), persistent=True
-        )
+        # written by reset_parameters, as the weight is (and again after to_empty())
+        self.register_buffer("kernel_positions",
+                             torch.empty(k, 3, dtype=torch.int32, device=device), persistent=True)
         self.reset_parameters()
 
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
