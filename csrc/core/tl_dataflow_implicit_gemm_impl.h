@@ -112,7 +112,8 @@ static void TL_FN(tl_fwd_rows)(const tl_conv_desc *d, const TL_T *x, const TL_T 
                                TL_FN(tl_fwd_scratch) *s) {
     const int64_t cin = d->c_in, cout = d->c_out, width = s->panel_cols;
     /* Groups of 8 rows on panels at most rows8_max_cols wide (narrow tiles,
-     * 3 vectors with AVX-512), else 4: besides narrow tiles, a wide tile's
+     * 3 vectors with AVX-512, 2 with AVX2, which runs them 6 rows a block),
+     * else 4: besides narrow tiles, a wide tile's
      * last panel (C = 96: 64 + 32 columns, whose 4 rows of 2 vectors loaded a
      * weight or x value for every 1.3 multiply-adds; 1.00-1.05x at C = 96 and
      * 160) and tiles of 3 vectors (C = 48, 8 rows of 3 where 4 rows of 3

@@ -40,9 +40,9 @@ typedef struct TL_MK(ops) {
      * this wide runs 8 output rows per pass, so 8 x (block) accumulators hide
      * the FMA latency that 4 rows of one or two vectors cannot. */
     int64_t rows8_cols;
-    /* Widest columns rows_8 runs as one block (3 vectors with AVX-512, else
-     * rows8_cols): the forward's panels at most this wide run 8 rows a pass
-     * (tl_fwd_rows). */
+    /* Widest panel rows_8 runs (3 vectors with AVX-512 as one block; 2 with
+     * AVX2, 6 rows a block: rows_6_pass; else rows8_cols): the forward's
+     * panels at most this wide run 8 rows a pass (tl_fwd_rows). */
     int64_t rows8_max_cols;
     /* Columns the forward's packed weight panels are padded to (whole
      * vectors with AVX-512, else 1: none), so the kernels compute a panel's
