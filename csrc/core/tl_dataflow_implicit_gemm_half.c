@@ -228,8 +228,11 @@ static int tl_half_run(const tl_half_call *f, tl_half_scratch *s, const uint16_t
     const int64_t cin = d->c_in, width = f->panel_cols;
     /* Groups of 8 rows on panels at most 32 floats wide with AVX-512 (the dot
      * products' 8-row blocks hold 2 vectors of 16), or rows8_max_cols (the
-     * float kernels', 3), else 4. */
-    const int64_t eight_cols = f->level < TL_SIMD_V4 ? 0 : f->dot ? 32 : f->mk->rows8_max_cols;
+     * float kernels', AVX-512's 3 vectors, AVX2's 2), else 4.  AVX2 ran
+     * groups of 4 until round thirty-six: staged bfloat16 and float16 at
+     * C = 8 ran 1.18-1.40x and at C = 16 1.11-1.20x with 8 (the Zen 1's
+     * subm3, k2 s2 and inverse maps; C = 32-64 0.97-1.03x), bitwise. */
+    const int64_t eight_cols = f->level < TL_SIMD_V3 ? 0 : f->dot ? 32 : f->mk->rows8_max_cols;
     if (lo >= 0 && !f->dot) /* the float rows of the converted span, as rows of a float x */
         tl_point_rows(f->level, idx, rows, c,
                       (const void *)((uintptr_t)s->window -
