@@ -185,34 +185,38 @@ static void tl_half_scratch_free(tl_half_scratch *s) {
  * row n's panel of wb columns starting at tile column j (tile columns start
  * at co0); = where `set` (tl_tile_single).  The float kernels take the kb
  * input channels from c0 on (blocks of TL_FWD_CIN_BLOCK, as the float
- * forward; the caller moves the float x rows s->xf to channel c0); the dot
- * products all of them (c0 = 0, kb = c_in). */
+ * forward; the caller moves the float x rows s->xf to channel c0) from the
+ * float panel fp, rows ld apart (the caller's, once per panel: tl_panel_ld
+ * divides, and per group of 4 its two divisions were 1-2% of a C = 64
+ * float16 forward on the Zen 1); the dot products all of them (c0 = 0,
+ * kb = c_in). */
 static void tl_half_group(const tl_half_call *f, tl_half_scratch *s, int set, int R, int64_t p,
-                          int64_t n, int64_t co0, int64_t j, int64_t wb, int64_t c0,
-                          int64_t kb) {
-    const tl_conv_desc *d = f->d;
+                          int64_t n, int64_t co0, int64_t j, int64_t wb, int64_t kb,
+                          const float *fp, int64_t ld) {
     float *o[4]; /* groups of 4 or 2: their rows' columns from j */
     if (R < 8)
         for (int r = 0; r < R; r++) o[r] = s->yr[p + r] + j;
     if (f->dot) {
 #if TL_SIMD_X86
+        const tl_conv_desc *d = f->d;
         const int64_t cp = (d->c_in + 1) / 2 * 2;
         const uint16_t *panel = f->pw_dot + n * cp * d->c_out + (co0 + j) * cp;
         if (R >= 8)
             tl_bf16_rows_8(set, wb, d->c_in, R, s->xh + p, panel, s->yr + p, j);
         else
             tl_bf16_rows(set, R, wb, d->c_in, s->xh + p, panel, o);
+#else
+        (void)n;
+        (void)co0;
 #endif
         return;
     }
-    const int64_t ld = tl_panel_ld(wb, f->mk->pad_cols);
-    const float *panel = f->pw_f32 + tl_panel_at(d, f->mk->pad_cols, n, co0 + j, c0, ld);
     if (R >= 8)
-        (set ? f->mk->rows_8_set : f->mk->rows_8)(wb, kb, R, s->xf + p, panel, ld, s->yr + p, j);
+        (set ? f->mk->rows_8_set : f->mk->rows_8)(wb, kb, R, s->xf + p, fp, ld, s->yr + p, j);
     else if (R == 2)
-        (set ? f->mk->rows_2_set : f->mk->rows_2)(wb, kb, s->xf + p, panel, ld, o);
+        (set ? f->mk->rows_2_set : f->mk->rows_2)(wb, kb, s->xf + p, fp, ld, o);
     else
-        (set ? f->mk->rows_4_set : f->mk->rows_4)(wb, kb, s->xf + p, panel, ld, o);
+        (set ? f->mk->rows_4_set : f->mk->rows_4)(wb, kb, s->xf + p, fp, ld, o);
 }
 
 /* Kernel row n's c listed rows, x rows idx[] and tile rows rows[] (the
@@ -275,13 +279,16 @@ static int tl_half_run(const tl_half_call *f, tl_half_scratch *s, const uint16_t
     const int64_t kc = !f->dot && cin > TL_FWD_CIN_BLOCK ? TL_FWD_CIN_BLOCK : cin;
     for (int64_t j = 0; j < cw; j += width) {
         const int64_t wb = cw - j < width ? cw - j : width;
+        const int64_t ld = f->dot ? 0 : tl_panel_ld(wb, f->mk->pad_cols);
         for (int64_t c0 = 0; c0 < cin; c0 += kc) {
             const int64_t kb = cin - c0 < kc ? cin - c0 : kc;
             const int first = set && c0 == 0;
+            const float *fp =
+                f->dot ? NULL : f->pw_f32 + tl_panel_at(d, f->mk->pad_cols, n, co0 + j, c0, ld);
             if (c0 > 0)
                 for (int64_t r = 0; r < full + pad; r++) s->xf[r] += kc;
-#define TL_GROUP8(c8) tl_half_group(f, s, first, (int)(c8), 0, n, co0, j, wb, c0, kb)
-#define TL_GROUP(p, R) tl_half_group(f, s, first, (int)(R), (p), n, co0, j, wb, c0, kb)
+#define TL_GROUP8(c8) tl_half_group(f, s, first, (int)(c8), 0, n, co0, j, wb, kb, fp, ld)
+#define TL_GROUP(p, R) tl_half_group(f, s, first, (int)(R), (p), n, co0, j, wb, kb, fp, ld)
             TL_RUN_GROUPS(full, pad,
                           (f->dot ? wb : tl_panel_ld(wb, f->mk->pad_cols)) <= eight_cols,
                           f->dot && j == 0 ? tl_rows_ahead(cin * wb / 2) : 0, s->xh,

@@ -330,10 +330,43 @@ static TL_TARGET_V4 void tl_list_span_v4(const int32_t *v, int64_t c, int64_t *l
 }
 #endif
 
+#if TL_SIMD_X86
+/* AVX2: 8 entries a step, the rest one by one (the scalar loop below stores
+ * through lo and hi at every entry: 1.3% of a staged C = 64 float16 forward
+ * on the Zen 1). */
+static TL_TARGET_V3 void tl_list_span_v3(const int32_t *v, int64_t c, int64_t *lo, int64_t *hi) {
+    __m256i a = _mm256_set1_epi32(INT32_MAX), b = _mm256_set1_epi32(-1);
+    int64_t q = 0;
+    for (; q + 8 <= c; q += 8) {
+        const __m256i e = _mm256_loadu_si256((const __m256i *)(const void *)(v + q));
+        a = _mm256_min_epi32(a, e);
+        b = _mm256_max_epi32(b, e);
+    }
+    int32_t av[8], bv[8];
+    _mm256_storeu_si256((__m256i *)(void *)av, a);
+    _mm256_storeu_si256((__m256i *)(void *)bv, b);
+    int64_t ra = *lo, rb = *hi;
+    for (int t = 0; t < 8; t++) {
+        ra = av[t] < ra ? av[t] : ra;
+        rb = bv[t] > rb ? bv[t] : rb;
+    }
+    for (; q < c; q++) {
+        ra = v[q] < ra ? v[q] : ra;
+        rb = v[q] > rb ? v[q] : rb;
+    }
+    *lo = ra;
+    *hi = rb;
+}
+#endif
+
 void tl_list_span(int level, const int32_t *v, int64_t c, int64_t *lo, int64_t *hi) {
 #if TL_SIMD_X86
     if (level >= TL_SIMD_V4) {
         if (c > 0) tl_list_span_v4(v, c, lo, hi);
+        return;
+    }
+    if (level >= TL_SIMD_V3) {
+        tl_list_span_v3(v, c, lo, hi);
         return;
     }
 #else

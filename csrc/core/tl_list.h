@@ -44,7 +44,7 @@ uint32_t tl_list_tile_split(int level, const int32_t *nbr, int64_t o0, int64_t m
                             int32_t *zr, int64_t *nz);
 
 /* Widens [*lo, *hi] to hold the c entries v[0..c) (all >= 0): 16 entries
- * a step with AVX-512. */
+ * a step with AVX-512, 8 with AVX2. */
 void tl_list_span(int level, const int32_t *v, int64_t c, int64_t *lo, int64_t *hi);
 
 /* The row pointers of c listed rows for the micro-kernels: xr[q] = x +
