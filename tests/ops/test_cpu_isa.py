@@ -124,3 +124,59 @@ def test_unknown_isa_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     rule = "TORCH_LATTICE_CPU_ISA must be auto, amx_bf16, avx512_bf16, avx512, avx2"
     with pytest.raises(ValueError, match=rule):
         conv(tl.SparseTensor(feats, coords))
+
+
+# Each output column's sums do not depend on the block shape that computes it: a layer's
+# first columns equal, bit for bit, the whole of a narrower layer with the same weights
+# there.  16 columns of float32 (8 of float64) are exactly 2 AVX2 vectors, whose forward
+# runs its 8-row groups in blocks of 6 rows, where 32 (16) run blocks of 4 rows x 2
+# vectors and 24 (12) blocks of 4 x 3; 12 columns (6) leave a vector and a part, in
+# groups of 4.  Same for the input gradient, over the reversed map.
+NARROW = [(16, 32), (16, 24), (12, 24)]
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("layer", ["subm3", "k2s2", "k2s2_transposed"])
+@pytest.mark.parametrize("widths", NARROW, ids=lambda w: f"{w[0]}of{w[1]}")
+def test_columns_do_not_depend_on_the_block_shape(
+    isa: str, dtype: torch.dtype, layer: str, widths: tuple[int, int],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    monkeypatch.setenv("TORCH_LATTICE_CPU_ISA", isa)
+    narrow, wide = (w if dtype == torch.float32 else w // 2 for w in widths)
+    feats, coords = _scene(wide, dtype)
+    x = tl.SparseTensor(feats, coords)
+
+    def make(c_in: int, c_out: int) -> tl.nn.Module:
+        if layer == "subm3":
+            return tl.nn.SubmConv3d(c_in, c_out, 3, bias=False)
+        if layer == "k2s2":
+            return tl.nn.Conv3d(c_in, c_out, 2, stride=2, bias=False)
+        return tl.nn.ConvTranspose3d(c_in, c_out, 2, stride=2, bias=False)
+
+    if layer == "k2s2_transposed":  # upsample a coarse tensor onto the fine support
+        with torch.no_grad():
+            x = tl.nn.Conv3d(wide, wide, 2, stride=2, bias=False).to(dtype)(x)
+
+    def run(module: tl.nn.Module, feats: torch.Tensor) -> torch.Tensor:
+        return module(x.replace(feats)).feats  # x's support: a transpose finds its map
+
+    torch.manual_seed(0)
+    big = make(wide, wide).to(dtype)
+    # Forward: the narrow layer's weights are the wide one's first output columns.
+    small = make(wide, narrow).to(dtype)
+    with torch.no_grad():
+        small.weight.copy_(big.weight[:, :, :narrow])
+        y_big, y_small = run(big, x.feats), run(small, x.feats)
+    assert torch.equal(y_small, y_big[:, :narrow])
+    # Input gradient: the narrow layer reads the wide one's first input channels.
+    small_in = make(narrow, wide).to(dtype)
+    with torch.no_grad():
+        small_in.weight.copy_(big.weight[:, :narrow, :])
+    gy = torch.randn(y_big.shape, generator=torch.Generator().manual_seed(1), dtype=dtype)
+    xs = x.feats.clone().requires_grad_()
+    xn = x.feats[:, :narrow].clone().requires_grad_()
+    (dx_big,) = torch.autograd.grad((run(big, xs) * gy).sum(), xs)
+    (dx_small,) = torch.autograd.grad((run(small_in, xn) * gy).sum(), xn)
+    assert torch.equal(dx_small, dx_big[:, :narrow])
