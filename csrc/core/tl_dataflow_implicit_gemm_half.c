@@ -289,8 +289,7 @@ static int tl_half_run(const tl_half_call *f, tl_half_scratch *s, const uint16_t
                 for (int64_t r = 0; r < full + pad; r++) s->xf[r] += kc;
 #define TL_GROUP8(c8) tl_half_group(f, s, first, (int)(c8), 0, n, co0, j, wb, kb, fp, ld)
 #define TL_GROUP(p, R) tl_half_group(f, s, first, (int)(R), (p), n, co0, j, wb, kb, fp, ld)
-            TL_RUN_GROUPS(full, pad,
-                          (f->dot ? wb : tl_panel_ld(wb, f->mk->pad_cols)) <= eight_cols,
+            TL_RUN_GROUPS(full, pad, (f->dot ? wb : ld) <= eight_cols,
                           f->dot && j == 0 ? tl_rows_ahead(cin * wb / 2) : 0, s->xh,
                           cin * (int64_t)sizeof(uint16_t), TL_GROUP8, TL_GROUP);
 #undef TL_GROUP

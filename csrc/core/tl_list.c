@@ -328,9 +328,7 @@ static TL_TARGET_V4 void tl_list_span_v4(const int32_t *v, int64_t c, int64_t *l
     *lo = ra < *lo ? ra : *lo;
     *hi = rb > *hi ? rb : *hi;
 }
-#endif
 
-#if TL_SIMD_X86
 /* AVX2: 8 entries a step, the rest one by one (the scalar loop below stores
  * through lo and hi at every entry: 1.3% of a staged C = 64 float16 forward
  * on the Zen 1). */
