@@ -181,36 +181,29 @@ static void tl_half_scratch_free(tl_half_scratch *s) {
 }
 
 /* Listed rows [p, p + R) (R = 4 or 2; or a multiple of 8: all of a
- * narrow tile's groups of 8, in one call) += their x rows times the kernel
- * row n's panel of wb columns starting at tile column j (tile columns start
- * at co0); = where `set` (tl_tile_single).  The float kernels take the kb
- * input channels from c0 on (blocks of TL_FWD_CIN_BLOCK, as the float
- * forward; the caller moves the float x rows s->xf to channel c0) from the
- * float panel fp, rows ld apart (the caller's, once per panel: tl_panel_ld
- * divides, and per group of 4 its two divisions were 1-2% of a C = 64
- * float16 forward on the Zen 1); the dot products all of them (c0 = 0,
- * kb = c_in). */
+ * narrow tile's groups of 8, in one call) += their x rows times a kernel
+ * row's panel of wb columns starting at tile column j; = where `set`
+ * (tl_tile_single).  The panel is the caller's, worked out once per panel
+ * (tl_panel_ld divides: two divisions per group of 4 were 1-2% of a C = 64
+ * float16 forward on the Zen 1): the dot products' pair panel over all
+ * input channels, or the float kernels' of the kb input channels from the
+ * caller's c0 on (blocks of TL_FWD_CIN_BLOCK, as the float forward; the
+ * caller moves the float x rows s->xf to channel c0), rows ld apart. */
 static void tl_half_group(const tl_half_call *f, tl_half_scratch *s, int set, int R, int64_t p,
-                          int64_t n, int64_t co0, int64_t j, int64_t wb, int64_t kb,
-                          const float *fp, int64_t ld) {
+                          int64_t j, int64_t wb, int64_t kb, const void *panel, int64_t ld) {
     float *o[4]; /* groups of 4 or 2: their rows' columns from j */
     if (R < 8)
         for (int r = 0; r < R; r++) o[r] = s->yr[p + r] + j;
     if (f->dot) {
 #if TL_SIMD_X86
-        const tl_conv_desc *d = f->d;
-        const int64_t cp = (d->c_in + 1) / 2 * 2;
-        const uint16_t *panel = f->pw_dot + n * cp * d->c_out + (co0 + j) * cp;
         if (R >= 8)
-            tl_bf16_rows_8(set, wb, d->c_in, R, s->xh + p, panel, s->yr + p, j);
+            tl_bf16_rows_8(set, wb, f->d->c_in, R, s->xh + p, panel, s->yr + p, j);
         else
-            tl_bf16_rows(set, R, wb, d->c_in, s->xh + p, panel, o);
-#else
-        (void)n;
-        (void)co0;
+            tl_bf16_rows(set, R, wb, f->d->c_in, s->xh + p, panel, o);
 #endif
         return;
     }
+    const float *fp = panel;
     if (R >= 8)
         (set ? f->mk->rows_8_set : f->mk->rows_8)(wb, kb, R, s->xf + p, fp, ld, s->yr + p, j);
     else if (R == 2)
@@ -230,6 +223,7 @@ static int tl_half_run(const tl_half_call *f, tl_half_scratch *s, const uint16_t
                        int64_t co0, int64_t cw, int64_t lo, const int32_t *nidx, int64_t nc) {
     const tl_conv_desc *d = f->d;
     const int64_t cin = d->c_in, width = f->panel_cols;
+    const int64_t cp = (cin + 1) / 2 * 2; /* the dot products' channel pairs */
     /* Groups of 8 rows on panels at most 32 floats wide with AVX-512 (the dot
      * products' 8-row blocks hold 2 vectors of 16), or rows8_max_cols (the
      * float kernels', AVX-512's 3 vectors, AVX2's 2), else 4.  AVX2 ran
@@ -283,12 +277,14 @@ static int tl_half_run(const tl_half_call *f, tl_half_scratch *s, const uint16_t
         for (int64_t c0 = 0; c0 < cin; c0 += kc) {
             const int64_t kb = cin - c0 < kc ? cin - c0 : kc;
             const int first = set && c0 == 0;
-            const float *fp =
-                f->dot ? NULL : f->pw_f32 + tl_panel_at(d, f->mk->pad_cols, n, co0 + j, c0, ld);
+            const void *panel =
+                f->dot ? (const void *)(f->pw_dot + (n * d->c_out + co0 + j) * cp)
+                       : (const void *)(f->pw_f32 +
+                                        tl_panel_at(d, f->mk->pad_cols, n, co0 + j, c0, ld));
             if (c0 > 0)
                 for (int64_t r = 0; r < full + pad; r++) s->xf[r] += kc;
-#define TL_GROUP8(c8) tl_half_group(f, s, first, (int)(c8), 0, n, co0, j, wb, kb, fp, ld)
-#define TL_GROUP(p, R) tl_half_group(f, s, first, (int)(R), (p), n, co0, j, wb, kb, fp, ld)
+#define TL_GROUP8(c8) tl_half_group(f, s, first, (int)(c8), 0, j, wb, kb, panel, ld)
+#define TL_GROUP(p, R) tl_half_group(f, s, first, (int)(R), (p), j, wb, kb, panel, ld)
             TL_RUN_GROUPS(full, pad, (f->dot ? wb : ld) <= eight_cols,
                           f->dot && j == 0 ? tl_rows_ahead(cin * wb / 2) : 0, s->xh,
                           cin * (int64_t)sizeof(uint16_t), TL_GROUP8, TL_GROUP);
