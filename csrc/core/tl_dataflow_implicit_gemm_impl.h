@@ -22,6 +22,7 @@ typedef struct TL_FN(tl_fwd_scratch) {
     const TL_FN(tl_mk_ops) *mk;
     int64_t panel_cols; /* see tl_panel_cols */
     int64_t pad;        /* the panels' padding (tl_panel_ld): pad_cols if packed, else 1 */
+    int packed;         /* the weights packed into panels (tl_fwd_packs), else read in place */
     int level;          /* the instruction set of the listing (tl_list_tile) */
     int32_t *li, *lr;   /* k x tile rows: listed x rows, tile rows (tl_list_tile) */
     int64_t *lc;        /* k: listed per kernel row */
@@ -38,11 +39,12 @@ typedef struct TL_FN(tl_fwd_scratch) {
 
 static int TL_FN(tl_fwd_scratch_init)(TL_FN(tl_fwd_scratch) *s, const tl_ctx *ctx,
                                       const TL_FN(tl_mk_ops) *mk,
-                                      int64_t panel_cols, int64_t pad, int64_t rows, int64_t k,
+                                      int64_t panel_cols, int packed, int64_t rows, int64_t k,
                                       int64_t cin) {
     s->mk = mk;
     s->panel_cols = panel_cols;
-    s->pad = pad;
+    s->pad = packed ? mk->pad_cols : 1;
+    s->packed = packed;
     s->level = tl_simd_vector_capped(ctx->simd_cap);
     s->li = malloc(sizeof(int32_t) * (size_t)(rows * k));
     s->lr = malloc(sizeof(int32_t) * (size_t)(rows * k));
@@ -143,11 +145,14 @@ static void TL_FN(tl_fwd_rows)(const tl_conv_desc *d, const TL_T *x, const TL_T 
     const int64_t kc = cin > TL_FWD_CIN_BLOCK ? TL_FWD_CIN_BLOCK : cin;
     for (int64_t j = 0; j < cw; j += width) {
         const int64_t wb = cw - j < width ? cw - j : width;
-        const int64_t ld = tl_panel_ld(wb, s->pad);
+        /* A panel's own width (which picks its groups), and its rows' stride:
+         * the same packed; the weight rows' own in place (tl_fwd_packs). */
+        const int64_t lw = tl_panel_ld(wb, s->pad), ld = s->packed ? lw : cout;
         for (int64_t c0 = 0; c0 < cin; c0 += kc) {
             const int64_t kb = cin - c0 < kc ? cin - c0 : kc;
             const int first = set && c0 == 0;
-            const TL_T *panel = pw + tl_panel_at(d, s->pad, n, co0 + j, c0, ld);
+            const TL_T *panel = pw + (s->packed ? tl_panel_at(d, s->pad, n, co0 + j, c0, ld)
+                                                : (n * cin + c0) * cout + co0 + j);
             if (c0 > 0)
                 for (int64_t r = 0; r < full + pad; r++) xr[r] += kc;
 #define TL_GROUP8(c8)                                                                  \
@@ -164,7 +169,7 @@ static void TL_FN(tl_fwd_rows)(const tl_conv_desc *d, const TL_T *x, const TL_T 
         if (first && j == 0 && (p) + 8 <= full) TL_FN(tl_fwd_ask_y)(yr + (p) + 4, wb);       \
         TL_FN(tl_fwd_group)(s, first, (int)(R), wb, ld, kb, panel, xr + (p), yr + (p), j);   \
     } while (0)
-            TL_RUN_GROUPS(full, pad, ld <= s->mk->rows8_max_cols,
+            TL_RUN_GROUPS(full, pad, lw <= s->mk->rows8_max_cols,
                           j == 0 ? tl_rows_ahead(kb * wb) : 0, xr, kb * (int64_t)sizeof(TL_T),
                           TL_GROUP8, TL_GROUP);
 #undef TL_GROUP
@@ -287,7 +292,7 @@ static tl_status TL_FN(tl_forward)(const tl_ctx *ctx, const tl_conv_desc *d, con
     /* One panel as wide as the layer is the weights' own layout. */
     const int64_t panel = tl_panel_cols(d, mk->block_cols, (int64_t)sizeof(TL_T));
     TL_T *packed = NULL;
-    if (tl_panels_packed(d, panel, mk->pad_cols)) {
+    if (tl_fwd_packs(d, panel, mk->pad_cols)) {
         packed = tl_mem_aligned(sizeof(TL_T) * (size_t)tl_packed_elems(d, mk->pad_cols));
         if (!packed) return TL_ERR_NOMEM;
         tl_pack_panels(d, panel, mk->pad_cols, (int64_t)sizeof(TL_T), w, packed);
@@ -307,8 +312,7 @@ static tl_status TL_FN(tl_forward)(const tl_ctx *ctx, const tl_conv_desc *d, con
 #pragma omp parallel num_threads(ctx->threads) reduction(| : failed, invalid)
     {
         TL_FN(tl_fwd_scratch) s;
-        /* the weights in place are one panel, unpadded */
-        int ok = TL_FN(tl_fwd_scratch_init)(&s, ctx, mk, panel, packed ? mk->pad_cols : 1, rows,
+        int ok = TL_FN(tl_fwd_scratch_init)(&s, ctx, mk, panel, packed != NULL, rows,
                                             d->k > 0 ? d->k : 1, cin);
         failed |= !ok;
 #pragma omp for schedule(dynamic, 1)

@@ -454,12 +454,23 @@ static inline int tl_wgrad_list_block(tl_wgrad_lists *l, const int32_t *nbr, int
  * multiple of pad (the kernels' tl_mk_ops.pad_cols; 1: wb). */
 static inline int64_t tl_panel_ld(int64_t wb, int64_t pad) { return (wb + pad - 1) / pad * pad; }
 
+/* Output rows from which a forward whose weights need panels narrower than
+ * the layer packs them (tl_fwd_packs): packing copies all k x c_in x c_out
+ * weights on one thread before any row runs, which fewer rows do not win
+ * back (SparseResUNet42's deepest layers, C = 256 on 4-36 rows, took 2-3 ms
+ * a call packing 7 MiB of weights). */
+#define TL_FWD_PACK_MIN_ROWS 8192
+
 /* Whether the forward packs its weights into panels of `width` columns
- * padded to `pad`, rather than reading them where they are (one panel as
- * wide as the layer, whose rows are then the weights' own: the layout of
- * tl_panel_at with pad 1). */
-static inline int tl_panels_packed(const tl_conv_desc *d, int64_t width, int64_t pad) {
-    return width < d->c_out || tl_panel_ld(d->c_out, pad) != d->c_out;
+ * padded to `pad` (tl_pack_panels), rather than reading each panel where it
+ * is, in the weight rows (c_out values apart): where the rows' length is not
+ * a multiple of pad (AVX-512's padded blocks would read past a row's end,
+ * see TL_MKI(padded)), or panels narrower than the layer stay in L1 over
+ * enough output rows (TL_FWD_PACK_MIN_ROWS).  Either way each output's sums
+ * are the same. */
+static inline int tl_fwd_packs(const tl_conv_desc *d, int64_t width, int64_t pad) {
+    return tl_panel_ld(d->c_out, pad) != d->c_out ||
+           (width < d->c_out && d->n_out >= TL_FWD_PACK_MIN_ROWS);
 }
 
 /* Elements from the start of the packed weights to input channel c0 of the

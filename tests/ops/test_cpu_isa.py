@@ -33,10 +33,11 @@ LEVELS = ["amx_bf16", "avx512_bf16", *ISAS]
 # reads x rows whose c_in is a multiple of 4 in place, from c_in = 32 where
 # 32 <= c_out <= 48 (16 where 32 < c_out < 48): 44x32, 36x35 (2 vectors, then
 # 3 scalar columns), 20x36 (2 vectors and a 16-byte block), 40x63 (3 vectors,
-# then narrower blocks and a scalar column), and 64x64.  The forward packs
-# weights wider than 16 KiB per kernel row into panels: 260x72 runs three
-# (or more) panels; 40x400 runs two column tiles (384 + 16), the first in
-# several panels, the second in a narrow one.  Layers one vector wide and
+# then narrower blocks and a scalar column), and 64x64.  The forward splits
+# weights wider than 16 KiB per kernel row into panels (read in place on these
+# small scenes where the rows allow: test_forward_packs_or_reads_in_place_alike):
+# 260x72 runs three (or more) panels; 40x400 runs two column tiles (384 + 16),
+# the first in several panels, the second in a narrow one.  Layers one vector wide and
 # deep keep their weights in registers (rows_8_vv): 16x16 floats on AVX-512,
 # 8x8 (AVX2 floats, AVX-512 doubles), 4x4 and 2x2 below that.  With AVX-512 a
 # forward whose c_out leaves a partial vector computes it whole over weight panels
@@ -180,3 +181,36 @@ def test_columns_do_not_depend_on_the_block_shape(
     (dx_big,) = torch.autograd.grad((run(big, xs) * gy).sum(), xs)
     (dx_small,) = torch.autograd.grad((run(small_in, xn) * gy).sum(), xn)
     assert torch.equal(dx_small, dx_big[:, :narrow])
+
+
+# The forward reads its weight panels in place below TL_FWD_PACK_MIN_ROWS output rows
+# (csrc/core/tl_dataflow_implicit_gemm_tiles.h) and packs them from there (with AVX-512,
+# always where C_out leaves a partial vector): the same sums either way, so a table's first
+# rows alone give the bits they get at the head of a table long enough to pack.
+PACK_MIN_ROWS = 8192
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("channels", [(96, 96), (260, 72), (40, 400), (128, 256)],
+                         ids=lambda c: f"{c[0]}x{c[1]}")
+def test_forward_packs_or_reads_in_place_alike(
+    isa: str, dtype: torch.dtype, channels: tuple[int, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TORCH_LATTICE_CPU_ISA", isa)
+    c_in, c_out = channels
+    g = torch.Generator().manual_seed(c_in)
+    n_in, k, head = 2000, 27, 300
+    nbr = torch.randint(-1, n_in, (PACK_MIN_ROWS + 5, k), generator=g, dtype=torch.int32)
+    x = torch.randn(n_in, c_in, generator=g, dtype=dtype)
+    w = torch.randn(k, c_in, c_out, generator=g, dtype=dtype) / c_in**0.5
+    rev = torch.full((n_in, k), -1, dtype=torch.int32)  # the backward's; unused here
+    with torch.no_grad():
+        y_all = torch.ops.lattice.sparse_conv(x, w, nbr, rev)
+        y_head = torch.ops.lattice.sparse_conv(x, w, nbr[:head].contiguous(), rev)
+    assert torch.equal(y_head, y_all[:head])
+    # Both right: the head against a float64 gather over the same table.
+    rows = nbr[:head].long()
+    gathered = torch.where((rows >= 0)[..., None], x.double()[rows.clamp(min=0)], 0.0)
+    want = torch.einsum("onc,ncd->od", gathered, w.double())
+    torch.testing.assert_close(y_head.double(), want, rtol=TOL[dtype], atol=TOL[dtype])

@@ -1013,6 +1013,30 @@ def test_memory_reuse_runs_every_side_beside_a_base_checkout(
     assert all(cell.endswith("x") for r in rows for cell in r[5:7])
 
 
+def test_network_rates_counts_every_kernel_beside_a_base_checkout(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """benchmarks.network_rates with --base (here this checkout itself): for each side a
+    row per kind of kernel and one for all, whose calls and GFLOP add up, and a row per
+    layer shape; both sides count the same network's work."""
+    from benchmarks import network_rates
+
+    argv = ["--scenes", "tiny", "--steps", "1", "--base", str(ROOT), "--layers"]
+    assert network_rates.main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    summary = [line.split(" | ") for line in lines if line.startswith("| tiny | train |")]
+    assert [(r[2], r[4]) for r in summary] == [
+        (side, kind) for side in ("base", "this")
+        for kind in ("forward", "input gradient", "weight gradient", "all")]  # fmt: skip
+    for side in (summary[:4], summary[4:]):
+        assert sum(int(r[5]) for r in side[:3]) == int(side[3][5])
+        assert sum(float(r[7]) for r in side[:3]) == pytest.approx(float(side[3][7]), abs=0.2)
+        assert float(side[3][7]) > 0 and side[3][9].endswith("% |")
+    assert summary[3][5] == summary[7][5] and summary[3][7] == summary[7][7]
+    layers = [line for line in lines if line.startswith("| tiny | this |")]
+    assert sum(int(line.split(" | ")[7]) for line in layers) == int(summary[7][5])
+
+
 def test_memory_reuse_refuses_a_base_that_is_not_a_checkout(tmp_path: Path) -> None:
     from benchmarks import memory_reuse
 
