@@ -459,7 +459,7 @@ static inline int64_t tl_panel_ld(int64_t wb, int64_t pad) { return (wb + pad - 
  * weights on one thread before any row runs, which fewer rows do not win
  * back (SparseResUNet42's deepest layers, C = 256 on 4-36 rows, took 2-3 ms
  * a call packing 7 MiB of weights). */
-#define TL_FWD_PACK_MIN_ROWS 8192
+#define TL_FWD_PACK_MIN_ROWS 4096
 
 /* Whether the forward packs its weights into panels of `width` columns
  * padded to `pad` (tl_pack_panels), rather than reading each panel where it

@@ -187,7 +187,7 @@ def test_columns_do_not_depend_on_the_block_shape(
 # (csrc/core/tl_dataflow_implicit_gemm_tiles.h) and packs them from there (with AVX-512,
 # always where C_out leaves a partial vector): the same sums either way, so a table's first
 # rows alone give the bits they get at the head of a table long enough to pack.
-PACK_MIN_ROWS = 8192
+PACK_MIN_ROWS = 4096
 
 
 @pytest.mark.parametrize("isa", ISAS)
