@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 SIDES = ("default", "reuse")
 STEPS = ("eval", "train")
@@ -41,17 +42,34 @@ ROOT = Path(__file__).resolve().parents[1]
 BASE_RTOL = 2e-4
 
 
-def _child(inputs: str, step_name: str, side: str, steps: int, checkout: str | None) -> dict:
+def import_library(checkout: str | None) -> Any:
+    """``torch_lattice`` from ``checkout`` (another checkout, built in place), or this
+    one's where None; stops where the import found the library elsewhere."""
     if checkout:  # that checkout's library, not this one's
         sys.path.insert(0, checkout)
-    import torch
-
     import torch_lattice as tl
-    from benchmarks.resunet_step import resunet_step
 
     where = Path(tl.__file__).resolve()
     if checkout and Path(checkout).resolve() not in where.parents:
         raise SystemExit(f"--base {checkout}: torch_lattice was imported from {where}")
+    return tl
+
+
+def run_child(module: str, args: list[str], env: dict[str, str] | None = None) -> dict:
+    """``python -m module *args`` from the repository root: the JSON of its last line."""
+    cmd = [sys.executable, "-m", module, *args]
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
+    if out.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{out.stderr}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _child(inputs: str, step_name: str, side: str, steps: int, checkout: str | None) -> dict:
+    tl = import_library(checkout)
+    import torch
+
+    from benchmarks.resunet_step import resunet_step
+
     if side == "reuse" and not tl.reuse_cpu_memory():
         raise SystemExit("reuse_cpu_memory: not applied (the C library is not glibc)")
     data = torch.load(inputs)
@@ -77,12 +95,9 @@ def _child(inputs: str, step_name: str, side: str, steps: int, checkout: str | N
 
 
 def _run_child(inputs: str, step: str, side: str, steps: int, base: str | None) -> dict:
-    cmd = [sys.executable, "-m", "benchmarks.memory_reuse", "--child", inputs, step, side]
-    cmd += ["--steps", str(steps)] + (["--checkout", base] if side == "base" and base else [])
-    out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-    if out.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed:\n{out.stderr}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    args = ["--child", inputs, step, side, "--steps", str(steps)]
+    return run_child("benchmarks.memory_reuse",
+                     args + (["--checkout", base] if side == "base" and base else []))
 
 
 def _inputs(scene_name: str, folder: str) -> str:

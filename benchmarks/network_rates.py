@@ -15,8 +15,9 @@ freed memory (``GLIBC_TUNABLES``, the same on both sides and for checkouts older
 count against the kernels. A side times ``--steps`` whole calls after a warm-up (median),
 then one more call in which a :class:`~torch.utils._python_dispatch.TorchDispatchMode`
 times every ``lattice::sparse_conv`` and ``lattice::sparse_conv_weight_grad`` call (the
-dispatch adds microseconds per call) and counts its pairs. ``forward`` rows are the calls
-made before the loss's backward; ``input gradient`` the ``sparse_conv`` calls inside it.
+dispatch adds microseconds per call) and counts its pairs. ``forward`` rows are the
+``sparse_conv`` calls of the network's forward; ``input gradient`` those of the loss's
+backward.
 """
 
 from __future__ import annotations
@@ -25,15 +26,12 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from collections import defaultdict
-from pathlib import Path
 from typing import Any
 
-from benchmarks.memory_reuse import ROOT, _inputs
+from benchmarks.memory_reuse import _inputs, import_library, run_child
 
 __all__ = ["main"]
 
@@ -45,31 +43,23 @@ TUNABLES = "glibc.malloc.mmap_threshold=1073741824:glibc.malloc.trim_threshold=1
 def _child(inputs: str, step_name: str, steps: int, checkout: str | None) -> dict[str, Any]:
     """One side: the median step time and, for one more step, every convolution kernel's
     (kind, C_in, C_out, K, output rows) with its summed seconds, FLOPs and calls."""
-    if checkout:  # that checkout's library, not this one's
-        sys.path.insert(0, checkout)
+    tl = import_library(checkout)
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    import torch_lattice as tl
+    from benchmarks.resunet_step import resunet_step
 
-    where = Path(tl.__file__).resolve()
-    if checkout and Path(checkout).resolve() not in where.parents:
-        raise SystemExit(f"--base {checkout}: torch_lattice was imported from {where}")
     data = torch.load(inputs)
-    coords, feats = data["coords"], data["feats"]
     train = step_name == "train"
-    torch.manual_seed(0)
-    net = tl.backbones.SparseResUNet42(feats.shape[1], 20).train(train)
-    phase = ["forward"]
+    phase = ["forward"]  # "input gradient" from the loss's backward on
+    net_step = resunet_step(
+        tl.backbones.SparseResUNet42, tl.SparseTensor, data["coords"], data["feats"], train,
+        torch.float32, lambda: phase.__setitem__(0, "input gradient"),
+    )  # fmt: skip
 
     def step() -> None:
         phase[0] = "forward"
-        with torch.set_grad_enabled(train):
-            out = net(tl.SparseTensor(feats, coords))
-        if train:
-            loss = out.feats.float().square().mean()
-            phase[0] = "input gradient"
-            loss.backward()
+        net_step()
 
     conv = torch.ops.lattice.sparse_conv.default
     wgrad = torch.ops.lattice.sparse_conv_weight_grad.default
@@ -112,13 +102,9 @@ def _child(inputs: str, step_name: str, steps: int, checkout: str | None) -> dic
 
 
 def _run_child(inputs: str, step: str, steps: int, base: str | None) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "benchmarks.network_rates", "--child", inputs, step,
-           "--steps", str(steps)] + (["--checkout", base] if base else [])  # fmt: skip
-    env = dict(os.environ, GLIBC_TUNABLES=TUNABLES)
-    out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
-    if out.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed:\n{out.stderr}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    args = ["--child", inputs, step, "--steps", str(steps)]
+    args += ["--checkout", base] if base else []
+    return run_child("benchmarks.network_rates", args, dict(os.environ, GLIBC_TUNABLES=TUNABLES))
 
 
 def _rate(flops: float, seconds: float, peak: float) -> str:

@@ -15,12 +15,12 @@ import torch
 
 def resunet_step(
     cls: Any, sparse_tensor: Any, coords: torch.Tensor, feats: torch.Tensor, grad: bool,
-    dtype: torch.dtype,
+    dtype: torch.dtype, before_backward: Callable[[], object] | None = None,
 ) -> Callable[[], object]:  # fmt: skip
     """One call of ``cls(C, 20)`` (SparseResUNet42, C = the features' width) in ``dtype``
     on a new scan (every map built in the call): eval forward, or forward + backward of a
-    float32 squared-mean loss, which it returns. ``sparse_tensor`` is the library's
-    ``SparseTensor``."""
+    float32 squared-mean loss, which it returns, calling ``before_backward`` (if given)
+    between the two. ``sparse_tensor`` is the library's ``SparseTensor``."""
     torch.manual_seed(0)
     net = cls(feats.shape[1], 20).to(dtype).train(grad)
     feats = feats.to(dtype)
@@ -32,6 +32,8 @@ def resunet_step(
 
         def step() -> torch.Tensor:
             loss = net(fresh()).feats.float().square().mean()
+            if before_backward is not None:
+                before_backward()
             loss.backward()
             return loss
 

@@ -21,7 +21,6 @@
 typedef struct TL_FN(tl_fwd_scratch) {
     const TL_FN(tl_mk_ops) *mk;
     int64_t panel_cols; /* see tl_panel_cols */
-    int64_t pad;        /* the panels' padding (tl_panel_ld): pad_cols if packed, else 1 */
     int packed;         /* the weights packed into panels (tl_fwd_packs), else read in place */
     int level;          /* the instruction set of the listing (tl_list_tile) */
     int32_t *li, *lr;   /* k x tile rows: listed x rows, tile rows (tl_list_tile) */
@@ -43,7 +42,6 @@ static int TL_FN(tl_fwd_scratch_init)(TL_FN(tl_fwd_scratch) *s, const tl_ctx *ct
                                       int64_t cin) {
     s->mk = mk;
     s->panel_cols = panel_cols;
-    s->pad = packed ? mk->pad_cols : 1;
     s->packed = packed;
     s->level = tl_simd_vector_capped(ctx->simd_cap);
     s->li = malloc(sizeof(int32_t) * (size_t)(rows * k));
@@ -146,12 +144,14 @@ static void TL_FN(tl_fwd_rows)(const tl_conv_desc *d, const TL_T *x, const TL_T 
     for (int64_t j = 0; j < cw; j += width) {
         const int64_t wb = cw - j < width ? cw - j : width;
         /* A panel's own width (which picks its groups), and its rows' stride:
-         * the same packed; the weight rows' own in place (tl_fwd_packs). */
-        const int64_t lw = tl_panel_ld(wb, s->pad), ld = s->packed ? lw : cout;
+         * the same packed (padded: tl_panel_ld); the weight rows' own in
+         * place (tl_fwd_packs). */
+        const int64_t pc = s->mk->pad_cols;
+        const int64_t lw = s->packed ? tl_panel_ld(wb, pc) : wb, ld = s->packed ? lw : cout;
         for (int64_t c0 = 0; c0 < cin; c0 += kc) {
             const int64_t kb = cin - c0 < kc ? cin - c0 : kc;
             const int first = set && c0 == 0;
-            const TL_T *panel = pw + (s->packed ? tl_panel_at(d, s->pad, n, co0 + j, c0, ld)
+            const TL_T *panel = pw + (s->packed ? tl_panel_at(d, pc, n, co0 + j, c0, ld)
                                                 : (n * cin + c0) * cout + co0 + j);
             if (c0 > 0)
                 for (int64_t r = 0; r < full + pad; r++) xr[r] += kc;
