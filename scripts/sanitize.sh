@@ -43,18 +43,30 @@ core_sources=(csrc/core/*.c)
 # are reported at exit (LeakSanitizer) by the standalone test only.
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1:report_error_type=1
 
+# build_test_core OUT FLAGS...: tests/c/test_core.c and the core, one compiler per core
+# (the kernel files take most of the time), linked into OUT.
+build_test_core() {
+    local out=$1 objs=$1.objs src
+    shift
+    mkdir -p "$objs/tests/c" "$objs/csrc/core"
+    # xargs exits non-zero when any compile fails, and pipefail passes that on.
+    printf '%s\n' tests/c/test_core.c "${core_sources[@]}" |
+        xargs -P "$(nproc)" -I{} "$cc" "$@" -c {} -o "$objs/{}.o"
+    local objects=("$objs/tests/c/test_core.c.o")
+    for src in "${core_sources[@]}"; do objects+=("$objs/$src.o"); done
+    "$cc" "$@" "${objects[@]}" -lm -o "$out"
+}
+
 if [[ $skip != *" asan "* ]]; then
     log "tests/c/test_core.c with ASan + UBSan + LeakSanitizer"
-    "$cc" "${warn_flags[@]}" "${san_flags[@]}" tests/c/test_core.c "${core_sources[@]}" -lm \
-        -o "$work/test_core_asan"
+    build_test_core "$work/test_core_asan" "${warn_flags[@]}" "${san_flags[@]}"
     ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:halt_on_error=1 "$work/test_core_asan"
 fi
 
 if [[ $skip != *" valgrind "* ]]; then
     if command -v valgrind >/dev/null; then
         log "tests/c/test_core.c under valgrind"
-        "$cc" "${warn_flags[@]}" -O1 -g tests/c/test_core.c "${core_sources[@]}" -lm \
-            -o "$work/test_core"
+        build_test_core "$work/test_core" "${warn_flags[@]}" -O1 -g
         # libgomp keeps its thread pool until exit: "possibly lost", never definite.
         OMP_NUM_THREADS=2 valgrind -q --error-exitcode=1 --leak-check=full \
             --errors-for-leak-kinds=definite --show-leak-kinds=definite "$work/test_core"

@@ -78,7 +78,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || ! "$venv/bin/python" -c "impo
     say "3/3 building torch_lattice from source and installing it (editable) with its test,"
     say "    docs and demo tools (pytest, ruff, sphinx, myst-parser, matplotlib) and spconv's CPU"
     say "    build where it has wheels (the benchmarks' peer); log: $venv/build.log"
-    say "    - the C core: $(find csrc/core csrc/python -name '*.c' | wc -l) sources, about 10 s on 2 cores"
+    say "    - the C core: $(find csrc/core csrc/python -name '*.c' | wc -l) sources, about a minute on 2 cores (one compiler per core)"
     if [ "$cuda" = 1 ]; then
         say "    - the CUDA kernels (TORCH_LATTICE_CUDA=1): $(find csrc/cuda -name '*.cu' | wc -l) sources,"
         say "      one nvcc per core; the build prints the time it took"
