@@ -48,6 +48,7 @@ import os
 import shlex
 import shutil
 import subprocess
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
@@ -175,6 +176,14 @@ def _gpu_present() -> bool:
     )
 
 
+def _cores() -> int:
+    """The cores this process may run on (its affinity where the OS says, which a
+    container's CPU set narrows; os.cpu_count() counts the whole host's)."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return max(1, os.cpu_count() or 1)
+
+
 def _run_nvcc(cmd: list[str]) -> float:
     start = time.perf_counter()
     subprocess.run(cmd, check=True)
@@ -232,7 +241,7 @@ class LatticeBuildExt(build_ext):
         compiler = self.compiler
         compile_all = compiler.compile
         compile_one = compiler._compile
-        workers = max(1, os.cpu_count() or 1)
+        workers = _cores()
 
         def parallel(*args: object, **kwargs: object) -> list[str]:
             queued: list[tuple[object, ...]] = []
@@ -241,15 +250,32 @@ class LatticeBuildExt(build_ext):
                 objects = compile_all(*args, **kwargs)
             finally:
                 compiler._compile = compile_one
-            counter = iter(range(1, len(queued) + 1))
+            # Each worker takes the next source and says so under one lock, so the lines
+            # come in source order, each as its compile starts; the first failure stops
+            # the others from starting more and is raised.
+            lock = threading.Lock()
+            todo = iter(enumerate(queued, start=1))
+            failed: list[BaseException] = []
 
-            def run(call: tuple[object, ...]) -> None:
-                _say(f"{next(counter)}/{total} {_shown(str(call[1]))}")
-                compile_one(*call)
+            def work() -> None:
+                while True:
+                    with lock:
+                        item = None if failed else next(todo, None)
+                        if item is None:
+                            return
+                        _say(f"{item[0]}/{total} {_shown(str(item[1][1]))}")
+                    try:
+                        compile_one(*item[1])
+                    except BaseException as error:
+                        with lock:
+                            failed.append(error)
+                        return
 
             with ThreadPoolExecutor(max_workers=workers) as pool:
-                # list() re-raises the first failed compile's CompileError.
-                list(pool.map(run, queued))
+                for worker in [pool.submit(work) for _ in range(workers)]:
+                    worker.result()
+            if failed:
+                raise failed[0]
             return objects
 
         compiler.compile = parallel
@@ -280,7 +306,7 @@ class LatticeBuildExt(build_ext):
             )
             ext.extra_objects.append(str(obj))
         # One nvcc per core: the .cu files are independent and each takes seconds.
-        workers = max(1, os.cpu_count() or 1)
+        workers = _cores()
         _say(
             f"compiling {len(cmds)} CUDA sources with nvcc for sm_{', sm_'.join(_cuda_archs())} "
             f"({workers} at a time, one per core)"

@@ -25,10 +25,19 @@ ROOT = Path(__file__).resolve().parents[2]
 C_SOURCE_DIRS = (ROOT / "csrc" / "core", ROOT / "csrc" / "python")
 
 FAKE_CC = """\
-import json, os, sys
+import json, os, sys, time
 args = sys.argv[1:]
+start = time.monotonic()
+# TL_FAKE_CC_SECONDS: how long a compile takes; TL_FAKE_CC_FAIL: a source that fails.
+if "-c" in args:
+    time.sleep(float(os.environ.get("TL_FAKE_CC_SECONDS", "0")))
+    failing = os.environ.get("TL_FAKE_CC_FAIL")
+    if failing and any(a.endswith(failing) for a in args):
+        sys.exit("fake_cc: error: cannot compile " + failing)
 with open(os.environ["TL_FAKE_CC_LOG"], "a") as log:
     log.write(json.dumps(args) + "\\n")
+with open(os.environ["TL_FAKE_CC_LOG"] + ".times", "a") as log:
+    log.write(json.dumps([start, time.monotonic()]) + "\\n")
 if "-o" in args:
     out = args[args.index("-o") + 1]
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
@@ -109,6 +118,8 @@ def test_sanitize_build_flags(tmp_path: Path) -> None:
         ):
             assert flag in cmd, (flag, cmd)
         assert _last_opt(cmd) == "-O1", cmd
+        # Signed overflow is checked: Python's own -fwrapv (first on the line) is undone.
+        assert [a for a in cmd if a in ("-fwrapv", "-fno-wrapv")][-1] == "-fno-wrapv", cmd
         assert "-DTL_WITH_CUDA=1" not in cmd
     assert "-fsanitize=address,undefined" in links[0]
     assert not any("cudart" in a for a in links[0])
@@ -143,6 +154,29 @@ def test_build_prints_one_counted_line_per_source(tmp_path: Path) -> None:
     assert counted == [[f"{i}/{n}", src] for i, src in enumerate(sources, start=1)], lines
     assert lines[-1].startswith("[torch_lattice build] built torch_lattice._C in ")
     assert len(_split(cmds)[0]) == n
+
+
+def test_sources_compile_one_per_core(tmp_path: Path) -> None:
+    """With more than one core, compiles overlap (each stand-in compile sleeps 0.3 s),
+    and no more run at once than there are cores; the lines still come in order."""
+    cores = len(os.sched_getaffinity(0))
+    result, cmds = _commands(tmp_path, TORCH_LATTICE_CUDA="0", TL_FAKE_CC_SECONDS="0.3")
+    assert result.returncode == 0, result.stderr
+    times = [json.loads(t) for t in (tmp_path / "cc.log.times").read_text().splitlines()]
+    spans = [t for t, cmd in zip(times, cmds, strict=True) if "-c" in cmd]
+    most = max(sum(1 for s, e in spans if s <= start < e) for start, _ in spans)
+    assert (most == 1) if cores == 1 else (2 <= most <= cores), (most, cores)
+    lines = [ln for ln in result.stdout.splitlines() if ln.startswith("[torch_lattice build] ")]
+    numbers = [ln.split(" ")[2] for ln in lines if "/" in ln.split(" ")[2]]
+    assert numbers == [f"{i}/{len(spans)}" for i in range(1, len(spans) + 1)], lines
+
+
+def test_a_failed_compile_fails_the_build_and_links_nothing(tmp_path: Path) -> None:
+    result, cmds = _commands(tmp_path, TORCH_LATTICE_CUDA="0", TL_FAKE_CC_FAIL="tl_hash.c")
+    assert result.returncode != 0
+    assert "cannot compile tl_hash.c" in result.stderr + result.stdout
+    assert not _split(cmds)[1], "linked after a failed compile"
+    assert not any(a.endswith("tl_hash.c") for cmd in cmds for a in cmd)
 
 
 FAKE_NVCC = """\
