@@ -225,11 +225,11 @@ class LatticeBuildExt(build_ext):
             _say("nvcc not found: building the C core only (CPU); CUDA needs nvcc or CUDA_HOME")
         if nvcc is not None:
             self._add_cuda(ext, nvcc)
-        self._compile_in_parallel(len(ext.sources))
+        self._compile_in_parallel()
         super().build_extension(ext)
         _say(f"built {ext.name} in {time.perf_counter() - start:.0f} s")
 
-    def _compile_in_parallel(self, total: int) -> None:
+    def _compile_in_parallel(self) -> None:
         """Compiles the C sources one per core, printing one line per source as its
         compile starts, with a counter.
 
@@ -263,7 +263,7 @@ class LatticeBuildExt(build_ext):
                         item = None if failed else next(todo, None)
                         if item is None:
                             return
-                        _say(f"{item[0]}/{total} {_shown(str(item[1][1]))}")
+                        _say(f"{item[0]}/{len(queued)} {_shown(str(item[1][1]))}")
                     try:
                         compile_one(*item[1])
                     except BaseException as error:
